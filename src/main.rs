@@ -1,1 +1,89 @@
-fn main() {}
+//! The `ferrymq` binary: parse flags, load the configuration, run the broker until SIGINT
+//! or SIGTERM, then shut down cleanly (exit 0).
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Parser;
+use ferrymq::config::{Config, Overrides};
+use ferrymq::server::Server;
+use tracing_subscriber::EnvFilter;
+
+/// FerryMQ: an MQTT 3.1.1/5.0 and AMQP 0-9-1 broker on one durable commit log.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    /// Configuration file (TOML, same layout as conf/ferrymq.toml; any subset of keys).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Data directory (commit log + sled).
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<String>,
+    /// Plain MQTT listener address, e.g. 127.0.0.1:1883 ("" turns it off).
+    #[arg(long, value_name = "ADDR")]
+    mqtt_listen: Option<String>,
+    /// MQTT-over-TLS listener address, e.g. 127.0.0.1:8883 (needs tls.cert and tls.key).
+    #[arg(long, value_name = "ADDR")]
+    mqtts_listen: Option<String>,
+    /// AMQP 0-9-1 listener address (not served yet).
+    #[arg(long, value_name = "ADDR")]
+    amqp_listen: Option<String>,
+    /// Admin HTTP listener address (not served yet).
+    #[arg(long, value_name = "ADDR")]
+    http_listen: Option<String>,
+    /// Log level or filter: error, warn, info, debug, trace, or e.g. "ferrymq=debug".
+    #[arg(long, value_name = "LEVEL")]
+    log: Option<String>,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let overrides = Overrides {
+        config_file: cli.config,
+        data_dir: cli.data_dir,
+        mqtt_listen: cli.mqtt_listen,
+        mqtts_listen: cli.mqtts_listen,
+        amqp_listen: cli.amqp_listen,
+        http_listen: cli.http_listen,
+        log: cli.log,
+    };
+    let config = match Config::load(&overrides, std::env::vars()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("ferrymq: {e}");
+            std::process::exit(2);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::new(&config.broker.log))
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the runtime")?;
+    runtime.block_on(run(config))
+}
+
+async fn run(config: Config) -> anyhow::Result<()> {
+    let server = Server::start(config).await?;
+    tracing::info!("{}", server.ready_line());
+    {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{}", server.ready_line())?;
+        out.flush()?;
+    }
+    wait_for_signal().await?;
+    tracing::info!("shutting down");
+    server.shutdown().await;
+    Ok(())
+}
+
+async fn wait_for_signal() -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    Ok(())
+}

@@ -1,0 +1,346 @@
+//! Configuration: the embedded default (`conf/ferrymq.toml`), `FERRYMQ_*` environment
+//! variables, an optional file and command-line overrides, merged in that order of
+//! increasing precedence and validated once.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// The default configuration, compiled in.
+pub const DEFAULT_TOML: &str = include_str!("../conf/ferrymq.toml");
+
+/// Why the configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The sources could not be read or merged, or a key is unknown or has a bad type.
+    #[error("configuration error: {0}")]
+    Load(#[from] config::ConfigError),
+    /// A value parsed but is not acceptable.
+    #[error("configuration error: `{key}`: {reason}")]
+    Invalid {
+        /// Dotted key, e.g. `mqtt.listen`.
+        key: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// Command-line overrides (highest precedence).
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    /// `--config FILE`.
+    pub config_file: Option<PathBuf>,
+    /// `--data-dir`.
+    pub data_dir: Option<String>,
+    /// `--mqtt-listen`.
+    pub mqtt_listen: Option<String>,
+    /// `--mqtts-listen`.
+    pub mqtts_listen: Option<String>,
+    /// `--amqp-listen`.
+    pub amqp_listen: Option<String>,
+    /// `--http-listen`.
+    pub http_listen: Option<String>,
+    /// `--log`.
+    pub log: Option<String>,
+}
+
+/// The whole configuration, as in `conf/ferrymq.toml`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// `[broker]`.
+    pub broker: BrokerSection,
+    /// `[mqtt]`.
+    pub mqtt: MqttSection,
+    /// `[tls]`.
+    pub tls: TlsSection,
+    /// `[amqp]`.
+    pub amqp: AmqpSection,
+    /// `[http]`.
+    pub http: HttpSection,
+    /// `[storage]`.
+    pub storage: StorageSection,
+}
+
+/// `[broker]`: process-wide settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BrokerSection {
+    /// Data directory.
+    pub data_dir: PathBuf,
+    /// Log filter.
+    pub log: String,
+    /// Grace period for connections at shutdown.
+    pub shutdown_grace_secs: u64,
+}
+
+/// `[mqtt]`: the MQTT front-end.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MqttSection {
+    /// Plain listener address ("" = off).
+    pub listen: String,
+    /// TLS listener address ("" = off).
+    pub tls_listen: String,
+    /// Connection limit.
+    pub max_connections: usize,
+    /// Inbound packet size limit.
+    pub max_packet_size: u32,
+    /// Server Receive Maximum.
+    pub receive_maximum: u16,
+    /// Outbound in-flight limit per client.
+    pub max_inflight: u16,
+    /// Persistent-session queue limit, messages.
+    pub max_queued_messages: u64,
+    /// Persistent-session queue limit, bytes.
+    pub max_queued_bytes: u64,
+    /// In-memory queue of a connected clean session, messages.
+    pub max_online_queue: usize,
+    /// Topic level limit (0 = none).
+    pub max_topic_levels: usize,
+    /// Topic Alias Maximum granted to clients.
+    pub topic_alias_maximum: u16,
+    /// CONNECT timeout.
+    pub connect_timeout_secs: u64,
+    /// Keep-alive ceiling (0 = none).
+    pub max_keepalive_secs: u16,
+    /// Session expiry ceiling.
+    pub max_session_expiry_secs: u32,
+    /// Accept MQTT 3.1.
+    pub allow_v3_1: bool,
+    /// `$SYS` refresh period (0 = off).
+    pub sys_interval_secs: u64,
+}
+
+/// `[tls]`: certificate and key for TLS listeners.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSection {
+    /// PEM certificate chain path.
+    pub cert: String,
+    /// PEM private key path.
+    pub key: String,
+}
+
+/// `[amqp]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AmqpSection {
+    /// Listener address ("" = off).
+    pub listen: String,
+}
+
+/// `[http]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSection {
+    /// Listener address ("" = off).
+    pub listen: String,
+}
+
+/// `[storage]`: the journal.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StorageSection {
+    /// "always" | "interval" | "never".
+    pub fsync: String,
+    /// Interval for "interval".
+    pub interval_ms: u64,
+    /// Segment size in bytes.
+    pub segment_size: u64,
+    /// Retention by age (0 = off).
+    pub retention_max_age_secs: u64,
+    /// Retention by size (0 = off).
+    pub retention_max_bytes: u64,
+    /// sled cache.
+    pub cache_bytes: u64,
+}
+
+impl Config {
+    /// Loads the embedded default, then `FERRYMQ_*` variables from `env`, then the file,
+    /// then the overrides, and validates the result.
+    pub fn load(
+        overrides: &Overrides,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigError> {
+        use config::{Environment, File, FileFormat};
+        let env_map: config::Map<String, String> = env
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("FERRYMQ_"))
+            .collect();
+        let mut builder = config::Config::builder()
+            .add_source(File::from_str(DEFAULT_TOML, FileFormat::Toml))
+            .add_source(
+                Environment::with_prefix("FERRYMQ")
+                    .prefix_separator("_")
+                    .separator("__")
+                    .try_parsing(true)
+                    .source(Some(env_map)),
+            );
+        if let Some(path) = &overrides.config_file {
+            builder = builder.add_source(File::from(path.as_path()).format(FileFormat::Toml).required(true));
+        }
+        let set = |b: config::ConfigBuilder<config::builder::DefaultState>, key: &str, v: &Option<String>| {
+            b.set_override_option(key, v.clone())
+        };
+        builder = set(builder, "broker.data_dir", &overrides.data_dir)?;
+        builder = set(builder, "mqtt.listen", &overrides.mqtt_listen)?;
+        builder = set(builder, "mqtt.tls_listen", &overrides.mqtts_listen)?;
+        builder = set(builder, "amqp.listen", &overrides.amqp_listen)?;
+        builder = set(builder, "http.listen", &overrides.http_listen)?;
+        builder = set(builder, "broker.log", &overrides.log)?;
+        let cfg: Config = builder.build()?.try_deserialize()?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks values serde cannot check.
+    fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key, reason: String| Err(ConfigError::Invalid { key, reason });
+        for (key, addr) in [
+            ("mqtt.listen", &self.mqtt.listen),
+            ("mqtt.tls_listen", &self.mqtt.tls_listen),
+            ("amqp.listen", &self.amqp.listen),
+            ("http.listen", &self.http.listen),
+        ] {
+            if !addr.is_empty() && addr.parse::<SocketAddr>().is_err() {
+                return invalid(key, format!("`{addr}` is not an address like 127.0.0.1:1883"));
+            }
+        }
+        if !self.mqtt.tls_listen.is_empty() && (self.tls.cert.is_empty() || self.tls.key.is_empty()) {
+            return invalid("tls.cert", "mqtt.tls_listen is set but tls.cert or tls.key is empty".into());
+        }
+        if !matches!(self.storage.fsync.as_str(), "always" | "interval" | "never") {
+            return invalid("storage.fsync", format!("`{}` is not one of always, interval, never", self.storage.fsync));
+        }
+        if self.storage.fsync == "interval" && self.storage.interval_ms == 0 {
+            return invalid("storage.interval_ms", "must be > 0 with fsync = \"interval\"".into());
+        }
+        if self.storage.segment_size < 4096 {
+            return invalid("storage.segment_size", "must be at least 4096 bytes".into());
+        }
+        if self.mqtt.max_packet_size < 64 {
+            return invalid("mqtt.max_packet_size", "must be at least 64 bytes".into());
+        }
+        if self.mqtt.receive_maximum == 0 {
+            return invalid("mqtt.receive_maximum", "must be > 0".into());
+        }
+        if self.mqtt.max_inflight == 0 {
+            return invalid("mqtt.max_inflight", "must be > 0".into());
+        }
+        if self.mqtt.max_connections == 0 {
+            return invalid("mqtt.max_connections", "must be > 0".into());
+        }
+        if self.mqtt.max_online_queue == 0 {
+            return invalid("mqtt.max_online_queue", "must be > 0".into());
+        }
+        if tracing_subscriber::EnvFilter::try_new(&self.broker.log).is_err() {
+            return invalid("broker.log", format!("`{}` is not a log filter", self.broker.log));
+        }
+        Ok(())
+    }
+
+    /// Parsed plain MQTT listener address.
+    pub fn mqtt_listen(&self) -> Option<SocketAddr> {
+        parse_addr(&self.mqtt.listen)
+    }
+
+    /// Parsed MQTT-over-TLS listener address.
+    pub fn mqtts_listen(&self) -> Option<SocketAddr> {
+        parse_addr(&self.mqtt.tls_listen)
+    }
+
+    /// The journal settings derived from `[storage]` and the data directory.
+    pub fn journal(&self) -> ferrymq_storage::JournalConfig {
+        use ferrymq_storage::{FsyncPolicy, JournalConfig, Retention};
+        let mut j = JournalConfig::new(self.broker.data_dir.clone());
+        j.fsync = match self.storage.fsync.as_str() {
+            "always" => FsyncPolicy::Always,
+            "interval" => FsyncPolicy::Interval(Duration::from_millis(self.storage.interval_ms)),
+            _ => FsyncPolicy::Never,
+        };
+        j.segment_size = self.storage.segment_size;
+        j.cache_bytes = self.storage.cache_bytes;
+        j.retention = Retention {
+            max_age: (self.storage.retention_max_age_secs > 0)
+                .then(|| Duration::from_secs(self.storage.retention_max_age_secs)),
+            max_bytes: (self.storage.retention_max_bytes > 0).then_some(self.storage.retention_max_bytes),
+        };
+        j
+    }
+
+    /// Data directory.
+    pub fn data_dir(&self) -> &Path {
+        &self.broker.data_dir
+    }
+}
+
+fn parse_addr(s: &str) -> Option<SocketAddr> {
+    if s.is_empty() {
+        None
+    } else {
+        s.parse().ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(o: &Overrides, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        Config::load(o, env.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+    }
+
+    #[test]
+    fn embedded_default_loads() {
+        let c = load(&Overrides::default(), &[]).unwrap();
+        assert_eq!(c.mqtt.listen, "127.0.0.1:1883");
+        assert_eq!(c.broker.data_dir, PathBuf::from("./data"));
+        assert_eq!(c.mqtt.max_packet_size, 2 * 1024 * 1024);
+    }
+
+    #[test]
+    fn precedence_default_env_file_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f.toml");
+        std::fs::write(&file, "[mqtt]\nlisten = \"127.0.0.1:2000\"\nmax_inflight = 7\n").unwrap();
+        let env = [("FERRYMQ_MQTT__LISTEN", "127.0.0.1:1000"), ("FERRYMQ_MQTT__MAX_INFLIGHT", "5"), ("FERRYMQ_MQTT__RECEIVE_MAXIMUM", "9")];
+        // env over default
+        let c = load(&Overrides::default(), &env).unwrap();
+        assert_eq!(c.mqtt.listen, "127.0.0.1:1000");
+        assert_eq!(c.mqtt.receive_maximum, 9);
+        // file over env
+        let o = Overrides { config_file: Some(file.clone()), ..Default::default() };
+        let c = load(&o, &env).unwrap();
+        assert_eq!(c.mqtt.listen, "127.0.0.1:2000");
+        assert_eq!(c.mqtt.max_inflight, 7);
+        assert_eq!(c.mqtt.receive_maximum, 9);
+        // flags over file
+        let o = Overrides { config_file: Some(file), mqtt_listen: Some("127.0.0.1:3000".into()), ..Default::default() };
+        let c = load(&o, &env).unwrap();
+        assert_eq!(c.mqtt.listen, "127.0.0.1:3000");
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f.toml");
+        std::fs::write(&file, "[mqtt]\nlisten_port = 5\n").unwrap();
+        let o = Overrides { config_file: Some(file), ..Default::default() };
+        let err = load(&o, &[]).unwrap_err().to_string();
+        assert!(err.contains("listen_port"), "{err}");
+    }
+
+    #[test]
+    fn bad_value_is_named() {
+        let err = load(&Overrides::default(), &[("FERRYMQ_STORAGE__FSYNC", "sometimes")]).unwrap_err().to_string();
+        assert!(err.contains("storage.fsync"), "{err}");
+        let o = Overrides { mqtt_listen: Some("nowhere".into()), ..Default::default() };
+        let err = load(&o, &[]).unwrap_err().to_string();
+        assert!(err.contains("mqtt.listen"), "{err}");
+        let err = load(&Overrides::default(), &[("FERRYMQ_MQTT__MAX_INFLIGHT", "many")]).unwrap_err().to_string();
+        assert!(err.contains("max_inflight"), "{err}");
+    }
+}

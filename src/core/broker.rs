@@ -1,0 +1,202 @@
+//! The broker core shared by every front-end: the journal, the routing table, the queue
+//! owners, retained messages, counters. [`Broker::publish`] is the one send path: fan out
+//! to connected sessions directly, write the body once with one pointer per target queue,
+//! and signal durability to the publisher.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use ferrymq_storage::{Append, Journal, JournalError, Op, Pointer, QueueTarget, Record, Timer};
+use tokio::sync::{oneshot, Notify};
+
+use super::delivery::Direct;
+use super::message::SharedMessage;
+use super::queue::flags;
+use super::retained::RetainedStore;
+use super::router::{Router, Routes};
+use super::shards::{AppendedEntry, Shards};
+use super::stats::Stats;
+
+/// Resolves once a publish is durable (or failed to be stored).
+pub type DurableSignal = oneshot::Receiver<Result<(), JournalError>>;
+
+/// What to do with the retained store for a publish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetainMode {
+    /// Not a retained publish.
+    None,
+    /// Set (or clear, for an empty payload) the retained message, durably.
+    Persist,
+    /// Set it in memory only (`$SYS` topics).
+    MemoryOnly,
+}
+
+/// Per-message bookkeeping for a journal completion: which queues got which flags.
+#[derive(Debug)]
+pub struct DispatchItem {
+    /// The message the Append/Enqueue op stored or referenced.
+    pub msg: SharedMessage,
+    /// Flags of the pointer per target queue, in the op's queue order.
+    pub flags: Vec<u8>,
+}
+
+/// The shared core.
+pub struct Broker {
+    /// The journal.
+    pub journal: Journal,
+    /// The routing table.
+    pub router: Router,
+    /// Queue owners.
+    pub shards: Shards,
+    /// Retained messages.
+    pub retained: RetainedStore,
+    /// Counters.
+    pub stats: Stats,
+    /// Start time.
+    pub started: Instant,
+    /// Woken when a timer earlier than the scheduler's next one is added.
+    pub timers_changed: Notify,
+    next_id: AtomicU64,
+}
+
+impl std::fmt::Debug for Broker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Broker").field("subscriptions", &self.router.len()).finish_non_exhaustive()
+    }
+}
+
+impl Broker {
+    /// Builds the core on an open journal with started shards.
+    pub fn new(journal: Journal, shards: Shards) -> Broker {
+        Broker {
+            journal,
+            router: Router::new(),
+            shards,
+            retained: RetainedStore::new(),
+            stats: Stats::default(),
+            started: Instant::now(),
+            timers_changed: Notify::new(),
+            next_id: AtomicU64::new(1),
+        }
+    }
+
+    /// A fresh id, unique for this broker run (sessions, consumers, groups).
+    pub fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Publishes `msg` to `routes`: direct to connected sessions at once, and — when there
+    /// are queue targets, a retained update to persist, or `extra_ops` — through the
+    /// journal (body once, one pointer per queue). Returns a signal that resolves when the
+    /// journal work is durable, or `None` when nothing needed storing.
+    pub async fn publish(
+        &self,
+        msg: &SharedMessage,
+        routes: &Routes,
+        retain: RetainMode,
+        extra_ops: Vec<Op>,
+    ) -> Option<DurableSignal> {
+        let mut sent = 0u64;
+        for r in &routes.sessions {
+            let direct = Direct {
+                msg: msg.clone(),
+                qos: r.qos,
+                retain_as_published: r.retain_as_published,
+                subscription_ids: r.subscription_ids.clone(),
+            };
+            if r.link.offer(direct) {
+                sent += 1;
+            }
+        }
+        if sent > 0 {
+            self.stats.routed_direct.fetch_add(sent, Ordering::Relaxed);
+        }
+
+        let mut ops = extra_ops;
+        let mut item = None;
+        let clear = msg.payload.is_empty();
+        let retained_topic = match retain {
+            RetainMode::None => None,
+            RetainMode::MemoryOnly => {
+                self.retained.set(&msg.topic, (!clear).then(|| msg.clone()));
+                None
+            }
+            RetainMode::Persist => {
+                self.retained.set(&msg.topic, (!clear).then(|| msg.clone()));
+                if clear {
+                    ops.push(Op::DeleteRetained { topic: msg.topic.clone() });
+                    None
+                } else {
+                    Some(msg.topic.clone())
+                }
+            }
+        };
+        if !routes.queues.is_empty() || retained_topic.is_some() {
+            let queues: Vec<QueueTarget> = routes
+                .queues
+                .iter()
+                .map(|q| QueueTarget { queue: q.queue, tag_hash: 0, flags: msg.qos.min(q.qos) & flags::QOS_MASK })
+                .collect();
+            let flags = queues.iter().map(|q| q.flags).collect();
+            ops.insert(
+                0,
+                Op::Append(Append {
+                    record: Record { header: msg.encode_header(), body: msg.payload.clone() },
+                    queues,
+                    retained_topic,
+                    timer: None,
+                }),
+            );
+            item = Some(DispatchItem { msg: msg.clone(), flags });
+        }
+        if ops.is_empty() {
+            return None;
+        }
+        Some(self.submit(ops, item.into_iter().collect()).await)
+    }
+
+    /// Stores `msg` to be routed at `due_ms` (delayed publish). The signal resolves when the
+    /// delayed message is durable.
+    pub async fn schedule(&self, msg: &SharedMessage, due_ms: u64) -> DurableSignal {
+        let op = Op::Append(Append {
+            record: Record { header: msg.encode_header(), body: msg.payload.clone() },
+            queues: Vec::new(),
+            retained_topic: None,
+            timer: Some(Timer { due_ms, target: bytes::Bytes::new() }),
+        });
+        let signal = self.submit(vec![op], Vec::new()).await;
+        self.timers_changed.notify_one();
+        signal
+    }
+
+    /// Submits journal ops whose Append/Enqueue results (in op order) correspond to `items`;
+    /// the completion hands the new pointers to their queue owners in log order and then
+    /// resolves the returned signal.
+    pub async fn submit(&self, ops: Vec<Op>, items: Vec<DispatchItem>) -> DurableSignal {
+        let (tx, rx) = oneshot::channel();
+        let shards = self.shards.clone();
+        let done: ferrymq_storage::Completion = Box::new(move |result| {
+            let result = result.map(|receipt| {
+                let mut entries = Vec::new();
+                for (appended, item) in receipt.appended.iter().zip(items) {
+                    for ((queue, offset), flags) in appended.offsets.iter().zip(item.flags) {
+                        entries.push(AppendedEntry {
+                            queue: *queue,
+                            offset: *offset,
+                            ptr: Pointer { pos: appended.pos, size: appended.size, tag_hash: 0, flags },
+                            msg: item.msg.clone(),
+                        });
+                    }
+                }
+                shards.dispatch(entries);
+            });
+            let _ = tx.send(result);
+        });
+        if let Err(e) = self.journal.submit(ops, Some(done)).await {
+            let (tx, rx) = oneshot::channel();
+            let _ = tx.send(Err(e));
+            return rx;
+        }
+        rx
+    }
+}

@@ -1,0 +1,80 @@
+//! The scheduler: routes delayed messages when their time comes. Timers live in the
+//! journal's timer index (due time, log position), so they survive restarts and a million
+//! pending ones cost disk, not memory; the task only remembers when to wake next.
+//!
+//! Firing a timer routes the stored record again without rewriting its body: the new
+//! pointers (`Enqueue`) and the timer's removal go to the journal in one submission.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferrymq_storage::{Op, QueueTarget};
+use tracing::{debug, warn};
+
+use super::broker::{Broker, DispatchItem, RetainMode};
+use super::message::now_ms;
+use super::queue::{flags, read_message};
+use super::router::Routes;
+
+/// Timers fired per turn.
+const BATCH: usize = 512;
+/// Longest sleep between checks (covers clock jumps and missed notifications).
+const MAX_SLEEP: Duration = Duration::from_secs(1);
+
+/// Runs until the runtime shuts down.
+pub async fn run(broker: Arc<Broker>) {
+    loop {
+        let now = now_ms();
+        match broker.journal.timers_due(now, BATCH) {
+            Ok(due) if !due.is_empty() => {
+                let full = due.len() == BATCH;
+                fire(&broker, due).await;
+                if full {
+                    continue;
+                }
+            }
+            Ok(_) => {}
+            Err(e) => warn!(error = %e, "cannot read timers"),
+        }
+        let sleep = match broker.journal.next_timer() {
+            Ok(Some(at)) => Duration::from_millis(at.saturating_sub(now_ms())).min(MAX_SLEEP),
+            _ => MAX_SLEEP,
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(sleep) => {}
+            _ = broker.timers_changed.notified() => {}
+        }
+    }
+}
+
+async fn fire(broker: &Broker, due: Vec<ferrymq_storage::TimerEntry>) {
+    let mut ops = Vec::with_capacity(due.len() * 2);
+    let mut items = Vec::new();
+    for t in due {
+        ops.push(Op::DeleteTimer { due_ms: t.due_ms, pos: t.pos });
+        let ptr = ferrymq_storage::Pointer { pos: t.pos, size: t.size, tag_hash: 0, flags: 0 };
+        let Some(msg) = read_message(&broker.journal, &ptr) else { continue };
+        debug!(topic = %msg.topic, "delayed message due");
+        let routes = broker.router.resolve(&msg.topic, "");
+        // Connected sessions get it directly; a retained one is re-appended so that the
+        // retained index owns a record of its own.
+        let direct = Routes { sessions: routes.sessions.clone(), queues: Vec::new() };
+        let retain = if msg.retain { RetainMode::Persist } else { RetainMode::None };
+        drop(broker.publish(&msg, &direct, retain, Vec::new()).await);
+        if routes.queues.is_empty() {
+            continue;
+        }
+        let queues: Vec<QueueTarget> = routes
+            .queues
+            .iter()
+            .map(|q| QueueTarget { queue: q.queue, tag_hash: 0, flags: msg.qos.min(q.qos) & flags::QOS_MASK })
+            .collect();
+        items.push(DispatchItem { msg: msg.clone(), flags: queues.iter().map(|q| q.flags).collect() });
+        ops.push(Op::Enqueue { pos: t.pos, size: t.size, queues });
+    }
+    // Wait for durability so the next turn does not see the same timers again.
+    let signal = broker.submit(ops, items).await;
+    if let Ok(Err(e)) = signal.await {
+        warn!(error = %e, "cannot store fired timers");
+    }
+}

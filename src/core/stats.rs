@@ -1,0 +1,59 @@
+//! Broker-wide counters. Connections add their local counts in batches (per read or write,
+//! not per message), so the hot path does not bounce these cache lines per message.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Counters published under `$SYS/broker/...`.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Connected clients.
+    pub clients_connected: AtomicU64,
+    /// Clients ever connected since start.
+    pub clients_total: AtomicU64,
+    /// Largest number of connected clients.
+    pub clients_maximum: AtomicU64,
+    /// Disconnected persistent sessions.
+    pub clients_disconnected: AtomicU64,
+    /// Every control packet received.
+    pub messages_received: AtomicU64,
+    /// Every control packet sent.
+    pub messages_sent: AtomicU64,
+    /// PUBLISH packets received.
+    pub publish_received: AtomicU64,
+    /// PUBLISH packets sent.
+    pub publish_sent: AtomicU64,
+    /// PUBLISH messages dropped (slow subscriber buffer full, queue full, too large).
+    pub publish_dropped: AtomicU64,
+    /// Bytes received.
+    pub bytes_received: AtomicU64,
+    /// Bytes sent.
+    pub bytes_sent: AtomicU64,
+    /// Deliveries handed to connected sessions by the fast path.
+    pub routed_direct: AtomicU64,
+}
+
+impl Stats {
+    /// Adds `n` to a counter.
+    pub fn add(counter: &AtomicU64, n: u64) {
+        if n > 0 {
+            counter.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Reads a counter.
+    pub fn get(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::Relaxed)
+    }
+
+    /// A client connected.
+    pub fn connected(&self) {
+        let now = self.clients_connected.fetch_add(1, Ordering::Relaxed) + 1;
+        self.clients_total.fetch_add(1, Ordering::Relaxed);
+        self.clients_maximum.fetch_max(now, Ordering::Relaxed);
+    }
+
+    /// A client disconnected.
+    pub fn disconnected(&self) {
+        self.clients_connected.fetch_sub(1, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,167 @@
+//! The MQTT front-end: connects sockets to the core.
+//!
+//! ```text
+//! socket ─▶ connection task (owns a ferrymq_mqtt::Connection) ─▶ Broker::publish ─▶ sessions / journal
+//!    ▲                 ▲ direct channel (clean sessions, fast path)
+//!    └─────────────────┴ queue deliveries (persistent session queue, shared groups)
+//! ```
+//!
+//! - [`connection`]: one task per socket; protocol events in, core commands out.
+//! - [`session`]: client ids, take-over, persistent sessions and their storage, expiry.
+//! - [`shared`]: `$share/{group}/{filter}` groups as consume queues.
+//! - [`sys`]: the `$SYS/broker/...` topics.
+//! - [`convert`]: MQTT publish <-> core message.
+
+pub mod connection;
+pub mod convert;
+pub mod session;
+pub mod shared;
+pub mod sys;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferrymq_storage::{Op, Space};
+use tracing::{info, warn};
+
+use crate::config::MqttSection;
+use crate::core::broker::Broker;
+use crate::core::message::now_ms;
+use crate::core::router::{Subscription, Target};
+use session::{Persistent, Sessions, StoredSession, NEVER};
+use shared::SharedGroups;
+
+/// Prefix of the queue names of persistent sessions.
+pub const SESSION_QUEUE_PREFIX: &str = "mqtt-session/";
+
+/// Everything the MQTT front-end shares between connections.
+#[derive(Debug)]
+pub struct MqttContext {
+    /// The core.
+    pub broker: Arc<Broker>,
+    /// `[mqtt]` settings.
+    pub cfg: MqttSection,
+    /// Sessions by client id.
+    pub sessions: Sessions,
+    /// Shared-subscription groups.
+    pub groups: SharedGroups,
+}
+
+impl MqttContext {
+    /// Builds the context and restores persistent sessions from the journal: their
+    /// bindings go back into the routing table and their expiry clocks restart.
+    pub fn restore(broker: Arc<Broker>, cfg: MqttSection) -> Arc<MqttContext> {
+        let ctx = Arc::new(MqttContext { broker, cfg, sessions: Sessions::default(), groups: SharedGroups::default() });
+        let now = now_ms();
+        let stored = match ctx.broker.journal.scan(Space::Session, b"") {
+            Ok(v) => v,
+            Err(e) => {
+                warn!(error = %e, "cannot read stored sessions");
+                Vec::new()
+            }
+        };
+        let mut restored = 0usize;
+        for (key, value) in stored {
+            let Ok(client_id) = std::str::from_utf8(&key) else { continue };
+            let Ok(s) = serde_json::from_slice::<StoredSession>(&value) else {
+                warn!(client_id, "undecodable stored session; ignored");
+                continue;
+            };
+            let client_id: Arc<str> = Arc::from(client_id);
+            let owner = ctx.broker.next_id();
+            let queue = ferrymq_storage::QueueId(s.queue);
+            for (filter, opts) in &s.subscriptions {
+                if let Some((group, f)) = split_share(filter) {
+                    if let Err(e) = ctx.groups.join(&ctx.broker, group, f, &client_id) {
+                        warn!(error = %e, "cannot restore shared subscription");
+                    }
+                    continue;
+                }
+                ctx.broker.router.subscribe(
+                    filter,
+                    Subscription {
+                        owner,
+                        client_id: client_id.clone(),
+                        target: Target::Queue(queue),
+                        qos: opts.qos,
+                        no_local: opts.no_local,
+                        retain_as_published: opts.retain_as_published,
+                        subscription_id: opts.subscription_id,
+                    },
+                );
+            }
+            let since = s.disconnected_at_ms.unwrap_or(now);
+            let expires = (s.expiry_secs != NEVER).then(|| since + s.expiry_secs as u64 * 1000);
+            ctx.sessions.restore(client_id, Persistent { owner, queue, stored: s }, expires);
+            restored += 1;
+        }
+        if restored > 0 {
+            info!(sessions = restored, "restored persistent MQTT sessions");
+        }
+        ctx
+    }
+
+    /// Deletes queues left behind by sessions or groups that no longer exist (e.g. the
+    /// groups of clean sessions before a restart).
+    pub async fn drop_orphan_queues(&self) {
+        let Ok(queues) = self.broker.journal.queues() else { return };
+        let live_groups = self.groups.queue_names();
+        for (name, id) in queues {
+            let orphan = if let Some(client) = name.strip_prefix(SESSION_QUEUE_PREFIX) {
+                matches!(self.broker.journal.get(Space::Session, client.as_bytes()), Ok(None))
+            } else if name.starts_with("mqtt-share/") {
+                !live_groups.contains(&name)
+            } else {
+                false
+            };
+            if orphan {
+                self.broker.shards.delete(id).await;
+            }
+        }
+    }
+
+    /// Ends expired persistent sessions: bindings, groups, queue and stored state.
+    pub async fn expire_sessions(&self) {
+        for (client_id, p) in self.sessions.take_expired(now_ms()) {
+            info!(client_id = %client_id, "session expired");
+            self.discard_persistent(&client_id, &p).await;
+        }
+    }
+
+    /// Removes every trace of a persistent session.
+    pub async fn discard_persistent(&self, client_id: &str, p: &Persistent) {
+        for filter in p.stored.subscriptions.keys() {
+            if let Some((group, f)) = split_share(filter) {
+                if let Some(q) = self.groups.leave(&self.broker, group, f, client_id) {
+                    self.broker.shards.delete(q).await;
+                }
+            } else {
+                self.broker.router.unsubscribe(filter, p.owner);
+            }
+        }
+        self.broker.shards.delete(p.queue).await;
+        let ops = vec![
+            Op::Delete { space: Space::Session, key: bytes::Bytes::copy_from_slice(client_id.as_bytes()) },
+            Op::DeletePrefix { space: Space::InboundQos2, prefix: session::qos2_prefix(client_id) },
+        ];
+        if let Err(e) = self.broker.journal.submit(ops, None).await {
+            warn!(error = %e, "cannot delete stored session");
+        }
+    }
+
+    /// Runs the session-expiry sweeper until the runtime stops.
+    pub async fn run_expiry(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        loop {
+            tick.tick().await;
+            self.expire_sessions().await;
+        }
+    }
+}
+
+/// Splits `$share/{group}/{filter}` into group and filter.
+pub fn split_share(filter: &str) -> Option<(&str, &str)> {
+    let rest = filter.strip_prefix("$share/")?;
+    let (group, f) = rest.split_once('/')?;
+    Some((group, f))
+}

@@ -1,0 +1,262 @@
+//! MQTT sessions: which client ids are connected (for take-over), the state of persistent
+//! sessions (their consume queue, subscriptions, expiry) and how it is stored in the
+//! journal, and pending delayed wills.
+//!
+//! A persistent session owns a consume queue named `mqtt-session/{client id}`; its
+//! subscriptions are bindings to that queue and stay in the routing table while the client
+//! is offline, so messages keep arriving in the journal. A clean session has no queue: its
+//! subscriptions lead straight to its connection (the fast path).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use ferrymq_storage::{Op, QueueId, Space};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{oneshot, watch};
+
+use crate::core::router::OwnerId;
+
+/// "Never expires" (MQTT's maximum session expiry interval).
+pub const NEVER: u32 = u32::MAX;
+
+/// Options of one subscription, as granted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubOptions {
+    /// Granted QoS.
+    pub qos: u8,
+    /// No local.
+    pub no_local: bool,
+    /// Retain as published.
+    pub retain_as_published: bool,
+    /// Subscription identifier.
+    pub subscription_id: Option<u32>,
+}
+
+/// What the journal keeps of a persistent session (`Space::Session`, key = client id).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredSession {
+    /// The session's queue.
+    pub queue: u64,
+    /// Session expiry interval, seconds (`NEVER` = never).
+    pub expiry_secs: u32,
+    /// Subscriptions by full filter (including `$share/...`).
+    pub subscriptions: BTreeMap<String, SubOptions>,
+    /// When the client last disconnected (ms since the epoch); `None` while connected.
+    pub disconnected_at_ms: Option<u64>,
+}
+
+impl StoredSession {
+    /// The journal op that stores this session.
+    pub fn put_op(&self, client_id: &str) -> Op {
+        Op::Put {
+            space: Space::Session,
+            key: Bytes::copy_from_slice(client_id.as_bytes()),
+            value: Bytes::from(serde_json::to_vec(self).unwrap_or_default()),
+        }
+    }
+}
+
+/// Key of an inbound QoS 2 packet id awaiting PUBREL.
+pub fn qos2_key(client_id: &str, pkid: u16) -> Bytes {
+    let mut k = Vec::with_capacity(client_id.len() + 3);
+    k.extend_from_slice(client_id.as_bytes());
+    k.push(0);
+    k.extend_from_slice(&pkid.to_be_bytes());
+    Bytes::from(k)
+}
+
+/// Prefix of every inbound QoS 2 key of a client.
+pub fn qos2_prefix(client_id: &str) -> Bytes {
+    let mut k = Vec::with_capacity(client_id.len() + 1);
+    k.extend_from_slice(client_id.as_bytes());
+    k.push(0);
+    Bytes::from(k)
+}
+
+/// Control messages to a connection task.
+#[derive(Debug)]
+pub enum Control {
+    /// Another connection took the client id over (MQTT 5 reason 0x8E).
+    TakenOver,
+    /// The broker is shutting down (MQTT 5 reason 0x8B).
+    Shutdown,
+}
+
+/// The connection currently holding a client id.
+#[derive(Debug)]
+pub struct Online {
+    /// Connection id.
+    pub conn_id: u64,
+    /// Where to send [`Control::TakenOver`].
+    pub control: tokio::sync::mpsc::UnboundedSender<Control>,
+    /// Becomes true when the connection has finished its cleanup.
+    pub finished: watch::Receiver<bool>,
+}
+
+/// In-memory state of a persistent session.
+#[derive(Debug, Clone)]
+pub struct Persistent {
+    /// Owner id used for its bindings in the routing table.
+    pub owner: OwnerId,
+    /// The session's queue.
+    pub queue: QueueId,
+    /// The stored form.
+    pub stored: StoredSession,
+}
+
+#[derive(Debug, Default)]
+struct Slot {
+    online: Option<Online>,
+    persistent: Option<Persistent>,
+    /// Cancels a delayed will of the previous connection.
+    pending_will: Option<oneshot::Sender<()>>,
+    expires_at_ms: Option<u64>,
+}
+
+/// Every known session.
+#[derive(Debug, Default)]
+pub struct Sessions {
+    slots: Mutex<HashMap<Arc<str>, Slot>>,
+    expiries: Mutex<BTreeSet<(u64, Arc<str>)>>,
+}
+
+/// What [`Sessions::claim`] found.
+#[derive(Debug)]
+pub struct Claim {
+    /// The previous connection holding the id, to be told it was taken over.
+    pub previous: Option<Online>,
+    /// The persistent state, if any.
+    pub persistent: Option<Persistent>,
+    /// Set by the caller once it has dealt with `previous` (its cleanup may have changed
+    /// the persistent state: read it again with [`Sessions::persistent`]).
+    pub previous_existed: bool,
+}
+
+impl Sessions {
+    /// Registers a persistent session recovered from storage (offline).
+    pub fn restore(&self, client_id: Arc<str>, persistent: Persistent, expires_at_ms: Option<u64>) {
+        if let Some(at) = expires_at_ms {
+            self.expiries.lock().insert((at, client_id.clone()));
+        }
+        self.slots.lock().insert(client_id, Slot { persistent: Some(persistent), expires_at_ms, ..Default::default() });
+    }
+
+    /// Makes `online` the holder of `client_id`; returns the previous holder and the
+    /// persistent state, and cancels a pending delayed will and the expiry.
+    pub fn claim(&self, client_id: &Arc<str>, online: Online) -> Claim {
+        let mut slots = self.slots.lock();
+        let slot = slots.entry(client_id.clone()).or_default();
+        if let Some(cancel) = slot.pending_will.take() {
+            let _ = cancel.send(());
+        }
+        if let Some(at) = slot.expires_at_ms.take() {
+            self.expiries.lock().remove(&(at, client_id.clone()));
+        }
+        let previous = slot.online.replace(online);
+        Claim { previous, persistent: slot.persistent.clone(), previous_existed: false }
+    }
+
+    /// Current persistent state of a session.
+    pub fn persistent(&self, client_id: &Arc<str>) -> Option<Persistent> {
+        self.slots.lock().get(client_id).and_then(|s| s.persistent.clone())
+    }
+
+    /// Replaces (or removes) the persistent state of a session.
+    pub fn set_persistent(&self, client_id: &Arc<str>, persistent: Option<Persistent>) {
+        if let Some(slot) = self.slots.lock().get_mut(client_id) {
+            slot.persistent = persistent;
+        }
+    }
+
+    /// Updates the stored form of a persistent session in memory.
+    pub fn update_stored(&self, client_id: &Arc<str>, stored: &StoredSession) {
+        if let Some(slot) = self.slots.lock().get_mut(client_id) {
+            if let Some(p) = slot.persistent.as_mut() {
+                p.stored = stored.clone();
+            }
+        }
+    }
+
+    /// The connection `conn_id` left. Returns false if another connection holds the id by
+    /// now (take-over), in which case the caller must not touch the session.
+    pub fn release(
+        &self,
+        client_id: &Arc<str>,
+        conn_id: u64,
+        expires_at_ms: Option<u64>,
+        pending_will: Option<oneshot::Sender<()>>,
+    ) -> bool {
+        let mut slots = self.slots.lock();
+        let ours = slots.get(client_id).is_some_and(|s| s.online.as_ref().map(|o| o.conn_id) == Some(conn_id));
+        let Some(slot) = slots.get_mut(client_id).filter(|_| ours) else {
+            // Taken over: a new connection resumed the session, so a delayed will is void.
+            if let Some(cancel) = pending_will {
+                let _ = cancel.send(());
+            }
+            return false;
+        };
+        slot.online = None;
+        slot.pending_will = pending_will;
+        if slot.persistent.is_none() {
+            if slot.pending_will.is_none() {
+                slots.remove(client_id);
+            }
+        } else if let Some(at) = expires_at_ms {
+            slot.expires_at_ms = Some(at);
+            self.expiries.lock().insert((at, client_id.clone()));
+        }
+        true
+    }
+
+    /// Sessions whose expiry passed at `now_ms` and that are still offline; they are
+    /// removed from the registry and returned for cleanup.
+    pub fn take_expired(&self, now_ms: u64) -> Vec<(Arc<str>, Persistent)> {
+        let due: Vec<(u64, Arc<str>)> = {
+            let mut exp = self.expiries.lock();
+            let mut due = Vec::new();
+            while let Some(first) = exp.first().cloned() {
+                if first.0 > now_ms {
+                    break;
+                }
+                exp.pop_first();
+                due.push(first);
+            }
+            due
+        };
+        let mut out = Vec::new();
+        let mut slots = self.slots.lock();
+        for (at, id) in due {
+            let expired = slots.get(&id).is_some_and(|s| s.online.is_none() && s.expires_at_ms == Some(at));
+            if expired {
+                if let Some(slot) = slots.remove(&id) {
+                    if let Some(cancel) = slot.pending_will {
+                        // Session end publishes a pending delayed will at once.
+                        drop(cancel);
+                    }
+                    if let Some(p) = slot.persistent {
+                        out.push((id, p));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Persistent sessions currently offline.
+    pub fn offline_count(&self) -> usize {
+        self.slots.lock().values().filter(|s| s.online.is_none() && s.persistent.is_some()).count()
+    }
+
+    /// Control senders of every connected client (for shutdown).
+    pub fn online_controls(&self) -> Vec<tokio::sync::mpsc::UnboundedSender<Control>> {
+        self.slots.lock().values().filter_map(|s| s.online.as_ref().map(|o| o.control.clone())).collect()
+    }
+}
+
+/// Waits until a taken-over connection finished its cleanup, at most `limit`.
+pub async fn wait_finished(mut finished: watch::Receiver<bool>, limit: Duration) {
+    let _ = tokio::time::timeout(limit, finished.wait_for(|f| *f)).await;
+}

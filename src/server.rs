@@ -1,0 +1,203 @@
+//! Start-up and shutdown: open the journal, restore state, bind the listeners, accept
+//! connections under the connection limit, and stop in two phases (stop accepting and tell
+//! connections; then wait with a deadline and flush the journal last).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use ferrymq_storage::Journal;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Semaphore};
+use tokio_rustls::TlsAcceptor;
+use tracing::{debug, info, warn};
+
+use crate::config::Config;
+use crate::core::broker::Broker;
+use crate::core::message::Message;
+use crate::core::queue::QueueLimits;
+use crate::core::scheduler;
+use crate::core::shards::Shards;
+use crate::mqtt::session::Control;
+use crate::mqtt::{self, MqttContext};
+
+/// A running broker.
+pub struct Server {
+    /// Bound plain MQTT address.
+    pub mqtt_addr: Option<SocketAddr>,
+    /// Bound MQTT-over-TLS address.
+    pub mqtts_addr: Option<SocketAddr>,
+    broker: Arc<Broker>,
+    mqtt: Arc<MqttContext>,
+    connections: Arc<Semaphore>,
+    max_connections: u32,
+    stop_accepting: watch::Sender<bool>,
+    grace: Duration,
+}
+
+impl Server {
+    /// Opens the data directory, restores state and starts listening.
+    pub async fn start(config: Config) -> anyhow::Result<Server> {
+        let jcfg = config.journal();
+        let dir = jcfg.dir.clone();
+        let journal = tokio::task::spawn_blocking(move || Journal::open(jcfg))
+            .await?
+            .with_context(|| format!("cannot open the data directory {}", dir.display()))?;
+        let limits = QueueLimits {
+            max_len: config.mqtt.max_queued_messages,
+            max_bytes: config.mqtt.max_queued_bytes,
+            memory_window: 4096,
+            max_offset_span: Some(32767),
+        };
+        let shard_count = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).max(2);
+        let shards = Shards::start(shard_count, journal.clone(), limits);
+        let broker = Arc::new(Broker::new(journal, shards));
+        restore_retained(&broker);
+        let mqtt = MqttContext::restore(broker.clone(), config.mqtt.clone());
+        mqtt.drop_orphan_queues().await;
+
+        tokio::spawn(scheduler::run(broker.clone()));
+        tokio::spawn(mqtt.clone().run_expiry());
+        if config.mqtt.sys_interval_secs > 0 {
+            tokio::spawn(mqtt::sys::run(mqtt.clone(), Duration::from_secs(config.mqtt.sys_interval_secs)));
+        }
+
+        let max_connections = config.mqtt.max_connections.min(Semaphore::MAX_PERMITS).min(u32::MAX as usize) as u32;
+        let connections = Arc::new(Semaphore::new(max_connections as usize));
+        let (stop_accepting, stop_rx) = watch::channel(false);
+        let mut server = Server {
+            mqtt_addr: None,
+            mqtts_addr: None,
+            broker,
+            mqtt,
+            connections,
+            max_connections,
+            stop_accepting,
+            grace: Duration::from_secs(config.broker.shutdown_grace_secs),
+        };
+        if let Some(addr) = config.mqtt_listen() {
+            let listener = TcpListener::bind(addr).await.with_context(|| format!("cannot listen on mqtt.listen {addr}"))?;
+            server.mqtt_addr = Some(listener.local_addr()?);
+            tokio::spawn(accept_loop(listener, None, server.mqtt.clone(), server.connections.clone(), stop_rx.clone()));
+        }
+        if let Some(addr) = config.mqtts_listen() {
+            let acceptor = crate::tls::acceptor(&config.tls.cert, &config.tls.key)?;
+            let listener =
+                TcpListener::bind(addr).await.with_context(|| format!("cannot listen on mqtt.tls_listen {addr}"))?;
+            server.mqtts_addr = Some(listener.local_addr()?);
+            tokio::spawn(accept_loop(listener, Some(acceptor), server.mqtt.clone(), server.connections.clone(), stop_rx));
+        }
+        Ok(server)
+    }
+
+    /// The line printed once listening, for scripts and tests:
+    /// `FERRYMQ READY mqtt=127.0.0.1:1883 [mqtts=...]`.
+    pub fn ready_line(&self) -> String {
+        let mut line = String::from("FERRYMQ READY");
+        if let Some(a) = self.mqtt_addr {
+            line.push_str(&format!(" mqtt={a}"));
+        }
+        if let Some(a) = self.mqtts_addr {
+            line.push_str(&format!(" mqtts={a}"));
+        }
+        line
+    }
+
+    /// The broker core (for embedding and tests).
+    pub fn broker(&self) -> &Arc<Broker> {
+        &self.broker
+    }
+
+    /// Stops accepting, asks every connection to close (MQTT 5: DISCONNECT 0x8B), waits for
+    /// them up to the grace period, then flushes and closes the journal.
+    pub async fn shutdown(self) {
+        let _ = self.stop_accepting.send(true);
+        for control in self.mqtt.sessions.online_controls() {
+            let _ = control.send(Control::Shutdown);
+        }
+        let all = self.connections.acquire_many(self.max_connections);
+        if tokio::time::timeout(self.grace, all).await.is_err() {
+            warn!("connections still open after the grace period");
+        }
+        let journal = self.broker.journal.clone();
+        if let Err(e) = journal.flush().await {
+            warn!(error = %e, "final journal flush failed");
+        }
+        let _ = tokio::task::spawn_blocking(move || journal.close()).await;
+        info!("stopped");
+    }
+}
+
+fn restore_retained(broker: &Broker) {
+    let retained = match broker.journal.retained() {
+        Ok(r) => r,
+        Err(e) => {
+            warn!(error = %e, "cannot read retained messages");
+            return;
+        }
+    };
+    let mut n = 0;
+    for (topic, pos) in retained {
+        match broker.journal.read(pos).map_err(|e| e.to_string()).and_then(|r| {
+            Message::decode(r.header, r.body).map_err(|e| e.to_string())
+        }) {
+            Ok(msg) => {
+                broker.retained.set(&topic, Some(Arc::new(msg)));
+                n += 1;
+            }
+            Err(e) => warn!(topic, error = %e, "cannot restore retained message"),
+        }
+    }
+    if n > 0 {
+        info!(retained = n, "restored retained messages");
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+    ctx: Arc<MqttContext>,
+    connections: Arc<Semaphore>,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        let (stream, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(s) => s,
+                Err(e) => {
+                    warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = stop.changed() => return,
+        };
+        let Ok(permit) = connections.clone().try_acquire_owned() else {
+            warn!(peer = %peer, "connection limit reached; closing new connection");
+            drop(stream);
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let ctx = ctx.clone();
+        let tls = tls.clone();
+        tokio::spawn(async move {
+            serve_socket(ctx, stream, peer, tls).await;
+            drop(permit);
+        });
+    }
+}
+
+async fn serve_socket(ctx: Arc<MqttContext>, stream: TcpStream, peer: SocketAddr, tls: Option<TlsAcceptor>) {
+    match tls {
+        None => mqtt::connection::serve(ctx, stream, peer).await,
+        Some(acceptor) => {
+            let handshake = Duration::from_secs(ctx.cfg.connect_timeout_secs.max(1));
+            match tokio::time::timeout(handshake, acceptor.accept(stream)).await {
+                Ok(Ok(tls_stream)) => mqtt::connection::serve(ctx, tls_stream, peer).await,
+                Ok(Err(e)) => debug!(peer = %peer, error = %e, "TLS handshake failed"),
+                Err(_) => debug!(peer = %peer, "TLS handshake timed out"),
+            }
+        }
+    }
+}

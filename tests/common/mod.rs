@@ -1,0 +1,594 @@
+//! Test harness: starts the real `ferrymq` binary on ephemeral ports with a temporary data
+//! directory, reads its `FERRYMQ READY ...` line, keeps its log (printed when a test
+//! fails), and stops it on drop. Plus small helpers around `rumqttc` and raw sockets.
+#![allow(dead_code, unused_imports)]
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc as std_mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+
+/// Default bound for waiting on one event.
+pub const WAIT: Duration = Duration::from_secs(10);
+
+/// A running broker process.
+pub struct Broker {
+    child: Option<Child>,
+    /// Plain MQTT address.
+    pub mqtt: SocketAddr,
+    /// MQTT over TLS address, if started with one.
+    pub mqtts: Option<SocketAddr>,
+    /// Data directory (kept across restarts).
+    pub dir: PathBuf,
+    _tmp: Option<Arc<tempfile::TempDir>>,
+    log: Arc<Mutex<String>>,
+    opts: Opts,
+}
+
+/// How to start the broker.
+#[derive(Clone, Default)]
+pub struct Opts {
+    /// Extra command-line arguments.
+    pub args: Vec<String>,
+    /// Extra environment variables.
+    pub env: Vec<(String, String)>,
+    /// Contents of a config file passed with `--config`.
+    pub config: Option<String>,
+}
+
+impl Opts {
+    /// Adds a config file body.
+    pub fn config(mut self, toml: &str) -> Self {
+        self.config = Some(toml.to_owned());
+        self
+    }
+    /// Adds arguments.
+    pub fn args(mut self, args: &[&str]) -> Self {
+        self.args.extend(args.iter().map(|s| s.to_string()));
+        self
+    }
+    /// Adds an environment variable.
+    pub fn env(mut self, k: &str, v: &str) -> Self {
+        self.env.push((k.into(), v.into()));
+        self
+    }
+}
+
+/// Path of the broker binary built by cargo for these tests.
+pub fn binary() -> &'static str {
+    env!("CARGO_BIN_EXE_ferrymq")
+}
+
+impl Broker {
+    /// Starts a broker with defaults (fsync always) on a fresh temporary directory.
+    pub fn start() -> Broker {
+        Self::start_with(Opts::default())
+    }
+
+    /// Starts a broker with options on a fresh temporary directory.
+    pub fn start_with(opts: Opts) -> Broker {
+        let tmp = Arc::new(tempfile::tempdir().expect("tempdir"));
+        let dir = tmp.path().join("data");
+        Self::spawn(dir, Some(tmp), opts)
+    }
+
+    fn spawn(dir: PathBuf, tmp: Option<Arc<tempfile::TempDir>>, opts: Opts) -> Broker {
+        let mut cmd = Command::new(binary());
+        cmd.arg("--data-dir").arg(&dir).arg("--mqtt-listen").arg("127.0.0.1:0").arg("--log").arg("ferrymq=debug,info");
+        if let Some(toml) = &opts.config {
+            let path = dir.with_extension("toml");
+            std::fs::create_dir_all(dir.parent().unwrap()).unwrap();
+            std::fs::write(&path, toml).unwrap();
+            cmd.arg("--config").arg(path);
+        }
+        cmd.args(&opts.args);
+        for (k, v) in &opts.env {
+            cmd.env(k, v);
+        }
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::null());
+        let mut child = cmd.spawn().expect("spawn ferrymq");
+        let log = Arc::new(Mutex::new(String::new()));
+        let stderr = child.stderr.take().unwrap();
+        let log2 = log.clone();
+        std::thread::spawn(move || {
+            let mut r = BufReader::new(stderr);
+            let mut line = String::new();
+            while r.read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
+                log2.lock().unwrap().push_str(&line);
+                line.clear();
+            }
+        });
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std_mpsc::channel();
+        std::thread::spawn(move || {
+            let mut r = BufReader::new(stdout);
+            let mut line = String::new();
+            while r.read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
+                let _ = tx.send(line.clone());
+                line.clear();
+            }
+        });
+        let ready = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(line) => line,
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                std::thread::sleep(Duration::from_millis(100));
+                panic!("broker did not become ready; log:\n{}", log.lock().unwrap());
+            }
+        };
+        let field = |name: &str| -> Option<SocketAddr> {
+            ready.split_whitespace().find_map(|kv| kv.strip_prefix(&format!("{name}=")).and_then(|a| a.parse().ok()))
+        };
+        let mqtt = field("mqtt").unwrap_or_else(|| panic!("no mqtt address in {ready:?}"));
+        let mqtts = field("mqtts");
+        Broker { child: Some(child), mqtt, mqtts, dir, _tmp: tmp, log, opts }
+    }
+
+    /// Stops the broker with SIGTERM and waits for a clean exit (status 0).
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            signal(&child, "TERM");
+            let status = wait_timeout(&mut child, Duration::from_secs(30));
+            match status {
+                Some(s) => assert!(s.success(), "broker exited with {s}; log:\n{}", self.log()),
+                None => {
+                    let _ = child.kill();
+                    panic!("broker did not stop on SIGTERM; log:\n{}", self.log());
+                }
+            }
+        }
+    }
+
+    /// Kills the broker with SIGKILL (a crash).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Stops cleanly and starts again on the same data directory (new ports).
+    pub fn restart(mut self) -> Broker {
+        self.stop();
+        self.respawn()
+    }
+
+    /// Kills and starts again on the same data directory (new ports).
+    pub fn crash_restart(mut self) -> Broker {
+        self.kill();
+        self.respawn()
+    }
+
+    fn respawn(mut self) -> Broker {
+        let tmp = self._tmp.take();
+        let dir = self.dir.clone();
+        let opts = self.opts.clone();
+        let old_log = self.log();
+        let b = Self::spawn(dir, tmp, opts);
+        b.log.lock().unwrap().insert_str(0, &format!("--- previous run ---\n{old_log}--- restarted ---\n"));
+        b
+    }
+
+    /// The broker's log so far.
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Host and port for clients.
+    pub fn host_port(&self) -> (String, u16) {
+        (self.mqtt.ip().to_string(), self.mqtt.port())
+    }
+
+    /// Data directory path.
+    pub fn data_dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("----- ferrymq log -----\n{}\n-----------------------", self.log());
+        }
+        self.kill();
+    }
+}
+
+fn signal(child: &Child, sig: &str) {
+    let _ = Command::new("kill").arg(format!("-{sig}")).arg(child.id().to_string()).status();
+}
+
+fn wait_timeout(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = std::time::Instant::now() + limit;
+    while std::time::Instant::now() < deadline {
+        if let Ok(Some(s)) = child.try_wait() {
+            return Some(s);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+/// Runs a command-line invocation of the binary to completion (for start-up errors).
+pub fn run_binary(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
+    let mut cmd = Command::new(binary());
+    cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let status = wait_timeout(&mut child, Duration::from_secs(20));
+    let mut out = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut out);
+    }
+    match status {
+        Some(s) => (s.code().unwrap_or(-1), out),
+        None => {
+            let _ = child.kill();
+            (-1, out)
+        }
+    }
+}
+
+// ----- rumqttc (MQTT 3.1.1) helpers --------------------------------------------------------
+
+pub mod v4 {
+    use super::*;
+    pub use rumqttc::{AsyncClient, ConnAck, Event, EventLoop, LastWill, MqttOptions, Packet, Publish, QoS};
+
+    /// A connected client whose events arrive on a channel.
+    pub struct Client {
+        pub client: AsyncClient,
+        pub events: mpsc::UnboundedReceiver<Result<Packet, String>>,
+        pub connack: ConnAck,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    impl Drop for Client {
+        fn drop(&mut self) {
+            self.task.abort();
+        }
+    }
+
+    /// Options for a client of `broker`.
+    pub fn options(broker: &Broker, id: &str) -> MqttOptions {
+        let (h, p) = broker.host_port();
+        let mut o = MqttOptions::new(id, h, p);
+        o.set_keep_alive(Duration::from_secs(30));
+        o.set_max_packet_size(16 * 1024 * 1024, 16 * 1024 * 1024);
+        o
+    }
+
+    /// Connects and waits for CONNACK.
+    pub async fn connect_with(o: MqttOptions) -> Client {
+        let (client, mut el) = AsyncClient::new(o, 1000);
+        let connack = loop {
+            match tokio::time::timeout(WAIT, el.poll()).await.expect("connect timed out") {
+                Ok(Event::Incoming(Packet::ConnAck(c))) => break c,
+                Ok(_) => continue,
+                Err(e) => panic!("connect failed: {e:?}"),
+            }
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        let task = tokio::spawn(async move {
+            loop {
+                match el.poll().await {
+                    Ok(Event::Incoming(p)) => {
+                        if tx.send(Ok(p)).is_err() {
+                            return;
+                        }
+                    }
+                    Ok(Event::Outgoing(_)) => {}
+                    Err(e) => {
+                        let _ = tx.send(Err(format!("{e:?}")));
+                        return;
+                    }
+                }
+            }
+        });
+        Client { client, events: rx, connack, task }
+    }
+
+    /// Connects a clean-session client.
+    pub async fn connect(broker: &Broker, id: &str) -> Client {
+        connect_with(options(broker, id)).await
+    }
+
+    /// Connects with clean session = false.
+    pub async fn connect_persistent(broker: &Broker, id: &str) -> Client {
+        let mut o = options(broker, id);
+        o.set_clean_session(false);
+        connect_with(o).await
+    }
+
+    impl Client {
+        /// Subscribes and waits for SUBACK; returns its return codes.
+        pub async fn subscribe(&mut self, filter: &str, qos: QoS) -> Vec<rumqttc::SubscribeReasonCode> {
+            self.client.subscribe(filter, qos).await.unwrap();
+            loop {
+                match self.next().await {
+                    Packet::SubAck(s) => return s.return_codes,
+                    _ => continue,
+                }
+            }
+        }
+
+        /// Next incoming packet (bounded wait).
+        pub async fn next(&mut self) -> Packet {
+            match tokio::time::timeout(WAIT, self.events.recv()).await {
+                Ok(Some(Ok(p))) => p,
+                Ok(Some(Err(e))) => panic!("connection error: {e}"),
+                Ok(None) => panic!("event loop ended"),
+                Err(_) => panic!("no packet within {WAIT:?}"),
+            }
+        }
+
+        /// Next PUBLISH (skipping other packets).
+        pub async fn next_publish(&mut self) -> Publish {
+            loop {
+                if let Packet::Publish(p) = self.next().await {
+                    return p;
+                }
+            }
+        }
+
+        /// Asserts no PUBLISH arrives within `d` (a bounded negative check).
+        pub async fn expect_no_publish(&mut self, d: Duration) {
+            let deadline = tokio::time::Instant::now() + d;
+            loop {
+                match tokio::time::timeout_at(deadline, self.events.recv()).await {
+                    Err(_) => return,
+                    Ok(Some(Ok(Packet::Publish(p)))) => panic!("unexpected publish on {}: {:?}", p.topic, p.payload),
+                    Ok(Some(Ok(_))) => continue,
+                    Ok(Some(Err(e))) => panic!("connection error: {e}"),
+                    Ok(None) => return,
+                }
+            }
+        }
+
+        /// Waits for the connection to end with an error (e.g. the broker closed it).
+        pub async fn expect_closed(&mut self) -> String {
+            loop {
+                match tokio::time::timeout(WAIT, self.events.recv()).await {
+                    Ok(Some(Err(e))) => return e,
+                    Ok(Some(Ok(_))) => continue,
+                    Ok(None) => return "ended".into(),
+                    Err(_) => panic!("connection not closed within {WAIT:?}"),
+                }
+            }
+        }
+    }
+}
+
+// ----- rumqttc (MQTT 5) helpers -------------------------------------------------------------
+
+pub mod v5 {
+    use super::*;
+    pub use rumqttc::v5::mqttbytes::v5::{ConnAck, Packet, Publish, PublishProperties, SubscribeProperties};
+    pub use rumqttc::v5::mqttbytes::v5::{Filter, RetainForwardRule};
+    pub use rumqttc::v5::mqttbytes::QoS;
+    pub use rumqttc::v5::{AsyncClient, Event, EventLoop, MqttOptions};
+
+    /// A connected MQTT 5 client whose events arrive on a channel.
+    pub struct Client {
+        pub client: AsyncClient,
+        pub events: mpsc::UnboundedReceiver<Result<Packet, String>>,
+        pub connack: ConnAck,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    impl Drop for Client {
+        fn drop(&mut self) {
+            self.task.abort();
+        }
+    }
+
+    /// Options for a client of `broker`.
+    pub fn options(broker: &Broker, id: &str) -> MqttOptions {
+        let (h, p) = broker.host_port();
+        let mut o = MqttOptions::new(id, h, p);
+        o.set_keep_alive(Duration::from_secs(30));
+        o
+    }
+
+    /// Connects and waits for CONNACK.
+    pub async fn connect_with(o: MqttOptions) -> Client {
+        let (client, mut el) = AsyncClient::new(o, 1000);
+        let connack = loop {
+            match tokio::time::timeout(WAIT, el.poll()).await.expect("connect timed out") {
+                Ok(Event::Incoming(Packet::ConnAck(c))) => break c,
+                Ok(_) => continue,
+                Err(e) => panic!("connect failed: {e:?}"),
+            }
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        let task = tokio::spawn(async move {
+            loop {
+                match el.poll().await {
+                    Ok(Event::Incoming(p)) => {
+                        if tx.send(Ok(p)).is_err() {
+                            return;
+                        }
+                    }
+                    Ok(Event::Outgoing(_)) => {}
+                    Err(e) => {
+                        let _ = tx.send(Err(format!("{e:?}")));
+                        return;
+                    }
+                }
+            }
+        });
+        Client { client, events: rx, connack, task }
+    }
+
+    /// Connects a clean-start client.
+    pub async fn connect(broker: &Broker, id: &str) -> Client {
+        connect_with(options(broker, id)).await
+    }
+
+    impl Client {
+        /// Next incoming packet (bounded wait).
+        pub async fn next(&mut self) -> Packet {
+            match tokio::time::timeout(WAIT, self.events.recv()).await {
+                Ok(Some(Ok(p))) => p,
+                Ok(Some(Err(e))) => panic!("connection error: {e}"),
+                Ok(None) => panic!("event loop ended"),
+                Err(_) => panic!("no packet within {WAIT:?}"),
+            }
+        }
+
+        /// Subscribes with a filter and waits for SUBACK; returns its reason codes.
+        pub async fn subscribe_filter(
+            &mut self,
+            filter: Filter,
+            props: Option<SubscribeProperties>,
+        ) -> Vec<rumqttc::v5::mqttbytes::v5::SubscribeReasonCode> {
+            match props {
+                Some(p) => self.client.subscribe_many_with_properties(vec![filter], p).await.unwrap(),
+                None => self.client.subscribe_many(vec![filter]).await.unwrap(),
+            }
+            loop {
+                if let Packet::SubAck(s) = self.next().await {
+                    return s.return_codes;
+                }
+            }
+        }
+
+        /// Subscribes to `filter` at `qos` and waits for SUBACK.
+        pub async fn subscribe(&mut self, filter: &str, qos: QoS) -> Vec<rumqttc::v5::mqttbytes::v5::SubscribeReasonCode> {
+            self.subscribe_filter(Filter::new(filter, qos), None).await
+        }
+
+        /// Next PUBLISH (skipping other packets).
+        pub async fn next_publish(&mut self) -> Publish {
+            loop {
+                if let Packet::Publish(p) = self.next().await {
+                    return p;
+                }
+            }
+        }
+
+        /// Asserts no PUBLISH arrives within `d` (a bounded negative check).
+        pub async fn expect_no_publish(&mut self, d: Duration) {
+            let deadline = tokio::time::Instant::now() + d;
+            loop {
+                match tokio::time::timeout_at(deadline, self.events.recv()).await {
+                    Err(_) => return,
+                    Ok(Some(Ok(Packet::Publish(p)))) => panic!("unexpected publish: {p:?}"),
+                    Ok(Some(Ok(_))) => continue,
+                    Ok(Some(Err(e))) => panic!("connection error: {e}"),
+                    Ok(None) => return,
+                }
+            }
+        }
+    }
+}
+
+// ----- raw sockets ---------------------------------------------------------------------------
+
+/// A raw TCP connection for sending hand-made bytes.
+pub struct Raw {
+    pub stream: TcpStream,
+}
+
+impl Raw {
+    /// Connects to the broker's MQTT port.
+    pub async fn connect(broker: &Broker) -> Raw {
+        Raw { stream: TcpStream::connect(broker.mqtt).await.unwrap() }
+    }
+
+    /// Writes bytes.
+    pub async fn send(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).await.unwrap();
+    }
+
+    /// Reads until at least `n` bytes arrived or the peer closed; returns what arrived.
+    pub async fn read_at_least(&mut self, n: usize) -> Vec<u8> {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        while buf.len() < n {
+            match tokio::time::timeout(WAIT, self.stream.read(&mut chunk)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => break,
+                Ok(Ok(k)) => buf.extend_from_slice(&chunk[..k]),
+                Err(_) => panic!("nothing more within {WAIT:?} (have {buf:?})"),
+            }
+        }
+        buf
+    }
+
+    /// Reads everything until the broker closes the connection (bounded); returns the bytes.
+    pub async fn read_until_closed(&mut self) -> Vec<u8> {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            match tokio::time::timeout(WAIT, self.stream.read(&mut chunk)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => return buf,
+                Ok(Ok(k)) => buf.extend_from_slice(&chunk[..k]),
+                Err(_) => panic!("connection not closed within {WAIT:?} (got {buf:?})"),
+            }
+        }
+    }
+}
+
+/// An MQTT 3.1.1 CONNECT with clean session and keep-alive 60.
+pub fn connect_v4_bytes(client_id: &str) -> Vec<u8> {
+    connect_bytes(4, client_id, 0x02, 60, &[])
+}
+
+/// An MQTT 5 CONNECT with clean start and no properties.
+pub fn connect_v5_bytes(client_id: &str) -> Vec<u8> {
+    connect_bytes(5, client_id, 0x02, 60, &[0])
+}
+
+/// A CONNECT packet: protocol level, client id, connect flags, keep-alive, raw properties
+/// (MQTT 5 only; include the property-length byte).
+pub fn connect_bytes(level: u8, client_id: &str, flags: u8, keep_alive: u16, props: &[u8]) -> Vec<u8> {
+    let mut body = Vec::new();
+    body.extend_from_slice(&[0, 4, b'M', b'Q', b'T', b'T', level, flags]);
+    body.extend_from_slice(&keep_alive.to_be_bytes());
+    body.extend_from_slice(props);
+    body.extend_from_slice(&(client_id.len() as u16).to_be_bytes());
+    body.extend_from_slice(client_id.as_bytes());
+    packet(0x10, &body)
+}
+
+/// A packet with the given first byte and body (remaining length encoded).
+pub fn packet(first: u8, body: &[u8]) -> Vec<u8> {
+    let mut out = vec![first];
+    let mut len = body.len();
+    loop {
+        let mut b = (len % 128) as u8;
+        len /= 128;
+        if len > 0 {
+            b |= 0x80;
+        }
+        out.push(b);
+        if len == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(body);
+    out
+}
+
+/// Polls `f` until it returns `Some`, up to `limit` (for state that has no event to await,
+/// e.g. a file appearing).
+pub async fn eventually<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "condition not met within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
