@@ -202,11 +202,11 @@ impl Task {
                 ctrl = self.control_rx.recv() => match ctrl {
                     Some(Control::TakenOver) => {
                         info!("session taken over by a new connection");
-                        self.proto.disconnect(ReasonCode::SESSION_TAKEN_OVER, None);
+                        self.proto.disconnect(ReasonCode::SESSION_TAKEN_OVER, Some("session taken over by another connection"));
                     }
                     Some(Control::Shutdown) => {
                         self.publish_will = false;
-                        self.proto.disconnect(ReasonCode::SERVER_SHUTTING_DOWN, None);
+                        self.proto.disconnect(ReasonCode::SERVER_SHUTTING_DOWN, Some("server shutting down"));
                     }
                     None => {}
                 },

@@ -1,0 +1,179 @@
+//! Delayed publish, `$SYS` topics, MQTT over TLS, configuration and shutdown, as users
+//! observe them.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{run_binary, v4, v5, Broker, Opts};
+
+#[tokio::test]
+async fn delayed_publish_arrives_after_the_delay() {
+    let broker = Broker::start();
+    let mut s = v4::connect(&broker, "s").await;
+    s.subscribe("later/#", v4::QoS::AtLeastOnce).await;
+    let p = v4::connect(&broker, "p").await;
+    let sent = Instant::now();
+    p.client.publish("$delayed/1/later/x", v4::QoS::AtLeastOnce, false, "hi").await.unwrap();
+    let m = s.next_publish().await;
+    let waited = sent.elapsed();
+    assert_eq!((m.topic.as_str(), &m.payload[..]), ("later/x", &b"hi"[..]));
+    assert!(waited >= Duration::from_millis(900), "delivered after the delay, took {waited:?}");
+}
+
+#[tokio::test]
+async fn delayed_publish_survives_a_restart() {
+    let broker = Broker::start();
+    let mut p = v4::connect(&broker, "p").await;
+    p.client.publish("$delayed/2/after/restart", v4::QoS::AtLeastOnce, false, "kept").await.unwrap();
+    loop {
+        if let v4::Packet::PubAck(_) = p.next().await {
+            break;
+        }
+    }
+    drop(p);
+    let broker = broker.restart();
+    let mut s = v4::connect(&broker, "s").await;
+    s.subscribe("after/#", v4::QoS::AtLeastOnce).await;
+    let m = s.next_publish().await;
+    assert_eq!(&m.payload[..], b"kept");
+}
+
+#[tokio::test]
+async fn malformed_delayed_topic_is_refused() {
+    let broker = Broker::start();
+    let mut p = v5::connect(&broker, "p").await;
+    p.client.publish("$delayed/soon/x", v5::QoS::AtLeastOnce, false, "x").await.unwrap();
+    loop {
+        if let v5::Packet::PubAck(a) = p.next().await {
+            assert_eq!(a.reason, rumqttc::v5::mqttbytes::v5::PubAckReason::TopicNameInvalid);
+            break;
+        }
+    }
+}
+
+#[tokio::test]
+async fn sys_topics_are_published() {
+    let broker = Broker::start_with(Opts::default().env("FERRYMQ_MQTT__SYS_INTERVAL_SECS", "1"));
+    let mut s = v4::connect(&broker, "sys-watcher").await;
+    s.subscribe("$SYS/broker/#", v4::QoS::AtMostOnce).await;
+    let wanted = [
+        "$SYS/broker/version",
+        "$SYS/broker/uptime",
+        "$SYS/broker/clients/connected",
+        "$SYS/broker/messages/received",
+        "$SYS/broker/messages/sent",
+        "$SYS/broker/subscriptions/count",
+    ];
+    let mut seen = std::collections::HashMap::new();
+    while !wanted.iter().all(|w| seen.contains_key(*w)) {
+        let m = s.next_publish().await;
+        seen.insert(m.topic.clone(), String::from_utf8_lossy(&m.payload).to_string());
+    }
+    assert!(seen["$SYS/broker/version"].starts_with("ferrymq version"));
+    assert!(seen["$SYS/broker/uptime"].ends_with(" seconds"));
+    let connected: u64 = seen["$SYS/broker/clients/connected"].parse().unwrap();
+    assert!(connected >= 1);
+    let subs: u64 = seen["$SYS/broker/subscriptions/count"].parse().unwrap();
+    assert!(subs >= 1);
+}
+
+fn make_certs(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf, String) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let params = CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    let (c, k) = (dir.join("server.pem"), dir.join("server.key"));
+    std::fs::write(&c, cert.pem()).unwrap();
+    std::fs::write(&k, key.serialize_pem()).unwrap();
+    (c, k, ca_cert.pem())
+}
+
+#[tokio::test]
+async fn mqtt_over_tls() {
+    use rustls_pki_types::pem::PemObject;
+    let tmp = tempfile::tempdir().unwrap();
+    let (cert, key, ca_pem) = make_certs(tmp.path());
+    let broker = Broker::start_with(
+        Opts::default()
+            .args(&["--mqtts-listen", "127.0.0.1:0"])
+            .env("FERRYMQ_TLS__CERT", cert.to_str().unwrap())
+            .env("FERRYMQ_TLS__KEY", key.to_str().unwrap()),
+    );
+    let tls_addr = broker.mqtts.expect("mqtts address in READY line");
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(rustls_pki_types::CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let mut o = rumqttc::MqttOptions::new("tls-client", "localhost", tls_addr.port());
+    o.set_transport(rumqttc::Transport::tls_with_config(rumqttc::TlsConfiguration::Rustls(Arc::new(config))));
+    let mut tls = v4::connect_with(o).await;
+    tls.subscribe("secure/#", v4::QoS::AtLeastOnce).await;
+    let plain = v4::connect(&broker, "plain").await;
+    plain.client.publish("secure/x", v4::QoS::AtLeastOnce, false, "over tls").await.unwrap();
+    assert_eq!(&tls.next_publish().await.payload[..], b"over tls");
+}
+
+#[test]
+fn unknown_config_keys_and_bad_values_stop_startup() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("bad.toml");
+    std::fs::write(&file, "[mqtt]\nlisten = \"127.0.0.1:0\"\nmax_packet_sise = 5\n").unwrap();
+    let (code, err) = run_binary(&["--config", file.to_str().unwrap(), "--data-dir", tmp.path().to_str().unwrap()], &[]);
+    assert_eq!(code, 2);
+    assert!(err.contains("max_packet_sise"), "names the key: {err}");
+    let (code, err) = run_binary(&["--data-dir", tmp.path().to_str().unwrap(), "--mqtt-listen", "127.0.0.1:0"], &[("FERRYMQ_STORAGE__FSYNC", "often")]);
+    assert_eq!(code, 2);
+    assert!(err.contains("storage.fsync"), "names the key: {err}");
+    let (code, err) = run_binary(&["--mqtt-listen", "not-an-address"], &[]);
+    assert_eq!(code, 2);
+    assert!(err.contains("mqtt.listen"), "names the key: {err}");
+}
+
+#[tokio::test]
+async fn flags_override_file_which_overrides_environment() {
+    // File sets 4096, environment 8192: the file wins. The flag --mqtt-listen (127.0.0.1:0,
+    // set by the harness) wins over the file's listen address.
+    let broker = Broker::start_with(
+        Opts::default()
+            .config("[mqtt]\nlisten = \"127.0.0.1:1\"\nmax_packet_size = 4096\n")
+            .env("FERRYMQ_MQTT__MAX_PACKET_SIZE", "8192"),
+    );
+    assert_ne!(broker.mqtt.port(), 1);
+    let c = v5::connect(&broker, "cfg").await;
+    assert_eq!(c.connack.properties.clone().unwrap().max_packet_size, Some(4096));
+    let broker2 = Broker::start_with(Opts::default().env("FERRYMQ_MQTT__MAX_PACKET_SIZE", "8192"));
+    let c = v5::connect(&broker2, "cfg").await;
+    assert_eq!(c.connack.properties.clone().unwrap().max_packet_size, Some(8192));
+}
+
+#[tokio::test]
+async fn sigterm_disconnects_clients_and_exits_cleanly() {
+    let mut broker = Broker::start();
+    let mut c = v5::connect(&broker, "bye").await;
+    let stopper = tokio::task::spawn_blocking(move || {
+        broker.stop(); // asserts exit status 0
+        broker
+    });
+    loop {
+        match tokio::time::timeout(common::WAIT, c.events.recv()).await.expect("closed") {
+            Some(Ok(v5::Packet::Disconnect(d))) => {
+                assert_eq!(d.reason_code, rumqttc::v5::mqttbytes::v5::DisconnectReasonCode::ServerShuttingDown);
+                break;
+            }
+            Some(Ok(_)) => continue,
+            other => panic!("expected DISCONNECT 0x8B, got {other:?}"),
+        }
+    }
+    let _ = stopper.await.unwrap();
+}

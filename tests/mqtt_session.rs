@@ -1,0 +1,241 @@
+//! Sessions as clients observe them: persistent sessions across disconnects, restarts and
+//! crashes; clean sessions; take-over; expiry; client ids; QoS 2 exactly-once.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{connect_bytes, packet, v4, v5, Broker, Opts, Raw};
+
+async fn publish_n(broker: &Broker, topic: &str, n: u32, qos: v4::QoS) {
+    let mut p = v4::connect(broker, "publisher").await;
+    for i in 0..n {
+        p.client.publish(topic, qos, false, i.to_be_bytes().to_vec()).await.unwrap();
+    }
+    // Wait until every publish is acknowledged (stored) before returning.
+    let mut acked = 0;
+    while acked < n {
+        match p.next().await {
+            v4::Packet::PubAck(_) | v4::Packet::PubComp(_) => acked += 1,
+            _ => {}
+        }
+    }
+}
+
+async fn offline_subscriber(broker: &Broker, id: &str, filter: &str) {
+    let mut s = v4::connect_persistent(broker, id).await;
+    s.subscribe(filter, v4::QoS::AtLeastOnce).await;
+    s.client.disconnect().await.unwrap();
+    let _ = s.expect_closed().await;
+}
+
+fn seq(p: &v4::Publish) -> u32 {
+    u32::from_be_bytes(p.payload[..4].try_into().unwrap())
+}
+
+#[tokio::test]
+async fn persistent_session_gets_messages_published_while_offline() {
+    let broker = Broker::start();
+    offline_subscriber(&broker, "dev-1", "sensors/#").await;
+    publish_n(&broker, "sensors/t", 20, v4::QoS::AtLeastOnce).await;
+    let mut s = v4::connect_persistent(&broker, "dev-1").await;
+    assert!(s.connack.session_present, "session must be present");
+    for i in 0..20 {
+        let p = s.next_publish().await;
+        assert_eq!(p.topic, "sensors/t");
+        assert_eq!(seq(&p), i);
+    }
+    // Subscriptions survived too: a new message arrives without subscribing again.
+    publish_n(&broker, "sensors/x", 1, v4::QoS::AtLeastOnce).await;
+    assert_eq!(s.next_publish().await.topic, "sensors/x");
+}
+
+#[tokio::test]
+async fn persistent_session_survives_a_restart() {
+    let broker = Broker::start();
+    offline_subscriber(&broker, "dev-2", "r/+").await;
+    publish_n(&broker, "r/a", 10, v4::QoS::ExactlyOnce).await;
+    let broker = broker.restart();
+    let mut s = v4::connect_persistent(&broker, "dev-2").await;
+    assert!(s.connack.session_present);
+    for i in 0..10 {
+        assert_eq!(seq(&s.next_publish().await), i);
+    }
+    publish_n(&broker, "r/b", 1, v4::QoS::AtLeastOnce).await;
+    assert_eq!(s.next_publish().await.topic, "r/b");
+}
+
+#[tokio::test]
+async fn acknowledged_messages_survive_sigkill() {
+    let broker = Broker::start_with(Opts::default().env("FERRYMQ_STORAGE__FSYNC", "always"));
+    offline_subscriber(&broker, "crash-sub", "c/#").await;
+    let n = 300;
+    publish_n(&broker, "c/1", n, v4::QoS::AtLeastOnce).await;
+    let broker = broker.crash_restart();
+    let mut s = v4::connect_persistent(&broker, "crash-sub").await;
+    assert!(s.connack.session_present);
+    let mut seen = vec![false; n as usize];
+    let mut next = 0;
+    while next < n {
+        let p = s.next_publish().await;
+        let i = seq(&p);
+        if seen[i as usize] {
+            assert!(p.dup, "a repeated delivery must carry DUP");
+            continue;
+        }
+        assert_eq!(i, next, "in order");
+        seen[i as usize] = true;
+        next += 1;
+    }
+}
+
+#[tokio::test]
+async fn clean_session_discards_the_stored_one() {
+    let broker = Broker::start();
+    offline_subscriber(&broker, "dev-3", "d").await;
+    publish_n(&broker, "d", 3, v4::QoS::AtLeastOnce).await;
+    let mut s = v4::connect(&broker, "dev-3").await;
+    assert!(!s.connack.session_present);
+    s.expect_no_publish(Duration::from_millis(300)).await;
+    s.client.disconnect().await.unwrap();
+    let _ = s.expect_closed().await;
+    let s = v4::connect_persistent(&broker, "dev-3").await;
+    assert!(!s.connack.session_present, "the old session was discarded");
+}
+
+#[tokio::test]
+async fn unacked_qos1_is_redelivered_with_dup_on_reconnect() {
+    let broker = Broker::start();
+    let mut o = v4::options(&broker, "manual");
+    o.set_clean_session(false);
+    o.set_manual_acks(true);
+    let mut s = v4::connect_with(o.clone()).await;
+    s.subscribe("m", v4::QoS::AtLeastOnce).await;
+    publish_n(&broker, "m", 1, v4::QoS::AtLeastOnce).await;
+    let first = s.next_publish().await;
+    assert!(!first.dup);
+    drop(s); // no PUBACK: the connection just goes away
+    let mut s = v4::connect_with(o).await;
+    assert!(s.connack.session_present);
+    let again = s.next_publish().await;
+    assert_eq!(again.payload, first.payload);
+    assert!(again.dup, "redelivery carries DUP");
+    assert_eq!(again.pkid, first.pkid, "same packet id on resend");
+}
+
+#[tokio::test]
+async fn same_client_id_takes_over() {
+    let broker = Broker::start();
+    let mut first = v5::connect(&broker, "twin").await;
+    let _second = v5::connect(&broker, "twin").await;
+    loop {
+        match tokio::time::timeout(common::WAIT, first.events.recv()).await.expect("first closed") {
+            Some(Ok(v5::Packet::Disconnect(d))) => {
+                assert_eq!(d.reason_code, rumqttc::v5::mqttbytes::v5::DisconnectReasonCode::SessionTakenOver);
+                break;
+            }
+            Some(Ok(_)) => continue,
+            other => panic!("expected DISCONNECT 0x8E, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn v5_session_expiry_removes_the_session() {
+    let broker = Broker::start();
+    let mut o = v5::options(&broker, "exp");
+    o.set_clean_start(false);
+    o.set_session_expiry_interval(Some(1));
+    let mut s = v5::connect_with(o.clone()).await;
+    assert!(!s.connack.session_present);
+    s.subscribe("e", v5::QoS::AtLeastOnce).await;
+    s.client.disconnect().await.unwrap();
+    drop(s);
+    // Within the expiry the session is there...
+    let s = v5::connect_with(o.clone()).await;
+    assert!(s.connack.session_present);
+    s.client.disconnect().await.unwrap();
+    drop(s);
+    // ...and after it, it is gone. (Expiry is about time passing: a bounded sleep.)
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let s = v5::connect_with(o).await;
+    assert!(!s.connack.session_present, "expired session must not be resumed");
+}
+
+#[tokio::test]
+async fn v5_session_with_zero_expiry_ends_at_disconnect() {
+    let broker = Broker::start();
+    let mut o = v5::options(&broker, "zero");
+    o.set_clean_start(false);
+    let mut s = v5::connect_with(o.clone()).await;
+    s.subscribe("z", v5::QoS::AtLeastOnce).await;
+    s.client.disconnect().await.unwrap();
+    drop(s);
+    let s = v5::connect_with(o).await;
+    assert!(!s.connack.session_present);
+}
+
+#[tokio::test]
+async fn empty_client_id_rules() {
+    let broker = Broker::start();
+    // 3.1.1 with clean session = 0 and an empty id: return code 2 (identifier rejected).
+    let mut raw = Raw::connect(&broker).await;
+    raw.send(&connect_bytes(4, "", 0x00, 60, &[])).await;
+    let got = raw.read_until_closed().await;
+    assert_eq!(got, vec![0x20, 0x02, 0x00, 0x02]);
+    // 3.1.1 clean: accepted.
+    let mut raw = Raw::connect(&broker).await;
+    raw.send(&connect_bytes(4, "", 0x02, 60, &[])).await;
+    assert_eq!(raw.read_at_least(4).await, vec![0x20, 0x02, 0x00, 0x00]);
+    // 5.0: accepted with an Assigned Client Identifier.
+    let s = v5::connect(&broker, "").await;
+    let props = s.connack.properties.clone().expect("connack properties");
+    let assigned = props.assigned_client_identifier.expect("assigned client id");
+    assert!(!assigned.is_empty());
+}
+
+#[tokio::test]
+async fn qos2_resend_before_pubrel_is_delivered_once() {
+    let broker = Broker::start();
+    let mut sub = v4::connect(&broker, "q2sub").await;
+    sub.subscribe("q2", v4::QoS::ExactlyOnce).await;
+    let mut raw = Raw::connect(&broker).await;
+    raw.send(&connect_bytes(4, "q2pub", 0x02, 60, &[])).await;
+    assert_eq!(raw.read_at_least(4).await, vec![0x20, 0x02, 0x00, 0x00]);
+    let publish = |dup: bool| packet(0x34 | if dup { 0x08 } else { 0 }, &[0, 2, b'q', b'2', 0, 7, b'x']);
+    raw.send(&publish(false)).await;
+    assert_eq!(raw.read_at_least(4).await, vec![0x50, 0x02, 0x00, 0x07], "PUBREC");
+    raw.send(&publish(true)).await;
+    assert_eq!(raw.read_at_least(4).await, vec![0x50, 0x02, 0x00, 0x07], "PUBREC again");
+    raw.send(&packet(0x62, &[0, 7])).await;
+    assert_eq!(raw.read_at_least(4).await, vec![0x70, 0x02, 0x00, 0x07], "PUBCOMP");
+    let p = sub.next_publish().await;
+    assert_eq!(&p.payload[..], b"x");
+    sub.expect_no_publish(Duration::from_millis(300)).await;
+}
+
+#[tokio::test]
+async fn qos2_inbound_state_survives_restart() {
+    let broker = Broker::start();
+    offline_subscriber(&broker, "q2store", "q2r").await;
+    // Persistent publisher sends QoS 2, gets PUBREC, then the broker restarts.
+    let mut raw = Raw::connect(&broker).await;
+    raw.send(&connect_bytes(4, "q2pub-p", 0x00, 60, &[])).await;
+    assert_eq!(raw.read_at_least(4).await, vec![0x20, 0x02, 0x00, 0x00]);
+    let publish = |dup: bool| packet(0x34 | if dup { 0x08 } else { 0 }, &[0, 3, b'q', b'2', b'r', 0, 9, b'y']);
+    raw.send(&publish(false)).await;
+    assert_eq!(raw.read_at_least(4).await, vec![0x50, 0x02, 0x00, 0x09]);
+    drop(raw);
+    let broker = broker.restart();
+    let mut raw = Raw::connect(&broker).await;
+    raw.send(&connect_bytes(4, "q2pub-p", 0x00, 60, &[])).await;
+    assert_eq!(raw.read_at_least(4).await, vec![0x20, 0x02, 0x01, 0x00], "session present");
+    // The resend of the same packet id must not be routed a second time.
+    raw.send(&publish(true)).await;
+    assert_eq!(raw.read_at_least(4).await, vec![0x50, 0x02, 0x00, 0x09]);
+    raw.send(&packet(0x62, &[0, 9])).await;
+    assert_eq!(raw.read_at_least(4).await, vec![0x70, 0x02, 0x00, 0x09]);
+    let mut s = v4::connect_persistent(&broker, "q2store").await;
+    assert_eq!(&s.next_publish().await.payload[..], b"y");
+    s.expect_no_publish(Duration::from_millis(300)).await;
+}

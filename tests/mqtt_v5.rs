@@ -1,0 +1,285 @@
+//! MQTT 5.0 features as clients observe them.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{connect_bytes, packet, v5, Broker, Opts, Raw};
+use rumqttc::v5::mqttbytes::v5::{Filter, PublishProperties, RetainForwardRule, SubscribeProperties};
+
+fn filter(path: &str, qos: v5::QoS) -> Filter {
+    Filter::new(path, qos)
+}
+
+#[tokio::test]
+async fn shared_subscription_splits_messages_and_reassigns_unacked() {
+    let broker = Broker::start();
+    let mut o1 = v5::options(&broker, "m1");
+    o1.set_manual_acks(true);
+    let mut m1 = v5::connect_with(o1).await;
+    let mut m2 = v5::connect(&broker, "m2").await;
+    m1.subscribe("$share/g/jobs/#", v5::QoS::AtLeastOnce).await;
+    m2.subscribe("$share/g/jobs/#", v5::QoS::AtLeastOnce).await;
+    let p = v5::connect(&broker, "p").await;
+    for i in 0..20u8 {
+        p.client.publish("jobs/a", v5::QoS::AtLeastOnce, false, vec![i]).await.unwrap();
+    }
+    // m1 never acks; m2 acks. Everything must reach the group exactly once while both
+    // are connected...
+    let mut seen = HashSet::new();
+    let mut m1_got = Vec::new();
+    let deadline = tokio::time::Instant::now() + common::WAIT;
+    while seen.len() < 20 && tokio::time::Instant::now() < deadline {
+        tokio::select! {
+            Some(Ok(v5::Packet::Publish(m))) = m1.events.recv() => { assert!(seen.insert(m.payload[0]), "duplicate to the group"); m1_got.push(m.payload[0]); }
+            Some(Ok(v5::Packet::Publish(m))) = m2.events.recv() => { assert!(seen.insert(m.payload[0]), "duplicate to the group"); }
+        }
+    }
+    assert_eq!(seen.len(), 20);
+    assert!(!m1_got.is_empty(), "both members get a share");
+    // ...and what m1 left unacked goes to m2 when m1 leaves.
+    drop(m1);
+    let mut again = HashSet::new();
+    while again.len() < m1_got.len() {
+        let m = m2.next_publish().await;
+        again.insert(m.payload[0]);
+    }
+    assert_eq!(again, m1_got.into_iter().collect());
+}
+
+#[tokio::test]
+async fn properties_round_trip() {
+    let broker = Broker::start();
+    let mut s = v5::connect(&broker, "s").await;
+    s.subscribe("rpc/req", v5::QoS::AtLeastOnce).await;
+    let p = v5::connect(&broker, "p").await;
+    let props = PublishProperties {
+        payload_format_indicator: Some(1),
+        content_type: Some("application/json".into()),
+        response_topic: Some("rpc/resp/42".into()),
+        correlation_data: Some(Bytes::from_static(b"\x01\x02corr")),
+        user_properties: vec![("k".into(), "v1".into()), ("k".into(), "v2".into()), ("x".into(), "y".into())],
+        ..Default::default()
+    };
+    p.client.publish_with_properties("rpc/req", v5::QoS::AtLeastOnce, false, "{}", props.clone()).await.unwrap();
+    let m = s.next_publish().await;
+    let got = m.properties.expect("properties");
+    assert_eq!(got.payload_format_indicator, Some(1));
+    assert_eq!(got.content_type, props.content_type);
+    assert_eq!(got.response_topic, props.response_topic);
+    assert_eq!(got.correlation_data, props.correlation_data);
+    assert_eq!(got.user_properties, props.user_properties, "user properties keep order and duplicates");
+}
+
+#[tokio::test]
+async fn invalid_utf8_with_payload_format_1_is_refused() {
+    let broker = Broker::start();
+    let mut p = v5::connect(&broker, "p").await;
+    let props = PublishProperties { payload_format_indicator: Some(1), ..Default::default() };
+    p.client.publish_with_properties("t", v5::QoS::AtLeastOnce, false, vec![0xff, 0xfe], props).await.unwrap();
+    loop {
+        if let v5::Packet::PubAck(a) = p.next().await {
+            assert_eq!(a.reason, rumqttc::v5::mqttbytes::v5::PubAckReason::PayloadFormatInvalid);
+            break;
+        }
+    }
+}
+
+#[tokio::test]
+async fn expired_queued_messages_are_dropped() {
+    let broker = Broker::start();
+    let mut o = v5::options(&broker, "offline");
+    o.set_clean_start(false);
+    o.set_session_expiry_interval(Some(300));
+    let mut s = v5::connect_with(o.clone()).await;
+    s.subscribe("exp/#", v5::QoS::AtLeastOnce).await;
+    s.client.disconnect().await.unwrap();
+    drop(s);
+    let mut p = v5::connect(&broker, "p").await;
+    let short = PublishProperties { message_expiry_interval: Some(1), ..Default::default() };
+    let long = PublishProperties { message_expiry_interval: Some(100), ..Default::default() };
+    p.client.publish_with_properties("exp/short", v5::QoS::AtLeastOnce, false, "s", short).await.unwrap();
+    p.client.publish_with_properties("exp/long", v5::QoS::AtLeastOnce, false, "l", long).await.unwrap();
+    let mut acks = 0;
+    while acks < 2 {
+        if let v5::Packet::PubAck(_) = p.next().await {
+            acks += 1;
+        }
+    }
+    // Let the short one expire (time must pass: bounded sleep).
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let mut s = v5::connect_with(o).await;
+    let m = s.next_publish().await;
+    assert_eq!(&m.topic[..], b"exp/long");
+    let left = m.properties.and_then(|p| p.message_expiry_interval).expect("expiry forwarded");
+    assert!(left <= 98 && left > 0, "remaining expiry counts down, got {left}");
+    s.expect_no_publish(Duration::from_millis(300)).await;
+}
+
+#[tokio::test]
+async fn no_local_and_retain_as_published() {
+    let broker = Broker::start();
+    let mut me = v5::connect(&broker, "me").await;
+    let mut f = filter("nl/#", v5::QoS::AtLeastOnce);
+    f.nolocal = true;
+    me.subscribe_filter(f, None).await;
+    let mut rap = v5::connect(&broker, "rap").await;
+    let mut f = filter("nl/#", v5::QoS::AtLeastOnce);
+    f.preserve_retain = true;
+    rap.subscribe_filter(f, None).await;
+    let mut plain = v5::connect(&broker, "plain").await;
+    plain.subscribe("nl/#", v5::QoS::AtLeastOnce).await;
+
+    me.client.publish("nl/own", v5::QoS::AtLeastOnce, true, "mine").await.unwrap();
+    let other = v5::connect(&broker, "other").await;
+    other.client.publish("nl/other", v5::QoS::AtLeastOnce, true, "theirs").await.unwrap();
+    let m = me.next_publish().await;
+    assert_eq!(&m.topic[..], b"nl/other", "own message not delivered with no-local");
+    let r1 = rap.next_publish().await;
+    let r2 = rap.next_publish().await;
+    assert!(r1.retain && r2.retain, "retain-as-published keeps the flag");
+    let p1 = plain.next_publish().await;
+    assert!(!p1.retain, "without retain-as-published the flag is cleared");
+}
+
+#[tokio::test]
+async fn retain_handling_0_1_2() {
+    let broker = Broker::start();
+    let p = v5::connect(&broker, "p").await;
+    p.client.publish("rh/t", v5::QoS::AtLeastOnce, true, "r").await.unwrap();
+    let mut s = v5::connect(&broker, "s").await;
+    // Make sure the retained publish is stored: the first subscription sees it.
+    let mut f = filter("rh/t", v5::QoS::AtLeastOnce);
+    f.retain_forward_rule = RetainForwardRule::OnEverySubscribe;
+    s.subscribe_filter(f.clone(), None).await;
+    assert!(s.next_publish().await.retain);
+    s.subscribe_filter(f, None).await; // 0: again
+    assert!(s.next_publish().await.retain);
+    let mut f1 = filter("rh/t", v5::QoS::AtLeastOnce);
+    f1.retain_forward_rule = RetainForwardRule::OnNewSubscribe;
+    s.subscribe_filter(f1.clone(), None).await; // 1 on an existing subscription: nothing
+    s.expect_no_publish(Duration::from_millis(300)).await;
+    let mut s2 = v5::connect(&broker, "s2").await;
+    s2.subscribe_filter(f1, None).await; // 1 on a new subscription: sent
+    assert!(s2.next_publish().await.retain);
+    let mut s3 = v5::connect(&broker, "s3").await;
+    let mut f2 = filter("rh/t", v5::QoS::AtLeastOnce);
+    f2.retain_forward_rule = RetainForwardRule::Never;
+    s3.subscribe_filter(f2, None).await; // 2: never
+    s3.expect_no_publish(Duration::from_millis(300)).await;
+}
+
+#[tokio::test]
+async fn subscription_identifiers_are_returned() {
+    let broker = Broker::start();
+    let mut s = v5::connect(&broker, "s").await;
+    s.subscribe_filter(filter("sid/+", v5::QoS::AtLeastOnce), Some(SubscribeProperties { id: Some(7), user_properties: vec![] })).await;
+    s.subscribe_filter(filter("sid/#", v5::QoS::AtLeastOnce), Some(SubscribeProperties { id: Some(9), user_properties: vec![] })).await;
+    let p = v5::connect(&broker, "p").await;
+    p.client.publish("sid/x", v5::QoS::AtLeastOnce, false, "x").await.unwrap();
+    let m = s.next_publish().await;
+    let mut ids = m.properties.expect("properties").subscription_identifiers;
+    ids.sort();
+    assert_eq!(ids, vec![7, 9]);
+}
+
+#[tokio::test]
+async fn client_topic_alias_is_resolved() {
+    let broker = Broker::start();
+    let mut s = v5::connect(&broker, "s").await;
+    s.subscribe("alias/t", v5::QoS::AtMostOnce).await;
+    let mut raw = Raw::connect(&broker).await;
+    raw.send(&connect_bytes(5, "aliaser", 0x02, 60, &[0])).await;
+    let connack = raw.read_at_least(3).await;
+    assert_eq!(&connack[..1], &[0x20]);
+    // PUBLISH QoS0 topic "alias/t" with Topic Alias 1, then empty topic with alias 1.
+    raw.send(&packet(0x30, &[0, 7, b'a', b'l', b'i', b'a', b's', b'/', b't', 3, 0x23, 0, 1, b'1'])).await;
+    raw.send(&packet(0x30, &[0, 0, 3, 0x23, 0, 1, b'2'])).await;
+    for want in [b"1", b"2"] {
+        let m = s.next_publish().await;
+        assert_eq!(&m.topic[..], b"alias/t");
+        assert_eq!(&m.payload[..], want);
+    }
+}
+
+#[tokio::test]
+async fn server_keep_alive_and_limits_in_connack() {
+    let broker = Broker::start_with(Opts::default().env("FERRYMQ_MQTT__MAX_KEEPALIVE_SECS", "10"));
+    let mut o = v5::options(&broker, "ka");
+    o.set_keep_alive(Duration::from_secs(60));
+    let c = v5::connect_with(o).await;
+    let props = c.connack.properties.clone().expect("connack properties");
+    assert_eq!(props.server_keep_alive, Some(10));
+    assert_eq!(props.max_packet_size, Some(2 * 1024 * 1024));
+    assert!(props.receive_max.is_some());
+    assert_eq!(props.shared_subscription_available.unwrap_or(1), 1);
+}
+
+#[tokio::test]
+async fn client_maximum_packet_size_is_respected() {
+    let broker = Broker::start();
+    let mut o = v5::options(&broker, "small");
+    o.set_max_packet_size(Some(200));
+    let mut s = v5::connect_with(o).await;
+    s.subscribe("size/#", v5::QoS::AtLeastOnce).await;
+    let p = v5::connect(&broker, "p").await;
+    p.client.publish("size/big", v5::QoS::AtLeastOnce, false, vec![0u8; 1000]).await.unwrap();
+    p.client.publish("size/small", v5::QoS::AtLeastOnce, false, vec![0u8; 10]).await.unwrap();
+    let m = s.next_publish().await;
+    assert_eq!(&m.topic[..], b"size/small", "the oversize message is not sent to this client");
+}
+
+#[tokio::test]
+async fn outbound_receive_maximum_is_respected() {
+    let broker = Broker::start();
+    let mut o = v5::options(&broker, "slow");
+    o.set_manual_acks(true);
+    o.set_receive_maximum(Some(2));
+    let mut s = v5::connect_with(o).await;
+    s.subscribe("rm", v5::QoS::AtLeastOnce).await;
+    let p = v5::connect(&broker, "p").await;
+    for i in 0..5u8 {
+        p.client.publish("rm", v5::QoS::AtLeastOnce, false, vec![i]).await.unwrap();
+    }
+    let a = s.next_publish().await;
+    let b = s.next_publish().await;
+    s.expect_no_publish(Duration::from_millis(400)).await;
+    s.client.ack(&a).await.unwrap();
+    let c = s.next_publish().await;
+    assert_eq!((a.payload[0], b.payload[0], c.payload[0]), (0, 1, 2));
+}
+
+#[tokio::test]
+async fn inbound_receive_maximum_exceeded_disconnects_with_0x93() {
+    let broker = Broker::start_with(Opts::default().env("FERRYMQ_MQTT__RECEIVE_MAXIMUM", "2"));
+    let mut raw = Raw::connect(&broker).await;
+    raw.send(&connect_bytes(5, "greedy", 0x02, 60, &[0])).await;
+    let _ = raw.read_at_least(3).await;
+    // Three QoS 2 publishes without PUBREL: the third exceeds Receive Maximum 2.
+    for id in 1..=3u8 {
+        raw.send(&packet(0x34, &[0, 1, b't', 0, id, 0, b'x'])).await;
+    }
+    let got = raw.read_until_closed().await;
+    let disconnect = got.windows(3).any(|w| w[0] == 0xE0 && w[2] == 0x93);
+    assert!(disconnect, "expected DISCONNECT 0x93 in {got:02x?}");
+}
+
+#[tokio::test]
+async fn takeover_disconnect_carries_a_reason_string() {
+    let broker = Broker::start();
+    let mut first = v5::connect(&broker, "dup-id").await;
+    let _second = v5::connect(&broker, "dup-id").await;
+    loop {
+        match tokio::time::timeout(common::WAIT, first.events.recv()).await.expect("closed") {
+            Some(Ok(v5::Packet::Disconnect(d))) => {
+                let reason = d.properties.and_then(|p| p.reason_string);
+                assert!(reason.is_some_and(|r| r.contains("taken over")), "reason string on DISCONNECT");
+                break;
+            }
+            Some(Ok(_)) => continue,
+            other => panic!("expected DISCONNECT, got {other:?}"),
+        }
+    }
+}
