@@ -744,7 +744,8 @@ impl Connection {
 }
 
 /// Removes reason strings and user properties from a packet the server sends; CONNACK
-/// and DISCONNECT keep theirs unless `all`.
+/// and DISCONNECT keep theirs unless `all` (which also drops CONNACK properties whose
+/// value is the default).
 fn strip_problem_info(packet: &mut Packet, all: bool) {
     match packet {
         Packet::PubAck { reason_string, .. }
@@ -754,6 +755,17 @@ fn strip_problem_info(packet: &mut Packet, all: bool) {
         Packet::ConnAck { properties, .. } if all => {
             properties.reason_string = None;
             properties.user_properties.clear();
+            // Absent means available: these can go without changing their meaning.
+            for flag in [
+                &mut properties.retain_available,
+                &mut properties.wildcard_subscription_available,
+                &mut properties.subscription_identifiers_available,
+                &mut properties.shared_subscription_available,
+            ] {
+                if *flag == Some(true) {
+                    *flag = None;
+                }
+            }
         }
         Packet::Disconnect(d) if all => d.reason_string = None,
         _ => {}

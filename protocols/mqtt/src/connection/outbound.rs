@@ -64,9 +64,11 @@ impl Outbound {
     }
 
     /// Inserts or updates the state of `id`.
+    /// Inserts or updates the state of `id`; allocation continues after it.
     pub(crate) fn set(&mut self, id: u16, state: OutState) {
         if self.map.insert(id, state).is_none() && self.in_alloc_range(id) {
             self.in_range += 1;
+            self.next = self.after(id);
         }
     }
 
@@ -83,17 +85,26 @@ impl Outbound {
         self.range_size.saturating_sub(self.in_range)
     }
 
-    /// A free id from the range (round robin), or `None` when all are in flight.
-    pub(crate) fn allocate(&mut self) -> Option<u16> {
+    fn after(&self, id: u16) -> u16 {
+        if id >= self.end {
+            self.start
+        } else {
+            id + 1
+        }
+    }
+
+    /// The next free id from the range (round robin), or `None` when all are in flight.
+    /// Nothing changes until [`Outbound::set`] takes it.
+    pub(crate) fn allocate(&self) -> Option<u16> {
         if self.free_ids() == 0 {
             return None;
         }
+        let mut id = self.next;
         for _ in 0..=self.range_size {
-            let id = self.next;
-            self.next = if id >= self.end { self.start } else { id + 1 };
             if id != 0 && !self.map.contains_key(&id) {
                 return Some(id);
             }
+            id = self.after(id);
         }
         None
     }
@@ -107,6 +118,7 @@ mod tests {
     fn allocates_round_robin_skipping_in_flight() {
         let mut o = Outbound::new(&(1..=3));
         assert_eq!(o.allocate(), Some(1));
+        assert_eq!(o.allocate(), Some(1)); // not taken until set
         o.set(1, OutState::AwaitPubAck);
         o.set(2, OutState::AwaitPubAck); // taken by the caller
         assert_eq!(o.allocate(), Some(3));
@@ -128,7 +140,7 @@ mod tests {
         o.set(1, OutState::AwaitPubAck);
         assert_eq!(o.allocate(), None);
         #[allow(clippy::reversed_empty_ranges)]
-        let mut empty = Outbound::new(&(5..=4));
+        let empty = Outbound::new(&(5..=4));
         assert_eq!(empty.allocate(), None);
     }
 }
