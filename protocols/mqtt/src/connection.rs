@@ -185,7 +185,8 @@ pub enum Event {
     Connect(Box<Connect>),
     /// A valid PUBLISH (topic alias resolved, topic validated). QoS 1/2: answer with
     /// [`Connection::ack_publish`] once handled. A QoS 2 resend of a packet id that is
-    /// still pending is not reported again.
+    /// still pending is not reported again. The topic alias property is cleared once
+    /// resolved, so the publish can be forwarded as is.
     Publish(Publish),
     /// PUBREL for an inbound QoS 2 packet id; PUBCOMP has been queued.
     PubRel {
@@ -624,8 +625,8 @@ impl Connection {
         }
         match publish.qos {
             QoS::AtMostOnce => {}
-            QoS::AtLeastOnce => self.outbound.set(pkid, OutState::AwaitPubAck),
-            QoS::ExactlyOnce => self.outbound.set(pkid, OutState::AwaitPubRec),
+            QoS::AtLeastOnce => self.outbound.set(pkid, OutState::Ack),
+            QoS::ExactlyOnce => self.outbound.set(pkid, OutState::Rec),
         }
         Ok(pkid)
     }
@@ -643,7 +644,7 @@ impl Connection {
         if self.outbound.len() >= self.send_window() {
             return Err(SendError::WindowFull);
         }
-        self.outbound.set(pkid, OutState::AwaitPubComp);
+        self.outbound.set(pkid, OutState::Comp);
         self.queue(Packet::PubRel {
             pkid,
             reason: ReasonCode::SUCCESS,

@@ -314,7 +314,7 @@ fn small_config() -> Config {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig::with_cases(1024))]
 
     /// (a) Arbitrary bytes in arbitrary chunkings never panic; the connection stays open
     /// or reports an error / client DISCONNECT.

@@ -33,12 +33,12 @@ impl Reader {
 
     pub(crate) fn u16(&mut self) -> Result<u16, DecodeError> {
         let b = self.take(2)?;
-        Ok(u16::from_be_bytes([b[0], b[1]]))
+        Ok(u16::from_be_bytes(b.as_ref().try_into().map_err(|_| TRUNCATED)?))
     }
 
     pub(crate) fn u32(&mut self) -> Result<u32, DecodeError> {
         let b = self.take(4)?;
-        Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+        Ok(u32::from_be_bytes(b.as_ref().try_into().map_err(|_| TRUNCATED)?))
     }
 
     /// Variable byte integer, at most 4 bytes.

@@ -5,15 +5,15 @@ use std::ops::RangeInclusive;
 
 use super::idmap::IdMap;
 
-/// Where an outbound publish stands.
+/// Where an outbound publish stands: the packet awaited from the client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum OutState {
     /// QoS 1 sent, awaiting PUBACK.
-    AwaitPubAck,
+    Ack,
     /// QoS 2 sent, awaiting PUBREC.
-    AwaitPubRec,
+    Rec,
     /// PUBREL sent, awaiting PUBCOMP.
-    AwaitPubComp,
+    Comp,
 }
 
 /// Packet ids in flight towards the client.
@@ -119,16 +119,16 @@ mod tests {
         let mut o = Outbound::new(&(1..=3));
         assert_eq!(o.allocate(), Some(1));
         assert_eq!(o.allocate(), Some(1)); // not taken until set
-        o.set(1, OutState::AwaitPubAck);
-        o.set(2, OutState::AwaitPubAck); // taken by the caller
+        o.set(1, OutState::Ack);
+        o.set(2, OutState::Ack); // taken by the caller
         assert_eq!(o.allocate(), Some(3));
-        o.set(3, OutState::AwaitPubRec);
+        o.set(3, OutState::Rec);
         assert_eq!(o.free_ids(), 0);
         assert_eq!(o.allocate(), None);
         o.remove(2);
         assert_eq!(o.allocate(), Some(2));
         // Ids outside the range do not use up the range.
-        o.set(100, OutState::AwaitPubAck);
+        o.set(100, OutState::Ack);
         assert_eq!(o.free_ids(), 1);
     }
 
@@ -137,7 +137,7 @@ mod tests {
         let mut o = Outbound::new(&(0..=1));
         assert_eq!(o.free_ids(), 1);
         assert_eq!(o.allocate(), Some(1));
-        o.set(1, OutState::AwaitPubAck);
+        o.set(1, OutState::Ack);
         assert_eq!(o.allocate(), None);
         #[allow(clippy::reversed_empty_ranges)]
         let empty = Outbound::new(&(5..=4));

@@ -142,7 +142,7 @@ impl Connection {
         match packet {
             Packet::Publish(p) => self.on_publish(p),
             Packet::PubAck { pkid, .. } => {
-                if self.outbound.get(pkid) == Some(OutState::AwaitPubAck) {
+                if self.outbound.get(pkid) == Some(OutState::Ack) {
                     self.outbound.remove(pkid);
                     self.events.push_back(Event::PubAck { pkid });
                 }
@@ -150,7 +150,7 @@ impl Connection {
             Packet::PubRec { pkid, reason, .. } => self.on_pubrec(pkid, reason),
             Packet::PubRel { pkid, .. } => self.on_pubrel(pkid),
             Packet::PubComp { pkid, .. } => {
-                if self.outbound.get(pkid) == Some(OutState::AwaitPubComp) {
+                if self.outbound.get(pkid) == Some(OutState::Comp) {
                     self.outbound.remove(pkid);
                     self.events.push_back(Event::PubComp { pkid });
                 }
@@ -260,13 +260,13 @@ impl Connection {
 
     fn on_pubrec(&mut self, pkid: u16, reason: ReasonCode) {
         match self.outbound.get(pkid) {
-            Some(OutState::AwaitPubRec) => {
+            Some(OutState::Rec) => {
                 if reason.is_error() {
                     // The client refused the message: the flow ends here.
                     self.outbound.remove(pkid);
                     self.events.push_back(Event::PubComp { pkid });
                 } else {
-                    self.outbound.set(pkid, OutState::AwaitPubComp);
+                    self.outbound.set(pkid, OutState::Comp);
                     self.queue(Packet::PubRel {
                         pkid,
                         reason: ReasonCode::SUCCESS,
@@ -274,11 +274,11 @@ impl Connection {
                     self.events.push_back(Event::PubRec { pkid });
                 }
             }
-            Some(OutState::AwaitPubComp) => self.queue(Packet::PubRel {
+            Some(OutState::Comp) => self.queue(Packet::PubRel {
                 pkid,
                 reason: ReasonCode::SUCCESS,
             }),
-            Some(OutState::AwaitPubAck) => {}
+            Some(OutState::Ack) => {}
             None => {
                 if self.is_v5() {
                     self.queue(Packet::PubRel {
