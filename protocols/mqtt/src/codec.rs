@@ -4,8 +4,8 @@
 //! limit refused) before the body is buffered; "need more bytes" is `Ok(None)`, not an error.
 //!
 //! Everything is our own code (see the crate doc for why `mqttbytes` is not on the
-//! decode/encode path): [`header`] frames, [`wire`] reads and writes primitives,
-//! [`props`] handles MQTT 5 properties, and one module per packet family does the rest.
+//! decode/encode path): `header` frames, `wire` reads and writes primitives,
+//! `props` handles MQTT 5 properties, and one module per packet family does the rest.
 //! Encoding is two-pass through the same function (count, then write), so the remaining
 //! length can never disagree with the bytes written and nothing is written on error.
 

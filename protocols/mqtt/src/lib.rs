@@ -33,7 +33,7 @@
 //!   the password is read as a UTF-8 `String` (it is binary data); an empty user name is
 //!   dropped; trailing bytes ignored; will topic not checked for wildcards.
 //! - UTF-8 strings: U+0000 accepted (MQTT-1.5.4-2).
-//! - PUBLISH: wildcards in the topic name accepted; topic copied into a `String` twice.
+//! - PUBLISH: wildcards in the topic name accepted.
 //! - SUBSCRIBE: an empty filter list is accepted; reserved option bits and 3.x upper bits
 //!   ignored. UNSUBSCRIBE without filters accepted.
 //! - MQTT 5 properties: the reader is not bounded by the property length (a property may
