@@ -2,7 +2,7 @@
 //! [`Sink`] (count, then write) so lengths are always computed by the same code that
 //! writes.
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 use super::DecodeError;
 
@@ -27,7 +27,7 @@ impl Reader {
 
     pub(crate) fn u8(&mut self) -> Result<u8, DecodeError> {
         let v = *self.buf.first().ok_or(TRUNCATED)?;
-        self.buf = self.buf.slice(1..);
+        self.buf.advance(1);
         Ok(v)
     }
 
@@ -75,8 +75,10 @@ impl Reader {
 
     /// UTF-8 encoded string: valid UTF-8 and no U+0000 (MQTT-1.5.4-1, MQTT-1.5.4-2).
     pub(crate) fn string(&mut self) -> Result<String, DecodeError> {
-        let b = self.binary()?;
-        utf8(&b).map(str::to_owned)
+        let n = usize::from(self.u16()?);
+        let s = utf8(self.buf.get(..n).ok_or(TRUNCATED)?)?.to_owned();
+        self.buf.advance(n);
+        Ok(s)
     }
 }
 
