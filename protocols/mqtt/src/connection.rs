@@ -7,12 +7,23 @@
 //! decides what to do with publishes and subscriptions; this type decides how they look
 //! on the wire.
 
+mod alias;
+mod idmap;
+mod inbound;
+mod outbound;
+mod receive;
+
+use std::collections::VecDeque;
 use std::ops::RangeInclusive;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 
-use crate::codec::DecodeError;
+use self::alias::{InboundAliases, OutboundAliases};
+use self::idmap::IdMap;
+use self::inbound::InState;
+use self::outbound::{OutState, Outbound};
+use crate::codec::{self, DecodeError};
 use crate::packet::*;
 use crate::reason::ReasonCode;
 
@@ -174,7 +185,8 @@ pub enum Event {
     Connect(Box<Connect>),
     /// A valid PUBLISH (topic alias resolved, topic validated). QoS 1/2: answer with
     /// [`Connection::ack_publish`] once handled. A QoS 2 resend of a packet id that is
-    /// still pending is not reported again.
+    /// still pending is not reported again. The topic alias property is cleared once
+    /// resolved, so the publish can be forwarded as is.
     Publish(Publish),
     /// PUBREL for an inbound QoS 2 packet id; PUBCOMP has been queued.
     PubRel {
@@ -209,123 +221,557 @@ pub enum Event {
     Error(ProtocolError),
 }
 
+/// Lifecycle of a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Waiting for a complete CONNECT.
+    AwaitConnect,
+    /// CONNECT reported, waiting for [`Connection::accept`] / [`Connection::refuse`];
+    /// further input is held, not decoded.
+    AwaitAccept,
+    /// CONNACK (success) sent.
+    Connected,
+    /// Finished.
+    Closed,
+}
+
+/// What the client announced about itself in CONNECT.
+#[derive(Debug, Clone)]
+struct Peer {
+    /// Client receive maximum (3.x: the packet id space).
+    receive_maximum: u16,
+    /// Client maximum packet size (MQTT 5).
+    maximum_packet_size: Option<u32>,
+    /// Reason strings / user properties allowed on packets other than PUBLISH, CONNACK
+    /// and DISCONNECT.
+    problem_information: bool,
+    /// Session expiry interval in CONNECT was 0 (or absent).
+    session_expiry_zero: bool,
+}
+
 /// State machine of one MQTT connection (server side).
+///
+/// Between [`Event::Connect`] and [`Connection::accept`] / [`Connection::refuse`], bytes
+/// given to [`Connection::handle_input`] are held (up to [`Config::max_packet_size`] plus
+/// what one call brings) and decoded by `accept`, so pipelined packets are reported only
+/// after the broker accepted the client and their answers follow CONNACK.
 #[derive(Debug)]
 pub struct Connection {
-    _private: (),
+    config: Config,
+    state: State,
+    level: Option<ProtocolLevel>,
+    keep_alive: u16,
+    /// Server keep alive to announce in CONNACK (MQTT 5).
+    server_keep_alive: Option<u16>,
+    connect_deadline: Instant,
+    last_recv: Instant,
+    /// The keep-alive clock restarts at the next call that brings a time after accept.
+    rearm_keep_alive: bool,
+    /// Length of the partial packet left in the caller's buffer by the last call.
+    left_len: usize,
+    held: BytesMut,
+    events: VecDeque<Event>,
+    out: BytesMut,
+    peer: Peer,
+    /// Highest QoS the client may publish with (MQTT 5 Maximum QoS in CONNACK).
+    max_qos: u8,
+    /// Retained publishes allowed from the client.
+    retain_available: bool,
+    inbound: IdMap<InState>,
+    in_aliases: InboundAliases,
+    outbound: Outbound,
+    out_aliases: OutboundAliases,
 }
 
 impl Connection {
     /// A new connection whose socket was accepted at `now`.
     pub fn new(config: Config, now: Instant) -> Self {
-        let _ = (config, now);
-        todo!()
+        let outbound = Outbound::new(&config.pkid_range);
+        Connection {
+            connect_deadline: now + config.connect_timeout,
+            retain_available: config.retain_available,
+            config,
+            state: State::AwaitConnect,
+            level: None,
+            keep_alive: 0,
+            server_keep_alive: None,
+            last_recv: now,
+            rearm_keep_alive: false,
+            left_len: 0,
+            held: BytesMut::new(),
+            events: VecDeque::new(),
+            out: BytesMut::new(),
+            peer: Peer {
+                receive_maximum: u16::MAX,
+                maximum_packet_size: None,
+                problem_information: true,
+                session_expiry_zero: true,
+            },
+            max_qos: 2,
+            inbound: IdMap::default(),
+            in_aliases: InboundAliases::default(),
+            outbound,
+            out_aliases: OutboundAliases::new(0),
+        }
     }
 
     /// Consumes every complete packet at the front of `buf`, leaving a partial one.
     /// Produces events and output; after an error nothing more is consumed.
     pub fn handle_input(&mut self, buf: &mut BytesMut, now: Instant) {
-        let _ = (buf, now);
-        todo!()
+        if self.state == State::Closed {
+            return;
+        }
+        if buf.len() > self.left_len || self.rearm_keep_alive {
+            self.last_recv = now;
+            self.rearm_keep_alive = false;
+        }
+        if !self.held.is_empty() {
+            self.held.extend_from_slice(buf);
+            buf.clear();
+            std::mem::swap(buf, &mut self.held);
+        }
+        self.process(buf);
+        if self.state == State::AwaitAccept && !buf.is_empty() {
+            let cap = self.config.max_packet_size as usize;
+            if self.held.is_empty() {
+                std::mem::swap(buf, &mut self.held);
+            } else if self.held.len() < cap {
+                self.held.extend_from_slice(buf);
+                buf.clear();
+            }
+        }
+        self.left_len = buf.len();
     }
 
     /// Next event for the broker.
     pub fn poll_event(&mut self) -> Option<Event> {
-        todo!()
+        self.events.pop_front()
     }
 
     /// Moves pending output bytes into `out`; returns true if any were added.
     pub fn poll_transmit(&mut self, out: &mut BytesMut) -> bool {
-        let _ = out;
-        todo!()
+        if self.out.is_empty() {
+            return false;
+        }
+        if out.is_empty() {
+            std::mem::swap(out, &mut self.out);
+        } else {
+            out.extend_from_slice(&self.out);
+            self.out.clear();
+        }
+        true
     }
 
     /// Bytes of output waiting to be taken by [`Connection::poll_transmit`].
     pub fn pending_output(&self) -> usize {
-        todo!()
+        self.out.len()
     }
 
     /// Earliest instant at which [`Connection::handle_timeout`] must be called.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        todo!()
+        match self.state {
+            State::AwaitConnect => Some(self.connect_deadline),
+            State::Connected if self.keep_alive > 0 => Some(self.keep_alive_deadline()),
+            _ => None,
+        }
+    }
+
+    fn keep_alive_deadline(&self) -> Instant {
+        self.last_recv + Duration::from_millis(u64::from(self.keep_alive) * 1500)
     }
 
     /// Advances timers: CONNECT timeout, keep-alive (1.5 x).
     pub fn handle_timeout(&mut self, now: Instant) {
-        let _ = now;
-        todo!()
+        match self.state {
+            State::AwaitConnect if now >= self.connect_deadline => {
+                self.fail(ProtocolError::ConnectTimeout);
+            }
+            State::Connected => {
+                if self.rearm_keep_alive {
+                    self.rearm_keep_alive = false;
+                    self.last_recv = self.last_recv.max(now);
+                }
+                if self.keep_alive > 0 && now >= self.keep_alive_deadline() {
+                    self.fail(ProtocolError::KeepAliveTimeout);
+                }
+            }
+            _ => {}
+        }
     }
 
     /// True once the connection is finished: flush output, then close the socket.
     pub fn is_closed(&self) -> bool {
-        todo!()
+        self.state == State::Closed
     }
 
     /// Protocol level once CONNECT was read.
     pub fn level(&self) -> Option<ProtocolLevel> {
-        todo!()
+        self.level
     }
 
     /// Keep-alive in effect (after CONNECT and any server override), seconds.
     pub fn keep_alive(&self) -> u16 {
-        todo!()
+        self.keep_alive
+    }
+
+    fn is_v5(&self) -> bool {
+        self.level == Some(ProtocolLevel::V5)
     }
 
     /// Accepts the CONNECT: queues CONNACK (success) with the server's limits.
+    ///
+    /// MQTT 5: receive maximum, maximum packet size, topic alias maximum and server keep
+    /// alive come from [`Config`] (a server keep alive in `accept.properties` replaces
+    /// the configured one and becomes the keep-alive in effect); retain available is
+    /// false if either the config or `accept.properties` says so; wildcard, subscription
+    /// identifier and shared subscriptions default to available; every other property is
+    /// taken from `accept.properties`. Does nothing unless a CONNECT awaits an answer.
     pub fn accept(&mut self, accept: Accept) {
-        let _ = accept;
-        todo!()
+        if self.state != State::AwaitAccept {
+            return;
+        }
+        let packet = if self.is_v5() {
+            let mut p = accept.properties;
+            p.receive_maximum = Some(self.config.receive_maximum.max(1));
+            p.maximum_packet_size = Some(self.config.max_packet_size.max(1));
+            p.topic_alias_maximum = Some(self.config.topic_alias_maximum);
+            let retain = self.config.retain_available && p.retain_available.unwrap_or(true);
+            p.retain_available = Some(retain);
+            p.wildcard_subscription_available.get_or_insert(true);
+            p.subscription_identifiers_available.get_or_insert(true);
+            p.shared_subscription_available.get_or_insert(true);
+            match p.server_keep_alive {
+                Some(k) => self.keep_alive = k,
+                None => p.server_keep_alive = self.server_keep_alive,
+            }
+            if accept.assigned_client_id.is_some() {
+                p.assigned_client_identifier = accept.assigned_client_id;
+            }
+            if accept.session_expiry_interval.is_some() {
+                p.session_expiry_interval = accept.session_expiry_interval;
+            }
+            self.max_qos = p.maximum_qos.unwrap_or(2);
+            self.retain_available = retain;
+            Packet::ConnAck {
+                session_present: accept.session_present,
+                reason: ReasonCode::SUCCESS,
+                properties: Box::new(p),
+            }
+        } else {
+            Packet::ConnAck {
+                session_present: accept.session_present,
+                reason: ReasonCode::SUCCESS,
+                properties: Box::default(),
+            }
+        };
+        self.queue(packet);
+        for id in accept.inbound_qos2 {
+            if id != 0 {
+                self.inbound.insert(id, InState::Qos2Answered);
+            }
+        }
+        self.state = State::Connected;
+        self.rearm_keep_alive = true;
+        let mut held = std::mem::take(&mut self.held);
+        self.process(&mut held);
+        if self.state != State::Closed && !held.is_empty() {
+            self.held = held;
+        }
+        self.left_len = 0;
     }
 
     /// Refuses the CONNECT with `reason` (mapped to a 3.x return code) and closes.
+    /// A success code is replaced by Unspecified error (0x80).
     pub fn refuse(&mut self, reason: ReasonCode) {
-        let _ = reason;
-        todo!()
+        if self.state != State::AwaitAccept {
+            return;
+        }
+        let reason = if reason.is_error() { reason } else { ReasonCode::UNSPECIFIED_ERROR };
+        self.queue(Packet::ConnAck {
+            session_present: false,
+            reason,
+            properties: Box::default(),
+        });
+        self.close();
     }
 
     /// Answers an inbound QoS 1 (PUBACK) or QoS 2 (PUBREC) publish. An error reason on
     /// MQTT 3.x closes the connection instead (3.x acks carry no reason). For QoS 2 with
-    /// an error reason the packet id is released at once.
+    /// an error reason the packet id is released at once. Unknown or already answered
+    /// packet ids are ignored.
     pub fn ack_publish(&mut self, pkid: u16, reason: ReasonCode) {
-        let _ = (pkid, reason);
-        todo!()
+        if self.state != State::Connected {
+            return;
+        }
+        let Some(state) = self.inbound.get(&pkid).copied() else {
+            return;
+        };
+        if state == InState::Qos2Answered {
+            return;
+        }
+        if reason.is_error() && !self.is_v5() {
+            self.inbound.remove(&pkid);
+            self.close();
+            return;
+        }
+        let packet = if state == InState::Qos1 {
+            self.inbound.remove(&pkid);
+            Packet::PubAck {
+                pkid,
+                reason,
+                reason_string: None,
+            }
+        } else {
+            if reason.is_error() {
+                self.inbound.remove(&pkid);
+            } else {
+                self.inbound.insert(pkid, InState::Qos2Answered);
+            }
+            Packet::PubRec {
+                pkid,
+                reason,
+                reason_string: None,
+            }
+        };
+        self.queue(packet);
     }
 
     /// Answers a SUBSCRIBE with one reason code per filter (3.x: 0x00-0x02 or 0x80).
     pub fn ack_subscribe(&mut self, pkid: u16, reasons: Vec<ReasonCode>) {
-        let _ = (pkid, reasons);
-        todo!()
+        if self.state == State::Connected {
+            self.queue(Packet::SubAck {
+                pkid,
+                reasons,
+                reason_string: None,
+            });
+        }
     }
 
     /// Answers an UNSUBSCRIBE (reason codes are dropped for 3.x).
     pub fn ack_unsubscribe(&mut self, pkid: u16, reasons: Vec<ReasonCode>) {
-        let _ = (pkid, reasons);
-        todo!()
+        if self.state == State::Connected {
+            self.queue(Packet::UnsubAck {
+                pkid,
+                reasons,
+                reason_string: None,
+            });
+        }
+    }
+
+    /// Outbound in-flight limit: the client's receive maximum (3.x: the id space).
+    fn send_window(&self) -> usize {
+        usize::from(self.peer.receive_maximum)
     }
 
     /// Sends a PUBLISH to the client. QoS > 0 takes a slot of the client's receive maximum
     /// until [`Event::PubAck`] / [`Event::PubComp`]. Returns the packet id used (0 for QoS 0).
+    ///
+    /// `Outgoing::pkid` of `Some(0)` is treated as `None`. Outbound topic aliases are
+    /// managed here (any alias in `publish.properties` is replaced).
     pub fn send_publish(&mut self, publish: Outgoing) -> Result<u16, SendError> {
-        let _ = publish;
-        todo!()
+        if self.state != State::Connected {
+            return Err(SendError::NotConnected);
+        }
+        let Some(level) = self.level else {
+            return Err(SendError::NotConnected);
+        };
+        let pkid = if publish.qos == QoS::AtMostOnce {
+            0
+        } else {
+            if self.outbound.len() >= self.send_window() {
+                return Err(SendError::WindowFull);
+            }
+            match publish.pkid {
+                Some(id) if id != 0 => {
+                    if self.outbound.contains(id) {
+                        return Err(SendError::PacketIdInUse);
+                    }
+                    id
+                }
+                _ => self.outbound.allocate().ok_or(SendError::WindowFull)?,
+            }
+        };
+        let mut properties = if level.is_v5() { publish.properties } else { PublishProperties::default() };
+        properties.topic_alias = None;
+        let mut topic = publish.topic;
+        let mut new_alias = None;
+        if level.is_v5() && self.out_aliases.enabled() {
+            if let Some(a) = self.out_aliases.lookup(&topic) {
+                properties.topic_alias = Some(a);
+                topic = String::new();
+            } else if let Some(a) = self.out_aliases.next_free() {
+                properties.topic_alias = Some(a);
+                new_alias = Some(a);
+            }
+        }
+        let packet = Packet::Publish(Publish {
+            dup: publish.dup,
+            qos: publish.qos,
+            retain: publish.retain,
+            topic,
+            pkid,
+            payload: publish.payload,
+            properties,
+        });
+        if let Some(max) = self.peer.maximum_packet_size {
+            let len = codec::encoded_len(&packet, level).map_err(|_| SendError::TooLarge)?;
+            if len > max as usize {
+                return Err(SendError::TooLarge);
+            }
+        }
+        codec::encode(&packet, level, &mut self.out).map_err(|_| SendError::TooLarge)?;
+        if let (Some(a), Packet::Publish(p)) = (new_alias, packet) {
+            self.out_aliases.insert(p.topic, a);
+        }
+        match publish.qos {
+            QoS::AtMostOnce => {}
+            QoS::AtLeastOnce => self.outbound.set(pkid, OutState::Ack),
+            QoS::ExactlyOnce => self.outbound.set(pkid, OutState::Rec),
+        }
+        Ok(pkid)
     }
 
     /// Resends PUBREL for an outbound QoS 2 message whose PUBREC arrived on an earlier
     /// connection of the session; takes a receive-maximum slot until [`Event::PubComp`].
+    /// Packet id 0 is refused as [`SendError::PacketIdInUse`].
     pub fn send_pubrel(&mut self, pkid: u16) -> Result<(), SendError> {
-        let _ = pkid;
-        todo!()
+        if self.state != State::Connected {
+            return Err(SendError::NotConnected);
+        }
+        if pkid == 0 || self.outbound.contains(pkid) {
+            return Err(SendError::PacketIdInUse);
+        }
+        if self.outbound.len() >= self.send_window() {
+            return Err(SendError::WindowFull);
+        }
+        self.outbound.set(pkid, OutState::Comp);
+        self.queue(Packet::PubRel {
+            pkid,
+            reason: ReasonCode::SUCCESS,
+        });
+        Ok(())
     }
 
     /// Outbound QoS > 0 publishes that may be sent now.
     pub fn send_capacity(&self) -> usize {
-        todo!()
+        if self.state != State::Connected {
+            return 0;
+        }
+        self.send_window()
+            .saturating_sub(self.outbound.len())
+            .min(self.outbound.free_ids())
     }
 
     /// Closes the connection from the server side: MQTT 5 gets DISCONNECT with `reason`
     /// (and the reason string if the client did not turn problem information off).
+    /// Before CONNACK this is [`Connection::refuse`].
     pub fn disconnect(&mut self, reason: ReasonCode, reason_string: Option<&str>) {
-        let _ = (reason, reason_string);
-        todo!()
+        match self.state {
+            State::Closed => {}
+            State::AwaitConnect => self.close(),
+            State::AwaitAccept => self.refuse(reason),
+            State::Connected => {
+                if self.is_v5() {
+                    let reason_string = reason_string.filter(|_| self.peer.problem_information).map(str::to_owned);
+                    self.queue(Packet::Disconnect(Disconnect {
+                        reason,
+                        session_expiry_interval: None,
+                        reason_string,
+                        server_reference: None,
+                    }));
+                }
+                self.close();
+            }
+        }
+    }
+
+    /// Marks the connection closed; nothing more is consumed or produced.
+    fn close(&mut self) {
+        self.state = State::Closed;
+        self.held = BytesMut::new();
+    }
+
+    /// Closes for a protocol error: MQTT 5 gets CONNACK (before CONNACK was sent) or
+    /// DISCONNECT with the reason code; the broker gets [`Event::Error`].
+    fn fail(&mut self, err: ProtocolError) {
+        if self.state == State::Closed {
+            return;
+        }
+        if self.is_v5() {
+            let reason = err.reason();
+            match self.state {
+                State::AwaitAccept => self.queue(Packet::ConnAck {
+                    session_present: false,
+                    reason,
+                    properties: Box::default(),
+                }),
+                State::Connected => self.queue(Packet::Disconnect(Disconnect {
+                    reason,
+                    session_expiry_interval: None,
+                    reason_string: None,
+                    server_reference: None,
+                })),
+                _ => {}
+            }
+        }
+        self.events.push_back(Event::Error(err));
+        self.close();
+    }
+
+    /// Encodes `packet` into the output at the connection's level, honouring Request
+    /// Problem Information and the client's Maximum Packet Size (reason strings and user
+    /// properties are dropped first; a packet still too large is not sent).
+    fn queue(&mut self, mut packet: Packet) {
+        let Some(level) = self.level else {
+            return;
+        };
+        if level.is_v5() {
+            if !self.peer.problem_information {
+                strip_problem_info(&mut packet, false);
+            }
+            if let Some(max) = self.peer.maximum_packet_size {
+                let fits = |p: &Packet| codec::encoded_len(p, level).is_ok_and(|n| n <= max as usize);
+                if !fits(&packet) {
+                    strip_problem_info(&mut packet, true);
+                    if !fits(&packet) {
+                        return;
+                    }
+                }
+            }
+        }
+        // Only `TooLarge` can fail here, for packets the broker built oversized: drop.
+        let _ = codec::encode(&packet, level, &mut self.out);
     }
 }
+
+/// Removes reason strings and user properties from a packet the server sends; CONNACK
+/// and DISCONNECT keep theirs unless `all` (which also drops CONNACK properties whose
+/// value is the default).
+fn strip_problem_info(packet: &mut Packet, all: bool) {
+    match packet {
+        Packet::PubAck { reason_string, .. }
+        | Packet::PubRec { reason_string, .. }
+        | Packet::SubAck { reason_string, .. }
+        | Packet::UnsubAck { reason_string, .. } => *reason_string = None,
+        Packet::ConnAck { properties, .. } if all => {
+            properties.reason_string = None;
+            properties.user_properties.clear();
+            // Absent means available: these can go without changing their meaning.
+            for flag in [
+                &mut properties.retain_available,
+                &mut properties.wildcard_subscription_available,
+                &mut properties.subscription_identifiers_available,
+                &mut properties.shared_subscription_available,
+            ] {
+                if *flag == Some(true) {
+                    *flag = None;
+                }
+            }
+        }
+        Packet::Disconnect(d) if all => d.reason_string = None,
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -56,4 +56,115 @@ impl ReasonCode {
     pub fn is_error(self) -> bool {
         self.0 >= 0x80
     }
+
+    /// The MQTT 3.x CONNACK return code for this reason: 0 success, 1 unacceptable
+    /// protocol version (0x84), 2 identifier rejected (0x85), 3 server unavailable
+    /// (0x88, 0x89, 0x8B), 4 bad user name or password (0x86), 5 not authorized
+    /// (0x87, 0x8C and every other error).
+    pub fn to_v3_connack(self) -> u8 {
+        match self.0 {
+            0x00 => 0,
+            0x84 => 1,
+            0x85 => 2,
+            0x88 | 0x89 | 0x8B => 3,
+            0x86 => 4,
+            _ => 5,
+        }
+    }
+
+    /// The reason for an MQTT 3.x CONNACK return code (0-5); `None` for reserved codes.
+    pub fn from_v3_connack(code: u8) -> Option<ReasonCode> {
+        Some(match code {
+            0 => ReasonCode::SUCCESS,
+            1 => ReasonCode::UNSUPPORTED_PROTOCOL_VERSION,
+            2 => ReasonCode::CLIENT_IDENTIFIER_NOT_VALID,
+            3 => ReasonCode::SERVER_UNAVAILABLE,
+            4 => ReasonCode::BAD_USER_NAME_OR_PASSWORD,
+            5 => ReasonCode::NOT_AUTHORIZED,
+            _ => return None,
+        })
+    }
+
+    /// The MQTT 3.x SUBACK return code: granted QoS 0-2 as is, anything else 0x80.
+    pub fn to_v3_suback(self) -> u8 {
+        if self.0 <= 2 {
+            self.0
+        } else {
+            0x80
+        }
+    }
+}
+
+/// Which packet a reason code appears in, for validating received codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReasonContext {
+    ConnAck,
+    PubAck,
+    PubRel,
+    SubAck,
+    UnsubAck,
+    Disconnect,
+    Auth,
+}
+
+impl ReasonCode {
+    /// True if MQTT 5 allows this code in the given packet.
+    pub(crate) fn valid_in(self, ctx: ReasonContext) -> bool {
+        let c = self.0;
+        match ctx {
+            ReasonContext::ConnAck => {
+                c == 0x00 || (0x80..=0x8A).contains(&c) || matches!(c, 0x8C | 0x90 | 0x95 | 0x97 | 0x99..=0x9D | 0x9F)
+            }
+            ReasonContext::PubAck => matches!(c, 0x00 | 0x10 | 0x80 | 0x83 | 0x87 | 0x90 | 0x91 | 0x97 | 0x99),
+            ReasonContext::PubRel => matches!(c, 0x00 | 0x92),
+            ReasonContext::SubAck => matches!(c, 0x00..=0x02 | 0x80 | 0x83 | 0x87 | 0x8F | 0x91 | 0x97 | 0x9E | 0xA1 | 0xA2),
+            ReasonContext::UnsubAck => matches!(c, 0x00 | 0x11 | 0x80 | 0x83 | 0x87 | 0x8F | 0x91),
+            ReasonContext::Disconnect => {
+                matches!(c, 0x00 | 0x04 | 0x80..=0x83 | 0x87 | 0x89 | 0x8B | 0x8D..=0x90 | 0x93..=0xA2)
+            }
+            ReasonContext::Auth => matches!(c, 0x00 | 0x18 | 0x19),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn v3_connack_mapping() {
+        assert_eq!(ReasonCode::SUCCESS.to_v3_connack(), 0);
+        assert_eq!(ReasonCode::UNSUPPORTED_PROTOCOL_VERSION.to_v3_connack(), 1);
+        assert_eq!(ReasonCode::CLIENT_IDENTIFIER_NOT_VALID.to_v3_connack(), 2);
+        assert_eq!(ReasonCode::SERVER_UNAVAILABLE.to_v3_connack(), 3);
+        assert_eq!(ReasonCode::SERVER_BUSY.to_v3_connack(), 3);
+        assert_eq!(ReasonCode::SERVER_SHUTTING_DOWN.to_v3_connack(), 3);
+        assert_eq!(ReasonCode::BAD_USER_NAME_OR_PASSWORD.to_v3_connack(), 4);
+        assert_eq!(ReasonCode::NOT_AUTHORIZED.to_v3_connack(), 5);
+        assert_eq!(ReasonCode::BAD_AUTHENTICATION_METHOD.to_v3_connack(), 5);
+        assert_eq!(ReasonCode::BANNED.to_v3_connack(), 5);
+        for code in 0..=5u8 {
+            let r = ReasonCode::from_v3_connack(code).unwrap();
+            assert_eq!(r.to_v3_connack(), code);
+        }
+        assert_eq!(ReasonCode::from_v3_connack(6), None);
+    }
+
+    #[test]
+    fn v3_suback_mapping() {
+        assert_eq!(ReasonCode::GRANTED_QOS_0.to_v3_suback(), 0);
+        assert_eq!(ReasonCode::GRANTED_QOS_2.to_v3_suback(), 2);
+        assert_eq!(ReasonCode::NOT_AUTHORIZED.to_v3_suback(), 0x80);
+        assert_eq!(ReasonCode::TOPIC_FILTER_INVALID.to_v3_suback(), 0x80);
+        assert_eq!(ReasonCode(0x10).to_v3_suback(), 0x80);
+    }
+
+    #[test]
+    fn contexts() {
+        assert!(ReasonCode::PACKET_IDENTIFIER_NOT_FOUND.valid_in(ReasonContext::PubRel));
+        assert!(!ReasonCode::NOT_AUTHORIZED.valid_in(ReasonContext::PubRel));
+        assert!(ReasonCode::DISCONNECT_WITH_WILL.valid_in(ReasonContext::Disconnect));
+        assert!(!ReasonCode(0x05).valid_in(ReasonContext::Disconnect));
+        assert!(ReasonCode::CONTINUE_AUTHENTICATION.valid_in(ReasonContext::Auth));
+    }
 }
