@@ -63,10 +63,32 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+mod codec;
+mod db;
+mod log;
+mod overlay;
+mod recovery;
+mod refs;
+mod retention;
+mod segment;
+mod state;
+mod writer;
+
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use bytes::Bytes;
+use parking_lot::Mutex;
+use tokio::sync::mpsc::{self, error::TrySendError};
+use tokio::sync::oneshot;
+
+use crate::db::Db;
+use crate::log::Log;
+use crate::state::Shared;
+use crate::writer::{Msg, Writer};
 
 /// When an appended record counts as durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -347,62 +369,193 @@ pub enum JournalError {
 }
 
 /// Handle to an open journal; cheap to clone, usable from any thread.
+///
+/// When the last handle is dropped the journal is closed as by [`Journal::close`]. To
+/// reopen the same directory, drop every handle first (sled holds a lock on `db/`).
 #[derive(Clone)]
 pub struct Journal {
-    _private: (),
+    inner: Arc<Inner>,
+}
+
+/// Owner of the writer thread; closing happens when the last handle drops it.
+struct Inner {
+    tx: mpsc::Sender<Msg>,
+    shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<Result<(), JournalError>>>>,
+    writer_id: std::thread::ThreadId,
+    #[cfg(test)]
+    fault: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Inner {
+    /// Asks the writer thread to flush and stop, and waits for it.
+    fn shutdown(&self) -> Result<(), JournalError> {
+        let mut thread = self.thread.lock();
+        let Some(handle) = thread.take() else { return Ok(()) };
+        if std::thread::current().id() == self.writer_id {
+            // Dropped from a completion: the writer stops by itself once every sender is
+            // gone; it cannot wait for itself.
+            return Ok(());
+        }
+        let mut msg = Msg::Close;
+        loop {
+            match self.tx.try_send(msg) {
+                Ok(()) | Err(TrySendError::Closed(_)) => break,
+                Err(TrySendError::Full(m)) => {
+                    msg = m;
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            }
+        }
+        handle
+            .join()
+            .unwrap_or_else(|_| Err(JournalError::Io("the journal writer thread panicked".into())))
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Err(e) = self.shutdown() {
+            tracing::warn!(error = %e, "closing the journal on drop failed");
+        }
+    }
+}
+
+/// Takes the ops and completion back out of a message that could not be sent.
+fn unsent(msg: Msg) -> (Vec<Op>, Option<Completion>) {
+    match msg {
+        Msg::Submit { ops, done } => (ops, done),
+        Msg::Flush(_) | Msg::Close => (Vec::new(), None),
+    }
 }
 
 impl Journal {
     /// Opens (or creates) the journal in `config.dir`, recovers it and starts the writer thread.
     pub fn open(config: JournalConfig) -> Result<Journal, JournalError> {
-        let _ = config;
-        todo!("storage implementation")
+        let log_dir = config.dir.join("log");
+        std::fs::create_dir_all(&log_dir).map_err(log::io_err)?;
+        log::sync_dir(&config.dir).map_err(log::io_err)?;
+        // sled first: it locks the directory against a second process.
+        let db = Db::open(&config.dir.join("db"), config.cache_bytes)?;
+        let segments = recovery::recover_log(&log_dir)?;
+        let (log, log_writer) = Log::open(&log_dir, config.segment_size, &segments)?;
+        let index = recovery::recover_index(&db, &log)?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .map_err(log::io_err)?;
+        let (tx, rx) = mpsc::channel(config.channel_capacity.max(1));
+        let shared = Arc::new(Shared {
+            config,
+            log,
+            db,
+            queues: Mutex::new(index.queues),
+            batches: AtomicU64::new(0),
+            fsyncs: AtomicU64::new(0),
+        });
+        let writer = Writer::new(shared.clone(), rx, rt, log_writer, index.refs);
+        #[cfg(test)]
+        let fault = writer.fault_switch();
+        let handle = std::thread::Builder::new()
+            .name("ferrymq-journal".into())
+            .spawn(move || writer.run())
+            .map_err(log::io_err)?;
+        Ok(Journal {
+            inner: Arc::new(Inner {
+                tx,
+                shared,
+                writer_id: handle.thread().id(),
+                thread: Mutex::new(Some(handle)),
+                #[cfg(test)]
+                fault,
+            }),
+        })
+    }
+
+    fn shared(&self) -> &Shared {
+        &self.inner.shared
     }
 
     /// Queues a submission, waiting for channel capacity (back-pressure). `done` runs on the
     /// writer thread once the submission is durable under the policy (or failed).
+    ///
+    /// Fails with [`JournalError::Closed`] (without calling `done`) once the journal is
+    /// closed. Every other failure reaches `done`: [`JournalError::Poisoned`] after an I/O
+    /// failure; [`JournalError::NotFound`] if an [`Op::Enqueue`] names a position that holds
+    /// no live record, in which case **nothing** of the submission is applied;
+    /// [`JournalError::Io`] if a record is too large for the `u32` framing (likewise
+    /// applied not at all). Ops on entries that do not exist (`Remove`, `SetFlags`,
+    /// `DeleteRetained`, `DeleteTimer`, `Delete`) are no-ops.
     pub async fn submit(&self, ops: Vec<Op>, done: Option<Completion>) -> Result<(), JournalError> {
-        let _ = (ops, done);
-        todo!()
+        self.inner
+            .tx
+            .send(Msg::Submit { ops, done })
+            .await
+            .map_err(|_| JournalError::Closed)
     }
 
     /// Like [`Journal::submit`] but fails with the ops handed back when the channel is full.
+    ///
+    /// The error is [`JournalError::Closed`] if the journal is closed, and
+    /// [`JournalError::Io`] ("submission channel is full") if the channel is full.
     pub fn try_submit(
         &self,
         ops: Vec<Op>,
         done: Option<Completion>,
     ) -> Result<(), (Vec<Op>, Option<Completion>, JournalError)> {
-        let _ = (ops, done);
-        todo!()
+        match self.inner.tx.try_send(Msg::Submit { ops, done }) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(msg)) => {
+                let (ops, done) = unsent(msg);
+                Err((ops, done, JournalError::Io("journal submission channel is full".into())))
+            }
+            Err(TrySendError::Closed(msg)) => {
+                let (ops, done) = unsent(msg);
+                Err((ops, done, JournalError::Closed))
+            }
+        }
     }
 
     /// Submits and waits for the receipt.
     pub async fn write(&self, ops: Vec<Op>) -> Result<Receipt, JournalError> {
-        let _ = ops;
-        todo!()
+        let (tx, rx) = oneshot::channel();
+        self.submit(ops, Some(Box::new(move |r| drop(tx.send(r))))).await?;
+        rx.await.unwrap_or(Err(JournalError::Closed))
     }
 
     /// Blocking variant of [`Journal::write`] for non-async callers (tests, tools).
+    ///
+    /// Must not be called from an async runtime thread or from a completion.
     pub fn write_blocking(&self, ops: Vec<Op>) -> Result<Receipt, JournalError> {
-        let _ = ops;
-        todo!()
+        let (tx, rx) = oneshot::channel();
+        let done: Completion = Box::new(move |r| drop(tx.send(r)));
+        self.inner
+            .tx
+            .blocking_send(Msg::Submit { ops, done: Some(done) })
+            .map_err(|_| JournalError::Closed)?;
+        rx.blocking_recv().unwrap_or(Err(JournalError::Closed))
     }
 
     /// Returns the id of the named queue, creating the mapping if needed.
+    ///
+    /// Ids are never handed out twice, not even after [`Op::DeleteQueue`]. A new mapping
+    /// becomes durable with the next sync (in particular the one of the first write that
+    /// adds pointers to the queue under [`FsyncPolicy::Always`]).
     pub fn queue_id(&self, name: &str) -> Result<QueueId, JournalError> {
-        let _ = name;
-        todo!()
+        self.shared().db.queue_id(name)
     }
 
     /// Every known queue name with its id.
     pub fn queues(&self) -> Result<Vec<(String, QueueId)>, JournalError> {
-        todo!()
+        self.shared().db.queues()
     }
 
     /// Reads a record (checks its CRC). Blocking pread; cheap when the page cache has it.
+    ///
+    /// [`JournalError::NotFound`] if no live segment holds `pos` (deleted by retention, past
+    /// the end); [`JournalError::Corrupt`] if the bytes there fail the framing or crc check.
     pub fn read(&self, pos: LogPos) -> Result<Record, JournalError> {
-        let _ = pos;
-        todo!()
+        self.shared().log.read(pos.0)
     }
 
     /// Up to `limit` entries of `queue` with offset >= `from`, in offset order.
@@ -412,63 +565,83 @@ impl Journal {
         from: u64,
         limit: usize,
     ) -> Result<Vec<(u64, Pointer)>, JournalError> {
-        let _ = (queue, from, limit);
-        todo!()
+        self.shared().db.queue_entries(queue, from, limit)
     }
 
     /// The next offset `queue` will assign (0 for an empty, never-used queue).
+    ///
+    /// Offsets are never reused while the queue exists, even after its entries are removed
+    /// and across reopen; [`Op::DeleteQueue`] resets the queue, so its next offset is 0 again.
     pub fn queue_next_offset(&self, queue: QueueId) -> u64 {
-        let _ = queue;
-        todo!()
+        self.shared().queues.lock().get(&queue.0).map_or(0, |s| s.next)
     }
 
-    /// Number of live entries in `queue`.
+    /// Number of live entries in `queue` (kept in memory: O(1)).
     pub fn queue_len(&self, queue: QueueId) -> Result<u64, JournalError> {
-        let _ = queue;
-        todo!()
+        Ok(self.shared().queues.lock().get(&queue.0).map_or(0, |s| s.len))
     }
 
     /// Every retained message: topic and record position.
     pub fn retained(&self) -> Result<Vec<(String, LogPos)>, JournalError> {
-        todo!()
+        self.shared().db.retained()
     }
 
     /// Up to `limit` timers due at or before `until_ms`, earliest first.
     pub fn timers_due(&self, until_ms: u64, limit: usize) -> Result<Vec<TimerEntry>, JournalError> {
-        let _ = (until_ms, limit);
-        todo!()
+        self.shared().db.timers_due(until_ms, limit)
     }
 
     /// Due time of the earliest timer.
     pub fn next_timer(&self) -> Result<Option<u64>, JournalError> {
-        todo!()
+        self.shared().db.next_timer()
     }
 
     /// Reads a key.
     pub fn get(&self, space: Space, key: &[u8]) -> Result<Option<Bytes>, JournalError> {
-        let _ = (space, key);
-        todo!()
+        self.shared().db.get(space, key)
     }
 
     /// Every key/value with this prefix, in key order.
     pub fn scan(&self, space: Space, prefix: &[u8]) -> Result<Vec<(Bytes, Bytes)>, JournalError> {
-        let _ = (space, prefix);
-        todo!()
+        self.shared().db.scan(space, prefix)
     }
 
     /// Current counters.
     pub fn stats(&self) -> JournalStats {
-        todo!()
+        let shared = self.shared();
+        let (segments, log_bytes) = shared.log.size();
+        JournalStats {
+            segments,
+            log_bytes,
+            log_end: shared.log.end(),
+            batches: shared.batches.load(Ordering::Relaxed),
+            fsyncs: shared.fsyncs.load(Ordering::Relaxed),
+        }
     }
 
     /// Waits until everything submitted so far is written, fsyncs and flushes regardless of
     /// policy (used at shutdown).
     pub async fn flush(&self) -> Result<(), JournalError> {
-        todo!()
+        let (tx, rx) = oneshot::channel();
+        self.inner
+            .tx
+            .send(Msg::Flush(tx))
+            .await
+            .map_err(|_| JournalError::Closed)?;
+        rx.await.unwrap_or(Err(JournalError::Closed))
     }
 
     /// Flushes, stops the writer thread and waits for it (used at shutdown and in tests).
+    ///
+    /// Later submissions fail with [`JournalError::Closed`]; reads keep working until the
+    /// last handle is dropped. Closing twice is a no-op.
     pub fn close(&self) -> Result<(), JournalError> {
-        todo!()
+        self.inner.shutdown()
+    }
+
+    /// Test hook: makes every later commit-log write and fsync fail.
+    #[cfg(test)]
+    pub(crate) fn inject_io_failure(&self) {
+        self.inner.fault.store(true, Ordering::SeqCst);
     }
 }
