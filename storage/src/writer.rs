@@ -146,7 +146,9 @@ impl Writer {
                 Err(mpsc::error::TryRecvError::Disconnected) => None,
                 Err(mpsc::error::TryRecvError::Empty) => {
                     let wait = self.idle_wait();
-                    match self.rt.block_on(tokio::time::timeout(wait, self.rx.recv())) {
+                    let rx = &mut self.rx;
+                    // The timer must be created inside the runtime's context.
+                    match self.rt.block_on(async move { tokio::time::timeout(wait, rx.recv()).await }) {
                         Ok(msg) => msg,
                         Err(_) => {
                             self.on_idle();
@@ -338,15 +340,19 @@ impl Writer {
 
     /// Applies one submission to the pending state, all or nothing unless it fails fatally.
     fn apply_submission(&mut self, ops: Vec<Op>) -> Result<Receipt, Fail> {
+        // Positions are contiguous, so the records this submission appends before an
+        // `Enqueue` end at `next_pos + appended`.
+        let mut appended = 0u64;
         for op in &ops {
             match op {
-                Op::Append(a) => {
-                    if segment::record_size(a.record.header.len(), a.record.body.len()).is_none() {
+                Op::Append(a) => match segment::record_size(a.record.header.len(), a.record.body.len()) {
+                    Some(size) => appended += size as u64,
+                    None => {
                         return Err(Fail::Reject(JournalError::Io("record too large for the commit log".into())));
                     }
-                }
+                },
                 Op::Enqueue { pos, size, .. } => {
-                    if !self.is_live(pos.0, *size) {
+                    if !self.is_live(pos.0, *size, appended) {
                         return Err(Fail::Reject(JournalError::NotFound(pos.0)));
                     }
                 }
@@ -361,14 +367,15 @@ impl Writer {
         Ok(receipt)
     }
 
-    /// Whether `pos..pos + size` lies inside records that exist (written or assembled).
-    fn is_live(&self, pos: u64, size: u32) -> bool {
+    /// Whether `pos..pos + size` lies inside records that exist (written, assembled, or
+    /// `ahead` bytes about to be appended).
+    fn is_live(&self, pos: u64, size: u32, ahead: u64) -> bool {
         if (size as u64) < segment::RECORD_OVERHEAD {
             return false;
         }
         let Some(end) = pos.checked_add(size as u64) else { return false };
         if pos >= self.log.active_base() {
-            end <= self.log.next_pos()
+            end <= self.log.next_pos() + ahead
         } else {
             self.shared.log.contains(pos, size)
         }
