@@ -645,3 +645,104 @@ impl Journal {
         self.inner.fault.store(true, Ordering::SeqCst);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn append(n: u8) -> Vec<Op> {
+        vec![Op::Append(Append {
+            record: Record { header: Bytes::new(), body: Bytes::from(vec![n; 100]) },
+            queues: vec![QueueTarget { queue: QueueId(1), tag_hash: 0, flags: 0 }],
+            retained_topic: None,
+            timer: None,
+        })]
+    }
+
+    #[test]
+    fn io_failure_poisons_the_journal() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(JournalConfig::new(dir.path())).unwrap();
+        let ok = j.write_blocking(append(1)).unwrap();
+        j.inject_io_failure();
+        let e = j.write_blocking(append(2));
+        assert!(matches!(e, Err(JournalError::Poisoned(_))), "{e:?}");
+        // Later submissions, of any kind, are refused too.
+        let e = j.write_blocking(vec![Op::Delete { space: Space::Meta, key: Bytes::from_static(b"k") }]);
+        assert!(matches!(e, Err(JournalError::Poisoned(_))), "{e:?}");
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        assert!(matches!(rt.block_on(j.flush()), Err(JournalError::Poisoned(_))));
+        // Reads still work; what was acknowledged is intact.
+        assert_eq!(j.read(ok.appended[0].pos).unwrap().body, Bytes::from(vec![1u8; 100]));
+        assert_eq!(j.queue_len(QueueId(1)).unwrap(), 1);
+        assert!(matches!(j.close(), Err(JournalError::Poisoned(_))));
+        drop(j);
+        let j = Journal::open(JournalConfig::new(dir.path())).unwrap();
+        assert_eq!(j.read(ok.appended[0].pos).unwrap().body, Bytes::from(vec![1u8; 100]));
+        assert_eq!(j.queue_len(QueueId(1)).unwrap(), 1);
+        let r = j.write_blocking(append(3)).unwrap();
+        assert_eq!(r.appended[0].offsets, vec![(QueueId(1), 1)]);
+    }
+
+    #[test]
+    fn poison_fails_the_whole_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = JournalConfig::new(dir.path());
+        config.fsync = FsyncPolicy::Never;
+        let j = Journal::open(config).unwrap();
+        j.inject_io_failure();
+        let (tx, rx) = std::sync::mpsc::channel();
+        for n in 0..50 {
+            let tx = tx.clone();
+            let done: Completion = Box::new(move |r| tx.send(r).unwrap());
+            if j.try_submit(append(n), Some(done)).is_err() {
+                panic!("channel full");
+            }
+        }
+        drop(tx);
+        let results: Vec<_> = rx.iter().collect();
+        assert_eq!(results.len(), 50);
+        assert!(results.iter().all(|r| matches!(r, Err(JournalError::Poisoned(_)))));
+        assert_eq!(j.queue_len(QueueId(1)).unwrap(), 0);
+    }
+
+    #[test]
+    fn completion_panic_does_not_kill_the_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(JournalConfig::new(dir.path())).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        rt.block_on(j.submit(append(1), Some(Box::new(|_| panic!("boom"))))).unwrap();
+        assert!(j.write_blocking(append(2)).is_ok());
+    }
+
+    #[test]
+    fn dropping_the_last_handle_in_a_completion_does_not_deadlock() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(JournalConfig::new(dir.path())).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let j2 = j.clone();
+        let done: Completion = Box::new(move |r| {
+            drop(j2);
+            tx.send(r).unwrap();
+        });
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        rt.block_on(j.submit(append(1), Some(done))).unwrap();
+        drop(j);
+        assert!(rx.recv().unwrap().is_ok());
+        // The writer stopped and released the directory.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            match Journal::open(JournalConfig::new(dir.path())) {
+                Ok(j) => {
+                    assert_eq!(j.queue_len(QueueId(1)).unwrap(), 1);
+                    break;
+                }
+                Err(e) if std::time::Instant::now() < deadline => {
+                    let _ = e;
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => panic!("reopen: {e}"),
+            }
+        }
+    }
+}
