@@ -351,10 +351,8 @@ impl Writer {
                         return Err(Fail::Reject(JournalError::Io("record too large for the commit log".into())));
                     }
                 },
-                Op::Enqueue { pos, size, .. } => {
-                    if !self.is_live(pos.0, *size, appended) {
-                        return Err(Fail::Reject(JournalError::NotFound(pos.0)));
-                    }
+                Op::Enqueue { pos, size, .. } if !self.is_live(pos.0, *size, appended) => {
+                    return Err(Fail::Reject(JournalError::NotFound(pos.0)));
                 }
                 _ => {}
             }
