@@ -33,33 +33,67 @@
 //! the end of the used part of a segment. Records never span segments; a record larger
 //! than the segment size gets a segment of its own. A log position ([`LogPos`]) is the byte
 //! offset of a record from the start of the whole log, so `segment = the last segment whose
-//! base <= pos`.
+//! base <= pos`. Positions are contiguous: a new segment's base is the end of the last
+//! record of the previous one.
+//!
+//! When a segment is closed (rollover), the 12-byte **end marker** `0u32 | "FerryEnd"` (a
+//! zero `len`, then a magic) is written after its last record; it is not part of the
+//! positions. It tells recovery that the segment was closed cleanly. Retention deletes
+//! whole segment files, so the positions of a deleted segment become a gap in the log.
 //!
 //! sled trees (all integers big-endian so that key order is numeric order):
 //!
 //! | tree | key | value |
 //! |---|---|---|
 //! | `queue` | queue id u64, offset u64 | [`Pointer`]: pos u64, size u32, tag hash u32, flags u8 |
+//! | `queue` | queue id u64 (8-byte key) | next offset u64: the queue's high-water mark |
 //! | `queue_names` | name (UTF-8) | queue id u64 |
+//! | `queue_ids` | queue id u64 | name (UTF-8): reverse of `queue_names` |
 //! | `retained` | topic (UTF-8) | pos u64, size u32 |
 //! | `timer` | due ms u64, pos u64 | size u32, target (opaque bytes) |
-//! | `kv:<space>` | opaque key | opaque value ([`Space`]) |
+//! | `kv:<space>` | opaque key | opaque value ([`Space`]: `kv:session`, `kv:inbound_qos2`, `kv:meta`) |
+//!
+//! The high-water mark sorts just before the queue's entries and is written in the same
+//! sled batch as the pointers, so offsets are never reused, not even after every entry of
+//! a queue was removed and the journal reopened. Queue ids come from sled's
+//! `generate_id` and are never handed out twice.
 //!
 //! # Durability
 //!
 //! [`FsyncPolicy`] names what survives a power loss. With `Always`, a completion runs only
 //! after the records of its batch are fsynced and sled is flushed: one fsync and one sled
 //! flush cover every submission drained in that batch (group commit). If writing or
-//! flushing fails, the journal **poisons** itself: every later submission completes with
-//! [`JournalError::Poisoned`] rather than acknowledging what may be lost.
+//! flushing fails, the journal **poisons** itself: the failing batch and every later
+//! submission complete with [`JournalError::Poisoned`] rather than acknowledging what may
+//! be lost.
 //!
 //! # Recovery
 //!
-//! [`Journal::open`] scans the last segment, truncates a torn or corrupt tail at the last
-//! valid record, then drops every pointer, retained entry and timer that points at or
-//! past the valid tail. Per-segment reference counts (pointers + retained + timers) are
-//! rebuilt from sled; retention deletes a closed segment only when its count is zero and it
-//! is older than `max_age` or the log is larger than `max_bytes`.
+//! [`Journal::open`] scans the last segment record by record (length bounds and crc),
+//! truncates a torn or corrupt tail at the last valid record, and does the same to any
+//! closed segment that lacks its end marker (sealing it afterwards). Corruption inside a
+//! sealed segment is not scanned for: reading such a record returns
+//! [`JournalError::Corrupt`]. Then every pointer, retained entry and timer that does not
+//! point inside a live segment — in particular every one at or past the valid tail — is
+//! dropped (and sled flushed, so it cannot resurface). Per-segment reference counts
+//! (pointers + retained + timers) and per-queue counters are rebuilt from sled.
+//!
+//! # Retention
+//!
+//! On the writer thread, after batches and when idle, at most once a second: a closed
+//! segment (never the active one) is deleted only when no pointer, retained entry or timer
+//! refers into it and it is older than `max_age` (file modification time) or the log is
+//! larger than `max_bytes` (oldest first). Reading a record of a deleted segment returns
+//! [`JournalError::NotFound`].
+//!
+//! # Modules
+//!
+//! `segment` (one segment file: framing, pread, recovery scan), `log` (ordered segments,
+//! reads, appends, rollover, fsync), `codec` (sled key/value encodings), `db` (sled trees
+//! and read queries), `overlay` (pending sled changes of one group commit), `refs`
+//! (per-segment reference counts), `retention` (which segments to delete), `recovery`
+//! (log and index recovery at open), `state` (what handles and the writer share),
+//! `writer` (the writer thread).
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
@@ -229,6 +263,12 @@ pub enum Op {
     Append(Append),
     /// Add pointers to an existing record (delayed delivery, dead-lettering) without
     /// writing the body again; yields an [`Appended`] in the receipt.
+    ///
+    /// `pos..pos + size` must lie inside a live segment's records (a record appended
+    /// earlier in the same submission counts). Otherwise the **whole submission** fails
+    /// with [`JournalError::NotFound`] and nothing of it is applied. Put the op that drops
+    /// the record's last other reference (e.g. [`Op::DeleteTimer`]) in the same submission,
+    /// after the `Enqueue`, so that retention cannot delete the segment in between.
     Enqueue {
         /// The existing record.
         pos: LogPos,
@@ -253,7 +293,8 @@ pub enum Op {
         /// New flags.
         flags: u8,
     },
-    /// Remove every entry of a queue and its name mapping.
+    /// Remove every entry of a queue and its name mapping. The queue's next offset goes
+    /// back to 0 ([`Journal::queue_id`] never hands the id out again).
     DeleteQueue {
         /// The queue.
         queue: QueueId,
