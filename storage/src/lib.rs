@@ -33,40 +33,96 @@
 //! the end of the used part of a segment. Records never span segments; a record larger
 //! than the segment size gets a segment of its own. A log position ([`LogPos`]) is the byte
 //! offset of a record from the start of the whole log, so `segment = the last segment whose
-//! base <= pos`.
+//! base <= pos`. Positions are contiguous: a new segment's base is the end of the last
+//! record of the previous one.
+//!
+//! When a segment is closed (rollover), the 12-byte **end marker** `0u32 | "FerryEnd"` (a
+//! zero `len`, then a magic) is written after its last record; it is not part of the
+//! positions. It tells recovery that the segment was closed cleanly. Retention deletes
+//! whole segment files, so the positions of a deleted segment become a gap in the log.
 //!
 //! sled trees (all integers big-endian so that key order is numeric order):
 //!
 //! | tree | key | value |
 //! |---|---|---|
 //! | `queue` | queue id u64, offset u64 | [`Pointer`]: pos u64, size u32, tag hash u32, flags u8 |
+//! | `queue` | queue id u64 (8-byte key) | next offset u64: the queue's high-water mark |
 //! | `queue_names` | name (UTF-8) | queue id u64 |
+//! | `queue_ids` | queue id u64 | name (UTF-8): reverse of `queue_names` |
 //! | `retained` | topic (UTF-8) | pos u64, size u32 |
 //! | `timer` | due ms u64, pos u64 | size u32, target (opaque bytes) |
-//! | `kv:<space>` | opaque key | opaque value ([`Space`]) |
+//! | `kv:<space>` | opaque key | opaque value ([`Space`]: `kv:session`, `kv:inbound_qos2`, `kv:meta`) |
+//!
+//! The high-water mark sorts just before the queue's entries and is written in the same
+//! sled batch as the pointers, so offsets are never reused, not even after every entry of
+//! a queue was removed and the journal reopened. Queue ids come from sled's
+//! `generate_id` and are never handed out twice.
 //!
 //! # Durability
 //!
 //! [`FsyncPolicy`] names what survives a power loss. With `Always`, a completion runs only
 //! after the records of its batch are fsynced and sled is flushed: one fsync and one sled
 //! flush cover every submission drained in that batch (group commit). If writing or
-//! flushing fails, the journal **poisons** itself: every later submission completes with
-//! [`JournalError::Poisoned`] rather than acknowledging what may be lost.
+//! flushing fails, the journal **poisons** itself: the failing batch and every later
+//! submission complete with [`JournalError::Poisoned`] rather than acknowledging what may
+//! be lost.
 //!
 //! # Recovery
 //!
-//! [`Journal::open`] scans the last segment, truncates a torn or corrupt tail at the last
-//! valid record, then drops every pointer, retained entry and timer that points at or
-//! past the valid tail. Per-segment reference counts (pointers + retained + timers) are
-//! rebuilt from sled; retention deletes a closed segment only when its count is zero and it
-//! is older than `max_age` or the log is larger than `max_bytes`.
+//! [`Journal::open`] scans the last segment record by record (length bounds and crc),
+//! truncates a torn or corrupt tail at the last valid record, and does the same to any
+//! closed segment that lacks its end marker (sealing it afterwards). Corruption inside a
+//! sealed segment is not scanned for: reading such a record returns
+//! [`JournalError::Corrupt`]. Then every pointer, retained entry and timer that does not
+//! point inside a live segment — in particular every one at or past the valid tail — is
+//! dropped (and sled flushed, so it cannot resurface). Per-segment reference counts
+//! (pointers + retained + timers) and per-queue counters are rebuilt from sled.
+//!
+//! # Retention
+//!
+//! On the writer thread, after batches and when idle, at most once a second: a closed
+//! segment (never the active one) is deleted only when no pointer, retained entry or timer
+//! refers into it and it is older than `max_age` (file modification time) or the log is
+//! larger than `max_bytes` (oldest first). Reading a record of a deleted segment returns
+//! [`JournalError::NotFound`].
+//!
+//! # Modules
+//!
+//! `segment` (one segment file: framing, pread, recovery scan), `log` (ordered segments,
+//! reads, appends, rollover, fsync), `codec` (sled key/value encodings), `db` (sled trees
+//! and read queries), `overlay` (pending sled changes of one group commit), `refs`
+//! (per-segment reference counts), `retention` (which segments to delete), `recovery`
+//! (log and index recovery at open), `state` (what handles and the writer share),
+//! `writer` (the writer thread).
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+mod codec;
+mod db;
+mod log;
+mod overlay;
+mod recovery;
+mod refs;
+mod retention;
+mod segment;
+mod state;
+mod writer;
+
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use bytes::Bytes;
+use parking_lot::Mutex;
+use tokio::sync::mpsc::{self, error::TrySendError};
+use tokio::sync::oneshot;
+
+use crate::db::Db;
+use crate::log::Log;
+use crate::state::Shared;
+use crate::writer::{Msg, Writer};
 
 /// When an appended record counts as durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -207,6 +263,12 @@ pub enum Op {
     Append(Append),
     /// Add pointers to an existing record (delayed delivery, dead-lettering) without
     /// writing the body again; yields an [`Appended`] in the receipt.
+    ///
+    /// `pos..pos + size` must lie inside a live segment's records (a record appended
+    /// earlier in the same submission counts). Otherwise the **whole submission** fails
+    /// with [`JournalError::NotFound`] and nothing of it is applied. Put the op that drops
+    /// the record's last other reference (e.g. [`Op::DeleteTimer`]) in the same submission,
+    /// after the `Enqueue`, so that retention cannot delete the segment in between.
     Enqueue {
         /// The existing record.
         pos: LogPos,
@@ -231,7 +293,8 @@ pub enum Op {
         /// New flags.
         flags: u8,
     },
-    /// Remove every entry of a queue and its name mapping.
+    /// Remove every entry of a queue and its name mapping. The queue's next offset goes
+    /// back to 0 ([`Journal::queue_id`] never hands the id out again).
     DeleteQueue {
         /// The queue.
         queue: QueueId,
@@ -347,62 +410,193 @@ pub enum JournalError {
 }
 
 /// Handle to an open journal; cheap to clone, usable from any thread.
+///
+/// When the last handle is dropped the journal is closed as by [`Journal::close`]. To
+/// reopen the same directory, drop every handle first (sled holds a lock on `db/`).
 #[derive(Clone)]
 pub struct Journal {
-    _private: (),
+    inner: Arc<Inner>,
+}
+
+/// Owner of the writer thread; closing happens when the last handle drops it.
+struct Inner {
+    tx: mpsc::Sender<Msg>,
+    shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<Result<(), JournalError>>>>,
+    writer_id: std::thread::ThreadId,
+    #[cfg(test)]
+    fault: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Inner {
+    /// Asks the writer thread to flush and stop, and waits for it.
+    fn shutdown(&self) -> Result<(), JournalError> {
+        let mut thread = self.thread.lock();
+        let Some(handle) = thread.take() else { return Ok(()) };
+        if std::thread::current().id() == self.writer_id {
+            // Dropped from a completion: the writer stops by itself once every sender is
+            // gone; it cannot wait for itself.
+            return Ok(());
+        }
+        let mut msg = Msg::Close;
+        loop {
+            match self.tx.try_send(msg) {
+                Ok(()) | Err(TrySendError::Closed(_)) => break,
+                Err(TrySendError::Full(m)) => {
+                    msg = m;
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            }
+        }
+        handle
+            .join()
+            .unwrap_or_else(|_| Err(JournalError::Io("the journal writer thread panicked".into())))
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Err(e) = self.shutdown() {
+            tracing::warn!(error = %e, "closing the journal on drop failed");
+        }
+    }
+}
+
+/// Takes the ops and completion back out of a message that could not be sent.
+fn unsent(msg: Msg) -> (Vec<Op>, Option<Completion>) {
+    match msg {
+        Msg::Submit { ops, done } => (ops, done),
+        Msg::Flush(_) | Msg::Close => (Vec::new(), None),
+    }
 }
 
 impl Journal {
     /// Opens (or creates) the journal in `config.dir`, recovers it and starts the writer thread.
     pub fn open(config: JournalConfig) -> Result<Journal, JournalError> {
-        let _ = config;
-        todo!("storage implementation")
+        let log_dir = config.dir.join("log");
+        std::fs::create_dir_all(&log_dir).map_err(log::io_err)?;
+        log::sync_dir(&config.dir).map_err(log::io_err)?;
+        // sled first: it locks the directory against a second process.
+        let db = Db::open(&config.dir.join("db"), config.cache_bytes)?;
+        let segments = recovery::recover_log(&log_dir)?;
+        let (log, log_writer) = Log::open(&log_dir, config.segment_size, &segments)?;
+        let index = recovery::recover_index(&db, &log)?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .map_err(log::io_err)?;
+        let (tx, rx) = mpsc::channel(config.channel_capacity.max(1));
+        let shared = Arc::new(Shared {
+            config,
+            log,
+            db,
+            queues: Mutex::new(index.queues),
+            batches: AtomicU64::new(0),
+            fsyncs: AtomicU64::new(0),
+        });
+        let writer = Writer::new(shared.clone(), rx, rt, log_writer, index.refs);
+        #[cfg(test)]
+        let fault = writer.fault_switch();
+        let handle = std::thread::Builder::new()
+            .name("ferrymq-journal".into())
+            .spawn(move || writer.run())
+            .map_err(log::io_err)?;
+        Ok(Journal {
+            inner: Arc::new(Inner {
+                tx,
+                shared,
+                writer_id: handle.thread().id(),
+                thread: Mutex::new(Some(handle)),
+                #[cfg(test)]
+                fault,
+            }),
+        })
+    }
+
+    fn shared(&self) -> &Shared {
+        &self.inner.shared
     }
 
     /// Queues a submission, waiting for channel capacity (back-pressure). `done` runs on the
     /// writer thread once the submission is durable under the policy (or failed).
+    ///
+    /// Fails with [`JournalError::Closed`] (without calling `done`) once the journal is
+    /// closed. Every other failure reaches `done`: [`JournalError::Poisoned`] after an I/O
+    /// failure; [`JournalError::NotFound`] if an [`Op::Enqueue`] names a position that holds
+    /// no live record, in which case **nothing** of the submission is applied;
+    /// [`JournalError::Io`] if a record is too large for the `u32` framing (likewise
+    /// applied not at all). Ops on entries that do not exist (`Remove`, `SetFlags`,
+    /// `DeleteRetained`, `DeleteTimer`, `Delete`) are no-ops.
     pub async fn submit(&self, ops: Vec<Op>, done: Option<Completion>) -> Result<(), JournalError> {
-        let _ = (ops, done);
-        todo!()
+        self.inner
+            .tx
+            .send(Msg::Submit { ops, done })
+            .await
+            .map_err(|_| JournalError::Closed)
     }
 
     /// Like [`Journal::submit`] but fails with the ops handed back when the channel is full.
+    ///
+    /// The error is [`JournalError::Closed`] if the journal is closed, and
+    /// [`JournalError::Io`] ("submission channel is full") if the channel is full.
     pub fn try_submit(
         &self,
         ops: Vec<Op>,
         done: Option<Completion>,
     ) -> Result<(), (Vec<Op>, Option<Completion>, JournalError)> {
-        let _ = (ops, done);
-        todo!()
+        match self.inner.tx.try_send(Msg::Submit { ops, done }) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(msg)) => {
+                let (ops, done) = unsent(msg);
+                Err((ops, done, JournalError::Io("journal submission channel is full".into())))
+            }
+            Err(TrySendError::Closed(msg)) => {
+                let (ops, done) = unsent(msg);
+                Err((ops, done, JournalError::Closed))
+            }
+        }
     }
 
     /// Submits and waits for the receipt.
     pub async fn write(&self, ops: Vec<Op>) -> Result<Receipt, JournalError> {
-        let _ = ops;
-        todo!()
+        let (tx, rx) = oneshot::channel();
+        self.submit(ops, Some(Box::new(move |r| drop(tx.send(r))))).await?;
+        rx.await.unwrap_or(Err(JournalError::Closed))
     }
 
     /// Blocking variant of [`Journal::write`] for non-async callers (tests, tools).
+    ///
+    /// Must not be called from an async runtime thread or from a completion.
     pub fn write_blocking(&self, ops: Vec<Op>) -> Result<Receipt, JournalError> {
-        let _ = ops;
-        todo!()
+        let (tx, rx) = oneshot::channel();
+        let done: Completion = Box::new(move |r| drop(tx.send(r)));
+        self.inner
+            .tx
+            .blocking_send(Msg::Submit { ops, done: Some(done) })
+            .map_err(|_| JournalError::Closed)?;
+        rx.blocking_recv().unwrap_or(Err(JournalError::Closed))
     }
 
     /// Returns the id of the named queue, creating the mapping if needed.
+    ///
+    /// Ids are never handed out twice, not even after [`Op::DeleteQueue`]. A new mapping
+    /// becomes durable with the next sync (in particular the one of the first write that
+    /// adds pointers to the queue under [`FsyncPolicy::Always`]).
     pub fn queue_id(&self, name: &str) -> Result<QueueId, JournalError> {
-        let _ = name;
-        todo!()
+        self.shared().db.queue_id(name)
     }
 
     /// Every known queue name with its id.
     pub fn queues(&self) -> Result<Vec<(String, QueueId)>, JournalError> {
-        todo!()
+        self.shared().db.queues()
     }
 
     /// Reads a record (checks its CRC). Blocking pread; cheap when the page cache has it.
+    ///
+    /// [`JournalError::NotFound`] if no live segment holds `pos` (deleted by retention, past
+    /// the end); [`JournalError::Corrupt`] if the bytes there fail the framing or crc check.
     pub fn read(&self, pos: LogPos) -> Result<Record, JournalError> {
-        let _ = pos;
-        todo!()
+        self.shared().log.read(pos.0)
     }
 
     /// Up to `limit` entries of `queue` with offset >= `from`, in offset order.
@@ -412,63 +606,184 @@ impl Journal {
         from: u64,
         limit: usize,
     ) -> Result<Vec<(u64, Pointer)>, JournalError> {
-        let _ = (queue, from, limit);
-        todo!()
+        self.shared().db.queue_entries(queue, from, limit)
     }
 
     /// The next offset `queue` will assign (0 for an empty, never-used queue).
+    ///
+    /// Offsets are never reused while the queue exists, even after its entries are removed
+    /// and across reopen; [`Op::DeleteQueue`] resets the queue, so its next offset is 0 again.
     pub fn queue_next_offset(&self, queue: QueueId) -> u64 {
-        let _ = queue;
-        todo!()
+        self.shared().queues.lock().get(&queue.0).map_or(0, |s| s.next)
     }
 
-    /// Number of live entries in `queue`.
+    /// Number of live entries in `queue` (kept in memory: O(1)).
     pub fn queue_len(&self, queue: QueueId) -> Result<u64, JournalError> {
-        let _ = queue;
-        todo!()
+        Ok(self.shared().queues.lock().get(&queue.0).map_or(0, |s| s.len))
     }
 
     /// Every retained message: topic and record position.
     pub fn retained(&self) -> Result<Vec<(String, LogPos)>, JournalError> {
-        todo!()
+        self.shared().db.retained()
     }
 
     /// Up to `limit` timers due at or before `until_ms`, earliest first.
     pub fn timers_due(&self, until_ms: u64, limit: usize) -> Result<Vec<TimerEntry>, JournalError> {
-        let _ = (until_ms, limit);
-        todo!()
+        self.shared().db.timers_due(until_ms, limit)
     }
 
     /// Due time of the earliest timer.
     pub fn next_timer(&self) -> Result<Option<u64>, JournalError> {
-        todo!()
+        self.shared().db.next_timer()
     }
 
     /// Reads a key.
     pub fn get(&self, space: Space, key: &[u8]) -> Result<Option<Bytes>, JournalError> {
-        let _ = (space, key);
-        todo!()
+        self.shared().db.get(space, key)
     }
 
     /// Every key/value with this prefix, in key order.
     pub fn scan(&self, space: Space, prefix: &[u8]) -> Result<Vec<(Bytes, Bytes)>, JournalError> {
-        let _ = (space, prefix);
-        todo!()
+        self.shared().db.scan(space, prefix)
     }
 
     /// Current counters.
     pub fn stats(&self) -> JournalStats {
-        todo!()
+        let shared = self.shared();
+        let (segments, log_bytes) = shared.log.size();
+        JournalStats {
+            segments,
+            log_bytes,
+            log_end: shared.log.end(),
+            batches: shared.batches.load(Ordering::Relaxed),
+            fsyncs: shared.fsyncs.load(Ordering::Relaxed),
+        }
     }
 
     /// Waits until everything submitted so far is written, fsyncs and flushes regardless of
     /// policy (used at shutdown).
     pub async fn flush(&self) -> Result<(), JournalError> {
-        todo!()
+        let (tx, rx) = oneshot::channel();
+        self.inner
+            .tx
+            .send(Msg::Flush(tx))
+            .await
+            .map_err(|_| JournalError::Closed)?;
+        rx.await.unwrap_or(Err(JournalError::Closed))
     }
 
     /// Flushes, stops the writer thread and waits for it (used at shutdown and in tests).
+    ///
+    /// Later submissions fail with [`JournalError::Closed`]; reads keep working until the
+    /// last handle is dropped. Closing twice is a no-op.
     pub fn close(&self) -> Result<(), JournalError> {
-        todo!()
+        self.inner.shutdown()
+    }
+
+    /// Test hook: makes every later commit-log write and fsync fail.
+    #[cfg(test)]
+    pub(crate) fn inject_io_failure(&self) {
+        self.inner.fault.store(true, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn append(n: u8) -> Vec<Op> {
+        vec![Op::Append(Append {
+            record: Record { header: Bytes::new(), body: Bytes::from(vec![n; 100]) },
+            queues: vec![QueueTarget { queue: QueueId(1), tag_hash: 0, flags: 0 }],
+            retained_topic: None,
+            timer: None,
+        })]
+    }
+
+    #[test]
+    fn io_failure_poisons_the_journal() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(JournalConfig::new(dir.path())).unwrap();
+        let ok = j.write_blocking(append(1)).unwrap();
+        j.inject_io_failure();
+        let e = j.write_blocking(append(2));
+        assert!(matches!(e, Err(JournalError::Poisoned(_))), "{e:?}");
+        // Later submissions, of any kind, are refused too.
+        let e = j.write_blocking(vec![Op::Delete { space: Space::Meta, key: Bytes::from_static(b"k") }]);
+        assert!(matches!(e, Err(JournalError::Poisoned(_))), "{e:?}");
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        assert!(matches!(rt.block_on(j.flush()), Err(JournalError::Poisoned(_))));
+        // Reads still work; what was acknowledged is intact.
+        assert_eq!(j.read(ok.appended[0].pos).unwrap().body, Bytes::from(vec![1u8; 100]));
+        assert_eq!(j.queue_len(QueueId(1)).unwrap(), 1);
+        assert!(matches!(j.close(), Err(JournalError::Poisoned(_))));
+        drop(j);
+        let j = Journal::open(JournalConfig::new(dir.path())).unwrap();
+        assert_eq!(j.read(ok.appended[0].pos).unwrap().body, Bytes::from(vec![1u8; 100]));
+        assert_eq!(j.queue_len(QueueId(1)).unwrap(), 1);
+        let r = j.write_blocking(append(3)).unwrap();
+        assert_eq!(r.appended[0].offsets, vec![(QueueId(1), 1)]);
+    }
+
+    #[test]
+    fn poison_fails_the_whole_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = JournalConfig::new(dir.path());
+        config.fsync = FsyncPolicy::Never;
+        let j = Journal::open(config).unwrap();
+        j.inject_io_failure();
+        let (tx, rx) = std::sync::mpsc::channel();
+        for n in 0..50 {
+            let tx = tx.clone();
+            let done: Completion = Box::new(move |r| tx.send(r).unwrap());
+            if j.try_submit(append(n), Some(done)).is_err() {
+                panic!("channel full");
+            }
+        }
+        drop(tx);
+        let results: Vec<_> = rx.iter().collect();
+        assert_eq!(results.len(), 50);
+        assert!(results.iter().all(|r| matches!(r, Err(JournalError::Poisoned(_)))));
+        assert_eq!(j.queue_len(QueueId(1)).unwrap(), 0);
+    }
+
+    #[test]
+    fn completion_panic_does_not_kill_the_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(JournalConfig::new(dir.path())).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        rt.block_on(j.submit(append(1), Some(Box::new(|_| panic!("boom"))))).unwrap();
+        assert!(j.write_blocking(append(2)).is_ok());
+    }
+
+    #[test]
+    fn dropping_the_last_handle_in_a_completion_does_not_deadlock() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(JournalConfig::new(dir.path())).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let j2 = j.clone();
+        let done: Completion = Box::new(move |r| {
+            drop(j2);
+            tx.send(r).unwrap();
+        });
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        rt.block_on(j.submit(append(1), Some(done))).unwrap();
+        drop(j);
+        assert!(rx.recv().unwrap().is_ok());
+        // The writer stopped and released the directory.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            match Journal::open(JournalConfig::new(dir.path())) {
+                Ok(j) => {
+                    assert_eq!(j.queue_len(QueueId(1)).unwrap(), 1);
+                    break;
+                }
+                Err(e) if std::time::Instant::now() < deadline => {
+                    let _ = e;
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => panic!("reopen: {e}"),
+            }
+        }
     }
 }

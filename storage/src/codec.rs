@@ -1,0 +1,174 @@
+//! Key and value encodings of the sled trees. All integers are big-endian so that byte
+//! order is numeric order. Decoders return `None` on malformed input instead of panicking.
+
+use crate::{LogPos, Pointer, Space};
+
+/// Tree of consume-queue entries (and per-queue high-water marks).
+pub(crate) const TREE_QUEUE: &str = "queue";
+/// Tree name -> queue id.
+pub(crate) const TREE_QUEUE_NAMES: &str = "queue_names";
+/// Tree queue id -> name (reverse of `queue_names`, used by `DeleteQueue`).
+pub(crate) const TREE_QUEUE_IDS: &str = "queue_ids";
+/// Tree topic -> retained record.
+pub(crate) const TREE_RETAINED: &str = "retained";
+/// Tree (due, pos) -> timer.
+pub(crate) const TREE_TIMER: &str = "timer";
+
+/// The sled tree name of a keyspace.
+pub(crate) fn kv_tree_name(space: Space) -> &'static str {
+    match space {
+        Space::Session => "kv:session",
+        Space::InboundQos2 => "kv:inbound_qos2",
+        Space::Meta => "kv:meta",
+    }
+}
+
+/// Index of a keyspace in per-space arrays.
+pub(crate) fn space_index(space: Space) -> usize {
+    match space {
+        Space::Session => 0,
+        Space::InboundQos2 => 1,
+        Space::Meta => 2,
+    }
+}
+
+/// Every keyspace, in [`space_index`] order.
+pub(crate) const SPACES: [Space; 3] = [Space::Session, Space::InboundQos2, Space::Meta];
+
+fn u64_at(b: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_be_bytes(b.get(at..at + 8)?.try_into().ok()?))
+}
+
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_be_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
+/// A big-endian u64.
+pub(crate) fn encode_u64(v: u64) -> [u8; 8] {
+    v.to_be_bytes()
+}
+
+/// Decodes exactly 8 bytes as a big-endian u64.
+pub(crate) fn decode_u64(b: &[u8]) -> Option<u64> {
+    if b.len() != 8 {
+        return None;
+    }
+    u64_at(b, 0)
+}
+
+/// Key of a queue entry: queue id, offset.
+pub(crate) fn queue_key(queue: u64, offset: u64) -> [u8; 16] {
+    let mut k = [0u8; 16];
+    k[..8].copy_from_slice(&queue.to_be_bytes());
+    k[8..].copy_from_slice(&offset.to_be_bytes());
+    k
+}
+
+/// Key of a queue's high-water mark (next offset): the bare 8-byte queue id, which sorts
+/// just before the queue's entries.
+pub(crate) fn queue_hwm_key(queue: u64) -> [u8; 8] {
+    queue.to_be_bytes()
+}
+
+/// A key of the `queue` tree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum QueueKey {
+    /// An entry: queue, offset.
+    Entry(u64, u64),
+    /// The high-water mark of a queue.
+    HighWater(u64),
+}
+
+/// Decodes a key of the `queue` tree.
+pub(crate) fn decode_queue_key(k: &[u8]) -> Option<QueueKey> {
+    match k.len() {
+        16 => Some(QueueKey::Entry(u64_at(k, 0)?, u64_at(k, 8)?)),
+        8 => Some(QueueKey::HighWater(u64_at(k, 0)?)),
+        _ => None,
+    }
+}
+
+/// Value of a queue entry: pos u64, size u32, tag hash u32, flags u8.
+pub(crate) fn encode_pointer(p: &Pointer) -> [u8; 17] {
+    let mut v = [0u8; 17];
+    v[..8].copy_from_slice(&p.pos.0.to_be_bytes());
+    v[8..12].copy_from_slice(&p.size.to_be_bytes());
+    v[12..16].copy_from_slice(&p.tag_hash.to_be_bytes());
+    v[16] = p.flags;
+    v
+}
+
+/// Decodes a queue entry value.
+pub(crate) fn decode_pointer(v: &[u8]) -> Option<Pointer> {
+    if v.len() != 17 {
+        return None;
+    }
+    Some(Pointer { pos: LogPos(u64_at(v, 0)?), size: u32_at(v, 8)?, tag_hash: u32_at(v, 12)?, flags: v[16] })
+}
+
+/// Value of a retained entry: pos u64, size u32.
+pub(crate) fn encode_retained(pos: u64, size: u32) -> [u8; 12] {
+    let mut v = [0u8; 12];
+    v[..8].copy_from_slice(&pos.to_be_bytes());
+    v[8..].copy_from_slice(&size.to_be_bytes());
+    v
+}
+
+/// Decodes a retained entry value into (pos, size).
+pub(crate) fn decode_retained(v: &[u8]) -> Option<(u64, u32)> {
+    if v.len() != 12 {
+        return None;
+    }
+    Some((u64_at(v, 0)?, u32_at(v, 8)?))
+}
+
+/// Key of a timer: due ms, pos.
+pub(crate) fn timer_key(due_ms: u64, pos: u64) -> [u8; 16] {
+    queue_key(due_ms, pos)
+}
+
+/// Decodes a timer key into (due ms, pos).
+pub(crate) fn decode_timer_key(k: &[u8]) -> Option<(u64, u64)> {
+    if k.len() != 16 {
+        return None;
+    }
+    Some((u64_at(k, 0)?, u64_at(k, 8)?))
+}
+
+/// Value of a timer: size u32, then the caller's target bytes.
+pub(crate) fn encode_timer_value(size: u32, target: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(4 + target.len());
+    v.extend_from_slice(&size.to_be_bytes());
+    v.extend_from_slice(target);
+    v
+}
+
+/// Decodes a timer value into (size, target).
+pub(crate) fn decode_timer_value(v: &[u8]) -> Option<(u32, &[u8])> {
+    Some((u32_at(v, 0)?, v.get(4..)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips() {
+        let p = Pointer { pos: LogPos(1 << 40), size: 77, tag_hash: 0xdead_beef, flags: 3 };
+        assert_eq!(decode_pointer(&encode_pointer(&p)), Some(p));
+        assert_eq!(decode_pointer(&[1, 2, 3]), None);
+        assert_eq!(decode_queue_key(&queue_key(5, 9)), Some(QueueKey::Entry(5, 9)));
+        assert_eq!(decode_queue_key(&queue_hwm_key(5)), Some(QueueKey::HighWater(5)));
+        assert_eq!(decode_queue_key(&[0; 3]), None);
+        assert!(queue_hwm_key(5).as_slice() < queue_key(5, 0).as_slice());
+        assert!(queue_key(5, u64::MAX).as_slice() < queue_hwm_key(6).as_slice());
+        assert!(queue_key(1, 2).as_slice() < queue_key(1, 256).as_slice());
+        assert_eq!(decode_retained(&encode_retained(9, 8)), Some((9, 8)));
+        assert_eq!(decode_timer_key(&timer_key(10, 20)), Some((10, 20)));
+        let v = encode_timer_value(12, b"tgt");
+        assert_eq!(decode_timer_value(&v), Some((12, &b"tgt"[..])));
+        assert_eq!(decode_timer_value(&[0, 1]), None);
+        assert_eq!(decode_u64(&encode_u64(42)), Some(42));
+        assert_eq!(decode_u64(&[1]), None);
+    }
+}

@@ -1,0 +1,179 @@
+//! The sled database: opening it, its trees, queue-id allocation and every read query.
+//! Writes other than queue-id allocation go through the writer thread (`writer.rs`).
+
+use std::path::Path;
+
+use bytes::Bytes;
+use sled::Tree;
+
+use crate::codec::{self, SPACES};
+use crate::{JournalError, LogPos, Pointer, QueueId, Space, TimerEntry};
+
+/// Maps a sled error to the journal's error type.
+pub(crate) fn db_err(e: sled::Error) -> JournalError {
+    JournalError::Db(e.to_string())
+}
+
+fn malformed(tree: &str) -> JournalError {
+    JournalError::Db(format!("malformed entry in tree `{tree}`"))
+}
+
+/// The sled database and its trees.
+pub(crate) struct Db {
+    /// The database (its `flush` covers every tree).
+    pub(crate) db: sled::Db,
+    /// Queue entries and high-water marks.
+    pub(crate) queue: Tree,
+    /// Queue name -> id.
+    pub(crate) queue_names: Tree,
+    /// Queue id -> name.
+    pub(crate) queue_ids: Tree,
+    /// Retained index.
+    pub(crate) retained: Tree,
+    /// Timers.
+    pub(crate) timer: Tree,
+    /// One tree per [`Space`], in `codec::space_index` order.
+    pub(crate) kv: [Tree; 3],
+}
+
+impl Db {
+    /// Opens (or creates) the database at `path` and its trees.
+    pub(crate) fn open(path: &Path, cache_bytes: u64) -> Result<Db, JournalError> {
+        let db = sled::Config::new()
+            .path(path)
+            .cache_capacity(cache_bytes)
+            .mode(sled::Mode::HighThroughput)
+            .open()
+            .map_err(db_err)?;
+        let tree = |name: &str| db.open_tree(name).map_err(db_err);
+        Ok(Db {
+            queue: tree(codec::TREE_QUEUE)?,
+            queue_names: tree(codec::TREE_QUEUE_NAMES)?,
+            queue_ids: tree(codec::TREE_QUEUE_IDS)?,
+            retained: tree(codec::TREE_RETAINED)?,
+            timer: tree(codec::TREE_TIMER)?,
+            kv: [
+                tree(codec::kv_tree_name(SPACES[0]))?,
+                tree(codec::kv_tree_name(SPACES[1]))?,
+                tree(codec::kv_tree_name(SPACES[2]))?,
+            ],
+            db,
+        })
+    }
+
+    /// The tree of a keyspace.
+    pub(crate) fn kv(&self, space: Space) -> &Tree {
+        &self.kv[codec::space_index(space)]
+    }
+
+    /// The id of `name`, allocating one (never reused) if the name is new.
+    pub(crate) fn queue_id(&self, name: &str) -> Result<QueueId, JournalError> {
+        loop {
+            if let Some(v) = self.queue_names.get(name).map_err(db_err)? {
+                return codec::decode_u64(&v).map(QueueId).ok_or_else(|| malformed("queue_names"));
+            }
+            let id = self.db.generate_id().map_err(db_err)?;
+            let id_bytes = codec::encode_u64(id);
+            self.queue_ids.insert(id_bytes, name.as_bytes()).map_err(db_err)?;
+            let cas = self
+                .queue_names
+                .compare_and_swap(name, None as Option<&[u8]>, Some(&id_bytes[..]))
+                .map_err(db_err)?;
+            match cas {
+                Ok(()) => return Ok(QueueId(id)),
+                Err(_) => {
+                    // Another thread named the queue first: use its id.
+                    self.queue_ids.remove(id_bytes).map_err(db_err)?;
+                }
+            }
+        }
+    }
+
+    /// Every queue name with its id, in name order.
+    pub(crate) fn queues(&self) -> Result<Vec<(String, QueueId)>, JournalError> {
+        self.queue_names
+            .iter()
+            .map(|kv| {
+                let (k, v) = kv.map_err(db_err)?;
+                let name = String::from_utf8(k.to_vec()).map_err(|_| malformed("queue_names"))?;
+                let id = codec::decode_u64(&v).ok_or_else(|| malformed("queue_names"))?;
+                Ok((name, QueueId(id)))
+            })
+            .collect()
+    }
+
+    /// Up to `limit` entries of `queue` from offset `from` on.
+    pub(crate) fn queue_entries(
+        &self,
+        queue: QueueId,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, Pointer)>, JournalError> {
+        let lo = codec::queue_key(queue.0, from);
+        let hi = codec::queue_key(queue.0, u64::MAX);
+        self.queue
+            .range(lo..=hi)
+            .take(limit)
+            .map(|kv| {
+                let (k, v) = kv.map_err(db_err)?;
+                let off = match codec::decode_queue_key(&k) {
+                    Some(codec::QueueKey::Entry(_, off)) => off,
+                    _ => return Err(malformed("queue")),
+                };
+                let p = codec::decode_pointer(&v).ok_or_else(|| malformed("queue"))?;
+                Ok((off, p))
+            })
+            .collect()
+    }
+
+    /// Every retained topic with its record position.
+    pub(crate) fn retained(&self) -> Result<Vec<(String, LogPos)>, JournalError> {
+        self.retained
+            .iter()
+            .map(|kv| {
+                let (k, v) = kv.map_err(db_err)?;
+                let topic = String::from_utf8(k.to_vec()).map_err(|_| malformed("retained"))?;
+                let (pos, _) = codec::decode_retained(&v).ok_or_else(|| malformed("retained"))?;
+                Ok((topic, LogPos(pos)))
+            })
+            .collect()
+    }
+
+    /// Up to `limit` timers due at or before `until_ms`, earliest first.
+    pub(crate) fn timers_due(&self, until_ms: u64, limit: usize) -> Result<Vec<TimerEntry>, JournalError> {
+        self.timer
+            .range(..=codec::timer_key(until_ms, u64::MAX))
+            .take(limit)
+            .map(|kv| {
+                let (k, v) = kv.map_err(db_err)?;
+                let (due_ms, pos) = codec::decode_timer_key(&k).ok_or_else(|| malformed("timer"))?;
+                let (size, target) = codec::decode_timer_value(&v).ok_or_else(|| malformed("timer"))?;
+                Ok(TimerEntry { due_ms, pos: LogPos(pos), size, target: Bytes::copy_from_slice(target) })
+            })
+            .collect()
+    }
+
+    /// Due time of the earliest timer.
+    pub(crate) fn next_timer(&self) -> Result<Option<u64>, JournalError> {
+        match self.timer.first().map_err(db_err)? {
+            None => Ok(None),
+            Some((k, _)) => codec::decode_timer_key(&k).map(|(due, _)| Some(due)).ok_or_else(|| malformed("timer")),
+        }
+    }
+
+    /// Reads a key of a keyspace.
+    pub(crate) fn get(&self, space: Space, key: &[u8]) -> Result<Option<Bytes>, JournalError> {
+        Ok(self.kv(space).get(key).map_err(db_err)?.map(|v| Bytes::copy_from_slice(&v)))
+    }
+
+    /// Every key/value of a keyspace with this prefix, in key order.
+    pub(crate) fn scan(&self, space: Space, prefix: &[u8]) -> Result<Vec<(Bytes, Bytes)>, JournalError> {
+        self.kv(space)
+            .scan_prefix(prefix)
+            .map(|kv| {
+                let (k, v) = kv.map_err(db_err)?;
+                Ok((Bytes::copy_from_slice(&k), Bytes::copy_from_slice(&v)))
+            })
+            .collect()
+    }
+}

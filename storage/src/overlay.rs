@@ -1,0 +1,131 @@
+//! The pending changes of one group commit to one sled tree. Lookups see the changes
+//! made earlier in the same batch; at the end the changes become a single
+//! [`sled::Batch`], applied atomically with `apply_batch`.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+
+use sled::{Batch, IVec, Tree};
+
+/// Pending inserts (`Some`) and removals (`None`) of one tree.
+#[derive(Debug, Default)]
+pub(crate) struct Overlay {
+    changes: BTreeMap<IVec, Option<IVec>>,
+}
+
+impl Overlay {
+    /// The current value of `key`: the pending change if any, else what the tree holds.
+    pub(crate) fn get(&self, tree: &Tree, key: &[u8]) -> sled::Result<Option<IVec>> {
+        match self.changes.get(key) {
+            Some(v) => Ok(v.clone()),
+            None => tree.get(key),
+        }
+    }
+
+    /// Sets `key` to `value`.
+    pub(crate) fn insert(&mut self, key: impl Into<IVec>, value: impl Into<IVec>) {
+        self.changes.insert(key.into(), Some(value.into()));
+    }
+
+    /// Removes `key`.
+    pub(crate) fn remove(&mut self, key: impl Into<IVec>) {
+        self.changes.insert(key.into(), None);
+    }
+
+    /// Removes every live key in `lo..=hi` and returns the removed pairs.
+    pub(crate) fn remove_range(&mut self, tree: &Tree, lo: &[u8], hi: &[u8]) -> sled::Result<Vec<(IVec, IVec)>> {
+        let in_range = |k: &[u8]| k >= lo && k <= hi;
+        self.remove_matching(tree.range(lo..=hi), lo, in_range)
+    }
+
+    /// Removes every live key starting with `prefix` and returns the removed pairs.
+    pub(crate) fn remove_prefix(&mut self, tree: &Tree, prefix: &[u8]) -> sled::Result<Vec<(IVec, IVec)>> {
+        self.remove_matching(tree.scan_prefix(prefix), prefix, |k| k.starts_with(prefix))
+    }
+
+    fn remove_matching(
+        &mut self,
+        stored: sled::Iter,
+        start: &[u8],
+        matches: impl Fn(&[u8]) -> bool,
+    ) -> sled::Result<Vec<(IVec, IVec)>> {
+        let mut removed = Vec::new();
+        // Pending keys first: their value overrides what the tree holds.
+        let pending: Vec<IVec> = self
+            .changes
+            .range::<[u8], _>((Bound::Included(start), Bound::Unbounded))
+            .take_while(|(k, _)| matches(k))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in pending {
+            if let Some(Some(v)) = self.changes.insert(k.clone(), None) {
+                removed.push((k, v));
+            }
+        }
+        for kv in stored {
+            let (k, v) = kv?;
+            if !self.changes.contains_key(&k) {
+                self.changes.insert(k.clone(), None);
+                removed.push((k, v));
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Whether there is nothing to apply.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.changes.is_empty()
+    }
+
+    /// Applies the changes to `tree` atomically and clears them.
+    pub(crate) fn apply(&mut self, tree: &Tree) -> sled::Result<()> {
+        if self.changes.is_empty() {
+            return Ok(());
+        }
+        let mut batch = Batch::default();
+        for (k, v) in std::mem::take(&mut self.changes) {
+            match v {
+                Some(v) => batch.insert(k, v),
+                None => batch.remove(k),
+            }
+        }
+        tree.apply_batch(batch)
+    }
+
+    /// Drops the changes.
+    pub(crate) fn clear(&mut self) {
+        self.changes.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overlay_merges_pending_and_stored() {
+        let db = sled::Config::new().temporary(true).open().unwrap();
+        let t = db.open_tree("t").unwrap();
+        t.insert(b"a1", b"x").unwrap();
+        t.insert(b"a2", b"y").unwrap();
+        t.insert(b"b1", b"z").unwrap();
+        let mut o = Overlay::default();
+        o.insert(&b"a3"[..], &b"w"[..]);
+        o.remove(&b"a2"[..]);
+        assert_eq!(o.get(&t, b"a3").unwrap().as_deref(), Some(&b"w"[..]));
+        assert_eq!(o.get(&t, b"a2").unwrap(), None);
+        assert_eq!(o.get(&t, b"a1").unwrap().as_deref(), Some(&b"x"[..]));
+        let mut removed: Vec<Vec<u8>> =
+            o.remove_prefix(&t, b"a").unwrap().into_iter().map(|(k, _)| k.to_vec()).collect();
+        removed.sort();
+        assert_eq!(removed, vec![b"a1".to_vec(), b"a3".to_vec()]);
+        o.insert(&b"a4"[..], &b"v"[..]);
+        let removed = o.remove_range(&t, b"a4", b"b1").unwrap();
+        assert_eq!(removed.len(), 2);
+        o.insert(&b"a5"[..], &b"v"[..]);
+        o.apply(&t).unwrap();
+        assert!(o.is_empty());
+        let keys: Vec<IVec> = t.iter().keys().map(|k| k.unwrap()).collect();
+        assert_eq!(keys, vec![IVec::from(&b"a5"[..])]);
+    }
+}

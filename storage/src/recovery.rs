@@ -1,0 +1,217 @@
+//! Recovery at open: find the segment files, cut a torn or corrupt tail at the last valid
+//! record, then drop every index entry (pointer, retained entry, timer) that points past
+//! the valid end and rebuild the per-segment reference counts and per-queue counters.
+
+use std::collections::HashMap;
+use std::fs::{self, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use sled::{Batch, Tree};
+
+use crate::codec::{self, QueueKey};
+use crate::db::{db_err, Db};
+use crate::log::{io_err, Log};
+use crate::refs::RefCounts;
+use crate::segment;
+use crate::state::QueueState;
+use crate::JournalError;
+
+/// Finds the segments in `dir`, checks them and cuts the log at the first invalid record.
+/// Returns `(base, valid length)` of every segment in base order.
+///
+/// A closed segment that ends with the end marker was closed cleanly and is trusted
+/// without a scan (its successor may have been deleted by retention, so its length need
+/// not reach the next base). Any other segment — always the last one — is scanned record
+/// by record and cut after its last valid record; a closed one is sealed again so the next
+/// open trusts it. A torn closed segment leaves a gap of positions that simply hold no
+/// records.
+pub(crate) fn recover_log(dir: &Path) -> Result<Vec<(u64, u64)>, JournalError> {
+    let mut bases = Vec::new();
+    for entry in fs::read_dir(dir).map_err(io_err)? {
+        let entry = entry.map_err(io_err)?;
+        match entry.file_name().to_str().and_then(segment::parse_file_name) {
+            Some(base) => bases.push(base),
+            None => tracing::warn!(file = ?entry.path(), "ignoring unexpected file in the log directory"),
+        }
+    }
+    bases.sort_unstable();
+    let marker = segment::END_MARKER.len() as u64;
+    let mut out = Vec::with_capacity(bases.len());
+    for (i, &base) in bases.iter().enumerate() {
+        let path = dir.join(segment::file_name(base));
+        let file = OpenOptions::new().read(true).write(true).open(&path).map_err(io_err)?;
+        let file_len = file.metadata().map_err(io_err)?.len();
+        let room = bases.get(i + 1).map(|next| next - base);
+        if let Some(room) = room {
+            if segment::is_sealed(&file, file_len).map_err(io_err)? {
+                out.push((base, (file_len - marker).min(room)));
+                continue;
+            }
+        }
+        let scanned = segment::scan(&file).map_err(io_err)?;
+        let keep = room.map_or(scanned.valid_end, |r| scanned.valid_end.min(r));
+        let only_marker_after = file_len == keep + marker && segment::is_sealed(&file, file_len).unwrap_or(false);
+        if keep < file_len && !only_marker_after {
+            tracing::warn!(
+                segment = ?path,
+                valid_bytes = keep,
+                file_bytes = file_len,
+                records = scanned.records,
+                "commit log: cutting a torn or corrupt tail"
+            );
+        }
+        if keep < file_len || room.is_some() {
+            file.set_len(keep).map_err(io_err)?;
+            if room.is_some() {
+                file.write_all_at(&segment::END_MARKER, keep).map_err(io_err)?;
+            }
+            file.sync_all().map_err(io_err)?;
+        }
+        out.push((base, keep));
+    }
+    Ok(out)
+}
+
+/// What index recovery rebuilt.
+#[derive(Debug, Default)]
+pub(crate) struct Index {
+    /// References per segment.
+    pub(crate) refs: RefCounts,
+    /// Counters per queue.
+    pub(crate) queues: HashMap<u64, QueueState>,
+}
+
+/// Scans the `queue`, `retained` and `timer` trees: drops malformed entries and entries
+/// that do not point inside a live segment — in particular every entry at or past the
+/// valid end of the log — flushing sled if any were dropped, so that they cannot resurface
+/// once new records occupy those positions; counts the rest.
+pub(crate) fn recover_index(db: &Db, log: &Log) -> Result<Index, JournalError> {
+    let end = log.end();
+    // Past the end, or in a gap / deleted segment: nothing readable is there.
+    let live = |pos: u64, size: u32| size as u64 >= segment::RECORD_OVERHEAD && log.contains(pos, size);
+    let mut index = Index::default();
+    let mut count = |pos: u64| {
+        if let Some(base) = log.locate(pos) {
+            index.refs.inc(base);
+        }
+    };
+    let mut dropped = 0u64;
+
+    let mut removals = Batch::default();
+    let mut queues: HashMap<u64, QueueState> = HashMap::new();
+    for kv in db.queue.iter() {
+        let (k, v) = kv.map_err(db_err)?;
+        match codec::decode_queue_key(&k) {
+            Some(QueueKey::Entry(q, off)) => {
+                let st = queues.entry(q).or_default();
+                st.next = st.next.max(off.saturating_add(1));
+                match codec::decode_pointer(&v) {
+                    Some(p) if live(p.pos.0, p.size) => {
+                        st.len += 1;
+                        count(p.pos.0);
+                    }
+                    _ => {
+                        removals.remove(k);
+                        dropped += 1;
+                    }
+                }
+            }
+            Some(QueueKey::HighWater(q)) => match codec::decode_u64(&v) {
+                Some(n) => {
+                    let st = queues.entry(q).or_default();
+                    st.next = st.next.max(n);
+                }
+                None => {
+                    removals.remove(k);
+                    dropped += 1;
+                }
+            },
+            None => {
+                removals.remove(k);
+                dropped += 1;
+            }
+        }
+    }
+    apply(&db.queue, removals)?;
+
+    let mut removals = Batch::default();
+    for kv in db.retained.iter() {
+        let (k, v) = kv.map_err(db_err)?;
+        match codec::decode_retained(&v) {
+            Some((pos, size)) if live(pos, size) && std::str::from_utf8(&k).is_ok() => count(pos),
+            _ => {
+                removals.remove(k);
+                dropped += 1;
+            }
+        }
+    }
+    apply(&db.retained, removals)?;
+
+    let mut removals = Batch::default();
+    for kv in db.timer.iter() {
+        let (k, v) = kv.map_err(db_err)?;
+        let key = codec::decode_timer_key(&k);
+        match (key, codec::decode_timer_value(&v)) {
+            (Some((_, pos)), Some((size, _))) if live(pos, size) => count(pos),
+            _ => {
+                removals.remove(k);
+                dropped += 1;
+            }
+        }
+    }
+    apply(&db.timer, removals)?;
+
+    if dropped > 0 {
+        tracing::warn!(dropped, log_end = end, "dropped index entries that point past the end of the commit log");
+        db.db.flush().map_err(db_err)?;
+    }
+    index.queues = queues;
+    Ok(index)
+}
+
+fn apply(tree: &Tree, batch: Batch) -> Result<(), JournalError> {
+    tree.apply_batch(batch).map_err(db_err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn write_seg(dir: &Path, base: u64, records: &[&[u8]], garbage: &[u8]) -> u64 {
+        let mut buf = Vec::new();
+        for r in records {
+            segment::encode_record(&mut buf, b"", r);
+        }
+        let len = buf.len() as u64;
+        buf.extend_from_slice(garbage);
+        let mut f = fs::File::create(dir.join(segment::file_name(base))).unwrap();
+        f.write_all(&buf).unwrap();
+        len
+    }
+
+    #[test]
+    fn cuts_tail_and_trusts_sealed_segments() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = write_seg(dir.path(), 0, &[b"one", b"two"], &segment::END_MARKER);
+        let b = write_seg(dir.path(), a, &[b"three"], &[0xAB; 7]);
+        assert_eq!(recover_log(dir.path()).unwrap(), vec![(0, a), (a, b)]);
+        assert_eq!(fs::metadata(dir.path().join(segment::file_name(a))).unwrap().len(), b);
+
+        // A sealed segment followed by a gap (its successor was deleted) is trusted.
+        let dir = tempfile::tempdir().unwrap();
+        let a = write_seg(dir.path(), 0, &[b"one", b"two"], &segment::END_MARKER);
+        let c = write_seg(dir.path(), a + 1000, &[b"four"], &[]);
+        assert_eq!(recover_log(dir.path()).unwrap(), vec![(0, a), (a + 1000, c)]);
+
+        // An unsealed closed segment is scanned, cut and sealed; later ones are kept.
+        let dir = tempfile::tempdir().unwrap();
+        let a = write_seg(dir.path(), 0, &[b"one", b"two"], &[1, 2, 3]);
+        let c = write_seg(dir.path(), a + 10, &[b"four"], &[]);
+        assert_eq!(recover_log(dir.path()).unwrap(), vec![(0, a), (a + 10, c)]);
+        assert_eq!(recover_log(dir.path()).unwrap(), vec![(0, a), (a + 10, c)]);
+        let f = fs::File::open(dir.path().join(segment::file_name(0))).unwrap();
+        assert!(segment::is_sealed(&f, a + segment::END_MARKER.len() as u64).unwrap());
+    }
+}

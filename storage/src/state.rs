@@ -1,0 +1,36 @@
+//! State shared by the journal handles, the readers and the writer thread: the log's read
+//! side, the sled trees, the published per-queue counters and the statistics.
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+
+use parking_lot::Mutex;
+
+use crate::db::Db;
+use crate::log::Log;
+use crate::JournalConfig;
+
+/// Per-queue counters, kept in memory.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct QueueState {
+    /// Next offset to assign (the high-water mark; never goes back).
+    pub(crate) next: u64,
+    /// Live entries.
+    pub(crate) len: u64,
+}
+
+/// Everything the handles and the writer thread share.
+pub(crate) struct Shared {
+    /// The configuration the journal was opened with.
+    pub(crate) config: JournalConfig,
+    /// Read side of the commit log.
+    pub(crate) log: Log,
+    /// The sled trees.
+    pub(crate) db: Db,
+    /// Counters of every queue that has (or had) entries, as of the last applied batch.
+    pub(crate) queues: Mutex<HashMap<u64, QueueState>>,
+    /// Group commits since open.
+    pub(crate) batches: AtomicU64,
+    /// fsync calls (segment `fdatasync`s and sled flushes) since open.
+    pub(crate) fsyncs: AtomicU64,
+}

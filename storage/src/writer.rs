@@ -1,0 +1,581 @@
+//! The writer thread: drains submissions in batches and, per batch, appends the records
+//! to the log, applies one sled batch per tree, syncs according to the policy (group
+//! commit), publishes the queue counters and runs the completions in submission order.
+//! It also poisons the journal on I/O failure and runs retention between batches.
+//!
+//! Every mutation of the journal happens here, so per-queue offsets and per-segment
+//! reference counts need no locking beyond publishing them to readers.
+
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::codec::{self, space_index};
+use crate::log::LogWriter;
+use crate::overlay::Overlay;
+use crate::refs::RefCounts;
+use crate::retention::{self, Candidate};
+use crate::segment;
+use crate::state::{QueueState, Shared};
+use crate::{
+    Appended, Completion, FsyncPolicy, JournalError, LogPos, Op, Pointer, QueueTarget, Receipt,
+};
+
+/// How often retention is checked (after batches and when idle).
+const RETENTION_INTERVAL: Duration = Duration::from_secs(1);
+
+/// A message to the writer thread.
+pub(crate) enum Msg {
+    /// Ops to apply, and what to call when they are durable (or failed).
+    Submit {
+        /// The ops, applied in order.
+        ops: Vec<Op>,
+        /// The completion.
+        done: Option<Completion>,
+    },
+    /// Sync everything submitted before, regardless of policy, then answer.
+    Flush(oneshot::Sender<Result<(), JournalError>>),
+    /// Sync everything submitted before and stop.
+    Close,
+}
+
+/// Why a submission could not be applied.
+enum Fail {
+    /// This submission only is refused (nothing of it was applied).
+    Reject(JournalError),
+    /// I/O or sled failure: the journal poisons itself.
+    Fatal(String),
+}
+
+fn fatal(what: &'static str) -> impl Fn(std::io::Error) -> Fail {
+    move |e| Fail::Fatal(format!("{what}: {e}"))
+}
+
+fn sled_fatal(e: sled::Error) -> Fail {
+    Fail::Fatal(format!("sled: {e}"))
+}
+
+/// What to answer once the batch is committed.
+enum Outcome {
+    Submit(Option<Completion>, Result<Receipt, JournalError>),
+    Flush(oneshot::Sender<Result<(), JournalError>>),
+}
+
+/// The pending changes of one group commit.
+#[derive(Default)]
+struct Pending {
+    queue: Overlay,
+    queue_names: Overlay,
+    queue_ids: Overlay,
+    retained: Overlay,
+    timer: Overlay,
+    kv: [Overlay; 3],
+    /// Counters of the queues touched by this batch.
+    queues: HashMap<u64, QueueState>,
+}
+
+impl Pending {
+    fn overlays(&mut self) -> [&mut Overlay; 8] {
+        let [a, b, c] = &mut self.kv;
+        [&mut self.queue, &mut self.queue_names, &mut self.queue_ids, &mut self.retained, &mut self.timer, a, b, c]
+    }
+
+    fn clear(&mut self) {
+        for o in self.overlays() {
+            o.clear();
+        }
+        self.queues.clear();
+    }
+}
+
+/// The writer thread's state.
+pub(crate) struct Writer {
+    shared: Arc<Shared>,
+    rx: mpsc::Receiver<Msg>,
+    rt: tokio::runtime::Runtime,
+    log: LogWriter,
+    refs: RefCounts,
+    pending: Pending,
+    poisoned: Option<String>,
+    /// sled holds changes that are not flushed.
+    db_dirty: bool,
+    last_sync: Instant,
+    last_retention: Instant,
+}
+
+impl Writer {
+    /// A writer over recovered state.
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        rx: mpsc::Receiver<Msg>,
+        rt: tokio::runtime::Runtime,
+        log: LogWriter,
+        refs: RefCounts,
+    ) -> Writer {
+        let now = Instant::now();
+        Writer {
+            shared,
+            rx,
+            rt,
+            log,
+            refs,
+            pending: Pending::default(),
+            poisoned: None,
+            db_dirty: false,
+            last_sync: now,
+            last_retention: now,
+        }
+    }
+
+    /// Test hook: make every later log write or sync fail.
+    #[cfg(test)]
+    pub(crate) fn fault_switch(&self) -> Arc<std::sync::atomic::AtomicBool> {
+        self.log.fail_io.clone()
+    }
+
+    /// The thread's main loop; returns the result of the final sync.
+    pub(crate) fn run(mut self) -> Result<(), JournalError> {
+        let max_batch = self.shared.config.max_batch.max(1);
+        loop {
+            let first = match self.rx.try_recv() {
+                Ok(msg) => Some(msg),
+                Err(mpsc::error::TryRecvError::Disconnected) => None,
+                Err(mpsc::error::TryRecvError::Empty) => {
+                    let wait = self.idle_wait();
+                    let rx = &mut self.rx;
+                    // The timer must be created inside the runtime's context.
+                    match self.rt.block_on(async move { tokio::time::timeout(wait, rx.recv()).await }) {
+                        Ok(msg) => msg,
+                        Err(_) => {
+                            self.on_idle();
+                            continue;
+                        }
+                    }
+                }
+            };
+            // `None`: every handle is gone.
+            let Some(first) = first else { break };
+            let mut closing = matches!(first, Msg::Close);
+            let mut batch = vec![first];
+            while !closing && batch.len() < max_batch {
+                match self.rx.try_recv() {
+                    Ok(msg) => {
+                        closing = matches!(msg, Msg::Close);
+                        batch.push(msg);
+                    }
+                    Err(_) => break,
+                }
+            }
+            self.process(batch);
+            if closing {
+                break;
+            }
+            self.maybe_retention();
+        }
+        let result = match &self.poisoned {
+            Some(p) => Err(JournalError::Poisoned(p.clone())),
+            None => self.sync(true).map_err(|e| {
+                self.poison(e.clone());
+                JournalError::Poisoned(e)
+            }),
+        };
+        // Whatever is still queued was submitted after the close.
+        self.rx.close();
+        while let Ok(msg) = self.rx.try_recv() {
+            match msg {
+                Msg::Submit { done: Some(done), .. } => complete(done, Err(JournalError::Closed)),
+                Msg::Submit { done: None, .. } | Msg::Close => {}
+                Msg::Flush(tx) => {
+                    let _ = tx.send(Err(JournalError::Closed));
+                }
+            }
+        }
+        result
+    }
+
+    /// How long to wait for a submission before doing idle work.
+    fn idle_wait(&self) -> Duration {
+        let mut wait = RETENTION_INTERVAL.saturating_sub(self.last_retention.elapsed());
+        if let FsyncPolicy::Interval(d) = self.shared.config.fsync {
+            if self.is_dirty() && self.poisoned.is_none() {
+                wait = wait.min(d.saturating_sub(self.last_sync.elapsed()));
+            }
+        }
+        wait.max(Duration::from_millis(1))
+    }
+
+    /// Interval flush and retention when no submission arrives.
+    fn on_idle(&mut self) {
+        if let FsyncPolicy::Interval(d) = self.shared.config.fsync {
+            if self.poisoned.is_none() && self.is_dirty() && self.last_sync.elapsed() >= d {
+                if let Err(e) = self.sync(false) {
+                    self.poison(e);
+                }
+            }
+        }
+        self.maybe_retention();
+    }
+
+    fn is_dirty(&self) -> bool {
+        self.db_dirty || self.log.is_dirty()
+    }
+
+    fn poison(&mut self, reason: String) {
+        if self.poisoned.is_none() {
+            tracing::error!(%reason, "journal poisoned: refusing every further write");
+            self.poisoned = Some(reason);
+        }
+        self.pending.clear();
+    }
+
+    /// Applies, commits and answers one batch.
+    fn process(&mut self, batch: Vec<Msg>) {
+        let mut outcomes = Vec::with_capacity(batch.len());
+        let mut force_sync = false;
+        let mut submissions = false;
+        for msg in batch {
+            match msg {
+                Msg::Submit { ops, done } => {
+                    submissions = true;
+                    let result = if self.poisoned.is_some() {
+                        Err(JournalError::Closed) // replaced by `Poisoned` below
+                    } else {
+                        match self.apply_submission(ops) {
+                            Ok(receipt) => Ok(receipt),
+                            Err(Fail::Reject(e)) => Err(e),
+                            Err(Fail::Fatal(reason)) => {
+                                self.poison(reason);
+                                Err(JournalError::Closed)
+                            }
+                        }
+                    };
+                    outcomes.push(Outcome::Submit(done, result));
+                }
+                Msg::Flush(tx) => {
+                    force_sync = true;
+                    outcomes.push(Outcome::Flush(tx));
+                }
+                Msg::Close => force_sync = true,
+            }
+        }
+        if self.poisoned.is_none() {
+            if let Err(reason) = self.commit(force_sync, submissions) {
+                self.poison(reason);
+            }
+        }
+        let poisoned = self.poisoned.clone().map(JournalError::Poisoned);
+        for outcome in outcomes {
+            match outcome {
+                Outcome::Submit(done, result) => {
+                    if let Some(done) = done {
+                        complete(done, poisoned.clone().map_or(result, Err));
+                    }
+                }
+                Outcome::Flush(tx) => {
+                    let _ = tx.send(poisoned.clone().map_or(Ok(()), Err));
+                }
+            }
+        }
+    }
+
+    /// Writes the assembled records, applies the sled batches, publishes the counters
+    /// and syncs if the policy (or `force_sync`) says so.
+    fn commit(&mut self, force_sync: bool, submissions: bool) -> Result<(), String> {
+        self.log
+            .write_out(&self.shared.log)
+            .map_err(|e| format!("commit log write: {e}"))?;
+        let db = &self.shared.db;
+        let trees = [&db.queue, &db.queue_names, &db.queue_ids, &db.retained, &db.timer, &db.kv[0], &db.kv[1], &db.kv[2]];
+        for (overlay, tree) in self.pending.overlays().into_iter().zip(trees) {
+            if !overlay.is_empty() {
+                overlay.apply(tree).map_err(|e| format!("sled batch: {e}"))?;
+                self.db_dirty = true;
+            }
+        }
+        if !self.pending.queues.is_empty() {
+            let mut queues = self.shared.queues.lock();
+            for (q, st) in self.pending.queues.drain() {
+                if st == QueueState::default() {
+                    queues.remove(&q);
+                } else {
+                    queues.insert(q, st);
+                }
+            }
+        }
+        if submissions {
+            self.shared.batches.fetch_add(1, Ordering::Relaxed);
+        }
+        let sync = force_sync
+            || match self.shared.config.fsync {
+                FsyncPolicy::Always => self.is_dirty(),
+                FsyncPolicy::Interval(d) => self.is_dirty() && self.last_sync.elapsed() >= d,
+                FsyncPolicy::Never => false,
+            };
+        if sync {
+            self.sync(force_sync)?;
+        }
+        Ok(())
+    }
+
+    /// fsyncs the written segments and flushes sled (always when `force`, which also
+    /// covers queue-name mappings written outside the writer).
+    fn sync(&mut self, force: bool) -> Result<(), String> {
+        self.log
+            .write_out(&self.shared.log)
+            .map_err(|e| format!("commit log write: {e}"))?;
+        let n = self.log.sync().map_err(|e| format!("commit log fsync: {e}"))?;
+        self.shared.fsyncs.fetch_add(n, Ordering::Relaxed);
+        if self.db_dirty || force {
+            self.shared.db.db.flush().map_err(|e| format!("sled flush: {e}"))?;
+            self.shared.fsyncs.fetch_add(1, Ordering::Relaxed);
+            self.db_dirty = false;
+        }
+        self.last_sync = Instant::now();
+        Ok(())
+    }
+
+    /// Applies one submission to the pending state, all or nothing unless it fails fatally.
+    fn apply_submission(&mut self, ops: Vec<Op>) -> Result<Receipt, Fail> {
+        // Positions are contiguous, so the records this submission appends before an
+        // `Enqueue` end at `next_pos + appended`.
+        let mut appended = 0u64;
+        for op in &ops {
+            match op {
+                Op::Append(a) => match segment::record_size(a.record.header.len(), a.record.body.len()) {
+                    Some(size) => appended += size as u64,
+                    None => {
+                        return Err(Fail::Reject(JournalError::Io("record too large for the commit log".into())));
+                    }
+                },
+                Op::Enqueue { pos, size, .. } if !self.is_live(pos.0, *size, appended) => {
+                    return Err(Fail::Reject(JournalError::NotFound(pos.0)));
+                }
+                _ => {}
+            }
+        }
+        let shared = self.shared.clone();
+        let mut receipt = Receipt::default();
+        for op in ops {
+            self.apply_op(&shared, op, &mut receipt)?;
+        }
+        Ok(receipt)
+    }
+
+    /// Whether `pos..pos + size` lies inside records that exist (written, assembled, or
+    /// `ahead` bytes about to be appended).
+    fn is_live(&self, pos: u64, size: u32, ahead: u64) -> bool {
+        if (size as u64) < segment::RECORD_OVERHEAD {
+            return false;
+        }
+        let Some(end) = pos.checked_add(size as u64) else { return false };
+        if pos >= self.log.active_base() {
+            end <= self.log.next_pos() + ahead
+        } else {
+            self.shared.log.contains(pos, size)
+        }
+    }
+
+    /// Base of the segment holding the record at `pos` (written or assembled).
+    fn segment_base(&self, pos: u64) -> Option<u64> {
+        let active = self.log.active_base();
+        if pos >= active {
+            Some(active)
+        } else {
+            self.shared.log.locate(pos)
+        }
+    }
+
+    /// Drops one reference to the record at `pos`.
+    fn release(&mut self, pos: u64) {
+        if let Some(base) = self.segment_base(pos) {
+            self.refs.dec(base);
+        }
+    }
+
+    fn queue_state(&mut self, queue: u64) -> &mut QueueState {
+        let shared = &self.shared;
+        self.pending
+            .queues
+            .entry(queue)
+            .or_insert_with(|| shared.queues.lock().get(&queue).copied().unwrap_or_default())
+    }
+
+    /// Adds one pointer per target; returns the offsets.
+    fn push_pointers(&mut self, targets: &[QueueTarget], pos: u64, size: u32) -> Vec<(crate::QueueId, u64)> {
+        let base = self.segment_base(pos);
+        let mut offsets = Vec::with_capacity(targets.len());
+        for t in targets {
+            let q = t.queue.0;
+            let st = self.queue_state(q);
+            let offset = st.next;
+            st.next = offset.saturating_add(1);
+            st.len += 1;
+            let next = st.next;
+            let p = Pointer { pos: LogPos(pos), size, tag_hash: t.tag_hash, flags: t.flags };
+            self.pending.queue.insert(&codec::queue_key(q, offset)[..], &codec::encode_pointer(&p)[..]);
+            self.pending.queue.insert(&codec::queue_hwm_key(q)[..], &codec::encode_u64(next)[..]);
+            if let Some(base) = base {
+                self.refs.inc(base);
+            }
+            offsets.push((t.queue, offset));
+        }
+        offsets
+    }
+
+    fn apply_op(&mut self, shared: &Shared, op: Op, receipt: &mut Receipt) -> Result<(), Fail> {
+        let db = &shared.db;
+        match op {
+            Op::Append(a) => {
+                let (pos, size) = self
+                    .log
+                    .append(&shared.log, &a.record.header, &a.record.body)
+                    .map_err(fatal("commit log write"))?;
+                let base = self.log.active_base();
+                let offsets = self.push_pointers(&a.queues, pos, size);
+                if let Some(topic) = a.retained_topic {
+                    if let Some(old) = self.pending.retained.get(&db.retained, topic.as_bytes()).map_err(sled_fatal)? {
+                        if let Some((old_pos, _)) = codec::decode_retained(&old) {
+                            self.release(old_pos);
+                        }
+                    }
+                    self.pending.retained.insert(topic.as_bytes(), &codec::encode_retained(pos, size)[..]);
+                    self.refs.inc(base);
+                }
+                if let Some(timer) = a.timer {
+                    let key = codec::timer_key(timer.due_ms, pos);
+                    self.pending.timer.insert(&key[..], codec::encode_timer_value(size, &timer.target));
+                    self.refs.inc(base);
+                }
+                receipt.appended.push(Appended { pos: LogPos(pos), size, offsets });
+            }
+            Op::Enqueue { pos, size, queues } => {
+                let offsets = self.push_pointers(&queues, pos.0, size);
+                receipt.appended.push(Appended { pos, size, offsets });
+            }
+            Op::Remove { queue, offset } => {
+                let key = codec::queue_key(queue.0, offset);
+                if let Some(v) = self.pending.queue.get(&db.queue, &key).map_err(sled_fatal)? {
+                    if let Some(p) = codec::decode_pointer(&v) {
+                        self.release(p.pos.0);
+                    }
+                    self.pending.queue.remove(&key[..]);
+                    let st = self.queue_state(queue.0);
+                    st.len = st.len.saturating_sub(1);
+                }
+            }
+            Op::SetFlags { queue, offset, flags } => {
+                let key = codec::queue_key(queue.0, offset);
+                if let Some(v) = self.pending.queue.get(&db.queue, &key).map_err(sled_fatal)? {
+                    if let Some(mut p) = codec::decode_pointer(&v) {
+                        p.flags = flags;
+                        self.pending.queue.insert(&key[..], &codec::encode_pointer(&p)[..]);
+                    }
+                }
+            }
+            Op::DeleteQueue { queue } => {
+                let q = queue.0;
+                let removed = self
+                    .pending
+                    .queue
+                    .remove_range(&db.queue, &codec::queue_key(q, 0), &codec::queue_key(q, u64::MAX))
+                    .map_err(sled_fatal)?;
+                for (_, v) in removed {
+                    if let Some(p) = codec::decode_pointer(&v) {
+                        self.release(p.pos.0);
+                    }
+                }
+                self.pending.queue.remove(&codec::queue_hwm_key(q)[..]);
+                let id = codec::encode_u64(q);
+                if let Some(name) = self.pending.queue_ids.get(&db.queue_ids, &id).map_err(sled_fatal)? {
+                    let mapped = self.pending.queue_names.get(&db.queue_names, &name).map_err(sled_fatal)?;
+                    if mapped.as_deref() == Some(&id[..]) {
+                        self.pending.queue_names.remove(name);
+                    }
+                    self.pending.queue_ids.remove(&id[..]);
+                }
+                *self.queue_state(q) = QueueState::default();
+            }
+            Op::DeleteRetained { topic } => {
+                if let Some(v) = self.pending.retained.get(&db.retained, topic.as_bytes()).map_err(sled_fatal)? {
+                    if let Some((pos, _)) = codec::decode_retained(&v) {
+                        self.release(pos);
+                    }
+                    self.pending.retained.remove(topic.as_bytes());
+                }
+            }
+            Op::DeleteTimer { due_ms, pos } => {
+                let key = codec::timer_key(due_ms, pos.0);
+                if self.pending.timer.get(&db.timer, &key).map_err(sled_fatal)?.is_some() {
+                    self.release(pos.0);
+                    self.pending.timer.remove(&key[..]);
+                }
+            }
+            Op::Put { space, key, value } => {
+                self.pending.kv[space_index(space)].insert(&key[..], &value[..]);
+            }
+            Op::Delete { space, key } => {
+                self.pending.kv[space_index(space)].remove(&key[..]);
+            }
+            Op::DeletePrefix { space, prefix } => {
+                self.pending.kv[space_index(space)]
+                    .remove_prefix(db.kv(space), &prefix)
+                    .map_err(sled_fatal)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs retention if limits are set and the last run is at least a second ago.
+    fn maybe_retention(&mut self) {
+        let r = &self.shared.config.retention;
+        if (r.max_age.is_none() && r.max_bytes.is_none()) || self.last_retention.elapsed() < RETENTION_INTERVAL {
+            return;
+        }
+        self.last_retention = Instant::now();
+        self.run_retention();
+    }
+
+    /// Deletes the closed, unreferenced segments the limits select.
+    pub(crate) fn run_retention(&mut self) {
+        let shared = self.shared.clone();
+        let retention = &shared.config.retention;
+        let closed = shared.log.closed_segments();
+        if closed.is_empty() {
+            return;
+        }
+        let (_, total) = shared.log.size();
+        let candidates: Vec<Candidate> = closed
+            .iter()
+            .map(|c| {
+                let refs = self.refs.get(c.base);
+                let modified = if retention.max_age.is_some() && refs == 0 {
+                    std::fs::metadata(&c.path).and_then(|m| m.modified()).ok()
+                } else {
+                    None
+                };
+                Candidate { base: c.base, len: c.len, refs, modified }
+            })
+            .collect();
+        for base in retention::select(&candidates, total, retention, SystemTime::now()) {
+            match shared.log.delete_segment(base) {
+                Ok(true) => {
+                    self.refs.forget(base);
+                    tracing::info!(segment = base, "commit log: deleted an unreferenced segment (retention)");
+                }
+                Ok(false) => {}
+                Err(e) => tracing::warn!(segment = base, error = %e, "commit log: could not delete a segment"),
+            }
+        }
+    }
+}
+
+/// Runs a completion, containing a panic so that the writer thread survives it.
+fn complete(done: Completion, result: Result<Receipt, JournalError>) {
+    if catch_unwind(AssertUnwindSafe(move || done(result))).is_err() {
+        tracing::error!("a journal completion panicked");
+    }
+}

@@ -1,0 +1,197 @@
+//! Torn and corrupted tails: recovery cuts the log after the last valid record, drops the
+//! index entries that pointed past it, never panics, and the journal keeps working.
+
+mod common;
+
+use std::fs::OpenOptions;
+use std::os::unix::fs::FileExt;
+
+use common::*;
+use ferrymq_storage::{FsyncPolicy, JournalError, LogPos, Op};
+
+const N: u64 = 400; // about 80 KiB: two segments of 64 KiB
+
+#[derive(Debug, Clone, Copy)]
+enum Damage {
+    TruncateMidRecord,
+    TruncateMidFrame,
+    FlipByteInLastRecord,
+    AppendGarbage,
+    AppendZeros,
+}
+
+/// Writes N records (the last one also retained and with a timer) and closes.
+fn populate(dir: &std::path::Path) -> Vec<(LogPos, u32)> {
+    let j = open(dir, FsyncPolicy::Never);
+    let q = j.queue_id("q").unwrap();
+    let mut out = Vec::new();
+    for n in 0..N {
+        let mut a = append(n, &[q]);
+        if n == N - 1 {
+            a.retained_topic = Some("last".into());
+            a.timer = timer(77, "t");
+        } else if n == N - 2 {
+            a.retained_topic = Some("prev".into());
+        }
+        let r = j.write_blocking(vec![Op::Append(a)]).unwrap();
+        out.push((r.appended[0].pos, r.appended[0].size));
+    }
+    j.close().unwrap();
+    out
+}
+
+fn damaged(damage: Damage) {
+    let dir = tempfile::tempdir().unwrap();
+    let recs = populate(dir.path());
+    let segs = segments(dir.path());
+    assert!(segs.len() >= 2, "test wants at least two segments");
+    let last = segs.last().unwrap();
+    let base: u64 = last.file_stem().unwrap().to_str().unwrap().parse().unwrap();
+    let file = OpenOptions::new().read(true).write(true).open(last).unwrap();
+    let len = file.metadata().unwrap().len();
+    let (last_pos, _) = recs[N as usize - 1];
+    match damage {
+        Damage::TruncateMidRecord => file.set_len(len - 5).unwrap(),
+        Damage::TruncateMidFrame => file.set_len(last_pos.0 - base + 6).unwrap(),
+        Damage::FlipByteInLastRecord => {
+            let mut b = [0u8; 1];
+            file.read_exact_at(&mut b, len - 3).unwrap();
+            file.write_all_at(&[b[0] ^ 0x40], len - 3).unwrap();
+        }
+        Damage::AppendGarbage => file.write_all_at(&[0xA5; 333], len).unwrap(),
+        Damage::AppendZeros => file.write_all_at(&[0; 4096], len).unwrap(),
+    }
+    drop(file);
+    let broken = matches!(
+        damage,
+        Damage::TruncateMidRecord | Damage::TruncateMidFrame | Damage::FlipByteInLastRecord
+    );
+
+    let j = open(dir.path(), FsyncPolicy::Always);
+    let q = j.queue_id("q").unwrap();
+    for (n, &(pos, _)) in recs.iter().enumerate().take(N as usize - 1) {
+        assert_record(&j, pos, n as u64);
+    }
+    let entries = j.queue_entries(q, 0, 1000).unwrap();
+    let mut retained = j.retained().unwrap();
+    retained.sort();
+    if broken {
+        assert_eq!(j.read(last_pos), Err(JournalError::NotFound(last_pos.0)), "{damage:?}");
+        assert_eq!(entries.len() as u64, N - 1);
+        assert_eq!(retained, vec![("prev".to_string(), recs[N as usize - 2].0)]);
+        assert!(j.timers_due(u64::MAX, 10).unwrap().is_empty());
+        assert_eq!(j.stats().log_end, last_pos.0);
+    } else {
+        assert_record(&j, last_pos, N - 1);
+        assert_eq!(entries.len() as u64, N);
+        assert_eq!(retained.len(), 2);
+        assert_eq!(j.timers_due(u64::MAX, 10).unwrap().len(), 1);
+    }
+    // Offsets are not reused even though the last pointer was dropped.
+    assert_eq!(j.queue_next_offset(q), N);
+    assert_eq!(j.queue_len(q).unwrap(), entries.len() as u64);
+
+    // New appends work and survive another reopen.
+    let r = j.write_blocking(append_op(5000, &[q])).unwrap();
+    assert_eq!(r.appended[0].offsets, vec![(q, N)]);
+    let new_pos = r.appended[0].pos;
+    if broken {
+        assert_eq!(new_pos, last_pos, "the log continues at the valid end");
+    }
+    assert_record(&j, new_pos, 5000);
+    drop(j);
+
+    let j = open(dir.path(), FsyncPolicy::Always);
+    for (n, &(pos, _)) in recs.iter().enumerate().take(N as usize - 1) {
+        assert_record(&j, pos, n as u64);
+    }
+    assert_record(&j, new_pos, 5000);
+    assert_eq!(j.queue_len(q).unwrap(), entries.len() as u64 + 1);
+    assert_eq!(j.queue_next_offset(q), N + 1);
+}
+
+#[test]
+fn truncated_mid_record() {
+    damaged(Damage::TruncateMidRecord);
+}
+
+#[test]
+fn truncated_mid_frame() {
+    damaged(Damage::TruncateMidFrame);
+}
+
+#[test]
+fn flipped_byte_in_last_record() {
+    damaged(Damage::FlipByteInLastRecord);
+}
+
+#[test]
+fn garbage_after_tail() {
+    damaged(Damage::AppendGarbage);
+}
+
+#[test]
+fn zeros_after_tail() {
+    damaged(Damage::AppendZeros);
+}
+
+#[test]
+fn corruption_in_closed_segment_reads_as_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let recs = populate(dir.path());
+    let first = &segments(dir.path())[0];
+    let file = OpenOptions::new().read(true).write(true).open(first).unwrap();
+    // Flip a byte in the body of record 3, and smash the length field of record 5.
+    let (p3, s3) = recs[3];
+    file.write_all_at(&[0xEE], p3.0 + s3 as u64 - 1).unwrap();
+    file.write_all_at(&[0xFF, 0xFF, 0xFF, 0xFF], recs[5].0 .0).unwrap();
+    drop(file);
+    let j = open(dir.path(), FsyncPolicy::Always);
+    assert_eq!(j.read(p3), Err(JournalError::Corrupt(p3.0)));
+    assert_eq!(j.read(recs[5].0), Err(JournalError::Corrupt(recs[5].0 .0)));
+    // A position that is not at a record boundary.
+    assert!(matches!(j.read(LogPos(p3.0 + 1)), Err(JournalError::Corrupt(_))));
+    for (n, &(pos, _)) in recs.iter().enumerate() {
+        if n != 3 && n != 5 {
+            assert_record(&j, pos, n as u64);
+        }
+    }
+    let q = j.queue_id("q").unwrap();
+    assert_eq!(j.queue_len(q).unwrap(), N, "entries into a closed segment are kept");
+    let r = j.write_blocking(append_op(1, &[q])).unwrap();
+    assert_record(&j, r.appended[0].pos, 1);
+}
+
+#[test]
+fn last_segment_replaced_by_garbage() {
+    let dir = tempfile::tempdir().unwrap();
+    let recs = populate(dir.path());
+    let segs = segments(dir.path());
+    let last = segs.last().unwrap();
+    let base: u64 = last.file_stem().unwrap().to_str().unwrap().parse().unwrap();
+    let mut x = 0x1234_5678u32;
+    let junk: Vec<u8> = (0..10_000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect();
+    std::fs::write(last, junk).unwrap();
+    let j = open(dir.path(), FsyncPolicy::Always);
+    assert_eq!(j.stats().log_end, base);
+    let q = j.queue_id("q").unwrap();
+    let kept = recs.iter().filter(|(p, _)| p.0 < base).count();
+    assert_eq!(j.queue_len(q).unwrap(), kept as u64);
+    for (n, &(pos, _)) in recs.iter().enumerate() {
+        if pos.0 < base {
+            assert_record(&j, pos, n as u64);
+        } else {
+            assert_eq!(j.read(pos), Err(JournalError::NotFound(pos.0)));
+        }
+    }
+    let r = j.write_blocking(append_op(9, &[q])).unwrap();
+    assert_eq!(r.appended[0].pos, LogPos(base));
+    assert_record(&j, r.appended[0].pos, 9);
+}
