@@ -52,7 +52,7 @@ async fn malformed_packets_close_only_their_connection() {
         // SUBSCRIBE with reserved flags 0000 instead of 0010
         ("reserved flags", packet(0x80, &[0, 1, 0, 0, 1, b'a', 0]), Some(0x81)),
         // reserved packet type 0
-        ("packet type 0", vec![0x00, 0x00], Some(0x81)),
+        ("packet type 0", vec![0x00, 0x00], Some(0x82)),
         // second CONNECT
         ("second connect", connect_v5_bytes("again"), Some(0x82)),
     ];

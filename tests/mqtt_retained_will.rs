@@ -9,9 +9,9 @@ use common::{v4, v5, Broker, Raw};
 #[tokio::test]
 async fn retained_set_replace_clear() {
     let broker = Broker::start();
-    let p = v4::connect(&broker, "p").await;
-    p.client.publish("home/temp", v4::QoS::AtLeastOnce, true, "20").await.unwrap();
-    p.client.publish("home/temp", v4::QoS::AtLeastOnce, true, "21").await.unwrap();
+    let mut p = v4::connect(&broker, "p").await;
+    p.publish_acked("home/temp", v4::QoS::AtLeastOnce, true, "20").await;
+    p.publish_acked("home/temp", v4::QoS::AtLeastOnce, true, "21").await;
     let mut s = v4::connect(&broker, "s1").await;
     s.subscribe("home/temp", v4::QoS::AtLeastOnce).await;
     let m = s.next_publish().await;
@@ -23,7 +23,7 @@ async fn retained_set_replace_clear() {
     let live = s.next_publish().await;
     assert!(!live.retain);
     // Clear with an empty payload.
-    p.client.publish("home/temp", v4::QoS::AtLeastOnce, true, "").await.unwrap();
+    p.publish_acked("home/temp", v4::QoS::AtLeastOnce, true, "").await;
     assert!(s.next_publish().await.payload.is_empty());
     let mut s2 = v4::connect(&broker, "s2").await;
     s2.subscribe("home/temp", v4::QoS::AtLeastOnce).await;
@@ -33,12 +33,11 @@ async fn retained_set_replace_clear() {
 #[tokio::test]
 async fn retained_messages_reach_wildcard_subscribers() {
     let broker = Broker::start();
-    let p = v4::connect(&broker, "p").await;
+    let mut p = v4::connect(&broker, "p").await;
     for t in ["plant/a/temp", "plant/b/temp", "plant/b/hum", "other/x"] {
-        p.client.publish(t, v4::QoS::AtLeastOnce, true, t).await.unwrap();
+        p.publish_acked(t, v4::QoS::AtLeastOnce, true, t).await;
     }
     let mut s = v4::connect(&broker, "s").await;
-    // Ensure the publishes are processed: a round trip on a fresh topic.
     s.subscribe("plant/+/temp", v4::QoS::AtLeastOnce).await;
     let mut got: Vec<String> = Vec::new();
     for _ in 0..2 {

@@ -128,16 +128,8 @@ async fn same_client_id_takes_over() {
     let broker = Broker::start();
     let mut first = v5::connect(&broker, "twin").await;
     let _second = v5::connect(&broker, "twin").await;
-    loop {
-        match tokio::time::timeout(common::WAIT, first.events.recv()).await.expect("first closed") {
-            Some(Ok(v5::Packet::Disconnect(d))) => {
-                assert_eq!(d.reason_code, rumqttc::v5::mqttbytes::v5::DisconnectReasonCode::SessionTakenOver);
-                break;
-            }
-            Some(Ok(_)) => continue,
-            other => panic!("expected DISCONNECT 0x8E, got {other:?}"),
-        }
-    }
+    let (code, _) = first.expect_server_disconnect().await;
+    assert_eq!(code, "SessionTakenOver");
 }
 
 #[tokio::test]

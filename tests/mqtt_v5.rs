@@ -132,7 +132,7 @@ async fn no_local_and_retain_as_published() {
     let mut plain = v5::connect(&broker, "plain").await;
     plain.subscribe("nl/#", v5::QoS::AtLeastOnce).await;
 
-    me.client.publish("nl/own", v5::QoS::AtLeastOnce, true, "mine").await.unwrap();
+    me.publish_acked("nl/own", v5::QoS::AtLeastOnce, true, "mine").await;
     let other = v5::connect(&broker, "other").await;
     other.client.publish("nl/other", v5::QoS::AtLeastOnce, true, "theirs").await.unwrap();
     let m = me.next_publish().await;
@@ -147,8 +147,8 @@ async fn no_local_and_retain_as_published() {
 #[tokio::test]
 async fn retain_handling_0_1_2() {
     let broker = Broker::start();
-    let p = v5::connect(&broker, "p").await;
-    p.client.publish("rh/t", v5::QoS::AtLeastOnce, true, "r").await.unwrap();
+    let mut p = v5::connect(&broker, "p").await;
+    p.publish_acked("rh/t", v5::QoS::AtLeastOnce, true, "r").await;
     let mut s = v5::connect(&broker, "s").await;
     // Make sure the retained publish is stored: the first subscription sees it.
     let mut f = filter("rh/t", v5::QoS::AtLeastOnce);
@@ -271,15 +271,7 @@ async fn takeover_disconnect_carries_a_reason_string() {
     let broker = Broker::start();
     let mut first = v5::connect(&broker, "dup-id").await;
     let _second = v5::connect(&broker, "dup-id").await;
-    loop {
-        match tokio::time::timeout(common::WAIT, first.events.recv()).await.expect("closed") {
-            Some(Ok(v5::Packet::Disconnect(d))) => {
-                let reason = d.properties.and_then(|p| p.reason_string);
-                assert!(reason.is_some_and(|r| r.contains("taken over")), "reason string on DISCONNECT");
-                break;
-            }
-            Some(Ok(_)) => continue,
-            other => panic!("expected DISCONNECT, got {other:?}"),
-        }
-    }
+    let (code, reason) = first.expect_server_disconnect().await;
+    assert_eq!(code, "SessionTakenOver");
+    assert!(reason.is_some_and(|r| r.contains("taken over")), "reason string on DISCONNECT");
 }

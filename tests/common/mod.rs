@@ -341,6 +341,19 @@ pub mod v4 {
             }
         }
 
+        /// Publishes at QoS 1 or 2 and waits until the broker acknowledged it.
+        pub async fn publish_acked(&mut self, topic: &str, qos: QoS, retain: bool, payload: impl Into<Vec<u8>>) {
+            assert!(qos != QoS::AtMostOnce, "only QoS 1/2 are acknowledged");
+            self.client.publish(topic, qos, retain, payload.into()).await.unwrap();
+            loop {
+                match self.next().await {
+                    Packet::PubAck(_) if qos == QoS::AtLeastOnce => return,
+                    Packet::PubComp(_) if qos == QoS::ExactlyOnce => return,
+                    _ => {}
+                }
+            }
+        }
+
         /// Asserts no PUBLISH arrives within `d` (a bounded negative check).
         pub async fn expect_no_publish(&mut self, d: Duration) {
             let deadline = tokio::time::Instant::now() + d;
@@ -473,6 +486,38 @@ pub mod v5 {
             loop {
                 if let Packet::Publish(p) = self.next().await {
                     return p;
+                }
+            }
+        }
+
+        /// Publishes at QoS 1 or 2 and waits until the broker acknowledged it.
+        pub async fn publish_acked(&mut self, topic: &str, qos: QoS, retain: bool, payload: impl Into<Vec<u8>>) {
+            assert!(qos != QoS::AtMostOnce, "only QoS 1/2 are acknowledged");
+            self.client.publish(topic, qos, retain, payload.into()).await.unwrap();
+            loop {
+                match self.next().await {
+                    Packet::PubAck(_) if qos == QoS::AtLeastOnce => return,
+                    Packet::PubComp(_) if qos == QoS::ExactlyOnce => return,
+                    _ => {}
+                }
+            }
+        }
+
+        /// Waits for the broker's DISCONNECT and returns (reason code, reason string) as
+        /// rumqttc reports them (it turns a server DISCONNECT into a connection error).
+        pub async fn expect_server_disconnect(&mut self) -> (String, Option<String>) {
+            loop {
+                match tokio::time::timeout(WAIT, self.events.recv()).await.expect("no DISCONNECT in time") {
+                    Some(Ok(Packet::Disconnect(d))) => {
+                        return (format!("{:?}", d.reason_code), d.properties.and_then(|p| p.reason_string))
+                    }
+                    Some(Ok(_)) => continue,
+                    Some(Err(e)) => {
+                        let code = e.split("reason_code: ").nth(1).map(|r| r.split([',', ' ']).next().unwrap_or("").to_string());
+                        let reason = e.split("reason_string: Some(\"").nth(1).map(|r| r.split('"').next().unwrap_or("").to_string());
+                        return (code.unwrap_or(e.clone()), reason);
+                    }
+                    None => panic!("event loop ended without DISCONNECT"),
                 }
             }
         }

@@ -41,6 +41,9 @@ pub enum DecodeError {
     /// Well-formed but violates the protocol (reserved flags, QoS 3, wildcard topic, ...).
     #[error("protocol error: {0}")]
     Protocol(&'static str),
+    /// A PUBLISH topic name that is well-formed but not valid (wildcards).
+    #[error("invalid topic name: {0}")]
+    TopicName(&'static str),
     /// CONNECT with an unknown protocol name or level.
     #[error("unsupported protocol name or level")]
     UnsupportedProtocol,
@@ -53,6 +56,7 @@ impl DecodeError {
             DecodeError::TooLarge { .. } => ReasonCode::PACKET_TOO_LARGE,
             DecodeError::Malformed(_) => ReasonCode::MALFORMED_PACKET,
             DecodeError::Protocol(_) => ReasonCode::PROTOCOL_ERROR,
+            DecodeError::TopicName(_) => ReasonCode::TOPIC_NAME_INVALID,
             DecodeError::UnsupportedProtocol => ReasonCode::UNSUPPORTED_PROTOCOL_VERSION,
         }
     }

@@ -13,7 +13,7 @@ pub(crate) fn read_publish(flags: u8, r: &mut Reader, level: ProtocolLevel) -> R
     let topic = r.binary()?;
     let topic = wire::utf8(&topic)?;
     if topic.contains(['+', '#']) {
-        return Err(DecodeError::Protocol("wildcard in PUBLISH topic name"));
+        return Err(DecodeError::TopicName("wildcard in PUBLISH topic name"));
     }
     let topic = topic.to_owned();
     let pkid = if qos == QoS::AtMostOnce {

@@ -469,8 +469,8 @@ fn fixed_header_flags() {
 #[test]
 fn publish_validation() {
     let v4 = Some(ProtocolLevel::V3_1_1);
-    assert!(matches!(dec(&[0x30, 5, 0, 3, b'a', b'/', b'+'], v4), Err(DecodeError::Protocol(_))));
-    assert!(matches!(dec(&[0x30, 3, 0, 1, b'#'], v4), Err(DecodeError::Protocol(_))));
+    assert!(matches!(dec(&[0x30, 5, 0, 3, b'a', b'/', b'+'], v4), Err(DecodeError::TopicName(_))));
+    assert!(matches!(dec(&[0x30, 3, 0, 1, b'#'], v4), Err(DecodeError::TopicName(_))));
     assert!(matches!(dec(&[0x30, 3, 0, 1, 0], v4), Err(DecodeError::Malformed(_))));
     assert!(matches!(dec(&[0x30, 4, 0, 2, 0xC3, 0x28], v4), Err(DecodeError::Malformed(_))));
     assert!(matches!(dec(&[0x32, 5, 0, 1, b'a', 0, 0], v4), Err(DecodeError::Protocol(_)))); // pkid 0

@@ -14,9 +14,10 @@ use crate::topic;
 /// How to answer a CONNECT that cannot be accepted, judged from its first bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ConnectFraming {
-    /// Protocol name `MQTT` with level 5 or above: MQTT 5 CONNACK.
+    /// Protocol name `MQTT` with level 5: MQTT 5 CONNACK.
     V5,
-    /// `MQTT` or `MQIsdp` with a lower level: MQTT 3.x CONNACK.
+    /// `MQTT` or `MQIsdp` with any other level: MQTT 3.x CONNACK (an unknown level gets
+    /// return code 0x01 in the 3.x format, as Mosquitto answers).
     V3,
     /// Unknown protocol name or not enough bytes: close without answer.
     Unknown,
@@ -24,7 +25,7 @@ enum ConnectFraming {
 
 fn framing(buf: &[u8]) -> ConnectFraming {
     match codec::peek_connect_protocol(buf) {
-        Some((b"MQTT", level)) if level >= 5 => ConnectFraming::V5,
+        Some((b"MQTT", 5)) => ConnectFraming::V5,
         Some((b"MQTT" | b"MQIsdp", _)) => ConnectFraming::V3,
         _ => ConnectFraming::Unknown,
     }
