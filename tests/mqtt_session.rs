@@ -231,3 +231,61 @@ async fn qos2_inbound_state_survives_restart() {
     assert_eq!(&s.next_publish().await.payload[..], b"y");
     s.expect_no_publish(Duration::from_millis(300)).await;
 }
+
+#[tokio::test]
+async fn outbound_qos2_resumes_with_pubrel_after_restart() {
+    let broker = Broker::start();
+    // Persistent subscriber on a raw socket, QoS 2.
+    let mut raw = Raw::connect(&broker).await;
+    raw.send(&connect_bytes(4, "q2out", 0x00, 60, &[])).await;
+    assert_eq!(raw.read_at_least(4).await, vec![0x20, 0x02, 0x00, 0x00]);
+    raw.send(&packet(0x82, &[0, 1, 0, 4, b'q', b'2', b'/', b'o', 2])).await;
+    assert_eq!(raw.read_at_least(5).await, vec![0x90, 3, 0, 1, 2]);
+    publish_n(&broker, "q2/o", 1, v4::QoS::ExactlyOnce).await;
+    let publish = raw.read_at_least(2).await;
+    assert_eq!(publish[0] & 0xF6, 0x34, "QoS 2 PUBLISH: {publish:02x?}");
+    // Topic "q2/o" (2 + 4 bytes) after the 2-byte fixed header, then the packet id.
+    let pkid = [publish[8], publish[9]];
+    raw.send(&packet(0x50, &pkid)).await; // PUBREC
+    assert_eq!(raw.read_at_least(4).await, vec![0x62, 2, pkid[0], pkid[1]], "PUBREL");
+    drop(raw); // no PUBCOMP
+    let broker = broker.restart();
+    let mut raw = Raw::connect(&broker).await;
+    raw.send(&connect_bytes(4, "q2out", 0x00, 60, &[])).await;
+    let got = raw.read_at_least(8).await;
+    assert_eq!(&got[..4], &[0x20, 0x02, 0x01, 0x00], "session present");
+    assert_eq!(&got[4..8], &[0x62, 2, pkid[0], pkid[1]], "PUBREL resent with the same id, not the message");
+    raw.send(&packet(0x70, &pkid)).await; // PUBCOMP
+    raw.send(&packet(0xC0, &[])).await; // PINGREQ: its answer shows PUBCOMP was read
+    assert_eq!(raw.read_at_least(2).await, vec![0xD0, 0]);
+    // Nothing else is pending: reconnecting once more gets only CONNACK.
+    drop(raw);
+    let mut raw = Raw::connect(&broker).await;
+    raw.send(&connect_bytes(4, "q2out", 0x00, 60, &[])).await;
+    assert_eq!(raw.read_at_least(4).await, vec![0x20, 0x02, 0x01, 0x00]);
+    raw.send(&packet(0xC0, &[])).await; // PINGREQ
+    assert_eq!(raw.read_at_least(2).await, vec![0xD0, 0], "only PINGRESP follows");
+}
+
+#[tokio::test]
+async fn full_offline_queue_drops_qos0_first() {
+    let broker = Broker::start_with(Opts::default().env("FERRYMQ_MQTT__MAX_QUEUED_MESSAGES", "5"));
+    offline_subscriber(&broker, "limited", "lim/#").await;
+    let mut p = v4::connect(&broker, "lim-pub").await;
+    for i in 0..3u32 {
+        p.client.publish("lim/q0", v4::QoS::AtMostOnce, false, i.to_be_bytes().to_vec()).await.unwrap();
+    }
+    for i in 10..16u32 {
+        p.publish_acked("lim/q1", v4::QoS::AtLeastOnce, false, i.to_be_bytes().to_vec()).await;
+    }
+    drop(p);
+    let mut s = v4::connect_persistent(&broker, "limited").await;
+    let mut got = Vec::new();
+    for _ in 0..5 {
+        let m = s.next_publish().await;
+        got.push((m.topic.clone(), seq(&m)));
+    }
+    let want: Vec<(String, u32)> = (10..15).map(|i| ("lim/q1".to_string(), i)).collect();
+    assert_eq!(got, want, "QoS 0 entries were evicted for QoS 1 ones; the sixth QoS 1 was dropped");
+    s.expect_no_publish(Duration::from_millis(300)).await;
+}

@@ -275,3 +275,57 @@ async fn takeover_disconnect_carries_a_reason_string() {
     assert_eq!(code, "SessionTakenOver");
     assert!(reason.is_some_and(|r| r.contains("taken over")), "reason string on DISCONNECT");
 }
+
+#[tokio::test]
+async fn outbound_topic_aliases_are_used_when_the_client_allows_them() {
+    let broker = Broker::start();
+    let mut raw = Raw::connect(&broker).await;
+    // CONNECT v5 with Topic Alias Maximum (0x22) = 5.
+    raw.send(&connect_bytes(5, "alias-rx", 0x02, 60, &[3, 0x22, 0, 5])).await;
+    let ack = raw.read_at_least(3).await;
+    let mut buf = ack[2 + ack[1] as usize..].to_vec();
+    raw.send(&packet(0x82, &[0, 1, 0, 0, 3, b'a', b'/', b'b', 0])).await;
+    let p = v5::connect(&broker, "alias-tx").await;
+    // Wait for SUBACK before publishing.
+    while buf.len() < 6 {
+        buf.extend(raw.read_at_least(1).await);
+    }
+    assert_eq!(buf[0], 0x90);
+    buf.drain(..6);
+    for _ in 0..2 {
+        p.client.publish("a/b", v5::QoS::AtMostOnce, false, "x").await.unwrap();
+    }
+    // First: topic "a/b" + alias; second: empty topic + the same alias.
+    while buf.len() < 2 || buf.len() < 2 + buf[1] as usize {
+        buf.extend(raw.read_at_least(1).await);
+    }
+    let first_len = 2 + buf[1] as usize;
+    let first = buf[..first_len].to_vec();
+    buf.drain(..first_len);
+    while buf.len() < 2 || buf.len() < 2 + buf[1] as usize {
+        buf.extend(raw.read_at_least(1).await);
+    }
+    let second = buf[..2 + buf[1] as usize].to_vec();
+    assert_eq!(&first[2..7], &[0, 3, b'a', b'/', b'b']);
+    let alias_prop = |p: &[u8]| p.windows(3).find(|w| w[0] == 0x23).map(|w| u16::from_be_bytes([w[1], w[2]]));
+    let alias = alias_prop(&first[7..]).expect("first PUBLISH sets an alias");
+    assert_eq!(&second[2..4], &[0, 0], "second PUBLISH has an empty topic");
+    assert_eq!(alias_prop(&second[4..]), Some(alias));
+}
+
+#[tokio::test]
+async fn topic_level_limit_applies_to_names_and_filters() {
+    let broker = Broker::start_with(Opts::default().env("FERRYMQ_MQTT__MAX_TOPIC_LEVELS", "3"));
+    let mut c = v5::connect(&broker, "levels").await;
+    let codes = c.subscribe("a/b/c/d", v5::QoS::AtMostOnce).await;
+    assert_eq!(codes, vec![rumqttc::v5::mqttbytes::v5::SubscribeReasonCode::TopicFilterInvalid]);
+    assert_eq!(c.subscribe("a/b/c", v5::QoS::AtMostOnce).await.len(), 1);
+    let mut raw = Raw::connect(&broker).await;
+    raw.send(&connect_bytes(5, "levels-raw", 0x02, 60, &[0])).await;
+    let ack = raw.read_at_least(3).await;
+    let rest = ack[2 + ack[1] as usize..].to_vec();
+    raw.send(&packet(0x30, &[0, 7, b'a', b'/', b'b', b'/', b'c', b'/', b'd', 0, b'x'])).await;
+    let mut got = rest;
+    got.extend(raw.read_until_closed().await);
+    assert!(got.windows(3).any(|w| w == [0xE0, 1, 0x90]) || got.windows(3).any(|w| w[0] == 0xE0 && w[2] == 0x90), "DISCONNECT 0x90: {got:02x?}");
+}
