@@ -140,6 +140,7 @@ impl Writer {
     /// The thread's main loop; returns the result of the final sync.
     pub(crate) fn run(mut self) -> Result<(), JournalError> {
         let max_batch = self.shared.config.max_batch.max(1);
+        let mut closed = false;
         loop {
             let first = match self.rx.try_recv() {
                 Ok(msg) => Some(msg),
@@ -172,12 +173,15 @@ impl Writer {
             }
             self.process(batch);
             if closing {
+                closed = true;
                 break;
             }
             self.maybe_retention();
         }
         let result = match &self.poisoned {
             Some(p) => Err(JournalError::Poisoned(p.clone())),
+            // The `Close` batch was just synced with `force`.
+            None if closed && !self.is_dirty() => Ok(()),
             None => self.sync(true).map_err(|e| {
                 self.poison(e.clone());
                 JournalError::Poisoned(e)
