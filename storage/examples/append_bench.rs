@@ -2,7 +2,7 @@
 //! under `FsyncPolicy::Always` and `FsyncPolicy::Never`, with one sequential writer and
 //! with many concurrent writers (group commit). Prints figures; asserts nothing.
 //!
-//! `cargo run --release -p ferrymq-storage --example append_bench [seconds-per-run]`
+//! `cargo run --release -p ferrymq-storage --example append_bench [seconds-per-run] [always|never] [writers]`
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -61,10 +61,20 @@ fn run(policy: FsyncPolicy, writers: usize, secs: f64) {
 }
 
 fn main() {
-    let secs: f64 = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(2.0);
-    for policy in [FsyncPolicy::Always, FsyncPolicy::Never] {
-        for writers in [1, 64, 512] {
-            run(policy, writers, secs);
+    let args: Vec<String> = std::env::args().collect();
+    let secs: f64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(2.0);
+    let policies = match args.get(2).map(String::as_str) {
+        Some("always") => vec![FsyncPolicy::Always],
+        Some("never") => vec![FsyncPolicy::Never],
+        _ => vec![FsyncPolicy::Always, FsyncPolicy::Never],
+    };
+    let writers = match args.get(3).and_then(|a| a.parse().ok()) {
+        Some(w) => vec![w],
+        None => vec![1, 64, 512],
+    };
+    for &policy in &policies {
+        for &w in &writers {
+            run(policy, w, secs);
         }
     }
 }

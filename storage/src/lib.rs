@@ -466,7 +466,7 @@ impl Drop for Inner {
 fn unsent(msg: Msg) -> (Vec<Op>, Option<Completion>) {
     match msg {
         Msg::Submit { ops, done } => (ops, done),
-        Msg::Flush(_) | Msg::Close => (Vec::new(), None),
+        Msg::Flush(_) | Msg::Close | Msg::Verify(_) => (Vec::new(), None),
     }
 }
 
@@ -678,6 +678,16 @@ impl Journal {
     /// last handle is dropped. Closing twice is a no-op.
     pub fn close(&self) -> Result<(), JournalError> {
         self.inner.shutdown()
+    }
+
+    /// Diagnostics for tests: waits for everything submitted before, then recounts the
+    /// per-segment references and per-queue lengths from sled on the writer thread and
+    /// compares them with the in-memory counters. Blocking; a full scan of the index.
+    #[doc(hidden)]
+    pub fn verify_counters(&self) -> Result<(), String> {
+        let (tx, rx) = oneshot::channel();
+        self.inner.tx.blocking_send(Msg::Verify(tx)).map_err(|_| "journal is closed".to_string())?;
+        rx.blocking_recv().unwrap_or_else(|_| Err("journal is closed".into()))
     }
 
     /// Test hook: makes every later commit-log write and fsync fail.

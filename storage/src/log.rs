@@ -408,4 +408,21 @@ mod tests {
         assert!(!log.delete_segment(after).unwrap(), "the active segment is never deleted");
         assert_eq!(log.read(after).unwrap().body, &b"x"[..]);
     }
+
+    #[test]
+    fn open_handles_stay_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, mut w) = Log::open(dir.path(), 16, &[]).unwrap();
+        let positions: Vec<u64> = (0..300u32)
+            .map(|i| w.append(&log, b"", &i.to_be_bytes()).unwrap().0)
+            .collect();
+        w.write_out(&log).unwrap();
+        assert_eq!(log.size().0, 300);
+        for _ in 0..2 {
+            for (i, &pos) in positions.iter().enumerate() {
+                assert_eq!(&log.read(pos).unwrap().body[..], &(i as u32).to_be_bytes());
+                assert!(log.open_files.load(Ordering::Relaxed) <= MAX_OPEN_FILES);
+            }
+        }
+    }
 }

@@ -170,6 +170,41 @@ pub(crate) fn recover_index(db: &Db, log: &Log) -> Result<Index, JournalError> {
     Ok(index)
 }
 
+/// Counts references per segment and entries per queue as sled holds them now, without
+/// changing anything (diagnostics: compared with the writer's in-memory counters).
+pub(crate) fn recount(
+    db: &Db,
+    locate: impl Fn(u64) -> Option<u64>,
+) -> Result<(RefCounts, HashMap<u64, u64>), JournalError> {
+    let mut refs = RefCounts::default();
+    let mut count = |pos: u64| {
+        if let Some(base) = locate(pos) {
+            refs.inc(base);
+        }
+    };
+    let mut lens: HashMap<u64, u64> = HashMap::new();
+    for kv in db.queue.iter() {
+        let (k, v) = kv.map_err(db_err)?;
+        if let (Some(QueueKey::Entry(q, _)), Some(p)) = (codec::decode_queue_key(&k), codec::decode_pointer(&v)) {
+            *lens.entry(q).or_default() += 1;
+            count(p.pos.0);
+        }
+    }
+    for kv in db.retained.iter() {
+        let (_, v) = kv.map_err(db_err)?;
+        if let Some((pos, _)) = codec::decode_retained(&v) {
+            count(pos);
+        }
+    }
+    for kv in db.timer.iter() {
+        let (k, _) = kv.map_err(db_err)?;
+        if let Some((_, pos)) = codec::decode_timer_key(&k) {
+            count(pos);
+        }
+    }
+    Ok((refs, lens))
+}
+
 fn apply(tree: &Tree, batch: Batch) -> Result<(), JournalError> {
     tree.apply_batch(batch).map_err(db_err)
 }

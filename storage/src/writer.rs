@@ -17,6 +17,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::codec::{self, space_index};
 use crate::log::LogWriter;
 use crate::overlay::Overlay;
+use crate::recovery;
 use crate::refs::RefCounts;
 use crate::retention::{self, Candidate};
 use crate::segment;
@@ -41,6 +42,8 @@ pub(crate) enum Msg {
     Flush(oneshot::Sender<Result<(), JournalError>>),
     /// Sync everything submitted before and stop.
     Close,
+    /// Diagnostics: compare the in-memory counters with a recount from sled.
+    Verify(oneshot::Sender<Result<(), String>>),
 }
 
 /// Why a submission could not be applied.
@@ -63,6 +66,7 @@ fn sled_fatal(e: sled::Error) -> Fail {
 enum Outcome {
     Submit(Option<Completion>, Result<Receipt, JournalError>),
     Flush(oneshot::Sender<Result<(), JournalError>>),
+    Verify(oneshot::Sender<Result<(), String>>),
 }
 
 /// The pending changes of one group commit.
@@ -140,6 +144,7 @@ impl Writer {
     /// The thread's main loop; returns the result of the final sync.
     pub(crate) fn run(mut self) -> Result<(), JournalError> {
         let max_batch = self.shared.config.max_batch.max(1);
+        let mut closed = false;
         loop {
             let first = match self.rx.try_recv() {
                 Ok(msg) => Some(msg),
@@ -172,12 +177,15 @@ impl Writer {
             }
             self.process(batch);
             if closing {
+                closed = true;
                 break;
             }
             self.maybe_retention();
         }
         let result = match &self.poisoned {
             Some(p) => Err(JournalError::Poisoned(p.clone())),
+            // The `Close` batch was just synced with `force`.
+            None if closed && !self.is_dirty() => Ok(()),
             None => self.sync(true).map_err(|e| {
                 self.poison(e.clone());
                 JournalError::Poisoned(e)
@@ -188,7 +196,7 @@ impl Writer {
         while let Ok(msg) = self.rx.try_recv() {
             match msg {
                 Msg::Submit { done: Some(done), .. } => complete(done, Err(JournalError::Closed)),
-                Msg::Submit { done: None, .. } | Msg::Close => {}
+                Msg::Submit { done: None, .. } | Msg::Close | Msg::Verify(_) => {}
                 Msg::Flush(tx) => {
                     let _ = tx.send(Err(JournalError::Closed));
                 }
@@ -260,6 +268,7 @@ impl Writer {
                     outcomes.push(Outcome::Flush(tx));
                 }
                 Msg::Close => force_sync = true,
+                Msg::Verify(tx) => outcomes.push(Outcome::Verify(tx)),
             }
         }
         if self.poisoned.is_none() {
@@ -278,8 +287,34 @@ impl Writer {
                 Outcome::Flush(tx) => {
                     let _ = tx.send(poisoned.clone().map_or(Ok(()), Err));
                 }
+                Outcome::Verify(tx) => {
+                    let _ = tx.send(self.verify());
+                }
             }
         }
+    }
+
+    /// Recounts references and queue lengths from sled and compares them with the
+    /// in-memory counters.
+    fn verify(&self) -> Result<(), String> {
+        let (refs, lens) =
+            recovery::recount(&self.shared.db, |pos| self.segment_base(pos)).map_err(|e| e.to_string())?;
+        if refs != self.refs {
+            return Err(format!("reference counts: in memory {:?}, in sled {:?}", self.refs, refs));
+        }
+        let queues = self.shared.queues.lock();
+        for (q, st) in queues.iter() {
+            let stored = lens.get(q).copied().unwrap_or(0);
+            if st.len != stored {
+                return Err(format!("queue {q}: length {} in memory, {stored} in sled", st.len));
+            }
+        }
+        for (q, len) in &lens {
+            if !queues.contains_key(q) {
+                return Err(format!("queue {q}: {len} entries in sled, unknown in memory"));
+            }
+        }
+        Ok(())
     }
 
     /// Writes the assembled records, applies the sled batches, publishes the counters

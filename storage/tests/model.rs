@@ -378,15 +378,22 @@ fn run(policy: FsyncPolicy, steps: Vec<Step>) {
             }
         }
         model.check(&j);
+        j.verify_counters().unwrap();
     }
     j.close().unwrap();
     drop(j);
     let j = Journal::open(config(dir.path(), policy)).unwrap();
     model.check(&j);
+    j.verify_counters().unwrap();
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 32, max_shrink_iters: 500, ..ProptestConfig::default() })]
+    // 32 cases keep `cargo test` fast; set PROPTEST_CASES for a longer hunt.
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(32),
+        max_shrink_iters: 500,
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn journal_matches_model(policy in policy(), steps in prop::collection::vec(step(), 1..30)) {

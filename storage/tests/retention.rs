@@ -71,6 +71,7 @@ fn max_bytes_deletes_only_unreferenced_closed_segments() {
         j.write_blocking(append_op(n, &[])).unwrap();
     }
     wait_for(&j, "log below max_bytes", |j| j.stats().log_bytes <= 4096 + 2048);
+    j.verify_counters().unwrap();
     let live = segments(dir.path()).len() as u64;
     assert_eq!(live, j.stats().segments);
     assert!(live >= 3, "the referenced segments and the active one remain");
@@ -97,6 +98,7 @@ fn max_bytes_deletes_only_unreferenced_closed_segments() {
     // trusted), and dropping the last references lets their segments go.
     drop(j);
     let j = Journal::open(config(dir.path(), retention)).unwrap();
+    j.verify_counters().unwrap();
     assert_eq!(j.stats().segments, live);
     assert_record(&j, recs[30].0, 30);
     assert_record(&j, retained_pos, 50_000);

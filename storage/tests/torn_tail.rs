@@ -68,6 +68,7 @@ fn damaged(damage: Damage) {
     );
 
     let j = open(dir.path(), FsyncPolicy::Always);
+    j.verify_counters().unwrap();
     let q = j.queue_id("q").unwrap();
     for (n, &(pos, _)) in recs.iter().enumerate().take(N as usize - 1) {
         assert_record(&j, pos, n as u64);
