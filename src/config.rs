@@ -98,6 +98,11 @@ pub struct MqttSection {
     pub max_queued_bytes: u64,
     /// In-memory queue of a connected clean session, messages.
     pub max_online_queue: usize,
+    /// Seconds a QoS 1/2 publish waits for a full clean-session buffer before that
+    /// subscriber is disconnected as a slow consumer.
+    pub slow_consumer_timeout_secs: u64,
+    /// "wait" (pace publishers) or "drop" (drop QoS 0 for a subscriber whose buffer is full).
+    pub qos0_when_full: String,
     /// Topic level limit (0 = none).
     pub max_topic_levels: usize,
     /// Topic Alias Maximum granted to clients.
@@ -211,6 +216,9 @@ impl Config {
         }
         if !self.mqtt.tls_listen.is_empty() && (self.tls.cert.is_empty() || self.tls.key.is_empty()) {
             return invalid("tls.cert", "mqtt.tls_listen is set but tls.cert or tls.key is empty".into());
+        }
+        if !matches!(self.mqtt.qos0_when_full.as_str(), "wait" | "drop") {
+            return invalid("mqtt.qos0_when_full", format!("`{}` is not one of wait, drop", self.mqtt.qos0_when_full));
         }
         if !matches!(self.storage.fsync.as_str(), "always" | "interval" | "never") {
             return invalid("storage.fsync", format!("`{}` is not one of always, interval, never", self.storage.fsync));

@@ -14,7 +14,7 @@ use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
 use crate::config::Config;
-use crate::core::broker::Broker;
+use crate::core::broker::{Broker, Pacing};
 use crate::core::message::Message;
 use crate::core::queue::QueueLimits;
 use crate::core::scheduler;
@@ -52,7 +52,11 @@ impl Server {
         };
         let shard_count = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).max(2);
         let shards = Shards::start(shard_count, journal.clone(), limits);
-        let broker = Arc::new(Broker::new(journal, shards));
+        let pacing = Pacing {
+            qos0_waits: config.mqtt.qos0_when_full == "wait",
+            slow_consumer_timeout: Duration::from_secs(config.mqtt.slow_consumer_timeout_secs),
+        };
+        let broker = Arc::new(Broker::new(journal, shards, pacing));
         restore_retained(&broker);
         let mqtt = MqttContext::restore(broker.clone(), config.mqtt.clone());
         mqtt.drop_orphan_queues().await;

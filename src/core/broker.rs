@@ -4,7 +4,7 @@
 //! and signal durability to the publisher.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ferrymq_storage::{Append, Journal, JournalError, Op, Pointer, QueueTarget, Record, Timer};
 use tokio::sync::{oneshot, Notify};
@@ -29,6 +29,15 @@ pub enum RetainMode {
     Persist,
     /// Set it in memory only (`$SYS` topics).
     MemoryOnly,
+}
+
+/// Flow control of the fast path towards connected subscribers.
+#[derive(Debug, Clone, Copy)]
+pub struct Pacing {
+    /// QoS 0 messages wait for room too (else they are dropped on a full buffer).
+    pub qos0_waits: bool,
+    /// Longest wait before the subscriber is disconnected as a slow consumer.
+    pub slow_consumer_timeout: Duration,
 }
 
 /// Per-message bookkeeping for a journal completion: which queues got which flags.
@@ -56,6 +65,8 @@ pub struct Broker {
     pub started: Instant,
     /// Woken when a timer earlier than the scheduler's next one is added.
     pub timers_changed: Notify,
+    /// What a publish does when a connected subscriber's buffer is full.
+    pub pacing: Pacing,
     next_id: AtomicU64,
 }
 
@@ -67,7 +78,7 @@ impl std::fmt::Debug for Broker {
 
 impl Broker {
     /// Builds the core on an open journal with started shards.
-    pub fn new(journal: Journal, shards: Shards) -> Broker {
+    pub fn new(journal: Journal, shards: Shards, pacing: Pacing) -> Broker {
         Broker {
             journal,
             router: Router::new(),
@@ -76,6 +87,7 @@ impl Broker {
             stats: Stats::default(),
             started: Instant::now(),
             timers_changed: Notify::new(),
+            pacing,
             next_id: AtomicU64::new(1),
         }
     }
@@ -96,7 +108,7 @@ impl Broker {
         retain: RetainMode,
         extra_ops: Vec<Op>,
     ) -> Option<DurableSignal> {
-        let mut sent = 0u64;
+        let (mut sent, mut dropped) = (0u64, 0u64);
         for r in &routes.sessions {
             let direct = Direct {
                 msg: msg.clone(),
@@ -104,13 +116,15 @@ impl Broker {
                 retain_as_published: r.retain_as_published,
                 subscription_ids: r.subscription_ids.clone(),
             };
-            if r.link.offer(direct) {
+            let wait = self.pacing.qos0_waits || msg.qos.min(r.qos) > 0;
+            if r.link.deliver(direct, wait, self.pacing.slow_consumer_timeout).await {
                 sent += 1;
+            } else {
+                dropped += 1;
             }
         }
-        if sent > 0 {
-            self.stats.routed_direct.fetch_add(sent, Ordering::Relaxed);
-        }
+        Stats::add(&self.stats.routed_direct, sent);
+        Stats::add(&self.stats.publish_dropped, dropped);
 
         let mut ops = extra_ops;
         let mut item = None;

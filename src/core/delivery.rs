@@ -3,9 +3,10 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use ferrymq_storage::QueueId;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 
 use super::message::SharedMessage;
 
@@ -42,6 +43,12 @@ pub struct QueueDelivery {
 }
 
 /// The router's handle to a connected clean session.
+///
+/// Its buffer is bounded. A message that finds it full waits for room (unless it is QoS 0
+/// and QoS 0 may be dropped): the publisher is paced to its subscribers, which for QoS 1/2
+/// holds back its acknowledgements, so no acknowledged message is dropped. If the
+/// subscriber makes no room within the slow-consumer timeout, it is marked slow (its
+/// connection is closed with MQTT 5 reason 0x97) and the message is dropped for it.
 #[derive(Debug)]
 pub struct SessionLink {
     /// Unique id of this connection's session incarnation.
@@ -50,27 +57,41 @@ pub struct SessionLink {
     pub client_id: Arc<str>,
     tx: mpsc::Sender<Direct>,
     dropped: AtomicU64,
+    slow: Notify,
 }
 
 impl SessionLink {
     /// A link whose direct messages go to `tx`.
     pub fn new(id: u64, client_id: Arc<str>, tx: mpsc::Sender<Direct>) -> Self {
-        SessionLink { id, client_id, tx, dropped: AtomicU64::new(0) }
+        SessionLink { id, client_id, tx, dropped: AtomicU64::new(0), slow: Notify::new() }
     }
 
-    /// Offers a message without waiting: a full buffer (slow subscriber) drops it and counts
-    /// the drop, so one slow consumer never slows the publisher.
-    pub fn offer(&self, msg: Direct) -> bool {
-        match self.tx.try_send(msg) {
-            Ok(()) => true,
-            Err(_) => {
-                self.dropped.fetch_add(1, Ordering::Relaxed);
-                false
+    /// Hands over a message; true if it was taken. When the buffer is full it waits up to
+    /// `patience` for room (not at all when `wait` is false), then marks the subscriber
+    /// slow.
+    pub async fn deliver(&self, msg: Direct, wait: bool, patience: Duration) -> bool {
+        let msg = match self.tx.try_send(msg) {
+            Ok(()) => return true,
+            Err(mpsc::error::TrySendError::Closed(_)) => return false,
+            Err(mpsc::error::TrySendError::Full(msg)) => msg,
+        };
+        if wait {
+            match tokio::time::timeout(patience, self.tx.send(msg)).await {
+                Ok(Ok(())) => return true,
+                Ok(Err(_)) => return false,
+                Err(_) => self.slow.notify_one(),
             }
         }
+        self.dropped.fetch_add(1, Ordering::Relaxed);
+        false
     }
 
-    /// Messages dropped because the session's buffer was full.
+    /// Resolves when a publisher gave up waiting for this subscriber.
+    pub async fn slow_consumer(&self) {
+        self.slow.notified().await
+    }
+
+    /// Messages dropped for this session (QoS 0 on a full buffer, or a slow consumer).
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
     }

@@ -40,6 +40,8 @@ use crate::core::stats::Stats;
 const OFFSET_PKIDS: u64 = 32767;
 /// Stop pulling deliveries while this many bytes wait to be written.
 const WRITE_HIGH_WATER: usize = 256 * 1024;
+/// Deliveries taken from the channels per wake-up.
+const PULL_BATCH: usize = 256;
 /// Longest wait for a taken-over connection to clean up.
 const TAKEOVER_WAIT: Duration = Duration::from_secs(5);
 /// Longest time spent flushing the last bytes to a closing socket.
@@ -237,10 +239,29 @@ impl Task {
                     self.release_ready_acks();
                 }
                 d = recv_direct(&mut self.direct_rx), if can_pull => {
-                    if let Some(d) = d { self.pending_out.push_back(Pending::Direct(d)); }
+                    if let Some(d) = d {
+                        self.pending_out.push_back(Pending::Direct(d));
+                        // Take what else is waiting in one go: one wake-up, one write.
+                        if let Some(rx) = self.direct_rx.as_mut() {
+                            while self.pending_out.len() < PULL_BATCH {
+                                let Ok(d) = rx.try_recv() else { break };
+                                self.pending_out.push_back(Pending::Direct(d));
+                            }
+                        }
+                    }
                 }
                 q = self.queued_rx.recv(), if can_pull => {
-                    if let Some(q) = q { self.pending_out.push_back(Pending::Queued(q)); }
+                    if let Some(q) = q {
+                        self.pending_out.push_back(Pending::Queued(q));
+                        while self.pending_out.len() < PULL_BATCH {
+                            let Ok(q) = self.queued_rx.try_recv() else { break };
+                            self.pending_out.push_back(Pending::Queued(q));
+                        }
+                    }
+                }
+                _ = slow_consumer(&self.session), if self.session.as_ref().is_some_and(|s| s.link.is_some()) => {
+                    warn!("slow consumer: its buffer stayed full; disconnecting");
+                    self.proto.disconnect(ReasonCode::QUOTA_EXCEEDED, Some("slow consumer: message buffer full"));
                 }
                 _ = sleep_until(deadline), if deadline.is_some() => {
                     self.proto.handle_timeout(Instant::now());
@@ -948,6 +969,13 @@ fn outgoing(
 async fn front_signal(acks: &mut VecDeque<PendingAck>) -> bool {
     match acks.front_mut().and_then(|a| a.signal.as_mut()) {
         Some(signal) => matches!(signal.await, Ok(Ok(()))),
+        None => std::future::pending().await,
+    }
+}
+
+async fn slow_consumer(session: &Option<SessionState>) {
+    match session.as_ref().and_then(|s| s.link.as_ref()) {
+        Some(link) => link.slow_consumer().await,
         None => std::future::pending().await,
     }
 }
