@@ -174,3 +174,28 @@ async fn sigterm_disconnects_clients_and_exits_cleanly() {
     assert_eq!(code, "ServerShuttingDown");
     let _ = stopper.await.unwrap();
 }
+
+#[tokio::test]
+async fn a_stalled_subscriber_is_disconnected_and_publishers_go_on() {
+    let broker = Broker::start_with(
+        Opts::default().env("FERRYMQ_MQTT__MAX_ONLINE_QUEUE", "10").env("FERRYMQ_MQTT__SLOW_CONSUMER_TIMEOUT_SECS", "1"),
+    );
+    // A subscriber that never reads and never acks.
+    let mut stalled = common::Raw::connect(&broker).await;
+    stalled.send(&common::connect_v5_bytes("stalled")).await;
+    let ack = stalled.read_at_least(3).await;
+    assert_eq!(ack[0], 0x20);
+    stalled.send(&common::packet(0x82, &[0, 1, 0, 0, 6, b's', b'l', b'o', b'w', b'/', b'#', 1])).await;
+    let mut healthy = v4::connect(&broker, "healthy").await;
+    healthy.subscribe("slow/#", v4::QoS::AtLeastOnce).await;
+    let mut p = v4::connect(&broker, "fast-publisher").await;
+    // Publish until the stalled subscriber's window and buffer are full and beyond: every
+    // publish is acknowledged and the healthy subscriber gets every message.
+    for i in 0..2000u32 {
+        p.publish_acked("slow/x", v4::QoS::AtLeastOnce, false, i.to_be_bytes().to_vec()).await;
+        let m = healthy.next_publish().await;
+        assert_eq!(u32::from_be_bytes(m.payload[..4].try_into().unwrap()), i);
+    }
+    let got = stalled.read_until_closed().await;
+    assert!(got.windows(3).any(|w| w[0] == 0xE0 && w[2] == 0x97), "DISCONNECT 0x97 for the slow consumer");
+}

@@ -150,6 +150,7 @@ impl Task {
                 retain_available: true,
                 outbound_topic_aliases: true,
                 pkid_range: (OFFSET_PKIDS as u16 + 1)..=u16::MAX,
+                max_inflight: cfg.max_inflight,
             },
             Instant::now(),
         );

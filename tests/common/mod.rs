@@ -564,7 +564,7 @@ impl Raw {
             match tokio::time::timeout(WAIT, self.stream.read(&mut chunk)).await {
                 Ok(Ok(0)) | Ok(Err(_)) => break,
                 Ok(Ok(k)) => buf.extend_from_slice(&chunk[..k]),
-                Err(_) => panic!("nothing more within {WAIT:?} (have {buf:?})"),
+                Err(_) => panic!("nothing more within {WAIT:?} (have {} bytes, ending {:02x?})", buf.len(), tail(&buf)),
             }
         }
         buf
@@ -578,10 +578,15 @@ impl Raw {
             match tokio::time::timeout(WAIT, self.stream.read(&mut chunk)).await {
                 Ok(Ok(0)) | Ok(Err(_)) => return buf,
                 Ok(Ok(k)) => buf.extend_from_slice(&chunk[..k]),
-                Err(_) => panic!("connection not closed within {WAIT:?} (got {buf:?})"),
+                Err(_) => panic!("connection not closed within {WAIT:?} (got {} bytes, ending {:02x?})", buf.len(), tail(&buf)),
             }
         }
     }
+}
+
+/// The last bytes of a buffer, for failure messages.
+pub fn tail(buf: &[u8]) -> &[u8] {
+    &buf[buf.len().saturating_sub(48)..]
 }
 
 /// An MQTT 3.1.1 CONNECT with clean session and keep-alive 60.

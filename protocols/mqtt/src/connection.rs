@@ -54,6 +54,9 @@ pub struct Config {
     /// Packet ids the connection allocates for [`Outgoing::pkid`] `None`; the broker keeps
     /// ids outside this range for itself.
     pub pkid_range: RangeInclusive<u16>,
+    /// Most outbound QoS 1/2 publishes in flight, whatever the client's receive maximum
+    /// allows (the smaller of the two applies).
+    pub max_inflight: u16,
 }
 
 impl Default for Config {
@@ -70,6 +73,7 @@ impl Default for Config {
             retain_available: true,
             outbound_topic_aliases: true,
             pkid_range: 1..=u16::MAX,
+            max_inflight: u16::MAX,
         }
     }
 }
@@ -560,7 +564,7 @@ impl Connection {
 
     /// Outbound in-flight limit: the client's receive maximum (3.x: the id space).
     fn send_window(&self) -> usize {
-        usize::from(self.peer.receive_maximum)
+        usize::from(self.peer.receive_maximum.min(self.config.max_inflight.max(1)))
     }
 
     /// Sends a PUBLISH to the client. QoS > 0 takes a slot of the client's receive maximum
