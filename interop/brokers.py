@@ -266,6 +266,11 @@ class Broker:
             lines += ["persistence true", f"persistence_location {self.data_dir}/"]
         else:
             lines += ["persistence false"]
+        extra = os.environ.get("INTEROP_MOSQUITTO_EXTRA_CONF")
+        if extra:
+            # Extra config lines (a file), e.g. to check that tests fail when the
+            # reference broker is deliberately misconfigured.
+            lines += Path(extra).read_text().splitlines()
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             # As root mosquitto would drop to user 'mosquitto', which cannot write
             # the pytest temp dir.
