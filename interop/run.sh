@@ -22,9 +22,17 @@ log() { printf '[interop] %s\n' "$*" >&2; }
 # ---- Python environment -----------------------------------------------------
 req_stamp="$venv/.requirements.sha256"
 req_hash="$(sha256sum "$here/requirements.txt" | cut -d' ' -f1)"
+if [[ -x "$venv/bin/python" ]] && ! "$venv/bin/python" -c 'import sys' 2>/dev/null; then
+    log "$venv is broken (its python moved?): recreating"
+    rm -rf "$venv"
+fi
 if [[ ! -x "$venv/bin/python" ]]; then
     log "creating $venv"
-    "$python" -m venv "$venv"
+    "$python" -m venv "$venv" || {
+        rm -rf "$venv"
+        log "python3 -m venv failed; on Debian: apt-get install -y python3-venv"
+        exit 2
+    }
 fi
 if [[ ! -f "$req_stamp" || "$(cat "$req_stamp")" != "$req_hash" ]]; then
     log "installing $here/requirements.txt"
