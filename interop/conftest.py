@@ -61,6 +61,21 @@ def pytest_runtest_makereport(item, call):
     return rep
 
 
+@pytest.fixture(scope="session", autouse=True)
+def broker_starts(tmp_path_factory):
+    """Start and stop the broker once before any test: if it cannot even start,
+    stop the run with its log instead of erroring every test the same way."""
+    b = Broker(KIND, tmp_path_factory.mktemp("smoke"), persistence=KIND == "ferrymq")
+    try:
+        b.start()
+    except BrokerError as e:
+        pytest.exit(f"the broker under test ({KIND}) does not start; no test run.\n{e}", returncode=1)
+    rc = b.stop()
+    if rc == -9:  # still running INTEROP_STOP_TIMEOUT after SIGTERM: killed
+        pytest.exit(f"the broker under test ({KIND}) does not stop on SIGTERM\n{b.read_log()}", returncode=1)
+    yield
+
+
 @pytest.fixture
 def broker(request, tmp_path):
     persistence = KIND == "ferrymq" or request.node.get_closest_marker("persistence") is not None
