@@ -51,6 +51,19 @@ def ferrymq_binary() -> Path:
     return target_dir / "release" / "ferrymq"
 
 
+def _die_with_parent() -> None:
+    """preexec_fn: on Linux, have the broker get SIGTERM if the test process dies
+    (e.g. killed by a CI timeout), so no broker outlives the run."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except Exception:
+        pass
+
+
 def free_port() -> int:
     """A loopback port that was free a moment ago (bind port 0 and release it).
     Only used for Mosquitto, whose config needs an explicit port; FerryMQ binds
@@ -206,6 +219,7 @@ class Broker:
                 cwd=self.workdir,
                 text=True,
                 bufsize=1,
+                preexec_fn=_die_with_parent,
             )
         finally:
             logf.close()
@@ -281,7 +295,8 @@ class Broker:
         logf = open(self.log_path, "a")
         try:
             self.proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, cwd=self.workdir
+                cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, cwd=self.workdir,
+                preexec_fn=_die_with_parent,
             )
         finally:
             logf.close()

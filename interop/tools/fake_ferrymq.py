@@ -43,7 +43,13 @@ def main() -> int:
         if os.geteuid() == 0:
             f.write("user root\n")
     exe = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-    child = subprocess.Popen([exe, "-c", conf], stdin=subprocess.DEVNULL, stdout=sys.stderr)
+    def die_with_wrapper():
+        # If this wrapper is SIGKILLed (a simulated crash), Mosquitto goes too.
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+    child = subprocess.Popen([exe, "-c", conf], stdin=subprocess.DEVNULL, stdout=sys.stderr,
+                             preexec_fn=die_with_wrapper)
 
     def forward(sig, _frame):
         child.send_signal(sig)
