@@ -391,10 +391,8 @@ impl Connection {
                 self.fail(ProtocolError::ConnectTimeout);
             }
             State::Connected => {
-                if self.rearm_keep_alive {
-                    self.rearm_keep_alive = false;
-                    self.last_recv = self.last_recv.max(now);
-                }
+                // The keep-alive clock runs from the last packet received (CONNECT at the
+                // latest): a timer firing is not traffic from the client.
                 if self.keep_alive > 0 && now >= self.keep_alive_deadline() {
                     self.fail(ProtocolError::KeepAliveTimeout);
                 }
