@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use ferrymq_storage::{Append, Journal, JournalError, Op, Pointer, QueueTarget, Record, Timer};
+use ferrymq_storage::{Append, Journal, JournalError, Op, Pointer, QueueId, QueueTarget, Record, Timer};
 use tokio::sync::{oneshot, Notify};
 
 use super::delivery::Direct;
@@ -45,8 +45,8 @@ pub struct Pacing {
 pub struct DispatchItem {
     /// The message the Append/Enqueue op stored or referenced.
     pub msg: SharedMessage,
-    /// Flags of the pointer per target queue, in the op's queue order.
-    pub flags: Vec<u8>,
+    /// Flags of the pointer per target queue.
+    pub flags: Vec<(QueueId, u8)>,
 }
 
 /// The shared core.
@@ -151,7 +151,7 @@ impl Broker {
                 .iter()
                 .map(|q| QueueTarget { queue: q.queue, tag_hash: 0, flags: msg.qos.min(q.qos) & flags::QOS_MASK })
                 .collect();
-            let flags = queues.iter().map(|q| q.flags).collect();
+            let flags = queues.iter().map(|q| (q.queue, q.flags)).collect();
             ops.insert(
                 0,
                 Op::Append(Append {
@@ -193,7 +193,8 @@ impl Broker {
             let result = result.map(|receipt| {
                 let mut entries = Vec::new();
                 for (appended, item) in receipt.appended.iter().zip(items) {
-                    for ((queue, offset), flags) in appended.offsets.iter().zip(item.flags) {
+                    for (queue, offset) in &appended.offsets {
+                        let flags = item.flags.iter().find(|(q, _)| q == queue).map_or(0, |(_, f)| *f);
                         entries.push(AppendedEntry {
                             queue: *queue,
                             offset: *offset,

@@ -69,7 +69,7 @@ async fn fire(broker: &Broker, due: Vec<ferrymq_storage::TimerEntry>) {
             .iter()
             .map(|q| QueueTarget { queue: q.queue, tag_hash: 0, flags: msg.qos.min(q.qos) & flags::QOS_MASK })
             .collect();
-        items.push(DispatchItem { msg: msg.clone(), flags: queues.iter().map(|q| q.flags).collect() });
+        items.push(DispatchItem { msg: msg.clone(), flags: queues.iter().map(|q| (q.queue, q.flags)).collect() });
         ops.push(Op::Enqueue { pos: t.pos, size: t.size, queues });
     }
     // Wait for durability so the next turn does not see the same timers again.

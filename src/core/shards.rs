@@ -74,7 +74,7 @@ pub enum ShardCmd {
     Delete {
         /// The queue.
         queue: QueueId,
-        /// Answered once the deletion is submitted to the journal.
+        /// Answered once the deletion is stored in the journal.
         done: Option<oneshot::Sender<()>>,
     },
     /// Report the queue's live length.
@@ -162,7 +162,7 @@ impl Shards {
         rx.await.unwrap_or(0)
     }
 
-    /// Deletes a queue and waits until the deletion is submitted.
+    /// Deletes a queue and waits until the deletion is stored (its name is free again).
     pub async fn delete(&self, queue: QueueId) {
         let (done, rx) = oneshot::channel();
         self.send(ShardCmd::Delete { queue, done: Some(done) });
@@ -172,6 +172,9 @@ impl Shards {
 
 async fn run_shard(mut rx: mpsc::UnboundedReceiver<ShardCmd>, journal: Journal, limits: QueueLimits) {
     let mut queues: HashMap<QueueId, Queue> = HashMap::new();
+    // Ids are never reused: commands for a deleted queue (in flight when it was deleted)
+    // are ignored instead of bringing it back.
+    let mut deleted: HashSet<QueueId> = HashSet::new();
     let mut touched: HashSet<QueueId> = HashSet::new();
     let mut ops: Vec<Op> = Vec::new();
     let mut replies: Vec<oneshot::Sender<()>> = Vec::new();
@@ -179,7 +182,7 @@ async fn run_shard(mut rx: mpsc::UnboundedReceiver<ShardCmd>, journal: Journal, 
         let mut next = Some(first);
         let mut handled = 0;
         while let Some(cmd) = next.take() {
-            handle(cmd, &mut queues, &mut touched, &mut ops, &mut replies, &journal, limits);
+            handle(cmd, &mut queues, &mut deleted, &mut touched, &mut ops, &mut replies, &journal, limits);
             handled += 1;
             if handled < BATCH {
                 next = rx.try_recv().ok();
@@ -191,7 +194,11 @@ async fn run_shard(mut rx: mpsc::UnboundedReceiver<ShardCmd>, journal: Journal, 
             }
         }
         if !ops.is_empty() {
-            if let Err(e) = journal.submit(std::mem::take(&mut ops), None).await {
+            let ops = std::mem::take(&mut ops);
+            // A deletion is waited for, so that whoever asked can reuse the queue's name
+            // at once (a new name mapping, never the deleted id).
+            let result = if replies.is_empty() { journal.submit(ops, None).await } else { journal.write(ops).await.map(|_| ()) };
+            if let Err(e) = result {
                 warn!(error = %e, "queue shard cannot write to the journal");
             }
         }
@@ -201,9 +208,11 @@ async fn run_shard(mut rx: mpsc::UnboundedReceiver<ShardCmd>, journal: Journal, 
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn handle(
     cmd: ShardCmd,
     queues: &mut HashMap<QueueId, Queue>,
+    deleted: &mut HashSet<QueueId>,
     touched: &mut HashSet<QueueId>,
     ops: &mut Vec<Op>,
     replies: &mut Vec<oneshot::Sender<()>>,
@@ -213,9 +222,22 @@ fn handle(
     fn get<'a>(queues: &'a mut HashMap<QueueId, Queue>, id: QueueId, journal: &Journal, limits: QueueLimits) -> &'a mut Queue {
         queues.entry(id).or_insert_with(|| Queue::load(id, limits, journal))
     }
+    if cmd.queue().is_some_and(|q| deleted.contains(&q)) {
+        match cmd {
+            ShardCmd::Len { reply, .. } => {
+                let _ = reply.send(0);
+            }
+            ShardCmd::Delete { done, .. } => replies.extend(done),
+            _ => {}
+        }
+        return;
+    }
     match cmd {
         ShardCmd::Appended(entries) => {
             for e in entries {
+                if deleted.contains(&e.queue) {
+                    continue;
+                }
                 get(queues, e.queue, journal, limits).appended(e.offset, e.ptr, &e.msg, ops);
                 touched.insert(e.queue);
             }
@@ -241,6 +263,7 @@ fn handle(
             let mut q = queues.remove(&queue).unwrap_or_else(|| Queue::load(queue, limits, journal));
             q.purge_all(ops);
             touched.remove(&queue);
+            deleted.insert(queue);
             replies.extend(done);
         }
         ShardCmd::Len { queue, reply } => {

@@ -293,8 +293,9 @@ pub enum Op {
         /// New flags.
         flags: u8,
     },
-    /// Remove every entry of a queue and its name mapping. The queue's next offset goes
-    /// back to 0 ([`Journal::queue_id`] never hands the id out again).
+    /// Remove every entry of a queue and its name mapping. [`Journal::queue_id`] never
+    /// hands the id out again; pointers for it that arrive later in the same run (a publish
+    /// that raced the deletion) are dropped, i.e. missing from that append's `offsets`.
     DeleteQueue {
         /// The queue.
         queue: QueueId,
@@ -701,10 +702,10 @@ impl Journal {
 mod tests {
     use super::*;
 
-    fn append(n: u8) -> Vec<Op> {
+    fn append(q: QueueId, n: u8) -> Vec<Op> {
         vec![Op::Append(Append {
             record: Record { header: Bytes::new(), body: Bytes::from(vec![n; 100]) },
-            queues: vec![QueueTarget { queue: QueueId(1), tag_hash: 0, flags: 0 }],
+            queues: vec![QueueTarget { queue: q, tag_hash: 0, flags: 0 }],
             retained_topic: None,
             timer: None,
         })]
@@ -714,9 +715,10 @@ mod tests {
     fn io_failure_poisons_the_journal() {
         let dir = tempfile::tempdir().unwrap();
         let j = Journal::open(JournalConfig::new(dir.path())).unwrap();
-        let ok = j.write_blocking(append(1)).unwrap();
+        let q = j.queue_id("q").unwrap();
+        let ok = j.write_blocking(append(q, 1)).unwrap();
         j.inject_io_failure();
-        let e = j.write_blocking(append(2));
+        let e = j.write_blocking(append(q, 2));
         assert!(matches!(e, Err(JournalError::Poisoned(_))), "{e:?}");
         // Later submissions, of any kind, are refused too.
         let e = j.write_blocking(vec![Op::Delete { space: Space::Meta, key: Bytes::from_static(b"k") }]);
@@ -725,14 +727,15 @@ mod tests {
         assert!(matches!(rt.block_on(j.flush()), Err(JournalError::Poisoned(_))));
         // Reads still work; what was acknowledged is intact.
         assert_eq!(j.read(ok.appended[0].pos).unwrap().body, Bytes::from(vec![1u8; 100]));
-        assert_eq!(j.queue_len(QueueId(1)).unwrap(), 1);
+        assert_eq!(j.queue_len(q).unwrap(), 1);
         assert!(matches!(j.close(), Err(JournalError::Poisoned(_))));
         drop(j);
         let j = Journal::open(JournalConfig::new(dir.path())).unwrap();
+        let q = j.queue_id("q").unwrap();
         assert_eq!(j.read(ok.appended[0].pos).unwrap().body, Bytes::from(vec![1u8; 100]));
-        assert_eq!(j.queue_len(QueueId(1)).unwrap(), 1);
-        let r = j.write_blocking(append(3)).unwrap();
-        assert_eq!(r.appended[0].offsets, vec![(QueueId(1), 1)]);
+        assert_eq!(j.queue_len(q).unwrap(), 1);
+        let r = j.write_blocking(append(q, 3)).unwrap();
+        assert_eq!(r.appended[0].offsets, vec![(q, 1)]);
     }
 
     #[test]
@@ -741,12 +744,13 @@ mod tests {
         let mut config = JournalConfig::new(dir.path());
         config.fsync = FsyncPolicy::Never;
         let j = Journal::open(config).unwrap();
+        let q = j.queue_id("q").unwrap();
         j.inject_io_failure();
         let (tx, rx) = std::sync::mpsc::channel();
         for n in 0..50 {
             let tx = tx.clone();
             let done: Completion = Box::new(move |r| tx.send(r).unwrap());
-            if j.try_submit(append(n), Some(done)).is_err() {
+            if j.try_submit(append(q, n), Some(done)).is_err() {
                 panic!("channel full");
             }
         }
@@ -754,22 +758,24 @@ mod tests {
         let results: Vec<_> = rx.iter().collect();
         assert_eq!(results.len(), 50);
         assert!(results.iter().all(|r| matches!(r, Err(JournalError::Poisoned(_)))));
-        assert_eq!(j.queue_len(QueueId(1)).unwrap(), 0);
+        assert_eq!(j.queue_len(q).unwrap(), 0);
     }
 
     #[test]
     fn completion_panic_does_not_kill_the_writer() {
         let dir = tempfile::tempdir().unwrap();
         let j = Journal::open(JournalConfig::new(dir.path())).unwrap();
+        let q = j.queue_id("q").unwrap();
         let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-        rt.block_on(j.submit(append(1), Some(Box::new(|_| panic!("boom"))))).unwrap();
-        assert!(j.write_blocking(append(2)).is_ok());
+        rt.block_on(j.submit(append(q, 1), Some(Box::new(|_| panic!("boom"))))).unwrap();
+        assert!(j.write_blocking(append(q, 2)).is_ok());
     }
 
     #[test]
     fn dropping_the_last_handle_in_a_completion_does_not_deadlock() {
         let dir = tempfile::tempdir().unwrap();
         let j = Journal::open(JournalConfig::new(dir.path())).unwrap();
+        let q = j.queue_id("q").unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         let j2 = j.clone();
         let done: Completion = Box::new(move |r| {
@@ -777,7 +783,7 @@ mod tests {
             tx.send(r).unwrap();
         });
         let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-        rt.block_on(j.submit(append(1), Some(done))).unwrap();
+        rt.block_on(j.submit(append(q, 1), Some(done))).unwrap();
         drop(j);
         assert!(rx.recv().unwrap().is_ok());
         // The writer stopped and released the directory.
@@ -785,7 +791,7 @@ mod tests {
         loop {
             match Journal::open(JournalConfig::new(dir.path())) {
                 Ok(j) => {
-                    assert_eq!(j.queue_len(QueueId(1)).unwrap(), 1);
+                    assert_eq!(j.queue_len(q).unwrap(), 1);
                     break;
                 }
                 Err(e) if std::time::Instant::now() < deadline => {

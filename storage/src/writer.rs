@@ -6,7 +6,7 @@
 //! Every mutation of the journal happens here, so per-queue offsets and per-segment
 //! reference counts need no locking beyond publishing them to readers.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -109,6 +109,8 @@ pub(crate) struct Writer {
     db_dirty: bool,
     last_sync: Instant,
     last_retention: Instant,
+    /// Queue ids known to have a name mapping (cache of `queue_ids`).
+    live: HashSet<u64>,
 }
 
 impl Writer {
@@ -132,6 +134,7 @@ impl Writer {
             db_dirty: false,
             last_sync: now,
             last_retention: now,
+            live: HashSet::new(),
         }
     }
 
@@ -439,12 +442,30 @@ impl Writer {
             .or_insert_with(|| shared.queues.lock().get(&queue).copied().unwrap_or_default())
     }
 
+    /// True when `queue` has a name mapping (it was created by `queue_id` and not deleted).
+    fn queue_is_live(&mut self, queue: u64) -> bool {
+        if self.live.contains(&queue) {
+            return true;
+        }
+        let key = codec::encode_u64(queue);
+        let live = matches!(self.pending.queue_ids.get(&self.shared.db.queue_ids, &key), Ok(Some(_)));
+        if live {
+            self.live.insert(queue);
+        }
+        live
+    }
+
     /// Adds one pointer per target; returns the offsets.
     fn push_pointers(&mut self, targets: &[QueueTarget], pos: u64, size: u32) -> Vec<(crate::QueueId, u64)> {
         let base = self.segment_base(pos);
         let mut offsets = Vec::with_capacity(targets.len());
         for t in targets {
             let q = t.queue.0;
+            if !self.queue_is_live(q) {
+                // Deleted (ids are never handed out again): a publish that raced the
+                // deletion. No pointer, no offset.
+                continue;
+            }
             let st = self.queue_state(q);
             let offset = st.next;
             st.next = offset.saturating_add(1);
@@ -533,6 +554,7 @@ impl Writer {
                     self.pending.queue_ids.remove(&id[..]);
                 }
                 *self.queue_state(q) = QueueState::default();
+                self.live.remove(&q);
             }
             Op::DeleteRetained { topic } => {
                 if let Some(v) = self.pending.retained.get(&db.retained, topic.as_bytes()).map_err(sled_fatal)? {

@@ -132,6 +132,10 @@ impl Model {
         for &q in queues {
             let mq = &mut self.queues[q as usize];
             targets.push(QueueTarget { queue: mq.id, tag_hash: tag, flags });
+            if !mq.named {
+                // A deleted queue: the journal drops the pointer.
+                continue;
+            }
             offsets.push((mq.id, mq.next));
             mq.entries.insert(mq.next, (rid, tag, flags));
             mq.next += 1;

@@ -313,8 +313,13 @@ fn small_config() -> Config {
     }
 }
 
+/// 1,024 cases per property by default; `PROPTEST_CASES=N` runs more.
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(1024)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(1024))]
+    #![proptest_config(ProptestConfig::with_cases(cases()))]
 
     /// (a) Arbitrary bytes in arbitrary chunkings never panic; the connection stays open
     /// or reports an error / client DISCONNECT.
