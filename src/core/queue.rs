@@ -8,7 +8,7 @@
 //! in by offset as the ready list drains (the RocketMQ consume-queue model), so a backlog
 //! of millions costs memory only for the window.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use ferrymq_storage::{Journal, Op, Pointer, QueueId};
 use tokio::sync::mpsc;
@@ -101,13 +101,20 @@ pub struct Queue {
     rr: usize,
     len: u64,
     bytes: u64,
+    /// Live QoS 0 entries (the first to go when the queue is full).
+    qos0: u64,
+    /// Storage entries below this offset hold no QoS 0 entry (eviction scans resume here).
+    qos0_scan_from: u64,
+    /// Offsets at or past `loaded_upto` removed while still in storage: page-in skips them
+    /// even if it reads before the removal is applied.
+    dropped_ahead: BTreeSet<u64>,
 }
 
 impl Queue {
     /// Loads the queue's state from storage (next offset, length and bytes of live entries).
     pub fn load(id: QueueId, limits: QueueLimits, journal: &Journal) -> Queue {
         let next_offset = journal.queue_next_offset(id);
-        let (mut len, mut bytes, mut from, mut first) = (0u64, 0u64, 0u64, None);
+        let (mut len, mut bytes, mut qos0, mut from, mut first) = (0u64, 0u64, 0u64, 0u64, None);
         loop {
             match journal.queue_entries(id, from, 4096) {
                 Ok(page) if !page.is_empty() => {
@@ -115,6 +122,7 @@ impl Queue {
                     for (_, p) in &page {
                         len += 1;
                         bytes += p.size as u64;
+                        qos0 += (p.flags & flags::QOS_MASK == 0) as u64;
                     }
                     from = page[page.len() - 1].0 + 1;
                 }
@@ -137,6 +145,9 @@ impl Queue {
             rr: 0,
             len,
             bytes,
+            qos0,
+            qos0_scan_from: 0,
+            dropped_ahead: BTreeSet::new(),
         }
     }
 
@@ -168,41 +179,87 @@ impl Queue {
     /// A freshly appended entry (from the journal's completion, in offset order). The
     /// message is kept in memory when the window allows. Applies the length/byte limits;
     /// drops are turned into `Remove` ops in `ops`.
-    pub fn appended(&mut self, offset: u64, ptr: Pointer, msg: &SharedMessage, ops: &mut Vec<Op>) -> Admission {
+    pub fn appended(
+        &mut self,
+        offset: u64,
+        ptr: Pointer,
+        msg: &SharedMessage,
+        journal: &Journal,
+        ops: &mut Vec<Op>,
+    ) -> Admission {
         self.next_offset = self.next_offset.max(offset + 1);
+        let qos = ptr.flags & flags::QOS_MASK;
         if offset < self.loaded_upto {
             // Already paged in from storage (the page read raced the completion).
-            self.len += 1;
-            self.bytes += ptr.size as u64;
+            self.count_in(&ptr);
             return Admission::Accepted;
         }
         let mut admission = Admission::Accepted;
         if self.is_full(ptr.size as u64) {
-            let qos = ptr.flags & flags::QOS_MASK;
-            let victim = (qos > 0).then(|| self.ready.iter().position(|e| e.ptr.flags & flags::QOS_MASK == 0)).flatten();
-            match victim {
-                Some(i) => {
-                    if let Some(e) = self.ready.remove(i) {
-                        self.forget(&e, ops);
-                    }
-                    admission = Admission::EvictedQos0;
-                }
-                None => {
-                    ops.push(Op::Remove { queue: self.id, offset });
-                    if offset == self.loaded_upto {
-                        self.loaded_upto += 1;
-                    }
-                    return Admission::Dropped;
-                }
+            if qos > 0 && self.evict_qos0(journal, ops) {
+                admission = Admission::EvictedQos0;
+            } else {
+                ops.push(Op::Remove { queue: self.id, offset });
+                self.skip_in_storage(offset);
+                return Admission::Dropped;
             }
         }
-        self.len += 1;
-        self.bytes += ptr.size as u64;
-        if offset == self.loaded_upto && self.ready.len() < self.limits.memory_window {
+        self.count_in(&ptr);
+        // Keep the message in memory only for a queue someone consumes from: an offline
+        // session's backlog stays on disk until its client is back.
+        if offset == self.loaded_upto && self.ready.len() < self.limits.memory_window && !self.consumers.is_empty() {
             self.ready.push_back(Entry { offset, ptr, msg: Some(msg.clone()), redelivered: false });
             self.loaded_upto = offset + 1;
         }
         admission
+    }
+
+    fn count_in(&mut self, ptr: &Pointer) {
+        self.len += 1;
+        self.bytes += ptr.size as u64;
+        self.qos0 += (ptr.flags & flags::QOS_MASK == 0) as u64;
+    }
+
+    /// Marks a storage-only entry as removed so that page-in does not deliver it.
+    fn skip_in_storage(&mut self, offset: u64) {
+        if offset == self.loaded_upto {
+            self.loaded_upto += 1;
+        } else if offset > self.loaded_upto {
+            self.dropped_ahead.insert(offset);
+        }
+    }
+
+    /// Drops the oldest QoS 0 entry that was not delivered yet: from memory first, then
+    /// from storage (resuming where the last scan stopped). False when there is none.
+    fn evict_qos0(&mut self, journal: &Journal, ops: &mut Vec<Op>) -> bool {
+        if self.qos0 == 0 {
+            return false;
+        }
+        if let Some(i) = self.ready.iter().position(|e| e.ptr.flags & flags::QOS_MASK == 0) {
+            if let Some(e) = self.ready.remove(i) {
+                self.forget(&e, ops);
+                return true;
+            }
+        }
+        let mut from = self.qos0_scan_from.max(self.loaded_upto);
+        while from < self.next_offset {
+            let page = match journal.queue_entries(self.id, from, PAGE) {
+                Ok(page) if !page.is_empty() => page,
+                _ => return false,
+            };
+            from = page[page.len() - 1].0 + 1;
+            let victim = page
+                .into_iter()
+                .find(|(o, p)| p.flags & flags::QOS_MASK == 0 && !self.dropped_ahead.contains(o));
+            if let Some((offset, ptr)) = victim {
+                self.qos0_scan_from = offset + 1;
+                self.forget(&Entry { offset, ptr, msg: None, redelivered: false }, ops);
+                self.skip_in_storage(offset);
+                return true;
+            }
+            self.qos0_scan_from = from;
+        }
+        false
     }
 
     fn is_full(&self, incoming: u64) -> bool {
@@ -212,6 +269,9 @@ impl Queue {
 
     fn forget(&mut self, e: &Entry, ops: &mut Vec<Op>) {
         self.len = self.len.saturating_sub(1);
+        if e.ptr.flags & flags::QOS_MASK == 0 {
+            self.qos0 = self.qos0.saturating_sub(1);
+        }
         self.bytes = self.bytes.saturating_sub(e.ptr.size as u64);
         ops.push(Op::Remove { queue: self.id, offset: e.offset });
     }
@@ -272,6 +332,8 @@ impl Queue {
         self.unacked.clear();
         self.len = 0;
         self.bytes = 0;
+        self.qos0 = 0;
+        self.dropped_ahead.clear();
         self.loaded_upto = self.next_offset;
         ops.push(Op::DeleteQueue { queue: self.id });
     }
@@ -284,8 +346,10 @@ impl Queue {
             if !self.consumers.iter().any(|c| c.credit > 0) {
                 return;
             }
-            if self.ready.is_empty() && !self.page_in(journal) {
-                return;
+            while self.ready.is_empty() {
+                if !self.page_in(journal) {
+                    return;
+                }
             }
             let Some(front) = self.ready.front() else { return };
             if let (Some(span), Some((&oldest, _))) = (self.limits.max_offset_span, self.unacked.first_key_value()) {
@@ -346,13 +410,16 @@ impl Queue {
         match journal.queue_entries(self.id, self.loaded_upto, PAGE) {
             Ok(page) if !page.is_empty() => {
                 for (offset, ptr) in page {
-                    if self.unacked.contains_key(&offset) {
+                    self.loaded_upto = offset + 1;
+                    if self.unacked.contains_key(&offset) || self.dropped_ahead.remove(&offset) {
                         continue;
                     }
                     let redelivered = offset < self.recovered_upto;
                     self.ready.push_back(Entry { offset, ptr, msg: None, redelivered });
-                    self.loaded_upto = offset + 1;
                 }
+                // Offsets passed over are settled; forget their markers.
+                let settled = self.loaded_upto;
+                self.dropped_ahead = self.dropped_ahead.split_off(&settled);
                 true
             }
             Ok(_) => {
@@ -381,5 +448,158 @@ pub fn read_message(journal: &Journal, ptr: &Pointer) -> Option<SharedMessage> {
             warn!(pos = ptr.pos.0, error = %e, "cannot read record");
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+    use ferrymq_storage::{Append, JournalConfig, QueueTarget, Record};
+
+    use super::*;
+    use crate::core::message::Properties;
+
+    struct Fixture {
+        _dir: tempfile::TempDir,
+        journal: Journal,
+        queue: Queue,
+        ops: Vec<Op>,
+    }
+
+    fn fixture(max_len: u64) -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = JournalConfig::new(dir.path());
+        cfg.fsync = ferrymq_storage::FsyncPolicy::Never;
+        let journal = Journal::open(cfg).unwrap();
+        let id = journal.queue_id("q").unwrap();
+        let limits = QueueLimits { max_len, max_bytes: 0, memory_window: 8, max_offset_span: Some(100) };
+        let queue = Queue::load(id, limits, &journal);
+        Fixture { _dir: dir, journal, queue, ops: Vec::new() }
+    }
+
+    impl Fixture {
+        /// Stores a message with `qos` in the queue, as the publish path does.
+        fn publish(&mut self, n: u32, qos: u8) -> Admission {
+            let msg = Arc::new(Message {
+                topic: "t".into(),
+                payload: Bytes::from(n.to_be_bytes().to_vec()),
+                qos,
+                retain: false,
+                props: Properties::default(),
+                timestamp_ms: 0,
+            });
+            let target = QueueTarget { queue: self.queue.id(), tag_hash: 0, flags: qos };
+            let receipt = self
+                .journal
+                .write_blocking(vec![Op::Append(Append {
+                    record: Record { header: msg.encode_header(), body: msg.payload.clone() },
+                    queues: vec![target],
+                    retained_topic: None,
+                    timer: None,
+                })])
+                .unwrap();
+            let a = &receipt.appended[0];
+            let ptr = Pointer { pos: a.pos, size: a.size, tag_hash: 0, flags: qos };
+            let admission = self.queue.appended(a.offsets[0].1, ptr, &msg, &self.journal, &mut self.ops);
+            self.flush();
+            admission
+        }
+
+        fn flush(&mut self) {
+            if !self.ops.is_empty() {
+                self.journal.write_blocking(std::mem::take(&mut self.ops)).unwrap();
+            }
+        }
+
+        fn consumer(&mut self, id: ConsumerId, credit: u32) -> mpsc::UnboundedReceiver<QueueDelivery> {
+            let (tx, rx) = mpsc::unbounded_channel();
+            self.queue.attach(Consumer { id, tx, credit, max_qos: 2 });
+            self.queue.pump(&self.journal, &mut self.ops);
+            self.flush();
+            rx
+        }
+
+        fn pump(&mut self) {
+            self.queue.pump(&self.journal, &mut self.ops);
+            self.flush();
+        }
+    }
+
+    fn drain(rx: &mut mpsc::UnboundedReceiver<QueueDelivery>) -> Vec<(u32, bool)> {
+        let mut out = Vec::new();
+        while let Ok(d) = rx.try_recv() {
+            out.push((u32::from_be_bytes(d.msg.payload[..4].try_into().unwrap()), d.redelivered));
+        }
+        out
+    }
+
+    #[test]
+    fn offline_backlog_stays_on_disk_and_pages_in_order_under_credit() {
+        let mut f = fixture(0);
+        for n in 0..50 {
+            f.publish(n, 1);
+        }
+        assert!(f.queue.ready.is_empty(), "no consumer: nothing kept in memory");
+        assert_eq!(f.queue.len(), 50);
+        let mut rx = f.consumer(1, 10);
+        let got: Vec<u32> = drain(&mut rx).into_iter().map(|(n, _)| n).collect();
+        assert_eq!(got, (0..10).collect::<Vec<_>>(), "credit limits deliveries");
+        for o in 0..10 {
+            f.queue.ack(o, &mut f.ops);
+        }
+        f.pump();
+        let got: Vec<u32> = drain(&mut rx).into_iter().map(|(n, _)| n).collect();
+        assert_eq!(got, (10..20).collect::<Vec<_>>());
+        assert_eq!(f.queue.len(), 40);
+        assert_eq!(f.journal.queue_len(f.queue.id()).unwrap(), 40, "acks remove entries from storage");
+    }
+
+    #[test]
+    fn detach_returns_unacked_in_order_as_redeliveries() {
+        let mut f = fixture(0);
+        let mut rx = f.consumer(1, 3);
+        for n in 0..5 {
+            f.publish(n, 1);
+            f.pump();
+        }
+        assert_eq!(drain(&mut rx), vec![(0, false), (1, false), (2, false)]);
+        f.queue.ack(1, &mut f.ops);
+        f.queue.detach(1);
+        let mut rx2 = f.consumer(2, 10);
+        assert_eq!(drain(&mut rx2), vec![(0, true), (2, true), (3, false), (4, false)]);
+    }
+
+    #[test]
+    fn full_queue_evicts_qos0_from_storage_first_then_drops_new() {
+        let mut f = fixture(4);
+        assert_eq!(f.publish(0, 0), Admission::Accepted);
+        assert_eq!(f.publish(1, 1), Admission::Accepted);
+        assert_eq!(f.publish(2, 0), Admission::Accepted);
+        assert_eq!(f.publish(3, 1), Admission::Accepted);
+        assert_eq!(f.publish(4, 0), Admission::Dropped, "a QoS 0 message is dropped when full");
+        assert_eq!(f.publish(5, 1), Admission::EvictedQos0);
+        assert_eq!(f.publish(6, 1), Admission::EvictedQos0);
+        assert_eq!(f.publish(7, 1), Admission::Dropped, "no QoS 0 left to evict");
+        let mut rx = f.consumer(1, 10);
+        let got: Vec<u32> = drain(&mut rx).into_iter().map(|(n, _)| n).collect();
+        assert_eq!(got, vec![1, 3, 5, 6]);
+        assert_eq!(f.queue.len(), 4);
+    }
+
+    #[test]
+    fn offset_span_limit_holds_back_deliveries() {
+        let mut f = fixture(0);
+        f.queue.limits.max_offset_span = Some(3);
+        let mut rx = f.consumer(1, 10);
+        for n in 0..6 {
+            f.publish(n, 1);
+            f.pump();
+        }
+        assert_eq!(drain(&mut rx).len(), 3, "offsets 0..3 only while 0 is unacked");
+        f.queue.ack(0, &mut f.ops);
+        f.pump();
+        assert_eq!(drain(&mut rx), vec![(3, false)]);
     }
 }

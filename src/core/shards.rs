@@ -238,7 +238,7 @@ fn handle(
                 if deleted.contains(&e.queue) {
                     continue;
                 }
-                get(queues, e.queue, journal, limits).appended(e.offset, e.ptr, &e.msg, ops);
+                get(queues, e.queue, journal, limits).appended(e.offset, e.ptr, &e.msg, journal, ops);
                 touched.insert(e.queue);
             }
         }
