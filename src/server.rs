@@ -184,24 +184,30 @@ async fn accept_loop(
         };
         let _ = stream.set_nodelay(true);
         let ctx = ctx.clone();
-        let tls = tls.clone();
-        tokio::spawn(async move {
-            serve_socket(ctx, stream, peer, tls).await;
-            drop(permit);
-        });
+        // Plain and TLS connections are spawned as different futures, so a plain one does
+        // not carry the (large) TLS handshake state.
+        match tls.clone() {
+            None => {
+                tokio::spawn(async move {
+                    mqtt::connection::serve(ctx, stream, peer).await;
+                    drop(permit);
+                });
+            }
+            Some(acceptor) => {
+                tokio::spawn(async move {
+                    serve_tls(ctx, stream, peer, acceptor).await;
+                    drop(permit);
+                });
+            }
+        }
     }
 }
 
-async fn serve_socket(ctx: Arc<MqttContext>, stream: TcpStream, peer: SocketAddr, tls: Option<TlsAcceptor>) {
-    match tls {
-        None => mqtt::connection::serve(ctx, stream, peer).await,
-        Some(acceptor) => {
-            let handshake = Duration::from_secs(ctx.cfg.connect_timeout_secs.max(1));
-            match tokio::time::timeout(handshake, acceptor.accept(stream)).await {
-                Ok(Ok(tls_stream)) => mqtt::connection::serve(ctx, tls_stream, peer).await,
-                Ok(Err(e)) => debug!(peer = %peer, error = %e, "TLS handshake failed"),
-                Err(_) => debug!(peer = %peer, "TLS handshake timed out"),
-            }
-        }
+async fn serve_tls(ctx: Arc<MqttContext>, stream: TcpStream, peer: SocketAddr, acceptor: TlsAcceptor) {
+    let handshake = Duration::from_secs(ctx.cfg.connect_timeout_secs.max(1));
+    match tokio::time::timeout(handshake, acceptor.accept(stream)).await {
+        Ok(Ok(tls_stream)) => mqtt::connection::serve(ctx, tls_stream, peer).await,
+        Ok(Err(e)) => debug!(peer = %peer, error = %e, "TLS handshake failed"),
+        Err(_) => debug!(peer = %peer, "TLS handshake timed out"),
     }
 }

@@ -40,6 +40,12 @@ use crate::core::stats::Stats;
 const OFFSET_PKIDS: u64 = 32767;
 /// Stop pulling deliveries while this many bytes wait to be written.
 const WRITE_HIGH_WATER: usize = 256 * 1024;
+/// Smallest read buffer (what an idle connection keeps).
+const READ_MIN: usize = 512;
+/// Largest read chunk the buffer grows to under load.
+const READ_MAX: usize = 64 * 1024;
+/// Drained buffers larger than this are given back.
+const BUFFER_KEEP: usize = 64 * 1024;
 /// Deliveries taken from the channels per wake-up.
 const PULL_BATCH: usize = 256;
 /// Longest wait for a taken-over connection to clean up.
@@ -99,7 +105,8 @@ where
         let conn_id = ctx.broker.next_id();
         let mut task = Task::new(ctx, conn_id);
         task.run(stream).await;
-        task.cleanup().await;
+        // Boxed: a rare, large future that every idle connection would otherwise carry.
+        Box::pin(task.cleanup()).await;
     }
     .instrument(span)
     .await
@@ -118,8 +125,8 @@ struct Task {
     pending_out: VecDeque<Pending>,
     pending_acks: VecDeque<PendingAck>,
     direct_rx: Option<mpsc::Receiver<Direct>>,
-    queued_tx: mpsc::UnboundedSender<QueueDelivery>,
-    queued_rx: mpsc::UnboundedReceiver<QueueDelivery>,
+    /// Queue deliveries (own session queue, shared groups); made on first attach.
+    queued: Option<(mpsc::UnboundedSender<QueueDelivery>, mpsc::UnboundedReceiver<QueueDelivery>)>,
     control_tx: mpsc::UnboundedSender<Control>,
     control_rx: mpsc::UnboundedReceiver<Control>,
     finished_tx: watch::Sender<bool>,
@@ -154,7 +161,6 @@ impl Task {
             },
             Instant::now(),
         );
-        let (queued_tx, queued_rx) = mpsc::unbounded_channel();
         let (control_tx, control_rx) = mpsc::unbounded_channel();
         let (finished_tx, _) = watch::channel(false);
         Task {
@@ -169,8 +175,7 @@ impl Task {
             pending_out: VecDeque::new(),
             pending_acks: VecDeque::new(),
             direct_rx: None,
-            queued_tx,
-            queued_rx,
+            queued: None,
             control_tx,
             control_rx,
             finished_tx,
@@ -188,8 +193,10 @@ impl Task {
         S: AsyncRead + AsyncWrite + Unpin + Send,
     {
         let (mut reader, mut writer) = tokio::io::split(stream);
-        let mut rbuf = BytesMut::with_capacity(8 * 1024);
-        let mut wbuf = BytesMut::with_capacity(8 * 1024);
+        // Buffers start small (idle connections are the common case for IoT fleets), grow
+        // while traffic fills them and are given back once drained.
+        let mut rbuf = BytesMut::with_capacity(READ_MIN);
+        let mut wbuf = BytesMut::new();
         let mut eof = false;
         loop {
             self.drain_pending_out();
@@ -214,17 +221,26 @@ impl Task {
                     None => {}
                 },
                 res = writer.write_buf(&mut wbuf), if !wbuf.is_empty() => match res {
-                    Ok(n) => Stats::add(&self.ctx.broker.stats.bytes_sent, n as u64),
+                    Ok(n) => {
+                        Stats::add(&self.ctx.broker.stats.bytes_sent, n as u64);
+                        if wbuf.is_empty() && wbuf.capacity() > BUFFER_KEEP {
+                            wbuf = BytesMut::new();
+                        }
+                    }
                     Err(e) => { debug!(error = %e, "write failed"); eof = true; }
                 },
                 res = reader.read_buf(&mut rbuf) => match res {
                     Ok(0) => { debug!("peer closed the connection"); eof = true; }
                     Ok(n) => {
                         Stats::add(&self.ctx.broker.stats.bytes_received, n as u64);
+                        let filled = rbuf.capacity() == rbuf.len();
                         self.proto.handle_input(&mut rbuf, Instant::now());
                         self.handle_events().await;
-                        if rbuf.capacity() - rbuf.len() < 4096 {
-                            rbuf.reserve(8 * 1024);
+                        if rbuf.is_empty() && rbuf.capacity() > BUFFER_KEEP {
+                            rbuf = BytesMut::with_capacity(READ_MIN);
+                        } else if filled || rbuf.capacity() - rbuf.len() < READ_MIN {
+                            // The read filled the buffer: there is more; read bigger chunks.
+                            rbuf.reserve((rbuf.capacity() * 2).clamp(READ_MIN, READ_MAX));
                         }
                     }
                     Err(e) => { debug!(error = %e, "read failed"); eof = true; }
@@ -251,12 +267,14 @@ impl Task {
                         }
                     }
                 }
-                q = self.queued_rx.recv(), if can_pull => {
+                q = recv_queued(&mut self.queued), if can_pull => {
                     if let Some(q) = q {
                         self.pending_out.push_back(Pending::Queued(q));
-                        while self.pending_out.len() < PULL_BATCH {
-                            let Ok(q) = self.queued_rx.try_recv() else { break };
-                            self.pending_out.push_back(Pending::Queued(q));
+                        if let Some((_, rx)) = self.queued.as_mut() {
+                            while self.pending_out.len() < PULL_BATCH {
+                                let Ok(q) = rx.try_recv() else { break };
+                                self.pending_out.push_back(Pending::Queued(q));
+                            }
                         }
                     }
                 }
@@ -292,13 +310,14 @@ impl Task {
         while let Some(event) = self.proto.poll_event() {
             packets += 1;
             match event {
-                Event::Connect(c) => self.on_connect(*c).await,
+                // Rare and large: boxed so that idle connections do not carry them.
+                Event::Connect(c) => Box::pin(self.on_connect(*c)).await,
                 Event::Publish(p) => self.on_publish(p).await,
                 Event::PubRel { pkid } => self.on_pubrel(pkid).await,
                 Event::PubAck { pkid } | Event::PubComp { pkid } => self.on_outbound_complete(pkid),
                 Event::PubRec { pkid } => self.on_pubrec(pkid),
-                Event::Subscribe(s) => self.on_subscribe(s).await,
-                Event::Unsubscribe(u) => self.on_unsubscribe(u).await,
+                Event::Subscribe(s) => Box::pin(self.on_subscribe(s)).await,
+                Event::Unsubscribe(u) => Box::pin(self.on_unsubscribe(u)).await,
                 Event::Disconnect(d) => {
                     debug!(reason = d.reason.0, "client disconnected");
                     self.publish_will = d.reason == ReasonCode::DISCONNECT_WITH_WILL;
@@ -490,7 +509,7 @@ impl Task {
         self.attached.push(queue);
         self.ctx.broker.shards.send(ShardCmd::Attach {
             queue,
-            consumer: Consumer { id: self.conn_id, tx: self.queued_tx.clone(), credit: self.window, max_qos },
+            consumer: Consumer { id: self.conn_id, tx: self.queued.get_or_insert_with(mpsc::unbounded_channel).0.clone(), credit: self.window, max_qos },
         });
     }
 
@@ -977,6 +996,15 @@ async fn front_signal(acks: &mut VecDeque<PendingAck>) -> bool {
 async fn slow_consumer(session: &Option<SessionState>) {
     match session.as_ref().and_then(|s| s.link.as_ref()) {
         Some(link) => link.slow_consumer().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn recv_queued(
+    queued: &mut Option<(mpsc::UnboundedSender<QueueDelivery>, mpsc::UnboundedReceiver<QueueDelivery>)>,
+) -> Option<QueueDelivery> {
+    match queued {
+        Some((_, rx)) => rx.recv().await,
         None => std::future::pending().await,
     }
 }

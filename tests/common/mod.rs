@@ -239,25 +239,116 @@ pub fn run_binary(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
     }
 }
 
-// ----- rumqttc (MQTT 3.1.1) helpers --------------------------------------------------------
+// ----- rumqttc helpers (3.1.1 in `v4`, 5.0 in `v5`) -----------------------------------------
+
+/// The parts of a test client that read the same for both rumqttc APIs; expanded in `v4`
+/// and `v5`, where `AsyncClient`, `Event`, `Packet`, ... name that version's types.
+macro_rules! client_common {
+    () => {
+        /// A connected client whose incoming packets arrive on a channel.
+        pub struct Client {
+            pub client: AsyncClient,
+            pub events: mpsc::UnboundedReceiver<Result<Packet, String>>,
+            pub connack: ConnAck,
+            task: tokio::task::JoinHandle<()>,
+        }
+
+        impl Drop for Client {
+            fn drop(&mut self) {
+                self.task.abort();
+            }
+        }
+
+        /// Connects and waits for CONNACK.
+        pub async fn connect_with(o: MqttOptions) -> Client {
+            let (client, mut el) = AsyncClient::new(o, 1000);
+            let connack = loop {
+                match tokio::time::timeout(WAIT, el.poll()).await.expect("connect timed out") {
+                    Ok(Event::Incoming(Packet::ConnAck(c))) => break c,
+                    Ok(_) => continue,
+                    Err(e) => panic!("connect failed: {e:?}"),
+                }
+            };
+            let (tx, rx) = mpsc::unbounded_channel();
+            let task = tokio::spawn(async move {
+                loop {
+                    match el.poll().await {
+                        Ok(Event::Incoming(p)) => {
+                            if tx.send(Ok(p)).is_err() {
+                                return;
+                            }
+                        }
+                        Ok(Event::Outgoing(_)) => {}
+                        Err(e) => {
+                            let _ = tx.send(Err(format!("{e:?}")));
+                            return;
+                        }
+                    }
+                }
+            });
+            Client { client, events: rx, connack, task }
+        }
+
+        /// Connects a clean-session client.
+        pub async fn connect(broker: &Broker, id: &str) -> Client {
+            connect_with(options(broker, id)).await
+        }
+
+        impl Client {
+            /// Next incoming packet (bounded wait).
+            pub async fn next(&mut self) -> Packet {
+                match tokio::time::timeout(WAIT, self.events.recv()).await {
+                    Ok(Some(Ok(p))) => p,
+                    Ok(Some(Err(e))) => panic!("connection error: {e}"),
+                    Ok(None) => panic!("event loop ended"),
+                    Err(_) => panic!("no packet within {WAIT:?}"),
+                }
+            }
+
+            /// Next PUBLISH (skipping other packets).
+            pub async fn next_publish(&mut self) -> Publish {
+                loop {
+                    if let Packet::Publish(p) = self.next().await {
+                        return p;
+                    }
+                }
+            }
+
+            /// Publishes at QoS 1 or 2 and waits until the broker acknowledged it.
+            pub async fn publish_acked(&mut self, topic: &str, qos: QoS, retain: bool, payload: impl Into<Vec<u8>>) {
+                assert!(qos != QoS::AtMostOnce, "only QoS 1/2 are acknowledged");
+                self.client.publish(topic, qos, retain, payload.into()).await.unwrap();
+                loop {
+                    match self.next().await {
+                        Packet::PubAck(_) if qos == QoS::AtLeastOnce => return,
+                        Packet::PubComp(_) if qos == QoS::ExactlyOnce => return,
+                        _ => {}
+                    }
+                }
+            }
+
+            /// Asserts no PUBLISH arrives within `d` (a bounded negative check).
+            pub async fn expect_no_publish(&mut self, d: Duration) {
+                let deadline = tokio::time::Instant::now() + d;
+                loop {
+                    match tokio::time::timeout_at(deadline, self.events.recv()).await {
+                        Err(_) => return,
+                        Ok(Some(Ok(Packet::Publish(p)))) => panic!("unexpected publish: {p:?}"),
+                        Ok(Some(Ok(_))) => continue,
+                        Ok(Some(Err(e))) => panic!("connection error: {e}"),
+                        Ok(None) => return,
+                    }
+                }
+            }
+        }
+    };
+}
 
 pub mod v4 {
     use super::*;
     pub use rumqttc::{AsyncClient, ConnAck, Event, EventLoop, LastWill, MqttOptions, Packet, Publish, QoS};
 
-    /// A connected client whose events arrive on a channel.
-    pub struct Client {
-        pub client: AsyncClient,
-        pub events: mpsc::UnboundedReceiver<Result<Packet, String>>,
-        pub connack: ConnAck,
-        task: tokio::task::JoinHandle<()>,
-    }
-
-    impl Drop for Client {
-        fn drop(&mut self) {
-            self.task.abort();
-        }
-    }
+    client_common!();
 
     /// Options for a client of `broker`.
     pub fn options(broker: &Broker, id: &str) -> MqttOptions {
@@ -266,41 +357,6 @@ pub mod v4 {
         o.set_keep_alive(Duration::from_secs(30));
         o.set_max_packet_size(16 * 1024 * 1024, 16 * 1024 * 1024);
         o
-    }
-
-    /// Connects and waits for CONNACK.
-    pub async fn connect_with(o: MqttOptions) -> Client {
-        let (client, mut el) = AsyncClient::new(o, 1000);
-        let connack = loop {
-            match tokio::time::timeout(WAIT, el.poll()).await.expect("connect timed out") {
-                Ok(Event::Incoming(Packet::ConnAck(c))) => break c,
-                Ok(_) => continue,
-                Err(e) => panic!("connect failed: {e:?}"),
-            }
-        };
-        let (tx, rx) = mpsc::unbounded_channel();
-        let task = tokio::spawn(async move {
-            loop {
-                match el.poll().await {
-                    Ok(Event::Incoming(p)) => {
-                        if tx.send(Ok(p)).is_err() {
-                            return;
-                        }
-                    }
-                    Ok(Event::Outgoing(_)) => {}
-                    Err(e) => {
-                        let _ = tx.send(Err(format!("{e:?}")));
-                        return;
-                    }
-                }
-            }
-        });
-        Client { client, events: rx, connack, task }
-    }
-
-    /// Connects a clean-session client.
-    pub async fn connect(broker: &Broker, id: &str) -> Client {
-        connect_with(options(broker, id)).await
     }
 
     /// Connects with clean session = false.
@@ -315,55 +371,8 @@ pub mod v4 {
         pub async fn subscribe(&mut self, filter: &str, qos: QoS) -> Vec<rumqttc::SubscribeReasonCode> {
             self.client.subscribe(filter, qos).await.unwrap();
             loop {
-                match self.next().await {
-                    Packet::SubAck(s) => return s.return_codes,
-                    _ => continue,
-                }
-            }
-        }
-
-        /// Next incoming packet (bounded wait).
-        pub async fn next(&mut self) -> Packet {
-            match tokio::time::timeout(WAIT, self.events.recv()).await {
-                Ok(Some(Ok(p))) => p,
-                Ok(Some(Err(e))) => panic!("connection error: {e}"),
-                Ok(None) => panic!("event loop ended"),
-                Err(_) => panic!("no packet within {WAIT:?}"),
-            }
-        }
-
-        /// Next PUBLISH (skipping other packets).
-        pub async fn next_publish(&mut self) -> Publish {
-            loop {
-                if let Packet::Publish(p) = self.next().await {
-                    return p;
-                }
-            }
-        }
-
-        /// Publishes at QoS 1 or 2 and waits until the broker acknowledged it.
-        pub async fn publish_acked(&mut self, topic: &str, qos: QoS, retain: bool, payload: impl Into<Vec<u8>>) {
-            assert!(qos != QoS::AtMostOnce, "only QoS 1/2 are acknowledged");
-            self.client.publish(topic, qos, retain, payload.into()).await.unwrap();
-            loop {
-                match self.next().await {
-                    Packet::PubAck(_) if qos == QoS::AtLeastOnce => return,
-                    Packet::PubComp(_) if qos == QoS::ExactlyOnce => return,
-                    _ => {}
-                }
-            }
-        }
-
-        /// Asserts no PUBLISH arrives within `d` (a bounded negative check).
-        pub async fn expect_no_publish(&mut self, d: Duration) {
-            let deadline = tokio::time::Instant::now() + d;
-            loop {
-                match tokio::time::timeout_at(deadline, self.events.recv()).await {
-                    Err(_) => return,
-                    Ok(Some(Ok(Packet::Publish(p)))) => panic!("unexpected publish on {}: {:?}", p.topic, p.payload),
-                    Ok(Some(Ok(_))) => continue,
-                    Ok(Some(Err(e))) => panic!("connection error: {e}"),
-                    Ok(None) => return,
+                if let Packet::SubAck(s) = self.next().await {
+                    return s.return_codes;
                 }
             }
         }
@@ -382,28 +391,15 @@ pub mod v4 {
     }
 }
 
-// ----- rumqttc (MQTT 5) helpers -------------------------------------------------------------
-
 pub mod v5 {
     use super::*;
-    pub use rumqttc::v5::mqttbytes::v5::{ConnAck, Packet, Publish, PublishProperties, SubscribeProperties};
-    pub use rumqttc::v5::mqttbytes::v5::{Filter, RetainForwardRule};
+    pub use rumqttc::v5::mqttbytes::v5::{
+        ConnAck, Filter, Packet, Publish, PublishProperties, RetainForwardRule, SubscribeProperties,
+    };
     pub use rumqttc::v5::mqttbytes::QoS;
     pub use rumqttc::v5::{AsyncClient, Event, EventLoop, MqttOptions};
 
-    /// A connected MQTT 5 client whose events arrive on a channel.
-    pub struct Client {
-        pub client: AsyncClient,
-        pub events: mpsc::UnboundedReceiver<Result<Packet, String>>,
-        pub connack: ConnAck,
-        task: tokio::task::JoinHandle<()>,
-    }
-
-    impl Drop for Client {
-        fn drop(&mut self) {
-            self.task.abort();
-        }
-    }
+    client_common!();
 
     /// Options for a client of `broker`.
     pub fn options(broker: &Broker, id: &str) -> MqttOptions {
@@ -413,52 +409,7 @@ pub mod v5 {
         o
     }
 
-    /// Connects and waits for CONNACK.
-    pub async fn connect_with(o: MqttOptions) -> Client {
-        let (client, mut el) = AsyncClient::new(o, 1000);
-        let connack = loop {
-            match tokio::time::timeout(WAIT, el.poll()).await.expect("connect timed out") {
-                Ok(Event::Incoming(Packet::ConnAck(c))) => break c,
-                Ok(_) => continue,
-                Err(e) => panic!("connect failed: {e:?}"),
-            }
-        };
-        let (tx, rx) = mpsc::unbounded_channel();
-        let task = tokio::spawn(async move {
-            loop {
-                match el.poll().await {
-                    Ok(Event::Incoming(p)) => {
-                        if tx.send(Ok(p)).is_err() {
-                            return;
-                        }
-                    }
-                    Ok(Event::Outgoing(_)) => {}
-                    Err(e) => {
-                        let _ = tx.send(Err(format!("{e:?}")));
-                        return;
-                    }
-                }
-            }
-        });
-        Client { client, events: rx, connack, task }
-    }
-
-    /// Connects a clean-start client.
-    pub async fn connect(broker: &Broker, id: &str) -> Client {
-        connect_with(options(broker, id)).await
-    }
-
     impl Client {
-        /// Next incoming packet (bounded wait).
-        pub async fn next(&mut self) -> Packet {
-            match tokio::time::timeout(WAIT, self.events.recv()).await {
-                Ok(Some(Ok(p))) => p,
-                Ok(Some(Err(e))) => panic!("connection error: {e}"),
-                Ok(None) => panic!("event loop ended"),
-                Err(_) => panic!("no packet within {WAIT:?}"),
-            }
-        }
-
         /// Subscribes with a filter and waits for SUBACK; returns its reason codes.
         pub async fn subscribe_filter(
             &mut self,
@@ -481,28 +432,6 @@ pub mod v5 {
             self.subscribe_filter(Filter::new(filter, qos), None).await
         }
 
-        /// Next PUBLISH (skipping other packets).
-        pub async fn next_publish(&mut self) -> Publish {
-            loop {
-                if let Packet::Publish(p) = self.next().await {
-                    return p;
-                }
-            }
-        }
-
-        /// Publishes at QoS 1 or 2 and waits until the broker acknowledged it.
-        pub async fn publish_acked(&mut self, topic: &str, qos: QoS, retain: bool, payload: impl Into<Vec<u8>>) {
-            assert!(qos != QoS::AtMostOnce, "only QoS 1/2 are acknowledged");
-            self.client.publish(topic, qos, retain, payload.into()).await.unwrap();
-            loop {
-                match self.next().await {
-                    Packet::PubAck(_) if qos == QoS::AtLeastOnce => return,
-                    Packet::PubComp(_) if qos == QoS::ExactlyOnce => return,
-                    _ => {}
-                }
-            }
-        }
-
         /// Waits for the broker's DISCONNECT and returns (reason code, reason string) as
         /// rumqttc reports them (it turns a server DISCONNECT into a connection error).
         pub async fn expect_server_disconnect(&mut self) -> (String, Option<String>) {
@@ -518,20 +447,6 @@ pub mod v5 {
                         return (code.unwrap_or(e.clone()), reason);
                     }
                     None => panic!("event loop ended without DISCONNECT"),
-                }
-            }
-        }
-
-        /// Asserts no PUBLISH arrives within `d` (a bounded negative check).
-        pub async fn expect_no_publish(&mut self, d: Duration) {
-            let deadline = tokio::time::Instant::now() + d;
-            loop {
-                match tokio::time::timeout_at(deadline, self.events.recv()).await {
-                    Err(_) => return,
-                    Ok(Some(Ok(Packet::Publish(p)))) => panic!("unexpected publish: {p:?}"),
-                    Ok(Some(Ok(_))) => continue,
-                    Ok(Some(Err(e))) => panic!("connection error: {e}"),
-                    Ok(None) => return,
                 }
             }
         }
