@@ -13,12 +13,13 @@
 //!            └──────────────────────────── queue deliveries ◀─────────────────────┘
 //! ```
 //!
-//! - [`config`]: embedded default + environment + file + flags.
-//! - [`server`]: listeners, connection limit, start-up restore, shutdown.
-//! - [`core`]: message, routing table, queues, scheduler, retained, counters.
-//! - [`mqtt`]: the MQTT front-end (connections, sessions, shared groups, `$SYS`).
-//! - [`tls`]: rustls acceptor from PEM files.
+//! - [`config`] — embedded default + environment + file + flags.
+//! - [`server`] — listeners, connection limit, start-up restore, shutdown.
+//! - [`core`] — message, routing table, queues, scheduler, retained, counters.
+//! - [`mqtt`] — the MQTT front-end (connections, sessions, shared groups, `$SYS`).
+//! - [`tls`] — rustls acceptor from PEM files.
 #![forbid(unsafe_code)]
+#![deny(missing_docs)]
 
 pub mod config;
 pub mod core;

@@ -82,7 +82,7 @@ impl Message {
         put_str(&mut b, &self.topic);
         let p = &self.props;
         let mut present = 0u8;
-        present |= (p.content_type.is_some() as u8) << 0;
+        present |= p.content_type.is_some() as u8;
         present |= (p.correlation_data.is_some() as u8) << 1;
         present |= (p.response_topic.is_some() as u8) << 2;
         present |= (p.payload_format.is_some() as u8) << 3;

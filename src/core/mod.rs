@@ -1,15 +1,15 @@
 //! The core every front-end shares: one message type, one routing table, one queue
 //! abstraction, one journal.
 //!
-//! - [`message`]: the core `Message` and its commit-log header encoding.
-//! - [`router`]: the routing table (MQTT topic filters = bindings of `amq.topic`).
-//! - [`delivery`]: what flows from the core to connections.
-//! - [`queue`]: a consume queue's state (ready, unacked, credit, limits, paging).
-//! - [`shards`]: the queue-owner tasks.
-//! - [`retained`]: retained messages in memory.
-//! - [`scheduler`]: delayed delivery from the journal's timer index.
-//! - [`broker`]: the shared core and its publish path.
-//! - [`stats`]: counters.
+//! - [`message`] — the core `Message` and its commit-log header encoding.
+//! - [`router`] — the routing table (MQTT topic filters = bindings of `amq.topic`).
+//! - [`delivery`] — what flows from the core to connections.
+//! - [`queue`] — a consume queue's state (ready, unacked, credit, limits, paging).
+//! - [`shards`] — the queue-owner tasks.
+//! - [`retained`] — retained messages in memory.
+//! - [`scheduler`] — delayed delivery from the journal's timer index.
+//! - [`broker`] — the shared core and its publish path.
+//! - [`stats`] — counters.
 
 pub mod broker;
 pub mod delivery;

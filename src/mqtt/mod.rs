@@ -6,11 +6,11 @@
 //!    └─────────────────┴ queue deliveries (persistent session queue, shared groups)
 //! ```
 //!
-//! - [`connection`]: one task per socket; protocol events in, core commands out.
-//! - [`session`]: client ids, take-over, persistent sessions and their storage, expiry.
-//! - [`shared`]: `$share/{group}/{filter}` groups as consume queues.
-//! - [`sys`]: the `$SYS/broker/...` topics.
-//! - [`convert`]: MQTT publish <-> core message.
+//! - [`connection`] — one task per socket; protocol events in, core commands out.
+//! - [`session`] — client ids, take-over, persistent sessions and their storage, expiry.
+//! - [`shared`] — `$share/{group}/{filter}` groups as consume queues.
+//! - [`sys`] — the `$SYS/broker/...` topics.
+//! - [`convert`] — MQTT publish <-> core message.
 
 pub mod connection;
 pub mod convert;

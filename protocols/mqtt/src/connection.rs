@@ -390,12 +390,10 @@ impl Connection {
             State::AwaitConnect if now >= self.connect_deadline => {
                 self.fail(ProtocolError::ConnectTimeout);
             }
-            State::Connected => {
-                // The keep-alive clock runs from the last packet received (CONNECT at the
-                // latest): a timer firing is not traffic from the client.
-                if self.keep_alive > 0 && now >= self.keep_alive_deadline() {
-                    self.fail(ProtocolError::KeepAliveTimeout);
-                }
+            // The keep-alive clock runs from the last packet received (CONNECT at the
+            // latest): a timer firing is not traffic from the client.
+            State::Connected if self.keep_alive > 0 && now >= self.keep_alive_deadline() => {
+                self.fail(ProtocolError::KeepAliveTimeout);
             }
             _ => {}
         }
