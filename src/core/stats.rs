@@ -28,8 +28,6 @@ pub struct Stats {
     pub bytes_received: AtomicU64,
     /// Bytes sent.
     pub bytes_sent: AtomicU64,
-    /// Deliveries handed to connected sessions by the fast path.
-    pub routed_direct: AtomicU64,
 }
 
 impl Stats {
