@@ -1,9 +1,27 @@
-//! `ferrymq-amqp`: AMQP 0-9-1 framing and the connection/channel state machine, sans-IO.
+//! `ferrymq-amqp`: AMQP 0-9-1 for FerryMQ, sans-IO.
 //!
-//! Placeholder until the AMQP front-end issue: the crate exists so the workspace has the
-//! shape of the design (`protocols/amqp` beside `protocols/mqtt`). It will hold frame
-//! parsing (methods and content headers through `amq-protocol`, body frames parsed here
-//! without copying), the handshake, tune, channel lifecycle, content assembly, delivery
-//! tags and confirms — bytes in, events out, no sockets and no broker types.
+//! Bytes in, events out; decisions in, bytes out. No sockets, no clocks (time is passed
+//! in), no broker types. The broker's connection task owns one [`Connection`] per socket:
+//!
+//! ```text
+//! socket bytes ─▶ Connection::handle_input ─▶ poll_event() ─▶ broker decides
+//!                                                              │
+//! socket ◀─ poll_transmit() ◀─ reply / deliver / confirm / channel_error ... ◀┘
+//! timers: poll_timeout() -> handle_timeout(now)   (handshake timeout, heartbeats)
+//! ```
+//!
+//! Methods and content headers are parsed and generated with `amq-protocol` (default
+//! features off); frames are cut by our own reader, which enforces the negotiated
+//! `frame_max` from the frame header before buffering the payload, and body frames are
+//! sliced out of the read buffer without copying (`amq-protocol` would copy them into a
+//! `Vec`). The broker sees `amq-protocol`'s method types, re-exported here.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
+
+pub mod connection;
+pub mod frame;
+
+pub use amq_protocol::protocol::{self as methods, AMQPClass};
+pub use amq_protocol::protocol::basic::AMQPProperties as BasicProperties;
+pub use amq_protocol::types::{AMQPValue, FieldTable, LongString, ShortString};
+pub use connection::{CloseReason, Config, Connection, Event, ProtocolError};
