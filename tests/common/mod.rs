@@ -25,6 +25,8 @@ pub struct Broker {
     pub mqtt: SocketAddr,
     /// MQTT over TLS address, if started with one.
     pub mqtts: Option<SocketAddr>,
+    /// AMQP address (present once the AMQP front-end listens).
+    pub amqp: Option<SocketAddr>,
     /// Data directory (kept across restarts).
     pub dir: PathBuf,
     _tmp: Option<Arc<tempfile::TempDir>>,
@@ -81,7 +83,14 @@ impl Broker {
 
     fn spawn(dir: PathBuf, tmp: Option<Arc<tempfile::TempDir>>, opts: Opts) -> Broker {
         let mut cmd = Command::new(binary());
-        cmd.arg("--data-dir").arg(&dir).arg("--mqtt-listen").arg("127.0.0.1:0").arg("--log").arg("ferrymq=debug,info");
+        cmd.arg("--data-dir")
+            .arg(&dir)
+            .arg("--mqtt-listen")
+            .arg("127.0.0.1:0")
+            .arg("--amqp-listen")
+            .arg("127.0.0.1:0")
+            .arg("--log")
+            .arg("ferrymq=debug,info");
         if let Some(toml) = &opts.config {
             let path = dir.with_extension("toml");
             std::fs::create_dir_all(dir.parent().unwrap()).unwrap();
@@ -129,7 +138,8 @@ impl Broker {
         };
         let mqtt = field("mqtt").unwrap_or_else(|| panic!("no mqtt address in {ready:?}"));
         let mqtts = field("mqtts");
-        Broker { child: Some(child), mqtt, mqtts, dir, _tmp: tmp, log, opts }
+        let amqp = field("amqp");
+        Broker { child: Some(child), mqtt, mqtts, amqp, dir, _tmp: tmp, log, opts }
     }
 
     /// Stops the broker with SIGTERM and waits for a clean exit (status 0).
