@@ -165,7 +165,8 @@ impl Broker {
         if ops.is_empty() {
             return None;
         }
-        Some(self.submit(ops, item.into_iter().collect()).await)
+        // Only what a publisher waits to hear about needs an fsync before the signal.
+        Some(self.submit(ops, item.into_iter().collect(), msg.qos > 0).await)
     }
 
     /// Stores `msg` to be routed at `due_ms` (delayed publish). The signal resolves when the
@@ -177,15 +178,16 @@ impl Broker {
             retained_topic: None,
             timer: Some(Timer { due_ms, target: bytes::Bytes::new() }),
         });
-        let signal = self.submit(vec![op], Vec::new()).await;
+        let signal = self.submit(vec![op], Vec::new(), true).await;
         self.timers_changed.notify_one();
         signal
     }
 
     /// Submits journal ops whose Append/Enqueue results (in op order) correspond to `items`;
     /// the completion hands the new pointers to their queue owners in log order and then
-    /// resolves the returned signal.
-    pub async fn submit(&self, ops: Vec<Op>, items: Vec<DispatchItem>) -> DurableSignal {
+    /// resolves the returned signal — after the fsync when `durable` (policy `always`),
+    /// else once written.
+    pub async fn submit(&self, ops: Vec<Op>, items: Vec<DispatchItem>, durable: bool) -> DurableSignal {
         let (tx, rx) = oneshot::channel();
         let shards = self.shards.clone();
         let done: ferrymq_storage::Completion = Box::new(move |result| {
@@ -206,7 +208,12 @@ impl Broker {
             });
             let _ = tx.send(result);
         });
-        if let Err(e) = self.journal.submit(ops, Some(done)).await {
+        let submitted = if durable {
+            self.journal.submit(ops, Some(done)).await
+        } else {
+            self.journal.submit_relaxed(ops, Some(done)).await
+        };
+        if let Err(e) = submitted {
             let (tx, rx) = oneshot::channel();
             let _ = tx.send(Err(e));
             return rx;

@@ -73,7 +73,7 @@ async fn fire(broker: &Broker, due: Vec<ferrymq_storage::TimerEntry>) {
         ops.push(Op::Enqueue { pos: t.pos, size: t.size, queues });
     }
     // Wait for durability so the next turn does not see the same timers again.
-    let signal = broker.submit(ops, items).await;
+    let signal = broker.submit(ops, items, true).await;
     if let Ok(Err(e)) = signal.await {
         warn!(error = %e, "cannot store fired timers");
     }

@@ -593,6 +593,8 @@ impl Task {
     async fn on_pubrel(&mut self, pkid: u16) {
         let Some(s) = self.session.as_ref() else { return };
         if s.persistent.is_some() {
+            // Durable: a stale pending id after a power cut would swallow the client's next
+            // message that reuses it.
             let op = Op::Delete { space: Space::InboundQos2, key: qos2_key(&s.client_id, pkid) };
             if let Err(e) = self.ctx.broker.journal.submit(vec![op], None).await {
                 warn!(error = %e, "cannot clear inbound QoS 2 state");

@@ -466,7 +466,7 @@ impl Drop for Inner {
 /// Takes the ops and completion back out of a message that could not be sent.
 fn unsent(msg: Msg) -> (Vec<Op>, Option<Completion>) {
     match msg {
-        Msg::Submit { ops, done } => (ops, done),
+        Msg::Submit { ops, done, .. } => (ops, done),
         Msg::Flush(_) | Msg::Close | Msg::Verify(_) => (Vec::new(), None),
     }
 }
@@ -531,7 +531,20 @@ impl Journal {
     pub async fn submit(&self, ops: Vec<Op>, done: Option<Completion>) -> Result<(), JournalError> {
         self.inner
             .tx
-            .send(Msg::Submit { ops, done })
+            .send(Msg::Submit { ops, done, durable: true })
+            .await
+            .map_err(|_| JournalError::Closed)
+    }
+
+    /// Like [`Journal::submit`], but `done` runs once the submission is written to the OS,
+    /// without waiting for an fsync even under [`FsyncPolicy::Always`] (for what needs no
+    /// power-loss durability: transient messages, acknowledgements, QoS 0). Completions
+    /// still run in submission order, so one queued behind a durable submission of the
+    /// same batch waits for that batch's fsync.
+    pub async fn submit_relaxed(&self, ops: Vec<Op>, done: Option<Completion>) -> Result<(), JournalError> {
+        self.inner
+            .tx
+            .send(Msg::Submit { ops, done, durable: false })
             .await
             .map_err(|_| JournalError::Closed)
     }
@@ -545,7 +558,7 @@ impl Journal {
         ops: Vec<Op>,
         done: Option<Completion>,
     ) -> Result<(), (Vec<Op>, Option<Completion>, JournalError)> {
-        match self.inner.tx.try_send(Msg::Submit { ops, done }) {
+        match self.inner.tx.try_send(Msg::Submit { ops, done, durable: true }) {
             Ok(()) => Ok(()),
             Err(TrySendError::Full(msg)) => {
                 let (ops, done) = unsent(msg);
@@ -573,7 +586,7 @@ impl Journal {
         let done: Completion = Box::new(move |r| drop(tx.send(r)));
         self.inner
             .tx
-            .blocking_send(Msg::Submit { ops, done: Some(done) })
+            .blocking_send(Msg::Submit { ops, done: Some(done), durable: true })
             .map_err(|_| JournalError::Closed)?;
         rx.blocking_recv().unwrap_or(Err(JournalError::Closed))
     }

@@ -37,6 +37,8 @@ pub(crate) enum Msg {
         ops: Vec<Op>,
         /// The completion.
         done: Option<Completion>,
+        /// Under `FsyncPolicy::Always`, the completion waits for the fsync.
+        durable: bool,
     },
     /// Sync everything submitted before, regardless of policy, then answer.
     Flush(oneshot::Sender<Result<(), JournalError>>),
@@ -248,10 +250,12 @@ impl Writer {
         let mut outcomes = Vec::with_capacity(batch.len());
         let mut force_sync = false;
         let mut submissions = false;
+        let mut durable_wanted = false;
         for msg in batch {
             match msg {
-                Msg::Submit { ops, done } => {
+                Msg::Submit { ops, done, durable } => {
                     submissions = true;
+                    durable_wanted |= durable;
                     let result = if self.poisoned.is_some() {
                         Err(JournalError::Closed) // replaced by `Poisoned` below
                     } else {
@@ -275,7 +279,7 @@ impl Writer {
             }
         }
         if self.poisoned.is_none() {
-            if let Err(reason) = self.commit(force_sync, submissions) {
+            if let Err(reason) = self.commit(force_sync, submissions, durable_wanted) {
                 self.poison(reason);
             }
         }
@@ -322,7 +326,7 @@ impl Writer {
 
     /// Writes the assembled records, applies the sled batches, publishes the counters
     /// and syncs if the policy (or `force_sync`) says so.
-    fn commit(&mut self, force_sync: bool, submissions: bool) -> Result<(), String> {
+    fn commit(&mut self, force_sync: bool, submissions: bool, durable_wanted: bool) -> Result<(), String> {
         self.log
             .write_out(&self.shared.log)
             .map_err(|e| format!("commit log write: {e}"))?;
@@ -349,7 +353,9 @@ impl Writer {
         }
         let sync = force_sync
             || match self.shared.config.fsync {
-                FsyncPolicy::Always => self.is_dirty(),
+                // A batch of relaxed submissions only leaves its data for the next durable
+                // batch (or the OS) to sync.
+                FsyncPolicy::Always => durable_wanted && self.is_dirty(),
                 FsyncPolicy::Interval(d) => self.is_dirty() && self.last_sync.elapsed() >= d,
                 FsyncPolicy::Never => false,
             };
