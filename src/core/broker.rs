@@ -131,16 +131,16 @@ impl Broker {
         let retained_topic = match retain {
             RetainMode::None => None,
             RetainMode::MemoryOnly => {
-                self.retained.set(&msg.topic, (!clear).then(|| msg.clone()));
+                self.retained.set(&msg.routing_key, (!clear).then(|| msg.clone()));
                 None
             }
             RetainMode::Persist => {
-                self.retained.set(&msg.topic, (!clear).then(|| msg.clone()));
+                self.retained.set(&msg.routing_key, (!clear).then(|| msg.clone()));
                 if clear {
-                    ops.push(Op::DeleteRetained { topic: msg.topic.clone() });
+                    ops.push(Op::DeleteRetained { topic: msg.routing_key.clone() });
                     None
                 } else {
-                    Some(msg.topic.clone())
+                    Some(msg.routing_key.clone())
                 }
             }
         };
@@ -169,14 +169,14 @@ impl Broker {
         Some(self.submit(ops, item.into_iter().collect(), msg.qos > 0).await)
     }
 
-    /// Stores `msg` to be routed at `due_ms` (delayed publish). The signal resolves when the
-    /// delayed message is durable.
-    pub async fn schedule(&self, msg: &SharedMessage, due_ms: u64) -> DurableSignal {
+    /// Stores `msg` to be routed in `vhost` at `due_ms` (delayed publish). The signal
+    /// resolves when the delayed message is durable.
+    pub async fn schedule(&self, vhost: &str, msg: &SharedMessage, due_ms: u64) -> DurableSignal {
         let op = Op::Append(Append {
             record: Record { header: msg.encode_header(), body: msg.payload.clone() },
             queues: Vec::new(),
             retained_topic: None,
-            timer: Some(Timer { due_ms, target: bytes::Bytes::new() }),
+            timer: Some(Timer { due_ms, target: bytes::Bytes::copy_from_slice(vhost.as_bytes()) }),
         });
         let signal = self.submit(vec![op], Vec::new(), true).await;
         self.timers_changed.notify_one();

@@ -10,6 +10,7 @@
 //! - [`scheduler`] — delayed delivery from the journal's timer index.
 //! - [`broker`] — the shared core and its publish path.
 //! - [`stats`] — counters.
+//! - [`value`] — typed header values (AMQP field tables).
 
 pub mod broker;
 pub mod delivery;
@@ -20,3 +21,4 @@ pub mod router;
 pub mod scheduler;
 pub mod shards;
 pub mod stats;
+pub mod value;

@@ -483,7 +483,8 @@ mod tests {
         /// Stores a message with `qos` in the queue, as the publish path does.
         fn publish(&mut self, n: u32, qos: u8) -> Admission {
             let msg = Arc::new(Message {
-                topic: "t".into(),
+                exchange: "amq.topic".into(),
+                routing_key: "t".into(),
                 payload: Bytes::from(n.to_be_bytes().to_vec()),
                 qos,
                 retain: false,
