@@ -16,7 +16,7 @@ use tracing::{debug, info, warn};
 use crate::config::Config;
 use crate::core::broker::{Broker, Pacing};
 use crate::core::message::Message;
-use crate::core::queue::QueueLimits;
+use crate::core::queue::{Overflow, QueueConfig};
 use crate::core::scheduler;
 use crate::core::shards::Shards;
 use crate::mqtt::session::Control;
@@ -44,19 +44,21 @@ impl Server {
         let journal = tokio::task::spawn_blocking(move || Journal::open(jcfg))
             .await?
             .with_context(|| format!("cannot open the data directory {}", dir.display()))?;
-        let limits = QueueLimits {
-            max_len: config.mqtt.max_queued_messages,
-            max_bytes: config.mqtt.max_queued_bytes,
-            memory_window: 4096,
-            max_offset_span: Some(32767),
-        };
+        // Queues nobody configured are MQTT session and group queues.
+        let mut session_queues = QueueConfig::new("mqtt-session", crate::core::router::MQTT_VHOST);
+        session_queues.max_len = config.mqtt.max_queued_messages;
+        session_queues.max_bytes = config.mqtt.max_queued_bytes;
+        session_queues.overflow = Overflow::DropQos0First;
+        session_queues.max_offset_span = Some(32767);
         let shard_count = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).max(2);
-        let shards = Shards::start(shard_count, journal.clone(), limits);
+        let (dead_tx, dead_rx) = tokio::sync::mpsc::unbounded_channel();
+        let shards = Shards::start(shard_count, journal.clone(), session_queues, dead_tx);
         let pacing = Pacing {
             qos0_waits: config.mqtt.qos0_when_full == "wait",
             slow_consumer_timeout: Duration::from_secs(config.mqtt.slow_consumer_timeout_secs),
         };
         let broker = Arc::new(Broker::new(journal, shards, pacing));
+        tokio::spawn(crate::core::dead_letter::run(broker.clone(), dead_rx));
         restore_retained(&broker);
         let mqtt = MqttContext::restore(broker.clone(), config.mqtt.clone());
         mqtt.drop_orphan_queues().await;

@@ -9,10 +9,12 @@
 //! - [`retained`] — retained messages in memory.
 //! - [`scheduler`] — delayed delivery from the journal's timer index.
 //! - [`broker`] — the shared core and its publish path.
+//! - [`dead_letter`] — republishing dead letters with `x-death`.
 //! - [`stats`] — counters.
 //! - [`value`] — typed header values (AMQP field tables).
 
 pub mod broker;
+pub mod dead_letter;
 pub mod delivery;
 pub mod message;
 pub mod queue;

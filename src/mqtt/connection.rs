@@ -29,7 +29,7 @@ use super::{split_share, MqttContext, SESSION_QUEUE_PREFIX};
 use crate::core::broker::{DurableSignal, RetainMode};
 use crate::core::delivery::{Direct, QueueDelivery, SessionLink};
 use crate::core::message::{mqtt_to_key, now_ms, Message, SharedMessage};
-use crate::core::queue::Consumer;
+use crate::core::queue::{Consumer, ConsumerEvent};
 use crate::core::router::{mqtt_filter_to_pattern, Destination, RouteCache, Routes, MQTT_EXCHANGE, MQTT_VHOST};
 use crate::core::shards::ShardCmd;
 use crate::core::stats::Stats;
@@ -135,7 +135,7 @@ struct Task {
     pending_acks: VecDeque<PendingAck>,
     direct_rx: Option<mpsc::Receiver<Direct>>,
     /// Queue deliveries (own session queue, shared groups); made on first attach.
-    queued: Option<(mpsc::UnboundedSender<QueueDelivery>, mpsc::UnboundedReceiver<QueueDelivery>)>,
+    queued: Option<(mpsc::UnboundedSender<ConsumerEvent>, mpsc::UnboundedReceiver<ConsumerEvent>)>,
     control_tx: mpsc::UnboundedSender<Control>,
     control_rx: mpsc::UnboundedReceiver<Control>,
     finished_tx: watch::Sender<bool>,
@@ -281,8 +281,11 @@ impl Task {
                         self.pending_out.push_back(Pending::Queued(q));
                         if let Some((_, rx)) = self.queued.as_mut() {
                             while self.pending_out.len() < PULL_BATCH {
-                                let Ok(q) = rx.try_recv() else { break };
-                                self.pending_out.push_back(Pending::Queued(q));
+                                match rx.try_recv() {
+                                    Ok(ConsumerEvent::Deliver(q)) => self.pending_out.push_back(Pending::Queued(q)),
+                                    Ok(ConsumerEvent::Cancelled { .. }) => {}
+                                    Err(_) => break,
+                                }
                             }
                         }
                     }
@@ -515,7 +518,13 @@ impl Task {
         self.attached.push(queue);
         self.ctx.broker.shards.send(ShardCmd::Attach {
             queue,
-            consumer: Consumer { id: self.conn_id, tx: self.queued.get_or_insert_with(mpsc::unbounded_channel).0.clone(), credit: self.window, max_qos },
+            consumer: Consumer {
+                id: self.conn_id,
+                tx: self.queued.get_or_insert_with(mpsc::unbounded_channel).0.clone(),
+                credit: self.window,
+                max_qos,
+                priority: 0,
+            },
         });
     }
 
@@ -996,11 +1005,18 @@ async fn slow_consumer(session: &Option<SessionState>) {
     }
 }
 
+/// Next queue delivery (a deleted group queue's cancellation is skipped: the group is
+/// gone with its last member).
 async fn recv_queued(
-    queued: &mut Option<(mpsc::UnboundedSender<QueueDelivery>, mpsc::UnboundedReceiver<QueueDelivery>)>,
+    queued: &mut Option<(mpsc::UnboundedSender<ConsumerEvent>, mpsc::UnboundedReceiver<ConsumerEvent>)>,
 ) -> Option<QueueDelivery> {
     match queued {
-        Some((_, rx)) => rx.recv().await,
+        Some((_, rx)) => loop {
+            match rx.recv().await? {
+                ConsumerEvent::Deliver(d) => return Some(d),
+                ConsumerEvent::Cancelled { .. } => continue,
+            }
+        },
         None => std::future::pending().await,
     }
 }

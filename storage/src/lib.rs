@@ -284,6 +284,15 @@ pub enum Op {
         /// The entry's offset.
         offset: u64,
     },
+    /// Remove every entry of a queue with `from <= offset < to` (purge).
+    RemoveRange {
+        /// The queue.
+        queue: QueueId,
+        /// First offset removed.
+        from: u64,
+        /// First offset kept.
+        to: u64,
+    },
     /// Replace the flags of a queue entry (e.g. QoS 2 "released").
     SetFlags {
         /// The queue.

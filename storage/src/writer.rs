@@ -529,6 +529,23 @@ impl Writer {
                     st.len = st.len.saturating_sub(1);
                 }
             }
+            Op::RemoveRange { queue, from, to } => {
+                if from < to {
+                    let removed = self
+                        .pending
+                        .queue
+                        .remove_range(&db.queue, &codec::queue_key(queue.0, from), &codec::queue_key(queue.0, to - 1))
+                        .map_err(sled_fatal)?;
+                    let n = removed.len() as u64;
+                    for (_, v) in removed {
+                        if let Some(p) = codec::decode_pointer(&v) {
+                            self.release(p.pos.0);
+                        }
+                    }
+                    let st = self.queue_state(queue.0);
+                    st.len = st.len.saturating_sub(n);
+                }
+            }
             Op::SetFlags { queue, offset, flags } => {
                 let key = codec::queue_key(queue.0, offset);
                 if let Some(v) = self.pending.queue.get(&db.queue, &key).map_err(sled_fatal)? {
