@@ -295,9 +295,13 @@ impl Shard {
     }
 
     fn queue(&mut self, id: QueueId) -> &mut Queue {
-        let config = self.configs.get(&id).cloned().unwrap_or_else(|| self.default.clone());
-        let journal = &self.journal;
-        self.queues.entry(id).or_insert_with(|| Queue::load(id, config, journal))
+        let Shard { queues, configs, default, journal, fx, .. } = self;
+        queues.entry(id).or_insert_with(|| {
+            let config = configs.get(&id).cloned().unwrap_or_else(|| default.clone());
+            let mut q = Queue::load(id, config, journal);
+            fx.ops.extend(q.take_load_ops());
+            q
+        })
     }
 
     fn handle(&mut self, cmd: ShardCmd) {
@@ -328,10 +332,9 @@ impl Shard {
                 }
             }
             ShardCmd::Configure { queue, config } => {
-                if let Some(q) = self.queues.get_mut(&queue) {
-                    q.set_config(config.clone());
-                }
-                self.configs.insert(queue, config);
+                self.configs.insert(queue, config.clone());
+                // Loads the queue with its configuration (or updates a loaded one).
+                self.queue(queue).set_config(config);
                 self.touched.insert(queue);
             }
             ShardCmd::Attach { queue, consumer } => {

@@ -12,7 +12,19 @@ use super::message::HeaderError;
 pub enum Value {
     /// Boolean.
     Bool(bool),
-    /// Signed integer (AMQP short-short .. long-long).
+    /// Signed 8-bit integer (AMQP short-short-int).
+    Int8(i8),
+    /// Unsigned 8-bit integer.
+    UInt8(u8),
+    /// Signed 16-bit integer.
+    Int16(i16),
+    /// Unsigned 16-bit integer.
+    UInt16(u16),
+    /// Signed 32-bit integer (AMQP long-int; Java's `Integer`).
+    Int32(i32),
+    /// Unsigned 32-bit integer.
+    UInt32(u32),
+    /// Signed 64-bit integer (AMQP long-long-int).
     Int(i64),
     /// Unsigned integer that does not fit `i64` (AMQP unsigned long-long is rare).
     UInt(u64),
@@ -41,6 +53,12 @@ impl Value {
     pub fn to_text(&self) -> String {
         match self {
             Value::Bool(b) => b.to_string(),
+            Value::Int8(i) => i.to_string(),
+            Value::UInt8(i) => i.to_string(),
+            Value::Int16(i) => i.to_string(),
+            Value::UInt16(i) => i.to_string(),
+            Value::Int32(i) => i.to_string(),
+            Value::UInt32(i) => i.to_string(),
             Value::Int(i) => i.to_string(),
             Value::UInt(u) => u.to_string(),
             Value::Float(f) => f.to_string(),
@@ -80,6 +98,12 @@ impl Value {
     /// The value as an integer, if it is one (or a string holding one).
     pub fn as_i64(&self) -> Option<i64> {
         match self {
+            Value::Int8(i) => Some(*i as i64),
+            Value::UInt8(i) => Some(*i as i64),
+            Value::Int16(i) => Some(*i as i64),
+            Value::UInt16(i) => Some(*i as i64),
+            Value::Int32(i) => Some(*i as i64),
+            Value::UInt32(i) => Some(*i as i64),
             Value::Int(i) => Some(*i),
             Value::UInt(u) => i64::try_from(*u).ok(),
             Value::Timestamp(t) => i64::try_from(*t).ok(),
@@ -93,6 +117,30 @@ impl Value {
             Value::Bool(v) => {
                 b.put_u8(b't');
                 b.put_u8(*v as u8);
+            }
+            Value::Int8(v) => {
+                b.put_u8(b'b');
+                b.put_i8(*v);
+            }
+            Value::UInt8(v) => {
+                b.put_u8(b'B');
+                b.put_u8(*v);
+            }
+            Value::Int16(v) => {
+                b.put_u8(b's');
+                b.put_i16(*v);
+            }
+            Value::UInt16(v) => {
+                b.put_u8(b'u');
+                b.put_u16(*v);
+            }
+            Value::Int32(v) => {
+                b.put_u8(b'I');
+                b.put_i32(*v);
+            }
+            Value::UInt32(v) => {
+                b.put_u8(b'i');
+                b.put_u32(*v);
             }
             Value::Int(v) => {
                 b.put_u8(b'l');
@@ -149,6 +197,12 @@ impl Value {
         let tag = take_u8(b)?;
         Ok(match tag {
             b't' => Value::Bool(take_u8(b)? != 0),
+            b'b' => Value::Int8(take::<1>(b)?.get_i8()),
+            b'B' => Value::UInt8(take_u8(b)?),
+            b's' => Value::Int16(take::<2>(b)?.get_i16()),
+            b'u' => Value::UInt16(take::<2>(b)?.get_u16()),
+            b'I' => Value::Int32(take::<4>(b)?.get_i32()),
+            b'i' => Value::UInt32(take::<4>(b)?.get_u32()),
             b'l' => Value::Int(take::<8>(b)?.get_i64()),
             b'L' => Value::UInt(take::<8>(b)?.get_u64()),
             b'f' => Value::Float(take::<4>(b)?.get_f32()),
@@ -231,6 +285,12 @@ mod tests {
         let table = vec![
             ("b".to_string(), Value::Bool(true)),
             ("i".to_string(), Value::Int(-5)),
+            ("i8".to_string(), Value::Int8(-1)),
+            ("u8".to_string(), Value::UInt8(200)),
+            ("i16".to_string(), Value::Int16(-300)),
+            ("u16".to_string(), Value::UInt16(60000)),
+            ("i32".to_string(), Value::Int32(-70000)),
+            ("u32".to_string(), Value::UInt32(4_000_000_000)),
             ("u".to_string(), Value::UInt(u64::MAX)),
             ("f".to_string(), Value::Float(1.5)),
             ("d".to_string(), Value::Double(-2.25)),

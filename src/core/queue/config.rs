@@ -73,6 +73,9 @@ pub struct QueueConfig {
     pub delivery_limit: Option<u32>,
     /// Only one consumer receives at a time (`x-single-active-consumer`).
     pub single_active_consumer: bool,
+    /// Transient (QoS 0) messages survive a restart. MQTT session queues keep them; AMQP
+    /// queues drop them when reloaded, as RabbitMQ does with non-persistent messages.
+    pub keep_transient: bool,
     /// Live counters.
     pub gauge: Arc<QueueGauge>,
 }
@@ -92,6 +95,7 @@ impl QueueConfig {
             dead_letter: None,
             delivery_limit: None,
             single_active_consumer: false,
+            keep_transient: true,
             gauge: Arc::new(QueueGauge::default()),
         }
     }

@@ -145,6 +145,8 @@ pub struct Queue {
     dropped_ahead: BTreeSet<u64>,
     /// Some message may expire (queue TTL, or a message with an expiry was seen).
     expiring: bool,
+    /// Removals decided while loading (transient messages that do not survive a restart).
+    load_ops: Vec<Op>,
 }
 
 impl Queue {
@@ -152,11 +154,16 @@ impl Queue {
     pub fn load(id: QueueId, config: Arc<QueueConfig>, journal: &Journal) -> Queue {
         let next_offset = journal.queue_next_offset(id);
         let (mut len, mut bytes, mut qos0, mut from, mut first) = (0u64, 0u64, 0u64, 0u64, None);
+        let mut load_ops = Vec::new();
         loop {
             match journal.queue_entries(id, from, 4096) {
                 Ok(page) if !page.is_empty() => {
                     first.get_or_insert(page[0].0);
-                    for (_, p) in &page {
+                    for (offset, p) in &page {
+                        if !config.keep_transient && p.flags & flags::QOS_MASK == 0 {
+                            load_ops.push(Op::Remove { queue: id, offset: *offset });
+                            continue;
+                        }
                         len += 1;
                         bytes += p.size as u64;
                         qos0 += (p.flags & flags::QOS_MASK == 0) as u64;
@@ -186,9 +193,15 @@ impl Queue {
             qos0,
             qos0_scan_from: 0,
             dropped_ahead: BTreeSet::new(),
+            load_ops,
         };
         q.publish_gauge();
         q
+    }
+
+    /// Removals decided while loading; the owner submits them.
+    pub fn take_load_ops(&mut self) -> Vec<Op> {
+        std::mem::take(&mut self.load_ops)
     }
 
     /// The queue's id.
