@@ -69,7 +69,7 @@ pub(crate) fn decode_method(payload: &[u8]) -> Result<AMQPClass, MethodError> {
     }
     guard::check_method(class_id, method_id, args).map_err(|_| invalid)?;
     match parse_class(payload) {
-        Ok((rest, method)) if rest.is_empty() => Ok(method),
+        Ok(([], method)) => Ok(method),
         _ => Err(invalid),
     }
 }
@@ -191,7 +191,7 @@ pub(crate) fn decode_properties(payload: &[u8]) -> Option<BasicProperties> {
     let props = payload.get(12..)?;
     guard::check_properties(props).ok()?;
     match basic::parse_properties(props) {
-        Ok((rest, p)) if rest.is_empty() => Some(p),
+        Ok(([], p)) => Some(p),
         _ => None,
     }
 }
@@ -263,7 +263,7 @@ mod tests {
                 let known = is_known(class_id, method_id);
                 // amq-protocol fails with an error (not Incomplete) only for unknown ids
                 // when given enough zero bytes to satisfy any argument list.
-                let mut payload = vec![0u8; 64];
+                let mut payload = [0u8; 64];
                 payload[..2].copy_from_slice(&class_id.to_be_bytes());
                 payload[2..4].copy_from_slice(&method_id.to_be_bytes());
                 let parsed = parse_class(&payload[..]).is_ok();

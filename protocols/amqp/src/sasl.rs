@@ -58,7 +58,7 @@ fn amqplain(response: &[u8]) -> Result<(String, String), SaslError> {
     framed.extend_from_slice(&len.to_be_bytes());
     framed.extend_from_slice(body);
     let table = match parse_field_table(&framed[..]) {
-        Ok((rest, table)) if rest.is_empty() => table,
+        Ok(([], table)) => table,
         _ => return Err(SaslError::Malformed),
     };
     let field = |name: &str| match table.inner().get(name) {

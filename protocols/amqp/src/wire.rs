@@ -310,13 +310,12 @@ fn put_server_method(out: &mut BytesMut, method: &AMQPClass) -> bool {
             _ => return false,
         },
         AMQPClass::Access(access::AMQPMethod::RequestOk(_)) => out.put_u16(1),
-        AMQPClass::Exchange(m) => match m {
+        AMQPClass::Exchange(
             exchange::AMQPMethod::DeclareOk(_)
             | exchange::AMQPMethod::DeleteOk(_)
             | exchange::AMQPMethod::BindOk(_)
-            | exchange::AMQPMethod::UnbindOk(_) => {}
-            _ => return false,
-        },
+            | exchange::AMQPMethod::UnbindOk(_),
+        ) => {}
         AMQPClass::Queue(m) => match m {
             queue::AMQPMethod::DeclareOk(m) => {
                 put_shortstr(out, m.queue.as_str());
@@ -364,10 +363,7 @@ fn put_server_method(out: &mut BytesMut, method: &AMQPClass) -> bool {
             }
             _ => return false,
         },
-        AMQPClass::Tx(m) => match m {
-            tx::AMQPMethod::SelectOk(_) | tx::AMQPMethod::CommitOk(_) | tx::AMQPMethod::RollbackOk(_) => {}
-            _ => return false,
-        },
+        AMQPClass::Tx(tx::AMQPMethod::SelectOk(_) | tx::AMQPMethod::CommitOk(_) | tx::AMQPMethod::RollbackOk(_)) => {}
         AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(_)) => {}
         _ => return false,
     }

@@ -169,7 +169,9 @@ mod tests {
         assert_eq!(t.list.len(), 4);
         assert!(t.is_open(3));
         assert!(!t.is_open(2));
-        t.get_mut(3).map(|c| c.closing = true);
+        if let Some(c) = t.get_mut(3) {
+            c.closing = true;
+        }
         assert!(!t.is_open(3));
         assert!(t.get(3).is_some());
         assert!(t.remove(3).is_some());
