@@ -19,9 +19,15 @@
 #![deny(missing_docs)]
 
 pub mod connection;
+mod decode;
 pub mod frame;
+mod guard;
+pub mod reply;
+mod sasl;
+mod wire;
 
 pub use amq_protocol::protocol::{self as methods, AMQPClass};
 pub use amq_protocol::protocol::basic::AMQPProperties as BasicProperties;
 pub use amq_protocol::types::{AMQPValue, FieldTable, LongString, ShortString};
-pub use connection::{CloseReason, Config, Connection, Event, ProtocolError};
+pub use connection::{CloseReason, Config, Connection, Content, Event, ProtocolError, Publish};
+pub use frame::{Frame, FrameError};
