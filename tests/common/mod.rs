@@ -15,6 +15,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
+pub mod amqp;
+
 /// Default bound for waiting on one event.
 pub const WAIT: Duration = Duration::from_secs(10);
 
@@ -200,6 +202,11 @@ impl Broker {
     /// Data directory path.
     pub fn data_dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Process id of the running broker (None once stopped or killed).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
     }
 }
 
