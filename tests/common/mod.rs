@@ -29,6 +29,8 @@ pub struct Broker {
     pub mqtts: Option<SocketAddr>,
     /// AMQP address (present once the AMQP front-end listens).
     pub amqp: Option<SocketAddr>,
+    /// AMQP over TLS address, if started with one.
+    pub amqps: Option<SocketAddr>,
     /// Data directory (kept across restarts).
     pub dir: PathBuf,
     _tmp: Option<Arc<tempfile::TempDir>>,
@@ -141,7 +143,8 @@ impl Broker {
         let mqtt = field("mqtt").unwrap_or_else(|| panic!("no mqtt address in {ready:?}"));
         let mqtts = field("mqtts");
         let amqp = field("amqp");
-        Broker { child: Some(child), mqtt, mqtts, amqp, dir, _tmp: tmp, log, opts }
+        let amqps = field("amqps");
+        Broker { child: Some(child), mqtt, mqtts, amqp, amqps, dir, _tmp: tmp, log, opts }
     }
 
     /// Stops the broker with SIGTERM and waits for a clean exit (status 0).
