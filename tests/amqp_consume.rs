@@ -83,7 +83,9 @@ async fn global_prefetch_is_shared_by_the_channels_consumers() {
         }
     }
     assert_eq!(got.len(), 2, "deliveries {:?}", texts(&got));
-    bounded("ack", ch.basic_ack(0, BasicAckOptions { multiple: true })).await.unwrap();
+    // Ack by the highest tag (lapin drops its locally buffered deliveries on ack(0, multiple)).
+    let last = got.iter().map(|d| d.delivery_tag).max().unwrap();
+    bounded("ack", ch.basic_ack(last, BasicAckOptions { multiple: true })).await.unwrap();
     // Two more slots.
     let mut more = 0;
     let deadline = tokio::time::Instant::now() + QUIET * 2;
@@ -190,7 +192,7 @@ async fn higher_priority_consumers_are_served_first() {
     assert_eq!(texts(&h), ["1", "2"]);
     assert_eq!(texts(&take(&mut low, 3).await), ["3", "4", "5"]);
     // Once the high one has capacity again, new messages go to it.
-    bounded("ack", high_ch.basic_ack(0, BasicAckOptions { multiple: true })).await.unwrap();
+    bounded("ack", high_ch.basic_ack(h[1].delivery_tag, BasicAckOptions { multiple: true })).await.unwrap();
     fill(&ch0, &q, &["6", "7"]).await;
     assert_eq!(texts(&take(&mut high, 2).await), ["6", "7"]);
     expect_no_delivery(&mut low, Duration::from_millis(100)).await;
