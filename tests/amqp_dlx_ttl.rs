@@ -182,6 +182,23 @@ async fn queue_ttl_expires_messages_into_the_dlx() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_messages_without_a_dlx_are_discarded() {
+    let t = Target::start();
+    let (_c, ch) = t.channel().await;
+    confirm_select(&ch).await;
+    let q = source_queue(&ch, &[("x-message-ttl", int(100))]).await;
+    fill(&ch, &q, &["q-ttl"]).await;
+    assert!(publish_confirmed(&ch, "", &q, b"m-ttl", BasicProperties::default().with_expiration("100".into())).await.is_ack());
+    // No event tells that a message expired: poll the queue's message count.
+    until("expired messages removed", || {
+        let (ch, q) = (&ch, q.clone());
+        async move { queue_counts(ch, &q).await.unwrap().0 == 0 }
+    })
+    .await;
+    assert!(get(&ch, &q, true).await.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn per_message_expiration_expires_into_the_dlx_with_original_expiration() {
     let t = Target::start();
     let (_c, ch) = t.channel().await;
