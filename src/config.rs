@@ -178,8 +178,29 @@ pub struct AuthSection {
     pub mqtt: bool,
     /// Virtual hosts.
     pub vhosts: Vec<String>,
-    /// Users.
+    /// Default user ("" = none).
+    pub default_user: String,
+    /// Its password.
+    pub default_pass: String,
+    /// Users that may only connect from loopback.
+    pub loopback_users: Vec<String>,
+    /// More users.
     pub users: Vec<UserEntry>,
+}
+
+impl AuthSection {
+    /// Every user: the default one and the listed ones, loopback restrictions applied.
+    pub fn all_users(&self) -> Vec<UserEntry> {
+        let mut all = Vec::new();
+        if !self.default_user.is_empty() {
+            all.push(UserEntry { name: self.default_user.clone(), password: self.default_pass.clone(), loopback_only: false });
+        }
+        all.extend(self.users.iter().cloned());
+        for u in &mut all {
+            u.loopback_only |= self.loopback_users.contains(&u.name);
+        }
+        all
+    }
 }
 
 /// `[http]`.

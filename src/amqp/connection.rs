@@ -6,6 +6,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -96,6 +97,11 @@ pub(super) struct Task {
     pub exclusive: Vec<Arc<QueueEntity>>,
     /// The connection has published (the memory alarm blocks publishers only).
     pub publishing: bool,
+    /// Published since the last barrier: queue operations wait until those publishes
+    /// reached their queues, as they would have in RabbitMQ.
+    pub unsettled: bool,
+    /// A publish held back while the memory alarm is raised.
+    deferred: Option<Event>,
     blocked_sent: bool,
 }
 
@@ -131,6 +137,8 @@ impl Task {
             confirms: VecDeque::new(),
             exclusive: Vec::new(),
             publishing: false,
+            unsettled: false,
+            deferred: None,
             blocked_sent: false,
         }
     }
@@ -153,7 +161,7 @@ impl Task {
             let raised = *alarm.borrow();
             self.update_blocked(raised);
             // A blocked publisher is not read (RabbitMQ blocks the socket reader).
-            let may_read = !(raised && self.publishing);
+            let may_read = !(raised && self.publishing) && self.deferred.is_none();
             let can_pull = wbuf.len() < WRITE_HIGH_WATER;
             let deadline = self.proto.poll_timeout();
             let confirm_ready = self.confirms.front().is_some_and(|c| c.signal.is_some());
@@ -203,13 +211,21 @@ impl Task {
                         }
                     }
                 }
-                _ = alarm.changed() => {}
+                _ = alarm.changed() => {
+                    if !*alarm.borrow() {
+                        self.update_blocked(false);
+                        self.handle_events().await;
+                    }
+                }
                 _ = sleep_until(deadline), if deadline.is_some() => {
                     self.proto.handle_timeout(Instant::now());
                     self.handle_events().await;
                 }
             }
         }
+        // What this connection published is in its queues before the client hears that
+        // the connection is closed.
+        self.settle_publishes().await;
         self.proto.poll_transmit(&mut wbuf);
         if !wbuf.is_empty() && !eof {
             let _ = tokio::time::timeout(CLOSE_FLUSH, writer.write_all(&wbuf)).await;
@@ -227,8 +243,24 @@ impl Task {
         }
     }
 
+    /// Waits until this connection's publishes reached their queues.
+    pub(super) async fn settle_publishes(&mut self) {
+        if self.unsettled {
+            self.ctx.broker.barrier().await;
+            self.unsettled = false;
+        }
+    }
+
     async fn handle_events(&mut self) {
-        while let Some(event) = self.proto.poll_event() {
+        loop {
+            let Some(event) = self.deferred.take().or_else(|| self.proto.poll_event()) else { return };
+            if matches!(event, Event::Publish(_)) && self.ctx.alarm.is_raised() {
+                // Memory alarm: this publish and everything after it waits.
+                self.publishing = true;
+                self.update_blocked(true);
+                self.deferred = Some(event);
+                return;
+            }
             match event {
                 Event::Login { mechanism, username, password, .. } => {
                     match self.ctx.users.check(&username, &password, self.peer.ip(), &mechanism) {
@@ -411,32 +443,28 @@ impl Task {
         for (id, c) in ch.consumers {
             self.consumer_channels.remove(&id);
             self.ctx.broker.shards.send(ShardCmd::Detach { queue: c.queue, consumer: id });
+            self.consumer_left(&c.queue_name);
             self.consumer_gone(&c.queue_name);
         }
         self.confirms.retain(|c| c.channel != channel);
     }
 
-    /// After a consumer went: an auto-delete queue without consumers is deleted.
+    /// A consumer of `queue_name` went (cancel or channel close): counts and exclusivity.
+    pub(super) fn consumer_left(&mut self, queue_name: &str) {
+        let Some(q) = self.ctx.entities.queue(&self.vhost, queue_name) else { return };
+        let _ = q.consumers.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        let mut exclusive = q.exclusive_consumer.lock();
+        if *exclusive == Some(self.id) && !self.channels.values().flat_map(|c| c.consumers.values()).any(|c| c.queue == q.id) {
+            *exclusive = None;
+        }
+    }
+
+    /// After a consumer went: an auto-delete queue left without consumers is deleted.
     pub(super) fn consumer_gone(&mut self, queue_name: &str) {
         let Some(q) = self.ctx.entities.queue(&self.vhost, queue_name) else { return };
-        if !q.auto_delete {
-            return;
-        }
-        let others = self
-            .channels
-            .values()
-            .flat_map(|c| c.consumers.values())
-            .any(|c| c.queue == q.id);
-        if !others {
+        if q.auto_delete && q.had_consumer.load(Ordering::Relaxed) && q.consumers.load(Ordering::Relaxed) == 0 {
             let ctx = self.ctx.clone();
-            tokio::spawn(async move {
-                // Consumers of other connections count too: the gauge says, after the
-                // detach has been processed by the queue's shard.
-                tokio::task::yield_now().await;
-                if crate::core::queue::QueueGauge::get(&q.config.gauge.consumers) == 0 && q.had_consumer.load(std::sync::atomic::Ordering::Relaxed) {
-                    ctx.entities.delete_queue(&ctx.broker, &q).await;
-                }
-            });
+            tokio::spawn(async move { ctx.entities.delete_queue(&ctx.broker, &q).await });
         }
     }
 
@@ -454,12 +482,12 @@ impl Task {
     }
 }
 
-/// Headers added to a delivery: `x-delivery-count` on redeliveries (as quorum queues do).
-fn delivery_headers(d: &QueueDelivery) -> Vec<(String, Value)> {
-    if d.delivery_count > 0 {
-        vec![("x-delivery-count".to_owned(), Value::Int(d.delivery_count as i64))]
-    } else {
-        Vec::new()
+/// Headers added to a delivery: `x-delivery-count` where the queue counts deliveries
+/// (quorum queues, queues with a delivery limit), as RabbitMQ's quorum queues do.
+pub(super) fn delivery_headers(d: &QueueDelivery) -> Vec<(String, Value)> {
+    match d.delivery_count {
+        Some(n) => vec![("x-delivery-count".to_owned(), Value::Int(n as i64))],
+        None => Vec::new(),
     }
 }
 

@@ -135,8 +135,9 @@ pub fn properties_out(msg: &Message, now_ms: u64, extra: &[(String, Value)]) -> 
     if !headers.is_empty() {
         out = out.with_headers(table_out(&headers));
     }
-    let mode = p.delivery_mode.unwrap_or(if msg.qos > 0 { 2 } else { 1 });
-    out = out.with_delivery_mode(mode);
+    if let Some(mode) = p.delivery_mode {
+        out = out.with_delivery_mode(mode);
+    }
     if let Some(v) = p.priority {
         out = out.with_priority(v);
     }

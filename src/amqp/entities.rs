@@ -47,6 +47,8 @@ pub struct QueueEntity {
     pub had_consumer: AtomicBool,
     /// Consumer holding it exclusively (basic.consume exclusive).
     pub exclusive_consumer: Mutex<Option<u64>>,
+    /// Consumers now (kept by the connections, so checks do not race the queue's shard).
+    pub consumers: AtomicU64,
     /// Last use (declare, consume, get), ms: for `x-expires`.
     pub last_used_ms: AtomicU64,
 }
@@ -104,6 +106,7 @@ pub fn queue_config(vhost: &str, name: &str, durable: bool, args: &[(String, Val
         return Err(ArgumentError(format!("PRECONDITION_FAILED - invalid arg 'x-expires' for queue '{name}' in vhost '{vhost}': {{value_zero,0}}")));
     }
     c.delivery_limit = int("x-delivery-limit")?.map(|v| v.min(u32::MAX as u64) as u32);
+    c.count_deliveries = c.delivery_limit.is_some();
     c.single_active_consumer = arg_bool(args, "x-single-active-consumer").unwrap_or(false);
     c.overflow = match arg_str(args, "x-overflow") {
         None | Some("drop-head") => Overflow::DropHead,
@@ -122,6 +125,7 @@ pub fn queue_config(vhost: &str, name: &str, durable: bool, args: &[(String, Val
     match arg_str(args, "x-queue-type") {
         None | Some("classic") => {}
         Some("quorum") => {
+            c.count_deliveries = true;
             if !durable {
                 return Err(ArgumentError(format!("PRECONDITION_FAILED - invalid property 'non-durable' for queue '{name}' in vhost '{vhost}'")));
             }
@@ -134,6 +138,8 @@ pub fn queue_config(vhost: &str, name: &str, durable: bool, args: &[(String, Val
         if p > 255 {
             return Err(ArgumentError(format!("PRECONDITION_FAILED - invalid arg 'x-max-priority' for queue '{name}' in vhost '{vhost}': {{value_too_large,{p}}}")));
         }
+        // Up to 15 levels are kept apart (RabbitMQ recommends at most 10).
+        c.max_priority = Some(p.min(15) as u8);
     }
     Ok(c)
 }
@@ -193,6 +199,7 @@ impl Entities {
             config: Arc::new(config),
             had_consumer: AtomicBool::new(false),
             exclusive_consumer: Mutex::new(None),
+            consumers: AtomicU64::new(0),
             last_used_ms: AtomicU64::new(now_ms()),
         });
         self.install(broker, entity.clone());
@@ -297,7 +304,7 @@ impl Entities {
             .into_iter()
             .filter(|q| {
                 q.expires_ms().is_some_and(|ms| {
-                    crate::core::queue::QueueGauge::get(&q.config.gauge.consumers) == 0
+                    q.consumers.load(Ordering::Relaxed) == 0
                         && q.last_used_ms.load(Ordering::Relaxed).saturating_add(ms) <= now
                 })
             })
@@ -439,6 +446,7 @@ fn queue_from_record(value: &Bytes) -> Option<QueueEntity> {
         config: Arc::new(config),
         had_consumer: AtomicBool::new(false),
         exclusive_consumer: Mutex::new(None),
+        consumers: AtomicU64::new(0),
         last_used_ms: AtomicU64::new(now_ms()),
     })
 }

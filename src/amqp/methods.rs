@@ -14,7 +14,7 @@ use super::convert::{properties_in, properties_out, qos_of, short, table_in};
 use super::entities::{persist_binding, queue_config, store_exchange, forget_exchange, QueueEntity};
 use crate::core::broker::RetainMode;
 use crate::core::message::{now_ms, Message, SharedMessage};
-use crate::core::queue::{Consumer, Overflow, QueueGauge};
+use crate::core::queue::Consumer;
 use crate::core::router::{Binding, Destination, ExchangeDef, ExchangeKind, RouteError, Routes};
 use crate::core::shards::ShardCmd;
 use crate::core::value::Value;
@@ -41,6 +41,9 @@ fn reply(method: AMQPClass) -> Result<Option<AMQPClass>, Fail> {
 impl Task {
     pub(super) async fn on_method(&mut self, channel: u16, method: AMQPClass) {
         let (class_id, method_id) = (method.get_amqp_class_id(), method.get_amqp_method_id());
+        if matches!(method, AMQPClass::Queue(_) | AMQPClass::Basic(basic::AMQPMethod::Get(_))) {
+            self.settle_publishes().await;
+        }
         let outcome = match method {
             AMQPClass::Exchange(m) => self.on_exchange(m).await,
             AMQPClass::Queue(m) => self.on_queue(channel, m).await,
@@ -73,16 +76,20 @@ impl Task {
                         None => Err(not_found("exchange", &name, &vhost)),
                     };
                 }
-                if name.is_empty() || name.starts_with("amq.") {
-                    return Err(channel_fail(403, format!("ACCESS_REFUSED - exchange name '{name}' contains reserved prefix 'amq.*'")));
+                if name.is_empty() {
+                    return Err(channel_fail(403, "ACCESS_REFUSED - operation not permitted on the default exchange".into()));
                 }
                 let Some(kind) = ExchangeKind::parse(d.kind.as_str()) else {
                     return Err(Fail {
                         code: 503,
-                        text: format!("COMMAND_INVALID - invalid exchange type '{}'", d.kind.as_str()),
+                        text: format!("COMMAND_INVALID - unknown exchange type '{}'", d.kind.as_str()),
                         connection: true,
                     });
                 };
+                // The amq.* exchanges may be redeclared equivalently; new amq.* names are reserved.
+                if name.starts_with("amq.") && existing.is_none() {
+                    return Err(channel_fail(403, format!("ACCESS_REFUSED - exchange name '{name}' contains reserved prefix 'amq.*'")));
+                }
                 let def = ExchangeDef {
                     name: name.clone(),
                     kind,
@@ -103,8 +110,11 @@ impl Task {
             }
             exchange::AMQPMethod::Delete(d) => {
                 let name = d.exchange.as_str();
-                if name.is_empty() || name.starts_with("amq.") {
-                    return Err(channel_fail(403, format!("ACCESS_REFUSED - operation not permitted on exchange '{name}'")));
+                if name.is_empty() {
+                    return Err(channel_fail(403, "ACCESS_REFUSED - operation not permitted on the default exchange".into()));
+                }
+                if name.starts_with("amq.") {
+                    return Err(channel_fail(403, format!("ACCESS_REFUSED - operation not permitted on exchange '{name}' in vhost '{vhost}'")));
                 }
                 match router.delete_exchange(&vhost, name, d.if_unused) {
                     Ok(true) => forget_exchange(&self.ctx.broker, &vhost, name).await,
@@ -174,7 +184,7 @@ impl Task {
                 if d.passive {
                     let q = self.usable_queue(&name)?;
                     q.touch();
-                    return ok_unless(d.nowait, declare_ok(&q));
+                    return ok_unless(d.nowait, declare_ok(&self.ctx.broker, &q).await);
                 }
                 if name.is_empty() {
                     name = generated_name("amq.gen-");
@@ -186,9 +196,12 @@ impl Task {
                     let q = self.usable_queue(&name)?;
                     check_equivalent_queue(&existing, d.durable, d.exclusive, d.auto_delete, &arguments)?;
                     q.touch();
-                    return ok_unless(d.nowait, declare_ok(&q));
+                    return ok_unless(d.nowait, declare_ok(&self.ctx.broker, &q).await);
                 }
                 let config = queue_config(&vhost, &name, d.durable, &arguments).map_err(|e| channel_fail(406, e.0))?;
+                if d.exclusive && arguments.iter().any(|(k, v)| k == "x-queue-type" && v.as_str() == Some("quorum")) {
+                    return Err(channel_fail(406, format!("PRECONDITION_FAILED - invalid property 'exclusive-owner' for queue '{name}' in vhost '{vhost}'")));
+                }
                 let owner = d.exclusive.then_some(self.id);
                 let q = self
                     .ctx
@@ -200,7 +213,7 @@ impl Task {
                     self.exclusive.push(q.clone());
                 }
                 let _ = channel;
-                ok_unless(d.nowait, declare_ok(&q))
+                ok_unless(d.nowait, declare_ok(&self.ctx.broker, &q).await)
             }
             queue::AMQPMethod::Bind(b) => {
                 let q = self.usable_queue(b.queue.as_str())?;
@@ -253,11 +266,10 @@ impl Task {
                     }
                     Err(f) => return Err(f),
                 };
-                let gauge = &q.config.gauge;
-                if d.if_unused && QueueGauge::get(&gauge.consumers) > 0 {
+                if d.if_unused && q.consumers.load(Ordering::Relaxed) > 0 {
                     return Err(channel_fail(406, format!("PRECONDITION_FAILED - queue '{name}' in vhost '{vhost}' in use")));
                 }
-                if d.if_empty && QueueGauge::get(&gauge.len) > 0 {
+                if d.if_empty && self.ctx.broker.shards.counts(q.id).await.0 > 0 {
                     return Err(channel_fail(406, format!("PRECONDITION_FAILED - queue '{name}' in vhost '{vhost}' not empty")));
                 }
                 let n = self.ctx.entities.delete_queue(&self.ctx.broker, &q).await;
@@ -294,7 +306,7 @@ impl Task {
                 }
                 {
                     let mut exclusive = q.exclusive_consumer.lock();
-                    if exclusive.is_some() || (c.exclusive && QueueGauge::get(&q.config.gauge.consumers) > 0) {
+                    if exclusive.is_some() || (c.exclusive && q.consumers.load(Ordering::Relaxed) > 0) {
                         return Err(channel_fail(403, format!("ACCESS_REFUSED - queue '{}' in vhost '{}' in exclusive use", q.name, self.vhost)));
                     }
                     if c.exclusive {
@@ -317,6 +329,7 @@ impl Task {
                 ch.consumers.insert(id, ChannelConsumer { tag: tag.clone(), queue: q.id, queue_name: q.name.clone(), no_ack: c.no_ack });
                 self.consumer_channels.insert(id, channel);
                 q.had_consumer.store(true, Ordering::Relaxed);
+                q.consumers.fetch_add(1, Ordering::Relaxed);
                 q.touch();
                 let consumer = Consumer { id, tx: self.events_tx.clone(), credit, max_qos: 2, priority };
                 // Consume-ok goes out before the first delivery can.
@@ -333,13 +346,8 @@ impl Task {
                 if let Some((id, consumer)) = found {
                     ch.consumers.remove(&id);
                     self.consumer_channels.remove(&id);
-                    self.ctx.broker.shards.send(ShardCmd::Detach { queue: consumer.queue, consumer: id });
-                    if let Some(q) = self.ctx.entities.queue(&self.vhost, &consumer.queue_name) {
-                        let mut exclusive = q.exclusive_consumer.lock();
-                        if *exclusive == Some(self.id) {
-                            *exclusive = None;
-                        }
-                    }
+                    self.ctx.broker.shards.send(ShardCmd::Cancel { queue: consumer.queue, consumer: id });
+                    self.consumer_left(&consumer.queue_name);
                     self.consumer_gone(&consumer.queue_name);
                 }
                 ok_unless(c.nowait, AMQPClass::Basic(basic::AMQPMethod::CancelOk(basic::CancelOk { consumer_tag: short(&tag) })))
@@ -357,11 +365,7 @@ impl Task {
                             ch.unacked.insert(tag, super::channel::Unacked { queue: q.id, offset: got.delivery.offset, consumer: get_id });
                         }
                         let d = &got.delivery;
-                        let extra = if d.delivery_count > 0 {
-                            vec![("x-delivery-count".to_owned(), Value::Int(d.delivery_count as i64))]
-                        } else {
-                            Vec::new()
-                        };
+                        let extra = super::connection::delivery_headers(d);
                         let props = properties_out(&d.msg, now_ms(), &extra);
                         let content = Content { exchange: &d.msg.exchange, routing_key: &d.msg.routing_key, properties: &props, body: &d.msg.payload };
                         self.proto.get_ok(channel, tag, d.redelivered, got.remaining.min(u32::MAX as u64) as u32, content);
@@ -482,6 +486,13 @@ impl Task {
             self.proto.channel_error(channel, 403, &text, class_id, method_id);
             return;
         }
+        if let Some(e) = p.properties.expiration() {
+            if e.as_str().trim().parse::<u64>().is_err() {
+                let text = format!("PRECONDITION_FAILED - invalid expiration '{}': no_integer", e.as_str());
+                self.proto.channel_error(channel, 406, &text, class_id, method_id);
+                return;
+            }
+        }
         if let Some(user_id) = p.properties.user_id() {
             if user_id.as_str() != self.user {
                 let text = format!("PRECONDITION_FAILED - user_id property set to '{}' but authenticated user was '{}'", user_id.as_str(), self.user);
@@ -511,9 +522,7 @@ impl Task {
         let mut routes = Routes::clone(&routes);
         let mut refused = false;
         routes.queues.retain(|r| {
-            let full = self.ctx.entities.overflow_config(r.queue).is_some_and(|c| {
-                matches!(c.overflow, Overflow::RejectPublish | Overflow::RejectPublishDlx) && c.would_overflow(msg.payload.len() as u64)
-            });
+            let full = self.ctx.entities.overflow_config(r.queue).is_some_and(|c| !c.admit(msg.payload.len() as u64));
             refused |= full;
             !full
         });
@@ -530,7 +539,7 @@ impl Task {
         let confirm = p.confirm_tag;
         // De-duplication by message id (exactly-once publishing), when configured.
         let mut extra = Vec::new();
-        if let (Some(id), Some(dedup)) = (&msg.props.message_id, self.ctx.dedup.as_ref()) {
+        if let (Some(id), Some(dedup), true) = (&msg.props.message_id, self.ctx.dedup.as_ref(), confirm.is_some()) {
             match dedup.check(&vhost, id, now) {
                 Some(op) => extra.push(op),
                 None => {
@@ -542,6 +551,7 @@ impl Task {
             }
         }
         let signal = self.ctx.broker.publish(&msg, &routes, RetainMode::None, extra).await;
+        self.unsettled = true;
         if let Some(tag) = confirm {
             self.confirms.push_back(PendingConfirm { channel, tag, signal, ack: !refused });
         }
@@ -552,12 +562,14 @@ fn ok_unless(nowait: bool, method: AMQPClass) -> Result<Option<AMQPClass>, Fail>
     Ok((!nowait).then_some(method))
 }
 
-fn declare_ok(q: &QueueEntity) -> AMQPClass {
-    let g = &q.config.gauge;
+/// Declare-ok with the counts as the queue's owner sees them after every earlier command
+/// (a publish confirmed before the declare is counted).
+async fn declare_ok(broker: &crate::core::broker::Broker, q: &QueueEntity) -> AMQPClass {
+    let (ready, _) = broker.shards.counts(q.id).await;
     AMQPClass::Queue(queue::AMQPMethod::DeclareOk(queue::DeclareOk {
         queue: short(&q.name),
-        message_count: QueueGauge::get(&g.ready).min(u32::MAX as u64) as u32,
-        consumer_count: QueueGauge::get(&g.consumers).min(u32::MAX as u64) as u32,
+        message_count: ready.min(u32::MAX as u64) as u32,
+        consumer_count: q.consumers.load(Ordering::Relaxed).min(u32::MAX as u64) as u32,
     }))
 }
 

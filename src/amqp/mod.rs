@@ -68,7 +68,7 @@ impl AmqpContext {
         let ctx = Arc::new(AmqpContext {
             broker,
             cfg: config.amqp.clone(),
-            users: Users::new(config.auth.users.clone()),
+            users: Users::new(config.auth.all_users()),
             entities: Entities::default(),
             alarm,
             dedup,

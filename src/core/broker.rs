@@ -148,7 +148,7 @@ impl Broker {
             let queues: Vec<QueueTarget> = routes
                 .queues
                 .iter()
-                .map(|q| QueueTarget { queue: q.queue, tag_hash: 0, flags: msg.qos.min(q.qos) & flags::QOS_MASK })
+                .map(|q| QueueTarget { queue: q.queue, tag_hash: 0, flags: flags::of(msg.qos.min(q.qos), msg.props.priority) })
                 .collect();
             let flags = queues.iter().map(|q| (q.queue, q.flags)).collect();
             ops.insert(
@@ -183,6 +183,18 @@ impl Broker {
         signal
     }
 
+    /// Resolves once everything submitted to the journal before it has been applied and
+    /// handed to its queues (a cheap barrier: no fsync).
+    pub async fn barrier(&self) {
+        let (tx, rx) = oneshot::channel();
+        let done: ferrymq_storage::Completion = Box::new(move |_| {
+            let _ = tx.send(());
+        });
+        if self.journal.submit_relaxed(Vec::new(), Some(done)).await.is_ok() {
+            let _ = rx.await;
+        }
+    }
+
     /// Submits journal ops whose Append/Enqueue results (in op order) correspond to `items`;
     /// the completion hands the new pointers to their queue owners in log order and then
     /// resolves the returned signal — after the fsync when `durable` (policy `always`),
@@ -199,7 +211,13 @@ impl Broker {
                         entries.push(AppendedEntry {
                             queue: *queue,
                             offset: *offset,
-                            ptr: Pointer { pos: appended.pos, size: appended.size, tag_hash: 0, flags },
+                            ptr: Pointer {
+                                pos: appended.pos,
+                                size: appended.size,
+                                body_len: item.msg.payload.len() as u32,
+                                tag_hash: 0,
+                                flags,
+                            },
                             msg: item.msg.clone(),
                         });
                     }

@@ -42,8 +42,9 @@ pub struct QueueDelivery {
     pub released: bool,
     /// The consumer it is for.
     pub consumer: u64,
-    /// Earlier deliveries of this message (AMQP `x-delivery-count`).
-    pub delivery_count: u32,
+    /// Earlier deliveries of this message (AMQP `x-delivery-count`), when the queue
+    /// counts them.
+    pub delivery_count: Option<u32>,
 }
 
 /// The router's handle to a connected clean session.

@@ -232,7 +232,8 @@ impl Bindings {
             Bindings::Direct(map) => out.extend(map.get(key).into_iter().flatten()),
             Bindings::Fanout(list) => out.extend(list.iter()),
             Bindings::Topic(root) => {
-                let words: Vec<&str> = key.split('.').collect();
+                // The empty key has no words (`#` matches it, `*` does not).
+                let words: Vec<&str> = if key.is_empty() { Vec::new() } else { key.split('.').collect() };
                 root.collect(&words, 0, key.starts_with('$'), out);
             }
             Bindings::Headers(list) => out.extend(list.iter().filter(|b| headers_match(&b.args, headers))),

@@ -52,7 +52,7 @@ async fn fire(broker: &Broker, due: Vec<ferrymq_storage::TimerEntry>) {
     let mut items = Vec::new();
     for t in due {
         ops.push(Op::DeleteTimer { due_ms: t.due_ms, pos: t.pos });
-        let ptr = ferrymq_storage::Pointer { pos: t.pos, size: t.size, tag_hash: 0, flags: 0 };
+        let ptr = ferrymq_storage::Pointer { pos: t.pos, size: t.size, body_len: 0, tag_hash: 0, flags: 0 };
         let Some(msg) = read_message(&broker.journal, &ptr) else { continue };
         debug!(exchange = %msg.exchange, key = %msg.routing_key, "delayed message due");
         let vhost = std::str::from_utf8(&t.target).ok().filter(|v| !v.is_empty()).unwrap_or(MQTT_VHOST);
@@ -74,10 +74,10 @@ async fn fire(broker: &Broker, due: Vec<ferrymq_storage::TimerEntry>) {
         let queues: Vec<QueueTarget> = routes
             .queues
             .iter()
-            .map(|q| QueueTarget { queue: q.queue, tag_hash: 0, flags: msg.qos.min(q.qos) & flags::QOS_MASK })
+            .map(|q| QueueTarget { queue: q.queue, tag_hash: 0, flags: flags::of(msg.qos.min(q.qos), msg.props.priority) })
             .collect();
         items.push(DispatchItem { msg: msg.clone(), flags: queues.iter().map(|q| (q.queue, q.flags)).collect() });
-        ops.push(Op::Enqueue { pos: t.pos, size: t.size, queues });
+        ops.push(Op::Enqueue { pos: t.pos, size: t.size, body_len: msg.payload.len() as u32, queues });
     }
     // Wait for durability so the next turn does not see the same timers again.
     let signal = broker.submit(ops, items, true).await;

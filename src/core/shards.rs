@@ -54,6 +54,13 @@ pub enum ShardCmd {
         /// The consumer.
         consumer: Consumer,
     },
+    /// Remove a consumer, leaving its unacked entries unacked (AMQP basic.cancel).
+    Cancel {
+        /// The queue.
+        queue: QueueId,
+        /// The consumer.
+        consumer: ConsumerId,
+    },
     /// Detach a consumer; its unacked entries become ready again.
     Detach {
         /// The queue.
@@ -123,6 +130,13 @@ pub enum ShardCmd {
         /// Answered with the message count once the deletion is stored.
         done: Option<oneshot::Sender<u64>>,
     },
+    /// Report (ready messages, consumers).
+    Counts {
+        /// The queue.
+        queue: QueueId,
+        /// Reply.
+        reply: oneshot::Sender<(u64, u64)>,
+    },
     /// Report the queue's live length.
     Len {
         /// The queue.
@@ -139,6 +153,7 @@ impl ShardCmd {
             ShardCmd::Configure { queue, .. }
             | ShardCmd::Attach { queue, .. }
             | ShardCmd::Detach { queue, .. }
+            | ShardCmd::Cancel { queue, .. }
             | ShardCmd::Ack { queue, .. }
             | ShardCmd::Requeue { queue, .. }
             | ShardCmd::Reject { queue, .. }
@@ -147,6 +162,7 @@ impl ShardCmd {
             | ShardCmd::Get { queue, .. }
             | ShardCmd::Purge { queue, .. }
             | ShardCmd::Delete { queue, .. }
+            | ShardCmd::Counts { queue, .. }
             | ShardCmd::Len { queue, .. } => Some(*queue),
         }
     }
@@ -235,6 +251,13 @@ impl Shards {
         rx.await.unwrap_or(0)
     }
 
+    /// (ready messages, consumers) of a queue, after every command sent before.
+    pub async fn counts(&self, queue: QueueId) -> (u64, u64) {
+        let (reply, rx) = oneshot::channel();
+        self.send(ShardCmd::Counts { queue, reply });
+        rx.await.unwrap_or((0, 0))
+    }
+
     /// Purges a queue; returns how many messages were removed.
     pub async fn purge(&self, queue: QueueId) -> u64 {
         let (reply, rx) = oneshot::channel();
@@ -310,6 +333,9 @@ impl Shard {
                 ShardCmd::Len { reply, .. } | ShardCmd::Purge { reply, .. } => {
                     let _ = reply.send(0);
                 }
+                ShardCmd::Counts { reply, .. } => {
+                    let _ = reply.send((0, 0));
+                }
                 ShardCmd::Get { reply, .. } => {
                     let _ = reply.send(None);
                 }
@@ -345,6 +371,10 @@ impl Shard {
                 let mut fx = std::mem::take(&mut self.fx);
                 self.queue(queue).detach(consumer, &mut fx);
                 self.fx = fx;
+                self.touched.insert(queue);
+            }
+            ShardCmd::Cancel { queue, consumer } => {
+                self.queue(queue).cancel(consumer);
                 self.touched.insert(queue);
             }
             ShardCmd::Ack { queue, offset } => {
@@ -384,7 +414,9 @@ impl Shard {
             }
             ShardCmd::Purge { queue, reply } => {
                 let mut fx = std::mem::take(&mut self.fx);
-                let n = self.queue(queue).purge(&mut fx.ops);
+                let q = self.queue(queue);
+                let n = q.purge(&mut fx.ops);
+                q.publish_gauge();
                 self.fx = fx;
                 let _ = reply.send(n);
                 self.touched.insert(queue);
@@ -403,6 +435,10 @@ impl Shard {
             }
             ShardCmd::Len { queue, reply } => {
                 let _ = reply.send(self.queue(queue).len());
+            }
+            ShardCmd::Counts { queue, reply } => {
+                let q = self.queue(queue);
+                let _ = reply.send((q.len().saturating_sub(q.unacked_len() as u64), q.consumer_count() as u64));
             }
         }
     }

@@ -39,7 +39,11 @@ pub fn message_in(p: Publish, topic: &str, now_ms: u64) -> Message {
     Message {
         exchange: MQTT_EXCHANGE.to_owned(),
         routing_key: mqtt_to_key(topic),
-        props: properties_in(&p.properties, now_ms),
+        props: Properties {
+            // MQTT QoS >= 1 is persistent for AMQP consumers (delivery mode 2), QoS 0 not.
+            delivery_mode: Some(if p.qos == QoS::AtMostOnce { 1 } else { 2 }),
+            ..properties_in(&p.properties, now_ms)
+        },
         payload: p.payload,
         qos: qos_u8(p.qos),
         retain: p.retain,

@@ -45,7 +45,7 @@
 //!
 //! | tree | key | value |
 //! |---|---|---|
-//! | `queue` | queue id u64, offset u64 | [`Pointer`]: pos u64, size u32, tag hash u32, flags u8 |
+//! | `queue` | queue id u64, offset u64 | [`Pointer`]: pos u64, size u32, body length u32, tag hash u32, flags u8 |
 //! | `queue` | queue id u64 (8-byte key) | next offset u64: the queue's high-water mark |
 //! | `queue_names` | name (UTF-8) | queue id u64 |
 //! | `queue_ids` | queue id u64 | name (UTF-8): reverse of `queue_names` |
@@ -197,6 +197,8 @@ pub struct Pointer {
     pub pos: LogPos,
     /// Size of the whole record on disk (framing included).
     pub size: u32,
+    /// Length of the record's body (what byte limits of queues count).
+    pub body_len: u32,
     /// Hash of the message tag (0 = untagged), for server-side filtering.
     pub tag_hash: u32,
     /// Caller-defined flags (e.g. QoS, delivery state).
@@ -274,6 +276,8 @@ pub enum Op {
         pos: LogPos,
         /// Its size.
         size: u32,
+        /// Length of its body.
+        body_len: u32,
         /// Pointers to add.
         queues: Vec<QueueTarget>,
     },

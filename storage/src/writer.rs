@@ -462,7 +462,7 @@ impl Writer {
     }
 
     /// Adds one pointer per target; returns the offsets.
-    fn push_pointers(&mut self, targets: &[QueueTarget], pos: u64, size: u32) -> Vec<(crate::QueueId, u64)> {
+    fn push_pointers(&mut self, targets: &[QueueTarget], pos: u64, size: u32, body_len: u32) -> Vec<(crate::QueueId, u64)> {
         let base = self.segment_base(pos);
         let mut offsets = Vec::with_capacity(targets.len());
         for t in targets {
@@ -477,7 +477,7 @@ impl Writer {
             st.next = offset.saturating_add(1);
             st.len += 1;
             let next = st.next;
-            let p = Pointer { pos: LogPos(pos), size, tag_hash: t.tag_hash, flags: t.flags };
+            let p = Pointer { pos: LogPos(pos), size, body_len, tag_hash: t.tag_hash, flags: t.flags };
             self.pending.queue.insert(&codec::queue_key(q, offset)[..], &codec::encode_pointer(&p)[..]);
             self.pending.queue.insert(&codec::queue_hwm_key(q)[..], &codec::encode_u64(next)[..]);
             if let Some(base) = base {
@@ -497,7 +497,7 @@ impl Writer {
                     .append(&shared.log, &a.record.header, &a.record.body)
                     .map_err(fatal("commit log write"))?;
                 let base = self.log.active_base();
-                let offsets = self.push_pointers(&a.queues, pos, size);
+                let offsets = self.push_pointers(&a.queues, pos, size, a.record.body.len().min(u32::MAX as usize) as u32);
                 if let Some(topic) = a.retained_topic {
                     if let Some(old) = self.pending.retained.get(&db.retained, topic.as_bytes()).map_err(sled_fatal)? {
                         if let Some((old_pos, _)) = codec::decode_retained(&old) {
@@ -514,8 +514,8 @@ impl Writer {
                 }
                 receipt.appended.push(Appended { pos: LogPos(pos), size, offsets });
             }
-            Op::Enqueue { pos, size, queues } => {
-                let offsets = self.push_pointers(&queues, pos.0, size);
+            Op::Enqueue { pos, size, body_len, queues } => {
+                let offsets = self.push_pointers(&queues, pos.0, size, body_len);
                 receipt.appended.push(Appended { pos, size, offsets });
             }
             Op::Remove { queue, offset } => {

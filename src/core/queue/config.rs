@@ -38,6 +38,9 @@ pub struct QueueGauge {
     pub ready: AtomicU64,
     /// Attached consumers.
     pub consumers: AtomicU64,
+    /// Messages admitted by publishers but not yet counted by the queue (reject-publish
+    /// queues: publishers reserve room before storing).
+    pub admitted: AtomicU64,
 }
 
 impl QueueGauge {
@@ -73,6 +76,11 @@ pub struct QueueConfig {
     pub delivery_limit: Option<u32>,
     /// Only one consumer receives at a time (`x-single-active-consumer`).
     pub single_active_consumer: bool,
+    /// Priority queue (`x-max-priority`, up to 15 levels): highest priority first.
+    pub max_priority: Option<u8>,
+    /// Deliveries carry their earlier-delivery count (`x-delivery-count`, as quorum
+    /// queues and queues with a delivery limit do).
+    pub count_deliveries: bool,
     /// Transient (QoS 0) messages survive a restart. MQTT session queues keep them; AMQP
     /// queues drop them when reloaded, as RabbitMQ does with non-persistent messages.
     pub keep_transient: bool,
@@ -95,16 +103,30 @@ impl QueueConfig {
             dead_letter: None,
             delivery_limit: None,
             single_active_consumer: false,
+            max_priority: None,
+            count_deliveries: false,
             keep_transient: true,
             gauge: Arc::new(QueueGauge::default()),
         }
     }
 
-    /// True when a message of `size` bytes would not fit, per the gauge (what a publisher
-    /// checks for `reject-publish` queues before storing).
-    pub fn would_overflow(&self, size: u64) -> bool {
-        let len = QueueGauge::get(&self.gauge.len);
-        let bytes = QueueGauge::get(&self.gauge.bytes);
-        (self.max_len > 0 && len >= self.max_len) || (self.max_bytes > 0 && bytes + size > self.max_bytes)
+    /// For `reject-publish` queues: reserves room for a message of `size` bytes and returns
+    /// true, or returns false when it would not fit (the publisher gets a nack). The queue
+    /// releases the reservation when the message arrives.
+    pub fn admit(&self, size: u64) -> bool {
+        let g = &self.gauge;
+        let admitted = g.admitted.fetch_add(1, Ordering::AcqRel) + 1;
+        let len = QueueGauge::get(&g.len) + admitted;
+        let bytes = QueueGauge::get(&g.bytes) + size;
+        if (self.max_len > 0 && len > self.max_len) || (self.max_bytes > 0 && bytes > self.max_bytes) {
+            g.admitted.fetch_sub(1, Ordering::AcqRel);
+            return false;
+        }
+        true
+    }
+
+    /// True when the queue refuses publishes once full.
+    pub fn rejects_when_full(&self) -> bool {
+        matches!(self.overflow, Overflow::RejectPublish | Overflow::RejectPublishDlx)
     }
 }

@@ -11,8 +11,9 @@
 
 mod config;
 mod consumer;
+mod ready;
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -20,6 +21,8 @@ pub use config::{DeadLetterTarget, Overflow, QueueConfig, QueueGauge};
 pub use consumer::{Consumer, ConsumerEvent, ConsumerId};
 use ferrymq_storage::{Journal, Op, Pointer, QueueId};
 use tracing::warn;
+
+use ready::Ready;
 
 use super::delivery::QueueDelivery;
 use super::message::{now_ms, Message, SharedMessage};
@@ -30,6 +33,15 @@ pub mod flags {
     pub const QOS_MASK: u8 = 0b11;
     /// QoS 2 entry whose PUBREC arrived: only PUBREL is left to send.
     pub const RELEASED: u8 = 0b100;
+    /// Message priority, 0-15 (bits 3-6).
+    pub const PRIORITY_SHIFT: u8 = 3;
+    /// Mask of the priority bits.
+    pub const PRIORITY_MASK: u8 = 0b0111_1000;
+
+    /// Flags for an entry of `qos` and message `priority` (clamped to 15).
+    pub fn of(qos: u8, priority: Option<u8>) -> u8 {
+        (qos & QOS_MASK) | (priority.unwrap_or(0).min(15) << PRIORITY_SHIFT)
+    }
 }
 
 /// Pages read from storage at a time.
@@ -79,6 +91,8 @@ struct Entry {
     redelivered: bool,
     /// Deliveries so far.
     deliveries: u32,
+    /// Priority (0 unless the queue is a priority queue).
+    priority: u8,
 }
 
 #[derive(Debug)]
@@ -130,7 +144,7 @@ pub struct Queue {
     /// Entries below this offset existed when the queue was loaded: they may have been
     /// delivered before a restart, so they go out as redeliveries.
     recovered_upto: u64,
-    ready: VecDeque<Entry>,
+    ready: Ready,
     unacked: BTreeMap<u64, Unacked>,
     consumers: Vec<Consumer>,
     rr: usize,
@@ -165,7 +179,7 @@ impl Queue {
                             continue;
                         }
                         len += 1;
-                        bytes += p.size as u64;
+                        bytes += p.body_len as u64;
                         qos0 += (p.flags & flags::QOS_MASK == 0) as u64;
                     }
                     from = page[page.len() - 1].0 + 1;
@@ -177,14 +191,15 @@ impl Queue {
                 }
             }
         }
+        let ready = Ready::new(config.max_priority.is_some());
         let q = Queue {
             id,
-            expiring: config.message_ttl.is_some() || len > 0,
+            expiring: config.message_ttl.is_some(),
             config,
             next_offset,
             loaded_upto: first.unwrap_or(next_offset),
             recovered_upto: next_offset,
-            ready: VecDeque::new(),
+            ready,
             unacked: BTreeMap::new(),
             consumers: Vec::new(),
             rr: 0,
@@ -270,19 +285,19 @@ impl Queue {
         if msg.props.expires_at_ms.is_some() {
             self.expiring = true;
         }
-        if offset < self.loaded_upto {
-            // Already paged in from storage (the page read raced the completion).
-            self.count_in(&ptr);
-            return Admission::Accepted;
+        // A page read may have loaded this entry already (it raced the completion).
+        let already_loaded = offset < self.loaded_upto;
+        if self.config.rejects_when_full() {
+            // The publisher reserved room for it: count it in at once, release the reservation.
+            let _ = self.config.gauge.admitted.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
         }
         let mut admission = Admission::Accepted;
-        if self.is_full(ptr.size as u64) {
+        if self.is_full(ptr.body_len as u64) {
             let qos = ptr.flags & flags::QOS_MASK;
             let made_room = match self.config.overflow {
                 Overflow::DropQos0First => {
-                    let evicted = qos > 0 && self.evict_qos0(journal, &mut fx.ops);
                     admission = Admission::EvictedQos0;
-                    evicted
+                    qos > 0 && self.evict_qos0(journal, &mut fx.ops)
                 }
                 Overflow::DropHead => {
                     admission = Admission::DroppedHead;
@@ -292,26 +307,47 @@ impl Queue {
             };
             if !made_room {
                 fx.ops.push(Op::Remove { queue: self.id, offset });
-                self.skip_in_storage(offset);
+                if already_loaded {
+                    self.ready.remove_first(|e| e.offset == offset);
+                } else {
+                    self.skip_in_storage(offset);
+                }
                 if self.config.overflow == Overflow::RejectPublishDlx {
                     self.dead_letter(msg.clone(), DeathReason::MaxLen, fx);
                 }
                 return Admission::Dropped;
             }
         }
+        if already_loaded {
+            self.count_in(&ptr);
+            return admission;
+        }
+        if self.config.rejects_when_full() {
+            self.count_in(&ptr);
+            self.publish_gauge();
+            self.keep_in_memory(offset, ptr, msg);
+            return admission;
+        }
         self.count_in(&ptr);
-        // Keep the message in memory only for a queue someone consumes from: an offline
-        // backlog stays on disk until a consumer is back.
-        if offset == self.loaded_upto && self.ready.len() < self.config.memory_window && !self.consumers.is_empty() {
-            self.ready.push_back(Entry { offset, ptr, msg: Some(msg.clone()), redelivered: false, deliveries: 0 });
+        self.keep_in_memory(offset, ptr, msg);
+        admission
+    }
+
+    /// Keeps a new entry in memory when someone consumes from the queue (an offline
+    /// backlog stays on disk until a consumer is back). A priority queue keeps every
+    /// entry in its ready list: the next one to go may be the newest.
+    fn keep_in_memory(&mut self, offset: u64, ptr: Pointer, msg: &SharedMessage) {
+        let priority = self.config.max_priority.is_some();
+        if offset == self.loaded_upto && (priority || (self.ready.len() < self.config.memory_window && !self.consumers.is_empty())) {
+            let entry = Entry { offset, ptr, msg: Some(msg.clone()), redelivered: false, deliveries: 0, priority: self.priority_of(&ptr) };
+            self.ready.push_back(entry);
             self.loaded_upto = offset + 1;
         }
-        admission
     }
 
     fn count_in(&mut self, ptr: &Pointer) {
         self.len += 1;
-        self.bytes += ptr.size as u64;
+        self.bytes += ptr.body_len as u64;
         self.qos0 += (ptr.flags & flags::QOS_MASK == 0) as u64;
     }
 
@@ -330,11 +366,9 @@ impl Queue {
         if self.qos0 == 0 {
             return false;
         }
-        if let Some(i) = self.ready.iter().position(|e| e.ptr.flags & flags::QOS_MASK == 0) {
-            if let Some(e) = self.ready.remove(i) {
-                self.forget(&e, ops);
-                return true;
-            }
+        if let Some(e) = self.ready.remove_first(|e| e.ptr.flags & flags::QOS_MASK == 0) {
+            self.forget(&e, ops);
+            return true;
         }
         let mut from = self.qos0_scan_from.max(self.loaded_upto);
         while from < self.next_offset {
@@ -348,7 +382,7 @@ impl Queue {
                 .find(|(o, p)| p.flags & flags::QOS_MASK == 0 && !self.dropped_ahead.contains(o));
             if let Some((offset, ptr)) = victim {
                 self.qos0_scan_from = offset + 1;
-                self.forget(&Entry { offset, ptr, msg: None, redelivered: false, deliveries: 0 }, ops);
+                self.forget(&Entry { offset, ptr, msg: None, redelivered: false, deliveries: 0, priority: 0 }, ops);
                 self.skip_in_storage(offset);
                 return true;
             }
@@ -381,7 +415,7 @@ impl Queue {
 
     fn forget(&mut self, e: &Entry, ops: &mut Vec<Op>) {
         self.len = self.len.saturating_sub(1);
-        self.bytes = self.bytes.saturating_sub(e.ptr.size as u64);
+        self.bytes = self.bytes.saturating_sub(e.ptr.body_len as u64);
         if e.ptr.flags & flags::QOS_MASK == 0 {
             self.qos0 = self.qos0.saturating_sub(1);
         }
@@ -408,6 +442,12 @@ impl Queue {
         for offset in returned {
             self.requeue(offset, fx);
         }
+    }
+
+    /// Removes a consumer without returning its unacked entries (AMQP basic.cancel: they
+    /// can still be acked, and go back to the queue when their channel closes).
+    pub fn cancel(&mut self, consumer: ConsumerId) {
+        self.consumers.retain(|c| c.id != consumer);
     }
 
     /// Adds credit to a consumer.
@@ -449,8 +489,7 @@ impl Queue {
             }
         }
         entry.redelivered = true;
-        let at = self.ready.partition_point(|e| e.offset < entry.offset);
-        self.ready.insert(at, entry);
+        self.ready.insert_in_order(entry);
     }
 
     /// Rejects an unacked entry without requeue: it leaves the queue and is dead-lettered
@@ -487,7 +526,7 @@ impl Queue {
         self.dropped_ahead.clear();
         self.loaded_upto = self.next_offset;
         self.len = self.unacked.len() as u64;
-        self.bytes = self.unacked.values().map(|u| u.entry.ptr.size as u64).sum();
+        self.bytes = self.unacked.values().map(|u| u.entry.ptr.body_len as u64).sum();
         self.qos0 = self.unacked.values().filter(|u| u.entry.ptr.flags & flags::QOS_MASK == 0).count() as u64;
         purged
     }
@@ -524,7 +563,7 @@ impl Queue {
             redelivered: entry.redelivered,
             released: false,
             consumer,
-            delivery_count: entry.deliveries - 1,
+            delivery_count: self.config.count_deliveries.then(|| entry.deliveries - 1),
         };
         if no_ack {
             self.forget(&entry, &mut fx.ops);
@@ -644,6 +683,7 @@ impl Queue {
                 self.ready.push_front(entry);
                 return;
             };
+            let count_deliveries = self.config.count_deliveries;
             let consumer = &mut self.consumers[idx];
             entry.deliveries += 1;
             let delivery = QueueDelivery {
@@ -654,7 +694,7 @@ impl Queue {
                 redelivered: entry.redelivered,
                 released: entry.ptr.flags & flags::RELEASED != 0,
                 consumer: consumer.id,
-                delivery_count: entry.deliveries - 1,
+                delivery_count: count_deliveries.then(|| entry.deliveries - 1),
             };
             entry.msg = Some(msg);
             if consumer.tx.send(ConsumerEvent::Deliver(delivery)).is_err() {
@@ -678,8 +718,28 @@ impl Queue {
         self.consumers.iter().any(|c| c.credit > 0).then_some(())
     }
 
-    /// Loads the next page of entries from storage; false when there is none.
+    /// The priority of an entry in this queue (0 unless it is a priority queue).
+    fn priority_of(&self, ptr: &Pointer) -> u8 {
+        match self.config.max_priority {
+            Some(max) => ((ptr.flags & flags::PRIORITY_MASK) >> flags::PRIORITY_SHIFT).min(max),
+            None => 0,
+        }
+    }
+
+    /// Loads the next page of entries from storage (every page, for a priority queue);
+    /// false when there is none.
     fn page_in(&mut self, journal: &Journal) -> bool {
+        if self.config.max_priority.is_some() {
+            let mut any = false;
+            while self.page_in_one(journal) {
+                any = true;
+            }
+            return any;
+        }
+        self.page_in_one(journal)
+    }
+
+    fn page_in_one(&mut self, journal: &Journal) -> bool {
         if self.loaded_upto >= self.next_offset {
             return false;
         }
@@ -691,7 +751,8 @@ impl Queue {
                         continue;
                     }
                     let redelivered = offset < self.recovered_upto;
-                    self.ready.push_back(Entry { offset, ptr, msg: None, redelivered, deliveries: 0 });
+                    let priority = self.priority_of(&ptr);
+                    self.ready.push_back(Entry { offset, ptr, msg: None, redelivered, deliveries: 0, priority });
                 }
                 // Offsets passed over are settled; forget their markers.
                 let settled = self.loaded_upto;
@@ -782,7 +843,7 @@ mod tests {
                 })])
                 .unwrap();
             let a = &receipt.appended[0];
-            let ptr = Pointer { pos: a.pos, size: a.size, tag_hash: 0, flags: msg.qos };
+            let ptr = Pointer { pos: a.pos, size: a.size, body_len: msg.payload.len() as u32, tag_hash: 0, flags: msg.qos };
             let admission = self.queue.appended(a.offsets[0].1, ptr, &msg, &self.journal, &mut self.fx);
             // As the shard does at the end of each turn.
             self.queue.publish_gauge();
@@ -915,8 +976,8 @@ mod tests {
             c.overflow = Overflow::RejectPublish;
         });
         assert_eq!(f.publish(0, 1), Admission::Accepted);
-        assert!(f.queue.config().would_overflow(10), "the gauge tells publishers the queue is full");
-        assert_eq!(f.publish(1, 1), Admission::Dropped);
+        assert!(!f.queue.config().admit(10), "publishers are told the queue is full");
+        assert_eq!(f.publish(1, 1), Admission::Dropped, "a publish that raced the check is dropped");
         let mut rx = f.consumer(1, 10);
         assert_eq!(numbers(&drain(&mut rx)), vec![0]);
     }
