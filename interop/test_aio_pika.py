@@ -259,7 +259,11 @@ def test_connect_robust_recovers_after_broker_restart(broker, amqp_url, names):
             await x.publish(aio_pika.Message(b"before"), routing_key="")
             assert await asyncio.wait_for(got.get(), TIMEOUT) == b"before"
 
-            await asyncio.to_thread(broker.restart)
+            # Restarted from the event loop's own (main) thread, blocking it for the
+            # restart: a FerryMQ started from a worker thread would get its
+            # die-with-parent SIGTERM when that thread ends.  The client notices the
+            # closed connection once the loop runs again.
+            broker.restart()
             await asyncio.wait_for(reconnected.wait(), 20)
             # The robust channel replays declare / bind / consume on reconnect.
             await x.publish(aio_pika.Message(b"after"), routing_key="")

@@ -900,7 +900,9 @@ def test_durable_queue_and_persistent_messages_survive_restart(broker, amqp, nam
     ch.basic_publish("", durable, b"transient", pika.BasicProperties(delivery_mode=1))
     ch.basic_publish("", transient_q, b"in a transient queue", pika.BasicProperties(delivery_mode=2))
     conn.close()
+    addr = broker.amqp_addr
     broker.restart()
+    assert broker.amqp_addr == addr, "a restarted broker listens on the same AMQP address"
     conn = amqp()
     ch = conn.channel()
     d = get_message(ch, durable)
