@@ -2,10 +2,11 @@
 # Run the FerryMQ interop suite.
 #
 #   interop/run.sh                              # against FerryMQ (builds it if missing)
-#   INTEROP_BROKER=mosquitto interop/run.sh     # against the reference Mosquitto
+#   INTEROP_BROKER=mosquitto interop/run.sh     # against the reference Mosquitto (MQTT)
+#   INTEROP_BROKER=rabbitmq interop/run.sh      # against a reference RabbitMQ node (AMQP + MQTT gateway)
 #   interop/run.sh -k retained -x               # extra arguments go to pytest
 #
-# Environment: INTEROP_BROKER (ferrymq|mosquitto), INTEROP_TIMEOUT (per-test
+# Environment: INTEROP_BROKER (ferrymq|mosquitto|rabbitmq), INTEROP_TIMEOUT (per-test
 # seconds, default 60), CARGO_TARGET_DIR (honoured), FERRYMQ_BIN (use this binary,
 # skip the build), FERRYMQ_LOG (broker --log level, default info), INTEROP_STRICT=1
 # (also run mosquitto_specific tests against FerryMQ), PYTHON (default python3).
@@ -62,8 +63,13 @@ mosquitto)
         log "mosquitto not installed: apt-get install -y mosquitto mosquitto-clients"; exit 2; }
     log "broker under test: Mosquitto ($( (mosquitto -h 2>/dev/null || /usr/sbin/mosquitto -h 2>/dev/null) | sed -n 1p))"
     ;;
+rabbitmq)
+    [[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ]] || {
+        log "rabbitmq-server not installed: apt-get install -y rabbitmq-server"; exit 2; }
+    log "broker under test: RabbitMQ ($(dpkg-query -W -f='${Version}' rabbitmq-server 2>/dev/null || echo '?'), own node, started by the fixture)"
+    ;;
 *)
-    log "INTEROP_BROKER must be ferrymq or mosquitto, not '$broker'"; exit 2 ;;
+    log "INTEROP_BROKER must be ferrymq, mosquitto or rabbitmq, not '$broker'"; exit 2 ;;
 esac
 command -v mosquitto_pub >/dev/null || log "warning: mosquitto_pub not on PATH (apt-get install -y mosquitto-clients); its tests will fail"
 

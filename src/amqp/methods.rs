@@ -144,11 +144,16 @@ impl Task {
     async fn exchange_binding(&mut self, source: &str, dest: &str, key: &str, args: Vec<(String, Value)>, bind: bool) -> Result<(), Fail> {
         let vhost = self.vhost.clone();
         let router = &self.ctx.broker.router;
-        let Some(src) = router.exchange(&vhost, source) else { return Err(not_found("exchange", source, &vhost)) };
-        let Some(dst) = router.exchange(&vhost, dest) else { return Err(not_found("exchange", dest, &vhost)) };
         if source.is_empty() || dest.is_empty() {
             return Err(channel_fail(403, "ACCESS_REFUSED - operation not permitted on the default exchange".into()));
         }
+        let (src, dst) = match (router.exchange(&vhost, source), router.exchange(&vhost, dest)) {
+            (Some(src), Some(dst)) => (src, dst),
+            // Unbinding is idempotent: an exchange that is gone has no binding left.
+            _ if !bind => return Ok(()),
+            (None, _) => return Err(not_found("exchange", source, &vhost)),
+            (_, None) => return Err(not_found("exchange", dest, &vhost)),
+        };
         let binding = Binding { dest: Destination::Exchange(dest.to_owned()), key: key.to_owned(), args, mqtt: None };
         if bind {
             router.bind(&vhost, source, binding.clone()).map_err(|e| route_fail(e, &vhost))?;
@@ -232,14 +237,18 @@ impl Task {
                 ok_unless(b.nowait, AMQPClass::Queue(queue::AMQPMethod::BindOk(queue::BindOk {})))
             }
             queue::AMQPMethod::Unbind(b) => {
-                let q = self.usable_queue(b.queue.as_str())?;
                 let exchange = b.exchange.as_str();
-                let Some(x) = self.ctx.broker.router.exchange(&vhost, exchange) else {
-                    return Err(not_found("exchange", exchange, &vhost));
-                };
                 if exchange.is_empty() {
                     return Err(channel_fail(403, "ACCESS_REFUSED - operation not permitted on the default exchange".into()));
                 }
+                let unbind_ok = AMQPClass::Queue(queue::AMQPMethod::UnbindOk(queue::UnbindOk {}));
+                // Unbinding is idempotent, as in RabbitMQ: a queue or exchange that is gone
+                // (an auto-delete queue whose last consumer left) has no binding left.
+                if self.ctx.entities.queue(&vhost, b.queue.as_str()).is_none() {
+                    return reply(unbind_ok);
+                }
+                let q = self.usable_queue(b.queue.as_str())?;
+                let Some(x) = self.ctx.broker.router.exchange(&vhost, exchange) else { return reply(unbind_ok) };
                 let binding = Binding::queue(q.id, b.routing_key.as_str(), table_in(&b.arguments));
                 self.ctx
                     .broker
@@ -249,7 +258,7 @@ impl Task {
                 if x.durable && q.durable {
                     persist_binding(&self.ctx.broker, &vhost, exchange, &binding, false).await;
                 }
-                reply(AMQPClass::Queue(queue::AMQPMethod::UnbindOk(queue::UnbindOk {})))
+                reply(unbind_ok)
             }
             queue::AMQPMethod::Purge(p) => {
                 let q = self.usable_queue(p.queue.as_str())?;

@@ -93,6 +93,9 @@ struct Entry {
     deliveries: u32,
     /// Priority (0 unless the queue is a priority queue).
     priority: u8,
+    /// Appended while a consumer could take it at once: a TTL of 0 does not expire it
+    /// before that first delivery.
+    fresh: bool,
 }
 
 #[derive(Debug)]
@@ -306,40 +309,57 @@ impl Queue {
                 Overflow::RejectPublish | Overflow::RejectPublishDlx => false,
             };
             if !made_room {
-                fx.ops.push(Op::Remove { queue: self.id, offset });
-                if already_loaded {
-                    self.ready.remove_first(|e| e.offset == offset);
-                } else {
-                    self.skip_in_storage(offset);
-                }
+                self.refuse_appended(offset, already_loaded, &mut fx.ops);
                 if self.config.overflow == Overflow::RejectPublishDlx {
                     self.dead_letter(msg.clone(), DeathReason::MaxLen, fx);
                 }
                 return Admission::Dropped;
             }
         }
-        if already_loaded {
-            self.count_in(&ptr);
-            return admission;
-        }
-        if self.config.rejects_when_full() {
-            self.count_in(&ptr);
-            self.publish_gauge();
-            self.keep_in_memory(offset, ptr, msg);
+        // A TTL of 0 means "deliver at once or expire" (RabbitMQ's rule).
+        let deliverable_now = !already_loaded
+            && offset == self.loaded_upto
+            && self.ready.is_empty()
+            && self.pick_consumer_peek().is_some();
+        if self.has_zero_ttl(msg) && !deliverable_now {
+            self.refuse_appended(offset, already_loaded, &mut fx.ops);
+            self.dead_letter(msg.clone(), DeathReason::Expired, fx);
             return admission;
         }
         self.count_in(&ptr);
-        self.keep_in_memory(offset, ptr, msg);
+        if already_loaded {
+            return admission;
+        }
+        if self.config.rejects_when_full() {
+            self.publish_gauge();
+        }
+        self.keep_in_memory(offset, ptr, msg, deliverable_now);
         admission
+    }
+
+    /// Removes an appended entry that does not stay (overflow, TTL 0), wherever it is.
+    fn refuse_appended(&mut self, offset: u64, already_loaded: bool, ops: &mut Vec<Op>) {
+        ops.push(Op::Remove { queue: self.id, offset });
+        if already_loaded {
+            self.ready.remove_first(|e| e.offset == offset);
+        } else {
+            self.skip_in_storage(offset);
+        }
+    }
+
+    /// True when the message may only be delivered at once: the queue's TTL or its own
+    /// expiration is 0.
+    fn has_zero_ttl(&self, msg: &Message) -> bool {
+        self.config.message_ttl == Some(0) || msg.props.expires_at_ms.is_some_and(|at| at <= msg.timestamp_ms)
     }
 
     /// Keeps a new entry in memory when someone consumes from the queue (an offline
     /// backlog stays on disk until a consumer is back). A priority queue keeps every
     /// entry in its ready list: the next one to go may be the newest.
-    fn keep_in_memory(&mut self, offset: u64, ptr: Pointer, msg: &SharedMessage) {
+    fn keep_in_memory(&mut self, offset: u64, ptr: Pointer, msg: &SharedMessage, fresh: bool) {
         let priority = self.config.max_priority.is_some();
         if offset == self.loaded_upto && (priority || (self.ready.len() < self.config.memory_window && !self.consumers.is_empty())) {
-            let entry = Entry { offset, ptr, msg: Some(msg.clone()), redelivered: false, deliveries: 0, priority: self.priority_of(&ptr) };
+            let entry = Entry { offset, ptr, msg: Some(msg.clone()), redelivered: false, deliveries: 0, priority: self.priority_of(&ptr), fresh };
             self.ready.push_back(entry);
             self.loaded_upto = offset + 1;
         }
@@ -382,7 +402,7 @@ impl Queue {
                 .find(|(o, p)| p.flags & flags::QOS_MASK == 0 && !self.dropped_ahead.contains(o));
             if let Some((offset, ptr)) = victim {
                 self.qos0_scan_from = offset + 1;
-                self.forget(&Entry { offset, ptr, msg: None, redelivered: false, deliveries: 0, priority: 0 }, ops);
+                self.forget(&Entry { offset, ptr, msg: None, redelivered: false, deliveries: 0, priority: 0, fresh: false }, ops);
                 self.skip_in_storage(offset);
                 return true;
             }
@@ -586,6 +606,7 @@ impl Queue {
                 }
             }
             let Some(front) = self.ready.front_mut() else { return };
+            let fresh = front.fresh;
             let msg = match &front.msg {
                 Some(m) => m.clone(),
                 None => match read_message(journal, &front.ptr) {
@@ -601,7 +622,7 @@ impl Queue {
                     }
                 },
             };
-            if !self.is_expired(&msg, now) {
+            if !self.is_expired(&msg, now, fresh) {
                 return;
             }
             if let Some(e) = self.ready.pop_front() {
@@ -611,7 +632,10 @@ impl Queue {
         }
     }
 
-    fn is_expired(&self, msg: &Message, now: u64) -> bool {
+    fn is_expired(&self, msg: &Message, now: u64, fresh: bool) -> bool {
+        if fresh && self.has_zero_ttl(msg) {
+            return false;
+        }
         msg.is_expired(now) || self.config.message_ttl.is_some_and(|ttl| msg.timestamp_ms.saturating_add(ttl) <= now)
     }
 
@@ -636,7 +660,7 @@ impl Queue {
                     }
                 },
             };
-            if self.is_expired(&msg, now) {
+            if self.is_expired(&msg, now, entry.fresh) {
                 self.forget(&entry, &mut fx.ops);
                 self.dead_letter(msg, DeathReason::Expired, fx);
                 continue;
@@ -697,6 +721,7 @@ impl Queue {
                 delivery_count: count_deliveries.then(|| entry.deliveries - 1),
             };
             entry.msg = Some(msg);
+            entry.fresh = false;
             if consumer.tx.send(ConsumerEvent::Deliver(delivery)).is_err() {
                 // Consumer went away without detaching yet: keep the entry, drop the consumer.
                 let gone = consumer.id;
@@ -752,7 +777,7 @@ impl Queue {
                     }
                     let redelivered = offset < self.recovered_upto;
                     let priority = self.priority_of(&ptr);
-                    self.ready.push_back(Entry { offset, ptr, msg: None, redelivered, deliveries: 0, priority });
+                    self.ready.push_back(Entry { offset, ptr, msg: None, redelivered, deliveries: 0, priority, fresh: false });
                 }
                 // Offsets passed over are settled; forget their markers.
                 let settled = self.loaded_upto;
@@ -1031,6 +1056,24 @@ mod tests {
         f.queue.expire(&f.journal, &mut f.fx);
         assert_eq!(f.dead(), vec![(1, DeathReason::Expired)]);
         assert_eq!(f.queue.len(), 1);
+    }
+
+    #[test]
+    fn ttl_zero_delivers_at_once_or_expires() {
+        let mut f = fixture(|c| {
+            c.message_ttl = Some(0);
+            c.dead_letter = Some(DeadLetterTarget { exchange: "dlx".into(), routing_key: None });
+        });
+        f.publish(1, 1);
+        assert_eq!(f.dead(), vec![(1, DeathReason::Expired)], "nobody to take it: expired at once");
+        assert_eq!(f.queue.len(), 0);
+        let mut rx = f.consumer(1, 1);
+        f.publish(2, 1);
+        f.pump();
+        assert_eq!(numbers(&drain(&mut rx)), vec![2], "a consumer with credit takes it at once");
+        f.publish(3, 1);
+        assert_eq!(f.dead(), vec![(3, DeathReason::Expired)], "no credit left: expired");
+        assert!(drain(&mut rx).is_empty());
     }
 
     #[test]
