@@ -803,8 +803,16 @@ impl Connection {
                 Ok(Some(head)) => head,
                 Ok(None) => return,
                 Err(e) => {
-                    self.fail(Fault::framing(e));
-                    continue;
+                    // Frame boundaries are lost: close (or, already closing, stop looking
+                    // for Close-Ok) and discard everything from here on.
+                    match &mut self.closing {
+                        Some(c) => c.lost_sync = true,
+                        None => self.fail(Fault::framing(e)),
+                    }
+                    if self.phase != Phase::Closed {
+                        buf.clear();
+                    }
+                    return;
                 }
             };
             buf.advance(FRAME_HEADER_SIZE);
