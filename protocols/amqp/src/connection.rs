@@ -366,7 +366,8 @@ impl Connection {
         Connection {
             frame_max: handshake::server_frame_max(&config),
             channel_max: handshake::server_channel_max(&config),
-            handshake_deadline: now + config.handshake_timeout,
+            // Clamped: `Instant + Duration` panics on overflow.
+            handshake_deadline: now + config.handshake_timeout.min(Duration::from_secs(365 * 86_400)),
             config,
             phase: Phase::Header,
             heartbeat: 0,
