@@ -366,7 +366,8 @@ impl Connection {
         Connection {
             frame_max: handshake::server_frame_max(&config),
             channel_max: handshake::server_channel_max(&config),
-            handshake_deadline: now + config.handshake_timeout,
+            // Clamped: `Instant + Duration` panics on overflow.
+            handshake_deadline: now + config.handshake_timeout.min(Duration::from_secs(365 * 86_400)),
             config,
             phase: Phase::Header,
             heartbeat: 0,
@@ -385,7 +386,11 @@ impl Connection {
     }
 
     /// Consumes every complete frame at the front of `buf` (the protocol header first),
-    /// leaving a partial one. After a connection error nothing more is consumed.
+    /// leaving a partial one. While waiting for the broker's answer to [`Event::Login`]
+    /// or [`Event::Open`], input is moved into the connection and processed by the
+    /// answer. While closing (Connection.Close sent), frames are read only to find
+    /// Close-Ok or the client's own Close, and discarded; after a framing error everything
+    /// is discarded. Once closed nothing more is consumed.
     pub fn handle_input(&mut self, buf: &mut BytesMut, now: Instant) {
         if self.phase == Phase::Closed {
             return;
@@ -556,9 +561,10 @@ impl Connection {
     }
 
     /// Sends a method on an open channel (an -Ok reply, Basic.Cancel from the server, ...),
-    /// or on channel 0 (Update-Secret-Ok). Channel.Close goes through
+    /// or a connection method on channel 0 (Update-Secret-Ok). Channel.Close goes through
     /// [`Connection::channel_error`] and Connection.Close through
-    /// [`Connection::connection_error`].
+    /// [`Connection::connection_error`]. Dropped before Open-Ok, once closing, or if the
+    /// channel is not open.
     pub fn reply(&mut self, channel: u16, method: AMQPClass) {
         if self.phase != Phase::Running {
             return;
@@ -574,10 +580,14 @@ impl Connection {
             }
             _ => {}
         }
-        if channel != 0 && !self.channels.is_open(channel) {
-            return;
+        let allowed = if channel == 0 {
+            matches!(method, AMQPClass::Connection(_))
+        } else {
+            self.channels.is_open(channel)
+        };
+        if allowed {
+            wire::put_method_frame(self.output(), channel, &method);
         }
-        wire::put_method_frame(self.output(), channel, &method);
     }
 
     /// Sends Basic.Deliver with the content.
@@ -803,8 +813,16 @@ impl Connection {
                 Ok(Some(head)) => head,
                 Ok(None) => return,
                 Err(e) => {
-                    self.fail(Fault::framing(e));
-                    continue;
+                    // Frame boundaries are lost: close (or, already closing, stop looking
+                    // for Close-Ok) and discard everything from here on.
+                    match &mut self.closing {
+                        Some(c) => c.lost_sync = true,
+                        None => self.fail(Fault::framing(e)),
+                    }
+                    if self.phase != Phase::Closed {
+                        buf.clear();
+                    }
+                    return;
                 }
             };
             buf.advance(FRAME_HEADER_SIZE);

@@ -9,7 +9,7 @@
 //! client sends fall back to `amq_protocol::protocol::gen_class`, written into a slice of
 //! the output buffer.
 
-use amq_protocol::frame::{GenError, WriteContext};
+use amq_protocol::frame::WriteContext;
 use amq_protocol::protocol::{
     access, basic, channel, confirm, connection, exchange, gen_class, queue, tx, AMQPClass,
 };
@@ -440,29 +440,14 @@ pub(crate) fn put_unblocked(out: &mut BytesMut) {
     end_frame(out, at);
 }
 
-/// Any other method, through `amq-protocol`'s generator into a slice of `out`.
+/// Any other method (only clients send them), through `amq-protocol`'s generator. It
+/// writes into a scratch `Vec` (an allocation, on a path a server does not take in
+/// practice): generating into a slice of the output, as cookie-factory allows, panics
+/// (`split_at_mut`) instead of failing when fewer than 4 bytes are left at a length
+/// prefix.
 fn put_generated(out: &mut BytesMut, method: &AMQPClass) {
-    let start = out.len();
-    let mut room = 512usize;
-    loop {
-        out.resize(start + room, 0);
-        let Some(slice) = out.get_mut(start..) else {
-            out.truncate(start);
-            return;
-        };
-        let result = gen_class(method)(WriteContext::from(slice)).map(|ctx| ctx.position);
-        match result {
-            Ok(position) => {
-                let written = usize::try_from(position).unwrap_or(0);
-                out.truncate(start + written);
-                return;
-            }
-            Err(GenError::BufferTooSmall(_)) if room < (1 << 26) => room *= 4,
-            Err(_) => {
-                out.truncate(start);
-                return;
-            }
-        }
+    if let Ok(ctx) = gen_class(method)(WriteContext::from(Vec::new())) {
+        out.extend_from_slice(&ctx.write);
     }
 }
 
@@ -480,19 +465,23 @@ mod tests {
     }
 
     #[test]
-    fn generated_fallback_grows() {
-        let mut table = FieldTable::default();
-        table.insert("k".into(), AMQPValue::LongString(vec![b'x'; 5000].into()));
-        let m = AMQPClass::Queue(queue::AMQPMethod::Declare(queue::Declare {
-            queue: "q".into(),
-            arguments: table,
-            ..Default::default()
-        }));
-        let mut out = BytesMut::new();
-        out.put_slice(b"prefix");
-        put_method(&mut out, &m);
-        let (rest, parsed) = amq_protocol::protocol::parse_class(&out[6..]).expect("parse");
-        assert!(rest.is_empty());
-        assert_eq!(parsed, m);
+    fn generated_fallback_any_size() {
+        // Sizes around every power of two: a slice-based generator would panic when a
+        // length prefix falls in the last 3 bytes of its buffer.
+        for n in (0..1100).chain(5000..5010) {
+            let mut table = FieldTable::default();
+            table.insert("k".into(), AMQPValue::LongString(vec![b'x'; n].into()));
+            let m = AMQPClass::Queue(queue::AMQPMethod::Declare(queue::Declare {
+                queue: "q".into(),
+                arguments: table,
+                ..Default::default()
+            }));
+            let mut out = BytesMut::new();
+            out.put_slice(b"prefix");
+            put_method(&mut out, &m);
+            let (rest, parsed) = amq_protocol::protocol::parse_class(&out[6..]).expect("parse");
+            assert!(rest.is_empty());
+            assert_eq!(parsed, m);
+        }
     }
 }

@@ -14,11 +14,8 @@ use crate::BasicProperties;
 
 /// Encodes a frame with amq-protocol.
 pub fn encode(frame: &AMQPFrame) -> Vec<u8> {
-    let mut v = vec![0u8; 1 << 20];
-    let ctx = gen_frame(frame)(WriteContext::from(&mut v[..])).expect("gen");
-    let n = ctx.position as usize;
-    v.truncate(n);
-    v
+    let ctx = gen_frame(frame)(WriteContext::from(Vec::new())).expect("gen");
+    ctx.write
 }
 
 /// A client talking to one server `Connection`.

@@ -84,6 +84,21 @@ fn crossed_connection_close() {
 }
 
 #[test]
+fn framing_error_while_closing_stops_looking_for_close_ok() {
+    let mut c = Client::open(Config::default());
+    c.conn.connection_error(320, "CONNECTION_FORCED - bye", 0, 0);
+    c.recv();
+    // An undelimitable frame: from now on everything is discarded (this looped forever
+    // once).
+    c.raw(&[9, 0, 0, 0, 0, 0, 0, 0xCE]);
+    c.method(0, close_ok());
+    assert!(c.inbuf.is_empty());
+    assert!(c.events().is_empty());
+    c.advance(CLOSE_TIMEOUT);
+    assert_eq!(c.events(), vec![Event::Closed(CloseReason::ServerClosed { code: 320 })]);
+}
+
+#[test]
 fn connection_error_before_the_header_finishes_at_once() {
     let mut c = Client::new(Config::default());
     c.conn.connection_error(320, "x", 0, 0);
