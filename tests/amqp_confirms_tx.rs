@@ -93,6 +93,31 @@ async fn messages_that_cannot_be_stored_are_nacked() {
     delete_exchange(&ch, &x).await;
 }
 
+/// Room in a reject-publish queue is only taken by messages that get stored: a rolled-back
+/// transactional publish (and, on FerryMQ, a de-duplicated repeat) leaves it free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reject_publish_room_is_kept_for_messages_that_are_stored() {
+    let t = Target::start();
+    let (conn, ch) = t.channel().await;
+    confirm_select(&ch).await;
+    let q = exclusive_queue(&ch, table(&[("x-max-length", int(2)), ("x-overflow", string("reject-publish"))])).await;
+    let txc = open_channel(&conn).await;
+    bounded("tx.select", txc.tx_select()).await.unwrap();
+    for body in ["r1", "r2", "r3"] {
+        publish(&txc, "", &q, body.as_bytes(), BasicProperties::default()).await;
+    }
+    bounded("tx.rollback", txc.tx_rollback()).await.unwrap();
+    let with_id = || BasicProperties::default().with_message_id("once".into());
+    assert!(publish_confirmed(&ch, "", &q, b"first", with_id()).await.is_ack());
+    if !against_rabbitmq() {
+        // A repeated message id is confirmed without being stored again.
+        assert!(publish_confirmed(&ch, "", &q, b"first", with_id()).await.is_ack());
+    }
+    assert!(publish_confirmed(&ch, "", &q, b"second", BasicProperties::default()).await.is_ack());
+    assert!(publish_confirmed(&ch, "", &q, b"third", BasicProperties::default()).await.is_nack());
+    assert_eq!(drain(&ch, &q).await, ["first", "second"]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn confirm_and_tx_modes_exclude_each_other_with_406() {
     let t = Target::start();

@@ -50,8 +50,8 @@ pub enum Settle {
 pub struct TxPublish {
     /// The message.
     pub msg: SharedMessage,
-    /// Where it goes.
-    pub routes: Routes,
+    /// Where it goes (reject-publish queues admit it at commit).
+    pub routes: std::sync::Arc<Routes>,
 }
 
 /// One open channel.

@@ -444,7 +444,8 @@ impl Task {
                 let settles = std::mem::take(&mut ch.tx_settles);
                 let mut signals = Vec::new();
                 for p in publishes {
-                    if let Some(signal) = self.ctx.broker.publish(&p.msg, &p.routes, RetainMode::None, Vec::new()).await {
+                    let (routes, _) = self.admit(&p.msg, &p.routes);
+                    if let Some(signal) = self.ctx.broker.publish(&p.msg, &routes, RetainMode::None, Vec::new()).await {
                         signals.push(signal);
                     }
                 }
@@ -527,15 +528,7 @@ impl Task {
                 return;
             }
         };
-        // Queues that refuse messages when full (reject-publish): the publisher gets a nack.
-        let mut routes = Routes::clone(&routes);
-        let mut refused = false;
-        routes.queues.retain(|r| {
-            let full = self.ctx.entities.overflow_config(r.queue).is_some_and(|c| !c.admit(msg.payload.len() as u64));
-            refused |= full;
-            !full
-        });
-        if routes.is_empty() && p.mandatory && !refused {
+        if routes.is_empty() && p.mandatory {
             let props = properties_out(&msg, now, &[]);
             let content = Content { exchange: &msg.exchange, routing_key: &msg.routing_key, properties: &props, body: &msg.payload };
             self.proto.basic_return(channel, 312, "NO_ROUTE", content);
@@ -559,11 +552,36 @@ impl Task {
                 }
             }
         }
+        let (routes, refused) = self.admit(&msg, &routes);
         let signal = self.ctx.broker.publish(&msg, &routes, RetainMode::None, extra).await;
         self.unsettled = true;
         if let Some(tag) = confirm {
             self.confirms.push_back(PendingConfirm { channel, tag, signal, ack: !refused });
         }
+    }
+
+    /// Reserves room in the routed queues that refuse publishes when full (reject-publish)
+    /// and leaves out those without room; true when one refused (the publisher gets a
+    /// nack). Done just before storing, so that every reservation is used.
+    fn admit(&self, msg: &Message, routes: &Arc<Routes>) -> (Arc<Routes>, bool) {
+        let entities = &self.ctx.entities;
+        if routes.queues.iter().all(|r| entities.overflow_config(r.queue).is_none()) {
+            return (routes.clone(), false);
+        }
+        let mut admitted = Routes::clone(routes);
+        let mut refused = false;
+        admitted.queues.retain_mut(|r| match entities.overflow_config(r.queue) {
+            None => true,
+            Some(c) if c.admit(msg.payload.len() as u64) => {
+                r.reserved = true;
+                true
+            }
+            Some(_) => {
+                refused = true;
+                false
+            }
+        });
+        (Arc::new(admitted), refused)
     }
 }
 

@@ -148,7 +148,11 @@ impl Broker {
             let queues: Vec<QueueTarget> = routes
                 .queues
                 .iter()
-                .map(|q| QueueTarget { queue: q.queue, tag_hash: 0, flags: flags::of(msg.qos.min(q.qos), msg.props.priority) })
+                .map(|q| QueueTarget {
+                    queue: q.queue,
+                    tag_hash: 0,
+                    flags: flags::of(msg.qos.min(q.qos), msg.props.priority) | if q.reserved { flags::RESERVED } else { 0 },
+                })
                 .collect();
             let flags = queues.iter().map(|q| (q.queue, q.flags)).collect();
             ops.insert(

@@ -413,6 +413,10 @@ pub struct QueueRoute {
     pub queue: QueueId,
     /// Highest granted QoS among the matching bindings (2 for AMQP bindings).
     pub qos: u8,
+    /// The publisher reserved room in this reject-publish queue ([`QueueConfig::admit`]).
+    ///
+    /// [`QueueConfig::admit`]: crate::core::queue::config::QueueConfig::admit
+    pub reserved: bool,
 }
 
 /// Every target of one publish.
@@ -452,7 +456,7 @@ impl Routes {
                 if let Some(r) = self.queues.iter_mut().find(|r| r.queue == *queue) {
                     r.qos = r.qos.max(qos);
                 } else {
-                    self.queues.push(QueueRoute { queue: *queue, qos });
+                    self.queues.push(QueueRoute { queue: *queue, qos, reserved: false });
                 }
             }
             Destination::Exchange(_) => {}
@@ -976,7 +980,7 @@ mod tests {
         r.subscribe("t/+", q(2), opts(0));
         r.subscribe("t/x", q(2), opts(2));
         let routes = r.resolve("t/x", "me");
-        assert_eq!(routes.queues, vec![QueueRoute { queue: QueueId(2), qos: 2 }]);
+        assert_eq!(routes.queues, vec![QueueRoute { queue: QueueId(2), qos: 2, reserved: false }]);
         let mut cache = RouteCache::default();
         assert_eq!(cache.resolve(&r, "t.x", "other").queues.len(), 2);
         assert!(r.unsubscribe("t/#", &q(1)));

@@ -38,9 +38,11 @@ pub struct QueueGauge {
     pub ready: AtomicU64,
     /// Attached consumers.
     pub consumers: AtomicU64,
-    /// Messages admitted by publishers but not yet counted by the queue (reject-publish
-    /// queues: publishers reserve room before storing).
-    pub admitted: AtomicU64,
+    /// Live messages plus publisher reservations not yet counted by the queue
+    /// (reject-publish queues: publishers reserve room before storing).
+    pub occupied: AtomicU64,
+    /// Bytes of live messages plus reserved bytes.
+    pub occupied_bytes: AtomicU64,
 }
 
 impl QueueGauge {
@@ -115,11 +117,11 @@ impl QueueConfig {
     /// releases the reservation when the message arrives.
     pub fn admit(&self, size: u64) -> bool {
         let g = &self.gauge;
-        let admitted = g.admitted.fetch_add(1, Ordering::AcqRel) + 1;
-        let len = QueueGauge::get(&g.len) + admitted;
-        let bytes = QueueGauge::get(&g.bytes) + size;
+        let len = g.occupied.fetch_add(1, Ordering::AcqRel).wrapping_add(1);
+        let bytes = g.occupied_bytes.fetch_add(size, Ordering::AcqRel).wrapping_add(size);
         if (self.max_len > 0 && len > self.max_len) || (self.max_bytes > 0 && bytes > self.max_bytes) {
-            g.admitted.fetch_sub(1, Ordering::AcqRel);
+            g.occupied.fetch_sub(1, Ordering::AcqRel);
+            g.occupied_bytes.fetch_sub(size, Ordering::AcqRel);
             return false;
         }
         true

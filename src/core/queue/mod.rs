@@ -37,6 +37,8 @@ pub mod flags {
     pub const PRIORITY_SHIFT: u8 = 3;
     /// Mask of the priority bits.
     pub const PRIORITY_MASK: u8 = 0b0111_1000;
+    /// The publisher reserved room for the entry (reject-publish queues).
+    pub const RESERVED: u8 = 0b1000_0000;
 
     /// Flags for an entry of `qos` and message `priority` (clamped to 15).
     pub fn of(qos: u8, priority: Option<u8>) -> u8 {
@@ -164,6 +166,11 @@ pub struct Queue {
     expiring: bool,
     /// Removals decided while loading (transient messages that do not survive a restart).
     load_ops: Vec<Op>,
+    /// Length and bytes last added into the gauge's occupancy.
+    published: (u64, u64),
+    /// Publisher reservations that became entries (or were dropped) since the gauge was
+    /// last published: count and bytes.
+    reservations_used: (u64, u64),
 }
 
 impl Queue {
@@ -195,7 +202,7 @@ impl Queue {
             }
         }
         let ready = Ready::new(config.max_priority.is_some());
-        let q = Queue {
+        let mut q = Queue {
             id,
             expiring: config.message_ttl.is_some(),
             config,
@@ -212,6 +219,8 @@ impl Queue {
             qos0_scan_from: 0,
             dropped_ahead: BTreeSet::new(),
             load_ops,
+            published: (0, 0),
+            reservations_used: (0, 0),
         };
         q.publish_gauge();
         q
@@ -235,6 +244,10 @@ impl Queue {
     /// Replaces the configuration (keeps the state).
     pub fn set_config(&mut self, config: Arc<QueueConfig>) {
         self.expiring |= config.message_ttl.is_some();
+        if !Arc::ptr_eq(&self.config.gauge, &config.gauge) {
+            // A new gauge: its occupancy starts from the whole queue.
+            self.published = (0, 0);
+        }
         self.config = config;
         self.publish_gauge();
     }
@@ -265,10 +278,18 @@ impl Queue {
     }
 
     /// Writes the live counters to the gauge.
-    pub fn publish_gauge(&self) {
+    pub fn publish_gauge(&mut self) {
         let g = &self.config.gauge;
         g.len.store(self.len, Ordering::Relaxed);
         g.bytes.store(self.bytes, Ordering::Relaxed);
+        // Occupancy = counted entries + outstanding reservations, moved in one atomic step
+        // each: a reservation that became an entry is taken off as the entry is added.
+        let (used_len, used_bytes) = std::mem::take(&mut self.reservations_used);
+        let len_delta = self.len.wrapping_sub(self.published.0).wrapping_sub(used_len);
+        let bytes_delta = self.bytes.wrapping_sub(self.published.1).wrapping_sub(used_bytes);
+        g.occupied.fetch_add(len_delta, Ordering::AcqRel);
+        g.occupied_bytes.fetch_add(bytes_delta, Ordering::AcqRel);
+        self.published = (self.len, self.bytes);
         g.ready.store(self.len.saturating_sub(self.unacked.len() as u64), Ordering::Relaxed);
         g.consumers.store(self.consumers.len() as u64, Ordering::Relaxed);
     }
@@ -290,9 +311,11 @@ impl Queue {
         }
         // A page read may have loaded this entry already (it raced the completion).
         let already_loaded = offset < self.loaded_upto;
-        if self.config.rejects_when_full() {
-            // The publisher reserved room for it: count it in at once, release the reservation.
-            let _ = self.config.gauge.admitted.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+        if ptr.flags & flags::RESERVED != 0 {
+            // The publisher reserved room for it: the reservation turns into the entry (or
+            // goes) when the gauge is next published.
+            self.reservations_used.0 += 1;
+            self.reservations_used.1 += ptr.body_len as u64;
         }
         let mut admission = Admission::Accepted;
         if self.is_full(ptr.body_len as u64) {
