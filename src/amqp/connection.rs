@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use ferrymq_amqp::connection::Content;
+use ferrymq_amqp::connection::CloseReason;
 use ferrymq_amqp::{AMQPClass, Config as ProtoConfig, Connection, Event};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
@@ -103,6 +104,8 @@ pub(super) struct Task {
     /// A publish held back while the memory alarm is raised.
     deferred: Option<Event>,
     blocked_sent: bool,
+    /// The client sent Connection.Close: it closes the socket after our Close-Ok.
+    client_closed: bool,
 }
 
 impl Task {
@@ -140,6 +143,7 @@ impl Task {
             unsettled: false,
             deferred: None,
             blocked_sent: false,
+            client_closed: false,
         }
     }
 
@@ -230,6 +234,12 @@ impl Task {
         if !wbuf.is_empty() && !eof {
             let _ = tokio::time::timeout(CLOSE_FLUSH, writer.write_all(&wbuf)).await;
         }
+        if self.client_closed && !eof {
+            // As RabbitMQ: after Close-Ok the client closes the socket. Closing it first
+            // races the client's handling of Close-Ok (lapin then reports an I/O error).
+            let _ = writer.flush().await;
+            let _ = tokio::time::timeout(CLOSE_FLUSH, discard_until_eof(&mut reader)).await;
+        }
         let _ = tokio::time::timeout(CLOSE_FLUSH, writer.shutdown()).await;
     }
 
@@ -306,7 +316,10 @@ impl Task {
                 }
                 Event::Method { channel, method } => self.on_method(channel, *method).await,
                 Event::Publish(p) => self.on_publish(*p).await,
-                Event::Closed(reason) => debug!(?reason, "connection closed"),
+                Event::Closed(reason) => {
+                    self.client_closed = matches!(reason, CloseReason::ClientClosed { .. });
+                    debug!(?reason, "connection closed");
+                }
             }
         }
     }
@@ -503,5 +516,15 @@ async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(tokio::time::Instant::from_std(d)).await,
         None => std::future::pending().await,
+    }
+}
+
+/// Reads and drops whatever the peer still sends until it closes its side.
+async fn discard_until_eof<R: AsyncRead + Unpin>(reader: &mut R) {
+    let mut sink = [0u8; 512];
+    while let Ok(n) = reader.read(&mut sink).await {
+        if n == 0 {
+            return;
+        }
     }
 }
