@@ -22,6 +22,7 @@ use crate::core::queue::{Overflow, QueueConfig};
 use crate::core::scheduler;
 use crate::core::shards::Shards;
 use crate::mqtt::session::Control;
+use crate::auth::Users;
 use crate::mqtt::{self, MqttContext};
 
 /// A running broker.
@@ -68,7 +69,8 @@ impl Server {
         let broker = Arc::new(Broker::new(journal, shards, pacing));
         tokio::spawn(crate::core::dead_letter::run(broker.clone(), dead_rx));
         restore_retained(&broker);
-        let mqtt = MqttContext::restore(broker.clone(), config.mqtt.clone());
+        let mqtt_users = config.auth.mqtt.then(|| Users::new(config.auth.all_users()));
+        let mqtt = MqttContext::restore(broker.clone(), config.mqtt.clone(), mqtt_users);
         mqtt.drop_orphan_queues().await;
 
         let alarm = MemoryAlarm::new(MemoryAlarm::limit_from(

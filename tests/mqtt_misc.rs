@@ -199,3 +199,36 @@ async fn a_stalled_subscriber_is_disconnected_and_publishers_go_on() {
     let got = stalled.read_until_closed().await;
     assert!(got.windows(3).any(|w| w[0] == 0xE0 && w[2] == 0x97), "DISCONNECT 0x97 for the slow consumer");
 }
+
+/// With `auth.mqtt = true`, CONNECT's user name and password are checked against the same
+/// user store as AMQP logins: a known user gets in (3.1.1 and 5), a wrong password is
+/// refused with "bad user name or password" and a CONNECT without a user name with "not
+/// authorized", as Mosquitto does without anonymous access.
+#[tokio::test]
+async fn mqtt_credentials_are_checked_against_the_user_store_when_enabled() {
+    let broker = Broker::start_with(Opts::default().config(
+        "[auth]\nmqtt = true\nusers = [{ name = \"device\", password = \"s3cret\" }]\n",
+    ));
+    let mut o = v4::options(&broker, "ok4");
+    o.set_credentials("device", "s3cret");
+    let mut ok = v4::connect_with(o).await;
+    ok.subscribe("auth/#", v4::QoS::AtLeastOnce).await;
+    let mut o = v5::options(&broker, "ok5");
+    o.set_credentials("guest", "guest");
+    let p = v5::connect_with(o).await;
+    p.client.publish("auth/x", v5::QoS::AtLeastOnce, false, "in").await.unwrap();
+    assert_eq!(&ok.next_publish().await.payload[..], b"in");
+
+    let mut o = v4::options(&broker, "bad4");
+    o.set_credentials("device", "wrong");
+    let e = v4::connect_refused(o).await;
+    assert!(e.contains("BadUserNamePassword"), "{e}");
+    let mut o = v5::options(&broker, "bad5");
+    o.set_credentials("nobody", "x");
+    let e = v5::connect_refused(o).await;
+    assert!(e.contains("BadUserNamePassword"), "{e}");
+    let e = v4::connect_refused(v4::options(&broker, "anon4")).await;
+    assert!(e.contains("NotAuthorized"), "{e}");
+    let e = v5::connect_refused(v5::options(&broker, "anon5")).await;
+    assert!(e.contains("NotAuthorized"), "{e}");
+}

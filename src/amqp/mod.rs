@@ -15,7 +15,6 @@
 //! - [`auth`] — the user store.
 //! - [`dedup`] — publisher de-duplication by message id.
 
-pub mod auth;
 pub mod channel;
 pub mod connection;
 pub mod convert;
@@ -34,7 +33,7 @@ use crate::config::Config;
 use crate::core::alarm::MemoryAlarm;
 use crate::core::broker::Broker;
 use crate::core::message::now_ms;
-use auth::Users;
+use crate::auth::Users;
 use connection::Control;
 use dedup::Dedup;
 use entities::Entities;

@@ -8,7 +8,7 @@
 //! by the client's receive maximum, and a slow socket stops the task from pulling more.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,6 +26,7 @@ use tracing::{debug, field, info, warn, Instrument};
 use super::convert::{message_in, properties_out, qos_of, qos_u8};
 use super::session::{qos2_key, qos2_prefix, wait_finished, Control, Online, Persistent, StoredSession, SubOptions, NEVER};
 use super::{split_share, MqttContext, SESSION_QUEUE_PREFIX};
+use crate::auth::AuthError;
 use crate::core::broker::{DurableSignal, RetainMode};
 use crate::core::delivery::{Direct, QueueDelivery, SessionLink};
 use crate::core::message::{mqtt_to_key, now_ms, Message, SharedMessage};
@@ -112,7 +113,7 @@ where
     let span = tracing::info_span!("mqtt", peer = %peer, client_id = field::Empty);
     async move {
         let conn_id = ctx.broker.next_id();
-        let mut task = Task::new(ctx, conn_id);
+        let mut task = Task::new(ctx, conn_id, peer.ip());
         task.run(stream).await;
         // Boxed: a rare, large future that every idle connection would otherwise carry.
         Box::pin(task.cleanup()).await;
@@ -124,6 +125,7 @@ where
 struct Task {
     ctx: Arc<MqttContext>,
     conn_id: u64,
+    peer: IpAddr,
     proto: Connection,
     session: Option<SessionState>,
     will: Option<Will>,
@@ -151,7 +153,7 @@ struct Task {
 }
 
 impl Task {
-    fn new(ctx: Arc<MqttContext>, conn_id: u64) -> Task {
+    fn new(ctx: Arc<MqttContext>, conn_id: u64, peer: IpAddr) -> Task {
         let cfg = &ctx.cfg;
         let proto = Connection::new(
             ProtoConfig {
@@ -175,6 +177,7 @@ impl Task {
         Task {
             ctx,
             conn_id,
+            peer,
             proto,
             session: None,
             will: None,
@@ -355,6 +358,29 @@ impl Task {
 
     // ----- CONNECT ---------------------------------------------------------------------
 
+    /// Checks CONNECT's user name and password against the user store when `auth.mqtt`
+    /// is on: no user name is NOT_AUTHORIZED (Mosquitto without anonymous access), a
+    /// wrong one BAD_USER_NAME_OR_PASSWORD, a loopback-only user from afar NOT_AUTHORIZED.
+    fn authenticate(&self, c: &Connect) -> Result<(), ReasonCode> {
+        let Some(users) = &self.ctx.users else { return Ok(()) };
+        let Some(username) = c.username.as_deref() else {
+            info!("connection refused: no user name");
+            return Err(ReasonCode::NOT_AUTHORIZED);
+        };
+        let password = c.password.as_deref().map(std::str::from_utf8).unwrap_or(Ok(""));
+        let Ok(password) = password else {
+            info!(username, "connection refused: password is not UTF-8");
+            return Err(ReasonCode::BAD_USER_NAME_OR_PASSWORD);
+        };
+        users.check(username, password, self.peer, "MQTT").map_err(|e| {
+            info!(username, error = %e, "connection refused");
+            match e {
+                AuthError::BadCredentials(_) => ReasonCode::BAD_USER_NAME_OR_PASSWORD,
+                AuthError::LoopbackOnly(_) => ReasonCode::NOT_AUTHORIZED,
+            }
+        })
+    }
+
     async fn on_connect(&mut self, c: Connect) {
         self.level = c.level;
         let cfg = &self.ctx.cfg;
@@ -379,6 +405,10 @@ impl Task {
         };
         if c.properties.authentication_method.is_some() {
             self.proto.refuse(ReasonCode::BAD_AUTHENTICATION_METHOD);
+            return;
+        }
+        if let Err(reason) = self.authenticate(&c) {
+            self.proto.refuse(reason);
             return;
         }
         tracing::Span::current().record("client_id", &*client_id);

@@ -24,6 +24,7 @@ use std::time::Duration;
 use ferrymq_storage::{Op, Space};
 use tracing::{info, warn};
 
+use crate::auth::Users;
 use crate::config::MqttSection;
 use crate::core::broker::Broker;
 use crate::core::message::now_ms;
@@ -45,13 +46,15 @@ pub struct MqttContext {
     pub sessions: Sessions,
     /// Shared-subscription groups.
     pub groups: SharedGroups,
+    /// The user store CONNECT is checked against (`auth.mqtt`), or `None` to let anyone in.
+    pub users: Option<Users>,
 }
 
 impl MqttContext {
     /// Builds the context and restores persistent sessions from the journal: their
     /// bindings go back into the routing table and their expiry clocks restart.
-    pub fn restore(broker: Arc<Broker>, cfg: MqttSection) -> Arc<MqttContext> {
-        let ctx = Arc::new(MqttContext { broker, cfg, sessions: Sessions::default(), groups: SharedGroups::default() });
+    pub fn restore(broker: Arc<Broker>, cfg: MqttSection, users: Option<Users>) -> Arc<MqttContext> {
+        let ctx = Arc::new(MqttContext { broker, cfg, sessions: Sessions::default(), groups: SharedGroups::default(), users });
         let now = now_ms();
         let stored = match ctx.broker.journal.scan(Space::Session, b"") {
             Ok(v) => v,

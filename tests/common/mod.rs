@@ -309,6 +309,18 @@ macro_rules! client_common {
             Client { client, events: rx, connack, task }
         }
 
+        /// Connects expecting a refusal; returns the client's error (names the CONNACK code).
+        pub async fn connect_refused(o: MqttOptions) -> String {
+            let (_client, mut el) = AsyncClient::new(o, 10);
+            loop {
+                match tokio::time::timeout(WAIT, el.poll()).await.expect("connect timed out") {
+                    Ok(Event::Incoming(Packet::ConnAck(c))) => panic!("connection accepted: {c:?}"),
+                    Ok(_) => continue,
+                    Err(e) => return format!("{e:?}"),
+                }
+            }
+        }
+
         /// Connects a clean-session client.
         pub async fn connect(broker: &Broker, id: &str) -> Client {
             connect_with(options(broker, id)).await

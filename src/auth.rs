@@ -1,5 +1,5 @@
-//! The user store: who may log in (AMQP always, MQTT when `auth.mqtt` is on), and from
-//! where (RabbitMQ's default `guest` user may only connect from loopback).
+//! The user store shared by both front-ends: who may log in (AMQP always, MQTT when
+//! `auth.mqtt` is on), and from where (RabbitMQ's default `guest` user may only connect from loopback).
 
 use std::net::IpAddr;
 
