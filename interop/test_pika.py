@@ -495,6 +495,32 @@ def test_unbind_stops_routing(amqp, names):
     assert [d.body for d in Consumer(ch, q, auto_ack=True).collect_until(b"fence")] == [b"bound"]
 
 
+def test_unbind_and_delete_are_idempotent(amqp, names):
+    """RabbitMQ answers queue.unbind, queue.delete and exchange.delete with their -ok
+    even when the binding, queue or exchange does not exist (aio-pika's RPC pattern
+    unbinds its auto-delete reply queue after cancelling its consumer, i.e. after
+    the queue is gone)."""
+    conn = amqp()
+    ch = conn.channel()
+    x = names("x")
+    ch.exchange_declare(x, "headers")
+    q = declare(ch, names("q"))
+    ch.queue_unbind(q, x, "", arguments={"x-match": "any", "k": "v"})  # no such binding
+    ch.queue_unbind(names("missing-q"), x, "")  # no such queue
+    ch.queue_unbind(q, names("missing-x"), "")  # no such exchange
+    assert ch.queue_delete(names("missing-q")).method.message_count == 0
+    ch.exchange_delete(names("missing-x"))
+    assert ch.is_open
+    # The auto-delete case itself: cancel the only consumer, then unbind.
+    ad = declare(ch, names("ad"), auto_delete=True)
+    ch.queue_bind(ad, x, "", arguments={"x-match": "any", "From": ad})
+    c = Consumer(ch, ad)
+    c.cancel()
+    ch.queue_unbind(ad, x, "", arguments={"x-match": "any", "From": ad})
+    ch.queue_delete(ad)
+    assert ch.is_open
+
+
 def test_redeclare_with_other_attributes_is_406(amqp, names):
     conn = amqp()
     ch = conn.channel()
