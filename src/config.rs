@@ -40,6 +40,8 @@ pub struct Overrides {
     pub mqtts_listen: Option<String>,
     /// `--amqp-listen`.
     pub amqp_listen: Option<String>,
+    /// `--amqps-listen`.
+    pub amqps_listen: Option<String>,
     /// `--http-listen`.
     pub http_listen: Option<String>,
     /// `--log`.
@@ -62,6 +64,8 @@ pub struct Config {
     pub http: HttpSection,
     /// `[storage]`.
     pub storage: StorageSection,
+    /// `[auth]`.
+    pub auth: AuthSection,
 }
 
 /// `[broker]`: process-wide settings.
@@ -74,6 +78,10 @@ pub struct BrokerSection {
     pub log: String,
     /// Grace period for connections at shutdown.
     pub shutdown_grace_secs: u64,
+    /// Memory high watermark as a fraction of the machine's memory.
+    pub memory_high_watermark: f64,
+    /// Memory high watermark in bytes (0 = use the fraction).
+    pub memory_high_watermark_bytes: u64,
 }
 
 /// `[mqtt]`: the MQTT front-end.
@@ -129,12 +137,70 @@ pub struct TlsSection {
     pub key: String,
 }
 
-/// `[amqp]`.
+/// `[amqp]`: the AMQP 0-9-1 front-end.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AmqpSection {
     /// Listener address ("" = off).
     pub listen: String,
+    /// TLS listener address ("" = off).
+    pub tls_listen: String,
+    /// frame_max proposed in Tune.
+    pub frame_max: u32,
+    /// channel_max proposed in Tune.
+    pub channel_max: u16,
+    /// Heartbeat proposed in Tune, seconds.
+    pub heartbeat_secs: u16,
+    /// Largest message body.
+    pub max_message_size: u64,
+    /// Publisher de-duplication window by message_id, seconds (0 = off).
+    pub dedup_window_secs: u64,
+}
+
+/// One user of the user store.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserEntry {
+    /// User name.
+    pub name: String,
+    /// Password.
+    pub password: String,
+    /// Only connections from loopback addresses may use it.
+    #[serde(default)]
+    pub loopback_only: bool,
+}
+
+/// `[auth]`: users and virtual hosts.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthSection {
+    /// Check MQTT credentials.
+    pub mqtt: bool,
+    /// Virtual hosts.
+    pub vhosts: Vec<String>,
+    /// Default user ("" = none).
+    pub default_user: String,
+    /// Its password.
+    pub default_pass: String,
+    /// Users that may only connect from loopback.
+    pub loopback_users: Vec<String>,
+    /// More users.
+    pub users: Vec<UserEntry>,
+}
+
+impl AuthSection {
+    /// Every user: the default one and the listed ones, loopback restrictions applied.
+    pub fn all_users(&self) -> Vec<UserEntry> {
+        let mut all = Vec::new();
+        if !self.default_user.is_empty() {
+            all.push(UserEntry { name: self.default_user.clone(), password: self.default_pass.clone(), loopback_only: false });
+        }
+        all.extend(self.users.iter().cloned());
+        for u in &mut all {
+            u.loopback_only |= self.loopback_users.contains(&u.name);
+        }
+        all
+    }
 }
 
 /// `[http]`.
@@ -194,6 +260,7 @@ impl Config {
         builder = set(builder, "mqtt.listen", &overrides.mqtt_listen)?;
         builder = set(builder, "mqtt.tls_listen", &overrides.mqtts_listen)?;
         builder = set(builder, "amqp.listen", &overrides.amqp_listen)?;
+        builder = set(builder, "amqp.tls_listen", &overrides.amqps_listen)?;
         builder = set(builder, "http.listen", &overrides.http_listen)?;
         builder = set(builder, "broker.log", &overrides.log)?;
         let cfg: Config = builder.build()?.try_deserialize()?;
@@ -208,6 +275,7 @@ impl Config {
             ("mqtt.listen", &self.mqtt.listen),
             ("mqtt.tls_listen", &self.mqtt.tls_listen),
             ("amqp.listen", &self.amqp.listen),
+            ("amqp.tls_listen", &self.amqp.tls_listen),
             ("http.listen", &self.http.listen),
         ] {
             if !addr.is_empty() && addr.parse::<SocketAddr>().is_err() {
@@ -216,6 +284,18 @@ impl Config {
         }
         if !self.mqtt.tls_listen.is_empty() && (self.tls.cert.is_empty() || self.tls.key.is_empty()) {
             return invalid("tls.cert", "mqtt.tls_listen is set but tls.cert or tls.key is empty".into());
+        }
+        if !self.amqp.tls_listen.is_empty() && (self.tls.cert.is_empty() || self.tls.key.is_empty()) {
+            return invalid("tls.cert", "amqp.tls_listen is set but tls.cert or tls.key is empty".into());
+        }
+        if self.amqp.frame_max < 4096 {
+            return invalid("amqp.frame_max", "must be at least 4096".into());
+        }
+        if !(0.0..=1.0).contains(&self.broker.memory_high_watermark) {
+            return invalid("broker.memory_high_watermark", "must be a fraction between 0 and 1".into());
+        }
+        if self.auth.vhosts.is_empty() {
+            return invalid("auth.vhosts", "at least one virtual host is needed".into());
         }
         if !matches!(self.mqtt.qos0_when_full.as_str(), "wait" | "drop") {
             return invalid("mqtt.qos0_when_full", format!("`{}` is not one of wait, drop", self.mqtt.qos0_when_full));
@@ -258,6 +338,16 @@ impl Config {
     /// Parsed MQTT-over-TLS listener address.
     pub fn mqtts_listen(&self) -> Option<SocketAddr> {
         parse_addr(&self.mqtt.tls_listen)
+    }
+
+    /// Parsed AMQP listener address.
+    pub fn amqp_listen(&self) -> Option<SocketAddr> {
+        parse_addr(&self.amqp.listen)
+    }
+
+    /// Parsed AMQP-over-TLS listener address.
+    pub fn amqps_listen(&self) -> Option<SocketAddr> {
+        parse_addr(&self.amqp.tls_listen)
     }
 
     /// The journal settings derived from `[storage]` and the data directory.

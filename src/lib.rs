@@ -21,6 +21,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod amqp;
 pub mod config;
 pub mod core;
 pub mod mqtt;

@@ -26,9 +26,12 @@ struct Cli {
     /// MQTT-over-TLS listener address, e.g. 127.0.0.1:8883 (needs tls.cert and tls.key).
     #[arg(long, value_name = "ADDR")]
     mqtts_listen: Option<String>,
-    /// AMQP 0-9-1 listener address (not served yet).
+    /// AMQP 0-9-1 listener address, e.g. 127.0.0.1:5672 ("" turns it off).
     #[arg(long, value_name = "ADDR")]
     amqp_listen: Option<String>,
+    /// AMQP-over-TLS listener address, e.g. 127.0.0.1:5671 (needs tls.cert and tls.key).
+    #[arg(long, value_name = "ADDR")]
+    amqps_listen: Option<String>,
     /// Admin HTTP listener address (not served yet).
     #[arg(long, value_name = "ADDR")]
     http_listen: Option<String>,
@@ -45,6 +48,7 @@ fn main() -> anyhow::Result<()> {
         mqtt_listen: cli.mqtt_listen,
         mqtts_listen: cli.mqtts_listen,
         amqp_listen: cli.amqp_listen,
+        amqps_listen: cli.amqps_listen,
         http_listen: cli.http_listen,
         log: cli.log,
     };
@@ -61,10 +65,10 @@ fn main() -> anyhow::Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the runtime")?;
-    runtime.block_on(run(config))
+    runtime.block_on(run(config, overrides))
 }
 
-async fn run(config: Config) -> anyhow::Result<()> {
+async fn run(config: Config, overrides: Overrides) -> anyhow::Result<()> {
     let server = Server::start(config).await?;
     tracing::info!("{}", server.ready_line());
     {
@@ -72,19 +76,21 @@ async fn run(config: Config) -> anyhow::Result<()> {
         writeln!(out, "{}", server.ready_line())?;
         out.flush()?;
     }
-    wait_for_signal().await?;
-    tracing::info!("shutting down");
-    server.shutdown().await;
-    Ok(())
-}
-
-async fn wait_for_signal() -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+    let mut hup = signal(SignalKind::hangup())?;
+    loop {
+        tokio::select! {
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+            _ = hup.recv() => match Config::load(&overrides, std::env::vars()) {
+                Ok(config) => server.reload(&config),
+                Err(e) => tracing::warn!(error = %e, "SIGHUP: configuration not reloaded"),
+            },
+        }
     }
+    tracing::info!("shutting down");
+    server.shutdown().await;
     Ok(())
 }

@@ -13,10 +13,12 @@ use tokio::sync::{watch, Semaphore};
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
+use crate::amqp::AmqpContext;
 use crate::config::Config;
+use crate::core::alarm::MemoryAlarm;
 use crate::core::broker::{Broker, Pacing};
 use crate::core::message::Message;
-use crate::core::queue::QueueLimits;
+use crate::core::queue::{Overflow, QueueConfig};
 use crate::core::scheduler;
 use crate::core::shards::Shards;
 use crate::mqtt::session::Control;
@@ -28,8 +30,14 @@ pub struct Server {
     pub mqtt_addr: Option<SocketAddr>,
     /// Bound MQTT-over-TLS address.
     pub mqtts_addr: Option<SocketAddr>,
+    /// Bound AMQP address.
+    pub amqp_addr: Option<SocketAddr>,
+    /// Bound AMQP-over-TLS address.
+    pub amqps_addr: Option<SocketAddr>,
     broker: Arc<Broker>,
     mqtt: Arc<MqttContext>,
+    amqp: Arc<AmqpContext>,
+    alarm: Arc<MemoryAlarm>,
     connections: Arc<Semaphore>,
     max_connections: u32,
     stop_accepting: watch::Sender<bool>,
@@ -44,22 +52,31 @@ impl Server {
         let journal = tokio::task::spawn_blocking(move || Journal::open(jcfg))
             .await?
             .with_context(|| format!("cannot open the data directory {}", dir.display()))?;
-        let limits = QueueLimits {
-            max_len: config.mqtt.max_queued_messages,
-            max_bytes: config.mqtt.max_queued_bytes,
-            memory_window: 4096,
-            max_offset_span: Some(32767),
-        };
+        // Queues nobody configured are MQTT session and group queues.
+        let mut session_queues = QueueConfig::new("mqtt-session", crate::core::router::MQTT_VHOST);
+        session_queues.max_len = config.mqtt.max_queued_messages;
+        session_queues.max_bytes = config.mqtt.max_queued_bytes;
+        session_queues.overflow = Overflow::DropQos0First;
+        session_queues.max_offset_span = Some(32767);
         let shard_count = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).max(2);
-        let shards = Shards::start(shard_count, journal.clone(), limits);
+        let (dead_tx, dead_rx) = tokio::sync::mpsc::unbounded_channel();
+        let shards = Shards::start(shard_count, journal.clone(), session_queues, dead_tx);
         let pacing = Pacing {
             qos0_waits: config.mqtt.qos0_when_full == "wait",
             slow_consumer_timeout: Duration::from_secs(config.mqtt.slow_consumer_timeout_secs),
         };
         let broker = Arc::new(Broker::new(journal, shards, pacing));
+        tokio::spawn(crate::core::dead_letter::run(broker.clone(), dead_rx));
         restore_retained(&broker);
         let mqtt = MqttContext::restore(broker.clone(), config.mqtt.clone());
         mqtt.drop_orphan_queues().await;
+
+        let alarm = MemoryAlarm::new(MemoryAlarm::limit_from(
+            config.broker.memory_high_watermark_bytes,
+            config.broker.memory_high_watermark,
+        ));
+        tokio::spawn(alarm.clone().run());
+        let amqp = AmqpContext::start(broker.clone(), &config, alarm.clone()).await;
 
         tokio::spawn(scheduler::run(broker.clone()));
         tokio::spawn(mqtt.clone().run_expiry());
@@ -73,24 +90,37 @@ impl Server {
         let mut server = Server {
             mqtt_addr: None,
             mqtts_addr: None,
+            amqp_addr: None,
+            amqps_addr: None,
             broker,
             mqtt,
+            amqp,
+            alarm,
             connections,
             max_connections,
             stop_accepting,
             grace: Duration::from_secs(config.broker.shutdown_grace_secs),
         };
-        if let Some(addr) = config.mqtt_listen() {
-            let listener = TcpListener::bind(addr).await.with_context(|| format!("cannot listen on mqtt.listen {addr}"))?;
-            server.mqtt_addr = Some(listener.local_addr()?);
-            tokio::spawn(accept_loop(listener, None, server.mqtt.clone(), server.connections.clone(), stop_rx.clone()));
-        }
-        if let Some(addr) = config.mqtts_listen() {
-            let acceptor = crate::tls::acceptor(&config.tls.cert, &config.tls.key)?;
-            let listener =
-                TcpListener::bind(addr).await.with_context(|| format!("cannot listen on mqtt.tls_listen {addr}"))?;
-            server.mqtts_addr = Some(listener.local_addr()?);
-            tokio::spawn(accept_loop(listener, Some(acceptor), server.mqtt.clone(), server.connections.clone(), stop_rx));
+        let tls = || crate::tls::acceptor(&config.tls.cert, &config.tls.key);
+        let listeners = [
+            ("mqtt.listen", config.mqtt_listen(), false, false),
+            ("mqtt.tls_listen", config.mqtts_listen(), false, true),
+            ("amqp.listen", config.amqp_listen(), true, false),
+            ("amqp.tls_listen", config.amqps_listen(), true, true),
+        ];
+        for (key, addr, is_amqp, is_tls) in listeners {
+            let Some(addr) = addr else { continue };
+            let listener = TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {key} {addr}"))?;
+            let bound = Some(listener.local_addr()?);
+            match (is_amqp, is_tls) {
+                (false, false) => server.mqtt_addr = bound,
+                (false, true) => server.mqtts_addr = bound,
+                (true, false) => server.amqp_addr = bound,
+                (true, true) => server.amqps_addr = bound,
+            }
+            let front = if is_amqp { Front::Amqp(server.amqp.clone()) } else { Front::Mqtt(server.mqtt.clone()) };
+            let acceptor = if is_tls { Some(tls()?) } else { None };
+            tokio::spawn(accept_loop(listener, acceptor, front, server.connections.clone(), stop_rx.clone()));
         }
         Ok(server)
     }
@@ -105,12 +135,26 @@ impl Server {
         if let Some(a) = self.mqtts_addr {
             line.push_str(&format!(" mqtts={a}"));
         }
+        if let Some(a) = self.amqp_addr {
+            line.push_str(&format!(" amqp={a}"));
+        }
+        if let Some(a) = self.amqps_addr {
+            line.push_str(&format!(" amqps={a}"));
+        }
         line
     }
 
     /// The broker core (for embedding and tests).
     pub fn broker(&self) -> &Arc<Broker> {
         &self.broker
+    }
+
+    /// Applies what a reloaded configuration may change at runtime (SIGHUP): the memory
+    /// high watermark.
+    pub fn reload(&self, config: &Config) {
+        let limit = MemoryAlarm::limit_from(config.broker.memory_high_watermark_bytes, config.broker.memory_high_watermark);
+        info!(limit, "configuration reloaded");
+        self.alarm.set_limit(limit);
     }
 
     /// Stops accepting, asks every connection to close (MQTT 5: DISCONNECT 0x8B), waits for
@@ -120,6 +164,7 @@ impl Server {
         for control in self.mqtt.sessions.online_controls() {
             let _ = control.send(Control::Shutdown);
         }
+        self.amqp.shutdown();
         let all = self.connections.acquire_many(self.max_connections);
         if tokio::time::timeout(self.grace, all).await.is_err() {
             warn!("connections still open after the grace period");
@@ -158,10 +203,17 @@ fn restore_retained(broker: &Broker) {
     }
 }
 
+/// Which front-end a listener serves.
+#[derive(Clone)]
+enum Front {
+    Mqtt(Arc<MqttContext>),
+    Amqp(Arc<AmqpContext>),
+}
+
 async fn accept_loop(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
-    ctx: Arc<MqttContext>,
+    front: Front,
     connections: Arc<Semaphore>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -183,19 +235,22 @@ async fn accept_loop(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let ctx = ctx.clone();
+        let front = front.clone();
         // Plain and TLS connections are spawned as different futures, so a plain one does
         // not carry the (large) TLS handshake state.
         match tls.clone() {
             None => {
                 tokio::spawn(async move {
-                    mqtt::connection::serve(ctx, stream, peer).await;
+                    match front {
+                        Front::Mqtt(ctx) => mqtt::connection::serve(ctx, stream, peer).await,
+                        Front::Amqp(ctx) => crate::amqp::connection::serve(ctx, stream, peer).await,
+                    }
                     drop(permit);
                 });
             }
             Some(acceptor) => {
                 tokio::spawn(async move {
-                    serve_tls(ctx, stream, peer, acceptor).await;
+                    serve_tls(front, stream, peer, acceptor).await;
                     drop(permit);
                 });
             }
@@ -203,10 +258,13 @@ async fn accept_loop(
     }
 }
 
-async fn serve_tls(ctx: Arc<MqttContext>, stream: TcpStream, peer: SocketAddr, acceptor: TlsAcceptor) {
-    let handshake = Duration::from_secs(ctx.cfg.connect_timeout_secs.max(1));
+async fn serve_tls(front: Front, stream: TcpStream, peer: SocketAddr, acceptor: TlsAcceptor) {
+    let handshake = Duration::from_secs(10);
     match tokio::time::timeout(handshake, acceptor.accept(stream)).await {
-        Ok(Ok(tls_stream)) => mqtt::connection::serve(ctx, tls_stream, peer).await,
+        Ok(Ok(tls_stream)) => match front {
+            Front::Mqtt(ctx) => mqtt::connection::serve(ctx, tls_stream, peer).await,
+            Front::Amqp(ctx) => crate::amqp::connection::serve(ctx, tls_stream, peer).await,
+        },
         Ok(Err(e)) => debug!(peer = %peer, error = %e, "TLS handshake failed"),
         Err(_) => debug!(peer = %peer, "TLS handshake timed out"),
     }

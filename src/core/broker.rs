@@ -131,16 +131,16 @@ impl Broker {
         let retained_topic = match retain {
             RetainMode::None => None,
             RetainMode::MemoryOnly => {
-                self.retained.set(&msg.topic, (!clear).then(|| msg.clone()));
+                self.retained.set(&msg.routing_key, (!clear).then(|| msg.clone()));
                 None
             }
             RetainMode::Persist => {
-                self.retained.set(&msg.topic, (!clear).then(|| msg.clone()));
+                self.retained.set(&msg.routing_key, (!clear).then(|| msg.clone()));
                 if clear {
-                    ops.push(Op::DeleteRetained { topic: msg.topic.clone() });
+                    ops.push(Op::DeleteRetained { topic: msg.routing_key.clone() });
                     None
                 } else {
-                    Some(msg.topic.clone())
+                    Some(msg.routing_key.clone())
                 }
             }
         };
@@ -148,7 +148,7 @@ impl Broker {
             let queues: Vec<QueueTarget> = routes
                 .queues
                 .iter()
-                .map(|q| QueueTarget { queue: q.queue, tag_hash: 0, flags: msg.qos.min(q.qos) & flags::QOS_MASK })
+                .map(|q| QueueTarget { queue: q.queue, tag_hash: 0, flags: flags::of(msg.qos.min(q.qos), msg.props.priority) })
                 .collect();
             let flags = queues.iter().map(|q| (q.queue, q.flags)).collect();
             ops.insert(
@@ -165,27 +165,41 @@ impl Broker {
         if ops.is_empty() {
             return None;
         }
-        Some(self.submit(ops, item.into_iter().collect()).await)
+        // Only what a publisher waits to hear about needs an fsync before the signal.
+        Some(self.submit(ops, item.into_iter().collect(), msg.qos > 0).await)
     }
 
-    /// Stores `msg` to be routed at `due_ms` (delayed publish). The signal resolves when the
-    /// delayed message is durable.
-    pub async fn schedule(&self, msg: &SharedMessage, due_ms: u64) -> DurableSignal {
+    /// Stores `msg` to be routed in `vhost` at `due_ms` (delayed publish). The signal
+    /// resolves when the delayed message is durable.
+    pub async fn schedule(&self, vhost: &str, msg: &SharedMessage, due_ms: u64) -> DurableSignal {
         let op = Op::Append(Append {
             record: Record { header: msg.encode_header(), body: msg.payload.clone() },
             queues: Vec::new(),
             retained_topic: None,
-            timer: Some(Timer { due_ms, target: bytes::Bytes::new() }),
+            timer: Some(Timer { due_ms, target: bytes::Bytes::copy_from_slice(vhost.as_bytes()) }),
         });
-        let signal = self.submit(vec![op], Vec::new()).await;
+        let signal = self.submit(vec![op], Vec::new(), true).await;
         self.timers_changed.notify_one();
         signal
     }
 
+    /// Resolves once everything submitted to the journal before it has been applied and
+    /// handed to its queues (a cheap barrier: no fsync).
+    pub async fn barrier(&self) {
+        let (tx, rx) = oneshot::channel();
+        let done: ferrymq_storage::Completion = Box::new(move |_| {
+            let _ = tx.send(());
+        });
+        if self.journal.submit_relaxed(Vec::new(), Some(done)).await.is_ok() {
+            let _ = rx.await;
+        }
+    }
+
     /// Submits journal ops whose Append/Enqueue results (in op order) correspond to `items`;
     /// the completion hands the new pointers to their queue owners in log order and then
-    /// resolves the returned signal.
-    pub async fn submit(&self, ops: Vec<Op>, items: Vec<DispatchItem>) -> DurableSignal {
+    /// resolves the returned signal — after the fsync when `durable` (policy `always`),
+    /// else once written.
+    pub async fn submit(&self, ops: Vec<Op>, items: Vec<DispatchItem>, durable: bool) -> DurableSignal {
         let (tx, rx) = oneshot::channel();
         let shards = self.shards.clone();
         let done: ferrymq_storage::Completion = Box::new(move |result| {
@@ -197,7 +211,13 @@ impl Broker {
                         entries.push(AppendedEntry {
                             queue: *queue,
                             offset: *offset,
-                            ptr: Pointer { pos: appended.pos, size: appended.size, tag_hash: 0, flags },
+                            ptr: Pointer {
+                                pos: appended.pos,
+                                size: appended.size,
+                                body_len: item.msg.payload.len() as u32,
+                                tag_hash: 0,
+                                flags,
+                            },
                             msg: item.msg.clone(),
                         });
                     }
@@ -206,7 +226,12 @@ impl Broker {
             });
             let _ = tx.send(result);
         });
-        if let Err(e) = self.journal.submit(ops, Some(done)).await {
+        let submitted = if durable {
+            self.journal.submit(ops, Some(done)).await
+        } else {
+            self.journal.submit_relaxed(ops, Some(done)).await
+        };
+        if let Err(e) = submitted {
             let (tx, rx) = oneshot::channel();
             let _ = tx.send(Err(e));
             return rx;

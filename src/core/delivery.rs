@@ -40,6 +40,11 @@ pub struct QueueDelivery {
     pub redelivered: bool,
     /// QoS 2: the client already sent PUBREC on an earlier connection; resend PUBREL only.
     pub released: bool,
+    /// The consumer it is for.
+    pub consumer: u64,
+    /// Earlier deliveries of this message (AMQP `x-delivery-count`), when the queue
+    /// counts them.
+    pub delivery_count: Option<u32>,
 }
 
 /// The router's handle to a connected clean session.

@@ -9,31 +9,65 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
+use super::value::{decode_table, encode_table, Value};
+
 /// Normalized message properties shared by MQTT 5 and AMQP.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Properties {
     /// Content type (MQTT 5 content type / AMQP content_type).
     pub content_type: Option<String>,
+    /// AMQP content_encoding.
+    pub content_encoding: Option<String>,
+    /// AMQP headers / MQTT 5 user properties (as strings), in order, duplicates kept.
+    pub headers: Vec<(String, Value)>,
     /// Correlation data (MQTT 5) / correlation id (AMQP).
     pub correlation_data: Option<Bytes>,
-    /// Response topic (MQTT 5) / reply-to (AMQP).
-    pub response_topic: Option<String>,
+    /// AMQP reply-to / MQTT 5 response topic, in routing-key form (an MQTT response
+    /// topic `rpc/resp` is `rpc.resp`, so an AMQP responder publishing to `amq.topic` with
+    /// `reply_to` as the key reaches the MQTT requester).
+    pub reply_to: Option<String>,
     /// MQTT 5 payload format indicator.
     pub payload_format: Option<u8>,
-    /// User properties (MQTT 5) / headers (AMQP), in order.
-    pub user_properties: Vec<(String, String)>,
     /// Absolute expiry, milliseconds since the Unix epoch.
     pub expires_at_ms: Option<u64>,
+    /// AMQP `expiration` as published (milliseconds), re-emitted to AMQP consumers.
+    pub expiration_ms: Option<u64>,
+    /// AMQP message_id.
+    pub message_id: Option<String>,
+    /// AMQP timestamp (seconds since the epoch).
+    pub timestamp: Option<u64>,
+    /// AMQP type.
+    pub kind: Option<String>,
+    /// AMQP user_id.
+    pub user_id: Option<String>,
+    /// AMQP app_id.
+    pub app_id: Option<String>,
+    /// AMQP cluster_id.
+    pub cluster_id: Option<String>,
+    /// AMQP priority.
+    pub priority: Option<u8>,
+    /// AMQP delivery_mode as published (2 = persistent).
+    pub delivery_mode: Option<u8>,
+}
+
+impl Properties {
+    /// The first header with this name.
+    pub fn header(&self, name: &str) -> Option<&Value> {
+        self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v)
+    }
 }
 
 /// A message in the core.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Message {
-    /// MQTT topic name (`a/b/c`); the routing key on `amq.topic` is derived from it.
-    pub topic: String,
+    /// Exchange it was published to (`amq.topic` for MQTT publishes).
+    pub exchange: String,
+    /// Routing key (an MQTT topic `a/b/c` is the key `a.b.c`: see [`mqtt_to_key`]).
+    pub routing_key: String,
     /// Body.
     pub payload: Bytes,
-    /// QoS the publisher used (MQTT); 1 for persistent AMQP messages.
+    /// Delivery guarantee: the MQTT QoS it was published with; AMQP persistent messages
+    /// are 2 and transient ones 0. Above 0 the message is persistent.
     pub qos: u8,
     /// RETAIN flag as published.
     pub retain: bool,
@@ -51,7 +85,32 @@ pub fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
+/// An MQTT topic (or filter) as an AMQP routing key (or binding key): levels become words,
+/// so `/` and `.` swap places, as RabbitMQ's MQTT plugin does (`a/b.c` <-> `a.b/c`).
+pub fn mqtt_to_key(topic: &str) -> String {
+    topic.chars().map(|c| match c {
+        '/' => '.',
+        '.' => '/',
+        c => c,
+    }).collect()
+}
+
+/// An AMQP routing key as an MQTT topic (the inverse of [`mqtt_to_key`]).
+pub fn key_to_mqtt(key: &str) -> String {
+    mqtt_to_key(key)
+}
+
 impl Message {
+    /// The routing key in MQTT form.
+    pub fn topic(&self) -> String {
+        key_to_mqtt(&self.routing_key)
+    }
+
+    /// True for a persistent message (QoS > 0 / AMQP delivery mode 2).
+    pub fn is_persistent(&self) -> bool {
+        self.qos > 0
+    }
+
     /// True when the message carries an expiry that has passed at `now_ms`.
     pub fn is_expired(&self, now_ms: u64) -> bool {
         matches!(self.props.expires_at_ms, Some(at) if at <= now_ms)
@@ -64,14 +123,14 @@ impl Message {
             .map(|at| (at.saturating_sub(now_ms).div_ceil(1000)).min(u32::MAX as u64) as u32)
     }
 
-    /// Bytes the message occupies in queues (payload + topic), for byte limits.
+    /// Bytes the message occupies in queues (payload + routing key), for byte limits.
     pub fn weight(&self) -> u64 {
-        (self.payload.len() + self.topic.len()) as u64
+        (self.payload.len() + self.routing_key.len()) as u64
     }
 
     /// Encodes everything except the body as a commit-log record header.
     pub fn encode_header(&self) -> Bytes {
-        let mut b = BytesMut::with_capacity(32 + self.topic.len());
+        let mut b = BytesMut::with_capacity(48 + self.routing_key.len() + self.exchange.len());
         b.put_u8(HEADER_VERSION);
         let mut flags = self.qos & 0b11;
         if self.retain {
@@ -79,37 +138,49 @@ impl Message {
         }
         b.put_u8(flags);
         b.put_u64(self.timestamp_ms);
-        put_str(&mut b, &self.topic);
+        put_str(&mut b, &self.exchange);
+        put_str(&mut b, &self.routing_key);
         let p = &self.props;
-        let mut present = 0u8;
-        present |= p.content_type.is_some() as u8;
-        present |= (p.correlation_data.is_some() as u8) << 1;
-        present |= (p.response_topic.is_some() as u8) << 2;
-        present |= (p.payload_format.is_some() as u8) << 3;
-        present |= (p.expires_at_ms.is_some() as u8) << 4;
-        present |= (!p.user_properties.is_empty() as u8) << 5;
-        b.put_u8(present);
-        if let Some(v) = &p.content_type {
+        let strings = [
+            &p.content_type,
+            &p.content_encoding,
+            &p.reply_to,
+            &p.message_id,
+            &p.kind,
+            &p.user_id,
+            &p.app_id,
+            &p.cluster_id,
+        ];
+        let mut present = 0u32;
+        for (i, v) in strings.iter().enumerate() {
+            present |= (v.is_some() as u32) << i;
+        }
+        present |= (p.correlation_data.is_some() as u32) << 8;
+        present |= (p.payload_format.is_some() as u32) << 9;
+        present |= (p.expires_at_ms.is_some() as u32) << 10;
+        present |= (p.expiration_ms.is_some() as u32) << 11;
+        present |= (p.timestamp.is_some() as u32) << 12;
+        present |= (p.priority.is_some() as u32) << 13;
+        present |= (p.delivery_mode.is_some() as u32) << 14;
+        present |= (!p.headers.is_empty() as u32) << 15;
+        b.put_u32(present);
+        for v in strings.into_iter().flatten() {
             put_str(&mut b, v);
         }
         if let Some(v) = &p.correlation_data {
             put_bytes(&mut b, v);
         }
-        if let Some(v) = &p.response_topic {
-            put_str(&mut b, v);
-        }
         if let Some(v) = p.payload_format {
             b.put_u8(v);
         }
-        if let Some(v) = p.expires_at_ms {
+        for v in [p.expires_at_ms, p.expiration_ms, p.timestamp].into_iter().flatten() {
             b.put_u64(v);
         }
-        if !p.user_properties.is_empty() {
-            b.put_u32(p.user_properties.len() as u32);
-            for (k, v) in &p.user_properties {
-                put_str(&mut b, k);
-                put_str(&mut b, v);
-            }
+        for v in [p.priority, p.delivery_mode].into_iter().flatten() {
+            b.put_u8(v);
+        }
+        if !p.headers.is_empty() {
+            encode_table(&p.headers, &mut b);
         }
         b.freeze()
     }
@@ -122,34 +193,58 @@ impl Message {
         }
         let flags = get_u8(h)?;
         let timestamp_ms = get_u64(h)?;
-        let topic = get_str(h)?;
-        let present = get_u8(h)?;
-        let mut props = Properties::default();
-        if present & 1 != 0 {
-            props.content_type = Some(get_str(h)?);
-        }
-        if present & 2 != 0 {
-            props.correlation_data = Some(get_bytes(h)?);
-        }
-        if present & 4 != 0 {
-            props.response_topic = Some(get_str(h)?);
-        }
-        if present & 8 != 0 {
-            props.payload_format = Some(get_u8(h)?);
-        }
-        if present & 16 != 0 {
-            props.expires_at_ms = Some(get_u64(h)?);
-        }
-        if present & 32 != 0 {
-            let n = get_u32(h)? as usize;
-            let mut v = Vec::with_capacity(n.min(1024));
-            for _ in 0..n {
-                let k = get_str(h)?;
-                v.push((k, get_str(h)?));
+        let exchange = get_str(h)?;
+        let routing_key = get_str(h)?;
+        let present = get_u32(h)?;
+        let mut p = Properties::default();
+        let mut strings: [&mut Option<String>; 8] = [
+            &mut p.content_type,
+            &mut p.content_encoding,
+            &mut p.reply_to,
+            &mut p.message_id,
+            &mut p.kind,
+            &mut p.user_id,
+            &mut p.app_id,
+            &mut p.cluster_id,
+        ];
+        for (i, slot) in strings.iter_mut().enumerate() {
+            if present & (1 << i) != 0 {
+                **slot = Some(get_str(h)?);
             }
-            props.user_properties = v;
         }
-        Ok(Message { topic, payload, qos: flags & 0b11, retain: flags & 0b100 != 0, props, timestamp_ms })
+        if present & (1 << 8) != 0 {
+            p.correlation_data = Some(get_bytes(h)?);
+        }
+        if present & (1 << 9) != 0 {
+            p.payload_format = Some(get_u8(h)?);
+        }
+        if present & (1 << 10) != 0 {
+            p.expires_at_ms = Some(get_u64(h)?);
+        }
+        if present & (1 << 11) != 0 {
+            p.expiration_ms = Some(get_u64(h)?);
+        }
+        if present & (1 << 12) != 0 {
+            p.timestamp = Some(get_u64(h)?);
+        }
+        if present & (1 << 13) != 0 {
+            p.priority = Some(get_u8(h)?);
+        }
+        if present & (1 << 14) != 0 {
+            p.delivery_mode = Some(get_u8(h)?);
+        }
+        if present & (1 << 15) != 0 {
+            p.headers = decode_table(h, 0)?;
+        }
+        Ok(Message {
+            exchange,
+            routing_key,
+            payload,
+            qos: flags & 0b11,
+            retain: flags & 0b100 != 0,
+            props: p,
+            timestamp_ms,
+        })
     }
 }
 
@@ -158,7 +253,7 @@ impl Message {
 #[error("undecodable message header")]
 pub struct HeaderError;
 
-const HEADER_VERSION: u8 = 1;
+const HEADER_VERSION: u8 = 2;
 
 fn put_str(b: &mut BytesMut, s: &str) {
     put_bytes(b, s.as_bytes());
@@ -209,17 +304,28 @@ mod tests {
     #[test]
     fn header_round_trip() {
         let m = Message {
-            topic: "a/b".into(),
+            exchange: "amq.topic".into(),
+            routing_key: "a.b".into(),
             payload: Bytes::from_static(b"hello"),
             qos: 2,
             retain: true,
             props: Properties {
                 content_type: Some("text/plain".into()),
+                content_encoding: Some("gzip".into()),
+                headers: vec![("k".into(), Value::Str("v".into())), ("k".into(), Value::Int(3))],
                 correlation_data: Some(Bytes::from_static(b"\x00\x01")),
-                response_topic: Some("r/t".into()),
+                reply_to: Some("r.t".into()),
                 payload_format: Some(1),
-                user_properties: vec![("k".into(), "v".into()), ("k".into(), "w".into())],
                 expires_at_ms: Some(42),
+                expiration_ms: Some(1000),
+                message_id: Some("id-1".into()),
+                timestamp: Some(1_700_000_000),
+                kind: Some("t".into()),
+                user_id: Some("guest".into()),
+                app_id: Some("app".into()),
+                cluster_id: Some("c".into()),
+                priority: Some(5),
+                delivery_mode: Some(2),
             },
             timestamp_ms: 7,
         };
@@ -230,9 +336,16 @@ mod tests {
     }
 
     #[test]
+    fn topics_and_keys_swap_separators() {
+        assert_eq!(mqtt_to_key("a/b.c/d"), "a.b/c.d");
+        assert_eq!(key_to_mqtt("a.b/c.d"), "a/b.c/d");
+        assert_eq!(mqtt_to_key("sport/+/#"), "sport.+.#");
+    }
+
+    #[test]
     fn garbage_header_is_an_error() {
-        for n in 0..20 {
-            let junk = Bytes::from(vec![1u8; n]);
+        for n in 0..40 {
+            let junk = Bytes::from(vec![2u8; n]);
             let _ = Message::decode(junk, Bytes::new());
         }
         assert!(Message::decode(Bytes::from_static(&[9]), Bytes::new()).is_err());

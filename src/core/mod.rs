@@ -8,10 +8,15 @@
 //! - [`shards`] — the queue-owner tasks.
 //! - [`retained`] — retained messages in memory.
 //! - [`scheduler`] — delayed delivery from the journal's timer index.
+//! - [`alarm`] — the memory high-watermark alarm.
 //! - [`broker`] — the shared core and its publish path.
+//! - [`dead_letter`] — republishing dead letters with `x-death`.
 //! - [`stats`] — counters.
+//! - [`value`] — typed header values (AMQP field tables).
 
+pub mod alarm;
 pub mod broker;
+pub mod dead_letter;
 pub mod delivery;
 pub mod message;
 pub mod queue;
@@ -20,3 +25,4 @@ pub mod router;
 pub mod scheduler;
 pub mod shards;
 pub mod stats;
+pub mod value;

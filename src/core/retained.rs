@@ -1,6 +1,7 @@
-//! Retained messages in memory: a tree of topic levels, so that a wildcard subscription
-//! finds its retained messages by walking the filter, not by scanning every topic. The
-//! journal keeps the durable copy (`retained` index into the commit log).
+//! Retained messages in memory: a tree of routing-key words (an MQTT topic `a/b` is the
+//! key `a.b`), so that a wildcard subscription finds its retained messages by walking its
+//! pattern (`*`, `#`), not by scanning every topic. The journal keeps the durable copy
+//! (`retained` index into the commit log, by routing key).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -50,7 +51,7 @@ impl Node {
         };
         match *level {
             "#" => self.all(first, out),
-            "+" => {
+            "*" => {
                 for (name, child) in &self.children {
                     if !(first && name.starts_with('$')) {
                         child.collect(rest, false, out);
@@ -91,9 +92,9 @@ impl RetainedStore {
         Self::default()
     }
 
-    /// Sets (`Some`) or clears (`None`) the retained message of `topic`.
-    pub fn set(&self, topic: &str, msg: Option<SharedMessage>) {
-        let levels: Vec<&str> = topic.split('/').collect();
+    /// Sets (`Some`) or clears (`None`) the retained message of a routing key.
+    pub fn set(&self, key: &str, msg: Option<SharedMessage>) {
+        let levels: Vec<&str> = key.split('.').collect();
         let (had, has) = self.root.write().set(&levels, msg);
         match (had, has) {
             (false, true) => {
@@ -106,9 +107,10 @@ impl RetainedStore {
         }
     }
 
-    /// Retained messages whose topic matches `filter`.
-    pub fn matching(&self, filter: &str) -> Vec<SharedMessage> {
-        let levels: Vec<&str> = filter.split('/').collect();
+    /// Retained messages whose routing key matches `pattern` (binding-key syntax; see
+    /// `router::mqtt_filter_to_pattern`).
+    pub fn matching(&self, pattern: &str) -> Vec<SharedMessage> {
+        let levels: Vec<&str> = pattern.split('.').collect();
         let mut out = Vec::new();
         self.root.read().collect(&levels, true, &mut out);
         out
@@ -132,11 +134,13 @@ mod tests {
     use bytes::Bytes;
 
     use super::*;
-    use crate::core::message::{Message, Properties};
+    use crate::core::message::{mqtt_to_key, Message, Properties};
+    use crate::core::router::mqtt_filter_to_pattern;
 
-    fn m(topic: &str) -> SharedMessage {
+    fn m(key: &str) -> SharedMessage {
         Arc::new(Message {
-            topic: topic.into(),
+            exchange: "amq.topic".into(),
+            routing_key: key.into(),
             payload: Bytes::new(),
             qos: 0,
             retain: true,
@@ -146,7 +150,7 @@ mod tests {
     }
 
     fn topics(s: &RetainedStore, f: &str) -> Vec<String> {
-        let mut v: Vec<String> = s.matching(f).iter().map(|m| m.topic.clone()).collect();
+        let mut v: Vec<String> = s.matching(&mqtt_filter_to_pattern(f)).iter().map(|m| m.topic()).collect();
         v.sort();
         v
     }
@@ -155,7 +159,7 @@ mod tests {
     fn wildcard_lookup() {
         let s = RetainedStore::new();
         for t in ["a", "a/b", "a/b/c", "a/x", "$SYS/up", "b"] {
-            s.set(t, Some(m(t)));
+            s.set(&mqtt_to_key(t), Some(m(&mqtt_to_key(t))));
         }
         assert_eq!(s.len(), 6);
         assert_eq!(topics(&s, "a/#"), vec!["a", "a/b", "a/b/c", "a/x"]);
@@ -164,7 +168,7 @@ mod tests {
         assert_eq!(topics(&s, "+"), vec!["a", "b"]);
         assert_eq!(topics(&s, "$SYS/#"), vec!["$SYS/up"]);
         assert_eq!(topics(&s, "a/b"), vec!["a/b"]);
-        s.set("a/b", None);
+        s.set("a.b", None);
         assert_eq!(topics(&s, "a/#"), vec!["a", "a/b/c", "a/x"]);
         assert_eq!(s.len(), 5);
     }

@@ -1,14 +1,17 @@
-//! The routing table: MQTT topic filters (the bindings of exchange `amq.topic`) and the
-//! targets they lead to.
+//! The routing table: virtual hosts, their exchanges and bindings — one table for both
+//! protocols. MQTT subscriptions are bindings on the MQTT exchange (`amq.topic`): a filter
+//! `a/+/#` is the binding key `a.*.#`, a topic `a/b/c` the routing key `a.b.c`, so AMQP
+//! queues and MQTT sessions bound to the same exchange see each other's messages.
 //!
-//! A subscription leads either to a connected clean session (the online fast path: the
-//! router hands the message straight to its outbound channel, no storage) or to a consume
-//! queue (a persistent session, a shared-subscription group). The table is read-mostly:
-//! publishers resolve through a per-connection [`RouteCache`] that is valid while the
-//! table's generation is unchanged, so the hot path takes no lock at all for a topic it has
-//! seen; subscribe/unsubscribe take the write lock and bump the generation.
+//! A binding leads to a consume queue, to another exchange (exchange-to-exchange
+//! bindings), or to a connected clean MQTT session (the online fast path: the message
+//! goes straight to its outbound channel, no storage). The table is read-mostly:
+//! publishers resolve through a per-connection [`RouteCache`] that stays valid while the
+//! table's generation is unchanged, so the hot path takes no lock for a key it has seen;
+//! changes take the write lock and bump the generation.
 
-use std::collections::HashMap;
+use std::cell::Cell;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -16,36 +19,378 @@ use ferrymq_storage::QueueId;
 use parking_lot::RwLock;
 
 use super::delivery::SessionLink;
+use super::value::Value;
 
-/// Identifies who owns a subscription: a session, or a shared-subscription group.
-pub type OwnerId = u64;
-
-/// Where a subscription delivers.
+/// Where a binding delivers.
 #[derive(Debug, Clone)]
-pub enum Target {
-    /// A connected clean session (fast path).
+pub enum Destination {
+    /// A connected clean MQTT session (fast path).
     Session(Arc<SessionLink>),
     /// A consume queue.
     Queue(QueueId),
+    /// Another exchange of the same virtual host.
+    Exchange(String),
 }
 
-/// One subscription in the table.
-#[derive(Debug, Clone)]
-pub struct Subscription {
-    /// Owner (one entry per owner and filter).
-    pub owner: OwnerId,
-    /// Client id of the owner, for no-local (empty for groups).
+impl PartialEq for Destination {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Destination::Session(a), Destination::Session(b)) => Arc::ptr_eq(a, b),
+            (Destination::Queue(a), Destination::Queue(b)) => a == b,
+            (Destination::Exchange(a), Destination::Exchange(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+/// MQTT subscription options carried by a binding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MqttOptions {
+    /// Client id of the subscriber, for no-local.
     pub client_id: Arc<str>,
-    /// Where matching messages go.
-    pub target: Target,
     /// Granted QoS.
     pub qos: u8,
-    /// MQTT 5 no-local.
+    /// No local.
     pub no_local: bool,
-    /// MQTT 5 retain-as-published.
+    /// Retain as published.
     pub retain_as_published: bool,
-    /// MQTT 5 subscription identifier.
+    /// Subscription identifier.
     pub subscription_id: Option<u32>,
+}
+
+/// One binding. Its identity is (destination, key, arguments).
+#[derive(Debug, Clone)]
+pub struct Binding {
+    /// Where matching messages go.
+    pub dest: Destination,
+    /// Binding key as given (AMQP pattern syntax for topic exchanges).
+    pub key: String,
+    /// Binding arguments (headers-exchange match arguments, ...).
+    pub args: Vec<(String, Value)>,
+    /// MQTT options when the binding is an MQTT subscription.
+    pub mqtt: Option<MqttOptions>,
+}
+
+impl Binding {
+    /// A plain binding to a queue.
+    pub fn queue(queue: QueueId, key: &str, args: Vec<(String, Value)>) -> Binding {
+        Binding { dest: Destination::Queue(queue), key: key.to_owned(), args, mqtt: None }
+    }
+
+    fn same(&self, dest: &Destination, key: &str, args: &[(String, Value)]) -> bool {
+        self.dest == *dest && self.key == key && self.args == args
+    }
+}
+
+/// Exchange types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExchangeKind {
+    /// Exact routing key.
+    Direct,
+    /// Every binding.
+    Fanout,
+    /// Word patterns with `*` and `#`.
+    Topic,
+    /// Header matching (`x-match` all/any).
+    Headers,
+}
+
+impl ExchangeKind {
+    /// Parses an AMQP exchange type name.
+    pub fn parse(name: &str) -> Option<ExchangeKind> {
+        match name {
+            "direct" => Some(ExchangeKind::Direct),
+            "fanout" => Some(ExchangeKind::Fanout),
+            "topic" => Some(ExchangeKind::Topic),
+            "headers" => Some(ExchangeKind::Headers),
+            _ => None,
+        }
+    }
+
+    /// The AMQP type name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ExchangeKind::Direct => "direct",
+            ExchangeKind::Fanout => "fanout",
+            ExchangeKind::Topic => "topic",
+            ExchangeKind::Headers => "headers",
+        }
+    }
+}
+
+/// What an exchange is, as declared.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExchangeDef {
+    /// Name ("" is the default exchange).
+    pub name: String,
+    /// Type.
+    pub kind: ExchangeKind,
+    /// Survives restarts.
+    pub durable: bool,
+    /// Deleted when its last binding goes.
+    pub auto_delete: bool,
+    /// Cannot be published to directly.
+    pub internal: bool,
+    /// Declaration arguments (`alternate-exchange`, ...).
+    pub arguments: Vec<(String, Value)>,
+}
+
+impl ExchangeDef {
+    /// The `alternate-exchange` argument.
+    pub fn alternate(&self) -> Option<&str> {
+        self.arguments.iter().find(|(k, _)| k == "alternate-exchange").and_then(|(_, v)| v.as_str())
+    }
+}
+
+#[derive(Debug)]
+struct Exchange {
+    def: ExchangeDef,
+    bindings: Bindings,
+}
+
+#[derive(Debug)]
+enum Bindings {
+    Direct(HashMap<String, Vec<Binding>>),
+    Fanout(Vec<Binding>),
+    Topic(Node),
+    Headers(Vec<Binding>),
+}
+
+impl Bindings {
+    fn new(kind: ExchangeKind) -> Bindings {
+        match kind {
+            ExchangeKind::Direct => Bindings::Direct(HashMap::new()),
+            ExchangeKind::Fanout => Bindings::Fanout(Vec::new()),
+            ExchangeKind::Topic => Bindings::Topic(Node::default()),
+            ExchangeKind::Headers => Bindings::Headers(Vec::new()),
+        }
+    }
+
+    /// Adds or replaces a binding; true if it is new.
+    fn add(&mut self, b: Binding) -> bool {
+        match self {
+            Bindings::Direct(map) => upsert(map.entry(b.key.clone()).or_default(), b),
+            Bindings::Fanout(list) | Bindings::Headers(list) => upsert(list, b),
+            Bindings::Topic(root) => {
+                let words: Vec<String> = b.key.split('.').map(str::to_owned).collect();
+                root.insert(&words, b)
+            }
+        }
+    }
+
+    /// Removes bindings matching `pred` under `key` (every key when `key` is `None`);
+    /// returns how many.
+    fn remove(&mut self, key: Option<&str>, pred: &dyn Fn(&Binding) -> bool) -> usize {
+        match self {
+            Bindings::Direct(map) => match key {
+                Some(k) => {
+                    let n = map.get_mut(k).map(|l| retain_count(l, pred)).unwrap_or(0);
+                    if map.get(k).is_some_and(|l| l.is_empty()) {
+                        map.remove(k);
+                    }
+                    n
+                }
+                None => {
+                    let n = map.values_mut().map(|l| retain_count(l, pred)).sum();
+                    map.retain(|_, l| !l.is_empty());
+                    n
+                }
+            },
+            Bindings::Fanout(list) | Bindings::Headers(list) => retain_count(list, pred),
+            Bindings::Topic(root) => match key {
+                Some(k) => {
+                    let words: Vec<String> = k.split('.').map(str::to_owned).collect();
+                    root.remove(&words, pred)
+                }
+                None => root.remove_all(pred),
+            },
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        match self {
+            Bindings::Direct(map) => map.is_empty(),
+            Bindings::Fanout(list) | Bindings::Headers(list) => list.is_empty(),
+            Bindings::Topic(root) => root.is_empty(),
+        }
+    }
+
+    fn all(&self) -> Vec<Binding> {
+        match self {
+            Bindings::Direct(map) => map.values().flatten().cloned().collect(),
+            Bindings::Fanout(list) | Bindings::Headers(list) => list.clone(),
+            Bindings::Topic(root) => {
+                let mut out = Vec::new();
+                root.all(&mut out);
+                out
+            }
+        }
+    }
+
+    fn matching<'a>(&'a self, key: &str, headers: &[(String, Value)], out: &mut Vec<&'a Binding>) {
+        match self {
+            Bindings::Direct(map) => out.extend(map.get(key).into_iter().flatten()),
+            Bindings::Fanout(list) => out.extend(list.iter()),
+            Bindings::Topic(root) => {
+                // The empty key has no words (`#` matches it, `*` does not).
+                let words: Vec<&str> = if key.is_empty() { Vec::new() } else { key.split('.').collect() };
+                root.collect(&words, 0, key.starts_with('$'), out);
+            }
+            Bindings::Headers(list) => out.extend(list.iter().filter(|b| headers_match(&b.args, headers))),
+        }
+    }
+}
+
+fn upsert(list: &mut Vec<Binding>, b: Binding) -> bool {
+    if let Some(existing) = list.iter_mut().find(|e| e.same(&b.dest, &b.key, &b.args)) {
+        *existing = b;
+        false
+    } else {
+        list.push(b);
+        true
+    }
+}
+
+fn retain_count(list: &mut Vec<Binding>, pred: &dyn Fn(&Binding) -> bool) -> usize {
+    let before = list.len();
+    list.retain(|b| !pred(b));
+    before - list.len()
+}
+
+/// Headers-exchange matching: `x-match` = `all` (default) / `any`, and the `-with-x`
+/// variants that also compare `x-` arguments.
+fn headers_match(args: &[(String, Value)], headers: &[(String, Value)]) -> bool {
+    let mode = args.iter().find(|(k, _)| k == "x-match").and_then(|(_, v)| v.as_str()).unwrap_or("all");
+    let (any, with_x) = match mode {
+        "any" => (true, false),
+        "any-with-x" => (true, true),
+        "all-with-x" => (false, true),
+        _ => (false, false),
+    };
+    let mut wanted = args.iter().filter(|(k, _)| k != "x-match" && (with_x || !k.starts_with("x-"))).peekable();
+    if wanted.peek().is_none() {
+        return !any;
+    }
+    let mut check = wanted.map(|(k, v)| {
+        headers.iter().any(|(hk, hv)| hk == k && (matches!(v, Value::Void) || hv == v))
+    });
+    if any {
+        check.any(|m| m)
+    } else {
+        check.all(|m| m)
+    }
+}
+
+/// A topic-exchange trie node: one level per word; `*` and `#` children.
+#[derive(Debug, Default)]
+struct Node {
+    children: HashMap<Box<str>, Node>,
+    star: Option<Box<Node>>,
+    hash: Option<Box<Node>>,
+    /// Bindings whose pattern ends at this node.
+    here: Vec<Binding>,
+}
+
+impl Node {
+    fn is_empty(&self) -> bool {
+        self.children.is_empty() && self.star.is_none() && self.hash.is_none() && self.here.is_empty()
+    }
+
+    fn child_mut(&mut self, word: &str) -> &mut Node {
+        match word {
+            "*" => self.star.get_or_insert_with(Default::default),
+            "#" => self.hash.get_or_insert_with(Default::default),
+            w => self.children.entry(w.into()).or_default(),
+        }
+    }
+
+    fn insert(&mut self, words: &[String], b: Binding) -> bool {
+        match words.split_first() {
+            None => upsert(&mut self.here, b),
+            Some((w, rest)) => self.child_mut(w).insert(rest, b),
+        }
+    }
+
+    fn remove(&mut self, words: &[String], pred: &dyn Fn(&Binding) -> bool) -> usize {
+        let Some((w, rest)) = words.split_first() else { return retain_count(&mut self.here, pred) };
+        let (n, empty) = match w.as_str() {
+            "*" => match self.star.as_mut() {
+                Some(c) => (c.remove(rest, pred), c.is_empty()),
+                None => (0, false),
+            },
+            "#" => match self.hash.as_mut() {
+                Some(c) => (c.remove(rest, pred), c.is_empty()),
+                None => (0, false),
+            },
+            other => match self.children.get_mut(other) {
+                Some(c) => (c.remove(rest, pred), c.is_empty()),
+                None => (0, false),
+            },
+        };
+        if empty {
+            match w.as_str() {
+                "*" => self.star = None,
+                "#" => self.hash = None,
+                other => {
+                    self.children.remove(other);
+                }
+            }
+        }
+        n
+    }
+
+    fn remove_all(&mut self, pred: &dyn Fn(&Binding) -> bool) -> usize {
+        let mut n = retain_count(&mut self.here, pred);
+        for c in self.children.values_mut() {
+            n += c.remove_all(pred);
+        }
+        self.children.retain(|_, c| !c.is_empty());
+        for slot in [&mut self.star, &mut self.hash] {
+            if let Some(c) = slot.as_mut() {
+                n += c.remove_all(pred);
+                if c.is_empty() {
+                    *slot = None;
+                }
+            }
+        }
+        n
+    }
+
+    fn all(&self, out: &mut Vec<Binding>) {
+        out.extend(self.here.iter().cloned());
+        for c in self.children.values() {
+            c.all(out);
+        }
+        for c in [&self.star, &self.hash].into_iter().flatten() {
+            c.all(out);
+        }
+    }
+
+    /// Collects bindings matching `words[idx..]`. `dollar`: the key starts with `$`, which
+    /// a wildcard in the first position does not match (MQTT's rule for `$SYS` topics).
+    fn collect<'a>(&'a self, words: &[&str], idx: usize, dollar: bool, out: &mut Vec<&'a Binding>) {
+        let wild_ok = !(idx == 0 && dollar);
+        if wild_ok {
+            if let Some(hash) = &self.hash {
+                // `#` swallows zero or more words.
+                for k in idx..=words.len() {
+                    hash.collect(words, k, false, out);
+                }
+            }
+        }
+        let Some(word) = words.get(idx) else {
+            out.extend(self.here.iter());
+            return;
+        };
+        if let Some(child) = self.children.get(*word) {
+            child.collect(words, idx + 1, dollar, out);
+        }
+        if wild_ok {
+            if let Some(star) = &self.star {
+                star.collect(words, idx + 1, dollar, out);
+            }
+        }
+    }
 }
 
 /// A resolved session target: one per session, overlapping subscriptions merged.
@@ -66,11 +411,11 @@ pub struct SessionRoute {
 pub struct QueueRoute {
     /// The queue.
     pub queue: QueueId,
-    /// Highest granted QoS among the matching subscriptions.
+    /// Highest granted QoS among the matching bindings (2 for AMQP bindings).
     pub qos: u8,
 }
 
-/// Every target of one topic for one publisher.
+/// Every target of one publish.
 #[derive(Debug, Clone, Default)]
 pub struct Routes {
     /// Connected clean sessions.
@@ -80,142 +425,116 @@ pub struct Routes {
 }
 
 impl Routes {
-    /// True when nobody is subscribed.
+    /// True when nothing matched.
     pub fn is_empty(&self) -> bool {
         self.sessions.is_empty() && self.queues.is_empty()
     }
+
+    fn add(&mut self, b: &Binding) {
+        match &b.dest {
+            Destination::Session(link) => {
+                let Some(o) = &b.mqtt else { return };
+                if let Some(r) = self.sessions.iter_mut().find(|r| Arc::ptr_eq(&r.link, link)) {
+                    r.qos = r.qos.max(o.qos);
+                    r.retain_as_published |= o.retain_as_published;
+                    r.subscription_ids.extend(o.subscription_id);
+                } else {
+                    self.sessions.push(SessionRoute {
+                        link: link.clone(),
+                        qos: o.qos,
+                        retain_as_published: o.retain_as_published,
+                        subscription_ids: o.subscription_id.into_iter().collect(),
+                    });
+                }
+            }
+            Destination::Queue(queue) => {
+                let qos = b.mqtt.as_ref().map_or(2, |o| o.qos);
+                if let Some(r) = self.queues.iter_mut().find(|r| r.queue == *queue) {
+                    r.qos = r.qos.max(qos);
+                } else {
+                    self.queues.push(QueueRoute { queue: *queue, qos });
+                }
+            }
+            Destination::Exchange(_) => {}
+        }
+    }
 }
+
+/// Why a publish or binding could not be routed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RouteError {
+    /// The virtual host does not exist.
+    #[error("no vhost '{0}'")]
+    NoVhost(String),
+    /// The exchange does not exist.
+    #[error("no exchange '{0}' in vhost '{1}'")]
+    NoExchange(String, String),
+}
+
+/// Names of the exchanges every virtual host has.
+pub const STANDARD_EXCHANGES: [(&str, ExchangeKind); 6] = [
+    ("", ExchangeKind::Direct),
+    ("amq.direct", ExchangeKind::Direct),
+    ("amq.fanout", ExchangeKind::Fanout),
+    ("amq.topic", ExchangeKind::Topic),
+    ("amq.headers", ExchangeKind::Headers),
+    ("amq.match", ExchangeKind::Headers),
+];
 
 #[derive(Debug, Default)]
-struct Node {
-    children: HashMap<Box<str>, Node>,
-    plus: Option<Box<Node>>,
-    /// Subscriptions whose filter ends with `#` right below this node.
-    multi: Vec<Subscription>,
-    /// Subscriptions whose filter ends at this node.
-    exact: Vec<Subscription>,
+struct Vhost {
+    exchanges: HashMap<String, Exchange>,
 }
 
-impl Node {
-    fn is_empty(&self) -> bool {
-        self.children.is_empty() && self.plus.is_none() && self.multi.is_empty() && self.exact.is_empty()
-    }
-
-    fn insert(&mut self, levels: &[&str], sub: Subscription) -> bool {
-        match levels.split_first() {
-            None => upsert(&mut self.exact, sub),
-            Some((&"#", _)) => upsert(&mut self.multi, sub),
-            Some((&"+", rest)) => self.plus.get_or_insert_with(Default::default).insert(rest, sub),
-            Some((level, rest)) => self.children.entry((*level).into()).or_default().insert(rest, sub),
-        }
-    }
-
-    fn remove(&mut self, levels: &[&str], owner: OwnerId) -> bool {
-        match levels.split_first() {
-            None => remove_owner(&mut self.exact, owner),
-            Some((&"#", _)) => remove_owner(&mut self.multi, owner),
-            Some((&"+", rest)) => {
-                let Some(plus) = self.plus.as_mut() else { return false };
-                let removed = plus.remove(rest, owner);
-                if plus.is_empty() {
-                    self.plus = None;
-                }
-                removed
-            }
-            Some((level, rest)) => {
-                let Some(child) = self.children.get_mut(*level) else { return false };
-                let removed = child.remove(rest, owner);
-                if child.is_empty() {
-                    self.children.remove(*level);
-                }
-                removed
-            }
-        }
-    }
-
-    /// Collects every subscription matching `levels[idx..]`; `dollar` is true when the
-    /// topic starts with `$` (wildcards at the first level do not match it).
-    fn collect<'a>(&'a self, levels: &[&str], idx: usize, dollar: bool, out: &mut Vec<&'a Subscription>) {
-        let wild_ok = !(idx == 0 && dollar);
-        if wild_ok {
-            out.extend(self.multi.iter());
-        }
-        let Some(level) = levels.get(idx) else {
-            out.extend(self.exact.iter());
-            return;
-        };
-        if let Some(child) = self.children.get(*level) {
-            child.collect(levels, idx + 1, dollar, out);
-        }
-        if wild_ok {
-            if let Some(plus) = &self.plus {
-                plus.collect(levels, idx + 1, dollar, out);
-            }
-        }
-    }
-}
-
-fn upsert(list: &mut Vec<Subscription>, sub: Subscription) -> bool {
-    if let Some(existing) = list.iter_mut().find(|s| s.owner == sub.owner) {
-        *existing = sub;
-        false
-    } else {
-        list.push(sub);
-        true
-    }
-}
-
-fn remove_owner(list: &mut Vec<Subscription>, owner: OwnerId) -> bool {
-    let before = list.len();
-    list.retain(|s| s.owner != owner);
-    list.len() != before
-}
-
-/// The subscription table.
+/// The routing table of every virtual host.
 #[derive(Debug, Default)]
 pub struct Router {
-    root: RwLock<Node>,
+    vhosts: RwLock<HashMap<String, Vhost>>,
     generation: AtomicU64,
-    count: AtomicUsize,
+    mqtt_subscriptions: AtomicUsize,
 }
 
+/// The virtual host MQTT clients use.
+pub const MQTT_VHOST: &str = "/";
+/// The exchange MQTT publishes and subscriptions use.
+pub const MQTT_EXCHANGE: &str = "amq.topic";
+
 impl Router {
-    /// An empty table.
+    /// A table with the default virtual host `/` and its standard exchanges.
     pub fn new() -> Self {
-        Self::default()
+        let r = Router::default();
+        r.add_vhost(MQTT_VHOST);
+        r
     }
 
-    /// Adds or replaces the subscription of `sub.owner` to `filter` (a valid filter without
-    /// a `$share/` prefix). Returns true if it did not exist before.
-    pub fn subscribe(&self, filter: &str, sub: Subscription) -> bool {
-        let levels: Vec<&str> = filter.split('/').collect();
-        let added = self.root.write().insert(&levels, sub);
-        if added {
-            self.count.fetch_add(1, Ordering::Relaxed);
-        }
+    fn changed(&self) {
         self.generation.fetch_add(1, Ordering::Release);
-        added
     }
 
-    /// Removes the subscription of `owner` to `filter`. Returns true if it existed.
-    pub fn unsubscribe(&self, filter: &str, owner: OwnerId) -> bool {
-        let levels: Vec<&str> = filter.split('/').collect();
-        let removed = self.root.write().remove(&levels, owner);
-        if removed {
-            self.count.fetch_sub(1, Ordering::Relaxed);
-            self.generation.fetch_add(1, Ordering::Release);
+    /// Adds a virtual host with the standard exchanges (no-op if it exists).
+    pub fn add_vhost(&self, name: &str) {
+        let mut vhosts = self.vhosts.write();
+        let vhost = vhosts.entry(name.to_owned()).or_default();
+        for (x, kind) in STANDARD_EXCHANGES {
+            vhost.exchanges.entry(x.to_owned()).or_insert_with(|| Exchange {
+                def: ExchangeDef {
+                    name: x.to_owned(),
+                    kind,
+                    durable: true,
+                    auto_delete: false,
+                    internal: false,
+                    arguments: Vec::new(),
+                },
+                bindings: Bindings::new(kind),
+            });
         }
-        removed
+        drop(vhosts);
+        self.changed();
     }
 
-    /// Number of subscriptions in the table.
-    pub fn len(&self) -> usize {
-        self.count.load(Ordering::Relaxed)
-    }
-
-    /// True when the table is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+    /// True when the virtual host exists.
+    pub fn has_vhost(&self, name: &str) -> bool {
+        self.vhosts.read().contains_key(name)
     }
 
     /// Current generation; changes on every modification.
@@ -223,73 +542,295 @@ impl Router {
         self.generation.load(Ordering::Acquire)
     }
 
-    /// Every target of `topic` for a message published by `publisher` (a client id;
-    /// no-local subscriptions of that client are skipped).
-    pub fn resolve(&self, topic: &str, publisher: &str) -> Routes {
-        let levels: Vec<&str> = topic.split('/').collect();
-        let dollar = topic.starts_with('$');
-        let root = self.root.read();
-        let mut matched = Vec::new();
-        root.collect(&levels, 0, dollar, &mut matched);
-        let mut routes = Routes::default();
-        for sub in matched {
-            if sub.no_local && &*sub.client_id == publisher {
-                continue;
+    /// Number of MQTT subscriptions (bindings with MQTT options).
+    pub fn len(&self) -> usize {
+        self.mqtt_subscriptions.load(Ordering::Relaxed)
+    }
+
+    /// True when there are no MQTT subscriptions.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The definition of an exchange.
+    pub fn exchange(&self, vhost: &str, name: &str) -> Option<ExchangeDef> {
+        self.vhosts.read().get(vhost)?.exchanges.get(name).map(|x| x.def.clone())
+    }
+
+    /// Every exchange of a virtual host.
+    pub fn exchanges(&self, vhost: &str) -> Vec<ExchangeDef> {
+        self.vhosts.read().get(vhost).map(|v| v.exchanges.values().map(|x| x.def.clone()).collect()).unwrap_or_default()
+    }
+
+    /// Creates an exchange; returns the existing definition if one of that name exists
+    /// (the caller compares and decides).
+    pub fn declare_exchange(&self, vhost: &str, def: ExchangeDef) -> Result<Option<ExchangeDef>, RouteError> {
+        let mut vhosts = self.vhosts.write();
+        let v = vhosts.get_mut(vhost).ok_or_else(|| RouteError::NoVhost(vhost.to_owned()))?;
+        if let Some(x) = v.exchanges.get(&def.name) {
+            return Ok(Some(x.def.clone()));
+        }
+        let kind = def.kind;
+        v.exchanges.insert(def.name.clone(), Exchange { def, bindings: Bindings::new(kind) });
+        drop(vhosts);
+        self.changed();
+        Ok(None)
+    }
+
+    /// Deletes an exchange, its bindings and the bindings that lead to it. `if_unused`:
+    /// refuse (`Ok(false)`) when it has bindings.
+    pub fn delete_exchange(&self, vhost: &str, name: &str, if_unused: bool) -> Result<bool, RouteError> {
+        let mut vhosts = self.vhosts.write();
+        let v = vhosts.get_mut(vhost).ok_or_else(|| RouteError::NoVhost(vhost.to_owned()))?;
+        let Some(x) = v.exchanges.get(name) else {
+            return Err(RouteError::NoExchange(name.to_owned(), vhost.to_owned()));
+        };
+        if if_unused && !x.bindings.is_empty() {
+            return Ok(false);
+        }
+        v.exchanges.remove(name);
+        let dest = Destination::Exchange(name.to_owned());
+        for x in v.exchanges.values_mut() {
+            x.bindings.remove(None, &|b| b.dest == dest);
+        }
+        drop(vhosts);
+        self.changed();
+        Ok(true)
+    }
+
+    /// Adds (or replaces) a binding on an exchange; true if it is new.
+    pub fn bind(&self, vhost: &str, exchange: &str, binding: Binding) -> Result<bool, RouteError> {
+        let mut vhosts = self.vhosts.write();
+        let v = vhosts.get_mut(vhost).ok_or_else(|| RouteError::NoVhost(vhost.to_owned()))?;
+        let x = v
+            .exchanges
+            .get_mut(exchange)
+            .ok_or_else(|| RouteError::NoExchange(exchange.to_owned(), vhost.to_owned()))?;
+        let is_mqtt = binding.mqtt.is_some();
+        let added = x.bindings.add(binding);
+        drop(vhosts);
+        if added && is_mqtt {
+            self.mqtt_subscriptions.fetch_add(1, Ordering::Relaxed);
+        }
+        self.changed();
+        Ok(added)
+    }
+
+    /// Removes the binding (dest, key, args) from an exchange; true if it existed. An
+    /// auto-delete exchange that loses its last binding is deleted.
+    pub fn unbind(
+        &self,
+        vhost: &str,
+        exchange: &str,
+        dest: &Destination,
+        key: &str,
+        args: &[(String, Value)],
+    ) -> Result<bool, RouteError> {
+        let mut vhosts = self.vhosts.write();
+        let v = vhosts.get_mut(vhost).ok_or_else(|| RouteError::NoVhost(vhost.to_owned()))?;
+        let x = v
+            .exchanges
+            .get_mut(exchange)
+            .ok_or_else(|| RouteError::NoExchange(exchange.to_owned(), vhost.to_owned()))?;
+        let mqtt = Cell::new(0usize);
+        let n = x.bindings.remove(Some(key), &|b| {
+            let hit = b.same(dest, key, args);
+            if hit && b.mqtt.is_some() {
+                mqtt.set(mqtt.get() + 1);
             }
-            match &sub.target {
-                Target::Session(link) => {
-                    if let Some(r) = routes.sessions.iter_mut().find(|r| Arc::ptr_eq(&r.link, link)) {
-                        r.qos = r.qos.max(sub.qos);
-                        r.retain_as_published |= sub.retain_as_published;
-                        r.subscription_ids.extend(sub.subscription_id);
-                    } else {
-                        routes.sessions.push(SessionRoute {
-                            link: link.clone(),
-                            qos: sub.qos,
-                            retain_as_published: sub.retain_as_published,
-                            subscription_ids: sub.subscription_id.into_iter().collect(),
-                        });
-                    }
+            hit
+        });
+        if n > 0 && x.def.auto_delete && x.bindings.is_empty() {
+            v.exchanges.remove(exchange);
+        }
+        drop(vhosts);
+        self.removed(n, mqtt.get());
+        Ok(n > 0)
+    }
+
+    /// Removes every binding leading to `dest` in a virtual host (a deleted queue);
+    /// auto-delete exchanges left without bindings are deleted. Returns how many.
+    pub fn unbind_all(&self, vhost: &str, dest: &Destination) -> usize {
+        let mut vhosts = self.vhosts.write();
+        let Some(v) = vhosts.get_mut(vhost) else { return 0 };
+        let mqtt = Cell::new(0usize);
+        let mut n = 0;
+        let mut emptied = Vec::new();
+        for (name, x) in v.exchanges.iter_mut() {
+            let removed = x.bindings.remove(None, &|b| {
+                let hit = b.dest == *dest;
+                if hit && b.mqtt.is_some() {
+                    mqtt.set(mqtt.get() + 1);
                 }
-                Target::Queue(queue) => {
-                    if let Some(r) = routes.queues.iter_mut().find(|r| r.queue == *queue) {
-                        r.qos = r.qos.max(sub.qos);
-                    } else {
-                        routes.queues.push(QueueRoute { queue: *queue, qos: sub.qos });
-                    }
-                }
+                hit
+            });
+            n += removed;
+            if removed > 0 && x.def.auto_delete && x.bindings.is_empty() {
+                emptied.push(name.clone());
             }
         }
-        routes
+        for name in emptied {
+            v.exchanges.remove(&name);
+        }
+        drop(vhosts);
+        self.removed(n, mqtt.get());
+        n
     }
+
+    fn removed(&self, bindings: usize, mqtt: usize) {
+        if mqtt > 0 {
+            self.mqtt_subscriptions.fetch_sub(mqtt, Ordering::Relaxed);
+        }
+        if bindings > 0 {
+            self.changed();
+        }
+    }
+
+    /// Every binding of a virtual host: (exchange, binding).
+    pub fn bindings(&self, vhost: &str) -> Vec<(String, Binding)> {
+        let vhosts = self.vhosts.read();
+        let Some(v) = vhosts.get(vhost) else { return Vec::new() };
+        v.exchanges.iter().flat_map(|(name, x)| x.bindings.all().into_iter().map(move |b| (name.clone(), b))).collect()
+    }
+
+    /// Adds an MQTT subscription (`filter` in MQTT syntax, without `$share/`) on the MQTT
+    /// exchange; true if it is new.
+    pub fn subscribe(&self, filter: &str, dest: Destination, opts: MqttOptions) -> bool {
+        let binding = Binding { dest, key: mqtt_filter_to_pattern(filter), args: Vec::new(), mqtt: Some(opts) };
+        self.bind(MQTT_VHOST, MQTT_EXCHANGE, binding).unwrap_or(false)
+    }
+
+    /// Removes an MQTT subscription; true if it existed.
+    pub fn unsubscribe(&self, filter: &str, dest: &Destination) -> bool {
+        let key = mqtt_filter_to_pattern(filter);
+        self.unbind(MQTT_VHOST, MQTT_EXCHANGE, dest, &key, &[]).unwrap_or(false)
+    }
+
+    /// Every target of a publish to `exchange` with `key` and `headers` by `publisher` (an
+    /// MQTT client id, for no-local; "" otherwise). Follows exchange-to-exchange bindings
+    /// and alternate exchanges. The flag says whether the result depends only on
+    /// (exchange, key) and may be cached.
+    pub fn route(
+        &self,
+        vhost: &str,
+        exchange: &str,
+        key: &str,
+        headers: &[(String, Value)],
+        publisher: &str,
+    ) -> Result<(Routes, bool), RouteError> {
+        let vhosts = self.vhosts.read();
+        let v = vhosts.get(vhost).ok_or_else(|| RouteError::NoVhost(vhost.to_owned()))?;
+        if !v.exchanges.contains_key(exchange) {
+            return Err(RouteError::NoExchange(exchange.to_owned(), vhost.to_owned()));
+        }
+        let mut routes = Routes::default();
+        let mut cacheable = true;
+        let mut visited = HashSet::new();
+        route_into(v, exchange, key, headers, publisher, &mut routes, &mut cacheable, &mut visited);
+        Ok((routes, cacheable))
+    }
+
+    /// Routes of an MQTT publish to `topic` (MQTT form) by `publisher`.
+    pub fn resolve(&self, topic: &str, publisher: &str) -> Routes {
+        let key = super::message::mqtt_to_key(topic);
+        self.route(MQTT_VHOST, MQTT_EXCHANGE, &key, &[], publisher).map(|(r, _)| r).unwrap_or_default()
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn route_into(
+    v: &Vhost,
+    exchange: &str,
+    key: &str,
+    headers: &[(String, Value)],
+    publisher: &str,
+    routes: &mut Routes,
+    cacheable: &mut bool,
+    visited: &mut HashSet<String>,
+) {
+    if !visited.insert(exchange.to_owned()) {
+        return;
+    }
+    let Some(x) = v.exchanges.get(exchange) else { return };
+    if x.def.kind == ExchangeKind::Headers {
+        *cacheable = false;
+    }
+    let mut matched = Vec::new();
+    x.bindings.matching(key, headers, &mut matched);
+    let before = (routes.sessions.len(), routes.queues.len());
+    let mut onward = Vec::new();
+    for b in matched {
+        if let Some(o) = &b.mqtt {
+            if o.no_local && &*o.client_id == publisher {
+                continue;
+            }
+        }
+        match &b.dest {
+            Destination::Exchange(next) => onward.push(next.clone()),
+            _ => routes.add(b),
+        }
+    }
+    let mut delivered = (routes.sessions.len(), routes.queues.len()) != before;
+    for next in onward {
+        let before = (routes.sessions.len(), routes.queues.len());
+        route_into(v, &next, key, headers, publisher, routes, cacheable, visited);
+        delivered |= (routes.sessions.len(), routes.queues.len()) != before;
+    }
+    if !delivered {
+        if let Some(alt) = x.def.alternate() {
+            let alt = alt.to_owned();
+            route_into(v, &alt, key, headers, publisher, routes, cacheable, visited);
+        }
+    }
+}
+
+/// An MQTT filter as a topic-exchange binding key: `a/+/#` -> `a.*.#`.
+pub fn mqtt_filter_to_pattern(filter: &str) -> String {
+    super::message::mqtt_to_key(filter).split('.').map(|w| if w == "+" { "*" } else { w }).collect::<Vec<_>>().join(".")
 }
 
 /// A publisher's cache of resolved routes, valid for one router generation.
 #[derive(Debug, Default)]
 pub struct RouteCache {
     generation: u64,
-    map: HashMap<String, Arc<Routes>>,
+    map: HashMap<(String, String), Arc<Routes>>,
 }
 
-/// Most topics one connection caches before the cache is cleared.
-const ROUTE_CACHE_TOPICS: usize = 1024;
+/// Most (exchange, key) pairs one connection caches before the cache is cleared.
+const ROUTE_CACHE_KEYS: usize = 1024;
 
 impl RouteCache {
-    /// Routes of `topic` for `publisher`, from the cache when the table has not changed.
-    pub fn resolve(&mut self, router: &Router, topic: &str, publisher: &str) -> Arc<Routes> {
+    /// Routes of a publish, from the cache when the table has not changed.
+    pub fn route(
+        &mut self,
+        router: &Router,
+        vhost: &str,
+        exchange: &str,
+        key: &str,
+        headers: &[(String, Value)],
+        publisher: &str,
+    ) -> Result<Arc<Routes>, RouteError> {
         let generation = router.generation();
         if generation != self.generation {
             self.map.clear();
             self.generation = generation;
-        } else if let Some(routes) = self.map.get(topic) {
-            return routes.clone();
+        } else if let Some(routes) = self.map.get(&(exchange.to_owned(), key.to_owned())) {
+            return Ok(routes.clone());
         }
-        let routes = Arc::new(router.resolve(topic, publisher));
-        if self.map.len() >= ROUTE_CACHE_TOPICS {
-            self.map.clear();
+        let (routes, cacheable) = router.route(vhost, exchange, key, headers, publisher)?;
+        let routes = Arc::new(routes);
+        if cacheable {
+            if self.map.len() >= ROUTE_CACHE_KEYS {
+                self.map.clear();
+            }
+            self.map.insert((exchange.to_owned(), key.to_owned()), routes.clone());
         }
-        self.map.insert(topic.to_owned(), routes.clone());
-        routes
+        Ok(routes)
+    }
+
+    /// Routes of an MQTT publish to `key` (routing-key form) on the MQTT exchange.
+    pub fn resolve(&mut self, router: &Router, key: &str, publisher: &str) -> Arc<Routes> {
+        self.route(router, MQTT_VHOST, MQTT_EXCHANGE, key, &[], publisher).unwrap_or_default()
     }
 }
 
@@ -297,76 +838,148 @@ impl RouteCache {
 mod tests {
     use super::*;
 
-    fn q(owner: OwnerId, qos: u8) -> Subscription {
-        Subscription {
-            owner,
-            client_id: format!("c{owner}").into(),
-            target: Target::Queue(QueueId(owner)),
-            qos,
-            no_local: false,
-            retain_as_published: false,
-            subscription_id: None,
-        }
+    fn q(n: u64) -> Destination {
+        Destination::Queue(QueueId(n))
     }
 
-    fn hits(r: &Router, topic: &str) -> Vec<u64> {
-        let mut v: Vec<u64> = r.resolve(topic, "nobody").queues.iter().map(|q| q.queue.0).collect();
+    fn opts(qos: u8) -> MqttOptions {
+        MqttOptions { client_id: "c".into(), qos, no_local: false, retain_as_published: false, subscription_id: None }
+    }
+
+    fn queues(r: &Routes) -> Vec<u64> {
+        let mut v: Vec<u64> = r.queues.iter().map(|q| q.queue.0).collect();
         v.sort();
         v
     }
 
-    #[test]
-    fn wildcards_match_per_spec() {
-        let r = Router::new();
-        r.subscribe("sport/tennis/player1/#", q(1, 0));
-        r.subscribe("sport/+", q(2, 0));
-        r.subscribe("+/+", q(3, 0));
-        r.subscribe("#", q(4, 0));
-        r.subscribe("/finance", q(5, 0));
-        r.subscribe("+", q(6, 0));
-        assert_eq!(hits(&r, "sport/tennis/player1"), vec![1, 4]);
-        assert_eq!(hits(&r, "sport/tennis/player1/ranking"), vec![1, 4]);
-        assert_eq!(hits(&r, "sport"), vec![4, 6]);
-        assert_eq!(hits(&r, "sport/"), vec![2, 3, 4]);
-        assert_eq!(hits(&r, "/finance"), vec![3, 4, 5]);
-        assert_eq!(hits(&r, "$SYS/x"), Vec::<u64>::new());
-        r.subscribe("$SYS/#", q(7, 0));
-        assert_eq!(hits(&r, "$SYS/x"), vec![7]);
+    fn mqtt_hits(r: &Router, topic: &str) -> Vec<u64> {
+        queues(&r.resolve(topic, "nobody"))
+    }
+
+    fn amqp_hits(r: &Router, exchange: &str, key: &str, headers: &[(String, Value)]) -> Vec<u64> {
+        queues(&r.route("/", exchange, key, headers, "").unwrap().0)
+    }
+
+    fn declare(r: &Router, name: &str, kind: ExchangeKind, auto_delete: bool, args: Vec<(String, Value)>) {
+        let def = ExchangeDef { name: name.into(), kind, durable: false, auto_delete, internal: false, arguments: args };
+        assert!(r.declare_exchange("/", def).unwrap().is_none());
     }
 
     #[test]
-    fn overlapping_subscriptions_merge_per_target() {
+    fn mqtt_wildcards_match_per_spec() {
         let r = Router::new();
-        let mut a = q(1, 0);
-        a.subscription_id = Some(1);
-        r.subscribe("a/+", a);
-        let mut b = q(2, 2);
-        b.target = Target::Queue(QueueId(1));
-        r.subscribe("a/b", b);
-        let routes = r.resolve("a/b", "x");
-        assert_eq!(routes.queues, vec![QueueRoute { queue: QueueId(1), qos: 2 }]);
+        r.subscribe("sport/tennis/player1/#", q(1), opts(0));
+        r.subscribe("sport/+", q(2), opts(0));
+        r.subscribe("+/+", q(3), opts(0));
+        r.subscribe("#", q(4), opts(0));
+        r.subscribe("/finance", q(5), opts(0));
+        r.subscribe("+", q(6), opts(0));
+        assert_eq!(mqtt_hits(&r, "sport/tennis/player1"), vec![1, 4]);
+        assert_eq!(mqtt_hits(&r, "sport/tennis/player1/ranking"), vec![1, 4]);
+        assert_eq!(mqtt_hits(&r, "sport"), vec![4, 6]);
+        assert_eq!(mqtt_hits(&r, "sport/"), vec![2, 3, 4]);
+        assert_eq!(mqtt_hits(&r, "/finance"), vec![3, 4, 5]);
+        assert_eq!(mqtt_hits(&r, "$SYS/x"), Vec::<u64>::new());
+        r.subscribe("$SYS/#", q(7), opts(0));
+        assert_eq!(mqtt_hits(&r, "$SYS/x"), vec![7]);
+        assert_eq!(r.len(), 7);
+        assert!(r.unsubscribe("$SYS/#", &q(7)));
+        assert_eq!(r.len(), 6);
     }
 
     #[test]
-    fn no_local_skips_the_publisher() {
+    fn mqtt_and_amqp_share_amq_topic() {
         let r = Router::new();
-        let mut s = q(1, 1);
-        s.no_local = true;
-        r.subscribe("t", s);
-        assert!(r.resolve("t", "c1").is_empty());
-        assert!(!r.resolve("t", "c2").is_empty());
+        r.subscribe("a/+/c", q(1), opts(1));
+        r.bind("/", "amq.topic", Binding::queue(QueueId(2), "a.*.c", vec![])).unwrap();
+        r.bind("/", "amq.topic", Binding::queue(QueueId(3), "x.#", vec![])).unwrap();
+        assert_eq!(amqp_hits(&r, "amq.topic", "a.b.c", &[]), vec![1, 2]);
+        assert_eq!(mqtt_hits(&r, "x/y/z"), vec![3]);
+        // `.` inside an MQTT level is `/` inside an AMQP word.
+        r.subscribe("v1.0/+", q(4), opts(0));
+        assert_eq!(amqp_hits(&r, "amq.topic", "v1/0.z", &[]), vec![4]);
     }
 
     #[test]
-    fn unsubscribe_prunes_and_cache_follows_generation() {
+    fn amqp_topic_patterns() {
         let r = Router::new();
+        declare(&r, "t", ExchangeKind::Topic, false, vec![]);
+        for (n, key) in [(1, "a.#.b"), (2, "*.b"), (3, "#"), (4, "a.*"), (5, "a.b.#")] {
+            r.bind("/", "t", Binding::queue(QueueId(n), key, vec![])).unwrap();
+        }
+        assert_eq!(amqp_hits(&r, "t", "a.b", &[]), vec![1, 2, 3, 4, 5]);
+        assert_eq!(amqp_hits(&r, "t", "a.x.y.b", &[]), vec![1, 3]);
+        assert_eq!(amqp_hits(&r, "t", "a", &[]), vec![3]);
+        assert_eq!(amqp_hits(&r, "t", "a.b.c.d", &[]), vec![3, 5]);
+    }
+
+    #[test]
+    fn direct_fanout_headers_and_default() {
+        let r = Router::new();
+        r.bind("/", "", Binding::queue(QueueId(1), "orders", vec![])).unwrap();
+        r.bind("/", "amq.direct", Binding::queue(QueueId(2), "k", vec![])).unwrap();
+        r.bind("/", "amq.fanout", Binding::queue(QueueId(3), "", vec![])).unwrap();
+        r.bind("/", "amq.fanout", Binding::queue(QueueId(4), "ignored", vec![])).unwrap();
+        assert_eq!(amqp_hits(&r, "", "orders", &[]), vec![1]);
+        assert_eq!(amqp_hits(&r, "amq.direct", "k", &[]), vec![2]);
+        assert_eq!(amqp_hits(&r, "amq.direct", "other", &[]), Vec::<u64>::new());
+        assert_eq!(amqp_hits(&r, "amq.fanout", "whatever", &[]), vec![3, 4]);
+        let s = |v: &str| Value::Str(v.into());
+        let all = vec![("x-match".into(), s("all")), ("a".into(), s("1")), ("b".into(), s("2"))];
+        let any = vec![("x-match".into(), s("any")), ("a".into(), s("1")), ("b".into(), s("2"))];
+        r.bind("/", "amq.headers", Binding::queue(QueueId(5), "", all)).unwrap();
+        r.bind("/", "amq.headers", Binding::queue(QueueId(6), "", any)).unwrap();
+        let h = |pairs: &[(&str, &str)]| pairs.iter().map(|(k, v)| (k.to_string(), s(v))).collect::<Vec<_>>();
+        assert_eq!(amqp_hits(&r, "amq.headers", "", &h(&[("a", "1"), ("b", "2")])), vec![5, 6]);
+        assert_eq!(amqp_hits(&r, "amq.headers", "", &h(&[("a", "1")])), vec![6]);
+        assert_eq!(amqp_hits(&r, "amq.headers", "", &h(&[("a", "9")])), Vec::<u64>::new());
+        assert!(!r.route("/", "amq.headers", "", &[], "").unwrap().1, "headers routes are not cacheable");
+    }
+
+    #[test]
+    fn exchange_to_exchange_and_alternate() {
+        let r = Router::new();
+        declare(&r, "src", ExchangeKind::Direct, false, vec![("alternate-exchange".into(), Value::Str("alt".into()))]);
+        declare(&r, "alt", ExchangeKind::Fanout, false, vec![]);
+        declare(&r, "dst", ExchangeKind::Topic, false, vec![]);
+        r.bind("/", "src", Binding { dest: Destination::Exchange("dst".into()), key: "k".into(), args: vec![], mqtt: None })
+            .unwrap();
+        r.bind("/", "dst", Binding::queue(QueueId(1), "#", vec![])).unwrap();
+        r.bind("/", "alt", Binding::queue(QueueId(2), "", vec![])).unwrap();
+        // A cycle does not loop.
+        r.bind("/", "dst", Binding { dest: Destination::Exchange("src".into()), key: "#".into(), args: vec![], mqtt: None })
+            .unwrap();
+        assert_eq!(amqp_hits(&r, "src", "k", &[]), vec![1]);
+        assert_eq!(amqp_hits(&r, "src", "unroutable", &[]), vec![2]);
+        assert!(matches!(r.route("/", "nope", "k", &[], ""), Err(RouteError::NoExchange(..))));
+    }
+
+    #[test]
+    fn auto_delete_and_unbind_all() {
+        let r = Router::new();
+        declare(&r, "ad", ExchangeKind::Direct, true, vec![]);
+        r.bind("/", "ad", Binding::queue(QueueId(1), "k", vec![])).unwrap();
+        r.bind("/", "amq.topic", Binding::queue(QueueId(1), "a.#", vec![])).unwrap();
+        assert_eq!(r.unbind_all("/", &q(1)), 2);
+        assert!(r.exchange("/", "ad").is_none(), "auto-delete exchange went with its last binding");
+        assert!(r.exchange("/", "amq.topic").is_some());
+        assert_eq!(r.delete_exchange("/", "missing", false), Err(RouteError::NoExchange("missing".into(), "/".into())));
+    }
+
+    #[test]
+    fn no_local_overlap_and_cache() {
+        let r = Router::new();
+        let mut nl = opts(1);
+        nl.no_local = true;
+        nl.client_id = "me".into();
+        r.subscribe("t/#", q(1), nl);
+        r.subscribe("t/+", q(2), opts(0));
+        r.subscribe("t/x", q(2), opts(2));
+        let routes = r.resolve("t/x", "me");
+        assert_eq!(routes.queues, vec![QueueRoute { queue: QueueId(2), qos: 2 }]);
         let mut cache = RouteCache::default();
-        r.subscribe("a/+/c", q(1, 1));
-        assert_eq!(cache.resolve(&r, "a/b/c", "p").queues.len(), 1);
-        assert!(r.unsubscribe("a/+/c", 1));
-        assert!(!r.unsubscribe("a/+/c", 1));
-        assert!(cache.resolve(&r, "a/b/c", "p").is_empty());
-        assert!(r.root.read().is_empty());
-        assert_eq!(r.len(), 0);
+        assert_eq!(cache.resolve(&r, "t.x", "other").queues.len(), 2);
+        assert!(r.unsubscribe("t/#", &q(1)));
+        assert_eq!(cache.resolve(&r, "t.x", "other").queues.len(), 1, "cache follows the generation");
     }
 }

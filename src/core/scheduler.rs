@@ -14,7 +14,7 @@ use tracing::{debug, warn};
 use super::broker::{Broker, DispatchItem, RetainMode};
 use super::message::now_ms;
 use super::queue::{flags, read_message};
-use super::router::Routes;
+use super::router::{Routes, MQTT_VHOST};
 
 /// Timers fired per turn.
 const BATCH: usize = 512;
@@ -52,10 +52,17 @@ async fn fire(broker: &Broker, due: Vec<ferrymq_storage::TimerEntry>) {
     let mut items = Vec::new();
     for t in due {
         ops.push(Op::DeleteTimer { due_ms: t.due_ms, pos: t.pos });
-        let ptr = ferrymq_storage::Pointer { pos: t.pos, size: t.size, tag_hash: 0, flags: 0 };
+        let ptr = ferrymq_storage::Pointer { pos: t.pos, size: t.size, body_len: 0, tag_hash: 0, flags: 0 };
         let Some(msg) = read_message(&broker.journal, &ptr) else { continue };
-        debug!(topic = %msg.topic, "delayed message due");
-        let routes = broker.router.resolve(&msg.topic, "");
+        debug!(exchange = %msg.exchange, key = %msg.routing_key, "delayed message due");
+        let vhost = std::str::from_utf8(&t.target).ok().filter(|v| !v.is_empty()).unwrap_or(MQTT_VHOST);
+        let routes = match broker.router.route(vhost, &msg.exchange, &msg.routing_key, &msg.props.headers, "") {
+            Ok((routes, _)) => routes,
+            Err(e) => {
+                warn!(error = %e, "delayed message cannot be routed; dropped");
+                continue;
+            }
+        };
         // Connected sessions get it directly; a retained one is re-appended so that the
         // retained index owns a record of its own.
         let direct = Routes { sessions: routes.sessions.clone(), queues: Vec::new() };
@@ -67,13 +74,13 @@ async fn fire(broker: &Broker, due: Vec<ferrymq_storage::TimerEntry>) {
         let queues: Vec<QueueTarget> = routes
             .queues
             .iter()
-            .map(|q| QueueTarget { queue: q.queue, tag_hash: 0, flags: msg.qos.min(q.qos) & flags::QOS_MASK })
+            .map(|q| QueueTarget { queue: q.queue, tag_hash: 0, flags: flags::of(msg.qos.min(q.qos), msg.props.priority) })
             .collect();
         items.push(DispatchItem { msg: msg.clone(), flags: queues.iter().map(|q| (q.queue, q.flags)).collect() });
-        ops.push(Op::Enqueue { pos: t.pos, size: t.size, queues });
+        ops.push(Op::Enqueue { pos: t.pos, size: t.size, body_len: msg.payload.len() as u32, queues });
     }
     // Wait for durability so the next turn does not see the same timers again.
-    let signal = broker.submit(ops, items).await;
+    let signal = broker.submit(ops, items, true).await;
     if let Ok(Err(e)) = signal.await {
         warn!(error = %e, "cannot store fired timers");
     }

@@ -1,19 +1,25 @@
 //! Queue owners: tasks sharded by queue id. Each shard is the single writer of the queues
 //! that hash to it (ready lists, unacked sets, credit), so per-queue order needs no lock.
-//! A shard drains a batch of commands per turn, pumps the queues they touched, and
-//! submits the resulting journal ops (acks, drops) as one submission.
+//! A shard drains a batch of commands per turn, pumps the queues they touched, submits
+//! the resulting journal ops (acks, drops) as one submission, and hands messages leaving
+//! for a dead-letter exchange to the dead-letter task. Queues whose messages may expire
+//! are swept on a timer.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
 
-use ferrymq_storage::{Journal, Op, Pointer, QueueId};
+use ferrymq_storage::{Journal, Pointer, QueueId};
 use tokio::sync::{mpsc, oneshot};
 use tracing::warn;
 
 use super::message::SharedMessage;
-use super::queue::{Consumer, ConsumerId, Queue, QueueLimits};
+use super::queue::{Consumer, ConsumerId, DeadLetter, Effects, Got, Queue, QueueConfig};
 
 /// Commands handled per shard turn before pumping and flushing.
 const BATCH: usize = 512;
+/// How often queues with expiring messages are swept.
+const EXPIRY_SWEEP: Duration = Duration::from_millis(200);
 
 /// A pointer the journal appended to a queue, with the message still in memory.
 #[derive(Debug, Clone)]
@@ -33,12 +39,27 @@ pub struct AppendedEntry {
 pub enum ShardCmd {
     /// Entries appended by the journal, in log order.
     Appended(Vec<AppendedEntry>),
+    /// Set (or replace) the behaviour of a queue; queues never configured use the shard's
+    /// default (MQTT session limits).
+    Configure {
+        /// The queue.
+        queue: QueueId,
+        /// Its configuration.
+        config: Arc<QueueConfig>,
+    },
     /// Attach a consumer.
     Attach {
         /// The queue.
         queue: QueueId,
         /// The consumer.
         consumer: Consumer,
+    },
+    /// Remove a consumer, leaving its unacked entries unacked (AMQP basic.cancel).
+    Cancel {
+        /// The queue.
+        queue: QueueId,
+        /// The consumer.
+        consumer: ConsumerId,
     },
     /// Detach a consumer; its unacked entries become ready again.
     Detach {
@@ -49,6 +70,20 @@ pub enum ShardCmd {
     },
     /// The consumer is done with an entry.
     Ack {
+        /// The queue.
+        queue: QueueId,
+        /// The entry.
+        offset: u64,
+    },
+    /// Put an unacked entry back in line (nack/reject with requeue).
+    Requeue {
+        /// The queue.
+        queue: QueueId,
+        /// The entry.
+        offset: u64,
+    },
+    /// Drop (or dead-letter) an unacked entry (nack/reject without requeue).
+    Reject {
         /// The queue.
         queue: QueueId,
         /// The entry.
@@ -70,12 +105,37 @@ pub enum ShardCmd {
         /// How much.
         n: u32,
     },
-    /// Remove the queue and all its entries.
+    /// Take one message (AMQP basic.get).
+    Get {
+        /// The queue.
+        queue: QueueId,
+        /// Who takes it (for the ack, or the requeue when the channel closes).
+        consumer: ConsumerId,
+        /// Remove at once.
+        no_ack: bool,
+        /// The message, if any.
+        reply: oneshot::Sender<Option<Got>>,
+    },
+    /// Remove every ready message; answers how many.
+    Purge {
+        /// The queue.
+        queue: QueueId,
+        /// Reply.
+        reply: oneshot::Sender<u64>,
+    },
+    /// Remove the queue and all its entries; consumers are told they were cancelled.
     Delete {
         /// The queue.
         queue: QueueId,
-        /// Answered once the deletion is stored in the journal.
-        done: Option<oneshot::Sender<()>>,
+        /// Answered with the message count once the deletion is stored.
+        done: Option<oneshot::Sender<u64>>,
+    },
+    /// Report (ready messages, consumers).
+    Counts {
+        /// The queue.
+        queue: QueueId,
+        /// Reply.
+        reply: oneshot::Sender<(u64, u64)>,
     },
     /// Report the queue's live length.
     Len {
@@ -90,12 +150,19 @@ impl ShardCmd {
     fn queue(&self) -> Option<QueueId> {
         match self {
             ShardCmd::Appended(_) => None,
-            ShardCmd::Attach { queue, .. }
+            ShardCmd::Configure { queue, .. }
+            | ShardCmd::Attach { queue, .. }
             | ShardCmd::Detach { queue, .. }
+            | ShardCmd::Cancel { queue, .. }
             | ShardCmd::Ack { queue, .. }
+            | ShardCmd::Requeue { queue, .. }
+            | ShardCmd::Reject { queue, .. }
             | ShardCmd::Release { queue, .. }
             | ShardCmd::Credit { queue, .. }
+            | ShardCmd::Get { queue, .. }
+            | ShardCmd::Purge { queue, .. }
             | ShardCmd::Delete { queue, .. }
+            | ShardCmd::Counts { queue, .. }
             | ShardCmd::Len { queue, .. } => Some(*queue),
         }
     }
@@ -108,12 +175,25 @@ pub struct Shards {
 }
 
 impl Shards {
-    /// Starts `n` shard tasks on the current runtime.
-    pub fn start(n: usize, journal: Journal, limits: QueueLimits) -> Shards {
+    /// Starts `n` shard tasks on the current runtime. Queues without a configuration of
+    /// their own get `default`; messages leaving for a dead-letter exchange go to `dead`.
+    pub fn start(n: usize, journal: Journal, default: QueueConfig, dead: mpsc::UnboundedSender<DeadLetter>) -> Shards {
+        let default = Arc::new(default);
         let txs = (0..n.max(1))
             .map(|_| {
                 let (tx, rx) = mpsc::unbounded_channel();
-                tokio::spawn(run_shard(rx, journal.clone(), limits));
+                let shard = Shard {
+                    journal: journal.clone(),
+                    default: default.clone(),
+                    dead: dead.clone(),
+                    queues: HashMap::new(),
+                    configs: HashMap::new(),
+                    deleted: HashSet::new(),
+                    touched: HashSet::new(),
+                    fx: Effects::default(),
+                    replies: Vec::new(),
+                };
+                tokio::spawn(shard.run(rx));
                 tx
             })
             .collect();
@@ -140,8 +220,9 @@ impl Shards {
         if entries.is_empty() {
             return;
         }
-        if self.txs.len() == 1 || entries.iter().all(|e| self.shard_of(e.queue) == self.shard_of(entries[0].queue)) {
-            let _ = self.txs[self.shard_of(entries[0].queue)].send(ShardCmd::Appended(entries));
+        let first = self.shard_of(entries[0].queue);
+        if self.txs.len() == 1 || entries.iter().all(|e| self.shard_of(e.queue) == first) {
+            let _ = self.txs[first].send(ShardCmd::Appended(entries));
             return;
         }
         let mut per: Vec<Vec<AppendedEntry>> = vec![Vec::new(); self.txs.len()];
@@ -162,112 +243,232 @@ impl Shards {
         rx.await.unwrap_or(0)
     }
 
-    /// Deletes a queue and waits until the deletion is stored (its name is free again).
-    pub async fn delete(&self, queue: QueueId) {
+    /// Deletes a queue and waits until the deletion is stored (its name is free again);
+    /// returns how many messages it held.
+    pub async fn delete(&self, queue: QueueId) -> u64 {
         let (done, rx) = oneshot::channel();
         self.send(ShardCmd::Delete { queue, done: Some(done) });
-        let _ = rx.await;
+        rx.await.unwrap_or(0)
+    }
+
+    /// (ready messages, consumers) of a queue, after every command sent before.
+    pub async fn counts(&self, queue: QueueId) -> (u64, u64) {
+        let (reply, rx) = oneshot::channel();
+        self.send(ShardCmd::Counts { queue, reply });
+        rx.await.unwrap_or((0, 0))
+    }
+
+    /// Purges a queue; returns how many messages were removed.
+    pub async fn purge(&self, queue: QueueId) -> u64 {
+        let (reply, rx) = oneshot::channel();
+        self.send(ShardCmd::Purge { queue, reply });
+        rx.await.unwrap_or(0)
+    }
+
+    /// Takes one message from a queue (basic.get).
+    pub async fn get(&self, queue: QueueId, consumer: ConsumerId, no_ack: bool) -> Option<Got> {
+        let (reply, rx) = oneshot::channel();
+        self.send(ShardCmd::Get { queue, consumer, no_ack, reply });
+        rx.await.ok().flatten()
     }
 }
 
-async fn run_shard(mut rx: mpsc::UnboundedReceiver<ShardCmd>, journal: Journal, limits: QueueLimits) {
-    let mut queues: HashMap<QueueId, Queue> = HashMap::new();
-    // Ids are never reused: commands for a deleted queue (in flight when it was deleted)
-    // are ignored instead of bringing it back.
-    let mut deleted: HashSet<QueueId> = HashSet::new();
-    let mut touched: HashSet<QueueId> = HashSet::new();
-    let mut ops: Vec<Op> = Vec::new();
-    let mut replies: Vec<oneshot::Sender<()>> = Vec::new();
-    while let Some(first) = rx.recv().await {
-        let mut next = Some(first);
-        let mut handled = 0;
-        while let Some(cmd) = next.take() {
-            handle(cmd, &mut queues, &mut deleted, &mut touched, &mut ops, &mut replies, &journal, limits);
-            handled += 1;
-            if handled < BATCH {
-                next = rx.try_recv().ok();
+/// One queue owner.
+struct Shard {
+    journal: Journal,
+    default: Arc<QueueConfig>,
+    dead: mpsc::UnboundedSender<DeadLetter>,
+    queues: HashMap<QueueId, Queue>,
+    configs: HashMap<QueueId, Arc<QueueConfig>>,
+    /// Ids are never reused: commands for a deleted queue (in flight when it was deleted)
+    /// are ignored instead of bringing it back.
+    deleted: HashSet<QueueId>,
+    touched: HashSet<QueueId>,
+    fx: Effects,
+    replies: Vec<(oneshot::Sender<u64>, u64)>,
+}
+
+impl Shard {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<ShardCmd>) {
+        let mut sweep = tokio::time::interval(EXPIRY_SWEEP);
+        sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                cmd = rx.recv() => {
+                    let Some(first) = cmd else { return };
+                    let mut next = Some(first);
+                    let mut handled = 0;
+                    while let Some(cmd) = next.take() {
+                        self.handle(cmd);
+                        handled += 1;
+                        if handled < BATCH {
+                            next = rx.try_recv().ok();
+                        }
+                    }
+                }
+                _ = sweep.tick() => {
+                    for q in self.queues.values_mut().filter(|q| q.may_expire()) {
+                        q.expire(&self.journal, &mut self.fx);
+                        self.touched.insert(q.id());
+                    }
+                }
+            }
+            self.finish_turn().await;
+        }
+    }
+
+    fn queue(&mut self, id: QueueId) -> &mut Queue {
+        let Shard { queues, configs, default, journal, fx, .. } = self;
+        queues.entry(id).or_insert_with(|| {
+            let config = configs.get(&id).cloned().unwrap_or_else(|| default.clone());
+            let mut q = Queue::load(id, config, journal);
+            fx.ops.extend(q.take_load_ops());
+            q
+        })
+    }
+
+    fn handle(&mut self, cmd: ShardCmd) {
+        if cmd.queue().is_some_and(|q| self.deleted.contains(&q)) {
+            match cmd {
+                ShardCmd::Len { reply, .. } | ShardCmd::Purge { reply, .. } => {
+                    let _ = reply.send(0);
+                }
+                ShardCmd::Counts { reply, .. } => {
+                    let _ = reply.send((0, 0));
+                }
+                ShardCmd::Get { reply, .. } => {
+                    let _ = reply.send(None);
+                }
+                ShardCmd::Delete { done: Some(done), .. } => self.replies.push((done, 0)),
+                _ => {}
+            }
+            return;
+        }
+        match cmd {
+            ShardCmd::Appended(entries) => {
+                for e in entries {
+                    if self.deleted.contains(&e.queue) {
+                        continue;
+                    }
+                    let journal = self.journal.clone();
+                    let mut fx = std::mem::take(&mut self.fx);
+                    self.queue(e.queue).appended(e.offset, e.ptr, &e.msg, &journal, &mut fx);
+                    self.fx = fx;
+                    self.touched.insert(e.queue);
+                }
+            }
+            ShardCmd::Configure { queue, config } => {
+                self.configs.insert(queue, config.clone());
+                // Loads the queue with its configuration (or updates a loaded one).
+                self.queue(queue).set_config(config);
+                self.touched.insert(queue);
+            }
+            ShardCmd::Attach { queue, consumer } => {
+                self.queue(queue).attach(consumer);
+                self.touched.insert(queue);
+            }
+            ShardCmd::Detach { queue, consumer } => {
+                let mut fx = std::mem::take(&mut self.fx);
+                self.queue(queue).detach(consumer, &mut fx);
+                self.fx = fx;
+                self.touched.insert(queue);
+            }
+            ShardCmd::Cancel { queue, consumer } => {
+                self.queue(queue).cancel(consumer);
+                self.touched.insert(queue);
+            }
+            ShardCmd::Ack { queue, offset } => {
+                let mut fx = std::mem::take(&mut self.fx);
+                self.queue(queue).ack(offset, &mut fx.ops);
+                self.fx = fx;
+                self.touched.insert(queue);
+            }
+            ShardCmd::Requeue { queue, offset } => {
+                let mut fx = std::mem::take(&mut self.fx);
+                self.queue(queue).requeue(offset, &mut fx);
+                self.fx = fx;
+                self.touched.insert(queue);
+            }
+            ShardCmd::Reject { queue, offset } => {
+                let mut fx = std::mem::take(&mut self.fx);
+                self.queue(queue).reject(offset, &mut fx);
+                self.fx = fx;
+                self.touched.insert(queue);
+            }
+            ShardCmd::Release { queue, offset } => {
+                let mut fx = std::mem::take(&mut self.fx);
+                self.queue(queue).release(offset, &mut fx.ops);
+                self.fx = fx;
+            }
+            ShardCmd::Credit { queue, consumer, n } => {
+                self.queue(queue).credit(consumer, n);
+                self.touched.insert(queue);
+            }
+            ShardCmd::Get { queue, consumer, no_ack, reply } => {
+                let journal = self.journal.clone();
+                let mut fx = std::mem::take(&mut self.fx);
+                let got = self.queue(queue).get(consumer, no_ack, &journal, &mut fx);
+                self.fx = fx;
+                let _ = reply.send(got);
+                self.touched.insert(queue);
+            }
+            ShardCmd::Purge { queue, reply } => {
+                let mut fx = std::mem::take(&mut self.fx);
+                let q = self.queue(queue);
+                let n = q.purge(&mut fx.ops);
+                q.publish_gauge();
+                self.fx = fx;
+                let _ = reply.send(n);
+                self.touched.insert(queue);
+            }
+            ShardCmd::Delete { queue, done } => {
+                let mut fx = std::mem::take(&mut self.fx);
+                let count = self.queue(queue).delete(&mut fx.ops);
+                self.fx = fx;
+                self.queues.remove(&queue);
+                self.configs.remove(&queue);
+                self.touched.remove(&queue);
+                self.deleted.insert(queue);
+                if let Some(done) = done {
+                    self.replies.push((done, count));
+                }
+            }
+            ShardCmd::Len { queue, reply } => {
+                let _ = reply.send(self.queue(queue).len());
+            }
+            ShardCmd::Counts { queue, reply } => {
+                let q = self.queue(queue);
+                let _ = reply.send((q.len().saturating_sub(q.unacked_len() as u64), q.consumer_count() as u64));
             }
         }
-        for id in touched.drain() {
-            if let Some(q) = queues.get_mut(&id) {
-                q.pump(&journal, &mut ops);
+    }
+
+    async fn finish_turn(&mut self) {
+        for id in std::mem::take(&mut self.touched) {
+            if let Some(q) = self.queues.get_mut(&id) {
+                q.pump(&self.journal, &mut self.fx);
+                q.publish_gauge();
             }
         }
-        if !ops.is_empty() {
-            let ops = std::mem::take(&mut ops);
+        let fx = std::mem::take(&mut self.fx);
+        for d in fx.dead {
+            let _ = self.dead.send(d);
+        }
+        if !fx.ops.is_empty() {
             // A deletion is waited for, so that whoever asked can reuse the queue's name
             // at once (a new name mapping, never the deleted id).
-            let result = if replies.is_empty() { journal.submit(ops, None).await } else { journal.write(ops).await.map(|_| ()) };
+            let result = if self.replies.is_empty() {
+                // Acks and drops: losing one to a power cut means a redelivery, never a loss.
+                self.journal.submit_relaxed(fx.ops, None).await
+            } else {
+                self.journal.write(fx.ops).await.map(|_| ())
+            };
             if let Err(e) = result {
                 warn!(error = %e, "queue shard cannot write to the journal");
             }
         }
-        for r in replies.drain(..) {
-            let _ = r.send(());
-        }
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn handle(
-    cmd: ShardCmd,
-    queues: &mut HashMap<QueueId, Queue>,
-    deleted: &mut HashSet<QueueId>,
-    touched: &mut HashSet<QueueId>,
-    ops: &mut Vec<Op>,
-    replies: &mut Vec<oneshot::Sender<()>>,
-    journal: &Journal,
-    limits: QueueLimits,
-) {
-    fn get<'a>(queues: &'a mut HashMap<QueueId, Queue>, id: QueueId, journal: &Journal, limits: QueueLimits) -> &'a mut Queue {
-        queues.entry(id).or_insert_with(|| Queue::load(id, limits, journal))
-    }
-    if cmd.queue().is_some_and(|q| deleted.contains(&q)) {
-        match cmd {
-            ShardCmd::Len { reply, .. } => {
-                let _ = reply.send(0);
-            }
-            ShardCmd::Delete { done, .. } => replies.extend(done),
-            _ => {}
-        }
-        return;
-    }
-    match cmd {
-        ShardCmd::Appended(entries) => {
-            for e in entries {
-                if deleted.contains(&e.queue) {
-                    continue;
-                }
-                get(queues, e.queue, journal, limits).appended(e.offset, e.ptr, &e.msg, journal, ops);
-                touched.insert(e.queue);
-            }
-        }
-        ShardCmd::Attach { queue, consumer } => {
-            get(queues, queue, journal, limits).attach(consumer);
-            touched.insert(queue);
-        }
-        ShardCmd::Detach { queue, consumer } => {
-            get(queues, queue, journal, limits).detach(consumer);
-            touched.insert(queue);
-        }
-        ShardCmd::Ack { queue, offset } => {
-            get(queues, queue, journal, limits).ack(offset, ops);
-            touched.insert(queue);
-        }
-        ShardCmd::Release { queue, offset } => get(queues, queue, journal, limits).release(offset, ops),
-        ShardCmd::Credit { queue, consumer, n } => {
-            get(queues, queue, journal, limits).credit(consumer, n);
-            touched.insert(queue);
-        }
-        ShardCmd::Delete { queue, done } => {
-            let mut q = queues.remove(&queue).unwrap_or_else(|| Queue::load(queue, limits, journal));
-            q.purge_all(ops);
-            touched.remove(&queue);
-            deleted.insert(queue);
-            replies.extend(done);
-        }
-        ShardCmd::Len { queue, reply } => {
-            let _ = reply.send(get(queues, queue, journal, limits).len());
+        for (reply, count) in self.replies.drain(..) {
+            let _ = reply.send(count);
         }
     }
 }

@@ -28,9 +28,9 @@ use super::session::{qos2_key, qos2_prefix, wait_finished, Control, Online, Pers
 use super::{split_share, MqttContext, SESSION_QUEUE_PREFIX};
 use crate::core::broker::{DurableSignal, RetainMode};
 use crate::core::delivery::{Direct, QueueDelivery, SessionLink};
-use crate::core::message::{now_ms, Message, SharedMessage};
-use crate::core::queue::Consumer;
-use crate::core::router::{RouteCache, Routes, Subscription, Target};
+use crate::core::message::{mqtt_to_key, now_ms, Message, SharedMessage};
+use crate::core::queue::{Consumer, ConsumerEvent};
+use crate::core::router::{mqtt_filter_to_pattern, Destination, RouteCache, Routes, MQTT_EXCHANGE, MQTT_VHOST};
 use crate::core::shards::ShardCmd;
 use crate::core::stats::Stats;
 
@@ -83,8 +83,6 @@ struct PendingAck {
 /// Session state of the connection once CONNECT is accepted.
 struct SessionState {
     client_id: Arc<str>,
-    /// Owner id of its bindings in the routing table.
-    owner: u64,
     /// Fast-path handle (clean sessions).
     link: Option<Arc<SessionLink>>,
     /// Queue + stored state (persistent sessions, and resumed ones with expiry 0).
@@ -93,6 +91,17 @@ struct SessionState {
     expiry_secs: u32,
     /// Current subscriptions by full filter.
     subs: BTreeMap<String, SubOptions>,
+}
+
+impl SessionState {
+    /// Where this session's (non-shared) subscriptions deliver.
+    fn dest(&self) -> Option<Destination> {
+        match (&self.persistent, &self.link) {
+            (Some(p), _) => Some(Destination::Queue(p.queue)),
+            (None, Some(link)) => Some(Destination::Session(link.clone())),
+            (None, None) => None,
+        }
+    }
 }
 
 /// Serves one MQTT connection until it closes.
@@ -126,7 +135,7 @@ struct Task {
     pending_acks: VecDeque<PendingAck>,
     direct_rx: Option<mpsc::Receiver<Direct>>,
     /// Queue deliveries (own session queue, shared groups); made on first attach.
-    queued: Option<(mpsc::UnboundedSender<QueueDelivery>, mpsc::UnboundedReceiver<QueueDelivery>)>,
+    queued: Option<(mpsc::UnboundedSender<ConsumerEvent>, mpsc::UnboundedReceiver<ConsumerEvent>)>,
     control_tx: mpsc::UnboundedSender<Control>,
     control_rx: mpsc::UnboundedReceiver<Control>,
     finished_tx: watch::Sender<bool>,
@@ -272,8 +281,11 @@ impl Task {
                         self.pending_out.push_back(Pending::Queued(q));
                         if let Some((_, rx)) = self.queued.as_mut() {
                             while self.pending_out.len() < PULL_BATCH {
-                                let Ok(q) = rx.try_recv() else { break };
-                                self.pending_out.push_back(Pending::Queued(q));
+                                match rx.try_recv() {
+                                    Ok(ConsumerEvent::Deliver(q)) => self.pending_out.push_back(Pending::Queued(q)),
+                                    Ok(ConsumerEvent::Cancelled { .. }) => {}
+                                    Err(_) => break,
+                                }
                             }
                         }
                     }
@@ -404,7 +416,6 @@ impl Task {
 
         let mut session = SessionState {
             client_id: client_id.clone(),
-            owner: self.conn_id,
             link: None,
             persistent: None,
             expiry_secs: expiry,
@@ -412,7 +423,6 @@ impl Task {
         };
         match existing {
             Some(mut p) => {
-                session.owner = p.owner;
                 session.subs = p.stored.subscriptions.clone();
                 p.stored.expiry_secs = expiry;
                 p.stored.disconnected_at_ms = None;
@@ -422,7 +432,6 @@ impl Task {
             None if expiry > 0 => match self.ctx.broker.journal.queue_id(&format!("{SESSION_QUEUE_PREFIX}{client_id}")) {
                 Ok(queue) => {
                     session.persistent = Some(Persistent {
-                        owner: self.conn_id,
                         queue,
                         stored: StoredSession {
                             queue: queue.0,
@@ -509,7 +518,13 @@ impl Task {
         self.attached.push(queue);
         self.ctx.broker.shards.send(ShardCmd::Attach {
             queue,
-            consumer: Consumer { id: self.conn_id, tx: self.queued.get_or_insert_with(mpsc::unbounded_channel).0.clone(), credit: self.window, max_qos },
+            consumer: Consumer {
+                id: self.conn_id,
+                tx: self.queued.get_or_insert_with(mpsc::unbounded_channel).0.clone(),
+                credit: self.window,
+                max_qos,
+                priority: 0,
+            },
         });
     }
 
@@ -520,7 +535,7 @@ impl Task {
 
     // ----- inbound PUBLISH -------------------------------------------------------------
 
-    async fn on_publish(&mut self, p: Publish) {
+    async fn on_publish(&mut self, mut p: Publish) {
         self.publishes_in += 1;
         let Some(session) = self.session.as_ref() else { return };
         let client_id = session.client_id.clone();
@@ -542,8 +557,8 @@ impl Task {
                 self.refuse_publish(pkid, qos, ReasonCode::TOPIC_NAME_INVALID, "malformed $delayed topic");
                 return;
             };
-            let msg: SharedMessage = Arc::new(message_in(p, topic, now));
-            let signal = self.ctx.broker.schedule(&msg, now + secs * 1000).await;
+            let msg: SharedMessage = Arc::new(message_in(p, &topic, now));
+            let signal = self.ctx.broker.schedule(MQTT_VHOST, &msg, now + secs * 1000).await;
             self.push_ack(pkid, qos, Some(signal), ReasonCode::SUCCESS);
             return;
         }
@@ -554,9 +569,9 @@ impl Task {
             return;
         }
         let retain = if p.retain { RetainMode::Persist } else { RetainMode::None };
-        let topic = p.topic.clone();
-        let msg: SharedMessage = Arc::new(message_in(p, topic, now));
-        let routes = self.route_cache.resolve(&self.ctx.broker.router, &msg.topic, &client_id);
+        let topic = std::mem::take(&mut p.topic);
+        let msg: SharedMessage = Arc::new(message_in(p, &topic, now));
+        let routes = self.route_cache.resolve(&self.ctx.broker.router, &msg.routing_key, &client_id);
         let mut extra = Vec::new();
         if qos == QoS::ExactlyOnce && persistent {
             extra.push(Op::Put { space: Space::InboundQos2, key: qos2_key(&client_id, pkid), value: Bytes::new() });
@@ -593,6 +608,8 @@ impl Task {
     async fn on_pubrel(&mut self, pkid: u16) {
         let Some(s) = self.session.as_ref() else { return };
         if s.persistent.is_some() {
+            // Durable: a stale pending id after a power cut would swallow the client's next
+            // message that reuses it.
             let op = Op::Delete { space: Space::InboundQos2, key: qos2_key(&s.client_id, pkid) };
             if let Err(e) = self.ctx.broker.journal.submit(vec![op], None).await {
                 warn!(error = %e, "cannot clear inbound QoS 2 state");
@@ -726,8 +743,9 @@ impl Task {
         }
         let mut ids = Vec::new();
         let mut rap = false;
+        let topic = q.msg.topic();
         for (filter, o) in &s.subs {
-            if !filter.starts_with("$share/") && matches(filter, &q.msg.topic) {
+            if !filter.starts_with("$share/") && matches(filter, &topic) {
                 ids.extend(o.subscription_id);
                 rap |= o.retain_as_published;
             }
@@ -784,30 +802,15 @@ impl Task {
                 }
             } else {
                 let Some(session) = self.session.as_ref() else { return };
-                let target = match (&session.persistent, &session.link) {
-                    (Some(p), _) => Target::Queue(p.queue),
-                    (None, Some(link)) => Target::Session(link.clone()),
-                    (None, None) => return,
-                };
-                self.ctx.broker.router.subscribe(
-                    parsed.filter,
-                    Subscription {
-                        owner: session.owner,
-                        client_id: client_id.clone(),
-                        target,
-                        qos: granted,
-                        no_local: f.no_local,
-                        retain_as_published: f.retain_as_published,
-                        subscription_id: s.subscription_identifier,
-                    },
-                );
+                let Some(dest) = session.dest() else { return };
+                self.ctx.broker.router.subscribe(parsed.filter, dest, opts.binding_options(&client_id));
                 let send_retained = match f.retain_handling {
                     0 => true,
                     1 => !existed,
                     _ => false,
                 };
                 if send_retained {
-                    for msg in self.ctx.broker.retained.matching(parsed.filter) {
+                    for msg in self.ctx.broker.retained.matching(&mqtt_filter_to_pattern(parsed.filter)) {
                         retained.push(Direct {
                             msg,
                             qos: granted,
@@ -840,7 +843,7 @@ impl Task {
                 continue;
             }
             changed = true;
-            let owner = session.owner;
+            let dest = session.dest();
             let client_id = session.client_id.clone();
             if let Some((group, f)) = split_share(filter) {
                 if let Some(q) = self.ctx.groups.queue_of(group, f) {
@@ -850,8 +853,8 @@ impl Task {
                 if let Some(q) = self.ctx.groups.leave(&self.ctx.broker, group, f, &client_id) {
                     self.ctx.broker.shards.delete(q).await;
                 }
-            } else {
-                self.ctx.broker.router.unsubscribe(filter, owner);
+            } else if let Some(dest) = &dest {
+                self.ctx.broker.router.unsubscribe(filter, dest);
             }
             reasons.push(ReasonCode::SUCCESS);
         }
@@ -887,9 +890,10 @@ impl Task {
         let client_id = session.client_id.clone();
         let persistent_ends = session.expiry_secs == 0;
         if let Some(link) = &session.link {
+            let dest = Destination::Session(link.clone());
             for filter in session.subs.keys() {
                 if split_share(filter).is_none() {
-                    self.ctx.broker.router.unsubscribe(filter, link.id);
+                    self.ctx.broker.router.unsubscribe(filter, &dest);
                 }
             }
         }
@@ -950,16 +954,17 @@ impl Task {
 async fn publish_will(ctx: &MqttContext, client_id: &str, w: Will) {
     let now = now_ms();
     let msg: SharedMessage = Arc::new(Message {
-        topic: w.topic.clone(),
+        exchange: MQTT_EXCHANGE.to_owned(),
+        routing_key: mqtt_to_key(&w.topic),
         payload: w.payload.clone(),
         qos: qos_u8(w.qos),
         retain: w.retain,
         props: super::convert::properties_in(&w.properties, now),
         timestamp_ms: now,
     });
-    let routes: Routes = ctx.broker.router.resolve(&msg.topic, client_id);
+    let routes: Routes = ctx.broker.router.resolve(&w.topic, client_id);
     let retain = if w.retain { RetainMode::Persist } else { RetainMode::None };
-    info!(topic = %msg.topic, "publishing will message");
+    info!(topic = %w.topic, "publishing will message");
     if let Some(signal) = ctx.broker.publish(&msg, &routes, retain, Vec::new()).await {
         let _ = signal.await;
     }
@@ -975,7 +980,7 @@ fn outgoing(
     now: u64,
 ) -> Outgoing {
     Outgoing {
-        topic: msg.topic.clone(),
+        topic: msg.topic(),
         payload: msg.payload.clone(),
         qos: qos_of(qos),
         retain,
@@ -1000,11 +1005,18 @@ async fn slow_consumer(session: &Option<SessionState>) {
     }
 }
 
+/// Next queue delivery (a deleted group queue's cancellation is skipped: the group is
+/// gone with its last member).
 async fn recv_queued(
-    queued: &mut Option<(mpsc::UnboundedSender<QueueDelivery>, mpsc::UnboundedReceiver<QueueDelivery>)>,
+    queued: &mut Option<(mpsc::UnboundedSender<ConsumerEvent>, mpsc::UnboundedReceiver<ConsumerEvent>)>,
 ) -> Option<QueueDelivery> {
     match queued {
-        Some((_, rx)) => rx.recv().await,
+        Some((_, rx)) => loop {
+            match rx.recv().await? {
+                ConsumerEvent::Deliver(d) => return Some(d),
+                ConsumerEvent::Cancelled { .. } => continue,
+            }
+        },
         None => std::future::pending().await,
     }
 }

@@ -2,7 +2,9 @@
 
 use ferrymq_mqtt::{Publish, PublishProperties, QoS};
 
-use crate::core::message::{Message, Properties};
+use crate::core::message::{key_to_mqtt, mqtt_to_key, Message, Properties};
+use crate::core::router::MQTT_EXCHANGE;
+use crate::core::value::Value;
 
 /// QoS as a number.
 pub fn qos_u8(q: QoS) -> u8 {
@@ -23,18 +25,25 @@ pub fn properties_in(p: &PublishProperties, now_ms: u64) -> Properties {
     Properties {
         content_type: p.content_type.clone(),
         correlation_data: p.correlation_data.clone(),
-        response_topic: p.response_topic.clone(),
+        reply_to: p.response_topic.as_deref().map(mqtt_to_key),
         payload_format: p.payload_format_indicator,
-        user_properties: p.user_properties.clone(),
+        headers: p.user_properties.iter().map(|(k, v)| (k.clone(), Value::Str(v.clone()))).collect(),
         expires_at_ms: p.message_expiry_interval.map(|s| now_ms + s as u64 * 1000),
+        ..Properties::default()
     }
 }
 
-/// A core message from an inbound PUBLISH (topic already resolved and validated).
-pub fn message_in(p: Publish, topic: String, now_ms: u64) -> Message {
+/// A core message from an inbound PUBLISH (topic resolved and validated), routed through
+/// the MQTT exchange with the topic as routing key.
+pub fn message_in(p: Publish, topic: &str, now_ms: u64) -> Message {
     Message {
-        props: properties_in(&p.properties, now_ms),
-        topic,
+        exchange: MQTT_EXCHANGE.to_owned(),
+        routing_key: mqtt_to_key(topic),
+        props: Properties {
+            // MQTT QoS >= 1 is persistent for AMQP consumers (delivery mode 2), QoS 0 not.
+            delivery_mode: Some(if p.qos == QoS::AtMostOnce { 1 } else { 2 }),
+            ..properties_in(&p.properties, now_ms)
+        },
         payload: p.payload,
         qos: qos_u8(p.qos),
         retain: p.retain,
@@ -42,15 +51,16 @@ pub fn message_in(p: Publish, topic: String, now_ms: u64) -> Message {
     }
 }
 
-/// MQTT 5 properties for delivering `msg` at `now_ms` (expiry counts down).
+/// MQTT 5 properties for delivering `msg` at `now_ms` (expiry counts down; AMQP headers
+/// become user properties as text).
 pub fn properties_out(msg: &Message, subscription_ids: Vec<u32>, now_ms: u64) -> PublishProperties {
     PublishProperties {
         payload_format_indicator: msg.props.payload_format,
         message_expiry_interval: msg.remaining_expiry_secs(now_ms),
         topic_alias: None,
-        response_topic: msg.props.response_topic.clone(),
+        response_topic: msg.props.reply_to.as_deref().map(key_to_mqtt),
         correlation_data: msg.props.correlation_data.clone(),
-        user_properties: msg.props.user_properties.clone(),
+        user_properties: msg.props.headers.iter().map(|(k, v)| (k.clone(), v.to_text())).collect(),
         subscription_identifiers: subscription_ids,
         content_type: msg.props.content_type.clone(),
     }

@@ -27,7 +27,7 @@ use tracing::{info, warn};
 use crate::config::MqttSection;
 use crate::core::broker::Broker;
 use crate::core::message::now_ms;
-use crate::core::router::{Subscription, Target};
+use crate::core::router::Destination;
 use session::{Persistent, Sessions, StoredSession, NEVER};
 use shared::SharedGroups;
 
@@ -68,7 +68,6 @@ impl MqttContext {
                 continue;
             };
             let client_id: Arc<str> = Arc::from(client_id);
-            let owner = ctx.broker.next_id();
             let queue = ferrymq_storage::QueueId(s.queue);
             for (filter, opts) in &s.subscriptions {
                 if let Some((group, f)) = split_share(filter) {
@@ -77,22 +76,11 @@ impl MqttContext {
                     }
                     continue;
                 }
-                ctx.broker.router.subscribe(
-                    filter,
-                    Subscription {
-                        owner,
-                        client_id: client_id.clone(),
-                        target: Target::Queue(queue),
-                        qos: opts.qos,
-                        no_local: opts.no_local,
-                        retain_as_published: opts.retain_as_published,
-                        subscription_id: opts.subscription_id,
-                    },
-                );
+                ctx.broker.router.subscribe(filter, Destination::Queue(queue), opts.binding_options(&client_id));
             }
             let since = s.disconnected_at_ms.unwrap_or(now);
             let expires = (s.expiry_secs != NEVER).then(|| since + s.expiry_secs as u64 * 1000);
-            ctx.sessions.restore(client_id, Persistent { owner, queue, stored: s }, expires);
+            ctx.sessions.restore(client_id, Persistent { queue, stored: s }, expires);
             restored += 1;
         }
         if restored > 0 {
@@ -136,7 +124,7 @@ impl MqttContext {
                     self.broker.shards.delete(q).await;
                 }
             } else {
-                self.broker.router.unsubscribe(filter, p.owner);
+                self.broker.router.unsubscribe(filter, &Destination::Queue(p.queue));
             }
         }
         self.broker.shards.delete(p.queue).await;

@@ -17,7 +17,8 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{oneshot, watch};
 
-use crate::core::router::OwnerId;
+use crate::core::router::MqttOptions;
+
 
 /// "Never expires" (MQTT's maximum session expiry interval).
 pub const NEVER: u32 = u32::MAX;
@@ -33,6 +34,19 @@ pub struct SubOptions {
     pub retain_as_published: bool,
     /// Subscription identifier.
     pub subscription_id: Option<u32>,
+}
+
+impl SubOptions {
+    /// The routing-table options of a subscription of `client_id` with these options.
+    pub fn binding_options(&self, client_id: &Arc<str>) -> MqttOptions {
+        MqttOptions {
+            client_id: client_id.clone(),
+            qos: self.qos,
+            no_local: self.no_local,
+            retain_as_published: self.retain_as_published,
+            subscription_id: self.subscription_id,
+        }
+    }
 }
 
 /// What the journal keeps of a persistent session (`Space::Session`, key = client id).
@@ -99,9 +113,7 @@ pub struct Online {
 /// In-memory state of a persistent session.
 #[derive(Debug, Clone)]
 pub struct Persistent {
-    /// Owner id used for its bindings in the routing table.
-    pub owner: OwnerId,
-    /// The session's queue.
+    /// The session's queue (its subscriptions are bindings to it).
     pub queue: QueueId,
     /// The stored form.
     pub stored: StoredSession,

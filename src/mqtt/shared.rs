@@ -10,12 +10,11 @@ use ferrymq_storage::{JournalError, QueueId};
 use parking_lot::Mutex;
 
 use crate::core::broker::Broker;
-use crate::core::router::{OwnerId, Subscription, Target};
+use crate::core::router::{Destination, MqttOptions};
 
 #[derive(Debug)]
 struct Group {
     queue: QueueId,
-    owner: OwnerId,
     members: HashSet<Arc<str>>,
 }
 
@@ -41,20 +40,15 @@ impl SharedGroups {
             return Ok(g.queue);
         }
         let queue = broker.journal.queue_id(&queue_name(group, filter))?;
-        let owner = broker.next_id();
-        broker.router.subscribe(
-            filter,
-            Subscription {
-                owner,
-                client_id: Arc::from(""),
-                target: Target::Queue(queue),
-                qos: 2,
-                no_local: false,
-                retain_as_published: false,
-                subscription_id: None,
-            },
-        );
-        groups.insert(key, Group { queue, owner, members: HashSet::from([member.clone()]) });
+        let opts = MqttOptions {
+            client_id: Arc::from(""),
+            qos: 2,
+            no_local: false,
+            retain_as_published: false,
+            subscription_id: None,
+        };
+        broker.router.subscribe(filter, Destination::Queue(queue), opts);
+        groups.insert(key, Group { queue, members: HashSet::from([member.clone()]) });
         Ok(queue)
     }
 
@@ -69,7 +63,7 @@ impl SharedGroups {
             return None;
         }
         let g = groups.remove(&key)?;
-        broker.router.unsubscribe(filter, g.owner);
+        broker.router.unsubscribe(filter, &Destination::Queue(g.queue));
         Some(g.queue)
     }
 

@@ -8,7 +8,8 @@ use bytes::Bytes;
 
 use super::MqttContext;
 use crate::core::broker::RetainMode;
-use crate::core::message::{now_ms, Message, Properties};
+use crate::core::message::{mqtt_to_key, now_ms, Message, Properties};
+use crate::core::router::MQTT_EXCHANGE;
 use crate::core::stats::Stats;
 
 /// Publishes the `$SYS` topics every `interval` until the runtime stops.
@@ -48,7 +49,8 @@ pub async fn run(ctx: Arc<MqttContext>, interval: Duration) {
 
 async fn publish(ctx: &MqttContext, topic: &str, value: String) {
     let msg = Arc::new(Message {
-        topic: topic.to_owned(),
+        exchange: MQTT_EXCHANGE.to_owned(),
+        routing_key: mqtt_to_key(topic),
         payload: Bytes::from(value),
         qos: 0,
         retain: true,

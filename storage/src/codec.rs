@@ -89,21 +89,28 @@ pub(crate) fn decode_queue_key(k: &[u8]) -> Option<QueueKey> {
 }
 
 /// Value of a queue entry: pos u64, size u32, tag hash u32, flags u8.
-pub(crate) fn encode_pointer(p: &Pointer) -> [u8; 17] {
-    let mut v = [0u8; 17];
+pub(crate) fn encode_pointer(p: &Pointer) -> [u8; 21] {
+    let mut v = [0u8; 21];
     v[..8].copy_from_slice(&p.pos.0.to_be_bytes());
     v[8..12].copy_from_slice(&p.size.to_be_bytes());
-    v[12..16].copy_from_slice(&p.tag_hash.to_be_bytes());
-    v[16] = p.flags;
+    v[12..16].copy_from_slice(&p.body_len.to_be_bytes());
+    v[16..20].copy_from_slice(&p.tag_hash.to_be_bytes());
+    v[20] = p.flags;
     v
 }
 
 /// Decodes a queue entry value.
 pub(crate) fn decode_pointer(v: &[u8]) -> Option<Pointer> {
-    if v.len() != 17 {
+    if v.len() != 21 {
         return None;
     }
-    Some(Pointer { pos: LogPos(u64_at(v, 0)?), size: u32_at(v, 8)?, tag_hash: u32_at(v, 12)?, flags: v[16] })
+    Some(Pointer {
+        pos: LogPos(u64_at(v, 0)?),
+        size: u32_at(v, 8)?,
+        body_len: u32_at(v, 12)?,
+        tag_hash: u32_at(v, 16)?,
+        flags: v[20],
+    })
 }
 
 /// Value of a retained entry: pos u64, size u32.
@@ -154,7 +161,7 @@ mod tests {
 
     #[test]
     fn round_trips() {
-        let p = Pointer { pos: LogPos(1 << 40), size: 77, tag_hash: 0xdead_beef, flags: 3 };
+        let p = Pointer { pos: LogPos(1 << 40), size: 77, body_len: 12, tag_hash: 0xdead_beef, flags: 3 };
         assert_eq!(decode_pointer(&encode_pointer(&p)), Some(p));
         assert_eq!(decode_pointer(&[1, 2, 3]), None);
         assert_eq!(decode_queue_key(&queue_key(5, 9)), Some(QueueKey::Entry(5, 9)));

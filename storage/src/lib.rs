@@ -45,7 +45,7 @@
 //!
 //! | tree | key | value |
 //! |---|---|---|
-//! | `queue` | queue id u64, offset u64 | [`Pointer`]: pos u64, size u32, tag hash u32, flags u8 |
+//! | `queue` | queue id u64, offset u64 | [`Pointer`]: pos u64, size u32, body length u32, tag hash u32, flags u8 |
 //! | `queue` | queue id u64 (8-byte key) | next offset u64: the queue's high-water mark |
 //! | `queue_names` | name (UTF-8) | queue id u64 |
 //! | `queue_ids` | queue id u64 | name (UTF-8): reverse of `queue_names` |
@@ -197,6 +197,8 @@ pub struct Pointer {
     pub pos: LogPos,
     /// Size of the whole record on disk (framing included).
     pub size: u32,
+    /// Length of the record's body (what byte limits of queues count).
+    pub body_len: u32,
     /// Hash of the message tag (0 = untagged), for server-side filtering.
     pub tag_hash: u32,
     /// Caller-defined flags (e.g. QoS, delivery state).
@@ -274,6 +276,8 @@ pub enum Op {
         pos: LogPos,
         /// Its size.
         size: u32,
+        /// Length of its body.
+        body_len: u32,
         /// Pointers to add.
         queues: Vec<QueueTarget>,
     },
@@ -283,6 +287,15 @@ pub enum Op {
         queue: QueueId,
         /// The entry's offset.
         offset: u64,
+    },
+    /// Remove every entry of a queue with `from <= offset < to` (purge).
+    RemoveRange {
+        /// The queue.
+        queue: QueueId,
+        /// First offset removed.
+        from: u64,
+        /// First offset kept.
+        to: u64,
     },
     /// Replace the flags of a queue entry (e.g. QoS 2 "released").
     SetFlags {
@@ -466,7 +479,7 @@ impl Drop for Inner {
 /// Takes the ops and completion back out of a message that could not be sent.
 fn unsent(msg: Msg) -> (Vec<Op>, Option<Completion>) {
     match msg {
-        Msg::Submit { ops, done } => (ops, done),
+        Msg::Submit { ops, done, .. } => (ops, done),
         Msg::Flush(_) | Msg::Close | Msg::Verify(_) => (Vec::new(), None),
     }
 }
@@ -531,7 +544,20 @@ impl Journal {
     pub async fn submit(&self, ops: Vec<Op>, done: Option<Completion>) -> Result<(), JournalError> {
         self.inner
             .tx
-            .send(Msg::Submit { ops, done })
+            .send(Msg::Submit { ops, done, durable: true })
+            .await
+            .map_err(|_| JournalError::Closed)
+    }
+
+    /// Like [`Journal::submit`], but `done` runs once the submission is written to the OS,
+    /// without waiting for an fsync even under [`FsyncPolicy::Always`] (for what needs no
+    /// power-loss durability: transient messages, acknowledgements, QoS 0). Completions
+    /// still run in submission order, so one queued behind a durable submission of the
+    /// same batch waits for that batch's fsync.
+    pub async fn submit_relaxed(&self, ops: Vec<Op>, done: Option<Completion>) -> Result<(), JournalError> {
+        self.inner
+            .tx
+            .send(Msg::Submit { ops, done, durable: false })
             .await
             .map_err(|_| JournalError::Closed)
     }
@@ -545,7 +571,7 @@ impl Journal {
         ops: Vec<Op>,
         done: Option<Completion>,
     ) -> Result<(), (Vec<Op>, Option<Completion>, JournalError)> {
-        match self.inner.tx.try_send(Msg::Submit { ops, done }) {
+        match self.inner.tx.try_send(Msg::Submit { ops, done, durable: true }) {
             Ok(()) => Ok(()),
             Err(TrySendError::Full(msg)) => {
                 let (ops, done) = unsent(msg);
@@ -573,7 +599,7 @@ impl Journal {
         let done: Completion = Box::new(move |r| drop(tx.send(r)));
         self.inner
             .tx
-            .blocking_send(Msg::Submit { ops, done: Some(done) })
+            .blocking_send(Msg::Submit { ops, done: Some(done), durable: true })
             .map_err(|_| JournalError::Closed)?;
         rx.blocking_recv().unwrap_or(Err(JournalError::Closed))
     }

@@ -37,6 +37,8 @@ pub(crate) enum Msg {
         ops: Vec<Op>,
         /// The completion.
         done: Option<Completion>,
+        /// Under `FsyncPolicy::Always`, the completion waits for the fsync.
+        durable: bool,
     },
     /// Sync everything submitted before, regardless of policy, then answer.
     Flush(oneshot::Sender<Result<(), JournalError>>),
@@ -248,10 +250,12 @@ impl Writer {
         let mut outcomes = Vec::with_capacity(batch.len());
         let mut force_sync = false;
         let mut submissions = false;
+        let mut durable_wanted = false;
         for msg in batch {
             match msg {
-                Msg::Submit { ops, done } => {
+                Msg::Submit { ops, done, durable } => {
                     submissions = true;
+                    durable_wanted |= durable;
                     let result = if self.poisoned.is_some() {
                         Err(JournalError::Closed) // replaced by `Poisoned` below
                     } else {
@@ -275,7 +279,7 @@ impl Writer {
             }
         }
         if self.poisoned.is_none() {
-            if let Err(reason) = self.commit(force_sync, submissions) {
+            if let Err(reason) = self.commit(force_sync, submissions, durable_wanted) {
                 self.poison(reason);
             }
         }
@@ -322,7 +326,7 @@ impl Writer {
 
     /// Writes the assembled records, applies the sled batches, publishes the counters
     /// and syncs if the policy (or `force_sync`) says so.
-    fn commit(&mut self, force_sync: bool, submissions: bool) -> Result<(), String> {
+    fn commit(&mut self, force_sync: bool, submissions: bool, durable_wanted: bool) -> Result<(), String> {
         self.log
             .write_out(&self.shared.log)
             .map_err(|e| format!("commit log write: {e}"))?;
@@ -349,7 +353,9 @@ impl Writer {
         }
         let sync = force_sync
             || match self.shared.config.fsync {
-                FsyncPolicy::Always => self.is_dirty(),
+                // A batch of relaxed submissions only leaves its data for the next durable
+                // batch (or the OS) to sync.
+                FsyncPolicy::Always => durable_wanted && self.is_dirty(),
                 FsyncPolicy::Interval(d) => self.is_dirty() && self.last_sync.elapsed() >= d,
                 FsyncPolicy::Never => false,
             };
@@ -456,7 +462,7 @@ impl Writer {
     }
 
     /// Adds one pointer per target; returns the offsets.
-    fn push_pointers(&mut self, targets: &[QueueTarget], pos: u64, size: u32) -> Vec<(crate::QueueId, u64)> {
+    fn push_pointers(&mut self, targets: &[QueueTarget], pos: u64, size: u32, body_len: u32) -> Vec<(crate::QueueId, u64)> {
         let base = self.segment_base(pos);
         let mut offsets = Vec::with_capacity(targets.len());
         for t in targets {
@@ -471,7 +477,7 @@ impl Writer {
             st.next = offset.saturating_add(1);
             st.len += 1;
             let next = st.next;
-            let p = Pointer { pos: LogPos(pos), size, tag_hash: t.tag_hash, flags: t.flags };
+            let p = Pointer { pos: LogPos(pos), size, body_len, tag_hash: t.tag_hash, flags: t.flags };
             self.pending.queue.insert(&codec::queue_key(q, offset)[..], &codec::encode_pointer(&p)[..]);
             self.pending.queue.insert(&codec::queue_hwm_key(q)[..], &codec::encode_u64(next)[..]);
             if let Some(base) = base {
@@ -491,7 +497,7 @@ impl Writer {
                     .append(&shared.log, &a.record.header, &a.record.body)
                     .map_err(fatal("commit log write"))?;
                 let base = self.log.active_base();
-                let offsets = self.push_pointers(&a.queues, pos, size);
+                let offsets = self.push_pointers(&a.queues, pos, size, a.record.body.len().min(u32::MAX as usize) as u32);
                 if let Some(topic) = a.retained_topic {
                     if let Some(old) = self.pending.retained.get(&db.retained, topic.as_bytes()).map_err(sled_fatal)? {
                         if let Some((old_pos, _)) = codec::decode_retained(&old) {
@@ -508,8 +514,8 @@ impl Writer {
                 }
                 receipt.appended.push(Appended { pos: LogPos(pos), size, offsets });
             }
-            Op::Enqueue { pos, size, queues } => {
-                let offsets = self.push_pointers(&queues, pos.0, size);
+            Op::Enqueue { pos, size, body_len, queues } => {
+                let offsets = self.push_pointers(&queues, pos.0, size, body_len);
                 receipt.appended.push(Appended { pos, size, offsets });
             }
             Op::Remove { queue, offset } => {
@@ -521,6 +527,23 @@ impl Writer {
                     self.pending.queue.remove(&key[..]);
                     let st = self.queue_state(queue.0);
                     st.len = st.len.saturating_sub(1);
+                }
+            }
+            Op::RemoveRange { queue, from, to } => {
+                if from < to {
+                    let removed = self
+                        .pending
+                        .queue
+                        .remove_range(&db.queue, &codec::queue_key(queue.0, from), &codec::queue_key(queue.0, to - 1))
+                        .map_err(sled_fatal)?;
+                    let n = removed.len() as u64;
+                    for (_, v) in removed {
+                        if let Some(p) = codec::decode_pointer(&v) {
+                            self.release(p.pos.0);
+                        }
+                    }
+                    let st = self.queue_state(queue.0);
+                    st.len = st.len.saturating_sub(n);
                 }
             }
             Op::SetFlags { queue, offset, flags } => {

@@ -84,3 +84,24 @@ fn completions_run_in_submission_order() {
         }
     }
 }
+
+#[test]
+fn relaxed_submissions_do_not_wait_for_fsync() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = open(dir.path(), FsyncPolicy::Always);
+    let q = j.queue_id("q").unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let before = j.stats().fsyncs;
+    rt.block_on(async {
+        for n in 0..200u64 {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            j.submit_relaxed(append_op(n, &[q]), Some(Box::new(move |r| drop(tx.send(r))))).await.unwrap();
+            rx.await.unwrap().unwrap();
+        }
+    });
+    assert_eq!(j.stats().fsyncs, before, "relaxed writes alone never fsync under Always");
+    // A durable write syncs what the relaxed ones left.
+    j.write_blocking(append_op(1000, &[q])).unwrap();
+    assert!(j.stats().fsyncs > before);
+    assert_eq!(j.queue_len(q).unwrap(), 201);
+}

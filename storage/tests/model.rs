@@ -126,6 +126,11 @@ impl Model {
         (0..self.records.len()).filter(|&r| self.records[r].at.is_some()).collect()
     }
 
+    /// Body length of record `rid` (what its pointers carry).
+    fn body_len(&self, rid: usize) -> u32 {
+        (common::body(rid as u64).len() * self.records[rid].reps) as u32
+    }
+
     fn targets(&mut self, queues: &[u8], rid: usize, tag: u32, flags: u8) -> (Vec<QueueTarget>, Vec<(QueueId, u64)>) {
         let mut targets = Vec::new();
         let mut offsets = Vec::new();
@@ -174,13 +179,13 @@ impl Model {
                     let known = self.known();
                     if *dead {
                         let q = QueueTarget { queue: self.queues[0].id, tag_hash: 0, flags: 0 };
-                        ops.push(Op::Enqueue { pos: LogPos(1 << 50), size: 100, queues: vec![q] });
+                        ops.push(Op::Enqueue { pos: LogPos(1 << 50), size: 100, body_len: 0, queues: vec![q] });
                         expect.fails = true;
                     } else if !known.is_empty() {
                         let rid = known[pick % known.len()];
                         let (pos, size) = self.records[rid].at.unwrap();
                         let (targets, offsets) = self.targets(queues, rid, 7, 2);
-                        ops.push(Op::Enqueue { pos, size, queues: targets });
+                        ops.push(Op::Enqueue { pos, size, body_len: self.body_len(rid), queues: targets });
                         expect.appended.push((rid, offsets));
                     }
                 }
@@ -259,7 +264,7 @@ impl Model {
                 .iter()
                 .map(|(&off, &(rid, tag_hash, flags))| {
                     let (pos, size) = self.at(rid);
-                    (off, Pointer { pos, size, tag_hash, flags })
+                    (off, Pointer { pos, size, body_len: self.body_len(rid), tag_hash, flags })
                 })
                 .collect();
             assert_eq!(j.queue_entries(mq.id, 0, 10_000).unwrap(), want, "entries of queue {q}");

@@ -125,13 +125,14 @@ fn ops_semantics() {
         .write_blocking(vec![Op::Enqueue {
             pos,
             size,
+            body_len: 0,
             queues: vec![QueueTarget { queue: dlq, tag_hash: 9, flags: 2 }],
         }])
         .unwrap();
     assert_eq!(r.appended[0].offsets, vec![(dlq, 0)]);
     let bad = j.write_blocking(vec![
         Op::Remove { queue: q, offset: 0 },
-        Op::Enqueue { pos: LogPos(1 << 40), size, queues: vec![QueueTarget { queue: dlq, tag_hash: 0, flags: 0 }] },
+        Op::Enqueue { pos: LogPos(1 << 40), size, body_len: 0, queues: vec![QueueTarget { queue: dlq, tag_hash: 0, flags: 0 }] },
     ]);
     assert_eq!(bad, Err(JournalError::NotFound(1 << 40)));
     assert_eq!(j.queue_len(q).unwrap(), 1, "nothing of a refused submission is applied");
@@ -145,7 +146,7 @@ fn ops_semantics() {
     let r = j
         .write_blocking(vec![
             Op::Append(with_timer),
-            Op::Enqueue { pos: LogPos(next), size: size4, queues: vec![QueueTarget { queue: q, tag_hash: 0, flags: 0 }] },
+            Op::Enqueue { pos: LogPos(next), size: size4, body_len: 0, queues: vec![QueueTarget { queue: q, tag_hash: 0, flags: 0 }] },
             Op::DeleteTimer { due_ms: 10, pos: LogPos(next) },
         ])
         .unwrap();

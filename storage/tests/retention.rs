@@ -90,6 +90,7 @@ fn max_bytes_deletes_only_unreferenced_closed_segments() {
     let e = j.write_blocking(vec![Op::Enqueue {
         pos: p0,
         size: s0,
+        body_len: 0,
         queues: vec![QueueTarget { queue: q, tag_hash: 0, flags: 0 }],
     }]);
     assert_eq!(e, Err(JournalError::NotFound(p0.0)));

@@ -15,6 +15,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
+pub mod amqp;
+
 /// Default bound for waiting on one event.
 pub const WAIT: Duration = Duration::from_secs(10);
 
@@ -27,6 +29,8 @@ pub struct Broker {
     pub mqtts: Option<SocketAddr>,
     /// AMQP address (present once the AMQP front-end listens).
     pub amqp: Option<SocketAddr>,
+    /// AMQP over TLS address, if started with one.
+    pub amqps: Option<SocketAddr>,
     /// Data directory (kept across restarts).
     pub dir: PathBuf,
     _tmp: Option<Arc<tempfile::TempDir>>,
@@ -139,7 +143,8 @@ impl Broker {
         let mqtt = field("mqtt").unwrap_or_else(|| panic!("no mqtt address in {ready:?}"));
         let mqtts = field("mqtts");
         let amqp = field("amqp");
-        Broker { child: Some(child), mqtt, mqtts, amqp, dir, _tmp: tmp, log, opts }
+        let amqps = field("amqps");
+        Broker { child: Some(child), mqtt, mqtts, amqp, amqps, dir, _tmp: tmp, log, opts }
     }
 
     /// Stops the broker with SIGTERM and waits for a clean exit (status 0).
@@ -200,6 +205,11 @@ impl Broker {
     /// Data directory path.
     pub fn data_dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Process id of the running broker (None once stopped or killed).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
     }
 }
 

@@ -1,0 +1,162 @@
+//! Per-channel state of an AMQP connection: consumers, delivery tags and what is
+//! unacknowledged, prefetch (per consumer and global), flow, confirm and transaction mode.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use ferrymq_storage::QueueId;
+
+use crate::core::delivery::QueueDelivery;
+use crate::core::message::SharedMessage;
+use crate::core::queue::ConsumerId;
+use crate::core::router::Routes;
+
+/// A consumer started with basic.consume.
+#[derive(Debug, Clone)]
+pub struct ChannelConsumer {
+    /// Consumer tag.
+    pub tag: String,
+    /// Queue it consumes from.
+    pub queue: QueueId,
+    /// Queue name (for auto-delete bookkeeping).
+    pub queue_name: String,
+    /// Deliveries are not acknowledged by the client.
+    pub no_ack: bool,
+}
+
+/// A delivery waiting for the client's ack.
+#[derive(Debug, Clone, Copy)]
+pub struct Unacked {
+    /// Queue.
+    pub queue: QueueId,
+    /// Entry offset.
+    pub offset: u64,
+    /// Consumer it went to (the channel's get id for basic.get).
+    pub consumer: ConsumerId,
+}
+
+/// What an ack-like method does to a delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settle {
+    /// basic.ack.
+    Ack,
+    /// nack/reject with requeue.
+    Requeue,
+    /// nack/reject without requeue (dead-letter or drop).
+    Discard,
+}
+
+/// A publish held back in a transaction until commit.
+#[derive(Debug)]
+pub struct TxPublish {
+    /// The message.
+    pub msg: SharedMessage,
+    /// Where it goes.
+    pub routes: Routes,
+}
+
+/// One open channel.
+#[derive(Debug, Default)]
+pub struct Channel {
+    /// Consumers by id.
+    pub consumers: HashMap<ConsumerId, ChannelConsumer>,
+    /// Next delivery tag to hand out.
+    pub next_tag: u64,
+    /// Deliveries awaiting ack, by delivery tag.
+    pub unacked: BTreeMap<u64, Unacked>,
+    /// Prefetch count for consumers started from now on (basic.qos, global = false).
+    pub prefetch: u16,
+    /// Prefetch shared by the channel's consumers (basic.qos, global = true); 0 = none.
+    pub global_prefetch: u16,
+    /// Deliveries received from queues but held back (flow off or global prefetch).
+    pub held: VecDeque<QueueDelivery>,
+    /// Channel.Flow active (deliveries allowed).
+    pub flow_paused: bool,
+    /// Confirm mode.
+    pub confirm: bool,
+    /// Transaction mode.
+    pub tx: bool,
+    /// Publishes of the open transaction.
+    pub tx_publishes: Vec<TxPublish>,
+    /// Acks of the open transaction.
+    pub tx_settles: Vec<(u64, bool, Settle)>,
+    /// Consumer id used for basic.get deliveries of this channel.
+    pub get_consumer: ConsumerId,
+}
+
+impl Channel {
+    /// A fresh channel whose basic.get deliveries use `get_consumer`.
+    pub fn new(get_consumer: ConsumerId) -> Channel {
+        Channel { next_tag: 1, get_consumer, ..Default::default() }
+    }
+
+    /// True when the global prefetch allows another delivery.
+    pub fn may_deliver(&self) -> bool {
+        !self.flow_paused && (self.global_prefetch == 0 || self.unacked_by_consumers() < self.global_prefetch as usize)
+    }
+
+    fn unacked_by_consumers(&self) -> usize {
+        self.unacked.values().filter(|u| u.consumer != self.get_consumer).count()
+    }
+
+    /// Assigns the next delivery tag.
+    pub fn take_tag(&mut self) -> u64 {
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        tag
+    }
+
+    /// The unacked deliveries an ack of `tag` (with `multiple`) covers; `None` when the
+    /// tag is unknown (a channel error, 406).
+    pub fn settle(&mut self, tag: u64, multiple: bool) -> Option<Vec<Unacked>> {
+        if multiple {
+            if tag == 0 {
+                return Some(std::mem::take(&mut self.unacked).into_values().collect());
+            }
+            if !self.unacked.contains_key(&tag) && self.unacked.range(..=tag).next().is_none() {
+                return None;
+            }
+            let rest = self.unacked.split_off(&(tag + 1));
+            let covered = std::mem::replace(&mut self.unacked, rest);
+            Some(covered.into_values().collect())
+        } else {
+            self.unacked.remove(&tag).map(|u| vec![u])
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unacked(offset: u64) -> Unacked {
+        Unacked { queue: QueueId(1), offset, consumer: 7 }
+    }
+
+    #[test]
+    fn settle_single_and_multiple() {
+        let mut c = Channel::new(99);
+        for _ in 0..5 {
+            let tag = c.take_tag();
+            c.unacked.insert(tag, unacked(tag * 10));
+        }
+        assert_eq!(c.settle(2, false).map(|v| v.len()), Some(1));
+        assert!(c.settle(2, false).is_none(), "already acked: unknown tag");
+        let covered: Vec<u64> = c.settle(4, true).unwrap().iter().map(|u| u.offset).collect();
+        assert_eq!(covered, vec![10, 30, 40]);
+        assert_eq!(c.unacked.len(), 1);
+        assert!(c.settle(3, true).is_none(), "nothing left at or below 3");
+        assert_eq!(c.settle(0, true).map(|v| v.len()), Some(1), "multiple with tag 0: everything");
+    }
+
+    #[test]
+    fn global_prefetch_counts_consumer_deliveries() {
+        let mut c = Channel::new(99);
+        c.global_prefetch = 1;
+        assert!(c.may_deliver());
+        c.unacked.insert(1, unacked(1));
+        assert!(!c.may_deliver());
+        c.flow_paused = true;
+        c.global_prefetch = 0;
+        assert!(!c.may_deliver());
+    }
+}

@@ -1,0 +1,507 @@
+//! One task per AMQP socket: owns the socket and its `ferrymq_amqp::Connection`, checks
+//! the login, turns methods into core commands (declare, bind, consume, publish, ack),
+//! feeds deliveries from queues to consumers under prefetch, sends publisher confirms in
+//! order once messages are stored, and cleans up when the socket closes (unacked
+//! messages requeued in order, exclusive queues deleted).
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use ferrymq_amqp::connection::Content;
+use ferrymq_amqp::{AMQPClass, Config as ProtoConfig, Connection, Event};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
+use tracing::{debug, field, info, warn, Instrument};
+
+use super::channel::{Channel, Settle};
+use super::convert::properties_out;
+use super::entities::QueueEntity;
+use super::AmqpContext;
+use crate::core::broker::DurableSignal;
+use crate::core::delivery::QueueDelivery;
+use crate::core::message::now_ms;
+use crate::core::queue::{ConsumerEvent, ConsumerId};
+use crate::core::router::RouteCache;
+use crate::core::shards::ShardCmd;
+use crate::core::value::Value;
+
+/// Stop pulling deliveries while this many bytes wait to be written.
+const WRITE_HIGH_WATER: usize = 512 * 1024;
+/// Deliveries taken from the consumer channel per wake-up.
+const PULL_BATCH: usize = 256;
+/// Smallest read buffer (what an idle connection keeps).
+const READ_MIN: usize = 512;
+/// Largest read chunk the buffer grows to under load.
+const READ_MAX: usize = 128 * 1024;
+/// Drained buffers larger than this are given back.
+const BUFFER_KEEP: usize = 64 * 1024;
+/// Longest time spent flushing the last bytes to a closing socket.
+const CLOSE_FLUSH: Duration = Duration::from_secs(2);
+/// Credit given to no-ack consumers (deliveries are settled as soon as they are written).
+pub(super) const NO_ACK_CREDIT: u32 = 1000;
+
+/// A publish waiting for its confirm.
+pub(super) struct PendingConfirm {
+    pub channel: u16,
+    pub tag: u64,
+    pub signal: Option<DurableSignal>,
+    pub ack: bool,
+}
+
+/// Control messages to a connection task.
+#[derive(Debug)]
+pub enum Control {
+    /// The broker is shutting down (connection.close 320).
+    Shutdown,
+}
+
+/// Serves one AMQP connection until it closes.
+pub async fn serve<S>(ctx: Arc<AmqpContext>, stream: S, peer: SocketAddr)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let span = tracing::info_span!("amqp", peer = %peer, user = field::Empty, vhost = field::Empty);
+    async move {
+        let id = ctx.broker.next_id();
+        let (control_tx, control_rx) = mpsc::unbounded_channel();
+        ctx.register(id, control_tx);
+        let mut task = Task::new(ctx.clone(), id, peer, control_rx);
+        task.run(stream).await;
+        Box::pin(task.cleanup()).await;
+        ctx.unregister(id);
+    }
+    .instrument(span)
+    .await
+}
+
+pub(super) struct Task {
+    pub ctx: Arc<AmqpContext>,
+    pub id: u64,
+    pub peer: SocketAddr,
+    pub proto: Connection,
+    pub vhost: String,
+    pub user: String,
+    pub channels: HashMap<u16, Channel>,
+    /// Consumer id -> channel number.
+    pub consumer_channels: HashMap<ConsumerId, u16>,
+    pub events_tx: mpsc::UnboundedSender<ConsumerEvent>,
+    events_rx: mpsc::UnboundedReceiver<ConsumerEvent>,
+    control_rx: mpsc::UnboundedReceiver<Control>,
+    pub route_cache: RouteCache,
+    pub confirms: VecDeque<PendingConfirm>,
+    /// Exclusive queues declared by this connection (deleted when it closes).
+    pub exclusive: Vec<Arc<QueueEntity>>,
+    /// The connection has published (the memory alarm blocks publishers only).
+    pub publishing: bool,
+    /// Published since the last barrier: queue operations wait until those publishes
+    /// reached their queues, as they would have in RabbitMQ.
+    pub unsettled: bool,
+    /// A publish held back while the memory alarm is raised.
+    deferred: Option<Event>,
+    blocked_sent: bool,
+}
+
+impl Task {
+    fn new(ctx: Arc<AmqpContext>, id: u64, peer: SocketAddr, control_rx: mpsc::UnboundedReceiver<Control>) -> Task {
+        let cfg = &ctx.cfg;
+        let proto = Connection::new(
+            ProtoConfig {
+                frame_max: cfg.frame_max,
+                channel_max: cfg.channel_max,
+                heartbeat: cfg.heartbeat_secs,
+                handshake_timeout: Duration::from_secs(10),
+                product: "FerryMQ".into(),
+                version: env!("CARGO_PKG_VERSION").into(),
+                max_message_size: cfg.max_message_size,
+            },
+            Instant::now(),
+        );
+        let (events_tx, events_rx) = mpsc::unbounded_channel();
+        Task {
+            ctx,
+            id,
+            peer,
+            proto,
+            vhost: String::new(),
+            user: String::new(),
+            channels: HashMap::new(),
+            consumer_channels: HashMap::new(),
+            events_tx,
+            events_rx,
+            control_rx,
+            route_cache: RouteCache::default(),
+            confirms: VecDeque::new(),
+            exclusive: Vec::new(),
+            publishing: false,
+            unsettled: false,
+            deferred: None,
+            blocked_sent: false,
+        }
+    }
+
+    async fn run<S>(&mut self, stream: S)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send,
+    {
+        let (mut reader, mut writer) = tokio::io::split(stream);
+        let mut rbuf = BytesMut::with_capacity(READ_MIN);
+        let mut wbuf = BytesMut::new();
+        let mut alarm = self.ctx.alarm.subscribe();
+        let mut eof = false;
+        loop {
+            self.release_confirms();
+            self.proto.poll_transmit(&mut wbuf);
+            if self.proto.is_closed() || eof {
+                break;
+            }
+            let raised = *alarm.borrow();
+            self.update_blocked(raised);
+            // A blocked publisher is not read (RabbitMQ blocks the socket reader).
+            let may_read = !(raised && self.publishing) && self.deferred.is_none();
+            let can_pull = wbuf.len() < WRITE_HIGH_WATER;
+            let deadline = self.proto.poll_timeout();
+            let confirm_ready = self.confirms.front().is_some_and(|c| c.signal.is_some());
+            tokio::select! {
+                biased;
+                ctrl = self.control_rx.recv() => {
+                    if let Some(Control::Shutdown) = ctrl {
+                        self.proto.connection_error(320, "CONNECTION_FORCED - broker shutdown", 0, 0);
+                    }
+                }
+                res = writer.write_buf(&mut wbuf), if !wbuf.is_empty() => match res {
+                    Ok(_) => {
+                        if wbuf.is_empty() && wbuf.capacity() > BUFFER_KEEP {
+                            wbuf = BytesMut::new();
+                        }
+                    }
+                    Err(e) => { debug!(error = %e, "write failed"); eof = true; }
+                },
+                res = reader.read_buf(&mut rbuf), if may_read => match res {
+                    Ok(0) => { debug!("peer closed the connection"); eof = true; }
+                    Ok(_) => {
+                        let filled = rbuf.capacity() == rbuf.len();
+                        self.proto.handle_input(&mut rbuf, Instant::now());
+                        self.handle_events().await;
+                        if rbuf.is_empty() && rbuf.capacity() > BUFFER_KEEP {
+                            rbuf = BytesMut::with_capacity(READ_MIN);
+                        } else if filled || rbuf.capacity() - rbuf.len() < READ_MIN {
+                            rbuf.reserve((rbuf.capacity() * 2).clamp(READ_MIN, READ_MAX));
+                        }
+                    }
+                    Err(e) => { debug!(error = %e, "read failed"); eof = true; }
+                },
+                stored = front_confirm(&mut self.confirms), if confirm_ready => {
+                    if let Some(front) = self.confirms.front_mut() {
+                        front.signal = None;
+                        front.ack &= stored;
+                    }
+                }
+                ev = self.events_rx.recv(), if can_pull => {
+                    if let Some(ev) = ev {
+                        self.on_consumer_event(ev);
+                        let mut n = 1;
+                        while n < PULL_BATCH {
+                            let Ok(ev) = self.events_rx.try_recv() else { break };
+                            self.on_consumer_event(ev);
+                            n += 1;
+                        }
+                    }
+                }
+                _ = alarm.changed() => {
+                    if !*alarm.borrow() {
+                        self.update_blocked(false);
+                        self.handle_events().await;
+                    }
+                }
+                _ = sleep_until(deadline), if deadline.is_some() => {
+                    self.proto.handle_timeout(Instant::now());
+                    self.handle_events().await;
+                }
+            }
+        }
+        // What this connection published is in its queues before the client hears that
+        // the connection is closed.
+        self.settle_publishes().await;
+        self.proto.poll_transmit(&mut wbuf);
+        if !wbuf.is_empty() && !eof {
+            let _ = tokio::time::timeout(CLOSE_FLUSH, writer.write_all(&wbuf)).await;
+        }
+        let _ = tokio::time::timeout(CLOSE_FLUSH, writer.shutdown()).await;
+    }
+
+    fn update_blocked(&mut self, raised: bool) {
+        if raised && self.publishing && !self.blocked_sent {
+            self.proto.blocked("low on memory");
+            self.blocked_sent = true;
+        } else if !raised && self.blocked_sent {
+            self.proto.unblocked();
+            self.blocked_sent = false;
+        }
+    }
+
+    /// Waits until this connection's publishes reached their queues.
+    pub(super) async fn settle_publishes(&mut self) {
+        if self.unsettled {
+            self.ctx.broker.barrier().await;
+            self.unsettled = false;
+        }
+    }
+
+    async fn handle_events(&mut self) {
+        loop {
+            let Some(event) = self.deferred.take().or_else(|| self.proto.poll_event()) else { return };
+            if matches!(event, Event::Publish(_)) && self.ctx.alarm.is_raised() {
+                // Memory alarm: this publish and everything after it waits.
+                self.publishing = true;
+                self.update_blocked(true);
+                self.deferred = Some(event);
+                return;
+            }
+            match event {
+                Event::Login { mechanism, username, password, .. } => {
+                    match self.ctx.users.check(&username, &password, self.peer.ip(), &mechanism) {
+                        Ok(()) => {
+                            tracing::Span::current().record("user", username.as_str());
+                            self.user = username;
+                            self.proto.accept_login();
+                        }
+                        Err(e) => {
+                            warn!(user = %username, error = %e, "login refused");
+                            self.proto.refuse_login(&e.to_string());
+                        }
+                    }
+                }
+                Event::Open { vhost } => {
+                    if self.ctx.broker.router.has_vhost(&vhost) {
+                        tracing::Span::current().record("vhost", vhost.as_str());
+                        info!("client connected");
+                        self.vhost = vhost;
+                        self.proto.open_ok();
+                    } else {
+                        let text = format!("NOT_ALLOWED - vhost {vhost} not found");
+                        self.proto.connection_error(530, &text, 10, 40);
+                    }
+                }
+                Event::ChannelOpened { channel } => {
+                    let get_id = self.ctx.broker.next_id();
+                    self.channels.insert(channel, Channel::new(get_id));
+                }
+                Event::ChannelClosed { channel } => self.close_channel(channel),
+                Event::ChannelFlow { channel, active } => {
+                    if let Some(ch) = self.channels.get_mut(&channel) {
+                        ch.flow_paused = !active;
+                    }
+                    if active {
+                        self.flush_held(channel);
+                    }
+                }
+                Event::ConfirmSelected { channel } => {
+                    if let Some(ch) = self.channels.get_mut(&channel) {
+                        ch.confirm = true;
+                    }
+                }
+                Event::Method { channel, method } => self.on_method(channel, *method).await,
+                Event::Publish(p) => self.on_publish(*p).await,
+                Event::Closed(reason) => debug!(?reason, "connection closed"),
+            }
+        }
+    }
+
+    /// Sends confirms at the front of the queue whose messages are stored, coalescing
+    /// consecutive acks of one channel into one `multiple` ack.
+    fn release_confirms(&mut self) {
+        loop {
+            let Some(front) = self.confirms.front_mut() else { return };
+            let ready = match front.signal.as_mut() {
+                None => true,
+                Some(signal) => match signal.try_recv() {
+                    Ok(Ok(())) => {
+                        front.signal = None;
+                        true
+                    }
+                    Ok(Err(_)) | Err(tokio::sync::oneshot::error::TryRecvError::Closed) => {
+                        front.signal = None;
+                        front.ack = false;
+                        true
+                    }
+                    Err(tokio::sync::oneshot::error::TryRecvError::Empty) => false,
+                },
+            };
+            if !ready {
+                return;
+            }
+            let Some(first) = self.confirms.pop_front() else { return };
+            let (channel, mut tag, ack) = (first.channel, first.tag, first.ack);
+            let mut multiple = false;
+            if ack {
+                while let Some(next) = self.confirms.front_mut() {
+                    let done = next.channel == channel
+                        && next.ack
+                        && match next.signal.as_mut() {
+                            None => true,
+                            Some(s) => matches!(s.try_recv(), Ok(Ok(()))),
+                        };
+                    if !done {
+                        break;
+                    }
+                    tag = next.tag;
+                    multiple = true;
+                    self.confirms.pop_front();
+                }
+            }
+            if self.channels.contains_key(&channel) {
+                self.proto.confirm(channel, tag, multiple, ack);
+            }
+        }
+    }
+
+    fn on_consumer_event(&mut self, ev: ConsumerEvent) {
+        match ev {
+            ConsumerEvent::Deliver(d) => {
+                let Some(&channel) = self.consumer_channels.get(&d.consumer) else {
+                    // The consumer was cancelled meanwhile: give the message back.
+                    self.ctx.broker.shards.send(ShardCmd::Requeue { queue: d.queue, offset: d.offset });
+                    return;
+                };
+                let Some(ch) = self.channels.get_mut(&channel) else { return };
+                if !ch.held.is_empty() || !ch.may_deliver() {
+                    ch.held.push_back(d);
+                    return;
+                }
+                self.deliver(channel, d);
+            }
+            ConsumerEvent::Cancelled { consumer, .. } => {
+                let Some(channel) = self.consumer_channels.remove(&consumer) else { return };
+                if let Some(ch) = self.channels.get_mut(&channel) {
+                    if let Some(c) = ch.consumers.remove(&consumer) {
+                        // consumer_cancel_notify: the queue was deleted.
+                        let cancel = ferrymq_amqp::methods::basic::Cancel { consumer_tag: c.tag.as_str().into(), nowait: true };
+                        self.proto.reply(channel, AMQPClass::Basic(ferrymq_amqp::methods::basic::AMQPMethod::Cancel(cancel)));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Writes one delivery to its consumer.
+    pub(super) fn deliver(&mut self, channel: u16, d: QueueDelivery) {
+        let Some(ch) = self.channels.get_mut(&channel) else { return };
+        let Some((no_ack, consumer_tag)) = ch.consumers.get(&d.consumer).map(|c| (c.no_ack, c.tag.clone())) else {
+            self.ctx.broker.shards.send(ShardCmd::Requeue { queue: d.queue, offset: d.offset });
+            return;
+        };
+        let tag = ch.take_tag();
+        if no_ack {
+            self.ctx.broker.shards.send(ShardCmd::Ack { queue: d.queue, offset: d.offset });
+        } else {
+            ch.unacked.insert(tag, super::channel::Unacked { queue: d.queue, offset: d.offset, consumer: d.consumer });
+        }
+        let extra = delivery_headers(&d);
+        let props = properties_out(&d.msg, now_ms(), &extra);
+        let content = Content { exchange: &d.msg.exchange, routing_key: &d.msg.routing_key, properties: &props, body: &d.msg.payload };
+        self.proto.deliver(channel, &consumer_tag, tag, d.redelivered, content);
+    }
+
+    /// Delivers what a channel held back, as far as flow and prefetch allow.
+    pub(super) fn flush_held(&mut self, channel: u16) {
+        loop {
+            let Some(ch) = self.channels.get_mut(&channel) else { return };
+            if !ch.may_deliver() {
+                return;
+            }
+            let Some(d) = ch.held.pop_front() else { return };
+            self.deliver(channel, d);
+        }
+    }
+
+    /// Applies an ack/nack/reject to the deliveries it covers.
+    pub(super) fn settle(&mut self, channel: u16, covered: Vec<super::channel::Unacked>, how: Settle) {
+        for u in covered {
+            let cmd = match how {
+                Settle::Ack => ShardCmd::Ack { queue: u.queue, offset: u.offset },
+                Settle::Requeue => ShardCmd::Requeue { queue: u.queue, offset: u.offset },
+                Settle::Discard => ShardCmd::Reject { queue: u.queue, offset: u.offset },
+            };
+            self.ctx.broker.shards.send(cmd);
+        }
+        self.flush_held(channel);
+    }
+
+    /// A channel ended: its consumers go, its unacked deliveries are requeued in order.
+    pub(super) fn close_channel(&mut self, channel: u16) {
+        let Some(ch) = self.channels.remove(&channel) else { return };
+        for u in ch.unacked.values() {
+            self.ctx.broker.shards.send(ShardCmd::Requeue { queue: u.queue, offset: u.offset });
+        }
+        for d in ch.held {
+            self.ctx.broker.shards.send(ShardCmd::Requeue { queue: d.queue, offset: d.offset });
+        }
+        for (id, c) in ch.consumers {
+            self.consumer_channels.remove(&id);
+            self.ctx.broker.shards.send(ShardCmd::Detach { queue: c.queue, consumer: id });
+            self.consumer_left(&c.queue_name);
+            self.consumer_gone(&c.queue_name);
+        }
+        self.confirms.retain(|c| c.channel != channel);
+    }
+
+    /// A consumer of `queue_name` went (cancel or channel close): counts and exclusivity.
+    pub(super) fn consumer_left(&mut self, queue_name: &str) {
+        let Some(q) = self.ctx.entities.queue(&self.vhost, queue_name) else { return };
+        let _ = q.consumers.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        let mut exclusive = q.exclusive_consumer.lock();
+        if *exclusive == Some(self.id) && !self.channels.values().flat_map(|c| c.consumers.values()).any(|c| c.queue == q.id) {
+            *exclusive = None;
+        }
+    }
+
+    /// After a consumer went: an auto-delete queue left without consumers is deleted.
+    pub(super) fn consumer_gone(&mut self, queue_name: &str) {
+        let Some(q) = self.ctx.entities.queue(&self.vhost, queue_name) else { return };
+        if q.auto_delete && q.had_consumer.load(Ordering::Relaxed) && q.consumers.load(Ordering::Relaxed) == 0 {
+            let ctx = self.ctx.clone();
+            tokio::spawn(async move { ctx.entities.delete_queue(&ctx.broker, &q).await });
+        }
+    }
+
+    async fn cleanup(&mut self) {
+        let channels: Vec<u16> = self.channels.keys().copied().collect();
+        for c in channels {
+            self.close_channel(c);
+        }
+        for q in std::mem::take(&mut self.exclusive) {
+            if self.ctx.entities.queue(&q.vhost, &q.name).is_some_and(|e| Arc::ptr_eq(&e, &q)) {
+                self.ctx.entities.delete_queue(&self.ctx.broker, &q).await;
+            }
+        }
+        debug!("connection cleaned up");
+    }
+}
+
+/// Headers added to a delivery: `x-delivery-count` where the queue counts deliveries
+/// (quorum queues, queues with a delivery limit), as RabbitMQ's quorum queues do.
+pub(super) fn delivery_headers(d: &QueueDelivery) -> Vec<(String, Value)> {
+    match d.delivery_count {
+        Some(n) => vec![("x-delivery-count".to_owned(), Value::Int(n as i64))],
+        None => Vec::new(),
+    }
+}
+
+/// Waits for the front confirm's signal; true when the message was stored.
+async fn front_confirm(confirms: &mut VecDeque<PendingConfirm>) -> bool {
+    match confirms.front_mut().and_then(|c| c.signal.as_mut()) {
+        Some(signal) => matches!(signal.await, Ok(Ok(()))),
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(tokio::time::Instant::from_std(d)).await,
+        None => std::future::pending().await,
+    }
+}

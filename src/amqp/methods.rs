@@ -1,0 +1,668 @@
+//! What the AMQP methods do: exchange.*, queue.*, basic.*, tx.*, and basic.publish —
+//! with RabbitMQ's checks, reply codes and texts.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use ferrymq_amqp::connection::{Content, Publish};
+use ferrymq_amqp::methods::{basic, exchange, queue, tx};
+use ferrymq_amqp::AMQPClass;
+
+use super::channel::{ChannelConsumer, Settle, TxPublish};
+use super::connection::{PendingConfirm, Task, NO_ACK_CREDIT};
+use super::convert::{properties_in, properties_out, qos_of, short, table_in};
+use super::entities::{persist_binding, queue_config, store_exchange, forget_exchange, QueueEntity};
+use crate::core::broker::RetainMode;
+use crate::core::message::{now_ms, Message, SharedMessage};
+use crate::core::queue::Consumer;
+use crate::core::router::{Binding, Destination, ExchangeDef, ExchangeKind, RouteError, Routes};
+use crate::core::shards::ShardCmd;
+use crate::core::value::Value;
+
+/// A channel or connection exception to send.
+struct Fail {
+    code: u16,
+    text: String,
+    connection: bool,
+}
+
+fn channel_fail(code: u16, text: String) -> Fail {
+    Fail { code, text, connection: false }
+}
+
+fn not_found(what: &str, name: &str, vhost: &str) -> Fail {
+    channel_fail(404, format!("NOT_FOUND - no {what} '{name}' in vhost '{vhost}'"))
+}
+
+fn reply(method: AMQPClass) -> Result<Option<AMQPClass>, Fail> {
+    Ok(Some(method))
+}
+
+impl Task {
+    pub(super) async fn on_method(&mut self, channel: u16, method: AMQPClass) {
+        let (class_id, method_id) = (method.get_amqp_class_id(), method.get_amqp_method_id());
+        if matches!(method, AMQPClass::Queue(_) | AMQPClass::Basic(basic::AMQPMethod::Get(_))) {
+            self.settle_publishes().await;
+        }
+        let outcome = match method {
+            AMQPClass::Exchange(m) => self.on_exchange(m).await,
+            AMQPClass::Queue(m) => self.on_queue(channel, m).await,
+            AMQPClass::Basic(m) => self.on_basic(channel, m).await,
+            AMQPClass::Tx(m) => self.on_tx(channel, m).await,
+            _ => Err(Fail { code: 540, text: "NOT_IMPLEMENTED - method not supported".into(), connection: true }),
+        };
+        match outcome {
+            Ok(Some(answer)) => self.proto.reply(channel, answer),
+            Ok(None) => {}
+            Err(f) if f.connection => self.proto.connection_error(f.code, &f.text, class_id, method_id),
+            Err(f) => {
+                self.proto.channel_error(channel, f.code, &f.text, class_id, method_id);
+            }
+        }
+    }
+
+    // ----- exchanges -----------------------------------------------------------------
+
+    async fn on_exchange(&mut self, m: exchange::AMQPMethod) -> Result<Option<AMQPClass>, Fail> {
+        let vhost = self.vhost.clone();
+        let router = &self.ctx.broker.router;
+        match m {
+            exchange::AMQPMethod::Declare(d) => {
+                let name = d.exchange.as_str().to_owned();
+                let existing = router.exchange(&vhost, &name);
+                if d.passive {
+                    return match existing {
+                        Some(_) => ok_unless(d.nowait, AMQPClass::Exchange(exchange::AMQPMethod::DeclareOk(exchange::DeclareOk {}))),
+                        None => Err(not_found("exchange", &name, &vhost)),
+                    };
+                }
+                if name.is_empty() {
+                    return Err(channel_fail(403, "ACCESS_REFUSED - operation not permitted on the default exchange".into()));
+                }
+                let Some(kind) = ExchangeKind::parse(d.kind.as_str()) else {
+                    return Err(Fail {
+                        code: 503,
+                        text: format!("COMMAND_INVALID - unknown exchange type '{}'", d.kind.as_str()),
+                        connection: true,
+                    });
+                };
+                // The amq.* exchanges may be redeclared equivalently; new amq.* names are reserved.
+                if name.starts_with("amq.") && existing.is_none() {
+                    return Err(channel_fail(403, format!("ACCESS_REFUSED - exchange name '{name}' contains reserved prefix 'amq.*'")));
+                }
+                let def = ExchangeDef {
+                    name: name.clone(),
+                    kind,
+                    durable: d.durable,
+                    auto_delete: d.auto_delete,
+                    internal: d.internal,
+                    arguments: table_in(&d.arguments),
+                };
+                if let Some(current) = existing {
+                    check_equivalent_exchange(&current, &def, &vhost)?;
+                } else {
+                    router.declare_exchange(&vhost, def.clone()).map_err(|e| route_fail(e, &vhost))?;
+                    if def.durable {
+                        store_exchange(&self.ctx.broker, &vhost, &def).await;
+                    }
+                }
+                ok_unless(d.nowait, AMQPClass::Exchange(exchange::AMQPMethod::DeclareOk(exchange::DeclareOk {})))
+            }
+            exchange::AMQPMethod::Delete(d) => {
+                let name = d.exchange.as_str();
+                if name.is_empty() {
+                    return Err(channel_fail(403, "ACCESS_REFUSED - operation not permitted on the default exchange".into()));
+                }
+                if name.starts_with("amq.") {
+                    return Err(channel_fail(403, format!("ACCESS_REFUSED - operation not permitted on exchange '{name}' in vhost '{vhost}'")));
+                }
+                match router.delete_exchange(&vhost, name, d.if_unused) {
+                    Ok(true) => forget_exchange(&self.ctx.broker, &vhost, name).await,
+                    Ok(false) => {
+                        return Err(channel_fail(406, format!("PRECONDITION_FAILED - exchange '{name}' in vhost '{vhost}' in use")))
+                    }
+                    // RabbitMQ 3.x: deleting an exchange that does not exist succeeds.
+                    Err(RouteError::NoExchange(..)) => {}
+                    Err(e) => return Err(route_fail(e, &vhost)),
+                }
+                ok_unless(d.nowait, AMQPClass::Exchange(exchange::AMQPMethod::DeleteOk(exchange::DeleteOk {})))
+            }
+            exchange::AMQPMethod::Bind(b) => {
+                self.exchange_binding(b.source.as_str(), b.destination.as_str(), b.routing_key.as_str(), table_in(&b.arguments), true)
+                    .await?;
+                ok_unless(b.nowait, AMQPClass::Exchange(exchange::AMQPMethod::BindOk(exchange::BindOk {})))
+            }
+            exchange::AMQPMethod::Unbind(b) => {
+                self.exchange_binding(b.source.as_str(), b.destination.as_str(), b.routing_key.as_str(), table_in(&b.arguments), false)
+                    .await?;
+                ok_unless(b.nowait, AMQPClass::Exchange(exchange::AMQPMethod::UnbindOk(exchange::UnbindOk {})))
+            }
+            _ => Err(Fail { code: 540, text: "NOT_IMPLEMENTED - method not supported".into(), connection: true }),
+        }
+    }
+
+    async fn exchange_binding(&mut self, source: &str, dest: &str, key: &str, args: Vec<(String, Value)>, bind: bool) -> Result<(), Fail> {
+        let vhost = self.vhost.clone();
+        let router = &self.ctx.broker.router;
+        if source.is_empty() || dest.is_empty() {
+            return Err(channel_fail(403, "ACCESS_REFUSED - operation not permitted on the default exchange".into()));
+        }
+        let (src, dst) = match (router.exchange(&vhost, source), router.exchange(&vhost, dest)) {
+            (Some(src), Some(dst)) => (src, dst),
+            // Unbinding is idempotent: an exchange that is gone has no binding left.
+            _ if !bind => return Ok(()),
+            (None, _) => return Err(not_found("exchange", source, &vhost)),
+            (_, None) => return Err(not_found("exchange", dest, &vhost)),
+        };
+        let binding = Binding { dest: Destination::Exchange(dest.to_owned()), key: key.to_owned(), args, mqtt: None };
+        if bind {
+            router.bind(&vhost, source, binding.clone()).map_err(|e| route_fail(e, &vhost))?;
+        } else {
+            router.unbind(&vhost, source, &binding.dest, key, &binding.args).map_err(|e| route_fail(e, &vhost))?;
+        }
+        if src.durable && dst.durable {
+            persist_binding(&self.ctx.broker, &vhost, source, &binding, bind).await;
+        }
+        Ok(())
+    }
+
+    // ----- queues ----------------------------------------------------------------------
+
+    /// The queue `name` for an operation by this connection: 404 when missing, 405 when
+    /// another connection holds it exclusively.
+    fn usable_queue(&self, name: &str) -> Result<Arc<QueueEntity>, Fail> {
+        let Some(q) = self.ctx.entities.queue(&self.vhost, name) else { return Err(not_found("queue", name, &self.vhost)) };
+        if q.exclusive_owner.is_some_and(|owner| owner != self.id) {
+            return Err(channel_fail(
+                405,
+                format!("RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '{name}' in vhost '{}'. It could be originally declared on another connection or the exclusive property value does not match that of the original declaration.", self.vhost),
+            ));
+        }
+        Ok(q)
+    }
+
+    async fn on_queue(&mut self, channel: u16, m: queue::AMQPMethod) -> Result<Option<AMQPClass>, Fail> {
+        let vhost = self.vhost.clone();
+        match m {
+            queue::AMQPMethod::Declare(d) => {
+                let mut name = d.queue.as_str().to_owned();
+                if d.passive {
+                    let q = self.usable_queue(&name)?;
+                    q.touch();
+                    return ok_unless(d.nowait, declare_ok(&self.ctx.broker, &q).await);
+                }
+                if name.is_empty() {
+                    name = generated_name("amq.gen-");
+                } else if name.starts_with("amq.") {
+                    return Err(channel_fail(403, format!("ACCESS_REFUSED - queue name '{name}' contains reserved prefix 'amq.*'")));
+                }
+                let arguments = table_in(&d.arguments);
+                if let Some(existing) = self.ctx.entities.queue(&vhost, &name) {
+                    let q = self.usable_queue(&name)?;
+                    check_equivalent_queue(&existing, d.durable, d.exclusive, d.auto_delete, &arguments)?;
+                    q.touch();
+                    return ok_unless(d.nowait, declare_ok(&self.ctx.broker, &q).await);
+                }
+                let config = queue_config(&vhost, &name, d.durable, &arguments).map_err(|e| channel_fail(406, e.0))?;
+                if d.exclusive && arguments.iter().any(|(k, v)| k == "x-queue-type" && v.as_str() == Some("quorum")) {
+                    return Err(channel_fail(406, format!("PRECONDITION_FAILED - invalid property 'exclusive-owner' for queue '{name}' in vhost '{vhost}'")));
+                }
+                let owner = d.exclusive.then_some(self.id);
+                let q = self
+                    .ctx
+                    .entities
+                    .create_queue(&self.ctx.broker, &vhost, &name, d.durable && !d.exclusive, owner, d.auto_delete, arguments, config)
+                    .await
+                    .map_err(|e| Fail { code: 541, text: format!("INTERNAL_ERROR - {e}"), connection: true })?;
+                if d.exclusive {
+                    self.exclusive.push(q.clone());
+                }
+                let _ = channel;
+                ok_unless(d.nowait, declare_ok(&self.ctx.broker, &q).await)
+            }
+            queue::AMQPMethod::Bind(b) => {
+                let q = self.usable_queue(b.queue.as_str())?;
+                let exchange = b.exchange.as_str();
+                let Some(x) = self.ctx.broker.router.exchange(&vhost, exchange) else {
+                    return Err(not_found("exchange", exchange, &vhost));
+                };
+                if exchange.is_empty() {
+                    return Err(channel_fail(403, "ACCESS_REFUSED - operation not permitted on the default exchange".into()));
+                }
+                let binding = Binding::queue(q.id, b.routing_key.as_str(), table_in(&b.arguments));
+                self.ctx.broker.router.bind(&vhost, exchange, binding.clone()).map_err(|e| route_fail(e, &vhost))?;
+                if x.durable && q.durable {
+                    persist_binding(&self.ctx.broker, &vhost, exchange, &binding, true).await;
+                }
+                ok_unless(b.nowait, AMQPClass::Queue(queue::AMQPMethod::BindOk(queue::BindOk {})))
+            }
+            queue::AMQPMethod::Unbind(b) => {
+                let exchange = b.exchange.as_str();
+                if exchange.is_empty() {
+                    return Err(channel_fail(403, "ACCESS_REFUSED - operation not permitted on the default exchange".into()));
+                }
+                let unbind_ok = AMQPClass::Queue(queue::AMQPMethod::UnbindOk(queue::UnbindOk {}));
+                // Unbinding is idempotent, as in RabbitMQ: a queue or exchange that is gone
+                // (an auto-delete queue whose last consumer left) has no binding left.
+                if self.ctx.entities.queue(&vhost, b.queue.as_str()).is_none() {
+                    return reply(unbind_ok);
+                }
+                let q = self.usable_queue(b.queue.as_str())?;
+                let Some(x) = self.ctx.broker.router.exchange(&vhost, exchange) else { return reply(unbind_ok) };
+                let binding = Binding::queue(q.id, b.routing_key.as_str(), table_in(&b.arguments));
+                self.ctx
+                    .broker
+                    .router
+                    .unbind(&vhost, exchange, &binding.dest, &binding.key, &binding.args)
+                    .map_err(|e| route_fail(e, &vhost))?;
+                if x.durable && q.durable {
+                    persist_binding(&self.ctx.broker, &vhost, exchange, &binding, false).await;
+                }
+                reply(unbind_ok)
+            }
+            queue::AMQPMethod::Purge(p) => {
+                let q = self.usable_queue(p.queue.as_str())?;
+                let n = self.ctx.broker.shards.purge(q.id).await;
+                ok_unless(p.nowait, AMQPClass::Queue(queue::AMQPMethod::PurgeOk(queue::PurgeOk { message_count: n.min(u32::MAX as u64) as u32 })))
+            }
+            queue::AMQPMethod::Delete(d) => {
+                let name = d.queue.as_str();
+                let q = match self.usable_queue(name) {
+                    Ok(q) => q,
+                    // RabbitMQ: deleting a queue that does not exist succeeds with count 0.
+                    Err(f) if f.code == 404 => {
+                        return ok_unless(d.nowait, AMQPClass::Queue(queue::AMQPMethod::DeleteOk(queue::DeleteOk { message_count: 0 })))
+                    }
+                    Err(f) => return Err(f),
+                };
+                if d.if_unused && q.consumers.load(Ordering::Relaxed) > 0 {
+                    return Err(channel_fail(406, format!("PRECONDITION_FAILED - queue '{name}' in vhost '{vhost}' in use")));
+                }
+                if d.if_empty && self.ctx.broker.shards.counts(q.id).await.0 > 0 {
+                    return Err(channel_fail(406, format!("PRECONDITION_FAILED - queue '{name}' in vhost '{vhost}' not empty")));
+                }
+                let n = self.ctx.entities.delete_queue(&self.ctx.broker, &q).await;
+                self.exclusive.retain(|e| !Arc::ptr_eq(e, &q));
+                ok_unless(d.nowait, AMQPClass::Queue(queue::AMQPMethod::DeleteOk(queue::DeleteOk { message_count: n.min(u32::MAX as u64) as u32 })))
+            }
+            _ => Err(Fail { code: 540, text: "NOT_IMPLEMENTED - method not supported".into(), connection: true }),
+        }
+    }
+
+    // ----- basic -----------------------------------------------------------------------
+
+    async fn on_basic(&mut self, channel: u16, m: basic::AMQPMethod) -> Result<Option<AMQPClass>, Fail> {
+        match m {
+            basic::AMQPMethod::Qos(q) => {
+                let ch = self.channel(channel)?;
+                if q.global {
+                    ch.global_prefetch = q.prefetch_count;
+                } else {
+                    ch.prefetch = q.prefetch_count;
+                }
+                self.flush_held(channel);
+                reply(AMQPClass::Basic(basic::AMQPMethod::QosOk(basic::QosOk {})))
+            }
+            basic::AMQPMethod::Consume(c) => {
+                let q = self.usable_queue(c.queue.as_str())?;
+                let tag = if c.consumer_tag.as_str().is_empty() {
+                    generated_name("amq.ctag-")
+                } else {
+                    c.consumer_tag.as_str().to_owned()
+                };
+                if self.channels.values().any(|ch| ch.consumers.values().any(|x| x.tag == tag)) {
+                    return Err(Fail { code: 530, text: format!("NOT_ALLOWED - attempt to reuse consumer tag '{tag}'"), connection: true });
+                }
+                {
+                    let mut exclusive = q.exclusive_consumer.lock();
+                    if exclusive.is_some() || (c.exclusive && q.consumers.load(Ordering::Relaxed) > 0) {
+                        return Err(channel_fail(403, format!("ACCESS_REFUSED - queue '{}' in vhost '{}' in exclusive use", q.name, self.vhost)));
+                    }
+                    if c.exclusive {
+                        *exclusive = Some(self.id);
+                    }
+                }
+                let args = table_in(&c.arguments);
+                let priority = args.iter().find(|(k, _)| k == "x-priority").and_then(|(_, v)| v.as_i64()).unwrap_or(0) as i32;
+                let id = self.ctx.broker.next_id();
+                let ch = self.channel(channel)?;
+                let credit = if c.no_ack {
+                    NO_ACK_CREDIT
+                } else if ch.prefetch > 0 {
+                    ch.prefetch as u32
+                } else if ch.global_prefetch > 0 {
+                    ch.global_prefetch as u32
+                } else {
+                    u32::MAX / 2
+                };
+                ch.consumers.insert(id, ChannelConsumer { tag: tag.clone(), queue: q.id, queue_name: q.name.clone(), no_ack: c.no_ack });
+                self.consumer_channels.insert(id, channel);
+                q.had_consumer.store(true, Ordering::Relaxed);
+                q.consumers.fetch_add(1, Ordering::Relaxed);
+                q.touch();
+                let consumer = Consumer { id, tx: self.events_tx.clone(), credit, max_qos: 2, priority };
+                // Consume-ok goes out before the first delivery can.
+                if !c.nowait {
+                    self.proto.reply(channel, AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(basic::ConsumeOk { consumer_tag: short(&tag) })));
+                }
+                self.ctx.broker.shards.send(ShardCmd::Attach { queue: q.id, consumer });
+                Ok(None)
+            }
+            basic::AMQPMethod::Cancel(c) => {
+                let tag = c.consumer_tag.as_str().to_owned();
+                let ch = self.channel(channel)?;
+                let found = ch.consumers.iter().find(|(_, x)| x.tag == tag).map(|(id, x)| (*id, x.clone()));
+                if let Some((id, consumer)) = found {
+                    ch.consumers.remove(&id);
+                    self.consumer_channels.remove(&id);
+                    self.ctx.broker.shards.send(ShardCmd::Cancel { queue: consumer.queue, consumer: id });
+                    self.consumer_left(&consumer.queue_name);
+                    self.consumer_gone(&consumer.queue_name);
+                }
+                ok_unless(c.nowait, AMQPClass::Basic(basic::AMQPMethod::CancelOk(basic::CancelOk { consumer_tag: short(&tag) })))
+            }
+            basic::AMQPMethod::Get(g) => {
+                let q = self.usable_queue(g.queue.as_str())?;
+                q.touch();
+                let get_id = self.channel(channel)?.get_consumer;
+                match self.ctx.broker.shards.get(q.id, get_id, g.no_ack).await {
+                    None => reply(AMQPClass::Basic(basic::AMQPMethod::GetEmpty(basic::GetEmpty {}))),
+                    Some(got) => {
+                        let ch = self.channel(channel)?;
+                        let tag = ch.take_tag();
+                        if !g.no_ack {
+                            ch.unacked.insert(tag, super::channel::Unacked { queue: q.id, offset: got.delivery.offset, consumer: get_id });
+                        }
+                        let d = &got.delivery;
+                        let extra = super::connection::delivery_headers(d);
+                        let props = properties_out(&d.msg, now_ms(), &extra);
+                        let content = Content { exchange: &d.msg.exchange, routing_key: &d.msg.routing_key, properties: &props, body: &d.msg.payload };
+                        self.proto.get_ok(channel, tag, d.redelivered, got.remaining.min(u32::MAX as u64) as u32, content);
+                        Ok(None)
+                    }
+                }
+            }
+            basic::AMQPMethod::Ack(a) => self.settle_method(channel, a.delivery_tag, a.multiple, Settle::Ack),
+            basic::AMQPMethod::Nack(n) => {
+                let how = if n.requeue { Settle::Requeue } else { Settle::Discard };
+                self.settle_method(channel, n.delivery_tag, n.multiple, how)
+            }
+            basic::AMQPMethod::Reject(r) => {
+                let how = if r.requeue { Settle::Requeue } else { Settle::Discard };
+                self.settle_method(channel, r.delivery_tag, false, how)
+            }
+            basic::AMQPMethod::Recover(_) => {
+                self.recover(channel)?;
+                reply(AMQPClass::Basic(basic::AMQPMethod::RecoverOk(basic::RecoverOk {})))
+            }
+            basic::AMQPMethod::RecoverAsync(_) => {
+                self.recover(channel)?;
+                Ok(None)
+            }
+            _ => Err(Fail { code: 540, text: "NOT_IMPLEMENTED - method not supported".into(), connection: true }),
+        }
+    }
+
+    fn channel(&mut self, channel: u16) -> Result<&mut super::channel::Channel, Fail> {
+        self.channels.get_mut(&channel).ok_or(Fail { code: 504, text: "CHANNEL_ERROR - channel not open".into(), connection: true })
+    }
+
+    fn settle_method(&mut self, channel: u16, tag: u64, multiple: bool, how: Settle) -> Result<Option<AMQPClass>, Fail> {
+        let ch = self.channel(channel)?;
+        if ch.tx {
+            ch.tx_settles.push((tag, multiple, how));
+            return Ok(None);
+        }
+        let Some(covered) = ch.settle(tag, multiple) else {
+            return Err(channel_fail(406, format!("PRECONDITION_FAILED - unknown delivery tag {tag}")));
+        };
+        self.settle(channel, covered, how);
+        Ok(None)
+    }
+
+    fn recover(&mut self, channel: u16) -> Result<(), Fail> {
+        let ch = self.channel(channel)?;
+        let all: Vec<_> = std::mem::take(&mut ch.unacked).into_values().collect();
+        self.settle(channel, all, Settle::Requeue);
+        Ok(())
+    }
+
+    // ----- transactions ------------------------------------------------------------------
+
+    async fn on_tx(&mut self, channel: u16, m: tx::AMQPMethod) -> Result<Option<AMQPClass>, Fail> {
+        match m {
+            tx::AMQPMethod::Select(_) => {
+                self.channel(channel)?.tx = true;
+                reply(AMQPClass::Tx(tx::AMQPMethod::SelectOk(tx::SelectOk {})))
+            }
+            tx::AMQPMethod::Commit(_) => {
+                let ch = self.channel(channel)?;
+                if !ch.tx {
+                    return Err(channel_fail(406, "PRECONDITION_FAILED - channel is not transactional".into()));
+                }
+                let publishes = std::mem::take(&mut ch.tx_publishes);
+                let settles = std::mem::take(&mut ch.tx_settles);
+                let mut signals = Vec::new();
+                for p in publishes {
+                    if let Some(signal) = self.ctx.broker.publish(&p.msg, &p.routes, RetainMode::None, Vec::new()).await {
+                        signals.push(signal);
+                    }
+                }
+                for signal in signals {
+                    let _ = signal.await;
+                }
+                for (tag, multiple, how) in settles {
+                    let ch = self.channel(channel)?;
+                    let Some(covered) = ch.settle(tag, multiple) else {
+                        return Err(channel_fail(406, format!("PRECONDITION_FAILED - unknown delivery tag {tag}")));
+                    };
+                    self.settle(channel, covered, how);
+                }
+                reply(AMQPClass::Tx(tx::AMQPMethod::CommitOk(tx::CommitOk {})))
+            }
+            tx::AMQPMethod::Rollback(_) => {
+                let ch = self.channel(channel)?;
+                if !ch.tx {
+                    return Err(channel_fail(406, "PRECONDITION_FAILED - channel is not transactional".into()));
+                }
+                ch.tx_publishes.clear();
+                ch.tx_settles.clear();
+                reply(AMQPClass::Tx(tx::AMQPMethod::RollbackOk(tx::RollbackOk {})))
+            }
+            _ => Err(Fail { code: 540, text: "NOT_IMPLEMENTED - method not supported".into(), connection: true }),
+        }
+    }
+
+    // ----- publish ---------------------------------------------------------------------
+
+    pub(super) async fn on_publish(&mut self, p: Publish) {
+        self.publishing = true;
+        let channel = p.channel;
+        let (class_id, method_id) = (60, 40);
+        let vhost = self.vhost.clone();
+        let exchange = p.exchange.as_str();
+        if p.immediate {
+            self.proto.connection_error(540, "NOT_IMPLEMENTED - immediate=true", class_id, method_id);
+            return;
+        }
+        let Some(x) = self.ctx.broker.router.exchange(&vhost, exchange) else {
+            let text = format!("NOT_FOUND - no exchange '{exchange}' in vhost '{vhost}'");
+            self.proto.channel_error(channel, 404, &text, class_id, method_id);
+            return;
+        };
+        if x.internal {
+            let text = format!("ACCESS_REFUSED - cannot publish to internal exchange '{exchange}' in vhost '{vhost}'");
+            self.proto.channel_error(channel, 403, &text, class_id, method_id);
+            return;
+        }
+        if let Some(e) = p.properties.expiration() {
+            if e.as_str().trim().parse::<u64>().is_err() {
+                let text = format!("PRECONDITION_FAILED - invalid expiration '{}': no_integer", e.as_str());
+                self.proto.channel_error(channel, 406, &text, class_id, method_id);
+                return;
+            }
+        }
+        if let Some(user_id) = p.properties.user_id() {
+            if user_id.as_str() != self.user {
+                let text = format!("PRECONDITION_FAILED - user_id property set to '{}' but authenticated user was '{}'", user_id.as_str(), self.user);
+                self.proto.channel_error(channel, 406, &text, class_id, method_id);
+                return;
+            }
+        }
+        let now = now_ms();
+        let msg: SharedMessage = Arc::new(Message {
+            exchange: exchange.to_owned(),
+            routing_key: p.routing_key.as_str().to_owned(),
+            qos: qos_of(&p.properties),
+            retain: false,
+            props: properties_in(&p.properties, now),
+            payload: p.body,
+            timestamp_ms: now,
+        });
+        let routes = match self.route_cache.route(&self.ctx.broker.router, &vhost, exchange, &msg.routing_key, &msg.props.headers, "") {
+            Ok(r) => r,
+            Err(e) => {
+                let f = route_fail(e, &vhost);
+                self.proto.channel_error(channel, f.code, &f.text, class_id, method_id);
+                return;
+            }
+        };
+        // Queues that refuse messages when full (reject-publish): the publisher gets a nack.
+        let mut routes = Routes::clone(&routes);
+        let mut refused = false;
+        routes.queues.retain(|r| {
+            let full = self.ctx.entities.overflow_config(r.queue).is_some_and(|c| !c.admit(msg.payload.len() as u64));
+            refused |= full;
+            !full
+        });
+        if routes.is_empty() && p.mandatory && !refused {
+            let props = properties_out(&msg, now, &[]);
+            let content = Content { exchange: &msg.exchange, routing_key: &msg.routing_key, properties: &props, body: &msg.payload };
+            self.proto.basic_return(channel, 312, "NO_ROUTE", content);
+        }
+        let Some(ch) = self.channels.get_mut(&channel) else { return };
+        if ch.tx {
+            ch.tx_publishes.push(TxPublish { msg, routes });
+            return;
+        }
+        let confirm = p.confirm_tag;
+        // De-duplication by message id (exactly-once publishing), when configured.
+        let mut extra = Vec::new();
+        if let (Some(id), Some(dedup), true) = (&msg.props.message_id, self.ctx.dedup.as_ref(), confirm.is_some()) {
+            match dedup.check(&vhost, id, now) {
+                Some(op) => extra.push(op),
+                None => {
+                    if let Some(tag) = confirm {
+                        self.confirms.push_back(PendingConfirm { channel, tag, signal: None, ack: true });
+                    }
+                    return;
+                }
+            }
+        }
+        let signal = self.ctx.broker.publish(&msg, &routes, RetainMode::None, extra).await;
+        self.unsettled = true;
+        if let Some(tag) = confirm {
+            self.confirms.push_back(PendingConfirm { channel, tag, signal, ack: !refused });
+        }
+    }
+}
+
+fn ok_unless(nowait: bool, method: AMQPClass) -> Result<Option<AMQPClass>, Fail> {
+    Ok((!nowait).then_some(method))
+}
+
+/// Declare-ok with the counts as the queue's owner sees them after every earlier command
+/// (a publish confirmed before the declare is counted).
+async fn declare_ok(broker: &crate::core::broker::Broker, q: &QueueEntity) -> AMQPClass {
+    let (ready, _) = broker.shards.counts(q.id).await;
+    AMQPClass::Queue(queue::AMQPMethod::DeclareOk(queue::DeclareOk {
+        queue: short(&q.name),
+        message_count: ready.min(u32::MAX as u64) as u32,
+        consumer_count: q.consumers.load(Ordering::Relaxed).min(u32::MAX as u64) as u32,
+    }))
+}
+
+fn route_fail(e: RouteError, vhost: &str) -> Fail {
+    match e {
+        RouteError::NoExchange(name, _) => not_found("exchange", &name, vhost),
+        RouteError::NoVhost(v) => Fail { code: 530, text: format!("NOT_ALLOWED - vhost {v} not found"), connection: true },
+    }
+}
+
+fn inequivalent(arg: &str, what: &str, name: &str, vhost: &str, received: String, current: String) -> Fail {
+    channel_fail(
+        406,
+        format!("PRECONDITION_FAILED - inequivalent arg '{arg}' for {what} '{name}' in vhost '{vhost}': received '{received}' but current is '{current}'"),
+    )
+}
+
+fn check_equivalent_exchange(current: &ExchangeDef, wanted: &ExchangeDef, vhost: &str) -> Result<(), Fail> {
+    let n = &current.name;
+    if current.kind != wanted.kind {
+        return Err(inequivalent("type", "exchange", n, vhost, wanted.kind.name().into(), current.kind.name().into()));
+    }
+    if current.durable != wanted.durable {
+        return Err(inequivalent("durable", "exchange", n, vhost, wanted.durable.to_string(), current.durable.to_string()));
+    }
+    if current.auto_delete != wanted.auto_delete {
+        return Err(inequivalent("auto_delete", "exchange", n, vhost, wanted.auto_delete.to_string(), current.auto_delete.to_string()));
+    }
+    if current.internal != wanted.internal {
+        return Err(inequivalent("internal", "exchange", n, vhost, wanted.internal.to_string(), current.internal.to_string()));
+    }
+    Ok(())
+}
+
+fn check_equivalent_queue(q: &QueueEntity, durable: bool, exclusive: bool, auto_delete: bool, args: &[(String, Value)]) -> Result<(), Fail> {
+    let (n, v) = (&q.name, &q.vhost);
+    let current_durable = q.durable || (q.exclusive_owner.is_some() && durable);
+    if current_durable != durable {
+        return Err(inequivalent("durable", "queue", n, v, durable.to_string(), q.durable.to_string()));
+    }
+    if q.exclusive_owner.is_some() != exclusive {
+        return Err(inequivalent("exclusive", "queue", n, v, exclusive.to_string(), q.exclusive_owner.is_some().to_string()));
+    }
+    if q.auto_delete != auto_delete {
+        return Err(inequivalent("auto_delete", "queue", n, v, auto_delete.to_string(), q.auto_delete.to_string()));
+    }
+    // Arguments that define the queue must match (RabbitMQ compares the x- arguments it knows).
+    for key in [
+        "x-message-ttl",
+        "x-expires",
+        "x-max-length",
+        "x-max-length-bytes",
+        "x-overflow",
+        "x-dead-letter-exchange",
+        "x-dead-letter-routing-key",
+        "x-max-priority",
+        "x-queue-type",
+        "x-single-active-consumer",
+        "x-delivery-limit",
+    ] {
+        let get = |t: &[(String, Value)]| t.iter().find(|(k, _)| k == key).map(|(_, v)| v.to_text());
+        let (wanted, current) = (get(args), get(&q.arguments));
+        let defaulted_type = key == "x-queue-type" && wanted.as_deref().unwrap_or("classic") == current.as_deref().unwrap_or("classic");
+        if wanted != current && !defaulted_type {
+            return Err(inequivalent(key, "queue", n, v, wanted.unwrap_or_else(|| "none".into()), current.unwrap_or_else(|| "none".into())));
+        }
+    }
+    Ok(())
+}
+
+/// A server-generated name: RabbitMQ's prefix and 22 URL-safe characters.
+fn generated_name(prefix: &str) -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    seed ^= COUNTER.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
+    let mut out = String::with_capacity(prefix.len() + 22);
+    out.push_str(prefix);
+    for _ in 0..22 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        out.push(ALPHABET[(seed % 64) as usize] as char);
+    }
+    out
+}
+
+static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);

@@ -1,0 +1,108 @@
+//! The AMQP 0-9-1 front-end: connects sockets to the core so that RabbitMQ clients work
+//! unchanged.
+//!
+//! ```text
+//! socket ─▶ connection task (owns a ferrymq_amqp::Connection) ─▶ methods ─▶ router / queues / journal
+//!    ▲                                                              │
+//!    └──────── deliveries (prefetch as queue credit), confirms ◀────┘
+//! ```
+//!
+//! - [`connection`] — one task per socket: login, channels, deliveries, confirms, cleanup.
+//! - [`methods`] — exchange.*, queue.*, basic.*, tx.* and publishing, with RabbitMQ's checks.
+//! - [`channel`] — per-channel state (consumers, delivery tags, prefetch, modes).
+//! - [`entities`] — the queue registry and durable metadata.
+//! - [`convert`] — wire types <-> core values and properties (the gateway mapping).
+//! - [`auth`] — the user store.
+//! - [`dedup`] — publisher de-duplication by message id.
+
+pub mod auth;
+pub mod channel;
+pub mod connection;
+pub mod convert;
+pub mod dedup;
+pub mod entities;
+pub mod methods;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::sync::mpsc;
+
+use crate::config::Config;
+use crate::core::alarm::MemoryAlarm;
+use crate::core::broker::Broker;
+use crate::core::message::now_ms;
+use auth::Users;
+use connection::Control;
+use dedup::Dedup;
+use entities::Entities;
+
+/// Everything the AMQP front-end shares between connections.
+#[derive(Debug)]
+pub struct AmqpContext {
+    /// The core.
+    pub broker: Arc<Broker>,
+    /// `[amqp]` settings.
+    pub cfg: crate::config::AmqpSection,
+    /// The user store.
+    pub users: Users,
+    /// Declared queues.
+    pub entities: Entities,
+    /// The memory alarm.
+    pub alarm: Arc<MemoryAlarm>,
+    /// Publisher de-duplication (when configured).
+    pub dedup: Option<Dedup>,
+    connections: Mutex<HashMap<u64, mpsc::UnboundedSender<Control>>>,
+}
+
+impl AmqpContext {
+    /// Builds the context: virtual hosts, restored entities and de-duplication table.
+    pub async fn start(broker: Arc<Broker>, config: &Config, alarm: Arc<MemoryAlarm>) -> Arc<AmqpContext> {
+        for vhost in &config.auth.vhosts {
+            broker.router.add_vhost(vhost);
+        }
+        let dedup = (config.amqp.dedup_window_secs > 0)
+            .then(|| Dedup::load(&broker.journal, config.amqp.dedup_window_secs * 1000, now_ms()));
+        let ctx = Arc::new(AmqpContext {
+            broker,
+            cfg: config.amqp.clone(),
+            users: Users::new(config.auth.all_users()),
+            entities: Entities::default(),
+            alarm,
+            dedup,
+            connections: Mutex::new(HashMap::new()),
+        });
+        ctx.entities.restore(&ctx.broker).await;
+        tokio::spawn(ctx.clone().housekeeping());
+        ctx
+    }
+
+    fn register(&self, id: u64, control: mpsc::UnboundedSender<Control>) {
+        self.connections.lock().insert(id, control);
+    }
+
+    fn unregister(&self, id: u64) {
+        self.connections.lock().remove(&id);
+    }
+
+    /// Tells every connection the broker is shutting down.
+    pub fn shutdown(&self) {
+        for c in self.connections.lock().values() {
+            let _ = c.send(Control::Shutdown);
+        }
+    }
+
+    /// Periodic work: unused queues expire (`x-expires`), de-duplication ids age out.
+    async fn housekeeping(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        loop {
+            tick.tick().await;
+            self.entities.expire_unused(&self.broker).await;
+            if let Some(d) = &self.dedup {
+                d.expire(&self.broker.journal, now_ms()).await;
+            }
+        }
+    }
+}

@@ -1,0 +1,132 @@
+//! How a queue behaves: limits, overflow, TTL, dead-lettering, delivery limit, single
+//! active consumer — set at declaration (AMQP arguments) or by the front-end (MQTT
+//! session limits), and the live gauge that publishers and declare-ok read.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// What happens when a full queue gets a new message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Overflow {
+    /// Drop a queued QoS 0 entry first, else the new message (MQTT sessions).
+    DropQos0First,
+    /// Drop (or dead-letter) the oldest ready message (`x-overflow: drop-head`).
+    DropHead,
+    /// Refuse new messages; publishers with confirms get a nack (`reject-publish`).
+    RejectPublish,
+    /// Like `RejectPublish`, and dead-letter the refused message (`reject-publish-dlx`).
+    RejectPublishDlx,
+}
+
+/// Where dead-lettered messages go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetterTarget {
+    /// Exchange (`x-dead-letter-exchange`; "" is the default exchange).
+    pub exchange: String,
+    /// Routing key (`x-dead-letter-routing-key`); `None` keeps the message's own keys.
+    pub routing_key: Option<String>,
+}
+
+/// Live counters of a queue, written by its owner shard, read by anyone.
+#[derive(Debug, Default)]
+pub struct QueueGauge {
+    /// Live messages (ready + unacked + on disk).
+    pub len: AtomicU64,
+    /// Bytes of live messages (record sizes).
+    pub bytes: AtomicU64,
+    /// Messages ready for delivery (len - unacked).
+    pub ready: AtomicU64,
+    /// Attached consumers.
+    pub consumers: AtomicU64,
+    /// Messages admitted by publishers but not yet counted by the queue (reject-publish
+    /// queues: publishers reserve room before storing).
+    pub admitted: AtomicU64,
+}
+
+impl QueueGauge {
+    /// Reads a counter.
+    pub fn get(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::Relaxed)
+    }
+}
+
+/// The behaviour of one queue.
+#[derive(Debug, Clone)]
+pub struct QueueConfig {
+    /// Queue name (for `x-death` and logs).
+    pub name: String,
+    /// Virtual host (for dead-letter routing).
+    pub vhost: String,
+    /// Most live messages (0 = unlimited).
+    pub max_len: u64,
+    /// Most bytes of records (0 = unlimited).
+    pub max_bytes: u64,
+    /// Overflow behaviour.
+    pub overflow: Overflow,
+    /// Entries kept in memory before new ones are left in storage.
+    pub memory_window: usize,
+    /// When set, an entry is not delivered while an unacked one is this many offsets older
+    /// (MQTT session queues derive packet ids from offsets modulo this span).
+    pub max_offset_span: Option<u64>,
+    /// Per-queue message TTL, ms (`x-message-ttl`).
+    pub message_ttl: Option<u64>,
+    /// Dead-letter target.
+    pub dead_letter: Option<DeadLetterTarget>,
+    /// Most redeliveries (`x-delivery-limit`): a limit of L allows L + 1 deliveries.
+    pub delivery_limit: Option<u32>,
+    /// Only one consumer receives at a time (`x-single-active-consumer`).
+    pub single_active_consumer: bool,
+    /// Priority queue (`x-max-priority`, up to 15 levels): highest priority first.
+    pub max_priority: Option<u8>,
+    /// Deliveries carry their earlier-delivery count (`x-delivery-count`, as quorum
+    /// queues and queues with a delivery limit do).
+    pub count_deliveries: bool,
+    /// Transient (QoS 0) messages survive a restart. MQTT session queues keep them; AMQP
+    /// queues drop them when reloaded, as RabbitMQ does with non-persistent messages.
+    pub keep_transient: bool,
+    /// Live counters.
+    pub gauge: Arc<QueueGauge>,
+}
+
+impl QueueConfig {
+    /// A queue with no limits beyond the memory window.
+    pub fn new(name: &str, vhost: &str) -> QueueConfig {
+        QueueConfig {
+            name: name.to_owned(),
+            vhost: vhost.to_owned(),
+            max_len: 0,
+            max_bytes: 0,
+            overflow: Overflow::DropHead,
+            memory_window: 4096,
+            max_offset_span: None,
+            message_ttl: None,
+            dead_letter: None,
+            delivery_limit: None,
+            single_active_consumer: false,
+            max_priority: None,
+            count_deliveries: false,
+            keep_transient: true,
+            gauge: Arc::new(QueueGauge::default()),
+        }
+    }
+
+    /// For `reject-publish` queues: reserves room for a message of `size` bytes and returns
+    /// true, or returns false when it would not fit (the publisher gets a nack). The queue
+    /// releases the reservation when the message arrives.
+    pub fn admit(&self, size: u64) -> bool {
+        let g = &self.gauge;
+        let admitted = g.admitted.fetch_add(1, Ordering::AcqRel) + 1;
+        let len = QueueGauge::get(&g.len) + admitted;
+        let bytes = QueueGauge::get(&g.bytes) + size;
+        if (self.max_len > 0 && len > self.max_len) || (self.max_bytes > 0 && bytes > self.max_bytes) {
+            g.admitted.fetch_sub(1, Ordering::AcqRel);
+            return false;
+        }
+        true
+    }
+
+    /// True when the queue refuses publishes once full.
+    pub fn rejects_when_full(&self) -> bool {
+        matches!(self.overflow, Overflow::RejectPublish | Overflow::RejectPublishDlx)
+    }
+}

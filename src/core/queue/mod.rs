@@ -1,0 +1,1139 @@
+//! A consume queue: an ordered list of pointers into the commit log, its consumers, what
+//! is ready, what is unacknowledged, and its behaviour ([`QueueConfig`]).
+//!
+//! One abstraction serves MQTT persistent sessions (one consumer: the session's
+//! connection), MQTT shared-subscription groups and AMQP queues (competing consumers,
+//! prefetch as credit, priorities, single active consumer, requeue, dead-lettering, TTL,
+//! length limits, delivery limit). The owning shard task (see [`super::shards`]) is the
+//! only writer, so the state needs no lock. Entries beyond an in-memory window stay in
+//! storage and are paged in by offset as the ready list drains (the RocketMQ
+//! consume-queue model), so a backlog of millions costs memory only for the window.
+
+mod config;
+mod consumer;
+mod ready;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+pub use config::{DeadLetterTarget, Overflow, QueueConfig, QueueGauge};
+pub use consumer::{Consumer, ConsumerEvent, ConsumerId};
+use ferrymq_storage::{Journal, Op, Pointer, QueueId};
+use tracing::warn;
+
+use ready::Ready;
+
+use super::delivery::QueueDelivery;
+use super::message::{now_ms, Message, SharedMessage};
+
+/// Flag bits of a consume-queue entry ([`Pointer::flags`]).
+pub mod flags {
+    /// QoS of the entry (bits 0-1).
+    pub const QOS_MASK: u8 = 0b11;
+    /// QoS 2 entry whose PUBREC arrived: only PUBREL is left to send.
+    pub const RELEASED: u8 = 0b100;
+    /// Message priority, 0-15 (bits 3-6).
+    pub const PRIORITY_SHIFT: u8 = 3;
+    /// Mask of the priority bits.
+    pub const PRIORITY_MASK: u8 = 0b0111_1000;
+
+    /// Flags for an entry of `qos` and message `priority` (clamped to 15).
+    pub fn of(qos: u8, priority: Option<u8>) -> u8 {
+        (qos & QOS_MASK) | (priority.unwrap_or(0).min(15) << PRIORITY_SHIFT)
+    }
+}
+
+/// Pages read from storage at a time.
+const PAGE: usize = 256;
+
+/// Why a message leaves a queue for its dead-letter exchange (the `x-death` reason).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeathReason {
+    /// Rejected or nacked without requeue.
+    Rejected,
+    /// Its TTL passed.
+    Expired,
+    /// Dropped from the head of a full queue.
+    MaxLen,
+    /// Redelivered more often than the delivery limit allows.
+    DeliveryLimit,
+}
+
+impl DeathReason {
+    /// The reason as RabbitMQ writes it in `x-death`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeathReason::Rejected => "rejected",
+            DeathReason::Expired => "expired",
+            DeathReason::MaxLen => "maxlen",
+            DeathReason::DeliveryLimit => "delivery_limit",
+        }
+    }
+}
+
+/// A message leaving a queue that has a dead-letter target.
+#[derive(Debug, Clone)]
+pub struct DeadLetter {
+    /// The message.
+    pub msg: SharedMessage,
+    /// Why.
+    pub reason: DeathReason,
+    /// The queue's configuration (name, vhost, target).
+    pub config: Arc<QueueConfig>,
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    offset: u64,
+    ptr: Pointer,
+    msg: Option<SharedMessage>,
+    redelivered: bool,
+    /// Deliveries so far.
+    deliveries: u32,
+    /// Priority (0 unless the queue is a priority queue).
+    priority: u8,
+    /// Appended while a consumer could take it at once: a TTL of 0 does not expire it
+    /// before that first delivery.
+    fresh: bool,
+}
+
+#[derive(Debug)]
+struct Unacked {
+    entry: Entry,
+    consumer: ConsumerId,
+}
+
+/// Outcome of offering a freshly appended entry to a full queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Taken.
+    Accepted,
+    /// Taken after dropping an older QoS 0 entry.
+    EvictedQos0,
+    /// Taken after dropping (or dead-lettering) the oldest ready message.
+    DroppedHead,
+    /// Dropped (queue full).
+    Dropped,
+}
+
+/// Side effects of a queue operation that the owning shard carries out.
+#[derive(Debug, Default)]
+pub struct Effects {
+    /// Journal ops (acks, drops, flag changes).
+    pub ops: Vec<Op>,
+    /// Messages to dead-letter.
+    pub dead: Vec<DeadLetter>,
+}
+
+/// A message handed out by [`Queue::get`].
+#[derive(Debug)]
+pub struct Got {
+    /// The delivery (offset, message, redelivered, delivery count).
+    pub delivery: QueueDelivery,
+    /// Ready messages left after this one.
+    pub remaining: u64,
+}
+
+/// State of one consume queue.
+#[derive(Debug)]
+pub struct Queue {
+    id: QueueId,
+    config: Arc<QueueConfig>,
+    /// One past the highest offset appended.
+    next_offset: u64,
+    /// Entries with offset below this are in memory (ready or unacked) or gone.
+    loaded_upto: u64,
+    /// Entries below this offset existed when the queue was loaded: they may have been
+    /// delivered before a restart, so they go out as redeliveries.
+    recovered_upto: u64,
+    ready: Ready,
+    unacked: BTreeMap<u64, Unacked>,
+    consumers: Vec<Consumer>,
+    rr: usize,
+    len: u64,
+    bytes: u64,
+    /// Live QoS 0 entries (the first to go when an MQTT session queue is full).
+    qos0: u64,
+    /// Storage entries below this offset hold no QoS 0 entry (eviction scans resume here).
+    qos0_scan_from: u64,
+    /// Offsets at or past `loaded_upto` removed while still in storage: page-in skips them
+    /// even if it reads before the removal is applied.
+    dropped_ahead: BTreeSet<u64>,
+    /// Some message may expire (queue TTL, or a message with an expiry was seen).
+    expiring: bool,
+    /// Removals decided while loading (transient messages that do not survive a restart).
+    load_ops: Vec<Op>,
+}
+
+impl Queue {
+    /// Loads the queue's state from storage (next offset, length and bytes of live entries).
+    pub fn load(id: QueueId, config: Arc<QueueConfig>, journal: &Journal) -> Queue {
+        let next_offset = journal.queue_next_offset(id);
+        let (mut len, mut bytes, mut qos0, mut from, mut first) = (0u64, 0u64, 0u64, 0u64, None);
+        let mut load_ops = Vec::new();
+        loop {
+            match journal.queue_entries(id, from, 4096) {
+                Ok(page) if !page.is_empty() => {
+                    first.get_or_insert(page[0].0);
+                    for (offset, p) in &page {
+                        if !config.keep_transient && p.flags & flags::QOS_MASK == 0 {
+                            load_ops.push(Op::Remove { queue: id, offset: *offset });
+                            continue;
+                        }
+                        len += 1;
+                        bytes += p.body_len as u64;
+                        qos0 += (p.flags & flags::QOS_MASK == 0) as u64;
+                    }
+                    from = page[page.len() - 1].0 + 1;
+                }
+                Ok(_) => break,
+                Err(e) => {
+                    warn!(queue = id.0, error = %e, "cannot scan queue");
+                    break;
+                }
+            }
+        }
+        let ready = Ready::new(config.max_priority.is_some());
+        let q = Queue {
+            id,
+            expiring: config.message_ttl.is_some(),
+            config,
+            next_offset,
+            loaded_upto: first.unwrap_or(next_offset),
+            recovered_upto: next_offset,
+            ready,
+            unacked: BTreeMap::new(),
+            consumers: Vec::new(),
+            rr: 0,
+            len,
+            bytes,
+            qos0,
+            qos0_scan_from: 0,
+            dropped_ahead: BTreeSet::new(),
+            load_ops,
+        };
+        q.publish_gauge();
+        q
+    }
+
+    /// Removals decided while loading; the owner submits them.
+    pub fn take_load_ops(&mut self) -> Vec<Op> {
+        std::mem::take(&mut self.load_ops)
+    }
+
+    /// The queue's id.
+    pub fn id(&self) -> QueueId {
+        self.id
+    }
+
+    /// The queue's configuration.
+    pub fn config(&self) -> &Arc<QueueConfig> {
+        &self.config
+    }
+
+    /// Replaces the configuration (keeps the state).
+    pub fn set_config(&mut self, config: Arc<QueueConfig>) {
+        self.expiring |= config.message_ttl.is_some();
+        self.config = config;
+        self.publish_gauge();
+    }
+
+    /// Live entries (ready, unacked and not yet loaded).
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// True when no entry is live.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Entries delivered and not yet acknowledged.
+    pub fn unacked_len(&self) -> usize {
+        self.unacked.len()
+    }
+
+    /// Attached consumers.
+    pub fn consumer_count(&self) -> usize {
+        self.consumers.len()
+    }
+
+    /// True when messages may expire (the shard sweeps such queues on a timer).
+    pub fn may_expire(&self) -> bool {
+        self.expiring && self.len > self.unacked.len() as u64
+    }
+
+    /// Writes the live counters to the gauge.
+    pub fn publish_gauge(&self) {
+        let g = &self.config.gauge;
+        g.len.store(self.len, Ordering::Relaxed);
+        g.bytes.store(self.bytes, Ordering::Relaxed);
+        g.ready.store(self.len.saturating_sub(self.unacked.len() as u64), Ordering::Relaxed);
+        g.consumers.store(self.consumers.len() as u64, Ordering::Relaxed);
+    }
+
+    /// A freshly appended entry (from the journal's completion, in offset order). The
+    /// message is kept in memory when someone consumes and the window allows. Applies the
+    /// length/byte limits per the overflow behaviour.
+    pub fn appended(
+        &mut self,
+        offset: u64,
+        ptr: Pointer,
+        msg: &SharedMessage,
+        journal: &Journal,
+        fx: &mut Effects,
+    ) -> Admission {
+        self.next_offset = self.next_offset.max(offset + 1);
+        if msg.props.expires_at_ms.is_some() {
+            self.expiring = true;
+        }
+        // A page read may have loaded this entry already (it raced the completion).
+        let already_loaded = offset < self.loaded_upto;
+        if self.config.rejects_when_full() {
+            // The publisher reserved room for it: count it in at once, release the reservation.
+            let _ = self.config.gauge.admitted.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+        }
+        let mut admission = Admission::Accepted;
+        if self.is_full(ptr.body_len as u64) {
+            let qos = ptr.flags & flags::QOS_MASK;
+            let made_room = match self.config.overflow {
+                Overflow::DropQos0First => {
+                    admission = Admission::EvictedQos0;
+                    qos > 0 && self.evict_qos0(journal, &mut fx.ops)
+                }
+                Overflow::DropHead => {
+                    admission = Admission::DroppedHead;
+                    self.drop_head(journal, fx)
+                }
+                Overflow::RejectPublish | Overflow::RejectPublishDlx => false,
+            };
+            if !made_room {
+                self.refuse_appended(offset, already_loaded, &mut fx.ops);
+                if self.config.overflow == Overflow::RejectPublishDlx {
+                    self.dead_letter(msg.clone(), DeathReason::MaxLen, fx);
+                }
+                return Admission::Dropped;
+            }
+        }
+        // A TTL of 0 means "deliver at once or expire" (RabbitMQ's rule).
+        let deliverable_now = !already_loaded
+            && offset == self.loaded_upto
+            && self.ready.is_empty()
+            && self.pick_consumer_peek().is_some();
+        if self.has_zero_ttl(msg) && !deliverable_now {
+            self.refuse_appended(offset, already_loaded, &mut fx.ops);
+            self.dead_letter(msg.clone(), DeathReason::Expired, fx);
+            return admission;
+        }
+        self.count_in(&ptr);
+        if already_loaded {
+            return admission;
+        }
+        if self.config.rejects_when_full() {
+            self.publish_gauge();
+        }
+        self.keep_in_memory(offset, ptr, msg, deliverable_now);
+        admission
+    }
+
+    /// Removes an appended entry that does not stay (overflow, TTL 0), wherever it is.
+    fn refuse_appended(&mut self, offset: u64, already_loaded: bool, ops: &mut Vec<Op>) {
+        ops.push(Op::Remove { queue: self.id, offset });
+        if already_loaded {
+            self.ready.remove_first(|e| e.offset == offset);
+        } else {
+            self.skip_in_storage(offset);
+        }
+    }
+
+    /// True when the message may only be delivered at once: the queue's TTL or its own
+    /// expiration is 0.
+    fn has_zero_ttl(&self, msg: &Message) -> bool {
+        self.config.message_ttl == Some(0) || msg.props.expires_at_ms.is_some_and(|at| at <= msg.timestamp_ms)
+    }
+
+    /// Keeps a new entry in memory when someone consumes from the queue (an offline
+    /// backlog stays on disk until a consumer is back). A priority queue keeps every
+    /// entry in its ready list: the next one to go may be the newest.
+    fn keep_in_memory(&mut self, offset: u64, ptr: Pointer, msg: &SharedMessage, fresh: bool) {
+        let priority = self.config.max_priority.is_some();
+        if offset == self.loaded_upto && (priority || (self.ready.len() < self.config.memory_window && !self.consumers.is_empty())) {
+            let entry = Entry { offset, ptr, msg: Some(msg.clone()), redelivered: false, deliveries: 0, priority: self.priority_of(&ptr), fresh };
+            self.ready.push_back(entry);
+            self.loaded_upto = offset + 1;
+        }
+    }
+
+    fn count_in(&mut self, ptr: &Pointer) {
+        self.len += 1;
+        self.bytes += ptr.body_len as u64;
+        self.qos0 += (ptr.flags & flags::QOS_MASK == 0) as u64;
+    }
+
+    /// Marks a storage-only entry as removed so that page-in does not deliver it.
+    fn skip_in_storage(&mut self, offset: u64) {
+        if offset == self.loaded_upto {
+            self.loaded_upto += 1;
+        } else if offset > self.loaded_upto {
+            self.dropped_ahead.insert(offset);
+        }
+    }
+
+    /// Drops the oldest QoS 0 entry that was not delivered yet: from memory first, then
+    /// from storage (resuming where the last scan stopped). False when there is none.
+    fn evict_qos0(&mut self, journal: &Journal, ops: &mut Vec<Op>) -> bool {
+        if self.qos0 == 0 {
+            return false;
+        }
+        if let Some(e) = self.ready.remove_first(|e| e.ptr.flags & flags::QOS_MASK == 0) {
+            self.forget(&e, ops);
+            return true;
+        }
+        let mut from = self.qos0_scan_from.max(self.loaded_upto);
+        while from < self.next_offset {
+            let page = match journal.queue_entries(self.id, from, PAGE) {
+                Ok(page) if !page.is_empty() => page,
+                _ => return false,
+            };
+            from = page[page.len() - 1].0 + 1;
+            let victim = page
+                .into_iter()
+                .find(|(o, p)| p.flags & flags::QOS_MASK == 0 && !self.dropped_ahead.contains(o));
+            if let Some((offset, ptr)) = victim {
+                self.qos0_scan_from = offset + 1;
+                self.forget(&Entry { offset, ptr, msg: None, redelivered: false, deliveries: 0, priority: 0, fresh: false }, ops);
+                self.skip_in_storage(offset);
+                return true;
+            }
+            self.qos0_scan_from = from;
+        }
+        false
+    }
+
+    /// Drops (or dead-letters) the oldest ready message; false when none is ready.
+    fn drop_head(&mut self, journal: &Journal, fx: &mut Effects) -> bool {
+        while self.ready.is_empty() {
+            if !self.page_in(journal) {
+                return false;
+            }
+        }
+        let Some(mut e) = self.ready.pop_front() else { return false };
+        self.forget(&e, &mut fx.ops);
+        if self.config.dead_letter.is_some() {
+            if let Some(msg) = e.msg.take().or_else(|| read_message(journal, &e.ptr)) {
+                self.dead_letter(msg, DeathReason::MaxLen, fx);
+            }
+        }
+        true
+    }
+
+    fn is_full(&self, incoming: u64) -> bool {
+        (self.config.max_len > 0 && self.len >= self.config.max_len)
+            || (self.config.max_bytes > 0 && self.bytes + incoming > self.config.max_bytes)
+    }
+
+    fn forget(&mut self, e: &Entry, ops: &mut Vec<Op>) {
+        self.len = self.len.saturating_sub(1);
+        self.bytes = self.bytes.saturating_sub(e.ptr.body_len as u64);
+        if e.ptr.flags & flags::QOS_MASK == 0 {
+            self.qos0 = self.qos0.saturating_sub(1);
+        }
+        ops.push(Op::Remove { queue: self.id, offset: e.offset });
+    }
+
+    fn dead_letter(&self, msg: SharedMessage, reason: DeathReason, fx: &mut Effects) {
+        if self.config.dead_letter.is_some() {
+            fx.dead.push(DeadLetter { msg, reason, config: self.config.clone() });
+        }
+    }
+
+    /// Attaches a consumer; call [`Queue::pump`] afterwards.
+    pub fn attach(&mut self, consumer: Consumer) {
+        self.consumers.retain(|c| c.id != consumer.id);
+        self.consumers.push(consumer);
+    }
+
+    /// Detaches a consumer; its unacked entries become ready again (redelivered), in
+    /// order, unless they reached the delivery limit (then they are dead-lettered).
+    pub fn detach(&mut self, consumer: ConsumerId, fx: &mut Effects) {
+        self.consumers.retain(|c| c.id != consumer);
+        let returned: Vec<u64> = self.unacked.iter().filter(|(_, u)| u.consumer == consumer).map(|(o, _)| *o).collect();
+        for offset in returned {
+            self.requeue(offset, fx);
+        }
+    }
+
+    /// Removes a consumer without returning its unacked entries (AMQP basic.cancel: they
+    /// can still be acked, and go back to the queue when their channel closes).
+    pub fn cancel(&mut self, consumer: ConsumerId) {
+        self.consumers.retain(|c| c.id != consumer);
+    }
+
+    /// Adds credit to a consumer.
+    pub fn credit(&mut self, consumer: ConsumerId, n: u32) {
+        if let Some(c) = self.consumers.iter_mut().find(|c| c.id == consumer) {
+            c.credit = c.credit.saturating_add(n);
+        }
+    }
+
+    fn give_credit_back(&mut self, consumer: ConsumerId) {
+        if let Some(c) = self.consumers.iter_mut().find(|c| c.id == consumer) {
+            c.credit = c.credit.saturating_add(1);
+        }
+    }
+
+    /// The consumer finished with an entry: it leaves the queue; the consumer regains a
+    /// credit.
+    pub fn ack(&mut self, offset: u64, ops: &mut Vec<Op>) {
+        if let Some(u) = self.unacked.remove(&offset) {
+            self.forget(&u.entry, ops);
+            self.give_credit_back(u.consumer);
+        }
+    }
+
+    /// Puts an unacked entry back in line at its own position (nack/reject with requeue,
+    /// or its consumer went away), marked redelivered — or dead-letters it when it has
+    /// been delivered more often than the delivery limit allows.
+    pub fn requeue(&mut self, offset: u64, fx: &mut Effects) {
+        let Some(u) = self.unacked.remove(&offset) else { return };
+        self.give_credit_back(u.consumer);
+        let mut entry = u.entry;
+        if let Some(limit) = self.config.delivery_limit {
+            if entry.deliveries > limit {
+                self.forget(&entry, &mut fx.ops);
+                if let Some(msg) = entry.msg.take() {
+                    self.dead_letter(msg, DeathReason::DeliveryLimit, fx);
+                }
+                return;
+            }
+        }
+        entry.redelivered = true;
+        self.ready.insert_in_order(entry);
+    }
+
+    /// Rejects an unacked entry without requeue: it leaves the queue and is dead-lettered
+    /// when the queue has a dead-letter target.
+    pub fn reject(&mut self, offset: u64, fx: &mut Effects) {
+        let Some(mut u) = self.unacked.remove(&offset) else { return };
+        self.give_credit_back(u.consumer);
+        self.forget(&u.entry, &mut fx.ops);
+        if let Some(msg) = u.entry.msg.take() {
+            self.dead_letter(msg, DeathReason::Rejected, fx);
+        }
+    }
+
+    /// QoS 2: the client sent PUBREC for an entry; remember it durably so that a resumed
+    /// session resends PUBREL, not the message.
+    pub fn release(&mut self, offset: u64, ops: &mut Vec<Op>) {
+        if let Some(u) = self.unacked.get_mut(&offset) {
+            u.entry.ptr.flags |= flags::RELEASED;
+            ops.push(Op::SetFlags { queue: self.id, offset, flags: u.entry.ptr.flags });
+        }
+    }
+
+    /// Removes every ready message (unacked ones stay); returns how many were removed.
+    pub fn purge(&mut self, ops: &mut Vec<Op>) -> u64 {
+        let purged = self.len.saturating_sub(self.unacked.len() as u64);
+        // Storage ranges between unacked entries, which stay.
+        let mut from = 0;
+        for &o in self.unacked.keys() {
+            ops.push(Op::RemoveRange { queue: self.id, from, to: o });
+            from = o + 1;
+        }
+        ops.push(Op::RemoveRange { queue: self.id, from, to: u64::MAX });
+        self.ready.clear();
+        self.dropped_ahead.clear();
+        self.loaded_upto = self.next_offset;
+        self.len = self.unacked.len() as u64;
+        self.bytes = self.unacked.values().map(|u| u.entry.ptr.body_len as u64).sum();
+        self.qos0 = self.unacked.values().filter(|u| u.entry.ptr.flags & flags::QOS_MASK == 0).count() as u64;
+        purged
+    }
+
+    /// Removes every entry (the queue is deleted); consumers are told they were
+    /// cancelled. Returns how many messages were in the queue.
+    pub fn delete(&mut self, ops: &mut Vec<Op>) -> u64 {
+        let count = self.len;
+        for c in self.consumers.drain(..) {
+            let _ = c.tx.send(ConsumerEvent::Cancelled { queue: self.id, consumer: c.id });
+        }
+        self.ready.clear();
+        self.unacked.clear();
+        self.len = 0;
+        self.bytes = 0;
+        self.qos0 = 0;
+        self.dropped_ahead.clear();
+        self.loaded_upto = self.next_offset;
+        ops.push(Op::DeleteQueue { queue: self.id });
+        self.publish_gauge();
+        count
+    }
+
+    /// Takes the next ready message for `consumer` (AMQP basic.get): with `no_ack` it
+    /// leaves the queue at once, else it waits for an ack like a delivery.
+    pub fn get(&mut self, consumer: ConsumerId, no_ack: bool, journal: &Journal, fx: &mut Effects) -> Option<Got> {
+        let (mut entry, msg) = self.next_ready(journal, fx)?;
+        entry.deliveries += 1;
+        let delivery = QueueDelivery {
+            queue: self.id,
+            offset: entry.offset,
+            msg: msg.clone(),
+            qos: entry.ptr.flags & flags::QOS_MASK,
+            redelivered: entry.redelivered,
+            released: false,
+            consumer,
+            delivery_count: self.config.count_deliveries.then(|| entry.deliveries - 1),
+        };
+        if no_ack {
+            self.forget(&entry, &mut fx.ops);
+        } else {
+            entry.msg = Some(msg);
+            self.unacked.insert(entry.offset, Unacked { entry, consumer });
+        }
+        let remaining = self.len.saturating_sub(self.unacked.len() as u64);
+        Some(Got { delivery, remaining })
+    }
+
+    /// Drops (or dead-letters) expired messages at the head of the queue.
+    pub fn expire(&mut self, journal: &Journal, fx: &mut Effects) {
+        let now = now_ms();
+        loop {
+            while self.ready.is_empty() {
+                if !self.page_in(journal) {
+                    self.expiring = self.config.message_ttl.is_some();
+                    return;
+                }
+            }
+            let Some(front) = self.ready.front_mut() else { return };
+            let fresh = front.fresh;
+            let msg = match &front.msg {
+                Some(m) => m.clone(),
+                None => match read_message(journal, &front.ptr) {
+                    Some(m) => {
+                        front.msg = Some(m.clone());
+                        m
+                    }
+                    None => {
+                        if let Some(e) = self.ready.pop_front() {
+                            self.forget(&e, &mut fx.ops);
+                        }
+                        continue;
+                    }
+                },
+            };
+            if !self.is_expired(&msg, now, fresh) {
+                return;
+            }
+            if let Some(e) = self.ready.pop_front() {
+                self.forget(&e, &mut fx.ops);
+                self.dead_letter(msg, DeathReason::Expired, fx);
+            }
+        }
+    }
+
+    fn is_expired(&self, msg: &Message, now: u64, fresh: bool) -> bool {
+        if fresh && self.has_zero_ttl(msg) {
+            return false;
+        }
+        msg.is_expired(now) || self.config.message_ttl.is_some_and(|ttl| msg.timestamp_ms.saturating_add(ttl) <= now)
+    }
+
+    /// Pops the next deliverable entry with its message, dropping expired and unreadable
+    /// ones on the way.
+    fn next_ready(&mut self, journal: &Journal, fx: &mut Effects) -> Option<(Entry, SharedMessage)> {
+        let now = now_ms();
+        loop {
+            while self.ready.is_empty() {
+                if !self.page_in(journal) {
+                    return None;
+                }
+            }
+            let mut entry = self.ready.pop_front()?;
+            let msg = match entry.msg.take() {
+                Some(m) => m,
+                None => match read_message(journal, &entry.ptr) {
+                    Some(m) => m,
+                    None => {
+                        self.forget(&entry, &mut fx.ops);
+                        continue;
+                    }
+                },
+            };
+            if self.is_expired(&msg, now, entry.fresh) {
+                self.forget(&entry, &mut fx.ops);
+                self.dead_letter(msg, DeathReason::Expired, fx);
+                continue;
+            }
+            return Some((entry, msg));
+        }
+    }
+
+    /// The consumer to serve next: the single active one, or the highest-priority ones
+    /// with credit, round robin.
+    fn pick_consumer(&mut self) -> Option<usize> {
+        if self.config.single_active_consumer {
+            return self.consumers.first().filter(|c| c.credit > 0).map(|_| 0);
+        }
+        let best = self.consumers.iter().filter(|c| c.credit > 0).map(|c| c.priority).max()?;
+        let n = self.consumers.len();
+        let idx = (0..n)
+            .map(|i| (self.rr + i) % n)
+            .find(|&i| self.consumers[i].credit > 0 && self.consumers[i].priority == best)?;
+        self.rr = (idx + 1) % n;
+        Some(idx)
+    }
+
+    /// Hands ready entries to consumers with credit, paging entries in from storage as
+    /// needed. Expired or unreadable entries are dropped.
+    pub fn pump(&mut self, journal: &Journal, fx: &mut Effects) {
+        loop {
+            if self.consumers.is_empty() || self.pick_consumer_peek().is_none() {
+                return;
+            }
+            if let (Some(span), Some((&oldest, _))) = (self.config.max_offset_span, self.unacked.first_key_value()) {
+                while self.ready.is_empty() {
+                    if !self.page_in(journal) {
+                        return;
+                    }
+                }
+                if self.ready.front().is_some_and(|f| f.offset >= oldest + span) {
+                    return;
+                }
+            }
+            let Some((mut entry, msg)) = self.next_ready(journal, fx) else { return };
+            let Some(idx) = self.pick_consumer() else {
+                entry.msg = Some(msg);
+                self.ready.push_front(entry);
+                return;
+            };
+            let count_deliveries = self.config.count_deliveries;
+            let consumer = &mut self.consumers[idx];
+            entry.deliveries += 1;
+            let delivery = QueueDelivery {
+                queue: self.id,
+                offset: entry.offset,
+                msg: msg.clone(),
+                qos: (entry.ptr.flags & flags::QOS_MASK).min(consumer.max_qos),
+                redelivered: entry.redelivered,
+                released: entry.ptr.flags & flags::RELEASED != 0,
+                consumer: consumer.id,
+                delivery_count: count_deliveries.then(|| entry.deliveries - 1),
+            };
+            entry.msg = Some(msg);
+            entry.fresh = false;
+            if consumer.tx.send(ConsumerEvent::Deliver(delivery)).is_err() {
+                // Consumer went away without detaching yet: keep the entry, drop the consumer.
+                let gone = consumer.id;
+                entry.deliveries -= 1;
+                self.ready.push_front(entry);
+                self.detach(gone, fx);
+                continue;
+            }
+            consumer.credit -= 1;
+            let id = consumer.id;
+            self.unacked.insert(entry.offset, Unacked { entry, consumer: id });
+        }
+    }
+
+    fn pick_consumer_peek(&self) -> Option<()> {
+        if self.config.single_active_consumer {
+            return self.consumers.first().filter(|c| c.credit > 0).map(|_| ());
+        }
+        self.consumers.iter().any(|c| c.credit > 0).then_some(())
+    }
+
+    /// The priority of an entry in this queue (0 unless it is a priority queue).
+    fn priority_of(&self, ptr: &Pointer) -> u8 {
+        match self.config.max_priority {
+            Some(max) => ((ptr.flags & flags::PRIORITY_MASK) >> flags::PRIORITY_SHIFT).min(max),
+            None => 0,
+        }
+    }
+
+    /// Loads the next page of entries from storage (every page, for a priority queue);
+    /// false when there is none.
+    fn page_in(&mut self, journal: &Journal) -> bool {
+        if self.config.max_priority.is_some() {
+            let mut any = false;
+            while self.page_in_one(journal) {
+                any = true;
+            }
+            return any;
+        }
+        self.page_in_one(journal)
+    }
+
+    fn page_in_one(&mut self, journal: &Journal) -> bool {
+        if self.loaded_upto >= self.next_offset {
+            return false;
+        }
+        match journal.queue_entries(self.id, self.loaded_upto, PAGE) {
+            Ok(page) if !page.is_empty() => {
+                for (offset, ptr) in page {
+                    self.loaded_upto = offset + 1;
+                    if self.unacked.contains_key(&offset) || self.dropped_ahead.remove(&offset) {
+                        continue;
+                    }
+                    let redelivered = offset < self.recovered_upto;
+                    let priority = self.priority_of(&ptr);
+                    self.ready.push_back(Entry { offset, ptr, msg: None, redelivered, deliveries: 0, priority, fresh: false });
+                }
+                // Offsets passed over are settled; forget their markers.
+                let settled = self.loaded_upto;
+                self.dropped_ahead = self.dropped_ahead.split_off(&settled);
+                true
+            }
+            Ok(_) => {
+                self.loaded_upto = self.next_offset;
+                false
+            }
+            Err(e) => {
+                warn!(queue = self.id.0, error = %e, "cannot page in queue entries");
+                false
+            }
+        }
+    }
+}
+
+/// Reads and decodes the message a pointer refers to.
+pub fn read_message(journal: &Journal, ptr: &Pointer) -> Option<SharedMessage> {
+    match journal.read(ptr.pos) {
+        Ok(rec) => match Message::decode(rec.header, rec.body) {
+            Ok(m) => Some(Arc::new(m)),
+            Err(e) => {
+                warn!(pos = ptr.pos.0, error = %e, "undecodable record");
+                None
+            }
+        },
+        Err(e) => {
+            warn!(pos = ptr.pos.0, error = %e, "cannot read record");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use ferrymq_storage::{Append, JournalConfig, QueueTarget, Record};
+    use tokio::sync::mpsc;
+
+    use super::*;
+    use crate::core::message::Properties;
+
+    struct Fixture {
+        _dir: tempfile::TempDir,
+        journal: Journal,
+        queue: Queue,
+        fx: Effects,
+    }
+
+    fn fixture(configure: impl FnOnce(&mut QueueConfig)) -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = JournalConfig::new(dir.path());
+        cfg.fsync = ferrymq_storage::FsyncPolicy::Never;
+        let journal = Journal::open(cfg).unwrap();
+        let id = journal.queue_id("q").unwrap();
+        let mut config = QueueConfig::new("q", "/");
+        config.memory_window = 8;
+        configure(&mut config);
+        let queue = Queue::load(id, Arc::new(config), &journal);
+        Fixture { _dir: dir, journal, queue, fx: Effects::default() }
+    }
+
+    fn message(n: u32, qos: u8, timestamp_ms: u64) -> SharedMessage {
+        Arc::new(Message {
+            exchange: "amq.topic".into(),
+            routing_key: "t".into(),
+            payload: Bytes::from(n.to_be_bytes().to_vec()),
+            qos,
+            retain: false,
+            props: Properties::default(),
+            timestamp_ms,
+        })
+    }
+
+    impl Fixture {
+        /// Stores a message in the queue, as the publish path does.
+        fn publish_msg(&mut self, msg: SharedMessage) -> Admission {
+            let target = QueueTarget { queue: self.queue.id(), tag_hash: 0, flags: msg.qos };
+            let receipt = self
+                .journal
+                .write_blocking(vec![Op::Append(Append {
+                    record: Record { header: msg.encode_header(), body: msg.payload.clone() },
+                    queues: vec![target],
+                    retained_topic: None,
+                    timer: None,
+                })])
+                .unwrap();
+            let a = &receipt.appended[0];
+            let ptr = Pointer { pos: a.pos, size: a.size, body_len: msg.payload.len() as u32, tag_hash: 0, flags: msg.qos };
+            let admission = self.queue.appended(a.offsets[0].1, ptr, &msg, &self.journal, &mut self.fx);
+            // As the shard does at the end of each turn.
+            self.queue.publish_gauge();
+            self.flush();
+            admission
+        }
+
+        fn publish(&mut self, n: u32, qos: u8) -> Admission {
+            self.publish_msg(message(n, qos, now_ms()))
+        }
+
+        fn flush(&mut self) {
+            if !self.fx.ops.is_empty() {
+                self.journal.write_blocking(std::mem::take(&mut self.fx.ops)).unwrap();
+            }
+        }
+
+        fn consumer_with(&mut self, id: ConsumerId, credit: u32, priority: i32) -> mpsc::UnboundedReceiver<ConsumerEvent> {
+            let (tx, rx) = mpsc::unbounded_channel();
+            self.queue.attach(Consumer { id, tx, credit, max_qos: 2, priority });
+            self.pump();
+            rx
+        }
+
+        fn consumer(&mut self, id: ConsumerId, credit: u32) -> mpsc::UnboundedReceiver<ConsumerEvent> {
+            self.consumer_with(id, credit, 0)
+        }
+
+        fn pump(&mut self) {
+            self.queue.pump(&self.journal, &mut self.fx);
+            self.flush();
+        }
+
+        fn dead(&mut self) -> Vec<(u32, DeathReason)> {
+            self.fx.dead.drain(..).map(|d| (n_of(&d.msg), d.reason)).collect()
+        }
+    }
+
+    fn n_of(m: &Message) -> u32 {
+        u32::from_be_bytes(m.payload[..4].try_into().unwrap())
+    }
+
+    /// (message number, redelivered, offset) of every delivery waiting in `rx`.
+    fn drain(rx: &mut mpsc::UnboundedReceiver<ConsumerEvent>) -> Vec<(u32, bool, u64)> {
+        let mut out = Vec::new();
+        while let Ok(ev) = rx.try_recv() {
+            if let ConsumerEvent::Deliver(d) = ev {
+                out.push((n_of(&d.msg), d.redelivered, d.offset));
+            }
+        }
+        out
+    }
+
+    fn numbers(v: &[(u32, bool, u64)]) -> Vec<u32> {
+        v.iter().map(|d| d.0).collect()
+    }
+
+    #[test]
+    fn offline_backlog_stays_on_disk_and_pages_in_order_under_credit() {
+        let mut f = fixture(|_| {});
+        for n in 0..50 {
+            f.publish(n, 1);
+        }
+        assert!(f.queue.ready.is_empty(), "no consumer: nothing kept in memory");
+        assert_eq!(f.queue.len(), 50);
+        let mut rx = f.consumer(1, 10);
+        assert_eq!(numbers(&drain(&mut rx)), (0..10).collect::<Vec<_>>(), "credit limits deliveries");
+        for o in 0..10 {
+            f.queue.ack(o, &mut f.fx.ops);
+        }
+        f.pump();
+        assert_eq!(numbers(&drain(&mut rx)), (10..20).collect::<Vec<_>>());
+        assert_eq!(f.queue.len(), 40);
+        assert_eq!(f.journal.queue_len(f.queue.id()).unwrap(), 40, "acks remove entries from storage");
+    }
+
+    #[test]
+    fn detach_returns_unacked_in_order_as_redeliveries() {
+        let mut f = fixture(|_| {});
+        let mut rx = f.consumer(1, 3);
+        for n in 0..5 {
+            f.publish(n, 1);
+            f.pump();
+        }
+        assert_eq!(drain(&mut rx).iter().map(|d| (d.0, d.1)).collect::<Vec<_>>(), vec![(0, false), (1, false), (2, false)]);
+        f.queue.ack(1, &mut f.fx.ops);
+        f.queue.detach(1, &mut f.fx);
+        let mut rx2 = f.consumer(2, 10);
+        let got: Vec<(u32, bool)> = drain(&mut rx2).iter().map(|d| (d.0, d.1)).collect();
+        assert_eq!(got, vec![(0, true), (2, true), (3, false), (4, false)]);
+    }
+
+    #[test]
+    fn full_session_queue_evicts_qos0_from_storage_first_then_drops_new() {
+        let mut f = fixture(|c| {
+            c.max_len = 4;
+            c.overflow = Overflow::DropQos0First;
+        });
+        assert_eq!(f.publish(0, 0), Admission::Accepted);
+        assert_eq!(f.publish(1, 1), Admission::Accepted);
+        assert_eq!(f.publish(2, 0), Admission::Accepted);
+        assert_eq!(f.publish(3, 1), Admission::Accepted);
+        assert_eq!(f.publish(4, 0), Admission::Dropped, "a QoS 0 message is dropped when full");
+        assert_eq!(f.publish(5, 1), Admission::EvictedQos0);
+        assert_eq!(f.publish(6, 1), Admission::EvictedQos0);
+        assert_eq!(f.publish(7, 1), Admission::Dropped, "no QoS 0 left to evict");
+        let mut rx = f.consumer(1, 10);
+        assert_eq!(numbers(&drain(&mut rx)), vec![1, 3, 5, 6]);
+        assert_eq!(f.queue.len(), 4);
+    }
+
+    #[test]
+    fn full_queue_drops_head_into_the_dead_letter_exchange() {
+        let mut f = fixture(|c| {
+            c.max_len = 2;
+            c.dead_letter = Some(DeadLetterTarget { exchange: "dlx".into(), routing_key: None });
+        });
+        for n in 0..4 {
+            f.publish(n, 1);
+        }
+        assert_eq!(f.dead(), vec![(0, DeathReason::MaxLen), (1, DeathReason::MaxLen)]);
+        let mut rx = f.consumer(1, 10);
+        assert_eq!(numbers(&drain(&mut rx)), vec![2, 3]);
+    }
+
+    #[test]
+    fn reject_publish_drops_new_messages() {
+        let mut f = fixture(|c| {
+            c.max_len = 1;
+            c.overflow = Overflow::RejectPublish;
+        });
+        assert_eq!(f.publish(0, 1), Admission::Accepted);
+        assert!(!f.queue.config().admit(10), "publishers are told the queue is full");
+        assert_eq!(f.publish(1, 1), Admission::Dropped, "a publish that raced the check is dropped");
+        let mut rx = f.consumer(1, 10);
+        assert_eq!(numbers(&drain(&mut rx)), vec![0]);
+    }
+
+    #[test]
+    fn requeue_goes_back_in_place_and_reject_dead_letters() {
+        let mut f = fixture(|c| c.dead_letter = Some(DeadLetterTarget { exchange: "dlx".into(), routing_key: None }));
+        let mut rx = f.consumer(1, 2);
+        for n in 0..4 {
+            f.publish(n, 1);
+            f.pump();
+        }
+        assert_eq!(numbers(&drain(&mut rx)), vec![0, 1]);
+        f.queue.requeue(1, &mut f.fx);
+        f.queue.reject(0, &mut f.fx);
+        assert_eq!(f.dead(), vec![(0, DeathReason::Rejected)]);
+        f.pump();
+        let got = drain(&mut rx);
+        assert_eq!(got.iter().map(|d| (d.0, d.1)).collect::<Vec<_>>(), vec![(1, true), (2, false)]);
+    }
+
+    #[test]
+    fn delivery_limit_allows_limit_plus_one_deliveries() {
+        let mut f = fixture(|c| {
+            c.delivery_limit = Some(1);
+            c.dead_letter = Some(DeadLetterTarget { exchange: "dlx".into(), routing_key: None });
+        });
+        let mut rx = f.consumer(1, 1);
+        f.publish(7, 1);
+        f.pump();
+        assert_eq!(numbers(&drain(&mut rx)), vec![7]);
+        f.queue.requeue(0, &mut f.fx);
+        f.pump();
+        assert_eq!(numbers(&drain(&mut rx)), vec![7], "second delivery (limit 1 allows 2)");
+        f.queue.requeue(0, &mut f.fx);
+        f.pump();
+        assert!(drain(&mut rx).is_empty());
+        assert_eq!(f.dead(), vec![(7, DeathReason::DeliveryLimit)]);
+        assert_eq!(f.queue.len(), 0);
+    }
+
+    #[test]
+    fn ttl_expires_the_head_and_dead_letters() {
+        let mut f = fixture(|c| {
+            c.message_ttl = Some(1000);
+            c.dead_letter = Some(DeadLetterTarget { exchange: "dlx".into(), routing_key: None });
+        });
+        f.publish_msg(message(1, 1, now_ms() - 5000));
+        f.publish_msg(message(2, 1, now_ms()));
+        assert!(f.queue.may_expire());
+        f.queue.expire(&f.journal, &mut f.fx);
+        assert_eq!(f.dead(), vec![(1, DeathReason::Expired)]);
+        assert_eq!(f.queue.len(), 1);
+    }
+
+    #[test]
+    fn ttl_zero_delivers_at_once_or_expires() {
+        let mut f = fixture(|c| {
+            c.message_ttl = Some(0);
+            c.dead_letter = Some(DeadLetterTarget { exchange: "dlx".into(), routing_key: None });
+        });
+        f.publish(1, 1);
+        assert_eq!(f.dead(), vec![(1, DeathReason::Expired)], "nobody to take it: expired at once");
+        assert_eq!(f.queue.len(), 0);
+        let mut rx = f.consumer(1, 1);
+        f.publish(2, 1);
+        f.pump();
+        assert_eq!(numbers(&drain(&mut rx)), vec![2], "a consumer with credit takes it at once");
+        f.publish(3, 1);
+        assert_eq!(f.dead(), vec![(3, DeathReason::Expired)], "no credit left: expired");
+        assert!(drain(&mut rx).is_empty());
+    }
+
+    #[test]
+    fn get_purge_and_delete() {
+        let mut f = fixture(|_| {});
+        for n in 0..5 {
+            f.publish(n, 1);
+        }
+        let got = f.queue.get(9, false, &f.journal, &mut f.fx).unwrap();
+        assert_eq!((n_of(&got.delivery.msg), got.remaining), (0, 4));
+        let got = f.queue.get(9, true, &f.journal, &mut f.fx).unwrap();
+        assert_eq!((n_of(&got.delivery.msg), got.remaining), (1, 3));
+        assert_eq!(f.queue.purge(&mut f.fx.ops), 3, "ready messages only");
+        f.flush();
+        assert_eq!(f.queue.len(), 1, "the unacked get stays");
+        assert_eq!(f.journal.queue_len(f.queue.id()).unwrap(), 1);
+        f.queue.requeue(0, &mut f.fx);
+        let mut rx = f.consumer(1, 10);
+        assert_eq!(drain(&mut rx).iter().map(|d| (d.0, d.1)).collect::<Vec<_>>(), vec![(0, true)]);
+        assert_eq!(f.queue.delete(&mut f.fx.ops), 1);
+        assert!(matches!(rx.try_recv(), Ok(ConsumerEvent::Cancelled { consumer: 1, .. })));
+    }
+
+    #[test]
+    fn single_active_consumer_and_priorities() {
+        let mut f = fixture(|c| c.single_active_consumer = true);
+        let mut a = f.consumer(1, 10);
+        let mut b = f.consumer(2, 10);
+        for n in 0..3 {
+            f.publish(n, 1);
+            f.pump();
+        }
+        assert_eq!(numbers(&drain(&mut a)), vec![0, 1, 2]);
+        assert!(drain(&mut b).is_empty());
+        f.queue.detach(1, &mut f.fx);
+        f.pump();
+        assert_eq!(numbers(&drain(&mut b)), vec![0, 1, 2], "the next consumer takes over from the first unacked");
+
+        let mut f = fixture(|_| {});
+        let mut low = f.consumer_with(1, 10, 0);
+        let mut high = f.consumer_with(2, 1, 5);
+        for n in 0..3 {
+            f.publish(n, 1);
+            f.pump();
+        }
+        assert_eq!(numbers(&drain(&mut high)), vec![0], "higher priority first, while it has credit");
+        assert_eq!(numbers(&drain(&mut low)), vec![1, 2]);
+    }
+
+    #[test]
+    fn offset_span_limit_holds_back_deliveries() {
+        let mut f = fixture(|c| c.max_offset_span = Some(3));
+        let mut rx = f.consumer(1, 10);
+        for n in 0..6 {
+            f.publish(n, 1);
+            f.pump();
+        }
+        assert_eq!(drain(&mut rx).len(), 3, "offsets 0..3 only while 0 is unacked");
+        f.queue.ack(0, &mut f.fx.ops);
+        f.pump();
+        assert_eq!(drain(&mut rx).iter().map(|d| d.0).collect::<Vec<_>>(), vec![3]);
+    }
+}
