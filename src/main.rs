@@ -69,6 +69,11 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn run(config: Config, overrides: Overrides) -> anyhow::Result<()> {
+    // Handlers first: a SIGTERM sent as soon as READY is read must stop the broker cleanly.
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut hup = signal(SignalKind::hangup())?;
     let server = Server::start(config).await?;
     tracing::info!("{}", server.ready_line());
     {
@@ -76,10 +81,6 @@ async fn run(config: Config, overrides: Overrides) -> anyhow::Result<()> {
         writeln!(out, "{}", server.ready_line())?;
         out.flush()?;
     }
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    let mut hup = signal(SignalKind::hangup())?;
     loop {
         tokio::select! {
             _ = term.recv() => break,
