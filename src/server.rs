@@ -69,15 +69,15 @@ impl Server {
         let broker = Arc::new(Broker::new(journal, shards, pacing));
         tokio::spawn(crate::core::dead_letter::run(broker.clone(), dead_rx));
         restore_retained(&broker);
-        let mqtt_users = config.auth.mqtt.then(|| Users::new(config.auth.all_users()));
-        let mqtt = MqttContext::restore(broker.clone(), config.mqtt.clone(), mqtt_users);
-        mqtt.drop_orphan_queues().await;
-
         let alarm = MemoryAlarm::new(MemoryAlarm::limit_from(
             config.broker.memory_high_watermark_bytes,
             config.broker.memory_high_watermark,
         ));
         tokio::spawn(alarm.clone().run());
+        let mqtt_users = config.auth.mqtt.then(|| Users::new(config.auth.all_users()));
+        let mqtt = MqttContext::restore(broker.clone(), config.mqtt.clone(), mqtt_users, alarm.clone());
+        mqtt.drop_orphan_queues().await;
+
         let amqp = AmqpContext::start(broker.clone(), &config, alarm.clone()).await;
 
         tokio::spawn(scheduler::run(broker.clone()));

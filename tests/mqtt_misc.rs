@@ -232,3 +232,28 @@ async fn mqtt_credentials_are_checked_against_the_user_store_when_enabled() {
     let e = v5::connect_refused(v5::options(&broker, "anon5")).await;
     assert!(e.contains("NotAuthorized"), "{e}");
 }
+
+/// Under the memory alarm a client that publishes is no longer read: its next QoS 1
+/// publish gets no PUBACK and reaches nobody, while a subscriber that never published
+/// still gets what was accepted. Raising the watermark (config + SIGHUP) resumes it.
+#[tokio::test]
+async fn publishers_are_not_read_while_the_memory_alarm_is_raised() {
+    let broker = Broker::start_with(
+        Opts::default().env("FERRYMQ_BROKER__MEMORY_HIGH_WATERMARK_BYTES", "1").config("# reloaded below\n"),
+    );
+    let mut s = v4::connect(&broker, "sub").await;
+    s.subscribe("alarm/#", v4::QoS::AtLeastOnce).await;
+    let mut p = v4::connect(&broker, "pub").await;
+    // The first publish is read (the connection is not known as a publisher yet).
+    p.publish_acked("alarm/1", v4::QoS::AtLeastOnce, false, "first").await;
+    assert_eq!(&s.next_publish().await.payload[..], b"first");
+    p.client.publish("alarm/2", v4::QoS::AtLeastOnce, false, "held").await.unwrap();
+    s.expect_no_publish(Duration::from_millis(700)).await;
+    common::amqp::rewrite_config_and_reload(&broker, "[broker]\nmemory_high_watermark_bytes = 1099511627776\n");
+    assert_eq!(&s.next_publish().await.payload[..], b"held");
+    loop {
+        if let v4::Packet::PubAck(_) = p.next().await {
+            break;
+        }
+    }
+}

@@ -148,6 +148,8 @@ struct Task {
     /// Credit granted to each attached queue.
     window: u32,
     level: ProtocolLevel,
+    /// The client has published (flow control applies to it).
+    publishing: bool,
     publishes_in: u64,
     publishes_out: u64,
 }
@@ -195,6 +197,7 @@ impl Task {
             group_filters: HashMap::new(),
             window: 1,
             level: ProtocolLevel::V3_1_1,
+            publishing: false,
             publishes_in: 0,
             publishes_out: 0,
         }
@@ -210,11 +213,24 @@ impl Task {
         let mut rbuf = BytesMut::with_capacity(READ_MIN);
         let mut wbuf = BytesMut::new();
         let mut eof = false;
+        let mut alarm = self.ctx.alarm.subscribe();
+        let mut was_blocked = false;
         loop {
             self.drain_pending_out();
             self.proto.poll_transmit(&mut wbuf);
             if self.proto.is_closed() || eof {
                 break;
+            }
+            // Under the memory alarm a connection that publishes is not read (RabbitMQ's
+            // MQTT plugin does the same); its keep-alive clock restarts when it resumes.
+            let blocked = self.publishing && *alarm.borrow();
+            if blocked != was_blocked {
+                if blocked {
+                    info!("memory alarm: not reading this publisher");
+                } else {
+                    self.proto.restart_keep_alive(Instant::now());
+                }
+                was_blocked = blocked;
             }
             let can_pull = self.pending_out.is_empty() && wbuf.len() < WRITE_HIGH_WATER && self.session.is_some();
             let deadline = self.proto.poll_timeout();
@@ -241,7 +257,7 @@ impl Task {
                     }
                     Err(e) => { debug!(error = %e, "write failed"); eof = true; }
                 },
-                res = reader.read_buf(&mut rbuf) => match res {
+                res = reader.read_buf(&mut rbuf), if !blocked => match res {
                     Ok(0) => { debug!("peer closed the connection"); eof = true; }
                     Ok(n) => {
                         Stats::add(&self.ctx.broker.stats.bytes_received, n as u64);
@@ -297,7 +313,8 @@ impl Task {
                     warn!("slow consumer: its buffer stayed full; disconnecting");
                     self.proto.disconnect(ReasonCode::QUOTA_EXCEEDED, Some("slow consumer: message buffer full"));
                 }
-                _ = sleep_until(deadline), if deadline.is_some() => {
+                _ = alarm.changed() => {}
+                _ = sleep_until(deadline), if deadline.is_some() && !blocked => {
                     self.proto.handle_timeout(Instant::now());
                     self.handle_events().await;
                 }
@@ -567,6 +584,7 @@ impl Task {
 
     async fn on_publish(&mut self, mut p: Publish) {
         self.publishes_in += 1;
+        self.publishing = true;
         let Some(session) = self.session.as_ref() else { return };
         let client_id = session.client_id.clone();
         let persistent = session.persistent.is_some();

@@ -26,6 +26,7 @@ use tracing::{info, warn};
 
 use crate::auth::Users;
 use crate::config::MqttSection;
+use crate::core::alarm::MemoryAlarm;
 use crate::core::broker::Broker;
 use crate::core::message::now_ms;
 use crate::core::router::Destination;
@@ -48,13 +49,15 @@ pub struct MqttContext {
     pub groups: SharedGroups,
     /// The user store CONNECT is checked against (`auth.mqtt`), or `None` to let anyone in.
     pub users: Option<Users>,
+    /// The memory alarm: connections that publish are not read while it is raised.
+    pub alarm: Arc<MemoryAlarm>,
 }
 
 impl MqttContext {
     /// Builds the context and restores persistent sessions from the journal: their
     /// bindings go back into the routing table and their expiry clocks restart.
-    pub fn restore(broker: Arc<Broker>, cfg: MqttSection, users: Option<Users>) -> Arc<MqttContext> {
-        let ctx = Arc::new(MqttContext { broker, cfg, sessions: Sessions::default(), groups: SharedGroups::default(), users });
+    pub fn restore(broker: Arc<Broker>, cfg: MqttSection, users: Option<Users>, alarm: Arc<MemoryAlarm>) -> Arc<MqttContext> {
+        let ctx = Arc::new(MqttContext { broker, cfg, sessions: Sessions::default(), groups: SharedGroups::default(), users, alarm });
         let now = now_ms();
         let stored = match ctx.broker.journal.scan(Space::Session, b"") {
             Ok(v) => v,

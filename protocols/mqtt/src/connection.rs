@@ -384,6 +384,12 @@ impl Connection {
         self.last_recv + Duration::from_millis(u64::from(self.keep_alive) * 1500)
     }
 
+    /// Restarts the keep-alive clock from `now`: for a server that stopped reading the
+    /// socket (flow control), whose silence was its own doing.
+    pub fn restart_keep_alive(&mut self, now: Instant) {
+        self.last_recv = now;
+    }
+
     /// Advances timers: CONNECT timeout, keep-alive (1.5 x).
     pub fn handle_timeout(&mut self, now: Instant) {
         match self.state {

@@ -347,7 +347,12 @@ fn keep_alive_timeout() {
     assert_eq!(c.conn.poll_timeout(), Some(c.at(30)));
     c.conn.handle_timeout(c.at(29));
     assert!(!c.conn.is_closed());
-    c.conn.handle_timeout(c.at(30));
+    // A server that stopped reading (flow control) restarts the clock when it resumes.
+    c.conn.restart_keep_alive(c.at(20));
+    assert_eq!(c.conn.poll_timeout(), Some(c.at(35)));
+    c.conn.handle_timeout(c.at(34));
+    assert!(!c.conn.is_closed());
+    c.conn.handle_timeout(c.at(35));
     assert_eq!(c.events(), vec![Event::Error(ProtocolError::KeepAliveTimeout)]);
     assert_eq!(disconnect_reason(&c.out()), Some(ReasonCode::KEEP_ALIVE_TIMEOUT));
     // Keep alive 0 disables it.
