@@ -92,6 +92,8 @@ pub struct MqttSection {
     pub listen: String,
     /// TLS listener address ("" = off).
     pub tls_listen: String,
+    /// Topic exchange of virtual host `/` that MQTT publishes and subscriptions use.
+    pub exchange: String,
     /// Connection limit.
     pub max_connections: usize,
     /// Inbound packet size limit.
@@ -294,6 +296,10 @@ impl Config {
         if !(0.0..=1.0).contains(&self.broker.memory_high_watermark) {
             return invalid("broker.memory_high_watermark", "must be a fraction between 0 and 1".into());
         }
+        let x = &self.mqtt.exchange;
+        if x.is_empty() || (x.starts_with("amq.") && x != "amq.topic") {
+            return invalid("mqtt.exchange", format!("`{x}` is not a topic exchange name (amq.topic or a name of your own)"));
+        }
         if self.auth.vhosts.is_empty() {
             return invalid("auth.vhosts", "at least one virtual host is needed".into());
         }
@@ -440,5 +446,7 @@ mod tests {
         assert!(err.contains("mqtt.listen"), "{err}");
         let err = load(&Overrides::default(), &[("FERRYMQ_MQTT__MAX_INFLIGHT", "many")]).unwrap_err().to_string();
         assert!(err.contains("max_inflight"), "{err}");
+        let err = load(&Overrides::default(), &[("FERRYMQ_MQTT__EXCHANGE", "amq.direct")]).unwrap_err().to_string();
+        assert!(err.contains("mqtt.exchange"), "{err}");
     }
 }

@@ -66,7 +66,7 @@ impl Server {
             qos0_waits: config.mqtt.qos0_when_full == "wait",
             slow_consumer_timeout: Duration::from_secs(config.mqtt.slow_consumer_timeout_secs),
         };
-        let broker = Arc::new(Broker::new(journal, shards, pacing));
+        let broker = Arc::new(Broker::new(journal, shards, pacing, &config.mqtt.exchange));
         tokio::spawn(crate::core::dead_letter::run(broker.clone(), dead_rx));
         restore_retained(&broker);
         let alarm = MemoryAlarm::new(MemoryAlarm::limit_from(

@@ -212,3 +212,38 @@ async fn repeated_message_id_within_the_dedup_window_is_delivered_once() {
     assert_eq!(&m.payload[..], b"different id");
     s.expect_no_publish(Duration::from_millis(300)).await;
 }
+
+/// `mqtt.exchange` names the topic exchange MQTT goes through (RabbitMQ's `mqtt.exchange`):
+/// it is created at start, MQTT publishes reach queues bound to it (not to `amq.topic`),
+/// and AMQP publishes to it reach MQTT subscribers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mqtt_exchange_is_configurable() {
+    if skip_on_rabbitmq("mqtt.exchange set through FerryMQ's configuration") {
+        return;
+    }
+    let t = Target::start_with(common::Opts::default().env("FERRYMQ_MQTT__EXCHANGE", "iot"));
+    let addr = t.mqtt.unwrap();
+    let (_c, ch) = t.channel().await;
+    let a = level();
+    let q = declare_queue_with(&ch, "", QueueDeclareOptions { exclusive: true, ..Default::default() }, FieldTable::default())
+        .await
+        .name()
+        .to_string();
+    bind(&ch, &q, "iot", &format!("{a}.#"), FieldTable::default()).await;
+    let mut c = consume(&ch, &q, BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default()).await;
+    let mut on_amq_topic = topic_consumer(&ch, &format!("{a}.#")).await;
+    let mut s = mqtt4(addr, &unique("sub")).await;
+    s.subscribe(&format!("{a}/+"), v4::QoS::AtLeastOnce).await;
+    let mut p = mqtt4(addr, &unique("pub")).await;
+    p.publish_acked(&format!("{a}/m"), v4::QoS::AtLeastOnce, false, "from mqtt").await;
+    let d = next_delivery(&mut c).await;
+    assert_eq!((text(&d).as_str(), d.exchange.as_str()), ("from mqtt", "iot"));
+    assert_eq!(&s.next_publish().await.payload[..], b"from mqtt");
+    confirm_select(&ch).await;
+    assert!(publish_confirmed(&ch, "iot", &format!("{a}.x"), b"from amqp", BasicProperties::default()).await.is_ack());
+    assert!(publish_confirmed(&ch, "amq.topic", &format!("{a}.y"), b"other exchange", BasicProperties::default()).await.is_ack());
+    let m = s.next_publish().await;
+    assert_eq!((m.topic.as_str(), &m.payload[..]), (format!("{a}/x").as_str(), &b"from amqp"[..]));
+    s.expect_no_publish(Duration::from_millis(300)).await;
+    assert_eq!(text(&next_delivery(&mut on_amq_topic).await), "other exchange", "amq.topic gets no MQTT traffic");
+}

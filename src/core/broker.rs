@@ -77,11 +77,12 @@ impl std::fmt::Debug for Broker {
 }
 
 impl Broker {
-    /// Builds the core on an open journal with started shards.
-    pub fn new(journal: Journal, shards: Shards, pacing: Pacing) -> Broker {
+    /// Builds the core on an open journal with started shards; MQTT goes through the
+    /// topic exchange `mqtt_exchange` of `/`.
+    pub fn new(journal: Journal, shards: Shards, pacing: Pacing, mqtt_exchange: &str) -> Broker {
         Broker {
             journal,
-            router: Router::new(),
+            router: Router::with_mqtt_exchange(mqtt_exchange),
             shards,
             retained: RetainedStore::new(),
             stats: Stats::default(),

@@ -496,19 +496,42 @@ pub struct Router {
     vhosts: RwLock<HashMap<String, Vhost>>,
     generation: AtomicU64,
     mqtt_subscriptions: AtomicUsize,
+    /// The topic exchange of virtual host `/` that MQTT publishes and subscriptions use.
+    mqtt_exchange: String,
 }
 
 /// The virtual host MQTT clients use.
 pub const MQTT_VHOST: &str = "/";
-/// The exchange MQTT publishes and subscriptions use.
+/// The exchange MQTT publishes and subscriptions use by default (`mqtt.exchange`).
 pub const MQTT_EXCHANGE: &str = "amq.topic";
 
 impl Router {
-    /// A table with the default virtual host `/` and its standard exchanges.
+    /// A table with the default virtual host `/` and its standard exchanges; MQTT uses
+    /// `amq.topic`.
     pub fn new() -> Self {
-        let r = Router::default();
+        Router::with_mqtt_exchange(MQTT_EXCHANGE)
+    }
+
+    /// A table whose MQTT publishes and subscriptions go through the topic exchange
+    /// `name` of `/` (declared durable if it is not a standard one).
+    pub fn with_mqtt_exchange(name: &str) -> Self {
+        let r = Router { mqtt_exchange: name.to_owned(), ..Router::default() };
         r.add_vhost(MQTT_VHOST);
+        let def = ExchangeDef {
+            name: name.to_owned(),
+            kind: ExchangeKind::Topic,
+            durable: true,
+            auto_delete: false,
+            internal: false,
+            arguments: Vec::new(),
+        };
+        let _ = r.declare_exchange(MQTT_VHOST, def);
         r
+    }
+
+    /// The exchange MQTT publishes and subscriptions use.
+    pub fn mqtt_exchange(&self) -> &str {
+        &self.mqtt_exchange
     }
 
     fn changed(&self) {
@@ -701,13 +724,13 @@ impl Router {
     /// exchange; true if it is new.
     pub fn subscribe(&self, filter: &str, dest: Destination, opts: MqttOptions) -> bool {
         let binding = Binding { dest, key: mqtt_filter_to_pattern(filter), args: Vec::new(), mqtt: Some(opts) };
-        self.bind(MQTT_VHOST, MQTT_EXCHANGE, binding).unwrap_or(false)
+        self.bind(MQTT_VHOST, &self.mqtt_exchange, binding).unwrap_or(false)
     }
 
     /// Removes an MQTT subscription; true if it existed.
     pub fn unsubscribe(&self, filter: &str, dest: &Destination) -> bool {
         let key = mqtt_filter_to_pattern(filter);
-        self.unbind(MQTT_VHOST, MQTT_EXCHANGE, dest, &key, &[]).unwrap_or(false)
+        self.unbind(MQTT_VHOST, &self.mqtt_exchange, dest, &key, &[]).unwrap_or(false)
     }
 
     /// Every target of a publish to `exchange` with `key` and `headers` by `publisher` (an
@@ -737,7 +760,7 @@ impl Router {
     /// Routes of an MQTT publish to `topic` (MQTT form) by `publisher`.
     pub fn resolve(&self, topic: &str, publisher: &str) -> Routes {
         let key = super::message::mqtt_to_key(topic);
-        self.route(MQTT_VHOST, MQTT_EXCHANGE, &key, &[], publisher).map(|(r, _)| r).unwrap_or_default()
+        self.route(MQTT_VHOST, &self.mqtt_exchange, &key, &[], publisher).map(|(r, _)| r).unwrap_or_default()
     }
 }
 
@@ -834,7 +857,7 @@ impl RouteCache {
 
     /// Routes of an MQTT publish to `key` (routing-key form) on the MQTT exchange.
     pub fn resolve(&mut self, router: &Router, key: &str, publisher: &str) -> Arc<Routes> {
-        self.route(router, MQTT_VHOST, MQTT_EXCHANGE, key, &[], publisher).unwrap_or_default()
+        self.route(router, MQTT_VHOST, router.mqtt_exchange(), key, &[], publisher).unwrap_or_default()
     }
 }
 

@@ -23,15 +23,15 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, field, info, warn, Instrument};
 
-use super::convert::{message_in, properties_out, qos_of, qos_u8};
+use super::convert::{message_in, properties_out, qos_of, qos_u8, will_message};
 use super::session::{qos2_key, qos2_prefix, wait_finished, Control, Online, Persistent, StoredSession, SubOptions, NEVER};
 use super::{split_share, MqttContext, SESSION_QUEUE_PREFIX};
 use crate::auth::AuthError;
 use crate::core::broker::{DurableSignal, RetainMode};
 use crate::core::delivery::{Direct, QueueDelivery, SessionLink};
-use crate::core::message::{mqtt_to_key, now_ms, Message, SharedMessage};
+use crate::core::message::{now_ms, Message, SharedMessage};
 use crate::core::queue::{Consumer, ConsumerEvent};
-use crate::core::router::{mqtt_filter_to_pattern, Destination, RouteCache, Routes, MQTT_EXCHANGE, MQTT_VHOST};
+use crate::core::router::{mqtt_filter_to_pattern, Destination, RouteCache, Routes, MQTT_VHOST};
 use crate::core::shards::ShardCmd;
 use crate::core::stats::Stats;
 
@@ -605,7 +605,7 @@ impl Task {
                 self.refuse_publish(pkid, qos, ReasonCode::TOPIC_NAME_INVALID, "malformed $delayed topic");
                 return;
             };
-            let msg: SharedMessage = Arc::new(message_in(p, &topic, now));
+            let msg: SharedMessage = Arc::new(message_in(p, &topic, self.ctx.broker.router.mqtt_exchange(), now));
             let signal = self.ctx.broker.schedule(MQTT_VHOST, &msg, now + secs * 1000).await;
             self.push_ack(pkid, qos, Some(signal), ReasonCode::SUCCESS);
             return;
@@ -618,7 +618,7 @@ impl Task {
         }
         let retain = if p.retain { RetainMode::Persist } else { RetainMode::None };
         let topic = std::mem::take(&mut p.topic);
-        let msg: SharedMessage = Arc::new(message_in(p, &topic, now));
+        let msg: SharedMessage = Arc::new(message_in(p, &topic, self.ctx.broker.router.mqtt_exchange(), now));
         let routes = self.route_cache.resolve(&self.ctx.broker.router, &msg.routing_key, &client_id);
         let mut extra = Vec::new();
         if qos == QoS::ExactlyOnce && persistent {
@@ -1001,15 +1001,7 @@ impl Task {
 /// Publishes a will message.
 async fn publish_will(ctx: &MqttContext, client_id: &str, w: Will) {
     let now = now_ms();
-    let msg: SharedMessage = Arc::new(Message {
-        exchange: MQTT_EXCHANGE.to_owned(),
-        routing_key: mqtt_to_key(&w.topic),
-        payload: w.payload.clone(),
-        qos: qos_u8(w.qos),
-        retain: w.retain,
-        props: super::convert::properties_in(&w.properties, now),
-        timestamp_ms: now,
-    });
+    let msg: SharedMessage = Arc::new(will_message(&w, ctx.broker.router.mqtt_exchange(), now));
     let routes: Routes = ctx.broker.router.resolve(&w.topic, client_id);
     let retain = if w.retain { RetainMode::Persist } else { RetainMode::None };
     info!(topic = %w.topic, "publishing will message");

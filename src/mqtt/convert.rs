@@ -1,9 +1,9 @@
 //! Conversions between MQTT publishes and core messages.
 
-use ferrymq_mqtt::{Publish, PublishProperties, QoS};
+use bytes::Bytes;
+use ferrymq_mqtt::{Publish, PublishProperties, QoS, Will};
 
 use crate::core::message::{key_to_mqtt, mqtt_to_key, Message, Properties};
-use crate::core::router::MQTT_EXCHANGE;
 use crate::core::value::Value;
 
 /// QoS as a number.
@@ -34,19 +34,36 @@ pub fn properties_in(p: &PublishProperties, now_ms: u64) -> Properties {
 }
 
 /// A core message from an inbound PUBLISH (topic resolved and validated), routed through
-/// the MQTT exchange with the topic as routing key.
-pub fn message_in(p: Publish, topic: &str, now_ms: u64) -> Message {
+/// the MQTT exchange `exchange` with the topic as routing key.
+pub fn message_in(p: Publish, topic: &str, exchange: &str, now_ms: u64) -> Message {
+    mqtt_message(exchange, topic, p.payload, p.qos, p.retain, &p.properties, now_ms)
+}
+
+/// The core message of a will, published through the MQTT exchange `exchange`.
+pub fn will_message(w: &Will, exchange: &str, now_ms: u64) -> Message {
+    mqtt_message(exchange, &w.topic, w.payload.clone(), w.qos, w.retain, &w.properties, now_ms)
+}
+
+fn mqtt_message(
+    exchange: &str,
+    topic: &str,
+    payload: Bytes,
+    qos: QoS,
+    retain: bool,
+    props: &PublishProperties,
+    now_ms: u64,
+) -> Message {
     Message {
-        exchange: MQTT_EXCHANGE.to_owned(),
+        exchange: exchange.to_owned(),
         routing_key: mqtt_to_key(topic),
         props: Properties {
             // MQTT QoS >= 1 is persistent for AMQP consumers (delivery mode 2), QoS 0 not.
-            delivery_mode: Some(if p.qos == QoS::AtMostOnce { 1 } else { 2 }),
-            ..properties_in(&p.properties, now_ms)
+            delivery_mode: Some(if qos == QoS::AtMostOnce { 1 } else { 2 }),
+            ..properties_in(props, now_ms)
         },
-        payload: p.payload,
-        qos: qos_u8(p.qos),
-        retain: p.retain,
+        payload,
+        qos: qos_u8(qos),
+        retain,
         timestamp_ms: now_ms,
     }
 }

@@ -9,7 +9,6 @@ use bytes::Bytes;
 use super::MqttContext;
 use crate::core::broker::RetainMode;
 use crate::core::message::{mqtt_to_key, now_ms, Message, Properties};
-use crate::core::router::MQTT_EXCHANGE;
 use crate::core::stats::Stats;
 
 /// Publishes the `$SYS` topics every `interval` until the runtime stops.
@@ -49,7 +48,7 @@ pub async fn run(ctx: Arc<MqttContext>, interval: Duration) {
 
 async fn publish(ctx: &MqttContext, topic: &str, value: String) {
     let msg = Arc::new(Message {
-        exchange: MQTT_EXCHANGE.to_owned(),
+        exchange: ctx.broker.router.mqtt_exchange().to_owned(),
         routing_key: mqtt_to_key(topic),
         payload: Bytes::from(value),
         qos: 0,
