@@ -606,7 +606,7 @@ impl Task {
                 return;
             };
             let msg: SharedMessage = Arc::new(message_in(p, &topic, self.ctx.broker.router.mqtt_exchange(), now));
-            let signal = self.ctx.broker.schedule(MQTT_VHOST, &msg, now + secs * 1000).await;
+            let signal = self.ctx.broker.schedule(MQTT_VHOST, &msg, now + secs * 1000, Vec::new()).await;
             self.push_ack(pkid, qos, Some(signal), ReasonCode::SUCCESS);
             return;
         }
