@@ -163,6 +163,7 @@ impl Broker {
                     queues,
                     retained_topic,
                     timer: None,
+                    keys: msg.index_keys(),
                 }),
             );
             item = Some(DispatchItem { msg: msg.clone(), flags });
@@ -185,6 +186,7 @@ impl Broker {
                 queues: Vec::new(),
                 retained_topic: None,
                 timer: Some(Timer { due_ms, target: bytes::Bytes::copy_from_slice(vhost.as_bytes()) }),
+                keys: msg.index_keys(),
             }),
         );
         let signal = self.submit(ops, Vec::new(), true).await;
