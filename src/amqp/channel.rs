@@ -21,6 +21,8 @@ pub struct ChannelConsumer {
     pub queue_name: String,
     /// Deliveries are not acknowledged by the client.
     pub no_ack: bool,
+    /// Consumes a stream: deliveries carry `x-stream-offset`; settling only gives credit.
+    pub stream: bool,
 }
 
 /// A delivery waiting for the client's ack.
@@ -32,6 +34,8 @@ pub struct Unacked {
     pub offset: u64,
     /// Consumer it went to (the channel's get id for basic.get).
     pub consumer: ConsumerId,
+    /// From a stream: any settlement is an ack that gives credit back.
+    pub stream: bool,
 }
 
 /// What an ack-like method does to a delivery.
@@ -131,7 +135,7 @@ mod tests {
     use super::*;
 
     fn unacked(offset: u64) -> Unacked {
-        Unacked { queue: QueueId(1), offset, consumer: 7 }
+        Unacked { queue: QueueId(1), offset, consumer: 7, stream: false }
     }
 
     #[test]

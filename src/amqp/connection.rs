@@ -403,7 +403,7 @@ impl Task {
     /// Writes one delivery to its consumer.
     pub(super) fn deliver(&mut self, channel: u16, d: QueueDelivery) {
         let Some(ch) = self.channels.get_mut(&channel) else { return };
-        let Some((no_ack, consumer_tag)) = ch.consumers.get(&d.consumer).map(|c| (c.no_ack, c.tag.clone())) else {
+        let Some((no_ack, stream, consumer_tag)) = ch.consumers.get(&d.consumer).map(|c| (c.no_ack, c.stream, c.tag.clone())) else {
             self.ctx.broker.shards.send(ShardCmd::Requeue { queue: d.queue, offset: d.offset });
             return;
         };
@@ -411,9 +411,13 @@ impl Task {
         if no_ack {
             self.ctx.broker.shards.send(ShardCmd::Ack { queue: d.queue, offset: d.offset });
         } else {
-            ch.unacked.insert(tag, super::channel::Unacked { queue: d.queue, offset: d.offset, consumer: d.consumer });
+            ch.unacked.insert(tag, super::channel::Unacked { queue: d.queue, offset: d.offset, consumer: d.consumer, stream });
         }
-        let extra = delivery_headers(&d);
+        let mut extra = delivery_headers(&d);
+        if stream {
+            // As RabbitMQ: every stream delivery says where it sits (a long).
+            extra.push((super::streams::OFFSET_ARG.to_owned(), Value::Int(d.offset as i64)));
+        }
         let props = properties_out(&d.msg, now_ms(), &extra);
         let content = Content { exchange: &d.msg.exchange, routing_key: &d.msg.routing_key, properties: &props, body: &d.msg.payload };
         self.proto.deliver(channel, &consumer_tag, tag, d.redelivered, content);
@@ -435,6 +439,9 @@ impl Task {
     pub(super) fn settle(&mut self, channel: u16, covered: Vec<super::channel::Unacked>, how: Settle) {
         for u in covered {
             let cmd = match how {
+                // Streams remove nothing: ack, nack and reject all give the credit back
+                // (RabbitMQ 3.13+ treats every settlement of a stream delivery so).
+                _ if u.stream => ShardCmd::StreamSettle { queue: u.queue, consumer: u.consumer, offset: u.offset },
                 Settle::Ack => ShardCmd::Ack { queue: u.queue, offset: u.offset },
                 Settle::Requeue => ShardCmd::Requeue { queue: u.queue, offset: u.offset },
                 Settle::Discard => ShardCmd::Reject { queue: u.queue, offset: u.offset },

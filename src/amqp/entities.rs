@@ -19,7 +19,10 @@ use crate::core::message::now_ms;
 use crate::core::queue::{DeadLetterTarget, Overflow, QueueConfig};
 use crate::core::router::{Binding, Destination, ExchangeDef, ExchangeKind};
 use crate::core::shards::ShardCmd;
+use crate::core::stream::StreamConfig;
 use crate::core::value::{decode_table, encode_table, Value};
+
+use super::streams::{is_stream, stream_config};
 
 /// Prefix of the storage names of AMQP queues (`amqp/{vhost}/{name}`).
 pub const QUEUE_PREFIX: &str = "amqp/";
@@ -43,6 +46,8 @@ pub struct QueueEntity {
     pub arguments: Vec<(String, Value)>,
     /// Behaviour derived from the arguments.
     pub config: Arc<QueueConfig>,
+    /// Retention of a stream (`x-queue-type: stream`); `None` for other queues.
+    pub stream: Option<Arc<StreamConfig>>,
     /// Has had a consumer (auto-delete only deletes after one went away).
     pub had_consumer: AtomicBool,
     /// Consumer holding it exclusively (basic.consume exclusive).
@@ -57,6 +62,11 @@ impl QueueEntity {
     /// `x-expires` in ms.
     pub fn expires_ms(&self) -> Option<u64> {
         arg_u64(&self.arguments, "x-expires")
+    }
+
+    /// True for a stream (`x-queue-type: stream`).
+    pub fn is_stream(&self) -> bool {
+        self.stream.is_some()
     }
 
     /// Marks the queue used now.
@@ -186,6 +196,7 @@ impl Entities {
         auto_delete: bool,
         arguments: Vec<(String, Value)>,
         config: QueueConfig,
+        stream: Option<StreamConfig>,
     ) -> Result<Arc<QueueEntity>, String> {
         let id = broker.journal.queue_id(&storage_name(vhost, name)).map_err(|e| e.to_string())?;
         let entity = Arc::new(QueueEntity {
@@ -197,6 +208,7 @@ impl Entities {
             auto_delete,
             arguments,
             config: Arc::new(config),
+            stream: stream.map(Arc::new),
             had_consumer: AtomicBool::new(false),
             exclusive_consumer: Mutex::new(None),
             consumers: AtomicU64::new(0),
@@ -211,7 +223,10 @@ impl Entities {
     }
 
     fn install(&self, broker: &Broker, entity: Arc<QueueEntity>) {
-        broker.shards.send(ShardCmd::Configure { queue: entity.id, config: entity.config.clone() });
+        match &entity.stream {
+            Some(stream) => broker.shards.send(ShardCmd::ConfigureStream { queue: entity.id, config: stream.clone() }),
+            None => broker.shards.send(ShardCmd::Configure { queue: entity.id, config: entity.config.clone() }),
+        }
         if matches!(entity.config.overflow, Overflow::RejectPublish | Overflow::RejectPublishDlx) {
             self.rejecting.write().insert(entity.id, entity.config.clone());
             self.any_rejecting.store(true, Ordering::Relaxed);
@@ -434,16 +449,23 @@ fn queue_from_record(value: &Bytes) -> Option<QueueEntity> {
     let name = field_str(&t, "name")?;
     let id = QueueId(u64::try_from(field(&t, "id")?.as_i64()?).ok()?);
     let arguments = field_table(&t, "arguments");
-    let config = queue_config(&vhost, &name, true, &arguments).ok()?;
+    let auto_delete = field_bool(&t, "auto_delete");
+    let (config, stream) = if is_stream(&arguments) {
+        let stream = stream_config(&vhost, &name, true, false, auto_delete, &arguments).ok()?;
+        (QueueConfig::new(&name, &vhost), Some(Arc::new(stream)))
+    } else {
+        (queue_config(&vhost, &name, true, &arguments).ok()?, None)
+    };
     Some(QueueEntity {
         vhost,
         name,
         id,
         durable: true,
         exclusive_owner: None,
-        auto_delete: field_bool(&t, "auto_delete"),
+        auto_delete,
         arguments,
         config: Arc::new(config),
+        stream,
         had_consumer: AtomicBool::new(false),
         exclusive_consumer: Mutex::new(None),
         consumers: AtomicU64::new(0),

@@ -12,11 +12,13 @@ use super::channel::{ChannelConsumer, Settle, TxPublish};
 use super::connection::{PendingConfirm, Task, NO_ACK_CREDIT};
 use super::convert::{properties_in, properties_out, qos_of, short, table_in};
 use super::entities::{persist_binding, queue_config, store_exchange, forget_exchange, QueueEntity};
+use super::streams::{is_stream, stream_config, stream_offset};
 use crate::core::broker::RetainMode;
 use crate::core::message::{now_ms, Message, SharedMessage};
-use crate::core::queue::Consumer;
+use crate::core::queue::{Consumer, QueueConfig};
 use crate::core::router::{Binding, Destination, ExchangeDef, ExchangeKind, RouteError, Routes};
 use crate::core::shards::ShardCmd;
+use crate::core::stream::StreamOffset;
 use crate::core::value::Value;
 
 /// A channel or connection exception to send.
@@ -209,7 +211,14 @@ impl Task {
                     q.touch();
                     return ok_unless(d.nowait, declare_ok(&self.ctx.broker, &q).await);
                 }
-                let config = queue_config(&vhost, &name, d.durable, &arguments).map_err(|e| channel_fail(406, e.0))?;
+                let stream = match is_stream(&arguments) {
+                    true => Some(stream_config(&vhost, &name, d.durable, d.exclusive, d.auto_delete, &arguments).map_err(|e| channel_fail(406, e.0))?),
+                    false => None,
+                };
+                let config = match stream {
+                    Some(_) => QueueConfig::new(&name, &vhost),
+                    None => queue_config(&vhost, &name, d.durable, &arguments).map_err(|e| channel_fail(406, e.0))?,
+                };
                 if d.exclusive && arguments.iter().any(|(k, v)| k == "x-queue-type" && v.as_str() == Some("quorum")) {
                     return Err(channel_fail(406, format!("PRECONDITION_FAILED - invalid property 'exclusive-owner' for queue '{name}' in vhost '{vhost}'")));
                 }
@@ -217,7 +226,7 @@ impl Task {
                 let q = self
                     .ctx
                     .entities
-                    .create_queue(&self.ctx.broker, &vhost, &name, d.durable && !d.exclusive, owner, d.auto_delete, arguments, config)
+                    .create_queue(&self.ctx.broker, &vhost, &name, d.durable && !d.exclusive, owner, d.auto_delete, arguments, config, stream)
                     .await
                     .map_err(|e| Fail { code: 541, text: format!("INTERNAL_ERROR - {e}"), connection: true })?;
                 if d.exclusive {
@@ -329,6 +338,10 @@ impl Task {
                     }
                 }
                 let args = table_in(&c.arguments);
+                let stream_start = match q.is_stream() {
+                    true => Some(self.stream_consume_checks(channel, &q, c.no_ack, &args)?),
+                    false => None,
+                };
                 let priority = args.iter().find(|(k, _)| k == "x-priority").and_then(|(_, v)| v.as_i64()).unwrap_or(0) as i32;
                 let id = self.ctx.broker.next_id();
                 let ch = self.channel(channel)?;
@@ -341,7 +354,10 @@ impl Task {
                 } else {
                     u32::MAX / 2
                 };
-                ch.consumers.insert(id, ChannelConsumer { tag: tag.clone(), queue: q.id, queue_name: q.name.clone(), no_ack: c.no_ack });
+                ch.consumers.insert(
+                    id,
+                    ChannelConsumer { tag: tag.clone(), queue: q.id, queue_name: q.name.clone(), no_ack: c.no_ack, stream: stream_start.is_some() },
+                );
                 self.consumer_channels.insert(id, channel);
                 q.had_consumer.store(true, Ordering::Relaxed);
                 q.consumers.fetch_add(1, Ordering::Relaxed);
@@ -351,7 +367,10 @@ impl Task {
                 if !c.nowait {
                     self.proto.reply(channel, AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(basic::ConsumeOk { consumer_tag: short(&tag) })));
                 }
-                self.ctx.broker.shards.send(ShardCmd::Attach { queue: q.id, consumer });
+                match stream_start {
+                    Some(start) => self.ctx.broker.shards.send(ShardCmd::AttachStream { queue: q.id, consumer, start }),
+                    None => self.ctx.broker.shards.send(ShardCmd::Attach { queue: q.id, consumer }),
+                }
                 Ok(None)
             }
             basic::AMQPMethod::Cancel(c) => {
@@ -369,6 +388,13 @@ impl Task {
             }
             basic::AMQPMethod::Get(g) => {
                 let q = self.usable_queue(g.queue.as_str())?;
+                if q.is_stream() {
+                    return Err(Fail {
+                        code: 540,
+                        text: format!("NOT_IMPLEMENTED - basic.get not supported by stream queues queue '{}' in vhost '{}'", q.name, q.vhost),
+                        connection: true,
+                    });
+                }
                 q.touch();
                 let get_id = self.channel(channel)?.get_consumer;
                 match self.ctx.broker.shards.get(q.id, get_id, g.no_ack).await {
@@ -377,7 +403,7 @@ impl Task {
                         let ch = self.channel(channel)?;
                         let tag = ch.take_tag();
                         if !g.no_ack {
-                            ch.unacked.insert(tag, super::channel::Unacked { queue: q.id, offset: got.delivery.offset, consumer: get_id });
+                            ch.unacked.insert(tag, super::channel::Unacked { queue: q.id, offset: got.delivery.offset, consumer: get_id, stream: false });
                         }
                         let d = &got.delivery;
                         let extra = super::connection::delivery_headers(d);
@@ -407,6 +433,19 @@ impl Task {
             }
             _ => Err(Fail { code: 540, text: "NOT_IMPLEMENTED - method not supported".into(), connection: true }),
         }
+    }
+
+    /// RabbitMQ's rules for a stream consumer: manual acks (no-ack: 540, as RabbitMQ) and a
+    /// consumer prefetch (basic.qos > 0 first: 406); returns where it starts.
+    fn stream_consume_checks(&mut self, channel: u16, q: &QueueEntity, no_ack: bool, args: &[(String, Value)]) -> Result<StreamOffset, Fail> {
+        let queue = format!("queue '{}' in vhost '{}'", q.name, q.vhost);
+        if self.channel(channel)?.prefetch == 0 {
+            return Err(channel_fail(406, format!("PRECONDITION_FAILED - consumer prefetch count is not set for '{queue}'")));
+        }
+        if no_ack {
+            return Err(Fail { code: 540, text: format!("NOT_IMPLEMENTED - automatic acknowledgement not supported by stream queues {queue}"), connection: true });
+        }
+        stream_offset(args).map_err(|e| channel_fail(406, format!("PRECONDITION_FAILED - {e} for consumer of {queue}")))
     }
 
     fn channel(&mut self, channel: u16) -> Result<&mut super::channel::Channel, Fail> {
@@ -703,6 +742,7 @@ fn check_equivalent_queue(q: &QueueEntity, durable: bool, exclusive: bool, auto_
         "x-queue-type",
         "x-single-active-consumer",
         "x-delivery-limit",
+        "x-max-age",
     ] {
         let get = |t: &[(String, Value)]| t.iter().find(|(k, _)| k == key).map(|(_, v)| v.to_text());
         let (wanted, current) = (get(args), get(&q.arguments));

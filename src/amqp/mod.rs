@@ -11,6 +11,7 @@
 //! - [`methods`] — exchange.*, queue.*, basic.*, tx.* and publishing, with RabbitMQ's checks.
 //! - [`channel`] — per-channel state (consumers, delivery tags, prefetch, modes).
 //! - [`entities`] — the queue registry and durable metadata.
+//! - [`streams`] — stream declarations and `x-stream-offset` (RabbitMQ's stream rules).
 //! - [`convert`] — wire types <-> core values and properties (the gateway mapping).
 //! - [`auth`] — the user store.
 //! - [`dedup`] — publisher de-duplication by message id.
@@ -21,6 +22,7 @@ pub mod convert;
 pub mod dedup;
 pub mod entities;
 pub mod methods;
+pub mod streams;
 
 use std::collections::HashMap;
 use std::sync::Arc;

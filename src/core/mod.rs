@@ -5,6 +5,7 @@
 //! - [`router`] — the routing table (MQTT topic filters = bindings of `amq.topic`).
 //! - [`delivery`] — what flows from the core to connections.
 //! - [`queue`] — a consume queue's state (ready, unacked, credit, limits, paging).
+//! - [`stream`] — append-only streams (per-consumer cursors, retention).
 //! - [`shards`] — the queue-owner tasks.
 //! - [`retained`] — retained messages in memory.
 //! - [`scheduler`] — delayed delivery from the journal's timer index.
@@ -25,4 +26,5 @@ pub mod router;
 pub mod scheduler;
 pub mod shards;
 pub mod stats;
+pub mod stream;
 pub mod value;

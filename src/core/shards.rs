@@ -3,7 +3,9 @@
 //! A shard drains a batch of commands per turn, pumps the queues they touched, submits
 //! the resulting journal ops (acks, drops) as one submission, and hands messages leaving
 //! for a dead-letter exchange to the dead-letter task. Queues whose messages may expire
-//! are swept on a timer.
+//! are swept on a timer. Streams ([`super::stream`]) live in the same shards, next to the
+//! queues: a queue id configured as a stream is served by its [`Stream`], whose retention
+//! is enforced on a timer.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -14,12 +16,16 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::warn;
 
 use super::message::SharedMessage;
+use super::message::now_ms;
 use super::queue::{Consumer, ConsumerId, DeadLetter, Effects, Got, Queue, QueueConfig};
+use super::stream::{Stream, StreamConfig, StreamOffset};
 
 /// Commands handled per shard turn before pumping and flushing.
 const BATCH: usize = 512;
 /// How often queues with expiring messages are swept.
 const EXPIRY_SWEEP: Duration = Duration::from_millis(200);
+/// How often stream retention (`x-max-age`, `x-max-length-bytes`) is enforced.
+const RETENTION_PASS: Duration = Duration::from_secs(1);
 
 /// A pointer the journal appended to a queue, with the message still in memory.
 #[derive(Debug, Clone)]
@@ -46,6 +52,32 @@ pub enum ShardCmd {
         queue: QueueId,
         /// Its configuration.
         config: Arc<QueueConfig>,
+    },
+    /// Make a queue id a stream with these retention settings (or update them).
+    ConfigureStream {
+        /// The stream.
+        queue: QueueId,
+        /// Its settings.
+        config: Arc<StreamConfig>,
+    },
+    /// Attach a consumer to a stream, reading from `start`.
+    AttachStream {
+        /// The stream.
+        queue: QueueId,
+        /// The consumer (its credit is its prefetch).
+        consumer: Consumer,
+        /// Where it starts.
+        start: StreamOffset,
+    },
+    /// A stream consumer settled a delivery (ack, nack or reject): credit back, nothing
+    /// removed.
+    StreamSettle {
+        /// The stream.
+        queue: QueueId,
+        /// The consumer.
+        consumer: ConsumerId,
+        /// The entry.
+        offset: u64,
     },
     /// Attach a consumer.
     Attach {
@@ -151,6 +183,9 @@ impl ShardCmd {
         match self {
             ShardCmd::Appended(_) => None,
             ShardCmd::Configure { queue, .. }
+            | ShardCmd::ConfigureStream { queue, .. }
+            | ShardCmd::AttachStream { queue, .. }
+            | ShardCmd::StreamSettle { queue, .. }
             | ShardCmd::Attach { queue, .. }
             | ShardCmd::Detach { queue, .. }
             | ShardCmd::Cancel { queue, .. }
@@ -187,6 +222,7 @@ impl Shards {
                     default: default.clone(),
                     dead: dead.clone(),
                     queues: HashMap::new(),
+                    streams: HashMap::new(),
                     configs: HashMap::new(),
                     deleted: HashSet::new(),
                     touched: HashSet::new(),
@@ -279,6 +315,8 @@ struct Shard {
     default: Arc<QueueConfig>,
     dead: mpsc::UnboundedSender<DeadLetter>,
     queues: HashMap<QueueId, Queue>,
+    /// Queue ids configured as streams (never in `queues`).
+    streams: HashMap<QueueId, Stream>,
     configs: HashMap<QueueId, Arc<QueueConfig>>,
     /// Ids are never reused: commands for a deleted queue (in flight when it was deleted)
     /// are ignored instead of bringing it back.
@@ -292,6 +330,8 @@ impl Shard {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<ShardCmd>) {
         let mut sweep = tokio::time::interval(EXPIRY_SWEEP);
         sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut retention = tokio::time::interval(RETENTION_PASS);
+        retention.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 cmd = rx.recv() => {
@@ -310,6 +350,14 @@ impl Shard {
                     for q in self.queues.values_mut().filter(|q| q.may_expire()) {
                         q.expire(&self.journal, &mut self.fx);
                         self.touched.insert(q.id());
+                    }
+                }
+                _ = retention.tick() => {
+                    let now = now_ms();
+                    for s in self.streams.values_mut() {
+                        if s.enforce_retention(&self.journal, now, &mut self.fx.ops) {
+                            self.touched.insert(s.id());
+                        }
                     }
                 }
             }
@@ -344,10 +392,19 @@ impl Shard {
             }
             return;
         }
+        if let Some(id) = cmd.queue().filter(|q| self.streams.contains_key(q)) {
+            self.handle_stream(id, cmd);
+            return;
+        }
         match cmd {
             ShardCmd::Appended(entries) => {
                 for e in entries {
                     if self.deleted.contains(&e.queue) {
+                        continue;
+                    }
+                    if let Some(s) = self.streams.get_mut(&e.queue) {
+                        s.appended(e.offset, e.ptr, &e.msg);
+                        self.touched.insert(e.queue);
                         continue;
                     }
                     let journal = self.journal.clone();
@@ -363,6 +420,17 @@ impl Shard {
                 self.queue(queue).set_config(config);
                 self.touched.insert(queue);
             }
+            ShardCmd::ConfigureStream { queue, config } => {
+                self.queues.remove(&queue);
+                let stream = Stream::load(queue, config, &self.journal);
+                self.streams.insert(queue, stream);
+                self.touched.insert(queue);
+            }
+            // Stream commands for a queue that is not (or no longer) a stream.
+            ShardCmd::AttachStream { queue, consumer, .. } => {
+                let _ = consumer.tx.send(super::queue::ConsumerEvent::Cancelled { queue, consumer: consumer.id });
+            }
+            ShardCmd::StreamSettle { .. } => {}
             ShardCmd::Attach { queue, consumer } => {
                 self.queue(queue).attach(consumer);
                 self.touched.insert(queue);
@@ -443,11 +511,59 @@ impl Shard {
         }
     }
 
+    /// A command for a stream. Queue-only commands (requeue, reject, get, purge, QoS 2
+    /// release) do nothing to a stream: its entries leave only by retention.
+    fn handle_stream(&mut self, id: QueueId, cmd: ShardCmd) {
+        let Some(s) = self.streams.get_mut(&id) else { return };
+        self.touched.insert(id);
+        match cmd {
+            ShardCmd::ConfigureStream { config, .. } => s.set_config(config),
+            ShardCmd::AttachStream { consumer, start, .. } => s.attach(consumer.id, consumer.tx, consumer.credit, start, &self.journal),
+            ShardCmd::StreamSettle { consumer, offset, .. } => s.settle(consumer, offset),
+            ShardCmd::Credit { consumer, n, .. } => s.credit(consumer, n),
+            ShardCmd::Detach { consumer, .. } | ShardCmd::Cancel { consumer, .. } => s.detach(consumer),
+            ShardCmd::Attach { consumer, .. } => {
+                // Not through the stream path (no offset): refuse by cancelling.
+                let _ = consumer.tx.send(super::queue::ConsumerEvent::Cancelled { queue: id, consumer: consumer.id });
+            }
+            ShardCmd::Len { reply, .. } => {
+                let _ = reply.send(s.len());
+            }
+            ShardCmd::Counts { reply, .. } => {
+                let _ = reply.send((s.len(), s.consumer_count() as u64));
+            }
+            ShardCmd::Get { reply, .. } => {
+                let _ = reply.send(None);
+            }
+            ShardCmd::Purge { reply, .. } => {
+                let _ = reply.send(0);
+            }
+            ShardCmd::Delete { done, .. } => {
+                let count = s.delete(&mut self.fx.ops);
+                self.streams.remove(&id);
+                self.touched.remove(&id);
+                self.deleted.insert(id);
+                if let Some(done) = done {
+                    self.replies.push((done, count));
+                }
+            }
+            ShardCmd::Appended(_)
+            | ShardCmd::Configure { .. }
+            | ShardCmd::Ack { .. }
+            | ShardCmd::Requeue { .. }
+            | ShardCmd::Reject { .. }
+            | ShardCmd::Release { .. } => {}
+        }
+    }
+
     async fn finish_turn(&mut self) {
         for id in std::mem::take(&mut self.touched) {
             if let Some(q) = self.queues.get_mut(&id) {
                 q.pump(&self.journal, &mut self.fx);
                 q.publish_gauge();
+            } else if let Some(s) = self.streams.get_mut(&id) {
+                s.pump(&self.journal);
+                s.publish_gauge();
             }
         }
         let fx = std::mem::take(&mut self.fx);
