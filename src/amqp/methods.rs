@@ -12,7 +12,7 @@ use super::channel::{ChannelConsumer, Settle, TxPublish};
 use super::connection::{PendingConfirm, Task, NO_ACK_CREDIT};
 use super::convert::{properties_in, properties_out, qos_of, short, table_in};
 use super::entities::{persist_binding, queue_config, store_exchange, forget_exchange, QueueEntity};
-use super::streams::{is_stream, stream_config, stream_offset};
+use super::streams::{consumer_group, is_stream, stream_config, stream_offset};
 use crate::core::broker::RetainMode;
 use crate::core::message::{now_ms, Message, SharedMessage};
 use crate::core::queue::{Consumer, QueueConfig};
@@ -368,7 +368,7 @@ impl Task {
                     self.proto.reply(channel, AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(basic::ConsumeOk { consumer_tag: short(&tag) })));
                 }
                 match stream_start {
-                    Some(start) => self.ctx.broker.shards.send(ShardCmd::AttachStream { queue: q.id, consumer, start }),
+                    Some((start, group)) => self.ctx.broker.shards.send(ShardCmd::AttachStream { queue: q.id, consumer, start, group }),
                     None => self.ctx.broker.shards.send(ShardCmd::Attach { queue: q.id, consumer }),
                 }
                 Ok(None)
@@ -437,7 +437,14 @@ impl Task {
 
     /// RabbitMQ's rules for a stream consumer: manual acks (no-ack: 540, as RabbitMQ) and a
     /// consumer prefetch (basic.qos > 0 first: 406); returns where it starts.
-    fn stream_consume_checks(&mut self, channel: u16, q: &QueueEntity, no_ack: bool, args: &[(String, Value)]) -> Result<StreamOffset, Fail> {
+    /// ... and the consumer group it joins (`x-consumer-group`, a string), if any.
+    fn stream_consume_checks(
+        &mut self,
+        channel: u16,
+        q: &QueueEntity,
+        no_ack: bool,
+        args: &[(String, Value)],
+    ) -> Result<(StreamOffset, Option<String>), Fail> {
         let queue = format!("queue '{}' in vhost '{}'", q.name, q.vhost);
         if self.channel(channel)?.prefetch == 0 {
             return Err(channel_fail(406, format!("PRECONDITION_FAILED - consumer prefetch count is not set for '{queue}'")));
@@ -445,7 +452,9 @@ impl Task {
         if no_ack {
             return Err(Fail { code: 540, text: format!("NOT_IMPLEMENTED - automatic acknowledgement not supported by stream queues {queue}"), connection: true });
         }
-        stream_offset(args).map_err(|e| channel_fail(406, format!("PRECONDITION_FAILED - {e} for consumer of {queue}")))
+        let start = stream_offset(args).map_err(|e| channel_fail(406, format!("PRECONDITION_FAILED - {e} for consumer of {queue}")))?;
+        let group = consumer_group(args).map_err(|e| channel_fail(406, format!("PRECONDITION_FAILED - {e} for consumer of {queue}")))?;
+        Ok((start, group))
     }
 
     fn channel(&mut self, channel: u16) -> Result<&mut super::channel::Channel, Fail> {

@@ -75,6 +75,19 @@ pub fn stream_config(
     Ok(c)
 }
 
+/// The consume argument naming a stream consumer's group.
+pub const GROUP_ARG: &str = "x-consumer-group";
+
+/// Reads `x-consumer-group` from consume arguments: a non-empty string of at most 255
+/// bytes, or absent.
+pub fn consumer_group(args: &[(String, Value)]) -> Result<Option<String>, String> {
+    match args.iter().find(|(k, _)| k == GROUP_ARG).map(|(_, v)| v) {
+        None => Ok(None),
+        Some(Value::Str(s)) if !s.is_empty() && s.len() <= 255 => Ok(Some(s.clone())),
+        Some(other) => Err(format!("invalid '{GROUP_ARG}' {}: a name of 1 to 255 bytes", other.to_text())),
+    }
+}
+
 /// Reads `x-stream-offset` from consume arguments: `first`, `last`, `next` (the default),
 /// an absolute offset (any integer type), a timestamp (AMQP timestamp, seconds), or an age
 /// such as `1h` (RabbitMQ's interval form: messages stored within that time).
@@ -139,5 +152,10 @@ mod tests {
         assert!(at(Value::Int(-1)).is_err());
         assert!(at(Value::Str("sometime".into())).is_err());
         assert!(at(Value::Bool(true)).is_err());
+        let group = |v: Value| consumer_group(&args(&[(GROUP_ARG, v)]));
+        assert_eq!(consumer_group(&[]), Ok(None));
+        assert_eq!(group(Value::Str("billing".into())), Ok(Some("billing".into())));
+        assert!(group(Value::Str(String::new())).is_err());
+        assert!(group(Value::Int(1)).is_err());
     }
 }

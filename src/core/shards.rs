@@ -66,8 +66,22 @@ pub enum ShardCmd {
         queue: QueueId,
         /// The consumer (its credit is its prefetch).
         consumer: Consumer,
-        /// Where it starts.
+        /// Where it starts (a group with a stored cursor resumes there instead).
         start: StreamOffset,
+        /// The consumer group it joins (`x-consumer-group`), if any.
+        group: Option<String>,
+    },
+    /// Move a stream consumer group's committed offset; answers the new offset (`None`
+    /// when the queue is not a stream).
+    ResetGroup {
+        /// The stream.
+        queue: QueueId,
+        /// The group.
+        group: String,
+        /// Where to (an offset, a timestamp, first, last, next).
+        to: StreamOffset,
+        /// Reply.
+        reply: oneshot::Sender<Option<u64>>,
     },
     /// A stream consumer settled a delivery (ack, nack or reject): credit back, nothing
     /// removed.
@@ -186,6 +200,7 @@ impl ShardCmd {
             | ShardCmd::ConfigureStream { queue, .. }
             | ShardCmd::AttachStream { queue, .. }
             | ShardCmd::StreamSettle { queue, .. }
+            | ShardCmd::ResetGroup { queue, .. }
             | ShardCmd::Attach { queue, .. }
             | ShardCmd::Detach { queue, .. }
             | ShardCmd::Cancel { queue, .. }
@@ -301,6 +316,14 @@ impl Shards {
         rx.await.unwrap_or(0)
     }
 
+    /// Moves a stream consumer group's committed offset to where `to` resolves (the
+    /// operation behind an admin reset); returns the new offset, `None` for a non-stream.
+    pub async fn reset_group(&self, queue: QueueId, group: &str, to: StreamOffset) -> Option<u64> {
+        let (reply, rx) = oneshot::channel();
+        self.send(ShardCmd::ResetGroup { queue, group: group.to_owned(), to, reply });
+        rx.await.ok().flatten()
+    }
+
     /// Takes one message from a queue (basic.get).
     pub async fn get(&self, queue: QueueId, consumer: ConsumerId, no_ack: bool) -> Option<Got> {
         let (reply, rx) = oneshot::channel();
@@ -387,6 +410,9 @@ impl Shard {
                 ShardCmd::Get { reply, .. } => {
                     let _ = reply.send(None);
                 }
+                ShardCmd::ResetGroup { reply, .. } => {
+                    let _ = reply.send(None);
+                }
                 ShardCmd::Delete { done: Some(done), .. } => self.replies.push((done, 0)),
                 _ => {}
             }
@@ -431,6 +457,9 @@ impl Shard {
                 let _ = consumer.tx.send(super::queue::ConsumerEvent::Cancelled { queue, consumer: consumer.id });
             }
             ShardCmd::StreamSettle { .. } => {}
+            ShardCmd::ResetGroup { reply, .. } => {
+                let _ = reply.send(None);
+            }
             ShardCmd::Attach { queue, consumer } => {
                 self.queue(queue).attach(consumer);
                 self.touched.insert(queue);
@@ -518,7 +547,12 @@ impl Shard {
         self.touched.insert(id);
         match cmd {
             ShardCmd::ConfigureStream { config, .. } => s.set_config(config),
-            ShardCmd::AttachStream { consumer, start, .. } => s.attach(consumer.id, consumer.tx, consumer.credit, start, &self.journal),
+            ShardCmd::AttachStream { consumer, start, group, .. } => {
+                s.attach(consumer.id, consumer.tx, consumer.credit, start, group, &self.journal)
+            }
+            ShardCmd::ResetGroup { group, to, reply, .. } => {
+                let _ = reply.send(Some(s.reset_group(&group, to, &self.journal)));
+            }
             ShardCmd::StreamSettle { consumer, offset, .. } => s.settle(consumer, offset),
             ShardCmd::Credit { consumer, n, .. } => s.credit(consumer, n),
             ShardCmd::Detach { consumer, .. } | ShardCmd::Cancel { consumer, .. } => s.detach(consumer),
@@ -563,6 +597,7 @@ impl Shard {
                 q.publish_gauge();
             } else if let Some(s) = self.streams.get_mut(&id) {
                 s.pump(&self.journal);
+                s.take_cursor_writes(&mut self.fx.ops);
                 s.publish_gauge();
             }
         }

@@ -53,7 +53,7 @@
 //! | `timer` | due ms u64, pos u64 | size u32, target (opaque bytes) |
 //! | `key` | key hash u64 (FNV-1a), timestamp ms u64, pos u64 | size u32, key (bytes) |
 //! | `key_pos` | pos u64, key hash u64, timestamp ms u64 | empty: the `key` entries by position |
-//! | `kv:<space>` | opaque key | opaque value ([`Space`]: `kv:session`, `kv:inbound_qos2`, `kv:meta`) |
+//! | `kv:<space>` | opaque key | opaque value ([`Space`]: `kv:session`, `kv:inbound_qos2`, `kv:meta`, `kv:cursor`) |
 //!
 //! The high-water mark sorts just before the queue's entries and is written in the same
 //! sled batch as the pointers, so offsets are never reused, not even after every entry of
@@ -280,6 +280,8 @@ pub enum Space {
     InboundQos2,
     /// Broker metadata (vhosts, exchanges, queues, bindings, users, ...).
     Meta,
+    /// Committed positions of consumer groups (stream id + group name -> offset state).
+    Cursor,
 }
 
 /// One mutation of the journal. A submission is a `Vec<Op>` applied in order.

@@ -81,14 +81,14 @@ struct Pending {
     timer: Overlay,
     key: Overlay,
     key_pos: Overlay,
-    kv: [Overlay; 3],
+    kv: [Overlay; 4],
     /// Counters of the queues touched by this batch.
     queues: HashMap<u64, QueueState>,
 }
 
 impl Pending {
-    fn overlays(&mut self) -> [&mut Overlay; 10] {
-        let [a, b, c] = &mut self.kv;
+    fn overlays(&mut self) -> [&mut Overlay; 11] {
+        let [a, b, c, d] = &mut self.kv;
         [
             &mut self.queue,
             &mut self.queue_names,
@@ -100,6 +100,7 @@ impl Pending {
             a,
             b,
             c,
+            d,
         ]
     }
 
@@ -355,6 +356,7 @@ impl Writer {
             &db.kv[0],
             &db.kv[1],
             &db.kv[2],
+            &db.kv[3],
         ];
         for (overlay, tree) in self.pending.overlays().into_iter().zip(trees) {
             if !overlay.is_empty() {

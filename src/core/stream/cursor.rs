@@ -1,12 +1,14 @@
 //! A stream consumer: its own read position (cursor), credit (prefetch) and the offsets
-//! delivered and not yet acknowledged, plus a page of pointers read ahead from storage.
-//! Acks only give credit back: nothing is removed from the stream.
+//! delivered and not yet acknowledged. Acks only give credit back: nothing is removed
+//! from the stream. A member of a consumer group reads through its group's shared cursor
+//! instead of its own.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::BTreeSet;
 
 use ferrymq_storage::Pointer;
 use tokio::sync::mpsc;
 
+use super::reader::Reader;
 use crate::core::queue::{ConsumerEvent, ConsumerId};
 
 /// One consumer of a stream.
@@ -18,24 +20,25 @@ pub struct StreamConsumer {
     pub tx: mpsc::UnboundedSender<ConsumerEvent>,
     /// Deliveries it may still receive before acking.
     pub credit: u32,
-    /// Next offset to read.
-    pub next: u64,
     /// Offsets delivered and not acknowledged.
     pub unacked: BTreeSet<u64>,
-    /// Pointers read from storage at or after `next`, not delivered yet.
-    pub(super) page: VecDeque<(u64, Pointer)>,
+    /// The consumer group it belongs to (`x-consumer-group`), if any.
+    pub group: Option<String>,
+    /// Own read position (unused by group members).
+    pub(super) reader: Reader,
 }
 
 impl StreamConsumer {
     /// A consumer reading from offset `next` with `credit` deliveries in hand.
-    pub fn new(id: ConsumerId, tx: mpsc::UnboundedSender<ConsumerEvent>, credit: u32, next: u64) -> StreamConsumer {
-        StreamConsumer { id, tx, credit, next, unacked: BTreeSet::new(), page: VecDeque::new() }
+    pub fn new(id: ConsumerId, tx: mpsc::UnboundedSender<ConsumerEvent>, credit: u32, next: u64, group: Option<String>) -> StreamConsumer {
+        StreamConsumer { id, tx, credit, unacked: BTreeSet::new(), group, reader: Reader::at(next) }
     }
 
-    /// Server-side filter hook: true when the entry is for this consumer. Decided from the
-    /// pointer alone (its `tag_hash`), so skipped entries cost no body read and no credit.
-    /// Every entry passes until `x-tag-filter` on stream consumers lands (the tag-filter
-    /// module matches `ptr.tag_hash` here, and resolves a hash collision on the body).
+    /// Server-side filter hook: true when the entry is for this consumer (or its group).
+    /// Decided from the pointer alone (its `tag_hash`), so skipped entries cost no body
+    /// read and no credit. Every entry passes until `x-tag-filter` on stream consumers
+    /// lands: the tag-filter module matches `ptr.tag_hash` here (and resolves a hash
+    /// collision against the stored tag).
     pub fn admits(&self, ptr: &Pointer) -> bool {
         let _ = ptr.tag_hash;
         true
@@ -49,16 +52,6 @@ impl StreamConsumer {
             true
         } else {
             false
-        }
-    }
-
-    /// Moves the cursor forward to `first` when the entries under it were trimmed.
-    pub fn skip_trimmed(&mut self, first: u64) {
-        if self.next < first {
-            self.next = first;
-        }
-        while self.page.front().is_some_and(|(o, _)| *o < first) {
-            self.page.pop_front();
         }
     }
 }

@@ -12,36 +12,32 @@
 
 mod config;
 mod cursor;
+pub mod group;
+mod reader;
 pub mod retention;
 mod seek;
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 pub use config::{parse_age, StreamConfig, StreamOffset};
 pub use cursor::StreamConsumer;
 use ferrymq_storage::{Journal, Op, Pointer, QueueId};
+pub use group::{Group, GroupCursor};
+use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use super::delivery::QueueDelivery;
 use super::message::SharedMessage;
 use super::queue::{flags, read_message, ConsumerEvent, ConsumerId};
+use reader::TailEntry;
 use retention::Extent;
 
-/// Pointers read from storage at a time by a consumer that is behind.
-const PAGE: usize = 256;
 /// Most recent entries kept in memory while someone consumes.
 const TAIL_ENTRIES: usize = 1024;
 /// Most body bytes kept in the in-memory tail.
 const TAIL_BYTES: u64 = 4 * 1024 * 1024;
-
-#[derive(Debug)]
-struct TailEntry {
-    offset: u64,
-    ptr: Pointer,
-    msg: SharedMessage,
-}
 
 /// State of one stream.
 #[derive(Debug)]
@@ -58,6 +54,8 @@ pub struct Stream {
     tail: VecDeque<TailEntry>,
     tail_bytes: u64,
     consumers: Vec<StreamConsumer>,
+    /// Consumer groups by name (kept while the stream lives, members or not).
+    groups: HashMap<String, Group>,
 }
 
 impl Stream {
@@ -88,6 +86,7 @@ impl Stream {
             tail: VecDeque::new(),
             tail_bytes: 0,
             consumers: Vec::new(),
+            groups: HashMap::new(),
         };
         s.publish_gauge();
         s
@@ -167,26 +166,58 @@ impl Stream {
     }
 
     /// Attaches a consumer reading from `start` with `credit`; call [`Stream::pump`] after.
-    pub fn attach(&mut self, id: ConsumerId, tx: tokio::sync::mpsc::UnboundedSender<ConsumerEvent>, credit: u32, start: StreamOffset, journal: &Journal) {
+    /// A member of `group` reads through the group's cursor: where the group stopped when
+    /// it has a stored one, else from `start` (which then becomes the group's).
+    pub fn attach(
+        &mut self,
+        id: ConsumerId,
+        tx: mpsc::UnboundedSender<ConsumerEvent>,
+        credit: u32,
+        start: StreamOffset,
+        group: Option<String>,
+        journal: &Journal,
+    ) {
         let next = self.resolve(start, journal);
-        debug!(stream = %self.config.name, consumer = id, offset = next, ?start, "stream consumer attached");
-        self.consumers.retain(|c| c.id != id);
-        self.consumers.push(StreamConsumer::new(id, tx, credit, next));
+        if let Some(name) = &group {
+            if !self.groups.contains_key(name) {
+                let g = match group::load_cursor(journal, self.id, name) {
+                    Ok(Some(cursor)) => Group::resume(cursor, false),
+                    Ok(None) => Group::resume(GroupCursor::at(next), true),
+                    Err(e) => {
+                        warn!(stream = %self.config.name, group = %name, error = %e, "cannot read group cursor");
+                        Group::resume(GroupCursor::at(next), true)
+                    }
+                };
+                self.groups.insert(name.clone(), g);
+            }
+        }
+        debug!(stream = %self.config.name, consumer = id, offset = next, ?start, ?group, "stream consumer attached");
+        self.detach(id);
+        self.consumers.push(StreamConsumer::new(id, tx, credit, next, group));
     }
 
-    /// Removes a consumer (cancel, channel closed): its cursor goes with it.
+    /// Removes a consumer (cancel, channel closed): its cursor goes with it; what a group
+    /// member held unacked goes to the rest of its group.
     pub fn detach(&mut self, id: ConsumerId) {
-        self.consumers.retain(|c| c.id != id);
+        let Some(i) = self.consumers.iter().position(|c| c.id == id) else { return };
+        let c = self.consumers.swap_remove(i);
+        if let Some(g) = c.group.as_ref().and_then(|n| self.groups.get_mut(n)) {
+            g.returned_by(c.unacked);
+        }
         if self.consumers.is_empty() {
             self.tail.clear();
             self.tail_bytes = 0;
         }
     }
 
-    /// A consumer settled a delivery (ack, nack or reject): it gets the credit back.
+    /// A consumer settled a delivery (ack, nack or reject): it gets the credit back; a
+    /// group member's settlement counts for its group.
     pub fn settle(&mut self, consumer: ConsumerId, offset: u64) {
-        if let Some(c) = self.consumers.iter_mut().find(|c| c.id == consumer) {
-            c.settle(offset);
+        let Some(c) = self.consumers.iter_mut().find(|c| c.id == consumer) else { return };
+        if c.settle(offset) {
+            if let Some(g) = c.group.as_ref().and_then(|n| self.groups.get_mut(n)) {
+                g.ack(offset);
+            }
         }
     }
 
@@ -197,80 +228,143 @@ impl Stream {
         }
     }
 
-    /// Sends every consumer what its cursor and credit allow.
+    /// The committed cursor of a group, as the owner sees it now.
+    pub fn group_cursor(&self, group: &str) -> Option<&GroupCursor> {
+        self.groups.get(group).map(|g| &g.cursor)
+    }
+
+    /// Moves a group's committed offset to where `to` resolves (an offset, a timestamp,
+    /// first, last, next); its members continue from there. Returns the new offset.
+    pub fn reset_group(&mut self, group: &str, to: StreamOffset, journal: &Journal) -> u64 {
+        let offset = self.resolve(to, journal);
+        match self.groups.get_mut(group) {
+            Some(g) => g.reset(GroupCursor::at(offset)),
+            None => {
+                self.groups.insert(group.to_owned(), Group::resume(GroupCursor::at(offset), true));
+            }
+        }
+        // Members forget what they hold: their late acks must not count for the new range.
+        for c in self.consumers.iter_mut().filter(|c| c.group.as_deref() == Some(group)) {
+            let held = std::mem::take(&mut c.unacked).len() as u32;
+            c.credit = c.credit.saturating_add(held);
+        }
+        offset
+    }
+
+    /// Journal ops storing the cursors of groups that moved since the last call.
+    pub fn take_cursor_writes(&mut self, ops: &mut Vec<Op>) {
+        for (name, g) in self.groups.iter_mut().filter(|(_, g)| g.dirty) {
+            g.dirty = false;
+            ops.push(group::store_cursor(self.id, name, &g.cursor));
+        }
+    }
+
+    /// Sends every consumer what its cursor (or its group's) and credit allow.
     pub fn pump(&mut self, journal: &Journal) {
         let mut gone = Vec::new();
         for i in 0..self.consumers.len() {
-            if !self.pump_one(i, journal) {
+            if self.consumers[i].group.is_none() && !self.pump_one(i, journal) {
                 gone.push(self.consumers[i].id);
             }
+        }
+        let names: Vec<String> = self.groups.keys().cloned().collect();
+        for name in names {
+            self.pump_group(&name, journal, &mut gone);
         }
         for id in gone {
             self.detach(id);
         }
     }
 
-    /// Delivers to consumer `i`; false when its connection is gone.
+    fn delivery(&self, offset: u64, ptr: &Pointer, msg: SharedMessage, consumer: ConsumerId, redelivered: bool) -> QueueDelivery {
+        QueueDelivery {
+            queue: self.id,
+            offset,
+            msg,
+            qos: (ptr.flags & flags::QOS_MASK).max(1),
+            redelivered,
+            released: false,
+            consumer,
+            delivery_count: None,
+        }
+    }
+
+    /// Delivers to consumer `i` from its own cursor; false when its connection is gone.
     fn pump_one(&mut self, i: usize, journal: &Journal) -> bool {
         let (id, first, next) = (self.id, self.first, self.next);
-        let c = &mut self.consumers[i];
-        c.skip_trimmed(first);
-        while c.credit > 0 && c.next < next {
-            while c.page.front().is_some_and(|(o, _)| *o < c.next) {
-                c.page.pop_front();
-            }
-            let (offset, ptr, msg) = match tail_lookup(&self.tail, c.next) {
-                Some(e) => {
-                    if c.page.front().is_some_and(|(o, _)| *o == e.offset) {
-                        c.page.pop_front();
-                    }
-                    (e.offset, e.ptr, Some(e.msg.clone()))
-                }
-                None => {
-                    if c.page.is_empty() {
-                        match journal.queue_entries(id, c.next, PAGE) {
-                            Ok(page) if !page.is_empty() => c.page.extend(page),
-                            Ok(_) => {
-                                c.next = next;
-                                break;
-                            }
-                            Err(e) => {
-                                warn!(stream = id.0, error = %e, "cannot page in stream entries");
-                                break;
-                            }
-                        }
-                    }
-                    let Some((offset, ptr)) = c.page.pop_front() else { break };
-                    if offset >= next {
-                        // Stored, but its append has not reached this owner yet.
-                        c.page.push_front((offset, ptr));
-                        break;
-                    }
-                    (offset, ptr, None)
-                }
-            };
-            c.next = offset + 1;
+        self.consumers[i].reader.skip_trimmed(first);
+        while self.consumers[i].credit > 0 {
+            let c = &mut self.consumers[i];
+            let Some((offset, ptr, msg)) = c.reader.advance(&self.tail, journal, id, next) else { break };
             if !c.admits(&ptr) {
                 continue;
             }
             let Some(msg) = msg.or_else(|| read_message(journal, &ptr)) else { continue };
-            let delivery = QueueDelivery {
-                queue: id,
-                offset,
-                msg,
-                qos: (ptr.flags & flags::QOS_MASK).max(1),
-                redelivered: false,
-                released: false,
-                consumer: c.id,
-                delivery_count: None,
-            };
-            if c.tx.send(ConsumerEvent::Deliver(delivery)).is_err() {
+            let d = self.delivery(offset, &ptr, msg, self.consumers[i].id, false);
+            let c = &mut self.consumers[i];
+            if c.tx.send(ConsumerEvent::Deliver(d)).is_err() {
                 return false;
             }
             c.credit -= 1;
             c.unacked.insert(offset);
         }
         true
+    }
+
+    /// Hands a group's next entries to its members with credit, round robin, each entry
+    /// to one member: entries a departed member returned first, then new ones.
+    fn pump_group(&mut self, name: &str, journal: &Journal, gone: &mut Vec<ConsumerId>) {
+        let (id, first, next) = (self.id, self.first, self.next);
+        let Some(g) = self.groups.get_mut(name) else { return };
+        g.skip_trimmed(first);
+        loop {
+            let members: Vec<usize> = (0..self.consumers.len())
+                .filter(|&i| {
+                    let c = &self.consumers[i];
+                    c.group.as_deref() == Some(name) && c.credit > 0 && !gone.contains(&c.id)
+                })
+                .collect();
+            if members.is_empty() {
+                return;
+            }
+            let Some(g) = self.groups.get_mut(name) else { return };
+            let member = members[g.rr % members.len()];
+            // The entry: a returned one (redelivered), else the next one never handed out.
+            let (offset, ptr, msg, redelivered) = if let Some(o) = g.returned.pop_first() {
+                match seek::entry_at_or_after(journal, id, o).filter(|(at, _)| *at == o) {
+                    Some((o, ptr)) => (o, ptr, None, true),
+                    None => continue,
+                }
+            } else {
+                match g.reader.advance(&self.tail, journal, id, next) {
+                    Some((o, ptr, msg)) => (o, ptr, msg, false),
+                    None => return,
+                }
+            };
+            if g.cursor.acked.contains(&offset) || offset < g.cursor.committed {
+                continue;
+            }
+            if !self.consumers[member].admits(&ptr) {
+                g.ack(offset);
+                continue;
+            }
+            let Some(msg) = msg.or_else(|| read_message(journal, &ptr)) else {
+                g.ack(offset);
+                continue;
+            };
+            let d = self.delivery(offset, &ptr, msg, self.consumers[member].id, redelivered);
+            let c = &mut self.consumers[member];
+            let Some(g) = self.groups.get_mut(name) else { return };
+            if c.tx.send(ConsumerEvent::Deliver(d)).is_err() {
+                g.returned.insert(offset);
+                gone.push(c.id);
+                continue;
+            }
+            g.rr = g.rr.wrapping_add(1);
+            c.credit -= 1;
+            c.unacked.insert(offset);
+            g.in_flight.insert(offset, c.id);
+        }
     }
 
     /// Trims what retention no longer allows (at most one bounded pass); the removal op
@@ -291,7 +385,10 @@ impl Stream {
             }
         }
         for c in &mut self.consumers {
-            c.skip_trimmed(trim.to);
+            c.reader.skip_trimmed(trim.to);
+        }
+        for g in self.groups.values_mut() {
+            g.skip_trimmed(trim.to);
         }
         true
     }
@@ -308,20 +405,12 @@ impl Stream {
         self.first = self.next;
         self.bytes = 0;
         ops.push(Op::DeleteQueue { queue: self.id });
+        ops.push(group::forget_cursors(self.id));
+        self.groups.clear();
         self.publish_gauge();
         count
     }
 }
 
-fn tail_lookup(tail: &VecDeque<TailEntry>, offset: u64) -> Option<&TailEntry> {
-    let front = tail.front()?.offset;
-    if offset < front {
-        return None;
-    }
-    // Usually contiguous: try the direct index first.
-    let guess = (offset - front) as usize;
-    if tail.get(guess).is_some_and(|e| e.offset == offset) {
-        return tail.get(guess);
-    }
-    tail.binary_search_by_key(&offset, |e| e.offset).ok().and_then(|i| tail.get(i))
-}
+#[cfg(test)]
+mod tests;
