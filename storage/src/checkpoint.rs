@@ -48,10 +48,11 @@ impl Checkpoint {
     }
 
     fn decode(b: &[u8]) -> Option<Checkpoint> {
-        let mut words = b.chunks_exact(8).map(|c| u64::from_be_bytes(c.try_into().unwrap()));
-        if b.len() % 8 != 0 {
+        let chunks = b.chunks_exact(8);
+        if !chunks.remainder().is_empty() {
             return None;
         }
+        let mut words = chunks.map(|c| u64::from_be_bytes(c.try_into().unwrap_or_default()));
         let log_end = words.next()?;
         let n = words.next()?;
         let mut refs = Vec::new();
