@@ -234,3 +234,29 @@ fn a_clean_close_lets_the_next_open_skip_the_index_scan() {
     // Not closed: the checkpoint was consumed at open, so this is what a crash leaves.
     std::mem::forget(j);
 }
+
+/// Opening a directory whose sled lock is still held waits briefly for it (a previous
+/// handle of this process releases the lock when sled's threads exit), and fails with a
+/// `Db` error if it stays held.
+#[test]
+fn open_waits_for_the_previous_handle_to_let_go() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = open(dir.path(), FsyncPolicy::Always);
+    let q = j.queue_id("q").unwrap();
+    j.write_blocking(append_op(1, &[q])).unwrap();
+    let t = std::time::Instant::now();
+    match ferrymq_storage::Journal::open(config(dir.path(), FsyncPolicy::Always)) {
+        Err(JournalError::Db(e)) => assert!(e.contains("lock"), "{e}"),
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("two handles on one directory"),
+    }
+    assert!(t.elapsed() >= std::time::Duration::from_secs(1), "retried for a while");
+    let holder = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        j.close().unwrap();
+        drop(j);
+    });
+    let j = open(dir.path(), FsyncPolicy::Always);
+    holder.join().unwrap();
+    assert_eq!(j.queue_len(q).unwrap(), 1);
+}
