@@ -544,12 +544,12 @@ impl Task {
             self.proto.connection_error(540, "NOT_IMPLEMENTED - immediate=true", class_id, method_id);
             return;
         }
-        let Some(x) = self.ctx.broker.router.exchange(&vhost, exchange) else {
+        let Some((kind, internal)) = self.route_cache.exchange(&self.ctx.broker.router, &vhost, exchange) else {
             let text = format!("NOT_FOUND - no exchange '{exchange}' in vhost '{vhost}'");
             self.proto.channel_error(channel, 404, &text, class_id, method_id);
             return;
         };
-        if x.internal {
+        if internal {
             let text = format!("ACCESS_REFUSED - cannot publish to internal exchange '{exchange}' in vhost '{vhost}'");
             self.proto.channel_error(channel, 403, &text, class_id, method_id);
             return;
@@ -578,7 +578,7 @@ impl Task {
             payload: p.body,
             timestamp_ms: now,
         });
-        if x.kind == ExchangeKind::DelayedMessage {
+        if kind == ExchangeKind::DelayedMessage {
             if let Some(delay) = delay_of(&msg) {
                 self.publish_delayed(channel, p.confirm_tag, msg, now + delay).await;
                 return;

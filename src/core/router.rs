@@ -850,12 +850,38 @@ pub fn mqtt_filter_to_pattern(filter: &str) -> String {
 pub struct RouteCache {
     generation: u64,
     map: HashMap<(String, String), Arc<Routes>>,
+    /// Kind and `internal` flag of exchanges looked up (`None`: no such exchange).
+    exchanges: HashMap<String, Option<(ExchangeKind, bool)>>,
 }
 
 /// Most (exchange, key) pairs one connection caches before the cache is cleared.
 const ROUTE_CACHE_KEYS: usize = 1024;
 
 impl RouteCache {
+    fn sync(&mut self, router: &Router) {
+        let generation = router.generation();
+        if generation != self.generation {
+            self.map.clear();
+            self.exchanges.clear();
+            self.generation = generation;
+        }
+    }
+
+    /// Kind and `internal` flag of an exchange, from the cache when the table has not
+    /// changed (the publish path asks for every message).
+    pub fn exchange(&mut self, router: &Router, vhost: &str, name: &str) -> Option<(ExchangeKind, bool)> {
+        self.sync(router);
+        if let Some(x) = self.exchanges.get(name) {
+            return *x;
+        }
+        let x = router.exchange(vhost, name).map(|d| (d.kind, d.internal));
+        if self.exchanges.len() >= ROUTE_CACHE_KEYS {
+            self.exchanges.clear();
+        }
+        self.exchanges.insert(name.to_owned(), x);
+        x
+    }
+
     /// Routes of a publish, from the cache when the table has not changed.
     pub fn route(
         &mut self,
@@ -866,11 +892,8 @@ impl RouteCache {
         headers: &[(String, Value)],
         publisher: &str,
     ) -> Result<Arc<Routes>, RouteError> {
-        let generation = router.generation();
-        if generation != self.generation {
-            self.map.clear();
-            self.generation = generation;
-        } else if let Some(routes) = self.map.get(&(exchange.to_owned(), key.to_owned())) {
+        self.sync(router);
+        if let Some(routes) = self.map.get(&(exchange.to_owned(), key.to_owned())) {
             return Ok(routes.clone());
         }
         let (routes, cacheable) = router.route(vhost, exchange, key, headers, publisher)?;

@@ -641,7 +641,12 @@ impl Task {
     }
 
     fn refuse_publish(&mut self, pkid: u16, qos: QoS, reason: ReasonCode, why: &str) {
-        debug!(why, "publish refused");
+        if qos == QoS::AtMostOnce || !self.level.is_v5() {
+            // The client is not told (QoS 0, or MQTT 3.x acks without a reason): log it.
+            info!(why, "publish dropped");
+        } else {
+            debug!(why, "publish refused");
+        }
         if qos == QoS::AtMostOnce {
             return;
         }
