@@ -107,7 +107,7 @@ pub struct Group {
     pub(super) returned: BTreeSet<u64>,
     /// Offsets out with a member.
     pub(super) in_flight: BTreeMap<u64, ConsumerId>,
-    /// Round-robin position among the members.
+    /// Round-robin position: the consumer index to try first.
     pub(super) rr: usize,
     /// The cursor changed since it was last stored.
     pub(super) dirty: bool,

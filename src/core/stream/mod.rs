@@ -267,7 +267,10 @@ impl Stream {
                 gone.push(self.consumers[i].id);
             }
         }
-        let names: Vec<String> = self.groups.keys().cloned().collect();
+        let names: Vec<String> = match self.groups.is_empty() {
+            true => Vec::new(),
+            false => self.groups.keys().cloned().collect(),
+        };
         for name in names {
             self.pump_group(&name, journal, &mut gone);
         }
@@ -311,6 +314,15 @@ impl Stream {
         true
     }
 
+    /// The next member of `name` with credit, round robin from consumer index `rr`.
+    fn next_member(&self, name: &str, rr: usize, gone: &[ConsumerId]) -> Option<usize> {
+        let n = self.consumers.len();
+        (0..n).map(|k| (rr + k) % n).find(|&i| {
+            let c = &self.consumers[i];
+            c.credit > 0 && c.group.as_deref() == Some(name) && !gone.contains(&c.id)
+        })
+    }
+
     /// Hands a group's next entries to its members with credit, round robin, each entry
     /// to one member: entries a departed member returned first, then new ones.
     fn pump_group(&mut self, name: &str, journal: &Journal, gone: &mut Vec<ConsumerId>) {
@@ -318,17 +330,9 @@ impl Stream {
         let Some(g) = self.groups.get_mut(name) else { return };
         g.skip_trimmed(first);
         loop {
-            let members: Vec<usize> = (0..self.consumers.len())
-                .filter(|&i| {
-                    let c = &self.consumers[i];
-                    c.group.as_deref() == Some(name) && c.credit > 0 && !gone.contains(&c.id)
-                })
-                .collect();
-            if members.is_empty() {
-                return;
-            }
+            let rr = self.groups.get(name).map_or(0, |g| g.rr);
+            let Some(member) = self.next_member(name, rr, gone) else { return };
             let Some(g) = self.groups.get_mut(name) else { return };
-            let member = members[g.rr % members.len()];
             // The entry: a returned one (redelivered), else the next one never handed out.
             let (offset, ptr, msg, redelivered) = if let Some(o) = g.returned.pop_first() {
                 match seek::entry_at_or_after(journal, id, o).filter(|(at, _)| *at == o) {
@@ -360,7 +364,7 @@ impl Stream {
                 gone.push(c.id);
                 continue;
             }
-            g.rr = g.rr.wrapping_add(1);
+            g.rr = member + 1;
             c.credit -= 1;
             c.unacked.insert(offset);
             g.in_flight.insert(offset, c.id);
