@@ -162,15 +162,16 @@ async fn hash_header_and_hash_property_choose_the_queue_and_messages_without_the
     confirm_select(&ch).await;
     let by_header = unique("chx-header");
     let hq = hash_setup(&ch, &by_header, table(&[("hash-header", string("order-id"))]), &["1", "1", "1"]).await;
-    let by_id = unique("chx-msgid");
-    let pq = hash_setup(&ch, &by_id, table(&[("hash-property", string("message_id"))]), &["1", "1", "1"]).await;
+    let by_id = unique("chx-corr");
+    // (Not message_id here: repeating a message_id under confirms is de-duplicated.)
+    let pq = hash_setup(&ch, &by_id, table(&[("hash-property", string("correlation_id"))]), &["1", "1", "1"]).await;
     for k in 0..60 {
         for seq in 0..2 {
             // The routing key varies; only the header / message id decides.
             let body = format!("o{k}:{seq}");
             let props = BasicProperties::default().with_headers(table(&[("order-id", string(&format!("o{k}")))]));
             publish(&ch, &by_header, &format!("rk-{seq}-{k}"), body.as_bytes(), props).await;
-            let props = BasicProperties::default().with_message_id(format!("o{k}").into());
+            let props = BasicProperties::default().with_correlation_id(format!("o{k}").into());
             publish(&ch, &by_id, &format!("rk-{seq}-{k}"), body.as_bytes(), props).await;
         }
     }
