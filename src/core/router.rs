@@ -123,6 +123,10 @@ pub enum ExchangeKind {
     Headers,
     /// One binding per message, by consistent hashing (`x-consistent-hash`).
     ConsistentHash,
+    /// `x-delayed-message` (the delayed-message plugin's type): a publish with a positive
+    /// `x-delay` header is stored and routed when its time comes, by the rules of the
+    /// exchange's `x-delayed-type`.
+    DelayedMessage,
 }
 
 impl ExchangeKind {
@@ -134,6 +138,7 @@ impl ExchangeKind {
             "topic" => Some(ExchangeKind::Topic),
             "headers" => Some(ExchangeKind::Headers),
             "x-consistent-hash" => Some(ExchangeKind::ConsistentHash),
+            "x-delayed-message" => Some(ExchangeKind::DelayedMessage),
             _ => None,
         }
     }
@@ -146,6 +151,7 @@ impl ExchangeKind {
             ExchangeKind::Topic => "topic",
             ExchangeKind::Headers => "headers",
             ExchangeKind::ConsistentHash => "x-consistent-hash",
+            ExchangeKind::DelayedMessage => "x-delayed-message",
         }
     }
 }
@@ -170,7 +176,29 @@ pub struct ExchangeDef {
 impl ExchangeDef {
     /// The `alternate-exchange` argument.
     pub fn alternate(&self) -> Option<&str> {
-        self.arguments.iter().find(|(k, _)| k == "alternate-exchange").and_then(|(_, v)| v.as_str())
+        self.argument("alternate-exchange").and_then(Value::as_str)
+    }
+
+    /// The `x-delayed-type` argument of an `x-delayed-message` exchange: the type whose
+    /// routing rules its bindings follow. `None` when absent or not a plain type.
+    pub fn delayed_type(&self) -> Option<ExchangeKind> {
+        self.argument("x-delayed-type")
+            .and_then(Value::as_str)
+            .and_then(ExchangeKind::parse)
+            .filter(|k| *k != ExchangeKind::DelayedMessage)
+    }
+
+    /// The kind whose rules route through this exchange's bindings: the `x-delayed-type`
+    /// of a delayed-message exchange (direct when missing), else its own kind.
+    pub fn routing_kind(&self) -> ExchangeKind {
+        match self.kind {
+            ExchangeKind::DelayedMessage => self.delayed_type().unwrap_or(ExchangeKind::Direct),
+            kind => kind,
+        }
+    }
+
+    fn argument(&self, name: &str) -> Option<&Value> {
+        self.arguments.iter().find(|(k, _)| k == name).map(|(_, v)| v)
     }
 }
 
@@ -198,10 +226,12 @@ struct HashBindings {
 }
 
 impl Bindings {
-    /// Empty bindings for an exchange (whose arguments were validated).
+    /// Empty bindings for an exchange (whose arguments were validated), routing by the
+    /// rules of its [`ExchangeDef::routing_kind`].
     fn new(def: &ExchangeDef) -> Bindings {
-        match def.kind {
-            ExchangeKind::Direct => Bindings::Direct(HashMap::new()),
+        match def.routing_kind() {
+            // (A delayed-message exchange passes its routing kind; direct is its default.)
+            ExchangeKind::Direct | ExchangeKind::DelayedMessage => Bindings::Direct(HashMap::new()),
             ExchangeKind::Fanout => Bindings::Fanout(Vec::new()),
             ExchangeKind::Topic => Bindings::Topic(Node::default()),
             ExchangeKind::Headers => Bindings::Headers(Vec::new()),
@@ -675,7 +705,7 @@ impl Router {
     /// Creates an exchange; returns the existing definition if one of that name exists
     /// (the caller compares and decides). Refuses invalid `x-consistent-hash` arguments.
     pub fn declare_exchange(&self, vhost: &str, def: ExchangeDef) -> Result<Option<ExchangeDef>, RouteError> {
-        if def.kind == ExchangeKind::ConsistentHash {
+        if def.routing_kind() == ExchangeKind::ConsistentHash {
             HashOn::from_arguments(&def.arguments)?;
         }
         let mut vhosts = self.vhosts.write();
@@ -721,7 +751,7 @@ impl Router {
             .exchanges
             .get_mut(exchange)
             .ok_or_else(|| RouteError::NoExchange(exchange.to_owned(), vhost.to_owned()))?;
-        if x.def.kind == ExchangeKind::ConsistentHash {
+        if x.def.routing_kind() == ExchangeKind::ConsistentHash {
             parse_weight(&binding.key)?;
         }
         let is_mqtt = binding.mqtt.is_some();
@@ -913,12 +943,38 @@ pub fn mqtt_filter_to_pattern(filter: &str) -> String {
 pub struct RouteCache {
     generation: u64,
     map: HashMap<(String, String, Option<String>), Arc<Routes>>,
+    /// Kind and `internal` flag of exchanges looked up (`None`: no such exchange).
+    exchanges: HashMap<String, Option<(ExchangeKind, bool)>>,
 }
 
 /// Most (exchange, key) pairs one connection caches before the cache is cleared.
 const ROUTE_CACHE_KEYS: usize = 1024;
 
 impl RouteCache {
+    fn sync(&mut self, router: &Router) {
+        let generation = router.generation();
+        if generation != self.generation {
+            self.map.clear();
+            self.exchanges.clear();
+            self.generation = generation;
+        }
+    }
+
+    /// Kind and `internal` flag of an exchange, from the cache when the table has not
+    /// changed (the publish path asks for every message).
+    pub fn exchange(&mut self, router: &Router, vhost: &str, name: &str) -> Option<(ExchangeKind, bool)> {
+        self.sync(router);
+        if let Some(x) = self.exchanges.get(name) {
+            return *x;
+        }
+        let x = router.exchange(vhost, name).map(|d| (d.kind, d.internal));
+        if self.exchanges.len() >= ROUTE_CACHE_KEYS {
+            self.exchanges.clear();
+        }
+        self.exchanges.insert(name.to_owned(), x);
+        x
+    }
+
     /// Routes of a publish of `msg` to `exchange`, from the cache when the table has not
     /// changed.
     pub fn route(
@@ -929,12 +985,9 @@ impl RouteCache {
         msg: &Message,
         publisher: &str,
     ) -> Result<Arc<Routes>, RouteError> {
-        let generation = router.generation();
+        self.sync(router);
         let cache_key = (exchange.to_owned(), msg.routing_key.clone(), msg.tag().map(str::to_owned));
-        if generation != self.generation {
-            self.map.clear();
-            self.generation = generation;
-        } else if let Some(routes) = self.map.get(&cache_key) {
+        if let Some(routes) = self.map.get(&cache_key) {
             return Ok(routes.clone());
         }
         let (routes, cacheable) = router.route(vhost, exchange, msg, publisher)?;
