@@ -939,12 +939,32 @@ pub fn mqtt_filter_to_pattern(filter: &str) -> String {
 
 /// A publisher's cache of resolved routes by (exchange, routing key, tag), valid for one
 /// router generation. The tag is part of the key because tag filters decide by it.
+///
+/// Entries are found by a hash of the three and compared as `&str`, so a hit allocates
+/// nothing.
 #[derive(Debug, Default)]
 pub struct RouteCache {
     generation: u64,
-    map: HashMap<(String, String, Option<String>), Arc<Routes>>,
+    hasher: std::collections::hash_map::RandomState,
+    map: HashMap<u64, Vec<CachedRoute>>,
+    /// Entries in `map`.
+    cached: usize,
     /// Kind and `internal` flag of exchanges looked up (`None`: no such exchange).
     exchanges: HashMap<String, Option<(ExchangeKind, bool)>>,
+}
+
+#[derive(Debug)]
+struct CachedRoute {
+    exchange: Box<str>,
+    key: Box<str>,
+    tag: Option<Box<str>>,
+    routes: Arc<Routes>,
+}
+
+impl CachedRoute {
+    fn is(&self, exchange: &str, key: &str, tag: Option<&str>) -> bool {
+        &*self.exchange == exchange && &*self.key == key && self.tag.as_deref() == tag
+    }
 }
 
 /// Most (exchange, key) pairs one connection caches before the cache is cleared.
@@ -955,6 +975,7 @@ impl RouteCache {
         let generation = router.generation();
         if generation != self.generation {
             self.map.clear();
+            self.cached = 0;
             self.exchanges.clear();
             self.generation = generation;
         }
@@ -986,17 +1007,25 @@ impl RouteCache {
         publisher: &str,
     ) -> Result<Arc<Routes>, RouteError> {
         self.sync(router);
-        let cache_key = (exchange.to_owned(), msg.routing_key.clone(), msg.tag().map(str::to_owned));
-        if let Some(routes) = self.map.get(&cache_key) {
-            return Ok(routes.clone());
+        let (key, tag) = (msg.routing_key.as_str(), msg.tag());
+        let hash = std::hash::BuildHasher::hash_one(&self.hasher, (exchange, key, tag));
+        if let Some(hit) = self.map.get(&hash).and_then(|v| v.iter().find(|c| c.is(exchange, key, tag))) {
+            return Ok(hit.routes.clone());
         }
         let (routes, cacheable) = router.route(vhost, exchange, msg, publisher)?;
         let routes = Arc::new(routes);
         if cacheable {
-            if self.map.len() >= ROUTE_CACHE_KEYS {
+            if self.cached >= ROUTE_CACHE_KEYS {
                 self.map.clear();
+                self.cached = 0;
             }
-            self.map.insert(cache_key, routes.clone());
+            self.map.entry(hash).or_default().push(CachedRoute {
+                exchange: exchange.into(),
+                key: key.into(),
+                tag: tag.map(Into::into),
+                routes: routes.clone(),
+            });
+            self.cached += 1;
         }
         Ok(routes)
     }
