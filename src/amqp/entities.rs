@@ -494,7 +494,7 @@ fn binding_from_record(value: &Bytes) -> Option<(String, String, Binding)> {
     } else {
         Destination::Exchange(dest.strip_prefix("x:")?.to_owned())
     };
-    let binding = Binding { dest, key: field_str(&t, "key")?, args: field_table(&t, "arguments"), mqtt: None };
+    let binding = Binding { dest, key: field_str(&t, "key")?, args: field_table(&t, "arguments"), mqtt: None, filter: None };
     Some((field_str(&t, "vhost")?, field_str(&t, "exchange")?, binding))
 }
 

@@ -16,7 +16,7 @@ use super::streams::{consumer_group, is_stream, stream_config, stream_offset};
 use crate::core::broker::RetainMode;
 use crate::core::message::{now_ms, Message, SharedMessage};
 use crate::core::queue::{Consumer, QueueConfig};
-use crate::core::router::{Binding, Destination, ExchangeDef, ExchangeKind, RouteError, Routes};
+use crate::core::router::{Binding, ExchangeDef, ExchangeKind, RouteError, Routes};
 use crate::core::shards::ShardCmd;
 use crate::core::stream::StreamOffset;
 use crate::core::value::Value;
@@ -162,7 +162,7 @@ impl Task {
             (None, _) => return Err(not_found("exchange", source, &vhost)),
             (_, None) => return Err(not_found("exchange", dest, &vhost)),
         };
-        let binding = Binding { dest: Destination::Exchange(dest.to_owned()), key: key.to_owned(), args, mqtt: None };
+        let binding = Binding::exchange(dest, key, args);
         if bind {
             router.bind(&vhost, source, binding.clone()).map_err(|e| route_fail(e, &vhost))?;
         } else {
@@ -584,7 +584,7 @@ impl Task {
                 return;
             }
         }
-        let routes = match self.route_cache.route(&self.ctx.broker.router, &vhost, exchange, &msg.routing_key, &msg.props.headers, "") {
+        let routes = match self.route_cache.route(&self.ctx.broker.router, &vhost, exchange, &msg, "") {
             Ok(r) => r,
             Err(e) => {
                 let f = route_fail(e, &vhost);
@@ -695,6 +695,7 @@ fn route_fail(e: RouteError, vhost: &str) -> Fail {
     match e {
         RouteError::NoExchange(name, _) => not_found("exchange", &name, vhost),
         RouteError::NoVhost(v) => Fail { code: 530, text: format!("NOT_ALLOWED - vhost {v} not found"), connection: true },
+        e @ (RouteError::TagFilter(_) | RouteError::HashArgument(_)) => channel_fail(406, format!("PRECONDITION_FAILED - {e}")),
     }
 }
 

@@ -146,12 +146,13 @@ impl Broker {
             }
         };
         if !routes.queues.is_empty() || retained_topic.is_some() {
+            let tag_hash = msg.tag_hash();
             let queues: Vec<QueueTarget> = routes
                 .queues
                 .iter()
                 .map(|q| QueueTarget {
                     queue: q.queue,
-                    tag_hash: 0,
+                    tag_hash,
                     flags: flags::of(msg.qos.min(q.qos), msg.props.priority) | if q.reserved { flags::RESERVED } else { 0 },
                 })
                 .collect();
@@ -226,7 +227,7 @@ impl Broker {
                                 pos: appended.pos,
                                 size: appended.size,
                                 body_len: item.msg.payload.len() as u32,
-                                tag_hash: 0,
+                                tag_hash: item.msg.tag_hash(),
                                 flags,
                             },
                             msg: item.msg.clone(),

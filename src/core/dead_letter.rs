@@ -26,7 +26,7 @@ pub async fn run(broker: Arc<Broker>, mut rx: mpsc::UnboundedReceiver<DeadLetter
         msg.exchange = target.exchange.clone();
         let msg = Arc::new(msg);
         debug!(queue = %d.config.name, reason = d.reason.as_str(), exchange = %target.exchange, "dead-lettering");
-        match broker.router.route(&d.config.vhost, &target.exchange, &msg.routing_key, &msg.props.headers, "") {
+        match broker.router.route(&d.config.vhost, &target.exchange, &msg, "") {
             Ok((routes, _)) => {
                 if let Some(signal) = broker.publish(&msg, &routes, RetainMode::None, Vec::new()).await {
                     drop(signal);

@@ -9,6 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
+use super::tag_filter::{tag_hash_of, TAG_HEADER};
 use super::value::{decode_table, encode_table, Value};
 
 /// Normalized message properties shared by MQTT 5 and AMQP.
@@ -138,6 +139,18 @@ impl Message {
         self.props
             .expires_at_ms
             .map(|at| (at.saturating_sub(now_ms).div_ceil(1000)).min(u32::MAX as u64) as u32)
+    }
+
+    /// The message's tag: the `x-tag` header (MQTT 5 user property `tag`), if a string.
+    pub fn tag(&self) -> Option<&str> {
+        self.props.header(TAG_HEADER).and_then(Value::as_str)
+    }
+
+    /// The hash of the tag kept in consume-queue entries ([`NO_TAG`] when untagged).
+    ///
+    /// [`NO_TAG`]: super::tag_filter::NO_TAG
+    pub fn tag_hash(&self) -> u32 {
+        tag_hash_of(self.tag())
     }
 
     /// Bytes the message occupies in queues (payload + routing key), for byte limits.

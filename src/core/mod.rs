@@ -3,6 +3,9 @@
 //!
 //! - [`message`] — the core `Message` and its commit-log header encoding.
 //! - [`router`] — the routing table (MQTT topic filters = bindings of `amq.topic`).
+//! - [`hash_ring`] — the `x-consistent-hash` exchange's ring.
+//! - [`tag_filter`] — message tags and tag filter expressions.
+//! - [`stable_hash`] — the hash that rings and stored tag hashes rely on.
 //! - [`delivery`] — what flows from the core to connections.
 //! - [`queue`] — a consume queue's state (ready, unacked, credit, limits, paging).
 //! - [`stream`] — append-only streams (per-consumer cursors, retention).
@@ -19,12 +22,15 @@ pub mod alarm;
 pub mod broker;
 pub mod dead_letter;
 pub mod delivery;
+pub mod hash_ring;
 pub mod message;
 pub mod queue;
 pub mod retained;
 pub mod router;
 pub mod scheduler;
 pub mod shards;
+pub mod stable_hash;
 pub mod stats;
 pub mod stream;
+pub mod tag_filter;
 pub mod value;

@@ -9,6 +9,12 @@
 //! publishers resolve through a per-connection [`RouteCache`] that stays valid while the
 //! table's generation is unchanged, so the hot path takes no lock for a key it has seen;
 //! changes take the write lock and bump the generation.
+//!
+//! A binding may carry a tag filter (`x-tag-filter`, or an MQTT 5 SUBSCRIBE's
+//! `tag-filter`), compiled when it is added: it is checked at route time against the
+//! message's tag, and the route cache is keyed by the tag as well as the routing key.
+//! `x-consistent-hash` exchanges keep their [`Ring`] beside their bindings, rebuilt
+//! whenever those change.
 
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
@@ -19,6 +25,9 @@ use ferrymq_storage::QueueId;
 use parking_lot::RwLock;
 
 use super::delivery::SessionLink;
+use super::hash_ring::{parse_weight, HashArgError, HashOn, Ring};
+use super::message::Message;
+use super::tag_filter::{TagFilter, TagFilterError, TAG_FILTER_ARGUMENT};
 use super::value::Value;
 
 /// Where a binding delivers.
@@ -56,6 +65,8 @@ pub struct MqttOptions {
     pub retain_as_published: bool,
     /// Subscription identifier.
     pub subscription_id: Option<u32>,
+    /// Tag filter of the subscription (MQTT 5 user property `tag-filter`).
+    pub tag_filter: Option<Arc<TagFilter>>,
 }
 
 /// One binding. Its identity is (destination, key, arguments).
@@ -69,12 +80,29 @@ pub struct Binding {
     pub args: Vec<(String, Value)>,
     /// MQTT options when the binding is an MQTT subscription.
     pub mqtt: Option<MqttOptions>,
+    /// The tag filter, compiled by [`Router::bind`] from the `x-tag-filter` argument or the
+    /// MQTT options; messages it rejects do not take this binding.
+    pub filter: Option<Arc<TagFilter>>,
 }
 
 impl Binding {
     /// A plain binding to a queue.
     pub fn queue(queue: QueueId, key: &str, args: Vec<(String, Value)>) -> Binding {
-        Binding { dest: Destination::Queue(queue), key: key.to_owned(), args, mqtt: None }
+        Binding { dest: Destination::Queue(queue), key: key.to_owned(), args, mqtt: None, filter: None }
+    }
+
+    /// A binding to another exchange (exchange-to-exchange).
+    pub fn exchange(exchange: &str, key: &str, args: Vec<(String, Value)>) -> Binding {
+        Binding { dest: Destination::Exchange(exchange.to_owned()), key: key.to_owned(), args, mqtt: None, filter: None }
+    }
+
+    /// Compiles the tag filter: the `x-tag-filter` argument, else the MQTT options' one.
+    fn compile_filter(&mut self) -> Result<(), TagFilterError> {
+        self.filter = match self.args.iter().find(|(k, _)| k == TAG_FILTER_ARGUMENT) {
+            Some((_, v)) => Some(Arc::new(TagFilter::parse(v.as_str().ok_or(TagFilterError::NotAString)?)?)),
+            None => self.mqtt.as_ref().and_then(|o| o.tag_filter.clone()),
+        };
+        Ok(())
     }
 
     fn same(&self, dest: &Destination, key: &str, args: &[(String, Value)]) -> bool {
@@ -93,6 +121,8 @@ pub enum ExchangeKind {
     Topic,
     /// Header matching (`x-match` all/any).
     Headers,
+    /// One binding per message, by consistent hashing (`x-consistent-hash`).
+    ConsistentHash,
     /// `x-delayed-message` (the delayed-message plugin's type): a publish with a positive
     /// `x-delay` header is stored and routed when its time comes, by the rules of the
     /// exchange's `x-delayed-type`.
@@ -107,6 +137,7 @@ impl ExchangeKind {
             "fanout" => Some(ExchangeKind::Fanout),
             "topic" => Some(ExchangeKind::Topic),
             "headers" => Some(ExchangeKind::Headers),
+            "x-consistent-hash" => Some(ExchangeKind::ConsistentHash),
             "x-delayed-message" => Some(ExchangeKind::DelayedMessage),
             _ => None,
         }
@@ -119,6 +150,7 @@ impl ExchangeKind {
             ExchangeKind::Fanout => "fanout",
             ExchangeKind::Topic => "topic",
             ExchangeKind::Headers => "headers",
+            ExchangeKind::ConsistentHash => "x-consistent-hash",
             ExchangeKind::DelayedMessage => "x-delayed-message",
         }
     }
@@ -182,16 +214,41 @@ enum Bindings {
     Fanout(Vec<Binding>),
     Topic(Node),
     Headers(Vec<Binding>),
+    ConsistentHash(HashBindings),
+}
+
+/// The bindings of a consistent-hash exchange and their ring.
+#[derive(Debug)]
+struct HashBindings {
+    on: HashOn,
+    list: Vec<Binding>,
+    ring: Ring,
 }
 
 impl Bindings {
-    fn new(kind: ExchangeKind) -> Bindings {
-        match kind {
+    /// Empty bindings for an exchange (whose arguments were validated), routing by the
+    /// rules of its [`ExchangeDef::routing_kind`].
+    fn new(def: &ExchangeDef) -> Bindings {
+        match def.routing_kind() {
             // (A delayed-message exchange passes its routing kind; direct is its default.)
             ExchangeKind::Direct | ExchangeKind::DelayedMessage => Bindings::Direct(HashMap::new()),
             ExchangeKind::Fanout => Bindings::Fanout(Vec::new()),
             ExchangeKind::Topic => Bindings::Topic(Node::default()),
             ExchangeKind::Headers => Bindings::Headers(Vec::new()),
+            ExchangeKind::ConsistentHash => Bindings::ConsistentHash(HashBindings {
+                on: HashOn::from_arguments(&def.arguments).unwrap_or_default(),
+                list: Vec::new(),
+                ring: Ring::default(),
+            }),
+        }
+    }
+
+    /// True when routes through these bindings depend on more than (key, tag).
+    fn uncacheable(&self) -> bool {
+        match self {
+            Bindings::Headers(_) => true,
+            Bindings::ConsistentHash(h) => !h.on.is_routing_key(),
+            _ => false,
         }
     }
 
@@ -203,6 +260,11 @@ impl Bindings {
             Bindings::Topic(root) => {
                 let words: Vec<String> = b.key.split('.').map(str::to_owned).collect();
                 root.insert(&words, b)
+            }
+            Bindings::ConsistentHash(h) => {
+                let added = upsert(&mut h.list, b);
+                h.ring = Ring::build(&h.list);
+                added
             }
         }
     }
@@ -226,6 +288,13 @@ impl Bindings {
                 }
             },
             Bindings::Fanout(list) | Bindings::Headers(list) => retain_count(list, pred),
+            Bindings::ConsistentHash(h) => {
+                let n = retain_count(&mut h.list, pred);
+                if n > 0 {
+                    h.ring = Ring::build(&h.list);
+                }
+                n
+            }
             Bindings::Topic(root) => match key {
                 Some(k) => {
                     let words: Vec<String> = k.split('.').map(str::to_owned).collect();
@@ -240,6 +309,7 @@ impl Bindings {
         match self {
             Bindings::Direct(map) => map.is_empty(),
             Bindings::Fanout(list) | Bindings::Headers(list) => list.is_empty(),
+            Bindings::ConsistentHash(h) => h.list.is_empty(),
             Bindings::Topic(root) => root.is_empty(),
         }
     }
@@ -248,6 +318,7 @@ impl Bindings {
         match self {
             Bindings::Direct(map) => map.values().flatten().cloned().collect(),
             Bindings::Fanout(list) | Bindings::Headers(list) => list.clone(),
+            Bindings::ConsistentHash(h) => h.list.clone(),
             Bindings::Topic(root) => {
                 let mut out = Vec::new();
                 root.all(&mut out);
@@ -256,7 +327,8 @@ impl Bindings {
         }
     }
 
-    fn matching<'a>(&'a self, key: &str, headers: &[(String, Value)], out: &mut Vec<&'a Binding>) {
+    fn matching<'a>(&'a self, msg: &Message, out: &mut Vec<&'a Binding>) {
+        let (key, headers) = (msg.routing_key.as_str(), msg.props.headers.as_slice());
         match self {
             Bindings::Direct(map) => out.extend(map.get(key).into_iter().flatten()),
             Bindings::Fanout(list) => out.extend(list.iter()),
@@ -266,6 +338,12 @@ impl Bindings {
                 root.collect(&words, 0, key.starts_with('$'), out);
             }
             Bindings::Headers(list) => out.extend(list.iter().filter(|b| headers_match(&b.args, headers))),
+            Bindings::ConsistentHash(h) => {
+                // A message without the hashed header or property is not routed.
+                if let Some(i) = h.on.hash(msg).and_then(|hash| h.ring.pick(hash)) {
+                    out.push(&h.list[i]);
+                }
+            }
         }
     }
 }
@@ -502,6 +580,12 @@ pub enum RouteError {
     /// The exchange does not exist.
     #[error("no exchange '{0}' in vhost '{1}'")]
     NoExchange(String, String),
+    /// An `x-tag-filter` (or MQTT `tag-filter`) expression is invalid.
+    #[error("invalid arg 'x-tag-filter': {0}")]
+    TagFilter(#[from] TagFilterError),
+    /// A consistent-hash exchange's arguments or a binding weight are invalid.
+    #[error("{0}")]
+    HashArgument(#[from] HashArgError),
 }
 
 /// Names of the exchanges every virtual host has.
@@ -572,16 +656,16 @@ impl Router {
         let mut vhosts = self.vhosts.write();
         let vhost = vhosts.entry(name.to_owned()).or_default();
         for (x, kind) in STANDARD_EXCHANGES {
-            vhost.exchanges.entry(x.to_owned()).or_insert_with(|| Exchange {
-                def: ExchangeDef {
+            vhost.exchanges.entry(x.to_owned()).or_insert_with(|| {
+                let def = ExchangeDef {
                     name: x.to_owned(),
                     kind,
                     durable: true,
                     auto_delete: false,
                     internal: false,
                     arguments: Vec::new(),
-                },
-                bindings: Bindings::new(kind),
+                };
+                Exchange { bindings: Bindings::new(&def), def }
             });
         }
         drop(vhosts);
@@ -619,15 +703,17 @@ impl Router {
     }
 
     /// Creates an exchange; returns the existing definition if one of that name exists
-    /// (the caller compares and decides).
+    /// (the caller compares and decides). Refuses invalid `x-consistent-hash` arguments.
     pub fn declare_exchange(&self, vhost: &str, def: ExchangeDef) -> Result<Option<ExchangeDef>, RouteError> {
+        if def.routing_kind() == ExchangeKind::ConsistentHash {
+            HashOn::from_arguments(&def.arguments)?;
+        }
         let mut vhosts = self.vhosts.write();
         let v = vhosts.get_mut(vhost).ok_or_else(|| RouteError::NoVhost(vhost.to_owned()))?;
         if let Some(x) = v.exchanges.get(&def.name) {
             return Ok(Some(x.def.clone()));
         }
-        let kind = def.routing_kind();
-        v.exchanges.insert(def.name.clone(), Exchange { def, bindings: Bindings::new(kind) });
+        v.exchanges.insert(def.name.clone(), Exchange { bindings: Bindings::new(&def), def });
         drop(vhosts);
         self.changed();
         Ok(None)
@@ -654,14 +740,20 @@ impl Router {
         Ok(true)
     }
 
-    /// Adds (or replaces) a binding on an exchange; true if it is new.
-    pub fn bind(&self, vhost: &str, exchange: &str, binding: Binding) -> Result<bool, RouteError> {
+    /// Adds (or replaces) a binding on an exchange; true if it is new. Compiles its tag
+    /// filter; refuses an invalid one, and a binding key that is not a weight on an
+    /// `x-consistent-hash` exchange.
+    pub fn bind(&self, vhost: &str, exchange: &str, mut binding: Binding) -> Result<bool, RouteError> {
+        binding.compile_filter()?;
         let mut vhosts = self.vhosts.write();
         let v = vhosts.get_mut(vhost).ok_or_else(|| RouteError::NoVhost(vhost.to_owned()))?;
         let x = v
             .exchanges
             .get_mut(exchange)
             .ok_or_else(|| RouteError::NoExchange(exchange.to_owned(), vhost.to_owned()))?;
+        if x.def.routing_kind() == ExchangeKind::ConsistentHash {
+            parse_weight(&binding.key)?;
+        }
         let is_mqtt = binding.mqtt.is_some();
         let added = x.bindings.add(binding);
         drop(vhosts);
@@ -752,7 +844,7 @@ impl Router {
     /// Adds an MQTT subscription (`filter` in MQTT syntax, without `$share/`) on the MQTT
     /// exchange; true if it is new.
     pub fn subscribe(&self, filter: &str, dest: Destination, opts: MqttOptions) -> bool {
-        let binding = Binding { dest, key: mqtt_filter_to_pattern(filter), args: Vec::new(), mqtt: Some(opts) };
+        let binding = Binding { dest, key: mqtt_filter_to_pattern(filter), args: Vec::new(), mqtt: Some(opts), filter: None };
         self.bind(MQTT_VHOST, &self.mqtt_exchange, binding).unwrap_or(false)
     }
 
@@ -762,18 +854,11 @@ impl Router {
         self.unbind(MQTT_VHOST, &self.mqtt_exchange, dest, &key, &[]).unwrap_or(false)
     }
 
-    /// Every target of a publish to `exchange` with `key` and `headers` by `publisher` (an
-    /// MQTT client id, for no-local; "" otherwise). Follows exchange-to-exchange bindings
-    /// and alternate exchanges. The flag says whether the result depends only on
-    /// (exchange, key) and may be cached.
-    pub fn route(
-        &self,
-        vhost: &str,
-        exchange: &str,
-        key: &str,
-        headers: &[(String, Value)],
-        publisher: &str,
-    ) -> Result<(Routes, bool), RouteError> {
+    /// Every target of a publish of `msg` (its routing key, headers, properties and tag) to
+    /// `exchange` by `publisher` (an MQTT client id, for no-local; "" otherwise). Follows
+    /// exchange-to-exchange bindings and alternate exchanges. The flag says whether the
+    /// result depends only on (exchange, routing key, tag) and may be cached.
+    pub fn route(&self, vhost: &str, exchange: &str, msg: &Message, publisher: &str) -> Result<(Routes, bool), RouteError> {
         let vhosts = self.vhosts.read();
         let v = vhosts.get(vhost).ok_or_else(|| RouteError::NoVhost(vhost.to_owned()))?;
         if !v.exchanges.contains_key(exchange) {
@@ -782,24 +867,28 @@ impl Router {
         let mut routes = Routes::default();
         let mut cacheable = true;
         let mut visited = HashSet::new();
-        route_into(v, exchange, key, headers, publisher, &mut routes, &mut cacheable, &mut visited);
+        let input = RouteInput { msg, tag: msg.tag(), publisher };
+        route_into(v, exchange, &input, &mut routes, &mut cacheable, &mut visited);
         Ok((routes, cacheable))
     }
 
-    /// Routes of an MQTT publish to `topic` (MQTT form) by `publisher`.
-    pub fn resolve(&self, topic: &str, publisher: &str) -> Routes {
-        let key = super::message::mqtt_to_key(topic);
-        self.route(MQTT_VHOST, &self.mqtt_exchange, &key, &[], publisher).map(|(r, _)| r).unwrap_or_default()
+    /// Routes of an MQTT publish `msg` (on the MQTT exchange) by `publisher`.
+    pub fn resolve(&self, msg: &Message, publisher: &str) -> Routes {
+        self.route(MQTT_VHOST, &self.mqtt_exchange, msg, publisher).map(|(r, _)| r).unwrap_or_default()
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What one routing pass looks at.
+struct RouteInput<'a> {
+    msg: &'a Message,
+    tag: Option<&'a str>,
+    publisher: &'a str,
+}
+
 fn route_into(
     v: &Vhost,
     exchange: &str,
-    key: &str,
-    headers: &[(String, Value)],
-    publisher: &str,
+    input: &RouteInput<'_>,
     routes: &mut Routes,
     cacheable: &mut bool,
     visited: &mut HashSet<String>,
@@ -808,18 +897,21 @@ fn route_into(
         return;
     }
     let Some(x) = v.exchanges.get(exchange) else { return };
-    if matches!(x.bindings, Bindings::Headers(_)) {
+    if x.bindings.uncacheable() {
         *cacheable = false;
     }
     let mut matched = Vec::new();
-    x.bindings.matching(key, headers, &mut matched);
+    x.bindings.matching(input.msg, &mut matched);
     let before = (routes.sessions.len(), routes.queues.len());
     let mut onward = Vec::new();
     for b in matched {
         if let Some(o) = &b.mqtt {
-            if o.no_local && &*o.client_id == publisher {
+            if o.no_local && &*o.client_id == input.publisher {
                 continue;
             }
+        }
+        if b.filter.as_ref().is_some_and(|f| !f.matches(input.tag)) {
+            continue;
         }
         match &b.dest {
             Destination::Exchange(next) => onward.push(next.clone()),
@@ -829,13 +921,13 @@ fn route_into(
     let mut delivered = (routes.sessions.len(), routes.queues.len()) != before;
     for next in onward {
         let before = (routes.sessions.len(), routes.queues.len());
-        route_into(v, &next, key, headers, publisher, routes, cacheable, visited);
+        route_into(v, &next, input, routes, cacheable, visited);
         delivered |= (routes.sessions.len(), routes.queues.len()) != before;
     }
     if !delivered {
         if let Some(alt) = x.def.alternate() {
             let alt = alt.to_owned();
-            route_into(v, &alt, key, headers, publisher, routes, cacheable, visited);
+            route_into(v, &alt, input, routes, cacheable, visited);
         }
     }
 }
@@ -845,13 +937,34 @@ pub fn mqtt_filter_to_pattern(filter: &str) -> String {
     super::message::mqtt_to_key(filter).split('.').map(|w| if w == "+" { "*" } else { w }).collect::<Vec<_>>().join(".")
 }
 
-/// A publisher's cache of resolved routes, valid for one router generation.
+/// A publisher's cache of resolved routes by (exchange, routing key, tag), valid for one
+/// router generation. The tag is part of the key because tag filters decide by it.
+///
+/// Entries are found by a hash of the three and compared as `&str`, so a hit allocates
+/// nothing.
 #[derive(Debug, Default)]
 pub struct RouteCache {
     generation: u64,
-    map: HashMap<(String, String), Arc<Routes>>,
+    hasher: std::collections::hash_map::RandomState,
+    map: HashMap<u64, Vec<CachedRoute>>,
+    /// Entries in `map`.
+    cached: usize,
     /// Kind and `internal` flag of exchanges looked up (`None`: no such exchange).
     exchanges: HashMap<String, Option<(ExchangeKind, bool)>>,
+}
+
+#[derive(Debug)]
+struct CachedRoute {
+    exchange: Box<str>,
+    key: Box<str>,
+    tag: Option<Box<str>>,
+    routes: Arc<Routes>,
+}
+
+impl CachedRoute {
+    fn is(&self, exchange: &str, key: &str, tag: Option<&str>) -> bool {
+        &*self.exchange == exchange && &*self.key == key && self.tag.as_deref() == tag
+    }
 }
 
 /// Most (exchange, key) pairs one connection caches before the cache is cleared.
@@ -862,6 +975,7 @@ impl RouteCache {
         let generation = router.generation();
         if generation != self.generation {
             self.map.clear();
+            self.cached = 0;
             self.exchanges.clear();
             self.generation = generation;
         }
@@ -882,34 +996,43 @@ impl RouteCache {
         x
     }
 
-    /// Routes of a publish, from the cache when the table has not changed.
+    /// Routes of a publish of `msg` to `exchange`, from the cache when the table has not
+    /// changed.
     pub fn route(
         &mut self,
         router: &Router,
         vhost: &str,
         exchange: &str,
-        key: &str,
-        headers: &[(String, Value)],
+        msg: &Message,
         publisher: &str,
     ) -> Result<Arc<Routes>, RouteError> {
         self.sync(router);
-        if let Some(routes) = self.map.get(&(exchange.to_owned(), key.to_owned())) {
-            return Ok(routes.clone());
+        let (key, tag) = (msg.routing_key.as_str(), msg.tag());
+        let hash = std::hash::BuildHasher::hash_one(&self.hasher, (exchange, key, tag));
+        if let Some(hit) = self.map.get(&hash).and_then(|v| v.iter().find(|c| c.is(exchange, key, tag))) {
+            return Ok(hit.routes.clone());
         }
-        let (routes, cacheable) = router.route(vhost, exchange, key, headers, publisher)?;
+        let (routes, cacheable) = router.route(vhost, exchange, msg, publisher)?;
         let routes = Arc::new(routes);
         if cacheable {
-            if self.map.len() >= ROUTE_CACHE_KEYS {
+            if self.cached >= ROUTE_CACHE_KEYS {
                 self.map.clear();
+                self.cached = 0;
             }
-            self.map.insert((exchange.to_owned(), key.to_owned()), routes.clone());
+            self.map.entry(hash).or_default().push(CachedRoute {
+                exchange: exchange.into(),
+                key: key.into(),
+                tag: tag.map(Into::into),
+                routes: routes.clone(),
+            });
+            self.cached += 1;
         }
         Ok(routes)
     }
 
-    /// Routes of an MQTT publish to `key` (routing-key form) on the MQTT exchange.
-    pub fn resolve(&mut self, router: &Router, key: &str, publisher: &str) -> Arc<Routes> {
-        self.route(router, MQTT_VHOST, router.mqtt_exchange(), key, &[], publisher).unwrap_or_default()
+    /// Routes of an MQTT publish `msg` on the MQTT exchange.
+    pub fn resolve(&mut self, router: &Router, msg: &Message, publisher: &str) -> Arc<Routes> {
+        self.route(router, MQTT_VHOST, router.mqtt_exchange(), msg, publisher).unwrap_or_default()
     }
 }
 
@@ -922,7 +1045,23 @@ mod tests {
     }
 
     fn opts(qos: u8) -> MqttOptions {
-        MqttOptions { client_id: "c".into(), qos, no_local: false, retain_as_published: false, subscription_id: None }
+        MqttOptions { client_id: "c".into(), qos, no_local: false, retain_as_published: false, subscription_id: None, tag_filter: None }
+    }
+
+    fn msg(key: &str, headers: &[(String, Value)]) -> Message {
+        Message {
+            exchange: String::new(),
+            routing_key: key.into(),
+            payload: bytes::Bytes::new(),
+            qos: 0,
+            retain: false,
+            props: super::super::message::Properties { headers: headers.to_vec(), ..Default::default() },
+            timestamp_ms: 0,
+        }
+    }
+
+    fn tagged(key: &str, tag: &str) -> Message {
+        msg(key, &[("x-tag".into(), Value::Str(tag.into()))])
     }
 
     fn queues(r: &Routes) -> Vec<u64> {
@@ -932,11 +1071,11 @@ mod tests {
     }
 
     fn mqtt_hits(r: &Router, topic: &str) -> Vec<u64> {
-        queues(&r.resolve(topic, "nobody"))
+        queues(&r.resolve(&msg(&super::super::message::mqtt_to_key(topic), &[]), "nobody"))
     }
 
     fn amqp_hits(r: &Router, exchange: &str, key: &str, headers: &[(String, Value)]) -> Vec<u64> {
-        queues(&r.route("/", exchange, key, headers, "").unwrap().0)
+        queues(&r.route("/", exchange, &msg(key, headers), "").unwrap().0)
     }
 
     fn declare(r: &Router, name: &str, kind: ExchangeKind, auto_delete: bool, args: Vec<(String, Value)>) {
@@ -1012,7 +1151,7 @@ mod tests {
         assert_eq!(amqp_hits(&r, "amq.headers", "", &h(&[("a", "1"), ("b", "2")])), vec![5, 6]);
         assert_eq!(amqp_hits(&r, "amq.headers", "", &h(&[("a", "1")])), vec![6]);
         assert_eq!(amqp_hits(&r, "amq.headers", "", &h(&[("a", "9")])), Vec::<u64>::new());
-        assert!(!r.route("/", "amq.headers", "", &[], "").unwrap().1, "headers routes are not cacheable");
+        assert!(!r.route("/", "amq.headers", &msg("", &[]), "").unwrap().1, "headers routes are not cacheable");
     }
 
     #[test]
@@ -1021,16 +1160,14 @@ mod tests {
         declare(&r, "src", ExchangeKind::Direct, false, vec![("alternate-exchange".into(), Value::Str("alt".into()))]);
         declare(&r, "alt", ExchangeKind::Fanout, false, vec![]);
         declare(&r, "dst", ExchangeKind::Topic, false, vec![]);
-        r.bind("/", "src", Binding { dest: Destination::Exchange("dst".into()), key: "k".into(), args: vec![], mqtt: None })
-            .unwrap();
+        r.bind("/", "src", Binding::exchange("dst", "k", vec![])).unwrap();
         r.bind("/", "dst", Binding::queue(QueueId(1), "#", vec![])).unwrap();
         r.bind("/", "alt", Binding::queue(QueueId(2), "", vec![])).unwrap();
         // A cycle does not loop.
-        r.bind("/", "dst", Binding { dest: Destination::Exchange("src".into()), key: "#".into(), args: vec![], mqtt: None })
-            .unwrap();
+        r.bind("/", "dst", Binding::exchange("src", "#", vec![])).unwrap();
         assert_eq!(amqp_hits(&r, "src", "k", &[]), vec![1]);
         assert_eq!(amqp_hits(&r, "src", "unroutable", &[]), vec![2]);
-        assert!(matches!(r.route("/", "nope", "k", &[], ""), Err(RouteError::NoExchange(..))));
+        assert!(matches!(r.route("/", "nope", &msg("k", &[]), ""), Err(RouteError::NoExchange(..))));
     }
 
     #[test]
@@ -1054,11 +1191,88 @@ mod tests {
         r.subscribe("t/#", q(1), nl);
         r.subscribe("t/+", q(2), opts(0));
         r.subscribe("t/x", q(2), opts(2));
-        let routes = r.resolve("t/x", "me");
+        let routes = r.resolve(&msg("t.x", &[]), "me");
         assert_eq!(routes.queues, vec![QueueRoute { queue: QueueId(2), qos: 2, reserved: false }]);
         let mut cache = RouteCache::default();
-        assert_eq!(cache.resolve(&r, "t.x", "other").queues.len(), 2);
+        assert_eq!(cache.resolve(&r, &msg("t.x", &[]), "other").queues.len(), 2);
         assert!(r.unsubscribe("t/#", &q(1)));
-        assert_eq!(cache.resolve(&r, "t.x", "other").queues.len(), 1, "cache follows the generation");
+        assert_eq!(cache.resolve(&r, &msg("t.x", &[]), "other").queues.len(), 1, "cache follows the generation");
+    }
+
+    fn filter_arg(expr: &str) -> Vec<(String, Value)> {
+        vec![(TAG_FILTER_ARGUMENT.into(), Value::Str(expr.into()))]
+    }
+
+    #[test]
+    fn tag_filters_decide_per_message_and_the_cache_keys_by_tag() {
+        let r = Router::new();
+        r.bind("/", "amq.direct", Binding::queue(QueueId(1), "k", filter_arg("A || B"))).unwrap();
+        r.bind("/", "amq.direct", Binding::queue(QueueId(2), "k", filter_arg("*"))).unwrap();
+        r.bind("/", "amq.direct", Binding::queue(QueueId(3), "k", vec![])).unwrap();
+        let mut cache = RouteCache::default();
+        let hits = |cache: &mut RouteCache, m: &Message| queues(&cache.route(&r, "/", "amq.direct", m, "").unwrap());
+        assert_eq!(hits(&mut cache, &tagged("k", "A")), vec![1, 2, 3]);
+        assert_eq!(hits(&mut cache, &tagged("k", "C")), vec![2, 3], "same key, other tag: not the cached route");
+        assert_eq!(hits(&mut cache, &msg("k", &[])), vec![2, 3]);
+        assert_eq!(hits(&mut cache, &tagged("k", "B")), vec![1, 2, 3]);
+        assert_eq!(hits(&mut cache, &tagged("k", "a")), vec![2, 3], "case-sensitive");
+        for bad in ["", "A || ", " || ", "* || A"] {
+            let e = r.bind("/", "amq.direct", Binding::queue(QueueId(4), "k", filter_arg(bad)));
+            assert!(matches!(e, Err(RouteError::TagFilter(_))), "{bad:?}: {e:?}");
+        }
+        let e = r.bind("/", "amq.direct", Binding::queue(QueueId(4), "k", vec![(TAG_FILTER_ARGUMENT.into(), Value::Int(1))]));
+        assert_eq!(e, Err(RouteError::TagFilter(TagFilterError::NotAString)));
+        // MQTT subscriptions carry theirs in the options.
+        let mut o = opts(1);
+        o.tag_filter = Some(Arc::new(TagFilter::parse("A").unwrap()));
+        r.subscribe("t/#", q(5), o);
+        assert_eq!(mqtt_hits(&r, "t/x"), Vec::<u64>::new());
+        assert_eq!(queues(&r.resolve(&tagged("t.x", "A"), "")), vec![5]);
+    }
+
+    fn hash_exchange(r: &Router, name: &str, args: Vec<(String, Value)>) {
+        declare(r, name, ExchangeKind::ConsistentHash, false, args);
+    }
+
+    #[test]
+    fn consistent_hash_picks_one_queue_per_key() {
+        let r = Router::new();
+        hash_exchange(&r, "h", vec![]);
+        for n in 1..=4 {
+            r.bind("/", "h", Binding::queue(QueueId(n), "10", vec![])).unwrap();
+        }
+        let mut seen = HashSet::new();
+        for i in 0..200 {
+            let key = format!("order-{i}");
+            let (routes, cacheable) = r.route("/", "h", &msg(&key, &[]), "").unwrap();
+            assert_eq!(routes.queues.len(), 1);
+            assert!(cacheable);
+            assert_eq!(queues(&routes), queues(&r.route("/", "h", &msg(&key, &[]), "").unwrap().0), "same key, same queue");
+            seen.insert(routes.queues[0].queue.0);
+        }
+        assert_eq!(seen.len(), 4, "every queue gets keys");
+        for bad in ["0", "-1", "x", ""] {
+            let e = r.bind("/", "h", Binding::queue(QueueId(9), bad, vec![]));
+            assert!(matches!(e, Err(RouteError::HashArgument(_))), "{bad:?}: {e:?}");
+        }
+        // Unbinding every queue leaves nothing to route to.
+        assert_eq!(r.unbind_all("/", &q(1)) + r.unbind_all("/", &q(2)) + r.unbind_all("/", &q(3)) + r.unbind_all("/", &q(4)), 4);
+        assert!(r.route("/", "h", &msg("k", &[]), "").unwrap().0.is_empty());
+    }
+
+    #[test]
+    fn consistent_hash_on_a_header_routes_nothing_without_it() {
+        let r = Router::new();
+        let s = |v: &str| Value::Str(v.into());
+        hash_exchange(&r, "h", vec![("hash-header".into(), s("order"))]);
+        r.bind("/", "h", Binding::queue(QueueId(1), "1", vec![])).unwrap();
+        r.bind("/", "h", Binding::queue(QueueId(2), "1", vec![])).unwrap();
+        let (routes, cacheable) = r.route("/", "h", &msg("k", &[("order".into(), s("o-1"))]), "").unwrap();
+        assert_eq!(routes.queues.len(), 1);
+        assert!(!cacheable, "depends on a header");
+        assert!(r.route("/", "h", &msg("k", &[]), "").unwrap().0.is_empty());
+        let both = vec![("hash-header".into(), s("a")), ("hash-property".into(), s("message_id"))];
+        let def = ExchangeDef { name: "bad".into(), kind: ExchangeKind::ConsistentHash, durable: false, auto_delete: false, internal: false, arguments: both };
+        assert_eq!(r.declare_exchange("/", def), Err(RouteError::HashArgument(HashArgError::BothSet)));
     }
 }

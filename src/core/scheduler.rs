@@ -56,7 +56,7 @@ async fn fire(broker: &Broker, due: Vec<ferrymq_storage::TimerEntry>) {
         let Some(msg) = read_message(&broker.journal, &ptr) else { continue };
         debug!(exchange = %msg.exchange, key = %msg.routing_key, "delayed message due");
         let vhost = std::str::from_utf8(&t.target).ok().filter(|v| !v.is_empty()).unwrap_or(MQTT_VHOST);
-        let routes = match broker.router.route(vhost, &msg.exchange, &msg.routing_key, &msg.props.headers, "") {
+        let routes = match broker.router.route(vhost, &msg.exchange, &msg, "") {
             Ok((routes, _)) => routes,
             Err(e) => {
                 warn!(error = %e, "delayed message cannot be routed; dropped");
@@ -74,7 +74,7 @@ async fn fire(broker: &Broker, due: Vec<ferrymq_storage::TimerEntry>) {
         let queues: Vec<QueueTarget> = routes
             .queues
             .iter()
-            .map(|q| QueueTarget { queue: q.queue, tag_hash: 0, flags: flags::of(msg.qos.min(q.qos), msg.props.priority) })
+            .map(|q| QueueTarget { queue: q.queue, tag_hash: msg.tag_hash(), flags: flags::of(msg.qos.min(q.qos), msg.props.priority) })
             .collect();
         items.push(DispatchItem { msg: msg.clone(), flags: queues.iter().map(|q| (q.queue, q.flags)).collect() });
         ops.push(Op::Enqueue { pos: t.pos, size: t.size, body_len: msg.payload.len() as u32, queues });

@@ -32,6 +32,7 @@ use crate::core::delivery::{Direct, QueueDelivery, SessionLink};
 use crate::core::message::{now_ms, Message, SharedMessage};
 use crate::core::queue::{Consumer, ConsumerEvent};
 use crate::core::router::{mqtt_filter_to_pattern, Destination, RouteCache, Routes, MQTT_VHOST};
+use crate::core::tag_filter::{TagFilter, MQTT_TAG_FILTER_PROPERTY};
 use crate::core::shards::ShardCmd;
 use crate::core::stats::Stats;
 
@@ -619,7 +620,7 @@ impl Task {
         let retain = if p.retain { RetainMode::Persist } else { RetainMode::None };
         let topic = std::mem::take(&mut p.topic);
         let msg: SharedMessage = Arc::new(message_in(p, &topic, self.ctx.broker.router.mqtt_exchange(), now));
-        let routes = self.route_cache.resolve(&self.ctx.broker.router, &msg.routing_key, &client_id);
+        let routes = self.route_cache.resolve(&self.ctx.broker.router, &msg, &client_id);
         let mut extra = Vec::new();
         if qos == QoS::ExactlyOnce && persistent {
             extra.push(Op::Put { space: Space::InboundQos2, key: qos2_key(&client_id, pkid), value: Bytes::new() });
@@ -814,7 +815,20 @@ impl Task {
         let mut reasons = Vec::with_capacity(s.filters.len());
         let mut retained: Vec<Direct> = Vec::new();
         let mut changed = false;
+        // The user property `tag-filter` applies to every filter of the packet.
+        let tag_filter = match s.user_properties.iter().find(|(k, _)| k == MQTT_TAG_FILTER_PROPERTY) {
+            None => Ok(None),
+            Some((_, expr)) => TagFilter::parse(expr).map(|f| Some((expr.clone(), Arc::new(f)))),
+        };
         for f in &s.filters {
+            let tag_filter = match &tag_filter {
+                Ok(t) => t.clone(),
+                Err(e) => {
+                    debug!(filter = %f.filter, error = %e, "invalid tag filter");
+                    reasons.push(ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR);
+                    continue;
+                }
+            };
             let parsed = match parse_filter(&f.filter, self.ctx.cfg.max_topic_levels) {
                 Ok(p) => p,
                 Err(e) => {
@@ -827,12 +841,18 @@ impl Task {
                 reasons.push(ReasonCode::PROTOCOL_ERROR);
                 continue;
             }
+            if parsed.share_group.is_some() && tag_filter.is_some() {
+                // The group's queue has one binding for every member: not supported yet.
+                reasons.push(ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR);
+                continue;
+            }
             let granted = qos_u8(f.qos).min(2);
             let opts = SubOptions {
                 qos: granted,
                 no_local: f.no_local,
                 retain_as_published: f.retain_as_published,
                 subscription_id: s.subscription_identifier,
+                tag_filter: tag_filter.as_ref().map(|(expr, _)| expr.clone()),
             };
             let existed = self.session.as_ref().is_some_and(|s| s.subs.contains_key(&f.filter));
             if let Some(group) = parsed.share_group {
@@ -864,6 +884,9 @@ impl Task {
                 };
                 if send_retained {
                     for msg in self.ctx.broker.retained.matching(&mqtt_filter_to_pattern(parsed.filter)) {
+                        if tag_filter.as_ref().is_some_and(|(_, f)| !f.matches(msg.tag())) {
+                            continue;
+                        }
                         retained.push(Direct {
                             msg,
                             qos: granted,
@@ -1007,7 +1030,7 @@ impl Task {
 async fn publish_will(ctx: &MqttContext, client_id: &str, w: Will) {
     let now = now_ms();
     let msg: SharedMessage = Arc::new(will_message(&w, ctx.broker.router.mqtt_exchange(), now));
-    let routes: Routes = ctx.broker.router.resolve(&w.topic, client_id);
+    let routes: Routes = ctx.broker.router.resolve(&msg, client_id);
     let retain = if w.retain { RetainMode::Persist } else { RetainMode::None };
     info!(topic = %w.topic, "publishing will message");
     if let Some(signal) = ctx.broker.publish(&msg, &routes, retain, Vec::new()).await {

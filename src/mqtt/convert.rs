@@ -4,6 +4,7 @@ use bytes::Bytes;
 use ferrymq_mqtt::{Publish, PublishProperties, QoS, Will};
 
 use crate::core::message::{key_to_mqtt, mqtt_to_key, Message, Properties};
+use crate::core::tag_filter::{MQTT_TAG_PROPERTY, TAG_HEADER};
 use crate::core::value::Value;
 
 /// QoS as a number.
@@ -20,14 +21,15 @@ pub fn qos_of(n: u8) -> QoS {
     }
 }
 
-/// Core properties from MQTT 5 publish properties, received at `now_ms`.
+/// Core properties from MQTT 5 publish properties, received at `now_ms`. The user
+/// property `tag` becomes the message's tag (the header `x-tag`).
 pub fn properties_in(p: &PublishProperties, now_ms: u64) -> Properties {
     Properties {
         content_type: p.content_type.clone(),
         correlation_data: p.correlation_data.clone(),
         reply_to: p.response_topic.as_deref().map(mqtt_to_key),
         payload_format: p.payload_format_indicator,
-        headers: p.user_properties.iter().map(|(k, v)| (k.clone(), Value::Str(v.clone()))).collect(),
+        headers: p.user_properties.iter().map(|(k, v)| (header_name_in(k), Value::Str(v.clone()))).collect(),
         expires_at_ms: p.message_expiry_interval.map(|s| now_ms + s as u64 * 1000),
         ..Properties::default()
     }
@@ -69,7 +71,7 @@ fn mqtt_message(
 }
 
 /// MQTT 5 properties for delivering `msg` at `now_ms` (expiry counts down; AMQP headers
-/// become user properties as text).
+/// become user properties as text, the tag header `x-tag` the user property `tag`).
 pub fn properties_out(msg: &Message, subscription_ids: Vec<u32>, now_ms: u64) -> PublishProperties {
     PublishProperties {
         payload_format_indicator: msg.props.payload_format,
@@ -77,8 +79,18 @@ pub fn properties_out(msg: &Message, subscription_ids: Vec<u32>, now_ms: u64) ->
         topic_alias: None,
         response_topic: msg.props.reply_to.as_deref().map(key_to_mqtt),
         correlation_data: msg.props.correlation_data.clone(),
-        user_properties: msg.props.headers.iter().map(|(k, v)| (k.clone(), v.to_text())).collect(),
+        user_properties: msg.props.headers.iter().map(|(k, v)| (user_property_out(k), v.to_text())).collect(),
         subscription_identifiers: subscription_ids,
         content_type: msg.props.content_type.clone(),
     }
+}
+
+/// The core header name of an MQTT 5 user property: `tag` is the tag header `x-tag`.
+fn header_name_in(name: &str) -> String {
+    if name == MQTT_TAG_PROPERTY { TAG_HEADER.to_owned() } else { name.to_owned() }
+}
+
+/// The MQTT 5 user property name of a core header: the tag header `x-tag` is `tag`.
+fn user_property_out(name: &str) -> String {
+    if name == TAG_HEADER { MQTT_TAG_PROPERTY.to_owned() } else { name.to_owned() }
 }

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{oneshot, watch};
 
 use crate::core::router::MqttOptions;
+use crate::core::tag_filter::TagFilter;
 
 
 /// "Never expires" (MQTT's maximum session expiry interval).
@@ -34,6 +35,9 @@ pub struct SubOptions {
     pub retain_as_published: bool,
     /// Subscription identifier.
     pub subscription_id: Option<u32>,
+    /// Tag filter expression (MQTT 5 SUBSCRIBE user property `tag-filter`), validated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag_filter: Option<String>,
 }
 
 impl SubOptions {
@@ -45,6 +49,7 @@ impl SubOptions {
             no_local: self.no_local,
             retain_as_published: self.retain_as_published,
             subscription_id: self.subscription_id,
+            tag_filter: self.tag_filter.as_deref().and_then(|e| TagFilter::parse(e).ok()).map(Arc::new),
         }
     }
 }

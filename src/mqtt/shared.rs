@@ -46,6 +46,7 @@ impl SharedGroups {
             no_local: false,
             retain_as_published: false,
             subscription_id: None,
+            tag_filter: None,
         };
         broker.router.subscribe(filter, Destination::Queue(queue), opts);
         groups.insert(key, Group { queue, members: HashSet::from([member.clone()]) });

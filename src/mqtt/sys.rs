@@ -56,7 +56,7 @@ async fn publish(ctx: &MqttContext, topic: &str, value: String) {
         props: Properties::default(),
         timestamp_ms: now_ms(),
     });
-    let routes = ctx.broker.router.resolve(topic, "");
+    let routes = ctx.broker.router.resolve(&msg, "");
     // QoS 0 and memory-only retained: nothing goes to the journal unless a persistent
     // session subscribed to `$SYS`, whose queue then gets the update.
     let _ = ctx.broker.publish(&msg, &routes, RetainMode::MemoryOnly, Vec::new()).await;
