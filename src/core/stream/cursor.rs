@@ -37,8 +37,9 @@ impl StreamConsumer {
     /// Server-side filter hook: true when the entry is for this consumer (or its group).
     /// Decided from the pointer alone (its `tag_hash`), so skipped entries cost no body
     /// read and no credit. Every entry passes until `x-tag-filter` on stream consumers
-    /// lands: the tag-filter module matches `ptr.tag_hash` here (and resolves a hash
-    /// collision against the stored tag).
+    /// lands: keep a `core::tag_filter::TagFilter` on the consumer and answer
+    /// `filter.may_match_hash(ptr.tag_hash)` here (a hash collision is then resolved with
+    /// `TagFilter::matches` on the message's tag before delivery).
     pub fn admits(&self, ptr: &Pointer) -> bool {
         let _ = ptr.tag_hash;
         true
