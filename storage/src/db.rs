@@ -33,7 +33,7 @@ pub(crate) struct Db {
     /// Timers.
     pub(crate) timer: Tree,
     /// One tree per [`Space`], in `codec::space_index` order.
-    pub(crate) kv: [Tree; 3],
+    pub(crate) kv: [Tree; 4],
 }
 
 impl Db {
@@ -56,6 +56,7 @@ impl Db {
                 tree(codec::kv_tree_name(SPACES[0]))?,
                 tree(codec::kv_tree_name(SPACES[1]))?,
                 tree(codec::kv_tree_name(SPACES[2]))?,
+                tree(codec::kv_tree_name(SPACES[3]))?,
             ],
             db,
         })
