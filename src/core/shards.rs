@@ -287,6 +287,9 @@ impl Shards {
     }
 }
 
+/// A `Counts` answer held until the end of the turn: where to send it, and the counts.
+type CountsReply = (oneshot::Sender<(u64, u64)>, (u64, u64));
+
 /// One queue owner.
 struct Shard {
     journal: Journal,
@@ -300,7 +303,7 @@ struct Shard {
     touched: HashSet<QueueId>,
     fx: Effects,
     replies: Vec<(oneshot::Sender<u64>, u64)>,
-    count_replies: Vec<(oneshot::Sender<(u64, u64)>, (u64, u64))>,
+    count_replies: Vec<CountsReply>,
 }
 
 impl Shard {
