@@ -10,6 +10,11 @@ use ferrymq::config::{Config, Overrides};
 use ferrymq::server::Server;
 use tracing_subscriber::EnvFilter;
 
+/// mimalloc rather than glibc malloc: the broker allocates and frees small buffers on every
+/// thread (sled nodes, frames), and glibc's arena locks showed up as futex waits under load.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// FerryMQ: an MQTT 3.1.1/5.0 and AMQP 0-9-1 broker on one durable commit log.
 #[derive(Debug, Parser)]
 #[command(version, about)]

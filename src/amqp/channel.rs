@@ -52,6 +52,8 @@ pub struct TxPublish {
     pub msg: SharedMessage,
     /// Where it goes (reject-publish queues admit it at commit).
     pub routes: std::sync::Arc<Routes>,
+    /// When set, a delayed publish: stored at commit and routed at this time.
+    pub due_ms: Option<u64>,
 }
 
 /// One open channel.

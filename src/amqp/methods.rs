@@ -98,6 +98,12 @@ impl Task {
                     internal: d.internal,
                     arguments: table_in(&d.arguments),
                 };
+                if kind == ExchangeKind::DelayedMessage && def.delayed_type().is_none() {
+                    return Err(channel_fail(
+                        406,
+                        "PRECONDITION_FAILED - Invalid argument, 'x-delayed-type' must be an existing exchange type".into(),
+                    ));
+                }
                 if let Some(current) = existing {
                     check_equivalent_exchange(&current, &def, &vhost)?;
                 } else {
@@ -444,6 +450,10 @@ impl Task {
                 let settles = std::mem::take(&mut ch.tx_settles);
                 let mut signals = Vec::new();
                 for p in publishes {
+                    if let Some(due_ms) = p.due_ms {
+                        signals.push(self.ctx.broker.schedule(&self.vhost, &p.msg, due_ms, Vec::new()).await);
+                        continue;
+                    }
                     let (routes, _) = self.admit(&p.msg, &p.routes);
                     if let Some(signal) = self.ctx.broker.publish(&p.msg, &routes, RetainMode::None, Vec::new()).await {
                         signals.push(signal);
@@ -486,12 +496,12 @@ impl Task {
             self.proto.connection_error(540, "NOT_IMPLEMENTED - immediate=true", class_id, method_id);
             return;
         }
-        let Some(x) = self.ctx.broker.router.exchange(&vhost, exchange) else {
+        let Some((kind, internal)) = self.route_cache.exchange(&self.ctx.broker.router, &vhost, exchange) else {
             let text = format!("NOT_FOUND - no exchange '{exchange}' in vhost '{vhost}'");
             self.proto.channel_error(channel, 404, &text, class_id, method_id);
             return;
         };
-        if x.internal {
+        if internal {
             let text = format!("ACCESS_REFUSED - cannot publish to internal exchange '{exchange}' in vhost '{vhost}'");
             self.proto.channel_error(channel, 403, &text, class_id, method_id);
             return;
@@ -520,6 +530,12 @@ impl Task {
             payload: p.body,
             timestamp_ms: now,
         });
+        if kind == ExchangeKind::DelayedMessage {
+            if let Some(delay) = delay_of(&msg) {
+                self.publish_delayed(channel, p.confirm_tag, msg, now + delay).await;
+                return;
+            }
+        }
         let routes = match self.route_cache.route(&self.ctx.broker.router, &vhost, exchange, &msg.routing_key, &msg.props.headers, "") {
             Ok(r) => r,
             Err(e) => {
@@ -535,7 +551,7 @@ impl Task {
         }
         let Some(ch) = self.channels.get_mut(&channel) else { return };
         if ch.tx {
-            ch.tx_publishes.push(TxPublish { msg, routes });
+            ch.tx_publishes.push(TxPublish { msg, routes, due_ms: None });
             return;
         }
         let confirm = p.confirm_tag;
@@ -557,6 +573,33 @@ impl Task {
         self.unsettled = true;
         if let Some(tag) = confirm {
             self.confirms.push_back(PendingConfirm { channel, tag, signal, ack: !refused });
+        }
+    }
+
+    /// A publish to a delayed-message exchange with a positive `x-delay`: stored with a
+    /// timer and routed by the scheduler at `due_ms`; the confirm follows the store (the
+    /// delayed-message plugin's semantics), `mandatory` cannot be honoured (as there).
+    async fn publish_delayed(&mut self, channel: u16, confirm: Option<u64>, msg: SharedMessage, due_ms: u64) {
+        let vhost = self.vhost.clone();
+        let Some(ch) = self.channels.get_mut(&channel) else { return };
+        if ch.tx {
+            ch.tx_publishes.push(TxPublish { msg, routes: Arc::default(), due_ms: Some(due_ms) });
+            return;
+        }
+        let mut extra = Vec::new();
+        if let (Some(id), Some(dedup), Some(tag)) = (&msg.props.message_id, self.ctx.dedup.as_ref(), confirm) {
+            match dedup.check(&vhost, id, msg.timestamp_ms) {
+                Some(op) => extra.push(op),
+                None => {
+                    self.confirms.push_back(PendingConfirm { channel, tag, signal: None, ack: true });
+                    return;
+                }
+            }
+        }
+        let signal = self.ctx.broker.schedule(&vhost, &msg, due_ms, extra).await;
+        self.unsettled = true;
+        if let Some(tag) = confirm {
+            self.confirms.push_back(PendingConfirm { channel, tag, signal: Some(signal), ack: true });
         }
     }
 
@@ -628,6 +671,10 @@ fn check_equivalent_exchange(current: &ExchangeDef, wanted: &ExchangeDef, vhost:
     if current.internal != wanted.internal {
         return Err(inequivalent("internal", "exchange", n, vhost, wanted.internal.to_string(), current.internal.to_string()));
     }
+    if current.kind == ExchangeKind::DelayedMessage && current.delayed_type() != wanted.delayed_type() {
+        let name = |d: &ExchangeDef| d.delayed_type().map_or("none", ExchangeKind::name).to_owned();
+        return Err(inequivalent("x-delayed-type", "exchange", n, vhost, name(wanted), name(current)));
+    }
     Ok(())
 }
 
@@ -687,3 +734,10 @@ fn generated_name(prefix: &str) -> String {
 }
 
 static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// The `x-delay` header in milliseconds when positive (absent, zero or negative: route
+/// at once, as the delayed-message plugin does).
+fn delay_of(msg: &Message) -> Option<u64> {
+    let delay = msg.props.headers.iter().find(|(k, _)| k == "x-delay")?.1.as_i64()?;
+    u64::try_from(delay).ok().filter(|d| *d > 0)
+}

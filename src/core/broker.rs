@@ -167,6 +167,7 @@ impl Broker {
                     queues,
                     retained_topic,
                     timer: None,
+                    keys: msg.index_keys(),
                 }),
             );
             item = Some(DispatchItem { msg: msg.clone(), flags });
@@ -178,16 +179,21 @@ impl Broker {
         Some(self.submit(ops, item.into_iter().collect(), msg.qos > 0).await)
     }
 
-    /// Stores `msg` to be routed in `vhost` at `due_ms` (delayed publish). The signal
-    /// resolves when the delayed message is durable.
-    pub async fn schedule(&self, vhost: &str, msg: &SharedMessage, due_ms: u64) -> DurableSignal {
-        let op = Op::Append(Append {
-            record: Record { header: msg.encode_header(), body: msg.payload.clone() },
-            queues: Vec::new(),
-            retained_topic: None,
-            timer: Some(Timer { due_ms, target: bytes::Bytes::copy_from_slice(vhost.as_bytes()) }),
-        });
-        let signal = self.submit(vec![op], Vec::new(), true).await;
+    /// Stores `msg` to be routed in `vhost` at `due_ms` (delayed publish), with `extra`
+    /// ops in the same submission. The signal resolves when the delayed message is durable.
+    pub async fn schedule(&self, vhost: &str, msg: &SharedMessage, due_ms: u64, extra: Vec<Op>) -> DurableSignal {
+        let mut ops = extra;
+        ops.insert(
+            0,
+            Op::Append(Append {
+                record: Record { header: msg.encode_header(), body: msg.payload.clone() },
+                queues: Vec::new(),
+                retained_topic: None,
+                timer: Some(Timer { due_ms, target: bytes::Bytes::copy_from_slice(vhost.as_bytes()) }),
+                keys: msg.index_keys(),
+            }),
+        );
+        let signal = self.submit(ops, Vec::new(), true).await;
         self.timers_changed.notify_one();
         signal
     }

@@ -100,7 +100,24 @@ pub fn key_to_mqtt(key: &str) -> String {
     mqtt_to_key(key)
 }
 
+/// Headers whose string value is a message key (AMQP `x-key`; MQTT 5 user property `key`,
+/// which the gateway carries as a header of that name).
+pub const KEY_HEADERS: [&str; 2] = ["x-key", "key"];
+
 impl Message {
+    /// What the storage key index files this message under: its `message_id` and the
+    /// values of the [`KEY_HEADERS`]; `None` when it has none.
+    pub fn index_keys(&self) -> Option<ferrymq_storage::MessageKeys> {
+        let headers = self.props.headers.iter().filter(|(k, _)| KEY_HEADERS.contains(&k.as_str())).filter_map(|(_, v)| v.as_str());
+        let mut keys: Vec<Bytes> = Vec::new();
+        for k in self.props.message_id.as_deref().into_iter().chain(headers) {
+            if !k.is_empty() && !keys.iter().any(|x| x == k.as_bytes()) {
+                keys.push(Bytes::copy_from_slice(k.as_bytes()));
+            }
+        }
+        (!keys.is_empty()).then_some(ferrymq_storage::MessageKeys { timestamp_ms: self.timestamp_ms, keys })
+    }
+
     /// The routing key in MQTT form.
     pub fn topic(&self) -> String {
         key_to_mqtt(&self.routing_key)
@@ -300,6 +317,30 @@ fn get_str(b: &mut Bytes) -> Result<String, HeaderError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn index_keys_are_the_message_id_and_key_headers() {
+        let mut m = Message {
+            exchange: String::new(),
+            routing_key: "k".into(),
+            payload: Bytes::new(),
+            qos: 0,
+            retain: false,
+            props: Properties::default(),
+            timestamp_ms: 77,
+        };
+        assert_eq!(m.index_keys(), None);
+        m.props.message_id = Some("id-1".into());
+        m.props.headers = vec![
+            ("x-key".into(), Value::Str("order-7".into())),
+            ("key".into(), Value::Str("id-1".into())), // MQTT 5 user property `key`; duplicate
+            ("other".into(), Value::Str("no".into())),
+            ("x-key".into(), Value::Int(5)), // not a string: not a key
+        ];
+        let k = m.index_keys().unwrap();
+        assert_eq!(k.timestamp_ms, 77);
+        assert_eq!(k.keys, [Bytes::from_static(b"id-1"), Bytes::from_static(b"order-7")]);
+    }
 
     #[test]
     fn header_round_trip() {

@@ -93,6 +93,10 @@ pub enum ExchangeKind {
     Topic,
     /// Header matching (`x-match` all/any).
     Headers,
+    /// `x-delayed-message` (the delayed-message plugin's type): a publish with a positive
+    /// `x-delay` header is stored and routed when its time comes, by the rules of the
+    /// exchange's `x-delayed-type`.
+    DelayedMessage,
 }
 
 impl ExchangeKind {
@@ -103,6 +107,7 @@ impl ExchangeKind {
             "fanout" => Some(ExchangeKind::Fanout),
             "topic" => Some(ExchangeKind::Topic),
             "headers" => Some(ExchangeKind::Headers),
+            "x-delayed-message" => Some(ExchangeKind::DelayedMessage),
             _ => None,
         }
     }
@@ -114,6 +119,7 @@ impl ExchangeKind {
             ExchangeKind::Fanout => "fanout",
             ExchangeKind::Topic => "topic",
             ExchangeKind::Headers => "headers",
+            ExchangeKind::DelayedMessage => "x-delayed-message",
         }
     }
 }
@@ -138,7 +144,29 @@ pub struct ExchangeDef {
 impl ExchangeDef {
     /// The `alternate-exchange` argument.
     pub fn alternate(&self) -> Option<&str> {
-        self.arguments.iter().find(|(k, _)| k == "alternate-exchange").and_then(|(_, v)| v.as_str())
+        self.argument("alternate-exchange").and_then(Value::as_str)
+    }
+
+    /// The `x-delayed-type` argument of an `x-delayed-message` exchange: the type whose
+    /// routing rules its bindings follow. `None` when absent or not a plain type.
+    pub fn delayed_type(&self) -> Option<ExchangeKind> {
+        self.argument("x-delayed-type")
+            .and_then(Value::as_str)
+            .and_then(ExchangeKind::parse)
+            .filter(|k| *k != ExchangeKind::DelayedMessage)
+    }
+
+    /// The kind whose rules route through this exchange's bindings: the `x-delayed-type`
+    /// of a delayed-message exchange (direct when missing), else its own kind.
+    pub fn routing_kind(&self) -> ExchangeKind {
+        match self.kind {
+            ExchangeKind::DelayedMessage => self.delayed_type().unwrap_or(ExchangeKind::Direct),
+            kind => kind,
+        }
+    }
+
+    fn argument(&self, name: &str) -> Option<&Value> {
+        self.arguments.iter().find(|(k, _)| k == name).map(|(_, v)| v)
     }
 }
 
@@ -159,7 +187,8 @@ enum Bindings {
 impl Bindings {
     fn new(kind: ExchangeKind) -> Bindings {
         match kind {
-            ExchangeKind::Direct => Bindings::Direct(HashMap::new()),
+            // (A delayed-message exchange passes its routing kind; direct is its default.)
+            ExchangeKind::Direct | ExchangeKind::DelayedMessage => Bindings::Direct(HashMap::new()),
             ExchangeKind::Fanout => Bindings::Fanout(Vec::new()),
             ExchangeKind::Topic => Bindings::Topic(Node::default()),
             ExchangeKind::Headers => Bindings::Headers(Vec::new()),
@@ -597,7 +626,7 @@ impl Router {
         if let Some(x) = v.exchanges.get(&def.name) {
             return Ok(Some(x.def.clone()));
         }
-        let kind = def.kind;
+        let kind = def.routing_kind();
         v.exchanges.insert(def.name.clone(), Exchange { def, bindings: Bindings::new(kind) });
         drop(vhosts);
         self.changed();
@@ -779,7 +808,7 @@ fn route_into(
         return;
     }
     let Some(x) = v.exchanges.get(exchange) else { return };
-    if x.def.kind == ExchangeKind::Headers {
+    if matches!(x.bindings, Bindings::Headers(_)) {
         *cacheable = false;
     }
     let mut matched = Vec::new();
@@ -821,12 +850,38 @@ pub fn mqtt_filter_to_pattern(filter: &str) -> String {
 pub struct RouteCache {
     generation: u64,
     map: HashMap<(String, String), Arc<Routes>>,
+    /// Kind and `internal` flag of exchanges looked up (`None`: no such exchange).
+    exchanges: HashMap<String, Option<(ExchangeKind, bool)>>,
 }
 
 /// Most (exchange, key) pairs one connection caches before the cache is cleared.
 const ROUTE_CACHE_KEYS: usize = 1024;
 
 impl RouteCache {
+    fn sync(&mut self, router: &Router) {
+        let generation = router.generation();
+        if generation != self.generation {
+            self.map.clear();
+            self.exchanges.clear();
+            self.generation = generation;
+        }
+    }
+
+    /// Kind and `internal` flag of an exchange, from the cache when the table has not
+    /// changed (the publish path asks for every message).
+    pub fn exchange(&mut self, router: &Router, vhost: &str, name: &str) -> Option<(ExchangeKind, bool)> {
+        self.sync(router);
+        if let Some(x) = self.exchanges.get(name) {
+            return *x;
+        }
+        let x = router.exchange(vhost, name).map(|d| (d.kind, d.internal));
+        if self.exchanges.len() >= ROUTE_CACHE_KEYS {
+            self.exchanges.clear();
+        }
+        self.exchanges.insert(name.to_owned(), x);
+        x
+    }
+
     /// Routes of a publish, from the cache when the table has not changed.
     pub fn route(
         &mut self,
@@ -837,11 +892,8 @@ impl RouteCache {
         headers: &[(String, Value)],
         publisher: &str,
     ) -> Result<Arc<Routes>, RouteError> {
-        let generation = router.generation();
-        if generation != self.generation {
-            self.map.clear();
-            self.generation = generation;
-        } else if let Some(routes) = self.map.get(&(exchange.to_owned(), key.to_owned())) {
+        self.sync(router);
+        if let Some(routes) = self.map.get(&(exchange.to_owned(), key.to_owned())) {
             return Ok(routes.clone());
         }
         let (routes, cacheable) = router.route(vhost, exchange, key, headers, publisher)?;

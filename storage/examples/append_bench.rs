@@ -17,6 +17,7 @@ fn ops(q: QueueId, body: &Bytes) -> Vec<Op> {
         queues: vec![QueueTarget { queue: q, tag_hash: 0, flags: 1 }],
         retained_topic: None,
         timer: None,
+        keys: None,
     })]
 }
 

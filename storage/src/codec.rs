@@ -13,6 +13,10 @@ pub(crate) const TREE_QUEUE_IDS: &str = "queue_ids";
 pub(crate) const TREE_RETAINED: &str = "retained";
 /// Tree (due, pos) -> timer.
 pub(crate) const TREE_TIMER: &str = "timer";
+/// Tree (key hash, timestamp, pos) -> message key index entry.
+pub(crate) const TREE_KEY: &str = "key";
+/// Tree (pos, key hash, timestamp) -> (): the key index by position, for retention.
+pub(crate) const TREE_KEY_POS: &str = "key_pos";
 
 /// The sled tree name of a keyspace.
 pub(crate) fn kv_tree_name(space: Space) -> &'static str {
@@ -157,6 +161,44 @@ pub(crate) fn decode_timer_value(v: &[u8]) -> Option<(u32, &[u8])> {
     Some((u32_at(v, 0)?, v.get(4..)?))
 }
 
+/// Stable 64-bit hash of a message key (FNV-1a): part of the on-disk format, never change it.
+pub(crate) fn key_hash(key: &[u8]) -> u64 {
+    key.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ *b as u64).wrapping_mul(0x0000_0100_0000_01b3))
+}
+
+/// Key of a key-index entry: key hash, timestamp ms, pos.
+pub(crate) fn key_index_key(hash: u64, timestamp_ms: u64, pos: u64) -> [u8; 24] {
+    let mut k = [0u8; 24];
+    k[..8].copy_from_slice(&hash.to_be_bytes());
+    k[8..16].copy_from_slice(&timestamp_ms.to_be_bytes());
+    k[16..].copy_from_slice(&pos.to_be_bytes());
+    k
+}
+
+/// Decodes a key-index key into (hash, timestamp ms, pos).
+pub(crate) fn decode_key_index_key(k: &[u8]) -> Option<(u64, u64, u64)> {
+    if k.len() != 24 {
+        return None;
+    }
+    Some((u64_at(k, 0)?, u64_at(k, 8)?, u64_at(k, 16)?))
+}
+
+/// Key of the by-position entry of a key-index entry: pos, key hash, timestamp ms.
+pub(crate) fn key_pos_key(pos: u64, hash: u64, timestamp_ms: u64) -> [u8; 24] {
+    key_index_key(pos, hash, timestamp_ms)
+}
+
+/// Value of a key-index entry: record size u32, then the key itself (collisions of the
+/// hash are told apart by it).
+pub(crate) fn encode_key_value(size: u32, key: &[u8]) -> Vec<u8> {
+    encode_timer_value(size, key)
+}
+
+/// Decodes a key-index value into (size, key).
+pub(crate) fn decode_key_value(v: &[u8]) -> Option<(u32, &[u8])> {
+    decode_timer_value(v)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,6 +220,12 @@ mod tests {
         assert_eq!(decode_timer_value(&v), Some((12, &b"tgt"[..])));
         assert_eq!(decode_timer_value(&[0, 1]), None);
         assert_eq!(decode_u64(&encode_u64(42)), Some(42));
+        assert_eq!(decode_key_index_key(&key_index_key(1, 2, 3)), Some((1, 2, 3)));
+        assert_eq!(decode_key_index_key(&key_pos_key(3, 1, 2)), Some((3, 1, 2)));
+        assert_eq!(decode_key_value(&encode_key_value(7, b"order-1")), Some((7, &b"order-1"[..])));
+        // FNV-1a test vectors: the hash is part of the on-disk format.
+        assert_eq!(key_hash(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(key_hash(b"a"), 0xaf63_dc4c_8601_ec8c);
         assert_eq!(decode_u64(&[1]), None);
     }
 }

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use sled::Tree;
 
 use crate::codec::{self, SPACES};
-use crate::{JournalError, LogPos, Pointer, QueueId, Space, TimerEntry};
+use crate::{JournalError, KeyHit, LogPos, Pointer, QueueId, Space, TimerEntry};
 
 /// Maps a sled error to the journal's error type.
 pub(crate) fn db_err(e: sled::Error) -> JournalError {
@@ -32,6 +32,10 @@ pub(crate) struct Db {
     pub(crate) retained: Tree,
     /// Timers.
     pub(crate) timer: Tree,
+    /// Message key index: (key hash, timestamp, pos) -> (size, key).
+    pub(crate) key: Tree,
+    /// The key index by position: (pos, key hash, timestamp) -> ().
+    pub(crate) key_pos: Tree,
     /// One tree per [`Space`], in `codec::space_index` order.
     pub(crate) kv: [Tree; 4],
 }
@@ -52,6 +56,8 @@ impl Db {
             queue_ids: tree(codec::TREE_QUEUE_IDS)?,
             retained: tree(codec::TREE_RETAINED)?,
             timer: tree(codec::TREE_TIMER)?,
+            key: tree(codec::TREE_KEY)?,
+            key_pos: tree(codec::TREE_KEY_POS)?,
             kv: [
                 tree(codec::kv_tree_name(SPACES[0]))?,
                 tree(codec::kv_tree_name(SPACES[1]))?,
@@ -152,6 +158,35 @@ impl Db {
                 Ok(TimerEntry { due_ms, pos: LogPos(pos), size, target: Bytes::copy_from_slice(target) })
             })
             .collect()
+    }
+
+    /// Up to `limit` key-index entries of exactly `key` with `from_ms <= timestamp <= to_ms`,
+    /// oldest first: a range scan of one hash's entries. Entries whose record is gone
+    /// (retention) are skipped by `live`.
+    pub(crate) fn lookup_key(
+        &self,
+        key: &[u8],
+        from_ms: u64,
+        to_ms: u64,
+        limit: usize,
+        live: impl Fn(u64, u32) -> bool,
+    ) -> Result<Vec<KeyHit>, JournalError> {
+        let hash = codec::key_hash(key);
+        let lo = codec::key_index_key(hash, from_ms, 0);
+        let hi = codec::key_index_key(hash, to_ms, u64::MAX);
+        let mut hits = Vec::new();
+        for kv in self.key.range(lo..=hi) {
+            if hits.len() >= limit {
+                break;
+            }
+            let (k, v) = kv.map_err(db_err)?;
+            let (_, timestamp_ms, pos) = codec::decode_key_index_key(&k).ok_or_else(|| malformed("key"))?;
+            let (size, stored) = codec::decode_key_value(&v).ok_or_else(|| malformed("key"))?;
+            if stored == key && live(pos, size) {
+                hits.push(KeyHit { pos: LogPos(pos), size, timestamp_ms });
+            }
+        }
+        Ok(hits)
     }
 
     /// Due time of the earliest timer.

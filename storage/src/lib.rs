@@ -51,6 +51,8 @@
 //! | `queue_ids` | queue id u64 | name (UTF-8): reverse of `queue_names` |
 //! | `retained` | topic (UTF-8) | pos u64, size u32 |
 //! | `timer` | due ms u64, pos u64 | size u32, target (opaque bytes) |
+//! | `key` | key hash u64 (FNV-1a), timestamp ms u64, pos u64 | size u32, key (bytes) |
+//! | `key_pos` | pos u64, key hash u64, timestamp ms u64 | empty: the `key` entries by position |
 //! | `kv:<space>` | opaque key | opaque value ([`Space`]: `kv:session`, `kv:inbound_qos2`, `kv:meta`, `kv:retry`) |
 //!
 //! The high-water mark sorts just before the queue's entries and is written in the same
@@ -245,6 +247,28 @@ pub struct Append {
     pub retained_topic: Option<String>,
     /// Also schedule this record.
     pub timer: Option<Timer>,
+    /// Also index this record under these message keys.
+    pub keys: Option<MessageKeys>,
+}
+
+/// Message keys to index a record under (see [`Journal::lookup_key`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MessageKeys {
+    /// The message's timestamp (ms since the epoch): lookups select a time range.
+    pub timestamp_ms: u64,
+    /// The keys (any bytes; a record may have several).
+    pub keys: Vec<Bytes>,
+}
+
+/// A record found by [`Journal::lookup_key`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyHit {
+    /// Position of the record (read it with [`Journal::read`]).
+    pub pos: LogPos,
+    /// Size of the record.
+    pub size: u32,
+    /// The timestamp it was indexed with.
+    pub timestamp_ms: u64,
 }
 
 /// Keyspaces of the generic key-value state.
@@ -642,6 +666,21 @@ impl Journal {
         self.shared().log.read(pos.0)
     }
 
+    /// Up to `limit` records indexed under exactly `key` (see [`MessageKeys`]) with a
+    /// timestamp in `from_ms..=to_ms`, oldest first. A range scan of the key index, not a
+    /// log scan; records deleted by retention are not returned.
+    pub fn lookup_key(&self, key: &[u8], from_ms: u64, to_ms: u64, limit: usize) -> Result<Vec<KeyHit>, JournalError> {
+        let shared = self.shared();
+        shared.db.lookup_key(key, from_ms, to_ms, limit, |pos, size| {
+            size as u64 >= segment::RECORD_OVERHEAD && shared.log.contains(pos, size)
+        })
+    }
+
+    /// Number of entries in the key index (diagnostics; counts the whole tree).
+    pub fn key_index_len(&self) -> usize {
+        self.shared().db.key.len()
+    }
+
     /// Up to `limit` entries of `queue` with offset >= `from`, in offset order.
     pub fn queue_entries(
         &self,
@@ -750,6 +789,7 @@ mod tests {
             queues: vec![QueueTarget { queue: q, tag_hash: 0, flags: 0 }],
             retained_topic: None,
             timer: None,
+            keys: None,
         })]
     }
 

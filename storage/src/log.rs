@@ -123,6 +123,11 @@ impl Log {
         seg.read_record(&file, pos)
     }
 
+    /// Base of the oldest live segment (the end of the log when there is none).
+    pub(crate) fn first_base(&self) -> u64 {
+        self.segments.read().keys().next().copied().unwrap_or_else(|| self.end())
+    }
+
     /// Every segment but the last (active) one, oldest first.
     pub(crate) fn closed_segments(&self) -> Vec<ClosedSegment> {
         let segs = self.segments.read();

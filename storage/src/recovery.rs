@@ -162,6 +162,11 @@ pub(crate) fn recover_index(db: &Db, log: &Log) -> Result<Index, JournalError> {
     }
     apply(&db.timer, removals)?;
 
+    // The key index holds no references: drop what lies past the end, or before the first
+    // live segment (retention deleted it and the process stopped before the index followed).
+    let first = log.first_base().min(end);
+    dropped += drop_keys(db, end..u64::MAX)? + drop_keys(db, 0..first)?;
+
     if dropped > 0 {
         tracing::warn!(dropped, log_end = end, "dropped index entries that point past the end of the commit log");
         db.db.flush().map_err(db_err)?;
@@ -203,6 +208,28 @@ pub(crate) fn recount(
         }
     }
     Ok((refs, lens))
+}
+
+/// Removes the key-index entries of records at positions in `range` (both trees); returns
+/// how many.
+pub(crate) fn drop_keys(db: &Db, range: std::ops::Range<u64>) -> Result<u64, JournalError> {
+    if range.is_empty() {
+        return Ok(0);
+    }
+    let (mut by_key, mut by_pos, mut n) = (Batch::default(), Batch::default(), 0);
+    let lo = codec::key_pos_key(range.start, 0, 0);
+    let hi = codec::key_pos_key(range.end, 0, 0);
+    for kv in db.key_pos.range(lo..hi) {
+        let (k, _) = kv.map_err(db_err)?;
+        if let Some((pos, hash, ts)) = codec::decode_key_index_key(&k) {
+            by_key.remove(&codec::key_index_key(hash, ts, pos)[..]);
+        }
+        by_pos.remove(k);
+        n += 1;
+    }
+    apply(&db.key, by_key)?;
+    apply(&db.key_pos, by_pos)?;
+    Ok(n)
 }
 
 fn apply(tree: &Tree, batch: Batch) -> Result<(), JournalError> {

@@ -79,15 +79,29 @@ struct Pending {
     queue_ids: Overlay,
     retained: Overlay,
     timer: Overlay,
+    key: Overlay,
+    key_pos: Overlay,
     kv: [Overlay; 4],
     /// Counters of the queues touched by this batch.
     queues: HashMap<u64, QueueState>,
 }
 
 impl Pending {
-    fn overlays(&mut self) -> [&mut Overlay; 9] {
+    fn overlays(&mut self) -> [&mut Overlay; 11] {
         let [a, b, c, d] = &mut self.kv;
-        [&mut self.queue, &mut self.queue_names, &mut self.queue_ids, &mut self.retained, &mut self.timer, a, b, c, d]
+        [
+            &mut self.queue,
+            &mut self.queue_names,
+            &mut self.queue_ids,
+            &mut self.retained,
+            &mut self.timer,
+            &mut self.key,
+            &mut self.key_pos,
+            a,
+            b,
+            c,
+            d,
+        ]
     }
 
     fn clear(&mut self) {
@@ -331,7 +345,19 @@ impl Writer {
             .write_out(&self.shared.log)
             .map_err(|e| format!("commit log write: {e}"))?;
         let db = &self.shared.db;
-        let trees = [&db.queue, &db.queue_names, &db.queue_ids, &db.retained, &db.timer, &db.kv[0], &db.kv[1], &db.kv[2], &db.kv[3]];
+        let trees = [
+            &db.queue,
+            &db.queue_names,
+            &db.queue_ids,
+            &db.retained,
+            &db.timer,
+            &db.key,
+            &db.key_pos,
+            &db.kv[0],
+            &db.kv[1],
+            &db.kv[2],
+            &db.kv[3],
+        ];
         for (overlay, tree) in self.pending.overlays().into_iter().zip(trees) {
             if !overlay.is_empty() {
                 overlay.apply(tree).map_err(|e| format!("sled batch: {e}"))?;
@@ -512,6 +538,15 @@ impl Writer {
                     self.pending.timer.insert(&key[..], codec::encode_timer_value(size, &timer.target));
                     self.refs.inc(base);
                 }
+                if let Some(k) = a.keys {
+                    // Not a reference: the key index never keeps a segment alive.
+                    for key in k.keys {
+                        let hash = codec::key_hash(&key);
+                        let entry = codec::key_index_key(hash, k.timestamp_ms, pos);
+                        self.pending.key.insert(&entry[..], codec::encode_key_value(size, &key));
+                        self.pending.key_pos.insert(&codec::key_pos_key(pos, hash, k.timestamp_ms)[..], &[][..]);
+                    }
+                }
                 receipt.appended.push(Appended { pos: LogPos(pos), size, offsets });
             }
             Op::Enqueue { pos, size, body_len, queues } => {
@@ -671,6 +706,10 @@ impl Writer {
             match shared.log.delete_segment(base) {
                 Ok(true) => {
                     self.refs.forget(base);
+                    let end = closed.iter().find(|c| c.base == base).map_or(base, |c| c.base + c.len);
+                    if let Err(e) = crate::recovery::drop_keys(&shared.db, base..end) {
+                        tracing::warn!(segment = base, error = %e, "key index: could not drop the entries of a deleted segment");
+                    }
                     tracing::info!(segment = base, "commit log: deleted an unreferenced segment (retention)");
                 }
                 Ok(false) => {}

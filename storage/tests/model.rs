@@ -172,6 +172,7 @@ impl Model {
                         queues: targets,
                         retained_topic: topic,
                         timer,
+                        keys: None,
                     }));
                     expect.appended.push((rid, offsets));
                 }

@@ -1041,6 +1041,7 @@ mod tests {
                     queues: vec![target],
                     retained_topic: None,
                     timer: None,
+                    keys: None,
                 })])
                 .unwrap();
             let a = &receipt.appended[0];

@@ -33,6 +33,7 @@ pub fn append(n: u64, queues: &[QueueId]) -> Append {
         queues: queues.iter().map(|&queue| QueueTarget { queue, tag_hash: n as u32, flags: 1 }).collect(),
         retained_topic: None,
         timer: None,
+        keys: None,
     }
 }
 
