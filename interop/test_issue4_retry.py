@@ -119,7 +119,8 @@ def test_invalid_retry_arguments_are_refused(amqp, names):
 
 @pytest.mark.persistence
 def test_a_waiting_retry_survives_a_restart(broker, amqp, names):
-    ch = amqp().channel()
+    conn = amqp()
+    ch = conn.channel()
     q = names("durable-retry")
     ch.queue_declare(q, durable=True, arguments={"x-delayed-retry-min": 3000})
     ch.confirm_delivery()
@@ -129,6 +130,7 @@ def test_a_waiting_retry_survives_a_restart(broker, amqp, names):
     ch.basic_nack(d.delivery_tag, requeue=True)
     # Answered once the queue owner stored the retry wait.
     assert ch.queue_declare(q, passive=True).method.message_count == 0
+    conn.close()  # no consumer left to take it if its time comes during the restart
     broker.restart()
     ch = amqp().channel()
     again = Consumer(ch, q).get()
