@@ -9,6 +9,9 @@ use sled::Tree;
 use crate::codec::{self, SPACES};
 use crate::{JournalError, KeyHit, LogPos, Pointer, QueueId, Space, TimerEntry};
 
+/// How long opening retries when sled's directory lock is still held.
+const LOCK_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Maps a sled error to the journal's error type.
 pub(crate) fn db_err(e: sled::Error) -> JournalError {
     JournalError::Db(e.to_string())
@@ -43,12 +46,21 @@ pub(crate) struct Db {
 impl Db {
     /// Opens (or creates) the database at `path` and its trees.
     pub(crate) fn open(path: &Path, cache_bytes: u64) -> Result<Db, JournalError> {
-        let db = sled::Config::new()
-            .path(path)
-            .cache_capacity(cache_bytes)
-            .mode(sled::Mode::HighThroughput)
-            .open()
-            .map_err(db_err)?;
+        let config = sled::Config::new().path(path).cache_capacity(cache_bytes).mode(sled::Mode::HighThroughput);
+        // sled releases its file lock when its background threads of a previous handle in
+        // this process have exited, which can lag behind the drop under load: retry a lock
+        // failure briefly before reporting it (another process holding it still fails).
+        let deadline = std::time::Instant::now() + LOCK_RETRY;
+        let db = loop {
+            match config.open() {
+                Ok(db) => break db,
+                // (sled reports it as an `Other` I/O error with this text.)
+                Err(sled::Error::Io(e)) if e.to_string().contains("could not acquire lock") && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(e) => return Err(db_err(e)),
+            }
+        };
         let tree = |name: &str| db.open_tree(name).map_err(db_err);
         Ok(Db {
             queue: tree(codec::TREE_QUEUE)?,

@@ -78,7 +78,9 @@
 //! [`JournalError::Corrupt`]. Then every pointer, retained entry and timer that does not
 //! point inside a live segment — in particular every one at or past the valid tail — is
 //! dropped (and sled flushed, so it cannot resurface). Per-segment reference counts
-//! (pointers + retained + timers) and per-queue counters are rebuilt from sled.
+//! (pointers + retained + timers) and per-queue counters are rebuilt from sled — unless
+//! the journal was closed cleanly: then the writer left a checkpoint of those counters
+//! (`checkpoint`), which the next open uses (if the log ends where it did) and removes.
 //!
 //! # Retention
 //!
@@ -94,11 +96,13 @@
 //! reads, appends, rollover, fsync), `codec` (sled key/value encodings), `db` (sled trees
 //! and read queries), `overlay` (pending sled changes of one group commit), `refs`
 //! (per-segment reference counts), `retention` (which segments to delete), `recovery`
-//! (log and index recovery at open), `state` (what handles and the writer share),
+//! (log and index recovery at open), `checkpoint` (index counters left by a clean close),
+//! `state` (what handles and the writer share),
 //! `writer` (the writer thread).
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+mod checkpoint;
 mod codec;
 mod db;
 mod log;
@@ -438,6 +442,9 @@ pub struct JournalStats {
     pub batches: u64,
     /// fsync calls since open.
     pub fsyncs: u64,
+    /// The last open rebuilt the index counters by scanning every entry (after a crash, or
+    /// the first open); false when a clean-shutdown checkpoint provided them.
+    pub index_scanned: bool,
 }
 
 /// Errors of the journal.
@@ -534,7 +541,10 @@ impl Journal {
         let db = Db::open(&config.dir.join("db"), config.cache_bytes)?;
         let segments = recovery::recover_log(&log_dir)?;
         let (log, log_writer) = Log::open(&log_dir, config.segment_size, &segments)?;
-        let index = recovery::recover_index(&db, &log)?;
+        let (index, index_scanned) = match checkpoint::take(&db, log.end())? {
+            Some(cp) => (recovery::index_from_checkpoint(&db, &log, cp)?, false),
+            None => (recovery::recover_index(&db, &log)?, true),
+        };
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .build()
@@ -547,6 +557,7 @@ impl Journal {
             queues: Mutex::new(index.queues),
             batches: AtomicU64::new(0),
             fsyncs: AtomicU64::new(0),
+            index_scanned,
         });
         let writer = Writer::new(shared.clone(), rx, rt, log_writer, index.refs);
         #[cfg(test)]
@@ -739,6 +750,7 @@ impl Journal {
             log_end: shared.log.end(),
             batches: shared.batches.load(Ordering::Relaxed),
             fsyncs: shared.fsyncs.load(Ordering::Relaxed),
+            index_scanned: shared.index_scanned,
         }
     }
 

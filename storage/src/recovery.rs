@@ -175,6 +175,15 @@ pub(crate) fn recover_index(db: &Db, log: &Log) -> Result<Index, JournalError> {
     Ok(index)
 }
 
+/// The index counters from a clean-shutdown checkpoint (no scan), after the cheap key-index
+/// cleanup that [`recover_index`] also does.
+pub(crate) fn index_from_checkpoint(db: &Db, log: &Log, cp: crate::checkpoint::Checkpoint) -> Result<Index, JournalError> {
+    let end = log.end();
+    drop_keys(db, end..u64::MAX)?;
+    drop_keys(db, 0..log.first_base().min(end))?;
+    Ok(Index { refs: RefCounts::from_pairs(cp.refs), queues: cp.queues.into_iter().collect() })
+}
+
 /// Counts references per segment and entries per queue as sled holds them now, without
 /// changing anything (diagnostics: compared with the writer's in-memory counters).
 pub(crate) fn recount(

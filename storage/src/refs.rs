@@ -32,6 +32,16 @@ impl RefCounts {
     }
 
     /// Forgets a deleted segment.
+    /// (segment base, count) of every referenced segment.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.counts.iter().map(|(b, n)| (*b, *n))
+    }
+
+    /// Counts as given (a checkpoint's).
+    pub(crate) fn from_pairs(pairs: impl IntoIterator<Item = (u64, u64)>) -> RefCounts {
+        RefCounts { counts: pairs.into_iter().filter(|(_, n)| *n > 0).collect() }
+    }
+
     pub(crate) fn forget(&mut self, base: u64) {
         self.counts.remove(&base);
     }

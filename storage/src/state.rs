@@ -33,4 +33,6 @@ pub(crate) struct Shared {
     pub(crate) batches: AtomicU64,
     /// fsync calls (segment `fdatasync`s and sled flushes) since open.
     pub(crate) fsyncs: AtomicU64,
+    /// The index counters came from a full scan at open (not a checkpoint).
+    pub(crate) index_scanned: bool,
 }

@@ -210,6 +210,14 @@ impl Writer {
                 JournalError::Poisoned(e)
             }),
         };
+        // A clean close: leave the counters for the next open (see `checkpoint`).
+        let result = match result {
+            Ok(()) => {
+                let shared = &self.shared;
+                crate::checkpoint::write(&shared.db, shared.log.end(), &self.refs, &shared.queues.lock())
+            }
+            Err(e) => Err(e),
+        };
         // Whatever is still queued was submitted after the close.
         self.rx.close();
         while let Ok(msg) = self.rx.try_recv() {

@@ -109,6 +109,7 @@ fn acknowledged_writes_survive_sigkill() {
     assert!(acks.len() >= KILL_AFTER_ACKS);
 
     let j = open(dir.path(), FsyncPolicy::Always);
+    assert!(j.stats().index_scanned, "a killed writer leaves no clean-shutdown checkpoint");
     j.verify_counters().unwrap();
     let names: HashMap<String, u64> = j.queues().unwrap().into_iter().map(|(n, q)| (n, q.0)).collect();
     let mut last_per_thread: HashMap<u64, &Ack> = HashMap::new();
