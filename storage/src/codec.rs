@@ -24,6 +24,7 @@ pub(crate) fn kv_tree_name(space: Space) -> &'static str {
         Space::Session => "kv:session",
         Space::InboundQos2 => "kv:inbound_qos2",
         Space::Meta => "kv:meta",
+        Space::Retry => "kv:retry",
     }
 }
 
@@ -33,11 +34,12 @@ pub(crate) fn space_index(space: Space) -> usize {
         Space::Session => 0,
         Space::InboundQos2 => 1,
         Space::Meta => 2,
+        Space::Retry => 3,
     }
 }
 
 /// Every keyspace, in [`space_index`] order.
-pub(crate) const SPACES: [Space; 3] = [Space::Session, Space::InboundQos2, Space::Meta];
+pub(crate) const SPACES: [Space; 4] = [Space::Session, Space::InboundQos2, Space::Meta, Space::Retry];
 
 fn u64_at(b: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_be_bytes(b.get(at..at + 8)?.try_into().ok()?))
