@@ -13,7 +13,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Weak};
 
-use ferrymq_storage::QueueId;
+use ferrymq_storage::{Op, QueueId};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
@@ -45,17 +45,24 @@ pub type DeadLetterQueuesHook = std::sync::OnceLock<Weak<dyn DeadLetterQueues>>;
 
 /// Republishes dead letters until the channel closes.
 pub async fn run(broker: Arc<Broker>, mut rx: mpsc::UnboundedReceiver<DeadLetter>) {
-    while let Some(d) = rx.recv().await {
-        match d.config.dead_letter.clone() {
-            Some(target) => to_exchange(&broker, &d, &target).await,
-            None if d.reason == DeathReason::DeliveryLimit => to_dlq(&broker, &d).await,
-            None => {}
+    while let Some(mut d) = rx.recv().await {
+        // The source queue's removal goes with the republication (or alone when the
+        // message has nowhere to go).
+        let removal = std::mem::take(&mut d.removal);
+        let removal = match d.config.dead_letter.clone() {
+            Some(target) => to_exchange(&broker, &d, &target, removal).await,
+            None if d.reason == DeathReason::DeliveryLimit => to_dlq(&broker, &d, removal).await,
+            None => removal,
+        };
+        if !removal.is_empty() {
+            drop(broker.submit(removal, Vec::new(), false).await);
         }
     }
 }
 
 /// Republishes to `%DLQ%{queue}`, keeping the message's exchange and routing key.
-async fn to_dlq(broker: &Broker, d: &DeadLetter) {
+/// Returns `removal` if it was not submitted.
+async fn to_dlq(broker: &Broker, d: &DeadLetter, removal: Vec<Op>) -> Vec<Op> {
     let queues = broker.dead_letter_queues.get().and_then(Weak::upgrade);
     let id = match queues {
         Some(q) => q.dead_letter_queue(&d.config.vhost, &d.config.name).await,
@@ -63,18 +70,19 @@ async fn to_dlq(broker: &Broker, d: &DeadLetter) {
     };
     let Some(id) = id else {
         warn!(queue = %d.config.name, "no dead-letter queue for a message past the delivery limit; dropped");
-        return;
+        return removal;
     };
     debug!(queue = %d.config.name, "delivery limit reached: to the %DLQ% queue");
     let msg = Arc::new(dead_lettered(d));
     let routes = Routes { sessions: Vec::new(), queues: vec![QueueRoute { queue: id, qos: 2, reserved: false }] };
-    if let Some(signal) = broker.publish(&msg, &routes, RetainMode::None, Vec::new()).await {
+    if let Some(signal) = broker.publish(&msg, &routes, RetainMode::None, removal).await {
         drop(signal);
     }
+    Vec::new()
 }
 
-/// Republishes to the dead-letter exchange.
-async fn to_exchange(broker: &Broker, d: &DeadLetter, target: &DeadLetterTarget) {
+/// Republishes to the dead-letter exchange; returns `removal` if it was not submitted.
+async fn to_exchange(broker: &Broker, d: &DeadLetter, target: &DeadLetterTarget, removal: Vec<Op>) -> Vec<Op> {
     let mut msg = dead_lettered(d);
     if let Some(key) = &target.routing_key {
         msg.routing_key = key.clone();
@@ -84,11 +92,15 @@ async fn to_exchange(broker: &Broker, d: &DeadLetter, target: &DeadLetterTarget)
     debug!(queue = %d.config.name, reason = d.reason.as_str(), exchange = %target.exchange, "dead-lettering");
     match broker.router.route(&d.config.vhost, &target.exchange, &msg, "") {
         Ok((routes, _)) => {
-            if let Some(signal) = broker.publish(&msg, &routes, RetainMode::None, Vec::new()).await {
+            if let Some(signal) = broker.publish(&msg, &routes, RetainMode::None, removal).await {
                 drop(signal);
             }
+            Vec::new()
         }
-        Err(e) => warn!(queue = %d.config.name, error = %e, "dead-letter exchange missing; message dropped"),
+        Err(e) => {
+            warn!(queue = %d.config.name, error = %e, "dead-letter exchange missing; message dropped");
+            removal
+        }
     }
 }
 
@@ -170,7 +182,7 @@ mod tests {
             props: Properties { expiration_ms: Some(500), expires_at_ms: Some(1), ..Properties::default() },
             timestamp_ms: 0,
         });
-        let once = dead_lettered(&DeadLetter { msg: msg.clone(), reason: DeathReason::Rejected, config: config.clone() });
+        let once = dead_lettered(&DeadLetter { msg: msg.clone(), reason: DeathReason::Rejected, config: config.clone(), removal: Vec::new() });
         assert_eq!(once.props.expiration_ms, None);
         let Some(Value::Array(deaths)) = once.props.header("x-death") else { panic!("no x-death") };
         let Value::Table(t) = &deaths[0] else { panic!() };
@@ -182,7 +194,7 @@ mod tests {
         assert_eq!(get("routing-keys"), Some(Value::Array(vec![Value::Str("rk".into())])));
         assert_eq!(get("original-expiration"), Some(Value::Str("500".into())));
         assert_eq!(once.props.header("x-first-death-reason"), Some(&Value::Str("rejected".into())));
-        let twice = dead_lettered(&DeadLetter { msg: Arc::new(once), reason: DeathReason::Rejected, config });
+        let twice = dead_lettered(&DeadLetter { msg: Arc::new(once), reason: DeathReason::Rejected, config, removal: Vec::new() });
         let Some(Value::Array(deaths)) = twice.props.header("x-death") else { panic!() };
         assert_eq!(deaths.len(), 1, "same queue and reason: one entry, counted");
         let Value::Table(t) = &deaths[0] else { panic!() };

@@ -93,6 +93,9 @@ pub struct DeadLetter {
     pub reason: DeathReason,
     /// The queue's configuration (name, vhost, target).
     pub config: Arc<QueueConfig>,
+    /// The journal ops that remove the message from this queue: submitted together with
+    /// its republication, so that a crash in between redelivers it rather than losing it.
+    pub removal: Vec<Op>,
 }
 
 #[derive(Debug, Clone)]
@@ -394,7 +397,7 @@ impl Queue {
             if !made_room {
                 self.refuse_appended(offset, already_loaded, &mut fx.ops);
                 if self.config.overflow == Overflow::RejectPublishDlx {
-                    self.dead_letter(msg.clone(), DeathReason::MaxLen, fx);
+                    self.dead_letter(offset, msg.clone(), DeathReason::MaxLen, fx);
                 }
                 return Admission::Dropped;
             }
@@ -406,7 +409,7 @@ impl Queue {
             && self.pick_consumer_peek().is_some();
         if self.has_zero_ttl(msg) && !deliverable_now {
             self.refuse_appended(offset, already_loaded, &mut fx.ops);
-            self.dead_letter(msg.clone(), DeathReason::Expired, fx);
+            self.dead_letter(offset, msg.clone(), DeathReason::Expired, fx);
             return admission;
         }
         self.count_in(&ptr);
@@ -516,7 +519,7 @@ impl Queue {
         self.forget(&e, &mut fx.ops);
         if self.config.dead_letter.is_some() {
             if let Some(msg) = e.msg.take().or_else(|| read_message(journal, &e.ptr)) {
-                self.dead_letter(msg, DeathReason::MaxLen, fx);
+                self.dead_letter(e.offset, msg, DeathReason::MaxLen, fx);
             }
         }
         true
@@ -542,10 +545,28 @@ impl Queue {
     /// Hands a leaving message to the dead-letter task when it has somewhere to go: the
     /// dead-letter exchange, or — past the delivery limit of a queue without one — the
     /// queue's `%DLQ%` queue.
-    fn dead_letter(&self, msg: SharedMessage, reason: DeathReason, fx: &mut Effects) {
+    ///
+    /// The entry at `offset` was just forgotten: its removal ops, last in `fx.ops`, move
+    /// into the dead letter (see [`DeadLetter::removal`]).
+    fn dead_letter(&self, offset: u64, msg: SharedMessage, reason: DeathReason, fx: &mut Effects) {
         let to_dlq = reason == DeathReason::DeliveryLimit && self.config.delivery_limit.is_some();
         if self.config.dead_letter.is_some() || to_dlq {
-            fx.dead.push(DeadLetter { msg, reason, config: self.config.clone() });
+            let retry_key = retry::record_key(self.id, offset);
+            let mut removal = Vec::new();
+            let mut i = fx.ops.len();
+            while i > 0 && removal.len() < 2 {
+                i -= 1;
+                let ours = match &fx.ops[i] {
+                    Op::Remove { queue, offset: o } => *queue == self.id && *o == offset,
+                    Op::Delete { space: Space::Retry, key } => *key == retry_key,
+                    _ => false,
+                };
+                if ours {
+                    removal.push(fx.ops.remove(i));
+                }
+            }
+            removal.reverse();
+            fx.dead.push(DeadLetter { msg, reason, config: self.config.clone(), removal });
         }
     }
 
@@ -605,7 +626,7 @@ impl Queue {
             if entry.deliveries > limit {
                 self.forget(&entry, &mut fx.ops);
                 if let Some(msg) = entry.msg.take() {
-                    self.dead_letter(msg, DeathReason::DeliveryLimit, fx);
+                    self.dead_letter(entry.offset, msg, DeathReason::DeliveryLimit, fx);
                 }
                 return;
             }
@@ -657,7 +678,7 @@ impl Queue {
         self.give_credit_back(u.consumer);
         self.forget(&u.entry, &mut fx.ops);
         if let Some(msg) = u.entry.msg.take() {
-            self.dead_letter(msg, DeathReason::Rejected, fx);
+            self.dead_letter(u.entry.offset, msg, DeathReason::Rejected, fx);
         }
     }
 
@@ -776,7 +797,7 @@ impl Queue {
             }
             if let Some(e) = self.ready.pop_front() {
                 self.forget(&e, &mut fx.ops);
-                self.dead_letter(msg, DeathReason::Expired, fx);
+                self.dead_letter(e.offset, msg, DeathReason::Expired, fx);
             }
         }
     }
@@ -811,7 +832,7 @@ impl Queue {
             };
             if self.is_expired(&msg, now, entry.fresh) {
                 self.forget(&entry, &mut fx.ops);
-                self.dead_letter(msg, DeathReason::Expired, fx);
+                self.dead_letter(entry.offset, msg, DeathReason::Expired, fx);
                 continue;
             }
             return Some((entry, msg));
