@@ -455,7 +455,8 @@ async fn quorum_queue_delivery_limit_drops_after_the_limit() {
 
 /// With x-delivery-limit = 2, a message is delivered 3 times, each carrying
 /// `x-delivery-count` (0 on the first delivery, as RabbitMQ's quorum queues write it, then
-/// 1 and 2), and dropped on the third requeue.
+/// 1 and 2), and gone from the queue on the third requeue (dropped by RabbitMQ; moved to
+/// `%DLQ%{queue}` by FerryMQ, see tests/amqp_retry.rs).
 async fn delivery_limit_drops_after_the_limit(ch: &Channel, q: &str) {
     assert!(publish_confirmed(ch, "", q, b"poison", persistent()).await.is_ack());
     let mut counts = Vec::new();

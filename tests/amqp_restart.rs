@@ -101,3 +101,39 @@ async fn unacked_persistent_messages_are_redelivered_after_a_crash() {
     let got = drain(&ch, "inflight").await;
     assert!(got == ["b", "c"] || got == ["a", "b", "c"], "after the crash: {got:?}");
 }
+
+/// Dead-lettering moves a message from its queue to the dead-letter queue in one journal
+/// submission: a crash in the middle of mass rejections leaves every message in one of the
+/// two queues (at least once), none lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejected_messages_are_in_the_source_or_the_dead_letter_queue_after_a_crash() {
+    if skip_on_rabbitmq("kills the broker with SIGKILL") {
+        return;
+    }
+    let t = Target::ferrymq(Broker::start());
+    let bodies: Vec<String> = (0..400).map(|i| format!("m{i:03}")).collect();
+    {
+        let (_conn, ch) = t.channel().await;
+        confirm_select(&ch).await;
+        let durable = QueueDeclareOptions { durable: true, ..Default::default() };
+        declare_queue_with(&ch, "dlx-target", durable, FieldTable::default()).await;
+        declare_queue_with(&ch, "dlx-source", durable, table(&[("x-dead-letter-exchange", string("")), ("x-dead-letter-routing-key", string("dlx-target"))])).await;
+        for b in &bodies {
+            publish(&ch, "", "dlx-source", b.as_bytes(), persistent()).await;
+        }
+        bounded("confirms", ch.wait_for_confirms()).await.unwrap();
+        bounded("basic.qos", ch.basic_qos(1000, BasicQosOptions::default())).await.unwrap();
+        let mut c = consume(&ch, "dlx-source", BasicConsumeOptions::default(), FieldTable::default()).await;
+        for d in take(&mut c, bodies.len()).await {
+            d.reject(BasicRejectOptions { requeue: false }).await.unwrap();
+        }
+        // Killed while the rejections are being dead-lettered.
+    }
+    let t = Target::ferrymq(t.broker.unwrap().crash_restart());
+    let (_conn, ch) = t.channel().await;
+    let mut seen = drain(&ch, "dlx-target").await;
+    seen.extend(drain(&ch, "dlx-source").await);
+    seen.sort();
+    seen.dedup();
+    assert_eq!(seen, bodies, "every message is in the source queue or the dead-letter queue");
+}

@@ -23,6 +23,7 @@ use crate::core::stream::StreamConfig;
 use crate::core::value::{decode_table, encode_table, Value};
 
 use super::streams::{is_stream, stream_config};
+use super::retry_args::retry_policy;
 
 /// Prefix of the storage names of AMQP queues (`amqp/{vhost}/{name}`).
 pub const QUEUE_PREFIX: &str = "amqp/";
@@ -116,7 +117,8 @@ pub fn queue_config(vhost: &str, name: &str, durable: bool, args: &[(String, Val
         return Err(ArgumentError(format!("PRECONDITION_FAILED - invalid arg 'x-expires' for queue '{name}' in vhost '{vhost}': {{value_zero,0}}")));
     }
     c.delivery_limit = int("x-delivery-limit")?.map(|v| v.min(u32::MAX as u64) as u32);
-    c.count_deliveries = c.delivery_limit.is_some();
+    c.retry = retry_policy(vhost, name, args)?;
+    c.count_deliveries = c.delivery_limit.is_some() || c.retry.is_some();
     c.single_active_consumer = arg_bool(args, "x-single-active-consumer").unwrap_or(false);
     c.overflow = match arg_str(args, "x-overflow") {
         None | Some("drop-head") => Overflow::DropHead,

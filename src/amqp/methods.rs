@@ -753,7 +753,10 @@ fn check_equivalent_queue(q: &QueueEntity, durable: bool, exclusive: bool, auto_
         "x-single-active-consumer",
         "x-delivery-limit",
         "x-max-age",
-    ] {
+    ]
+    .into_iter()
+    .chain(super::retry_args::RETRY_ARGUMENTS)
+    {
         let get = |t: &[(String, Value)]| t.iter().find(|(k, _)| k == key).map(|(_, v)| v.to_text());
         let (wanted, current) = (get(args), get(&q.arguments));
         let defaulted_type = key == "x-queue-type" && wanted.as_deref().unwrap_or("classic") == current.as_deref().unwrap_or("classic");

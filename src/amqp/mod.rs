@@ -15,13 +15,17 @@
 //! - [`convert`] — wire types <-> core values and properties (the gateway mapping).
 //! - [`auth`] — the user store.
 //! - [`dedup`] — publisher de-duplication by message id.
+//! - [`retry_args`] — the queue arguments of delayed retries.
+//! - [`dlq`] — `%DLQ%{queue}` queues, created on demand for the core's dead-letter task.
 
 pub mod channel;
 pub mod connection;
 pub mod convert;
 pub mod dedup;
+pub mod dlq;
 pub mod entities;
 pub mod methods;
+pub mod retry_args;
 pub mod streams;
 
 use std::collections::HashMap;
@@ -76,6 +80,7 @@ impl AmqpContext {
             connections: Mutex::new(HashMap::new()),
         });
         ctx.entities.restore(&ctx.broker).await;
+        dlq::register(&ctx);
         tokio::spawn(ctx.clone().housekeeping());
         ctx
     }

@@ -53,7 +53,8 @@ pub fn stream_config(
         return Err(property("non-durable"));
     }
     let invalid = |arg: &str, why: String| ArgumentError(format!("PRECONDITION_FAILED - invalid arg '{arg}' for queue '{name}' in vhost '{vhost}': {why}"));
-    if let Some((k, _)) = args.iter().find(|(k, _)| NOT_FOR_STREAMS.contains(&k.as_str())) {
+    let refused = |k: &str| NOT_FOR_STREAMS.contains(&k) || super::retry_args::RETRY_ARGUMENTS.contains(&k);
+    if let Some((k, _)) = args.iter().find(|(k, _)| refused(k)) {
         return Err(ArgumentError(format!(
             "PRECONDITION_FAILED - invalid arg '{k}' for queue '{name}' in vhost '{vhost}' of queue type rabbit_stream_queue"
         )));
@@ -136,6 +137,8 @@ mod tests {
         assert!(stream_config("/", "s", true, false, false, &bad_age).unwrap_err().0.contains("x-max-age"));
         let max_len = args(&[("x-queue-type", stream), ("x-max-length", Value::Int(5))]);
         assert!(stream_config("/", "s", true, false, false, &max_len).unwrap_err().0.contains("rabbit_stream_queue"));
+        let retry = args(&[("x-queue-type", Value::Str("stream".into())), ("x-retry-backoff", Value::Str("1s".into()))]);
+        assert!(stream_config("/", "s", true, false, false, &retry).unwrap_err().0.contains("x-retry-backoff"));
     }
 
     #[test]

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use ferrymq_storage::{Append, Journal, JournalError, Op, Pointer, QueueId, QueueTarget, Record, Timer};
 use tokio::sync::{oneshot, Notify};
 
+use super::dead_letter::DeadLetterQueuesHook;
 use super::delivery::Direct;
 use super::message::SharedMessage;
 use super::queue::flags;
@@ -67,6 +68,8 @@ pub struct Broker {
     pub timers_changed: Notify,
     /// What a publish does when a connected subscriber's buffer is full.
     pub pacing: Pacing,
+    /// Where `%DLQ%` queues come from (set by the AMQP front-end at start).
+    pub dead_letter_queues: DeadLetterQueuesHook,
     next_id: AtomicU64,
 }
 
@@ -89,6 +92,7 @@ impl Broker {
             started: Instant::now(),
             timers_changed: Notify::new(),
             pacing,
+            dead_letter_queues: DeadLetterQueuesHook::new(),
             next_id: AtomicU64::new(1),
         }
     }

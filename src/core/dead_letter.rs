@@ -4,35 +4,102 @@
 //! (queue, reason) with `count`, `reason`, `queue`, `time`, `exchange` and
 //! `routing-keys` (and `original-expiration` when the message had a per-message TTL,
 //! which is removed), plus `x-first-death-queue`, `-reason` and `-exchange`.
+//!
+//! A message past the delivery limit of a queue without a dead-letter exchange goes to the
+//! queue `%DLQ%{queue}` (RocketMQ's naming), created on demand by the front-end that owns
+//! queue declaration ([`DeadLetterQueues`]); it keeps its exchange and routing key.
 
-use std::sync::Arc;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Weak};
 
+use ferrymq_storage::{Op, QueueId};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use super::broker::{Broker, RetainMode};
 use super::message::{now_ms, Message, SharedMessage};
-use super::queue::DeadLetter;
+use super::queue::{DeadLetter, DeadLetterTarget, DeathReason};
+use super::router::{QueueRoute, Routes};
 use super::value::Value;
+
+/// The name of the dead-letter queue of `queue` (RocketMQ's `%DLQ%` prefix).
+pub fn dlq_name(queue: &str) -> String {
+    format!("%DLQ%{queue}")
+}
+
+/// Finds or creates `%DLQ%` queues (implemented by the AMQP front-end, which owns queue
+/// declaration).
+pub trait DeadLetterQueues: Send + Sync {
+    /// The id of `%DLQ%{source}` in `vhost`, declared if missing (durable when the source
+    /// queue is); `None` if it cannot be created.
+    fn dead_letter_queue<'a>(
+        &'a self,
+        vhost: &'a str,
+        source: &'a str,
+    ) -> Pin<Box<dyn Future<Output = Option<QueueId>> + Send + 'a>>;
+}
+
+/// Where the dead-letter task finds `%DLQ%` queues (set once the front-end started).
+pub type DeadLetterQueuesHook = std::sync::OnceLock<Weak<dyn DeadLetterQueues>>;
 
 /// Republishes dead letters until the channel closes.
 pub async fn run(broker: Arc<Broker>, mut rx: mpsc::UnboundedReceiver<DeadLetter>) {
-    while let Some(d) = rx.recv().await {
-        let Some(target) = d.config.dead_letter.clone() else { continue };
-        let mut msg = dead_lettered(&d);
-        if let Some(key) = &target.routing_key {
-            msg.routing_key = key.clone();
+    while let Some(mut d) = rx.recv().await {
+        // The source queue's removal goes with the republication (or alone when the
+        // message has nowhere to go).
+        let removal = std::mem::take(&mut d.removal);
+        let removal = match d.config.dead_letter.clone() {
+            Some(target) => to_exchange(&broker, &d, &target, removal).await,
+            None if d.reason == DeathReason::DeliveryLimit => to_dlq(&broker, &d, removal).await,
+            None => removal,
+        };
+        if !removal.is_empty() {
+            drop(broker.submit(removal, Vec::new(), false).await);
         }
-        msg.exchange = target.exchange.clone();
-        let msg = Arc::new(msg);
-        debug!(queue = %d.config.name, reason = d.reason.as_str(), exchange = %target.exchange, "dead-lettering");
-        match broker.router.route(&d.config.vhost, &target.exchange, &msg, "") {
-            Ok((routes, _)) => {
-                if let Some(signal) = broker.publish(&msg, &routes, RetainMode::None, Vec::new()).await {
-                    drop(signal);
-                }
+    }
+}
+
+/// Republishes to `%DLQ%{queue}`, keeping the message's exchange and routing key.
+/// Returns `removal` if it was not submitted.
+async fn to_dlq(broker: &Broker, d: &DeadLetter, removal: Vec<Op>) -> Vec<Op> {
+    let queues = broker.dead_letter_queues.get().and_then(Weak::upgrade);
+    let id = match queues {
+        Some(q) => q.dead_letter_queue(&d.config.vhost, &d.config.name).await,
+        None => None,
+    };
+    let Some(id) = id else {
+        warn!(queue = %d.config.name, "no dead-letter queue for a message past the delivery limit; dropped");
+        return removal;
+    };
+    debug!(queue = %d.config.name, "delivery limit reached: to the %DLQ% queue");
+    let msg = Arc::new(dead_lettered(d));
+    let routes = Routes { sessions: Vec::new(), queues: vec![QueueRoute { queue: id, qos: 2, reserved: false }] };
+    if let Some(signal) = broker.publish(&msg, &routes, RetainMode::None, removal).await {
+        drop(signal);
+    }
+    Vec::new()
+}
+
+/// Republishes to the dead-letter exchange; returns `removal` if it was not submitted.
+async fn to_exchange(broker: &Broker, d: &DeadLetter, target: &DeadLetterTarget, removal: Vec<Op>) -> Vec<Op> {
+    let mut msg = dead_lettered(d);
+    if let Some(key) = &target.routing_key {
+        msg.routing_key = key.clone();
+    }
+    msg.exchange = target.exchange.clone();
+    let msg = Arc::new(msg);
+    debug!(queue = %d.config.name, reason = d.reason.as_str(), exchange = %target.exchange, "dead-lettering");
+    match broker.router.route(&d.config.vhost, &target.exchange, &msg, "") {
+        Ok((routes, _)) => {
+            if let Some(signal) = broker.publish(&msg, &routes, RetainMode::None, removal).await {
+                drop(signal);
             }
-            Err(e) => warn!(queue = %d.config.name, error = %e, "dead-letter exchange missing; message dropped"),
+            Vec::new()
+        }
+        Err(e) => {
+            warn!(queue = %d.config.name, error = %e, "dead-letter exchange missing; message dropped");
+            removal
         }
     }
 }
@@ -99,7 +166,7 @@ mod tests {
 
     use super::*;
     use crate::core::message::Properties;
-    use crate::core::queue::{DeadLetterTarget, DeathReason, QueueConfig};
+    use crate::core::queue::QueueConfig;
 
     #[test]
     fn x_death_is_written_and_counted() {
@@ -115,7 +182,7 @@ mod tests {
             props: Properties { expiration_ms: Some(500), expires_at_ms: Some(1), ..Properties::default() },
             timestamp_ms: 0,
         });
-        let once = dead_lettered(&DeadLetter { msg: msg.clone(), reason: DeathReason::Rejected, config: config.clone() });
+        let once = dead_lettered(&DeadLetter { msg: msg.clone(), reason: DeathReason::Rejected, config: config.clone(), removal: Vec::new() });
         assert_eq!(once.props.expiration_ms, None);
         let Some(Value::Array(deaths)) = once.props.header("x-death") else { panic!("no x-death") };
         let Value::Table(t) = &deaths[0] else { panic!() };
@@ -127,7 +194,7 @@ mod tests {
         assert_eq!(get("routing-keys"), Some(Value::Array(vec![Value::Str("rk".into())])));
         assert_eq!(get("original-expiration"), Some(Value::Str("500".into())));
         assert_eq!(once.props.header("x-first-death-reason"), Some(&Value::Str("rejected".into())));
-        let twice = dead_lettered(&DeadLetter { msg: Arc::new(once), reason: DeathReason::Rejected, config });
+        let twice = dead_lettered(&DeadLetter { msg: Arc::new(once), reason: DeathReason::Rejected, config, removal: Vec::new() });
         let Some(Value::Array(deaths)) = twice.props.header("x-death") else { panic!() };
         assert_eq!(deaths.len(), 1, "same queue and reason: one entry, counted");
         let Value::Table(t) = &deaths[0] else { panic!() };

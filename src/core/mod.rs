@@ -15,6 +15,7 @@
 //! - [`alarm`] — the memory high-watermark alarm.
 //! - [`broker`] — the shared core and its publish path.
 //! - [`dead_letter`] — republishing dead letters with `x-death`.
+//! - [`retry`] — retry timers and records of entries waiting for a delayed retry.
 //! - [`stats`] — counters.
 //! - [`value`] — typed header values (AMQP field tables).
 
@@ -26,6 +27,7 @@ pub mod hash_ring;
 pub mod message;
 pub mod queue;
 pub mod retained;
+pub mod retry;
 pub mod router;
 pub mod scheduler;
 pub mod shards;

@@ -4,6 +4,7 @@
 //!
 //! Firing a timer routes the stored record again without rewriting its body: the new
 //! pointers (`Enqueue`) and the timer's removal go to the journal in one submission.
+//! Timers whose target is tagged (not a vhost name) are retry timers, fired by [`retry`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,6 +15,7 @@ use tracing::{debug, warn};
 use super::broker::{Broker, DispatchItem, RetainMode};
 use super::message::now_ms;
 use super::queue::{flags, read_message};
+use super::retry;
 use super::router::{Routes, MQTT_VHOST};
 
 /// Timers fired per turn.
@@ -48,6 +50,11 @@ pub async fn run(broker: Arc<Broker>) {
 }
 
 async fn fire(broker: &Broker, due: Vec<ferrymq_storage::TimerEntry>) {
+    let (retries, due): (Vec<_>, Vec<_>) = due.into_iter().partition(|t| retry::is_tagged(&t.target));
+    retry::fire(broker, retries).await;
+    if due.is_empty() {
+        return;
+    }
     let mut ops = Vec::with_capacity(due.len() * 2);
     let mut items = Vec::new();
     for t in due {

@@ -17,7 +17,7 @@ use tracing::warn;
 
 use super::message::SharedMessage;
 use super::message::now_ms;
-use super::queue::{Consumer, ConsumerId, DeadLetter, Effects, Got, Queue, QueueConfig};
+use super::queue::{Consumer, ConsumerId, DeadLetter, Effects, Got, Queue, QueueConfig, RequeueCause};
 use super::stream::{Stream, StreamConfig, StreamOffset};
 
 /// Commands handled per shard turn before pumping and flushing.
@@ -121,12 +121,23 @@ pub enum ShardCmd {
         /// The entry.
         offset: u64,
     },
-    /// Put an unacked entry back in line (nack/reject with requeue).
+    /// Put an unacked entry back in line (nack/reject with requeue, channel closed).
     Requeue {
         /// The queue.
         queue: QueueId,
         /// The entry.
         offset: u64,
+        /// Why it comes back (decides whether it waits for a delayed retry).
+        cause: RequeueCause,
+    },
+    /// The retry timer of a waiting entry fired: it is ready again.
+    RetryDue {
+        /// The queue.
+        queue: QueueId,
+        /// The entry.
+        offset: u64,
+        /// When the timer was due.
+        due_ms: u64,
     },
     /// Drop (or dead-letter) an unacked entry (nack/reject without requeue).
     Reject {
@@ -176,7 +187,8 @@ pub enum ShardCmd {
         /// Answered with the message count once the deletion is stored.
         done: Option<oneshot::Sender<u64>>,
     },
-    /// Report (ready messages, consumers).
+    /// Report (ready messages, consumers). Answered at the end of the turn, after the
+    /// journal work of every command before it was submitted (written, when durable).
     Counts {
         /// The queue.
         queue: QueueId,
@@ -206,6 +218,7 @@ impl ShardCmd {
             | ShardCmd::Cancel { queue, .. }
             | ShardCmd::Ack { queue, .. }
             | ShardCmd::Requeue { queue, .. }
+            | ShardCmd::RetryDue { queue, .. }
             | ShardCmd::Reject { queue, .. }
             | ShardCmd::Release { queue, .. }
             | ShardCmd::Credit { queue, .. }
@@ -243,6 +256,7 @@ impl Shards {
                     touched: HashSet::new(),
                     fx: Effects::default(),
                     replies: Vec::new(),
+                    count_replies: Vec::new(),
                 };
                 tokio::spawn(shard.run(rx));
                 tx
@@ -332,6 +346,9 @@ impl Shards {
     }
 }
 
+/// A `Counts` answer held until the end of the turn: where to send it, and the counts.
+type CountsReply = (oneshot::Sender<(u64, u64)>, (u64, u64));
+
 /// One queue owner.
 struct Shard {
     journal: Journal,
@@ -347,6 +364,7 @@ struct Shard {
     touched: HashSet<QueueId>,
     fx: Effects,
     replies: Vec<(oneshot::Sender<u64>, u64)>,
+    count_replies: Vec<CountsReply>,
 }
 
 impl Shard {
@@ -480,10 +498,14 @@ impl Shard {
                 self.fx = fx;
                 self.touched.insert(queue);
             }
-            ShardCmd::Requeue { queue, offset } => {
+            ShardCmd::Requeue { queue, offset, cause } => {
                 let mut fx = std::mem::take(&mut self.fx);
-                self.queue(queue).requeue(offset, &mut fx);
+                self.queue(queue).requeue(offset, cause, &mut fx);
                 self.fx = fx;
+                self.touched.insert(queue);
+            }
+            ShardCmd::RetryDue { queue, offset, due_ms } => {
+                self.queue(queue).retry_due(offset, due_ms);
                 self.touched.insert(queue);
             }
             ShardCmd::Reject { queue, offset } => {
@@ -535,7 +557,8 @@ impl Shard {
             }
             ShardCmd::Counts { queue, reply } => {
                 let q = self.queue(queue);
-                let _ = reply.send((q.len().saturating_sub(q.unacked_len() as u64), q.consumer_count() as u64));
+                let counts = (q.ready_len(), q.consumer_count() as u64);
+                self.count_replies.push((reply, counts));
             }
         }
     }
@@ -586,6 +609,7 @@ impl Shard {
             | ShardCmd::Ack { .. }
             | ShardCmd::Requeue { .. }
             | ShardCmd::Reject { .. }
+            | ShardCmd::RetryDue { .. }
             | ShardCmd::Release { .. } => {}
         }
     }
@@ -607,8 +631,9 @@ impl Shard {
         }
         if !fx.ops.is_empty() {
             // A deletion is waited for, so that whoever asked can reuse the queue's name
-            // at once (a new name mapping, never the deleted id).
-            let result = if self.replies.is_empty() {
+            // at once (a new name mapping, never the deleted id); so is a retry wait, whose
+            // record and timer must be durable before the next turn.
+            let result = if self.replies.is_empty() && !fx.durable {
                 // Acks and drops: losing one to a power cut means a redelivery, never a loss.
                 self.journal.submit_relaxed(fx.ops, None).await
             } else {
@@ -620,6 +645,9 @@ impl Shard {
         }
         for (reply, count) in self.replies.drain(..) {
             let _ = reply.send(count);
+        }
+        for (reply, counts) in self.count_replies.drain(..) {
+            let _ = reply.send(counts);
         }
     }
 }

@@ -24,6 +24,7 @@ pub(crate) fn kv_tree_name(space: Space) -> &'static str {
         Space::Session => "kv:session",
         Space::InboundQos2 => "kv:inbound_qos2",
         Space::Meta => "kv:meta",
+        Space::Retry => "kv:retry",
         Space::Cursor => "kv:cursor",
     }
 }
@@ -34,12 +35,13 @@ pub(crate) fn space_index(space: Space) -> usize {
         Space::Session => 0,
         Space::InboundQos2 => 1,
         Space::Meta => 2,
-        Space::Cursor => 3,
+        Space::Retry => 3,
+        Space::Cursor => 4,
     }
 }
 
 /// Every keyspace, in [`space_index`] order.
-pub(crate) const SPACES: [Space; 4] = [Space::Session, Space::InboundQos2, Space::Meta, Space::Cursor];
+pub(crate) const SPACES: [Space; 5] = [Space::Session, Space::InboundQos2, Space::Meta, Space::Retry, Space::Cursor];
 
 fn u64_at(b: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_be_bytes(b.get(at..at + 8)?.try_into().ok()?))

@@ -40,7 +40,7 @@ pub(crate) struct Db {
     /// The key index by position: (pos, key hash, timestamp) -> ().
     pub(crate) key_pos: Tree,
     /// One tree per [`Space`], in `codec::space_index` order.
-    pub(crate) kv: [Tree; 4],
+    pub(crate) kv: [Tree; 5],
 }
 
 impl Db {
@@ -75,6 +75,7 @@ impl Db {
                 tree(codec::kv_tree_name(SPACES[1]))?,
                 tree(codec::kv_tree_name(SPACES[2]))?,
                 tree(codec::kv_tree_name(SPACES[3]))?,
+                tree(codec::kv_tree_name(SPACES[4]))?,
             ],
             db,
         })

@@ -53,7 +53,7 @@
 //! | `timer` | due ms u64, pos u64 | size u32, target (opaque bytes) |
 //! | `key` | key hash u64 (FNV-1a), timestamp ms u64, pos u64 | size u32, key (bytes) |
 //! | `key_pos` | pos u64, key hash u64, timestamp ms u64 | empty: the `key` entries by position |
-//! | `kv:<space>` | opaque key | opaque value ([`Space`]: `kv:session`, `kv:inbound_qos2`, `kv:meta`, `kv:cursor`) |
+//! | `kv:<space>` | opaque key | opaque value ([`Space`]: `kv:session`, `kv:inbound_qos2`, `kv:meta`, `kv:retry`, `kv:cursor`) |
 //!
 //! The high-water mark sorts just before the queue's entries and is written in the same
 //! sled batch as the pointers, so offsets are never reused, not even after every entry of
@@ -284,6 +284,8 @@ pub enum Space {
     InboundQos2,
     /// Broker metadata (vhosts, exchanges, queues, bindings, users, ...).
     Meta,
+    /// Retry state of consume-queue entries (queue id + offset -> due time, deliveries).
+    Retry,
     /// Committed positions of consumer groups (stream id + group name -> offset state).
     Cursor,
 }
@@ -347,6 +349,20 @@ pub enum Op {
     DeleteRetained {
         /// The topic.
         topic: String,
+    },
+    /// Schedule an existing record (a queue entry waiting for its retry) without writing
+    /// it again. A no-op when `pos..pos + size` holds no live record or the same timer
+    /// exists; if another timer holds the key `(due_ms, pos)`, this one is due 1 ms later
+    /// (the timer as stored is what [`Journal::timers_due`] reports).
+    AddTimer {
+        /// When it is due, milliseconds since the Unix epoch.
+        due_ms: u64,
+        /// The record.
+        pos: LogPos,
+        /// Its size.
+        size: u32,
+        /// Opaque target the caller decodes when the timer fires.
+        target: Bytes,
     },
     /// Remove a timer (it fired or was cancelled).
     DeleteTimer {
@@ -816,6 +832,33 @@ mod tests {
         assert_eq!(j.queue_len(q).unwrap(), 1);
         let r = j.write_blocking(append(q, 3)).unwrap();
         assert_eq!(r.appended[0].offsets, vec![(q, 1)]);
+    }
+
+    #[test]
+    fn add_timer_schedules_an_existing_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(JournalConfig::new(dir.path())).unwrap();
+        let q = j.queue_id("q").unwrap();
+        let a = j.write_blocking(append(q, 1)).unwrap().appended[0].clone();
+        let timer = |due_ms, target: &'static [u8]| Op::AddTimer { due_ms, pos: a.pos, size: a.size, target: Bytes::from_static(target) };
+        // The same timer twice is one timer; another target at the same key moves 1 ms on;
+        // a position that holds no record is ignored without failing the submission.
+        let nowhere = Op::AddTimer { due_ms: 5, pos: LogPos(1 << 40), size: 100, target: Bytes::new() };
+        j.write_blocking(vec![timer(100, b"a"), timer(100, b"a"), timer(100, b"b"), nowhere]).unwrap();
+        let due = j.timers_due(u64::MAX, 10).unwrap();
+        let seen: Vec<(u64, &[u8])> = due.iter().map(|t| (t.due_ms, &t.target[..])).collect();
+        assert_eq!(seen, vec![(100, &b"a"[..]), (101, &b"b"[..])]);
+        j.verify_counters().unwrap();
+        // Timers keep the record alive on their own; they survive a reopen.
+        j.write_blocking(vec![Op::Remove { queue: q, offset: 0 }]).unwrap();
+        j.close().unwrap();
+        drop(j);
+        let j = Journal::open(JournalConfig::new(dir.path())).unwrap();
+        assert_eq!(j.timers_due(u64::MAX, 10).unwrap(), due);
+        assert_eq!(j.read(a.pos).unwrap().body, Bytes::from(vec![1u8; 100]));
+        j.write_blocking(due.iter().map(|t| Op::DeleteTimer { due_ms: t.due_ms, pos: t.pos }).collect()).unwrap();
+        assert!(j.timers_due(u64::MAX, 10).unwrap().is_empty());
+        j.verify_counters().unwrap();
     }
 
     #[test]

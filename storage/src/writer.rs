@@ -81,14 +81,14 @@ struct Pending {
     timer: Overlay,
     key: Overlay,
     key_pos: Overlay,
-    kv: [Overlay; 4],
+    kv: [Overlay; 5],
     /// Counters of the queues touched by this batch.
     queues: HashMap<u64, QueueState>,
 }
 
 impl Pending {
-    fn overlays(&mut self) -> [&mut Overlay; 11] {
-        let [a, b, c, d] = &mut self.kv;
+    fn overlays(&mut self) -> [&mut Overlay; 12] {
+        let [a, b, c, d, e] = &mut self.kv;
         [
             &mut self.queue,
             &mut self.queue_names,
@@ -101,6 +101,7 @@ impl Pending {
             b,
             c,
             d,
+            e,
         ]
     }
 
@@ -365,6 +366,7 @@ impl Writer {
             &db.kv[1],
             &db.kv[2],
             &db.kv[3],
+            &db.kv[4],
         ];
         for (overlay, tree) in self.pending.overlays().into_iter().zip(trees) {
             if !overlay.is_empty() {
@@ -630,6 +632,7 @@ impl Writer {
                     self.pending.retained.remove(topic.as_bytes());
                 }
             }
+            Op::AddTimer { due_ms, pos, size, target } => self.add_timer(db, due_ms, pos.0, size, &target)?,
             Op::DeleteTimer { due_ms, pos } => {
                 let key = codec::timer_key(due_ms, pos.0);
                 if self.pending.timer.get(&db.timer, &key).map_err(sled_fatal)?.is_some() {
@@ -649,6 +652,32 @@ impl Writer {
                     .map_err(sled_fatal)?;
             }
         }
+        Ok(())
+    }
+
+    /// Schedules an existing record ([`Op::AddTimer`]): a no-op when the record is not live
+    /// or the same timer exists; a key taken by another timer moves this one 1 ms later.
+    fn add_timer(&mut self, db: &crate::db::Db, mut due_ms: u64, pos: u64, size: u32, target: &[u8]) -> Result<(), Fail> {
+        if !self.is_live(pos, size, 0) {
+            return Ok(());
+        }
+        let value = codec::encode_timer_value(size, target);
+        // Bounded: collisions need the same record scheduled this many times in a row.
+        for _ in 0..1024 {
+            let key = codec::timer_key(due_ms, pos);
+            match self.pending.timer.get(&db.timer, &key).map_err(sled_fatal)? {
+                Some(existing) if existing[..] == value[..] => return Ok(()),
+                Some(_) => due_ms = due_ms.saturating_add(1),
+                None => {
+                    self.pending.timer.insert(&key[..], value);
+                    if let Some(base) = self.segment_base(pos) {
+                        self.refs.inc(base);
+                    }
+                    return Ok(());
+                }
+            }
+        }
+        tracing::warn!(pos, due_ms, "too many timers for one record at one time; timer not added");
         Ok(())
     }
 

@@ -1,9 +1,11 @@
-//! How a queue behaves: limits, overflow, TTL, dead-lettering, delivery limit, single
+//! How a queue behaves: limits, overflow, TTL, dead-lettering, delivery limit, retries, single
 //! active consumer — set at declaration (AMQP arguments) or by the front-end (MQTT
 //! session limits), and the live gauge that publishers and declare-ok read.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+
+use super::backoff::RetryPolicy;
 
 /// What happens when a full queue gets a new message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,6 +78,8 @@ pub struct QueueConfig {
     pub dead_letter: Option<DeadLetterTarget>,
     /// Most redeliveries (`x-delivery-limit`): a limit of L allows L + 1 deliveries.
     pub delivery_limit: Option<u32>,
+    /// Delayed retries of requeued messages (`x-delayed-retry-*`, `x-retry-backoff`).
+    pub retry: Option<RetryPolicy>,
     /// Only one consumer receives at a time (`x-single-active-consumer`).
     pub single_active_consumer: bool,
     /// Priority queue (`x-max-priority`, up to 15 levels): highest priority first.
@@ -104,6 +108,7 @@ impl QueueConfig {
             message_ttl: None,
             dead_letter: None,
             delivery_limit: None,
+            retry: None,
             single_active_consumer: false,
             max_priority: None,
             count_deliveries: false,

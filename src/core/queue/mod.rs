@@ -4,11 +4,17 @@
 //! One abstraction serves MQTT persistent sessions (one consumer: the session's
 //! connection), MQTT shared-subscription groups and AMQP queues (competing consumers,
 //! prefetch as credit, priorities, single active consumer, requeue, dead-lettering, TTL,
-//! length limits, delivery limit). The owning shard task (see [`super::shards`]) is the
+//! length limits, delivery limit, delayed retries). The owning shard task (see [`super::shards`]) is the
 //! only writer, so the state needs no lock. Entries beyond an in-memory window stay in
 //! storage and are paged in by offset as the ready list drains (the RocketMQ
 //! consume-queue model), so a backlog of millions costs memory only for the window.
+//!
+//! An entry requeued under a retry policy ([`RetryPolicy`]) waits outside the ready list
+//! until its retry timer fires ([`Queue::retry_due`]); later entries keep flowing. Its
+//! retry record (see [`super::retry`]) tells a restarted broker that it still waits and
+//! how often it was delivered.
 
+mod backoff;
 mod config;
 mod consumer;
 mod ready;
@@ -17,15 +23,19 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+pub use backoff::{parse_steps, Backoff, RequeueCause, RetryOn, RetryPolicy, MAX_DELAY_MS};
 pub use config::{DeadLetterTarget, Overflow, QueueConfig, QueueGauge};
 pub use consumer::{Consumer, ConsumerEvent, ConsumerId};
-use ferrymq_storage::{Journal, Op, Pointer, QueueId};
+use std::collections::HashMap;
+
+use ferrymq_storage::{Journal, Op, Pointer, QueueId, Space};
 use tracing::warn;
 
 use ready::Ready;
 
 use super::delivery::QueueDelivery;
 use super::message::{now_ms, Message, SharedMessage};
+use super::retry;
 
 /// Flag bits of a consume-queue entry ([`Pointer::flags`]).
 pub mod flags {
@@ -83,6 +93,9 @@ pub struct DeadLetter {
     pub reason: DeathReason,
     /// The queue's configuration (name, vhost, target).
     pub config: Arc<QueueConfig>,
+    /// The journal ops that remove the message from this queue: submitted together with
+    /// its republication, so that a crash in between redelivers it rather than losing it.
+    pub removal: Vec<Op>,
 }
 
 #[derive(Debug, Clone)]
@@ -98,6 +111,20 @@ struct Entry {
     /// Appended while a consumer could take it at once: a TTL of 0 does not expire it
     /// before that first delivery.
     fresh: bool,
+    /// Has a retry record in storage (removed with the entry).
+    retry_record: bool,
+}
+
+/// An entry waiting for its delayed retry.
+#[derive(Debug)]
+struct Waiting {
+    /// When its retry timer is due.
+    due_ms: u64,
+    /// Deliveries so far.
+    deliveries: u32,
+    /// The entry; `None` while it is still only in storage (after a restart, until
+    /// page-in reaches it).
+    entry: Option<Entry>,
 }
 
 #[derive(Debug)]
@@ -126,6 +153,9 @@ pub struct Effects {
     pub ops: Vec<Op>,
     /// Messages to dead-letter.
     pub dead: Vec<DeadLetter>,
+    /// The ops must be durable before the owner goes on (an entry started waiting for a
+    /// retry: its record and timer must survive a crash, or it would come back at once).
+    pub durable: bool,
 }
 
 /// A message handed out by [`Queue::get`].
@@ -151,6 +181,10 @@ pub struct Queue {
     recovered_upto: u64,
     ready: Ready,
     unacked: BTreeMap<u64, Unacked>,
+    /// Entries waiting for their delayed retry, by offset.
+    waiting: BTreeMap<u64, Waiting>,
+    /// Delivery counts, from retry records, of entries not paged in yet.
+    recorded: HashMap<u64, u32>,
     consumers: Vec<Consumer>,
     rr: usize,
     len: u64,
@@ -179,6 +213,9 @@ impl Queue {
         let next_offset = journal.queue_next_offset(id);
         let (mut len, mut bytes, mut qos0, mut from, mut first) = (0u64, 0u64, 0u64, 0u64, None);
         let mut load_ops = Vec::new();
+        let mut records = load_retry_records(id, journal);
+        let (mut waiting, mut recorded) = (BTreeMap::new(), HashMap::new());
+        let now = now_ms();
         loop {
             match journal.queue_entries(id, from, 4096) {
                 Ok(page) if !page.is_empty() => {
@@ -187,6 +224,16 @@ impl Queue {
                         if !config.keep_transient && p.flags & flags::QOS_MASK == 0 {
                             load_ops.push(Op::Remove { queue: id, offset: *offset });
                             continue;
+                        }
+                        if let Some((due_ms, deliveries)) = records.remove(offset) {
+                            if due_ms > now {
+                                // Still waiting: its timer again, in case it was lost.
+                                let target = retry::target(id, *offset);
+                                load_ops.push(Op::AddTimer { due_ms, pos: p.pos, size: p.size, target });
+                                waiting.insert(*offset, Waiting { due_ms, deliveries, entry: None });
+                            } else {
+                                recorded.insert(*offset, deliveries);
+                            }
                         }
                         len += 1;
                         bytes += p.body_len as u64;
@@ -201,6 +248,10 @@ impl Queue {
                 }
             }
         }
+        // Records whose entry is gone.
+        for offset in records.into_keys() {
+            load_ops.push(Op::Delete { space: Space::Retry, key: retry::record_key(id, offset) });
+        }
         let ready = Ready::new(config.max_priority.is_some());
         let mut q = Queue {
             id,
@@ -211,6 +262,8 @@ impl Queue {
             recovered_upto: next_offset,
             ready,
             unacked: BTreeMap::new(),
+            waiting,
+            recorded,
             consumers: Vec::new(),
             rr: 0,
             len,
@@ -267,6 +320,16 @@ impl Queue {
         self.unacked.len()
     }
 
+    /// Entries waiting for a delayed retry.
+    pub fn waiting_len(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Messages ready for delivery: neither unacked nor waiting for a retry.
+    pub fn ready_len(&self) -> u64 {
+        self.len.saturating_sub((self.unacked.len() + self.waiting.len()) as u64)
+    }
+
     /// Attached consumers.
     pub fn consumer_count(&self) -> usize {
         self.consumers.len()
@@ -274,7 +337,7 @@ impl Queue {
 
     /// True when messages may expire (the shard sweeps such queues on a timer).
     pub fn may_expire(&self) -> bool {
-        self.expiring && self.len > self.unacked.len() as u64
+        self.expiring && self.ready_len() > 0
     }
 
     /// Writes the live counters to the gauge.
@@ -290,7 +353,7 @@ impl Queue {
         g.occupied.fetch_add(len_delta, Ordering::AcqRel);
         g.occupied_bytes.fetch_add(bytes_delta, Ordering::AcqRel);
         self.published = (self.len, self.bytes);
-        g.ready.store(self.len.saturating_sub(self.unacked.len() as u64), Ordering::Relaxed);
+        g.ready.store(self.ready_len(), Ordering::Relaxed);
         g.consumers.store(self.consumers.len() as u64, Ordering::Relaxed);
     }
 
@@ -334,7 +397,7 @@ impl Queue {
             if !made_room {
                 self.refuse_appended(offset, already_loaded, &mut fx.ops);
                 if self.config.overflow == Overflow::RejectPublishDlx {
-                    self.dead_letter(msg.clone(), DeathReason::MaxLen, fx);
+                    self.dead_letter(offset, msg.clone(), DeathReason::MaxLen, fx);
                 }
                 return Admission::Dropped;
             }
@@ -346,7 +409,7 @@ impl Queue {
             && self.pick_consumer_peek().is_some();
         if self.has_zero_ttl(msg) && !deliverable_now {
             self.refuse_appended(offset, already_loaded, &mut fx.ops);
-            self.dead_letter(msg.clone(), DeathReason::Expired, fx);
+            self.dead_letter(offset, msg.clone(), DeathReason::Expired, fx);
             return admission;
         }
         self.count_in(&ptr);
@@ -382,7 +445,16 @@ impl Queue {
     fn keep_in_memory(&mut self, offset: u64, ptr: Pointer, msg: &SharedMessage, fresh: bool) {
         let priority = self.config.max_priority.is_some();
         if offset == self.loaded_upto && (priority || (self.ready.len() < self.config.memory_window && !self.consumers.is_empty())) {
-            let entry = Entry { offset, ptr, msg: Some(msg.clone()), redelivered: false, deliveries: 0, priority: self.priority_of(&ptr), fresh };
+            let entry = Entry {
+                offset,
+                ptr,
+                msg: Some(msg.clone()),
+                redelivered: false,
+                deliveries: 0,
+                priority: self.priority_of(&ptr),
+                fresh,
+                retry_record: false,
+            };
             self.ready.push_back(entry);
             self.loaded_upto = offset + 1;
         }
@@ -425,7 +497,9 @@ impl Queue {
                 .find(|(o, p)| p.flags & flags::QOS_MASK == 0 && !self.dropped_ahead.contains(o));
             if let Some((offset, ptr)) = victim {
                 self.qos0_scan_from = offset + 1;
-                self.forget(&Entry { offset, ptr, msg: None, redelivered: false, deliveries: 0, priority: 0, fresh: false }, ops);
+                let retry_record = self.recorded.remove(&offset).is_some();
+                let entry = Entry { offset, ptr, msg: None, redelivered: false, deliveries: 0, priority: 0, fresh: false, retry_record };
+                self.forget(&entry, ops);
                 self.skip_in_storage(offset);
                 return true;
             }
@@ -445,7 +519,7 @@ impl Queue {
         self.forget(&e, &mut fx.ops);
         if self.config.dead_letter.is_some() {
             if let Some(msg) = e.msg.take().or_else(|| read_message(journal, &e.ptr)) {
-                self.dead_letter(msg, DeathReason::MaxLen, fx);
+                self.dead_letter(e.offset, msg, DeathReason::MaxLen, fx);
             }
         }
         true
@@ -463,11 +537,36 @@ impl Queue {
             self.qos0 = self.qos0.saturating_sub(1);
         }
         ops.push(Op::Remove { queue: self.id, offset: e.offset });
+        if e.retry_record {
+            ops.push(Op::Delete { space: Space::Retry, key: retry::record_key(self.id, e.offset) });
+        }
     }
 
-    fn dead_letter(&self, msg: SharedMessage, reason: DeathReason, fx: &mut Effects) {
-        if self.config.dead_letter.is_some() {
-            fx.dead.push(DeadLetter { msg, reason, config: self.config.clone() });
+    /// Hands a leaving message to the dead-letter task when it has somewhere to go: the
+    /// dead-letter exchange, or — past the delivery limit of a queue without one — the
+    /// queue's `%DLQ%` queue.
+    ///
+    /// The entry at `offset` was just forgotten: its removal ops, last in `fx.ops`, move
+    /// into the dead letter (see [`DeadLetter::removal`]).
+    fn dead_letter(&self, offset: u64, msg: SharedMessage, reason: DeathReason, fx: &mut Effects) {
+        let to_dlq = reason == DeathReason::DeliveryLimit && self.config.delivery_limit.is_some();
+        if self.config.dead_letter.is_some() || to_dlq {
+            let retry_key = retry::record_key(self.id, offset);
+            let mut removal = Vec::new();
+            let mut i = fx.ops.len();
+            while i > 0 && removal.len() < 2 {
+                i -= 1;
+                let ours = match &fx.ops[i] {
+                    Op::Remove { queue, offset: o } => *queue == self.id && *o == offset,
+                    Op::Delete { space: Space::Retry, key } => *key == retry_key,
+                    _ => false,
+                };
+                if ours {
+                    removal.push(fx.ops.remove(i));
+                }
+            }
+            removal.reverse();
+            fx.dead.push(DeadLetter { msg, reason, config: self.config.clone(), removal });
         }
     }
 
@@ -483,7 +582,7 @@ impl Queue {
         self.consumers.retain(|c| c.id != consumer);
         let returned: Vec<u64> = self.unacked.iter().filter(|(_, u)| u.consumer == consumer).map(|(o, _)| *o).collect();
         for offset in returned {
-            self.requeue(offset, fx);
+            self.requeue(offset, RequeueCause::Returned, fx);
         }
     }
 
@@ -517,8 +616,9 @@ impl Queue {
 
     /// Puts an unacked entry back in line at its own position (nack/reject with requeue,
     /// or its consumer went away), marked redelivered — or dead-letters it when it has
-    /// been delivered more often than the delivery limit allows.
-    pub fn requeue(&mut self, offset: u64, fx: &mut Effects) {
+    /// been delivered more often than the delivery limit allows. Under a retry policy that
+    /// covers `cause`, it waits for its backoff first (see [`Queue::retry_due`]).
+    pub fn requeue(&mut self, offset: u64, cause: RequeueCause, fx: &mut Effects) {
         let Some(u) = self.unacked.remove(&offset) else { return };
         self.give_credit_back(u.consumer);
         let mut entry = u.entry;
@@ -526,13 +626,49 @@ impl Queue {
             if entry.deliveries > limit {
                 self.forget(&entry, &mut fx.ops);
                 if let Some(msg) = entry.msg.take() {
-                    self.dead_letter(msg, DeathReason::DeliveryLimit, fx);
+                    self.dead_letter(entry.offset, msg, DeathReason::DeliveryLimit, fx);
                 }
                 return;
             }
         }
         entry.redelivered = true;
-        self.ready.insert_in_order(entry);
+        let delay = self.config.retry.as_ref().filter(|p| p.applies(cause)).map(|p| p.delay_ms(entry.deliveries));
+        match delay {
+            Some(delay) => {
+                self.wait_for_retry(entry, now_ms().saturating_add(delay), &mut fx.ops);
+                fx.durable = true;
+            }
+            None => self.ready.insert_in_order(entry),
+        }
+    }
+
+    /// Parks an entry until `due_ms`: a retry record and a retry timer in storage; the
+    /// message is dropped from memory (it is read again when delivered).
+    fn wait_for_retry(&mut self, mut entry: Entry, due_ms: u64, ops: &mut Vec<Op>) {
+        let key = retry::record_key(self.id, entry.offset);
+        ops.push(Op::Put { space: Space::Retry, key, value: retry::encode_record(due_ms, entry.deliveries) });
+        let target = retry::target(self.id, entry.offset);
+        ops.push(Op::AddTimer { due_ms, pos: entry.ptr.pos, size: entry.ptr.size, target });
+        entry.retry_record = true;
+        entry.msg = None;
+        let deliveries = entry.deliveries;
+        self.waiting.insert(entry.offset, Waiting { due_ms, deliveries, entry: Some(entry) });
+    }
+
+    /// The retry timer of entry `offset`, due at `due_ms`, fired: the entry is ready again
+    /// (at its own position). A timer older than the entry's wait is ignored.
+    pub fn retry_due(&mut self, offset: u64, due_ms: u64) {
+        if self.waiting.get(&offset).is_none_or(|w| due_ms < w.due_ms) {
+            return;
+        }
+        let Some(w) = self.waiting.remove(&offset) else { return };
+        match w.entry {
+            Some(entry) => self.ready.insert_in_order(entry),
+            // Still only in storage: page-in makes it ready with its delivery count.
+            None => {
+                self.recorded.insert(offset, w.deliveries);
+            }
+        }
     }
 
     /// Rejects an unacked entry without requeue: it leaves the queue and is dead-lettered
@@ -542,7 +678,7 @@ impl Queue {
         self.give_credit_back(u.consumer);
         self.forget(&u.entry, &mut fx.ops);
         if let Some(msg) = u.entry.msg.take() {
-            self.dead_letter(msg, DeathReason::Rejected, fx);
+            self.dead_letter(u.entry.offset, msg, DeathReason::Rejected, fx);
         }
     }
 
@@ -565,6 +701,14 @@ impl Queue {
             from = o + 1;
         }
         ops.push(Op::RemoveRange { queue: self.id, from, to: u64::MAX });
+        // Retry records go too (unacked entries lose their count: it is only kept for
+        // what waits).
+        ops.push(Op::DeletePrefix { space: Space::Retry, prefix: retry::record_prefix(self.id) });
+        for u in self.unacked.values_mut() {
+            u.entry.retry_record = false;
+        }
+        self.waiting.clear();
+        self.recorded.clear();
         self.ready.clear();
         self.dropped_ahead.clear();
         self.loaded_upto = self.next_offset;
@@ -583,12 +727,15 @@ impl Queue {
         }
         self.ready.clear();
         self.unacked.clear();
+        self.waiting.clear();
+        self.recorded.clear();
         self.len = 0;
         self.bytes = 0;
         self.qos0 = 0;
         self.dropped_ahead.clear();
         self.loaded_upto = self.next_offset;
         ops.push(Op::DeleteQueue { queue: self.id });
+        ops.push(Op::DeletePrefix { space: Space::Retry, prefix: retry::record_prefix(self.id) });
         self.publish_gauge();
         count
     }
@@ -614,7 +761,7 @@ impl Queue {
             entry.msg = Some(msg);
             self.unacked.insert(entry.offset, Unacked { entry, consumer });
         }
-        let remaining = self.len.saturating_sub(self.unacked.len() as u64);
+        let remaining = self.ready_len();
         Some(Got { delivery, remaining })
     }
 
@@ -650,7 +797,7 @@ impl Queue {
             }
             if let Some(e) = self.ready.pop_front() {
                 self.forget(&e, &mut fx.ops);
-                self.dead_letter(msg, DeathReason::Expired, fx);
+                self.dead_letter(e.offset, msg, DeathReason::Expired, fx);
             }
         }
     }
@@ -685,7 +832,7 @@ impl Queue {
             };
             if self.is_expired(&msg, now, entry.fresh) {
                 self.forget(&entry, &mut fx.ops);
-                self.dead_letter(msg, DeathReason::Expired, fx);
+                self.dead_letter(entry.offset, msg, DeathReason::Expired, fx);
                 continue;
             }
             return Some((entry, msg));
@@ -800,7 +947,19 @@ impl Queue {
                     }
                     let redelivered = offset < self.recovered_upto;
                     let priority = self.priority_of(&ptr);
-                    self.ready.push_back(Entry { offset, ptr, msg: None, redelivered, deliveries: 0, priority, fresh: false });
+                    let mut entry =
+                        Entry { offset, ptr, msg: None, redelivered, deliveries: 0, priority, fresh: false, retry_record: false };
+                    if let Some(w) = self.waiting.get_mut(&offset) {
+                        entry.deliveries = w.deliveries;
+                        entry.retry_record = true;
+                        w.entry = Some(entry);
+                        continue;
+                    }
+                    if let Some(deliveries) = self.recorded.remove(&offset) {
+                        entry.deliveries = deliveries;
+                        entry.retry_record = true;
+                    }
+                    self.ready.push_back(entry);
                 }
                 // Offsets passed over are settled; forget their markers.
                 let settled = self.loaded_upto;
@@ -815,6 +974,21 @@ impl Queue {
                 warn!(queue = self.id.0, error = %e, "cannot page in queue entries");
                 false
             }
+        }
+    }
+}
+
+/// The retry records of `queue`: offset -> (due ms, deliveries).
+fn load_retry_records(queue: QueueId, journal: &Journal) -> BTreeMap<u64, (u64, u32)> {
+    match journal.scan(Space::Retry, &retry::record_prefix(queue)) {
+        Ok(records) => records
+            .iter()
+            .filter_map(|(k, v)| retry::decode_record(k, v))
+            .map(|(offset, due, deliveries)| (offset, (due, deliveries)))
+            .collect(),
+        Err(e) => {
+            warn!(queue = queue.0, error = %e, "cannot read retry records");
+            BTreeMap::new()
         }
     }
 }
@@ -1040,7 +1214,7 @@ mod tests {
             f.pump();
         }
         assert_eq!(numbers(&drain(&mut rx)), vec![0, 1]);
-        f.queue.requeue(1, &mut f.fx);
+        f.queue.requeue(1, RequeueCause::Failed, &mut f.fx);
         f.queue.reject(0, &mut f.fx);
         assert_eq!(f.dead(), vec![(0, DeathReason::Rejected)]);
         f.pump();
@@ -1058,14 +1232,55 @@ mod tests {
         f.publish(7, 1);
         f.pump();
         assert_eq!(numbers(&drain(&mut rx)), vec![7]);
-        f.queue.requeue(0, &mut f.fx);
+        f.queue.requeue(0, RequeueCause::Failed, &mut f.fx);
         f.pump();
         assert_eq!(numbers(&drain(&mut rx)), vec![7], "second delivery (limit 1 allows 2)");
-        f.queue.requeue(0, &mut f.fx);
+        f.queue.requeue(0, RequeueCause::Failed, &mut f.fx);
         f.pump();
         assert!(drain(&mut rx).is_empty());
         assert_eq!(f.dead(), vec![(7, DeathReason::DeliveryLimit)]);
         assert_eq!(f.queue.len(), 0);
+    }
+
+    #[test]
+    fn a_retry_waits_aside_and_survives_a_reload() {
+        let policy = RetryPolicy { on: RetryOn::Failed, backoff: Backoff::Linear { min_ms: 60_000, max_ms: 60_000 } };
+        let mut f = fixture(|c| c.retry = Some(policy));
+        let mut rx = f.consumer(1, 10);
+        for n in 0..3 {
+            f.publish(n, 1);
+            f.pump();
+        }
+        assert_eq!(numbers(&drain(&mut rx)), vec![0, 1, 2]);
+        f.queue.requeue(0, RequeueCause::Failed, &mut f.fx);
+        assert!(f.fx.durable, "a retry wait is written durably");
+        f.queue.requeue(1, RequeueCause::Returned, &mut f.fx);
+        f.pump();
+        let got: Vec<(u32, bool)> = drain(&mut rx).iter().map(|d| (d.0, d.1)).collect();
+        assert_eq!(got, vec![(1, true)], "`failed` only: a returned message comes back at once, the failed one waits");
+        assert_eq!((f.queue.waiting_len(), f.queue.ready_len()), (1, 0));
+        let timers = f.journal.timers_due(u64::MAX, 10).unwrap();
+        assert_eq!(timers.len(), 1);
+        assert_eq!(retry::decode_target(&timers[0].target), Some((f.queue.id(), 0)));
+
+        // A restart: the waiting entry stays aside; the unacked ones come back.
+        let config = f.queue.config().clone();
+        f.queue = Queue::load(f.queue.id(), config, &f.journal);
+        f.fx.ops.extend(f.queue.take_load_ops());
+        f.flush();
+        assert_eq!(f.journal.timers_due(u64::MAX, 10).unwrap(), timers, "the timer is kept (not duplicated)");
+        let mut rx = f.consumer(2, 10);
+        assert_eq!(numbers(&drain(&mut rx)), vec![1, 2]);
+        f.queue.retry_due(0, timers[0].due_ms - 1);
+        f.pump();
+        assert!(drain(&mut rx).is_empty(), "a timer older than the wait is ignored");
+        f.queue.retry_due(0, timers[0].due_ms);
+        f.pump();
+        let Ok(ConsumerEvent::Deliver(d)) = rx.try_recv() else { panic!("no redelivery") };
+        assert_eq!((n_of(&d.msg), d.redelivered), (0, true));
+        f.queue.ack(0, &mut f.fx.ops);
+        f.flush();
+        assert!(f.journal.scan(Space::Retry, b"").unwrap().is_empty(), "the retry record leaves with the entry");
     }
 
     #[test]
@@ -1114,7 +1329,7 @@ mod tests {
         f.flush();
         assert_eq!(f.queue.len(), 1, "the unacked get stays");
         assert_eq!(f.journal.queue_len(f.queue.id()).unwrap(), 1);
-        f.queue.requeue(0, &mut f.fx);
+        f.queue.requeue(0, RequeueCause::Failed, &mut f.fx);
         let mut rx = f.consumer(1, 10);
         assert_eq!(drain(&mut rx).iter().map(|d| (d.0, d.1)).collect::<Vec<_>>(), vec![(0, true)]);
         assert_eq!(f.queue.delete(&mut f.fx.ops), 1);

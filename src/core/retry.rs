@@ -1,0 +1,125 @@
+//! Retry timers: a queue entry waiting for its delayed retry has a timer in the journal's
+//! timer index and a retry record in the `kv:retry` keyspace. When the timer fires, the
+//! entry's queue owner makes it deliverable again ([`ShardCmd::RetryDue`]).
+//!
+//! # Timer targets
+//!
+//! A timer's target bytes say what firing it does. A delayed publish (the original kind)
+//! stores its virtual host's name, which is UTF-8; a retry timer starts with the byte
+//! `0xFF`, which never starts (or occurs in) UTF-8, followed by `1` (the kind), the queue
+//! id and the entry's offset (u64 big-endian each). Old data directories therefore keep
+//! their meaning.
+//!
+//! # Retry records
+//!
+//! Key: queue id, offset (u64 BE each); value: due ms (u64 BE), deliveries so far (u32 BE).
+//! The record lives as long as the entry, so a restart knows which entries still wait
+//! (due in the future: not delivered before it, and their timer is added again in case
+//! it was lost) and how often every retried entry was delivered.
+
+use bytes::Bytes;
+use ferrymq_storage::{Op, QueueId, TimerEntry};
+use tracing::warn;
+
+use super::broker::Broker;
+use super::shards::ShardCmd;
+
+/// First byte of every non-vhost timer target (never valid UTF-8).
+const TARGET_TAG: u8 = 0xFF;
+/// Kind byte of a retry timer.
+const KIND_RETRY: u8 = 1;
+
+/// The timer target of a retry of entry `offset` of `queue`.
+pub fn target(queue: QueueId, offset: u64) -> Bytes {
+    let mut t = Vec::with_capacity(18);
+    t.extend_from_slice(&[TARGET_TAG, KIND_RETRY]);
+    t.extend_from_slice(&queue.0.to_be_bytes());
+    t.extend_from_slice(&offset.to_be_bytes());
+    Bytes::from(t)
+}
+
+/// True when a timer target is not a delayed publish's vhost name.
+pub fn is_tagged(target: &[u8]) -> bool {
+    target.first() == Some(&TARGET_TAG)
+}
+
+/// Decodes a retry timer target into (queue, offset).
+pub fn decode_target(target: &[u8]) -> Option<(QueueId, u64)> {
+    if target.len() != 18 || target[0] != TARGET_TAG || target[1] != KIND_RETRY {
+        return None;
+    }
+    let queue = u64::from_be_bytes(target[2..10].try_into().ok()?);
+    let offset = u64::from_be_bytes(target[10..18].try_into().ok()?);
+    Some((QueueId(queue), offset))
+}
+
+/// Key of the retry record of entry `offset` of `queue`.
+pub fn record_key(queue: QueueId, offset: u64) -> Bytes {
+    let mut k = Vec::with_capacity(16);
+    k.extend_from_slice(&queue.0.to_be_bytes());
+    k.extend_from_slice(&offset.to_be_bytes());
+    Bytes::from(k)
+}
+
+/// Prefix of every retry record of `queue`.
+pub fn record_prefix(queue: QueueId) -> Bytes {
+    Bytes::copy_from_slice(&queue.0.to_be_bytes())
+}
+
+/// Value of a retry record.
+pub fn encode_record(due_ms: u64, deliveries: u32) -> Bytes {
+    let mut v = Vec::with_capacity(12);
+    v.extend_from_slice(&due_ms.to_be_bytes());
+    v.extend_from_slice(&deliveries.to_be_bytes());
+    Bytes::from(v)
+}
+
+/// Decodes a retry record (key and value) into (offset, due ms, deliveries).
+pub fn decode_record(key: &[u8], value: &[u8]) -> Option<(u64, u64, u32)> {
+    if key.len() != 16 || value.len() != 12 {
+        return None;
+    }
+    let offset = u64::from_be_bytes(key[8..16].try_into().ok()?);
+    let due = u64::from_be_bytes(value[..8].try_into().ok()?);
+    let deliveries = u32::from_be_bytes(value[8..12].try_into().ok()?);
+    Some((offset, due, deliveries))
+}
+
+/// Fires due retry timers: tells each entry's queue owner, then removes the timers (and
+/// waits until that is written, so the scheduler's next turn does not see them again).
+/// Timers with an unknown tagged target are removed.
+pub async fn fire(broker: &Broker, due: Vec<TimerEntry>) {
+    if due.is_empty() {
+        return;
+    }
+    let mut ops = Vec::with_capacity(due.len());
+    for t in due {
+        match decode_target(&t.target) {
+            Some((queue, offset)) => broker.shards.send(ShardCmd::RetryDue { queue, offset, due_ms: t.due_ms }),
+            None => warn!(pos = t.pos.0, "timer with an unknown target kind; dropped"),
+        }
+        ops.push(Op::DeleteTimer { due_ms: t.due_ms, pos: t.pos });
+    }
+    if let Ok(Err(e)) = broker.submit(ops, Vec::new(), false).await.await {
+        warn!(error = %e, "cannot remove fired retry timers");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_and_records_round_trip() {
+        let t = target(QueueId(7), 42);
+        assert!(is_tagged(&t));
+        assert!(std::str::from_utf8(&t).is_err(), "never mistaken for a vhost name");
+        assert_eq!(decode_target(&t), Some((QueueId(7), 42)));
+        assert_eq!(decode_target(b"/"), None);
+        assert!(!is_tagged(b"/") && !is_tagged(b""));
+        let k = record_key(QueueId(7), 42);
+        assert!(k.starts_with(&record_prefix(QueueId(7))));
+        assert_eq!(decode_record(&k, &encode_record(1234, 3)), Some((42, 1234, 3)));
+        assert_eq!(decode_record(&k, b"short"), None);
+    }
+}
