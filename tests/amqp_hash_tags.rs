@@ -300,7 +300,7 @@ async fn consistent_hash_over_single_active_consumer_queues_keeps_per_key_order(
     // The new messages: 4 per key, on the queue that holds the key.
     for (i, c) in standby.iter_mut().enumerate() {
         for d in take(c, keys_on[i] * 4).await {
-            assert!(!d.redelivered);
+            assert!(!d.redelivered, "new message {} delivered as redelivered; processed so far {:?}", text(&d), processed);
             d.ack(BasicAckOptions::default()).await.unwrap();
             record(&text(&d));
         }

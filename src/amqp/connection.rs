@@ -377,7 +377,7 @@ impl Task {
             ConsumerEvent::Deliver(d) => {
                 let Some(&channel) = self.consumer_channels.get(&d.consumer) else {
                     // The consumer was cancelled meanwhile: give the message back.
-                    self.ctx.broker.shards.send(ShardCmd::Requeue { queue: d.queue, offset: d.offset, cause: RequeueCause::Unsent });
+                    self.ctx.broker.shards.send(ShardCmd::Requeue { queue: d.queue, offset: d.offset, cause: RequeueCause::Unsent, consumer: d.consumer });
                     return;
                 };
                 let Some(ch) = self.channels.get_mut(&channel) else { return };
@@ -404,7 +404,7 @@ impl Task {
     pub(super) fn deliver(&mut self, channel: u16, d: QueueDelivery) {
         let Some(ch) = self.channels.get_mut(&channel) else { return };
         let Some((no_ack, stream, consumer_tag)) = ch.consumers.get(&d.consumer).map(|c| (c.no_ack, c.stream, c.tag.clone())) else {
-            self.ctx.broker.shards.send(ShardCmd::Requeue { queue: d.queue, offset: d.offset, cause: RequeueCause::Unsent });
+            self.ctx.broker.shards.send(ShardCmd::Requeue { queue: d.queue, offset: d.offset, cause: RequeueCause::Unsent, consumer: d.consumer });
             return;
         };
         let tag = ch.take_tag();
@@ -443,7 +443,7 @@ impl Task {
                 // (RabbitMQ 3.13+ treats every settlement of a stream delivery so).
                 _ if u.stream => ShardCmd::StreamSettle { queue: u.queue, consumer: u.consumer, offset: u.offset },
                 Settle::Ack => ShardCmd::Ack { queue: u.queue, offset: u.offset },
-                Settle::Requeue => ShardCmd::Requeue { queue: u.queue, offset: u.offset, cause: RequeueCause::Failed },
+                Settle::Requeue => ShardCmd::Requeue { queue: u.queue, offset: u.offset, cause: RequeueCause::Failed, consumer: u.consumer },
                 Settle::Discard => ShardCmd::Reject { queue: u.queue, offset: u.offset },
             };
             self.ctx.broker.shards.send(cmd);
@@ -455,10 +455,10 @@ impl Task {
     pub(super) fn close_channel(&mut self, channel: u16) {
         let Some(ch) = self.channels.remove(&channel) else { return };
         for u in ch.unacked.values() {
-            self.ctx.broker.shards.send(ShardCmd::Requeue { queue: u.queue, offset: u.offset, cause: RequeueCause::Returned });
+            self.ctx.broker.shards.send(ShardCmd::Requeue { queue: u.queue, offset: u.offset, cause: RequeueCause::Returned, consumer: u.consumer });
         }
         for d in ch.held {
-            self.ctx.broker.shards.send(ShardCmd::Requeue { queue: d.queue, offset: d.offset, cause: RequeueCause::Unsent });
+            self.ctx.broker.shards.send(ShardCmd::Requeue { queue: d.queue, offset: d.offset, cause: RequeueCause::Unsent, consumer: d.consumer });
         }
         for (id, c) in ch.consumers {
             self.consumer_channels.remove(&id);

@@ -129,6 +129,9 @@ pub enum ShardCmd {
         offset: u64,
         /// Why it comes back (decides whether it waits for a delayed retry).
         cause: RequeueCause,
+        /// The consumer it was delivered to: a requeue for a delivery the queue has since
+        /// handed to another consumer (after a take-over) is stale and ignored.
+        consumer: ConsumerId,
     },
     /// The retry timer of a waiting entry fired: it is ready again.
     RetryDue {
@@ -498,9 +501,12 @@ impl Shard {
                 self.fx = fx;
                 self.touched.insert(queue);
             }
-            ShardCmd::Requeue { queue, offset, cause } => {
+            ShardCmd::Requeue { queue, offset, cause, consumer } => {
                 let mut fx = std::mem::take(&mut self.fx);
-                self.queue(queue).requeue(offset, cause, &mut fx);
+                let q = self.queue(queue);
+                if q.holder(offset) == Some(consumer) {
+                    q.requeue(offset, cause, &mut fx);
+                }
                 self.fx = fx;
                 self.touched.insert(queue);
             }

@@ -614,6 +614,11 @@ impl Queue {
         }
     }
 
+    /// The consumer an unacked entry was delivered to.
+    pub fn holder(&self, offset: u64) -> Option<ConsumerId> {
+        self.unacked.get(&offset).map(|u| u.consumer)
+    }
+
     /// Puts an unacked entry back in line at its own position (nack/reject with requeue,
     /// or its consumer went away), marked redelivered — or dead-letters it when it has
     /// been delivered more often than the delivery limit allows. Under a retry policy that
