@@ -435,8 +435,9 @@ impl Task {
         }
     }
 
-    /// RabbitMQ's rules for a stream consumer: manual acks (no-ack: 540, as RabbitMQ) and a
-    /// consumer prefetch (basic.qos > 0 first: 406); returns where it starts.
+    /// The rules for a stream consumer: a consumer prefetch (basic.qos > 0 first) and manual
+    /// acks, else 406 (the contract; RabbitMQ closes the connection with 540 for
+    /// no-ack); returns where it starts.
     /// ... and the consumer group it joins (`x-consumer-group`, a string), if any.
     fn stream_consume_checks(
         &mut self,
@@ -450,7 +451,7 @@ impl Task {
             return Err(channel_fail(406, format!("PRECONDITION_FAILED - consumer prefetch count is not set for '{queue}'")));
         }
         if no_ack {
-            return Err(Fail { code: 540, text: format!("NOT_IMPLEMENTED - automatic acknowledgement not supported by stream queues {queue}"), connection: true });
+            return Err(channel_fail(406, format!("PRECONDITION_FAILED - automatic acknowledgement not supported by stream queues {queue}")));
         }
         let start = stream_offset(args).map_err(|e| channel_fail(406, format!("PRECONDITION_FAILED - {e} for consumer of {queue}")))?;
         let group = consumer_group(args).map_err(|e| channel_fail(406, format!("PRECONDITION_FAILED - {e} for consumer of {queue}")))?;
