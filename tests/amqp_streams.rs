@@ -336,3 +336,52 @@ async fn mqtt_devices_feed_a_stream_bound_to_amq_topic() {
     assert_eq!((offset_of(&d2), text(&d2)), (1, "22.0".to_string()));
     delete_queue(&ch, &name).await;
 }
+
+/// `x-tag-filter` on a stream consumer: entries whose tag (`x-tag` header) does not match
+/// are skipped for that consumer — or for its whole group — and never sent; other
+/// consumers and groups still get everything; a bad expression is refused with 406.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_consumers_filter_by_tag() {
+    if skip_on_rabbitmq("x-tag-filter is a FerryMQ extension") {
+        return;
+    }
+    let t = Target::start();
+    let conn = t.connect().await;
+    let name = unique("s");
+    let ch = open_channel(&conn).await;
+    declare_stream(&ch, &name, &[]).await;
+    confirm_select(&ch).await;
+    let tagged = |tag: Option<&str>| match tag {
+        Some(t) => persistent().with_headers(table(&[("x-tag", string(t))])),
+        None => persistent(),
+    };
+    for (body, tag) in [("a0", Some("TagA")), ("b1", Some("TagB")), ("n2", None), ("c3", Some("TagC")), ("a4", Some("TagA")), ("x5", Some("taga"))] {
+        assert!(publish_confirmed(&ch, "", &name, body.as_bytes(), tagged(tag)).await.is_ack());
+    }
+    let filtered = |expr: &str, group: Option<&str>| {
+        let mut entries = vec![("x-stream-offset", string("first")), ("x-tag-filter", string(expr))];
+        if let Some(g) = group {
+            entries.push(("x-consumer-group", string(g)));
+        }
+        table(&entries)
+    };
+    let ch1 = stream_channel(&conn, 10).await;
+    let mut a_or_c = consume(&ch1, &name, BasicConsumeOptions::default(), filtered("TagA || TagC", None)).await;
+    assert_eq!(take_acked(&mut a_or_c, 3).await, [(0, "a0".to_string()), (3, "c3".to_string()), (4, "a4".to_string())]);
+    expect_no_delivery(&mut a_or_c, Duration::from_millis(300)).await;
+    let mut all = consume(&ch1, &name, BasicConsumeOptions::default(), filtered(" * ", None)).await;
+    assert_eq!(take_acked(&mut all, 6).await.len(), 6, "`*` matches tagged and untagged messages");
+    // A group with a filter skips the others for the group; another group gets everything.
+    let mut member = consume(&ch1, &name, BasicConsumeOptions::default(), filtered("TagB", Some("only-b"))).await;
+    assert_eq!(take_acked(&mut member, 1).await, [(1, "b1".to_string())]);
+    expect_no_delivery(&mut member, Duration::from_millis(300)).await;
+    // New messages are filtered as they arrive.
+    assert!(publish_confirmed(&ch, "", &name, b"b6", tagged(Some("TagB"))).await.is_ack());
+    assert!(publish_confirmed(&ch, "", &name, b"a7", tagged(Some("TagA"))).await.is_ack());
+    assert_eq!(take_acked(&mut member, 1).await, [(6, "b6".to_string())]);
+    assert_eq!(take_acked(&mut a_or_c, 1).await, [(7, "a7".to_string())]);
+    // A bad expression.
+    let bad = stream_channel(&conn, 10).await;
+    let r = bounded("basic.consume", bad.basic_consume(name.as_str().into(), "".into(), BasicConsumeOptions::default(), filtered("TagA ||", None))).await;
+    expect_code(r, 406);
+}

@@ -16,6 +16,7 @@ use super::streams::{consumer_group, is_stream, stream_config, stream_offset};
 use crate::core::broker::RetainMode;
 use crate::core::message::{now_ms, Message, SharedMessage};
 use crate::core::queue::{Consumer, QueueConfig};
+use crate::core::tag_filter::{TagFilter, TagFilterError, TAG_FILTER_ARGUMENT};
 use crate::core::router::{Binding, ExchangeDef, ExchangeKind, RouteError, Routes};
 use crate::core::shards::ShardCmd;
 use crate::core::stream::StreamOffset;
@@ -368,7 +369,9 @@ impl Task {
                     self.proto.reply(channel, AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(basic::ConsumeOk { consumer_tag: short(&tag) })));
                 }
                 match stream_start {
-                    Some((start, group)) => self.ctx.broker.shards.send(ShardCmd::AttachStream { queue: q.id, consumer, start, group }),
+                    Some((start, group, filter)) => {
+                        self.ctx.broker.shards.send(ShardCmd::AttachStream { queue: q.id, consumer, start, group, filter })
+                    }
                     None => self.ctx.broker.shards.send(ShardCmd::Attach { queue: q.id, consumer }),
                 }
                 Ok(None)
@@ -445,7 +448,7 @@ impl Task {
         q: &QueueEntity,
         no_ack: bool,
         args: &[(String, Value)],
-    ) -> Result<(StreamOffset, Option<String>), Fail> {
+    ) -> Result<(StreamOffset, Option<String>, Option<TagFilter>), Fail> {
         let queue = format!("queue '{}' in vhost '{}'", q.name, q.vhost);
         if self.channel(channel)?.prefetch == 0 {
             return Err(channel_fail(406, format!("PRECONDITION_FAILED - consumer prefetch count is not set for '{queue}'")));
@@ -455,7 +458,16 @@ impl Task {
         }
         let start = stream_offset(args).map_err(|e| channel_fail(406, format!("PRECONDITION_FAILED - {e} for consumer of {queue}")))?;
         let group = consumer_group(args).map_err(|e| channel_fail(406, format!("PRECONDITION_FAILED - {e} for consumer of {queue}")))?;
-        Ok((start, group))
+        let filter = match args.iter().find(|(k, _)| k == TAG_FILTER_ARGUMENT) {
+            None => None,
+            Some((_, v)) => Some(
+                v.as_str()
+                    .ok_or(TagFilterError::NotAString)
+                    .and_then(TagFilter::parse)
+                    .map_err(|e| channel_fail(406, format!("PRECONDITION_FAILED - {e} for consumer of {queue}")))?,
+            ),
+        };
+        Ok((start, group, filter))
     }
 
     fn channel(&mut self, channel: u16) -> Result<&mut super::channel::Channel, Fail> {

@@ -70,6 +70,8 @@ pub enum ShardCmd {
         start: StreamOffset,
         /// The consumer group it joins (`x-consumer-group`), if any.
         group: Option<String>,
+        /// Its tag filter (`x-tag-filter`), if any.
+        filter: Option<crate::core::tag_filter::TagFilter>,
     },
     /// Move a stream consumer group's committed offset; answers the new offset (`None`
     /// when the queue is not a stream).
@@ -576,8 +578,9 @@ impl Shard {
         self.touched.insert(id);
         match cmd {
             ShardCmd::ConfigureStream { config, .. } => s.set_config(config),
-            ShardCmd::AttachStream { consumer, start, group, .. } => {
-                s.attach(consumer.id, consumer.tx, consumer.credit, start, group, &self.journal)
+            ShardCmd::AttachStream { consumer, start, group, filter, .. } => {
+                s.attach(consumer.id, consumer.tx, consumer.credit, start, group, &self.journal);
+                s.set_filter(consumer.id, filter);
             }
             ShardCmd::ResetGroup { group, to, reply, .. } => {
                 let _ = reply.send(Some(s.reset_group(&group, to, &self.journal)));

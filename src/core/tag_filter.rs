@@ -4,7 +4,8 @@
 //! which the gateway stores as `x-tag`). A filter expression is `*` (every message, tagged
 //! or not) or `TagA || TagB || ...` (exact, case-sensitive; whitespace around `||` is
 //! ignored); an untagged message matches only `*`. Filters are used by `queue.bind`
-//! (`x-tag-filter`) and MQTT 5 SUBSCRIBE (user property `tag-filter`).
+//! (`x-tag-filter`), MQTT 5 SUBSCRIBE (user property `tag-filter`) and stream consumers
+//! (`x-tag-filter` consume argument).
 //!
 //! The tag's [`tag_hash`] is stored in every consume-queue entry, so a reader that filters
 //! can skip entries without reading bodies ([`TagFilter::may_match_hash`]) and resolve a

@@ -9,7 +9,9 @@ use ferrymq_storage::Pointer;
 use tokio::sync::mpsc;
 
 use super::reader::Reader;
+use crate::core::message::Message;
 use crate::core::queue::{ConsumerEvent, ConsumerId};
+use crate::core::tag_filter::TagFilter;
 
 /// One consumer of a stream.
 #[derive(Debug)]
@@ -26,23 +28,26 @@ pub struct StreamConsumer {
     pub group: Option<String>,
     /// Own read position (unused by group members).
     pub(super) reader: Reader,
+    /// Server-side tag filter (`x-tag-filter` consume argument): other entries are skipped.
+    pub filter: Option<TagFilter>,
 }
 
 impl StreamConsumer {
     /// A consumer reading from offset `next` with `credit` deliveries in hand.
     pub fn new(id: ConsumerId, tx: mpsc::UnboundedSender<ConsumerEvent>, credit: u32, next: u64, group: Option<String>) -> StreamConsumer {
-        StreamConsumer { id, tx, credit, unacked: BTreeSet::new(), group, reader: Reader::at(next) }
+        StreamConsumer { id, tx, credit, unacked: BTreeSet::new(), group, reader: Reader::at(next), filter: None }
     }
 
     /// Server-side filter hook: true when the entry is for this consumer (or its group).
     /// Decided from the pointer alone (its `tag_hash`), so skipped entries cost no body
-    /// read and no credit. Every entry passes until `x-tag-filter` on stream consumers
-    /// lands: keep a `core::tag_filter::TagFilter` on the consumer and answer
-    /// `filter.may_match_hash(ptr.tag_hash)` here (a hash collision is then resolved with
-    /// `TagFilter::matches` on the message's tag before delivery).
+    /// read and no credit; a hash collision is resolved by [`StreamConsumer::accepts`].
     pub fn admits(&self, ptr: &Pointer) -> bool {
-        let _ = ptr.tag_hash;
-        true
+        self.filter.as_ref().is_none_or(|f| f.may_match_hash(ptr.tag_hash))
+    }
+
+    /// The final word once the message is read: its tag itself matches the filter.
+    pub fn accepts(&self, msg: &Message) -> bool {
+        self.filter.as_ref().is_none_or(|f| f.matches(msg.tag()))
     }
 
     /// The client acknowledged `offset` (or nacked / rejected it: a stream treats those as

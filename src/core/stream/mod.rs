@@ -31,6 +31,7 @@ use tracing::{debug, warn};
 use super::delivery::QueueDelivery;
 use super::message::SharedMessage;
 use super::queue::{flags, read_message, ConsumerEvent, ConsumerId};
+use super::tag_filter::TagFilter;
 use reader::TailEntry;
 use retention::Extent;
 
@@ -196,6 +197,14 @@ impl Stream {
         self.consumers.push(StreamConsumer::new(id, tx, credit, next, group));
     }
 
+    /// Gives consumer `id` a tag filter (`x-tag-filter`): entries whose tag does not match
+    /// are skipped for it — for a group member, skipped for the group.
+    pub fn set_filter(&mut self, id: ConsumerId, filter: Option<TagFilter>) {
+        if let Some(c) = self.consumers.iter_mut().find(|c| c.id == id) {
+            c.filter = filter;
+        }
+    }
+
     /// Removes a consumer (cancel, channel closed): its cursor goes with it; what a group
     /// member held unacked goes to the rest of its group.
     pub fn detach(&mut self, id: ConsumerId) {
@@ -303,6 +312,9 @@ impl Stream {
                 continue;
             }
             let Some(msg) = msg.or_else(|| read_message(journal, &ptr)) else { continue };
+            if !self.consumers[i].accepts(&msg) {
+                continue;
+            }
             let d = self.delivery(offset, &ptr, msg, self.consumers[i].id, false);
             let c = &mut self.consumers[i];
             if c.tx.send(ConsumerEvent::Deliver(d)).is_err() {
@@ -356,6 +368,10 @@ impl Stream {
                 g.ack(offset);
                 continue;
             };
+            if !self.consumers[member].accepts(&msg) {
+                g.ack(offset);
+                continue;
+            }
             let d = self.delivery(offset, &ptr, msg, self.consumers[member].id, redelivered);
             let c = &mut self.consumers[member];
             let Some(g) = self.groups.get_mut(name) else { return };
