@@ -525,8 +525,11 @@ impl Queue {
         true
     }
 
+    /// Over `x-max-length` counting ready messages only, as RabbitMQ does (and Mosquitto's
+    /// `max_queued_messages`, which excludes in-flight ones): delivered, unacknowledged
+    /// messages do not take room from new ones.
     fn is_full(&self, incoming: u64) -> bool {
-        (self.config.max_len > 0 && self.len >= self.config.max_len)
+        (self.config.max_len > 0 && self.ready_len() >= self.config.max_len)
             || (self.config.max_bytes > 0 && self.bytes + incoming > self.config.max_bytes)
     }
 
