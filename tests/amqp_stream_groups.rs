@@ -11,26 +11,11 @@ use std::time::Duration;
 use common::amqp::*;
 use common::Broker;
 
-fn durable() -> QueueDeclareOptions {
-    QueueDeclareOptions { durable: true, ..Default::default() }
-}
-
-async fn declare_stream(ch: &Channel, name: &str) {
-    declare_queue_with(ch, name, durable(), table(&[("x-queue-type", string("stream"))])).await;
-}
-
 /// A consumer of `group` on its own channel with prefetch `n`.
 async fn member(conn: &Connection, stream: &str, group: &str, n: u16, extra: &[(&str, AMQPValue)]) -> (Channel, Consumer) {
-    let ch = open_channel(conn).await;
-    bounded("basic.qos", ch.basic_qos(n, BasicQosOptions::default())).await.expect("basic.qos");
     let mut args = vec![("x-consumer-group", string(group))];
     args.extend(extra.iter().cloned());
-    let c = consume(&ch, stream, BasicConsumeOptions::default(), table(&args)).await;
-    (ch, c)
-}
-
-fn offset_of(d: &Delivery) -> i64 {
-    as_i64(field(&headers(&d.properties), "x-stream-offset").expect("x-stream-offset header")).unwrap()
+    stream_consumer(conn, n, stream, table(&args)).await
 }
 
 async fn publish_n(ch: &Channel, stream: &str, range: std::ops::Range<usize>) {
@@ -65,7 +50,7 @@ async fn members_split_the_stream_and_groups_each_get_everything() {
     let t = Target::ferrymq(Broker::start());
     let conn = t.connect().await;
     let ch = open_channel(&conn).await;
-    declare_stream(&ch, "events").await;
+    declare_stream(&ch, "events", &[]).await;
     let (_a_ch, mut a) = member(&conn, "events", "billing", 5, &[]).await;
     let (_b_ch, mut b) = member(&conn, "events", "billing", 5, &[]).await;
     let (_c_ch, mut c) = member(&conn, "events", "audit", 50, &[]).await;
@@ -89,7 +74,7 @@ async fn a_departing_members_unacked_messages_go_to_the_others() {
     let t = Target::ferrymq(Broker::start());
     let conn = t.connect().await;
     let ch = open_channel(&conn).await;
-    declare_stream(&ch, "jobs").await;
+    declare_stream(&ch, "jobs", &[]).await;
     confirm_select(&ch).await;
     publish_n(&ch, "jobs", 0..4).await;
     let (a_ch, mut a) = member(&conn, "jobs", "workers", 2, &[("x-stream-offset", string("first"))]).await;
@@ -118,7 +103,7 @@ async fn a_group_resumes_where_it_stopped_after_reconnect_and_restart() {
     {
         let conn = t.connect().await;
         let ch = open_channel(&conn).await;
-        declare_stream(&ch, "orders").await;
+        declare_stream(&ch, "orders", &[]).await;
         confirm_select(&ch).await;
         publish_n(&ch, "orders", 0..6).await;
         // A new group starts where its first consumer says (default: next).

@@ -11,37 +11,8 @@ use std::time::Duration;
 use common::amqp::*;
 use common::{v4, Broker};
 
-fn stream_args(extra: &[(&str, AMQPValue)]) -> FieldTable {
-    let mut pairs = vec![("x-queue-type", string("stream"))];
-    pairs.extend(extra.iter().cloned());
-    table(&pairs)
-}
-
 fn durable() -> QueueDeclareOptions {
     QueueDeclareOptions { durable: true, ..Default::default() }
-}
-
-async fn declare_stream(ch: &Channel, name: &str, extra: &[(&str, AMQPValue)]) {
-    declare_queue_with(ch, name, durable(), stream_args(extra)).await;
-}
-
-/// A channel with prefetch `n` (required to consume a stream).
-async fn stream_channel(conn: &Connection, n: u16) -> Channel {
-    let ch = open_channel(conn).await;
-    bounded("basic.qos", ch.basic_qos(n, BasicQosOptions::default())).await.expect("basic.qos");
-    ch
-}
-
-fn offset_arg(v: AMQPValue) -> FieldTable {
-    table(&[("x-stream-offset", v)])
-}
-
-/// The `x-stream-offset` header of a delivery (RabbitMQ sends a long).
-fn offset_of(d: &Delivery) -> i64 {
-    let h = headers(&d.properties);
-    let v = field(&h, "x-stream-offset").unwrap_or_else(|| panic!("no x-stream-offset header in {h:?}"));
-    assert!(matches!(v, AMQPValue::LongLongInt(_)), "x-stream-offset is a long: {v:?}");
-    as_i64(v).unwrap()
 }
 
 /// Takes `n` deliveries, acking each; returns (offset, body).
@@ -136,8 +107,7 @@ async fn offsets_start_at_zero_are_contiguous_and_consuming_removes_nothing() {
     confirm_select(&ch).await;
     publish_all(&ch, &name, &bodies("m", 0..6)).await;
     for _ in 0..2 {
-        let cch = stream_channel(&conn, 100).await;
-        let mut c = consume(&cch, &name, BasicConsumeOptions::default(), offset_arg(string("first"))).await;
+        let (cch, mut c) = stream_consumer(&conn, 100, &name, offset_arg(string("first"))).await;
         assert_eq!(take_acked(&mut c, 6).await, numbered("m", 0..6), "every consumer reads everything again");
         expect_no_delivery(&mut c, Duration::from_millis(200)).await;
         bounded("channel.close", cch.close(200, "OK".into())).await.unwrap();
@@ -158,20 +128,15 @@ async fn every_start_offset_form() {
     publish_all(&ch, &name, &bodies("a", 0..5)).await;
 
     // `next` (also the default): only what is published after attaching.
-    let next_ch = stream_channel(&conn, 100).await;
-    let mut next = consume(&next_ch, &name, BasicConsumeOptions::default(), offset_arg(string("next"))).await;
-    let default_ch = stream_channel(&conn, 100).await;
-    let mut default = consume(&default_ch, &name, BasicConsumeOptions::default(), FieldTable::default()).await;
+    let (_next_ch, mut next) = stream_consumer(&conn, 100, &name, offset_arg(string("next"))).await;
+    let (_default_ch, mut default) = stream_consumer(&conn, 100, &name, FieldTable::default()).await;
     // `last`: the last message, then what follows.
-    let last_ch = stream_channel(&conn, 100).await;
-    let mut last = consume(&last_ch, &name, BasicConsumeOptions::default(), offset_arg(string("last"))).await;
+    let (_last_ch, mut last) = stream_consumer(&conn, 100, &name, offset_arg(string("last"))).await;
     assert_eq!(take_acked(&mut last, 1).await, vec![(4, "a4".to_string())]);
     // An absolute offset (long, and a short int too).
-    let abs_ch = stream_channel(&conn, 100).await;
-    let mut abs = consume(&abs_ch, &name, BasicConsumeOptions::default(), offset_arg(AMQPValue::LongLongInt(3))).await;
+    let (_abs_ch, mut abs) = stream_consumer(&conn, 100, &name, offset_arg(AMQPValue::LongLongInt(3))).await;
     assert_eq!(take_acked(&mut abs, 2).await, vec![(3, "a3".to_string()), (4, "a4".to_string())]);
-    let abs2_ch = stream_channel(&conn, 100).await;
-    let mut abs2 = consume(&abs2_ch, &name, BasicConsumeOptions::default(), offset_arg(AMQPValue::LongInt(1))).await;
+    let (_abs2_ch, mut abs2) = stream_consumer(&conn, 100, &name, offset_arg(AMQPValue::LongInt(1))).await;
     assert_eq!(take_acked(&mut abs2, 1).await, vec![(1, "a1".to_string())]);
 
     // A timestamp (seconds): wait for the next whole second so that the two batches have
@@ -180,12 +145,10 @@ async fn every_start_offset_form() {
     let boundary_s = now_ms / 1000 + 1;
     tokio::time::sleep(Duration::from_millis(boundary_s * 1000 + 20 - now_ms)).await;
     publish_all(&ch, &name, &bodies("b", 5..8)).await;
-    let ts_ch = stream_channel(&conn, 100).await;
-    let mut ts = consume(&ts_ch, &name, BasicConsumeOptions::default(), offset_arg(AMQPValue::Timestamp(boundary_s))).await;
+    let (_ts_ch, mut ts) = stream_consumer(&conn, 100, &name, offset_arg(AMQPValue::Timestamp(boundary_s))).await;
     assert_eq!(take_acked(&mut ts, 3).await, numbered("b", 5..8), "replay from a point in time");
     expect_no_delivery(&mut ts, Duration::from_millis(200)).await;
-    let old_ch = stream_channel(&conn, 100).await;
-    let mut old = consume(&old_ch, &name, BasicConsumeOptions::default(), offset_arg(AMQPValue::Timestamp(1))).await;
+    let (_old_ch, mut old) = stream_consumer(&conn, 100, &name, offset_arg(AMQPValue::Timestamp(1))).await;
     assert_eq!(take_acked(&mut old, 1).await, vec![(0, "a0".to_string())], "a timestamp before the stream: from the first");
 
     assert_eq!(take_acked(&mut next, 3).await, numbered("b", 5..8));
@@ -203,10 +166,8 @@ async fn prefetch_bounds_each_cursor_and_nack_gives_credit_without_redelivery() 
     declare_stream(&ch, &name, &[]).await;
     confirm_select(&ch).await;
     publish_all(&ch, &name, &bodies("m", 0..5)).await;
-    let a_ch = stream_channel(&conn, 2).await;
-    let mut a = consume(&a_ch, &name, BasicConsumeOptions::default(), offset_arg(string("first"))).await;
-    let b_ch = stream_channel(&conn, 2).await;
-    let mut b = consume(&b_ch, &name, BasicConsumeOptions::default(), offset_arg(string("first"))).await;
+    let (_a_ch, mut a) = stream_consumer(&conn, 2, &name, offset_arg(string("first"))).await;
+    let (_b_ch, mut b) = stream_consumer(&conn, 2, &name, offset_arg(string("first"))).await;
     for c in [&mut a, &mut b] {
         let d0 = next_delivery(c).await;
         let d1 = next_delivery(c).await;
@@ -240,8 +201,7 @@ async fn max_length_bytes_trims_the_oldest_entries() {
         assert!(publish_confirmed(&ch, "", &name, body(i).as_bytes(), persistent()).await.is_ack());
     }
     until("stream trimmed to 1000 bytes", || async { queue_counts(&ch, &name).await.unwrap().0 <= 10 }).await;
-    let c_ch = stream_channel(&conn, 100).await;
-    let mut c = consume(&c_ch, &name, BasicConsumeOptions::default(), offset_arg(string("first"))).await;
+    let (_c_ch, mut c) = stream_consumer(&conn, 100, &name, offset_arg(string("first"))).await;
     let got = take_acked(&mut c, 10).await;
     assert_eq!(got.iter().map(|g| g.0).collect::<Vec<_>>(), (15..25).collect::<Vec<i64>>(), "the newest 1000 bytes stay");
     assert_eq!(got[0].1, body(15));
@@ -263,8 +223,7 @@ async fn max_age_trims_in_the_background_and_offsets_keep_counting() {
     publish_all(&ch, &name, &bodies("old", 0..4)).await;
     until("old entries trimmed by age", || async { queue_counts(&ch, &name).await.unwrap().0 == 0 }).await;
     publish_all(&ch, &name, &bodies("new", 4..6)).await;
-    let c_ch = stream_channel(&conn, 100).await;
-    let mut c = consume(&c_ch, &name, BasicConsumeOptions::default(), offset_arg(string("first"))).await;
+    let (_c_ch, mut c) = stream_consumer(&conn, 100, &name, offset_arg(string("first"))).await;
     assert_eq!(take_acked(&mut c, 2).await, numbered("new", 4..6), "offsets are never reused");
     delete_queue(&ch, &name).await;
 }
@@ -328,8 +287,7 @@ async fn mqtt_devices_feed_a_stream_bound_to_amq_topic() {
     device.publish_acked(&format!("{level}/t1"), v4::QoS::AtLeastOnce, false, "21.5").await;
     device.client.publish(format!("{level}/t2"), v4::QoS::AtMostOnce, false, "22.0").await.unwrap();
     until("both readings stored", || async { queue_counts(&ch, &name).await.unwrap().0 == 2 }).await;
-    let c_ch = stream_channel(&conn, 10).await;
-    let mut c = consume(&c_ch, &name, BasicConsumeOptions::default(), offset_arg(string("first"))).await;
+    let (_c_ch, mut c) = stream_consumer(&conn, 10, &name, offset_arg(string("first"))).await;
     let d = next_delivery(&mut c).await;
     assert_eq!((offset_of(&d), text(&d), d.routing_key.as_str()), (0, "21.5".to_string(), format!("{level}.t1").as_str()));
     let d2 = next_delivery(&mut c).await;
@@ -365,8 +323,7 @@ async fn stream_consumers_filter_by_tag() {
         }
         table(&entries)
     };
-    let ch1 = stream_channel(&conn, 10).await;
-    let mut a_or_c = consume(&ch1, &name, BasicConsumeOptions::default(), filtered("TagA || TagC", None)).await;
+    let (ch1, mut a_or_c) = stream_consumer(&conn, 10, &name, filtered("TagA || TagC", None)).await;
     assert_eq!(take_acked(&mut a_or_c, 3).await, [(0, "a0".to_string()), (3, "c3".to_string()), (4, "a4".to_string())]);
     expect_no_delivery(&mut a_or_c, Duration::from_millis(300)).await;
     let mut all = consume(&ch1, &name, BasicConsumeOptions::default(), filtered(" * ", None)).await;

@@ -835,3 +835,44 @@ pub fn rewrite_config_and_reload(broker: &Broker, toml: &str) {
     let status = std::process::Command::new("kill").arg("-HUP").arg(pid.to_string()).status().unwrap();
     assert!(status.success(), "kill -HUP {pid}");
 }
+
+// ----- streams ---------------------------------------------------------------------------------
+
+/// Queue arguments of a stream (`x-queue-type: stream`) plus `extra`.
+pub fn stream_args(extra: &[(&str, AMQPValue)]) -> FieldTable {
+    let mut pairs = vec![("x-queue-type", string("stream"))];
+    pairs.extend(extra.iter().cloned());
+    table(&pairs)
+}
+
+/// Declares a durable stream.
+pub async fn declare_stream(ch: &Channel, name: &str, extra: &[(&str, AMQPValue)]) {
+    declare_queue_with(ch, name, QueueDeclareOptions { durable: true, ..Default::default() }, stream_args(extra)).await;
+}
+
+/// A channel with prefetch `n` (required to consume a stream).
+pub async fn stream_channel(conn: &Connection, n: u16) -> Channel {
+    let ch = open_channel(conn).await;
+    bounded("basic.qos", ch.basic_qos(n, BasicQosOptions::default())).await.expect("basic.qos");
+    ch
+}
+
+/// A consumer of `stream` with `args` on a channel of its own with prefetch `n`.
+pub async fn stream_consumer(conn: &Connection, n: u16, stream: &str, args: FieldTable) -> (Channel, Consumer) {
+    let ch = stream_channel(conn, n).await;
+    let c = consume(&ch, stream, BasicConsumeOptions::default(), args).await;
+    (ch, c)
+}
+
+/// Consume arguments `x-stream-offset: v`.
+pub fn offset_arg(v: AMQPValue) -> FieldTable {
+    table(&[("x-stream-offset", v)])
+}
+
+/// The `x-stream-offset` header of a delivery (RabbitMQ sends a long).
+pub fn offset_of(d: &Delivery) -> i64 {
+    let h = headers(&d.properties);
+    let v = field(&h, "x-stream-offset").unwrap_or_else(|| panic!("no x-stream-offset header in {h:?}"));
+    assert!(matches!(v, AMQPValue::LongLongInt(_)), "x-stream-offset is a long: {v:?}");
+    as_i64(v).unwrap()
+}
