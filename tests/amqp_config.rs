@@ -113,22 +113,6 @@ users = [{ name = "app", password = "secret", loopback_only = false }]
     connect_uri(&t.uri).await.expect("guest over loopback");
 }
 
-fn make_certs(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf, String) {
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
-    let issuer = Issuer::new(ca_params, ca_key);
-    let key = KeyPair::generate().unwrap();
-    let params = CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
-    let cert = params.signed_by(&key, &issuer).unwrap();
-    let (c, k) = (dir.join("server.pem"), dir.join("server.key"));
-    std::fs::write(&c, cert.pem()).unwrap();
-    std::fs::write(&k, key.serialize_pem()).unwrap();
-    (c, k, ca_cert.pem())
-}
-
 /// AMQP over TLS. lapin is built without a TLS provider (its rustls feature defaults to
 /// aws-lc), so the client is tokio-rustls (ring) carrying the raw-frame client: a full
 /// handshake to connection.open-ok, a channel and a publish that a plain client then reads.
@@ -139,7 +123,7 @@ async fn amqps_listener_speaks_amqp_over_tls() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let (cert, key, ca_pem) = make_certs(tmp.path());
+    let (cert, key, ca_pem) = common::make_certs(tmp.path());
     let t = Target::start_with(
         Opts::default()
             .args(&["--amqps-listen", "127.0.0.1:0"])

@@ -84,27 +84,11 @@ async fn sys_topics_are_published() {
     assert!(subs >= 1);
 }
 
-fn make_certs(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf, String) {
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
-    let issuer = Issuer::new(ca_params, ca_key);
-    let key = KeyPair::generate().unwrap();
-    let params = CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
-    let cert = params.signed_by(&key, &issuer).unwrap();
-    let (c, k) = (dir.join("server.pem"), dir.join("server.key"));
-    std::fs::write(&c, cert.pem()).unwrap();
-    std::fs::write(&k, key.serialize_pem()).unwrap();
-    (c, k, ca_cert.pem())
-}
-
 #[tokio::test]
 async fn mqtt_over_tls() {
     use rustls_pki_types::pem::PemObject;
     let tmp = tempfile::tempdir().unwrap();
-    let (cert, key, ca_pem) = make_certs(tmp.path());
+    let (cert, key, ca_pem) = common::make_certs(tmp.path());
     let broker = Broker::start_with(
         Opts::default()
             .args(&["--mqtts-listen", "127.0.0.1:0"])

@@ -589,3 +589,21 @@ pub async fn eventually<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) ->
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A throw-away CA and a server certificate for `localhost`/`127.0.0.1` in `dir`: returns
+/// (certificate file, key file, CA certificate PEM).
+pub fn make_certs(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf, String) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let params = CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    let (c, k) = (dir.join("server.pem"), dir.join("server.key"));
+    std::fs::write(&c, cert.pem()).unwrap();
+    std::fs::write(&k, key.serialize_pem()).unwrap();
+    (c, k, ca_cert.pem())
+}
