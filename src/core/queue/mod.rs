@@ -200,7 +200,7 @@ pub struct Queue {
     expiring: bool,
     /// Removals decided while loading (transient messages that do not survive a restart).
     load_ops: Vec<Op>,
-    /// Length and bytes last added into the gauge's occupancy.
+    /// Ready length and bytes last added into the gauge's occupancy.
     published: (u64, u64),
     /// Publisher reservations that became entries (or were dropped) since the gauge was
     /// last published: count and bytes.
@@ -345,15 +345,17 @@ impl Queue {
         let g = &self.config.gauge;
         g.len.store(self.len, Ordering::Relaxed);
         g.bytes.store(self.bytes, Ordering::Relaxed);
-        // Occupancy = counted entries + outstanding reservations, moved in one atomic step
-        // each: a reservation that became an entry is taken off as the entry is added.
+        // Occupancy = ready entries (what `x-max-length` counts, as in `is_full`) +
+        // outstanding reservations, moved in one atomic step each: a reservation that became
+        // an entry is taken off as the entry is added.
+        let ready = self.ready_len();
         let (used_len, used_bytes) = std::mem::take(&mut self.reservations_used);
-        let len_delta = self.len.wrapping_sub(self.published.0).wrapping_sub(used_len);
+        let len_delta = ready.wrapping_sub(self.published.0).wrapping_sub(used_len);
         let bytes_delta = self.bytes.wrapping_sub(self.published.1).wrapping_sub(used_bytes);
         g.occupied.fetch_add(len_delta, Ordering::AcqRel);
         g.occupied_bytes.fetch_add(bytes_delta, Ordering::AcqRel);
-        self.published = (self.len, self.bytes);
-        g.ready.store(self.ready_len(), Ordering::Relaxed);
+        self.published = (ready, self.bytes);
+        g.ready.store(ready, Ordering::Relaxed);
         g.consumers.store(self.consumers.len() as u64, Ordering::Relaxed);
     }
 
@@ -395,21 +397,24 @@ impl Queue {
                 Overflow::RejectPublish | Overflow::RejectPublishDlx => false,
             };
             if !made_room {
-                self.refuse_appended(offset, already_loaded, &mut fx.ops);
-                if self.config.overflow == Overflow::RejectPublishDlx {
-                    self.dead_letter(offset, msg.clone(), DeathReason::MaxLen, fx);
-                }
+                let mut removal = Vec::new();
+                self.refuse_appended(offset, already_loaded, &mut removal);
+                let dead = (self.config.overflow == Overflow::RejectPublishDlx).then(|| msg.clone());
+                self.dead_letter(dead, DeathReason::MaxLen, removal, fx);
                 return Admission::Dropped;
             }
         }
         // A TTL of 0 means "deliver at once or expire" (RabbitMQ's rule).
-        let deliverable_now = !already_loaded
+        let zero_ttl = self.has_zero_ttl(msg);
+        let deliverable_now = zero_ttl
+            && !already_loaded
             && offset == self.loaded_upto
             && self.ready.is_empty()
             && self.pick_consumer_peek().is_some();
-        if self.has_zero_ttl(msg) && !deliverable_now {
-            self.refuse_appended(offset, already_loaded, &mut fx.ops);
-            self.dead_letter(offset, msg.clone(), DeathReason::Expired, fx);
+        if zero_ttl && !deliverable_now {
+            let mut removal = Vec::new();
+            self.refuse_appended(offset, already_loaded, &mut removal);
+            self.dead_letter(Some(msg.clone()), DeathReason::Expired, removal, fx);
             return admission;
         }
         self.count_in(&ptr);
@@ -516,12 +521,8 @@ impl Queue {
             }
         }
         let Some(mut e) = self.ready.pop_front() else { return false };
-        self.forget(&e, &mut fx.ops);
-        if self.config.dead_letter.is_some() {
-            if let Some(msg) = e.msg.take().or_else(|| read_message(journal, &e.ptr)) {
-                self.dead_letter(e.offset, msg, DeathReason::MaxLen, fx);
-            }
-        }
+        let msg = if self.config.dead_letter.is_some() { e.msg.take().or_else(|| read_message(journal, &e.ptr)) } else { None };
+        self.forget_dead(&e, msg, DeathReason::MaxLen, fx);
         true
     }
 
@@ -549,28 +550,23 @@ impl Queue {
     /// dead-letter exchange, or — past the delivery limit of a queue without one — the
     /// queue's `%DLQ%` queue.
     ///
-    /// The entry at `offset` was just forgotten: its removal ops, last in `fx.ops`, move
-    /// into the dead letter (see [`DeadLetter::removal`]).
-    fn dead_letter(&self, offset: u64, msg: SharedMessage, reason: DeathReason, fx: &mut Effects) {
-        let to_dlq = reason == DeathReason::DeliveryLimit && self.config.delivery_limit.is_some();
-        if self.config.dead_letter.is_some() || to_dlq {
-            let retry_key = retry::record_key(self.id, offset);
-            let mut removal = Vec::new();
-            let mut i = fx.ops.len();
-            while i > 0 && removal.len() < 2 {
-                i -= 1;
-                let ours = match &fx.ops[i] {
-                    Op::Remove { queue, offset: o } => *queue == self.id && *o == offset,
-                    Op::Delete { space: Space::Retry, key } => *key == retry_key,
-                    _ => false,
-                };
-                if ours {
-                    removal.push(fx.ops.remove(i));
-                }
-            }
-            removal.reverse();
-            fx.dead.push(DeadLetter { msg, reason, config: self.config.clone(), removal });
+    /// `removal` holds the ops that take the entry out of this queue: they travel with the
+    /// dead letter (see [`DeadLetter::removal`]), or go to `fx.ops` when the message is not
+    /// dead-lettered (`msg` is `None`, or there is no target).
+    fn dead_letter(&self, msg: Option<SharedMessage>, reason: DeathReason, removal: Vec<Op>, fx: &mut Effects) {
+        // (DeliveryLimit only happens when a limit is set.)
+        let has_target = self.config.dead_letter.is_some() || reason == DeathReason::DeliveryLimit;
+        match msg {
+            Some(msg) if has_target => fx.dead.push(DeadLetter { msg, reason, config: self.config.clone(), removal }),
+            _ => fx.ops.extend(removal),
         }
+    }
+
+    /// Forgets `e` and dead-letters `msg` with the removal (see [`Queue::dead_letter`]).
+    fn forget_dead(&mut self, e: &Entry, msg: Option<SharedMessage>, reason: DeathReason, fx: &mut Effects) {
+        let mut removal = Vec::with_capacity(2);
+        self.forget(e, &mut removal);
+        self.dead_letter(msg, reason, removal, fx);
     }
 
     /// Attaches a consumer; call [`Queue::pump`] afterwards.
@@ -632,10 +628,8 @@ impl Queue {
         let mut entry = u.entry;
         if let Some(limit) = self.config.delivery_limit {
             if entry.deliveries > limit {
-                self.forget(&entry, &mut fx.ops);
-                if let Some(msg) = entry.msg.take() {
-                    self.dead_letter(entry.offset, msg, DeathReason::DeliveryLimit, fx);
-                }
+                let msg = entry.msg.take();
+                self.forget_dead(&entry, msg, DeathReason::DeliveryLimit, fx);
                 return;
             }
         }
@@ -684,10 +678,8 @@ impl Queue {
     pub fn reject(&mut self, offset: u64, fx: &mut Effects) {
         let Some(mut u) = self.unacked.remove(&offset) else { return };
         self.give_credit_back(u.consumer);
-        self.forget(&u.entry, &mut fx.ops);
-        if let Some(msg) = u.entry.msg.take() {
-            self.dead_letter(u.entry.offset, msg, DeathReason::Rejected, fx);
-        }
+        let msg = u.entry.msg.take();
+        self.forget_dead(&u.entry, msg, DeathReason::Rejected, fx);
     }
 
     /// QoS 2: the client sent PUBREC for an entry; remember it durably so that a resumed
@@ -804,8 +796,7 @@ impl Queue {
                 return;
             }
             if let Some(e) = self.ready.pop_front() {
-                self.forget(&e, &mut fx.ops);
-                self.dead_letter(e.offset, msg, DeathReason::Expired, fx);
+                self.forget_dead(&e, Some(msg), DeathReason::Expired, fx);
             }
         }
     }
@@ -839,8 +830,7 @@ impl Queue {
                 },
             };
             if self.is_expired(&msg, now, entry.fresh) {
-                self.forget(&entry, &mut fx.ops);
-                self.dead_letter(entry.offset, msg, DeathReason::Expired, fx);
+                self.forget_dead(&entry, Some(msg), DeathReason::Expired, fx);
                 continue;
             }
             return Some((entry, msg));
