@@ -96,7 +96,7 @@ pub(crate) fn decode_queue_key(k: &[u8]) -> Option<QueueKey> {
     }
 }
 
-/// Value of a queue entry: pos u64, size u32, tag hash u32, flags u8.
+/// Value of a queue entry: pos u64, size u32, body length u32, tag hash u32, flags u8.
 pub(crate) fn encode_pointer(p: &Pointer) -> [u8; 21] {
     let mut v = [0u8; 21];
     v[..8].copy_from_slice(&p.pos.0.to_be_bytes());
@@ -107,8 +107,13 @@ pub(crate) fn encode_pointer(p: &Pointer) -> [u8; 21] {
     v
 }
 
-/// Decodes a queue entry value.
+/// Decodes a queue entry value. The 17-byte layout of earlier data directories (no body
+/// length) is read too, with the record size standing in for the body length.
 pub(crate) fn decode_pointer(v: &[u8]) -> Option<Pointer> {
+    if v.len() == 17 {
+        let size = u32_at(v, 8)?;
+        return Some(Pointer { pos: LogPos(u64_at(v, 0)?), size, body_len: size, tag_hash: u32_at(v, 12)?, flags: v[16] });
+    }
     if v.len() != 21 {
         return None;
     }
@@ -165,7 +170,7 @@ pub(crate) fn decode_timer_value(v: &[u8]) -> Option<(u32, &[u8])> {
 
 /// Stable 64-bit hash of a message key (FNV-1a): part of the on-disk format, never change it.
 pub(crate) fn key_hash(key: &[u8]) -> u64 {
-    key.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ *b as u64).wrapping_mul(0x0000_0100_0000_01b3))
+    crate::fnv1a(&[key])
 }
 
 /// Key of a key-index entry: key hash, timestamp ms, pos.
@@ -210,6 +215,12 @@ mod tests {
         let p = Pointer { pos: LogPos(1 << 40), size: 77, body_len: 12, tag_hash: 0xdead_beef, flags: 3 };
         assert_eq!(decode_pointer(&encode_pointer(&p)), Some(p));
         assert_eq!(decode_pointer(&[1, 2, 3]), None);
+        let mut old = Vec::new(); // pos, size, tag hash, flags
+        old.extend_from_slice(&(1u64 << 40).to_be_bytes());
+        old.extend_from_slice(&77u32.to_be_bytes());
+        old.extend_from_slice(&0xdead_beefu32.to_be_bytes());
+        old.push(3);
+        assert_eq!(decode_pointer(&old), Some(Pointer { body_len: 77, ..p }));
         assert_eq!(decode_queue_key(&queue_key(5, 9)), Some(QueueKey::Entry(5, 9)));
         assert_eq!(decode_queue_key(&queue_hwm_key(5)), Some(QueueKey::HighWater(5)));
         assert_eq!(decode_queue_key(&[0; 3]), None);

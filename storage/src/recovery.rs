@@ -162,13 +162,9 @@ pub(crate) fn recover_index(db: &Db, log: &Log) -> Result<Index, JournalError> {
     }
     apply(&db.timer, removals)?;
 
-    // The key index holds no references: drop what lies past the end, or before the first
-    // live segment (retention deleted it and the process stopped before the index followed).
-    let first = log.first_base().min(end);
-    dropped += drop_keys(db, end..u64::MAX)? + drop_keys(db, 0..first)?;
-
-    if dropped > 0 {
-        tracing::warn!(dropped, log_end = end, "dropped index entries that point past the end of the commit log");
+    let stale_keys = trim_key_index(db, log)?;
+    if dropped + stale_keys > 0 {
+        tracing::warn!(dropped, stale_keys, log_end = end, "dropped index entries that point outside the live commit log");
         db.db.flush().map_err(db_err)?;
     }
     index.queues = queues;
@@ -178,9 +174,7 @@ pub(crate) fn recover_index(db: &Db, log: &Log) -> Result<Index, JournalError> {
 /// The index counters from a clean-shutdown checkpoint (no scan), after the cheap key-index
 /// cleanup that [`recover_index`] also does.
 pub(crate) fn index_from_checkpoint(db: &Db, log: &Log, cp: crate::checkpoint::Checkpoint) -> Result<Index, JournalError> {
-    let end = log.end();
-    drop_keys(db, end..u64::MAX)?;
-    drop_keys(db, 0..log.first_base().min(end))?;
+    trim_key_index(db, log)?;
     Ok(Index { refs: RefCounts::from_pairs(cp.refs), queues: cp.queues.into_iter().collect() })
 }
 
@@ -217,6 +211,14 @@ pub(crate) fn recount(
         }
     }
     Ok((refs, lens))
+}
+
+/// The key index holds no references: drops its entries past the end of the log, or before
+/// the first live segment (retention deleted it and the process stopped before the index
+/// followed). Returns how many.
+fn trim_key_index(db: &Db, log: &Log) -> Result<u64, JournalError> {
+    let end = log.end();
+    Ok(drop_keys(db, end..u64::MAX)? + drop_keys(db, 0..log.first_base().min(end))?)
 }
 
 /// Removes the key-index entries of records at positions in `range` (both trees); returns

@@ -31,7 +31,6 @@ impl RefCounts {
         self.counts.get(&base).copied().unwrap_or(0)
     }
 
-    /// Forgets a deleted segment.
     /// (segment base, count) of every referenced segment.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.counts.iter().map(|(b, n)| (*b, *n))
@@ -42,6 +41,7 @@ impl RefCounts {
         RefCounts { counts: pairs.into_iter().filter(|(_, n)| *n > 0).collect() }
     }
 
+    /// Forgets a deleted segment.
     pub(crate) fn forget(&mut self, base: u64) {
         self.counts.remove(&base);
     }
