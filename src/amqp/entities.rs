@@ -167,12 +167,16 @@ pub struct Entities {
 }
 
 impl Entities {
-    /// The configuration of queue `id` if it refuses publishes when full.
-    pub fn overflow_config(&self, id: QueueId) -> Option<Arc<QueueConfig>> {
+    /// The configurations of the queues among `ids` that refuse publishes when full, in
+    /// order (`None` for the others); `None` when there is none (one lock, no allocation
+    /// while no such queue exists).
+    pub fn overflow_configs(&self, ids: impl Iterator<Item = QueueId>) -> Option<Vec<Option<Arc<QueueConfig>>>> {
         if !self.any_rejecting.load(Ordering::Relaxed) {
             return None;
         }
-        self.rejecting.read().get(&id).cloned()
+        let rejecting = self.rejecting.read();
+        let configs: Vec<_> = ids.map(|id| rejecting.get(&id).cloned()).collect();
+        configs.iter().any(Option::is_some).then_some(configs)
     }
 
     /// The queue `name` of `vhost`.

@@ -668,13 +668,13 @@ impl Task {
     /// and leaves out those without room; true when one refused (the publisher gets a
     /// nack). Done just before storing, so that every reservation is used.
     fn admit(&self, msg: &Message, routes: &Arc<Routes>) -> (Arc<Routes>, bool) {
-        let entities = &self.ctx.entities;
-        if routes.queues.iter().all(|r| entities.overflow_config(r.queue).is_none()) {
+        let Some(configs) = self.ctx.entities.overflow_configs(routes.queues.iter().map(|r| r.queue)) else {
             return (routes.clone(), false);
-        }
+        };
         let mut admitted = Routes::clone(routes);
         let mut refused = false;
-        admitted.queues.retain_mut(|r| match entities.overflow_config(r.queue) {
+        let mut configs = configs.into_iter();
+        admitted.queues.retain_mut(|r| match configs.next().flatten() {
             None => true,
             Some(c) if c.admit(msg.payload.len() as u64) => {
                 r.reserved = true;

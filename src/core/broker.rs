@@ -14,7 +14,7 @@ use super::delivery::Direct;
 use super::message::SharedMessage;
 use super::queue::flags;
 use super::retained::RetainedStore;
-use super::router::{Router, Routes};
+use super::router::{QueueRoute, Router, Routes};
 use super::shards::{AppendedEntry, Shards};
 use super::stats::Stats;
 
@@ -48,6 +48,26 @@ pub struct DispatchItem {
     pub msg: SharedMessage,
     /// Flags of the pointer per target queue.
     pub flags: Vec<(QueueId, u8)>,
+    /// The message's tag hash (the same in every pointer).
+    pub tag_hash: u32,
+}
+
+impl DispatchItem {
+    /// The pointer targets of `msg` routed to `queues`, and the item that hands the new
+    /// pointers to their queue owners; the tag hash is computed once.
+    pub fn for_queues(msg: &SharedMessage, queues: &[QueueRoute]) -> (Vec<QueueTarget>, DispatchItem) {
+        let tag_hash = msg.tag_hash();
+        let targets: Vec<QueueTarget> = queues
+            .iter()
+            .map(|q| QueueTarget {
+                queue: q.queue,
+                tag_hash,
+                flags: flags::of(msg.qos.min(q.qos), msg.props.priority) | if q.reserved { flags::RESERVED } else { 0 },
+            })
+            .collect();
+        let flags = targets.iter().map(|q| (q.queue, q.flags)).collect();
+        (targets, DispatchItem { msg: msg.clone(), flags, tag_hash })
+    }
 }
 
 /// The shared core.
@@ -150,17 +170,7 @@ impl Broker {
             }
         };
         if !routes.queues.is_empty() || retained_topic.is_some() {
-            let tag_hash = msg.tag_hash();
-            let queues: Vec<QueueTarget> = routes
-                .queues
-                .iter()
-                .map(|q| QueueTarget {
-                    queue: q.queue,
-                    tag_hash,
-                    flags: flags::of(msg.qos.min(q.qos), msg.props.priority) | if q.reserved { flags::RESERVED } else { 0 },
-                })
-                .collect();
-            let flags = queues.iter().map(|q| (q.queue, q.flags)).collect();
+            let (queues, dispatch) = DispatchItem::for_queues(msg, &routes.queues);
             ops.insert(
                 0,
                 Op::Append(Append {
@@ -171,7 +181,7 @@ impl Broker {
                     keys: msg.index_keys(),
                 }),
             );
-            item = Some(DispatchItem { msg: msg.clone(), flags });
+            item = Some(dispatch);
         }
         if ops.is_empty() {
             return None;
@@ -231,7 +241,7 @@ impl Broker {
                                 pos: appended.pos,
                                 size: appended.size,
                                 body_len: item.msg.payload.len() as u32,
-                                tag_hash: item.msg.tag_hash(),
+                                tag_hash: item.tag_hash,
                                 flags,
                             },
                             msg: item.msg.clone(),

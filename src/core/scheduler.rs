@@ -9,12 +9,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferrymq_storage::{Op, QueueTarget};
+use ferrymq_storage::Op;
 use tracing::{debug, warn};
 
 use super::broker::{Broker, DispatchItem, RetainMode};
 use super::message::now_ms;
-use super::queue::{flags, read_message};
+use super::queue::read_message;
 use super::retry;
 use super::router::{Routes, MQTT_VHOST};
 
@@ -78,12 +78,8 @@ async fn fire(broker: &Broker, due: Vec<ferrymq_storage::TimerEntry>) {
         if routes.queues.is_empty() {
             continue;
         }
-        let queues: Vec<QueueTarget> = routes
-            .queues
-            .iter()
-            .map(|q| QueueTarget { queue: q.queue, tag_hash: msg.tag_hash(), flags: flags::of(msg.qos.min(q.qos), msg.props.priority) })
-            .collect();
-        items.push(DispatchItem { msg: msg.clone(), flags: queues.iter().map(|q| (q.queue, q.flags)).collect() });
+        let (queues, item) = DispatchItem::for_queues(&msg, &routes.queues);
+        items.push(item);
         ops.push(Op::Enqueue { pos: t.pos, size: t.size, body_len: msg.payload.len() as u32, queues });
     }
     // Wait for durability so the next turn does not see the same timers again.
