@@ -16,7 +16,7 @@ use super::streams::{consumer_group, is_stream, stream_config, stream_offset};
 use crate::core::broker::RetainMode;
 use crate::core::message::{now_ms, Message, SharedMessage};
 use crate::core::queue::{Consumer, QueueConfig};
-use crate::core::tag_filter::{TagFilter, TagFilterError, TAG_FILTER_ARGUMENT};
+use crate::core::tag_filter::TagFilter;
 use crate::core::router::{Binding, ExchangeDef, ExchangeKind, RouteError, Routes};
 use crate::core::shards::ShardCmd;
 use crate::core::stream::StreamOffset;
@@ -458,15 +458,7 @@ impl Task {
         }
         let start = stream_offset(args).map_err(|e| channel_fail(406, format!("PRECONDITION_FAILED - {e} for consumer of {queue}")))?;
         let group = consumer_group(args).map_err(|e| channel_fail(406, format!("PRECONDITION_FAILED - {e} for consumer of {queue}")))?;
-        let filter = match args.iter().find(|(k, _)| k == TAG_FILTER_ARGUMENT) {
-            None => None,
-            Some((_, v)) => Some(
-                v.as_str()
-                    .ok_or(TagFilterError::NotAString)
-                    .and_then(TagFilter::parse)
-                    .map_err(|e| channel_fail(406, format!("PRECONDITION_FAILED - {e} for consumer of {queue}")))?,
-            ),
-        };
+        let filter = TagFilter::from_arguments(args).map_err(|e| channel_fail(406, format!("PRECONDITION_FAILED - {e} for consumer of {queue}")))?;
         Ok((start, group, filter))
     }
 

@@ -27,7 +27,7 @@ use parking_lot::RwLock;
 use super::delivery::SessionLink;
 use super::hash_ring::{parse_weight, HashArgError, HashOn, Ring};
 use super::message::Message;
-use super::tag_filter::{TagFilter, TagFilterError, TAG_FILTER_ARGUMENT};
+use super::tag_filter::{TagFilter, TagFilterError};
 use super::value::Value;
 
 /// Where a binding delivers.
@@ -98,8 +98,8 @@ impl Binding {
 
     /// Compiles the tag filter: the `x-tag-filter` argument, else the MQTT options' one.
     fn compile_filter(&mut self) -> Result<(), TagFilterError> {
-        self.filter = match self.args.iter().find(|(k, _)| k == TAG_FILTER_ARGUMENT) {
-            Some((_, v)) => Some(Arc::new(TagFilter::parse(v.as_str().ok_or(TagFilterError::NotAString)?)?)),
+        self.filter = match TagFilter::from_arguments(&self.args)? {
+            Some(f) => Some(Arc::new(f)),
             None => self.mqtt.as_ref().and_then(|o| o.tag_filter.clone()),
         };
         Ok(())
@@ -1039,6 +1039,7 @@ impl RouteCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::tag_filter::TAG_FILTER_ARGUMENT;
 
     fn q(n: u64) -> Destination {
         Destination::Queue(QueueId(n))

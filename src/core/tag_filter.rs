@@ -14,6 +14,7 @@
 use std::fmt;
 
 use super::stable_hash::hash64;
+use super::value::Value;
 
 /// The AMQP header that carries a message's tag.
 pub const TAG_HEADER: &str = "x-tag";
@@ -68,6 +69,15 @@ pub enum TagFilter {
 }
 
 impl TagFilter {
+    /// The filter named by the `x-tag-filter` argument among `args` (a binding's or a
+    /// consumer's), if any.
+    pub fn from_arguments(args: &[(String, Value)]) -> Result<Option<TagFilter>, TagFilterError> {
+        match args.iter().find(|(k, _)| k == TAG_FILTER_ARGUMENT) {
+            None => Ok(None),
+            Some((_, v)) => TagFilter::parse(v.as_str().ok_or(TagFilterError::NotAString)?).map(Some),
+        }
+    }
+
     /// Parses `*` or `TagA || TagB || ...`.
     pub fn parse(expr: &str) -> Result<TagFilter, TagFilterError> {
         let trimmed = expr.trim();
