@@ -94,6 +94,36 @@ async fn a_departing_members_unacked_messages_go_to_the_others() {
     expect_no_delivery(&mut b, Duration::from_millis(200)).await;
 }
 
+/// basic.cancel keeps a member's unacked deliveries ackable, as for queues: what it acks
+/// after the cancel is not handed to the others; what it leaves unacked when its channel
+/// closes is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_member_can_still_ack_what_it_holds() {
+    if skip_on_rabbitmq("x-consumer-group is a FerryMQ extension") {
+        return;
+    }
+    let t = Target::ferrymq(Broker::start());
+    let conn = t.connect().await;
+    let ch = open_channel(&conn).await;
+    declare_stream(&ch, "tasks", &[]).await;
+    confirm_select(&ch).await;
+    publish_n(&ch, "tasks", 0..3).await;
+    let (a_ch, mut a) = member(&conn, "tasks", "workers", 2, &[("x-stream-offset", string("first"))]).await;
+    let d0 = next_delivery(&mut a).await;
+    let d1 = next_delivery(&mut a).await;
+    assert_eq!((offset_of(&d0), offset_of(&d1)), (0, 1));
+    bounded("basic.cancel", a_ch.basic_cancel(a.tag(), BasicCancelOptions::default())).await.unwrap();
+    let (_b_ch, mut b) = member(&conn, "tasks", "workers", 10, &[]).await;
+    assert_eq!(offset_of(&next_delivery(&mut b).await), 2, "the next member starts after what is in flight");
+    bounded("ack", d0.ack(BasicAckOptions::default())).await.unwrap();
+    expect_no_delivery(&mut b, Duration::from_millis(300)).await;
+    // The cancelled member's channel closes with offset 1 unacked: it goes to the other.
+    bounded("channel.close", a_ch.close(200, "bye".into())).await.unwrap();
+    let d = next_delivery(&mut b).await;
+    assert_eq!((offset_of(&d), d.redelivered), (1, true));
+    expect_no_delivery(&mut b, Duration::from_millis(300)).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_resumes_where_it_stopped_after_reconnect_and_restart() {
     if skip_on_rabbitmq("x-consumer-group is a FerryMQ extension; restarts the broker") {

@@ -571,8 +571,9 @@ impl Shard {
         }
     }
 
-    /// A command for a stream. Queue-only commands (requeue, reject, get, purge, QoS 2
-    /// release) do nothing to a stream: its entries leave only by retention.
+    /// A command for a stream. Queue-only commands (reject, get, purge, QoS 2 release) do
+    /// nothing to a stream: its entries leave only by retention. A requeue is a delivery
+    /// returned by a closing channel.
     fn handle_stream(&mut self, id: QueueId, cmd: ShardCmd) {
         let Some(s) = self.streams.get_mut(&id) else { return };
         self.touched.insert(id);
@@ -587,7 +588,9 @@ impl Shard {
             }
             ShardCmd::StreamSettle { consumer, offset, .. } => s.settle(consumer, offset),
             ShardCmd::Credit { consumer, n, .. } => s.credit(consumer, n),
-            ShardCmd::Detach { consumer, .. } | ShardCmd::Cancel { consumer, .. } => s.detach(consumer),
+            ShardCmd::Detach { consumer, .. } => s.detach(consumer),
+            ShardCmd::Cancel { consumer, .. } => s.cancel(consumer),
+            ShardCmd::Requeue { consumer, offset, .. } => s.returned(consumer, offset),
             ShardCmd::Attach { consumer, .. } => {
                 // Not through the stream path (no offset): refuse by cancelling.
                 let _ = consumer.tx.send(super::queue::ConsumerEvent::Cancelled { queue: id, consumer: consumer.id });
@@ -616,7 +619,6 @@ impl Shard {
             ShardCmd::Appended(_)
             | ShardCmd::Configure { .. }
             | ShardCmd::Ack { .. }
-            | ShardCmd::Requeue { .. }
             | ShardCmd::Reject { .. }
             | ShardCmd::RetryDue { .. }
             | ShardCmd::Release { .. } => {}

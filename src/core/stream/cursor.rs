@@ -30,12 +30,15 @@ pub struct StreamConsumer {
     pub(super) reader: Reader,
     /// Server-side tag filter (`x-tag-filter` consume argument): other entries are skipped.
     pub filter: Option<TagFilter>,
+    /// Cancelled (basic.cancel) with deliveries still unacked: it gets nothing more, and
+    /// stays only until those are settled or returned.
+    pub cancelled: bool,
 }
 
 impl StreamConsumer {
     /// A consumer reading from offset `next` with `credit` deliveries in hand.
     pub fn new(id: ConsumerId, tx: mpsc::UnboundedSender<ConsumerEvent>, credit: u32, next: u64, group: Option<String>) -> StreamConsumer {
-        StreamConsumer { id, tx, credit, unacked: BTreeSet::new(), group, reader: Reader::at(next), filter: None }
+        StreamConsumer { id, tx, credit, unacked: BTreeSet::new(), group, reader: Reader::at(next), filter: None, cancelled: false }
     }
 
     /// Server-side filter hook: true when the entry is for this consumer (or its group).

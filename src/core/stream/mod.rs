@@ -121,7 +121,7 @@ impl Stream {
 
     /// Attached consumers.
     pub fn consumer_count(&self) -> usize {
-        self.consumers.len()
+        self.consumers.iter().filter(|c| !c.cancelled).count()
     }
 
     /// Writes the live counters to the gauge.
@@ -228,11 +228,47 @@ impl Stream {
                 g.ack(offset);
             }
         }
+        self.drop_if_done(consumer);
+    }
+
+    /// A delivery came back unsettled (its channel closed): a group member's goes to the
+    /// rest of its group.
+    pub fn returned(&mut self, consumer: ConsumerId, offset: u64) {
+        let Some(c) = self.consumers.iter_mut().find(|c| c.id == consumer) else { return };
+        if c.unacked.remove(&offset) {
+            if let Some(g) = c.group.as_ref().and_then(|n| self.groups.get_mut(n)) {
+                g.returned_by([offset]);
+            }
+        }
+        self.drop_if_done(consumer);
+    }
+
+    /// basic.cancel: the consumer gets nothing more, but what it holds unacked stays
+    /// ackable (as for queues); a group member's unacked entries go back to the group only
+    /// if they are returned (channel closed), not at the cancel.
+    pub fn cancel(&mut self, id: ConsumerId) {
+        match self.consumers.iter_mut().find(|c| c.id == id) {
+            Some(c) if !c.unacked.is_empty() => {
+                c.cancelled = true;
+                c.credit = 0;
+            }
+            Some(_) => self.detach(id),
+            None => {}
+        }
+    }
+
+    /// Removes a cancelled consumer once it holds nothing; keeps it at zero credit before.
+    fn drop_if_done(&mut self, id: ConsumerId) {
+        let Some(c) = self.consumers.iter_mut().find(|c| c.id == id && c.cancelled) else { return };
+        c.credit = 0;
+        if c.unacked.is_empty() {
+            self.detach(id);
+        }
     }
 
     /// Adds credit to a consumer.
     pub fn credit(&mut self, consumer: ConsumerId, n: u32) {
-        if let Some(c) = self.consumers.iter_mut().find(|c| c.id == consumer) {
+        if let Some(c) = self.consumers.iter_mut().find(|c| c.id == consumer && !c.cancelled) {
             c.credit = c.credit.saturating_add(n);
         }
     }
