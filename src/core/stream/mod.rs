@@ -312,10 +312,12 @@ impl Stream {
                 gone.push(self.consumers[i].id);
             }
         }
-        let names: Vec<String> = match self.groups.is_empty() {
-            true => Vec::new(),
-            false => self.groups.keys().cloned().collect(),
-        };
+        // Only groups with a member that can take something (groups without members keep
+        // their cursor and cost nothing here).
+        let mut names: Vec<String> =
+            self.consumers.iter().filter(|c| c.credit > 0).filter_map(|c| c.group.clone()).collect();
+        names.sort_unstable();
+        names.dedup();
         for name in names {
             self.pump_group(&name, journal, &mut gone);
         }
