@@ -24,6 +24,9 @@ pub const HASH_PROPERTY: &str = "hash-property";
 pub const MAX_WEIGHT: u32 = 1_000;
 /// Points on the ring per unit of weight.
 pub const POINTS_PER_WEIGHT: u32 = 128;
+/// The largest total weight of one exchange's bindings: bounds its ring (8,192 x 128
+/// points, 16 MiB) and the work of rebuilding it on each bind.
+pub const MAX_RING_WEIGHT: u64 = 8_192;
 
 /// A message property the ring can hash on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,6 +73,9 @@ pub enum HashArgError {
     /// The binding key is above [`MAX_WEIGHT`].
     #[error("The binding key must be at most {}", MAX_WEIGHT)]
     TooLarge,
+    /// The exchange's bindings would weigh more than [`MAX_RING_WEIGHT`] together.
+    #[error("The bindings of this exchange may weigh at most {} together", MAX_RING_WEIGHT)]
+    RingFull,
 }
 
 impl HashOn {

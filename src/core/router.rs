@@ -25,7 +25,7 @@ use ferrymq_storage::QueueId;
 use parking_lot::RwLock;
 
 use super::delivery::SessionLink;
-use super::hash_ring::{parse_weight, HashArgError, HashOn, Ring};
+use super::hash_ring::{parse_weight, HashArgError, HashOn, Ring, MAX_RING_WEIGHT};
 use super::message::Message;
 use super::tag_filter::{TagFilter, TagFilterError};
 use super::value::Value;
@@ -751,8 +751,12 @@ impl Router {
             .exchanges
             .get_mut(exchange)
             .ok_or_else(|| RouteError::NoExchange(exchange.to_owned(), vhost.to_owned()))?;
-        if x.def.routing_kind() == ExchangeKind::ConsistentHash {
-            parse_weight(&binding.key)?;
+        if let Bindings::ConsistentHash(h) = &x.bindings {
+            let weight = parse_weight(&binding.key)?;
+            let others: u64 = h.list.iter().filter(|b| !b.same(&binding.dest, &binding.key, &binding.args)).map(|b| u64::from(parse_weight(&b.key).unwrap_or(0))).sum();
+            if others + u64::from(weight) > MAX_RING_WEIGHT {
+                return Err(HashArgError::RingFull.into());
+            }
         }
         let is_mqtt = binding.mqtt.is_some();
         let added = x.bindings.add(binding);
@@ -1259,6 +1263,20 @@ mod tests {
         // Unbinding every queue leaves nothing to route to.
         assert_eq!(r.unbind_all("/", &q(1)) + r.unbind_all("/", &q(2)) + r.unbind_all("/", &q(3)) + r.unbind_all("/", &q(4)), 4);
         assert!(r.route("/", "h", &msg("k", &[]), "").unwrap().0.is_empty());
+    }
+
+    #[test]
+    fn a_consistent_hash_ring_has_a_bounded_total_weight() {
+        let r = Router::new();
+        hash_exchange(&r, "h", vec![]);
+        for n in 1..=8 {
+            r.bind("/", "h", Binding::queue(QueueId(n), "1000", vec![])).unwrap();
+        }
+        // Re-binding an existing binding does not count it twice.
+        r.bind("/", "h", Binding::queue(QueueId(1), "1000", vec![])).unwrap();
+        let e = r.bind("/", "h", Binding::queue(QueueId(9), "1000", vec![]));
+        assert_eq!(e, Err(RouteError::HashArgument(HashArgError::RingFull)));
+        r.bind("/", "h", Binding::queue(QueueId(9), "192", vec![])).unwrap();
     }
 
     #[test]
