@@ -18,11 +18,13 @@
 //! - [`retry`] — retry timers and records of entries waiting for a delayed retry.
 //! - [`stats`] — counters.
 //! - [`value`] — typed header values (AMQP field tables).
+//! - [`duration`] — durations written as a number and a unit (`30s`, `7D`).
 
 pub mod alarm;
 pub mod broker;
 pub mod dead_letter;
 pub mod delivery;
+pub mod duration;
 pub mod hash_ring;
 pub mod message;
 pub mod queue;

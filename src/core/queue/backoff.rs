@@ -2,6 +2,7 @@
 //! how long — RabbitMQ 4.3's linear backoff (`x-delayed-retry-min` / `-max`) or FerryMQ's
 //! list of steps (`x-retry-backoff`, RocketMQ-style schedules such as `10s,30s,1m`).
 
+use crate::core::duration::{parse_ms, DurationError};
 use std::time::Duration;
 
 /// Longest single retry delay (RabbitMQ caps delays at the u32 millisecond range).
@@ -106,19 +107,11 @@ pub fn parse_steps(list: &str) -> Result<Vec<u64>, String> {
     let mut steps = Vec::new();
     for raw in list.split(',') {
         let step = raw.trim();
-        let digits = step.bytes().take_while(u8::is_ascii_digit).count();
-        let (number, unit) = step.split_at(digits);
-        let unit_ms: u64 = match unit {
-            "ms" => 1,
-            "s" => 1000,
-            "m" => 60_000,
-            "h" => 3_600_000,
-            _ => return Err(format!("step '{step}' needs a whole number and a unit (ms, s, m, h)")),
-        };
-        let n: u64 = number.parse().map_err(|_| format!("step '{step}' needs a whole number and a unit (ms, s, m, h)"))?;
-        let ms = n.checked_mul(unit_ms).filter(|ms| *ms <= MAX_DELAY_MS);
-        let Some(ms) = ms else {
-            return Err(format!("step '{step}' is longer than {} days", Duration::from_millis(MAX_DELAY_MS).as_secs() / 86_400));
+        let too_long = || format!("step '{step}' is longer than {} days", Duration::from_millis(MAX_DELAY_MS).as_secs() / 86_400);
+        let ms = match parse_ms(step, &[("ms", 1), ("s", 1000), ("m", 60_000), ("h", 3_600_000)]) {
+            Ok(ms) if ms <= MAX_DELAY_MS => ms,
+            Ok(_) | Err(DurationError::Overflow) => return Err(too_long()),
+            Err(DurationError::Syntax) => return Err(format!("step '{step}' needs a whole number and a unit (ms, s, m, h)")),
         };
         steps.push(ms);
         if steps.len() > MAX_STEPS {

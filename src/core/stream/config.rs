@@ -57,19 +57,9 @@ const DAY_MS: u64 = 24 * 3600 * SECOND_MS;
 /// integer followed by one unit, `Y` (365 days), `M` (30 days), `D`, `h`, `m` or `s`.
 /// `None` for anything else (the caller refuses it with 406).
 pub fn parse_age(text: &str) -> Option<u64> {
-    let split = text.find(|c: char| !c.is_ascii_digit())?;
-    let (digits, unit) = text.split_at(split);
-    let n: u64 = digits.parse().ok().filter(|n| *n > 0)?;
-    let unit_ms = match unit {
-        "Y" => 365 * DAY_MS,
-        "M" => 30 * DAY_MS,
-        "D" => DAY_MS,
-        "h" => 3600 * SECOND_MS,
-        "m" => 60 * SECOND_MS,
-        "s" => SECOND_MS,
-        _ => return None,
-    };
-    n.checked_mul(unit_ms)
+    const UNITS: [(&str, u64); 6] =
+        [("Y", 365 * DAY_MS), ("M", 30 * DAY_MS), ("D", DAY_MS), ("h", 3600 * SECOND_MS), ("m", 60 * SECOND_MS), ("s", SECOND_MS)];
+    crate::core::duration::parse_ms(text, &UNITS).ok().filter(|ms| *ms > 0)
 }
 
 #[cfg(test)]
