@@ -81,6 +81,14 @@ impl QueueEntity {
 #[error("{0}")]
 pub struct ArgumentError(pub String);
 
+impl ArgumentError {
+    /// RabbitMQ's `PRECONDITION_FAILED - invalid arg ...` text for argument `key` of queue
+    /// `name` in `vhost`.
+    pub fn invalid(vhost: &str, name: &str, key: &str, why: impl std::fmt::Display) -> ArgumentError {
+        ArgumentError(format!("PRECONDITION_FAILED - invalid arg '{key}' for queue '{name}' in vhost '{vhost}': {why}"))
+    }
+}
+
 /// Reads a non-negative integer argument.
 pub fn arg_u64(args: &[(String, Value)], name: &str) -> Option<u64> {
     args.iter().find(|(k, _)| k == name).and_then(|(_, v)| v.as_i64()).and_then(|v| u64::try_from(v).ok())
@@ -106,7 +114,7 @@ pub fn queue_config(vhost: &str, name: &str, durable: bool, args: &[(String, Val
             None => Ok(None),
             Some((_, v)) => match v.as_i64() {
                 Some(i) if i >= 0 => Ok(Some(i as u64)),
-                _ => Err(ArgumentError(format!("PRECONDITION_FAILED - invalid arg '{key}' for queue '{name}' in vhost '{vhost}': {{value_negative,{}}}", v.to_text()))),
+                _ => Err(ArgumentError::invalid(vhost, name, key, format!("{{value_negative,{}}}", v.to_text()))),
             },
         }
     };
@@ -114,7 +122,7 @@ pub fn queue_config(vhost: &str, name: &str, durable: bool, args: &[(String, Val
     c.max_len = int("x-max-length")?.unwrap_or(0);
     c.max_bytes = int("x-max-length-bytes")?.unwrap_or(0);
     if let Some(0) = int("x-expires")? {
-        return Err(ArgumentError(format!("PRECONDITION_FAILED - invalid arg 'x-expires' for queue '{name}' in vhost '{vhost}': {{value_zero,0}}")));
+        return Err(ArgumentError::invalid(vhost, name, "x-expires", "{value_zero,0}"));
     }
     c.delivery_limit = int("x-delivery-limit")?.map(|v| v.min(u32::MAX as u64) as u32);
     c.retry = retry_policy(vhost, name, args)?;
@@ -125,7 +133,7 @@ pub fn queue_config(vhost: &str, name: &str, durable: bool, args: &[(String, Val
         Some("reject-publish") => Overflow::RejectPublish,
         Some("reject-publish-dlx") => Overflow::RejectPublishDlx,
         Some(other) => {
-            return Err(ArgumentError(format!("PRECONDITION_FAILED - invalid arg 'x-overflow' for queue '{name}' in vhost '{vhost}': {{unknown_overflow_type,<<\"{other}\">>}}")))
+            return Err(ArgumentError::invalid(vhost, name, "x-overflow", format!("{{unknown_overflow_type,<<\"{other}\">>}}")))
         }
     };
     if let Some(exchange) = arg_str(args, "x-dead-letter-exchange") {
@@ -143,12 +151,12 @@ pub fn queue_config(vhost: &str, name: &str, durable: bool, args: &[(String, Val
             }
         }
         Some(other) => {
-            return Err(ArgumentError(format!("PRECONDITION_FAILED - invalid arg 'x-queue-type' for queue '{name}' in vhost '{vhost}': {{unsupported_queue_type,<<\"{other}\">>}}")))
+            return Err(ArgumentError::invalid(vhost, name, "x-queue-type", format!("{{unsupported_queue_type,<<\"{other}\">>}}")))
         }
     }
     if let Some(p) = int("x-max-priority")? {
         if p > 255 {
-            return Err(ArgumentError(format!("PRECONDITION_FAILED - invalid arg 'x-max-priority' for queue '{name}' in vhost '{vhost}': {{value_too_large,{p}}}")));
+            return Err(ArgumentError::invalid(vhost, name, "x-max-priority", format!("{{value_too_large,{p}}}")));
         }
         // Up to 15 levels are kept apart (RabbitMQ recommends at most 10).
         c.max_priority = Some(p.min(15) as u8);

@@ -15,9 +15,7 @@ pub const RETRY_ARGUMENTS: [&str; 4] = ["x-delayed-retry-type", "x-delayed-retry
 /// PRECONDITION_FAILED text for invalid ones.
 pub fn retry_policy(vhost: &str, name: &str, args: &[(String, Value)]) -> Result<Option<RetryPolicy>, ArgumentError> {
     let find = |key: &str| args.iter().find(|(k, _)| k == key).map(|(_, v)| v);
-    let invalid = |key: &str, why: String| {
-        ArgumentError(format!("PRECONDITION_FAILED - invalid arg '{key}' for queue '{name}' in vhost '{vhost}': {why}"))
-    };
+    let invalid = |key: &str, why: String| ArgumentError::invalid(vhost, name, key, why);
     // Outer `None`: not given; `Some(None)`: `disabled`.
     let on = match find("x-delayed-retry-type") {
         None => None,

@@ -52,7 +52,7 @@ pub fn stream_config(
     if !durable {
         return Err(property("non-durable"));
     }
-    let invalid = |arg: &str, why: String| ArgumentError(format!("PRECONDITION_FAILED - invalid arg '{arg}' for queue '{name}' in vhost '{vhost}': {why}"));
+    let invalid = |arg: &str, why: String| ArgumentError::invalid(vhost, name, arg, why);
     let refused = |k: &str| NOT_FOR_STREAMS.contains(&k) || super::retry_args::RETRY_ARGUMENTS.contains(&k);
     if let Some((k, _)) = args.iter().find(|(k, _)| refused(k)) {
         return Err(ArgumentError(format!(
