@@ -23,6 +23,9 @@ pub struct ChannelConsumer {
     pub no_ack: bool,
     /// Consumes a stream: deliveries carry `x-stream-offset`; settling only gives credit.
     pub stream: bool,
+    /// Member of a partitioned or single-active group: its going is told to
+    /// [`crate::core::stream::assignment::Assignments`].
+    pub assigned: bool,
 }
 
 /// A delivery waiting for the client's ack.

@@ -391,6 +391,9 @@ impl Task {
                 let Some(channel) = self.consumer_channels.remove(&consumer) else { return };
                 if let Some(ch) = self.channels.get_mut(&channel) {
                     if let Some(c) = ch.consumers.remove(&consumer) {
+                        if c.assigned {
+                            self.ctx.broker.assignments.leave(&self.ctx.broker.shards, consumer);
+                        }
                         // consumer_cancel_notify: the queue was deleted.
                         let cancel = ferrymq_amqp::methods::basic::Cancel { consumer_tag: c.tag.as_str().into(), nowait: true };
                         self.proto.reply(channel, AMQPClass::Basic(ferrymq_amqp::methods::basic::AMQPMethod::Cancel(cancel)));
@@ -463,6 +466,9 @@ impl Task {
         for (id, c) in ch.consumers {
             self.consumer_channels.remove(&id);
             self.ctx.broker.shards.send(ShardCmd::Detach { queue: c.queue, consumer: id });
+            if c.assigned {
+                self.ctx.broker.assignments.leave(&self.ctx.broker.shards, id);
+            }
             self.consumer_left(&c.queue_name);
             self.consumer_gone(&c.queue_name);
         }

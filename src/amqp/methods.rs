@@ -12,13 +12,14 @@ use super::channel::{ChannelConsumer, Settle, TxPublish};
 use super::connection::{PendingConfirm, Task, NO_ACK_CREDIT};
 use super::convert::{properties_in, properties_out, qos_of, short, table_in};
 use super::entities::{persist_binding, queue_config, store_exchange, forget_exchange, QueueEntity};
-use super::streams::{consumer_group, is_stream, stream_config, stream_offset};
+use super::streams::{consumer_group, is_stream, partitions_of, sharing, stream_config, stream_offset, Sharing};
 use crate::core::broker::RetainMode;
 use crate::core::message::{now_ms, Message, SharedMessage};
 use crate::core::queue::{Consumer, QueueConfig};
 use crate::core::tag_filter::TagFilter;
 use crate::core::router::{Binding, ExchangeDef, ExchangeKind, RouteError, Routes};
 use crate::core::shards::ShardCmd;
+use crate::core::stream::assignment::{GroupKey, MemberId};
 use crate::core::stream::StreamOffset;
 use crate::core::value::Value;
 
@@ -343,6 +344,25 @@ impl Task {
                     true => Some(self.stream_consume_checks(channel, &q, c.no_ack, &args)?),
                     false => None,
                 };
+                // A member of a partitioned or single-active group: its group and partitions.
+                let assigned = match stream_start.as_ref().map(|s| (&s.1, &s.3)) {
+                    Some((Some(group), Sharing::Partition(name))) => {
+                        let Some(partitions) = partitions_of(&self.ctx.broker.router, &self.ctx.entities, &self.vhost, name) else {
+                            return Err(not_found("exchange", name, &self.vhost));
+                        };
+                        if !partitions.contains(&q.id) {
+                            return Err(channel_fail(
+                                406,
+                                format!("PRECONDITION_FAILED - queue '{}' in vhost '{}' is not a partition of super stream '{name}'", q.name, self.vhost),
+                            ));
+                        }
+                        Some((GroupKey { vhost: self.vhost.clone(), super_stream: name.clone(), group: group.clone() }, partitions))
+                    }
+                    Some((Some(group), Sharing::SingleActive)) => {
+                        Some((GroupKey { vhost: self.vhost.clone(), super_stream: q.name.clone(), group: group.clone() }, vec![q.id]))
+                    }
+                    _ => None,
+                };
                 let priority = args.iter().find(|(k, _)| k == "x-priority").and_then(|(_, v)| v.as_i64()).unwrap_or(0) as i32;
                 let id = self.ctx.broker.next_id();
                 let ch = self.channel(channel)?;
@@ -357,7 +377,14 @@ impl Task {
                 };
                 ch.consumers.insert(
                     id,
-                    ChannelConsumer { tag: tag.clone(), queue: q.id, queue_name: q.name.clone(), no_ack: c.no_ack, stream: stream_start.is_some() },
+                    ChannelConsumer {
+                        tag: tag.clone(),
+                        queue: q.id,
+                        queue_name: q.name.clone(),
+                        no_ack: c.no_ack,
+                        stream: stream_start.is_some(),
+                        assigned: assigned.is_some(),
+                    },
                 );
                 self.consumer_channels.insert(id, channel);
                 q.had_consumer.store(true, Ordering::Relaxed);
@@ -368,11 +395,17 @@ impl Task {
                 if !c.nowait {
                     self.proto.reply(channel, AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(basic::ConsumeOk { consumer_tag: short(&tag) })));
                 }
+                let shards = &self.ctx.broker.shards;
                 match stream_start {
-                    Some((start, group, filter)) => {
-                        self.ctx.broker.shards.send(ShardCmd::AttachStream { queue: q.id, consumer, start, group, filter })
+                    Some((start, group, filter, _)) => {
+                        let exclusive = assigned.is_some();
+                        shards.send(ShardCmd::AttachStream { queue: q.id, consumer, start, group, filter, exclusive })
                     }
-                    None => self.ctx.broker.shards.send(ShardCmd::Attach { queue: q.id, consumer }),
+                    None => shards.send(ShardCmd::Attach { queue: q.id, consumer }),
+                }
+                if let Some((key, partitions)) = assigned {
+                    let member = MemberId { connection: self.id, channel };
+                    self.ctx.broker.assignments.join(shards, key, partitions, member, q.id, id);
                 }
                 Ok(None)
             }
@@ -384,6 +417,9 @@ impl Task {
                     ch.consumers.remove(&id);
                     self.consumer_channels.remove(&id);
                     self.ctx.broker.shards.send(ShardCmd::Cancel { queue: consumer.queue, consumer: id });
+                    if consumer.assigned {
+                        self.ctx.broker.assignments.leave(&self.ctx.broker.shards, id);
+                    }
                     self.consumer_left(&consumer.queue_name);
                     self.consumer_gone(&consumer.queue_name);
                 }
@@ -440,15 +476,15 @@ impl Task {
 
     /// The rules for a stream consumer: a consumer prefetch (basic.qos > 0 first) and manual
     /// acks, else 406 (the contract; RabbitMQ closes the connection with 540 for
-    /// no-ack); returns where it starts.
-    /// ... and the consumer group it joins (`x-consumer-group`, a string), if any.
+    /// no-ack); returns where it starts, the consumer group it joins (`x-consumer-group`),
+    /// its tag filter and how the group's members share the stream.
     fn stream_consume_checks(
         &mut self,
         channel: u16,
         q: &QueueEntity,
         no_ack: bool,
         args: &[(String, Value)],
-    ) -> Result<(StreamOffset, Option<String>, Option<TagFilter>), Fail> {
+    ) -> Result<(StreamOffset, Option<String>, Option<TagFilter>, Sharing), Fail> {
         let queue = format!("queue '{}' in vhost '{}'", q.name, q.vhost);
         if self.channel(channel)?.prefetch == 0 {
             return Err(channel_fail(406, format!("PRECONDITION_FAILED - consumer prefetch count is not set for '{queue}'")));
@@ -459,7 +495,8 @@ impl Task {
         let start = stream_offset(args).map_err(|e| channel_fail(406, format!("PRECONDITION_FAILED - {e} for consumer of {queue}")))?;
         let group = consumer_group(args).map_err(|e| channel_fail(406, format!("PRECONDITION_FAILED - {e} for consumer of {queue}")))?;
         let filter = TagFilter::from_arguments(args).map_err(|e| channel_fail(406, format!("PRECONDITION_FAILED - {e} for consumer of {queue}")))?;
-        Ok((start, group, filter))
+        let sharing = sharing(args, group.as_deref()).map_err(|e| channel_fail(406, format!("PRECONDITION_FAILED - {e} for consumer of {queue}")))?;
+        Ok((start, group, filter, sharing))
     }
 
     fn channel(&mut self, channel: u16) -> Result<&mut super::channel::Channel, Fail> {

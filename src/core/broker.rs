@@ -90,6 +90,8 @@ pub struct Broker {
     pub pacing: Pacing,
     /// Where `%DLQ%` queues come from (set by the AMQP front-end at start).
     pub dead_letter_queues: DeadLetterQueuesHook,
+    /// Which member of each partitioned (or single-active) stream group reads what.
+    pub assignments: crate::core::stream::assignment::Assignments,
     next_id: AtomicU64,
 }
 
@@ -113,6 +115,7 @@ impl Broker {
             timers_changed: Notify::new(),
             pacing,
             dead_letter_queues: DeadLetterQueuesHook::new(),
+            assignments: crate::core::stream::assignment::Assignments::new(),
             next_id: AtomicU64::new(1),
         }
     }

@@ -845,6 +845,12 @@ impl Router {
         v.exchanges.iter().flat_map(|(name, x)| x.bindings.all().into_iter().map(move |b| (name.clone(), b))).collect()
     }
 
+    /// The bindings of one exchange (empty when it does not exist).
+    pub fn bindings_of(&self, vhost: &str, exchange: &str) -> Vec<Binding> {
+        let vhosts = self.vhosts.read();
+        vhosts.get(vhost).and_then(|v| v.exchanges.get(exchange)).map(|x| x.bindings.all()).unwrap_or_default()
+    }
+
     /// Adds an MQTT subscription (`filter` in MQTT syntax, without `$share/`) on the MQTT
     /// exchange; true if it is new.
     pub fn subscribe(&self, filter: &str, dest: Destination, opts: MqttOptions) -> bool {

@@ -72,6 +72,18 @@ pub enum ShardCmd {
         group: Option<String>,
         /// Its tag filter (`x-tag-filter`), if any.
         filter: Option<crate::core::tag_filter::TagFilter>,
+        /// The group is read by one member at a time, chosen by [`ShardCmd::ActivateMember`]
+        /// (a partition of a super stream, or a single-active group).
+        exclusive: bool,
+    },
+    /// Names the member of a stream's exclusive group that reads it from now on.
+    ActivateMember {
+        /// The stream.
+        queue: QueueId,
+        /// The group.
+        group: String,
+        /// The member's consumer (`None`: nobody).
+        consumer: Option<ConsumerId>,
     },
     /// Move a stream consumer group's committed offset; answers the new offset (`None`
     /// when the queue is not a stream).
@@ -216,6 +228,7 @@ impl ShardCmd {
             ShardCmd::Configure { queue, .. }
             | ShardCmd::ConfigureStream { queue, .. }
             | ShardCmd::AttachStream { queue, .. }
+            | ShardCmd::ActivateMember { queue, .. }
             | ShardCmd::StreamSettle { queue, .. }
             | ShardCmd::ResetGroup { queue, .. }
             | ShardCmd::Attach { queue, .. }
@@ -479,7 +492,7 @@ impl Shard {
             ShardCmd::AttachStream { queue, consumer, .. } => {
                 let _ = consumer.tx.send(super::queue::ConsumerEvent::Cancelled { queue, consumer: consumer.id });
             }
-            ShardCmd::StreamSettle { .. } => {}
+            ShardCmd::StreamSettle { .. } | ShardCmd::ActivateMember { .. } => {}
             ShardCmd::ResetGroup { reply, .. } => {
                 let _ = reply.send(None);
             }
@@ -579,10 +592,15 @@ impl Shard {
         self.touched.insert(id);
         match cmd {
             ShardCmd::ConfigureStream { config, .. } => s.set_config(config),
-            ShardCmd::AttachStream { consumer, start, group, filter, .. } => {
+            ShardCmd::AttachStream { consumer, start, group, filter, exclusive, .. } => {
+                let name = group.clone().filter(|_| exclusive);
                 s.attach(consumer.id, consumer.tx, consumer.credit, start, group, &self.journal);
                 s.set_filter(consumer.id, filter);
+                if let Some(name) = name {
+                    s.make_exclusive(&name);
+                }
             }
+            ShardCmd::ActivateMember { group, consumer, .. } => s.activate(&group, consumer),
             ShardCmd::ResetGroup { group, to, reply, .. } => {
                 let _ = reply.send(Some(s.reset_group(&group, to, &self.journal)));
             }

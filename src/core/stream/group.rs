@@ -111,13 +111,18 @@ pub struct Group {
     pub(super) rr: usize,
     /// The cursor changed since it was last stored.
     pub(super) dirty: bool,
+    /// One member at a time reads this group's entries ([`super::assignment`]): the
+    /// stream is a partition of a super stream, or the group is single-active.
+    pub(super) exclusive: bool,
+    /// The member allowed to read when `exclusive` (none: nobody, until one is chosen).
+    pub(super) active: Option<ConsumerId>,
 }
 
 impl Group {
     /// A group resuming from `cursor` (new groups: `dirty`, so that they are stored).
     pub fn resume(cursor: GroupCursor, dirty: bool) -> Group {
         let reader = Reader::at(cursor.committed);
-        Group { cursor, reader, returned: BTreeSet::new(), in_flight: BTreeMap::new(), rr: 0, dirty }
+        Group { cursor, reader, returned: BTreeSet::new(), in_flight: BTreeMap::new(), rr: 0, dirty, exclusive: false, active: None }
     }
 
     /// A member acked (or nacked / rejected) `offset`.
@@ -144,6 +149,18 @@ impl Group {
         self.returned.clear();
         self.in_flight.clear();
         self.dirty = true;
+    }
+
+    /// The member that may read next, when one at a time does: `None` while another
+    /// member still holds entries (the hand-over waits for them to be settled or
+    /// returned, so the partition stays in order) or when no member is active.
+    /// `Some(None)`: any member may read.
+    pub(super) fn reader_gate(&self) -> Option<Option<ConsumerId>> {
+        if !self.exclusive {
+            return Some(None);
+        }
+        let active = self.active?;
+        self.in_flight.values().all(|c| *c == active).then_some(Some(active))
     }
 
     /// Entries below `first` were trimmed.

@@ -10,6 +10,7 @@
 //! further behind pages pointers from the journal (`queue_entries`) and reads each body
 //! only when it delivers it.
 
+pub mod assignment;
 mod config;
 mod cursor;
 pub mod group;
@@ -205,13 +206,35 @@ impl Stream {
         }
     }
 
+    /// Makes `group` read by one member at a time (a partition of a super stream, or a
+    /// single-active group): nobody reads until [`Stream::activate`] names the member.
+    pub fn make_exclusive(&mut self, group: &str) {
+        if let Some(g) = self.groups.get_mut(group) {
+            g.exclusive = true;
+        }
+    }
+
+    /// Names the member of an exclusive `group` that reads it from now on (`None`:
+    /// nobody); it starts once the previous one's entries are settled or returned.
+    pub fn activate(&mut self, group: &str, consumer: Option<ConsumerId>) {
+        if let Some(g) = self.groups.get_mut(group).filter(|g| g.exclusive) {
+            g.active = consumer;
+        }
+    }
+
     /// Removes a consumer (cancel, channel closed): its cursor goes with it; what a group
     /// member held unacked goes to the rest of its group.
     pub fn detach(&mut self, id: ConsumerId) {
         let Some(i) = self.consumers.iter().position(|c| c.id == id) else { return };
         let c = self.consumers.swap_remove(i);
+        let last = c.group.as_ref().is_some_and(|n| !self.consumers.iter().any(|x| x.group.as_ref() == Some(n)));
         if let Some(g) = c.group.as_ref().and_then(|n| self.groups.get_mut(n)) {
             g.returned_by(c.unacked);
+            if last {
+                // Its next members say afresh how they share the stream.
+                g.exclusive = false;
+                g.active = None;
+            }
         }
         if self.consumers.is_empty() {
             self.tail.clear();
@@ -364,24 +387,28 @@ impl Stream {
         true
     }
 
-    /// The next member of `name` with credit, round robin from consumer index `rr`.
-    fn next_member(&self, name: &str, rr: usize, gone: &[ConsumerId]) -> Option<usize> {
+    /// The next member of `name` with credit, round robin from consumer index `rr`
+    /// (only `only`, when one member at a time reads).
+    fn next_member(&self, name: &str, rr: usize, only: Option<ConsumerId>, gone: &[ConsumerId]) -> Option<usize> {
         let n = self.consumers.len();
         (0..n).map(|k| (rr + k) % n).find(|&i| {
             let c = &self.consumers[i];
-            c.credit > 0 && c.group.as_deref() == Some(name) && !gone.contains(&c.id)
+            c.credit > 0 && c.group.as_deref() == Some(name) && !gone.contains(&c.id) && only.is_none_or(|o| o == c.id)
         })
     }
 
     /// Hands a group's next entries to its members with credit, round robin, each entry
-    /// to one member: entries a departed member returned first, then new ones.
+    /// to one member: entries a departed member returned first, then new ones. A group
+    /// read one member at a time hands them to its active member only.
     fn pump_group(&mut self, name: &str, journal: &Journal, gone: &mut Vec<ConsumerId>) {
         let (id, first, next) = (self.id, self.first, self.next);
         let Some(g) = self.groups.get_mut(name) else { return };
         g.skip_trimmed(first);
+        // Decided once: within this turn only the gate's member adds to what is in flight.
+        let Some(only) = g.reader_gate() else { return };
         loop {
             let rr = self.groups.get(name).map_or(0, |g| g.rr);
-            let Some(member) = self.next_member(name, rr, gone) else { return };
+            let Some(member) = self.next_member(name, rr, only, gone) else { return };
             let Some(g) = self.groups.get_mut(name) else { return };
             // The entry: a returned one (redelivered), else the next one never handed out.
             let (offset, ptr, msg, redelivered) = if let Some(o) = g.returned.pop_first() {
