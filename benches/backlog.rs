@@ -1,6 +1,6 @@
 //! Backlog benchmark: does a large backlog slow publishing or start-up down?
 //!
-//! `cargo bench --bench backlog -- [delayed|queue] [COUNT]`
+//! `cargo bench --bench backlog -- [delayed|queue|stream] [COUNT]`
 //!
 //! Starts the real `ferrymq` binary (release build, fresh data directory, default
 //! configuration: fsync `always`) on ephemeral loopback ports and drives it with `lapin`:
@@ -9,6 +9,8 @@
 //!   COUNT messages due in 30 days (pending timers), probe again, restart, probe again.
 //! * `queue` (default COUNT 10,000,000): probe, then fill a durable queue nobody consumes with
 //!   COUNT persistent messages, probe again, restart, probe again.
+//! * `stream` (default COUNT 10,000,000): the same with a stream (`x-queue-type: stream`)
+//!   that nobody reads.
 //!
 //! A probe publishes 20,000 persistent 256-byte messages with publisher confirms (window 64)
 //! to a separate queue, consumes them, and reports confirm latency percentiles and the rate.
@@ -149,7 +151,11 @@ async fn fill(uri: &str, mode: &str, count: usize) -> f64 {
             publish_confirmed(&ch, "backlog-delayed", "nowhere", count, FILL_WINDOW, props).await;
         }
         _ => {
-            ch.queue_declare("backlog".into(), QueueDeclareOptions { durable: true, ..Default::default() }, FieldTable::default())
+            let mut args = FieldTable::default();
+            if mode == "stream" {
+                args.insert("x-queue-type".into(), AMQPValue::LongString("stream".into()));
+            }
+            ch.queue_declare("backlog".into(), QueueDeclareOptions { durable: true, ..Default::default() }, args)
                 .await
                 .expect("declare backlog");
             publish_confirmed(&ch, "", "backlog", count, FILL_WINDOW, BasicProperties::default().with_delivery_mode(2)).await;
@@ -190,7 +196,7 @@ fn main() {
     // `cargo bench` passes `--bench`; the rest are ours.
     let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
     let mode = args.first().map(String::as_str).unwrap_or("delayed").to_owned();
-    assert!(mode == "delayed" || mode == "queue", "mode is `delayed` or `queue`, not {mode:?}");
+    assert!(["delayed", "queue", "stream"].contains(&mode.as_str()), "mode is `delayed`, `queue` or `stream`, not {mode:?}");
     let count: usize = args
         .get(1)
         .map(|c| c.replace(['_', ','], "").parse().expect("COUNT"))
@@ -211,7 +217,11 @@ fn main() {
         let (b, start_full) = Ferry::start(&dir);
         let after = phase("probe, backlog after restart", probe(&b.amqp)).await;
         b.stop();
-        let what = if mode == "delayed" { "pending delayed messages" } else { "messages in an unconsumed queue" };
+        let what = match mode.as_str() {
+            "delayed" => "pending delayed messages",
+            "stream" => "messages in a stream",
+            _ => "messages in an unconsumed queue",
+        };
         println!("\nBacklog: {count} {what} (filled at {fill_rate:.0} msg/s; data dir {size} MB)\n");
         println!("| probe: {PROBE} persistent {BODY} B publishes, confirms, window {PROBE_WINDOW} | msg/s | confirm p50 ms | p99 ms | max ms |");
         println!("|---|---|---|---|---|");

@@ -73,6 +73,9 @@ impl Server {
             config.broker.memory_high_watermark_bytes,
             config.broker.memory_high_watermark,
         ));
+        // Checked once before any listener opens: a client must never slip in before the
+        // first periodic check (a start-up race seen in CI under load).
+        alarm.check();
         tokio::spawn(alarm.clone().run());
         let mqtt_users = config.auth.mqtt.then(|| Users::new(config.auth.all_users()));
         let mqtt = MqttContext::restore(broker.clone(), config.mqtt.clone(), mqtt_users, alarm.clone());

@@ -591,7 +591,7 @@ impl Shard {
         let Some(s) = self.streams.get_mut(&id) else { return };
         self.touched.insert(id);
         match cmd {
-            ShardCmd::ConfigureStream { config, .. } => s.set_config(config),
+            ShardCmd::ConfigureStream { config, .. } => s.set_config(config, &self.journal),
             ShardCmd::AttachStream { consumer, start, group, filter, exclusive, .. } => {
                 let name = group.clone().filter(|_| exclusive);
                 s.attach(consumer.id, consumer.tx, consumer.credit, start, group, &self.journal);

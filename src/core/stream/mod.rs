@@ -50,8 +50,11 @@ pub struct Stream {
     first: u64,
     /// Next offset the journal assigns.
     next: u64,
-    /// Body bytes of live entries.
+    /// Body bytes of live entries (of those appended since the load unless
+    /// `bytes_counted`).
     bytes: u64,
+    /// `bytes` covers every live entry (counted at load or when a byte limit came).
+    bytes_counted: bool,
     /// Recent entries with their messages, contiguous or not, in offset order.
     tail: VecDeque<TailEntry>,
     tail_bytes: u64,
@@ -61,12 +64,41 @@ pub struct Stream {
 }
 
 impl Stream {
-    /// Loads a stream's extent from storage (one scan of its pointers, no body reads).
+    /// Loads a stream's extent from storage without reading its entries: they are
+    /// contiguous (only retention removes them, oldest first), so the journal's next offset
+    /// and live count give the first offset, checked with one lookup. Body bytes are
+    /// counted (one scan of the pointers, no body reads) only for a stream with a byte
+    /// limit; a huge stream without one starts in constant time.
     pub fn load(id: QueueId, config: Arc<StreamConfig>, journal: &Journal) -> Stream {
         let next = journal.queue_next_offset(id);
+        let len = journal.queue_len(id).unwrap_or(0).min(next);
+        let first = next - len;
+        let mut s = Stream {
+            id,
+            config,
+            first,
+            next,
+            bytes: 0,
+            bytes_counted: false,
+            tail: VecDeque::new(),
+            tail_bytes: 0,
+            consumers: Vec::new(),
+            groups: HashMap::new(),
+        };
+        let contiguous = len == 0 || matches!(journal.queue_entries(id, first, 1), Ok(page) if page.first().map(|e| e.0) == Some(first));
+        if !contiguous || s.config.max_bytes.is_some() {
+            s.scan(journal);
+        }
+        s.publish_gauge();
+        s
+    }
+
+    /// Counts the live entries' body bytes and finds the first offset (one scan of the
+    /// pointers, no body reads).
+    fn scan(&mut self, journal: &Journal) {
         let (mut first, mut bytes, mut from) = (None, 0u64, 0u64);
         loop {
-            match journal.queue_entries(id, from, 4096) {
+            match journal.queue_entries(self.id, from, 4096) {
                 Ok(page) if !page.is_empty() => {
                     first.get_or_insert(page[0].0);
                     bytes += page.iter().map(|(_, p)| p.body_len as u64).sum::<u64>();
@@ -74,24 +106,14 @@ impl Stream {
                 }
                 Ok(_) => break,
                 Err(e) => {
-                    warn!(stream = %config.name, error = %e, "cannot scan stream");
+                    warn!(stream = %self.config.name, error = %e, "cannot scan stream");
                     break;
                 }
             }
         }
-        let s = Stream {
-            id,
-            config,
-            first: first.unwrap_or(next),
-            next,
-            bytes,
-            tail: VecDeque::new(),
-            tail_bytes: 0,
-            consumers: Vec::new(),
-            groups: HashMap::new(),
-        };
-        s.publish_gauge();
-        s
+        self.first = first.unwrap_or(self.next);
+        self.bytes = bytes;
+        self.bytes_counted = true;
     }
 
     /// The stream's id.
@@ -100,8 +122,11 @@ impl Stream {
     }
 
     /// Replaces the retention settings (keeps the contents).
-    pub fn set_config(&mut self, config: Arc<StreamConfig>) {
+    pub fn set_config(&mut self, config: Arc<StreamConfig>, journal: &Journal) {
         self.config = config;
+        if self.config.max_bytes.is_some() && !self.bytes_counted {
+            self.scan(journal);
+        }
         self.publish_gauge();
     }
 
@@ -489,6 +514,7 @@ impl Stream {
         self.tail_bytes = 0;
         self.first = self.next;
         self.bytes = 0;
+        self.bytes_counted = true;
         ops.push(Op::DeleteQueue { queue: self.id });
         ops.push(group::forget_cursors(self.id));
         self.groups.clear();

@@ -213,7 +213,7 @@ fn retention_trims_the_oldest_and_moves_cursors_and_groups() {
     }
     let mut config = StreamConfig::new("s", "/");
     config.max_age_ms = Some(5_000);
-    f.stream.set_config(Arc::new(config));
+    f.stream.set_config(Arc::new(config), &f.journal);
     let mut ops = Vec::new();
     assert!(f.stream.enforce_retention(&f.journal, now, &mut ops));
     f.journal.write_blocking(ops).unwrap();
@@ -224,4 +224,64 @@ fn retention_trims_the_oldest_and_moves_cursors_and_groups() {
     assert_eq!(offsets(&drain(&mut g)), vec![4, 5]);
     let mut ops = Vec::new();
     assert!(!f.stream.enforce_retention(&f.journal, now, &mut ops), "nothing more to trim");
+}
+
+#[test]
+fn a_reloaded_stream_knows_its_extent_without_reading_its_entries() {
+    let mut f = fixture();
+    let now = crate::core::message::now_ms();
+    for n in 0..4 {
+        f.publish_at(n, now - 10_000);
+    }
+    f.publish(4..6);
+    let mut config = StreamConfig::new("s", "/");
+    config.max_age_ms = Some(5_000);
+    f.stream.set_config(Arc::new(config), &f.journal);
+    let mut ops = Vec::new();
+    assert!(f.stream.enforce_retention(&f.journal, now, &mut ops));
+    f.journal.write_blocking(ops).unwrap();
+    let mut f = f.restart();
+    assert_eq!((f.stream.first_offset(), f.stream.len(), f.stream.bytes_counted), (4, 2, false), "no scan without a byte limit");
+    let mut c = f.attach(1, 10, StreamOffset::First, None);
+    assert_eq!(offsets(&drain(&mut c)), vec![4, 5]);
+    // A byte limit arriving later counts the bytes once.
+    let mut config = StreamConfig::new("s", "/");
+    config.max_bytes = Some(1 << 20);
+    f.stream.set_config(Arc::new(config), &f.journal);
+    assert_eq!((f.stream.bytes, f.stream.bytes_counted), (8, true));
+}
+
+#[test]
+fn an_exclusive_group_is_read_by_its_active_member_and_changes_hands_after_settlement() {
+    let mut f = fixture();
+    f.publish(0..6);
+    // As the shard attaches a member of an exclusive group: exclusive before any pump.
+    let mut member = |f: &mut Fixture, id| {
+        let (tx, rx) = mpsc::unbounded_channel();
+        f.stream.attach(id, tx, 2, StreamOffset::First, Some("g".into()), &f.journal);
+        f.stream.make_exclusive("g");
+        f.pump();
+        rx
+    };
+    let mut a = member(&mut f, 1);
+    let mut b = member(&mut f, 2);
+    assert!(drain(&mut a).is_empty() && drain(&mut b).is_empty(), "nobody reads before a member is named");
+    f.stream.activate("g", Some(1));
+    f.pump();
+    assert_eq!(offsets(&drain(&mut a)), vec![0, 1]);
+    assert!(drain(&mut b).is_empty());
+    // B is named while A holds 0 and 1: B waits until they are settled or returned.
+    f.stream.activate("g", Some(2));
+    f.pump();
+    assert!(drain(&mut b).is_empty(), "the hand-over waits for A's entries");
+    f.ack(1, &[0]);
+    assert!(drain(&mut b).is_empty() && drain(&mut a).is_empty(), "A gets nothing more; B still waits for 1");
+    f.stream.returned(1, 1);
+    f.pump();
+    assert_eq!(drain(&mut b), vec![(1, 1, true), (2, 2, false)], "returned first, then in order");
+    // The group's last member leaves: the next members share it as they say.
+    f.stream.detach(1);
+    f.stream.detach(2);
+    let mut c = f.attach(3, 10, StreamOffset::First, Some("g"));
+    assert_eq!(offsets(&drain(&mut c)), vec![1, 2, 3, 4, 5], "a plain member reads again (1 and 2 were returned)");
 }
