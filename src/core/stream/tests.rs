@@ -256,7 +256,7 @@ fn an_exclusive_group_is_read_by_its_active_member_and_changes_hands_after_settl
     let mut f = fixture();
     f.publish(0..6);
     // As the shard attaches a member of an exclusive group: exclusive before any pump.
-    let mut member = |f: &mut Fixture, id| {
+    let member = |f: &mut Fixture, id| {
         let (tx, rx) = mpsc::unbounded_channel();
         f.stream.attach(id, tx, 2, StreamOffset::First, Some("g".into()), &f.journal);
         f.stream.make_exclusive("g");
