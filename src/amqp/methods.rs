@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use ferrymq_amqp::connection::{Content, Publish};
+use ferrymq_storage::QueueId;
 use ferrymq_amqp::methods::{basic, exchange, queue, tx};
 use ferrymq_amqp::AMQPClass;
 
@@ -19,7 +20,7 @@ use crate::core::queue::{Consumer, QueueConfig};
 use crate::core::tag_filter::TagFilter;
 use crate::core::router::{Binding, ExchangeDef, ExchangeKind, RouteError, Routes};
 use crate::core::shards::ShardCmd;
-use crate::core::stream::assignment::{GroupKey, MemberId};
+use crate::core::stream::assignment::{GroupKey, MemberId, Scope};
 use crate::core::stream::StreamOffset;
 use crate::core::value::Value;
 
@@ -344,23 +345,8 @@ impl Task {
                     true => Some(self.stream_consume_checks(channel, &q, c.no_ack, &args)?),
                     false => None,
                 };
-                // A member of a partitioned or single-active group: its group and partitions.
-                let assigned = match stream_start.as_ref().map(|s| (&s.1, &s.3)) {
-                    Some((Some(group), Sharing::Partition(name))) => {
-                        let Some(partitions) = partitions_of(&self.ctx.broker.router, &self.ctx.entities, &self.vhost, name) else {
-                            return Err(not_found("exchange", name, &self.vhost));
-                        };
-                        if !partitions.contains(&q.id) {
-                            return Err(channel_fail(
-                                406,
-                                format!("PRECONDITION_FAILED - queue '{}' in vhost '{}' is not a partition of super stream '{name}'", q.name, self.vhost),
-                            ));
-                        }
-                        Some((GroupKey { vhost: self.vhost.clone(), super_stream: name.clone(), group: group.clone() }, partitions))
-                    }
-                    Some((Some(group), Sharing::SingleActive)) => {
-                        Some((GroupKey { vhost: self.vhost.clone(), super_stream: q.name.clone(), group: group.clone() }, vec![q.id]))
-                    }
+                let assigned = match &stream_start {
+                    Some((_, Some(group), _, sharing)) => self.assigned_group(&q, group, sharing)?,
                     _ => None,
                 };
                 let priority = args.iter().find(|(k, _)| k == "x-priority").and_then(|(_, v)| v.as_i64()).unwrap_or(0) as i32;
@@ -497,6 +483,29 @@ impl Task {
         let filter = TagFilter::from_arguments(args).map_err(|e| channel_fail(406, format!("PRECONDITION_FAILED - {e} for consumer of {queue}")))?;
         let sharing = sharing(args, group.as_deref()).map_err(|e| channel_fail(406, format!("PRECONDITION_FAILED - {e} for consumer of {queue}")))?;
         Ok((start, group, filter, sharing))
+    }
+
+    /// For a member of a partitioned (`x-super-stream`) or single-active group: the group
+    /// and the partitions it spreads over its members; 404 for an unknown super stream,
+    /// 406 when `q` is not one of its partitions.
+    fn assigned_group(&self, q: &QueueEntity, group: &str, sharing: &Sharing) -> Result<Option<(GroupKey, Vec<QueueId>)>, Fail> {
+        let key = |scope| GroupKey { vhost: self.vhost.clone(), scope, group: group.to_owned() };
+        match sharing {
+            Sharing::Split => Ok(None),
+            Sharing::SingleActive => Ok(Some((key(Scope::Stream(q.id)), vec![q.id]))),
+            Sharing::Partition(name) => {
+                let Some(partitions) = partitions_of(&self.ctx.broker.router, &self.ctx.entities, &self.vhost, name) else {
+                    return Err(not_found("exchange", name, &self.vhost));
+                };
+                if !partitions.contains(&q.id) {
+                    return Err(channel_fail(
+                        406,
+                        format!("PRECONDITION_FAILED - queue '{}' in vhost '{}' is not a partition of super stream '{name}'", q.name, self.vhost),
+                    ));
+                }
+                Ok(Some((key(Scope::SuperStream(name.clone())), partitions)))
+            }
+        }
     }
 
     fn channel(&mut self, channel: u16) -> Result<&mut super::channel::Channel, Fail> {

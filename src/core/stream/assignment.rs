@@ -43,14 +43,22 @@ pub struct MemberId {
     pub channel: u16,
 }
 
-/// A consumer group over one super stream, in one virtual host.
+/// What a partitioned group reads.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Scope {
+    /// The partitions of a super stream (named by the exchange that feeds them).
+    SuperStream(String),
+    /// One stream, read by one member at a time (a single-active group).
+    Stream(QueueId),
+}
+
+/// A consumer group over one super stream (or one stream), in one virtual host.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct GroupKey {
     /// Virtual host.
     pub vhost: String,
-    /// The super stream (the exchange feeding the partitions; for a single-active group on
-    /// one stream, that stream's name).
-    pub super_stream: String,
+    /// What it reads.
+    pub scope: Scope,
     /// The consumer group.
     pub group: String,
 }
