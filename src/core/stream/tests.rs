@@ -201,33 +201,9 @@ fn reset_moves_a_group_to_an_offset_or_a_timestamp_durably() {
     assert_eq!(offsets(&drain(&mut b)), (1..6).collect::<Vec<_>>());
 }
 
-#[test]
-fn retention_trims_the_oldest_and_moves_cursors_and_groups() {
-    let mut f = fixture();
-    let now = crate::core::message::now_ms();
-    for n in 0..4 {
-        f.publish_at(n, now - 10_000);
-    }
-    for n in 4..6 {
-        f.publish_at(n, now);
-    }
-    let mut config = StreamConfig::new("s", "/");
-    config.max_age_ms = Some(5_000);
-    f.stream.set_config(Arc::new(config), &f.journal);
-    let mut ops = Vec::new();
-    assert!(f.stream.enforce_retention(&f.journal, now, &mut ops));
-    f.journal.write_blocking(ops).unwrap();
-    assert_eq!((f.stream.first_offset(), f.stream.len()), (4, 2));
-    let mut c = f.attach(1, 10, StreamOffset::Offset(0), None);
-    assert_eq!(offsets(&drain(&mut c)), vec![4, 5]);
-    let mut g = f.attach(2, 10, StreamOffset::First, Some("g"));
-    assert_eq!(offsets(&drain(&mut g)), vec![4, 5]);
-    let mut ops = Vec::new();
-    assert!(!f.stream.enforce_retention(&f.journal, now, &mut ops), "nothing more to trim");
-}
-
-#[test]
-fn a_reloaded_stream_knows_its_extent_without_reading_its_entries() {
+/// Six entries, four of them older than a 5 s `x-max-age`, trimmed by one retention pass;
+/// returns the fixture and the pass's clock.
+fn trimmed_to_the_last_two() -> (Fixture, u64) {
     let mut f = fixture();
     let now = crate::core::message::now_ms();
     for n in 0..4 {
@@ -240,6 +216,24 @@ fn a_reloaded_stream_knows_its_extent_without_reading_its_entries() {
     let mut ops = Vec::new();
     assert!(f.stream.enforce_retention(&f.journal, now, &mut ops));
     f.journal.write_blocking(ops).unwrap();
+    (f, now)
+}
+
+#[test]
+fn retention_trims_the_oldest_and_moves_cursors_and_groups() {
+    let (mut f, now) = trimmed_to_the_last_two();
+    assert_eq!((f.stream.first_offset(), f.stream.len()), (4, 2));
+    let mut c = f.attach(1, 10, StreamOffset::Offset(0), None);
+    assert_eq!(offsets(&drain(&mut c)), vec![4, 5]);
+    let mut g = f.attach(2, 10, StreamOffset::First, Some("g"));
+    assert_eq!(offsets(&drain(&mut g)), vec![4, 5]);
+    let mut ops = Vec::new();
+    assert!(!f.stream.enforce_retention(&f.journal, now, &mut ops), "nothing more to trim");
+}
+
+#[test]
+fn a_reloaded_stream_knows_its_extent_without_reading_its_entries() {
+    let (f, _) = trimmed_to_the_last_two();
     let mut f = f.restart();
     assert_eq!((f.stream.first_offset(), f.stream.len(), f.stream.bytes_counted), (4, 2, false), "no scan without a byte limit");
     let mut c = f.attach(1, 10, StreamOffset::First, None);
