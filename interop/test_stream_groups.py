@@ -130,3 +130,24 @@ def test_pika_partitioned_stream_spreads_partitions_over_members(amqp, names):
     for p in parts:
         ch.queue_delete(p)
     ch.exchange_delete(x)
+
+
+def test_pika_stream_consumer_tag_filter_skips_other_tags(amqp, names):
+    conn = amqp()
+    ch = conn.channel()
+    s = names("tagged")
+    declare_stream(ch, s)
+    ch.confirm_delivery()
+    for i, tag in enumerate(["red", "green", None, "blue", "red"]):
+        headers = {"x-tag": tag} if tag else {}
+        ch.basic_publish("", s, f"m{i}".encode(), pika.BasicProperties(delivery_mode=2, headers=headers))
+    rch = conn.channel()
+    rch.basic_qos(prefetch_count=10)
+    c = Consumer(rch, s, arguments={"x-stream-offset": "first", "x-tag-filter": "red || blue",
+                                    "x-consumer-group": "alerts"})
+    got = c.expect(3)
+    assert [(d.body, d.headers["x-stream-offset"]) for d in got] == [(b"m0", 0), (b"m3", 3), (b"m4", 4)]
+    for d in got:
+        rch.basic_ack(d.delivery_tag)
+    c.assert_none(0.3)
+    ch.queue_delete(s)
