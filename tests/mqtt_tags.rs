@@ -107,13 +107,44 @@ async fn invalid_tag_filter_is_refused_per_filter() {
         let codes = s.subscribe_filter(Filter::new("b/#", v5::QoS::AtLeastOnce), tag_filter(expr)).await;
         assert_eq!(codes, [SubscribeReasonCode::ImplementationSpecific], "{expr:?}");
     }
-    // Shared subscriptions do not take a tag filter.
-    let codes = s.subscribe_filter(Filter::new("$share/g/b/#", v5::QoS::AtLeastOnce), tag_filter("A")).await;
-    assert_eq!(codes, [SubscribeReasonCode::ImplementationSpecific]);
     // Nothing was subscribed.
     let mut p = v5::connect(&broker, "p").await;
     publish_all(&mut p, "b/1", &[("x", Some("A"))]).await;
     s.expect_no_publish(Duration::from_millis(300)).await;
+}
+
+#[tokio::test]
+async fn a_shared_subscription_group_filters_by_tag_and_its_members_must_agree() {
+    let broker = Broker::start();
+    let mut a = v5::connect(&broker, "a").await;
+    let mut b = v5::connect(&broker, "b").await;
+    let share = || Filter::new("$share/alarms/plant/#", v5::QoS::AtLeastOnce);
+    assert_eq!(a.subscribe_filter(share(), tag_filter("TagA || TagB")).await, [SubscribeReasonCode::Success(v5::QoS::AtLeastOnce)]);
+    // The same filter written differently is the same filter.
+    assert_eq!(b.subscribe_filter(share(), tag_filter("TagB||TagA")).await, [SubscribeReasonCode::Success(v5::QoS::AtLeastOnce)]);
+    // A member with another filter (or none) is refused: the group has one binding.
+    let mut c = v5::connect(&broker, "c").await;
+    assert_eq!(c.subscribe_filter(share(), tag_filter("TagC")).await, [SubscribeReasonCode::ImplementationSpecific]);
+    assert_eq!(c.subscribe_filter(share(), None).await, [SubscribeReasonCode::ImplementationSpecific]);
+    let mut p = v5::connect(&broker, "p").await;
+    publish_all(&mut p, "plant/line1", &MIXED).await;
+    publish_all(&mut p, "plant/line2", &MIXED).await;
+    // Each matching message to one member; the others reach nobody.
+    let mut got = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while got.len() < 4 {
+        assert!(tokio::time::Instant::now() < deadline, "only {got:?}");
+        for m in [&mut a, &mut b] {
+            if let Ok(p) = tokio::time::timeout(Duration::from_millis(50), m.next_publish()).await {
+                got.push(String::from_utf8(p.payload.to_vec()).unwrap());
+            }
+        }
+    }
+    got.sort();
+    assert_eq!(got, ["a", "a", "b", "b"]);
+    a.expect_no_publish(Duration::from_millis(200)).await;
+    b.expect_no_publish(Duration::from_millis(100)).await;
+    c.expect_no_publish(Duration::from_millis(100)).await;
 }
 
 #[tokio::test]

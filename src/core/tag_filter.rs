@@ -103,6 +103,15 @@ impl TagFilter {
         Ok(TagFilter::OneOf(tags))
     }
 
+    /// True when both pass the same messages (the same tags, in any order).
+    pub fn equivalent(&self, other: &TagFilter) -> bool {
+        match (self, other) {
+            (TagFilter::Any, TagFilter::Any) => true,
+            (TagFilter::OneOf(a), TagFilter::OneOf(b)) => a.len() == b.len() && a.iter().all(|t| b.contains(t)),
+            _ => false,
+        }
+    }
+
     /// True when a message with `tag` passes.
     pub fn matches(&self, tag: Option<&str>) -> bool {
         match (self, tag) {
@@ -164,6 +173,9 @@ mod tests {
         assert!(f.may_match_hash(tag_hash("TagB")));
         assert!(!f.may_match_hash(NO_TAG));
         assert_eq!(f.to_string(), "TagA || TagB || TagC");
+        assert!(f.equivalent(&TagFilter::parse("TagC || TagA || TagB || TagA").unwrap()), "order and repeats do not count");
+        assert!(!f.equivalent(&TagFilter::parse("TagA || TagB").unwrap()));
+        assert!(!f.equivalent(&TagFilter::Any));
     }
 
     #[test]

@@ -25,6 +25,7 @@ use tracing::{debug, field, info, warn, Instrument};
 
 use super::convert::{message_in, properties_out, qos_of, qos_u8, will_message};
 use super::session::{qos2_key, qos2_prefix, wait_finished, Control, Online, Persistent, StoredSession, SubOptions, NEVER};
+use super::shared::JoinError;
 use super::{split_share, MqttContext, SESSION_QUEUE_PREFIX};
 use crate::auth::AuthError;
 use crate::core::broker::{DurableSignal, RetainMode};
@@ -841,11 +842,6 @@ impl Task {
                 reasons.push(ReasonCode::PROTOCOL_ERROR);
                 continue;
             }
-            if parsed.share_group.is_some() && tag_filter.is_some() {
-                // The group's queue has one binding for every member: not supported yet.
-                reasons.push(ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR);
-                continue;
-            }
             let granted = qos_u8(f.qos).min(2);
             let opts = SubOptions {
                 qos: granted,
@@ -856,7 +852,8 @@ impl Task {
             };
             let existed = self.session.as_ref().is_some_and(|s| s.subs.contains_key(&f.filter));
             if let Some(group) = parsed.share_group {
-                match self.ctx.groups.join(&self.ctx.broker, group, parsed.filter, &client_id) {
+                let expr = tag_filter.as_ref().map(|(expr, _)| expr.as_str());
+                match self.ctx.groups.join(&self.ctx.broker, group, parsed.filter, &client_id, expr) {
                     Ok(queue) => {
                         if !existed {
                             self.group_filters.insert(queue, f.filter.clone());
@@ -866,6 +863,11 @@ impl Task {
                             self.detach(queue);
                             self.attach(queue, granted);
                         }
+                    }
+                    Err(e @ JoinError::TagFilterMismatch { .. }) => {
+                        debug!(filter = %f.filter, error = %e, "shared subscription refused");
+                        reasons.push(ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR);
+                        continue;
                     }
                     Err(e) => {
                         warn!(error = %e, "cannot create shared subscription queue");

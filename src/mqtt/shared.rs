@@ -1,7 +1,9 @@
 //! MQTT 5 shared subscriptions (`$share/{group}/{filter}`): each group+filter is one
 //! consume queue with competing consumers (its members' connections). The group's binding
 //! in the routing table targets the queue; a member that leaves has its unacked messages
-//! handed to the others by the queue.
+//! handed to the others by the queue. A group may carry a tag filter (MQTT 5 user property
+//! `tag-filter`) on its binding: messages it rejects never reach the group's queue. Its
+//! members must agree on it, as the consumers of a RocketMQ group must subscribe alike.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -11,16 +13,57 @@ use parking_lot::Mutex;
 
 use crate::core::broker::Broker;
 use crate::core::router::{Destination, MqttOptions};
+use crate::core::tag_filter::TagFilter;
 
 #[derive(Debug)]
 struct Group {
     queue: QueueId,
     members: HashSet<Arc<str>>,
+    /// The group's tag filter expression (its first member's).
+    tag_filter: Option<String>,
+}
+
+/// Why a member cannot join a group.
+#[derive(Debug, thiserror::Error)]
+pub enum JoinError {
+    /// The group's queue could not be created.
+    #[error(transparent)]
+    Storage(#[from] JournalError),
+    /// The group's members subscribe with another tag filter.
+    #[error("the group's members use the tag filter {group:?}, not {asked:?}")]
+    TagFilterMismatch {
+        /// The group's filter.
+        group: Option<String>,
+        /// The one the member gave.
+        asked: Option<String>,
+    },
 }
 
 /// Name of the consume queue of a group.
 pub fn queue_name(group: &str, filter: &str) -> String {
     format!("mqtt-share/{group}/{filter}")
+}
+
+/// True when two (validated) tag filter expressions pass the same messages
+/// (`A || B` and `B||A` do).
+fn same_filter(a: Option<&str>, b: Option<&str>) -> bool {
+    match (a.map(TagFilter::parse), b.map(TagFilter::parse)) {
+        (None, None) => true,
+        (Some(Ok(a)), Some(Ok(b))) => a.equivalent(&b),
+        _ => false,
+    }
+}
+
+/// The routing options of a group's binding.
+fn binding(tag_filter: Option<&str>) -> MqttOptions {
+    MqttOptions {
+        client_id: Arc::from(""),
+        qos: 2,
+        no_local: false,
+        retain_as_published: false,
+        subscription_id: None,
+        tag_filter: tag_filter.and_then(|e| TagFilter::parse(e).ok()).map(Arc::new),
+    }
 }
 
 /// Every shared-subscription group.
@@ -30,26 +73,28 @@ pub struct SharedGroups {
 }
 
 impl SharedGroups {
-    /// Adds `member` to the group (creating it and its binding if new); returns the
-    /// group's queue.
-    pub fn join(&self, broker: &Broker, group: &str, filter: &str, member: &Arc<str>) -> Result<QueueId, JournalError> {
+    /// Adds `member` to the group (creating it and its binding if new), with the tag filter
+    /// `tag_filter` (validated); returns the group's queue. A member alone in its group may
+    /// change the filter; otherwise every member must give the group's.
+    pub fn join(&self, broker: &Broker, group: &str, filter: &str, member: &Arc<str>, tag_filter: Option<&str>) -> Result<QueueId, JoinError> {
         let mut groups = self.groups.lock();
         let key = (group.to_owned(), filter.to_owned());
         if let Some(g) = groups.get_mut(&key) {
+            if !same_filter(g.tag_filter.as_deref(), tag_filter) {
+                let alone = g.members.len() == 1 && g.members.contains(member);
+                if !alone {
+                    return Err(JoinError::TagFilterMismatch { group: g.tag_filter.clone(), asked: tag_filter.map(str::to_owned) });
+                }
+                broker.router.unsubscribe(filter, &Destination::Queue(g.queue));
+                broker.router.subscribe(filter, Destination::Queue(g.queue), binding(tag_filter));
+                g.tag_filter = tag_filter.map(str::to_owned);
+            }
             g.members.insert(member.clone());
             return Ok(g.queue);
         }
         let queue = broker.journal.queue_id(&queue_name(group, filter))?;
-        let opts = MqttOptions {
-            client_id: Arc::from(""),
-            qos: 2,
-            no_local: false,
-            retain_as_published: false,
-            subscription_id: None,
-            tag_filter: None,
-        };
-        broker.router.subscribe(filter, Destination::Queue(queue), opts);
-        groups.insert(key, Group { queue, members: HashSet::from([member.clone()]) });
+        broker.router.subscribe(filter, Destination::Queue(queue), binding(tag_filter));
+        groups.insert(key, Group { queue, members: HashSet::from([member.clone()]), tag_filter: tag_filter.map(str::to_owned) });
         Ok(queue)
     }
 
