@@ -7,6 +7,8 @@ exchange only as a plugin, so every test here is ``ferrymq_only``."""
 
 from __future__ import annotations
 
+import time
+
 import pika
 import pika.exceptions as pex
 import pytest
@@ -120,6 +122,27 @@ def test_paho_v5_tag_filter_subscription(mqtt, topic):
     sub.assert_no_message()
     bad = mqtt(version=V5)
     assert bad.subscribe(f"{topic}/#", qos=1, properties=subscribe_props(UserProperty=[("tag-filter", "")])) == [0x83]
+
+
+def test_paho_v5_shared_subscription_with_a_tag_filter(mqtt, topic):
+    share = f"$share/alarms/{topic}/#"
+    members = [mqtt(version=V5) for _ in range(2)]
+    for m in members:
+        assert m.subscribe(share, qos=1, properties=subscribe_props(UserProperty=[("tag-filter", "alarm || fault")])) == [1]
+    other = mqtt(version=V5)
+    assert other.subscribe(share, qos=1, properties=subscribe_props(UserProperty=[("tag-filter", "telemetry")])) == [0x83]
+    pub = mqtt(version=V5)
+    for i, tag in enumerate(["alarm", "telemetry", "fault", None, "alarm", "fault"]):
+        p = publish_props(UserProperty=[("tag", tag)]) if tag else None
+        pub.publish(f"{topic}/line{i}", f"m{i}-{tag}".encode(), qos=1, properties=p)
+    got = []
+    deadline = time.monotonic() + 10
+    while len(got) < 4 and time.monotonic() < deadline:
+        for m in members:
+            got.extend(m.drain(quiet=0.05))
+    assert sorted(x.payload for x in got) == [b"m0-alarm", b"m2-fault", b"m4-alarm", b"m5-fault"]
+    for m in members:
+        m.assert_no_message(quiet=0.3)
 
 
 def test_mqtt_tag_to_amqp_tag_filter_binding(mqtt, amqp, topic):
