@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use common::amqp::*;
-use common::Broker;
+use common::{v4, Broker};
 use futures_lite::StreamExt;
 use tokio::sync::mpsc;
 
@@ -277,5 +277,37 @@ async fn bad_partitioned_consumers_are_refused() {
         let ch = stream_channel(&conn, 5).await;
         let err = expect_code(ch.basic_consume(stream.into(), "".into(), BasicConsumeOptions::default(), args).await, code);
         assert!(err.contains(text), "{err}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt_devices_feed_a_super_stream_through_amq_topic() {
+    if skip_on_rabbitmq("x-super-stream over AMQP 0-9-1 is a FerryMQ extension") {
+        return;
+    }
+    let t = Target::ferrymq(Broker::start());
+    let (_conn, ch) = t.channel().await;
+    let partitions = super_stream(&ch, PARTITIONS).await;
+    // MQTT orders/{id} arrive on amq.topic as orders.{id}; the super stream hashes that key.
+    bounded("exchange.bind", ch.exchange_bind("orders".into(), "amq.topic".into(), "orders.#".into(), ExchangeBindOptions::default(), FieldTable::default()))
+        .await
+        .unwrap();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let _a = join(&t, 0, 20, &partitions, &group_args("first"), &tx).await;
+    let _b = join(&t, 1, 20, &partitions, &group_args("first"), &tx).await;
+    let mut device = v4::connect(t.broker.as_ref().expect("FerryMQ"), "device-1").await;
+    for seq in 0..80 {
+        let key = format!("k{}", seq % 16);
+        device.publish_acked(&format!("orders/{key}"), v4::QoS::AtLeastOnce, false, format!("{key}:{seq}")).await;
+    }
+    let got = take_acked(&mut rx, 80).await;
+    assert_eq!(owners(&got), BTreeMap::from([(0, set(&[0, 1])), (1, set(&[2, 3]))]));
+    let mut by_key: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    for g in &got {
+        by_key.entry(&g.key).or_default().push(g.seq);
+    }
+    assert_eq!(by_key.len(), 16);
+    for (key, seqs) in by_key {
+        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{key} out of order: {seqs:?}");
     }
 }
