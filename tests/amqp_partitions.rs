@@ -273,10 +273,17 @@ async fn bad_partitioned_consumers_are_refused() {
         ("loose", table(&[("x-consumer-group", string("g")), ("x-super-stream", string("orders"))]), 406, "not a partition of super stream 'orders'"),
         ("loose", table(&[("x-consumer-group", string("g")), ("x-single-active-consumer", int(1))]), 406, "x-single-active-consumer"),
     ];
+    // Refused exclusive consumes leave no lock behind.
+    let exclusive = BasicConsumeOptions { exclusive: true, ..Default::default() };
     for (stream, args, code, text) in cases {
         let ch = stream_channel(&conn, 5).await;
-        let err = expect_code(ch.basic_consume(stream.into(), "".into(), BasicConsumeOptions::default(), args).await, code);
+        let err = expect_code(ch.basic_consume(stream.into(), "".into(), exclusive, args).await, code);
         assert!(err.contains(text), "{err}");
+    }
+    let other = t.connect().await;
+    for stream in ["orders-0", "loose"] {
+        let ch = stream_channel(&other, 5).await;
+        consume(&ch, stream, BasicConsumeOptions::default(), table(&[("x-consumer-group", string("g"))])).await;
     }
 }
 

@@ -331,15 +331,6 @@ impl Task {
                 if self.channels.values().any(|ch| ch.consumers.values().any(|x| x.tag == tag)) {
                     return Err(Fail { code: 530, text: format!("NOT_ALLOWED - attempt to reuse consumer tag '{tag}'"), connection: true });
                 }
-                {
-                    let mut exclusive = q.exclusive_consumer.lock();
-                    if exclusive.is_some() || (c.exclusive && q.consumers.load(Ordering::Relaxed) > 0) {
-                        return Err(channel_fail(403, format!("ACCESS_REFUSED - queue '{}' in vhost '{}' in exclusive use", q.name, self.vhost)));
-                    }
-                    if c.exclusive {
-                        *exclusive = Some(self.id);
-                    }
-                }
                 let args = table_in(&c.arguments);
                 let stream_start = match q.is_stream() {
                     true => Some(self.stream_consume_checks(channel, &q, c.no_ack, &args)?),
@@ -349,6 +340,16 @@ impl Task {
                     Some((_, Some(group), _, sharing)) => self.assigned_group(&q, group, sharing)?,
                     _ => None,
                 };
+                // Last of the checks: a refused consume must not leave the queue locked.
+                {
+                    let mut exclusive = q.exclusive_consumer.lock();
+                    if exclusive.is_some() || (c.exclusive && q.consumers.load(Ordering::Relaxed) > 0) {
+                        return Err(channel_fail(403, format!("ACCESS_REFUSED - queue '{}' in vhost '{}' in exclusive use", q.name, self.vhost)));
+                    }
+                    if c.exclusive {
+                        *exclusive = Some(self.id);
+                    }
+                }
                 let priority = args.iter().find(|(k, _)| k == "x-priority").and_then(|(_, v)| v.as_i64()).unwrap_or(0) as i32;
                 let id = self.ctx.broker.next_id();
                 let ch = self.channel(channel)?;
