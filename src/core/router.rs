@@ -13,8 +13,9 @@
 //! A binding may carry a tag filter (`x-tag-filter`, or an MQTT 5 SUBSCRIBE's
 //! `tag-filter`), compiled when it is added: it is checked at route time against the
 //! message's tag, and the route cache is keyed by the tag as well as the routing key.
-//! `x-consistent-hash` exchanges keep their [`Ring`] beside their bindings, rebuilt
-//! whenever those change.
+//! `x-consistent-hash` exchanges keep their [`Ring`] beside their bindings, built when a
+//! message is first routed after those changed (so restoring or adding N bindings costs
+//! one build, not N, and no build runs under the write lock).
 
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
@@ -222,7 +223,8 @@ enum Bindings {
 struct HashBindings {
     on: HashOn,
     list: Vec<Binding>,
-    ring: Ring,
+    /// Derived from `list`; emptied when it changes, built by the next route.
+    ring: std::sync::OnceLock<Ring>,
 }
 
 impl Bindings {
@@ -238,7 +240,7 @@ impl Bindings {
             ExchangeKind::ConsistentHash => Bindings::ConsistentHash(HashBindings {
                 on: HashOn::from_arguments(&def.arguments).unwrap_or_default(),
                 list: Vec::new(),
-                ring: Ring::default(),
+                ring: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -263,7 +265,7 @@ impl Bindings {
             }
             Bindings::ConsistentHash(h) => {
                 let added = upsert(&mut h.list, b);
-                h.ring = Ring::build(&h.list);
+                h.ring = std::sync::OnceLock::new();
                 added
             }
         }
@@ -291,7 +293,7 @@ impl Bindings {
             Bindings::ConsistentHash(h) => {
                 let n = retain_count(&mut h.list, pred);
                 if n > 0 {
-                    h.ring = Ring::build(&h.list);
+                    h.ring = std::sync::OnceLock::new();
                 }
                 n
             }
@@ -340,7 +342,8 @@ impl Bindings {
             Bindings::Headers(list) => out.extend(list.iter().filter(|b| headers_match(&b.args, headers))),
             Bindings::ConsistentHash(h) => {
                 // A message without the hashed header or property is not routed.
-                if let Some(i) = h.on.hash(msg).and_then(|hash| h.ring.pick(hash)) {
+                let ring = || h.ring.get_or_init(|| Ring::build(&h.list));
+                if let Some(i) = h.on.hash(msg).and_then(|hash| ring().pick(hash)) {
                     out.push(&h.list[i]);
                 }
             }

@@ -85,7 +85,8 @@ impl SharedGroups {
                 if !alone {
                     return Err(JoinError::TagFilterMismatch { group: g.tag_filter.clone(), asked: tag_filter.map(str::to_owned) });
                 }
-                broker.router.unsubscribe(filter, &Destination::Queue(g.queue));
+                // Replaces the group's binding in place (same destination and key): no
+                // moment without one, so no publish misses the group.
                 broker.router.subscribe(filter, Destination::Queue(g.queue), binding(tag_filter));
                 g.tag_filter = tag_filter.map(str::to_owned);
             }

@@ -626,6 +626,12 @@ impl Queue {
         let Some(u) = self.unacked.remove(&offset) else { return };
         self.give_credit_back(u.consumer);
         let mut entry = u.entry;
+        if cause == RequeueCause::Unsent {
+            // It never reached the client: not a delivery (as when the send itself fails).
+            entry.deliveries = entry.deliveries.saturating_sub(1);
+            self.ready.insert_in_order(entry);
+            return;
+        }
         if let Some(limit) = self.config.delivery_limit {
             if entry.deliveries > limit {
                 let msg = entry.msg.take();

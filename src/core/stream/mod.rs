@@ -65,8 +65,9 @@ pub struct Stream {
 
 impl Stream {
     /// Loads a stream's extent from storage without reading its entries: they are
-    /// contiguous (only retention removes them, oldest first), so the journal's next offset
-    /// and live count give the first offset, checked with one lookup. Body bytes are
+    /// normally contiguous (only retention removes them, oldest first), so the journal's
+    /// next offset and live count give the first offset, checked against the lowest live
+    /// offset with one lookup. Body bytes are
     /// counted (one scan of the pointers, no body reads) only for a stream with a byte
     /// limit; a huge stream without one starts in constant time.
     pub fn load(id: QueueId, config: Arc<StreamConfig>, journal: &Journal) -> Stream {
@@ -85,7 +86,10 @@ impl Stream {
             consumers: Vec::new(),
             groups: HashMap::new(),
         };
-        let contiguous = len == 0 || matches!(journal.queue_entries(id, first, 1), Ok(page) if page.first().map(|e| e.0) == Some(first));
+        // `len` live offsets below `next` whose lowest is `next - len` leave no gap. After a
+        // crash, recovery may have dropped pointers at the tail (past the valid log) while
+        // `next` stays: then the lowest is lower, and the scan finds the real extent.
+        let contiguous = len == 0 || seek::entry_at_or_after(journal, id, 0).is_some_and(|(lowest, _)| lowest == first);
         if !contiguous || s.config.max_bytes.is_some() {
             s.scan(journal);
         }
@@ -362,10 +366,9 @@ impl Stream {
         }
         // Only groups with a member that can take something (groups without members keep
         // their cursor and cost nothing here).
-        let mut names: Vec<String> =
-            self.consumers.iter().filter(|c| c.credit > 0).filter_map(|c| c.group.clone()).collect();
-        names.sort_unstable();
-        names.dedup();
+        // One name copied per such group, not per member.
+        let has_credit = |name: &str| self.consumers.iter().any(|c| c.credit > 0 && c.group.as_deref() == Some(name));
+        let names: Vec<String> = self.groups.keys().filter(|n| has_credit(n)).cloned().collect();
         for name in names {
             self.pump_group(&name, journal, &mut gone);
         }
