@@ -142,6 +142,10 @@ pub fn queue_config(vhost: &str, name: &str, durable: bool, args: &[(String, Val
             routing_key: arg_str(args, "x-dead-letter-routing-key").map(str::to_owned),
         });
     }
+    if c.delivery_limit.is_some() && c.dead_letter.is_none() && crate::core::dead_letter::dlq_name(name).len() > 255 {
+        // Its `%DLQ%` queue could not be named by any client (a short string).
+        return Err(ArgumentError::invalid(vhost, name, "x-delivery-limit", "{dead_letter_queue_name_too_long}"));
+    }
     match arg_str(args, "x-queue-type") {
         None | Some("classic") => {}
         Some("quorum") => {
@@ -563,6 +567,13 @@ mod tests {
         assert!(queue_config("/", "q", false, &args(&[("x-queue-type", Value::Str("quorum".into()))])).is_err());
         assert!(queue_config("/", "q", true, &args(&[("x-queue-type", Value::Str("stream".into()))])).is_err());
         assert!(queue_config("/", "q", true, &args(&[("x-expires", Value::Int(0))])).is_err());
+        // A delivery limit without a dead-letter exchange needs a `%DLQ%` name that fits.
+        let long = "q".repeat(251);
+        let limit = args(&[("x-delivery-limit", Value::Int(1))]);
+        assert!(queue_config("/", &long, true, &limit).unwrap_err().0.contains("x-delivery-limit"));
+        assert!(queue_config("/", &"q".repeat(250), true, &limit).is_ok());
+        let with_dlx = args(&[("x-delivery-limit", Value::Int(1)), ("x-dead-letter-exchange", Value::Str("dlx".into()))]);
+        assert!(queue_config("/", &long, true, &with_dlx).is_ok());
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! to connected sessions directly, write the body once with one pointer per target queue,
 //! and signal durability to the publisher.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -84,8 +85,9 @@ pub struct Broker {
     pub stats: Stats,
     /// Start time.
     pub started: Instant,
-    /// Woken when a timer earlier than the scheduler's next one is added.
-    pub timers_changed: Notify,
+    /// Woken when a timer earlier than the scheduler's next one is added (by a publish or
+    /// by a shard storing a retry timer).
+    pub timers_changed: Arc<Notify>,
     /// What a publish does when a connected subscriber's buffer is full.
     pub pacing: Pacing,
     /// Where `%DLQ%` queues come from (set by the AMQP front-end at start).
@@ -105,6 +107,7 @@ impl Broker {
     /// Builds the core on an open journal with started shards; MQTT goes through the
     /// topic exchange `mqtt_exchange` of `/`.
     pub fn new(journal: Journal, shards: Shards, pacing: Pacing, mqtt_exchange: &str) -> Broker {
+        let timers_changed = shards.timers_changed();
         Broker {
             journal,
             router: Router::with_mqtt_exchange(mqtt_exchange),
@@ -112,7 +115,7 @@ impl Broker {
             retained: RetainedStore::new(),
             stats: Stats::default(),
             started: Instant::now(),
-            timers_changed: Notify::new(),
+            timers_changed,
             pacing,
             dead_letter_queues: DeadLetterQueuesHook::new(),
             assignments: crate::core::stream::assignment::Assignments::new(),

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferrymq_storage::{Journal, Pointer, QueueId};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Notify};
 use tracing::warn;
 
 use super::message::SharedMessage;
@@ -253,6 +253,8 @@ impl ShardCmd {
 #[derive(Debug, Clone)]
 pub struct Shards {
     txs: Vec<mpsc::UnboundedSender<ShardCmd>>,
+    /// Woken when a shard stored a retry timer (shared with the scheduler).
+    timers_changed: Arc<Notify>,
 }
 
 impl Shards {
@@ -260,6 +262,7 @@ impl Shards {
     /// their own get `default`; messages leaving for a dead-letter exchange go to `dead`.
     pub fn start(n: usize, journal: Journal, default: QueueConfig, dead: mpsc::UnboundedSender<DeadLetter>) -> Shards {
         let default = Arc::new(default);
+        let timers_changed = Arc::new(Notify::new());
         let txs = (0..n.max(1))
             .map(|_| {
                 let (tx, rx) = mpsc::unbounded_channel();
@@ -267,6 +270,7 @@ impl Shards {
                     journal: journal.clone(),
                     default: default.clone(),
                     dead: dead.clone(),
+                    timers_changed: timers_changed.clone(),
                     queues: HashMap::new(),
                     streams: HashMap::new(),
                     configs: HashMap::new(),
@@ -280,7 +284,12 @@ impl Shards {
                 tx
             })
             .collect();
-        Shards { txs }
+        Shards { txs, timers_changed }
+    }
+
+    /// What the shards wake when they store a retry timer: the scheduler waits on it.
+    pub fn timers_changed(&self) -> Arc<Notify> {
+        self.timers_changed.clone()
     }
 
     fn shard_of(&self, queue: QueueId) -> usize {
@@ -372,6 +381,7 @@ struct Shard {
     journal: Journal,
     default: Arc<QueueConfig>,
     dead: mpsc::UnboundedSender<DeadLetter>,
+    timers_changed: Arc<Notify>,
     queues: HashMap<QueueId, Queue>,
     /// Queue ids configured as streams (never in `queues`).
     streams: HashMap<QueueId, Stream>,
@@ -526,8 +536,13 @@ impl Shard {
                 self.touched.insert(queue);
             }
             ShardCmd::RetryDue { queue, offset, due_ms } => {
-                self.queue(queue).retry_due(offset, due_ms);
-                self.touched.insert(queue);
+                // Only a loaded queue waits in memory: one loaded later finds the record
+                // due and makes the entry ready itself (and a timer of a queue deleted
+                // before a restart must not load it again).
+                if let Some(q) = self.queues.get_mut(&queue) {
+                    q.retry_due(offset, due_ms);
+                    self.touched.insert(queue);
+                }
             }
             ShardCmd::Reject { queue, offset } => {
                 let mut fx = std::mem::take(&mut self.fx);
@@ -668,8 +683,11 @@ impl Shard {
             } else {
                 self.journal.write(fx.ops).await.map(|_| ())
             };
-            if let Err(e) = result {
-                warn!(error = %e, "queue shard cannot write to the journal");
+            match result {
+                // A retry timer earlier than the scheduler's next one must wake it.
+                Ok(()) if fx.durable => self.timers_changed.notify_one(),
+                Ok(()) => {}
+                Err(e) => warn!(error = %e, "queue shard cannot write to the journal"),
             }
         }
         for (reply, count) in self.replies.drain(..) {

@@ -554,19 +554,29 @@ impl Queue {
     /// dead letter (see [`DeadLetter::removal`]), or go to `fx.ops` when the message is not
     /// dead-lettered (`msg` is `None`, or there is no target).
     fn dead_letter(&self, msg: Option<SharedMessage>, reason: DeathReason, removal: Vec<Op>, fx: &mut Effects) {
-        // (DeliveryLimit only happens when a limit is set.)
-        let has_target = self.config.dead_letter.is_some() || reason == DeathReason::DeliveryLimit;
-        match msg {
-            Some(msg) if has_target => fx.dead.push(DeadLetter { msg, reason, config: self.config.clone(), removal }),
-            _ => fx.ops.extend(removal),
+        match msg.filter(|_| self.has_dead_letter_target(reason)) {
+            Some(msg) => fx.dead.push(DeadLetter { msg, reason, config: self.config.clone(), removal }),
+            None => fx.ops.extend(removal),
         }
     }
 
-    /// Forgets `e` and dead-letters `msg` with the removal (see [`Queue::dead_letter`]).
+    /// True when a message dying for `reason` goes somewhere (DeliveryLimit only happens
+    /// when a limit is set, and then `%DLQ%` takes it without a dead-letter exchange).
+    fn has_dead_letter_target(&self, reason: DeathReason) -> bool {
+        self.config.dead_letter.is_some() || reason == DeathReason::DeliveryLimit
+    }
+
+    /// Forgets `e` and dead-letters `msg` with the removal (see [`Queue::dead_letter`]);
+    /// without a target the removal goes straight to the turn's ops (no allocation).
     fn forget_dead(&mut self, e: &Entry, msg: Option<SharedMessage>, reason: DeathReason, fx: &mut Effects) {
-        let mut removal = Vec::with_capacity(2);
-        self.forget(e, &mut removal);
-        self.dead_letter(msg, reason, removal, fx);
+        match msg.filter(|_| self.has_dead_letter_target(reason)) {
+            Some(msg) => {
+                let mut removal = Vec::with_capacity(2);
+                self.forget(e, &mut removal);
+                fx.dead.push(DeadLetter { msg, reason, config: self.config.clone(), removal });
+            }
+            None => self.forget(e, &mut fx.ops),
+        }
     }
 
     /// Attaches a consumer; call [`Queue::pump`] afterwards.
