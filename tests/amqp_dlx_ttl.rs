@@ -31,25 +31,6 @@ async fn source_queue(ch: &Channel, args: &[(&str, AMQPValue)]) -> String {
     q
 }
 
-/// The entries of the `x-death` header.
-fn x_death(d: &Delivery) -> Vec<FieldTable> {
-    match field(&headers(&d.properties), "x-death") {
-        Some(AMQPValue::FieldArray(a)) => a
-            .as_slice()
-            .iter()
-            .map(|v| match v {
-                AMQPValue::FieldTable(t) => t.clone(),
-                other => panic!("x-death entry is not a table: {other:?}"),
-            })
-            .collect(),
-        other => panic!("no x-death array in {:?} (found {other:?})", d.properties.headers()),
-    }
-}
-
-fn str_field(t: &FieldTable, k: &str) -> String {
-    field(t, k).and_then(as_str).unwrap_or_else(|| panic!("{k} missing or not a string in {t:?}"))
-}
-
 /// Checks one x-death entry: exactly the fields RabbitMQ writes, with their types.
 fn check_death(t: &FieldTable, queue: &str, reason: &str, exchange: &str, keys: &[&str], count: i64) {
     assert!(matches!(field(t, "count"), Some(AMQPValue::LongLongInt(_))), "count is a long ('l'): {t:?}");

@@ -136,7 +136,7 @@ async fn bad_weights_and_hash_arguments_are_refused_with_406() {
     let q = declare_queue_with(&ch, "", QueueDeclareOptions { exclusive: true, ..Default::default() }, FieldTable::default()).await;
     for (weight, wording) in [("abc", "must be an integer"), ("0", "greater than 0"), ("-5", "greater than 0"), ("", "must be an integer")] {
         let ch = open_channel(&conn).await;
-        let r = ch.queue_bind(q.name().as_str().into(), x.as_str().into(), weight.into(), QueueBindOptions::default(), FieldTable::default()).await;
+        let r = bounded("queue.bind", ch.queue_bind(q.name().as_str().into(), x.as_str().into(), weight.into(), QueueBindOptions::default(), FieldTable::default())).await;
         let text = expect_code(r, 406);
         assert!(text.starts_with("PRECONDITION_FAILED") && text.contains(wording), "{weight:?}: {text:?}");
     }
@@ -146,7 +146,7 @@ async fn bad_weights_and_hash_arguments_are_refused_with_406() {
     ];
     for (args, wording) in cases {
         let ch = open_channel(&conn).await;
-        let r = ch.exchange_declare(unique("chx-args").as_str().into(), hash_kind(), ExchangeDeclareOptions::default(), args).await;
+        let r = bounded("exchange.declare", ch.exchange_declare(unique("chx-args").as_str().into(), hash_kind(), ExchangeDeclareOptions::default(), args)).await;
         let text = expect_code(r, 406);
         assert!(text.contains(wording), "{text:?}");
     }
@@ -358,14 +358,13 @@ async fn invalid_tag_filters_are_refused_with_406() {
     let q = declare_queue_with(&ch, "", QueueDeclareOptions { exclusive: true, ..Default::default() }, FieldTable::default()).await;
     for expr in ["", "   ", "A ||", "|| A", "A || || B", "* || A"] {
         let ch = open_channel(&conn).await;
-        let r = ch.queue_bind(q.name().as_str().into(), "amq.direct".into(), "k".into(), QueueBindOptions::default(), tag_filter(expr)).await;
+        let r = bounded("queue.bind", ch.queue_bind(q.name().as_str().into(), "amq.direct".into(), "k".into(), QueueBindOptions::default(), tag_filter(expr))).await;
         let text = expect_code(r, 406);
         assert!(text.starts_with("PRECONDITION_FAILED - invalid arg 'x-tag-filter'"), "{expr:?}: {text:?}");
     }
     let ch = open_channel(&conn).await;
-    let r = ch
-        .queue_bind(q.name().as_str().into(), "amq.direct".into(), "k".into(), QueueBindOptions::default(), table(&[("x-tag-filter", int(1))]))
-        .await;
+    let bind = ch.queue_bind(q.name().as_str().into(), "amq.direct".into(), "k".into(), QueueBindOptions::default(), table(&[("x-tag-filter", int(1))]));
+    let r = bounded("queue.bind", bind).await;
     expect_code(r, 406);
 }
 

@@ -277,7 +277,7 @@ async fn bad_partitioned_consumers_are_refused() {
     let exclusive = BasicConsumeOptions { exclusive: true, ..Default::default() };
     for (stream, args, code, text) in cases {
         let ch = stream_channel(&conn, 5).await;
-        let err = expect_code(ch.basic_consume(stream.into(), "".into(), exclusive, args).await, code);
+        let err = expect_code(bounded("basic.consume", ch.basic_consume(stream.into(), "".into(), exclusive, args)).await, code);
         assert!(err.contains(text), "{err}");
     }
     let other = t.connect().await;

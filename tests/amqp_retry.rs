@@ -187,20 +187,6 @@ async fn exhaust(ch: &Channel, q: &str, deliveries: usize) {
     expect_no_delivery(&mut c, Duration::from_millis(300)).await;
 }
 
-fn x_death(d: &Delivery) -> FieldTable {
-    match field(&headers(&d.properties), "x-death") {
-        Some(AMQPValue::FieldArray(a)) => match a.as_slice().first() {
-            Some(AMQPValue::FieldTable(t)) => t.clone(),
-            other => panic!("x-death entry: {other:?}"),
-        },
-        other => panic!("no x-death in {:?}: {other:?}", d.properties.headers()),
-    }
-}
-
-fn death_field(t: &FieldTable, k: &str) -> String {
-    field(t, k).and_then(as_str).unwrap_or_else(|| panic!("{k} missing in {t:?}"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delivery_limit_dead_letters_to_the_dead_letter_exchange() {
     if skip_on_rabbitmq("x-retry-backoff") {
@@ -223,9 +209,9 @@ async fn delivery_limit_dead_letters_to_the_dead_letter_exchange() {
     let mut c = consume(&ch, &dead, BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default()).await;
     let d = next_delivery(&mut c).await;
     assert_eq!(text(&d), "poison");
-    let death = x_death(&d);
-    assert_eq!(death_field(&death, "reason"), "delivery_limit");
-    assert_eq!(death_field(&death, "queue"), q);
+    let death = x_death(&d).remove(0);
+    assert_eq!(str_field(&death, "reason"), "delivery_limit");
+    assert_eq!(str_field(&death, "queue"), q);
     assert_eq!(d.routing_key.as_str(), q, "the original routing key is kept");
     assert_eq!(queue_counts(&ch, &q).await.unwrap().0, 0);
     assert!(!queue_exists(&t.connect().await, &format!("%DLQ%{q}")).await, "a DLX set: no %DLQ% queue");
@@ -251,24 +237,16 @@ async fn delivery_limit_without_a_dlx_goes_to_the_dlq_queue() {
     let dlq = format!("%DLQ%{q}");
     until("the %DLQ% queue is created", || queue_exists(&conn, &dlq)).await;
     let ch = open_channel(&conn).await;
-    let m = bounded("basic.get", async {
-        loop {
-            if let Some(m) = get(&ch, &dlq, true).await {
-                return m;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
-    let d = m.delivery;
+    let mut c = consume(&ch, &dlq, BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default()).await;
+    let d = next_delivery(&mut c).await;
     assert_eq!(text(&d), "poison");
     assert_eq!((d.exchange.as_str(), d.routing_key.as_str()), (exchange.as_str(), "order.created"), "original routing kept");
-    let death = x_death(&d);
-    assert_eq!(death_field(&death, "reason"), "delivery_limit");
-    assert_eq!(death_field(&death, "queue"), q);
+    let death = x_death(&d).remove(0);
+    assert_eq!(str_field(&death, "reason"), "delivery_limit");
+    assert_eq!(str_field(&death, "queue"), q);
     assert_eq!(d.properties.delivery_mode(), &Some(2));
     // Durable like its source queue: a non-durable re-declare is inequivalent.
-    let r = ch.queue_declare(dlq.as_str().into(), QueueDeclareOptions::default(), FieldTable::default()).await;
+    let r = bounded("queue.declare", ch.queue_declare(dlq.as_str().into(), QueueDeclareOptions::default(), FieldTable::default())).await;
     expect_code(r, 406);
 }
 
@@ -327,7 +305,7 @@ async fn bad_retry_arguments_are_refused_with_406() {
     ];
     for (key, value) in bad {
         let ch = open_channel(&conn).await;
-        let r = ch.queue_declare(unique("bad").as_str().into(), QueueDeclareOptions::default(), table(&[(key, value.clone())])).await;
+        let r = bounded("queue.declare", ch.queue_declare(unique("bad").as_str().into(), QueueDeclareOptions::default(), table(&[(key, value.clone())]))).await;
         let text = expect_code(r, 406);
         assert!(text.contains(key), "{key}={value:?}: {text}");
     }
@@ -337,13 +315,13 @@ async fn bad_retry_arguments_are_refused_with_406() {
         table(&[("x-delayed-retry-min", int(500)), ("x-delayed-retry-max", int(100))]),
     ] {
         let ch = open_channel(&conn).await;
-        expect_code(ch.queue_declare(unique("bad").as_str().into(), QueueDeclareOptions::default(), args).await, 406);
+        expect_code(bounded("queue.declare", ch.queue_declare(unique("bad").as_str().into(), QueueDeclareOptions::default(), args)).await, 406);
     }
     // Re-declares must be equivalent.
     let ch = open_channel(&conn).await;
     let q = retry_queue(&ch, "equiv", &[("x-retry-backoff", string("1s,5s"))]).await;
     declare_queue(&ch, &q, table(&[("x-retry-backoff", string("1s,5s"))])).await;
-    let r = ch.queue_declare(q.as_str().into(), QueueDeclareOptions::default(), table(&[("x-retry-backoff", string("1s"))])).await;
+    let r = bounded("queue.declare", ch.queue_declare(q.as_str().into(), QueueDeclareOptions::default(), table(&[("x-retry-backoff", string("1s"))]))).await;
     let text = expect_code(r, 406);
     assert!(text.contains("inequivalent arg 'x-retry-backoff'"), "{text}");
     // The connection survived every channel error.

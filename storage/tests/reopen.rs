@@ -207,7 +207,8 @@ fn ops_semantics() {
 
 /// A clean close leaves a checkpoint of the index counters: the next open uses it instead
 /// of scanning every entry, and removes it, so that the open after that (as after a crash)
-/// scans again. Counters agree with a recount every time.
+/// scans again. Counters agree with a recount every time. The middle open runs in a child
+/// process (this test binary, re-executed) that exits without closing, as a crash would.
 #[test]
 fn a_clean_close_lets_the_next_open_skip_the_index_scan() {
     let dir = tempfile::tempdir().unwrap();
@@ -225,14 +226,39 @@ fn a_clean_close_lets_the_next_open_skip_the_index_scan() {
     j.close().unwrap();
     drop(j);
 
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "checkpoint_child_opens_and_crashes", "--nocapture", "--test-threads=1"])
+        .env(CHECKPOINT_CHILD_ENV, dir.path())
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(CHILD_CRASHED), "the child saw the checkpoint and wrote: {status:?}");
+
     let j = open(dir.path(), FsyncPolicy::Always);
+    assert!(j.stats().index_scanned, "the checkpoint was consumed by the open before, which did not close");
+    assert_eq!(j.queue_len(q).unwrap(), 50);
+    assert_eq!(j.queue_next_offset(q), 51);
+    j.verify_counters().unwrap();
+}
+
+const CHECKPOINT_CHILD_ENV: &str = "FERRYMQ_STORAGE_CHECKPOINT_CHILD_DIR";
+/// The child's exit code once it opened from the checkpoint and wrote.
+const CHILD_CRASHED: i32 = 42;
+
+/// The child's side: runs only when the parent sets `CHECKPOINT_CHILD_ENV`; opens from the
+/// clean-shutdown checkpoint, writes, and exits without closing.
+#[test]
+fn checkpoint_child_opens_and_crashes() {
+    let Ok(dir) = std::env::var(CHECKPOINT_CHILD_ENV) else { return };
+    let j = open(std::path::Path::new(&dir), FsyncPolicy::Always);
     assert!(!j.stats().index_scanned, "the clean close left a checkpoint");
+    let q = j.queue_id("q").unwrap();
     assert_eq!(j.queue_len(q).unwrap(), 49);
     assert_eq!(j.queue_next_offset(q), 50);
     j.verify_counters().unwrap();
     j.write_blocking(append_op(50, &[q])).unwrap();
-    // Not closed: the checkpoint was consumed at open, so this is what a crash leaves.
-    std::mem::forget(j);
+    // No close, no destructors: what a crash leaves.
+    std::process::exit(CHILD_CRASHED);
 }
 
 /// Opening a directory whose sled lock is still held waits briefly for it (a previous

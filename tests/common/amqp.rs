@@ -876,3 +876,23 @@ pub fn offset_of(d: &Delivery) -> i64 {
     assert!(matches!(v, AMQPValue::LongLongInt(_)), "x-stream-offset is a long: {v:?}");
     as_i64(v).unwrap()
 }
+
+/// The entries of the `x-death` header.
+pub fn x_death(d: &Delivery) -> Vec<FieldTable> {
+    match field(&headers(&d.properties), "x-death") {
+        Some(AMQPValue::FieldArray(a)) => a
+            .as_slice()
+            .iter()
+            .map(|v| match v {
+                AMQPValue::FieldTable(t) => t.clone(),
+                other => panic!("x-death entry is not a table: {other:?}"),
+            })
+            .collect(),
+        other => panic!("no x-death array in {:?} (found {other:?})", d.properties.headers()),
+    }
+}
+
+/// A string field of a table (panics naming the field when it is missing).
+pub fn str_field(t: &FieldTable, k: &str) -> String {
+    field(t, k).and_then(as_str).unwrap_or_else(|| panic!("{k} missing or not a string in {t:?}"))
+}
