@@ -12,13 +12,10 @@ import time
 import pika
 import pytest
 
-from amqpclient import TIMEOUT, AmqpWaitError, Consumer
+from amqpclient import TIMEOUT, AmqpWaitError, Consumer, declare_stream
 
 pytestmark = [pytest.mark.amqp, pytest.mark.ferrymq_only(reason="x-consumer-group / x-super-stream")]
 
-
-def declare_stream(ch, name):
-    ch.queue_declare(name, durable=True, arguments={"x-queue-type": "stream"})
 
 
 def pump_all(consumers, n, timeout=TIMEOUT):

@@ -10,13 +10,10 @@ import pika
 import pika.exceptions as pex
 import pytest
 
-from amqpclient import Consumer, message_count
+from amqpclient import Consumer, declare_stream, message_count
 
 pytestmark = pytest.mark.amqp
 
-
-def declare_stream(ch, name, **args):
-    ch.queue_declare(name, durable=True, arguments={"x-queue-type": "stream", **args})
 
 
 def publish(ch, name, bodies):

@@ -152,6 +152,8 @@ struct Task {
     level: ProtocolLevel,
     /// The client has published (flow control applies to it).
     publishing: bool,
+    /// Publishes dropped without telling the client (for the log).
+    dropped_publishes: u64,
     publishes_in: u64,
     publishes_out: u64,
 }
@@ -200,6 +202,7 @@ impl Task {
             window: 1,
             level: ProtocolLevel::V3_1_1,
             publishing: false,
+            dropped_publishes: 0,
             publishes_in: 0,
             publishes_out: 0,
         }
@@ -644,8 +647,14 @@ impl Task {
 
     fn refuse_publish(&mut self, pkid: u16, qos: QoS, reason: ReasonCode, why: &str) {
         if qos == QoS::AtMostOnce || !self.level.is_v5() {
-            // The client is not told (QoS 0, or MQTT 3.x acks without a reason): log it.
-            info!(why, "publish dropped");
+            // The client is not told (QoS 0, or MQTT 3.x acks without a reason): log it,
+            // at info the first time per connection (a client must not flood the log).
+            self.dropped_publishes += 1;
+            if self.dropped_publishes == 1 {
+                info!(why, "publish dropped (later drops on this connection are logged at debug)");
+            } else {
+                debug!(why, dropped = self.dropped_publishes, "publish dropped");
+            }
         } else {
             debug!(why, "publish refused");
         }
