@@ -54,13 +54,20 @@ impl StreamConsumer {
     }
 
     /// The client acknowledged `offset` (or nacked / rejected it: a stream treats those as
-    /// acks, as RabbitMQ does): one more credit. False for an offset it does not hold.
+    /// acks, as RabbitMQ does): one more credit (none once cancelled). False for an offset
+    /// it does not hold.
     pub fn settle(&mut self, offset: u64) -> bool {
-        if self.unacked.remove(&offset) {
-            self.credit = self.credit.saturating_add(1);
-            true
-        } else {
-            false
+        if !self.unacked.remove(&offset) {
+            return false;
         }
+        if !self.cancelled {
+            self.credit = self.credit.saturating_add(1);
+        }
+        true
+    }
+
+    /// A cancelled consumer that holds nothing more: it can go.
+    pub fn is_done(&self) -> bool {
+        self.cancelled && self.unacked.is_empty()
     }
 }

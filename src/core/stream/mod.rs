@@ -280,7 +280,9 @@ impl Stream {
                 g.ack(offset);
             }
         }
-        self.drop_if_done(consumer);
+        if c.is_done() {
+            self.detach(consumer);
+        }
     }
 
     /// A delivery came back unsettled (its channel closed): a group member's goes to the
@@ -292,7 +294,9 @@ impl Stream {
                 g.returned_by([offset]);
             }
         }
-        self.drop_if_done(consumer);
+        if c.is_done() {
+            self.detach(consumer);
+        }
     }
 
     /// basic.cancel: the consumer gets nothing more, but what it holds unacked stays
@@ -309,14 +313,6 @@ impl Stream {
         }
     }
 
-    /// Removes a cancelled consumer once it holds nothing; keeps it at zero credit before.
-    fn drop_if_done(&mut self, id: ConsumerId) {
-        let Some(c) = self.consumers.iter_mut().find(|c| c.id == id && c.cancelled) else { return };
-        c.credit = 0;
-        if c.unacked.is_empty() {
-            self.detach(id);
-        }
-    }
 
     /// Adds credit to a consumer.
     pub fn credit(&mut self, consumer: ConsumerId, n: u32) {
@@ -343,7 +339,14 @@ impl Stream {
         // Members forget what they hold: their late acks must not count for the new range.
         for c in self.consumers.iter_mut().filter(|c| c.group.as_deref() == Some(group)) {
             let held = std::mem::take(&mut c.unacked).len() as u32;
-            c.credit = c.credit.saturating_add(held);
+            if !c.cancelled {
+                c.credit = c.credit.saturating_add(held);
+            }
+        }
+        // Cancelled members waiting only for those can go.
+        let done: Vec<ConsumerId> = self.consumers.iter().filter(|c| c.is_done()).map(|c| c.id).collect();
+        for id in done {
+            self.detach(id);
         }
         offset
     }
