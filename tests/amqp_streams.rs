@@ -15,6 +15,16 @@ fn durable() -> QueueDeclareOptions {
     QueueDeclareOptions { durable: true, ..Default::default() }
 }
 
+/// A connection, a channel in confirm mode and a fresh stream declared with `extra`.
+async fn confirmed_stream(t: &Target, extra: &[(&str, AMQPValue)]) -> (Connection, Channel, String) {
+    let conn = t.connect().await;
+    let name = unique("s");
+    let ch = open_channel(&conn).await;
+    declare_stream(&ch, &name, extra).await;
+    confirm_select(&ch).await;
+    (conn, ch, name)
+}
+
 /// Takes `n` deliveries, acking each; returns (offset, body).
 async fn take_acked(c: &mut Consumer, n: usize) -> Vec<(i64, String)> {
     let mut out = Vec::new();
@@ -100,11 +110,7 @@ async fn consumers_need_a_prefetch_and_manual_acks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn offsets_start_at_zero_are_contiguous_and_consuming_removes_nothing() {
     let t = Target::start();
-    let conn = t.connect().await;
-    let name = unique("s");
-    let ch = open_channel(&conn).await;
-    declare_stream(&ch, &name, &[]).await;
-    confirm_select(&ch).await;
+    let (conn, ch, name) = confirmed_stream(&t, &[]).await;
     publish_all(&ch, &name, &bodies("m", 0..6)).await;
     for _ in 0..2 {
         let (cch, mut c) = stream_consumer(&conn, 100, &name, offset_arg(string("first"))).await;
@@ -120,11 +126,7 @@ async fn offsets_start_at_zero_are_contiguous_and_consuming_removes_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_start_offset_form() {
     let t = Target::start();
-    let conn = t.connect().await;
-    let name = unique("s");
-    let ch = open_channel(&conn).await;
-    declare_stream(&ch, &name, &[]).await;
-    confirm_select(&ch).await;
+    let (conn, ch, name) = confirmed_stream(&t, &[]).await;
     publish_all(&ch, &name, &bodies("a", 0..5)).await;
 
     // `next` (also the default): only what is published after attaching.
@@ -160,11 +162,7 @@ async fn every_start_offset_form() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prefetch_bounds_each_cursor_and_nack_gives_credit_without_redelivery() {
     let t = Target::start();
-    let conn = t.connect().await;
-    let name = unique("s");
-    let ch = open_channel(&conn).await;
-    declare_stream(&ch, &name, &[]).await;
-    confirm_select(&ch).await;
+    let (conn, ch, name) = confirmed_stream(&t, &[]).await;
     publish_all(&ch, &name, &bodies("m", 0..5)).await;
     let (_a_ch, mut a) = stream_consumer(&conn, 2, &name, offset_arg(string("first"))).await;
     let (_b_ch, mut b) = stream_consumer(&conn, 2, &name, offset_arg(string("first"))).await;
@@ -191,11 +189,7 @@ async fn max_length_bytes_trims_the_oldest_entries() {
         return;
     }
     let t = Target::start();
-    let conn = t.connect().await;
-    let name = unique("s");
-    let ch = open_channel(&conn).await;
-    declare_stream(&ch, &name, &[("x-max-length-bytes", int(1000))]).await;
-    confirm_select(&ch).await;
+    let (conn, ch, name) = confirmed_stream(&t, &[("x-max-length-bytes", int(1000))]).await;
     let body = |i: usize| format!("{i:0100}");
     for i in 0..25 {
         assert!(publish_confirmed(&ch, "", &name, body(i).as_bytes(), persistent()).await.is_ack());
@@ -215,11 +209,7 @@ async fn max_age_trims_in_the_background_and_offsets_keep_counting() {
         return;
     }
     let t = Target::start();
-    let conn = t.connect().await;
-    let name = unique("s");
-    let ch = open_channel(&conn).await;
-    declare_stream(&ch, &name, &[("x-max-age", string("1s"))]).await;
-    confirm_select(&ch).await;
+    let (conn, ch, name) = confirmed_stream(&t, &[("x-max-age", string("1s"))]).await;
     publish_all(&ch, &name, &bodies("old", 0..4)).await;
     until("old entries trimmed by age", || async { queue_counts(&ch, &name).await.unwrap().0 == 0 }).await;
     publish_all(&ch, &name, &bodies("new", 4..6)).await;
@@ -304,11 +294,7 @@ async fn stream_consumers_filter_by_tag() {
         return;
     }
     let t = Target::start();
-    let conn = t.connect().await;
-    let name = unique("s");
-    let ch = open_channel(&conn).await;
-    declare_stream(&ch, &name, &[]).await;
-    confirm_select(&ch).await;
+    let (conn, ch, name) = confirmed_stream(&t, &[]).await;
     let tagged = |tag: Option<&str>| match tag {
         Some(t) => persistent().with_headers(table(&[("x-tag", string(t))])),
         None => persistent(),
