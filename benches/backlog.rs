@@ -85,7 +85,14 @@ async fn channel(uri: &str) -> (Connection, Channel) {
 }
 
 /// Publishes `count` messages with confirms, `window` in flight; returns confirm latencies.
-async fn publish_confirmed(ch: &Channel, exchange: &str, key: &str, count: usize, window: usize, props: BasicProperties) -> Vec<Duration> {
+async fn publish_confirmed(
+    ch: &Channel,
+    exchange: &str,
+    key: &str,
+    count: usize,
+    window: usize,
+    props: BasicProperties,
+) -> Vec<Duration> {
     let body = vec![b'x'; BODY];
     let mut inflight = VecDeque::with_capacity(window);
     let mut latencies = Vec::with_capacity(count);
@@ -110,15 +117,26 @@ async fn publish_confirmed(ch: &Channel, exchange: &str, key: &str, count: usize
 
 async fn probe(uri: &str) -> Probe {
     let (conn, ch) = channel(uri).await;
-    ch.queue_declare("probe".into(), QueueDeclareOptions { durable: true, ..Default::default() }, FieldTable::default())
-        .await
-        .expect("declare probe");
+    ch.queue_declare(
+        "probe".into(),
+        QueueDeclareOptions { durable: true, ..Default::default() },
+        FieldTable::default(),
+    )
+    .await
+    .expect("declare probe");
     let t0 = Instant::now();
-    let mut lat = publish_confirmed(&ch, "", "probe", PROBE, PROBE_WINDOW, BasicProperties::default().with_delivery_mode(2)).await;
+    let mut lat =
+        publish_confirmed(&ch, "", "probe", PROBE, PROBE_WINDOW, BasicProperties::default().with_delivery_mode(2))
+            .await;
     let rate = PROBE as f64 / t0.elapsed().as_secs_f64();
     // Consume them so the next probe starts from an empty probe queue.
     let mut c = ch
-        .basic_consume("probe".into(), "".into(), BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default())
+        .basic_consume(
+            "probe".into(),
+            "".into(),
+            BasicConsumeOptions { no_ack: true, ..Default::default() },
+            FieldTable::default(),
+        )
         .await
         .expect("consume");
     for _ in 0..PROBE {
@@ -143,9 +161,14 @@ async fn fill(uri: &str, mode: &str, count: usize) -> f64 {
         "delayed" => {
             let mut args = FieldTable::default();
             args.insert("x-delayed-type".into(), AMQPValue::LongString("direct".into()));
-            ch.exchange_declare("backlog-delayed".into(), ExchangeKind::Custom("x-delayed-message".into()), ExchangeDeclareOptions { durable: true, ..Default::default() }, args)
-                .await
-                .expect("declare delayed exchange");
+            ch.exchange_declare(
+                "backlog-delayed".into(),
+                ExchangeKind::Custom("x-delayed-message".into()),
+                ExchangeDeclareOptions { durable: true, ..Default::default() },
+                args,
+            )
+            .await
+            .expect("declare delayed exchange");
             let mut headers = FieldTable::default();
             headers.insert("x-delay".into(), AMQPValue::LongLongInt(30 * 24 * 3600 * 1000));
             let props = BasicProperties::default().with_delivery_mode(2).with_headers(headers);
@@ -159,7 +182,8 @@ async fn fill(uri: &str, mode: &str, count: usize) -> f64 {
             ch.queue_declare("backlog".into(), QueueDeclareOptions { durable: true, ..Default::default() }, args)
                 .await
                 .expect("declare backlog");
-            publish_confirmed(&ch, "", "backlog", count, FILL_WINDOW, BasicProperties::default().with_delivery_mode(2)).await;
+            publish_confirmed(&ch, "", "backlog", count, FILL_WINDOW, BasicProperties::default().with_delivery_mode(2))
+                .await;
         }
     }
     let rate = count as f64 / t0.elapsed().as_secs_f64();
@@ -197,7 +221,10 @@ fn main() {
     // `cargo bench` passes `--bench`; the rest are ours.
     let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
     let mode = args.first().map(String::as_str).unwrap_or("delayed").to_owned();
-    assert!(["delayed", "queue", "stream"].contains(&mode.as_str()), "mode is `delayed`, `queue` or `stream`, not {mode:?}");
+    assert!(
+        ["delayed", "queue", "stream"].contains(&mode.as_str()),
+        "mode is `delayed`, `queue` or `stream`, not {mode:?}"
+    );
     let count: usize = args
         .get(1)
         .map(|c| c.replace(['_', ','], "").parse().expect("COUNT"))

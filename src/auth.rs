@@ -9,7 +9,9 @@ use crate::config::UserEntry;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AuthError {
     /// Unknown user or wrong password.
-    #[error("ACCESS_REFUSED - Login was refused using authentication mechanism {0}. For details see the broker logfile.")]
+    #[error(
+        "ACCESS_REFUSED - Login was refused using authentication mechanism {0}. For details see the broker logfile."
+    )]
     BadCredentials(String),
     /// The user may only connect from loopback.
     #[error("ACCESS_REFUSED - user '{0}' can only connect via localhost")]

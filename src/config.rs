@@ -195,7 +195,11 @@ impl AuthSection {
     pub fn all_users(&self) -> Vec<UserEntry> {
         let mut all = Vec::new();
         if !self.default_user.is_empty() {
-            all.push(UserEntry { name: self.default_user.clone(), password: self.default_pass.clone(), loopback_only: false });
+            all.push(UserEntry {
+                name: self.default_user.clone(),
+                password: self.default_pass.clone(),
+                loopback_only: false,
+            });
         }
         all.extend(self.users.iter().cloned());
         for u in &mut all {
@@ -234,18 +238,11 @@ pub struct StorageSection {
 impl Config {
     /// Loads the embedded default, then `FERRYMQ_*` variables from `env`, then the file,
     /// then the overrides, and validates the result.
-    pub fn load(
-        overrides: &Overrides,
-        env: impl IntoIterator<Item = (String, String)>,
-    ) -> Result<Config, ConfigError> {
+    pub fn load(overrides: &Overrides, env: impl IntoIterator<Item = (String, String)>) -> Result<Config, ConfigError> {
         use config::{Environment, File, FileFormat};
-        let env_map: config::Map<String, String> = env
-            .into_iter()
-            .filter(|(k, _)| k.starts_with("FERRYMQ_"))
-            .collect();
-        let mut builder = config::Config::builder()
-            .add_source(File::from_str(DEFAULT_TOML, FileFormat::Toml))
-            .add_source(
+        let env_map: config::Map<String, String> = env.into_iter().filter(|(k, _)| k.starts_with("FERRYMQ_")).collect();
+        let mut builder =
+            config::Config::builder().add_source(File::from_str(DEFAULT_TOML, FileFormat::Toml)).add_source(
                 Environment::with_prefix("FERRYMQ")
                     .prefix_separator("_")
                     .separator("__")
@@ -298,7 +295,10 @@ impl Config {
         }
         let x = &self.mqtt.exchange;
         if x.is_empty() || (x.starts_with("amq.") && x != "amq.topic") {
-            return invalid("mqtt.exchange", format!("`{x}` is not a topic exchange name (amq.topic or a name of your own)"));
+            return invalid(
+                "mqtt.exchange",
+                format!("`{x}` is not a topic exchange name (amq.topic or a name of your own)"),
+            );
         }
         if self.auth.vhosts.is_empty() {
             return invalid("auth.vhosts", "at least one virtual host is needed".into());
@@ -410,7 +410,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("f.toml");
         std::fs::write(&file, "[mqtt]\nlisten = \"127.0.0.1:2000\"\nmax_inflight = 7\n").unwrap();
-        let env = [("FERRYMQ_MQTT__LISTEN", "127.0.0.1:1000"), ("FERRYMQ_MQTT__MAX_INFLIGHT", "5"), ("FERRYMQ_MQTT__RECEIVE_MAXIMUM", "9")];
+        let env = [
+            ("FERRYMQ_MQTT__LISTEN", "127.0.0.1:1000"),
+            ("FERRYMQ_MQTT__MAX_INFLIGHT", "5"),
+            ("FERRYMQ_MQTT__RECEIVE_MAXIMUM", "9"),
+        ];
         // env over default
         let c = load(&Overrides::default(), &env).unwrap();
         assert_eq!(c.mqtt.listen, "127.0.0.1:1000");

@@ -14,6 +14,7 @@ use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
 use crate::amqp::AmqpContext;
+use crate::auth::Users;
 use crate::config::Config;
 use crate::core::alarm::MemoryAlarm;
 use crate::core::broker::{Broker, Pacing};
@@ -22,7 +23,6 @@ use crate::core::queue::{Overflow, QueueConfig};
 use crate::core::scheduler;
 use crate::core::shards::Shards;
 use crate::mqtt::session::Control;
-use crate::auth::Users;
 use crate::mqtt::{self, MqttContext};
 
 /// A running broker.
@@ -157,7 +157,8 @@ impl Server {
     /// Applies what a reloaded configuration may change at runtime (SIGHUP): the memory
     /// high watermark.
     pub fn reload(&self, config: &Config) {
-        let limit = MemoryAlarm::limit_from(config.broker.memory_high_watermark_bytes, config.broker.memory_high_watermark);
+        let limit =
+            MemoryAlarm::limit_from(config.broker.memory_high_watermark_bytes, config.broker.memory_high_watermark);
         info!(limit, "configuration reloaded");
         self.alarm.set_limit(limit);
     }
@@ -193,9 +194,12 @@ fn restore_retained(broker: &Broker) {
     };
     let mut n = 0;
     for (topic, pos) in retained {
-        match broker.journal.read(pos).map_err(|e| e.to_string()).and_then(|r| {
-            Message::decode(r.header, r.body).map_err(|e| e.to_string())
-        }) {
+        match broker
+            .journal
+            .read(pos)
+            .map_err(|e| e.to_string())
+            .and_then(|r| Message::decode(r.header, r.body).map_err(|e| e.to_string()))
+        {
             Ok(msg) => {
                 broker.retained.set(&topic, Some(Arc::new(msg)));
                 n += 1;

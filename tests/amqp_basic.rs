@@ -31,7 +31,15 @@ async fn mandatory_unroutable_publish_is_returned_with_312_no_route() {
     confirm_select(&ch).await;
     let key = unique("nobody-bound");
     let props = BasicProperties::default().with_message_id("m-1".into()).with_content_type("text/plain".into());
-    let c = publish_opts(&ch, "amq.direct", &key, BasicPublishOptions { mandatory: true, ..Default::default() }, b"back", props).await;
+    let c = publish_opts(
+        &ch,
+        "amq.direct",
+        &key,
+        BasicPublishOptions { mandatory: true, ..Default::default() },
+        b"back",
+        props,
+    )
+    .await;
     let c = bounded("confirm", c).await.unwrap();
     // The return precedes the ack (which still comes: the message was handled).
     assert!(c.is_ack(), "{c:?}");
@@ -48,7 +56,15 @@ async fn mandatory_unroutable_publish_is_returned_with_312_no_route() {
     assert_eq!(c, Confirmation::Ack(None));
     // Mandatory and routed: no return.
     let q = queue(&ch).await;
-    let c = publish_opts(&ch, "", &q, BasicPublishOptions { mandatory: true, ..Default::default() }, b"kept", BasicProperties::default()).await;
+    let c = publish_opts(
+        &ch,
+        "",
+        &q,
+        BasicPublishOptions { mandatory: true, ..Default::default() },
+        b"kept",
+        BasicProperties::default(),
+    )
+    .await;
     assert_eq!(bounded("confirm", c).await.unwrap(), Confirmation::Ack(None));
 }
 
@@ -58,7 +74,15 @@ async fn immediate_publish_closes_the_connection_with_540() {
     let (conn, ch) = t.channel().await;
     let mut ev = events(&conn);
     let q = queue(&ch).await;
-    publish_opts(&ch, "", &q, BasicPublishOptions { immediate: true, ..Default::default() }, b"now", BasicProperties::default()).await;
+    publish_opts(
+        &ch,
+        "",
+        &q,
+        BasicPublishOptions { immediate: true, ..Default::default() },
+        b"now",
+        BasicProperties::default(),
+    )
+    .await;
     let (code, text) = server_closed(&mut ev).await;
     assert_eq!(code, 540);
     assert_eq!(text, "NOT_IMPLEMENTED - immediate=true");
@@ -311,7 +335,12 @@ async fn every_message_property_round_trips() {
         ("decimal", AMQPValue::DecimalValue(DecimalValue { scale: 2, value: 12345 })),
         ("string", AMQPValue::LongString("héllo wörld".into())),
         ("empty", AMQPValue::LongString("".into())),
-        ("array", AMQPValue::FieldArray(vec![AMQPValue::LongInt(1), AMQPValue::LongString("two".into()), AMQPValue::Boolean(false)].into())),
+        (
+            "array",
+            AMQPValue::FieldArray(
+                vec![AMQPValue::LongInt(1), AMQPValue::LongString("two".into()), AMQPValue::Boolean(false)].into(),
+            ),
+        ),
         ("timestamp", AMQPValue::Timestamp(1_700_000_000)),
         ("table", AMQPValue::FieldTable(nested)),
         ("bytes", AMQPValue::ByteArray(vec![0u8, 1, 2, 255].into())),
@@ -333,7 +362,8 @@ async fn every_message_property_round_trips() {
         .with_app_id("ferrymq-tests".into());
     let body: Vec<u8> = (0..=255u8).collect();
     assert!(publish_confirmed(&ch, "", &q, &body, props.clone()).await.is_ack());
-    let mut c = consume(&ch, &q, BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default()).await;
+    let mut c =
+        consume(&ch, &q, BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default()).await;
     let d = next_delivery(&mut c).await;
     assert_eq!(d.data, body);
     let p = &d.properties;
@@ -405,7 +435,8 @@ async fn messages_keep_publish_order_per_queue() {
         publish(&ch, "", &q, b.as_bytes(), BasicProperties::default()).await;
     }
     bounded("confirms", ch.wait_for_confirms()).await.unwrap();
-    let mut c = consume(&ch, &q, BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default()).await;
+    let mut c =
+        consume(&ch, &q, BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default()).await;
     assert_eq!(texts(&take(&mut c, 200).await), bodies);
     expect_no_delivery(&mut c, Duration::from_millis(100)).await;
 }

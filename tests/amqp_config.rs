@@ -39,20 +39,35 @@ async fn flow_control_blocks_publishers_until_the_watermark_is_raised() {
         sh(rabbit_cmds.0.as_deref().unwrap());
         Target::start()
     } else {
-        Target::start_with(Opts::default().env("FERRYMQ_BROKER__MEMORY_HIGH_WATERMARK_BYTES", "1").config("# reloaded below\n"))
+        Target::start_with(
+            Opts::default().env("FERRYMQ_BROKER__MEMORY_HIGH_WATERMARK_BYTES", "1").config("# reloaded below\n"),
+        )
     };
     let (conn, ch) = t.channel().await;
     confirm_select(&ch).await;
-    let q = declare_queue_with(&ch, "", QueueDeclareOptions { exclusive: true, ..Default::default() }, FieldTable::default())
-        .await
-        .name()
-        .to_string();
+    let q = declare_queue_with(
+        &ch,
+        "",
+        QueueDeclareOptions { exclusive: true, ..Default::default() },
+        FieldTable::default(),
+    )
+    .await
+    .name()
+    .to_string();
     let mut ev = events(&conn);
     // lapin holds outgoing frames while blocked, so publish from a task.
     let publisher = {
         let (ch, q) = (ch.clone(), q.clone());
         tokio::spawn(async move {
-            let confirm = ch.basic_publish("".into(), q.as_str().into(), BasicPublishOptions::default(), b"held", BasicProperties::default()).await?;
+            let confirm = ch
+                .basic_publish(
+                    "".into(),
+                    q.as_str().into(),
+                    BasicPublishOptions::default(),
+                    b"held",
+                    BasicProperties::default(),
+                )
+                .await?;
             confirm.await
         })
     };
@@ -67,7 +82,10 @@ async fn flow_control_blocks_publishers_until_the_watermark_is_raised() {
     if rabbit {
         sh(rabbit_cmds.1.as_deref().unwrap());
     } else {
-        rewrite_config_and_reload(t.broker.as_ref().unwrap(), "[broker]\nmemory_high_watermark_bytes = 1099511627776\n");
+        rewrite_config_and_reload(
+            t.broker.as_ref().unwrap(),
+            "[broker]\nmemory_high_watermark_bytes = 1099511627776\n",
+        );
     }
     match next_event(&mut ev).await {
         Event::ConnectionUnblocked => {}
@@ -131,7 +149,8 @@ async fn amqps_listener_speaks_amqp_over_tls() {
             .env("FERRYMQ_TLS__KEY", key.to_str().unwrap()),
     );
     let broker = t.broker.as_ref().unwrap();
-    let tls_addr = broker.amqps.unwrap_or_else(|| panic!("no amqps= address in the READY line; log:\n{}", broker.log()));
+    let tls_addr =
+        broker.amqps.unwrap_or_else(|| panic!("no amqps= address in the READY line; log:\n{}", broker.log()));
     let mut roots = rustls::RootCertStore::empty();
     roots.add(rustls_pki_types::CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap()).unwrap();
     let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))

@@ -6,7 +6,10 @@ mod common;
 use common::amqp::*;
 
 async fn exclusive_queue(ch: &Channel, args: FieldTable) -> String {
-    declare_queue_with(ch, "", QueueDeclareOptions { exclusive: true, ..Default::default() }, args).await.name().to_string()
+    declare_queue_with(ch, "", QueueDeclareOptions { exclusive: true, ..Default::default() }, args)
+        .await
+        .name()
+        .to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -21,7 +24,17 @@ async fn every_publish_is_acked_in_confirm_mode() {
     assert!(ch.status().confirm());
     let mut pending = Vec::new();
     for i in 0..500 {
-        pending.push(publish_opts(&ch, "", &q, BasicPublishOptions::default(), format!("{i}").as_bytes(), BasicProperties::default()).await);
+        pending.push(
+            publish_opts(
+                &ch,
+                "",
+                &q,
+                BasicPublishOptions::default(),
+                format!("{i}").as_bytes(),
+                BasicProperties::default(),
+            )
+            .await,
+        );
     }
     // The broker may acknowledge with multiple=true; every single publish resolves as acked.
     for (i, c) in pending.into_iter().enumerate() {
@@ -52,7 +65,8 @@ async fn persistent_messages_to_durable_queues_are_acked() {
     let (_c, ch) = t.channel().await;
     confirm_select(&ch).await;
     let q = unique("durable-confirm");
-    declare_queue_with(&ch, &q, QueueDeclareOptions { durable: true, ..Default::default() }, FieldTable::default()).await;
+    declare_queue_with(&ch, &q, QueueDeclareOptions { durable: true, ..Default::default() }, FieldTable::default())
+        .await;
     for i in 0..20 {
         let c = publish_confirmed(&ch, "", &q, format!("p{i}").as_bytes(), persistent()).await;
         assert_eq!(c, Confirmation::Ack(None));
@@ -83,7 +97,10 @@ async fn messages_that_cannot_be_stored_are_nacked() {
     // Acks and nacks interleave correctly on one channel.
     let mut pending = Vec::new();
     for body in ["a", "b", "c"] {
-        pending.push(publish_opts(&ch, "", &full, BasicPublishOptions::default(), body.as_bytes(), BasicProperties::default()).await);
+        pending.push(
+            publish_opts(&ch, "", &full, BasicPublishOptions::default(), body.as_bytes(), BasicProperties::default())
+                .await,
+        );
     }
     let mut acked = Vec::new();
     for c in pending {

@@ -207,7 +207,8 @@ async fn channel_flow_is_acknowledged() {
     let t = Target::start();
     let (_conn, ch) = t.channel().await;
     // RabbitMQ answers channel.flow(active=true) with flow-ok(true); FerryMQ must too.
-    let active = bounded("channel.flow", ch.channel_flow(ChannelFlowOptions { active: true })).await.expect("channel.flow-ok");
+    let active =
+        bounded("channel.flow", ch.channel_flow(ChannelFlowOptions { active: true })).await.expect("channel.flow-ok");
     assert!(active);
 }
 

@@ -13,10 +13,15 @@ const QUIET: Duration = Duration::from_millis(300);
 async fn queue_with(t: &Target, bodies: &[&str]) -> (Connection, Channel, String) {
     let (conn, ch) = t.channel().await;
     confirm_select(&ch).await;
-    let q = declare_queue_with(&ch, "", QueueDeclareOptions { exclusive: true, ..Default::default() }, FieldTable::default())
-        .await
-        .name()
-        .to_string();
+    let q = declare_queue_with(
+        &ch,
+        "",
+        QueueDeclareOptions { exclusive: true, ..Default::default() },
+        FieldTable::default(),
+    )
+    .await
+    .name()
+    .to_string();
     fill(&ch, &q, bodies).await;
     (conn, ch, q)
 }
@@ -63,10 +68,15 @@ async fn per_consumer_prefetch_applies_to_each_consumer_separately() {
 async fn global_prefetch_is_shared_by_the_channels_consumers() {
     let t = Target::start();
     let (conn, ch0, q1) = queue_with(&t, &["a1", "a2", "a3"]).await;
-    let q2 = declare_queue_with(&ch0, "", QueueDeclareOptions { exclusive: true, ..Default::default() }, FieldTable::default())
-        .await
-        .name()
-        .to_string();
+    let q2 = declare_queue_with(
+        &ch0,
+        "",
+        QueueDeclareOptions { exclusive: true, ..Default::default() },
+        FieldTable::default(),
+    )
+    .await
+    .name()
+    .to_string();
     fill(&ch0, &q2, &["b1", "b2", "b3"]).await;
     let ch = open_channel(&conn).await;
     bounded("qos", ch.basic_qos(2, BasicQosOptions { global: true })).await.unwrap();
@@ -105,7 +115,8 @@ async fn no_ack_consumer_gets_everything_regardless_of_prefetch() {
     let (conn, ch0, q) = queue_with(&t, &["1", "2", "3", "4"]).await;
     let ch = open_channel(&conn).await;
     bounded("qos", ch.basic_qos(1, BasicQosOptions::default())).await.unwrap();
-    let mut c = consume(&ch, &q, BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default()).await;
+    let mut c =
+        consume(&ch, &q, BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default()).await;
     assert_eq!(texts(&take(&mut c, 4).await), ["1", "2", "3", "4"]);
     // Nothing to recover: the messages are gone.
     bounded("cancel", ch.basic_cancel(c.tag(), BasicCancelOptions::default())).await.unwrap();
@@ -118,21 +129,35 @@ async fn exclusive_consumer_locks_out_other_consumers_with_403() {
     let t = Target::start();
     let (conn, _ch, q) = queue_with(&t, &["x"]).await;
     let ch = open_channel(&conn).await;
-    let mut c = consume(&ch, &q, BasicConsumeOptions { exclusive: true, ..Default::default() }, FieldTable::default()).await;
+    let mut c =
+        consume(&ch, &q, BasicConsumeOptions { exclusive: true, ..Default::default() }, FieldTable::default()).await;
     let ch2 = open_channel(&conn).await;
-    let r = ch2.basic_consume(q.as_str().into(), "".into(), BasicConsumeOptions::default(), FieldTable::default()).await;
+    let r =
+        ch2.basic_consume(q.as_str().into(), "".into(), BasicConsumeOptions::default(), FieldTable::default()).await;
     let text = expect_code(r, 403);
     assert_eq!(text, format!("ACCESS_REFUSED - queue '{q}' in vhost '/' in exclusive use"));
     assert_eq!(self::text(&next_delivery(&mut c).await), "x");
     // An exclusive consumer cannot join a queue that already has consumers.
     let ch3 = open_channel(&conn).await;
-    let other_q = declare_queue_with(&ch3, "", QueueDeclareOptions { exclusive: true, ..Default::default() }, FieldTable::default())
-        .await
-        .name()
-        .to_string();
+    let other_q = declare_queue_with(
+        &ch3,
+        "",
+        QueueDeclareOptions { exclusive: true, ..Default::default() },
+        FieldTable::default(),
+    )
+    .await
+    .name()
+    .to_string();
     let _plain = consume(&ch3, &other_q, BasicConsumeOptions::default(), FieldTable::default()).await;
     let ch4 = open_channel(&conn).await;
-    let r = ch4.basic_consume(other_q.as_str().into(), "".into(), BasicConsumeOptions { exclusive: true, ..Default::default() }, FieldTable::default()).await;
+    let r = ch4
+        .basic_consume(
+            other_q.as_str().into(),
+            "".into(),
+            BasicConsumeOptions { exclusive: true, ..Default::default() },
+            FieldTable::default(),
+        )
+        .await;
     let text = expect_code(r, 403);
     assert_eq!(text, format!("ACCESS_REFUSED - queue '{other_q}' in vhost '/' in exclusive use"));
 }
@@ -146,14 +171,24 @@ async fn consumer_tags_are_server_generated_or_echoed() {
     let other = consume(&ch, &q, BasicConsumeOptions::default(), FieldTable::default()).await;
     assert_ne!(generated.tag(), other.tag());
     let mine = unique("my-tag");
-    let c = bounded("consume", ch.basic_consume(q.as_str().into(), mine.as_str().into(), BasicConsumeOptions::default(), FieldTable::default()))
-        .await
-        .unwrap();
+    let c = bounded(
+        "consume",
+        ch.basic_consume(
+            q.as_str().into(),
+            mine.as_str().into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .unwrap();
     assert_eq!(c.tag().as_str(), mine);
     assert_eq!(queue_counts(&ch, &q).await.unwrap().1, 3);
     // Reusing a tag on the same channel is a connection error (530 NOT_ALLOWED).
     let mut ev = events(&conn);
-    let r = ch.basic_consume(q.as_str().into(), mine.as_str().into(), BasicConsumeOptions::default(), FieldTable::default()).await;
+    let r = ch
+        .basic_consume(q.as_str().into(), mine.as_str().into(), BasicConsumeOptions::default(), FieldTable::default())
+        .await;
     let text = expect_code(r, 530);
     assert_eq!(text, format!("NOT_ALLOWED - attempt to reuse consumer tag '{mine}'"));
     let (code, _) = server_closed(&mut ev).await;
@@ -165,8 +200,10 @@ async fn deliveries_round_robin_between_consumers() {
     let t = Target::start();
     let (conn, ch0, q) = queue_with(&t, &[]).await;
     let ch = open_channel(&conn).await;
-    let mut a = consume(&ch, &q, BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default()).await;
-    let mut b = consume(&ch, &q, BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default()).await;
+    let mut a =
+        consume(&ch, &q, BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default()).await;
+    let mut b =
+        consume(&ch, &q, BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default()).await;
     fill(&ch0, &q, &["1", "2", "3", "4"]).await;
     let got_a = texts(&take(&mut a, 2).await);
     let got_b = texts(&take(&mut b, 2).await);

@@ -29,10 +29,15 @@ fn delay(ms: i64) -> BasicProperties {
 
 /// An exclusive server-named queue bound to `exchange` with `key`, and a no-ack consumer.
 async fn bound_consumer(ch: &Channel, exchange: &str, key: &str) -> Consumer {
-    let q = declare_queue_with(ch, "", QueueDeclareOptions { exclusive: true, ..Default::default() }, FieldTable::default())
-        .await
-        .name()
-        .to_string();
+    let q = declare_queue_with(
+        ch,
+        "",
+        QueueDeclareOptions { exclusive: true, ..Default::default() },
+        FieldTable::default(),
+    )
+    .await
+    .name()
+    .to_string();
     bind(ch, &q, exchange, key, FieldTable::default()).await;
     consume(ch, &q, BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default()).await
 }
@@ -79,7 +84,12 @@ async fn delayed_messages_arrive_in_due_order_and_follow_the_delayed_type() {
     confirm_select(&ch).await;
     delayed_exchange(&ch, "later-topic", "topic", false).await;
     let mut c = bound_consumer(&ch, "later-topic", "orders.*").await;
-    for (body, ms, key) in [("third", 900, "orders.a"), ("first", 300, "orders.b"), ("second", 600, "orders.c"), ("unrouted", 100, "users.a")] {
+    for (body, ms, key) in [
+        ("third", 900, "orders.a"),
+        ("first", 300, "orders.b"),
+        ("second", 600, "orders.c"),
+        ("unrouted", 100, "users.a"),
+    ] {
         assert!(publish_confirmed(&ch, "later-topic", key, body.as_bytes(), delay(ms)).await.is_ack());
     }
     let got = take(&mut c, 3).await;
@@ -95,7 +105,11 @@ async fn a_delayed_exchange_needs_a_valid_delayed_type() {
     }
     let t = Target::start();
     let kind = || ExchangeKind::Custom("x-delayed-message".into());
-    for args in [FieldTable::default(), table(&[("x-delayed-type", string("nonsense"))]), table(&[("x-delayed-type", string("x-delayed-message"))])] {
+    for args in [
+        FieldTable::default(),
+        table(&[("x-delayed-type", string("nonsense"))]),
+        table(&[("x-delayed-type", string("x-delayed-message"))]),
+    ] {
         let (_c, ch) = t.channel().await;
         let r = ch.exchange_declare("bad-delayed".into(), kind(), ExchangeDeclareOptions::default(), args).await;
         let text = expect_code(r, 406);
@@ -106,7 +120,12 @@ async fn a_delayed_exchange_needs_a_valid_delayed_type() {
     delayed_exchange(&ch, "typed", "fanout", false).await;
     delayed_exchange(&ch, "typed", "fanout", false).await;
     let r = ch
-        .exchange_declare("typed".into(), kind(), ExchangeDeclareOptions::default(), table(&[("x-delayed-type", string("topic"))]))
+        .exchange_declare(
+            "typed".into(),
+            kind(),
+            ExchangeDeclareOptions::default(),
+            table(&[("x-delayed-type", string("topic"))]),
+        )
         .await;
     expect_code(r, 406);
 }
@@ -140,10 +159,18 @@ async fn pending_delayed_messages_survive_a_crash() {
         let (_c, ch) = t.channel().await;
         confirm_select(&ch).await;
         delayed_exchange(&ch, "later-durable", "direct", true).await;
-        declare_queue_with(&ch, "delayed-kept", QueueDeclareOptions { durable: true, ..Default::default() }, FieldTable::default()).await;
+        declare_queue_with(
+            &ch,
+            "delayed-kept",
+            QueueDeclareOptions { durable: true, ..Default::default() },
+            FieldTable::default(),
+        )
+        .await;
         bind(&ch, "delayed-kept", "later-durable", "k", FieldTable::default()).await;
         for (body, ms) in [("soon", 2500), ("later", 3500)] {
-            assert!(publish_confirmed(&ch, "later-durable", "k", body.as_bytes(), delay(ms).with_delivery_mode(2)).await.is_ack());
+            assert!(publish_confirmed(&ch, "later-durable", "k", body.as_bytes(), delay(ms).with_delivery_mode(2))
+                .await
+                .is_ack());
         }
         // Killed right after the confirms, with both still pending.
     }
@@ -172,9 +199,18 @@ async fn an_mqtt_subscriber_gets_a_delayed_amqp_publish_through_amq_topic() {
     let (_c, ch) = t.channel().await;
     confirm_select(&ch).await;
     delayed_exchange(&ch, "later-mqtt", "topic", false).await;
-    bounded("exchange.bind", ch.exchange_bind("amq.topic".into(), "later-mqtt".into(), "#".into(), ExchangeBindOptions::default(), FieldTable::default()))
-        .await
-        .unwrap();
+    bounded(
+        "exchange.bind",
+        ch.exchange_bind(
+            "amq.topic".into(),
+            "later-mqtt".into(),
+            "#".into(),
+            ExchangeBindOptions::default(),
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .unwrap();
     let sent = Instant::now();
     assert!(publish_confirmed(&ch, "later-mqtt", "sensors.s1.cmd", b"reboot", delay(700)).await.is_ack());
     let m = s.next_publish().await;

@@ -16,12 +16,18 @@ struct Dlx {
 async fn dlx(ch: &Channel) -> Dlx {
     let exchange = unique("dlx");
     declare_exchange(ch, &exchange, ExchangeKind::Fanout, Default::default(), FieldTable::default()).await;
-    let queue = declare_queue_with(ch, "", QueueDeclareOptions { exclusive: true, ..Default::default() }, FieldTable::default())
-        .await
-        .name()
-        .to_string();
+    let queue = declare_queue_with(
+        ch,
+        "",
+        QueueDeclareOptions { exclusive: true, ..Default::default() },
+        FieldTable::default(),
+    )
+    .await
+    .name()
+    .to_string();
     bind(ch, &queue, &exchange, "", FieldTable::default()).await;
-    let consumer = consume(ch, &queue, BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default()).await;
+    let consumer =
+        consume(ch, &queue, BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default()).await;
     Dlx { exchange, consumer }
 }
 
@@ -105,7 +111,9 @@ async fn nacked_messages_are_dead_lettered_but_requeued_ones_are_not() {
     for _ in 0..3 {
         tags.push(get(&ch, &q, false).await.unwrap().delivery.delivery_tag);
     }
-    bounded("nack", ch.basic_nack(*tags.last().unwrap(), BasicNackOptions { multiple: true, requeue: false })).await.unwrap();
+    bounded("nack", ch.basic_nack(*tags.last().unwrap(), BasicNackOptions { multiple: true, requeue: false }))
+        .await
+        .unwrap();
     let dead = take(&mut d.consumer, 3).await;
     assert_eq!(texts(&dead), ["n1", "n2", "n3"]);
     for m in &dead {
@@ -122,16 +130,24 @@ async fn dead_letter_routing_key_replaces_the_key() {
     let t = Target::start();
     let (_c, ch) = t.channel().await;
     confirm_select(&ch).await;
-    let target = declare_queue_with(&ch, "", QueueDeclareOptions { exclusive: true, ..Default::default() }, FieldTable::default())
-        .await
-        .name()
-        .to_string();
+    let target = declare_queue_with(
+        &ch,
+        "",
+        QueueDeclareOptions { exclusive: true, ..Default::default() },
+        FieldTable::default(),
+    )
+    .await
+    .name()
+    .to_string();
     // DLX = default exchange, key = the target queue's name.
-    let q = source_queue(&ch, &[("x-dead-letter-exchange", string("")), ("x-dead-letter-routing-key", string(&target))]).await;
+    let q =
+        source_queue(&ch, &[("x-dead-letter-exchange", string("")), ("x-dead-letter-routing-key", string(&target))])
+            .await;
     bind(&ch, &q, "amq.direct", "original.key", FieldTable::default()).await;
     assert!(publish_confirmed(&ch, "amq.direct", "original.key", b"rk", BasicProperties::default()).await.is_ack());
     get(&ch, &q, false).await.unwrap().delivery.reject(BasicRejectOptions { requeue: false }).await.unwrap();
-    let mut c = consume(&ch, &target, BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default()).await;
+    let mut c =
+        consume(&ch, &target, BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default()).await;
     let dead = next_delivery(&mut c).await;
     assert_eq!(dead.exchange.as_str(), "");
     assert_eq!(dead.routing_key.as_str(), target);
@@ -169,7 +185,9 @@ async fn expired_messages_without_a_dlx_are_discarded() {
     confirm_select(&ch).await;
     let q = source_queue(&ch, &[("x-message-ttl", int(100))]).await;
     fill(&ch, &q, &["q-ttl"]).await;
-    assert!(publish_confirmed(&ch, "", &q, b"m-ttl", BasicProperties::default().with_expiration("100".into())).await.is_ack());
+    assert!(publish_confirmed(&ch, "", &q, b"m-ttl", BasicProperties::default().with_expiration("100".into()))
+        .await
+        .is_ack());
     // No event tells that a message expired: poll the queue's message count.
     until("expired messages removed", || {
         let (ch, q) = (&ch, q.clone());
@@ -187,7 +205,9 @@ async fn per_message_expiration_expires_into_the_dlx_with_original_expiration() 
     let mut d = dlx(&ch).await;
     let q = source_queue(&ch, &[("x-dead-letter-exchange", string(&d.exchange))]).await;
     let sent = std::time::Instant::now();
-    assert!(publish_confirmed(&ch, "", &q, b"short", BasicProperties::default().with_expiration("150".into())).await.is_ack());
+    assert!(publish_confirmed(&ch, "", &q, b"short", BasicProperties::default().with_expiration("150".into()))
+        .await
+        .is_ack());
     let dead = next_delivery(&mut d.consumer).await;
     assert!(sent.elapsed() >= Duration::from_millis(150), "took {:?}", sent.elapsed());
     assert_eq!(text(&dead), "short");
@@ -207,7 +227,9 @@ async fn the_lower_of_message_and_queue_ttl_applies() {
     confirm_select(&ch).await;
     let mut d = dlx(&ch).await;
     let q = source_queue(&ch, &[("x-message-ttl", int(60_000)), ("x-dead-letter-exchange", string(&d.exchange))]).await;
-    assert!(publish_confirmed(&ch, "", &q, b"msg-ttl-wins", BasicProperties::default().with_expiration("50".into())).await.is_ack());
+    assert!(publish_confirmed(&ch, "", &q, b"msg-ttl-wins", BasicProperties::default().with_expiration("50".into()))
+        .await
+        .is_ack());
     let dead = next_delivery_within(&mut d.consumer, Duration::from_secs(5)).await;
     assert_eq!(text(&dead), "msg-ttl-wins");
     check_death(&x_death(&dead)[0], &q, "expired", "", &[&q], 1);
@@ -252,7 +274,11 @@ async fn reject_publish_overflow_does_not_dead_letter() {
     let mut d = dlx(&ch).await;
     let q = source_queue(
         &ch,
-        &[("x-max-length", int(1)), ("x-overflow", string("reject-publish")), ("x-dead-letter-exchange", string(&d.exchange))],
+        &[
+            ("x-max-length", int(1)),
+            ("x-overflow", string("reject-publish")),
+            ("x-dead-letter-exchange", string(&d.exchange)),
+        ],
     )
     .await;
     assert!(publish_confirmed(&ch, "", &q, b"in", BasicProperties::default()).await.is_ack());
@@ -294,7 +320,8 @@ async fn repeated_dead_lettering_counts_per_queue_and_reason() {
         last = Some(q);
     }
     assert_eq!(last, Some(&a));
-    let mut c = consume(&ch, &b, BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default()).await;
+    let mut c =
+        consume(&ch, &b, BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default()).await;
     let m = next_delivery(&mut c).await;
     let deaths = x_death(&m);
     // One entry per (queue, reason), most recently updated first; counts accumulate.
@@ -329,7 +356,11 @@ async fn quorum_delivery_limit_dead_letters_with_reason_delivery_limit() {
         &ch,
         &q,
         QueueDeclareOptions { durable: true, ..Default::default() },
-        table(&[("x-queue-type", string("quorum")), ("x-delivery-limit", int(1)), ("x-dead-letter-exchange", string(&d.exchange))]),
+        table(&[
+            ("x-queue-type", string("quorum")),
+            ("x-delivery-limit", int(1)),
+            ("x-dead-letter-exchange", string(&d.exchange)),
+        ]),
     )
     .await;
     assert!(publish_confirmed(&ch, "", &q, b"poison", persistent()).await.is_ack());

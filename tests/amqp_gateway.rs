@@ -14,7 +14,9 @@ use common::{v4, v5};
 /// The MQTT address, or None (after printing why) when the reference node has none.
 fn mqtt_addr(t: &Target) -> Option<std::net::SocketAddr> {
     if t.mqtt.is_none() {
-        eprintln!("SKIPPED against RabbitMQ: set {RABBITMQ_MQTT_ENV}=HOST:PORT (rabbitmq_mqtt) to run the gateway tests");
+        eprintln!(
+            "SKIPPED against RabbitMQ: set {RABBITMQ_MQTT_ENV}=HOST:PORT (rabbitmq_mqtt) to run the gateway tests"
+        );
     }
     t.mqtt
 }
@@ -33,10 +35,15 @@ async fn mqtt5(addr: std::net::SocketAddr, id: &str) -> v5::Client {
 
 /// An exclusive AMQP queue bound to amq.topic with `pattern`, and a no-ack consumer on it.
 async fn topic_consumer(ch: &Channel, pattern: &str) -> Consumer {
-    let q = declare_queue_with(ch, "", QueueDeclareOptions { exclusive: true, ..Default::default() }, FieldTable::default())
-        .await
-        .name()
-        .to_string();
+    let q = declare_queue_with(
+        ch,
+        "",
+        QueueDeclareOptions { exclusive: true, ..Default::default() },
+        FieldTable::default(),
+    )
+    .await
+    .name()
+    .to_string();
     bind(ch, &q, "amq.topic", pattern, FieldTable::default()).await;
     consume(ch, &q, BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default()).await
 }
@@ -74,8 +81,12 @@ async fn amqp_publish_to_amq_topic_reaches_an_mqtt_subscriber() {
     s.subscribe(&format!("{x}/+"), v4::QoS::AtLeastOnce).await;
     let (_c, ch) = t.channel().await;
     confirm_select(&ch).await;
-    assert!(publish_confirmed(&ch, "amq.topic", &format!("{x}.y"), b"from amqp", BasicProperties::default()).await.is_ack());
-    assert!(publish_confirmed(&ch, "amq.topic", &format!("{x}.y.z"), b"too deep", BasicProperties::default()).await.is_ack());
+    assert!(publish_confirmed(&ch, "amq.topic", &format!("{x}.y"), b"from amqp", BasicProperties::default())
+        .await
+        .is_ack());
+    assert!(publish_confirmed(&ch, "amq.topic", &format!("{x}.y.z"), b"too deep", BasicProperties::default())
+        .await
+        .is_ack());
     assert!(publish_confirmed(&ch, "amq.topic", &format!("{x}.w"), b"second", persistent()).await.is_ack());
     let m = s.next_publish().await;
     assert_eq!((m.topic.as_str(), &m.payload[..]), (format!("{x}/y").as_str(), &b"from amqp"[..]));
@@ -225,12 +236,18 @@ async fn the_mqtt_exchange_is_configurable() {
     let addr = t.mqtt.unwrap();
     let (_c, ch) = t.channel().await;
     let a = level();
-    let q = declare_queue_with(&ch, "", QueueDeclareOptions { exclusive: true, ..Default::default() }, FieldTable::default())
-        .await
-        .name()
-        .to_string();
+    let q = declare_queue_with(
+        &ch,
+        "",
+        QueueDeclareOptions { exclusive: true, ..Default::default() },
+        FieldTable::default(),
+    )
+    .await
+    .name()
+    .to_string();
     bind(&ch, &q, "iot", &format!("{a}.#"), FieldTable::default()).await;
-    let mut c = consume(&ch, &q, BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default()).await;
+    let mut c =
+        consume(&ch, &q, BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default()).await;
     let mut on_amq_topic = topic_consumer(&ch, &format!("{a}.#")).await;
     let mut s = mqtt4(addr, &unique("sub")).await;
     s.subscribe(&format!("{a}/+"), v4::QoS::AtLeastOnce).await;
@@ -241,7 +258,9 @@ async fn the_mqtt_exchange_is_configurable() {
     assert_eq!(&s.next_publish().await.payload[..], b"from mqtt");
     confirm_select(&ch).await;
     assert!(publish_confirmed(&ch, "iot", &format!("{a}.x"), b"from amqp", BasicProperties::default()).await.is_ack());
-    assert!(publish_confirmed(&ch, "amq.topic", &format!("{a}.y"), b"other exchange", BasicProperties::default()).await.is_ack());
+    assert!(publish_confirmed(&ch, "amq.topic", &format!("{a}.y"), b"other exchange", BasicProperties::default())
+        .await
+        .is_ack());
     let m = s.next_publish().await;
     assert_eq!((m.topic.as_str(), &m.payload[..]), (format!("{a}/x").as_str(), &b"from amqp"[..]));
     s.expect_no_publish(Duration::from_millis(300)).await;

@@ -30,7 +30,13 @@ async fn hash_setup(ch: &Channel, x: &str, args: FieldTable, weights: &[&str]) -
     declare_exchange(ch, x, hash_kind(), ExchangeDeclareOptions::default(), args).await;
     let mut queues = Vec::new();
     for w in weights {
-        let q = declare_queue_with(ch, "", QueueDeclareOptions { exclusive: true, ..Default::default() }, FieldTable::default()).await;
+        let q = declare_queue_with(
+            ch,
+            "",
+            QueueDeclareOptions { exclusive: true, ..Default::default() },
+            FieldTable::default(),
+        )
+        .await;
         bind(ch, q.name().as_str(), x, w, FieldTable::default()).await;
         queues.push(q.name().to_string());
     }
@@ -64,7 +70,8 @@ async fn consistent_hash_sends_each_key_to_one_queue_in_order_and_follows_weight
     // 400 keys, 3 messages each, interleaved.
     for seq in 0..3 {
         for k in 0..400 {
-            publish(&ch, &x, &format!("order-{k}"), format!("order-{k}:{seq}").as_bytes(), BasicProperties::default()).await;
+            publish(&ch, &x, &format!("order-{k}"), format!("order-{k}:{seq}").as_bytes(), BasicProperties::default())
+                .await;
         }
     }
     bounded("confirms", ch.wait_for_confirms()).await.unwrap();
@@ -108,7 +115,13 @@ async fn adding_a_queue_moves_only_some_keys() {
     };
     send_all().await;
     let (before, _) = where_did_they_go(&ch, &queues).await;
-    let q4 = declare_queue_with(&ch, "", QueueDeclareOptions { exclusive: true, ..Default::default() }, FieldTable::default()).await;
+    let q4 = declare_queue_with(
+        &ch,
+        "",
+        QueueDeclareOptions { exclusive: true, ..Default::default() },
+        FieldTable::default(),
+    )
+    .await;
     bind(&ch, q4.name().as_str(), &x, "1", FieldTable::default()).await;
     queues.push(q4.name().to_string());
     send_all().await;
@@ -133,10 +146,28 @@ async fn bad_weights_and_hash_arguments_are_refused_with_406() {
     let (conn, ch) = t.channel().await;
     let x = unique("chx-bad");
     declare_exchange(&ch, &x, hash_kind(), ExchangeDeclareOptions::default(), FieldTable::default()).await;
-    let q = declare_queue_with(&ch, "", QueueDeclareOptions { exclusive: true, ..Default::default() }, FieldTable::default()).await;
-    for (weight, wording) in [("abc", "must be an integer"), ("0", "greater than 0"), ("-5", "greater than 0"), ("", "must be an integer")] {
+    let q = declare_queue_with(
+        &ch,
+        "",
+        QueueDeclareOptions { exclusive: true, ..Default::default() },
+        FieldTable::default(),
+    )
+    .await;
+    for (weight, wording) in
+        [("abc", "must be an integer"), ("0", "greater than 0"), ("-5", "greater than 0"), ("", "must be an integer")]
+    {
         let ch = open_channel(&conn).await;
-        let r = bounded("queue.bind", ch.queue_bind(q.name().as_str().into(), x.as_str().into(), weight.into(), QueueBindOptions::default(), FieldTable::default())).await;
+        let r = bounded(
+            "queue.bind",
+            ch.queue_bind(
+                q.name().as_str().into(),
+                x.as_str().into(),
+                weight.into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            ),
+        )
+        .await;
         let text = expect_code(r, 406);
         assert!(text.starts_with("PRECONDITION_FAILED") && text.contains(wording), "{weight:?}: {text:?}");
     }
@@ -146,7 +177,16 @@ async fn bad_weights_and_hash_arguments_are_refused_with_406() {
     ];
     for (args, wording) in cases {
         let ch = open_channel(&conn).await;
-        let r = bounded("exchange.declare", ch.exchange_declare(unique("chx-args").as_str().into(), hash_kind(), ExchangeDeclareOptions::default(), args)).await;
+        let r = bounded(
+            "exchange.declare",
+            ch.exchange_declare(
+                unique("chx-args").as_str().into(),
+                hash_kind(),
+                ExchangeDeclareOptions::default(),
+                args,
+            ),
+        )
+        .await;
         let text = expect_code(r, 406);
         assert!(text.contains(wording), "{text:?}");
     }
@@ -182,11 +222,23 @@ async fn hash_header_and_hash_property_choose_the_queue_and_messages_without_the
         for k in 0..60 {
             assert_eq!(at[&format!("o{k}:0")], at[&format!("o{k}:1")], "o{k} on one queue");
         }
-        assert!(per_queue.iter().all(|q| !q.is_empty()), "keys spread: {:?}", per_queue.iter().map(Vec::len).collect::<Vec<_>>());
+        assert!(
+            per_queue.iter().all(|q| !q.is_empty()),
+            "keys spread: {:?}",
+            per_queue.iter().map(Vec::len).collect::<Vec<_>>()
+        );
     }
     // Without the header / property: not routed (returned when mandatory).
     for x in [&by_header, &by_id] {
-        let c = publish_opts(&ch, x, "k", BasicPublishOptions { mandatory: true, ..Default::default() }, b"none", BasicProperties::default()).await;
+        let c = publish_opts(
+            &ch,
+            x,
+            "k",
+            BasicPublishOptions { mandatory: true, ..Default::default() },
+            b"none",
+            BasicProperties::default(),
+        )
+        .await;
         match bounded("confirm", c).await.unwrap() {
             Confirmation::Ack(Some(returned)) => assert_eq!(returned.reply_code, 312),
             other => panic!("expected a basic.return, got {other:?}"),
@@ -206,9 +258,18 @@ async fn consistent_hash_behind_an_exchange_to_exchange_binding() {
     let x = unique("chx-e2e");
     declare_exchange(&ch, &front, ExchangeKind::Topic, ExchangeDeclareOptions::default(), FieldTable::default()).await;
     let queues = hash_setup(&ch, &x, FieldTable::default(), &["1", "1"]).await;
-    bounded("exchange.bind", ch.exchange_bind(x.as_str().into(), front.as_str().into(), "orders.#".into(), Default::default(), FieldTable::default()))
-        .await
-        .unwrap();
+    bounded(
+        "exchange.bind",
+        ch.exchange_bind(
+            x.as_str().into(),
+            front.as_str().into(),
+            "orders.#".into(),
+            Default::default(),
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .unwrap();
     for k in 0..50 {
         publish(&ch, &front, &format!("orders.{k}"), format!("{k}").as_bytes(), BasicProperties::default()).await;
     }
@@ -246,7 +307,14 @@ async fn consistent_hash_over_single_active_consumer_queues_keeps_per_key_order(
         async move {
             for seq in from..to {
                 for k in 0..keys {
-                    publish(&ch, &x, &format!("key{k}"), format!("key{k}:{seq}").as_bytes(), BasicProperties::default()).await;
+                    publish(
+                        &ch,
+                        &x,
+                        &format!("key{k}"),
+                        format!("key{k}:{seq}").as_bytes(),
+                        BasicProperties::default(),
+                    )
+                    .await;
                 }
             }
             bounded("confirms", ch.wait_for_confirms()).await.unwrap();
@@ -300,7 +368,12 @@ async fn consistent_hash_over_single_active_consumer_queues_keeps_per_key_order(
     // The new messages: 4 per key, on the queue that holds the key.
     for (i, c) in standby.iter_mut().enumerate() {
         for d in take(c, keys_on[i] * 4).await {
-            assert!(!d.redelivered, "new message {} delivered as redelivered; processed so far {:?}", text(&d), processed);
+            assert!(
+                !d.redelivered,
+                "new message {} delivered as redelivered; processed so far {:?}",
+                text(&d),
+                processed
+            );
             d.ack(BasicAckOptions::default()).await.unwrap();
             record(&text(&d));
         }
@@ -326,19 +399,36 @@ async fn tag_filter_bindings_route_only_matching_tags() {
     declare_exchange(&ch, &x, ExchangeKind::Direct, ExchangeDeclareOptions::default(), FieldTable::default()).await;
     let mut queues = Vec::new();
     for args in [tag_filter("TagA ||TagB"), tag_filter(" * "), FieldTable::default(), tag_filter("TagC")] {
-        let q = declare_queue_with(&ch, "", QueueDeclareOptions { exclusive: true, ..Default::default() }, FieldTable::default()).await;
+        let q = declare_queue_with(
+            &ch,
+            "",
+            QueueDeclareOptions { exclusive: true, ..Default::default() },
+            FieldTable::default(),
+        )
+        .await;
         bind(&ch, q.name().as_str(), &x, "k", args).await;
         queues.push(q.name().to_string());
     }
     // One routing key, so each publish after the first could come from the route cache.
-    let sends = [("untagged", None), ("a", Some("TagA")), ("b", Some("TagB")), ("c", Some("TagC")), ("lower", Some("taga")), ("a2", Some("TagA"))];
+    let sends = [
+        ("untagged", None),
+        ("a", Some("TagA")),
+        ("b", Some("TagB")),
+        ("c", Some("TagC")),
+        ("lower", Some("taga")),
+        ("a2", Some("TagA")),
+    ];
     for (body, tag) in sends {
         let props = tag.map(tagged).unwrap_or_default();
         publish(&ch, &x, "k", body.as_bytes(), props).await;
     }
     bounded("confirms", ch.wait_for_confirms()).await.unwrap();
     assert_eq!(drain(&ch, &queues[0]).await, ["a", "b", "a2"], "TagA || TagB (exact, case-sensitive)");
-    assert_eq!(drain(&ch, &queues[1]).await, ["untagged", "a", "b", "c", "lower", "a2"], "* matches tagged and untagged");
+    assert_eq!(
+        drain(&ch, &queues[1]).await,
+        ["untagged", "a", "b", "c", "lower", "a2"],
+        "* matches tagged and untagged"
+    );
     assert_eq!(drain(&ch, &queues[2]).await, ["untagged", "a", "b", "c", "lower", "a2"], "no filter");
     assert_eq!(drain(&ch, &queues[3]).await, ["c"]);
     // The tag header reaches the consumer unchanged.
@@ -355,15 +445,37 @@ async fn invalid_tag_filters_are_refused_with_406() {
     }
     let t = Target::start();
     let (conn, ch) = t.channel().await;
-    let q = declare_queue_with(&ch, "", QueueDeclareOptions { exclusive: true, ..Default::default() }, FieldTable::default()).await;
+    let q = declare_queue_with(
+        &ch,
+        "",
+        QueueDeclareOptions { exclusive: true, ..Default::default() },
+        FieldTable::default(),
+    )
+    .await;
     for expr in ["", "   ", "A ||", "|| A", "A || || B", "* || A"] {
         let ch = open_channel(&conn).await;
-        let r = bounded("queue.bind", ch.queue_bind(q.name().as_str().into(), "amq.direct".into(), "k".into(), QueueBindOptions::default(), tag_filter(expr))).await;
+        let r = bounded(
+            "queue.bind",
+            ch.queue_bind(
+                q.name().as_str().into(),
+                "amq.direct".into(),
+                "k".into(),
+                QueueBindOptions::default(),
+                tag_filter(expr),
+            ),
+        )
+        .await;
         let text = expect_code(r, 406);
         assert!(text.starts_with("PRECONDITION_FAILED - invalid arg 'x-tag-filter'"), "{expr:?}: {text:?}");
     }
     let ch = open_channel(&conn).await;
-    let bind = ch.queue_bind(q.name().as_str().into(), "amq.direct".into(), "k".into(), QueueBindOptions::default(), table(&[("x-tag-filter", int(1))]));
+    let bind = ch.queue_bind(
+        q.name().as_str().into(),
+        "amq.direct".into(),
+        "k".into(),
+        QueueBindOptions::default(),
+        table(&[("x-tag-filter", int(1))]),
+    );
     let r = bounded("queue.bind", bind).await;
     expect_code(r, 406);
 }
@@ -381,7 +493,14 @@ async fn hash_exchange_and_tag_filter_bindings_survive_a_restart() {
     let before = {
         let (conn, ch) = t.channel().await;
         confirm_select(&ch).await;
-        declare_exchange(&ch, x, hash_kind(), ExchangeDeclareOptions { durable: true, ..Default::default() }, FieldTable::default()).await;
+        declare_exchange(
+            &ch,
+            x,
+            hash_kind(),
+            ExchangeDeclareOptions { durable: true, ..Default::default() },
+            FieldTable::default(),
+        )
+        .await;
         for (q, w) in queues.iter().zip(["1", "2", "1"]) {
             declare_queue_with(&ch, q, durable, FieldTable::default()).await;
             bind(&ch, q, x, w, FieldTable::default()).await;

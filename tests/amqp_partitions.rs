@@ -37,7 +37,14 @@ struct Member {
     _ch: Channel,
 }
 
-async fn join(t: &Target, index: usize, prefetch: u16, partitions: &[String], args: &[(&str, AMQPValue)], out: &mpsc::UnboundedSender<Got>) -> Member {
+async fn join(
+    t: &Target,
+    index: usize,
+    prefetch: u16,
+    partitions: &[String],
+    args: &[(&str, AMQPValue)],
+    out: &mpsc::UnboundedSender<Got>,
+) -> Member {
     let conn = t.connect().await;
     let ch = stream_channel(&conn, prefetch).await;
     for (p, stream) in partitions.iter().enumerate() {
@@ -47,7 +54,14 @@ async fn join(t: &Target, index: usize, prefetch: u16, partitions: &[String], ar
             while let Some(Ok(d)) = c.next().await {
                 let body = text(&d);
                 let (key, seq) = body.split_once(':').expect("key:seq");
-                let got = Got { member: index, partition: p, key: key.into(), seq: seq.parse().unwrap(), redelivered: d.redelivered, delivery: d };
+                let got = Got {
+                    member: index,
+                    partition: p,
+                    key: key.into(),
+                    seq: seq.parse().unwrap(),
+                    redelivered: d.redelivered,
+                    delivery: d,
+                };
                 if out.send(got).is_err() {
                     return;
                 }
@@ -58,14 +72,25 @@ async fn join(t: &Target, index: usize, prefetch: u16, partitions: &[String], ar
 }
 
 fn group_args(offset: &str) -> Vec<(&'static str, AMQPValue)> {
-    vec![("x-consumer-group", string("billing")), ("x-super-stream", string("orders")), ("x-stream-offset", string(offset))]
+    vec![
+        ("x-consumer-group", string("billing")),
+        ("x-super-stream", string("orders")),
+        ("x-stream-offset", string(offset)),
+    ]
 }
 
 /// The super stream `orders`: a consistent-hash exchange over `orders-0..n` (declared in
 /// reverse order, so only the binding argument orders them).
 async fn super_stream(ch: &Channel, n: usize) -> Vec<String> {
     let kind = ExchangeKind::Custom("x-consistent-hash".into());
-    declare_exchange(ch, "orders", kind, ExchangeDeclareOptions { durable: true, ..Default::default() }, FieldTable::default()).await;
+    declare_exchange(
+        ch,
+        "orders",
+        kind,
+        ExchangeDeclareOptions { durable: true, ..Default::default() },
+        FieldTable::default(),
+    )
+    .await;
     let names: Vec<String> = (0..n).map(|i| format!("orders-{i}")).collect();
     for (i, s) in names.iter().enumerate().rev() {
         declare_stream(ch, s, &[]).await;
@@ -192,12 +217,18 @@ async fn a_partition_changes_hands_only_after_its_member_settled_and_resumes_aft
     };
     assert_eq!(held.iter().map(|g| (g.member, g.seq)).collect::<Vec<_>>(), vec![(0, 100), (0, 101), (0, 102)]);
     let b = join(&t, 1, 2, &partitions, &group_args("first"), &tx).await;
-    assert!(tokio::time::timeout(Duration::from_millis(300), rx.recv()).await.is_err(), "nobody reads while A holds the partition's messages");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), rx.recv()).await.is_err(),
+        "nobody reads while A holds the partition's messages"
+    );
     for g in &held {
         bounded("ack", g.delivery.ack(BasicAckOptions::default())).await.unwrap();
     }
     let rest = take_acked(&mut rx, 9).await;
-    assert_eq!(rest.iter().map(|g| (g.member, g.seq, g.redelivered)).collect::<Vec<_>>(), (103..112).map(|s| (1, s, false)).collect::<Vec<_>>());
+    assert_eq!(
+        rest.iter().map(|g| (g.member, g.seq, g.redelivered)).collect::<Vec<_>>(),
+        (103..112).map(|s| (1, s, false)).collect::<Vec<_>>()
+    );
 
     // B holds two unacked (its prefetch) and goes away: A takes them over first
     // (redelivered), then the rest, in order.
@@ -209,7 +240,8 @@ async fn a_partition_changes_hands_only_after_its_member_settled_and_resumes_aft
         assert_eq!((g.member, g.seq), (1, seq));
     }
     bounded("close", b.conn.close(200, "bye".into())).await.unwrap();
-    let rest: Vec<(usize, usize, bool)> = take_acked(&mut rx, 4).await.iter().map(|g| (g.member, g.seq, g.redelivered)).collect();
+    let rest: Vec<(usize, usize, bool)> =
+        take_acked(&mut rx, 4).await.iter().map(|g| (g.member, g.seq, g.redelivered)).collect();
     assert_eq!(rest, vec![(0, 112, true), (0, 113, true), (0, 114, false), (0, 115, false)]);
     drop(a);
     bounded("close", conn.close(200, "bye".into())).await.unwrap();
@@ -222,7 +254,11 @@ async fn a_partition_changes_hands_only_after_its_member_settled_and_resumes_aft
     let _a = join(&t, 0, 10, &partitions, &group_args("first"), &tx).await;
     publish_keys(&ch, 200..210, 20).await;
     let got = take_acked(&mut rx, 10).await;
-    assert_eq!(got.iter().map(|g| g.seq).collect::<BTreeSet<_>>(), (200..210).collect(), "nothing acknowledged comes again");
+    assert_eq!(
+        got.iter().map(|g| g.seq).collect::<BTreeSet<_>>(),
+        (200..210).collect(),
+        "nothing acknowledged comes again"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -237,7 +273,11 @@ async fn a_single_active_group_reads_in_order_and_the_next_member_takes_over_fro
     for i in 0..10 {
         assert!(publish_confirmed(&ch, "", "ledger", format!("l:{i}").as_bytes(), persistent()).await.is_ack());
     }
-    let args = table(&[("x-consumer-group", string("g")), ("x-single-active-consumer", AMQPValue::Boolean(true)), ("x-stream-offset", string("first"))]);
+    let args = table(&[
+        ("x-consumer-group", string("g")),
+        ("x-single-active-consumer", AMQPValue::Boolean(true)),
+        ("x-stream-offset", string("first")),
+    ]);
     let a_conn = t.connect().await;
     let (_a_ch, mut a) = stream_consumer(&a_conn, 4, "ledger", args.clone()).await;
     let b_conn = t.connect().await;
@@ -269,15 +309,33 @@ async fn bad_partitioned_consumers_are_refused() {
     declare_stream(&ch, "loose", &[]).await;
     let cases: Vec<(&str, FieldTable, u16, &str)> = vec![
         ("orders-0", table(&[("x-super-stream", string("orders"))]), 406, "x-consumer-group"),
-        ("orders-0", table(&[("x-consumer-group", string("g")), ("x-super-stream", string("nope"))]), 404, "no exchange 'nope'"),
-        ("loose", table(&[("x-consumer-group", string("g")), ("x-super-stream", string("orders"))]), 406, "not a partition of super stream 'orders'"),
-        ("loose", table(&[("x-consumer-group", string("g")), ("x-single-active-consumer", int(1))]), 406, "x-single-active-consumer"),
+        (
+            "orders-0",
+            table(&[("x-consumer-group", string("g")), ("x-super-stream", string("nope"))]),
+            404,
+            "no exchange 'nope'",
+        ),
+        (
+            "loose",
+            table(&[("x-consumer-group", string("g")), ("x-super-stream", string("orders"))]),
+            406,
+            "not a partition of super stream 'orders'",
+        ),
+        (
+            "loose",
+            table(&[("x-consumer-group", string("g")), ("x-single-active-consumer", int(1))]),
+            406,
+            "x-single-active-consumer",
+        ),
     ];
     // Refused exclusive consumes leave no lock behind.
     let exclusive = BasicConsumeOptions { exclusive: true, ..Default::default() };
     for (stream, args, code, text) in cases {
         let ch = stream_channel(&conn, 5).await;
-        let err = expect_code(bounded("basic.consume", ch.basic_consume(stream.into(), "".into(), exclusive, args)).await, code);
+        let err = expect_code(
+            bounded("basic.consume", ch.basic_consume(stream.into(), "".into(), exclusive, args)).await,
+            code,
+        );
         assert!(err.contains(text), "{err}");
     }
     let other = t.connect().await;
@@ -296,9 +354,18 @@ async fn mqtt_devices_feed_a_super_stream_through_amq_topic() {
     let (_conn, ch) = t.channel().await;
     let partitions = super_stream(&ch, PARTITIONS).await;
     // MQTT orders/{id} arrive on amq.topic as orders.{id}; the super stream hashes that key.
-    bounded("exchange.bind", ch.exchange_bind("orders".into(), "amq.topic".into(), "orders.#".into(), ExchangeBindOptions::default(), FieldTable::default()))
-        .await
-        .unwrap();
+    bounded(
+        "exchange.bind",
+        ch.exchange_bind(
+            "orders".into(),
+            "amq.topic".into(),
+            "orders.#".into(),
+            ExchangeBindOptions::default(),
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .unwrap();
     let (tx, mut rx) = mpsc::unbounded_channel();
     let _a = join(&t, 0, 20, &partitions, &group_args("first"), &tx).await;
     let _b = join(&t, 1, 20, &partitions, &group_args("first"), &tx).await;

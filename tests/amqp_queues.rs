@@ -34,7 +34,10 @@ async fn amq_prefix_is_reserved_for_queue_names() {
     let name = unique("amq.mine");
     let r = ch.queue_declare(name.as_str().into(), QueueDeclareOptions::default(), FieldTable::default()).await;
     let text = expect_code(r, 403);
-    assert!(text.starts_with("ACCESS_REFUSED - queue name '") && text.contains("contains reserved prefix 'amq.*'"), "{text:?}");
+    assert!(
+        text.starts_with("ACCESS_REFUSED - queue name '") && text.contains("contains reserved prefix 'amq.*'"),
+        "{text:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -48,14 +51,23 @@ async fn exclusive_queue_is_locked_to_its_connection_with_405() {
     let r = och.queue_declare(q.as_str().into(), QueueDeclareOptions::default(), FieldTable::default()).await;
     let text = expect_code(r, 405);
     assert!(
-        text.starts_with(&format!("RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '{q}' in vhost '/'")),
+        text.starts_with(&format!(
+            "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '{q}' in vhost '/'"
+        )),
         "{text:?}"
     );
     let och = open_channel(&other).await;
-    let r = och.queue_declare(q.as_str().into(), QueueDeclareOptions { passive: true, ..Default::default() }, FieldTable::default()).await;
+    let r = och
+        .queue_declare(
+            q.as_str().into(),
+            QueueDeclareOptions { passive: true, ..Default::default() },
+            FieldTable::default(),
+        )
+        .await;
     expect_code(r, 405);
     let och = open_channel(&other).await;
-    let r = och.basic_consume(q.as_str().into(), "".into(), BasicConsumeOptions::default(), FieldTable::default()).await;
+    let r =
+        och.basic_consume(q.as_str().into(), "".into(), BasicConsumeOptions::default(), FieldTable::default()).await;
     expect_code(r, 405);
     let och = open_channel(&other).await;
     let r = och.queue_delete(q.as_str().into(), QueueDeleteOptions::default()).await;
@@ -90,7 +102,8 @@ async fn auto_delete_queue_goes_after_its_last_consumer_cancels() {
     let t = Target::start();
     let (conn, ch) = t.channel().await;
     let q = unique("autodel");
-    declare_queue_with(&ch, &q, QueueDeclareOptions { auto_delete: true, ..Default::default() }, FieldTable::default()).await;
+    declare_queue_with(&ch, &q, QueueDeclareOptions { auto_delete: true, ..Default::default() }, FieldTable::default())
+        .await;
     // No consumer yet: it stays.
     assert!(queue_exists(&conn, &q).await);
     let c1 = consume(&ch, &q, BasicConsumeOptions::default(), FieldTable::default()).await;
@@ -148,11 +161,18 @@ async fn redeclaring_a_queue_with_other_properties_fails_with_406() {
     let (conn, ch) = t.channel().await;
     let q = unique("redeclare");
     declare_queue(&ch, &q, table(&[("x-max-length", int(10))])).await;
-    let r = ch.queue_declare(q.as_str().into(), QueueDeclareOptions::default(), table(&[("x-max-length", int(11))])).await;
+    let r =
+        ch.queue_declare(q.as_str().into(), QueueDeclareOptions::default(), table(&[("x-max-length", int(11))])).await;
     let text = expect_code(r, 406);
     assert!(text.starts_with("PRECONDITION_FAILED - inequivalent arg 'x-max-length' for queue"), "{text:?}");
     let ch = open_channel(&conn).await;
-    let r = ch.queue_declare(q.as_str().into(), QueueDeclareOptions { durable: true, ..Default::default() }, table(&[("x-max-length", int(10))])).await;
+    let r = ch
+        .queue_declare(
+            q.as_str().into(),
+            QueueDeclareOptions { durable: true, ..Default::default() },
+            table(&[("x-max-length", int(10))]),
+        )
+        .await;
     let text = expect_code(r, 406);
     assert!(text.starts_with("PRECONDITION_FAILED - inequivalent arg 'durable' for queue"), "{text:?}");
     let ch = open_channel(&conn).await;
@@ -171,11 +191,15 @@ async fn bind_and_unbind_control_routing() {
     bind(&ch, &q, "amq.direct", "k1", FieldTable::default()).await;
     publish_confirmed(&ch, "amq.direct", "k1", b"a", BasicProperties::default()).await;
     publish_confirmed(&ch, "amq.direct", "k2", b"b", BasicProperties::default()).await;
-    bounded("unbind", ch.queue_unbind(q.as_str().into(), "amq.direct".into(), "k1".into(), FieldTable::default())).await.unwrap();
+    bounded("unbind", ch.queue_unbind(q.as_str().into(), "amq.direct".into(), "k1".into(), FieldTable::default()))
+        .await
+        .unwrap();
     publish_confirmed(&ch, "amq.direct", "k1", b"c", BasicProperties::default()).await;
     publish_confirmed(&ch, "amq.direct", "k2", b"d", BasicProperties::default()).await;
     // Unbinding something that is not bound is fine.
-    bounded("unbind", ch.queue_unbind(q.as_str().into(), "amq.direct".into(), "never".into(), FieldTable::default())).await.unwrap();
+    bounded("unbind", ch.queue_unbind(q.as_str().into(), "amq.direct".into(), "never".into(), FieldTable::default()))
+        .await
+        .unwrap();
     assert_eq!(drain(&ch, &q).await, ["a", "b", "d"]);
 }
 
@@ -229,7 +253,9 @@ async fn delete_returns_the_message_count_and_missing_queue_delete_is_ok() {
     let n = bounded("delete", ch.queue_delete(q.as_str().into(), QueueDeleteOptions::default())).await.unwrap();
     assert_eq!(n, 3);
     assert!(!queue_exists(&conn, &q).await);
-    let n = bounded("delete", ch.queue_delete(q.as_str().into(), QueueDeleteOptions::default())).await.expect("delete of a missing queue");
+    let n = bounded("delete", ch.queue_delete(q.as_str().into(), QueueDeleteOptions::default()))
+        .await
+        .expect("delete of a missing queue");
     assert_eq!(n, 0);
 }
 
@@ -265,7 +291,9 @@ async fn invalid_queue_arguments_fail_with_406() {
         ("x-max-priority", string("high")),
     ] {
         let ch = open_channel(&conn).await;
-        let r = ch.queue_declare(unique("bad-arg").as_str().into(), QueueDeclareOptions::default(), table(&[(arg, value)])).await;
+        let r = ch
+            .queue_declare(unique("bad-arg").as_str().into(), QueueDeclareOptions::default(), table(&[(arg, value)]))
+            .await;
         let text = expect_code(r, 406);
         assert!(text.starts_with("PRECONDITION_FAILED - invalid arg '") && text.contains(arg), "{arg}: {text:?}");
         assert!(conn.status().connected());
@@ -290,13 +318,20 @@ async fn max_length_reject_publish_nacks_the_new_message() {
     let t = Target::start();
     let (_c, ch) = t.channel().await;
     confirm_select(&ch).await;
-    let q = declare_queue_with(&ch, "", exclusive(), table(&[("x-max-length", int(2)), ("x-overflow", string("reject-publish"))]))
-        .await
-        .name()
-        .to_string();
+    let q = declare_queue_with(
+        &ch,
+        "",
+        exclusive(),
+        table(&[("x-max-length", int(2)), ("x-overflow", string("reject-publish"))]),
+    )
+    .await
+    .name()
+    .to_string();
     let mut results = Vec::new();
     for i in 1..=4 {
-        results.push(publish_confirmed(&ch, "", &q, format!("m{i}").as_bytes(), BasicProperties::default()).await.is_ack());
+        results.push(
+            publish_confirmed(&ch, "", &q, format!("m{i}").as_bytes(), BasicProperties::default()).await.is_ack(),
+        );
     }
     assert_eq!(results, [true, true, false, false]);
     assert_eq!(drain(&ch, &q).await, ["m1", "m2"]);
@@ -310,7 +345,8 @@ async fn max_length_bytes_counts_body_bytes() {
     let t = Target::start();
     let (_c, ch) = t.channel().await;
     confirm_select(&ch).await;
-    let q = declare_queue_with(&ch, "", exclusive(), table(&[("x-max-length-bytes", int(10))])).await.name().to_string();
+    let q =
+        declare_queue_with(&ch, "", exclusive(), table(&[("x-max-length-bytes", int(10))])).await.name().to_string();
     for body in ["aaaa", "bbbb", "cccc"] {
         assert!(publish_confirmed(&ch, "", &q, body.as_bytes(), BasicProperties::default()).await.is_ack());
     }
@@ -342,7 +378,14 @@ async fn priority_queue_delivers_higher_priority_first() {
     let (_c, ch) = t.channel().await;
     confirm_select(&ch).await;
     let q = declare_queue_with(&ch, "", exclusive(), table(&[("x-max-priority", int(5))])).await.name().to_string();
-    for (body, prio) in [("low", Some(1)), ("none", None), ("high", Some(5)), ("mid", Some(3)), ("above-max", Some(9)), ("high2", Some(5))] {
+    for (body, prio) in [
+        ("low", Some(1)),
+        ("none", None),
+        ("high", Some(5)),
+        ("mid", Some(3)),
+        ("above-max", Some(9)),
+        ("high2", Some(5)),
+    ] {
         let mut props = BasicProperties::default();
         if let Some(p) = prio {
             props = props.with_priority(p);
@@ -362,8 +405,10 @@ async fn single_active_consumer_delivers_to_one_until_it_cancels() {
     declare_queue(&ch, &q, table(&[("x-single-active-consumer", AMQPValue::Boolean(true))])).await;
     let ch1 = open_channel(&conn).await;
     let ch2 = open_channel(&conn).await;
-    let mut first = consume(&ch1, &q, BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default()).await;
-    let mut second = consume(&ch2, &q, BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default()).await;
+    let mut first =
+        consume(&ch1, &q, BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default()).await;
+    let mut second =
+        consume(&ch2, &q, BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default()).await;
     fill(&ch, &q, &["1", "2", "3", "4"]).await;
     assert_eq!(texts(&take(&mut first, 4).await), ["1", "2", "3", "4"]);
     expect_no_delivery(&mut second, Duration::from_millis(300)).await;
@@ -405,13 +450,25 @@ async fn classic_and_quorum_queue_types_are_accepted() {
     let classic = unique("classic");
     declare_queue(&ch, &classic, table(&[("x-queue-type", string("classic"))])).await;
     let quorum = unique("quorum");
-    declare_queue_with(&ch, &quorum, QueueDeclareOptions { durable: true, ..Default::default() }, table(&[("x-queue-type", string("quorum"))])).await;
+    declare_queue_with(
+        &ch,
+        &quorum,
+        QueueDeclareOptions { durable: true, ..Default::default() },
+        table(&[("x-queue-type", string("quorum"))]),
+    )
+    .await;
     for q in [&classic, &quorum] {
         assert!(publish_confirmed(&ch, "", q, b"typed", persistent()).await.is_ack());
         assert_eq!(drain(&ch, q).await, ["typed"], "{q}");
     }
     // Redeclaring with another type is a 406.
-    let r = ch.queue_declare(classic.as_str().into(), QueueDeclareOptions::default(), table(&[("x-queue-type", string("quorum"))])).await;
+    let r = ch
+        .queue_declare(
+            classic.as_str().into(),
+            QueueDeclareOptions::default(),
+            table(&[("x-queue-type", string("quorum"))]),
+        )
+        .await;
     let text = expect_code(r, 406);
     assert!(text.starts_with("PRECONDITION_FAILED - inequivalent arg 'x-queue-type'"), "{text:?}");
     let ch = open_channel(&conn).await;
@@ -424,13 +481,19 @@ async fn quorum_queues_must_be_durable_and_not_exclusive() {
     let t = Target::start();
     let (conn, ch) = t.channel().await;
     let q = unique("quorum-transient");
-    let r = ch.queue_declare(q.as_str().into(), QueueDeclareOptions::default(), table(&[("x-queue-type", string("quorum"))])).await;
+    let r = ch
+        .queue_declare(q.as_str().into(), QueueDeclareOptions::default(), table(&[("x-queue-type", string("quorum"))]))
+        .await;
     let text = expect_code(r, 406);
     assert_eq!(text, format!("PRECONDITION_FAILED - invalid property 'non-durable' for queue '{q}' in vhost '/'"));
     let ch = open_channel(&conn).await;
     let q = unique("quorum-exclusive");
     let r = ch
-        .queue_declare(q.as_str().into(), QueueDeclareOptions { durable: true, exclusive: true, ..Default::default() }, table(&[("x-queue-type", string("quorum"))]))
+        .queue_declare(
+            q.as_str().into(),
+            QueueDeclareOptions { durable: true, exclusive: true, ..Default::default() },
+            table(&[("x-queue-type", string("quorum"))]),
+        )
         .await;
     let text = expect_code(r, 406);
     assert_eq!(text, format!("PRECONDITION_FAILED - invalid property 'exclusive-owner' for queue '{q}' in vhost '/'"));
@@ -470,7 +533,10 @@ async fn delivery_limit_drops_after_the_limit(ch: &Channel, q: &str) {
             }
         })
         .await;
-        counts.push((m.delivery.redelivered, field(&headers(&m.delivery.properties), "x-delivery-count").and_then(as_i64)));
+        counts.push((
+            m.delivery.redelivered,
+            field(&headers(&m.delivery.properties), "x-delivery-count").and_then(as_i64),
+        ));
         m.delivery.nack(BasicNackOptions { requeue: true, ..Default::default() }).await.unwrap();
     }
     assert_eq!(counts, [(false, Some(0)), (true, Some(1)), (true, Some(2))]);

@@ -20,9 +20,29 @@ async fn durable_topology_and_persistent_messages_survive_a_clean_restart() {
     {
         let (conn, ch) = t.channel().await;
         confirm_select(&ch).await;
-        declare_exchange(&ch, "orders", ExchangeKind::Topic, ExchangeDeclareOptions { durable: true, ..Default::default() }, FieldTable::default()).await;
-        declare_exchange(&ch, "scratch", ExchangeKind::Fanout, ExchangeDeclareOptions::default(), FieldTable::default()).await;
-        declare_queue_with(&ch, "kept", QueueDeclareOptions { durable: true, ..Default::default() }, table(&[("x-max-length", int(100))])).await;
+        declare_exchange(
+            &ch,
+            "orders",
+            ExchangeKind::Topic,
+            ExchangeDeclareOptions { durable: true, ..Default::default() },
+            FieldTable::default(),
+        )
+        .await;
+        declare_exchange(
+            &ch,
+            "scratch",
+            ExchangeKind::Fanout,
+            ExchangeDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await;
+        declare_queue_with(
+            &ch,
+            "kept",
+            QueueDeclareOptions { durable: true, ..Default::default() },
+            table(&[("x-max-length", int(100))]),
+        )
+        .await;
         declare_queue_with(&ch, "transient-queue", QueueDeclareOptions::default(), FieldTable::default()).await;
         bind(&ch, "kept", "orders", "order.*", FieldTable::default()).await;
         for (body, props) in [("p1", persistent()), ("t1", BasicProperties::default()), ("p2", persistent())] {
@@ -46,7 +66,13 @@ async fn durable_topology_and_persistent_messages_survive_a_clean_restart() {
     confirm_select(&ch).await;
     assert!(publish_confirmed(&ch, "orders", "order.paid", b"after", BasicProperties::default()).await.is_ack());
     assert_eq!(drain(&ch, "kept").await, ["after"]);
-    let r = ch.queue_declare("kept".into(), QueueDeclareOptions { durable: true, ..Default::default() }, FieldTable::default()).await;
+    let r = ch
+        .queue_declare(
+            "kept".into(),
+            QueueDeclareOptions { durable: true, ..Default::default() },
+            FieldTable::default(),
+        )
+        .await;
     expect_code(r, 406); // x-max-length is still set: redeclaring without it is inequivalent
 }
 
@@ -60,10 +86,18 @@ async fn confirmed_persistent_messages_survive_a_crash() {
     {
         let (_conn, ch) = t.channel().await;
         confirm_select(&ch).await;
-        declare_queue_with(&ch, "crashy", QueueDeclareOptions { durable: true, ..Default::default() }, FieldTable::default()).await;
+        declare_queue_with(
+            &ch,
+            "crashy",
+            QueueDeclareOptions { durable: true, ..Default::default() },
+            FieldTable::default(),
+        )
+        .await;
         let mut pending = Vec::new();
         for b in &bodies {
-            pending.push(publish_opts(&ch, "", "crashy", BasicPublishOptions::default(), b.as_bytes(), persistent()).await);
+            pending.push(
+                publish_opts(&ch, "", "crashy", BasicPublishOptions::default(), b.as_bytes(), persistent()).await,
+            );
         }
         for c in pending {
             assert!(bounded("confirm", c).await.unwrap().is_ack());
@@ -84,7 +118,13 @@ async fn unacked_persistent_messages_are_redelivered_after_a_crash() {
     {
         let (_conn, ch) = t.channel().await;
         confirm_select(&ch).await;
-        declare_queue_with(&ch, "inflight", QueueDeclareOptions { durable: true, ..Default::default() }, FieldTable::default()).await;
+        declare_queue_with(
+            &ch,
+            "inflight",
+            QueueDeclareOptions { durable: true, ..Default::default() },
+            FieldTable::default(),
+        )
+        .await;
         for b in ["a", "b", "c"] {
             assert!(publish_confirmed(&ch, "", "inflight", b.as_bytes(), persistent()).await.is_ack());
         }
@@ -117,7 +157,13 @@ async fn rejected_messages_are_in_the_source_or_the_dead_letter_queue_after_a_cr
         confirm_select(&ch).await;
         let durable = QueueDeclareOptions { durable: true, ..Default::default() };
         declare_queue_with(&ch, "dlx-target", durable, FieldTable::default()).await;
-        declare_queue_with(&ch, "dlx-source", durable, table(&[("x-dead-letter-exchange", string("")), ("x-dead-letter-routing-key", string("dlx-target"))])).await;
+        declare_queue_with(
+            &ch,
+            "dlx-source",
+            durable,
+            table(&[("x-dead-letter-exchange", string("")), ("x-dead-letter-routing-key", string("dlx-target"))]),
+        )
+        .await;
         for b in &bodies {
             publish(&ch, "", "dlx-source", b.as_bytes(), persistent()).await;
         }

@@ -49,7 +49,11 @@ async fn nack_and_time(c: &mut Consumer, gaps_ms: &[u64]) -> Vec<Option<i64>> {
         nack(&d).await;
         d = next_delivery(c).await;
         let waited = sent.elapsed();
-        assert!(waited + SLACK >= Duration::from_millis(*gap), "retry {} came after {waited:?}, before its {gap} ms backoff", i + 1);
+        assert!(
+            waited + SLACK >= Duration::from_millis(*gap),
+            "retry {} came after {waited:?}, before its {gap} ms backoff",
+            i + 1
+        );
         assert!(d.redelivered, "a retry is a redelivery");
         counts.push(delivery_count(&d));
     }
@@ -64,7 +68,11 @@ async fn linear_backoff_spaces_redeliveries_and_counts_them() {
     }
     let t = Target::start();
     let (_conn, ch) = t.channel().await;
-    let args = [("x-delayed-retry-type", string("failed")), ("x-delayed-retry-min", int(300)), ("x-delayed-retry-max", int(900))];
+    let args = [
+        ("x-delayed-retry-type", string("failed")),
+        ("x-delayed-retry-min", int(300)),
+        ("x-delayed-retry-max", int(900)),
+    ];
     let q = retry_queue(&ch, "linear", &args).await;
     let mut c = consumer_with_prefetch(&ch, &q, 1).await;
     publish(&ch, "", &q, b"flaky", BasicProperties::default()).await;
@@ -97,7 +105,8 @@ async fn back_at_once(kind: &str) -> Vec<String> {
     let t = Target::start();
     let conn = t.connect().await;
     let ch = open_channel(&conn).await;
-    let q = retry_queue(&ch, kind, &[("x-delayed-retry-type", string(kind)), ("x-delayed-retry-min", int(LONG_MS))]).await;
+    let q =
+        retry_queue(&ch, kind, &[("x-delayed-retry-type", string(kind)), ("x-delayed-retry-min", int(LONG_MS))]).await;
     for body in ["failed", "returned", "fence"] {
         publish(&ch, "", &q, body.as_bytes(), BasicProperties::default()).await;
     }
@@ -206,7 +215,8 @@ async fn delivery_limit_dead_letters_to_the_dead_letter_exchange() {
     .await;
     publish(&ch, "", &q, b"poison", BasicProperties::default()).await;
     exhaust(&ch, &q, 3).await;
-    let mut c = consume(&ch, &dead, BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default()).await;
+    let mut c =
+        consume(&ch, &dead, BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default()).await;
     let d = next_delivery(&mut c).await;
     assert_eq!(text(&d), "poison");
     let death = x_death(&d).remove(0);
@@ -226,7 +236,14 @@ async fn delivery_limit_without_a_dlx_goes_to_the_dlq_queue() {
     let conn = t.connect().await;
     let ch = open_channel(&conn).await;
     let exchange = unique("shop");
-    declare_exchange(&ch, &exchange, ExchangeKind::Direct, ExchangeDeclareOptions { durable: true, ..Default::default() }, FieldTable::default()).await;
+    declare_exchange(
+        &ch,
+        &exchange,
+        ExchangeKind::Direct,
+        ExchangeDeclareOptions { durable: true, ..Default::default() },
+        FieldTable::default(),
+    )
+    .await;
     let q = unique("orders");
     let args = table(&[("x-delivery-limit", int(1)), ("x-retry-backoff", string("50ms"))]);
     declare_queue_with(&ch, &q, QueueDeclareOptions { durable: true, ..Default::default() }, args).await;
@@ -237,16 +254,25 @@ async fn delivery_limit_without_a_dlx_goes_to_the_dlq_queue() {
     let dlq = format!("%DLQ%{q}");
     until("the %DLQ% queue is created", || queue_exists(&conn, &dlq)).await;
     let ch = open_channel(&conn).await;
-    let mut c = consume(&ch, &dlq, BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default()).await;
+    let mut c =
+        consume(&ch, &dlq, BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default()).await;
     let d = next_delivery(&mut c).await;
     assert_eq!(text(&d), "poison");
-    assert_eq!((d.exchange.as_str(), d.routing_key.as_str()), (exchange.as_str(), "order.created"), "original routing kept");
+    assert_eq!(
+        (d.exchange.as_str(), d.routing_key.as_str()),
+        (exchange.as_str(), "order.created"),
+        "original routing kept"
+    );
     let death = x_death(&d).remove(0);
     assert_eq!(str_field(&death, "reason"), "delivery_limit");
     assert_eq!(str_field(&death, "queue"), q);
     assert_eq!(d.properties.delivery_mode(), &Some(2));
     // Durable like its source queue: a non-durable re-declare is inequivalent.
-    let r = bounded("queue.declare", ch.queue_declare(dlq.as_str().into(), QueueDeclareOptions::default(), FieldTable::default())).await;
+    let r = bounded(
+        "queue.declare",
+        ch.queue_declare(dlq.as_str().into(), QueueDeclareOptions::default(), FieldTable::default()),
+    )
+    .await;
     expect_code(r, 406);
 }
 
@@ -281,7 +307,10 @@ async fn a_message_waiting_for_its_retry_survives_a_crash() {
     let d = next_delivery(&mut c).await;
     let waited = SystemTime::now().duration_since(nacked_at).unwrap();
     assert_eq!(text(&d), "later");
-    assert!(waited + SLACK >= Duration::from_millis(DELAY_MS), "redelivered {waited:?} after the nack, before its backoff");
+    assert!(
+        waited + SLACK >= Duration::from_millis(DELAY_MS),
+        "redelivered {waited:?} after the nack, before its backoff"
+    );
     assert!(d.redelivered);
     assert_eq!(delivery_count(&d), Some(1), "the delivery count survives the restart");
 }
@@ -305,7 +334,15 @@ async fn bad_retry_arguments_are_refused_with_406() {
     ];
     for (key, value) in bad {
         let ch = open_channel(&conn).await;
-        let r = bounded("queue.declare", ch.queue_declare(unique("bad").as_str().into(), QueueDeclareOptions::default(), table(&[(key, value.clone())]))).await;
+        let r = bounded(
+            "queue.declare",
+            ch.queue_declare(
+                unique("bad").as_str().into(),
+                QueueDeclareOptions::default(),
+                table(&[(key, value.clone())]),
+            ),
+        )
+        .await;
         let text = expect_code(r, 406);
         assert!(text.contains(key), "{key}={value:?}: {text}");
     }
@@ -315,13 +352,28 @@ async fn bad_retry_arguments_are_refused_with_406() {
         table(&[("x-delayed-retry-min", int(500)), ("x-delayed-retry-max", int(100))]),
     ] {
         let ch = open_channel(&conn).await;
-        expect_code(bounded("queue.declare", ch.queue_declare(unique("bad").as_str().into(), QueueDeclareOptions::default(), args)).await, 406);
+        expect_code(
+            bounded(
+                "queue.declare",
+                ch.queue_declare(unique("bad").as_str().into(), QueueDeclareOptions::default(), args),
+            )
+            .await,
+            406,
+        );
     }
     // Re-declares must be equivalent.
     let ch = open_channel(&conn).await;
     let q = retry_queue(&ch, "equiv", &[("x-retry-backoff", string("1s,5s"))]).await;
     declare_queue(&ch, &q, table(&[("x-retry-backoff", string("1s,5s"))])).await;
-    let r = bounded("queue.declare", ch.queue_declare(q.as_str().into(), QueueDeclareOptions::default(), table(&[("x-retry-backoff", string("1s"))]))).await;
+    let r = bounded(
+        "queue.declare",
+        ch.queue_declare(
+            q.as_str().into(),
+            QueueDeclareOptions::default(),
+            table(&[("x-retry-backoff", string("1s"))]),
+        ),
+    )
+    .await;
     let text = expect_code(r, 406);
     assert!(text.contains("inequivalent arg 'x-retry-backoff'"), "{text}");
     // The connection survived every channel error.

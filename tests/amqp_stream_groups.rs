@@ -12,7 +12,13 @@ use common::amqp::*;
 use common::Broker;
 
 /// A consumer of `group` on its own channel with prefetch `n`.
-async fn member(conn: &Connection, stream: &str, group: &str, n: u16, extra: &[(&str, AMQPValue)]) -> (Channel, Consumer) {
+async fn member(
+    conn: &Connection,
+    stream: &str,
+    group: &str,
+    n: u16,
+    extra: &[(&str, AMQPValue)],
+) -> (Channel, Consumer) {
     let mut args = vec![("x-consumer-group", string(group))];
     args.extend(extra.iter().cloned());
     stream_consumer(conn, n, stream, table(&args)).await
@@ -152,7 +158,11 @@ async fn a_group_resumes_where_it_stopped_after_reconnect_and_restart() {
     {
         let (m_ch, mut m) = member(&conn, "orders", "shipping", 10, &[("x-stream-offset", string("first"))]).await;
         let got: Vec<(i64, bool)> = take(&mut m, 2).await.iter().map(|d| (offset_of(d), d.redelivered)).collect();
-        assert_eq!(got.iter().map(|g| g.0).collect::<Vec<_>>(), vec![2, 5], "nothing acked again, nothing unacked skipped");
+        assert_eq!(
+            got.iter().map(|g| g.0).collect::<Vec<_>>(),
+            vec![2, 5],
+            "nothing acked again, nothing unacked skipped"
+        );
         expect_no_delivery(&mut m, Duration::from_millis(200)).await;
         bounded("channel.close", m_ch.close(200, "bye".into())).await.unwrap();
     }

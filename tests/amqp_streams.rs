@@ -58,7 +58,11 @@ async fn declaration_rules_follow_rabbitmq() {
     let cases: [(QueueDeclareOptions, FieldTable, &str); 6] = [
         (QueueDeclareOptions::default(), stream_args(&[]), "non-durable"),
         (QueueDeclareOptions { durable: true, exclusive: true, ..Default::default() }, stream_args(&[]), "exclusive"),
-        (QueueDeclareOptions { durable: true, auto_delete: true, ..Default::default() }, stream_args(&[]), "auto-delete"),
+        (
+            QueueDeclareOptions { durable: true, auto_delete: true, ..Default::default() },
+            stream_args(&[]),
+            "auto-delete",
+        ),
         (durable(), stream_args(&[("x-max-length", int(10))]), "x-max-length"),
         (durable(), stream_args(&[("x-max-age", string("7X"))]), "x-max-age"),
         (durable(), stream_args(&[("x-max-age", string("0D"))]), "x-max-age"),
@@ -69,10 +73,16 @@ async fn declaration_rules_follow_rabbitmq() {
         assert!(text.contains(what), "{what}: {text}");
     }
     let ch = open_channel(&conn).await;
-    declare_stream(&ch, &name, &[("x-max-age", string("7D")), ("x-max-length-bytes", AMQPValue::LongLongInt(1 << 30))]).await;
+    declare_stream(&ch, &name, &[("x-max-age", string("7D")), ("x-max-length-bytes", AMQPValue::LongLongInt(1 << 30))])
+        .await;
     // Equivalent redeclaration is fine; a different retention is not.
-    declare_stream(&ch, &name, &[("x-max-age", string("7D")), ("x-max-length-bytes", AMQPValue::LongLongInt(1 << 30))]).await;
-    let r = bounded("queue.declare", ch.queue_declare(name.as_str().into(), durable(), stream_args(&[("x-max-age", string("1D"))]))).await;
+    declare_stream(&ch, &name, &[("x-max-age", string("7D")), ("x-max-length-bytes", AMQPValue::LongLongInt(1 << 30))])
+        .await;
+    let r = bounded(
+        "queue.declare",
+        ch.queue_declare(name.as_str().into(), durable(), stream_args(&[("x-max-age", string("1D"))])),
+    )
+    .await;
     expect_code(r, 406);
     // basic.get is not supported on a stream (RabbitMQ closes the connection with 540).
     let ch = open_channel(&conn).await;
@@ -91,17 +101,39 @@ async fn consumers_need_a_prefetch_and_manual_acks() {
     let name = unique("s");
     declare_stream(&open_channel(&conn).await, &name, &[]).await;
     let ch = open_channel(&conn).await;
-    let r = bounded("basic.consume", ch.basic_consume(name.as_str().into(), "".into(), BasicConsumeOptions::default(), FieldTable::default())).await;
+    let r = bounded(
+        "basic.consume",
+        ch.basic_consume(name.as_str().into(), "".into(), BasicConsumeOptions::default(), FieldTable::default()),
+    )
+    .await;
     let text = expect_code(r, 406);
     assert!(text.contains("consumer prefetch count is not set"), "{text}");
     let ch = stream_channel(&conn, 10).await;
-    let r = bounded("basic.consume", ch.basic_consume(name.as_str().into(), "".into(), BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default())).await;
+    let r = bounded(
+        "basic.consume",
+        ch.basic_consume(
+            name.as_str().into(),
+            "".into(),
+            BasicConsumeOptions { no_ack: true, ..Default::default() },
+            FieldTable::default(),
+        ),
+    )
+    .await;
     // FerryMQ: 406 on the channel (the contract); RabbitMQ closes the connection with 540.
     let text = expect_code(r, if t.is_rabbitmq() { 540 } else { 406 });
     assert!(text.contains("automatic acknowledgement not supported"), "{text}");
     let conn = t.connect().await;
     let ch = stream_channel(&conn, 10).await;
-    let r = bounded("basic.consume", ch.basic_consume(name.as_str().into(), "".into(), BasicConsumeOptions::default(), offset_arg(string("whenever")))).await;
+    let r = bounded(
+        "basic.consume",
+        ch.basic_consume(
+            name.as_str().into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            offset_arg(string("whenever")),
+        ),
+    )
+    .await;
     expect_code(r, 406);
     let conn = t.connect().await;
     delete_queue(&open_channel(&conn).await, &name).await;
@@ -151,7 +183,11 @@ async fn every_start_offset_form() {
     assert_eq!(take_acked(&mut ts, 3).await, numbered("b", 5..8), "replay from a point in time");
     expect_no_delivery(&mut ts, Duration::from_millis(200)).await;
     let (_old_ch, mut old) = stream_consumer(&conn, 100, &name, offset_arg(AMQPValue::Timestamp(1))).await;
-    assert_eq!(take_acked(&mut old, 1).await, vec![(0, "a0".to_string())], "a timestamp before the stream: from the first");
+    assert_eq!(
+        take_acked(&mut old, 1).await,
+        vec![(0, "a0".to_string())],
+        "a timestamp before the stream: from the first"
+    );
 
     assert_eq!(take_acked(&mut next, 3).await, numbered("b", 5..8));
     assert_eq!(take_acked(&mut default, 3).await, numbered("b", 5..8));
@@ -197,7 +233,11 @@ async fn max_length_bytes_trims_the_oldest_entries() {
     until("stream trimmed to 1000 bytes", || async { queue_counts(&ch, &name).await.unwrap().0 <= 10 }).await;
     let (_c_ch, mut c) = stream_consumer(&conn, 100, &name, offset_arg(string("first"))).await;
     let got = take_acked(&mut c, 10).await;
-    assert_eq!(got.iter().map(|g| g.0).collect::<Vec<_>>(), (15..25).collect::<Vec<i64>>(), "the newest 1000 bytes stay");
+    assert_eq!(
+        got.iter().map(|g| g.0).collect::<Vec<_>>(),
+        (15..25).collect::<Vec<i64>>(),
+        "the newest 1000 bytes stay"
+    );
     assert_eq!(got[0].1, body(15));
     expect_no_delivery(&mut c, Duration::from_millis(200)).await;
     delete_queue(&ch, &name).await;
@@ -246,7 +286,11 @@ async fn contents_offsets_and_retention_survive_a_restart() {
     publish_all(&ch, "kept", &bodies("k", 6..7)).await;
     let c_ch = stream_channel(&conn, 10).await;
     let mut c = consume(&c_ch, "kept", BasicConsumeOptions::default(), offset_arg(string("first"))).await;
-    assert_eq!(take_acked(&mut c, 7).await, numbered("k", 0..7), "same contents and offsets; the next offset follows on");
+    assert_eq!(
+        take_acked(&mut c, 7).await,
+        numbered("k", 0..7),
+        "same contents and offsets; the next offset follows on"
+    );
     // Retention still applies after the restart.
     let body = |i: usize| format!("{i:0100}");
     for i in 0..6 {
@@ -279,7 +323,10 @@ async fn mqtt_devices_feed_a_stream_bound_to_amq_topic() {
     until("both readings stored", || async { queue_counts(&ch, &name).await.unwrap().0 == 2 }).await;
     let (_c_ch, mut c) = stream_consumer(&conn, 10, &name, offset_arg(string("first"))).await;
     let d = next_delivery(&mut c).await;
-    assert_eq!((offset_of(&d), text(&d), d.routing_key.as_str()), (0, "21.5".to_string(), format!("{level}.t1").as_str()));
+    assert_eq!(
+        (offset_of(&d), text(&d), d.routing_key.as_str()),
+        (0, "21.5".to_string(), format!("{level}.t1").as_str())
+    );
     let d2 = next_delivery(&mut c).await;
     assert_eq!((offset_of(&d2), text(&d2)), (1, "22.0".to_string()));
     delete_queue(&ch, &name).await;
@@ -299,7 +346,14 @@ async fn stream_consumers_filter_by_tag() {
         Some(t) => persistent().with_headers(table(&[("x-tag", string(t))])),
         None => persistent(),
     };
-    for (body, tag) in [("a0", Some("TagA")), ("b1", Some("TagB")), ("n2", None), ("c3", Some("TagC")), ("a4", Some("TagA")), ("x5", Some("taga"))] {
+    for (body, tag) in [
+        ("a0", Some("TagA")),
+        ("b1", Some("TagB")),
+        ("n2", None),
+        ("c3", Some("TagC")),
+        ("a4", Some("TagA")),
+        ("x5", Some("taga")),
+    ] {
         assert!(publish_confirmed(&ch, "", &name, body.as_bytes(), tagged(tag)).await.is_ack());
     }
     let filtered = |expr: &str, group: Option<&str>| {
@@ -313,7 +367,8 @@ async fn stream_consumers_filter_by_tag() {
     assert_eq!(take_acked(&mut a_or_c, 3).await, [(0, "a0".to_string()), (3, "c3".to_string()), (4, "a4".to_string())]);
     expect_no_delivery(&mut a_or_c, Duration::from_millis(300)).await;
     let mut all = consume(&ch1, &name, BasicConsumeOptions::default(), filtered(" * ", None)).await;
-    let every: Vec<(i64, String)> = ["a0", "b1", "n2", "c3", "a4", "x5"].iter().enumerate().map(|(i, b)| (i as i64, b.to_string())).collect();
+    let every: Vec<(i64, String)> =
+        ["a0", "b1", "n2", "c3", "a4", "x5"].iter().enumerate().map(|(i, b)| (i as i64, b.to_string())).collect();
     assert_eq!(take_acked(&mut all, 6).await, every, "`*` matches tagged and untagged messages");
     // A group with a filter skips the others for the group; another group gets everything.
     let mut member = consume(&ch1, &name, BasicConsumeOptions::default(), filtered("TagB", Some("only-b"))).await;
@@ -326,6 +381,10 @@ async fn stream_consumers_filter_by_tag() {
     assert_eq!(take_acked(&mut a_or_c, 1).await, [(7, "a7".to_string())]);
     // A bad expression.
     let bad = stream_channel(&conn, 10).await;
-    let r = bounded("basic.consume", bad.basic_consume(name.as_str().into(), "".into(), BasicConsumeOptions::default(), filtered("TagA ||", None))).await;
+    let r = bounded(
+        "basic.consume",
+        bad.basic_consume(name.as_str().into(), "".into(), BasicConsumeOptions::default(), filtered("TagA ||", None)),
+    )
+    .await;
     expect_code(r, 406);
 }

@@ -118,7 +118,10 @@ async fn keep_alive_is_enforced() {
     let got = raw.read_until_closed().await;
     let waited = started.elapsed();
     assert!(has_disconnect(&got, 0x8D), "DISCONNECT 0x8D keep alive timeout, got {got:02x?}");
-    assert!(waited >= Duration::from_millis(1200) && waited < Duration::from_millis(2500), "closed after 1.5 x keep-alive, took {waited:?}");
+    assert!(
+        waited >= Duration::from_millis(1200) && waited < Duration::from_millis(2500),
+        "closed after 1.5 x keep-alive, took {waited:?}"
+    );
 }
 
 #[tokio::test]

@@ -118,10 +118,14 @@ fn unknown_config_keys_and_bad_values_stop_startup() {
     let tmp = tempfile::tempdir().unwrap();
     let file = tmp.path().join("bad.toml");
     std::fs::write(&file, "[mqtt]\nlisten = \"127.0.0.1:0\"\nmax_packet_sise = 5\n").unwrap();
-    let (code, err) = run_binary(&["--config", file.to_str().unwrap(), "--data-dir", tmp.path().to_str().unwrap()], &[]);
+    let (code, err) =
+        run_binary(&["--config", file.to_str().unwrap(), "--data-dir", tmp.path().to_str().unwrap()], &[]);
     assert_eq!(code, 2);
     assert!(err.contains("max_packet_sise"), "names the key: {err}");
-    let (code, err) = run_binary(&["--data-dir", tmp.path().to_str().unwrap(), "--mqtt-listen", "127.0.0.1:0"], &[("FERRYMQ_STORAGE__FSYNC", "often")]);
+    let (code, err) = run_binary(
+        &["--data-dir", tmp.path().to_str().unwrap(), "--mqtt-listen", "127.0.0.1:0"],
+        &[("FERRYMQ_STORAGE__FSYNC", "often")],
+    );
     assert_eq!(code, 2);
     assert!(err.contains("storage.fsync"), "names the key: {err}");
     let (code, err) = run_binary(&["--mqtt-listen", "not-an-address"], &[]);
@@ -162,7 +166,9 @@ async fn sigterm_disconnects_clients_and_exits_cleanly() {
 #[tokio::test]
 async fn a_stalled_subscriber_is_disconnected_and_publishers_go_on() {
     let broker = Broker::start_with(
-        Opts::default().env("FERRYMQ_MQTT__MAX_ONLINE_QUEUE", "10").env("FERRYMQ_MQTT__SLOW_CONSUMER_TIMEOUT_SECS", "1"),
+        Opts::default()
+            .env("FERRYMQ_MQTT__MAX_ONLINE_QUEUE", "10")
+            .env("FERRYMQ_MQTT__SLOW_CONSUMER_TIMEOUT_SECS", "1"),
     );
     // A subscriber that never reads and never acks.
     let mut stalled = common::Raw::connect(&broker).await;
@@ -190,9 +196,9 @@ async fn a_stalled_subscriber_is_disconnected_and_publishers_go_on() {
 /// authorized", as Mosquitto does without anonymous access.
 #[tokio::test]
 async fn mqtt_credentials_are_checked_against_the_user_store_when_enabled() {
-    let broker = Broker::start_with(Opts::default().config(
-        "[auth]\nmqtt = true\nusers = [{ name = \"device\", password = \"s3cret\" }]\n",
-    ));
+    let broker = Broker::start_with(
+        Opts::default().config("[auth]\nmqtt = true\nusers = [{ name = \"device\", password = \"s3cret\" }]\n"),
+    );
     let mut o = v4::options(&broker, "ok4");
     o.set_credentials("device", "s3cret");
     let mut ok = v4::connect_with(o).await;

@@ -11,7 +11,10 @@ use common::{v4, v5, Broker};
 async fn qos_0_1_2_round_trip_v311() {
     let broker = Broker::start();
     let mut sub = v4::connect(&broker, "sub").await;
-    assert_eq!(sub.subscribe("t/#", v4::QoS::ExactlyOnce).await, vec![rumqttc::SubscribeReasonCode::Success(v4::QoS::ExactlyOnce)]);
+    assert_eq!(
+        sub.subscribe("t/#", v4::QoS::ExactlyOnce).await,
+        vec![rumqttc::SubscribeReasonCode::Success(v4::QoS::ExactlyOnce)]
+    );
     let pubc = v4::connect(&broker, "pub").await;
     for (i, qos) in [v4::QoS::AtMostOnce, v4::QoS::AtLeastOnce, v4::QoS::ExactlyOnce].into_iter().enumerate() {
         pubc.client.publish(format!("t/{i}"), qos, false, format!("m{i}")).await.unwrap();

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::amqp::{
-    bind, bounded, confirm_select, declare_queue_with, drain, field, headers, publish_confirmed, table, string, as_str,
+    as_str, bind, bounded, confirm_select, declare_queue_with, drain, field, headers, publish_confirmed, string, table,
     BasicProperties, FieldTable, QueueDeclareOptions, Target,
 };
 use common::{v5, Broker};
@@ -42,7 +42,8 @@ const MIXED: [(&str, Option<&str>); 5] =
 async fn subscription_tag_filter_delivers_only_matching_messages() {
     let broker = Broker::start();
     let mut filtered = v5::connect(&broker, "filtered").await;
-    let codes = filtered.subscribe_filter(Filter::new("sensors/#", v5::QoS::AtLeastOnce), tag_filter("TagA || TagB")).await;
+    let codes =
+        filtered.subscribe_filter(Filter::new("sensors/#", v5::QoS::AtLeastOnce), tag_filter("TagA || TagB")).await;
     assert_eq!(codes, [SubscribeReasonCode::Success(v5::QoS::AtLeastOnce)]);
     let mut star = v5::connect(&broker, "star").await;
     star.subscribe_filter(Filter::new("sensors/#", v5::QoS::AtMostOnce), tag_filter("*")).await;
@@ -52,7 +53,10 @@ async fn subscription_tag_filter_delivers_only_matching_messages() {
     for _ in 0..2 {
         let m = filtered.next_publish().await;
         let props = m.properties.expect("properties");
-        assert!(props.user_properties.iter().any(|(k, _)| k == "tag"), "the tag arrives as the user property 'tag': {props:?}");
+        assert!(
+            props.user_properties.iter().any(|(k, _)| k == "tag"),
+            "the tag arrives as the user property 'tag': {props:?}"
+        );
         got.push(String::from_utf8(m.payload.to_vec()).unwrap());
     }
     assert_eq!(got, ["a", "b"]);
@@ -119,9 +123,15 @@ async fn a_shared_subscription_group_filters_by_tag_and_its_members_must_agree()
     let mut a = v5::connect(&broker, "a").await;
     let mut b = v5::connect(&broker, "b").await;
     let share = || Filter::new("$share/alarms/plant/#", v5::QoS::AtLeastOnce);
-    assert_eq!(a.subscribe_filter(share(), tag_filter("TagA || TagB")).await, [SubscribeReasonCode::Success(v5::QoS::AtLeastOnce)]);
+    assert_eq!(
+        a.subscribe_filter(share(), tag_filter("TagA || TagB")).await,
+        [SubscribeReasonCode::Success(v5::QoS::AtLeastOnce)]
+    );
     // The same filter written differently is the same filter.
-    assert_eq!(b.subscribe_filter(share(), tag_filter("TagB||TagA")).await, [SubscribeReasonCode::Success(v5::QoS::AtLeastOnce)]);
+    assert_eq!(
+        b.subscribe_filter(share(), tag_filter("TagB||TagA")).await,
+        [SubscribeReasonCode::Success(v5::QoS::AtLeastOnce)]
+    );
     // A member with another filter (or none) is refused: the group has one binding.
     let mut c = v5::connect(&broker, "c").await;
     assert_eq!(c.subscribe_filter(share(), tag_filter("TagC")).await, [SubscribeReasonCode::ImplementationSpecific]);
@@ -170,11 +180,18 @@ async fn retained_messages_on_subscribe_pass_the_tag_filter() {
 async fn mqtt_tag_reaches_an_amqp_tag_filter_binding_as_x_tag() {
     let t = Target::ferrymq(Broker::start());
     let (_c, ch) = t.channel().await;
-    let q = declare_queue_with(&ch, "", QueueDeclareOptions { exclusive: true, ..Default::default() }, FieldTable::default()).await;
+    let q = declare_queue_with(
+        &ch,
+        "",
+        QueueDeclareOptions { exclusive: true, ..Default::default() },
+        FieldTable::default(),
+    )
+    .await;
     bind(&ch, q.name().as_str(), "amq.topic", "plant.#", table(&[("x-tag-filter", string("alarm"))])).await;
     let broker = t.broker.as_ref().unwrap();
     let mut p = v5::connect(broker, "plc").await;
-    publish_all(&mut p, "plant/line1", &[("reading", Some("telemetry")), ("overheat", Some("alarm")), ("plain", None)]).await;
+    publish_all(&mut p, "plant/line1", &[("reading", Some("telemetry")), ("overheat", Some("alarm")), ("plain", None)])
+        .await;
     let m = common::amqp::get(&ch, q.name().as_str(), true).await.expect("the alarm");
     assert_eq!(m.delivery.data, b"overheat");
     assert_eq!(field(&headers(&m.delivery.properties), "x-tag").and_then(as_str).as_deref(), Some("alarm"));
@@ -191,7 +208,9 @@ async fn amqp_x_tag_reaches_an_mqtt_tag_filter_as_the_tag_property() {
     confirm_select(&ch).await;
     for (body, tag) in [("reading", "telemetry"), ("overheat", "alarm")] {
         let props = BasicProperties::default().with_headers(table(&[("x-tag", string(tag))]));
-        assert!(bounded("publish", publish_confirmed(&ch, "amq.topic", "plant.line1", body.as_bytes(), props)).await.is_ack());
+        assert!(bounded("publish", publish_confirmed(&ch, "amq.topic", "plant.line1", body.as_bytes(), props))
+            .await
+            .is_ack());
     }
     let m = s.next_publish().await;
     assert_eq!(&m.payload[..], b"overheat");

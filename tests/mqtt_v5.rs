@@ -175,8 +175,16 @@ async fn retain_handling_0_1_2() {
 async fn subscription_identifiers_are_returned() {
     let broker = Broker::start();
     let mut s = v5::connect(&broker, "s").await;
-    s.subscribe_filter(filter("sid/+", v5::QoS::AtLeastOnce), Some(SubscribeProperties { id: Some(7), user_properties: vec![] })).await;
-    s.subscribe_filter(filter("sid/#", v5::QoS::AtLeastOnce), Some(SubscribeProperties { id: Some(9), user_properties: vec![] })).await;
+    s.subscribe_filter(
+        filter("sid/+", v5::QoS::AtLeastOnce),
+        Some(SubscribeProperties { id: Some(7), user_properties: vec![] }),
+    )
+    .await;
+    s.subscribe_filter(
+        filter("sid/#", v5::QoS::AtLeastOnce),
+        Some(SubscribeProperties { id: Some(9), user_properties: vec![] }),
+    )
+    .await;
     let p = v5::connect(&broker, "p").await;
     p.client.publish("sid/x", v5::QoS::AtLeastOnce, false, "x").await.unwrap();
     let m = s.next_publish().await;
@@ -327,5 +335,8 @@ async fn topic_level_limit_applies_to_names_and_filters() {
     raw.send(&packet(0x30, &[0, 7, b'a', b'/', b'b', b'/', b'c', b'/', b'd', 0, b'x'])).await;
     let mut got = rest;
     got.extend(raw.read_until_closed().await);
-    assert!(got.windows(3).any(|w| w == [0xE0, 1, 0x90]) || got.windows(3).any(|w| w[0] == 0xE0 && w[2] == 0x90), "DISCONNECT 0x90: {got:02x?}");
+    assert!(
+        got.windows(3).any(|w| w == [0xE0, 1, 0x90]) || got.windows(3).any(|w| w[0] == 0xE0 && w[2] == 0x90),
+        "DISCONNECT 0x90: {got:02x?}"
+    );
 }

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use ferrymq_amqp::connection::Content;
 use ferrymq_amqp::connection::CloseReason;
+use ferrymq_amqp::connection::Content;
 use ferrymq_amqp::{AMQPClass, Config as ProtoConfig, Connection, Event};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
@@ -377,7 +377,12 @@ impl Task {
             ConsumerEvent::Deliver(d) => {
                 let Some(&channel) = self.consumer_channels.get(&d.consumer) else {
                     // The consumer was cancelled meanwhile: give the message back.
-                    self.ctx.broker.shards.send(ShardCmd::Requeue { queue: d.queue, offset: d.offset, cause: RequeueCause::Unsent, consumer: d.consumer });
+                    self.ctx.broker.shards.send(ShardCmd::Requeue {
+                        queue: d.queue,
+                        offset: d.offset,
+                        cause: RequeueCause::Unsent,
+                        consumer: d.consumer,
+                    });
                     return;
                 };
                 let Some(ch) = self.channels.get_mut(&channel) else { return };
@@ -395,8 +400,10 @@ impl Task {
                             self.ctx.broker.assignments.leave(&self.ctx.broker.shards, consumer);
                         }
                         // consumer_cancel_notify: the queue was deleted.
-                        let cancel = ferrymq_amqp::methods::basic::Cancel { consumer_tag: c.tag.as_str().into(), nowait: true };
-                        self.proto.reply(channel, AMQPClass::Basic(ferrymq_amqp::methods::basic::AMQPMethod::Cancel(cancel)));
+                        let cancel =
+                            ferrymq_amqp::methods::basic::Cancel { consumer_tag: c.tag.as_str().into(), nowait: true };
+                        self.proto
+                            .reply(channel, AMQPClass::Basic(ferrymq_amqp::methods::basic::AMQPMethod::Cancel(cancel)));
                     }
                 }
             }
@@ -406,15 +413,25 @@ impl Task {
     /// Writes one delivery to its consumer.
     pub(super) fn deliver(&mut self, channel: u16, d: QueueDelivery) {
         let Some(ch) = self.channels.get_mut(&channel) else { return };
-        let Some((no_ack, stream, consumer_tag)) = ch.consumers.get(&d.consumer).map(|c| (c.no_ack, c.stream, c.tag.clone())) else {
-            self.ctx.broker.shards.send(ShardCmd::Requeue { queue: d.queue, offset: d.offset, cause: RequeueCause::Unsent, consumer: d.consumer });
+        let Some((no_ack, stream, consumer_tag)) =
+            ch.consumers.get(&d.consumer).map(|c| (c.no_ack, c.stream, c.tag.clone()))
+        else {
+            self.ctx.broker.shards.send(ShardCmd::Requeue {
+                queue: d.queue,
+                offset: d.offset,
+                cause: RequeueCause::Unsent,
+                consumer: d.consumer,
+            });
             return;
         };
         let tag = ch.take_tag();
         if no_ack {
             self.ctx.broker.shards.send(ShardCmd::Ack { queue: d.queue, offset: d.offset });
         } else {
-            ch.unacked.insert(tag, super::channel::Unacked { queue: d.queue, offset: d.offset, consumer: d.consumer, stream });
+            ch.unacked.insert(
+                tag,
+                super::channel::Unacked { queue: d.queue, offset: d.offset, consumer: d.consumer, stream },
+            );
         }
         let mut extra = delivery_headers(&d);
         if stream {
@@ -422,7 +439,12 @@ impl Task {
             extra.push((super::streams::OFFSET_ARG.to_owned(), Value::Int(d.offset as i64)));
         }
         let props = properties_out(&d.msg, now_ms(), &extra);
-        let content = Content { exchange: &d.msg.exchange, routing_key: &d.msg.routing_key, properties: &props, body: &d.msg.payload };
+        let content = Content {
+            exchange: &d.msg.exchange,
+            routing_key: &d.msg.routing_key,
+            properties: &props,
+            body: &d.msg.payload,
+        };
         self.proto.deliver(channel, &consumer_tag, tag, d.redelivered, content);
     }
 
@@ -446,7 +468,12 @@ impl Task {
                 // (RabbitMQ 3.13+ treats every settlement of a stream delivery so).
                 _ if u.stream => ShardCmd::StreamSettle { queue: u.queue, consumer: u.consumer, offset: u.offset },
                 Settle::Ack => ShardCmd::Ack { queue: u.queue, offset: u.offset },
-                Settle::Requeue => ShardCmd::Requeue { queue: u.queue, offset: u.offset, cause: RequeueCause::Failed, consumer: u.consumer },
+                Settle::Requeue => ShardCmd::Requeue {
+                    queue: u.queue,
+                    offset: u.offset,
+                    cause: RequeueCause::Failed,
+                    consumer: u.consumer,
+                },
                 Settle::Discard => ShardCmd::Reject { queue: u.queue, offset: u.offset },
             };
             self.ctx.broker.shards.send(cmd);
@@ -458,10 +485,20 @@ impl Task {
     pub(super) fn close_channel(&mut self, channel: u16) {
         let Some(ch) = self.channels.remove(&channel) else { return };
         for u in ch.unacked.values() {
-            self.ctx.broker.shards.send(ShardCmd::Requeue { queue: u.queue, offset: u.offset, cause: RequeueCause::Returned, consumer: u.consumer });
+            self.ctx.broker.shards.send(ShardCmd::Requeue {
+                queue: u.queue,
+                offset: u.offset,
+                cause: RequeueCause::Returned,
+                consumer: u.consumer,
+            });
         }
         for d in ch.held {
-            self.ctx.broker.shards.send(ShardCmd::Requeue { queue: d.queue, offset: d.offset, cause: RequeueCause::Unsent, consumer: d.consumer });
+            self.ctx.broker.shards.send(ShardCmd::Requeue {
+                queue: d.queue,
+                offset: d.offset,
+                cause: RequeueCause::Unsent,
+                consumer: d.consumer,
+            });
         }
         for (id, c) in ch.consumers {
             self.consumer_channels.remove(&id);
@@ -480,7 +517,9 @@ impl Task {
         let Some(q) = self.ctx.entities.queue(&self.vhost, queue_name) else { return };
         let _ = q.consumers.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
         let mut exclusive = q.exclusive_consumer.lock();
-        if *exclusive == Some(self.id) && !self.channels.values().flat_map(|c| c.consumers.values()).any(|c| c.queue == q.id) {
+        if *exclusive == Some(self.id)
+            && !self.channels.values().flat_map(|c| c.consumers.values()).any(|c| c.queue == q.id)
+        {
             *exclusive = None;
         }
     }

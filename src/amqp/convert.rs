@@ -73,9 +73,7 @@ pub fn value_out(v: &Value) -> AMQPValue {
         Value::UInt(u) => AMQPValue::LongLongInt(i64::try_from(*u).unwrap_or(i64::MAX)),
         Value::Float(f) => AMQPValue::Float(*f),
         Value::Double(f) => AMQPValue::Double(*f),
-        Value::Decimal(scale, value) => {
-            AMQPValue::DecimalValue(amq_protocol_decimal(*scale, *value))
-        }
+        Value::Decimal(scale, value) => AMQPValue::DecimalValue(amq_protocol_decimal(*scale, *value)),
         Value::Str(s) => AMQPValue::LongString(LongString::from(s.as_bytes().to_vec())),
         Value::Bytes(b) => AMQPValue::ByteArray(b.to_vec().into()),
         Value::Timestamp(t) => AMQPValue::Timestamp(*t),

@@ -45,7 +45,8 @@ impl Dedup {
                 let (Some(vhost), Some(id)) = (parts.next(), parts.next()) else { continue };
                 let Ok(expiry) = <[u8; 8]>::try_from(&v[..]).map(u64::from_be_bytes) else { continue };
                 if expiry > now_ms {
-                    let (vhost, id) = (String::from_utf8_lossy(vhost).into_owned(), String::from_utf8_lossy(id).into_owned());
+                    let (vhost, id) =
+                        (String::from_utf8_lossy(vhost).into_owned(), String::from_utf8_lossy(id).into_owned());
                     state.by_expiry.insert((expiry, vhost.clone(), id.clone()));
                     state.seen.insert((vhost, id), expiry);
                 }

@@ -27,7 +27,11 @@ impl DeadLetterQueues for AmqpContext {
             }
             let durable = self.entities.queue(vhost, source).is_some_and(|q| q.durable);
             let config = queue_config(vhost, &name, durable, &[]).ok()?;
-            match self.entities.create_queue(&self.broker, vhost, &name, durable, None, false, Vec::new(), config, None).await {
+            match self
+                .entities
+                .create_queue(&self.broker, vhost, &name, durable, None, false, Vec::new(), config, None)
+                .await
+            {
                 Ok(q) => {
                     info!(queue = %name, vhost, durable, "created a dead-letter queue");
                     Some(q.id)

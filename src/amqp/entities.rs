@@ -22,8 +22,8 @@ use crate::core::shards::ShardCmd;
 use crate::core::stream::StreamConfig;
 use crate::core::value::{decode_table, encode_table, Value};
 
-use super::streams::{is_stream, stream_config};
 use super::retry_args::retry_policy;
+use super::streams::{is_stream, stream_config};
 
 /// Prefix of the storage names of AMQP queues (`amqp/{vhost}/{name}`).
 pub const QUEUE_PREFIX: &str = "amqp/";
@@ -106,7 +106,12 @@ fn arg_bool(args: &[(String, Value)], name: &str) -> Option<bool> {
 }
 
 /// Checks queue arguments and turns them into a configuration.
-pub fn queue_config(vhost: &str, name: &str, durable: bool, args: &[(String, Value)]) -> Result<QueueConfig, ArgumentError> {
+pub fn queue_config(
+    vhost: &str,
+    name: &str,
+    durable: bool,
+    args: &[(String, Value)],
+) -> Result<QueueConfig, ArgumentError> {
     let mut c = QueueConfig::new(name, vhost);
     c.keep_transient = false;
     let int = |key: &str| -> Result<Option<u64>, ArgumentError> {
@@ -133,7 +138,12 @@ pub fn queue_config(vhost: &str, name: &str, durable: bool, args: &[(String, Val
         Some("reject-publish") => Overflow::RejectPublish,
         Some("reject-publish-dlx") => Overflow::RejectPublishDlx,
         Some(other) => {
-            return Err(ArgumentError::invalid(vhost, name, "x-overflow", format!("{{unknown_overflow_type,<<\"{other}\">>}}")))
+            return Err(ArgumentError::invalid(
+                vhost,
+                name,
+                "x-overflow",
+                format!("{{unknown_overflow_type,<<\"{other}\">>}}"),
+            ))
         }
     };
     if let Some(exchange) = arg_str(args, "x-dead-letter-exchange") {
@@ -151,11 +161,18 @@ pub fn queue_config(vhost: &str, name: &str, durable: bool, args: &[(String, Val
         Some("quorum") => {
             c.count_deliveries = true;
             if !durable {
-                return Err(ArgumentError(format!("PRECONDITION_FAILED - invalid property 'non-durable' for queue '{name}' in vhost '{vhost}'")));
+                return Err(ArgumentError(format!(
+                    "PRECONDITION_FAILED - invalid property 'non-durable' for queue '{name}' in vhost '{vhost}'"
+                )));
             }
         }
         Some(other) => {
-            return Err(ArgumentError::invalid(vhost, name, "x-queue-type", format!("{{unsupported_queue_type,<<\"{other}\">>}}")))
+            return Err(ArgumentError::invalid(
+                vhost,
+                name,
+                "x-queue-type",
+                format!("{{unsupported_queue_type,<<\"{other}\">>}}"),
+            ))
         }
     }
     if let Some(p) = int("x-max-priority")? {
@@ -512,7 +529,8 @@ fn binding_from_record(value: &Bytes) -> Option<(String, String, Binding)> {
     } else {
         Destination::Exchange(dest.strip_prefix("x:")?.to_owned())
     };
-    let binding = Binding { dest, key: field_str(&t, "key")?, args: field_table(&t, "arguments"), mqtt: None, filter: None };
+    let binding =
+        Binding { dest, key: field_str(&t, "key")?, args: field_table(&t, "arguments"), mqtt: None, filter: None };
     Some((field_str(&t, "vhost")?, field_str(&t, "exchange")?, binding))
 }
 
@@ -522,7 +540,8 @@ fn binding_points_to_queue(value: &Bytes, id: QueueId) -> bool {
 
 fn binding_involves_exchange(value: &Bytes, name: &str) -> bool {
     read_table(value).is_some_and(|t| {
-        field_str(&t, "exchange").as_deref() == Some(name) || field_str(&t, "dest").is_some_and(|d| d == format!("x:{name}"))
+        field_str(&t, "exchange").as_deref() == Some(name)
+            || field_str(&t, "dest").is_some_and(|d| d == format!("x:{name}"))
     })
 }
 
@@ -572,7 +591,8 @@ mod tests {
         let limit = args(&[("x-delivery-limit", Value::Int(1))]);
         assert!(queue_config("/", &long, true, &limit).unwrap_err().0.contains("x-delivery-limit"));
         assert!(queue_config("/", &"q".repeat(250), true, &limit).is_ok());
-        let with_dlx = args(&[("x-delivery-limit", Value::Int(1)), ("x-dead-letter-exchange", Value::Str("dlx".into()))]);
+        let with_dlx =
+            args(&[("x-delivery-limit", Value::Int(1)), ("x-dead-letter-exchange", Value::Str("dlx".into()))]);
         assert!(queue_config("/", &long, true, &with_dlx).is_ok());
     }
 

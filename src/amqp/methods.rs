@@ -5,23 +5,23 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use ferrymq_amqp::connection::{Content, Publish};
-use ferrymq_storage::QueueId;
 use ferrymq_amqp::methods::{basic, exchange, queue, tx};
 use ferrymq_amqp::AMQPClass;
+use ferrymq_storage::QueueId;
 
 use super::channel::{ChannelConsumer, Settle, TxPublish};
 use super::connection::{PendingConfirm, Task, NO_ACK_CREDIT};
 use super::convert::{properties_in, properties_out, qos_of, short, table_in};
-use super::entities::{persist_binding, queue_config, store_exchange, forget_exchange, QueueEntity};
+use super::entities::{forget_exchange, persist_binding, queue_config, store_exchange, QueueEntity};
 use super::streams::{consumer_group, is_stream, partitions_of, sharing, stream_config, stream_offset, Sharing};
 use crate::core::broker::RetainMode;
 use crate::core::message::{now_ms, Message, SharedMessage};
 use crate::core::queue::{Consumer, QueueConfig};
-use crate::core::tag_filter::TagFilter;
 use crate::core::router::{Binding, ExchangeDef, ExchangeKind, RouteError, Routes};
 use crate::core::shards::ShardCmd;
 use crate::core::stream::assignment::{GroupKey, MemberId, Scope};
 use crate::core::stream::StreamOffset;
+use crate::core::tag_filter::TagFilter;
 use crate::core::value::Value;
 
 /// A channel or connection exception to send.
@@ -77,12 +77,18 @@ impl Task {
                 let existing = router.exchange(&vhost, &name);
                 if d.passive {
                     return match existing {
-                        Some(_) => ok_unless(d.nowait, AMQPClass::Exchange(exchange::AMQPMethod::DeclareOk(exchange::DeclareOk {}))),
+                        Some(_) => ok_unless(
+                            d.nowait,
+                            AMQPClass::Exchange(exchange::AMQPMethod::DeclareOk(exchange::DeclareOk {})),
+                        ),
                         None => Err(not_found("exchange", &name, &vhost)),
                     };
                 }
                 if name.is_empty() {
-                    return Err(channel_fail(403, "ACCESS_REFUSED - operation not permitted on the default exchange".into()));
+                    return Err(channel_fail(
+                        403,
+                        "ACCESS_REFUSED - operation not permitted on the default exchange".into(),
+                    ));
                 }
                 let Some(kind) = ExchangeKind::parse(d.kind.as_str()) else {
                     return Err(Fail {
@@ -93,7 +99,10 @@ impl Task {
                 };
                 // The amq.* exchanges may be redeclared equivalently; new amq.* names are reserved.
                 if name.starts_with("amq.") && existing.is_none() {
-                    return Err(channel_fail(403, format!("ACCESS_REFUSED - exchange name '{name}' contains reserved prefix 'amq.*'")));
+                    return Err(channel_fail(
+                        403,
+                        format!("ACCESS_REFUSED - exchange name '{name}' contains reserved prefix 'amq.*'"),
+                    ));
                 }
                 let def = ExchangeDef {
                     name: name.clone(),
@@ -106,7 +115,8 @@ impl Task {
                 if kind == ExchangeKind::DelayedMessage && def.delayed_type().is_none() {
                     return Err(channel_fail(
                         406,
-                        "PRECONDITION_FAILED - Invalid argument, 'x-delayed-type' must be an existing exchange type".into(),
+                        "PRECONDITION_FAILED - Invalid argument, 'x-delayed-type' must be an existing exchange type"
+                            .into(),
                     ));
                 }
                 if let Some(current) = existing {
@@ -122,15 +132,24 @@ impl Task {
             exchange::AMQPMethod::Delete(d) => {
                 let name = d.exchange.as_str();
                 if name.is_empty() {
-                    return Err(channel_fail(403, "ACCESS_REFUSED - operation not permitted on the default exchange".into()));
+                    return Err(channel_fail(
+                        403,
+                        "ACCESS_REFUSED - operation not permitted on the default exchange".into(),
+                    ));
                 }
                 if name.starts_with("amq.") {
-                    return Err(channel_fail(403, format!("ACCESS_REFUSED - operation not permitted on exchange '{name}' in vhost '{vhost}'")));
+                    return Err(channel_fail(
+                        403,
+                        format!("ACCESS_REFUSED - operation not permitted on exchange '{name}' in vhost '{vhost}'"),
+                    ));
                 }
                 match router.delete_exchange(&vhost, name, d.if_unused) {
                     Ok(true) => forget_exchange(&self.ctx.broker, &vhost, name).await,
                     Ok(false) => {
-                        return Err(channel_fail(406, format!("PRECONDITION_FAILED - exchange '{name}' in vhost '{vhost}' in use")))
+                        return Err(channel_fail(
+                            406,
+                            format!("PRECONDITION_FAILED - exchange '{name}' in vhost '{vhost}' in use"),
+                        ))
                     }
                     // RabbitMQ 3.x: deleting an exchange that does not exist succeeds.
                     Err(RouteError::NoExchange(..)) => {}
@@ -139,20 +158,39 @@ impl Task {
                 ok_unless(d.nowait, AMQPClass::Exchange(exchange::AMQPMethod::DeleteOk(exchange::DeleteOk {})))
             }
             exchange::AMQPMethod::Bind(b) => {
-                self.exchange_binding(b.source.as_str(), b.destination.as_str(), b.routing_key.as_str(), table_in(&b.arguments), true)
-                    .await?;
+                self.exchange_binding(
+                    b.source.as_str(),
+                    b.destination.as_str(),
+                    b.routing_key.as_str(),
+                    table_in(&b.arguments),
+                    true,
+                )
+                .await?;
                 ok_unless(b.nowait, AMQPClass::Exchange(exchange::AMQPMethod::BindOk(exchange::BindOk {})))
             }
             exchange::AMQPMethod::Unbind(b) => {
-                self.exchange_binding(b.source.as_str(), b.destination.as_str(), b.routing_key.as_str(), table_in(&b.arguments), false)
-                    .await?;
+                self.exchange_binding(
+                    b.source.as_str(),
+                    b.destination.as_str(),
+                    b.routing_key.as_str(),
+                    table_in(&b.arguments),
+                    false,
+                )
+                .await?;
                 ok_unless(b.nowait, AMQPClass::Exchange(exchange::AMQPMethod::UnbindOk(exchange::UnbindOk {})))
             }
             _ => Err(Fail { code: 540, text: "NOT_IMPLEMENTED - method not supported".into(), connection: true }),
         }
     }
 
-    async fn exchange_binding(&mut self, source: &str, dest: &str, key: &str, args: Vec<(String, Value)>, bind: bool) -> Result<(), Fail> {
+    async fn exchange_binding(
+        &mut self,
+        source: &str,
+        dest: &str,
+        key: &str,
+        args: Vec<(String, Value)>,
+        bind: bool,
+    ) -> Result<(), Fail> {
         let vhost = self.vhost.clone();
         let router = &self.ctx.broker.router;
         if source.is_empty() || dest.is_empty() {
@@ -182,7 +220,9 @@ impl Task {
     /// The queue `name` for an operation by this connection: 404 when missing, 405 when
     /// another connection holds it exclusively.
     fn usable_queue(&self, name: &str) -> Result<Arc<QueueEntity>, Fail> {
-        let Some(q) = self.ctx.entities.queue(&self.vhost, name) else { return Err(not_found("queue", name, &self.vhost)) };
+        let Some(q) = self.ctx.entities.queue(&self.vhost, name) else {
+            return Err(not_found("queue", name, &self.vhost));
+        };
         if q.exclusive_owner.is_some_and(|owner| owner != self.id) {
             return Err(channel_fail(
                 405,
@@ -205,7 +245,10 @@ impl Task {
                 if name.is_empty() {
                     name = generated_name("amq.gen-");
                 } else if name.starts_with("amq.") {
-                    return Err(channel_fail(403, format!("ACCESS_REFUSED - queue name '{name}' contains reserved prefix 'amq.*'")));
+                    return Err(channel_fail(
+                        403,
+                        format!("ACCESS_REFUSED - queue name '{name}' contains reserved prefix 'amq.*'"),
+                    ));
                 }
                 let arguments = table_in(&d.arguments);
                 if let Some(existing) = self.ctx.entities.queue(&vhost, &name) {
@@ -215,7 +258,10 @@ impl Task {
                     return ok_unless(d.nowait, declare_ok(&self.ctx.broker, &q).await);
                 }
                 let stream = match is_stream(&arguments) {
-                    true => Some(stream_config(&vhost, &name, d.durable, d.exclusive, d.auto_delete, &arguments).map_err(|e| channel_fail(406, e.0))?),
+                    true => Some(
+                        stream_config(&vhost, &name, d.durable, d.exclusive, d.auto_delete, &arguments)
+                            .map_err(|e| channel_fail(406, e.0))?,
+                    ),
                     false => None,
                 };
                 let config = match stream {
@@ -229,7 +275,17 @@ impl Task {
                 let q = self
                     .ctx
                     .entities
-                    .create_queue(&self.ctx.broker, &vhost, &name, d.durable && !d.exclusive, owner, d.auto_delete, arguments, config, stream)
+                    .create_queue(
+                        &self.ctx.broker,
+                        &vhost,
+                        &name,
+                        d.durable && !d.exclusive,
+                        owner,
+                        d.auto_delete,
+                        arguments,
+                        config,
+                        stream,
+                    )
                     .await
                     .map_err(|e| Fail { code: 541, text: format!("INTERNAL_ERROR - {e}"), connection: true })?;
                 if d.exclusive {
@@ -245,7 +301,10 @@ impl Task {
                     return Err(not_found("exchange", exchange, &vhost));
                 };
                 if exchange.is_empty() {
-                    return Err(channel_fail(403, "ACCESS_REFUSED - operation not permitted on the default exchange".into()));
+                    return Err(channel_fail(
+                        403,
+                        "ACCESS_REFUSED - operation not permitted on the default exchange".into(),
+                    ));
                 }
                 let binding = Binding::queue(q.id, b.routing_key.as_str(), table_in(&b.arguments));
                 self.ctx.broker.router.bind(&vhost, exchange, binding.clone()).map_err(|e| route_fail(e, &vhost))?;
@@ -257,7 +316,10 @@ impl Task {
             queue::AMQPMethod::Unbind(b) => {
                 let exchange = b.exchange.as_str();
                 if exchange.is_empty() {
-                    return Err(channel_fail(403, "ACCESS_REFUSED - operation not permitted on the default exchange".into()));
+                    return Err(channel_fail(
+                        403,
+                        "ACCESS_REFUSED - operation not permitted on the default exchange".into(),
+                    ));
                 }
                 let unbind_ok = AMQPClass::Queue(queue::AMQPMethod::UnbindOk(queue::UnbindOk {}));
                 // Unbinding is idempotent, as in RabbitMQ: a queue or exchange that is gone
@@ -281,7 +343,12 @@ impl Task {
             queue::AMQPMethod::Purge(p) => {
                 let q = self.usable_queue(p.queue.as_str())?;
                 let n = self.ctx.broker.shards.purge(q.id).await;
-                ok_unless(p.nowait, AMQPClass::Queue(queue::AMQPMethod::PurgeOk(queue::PurgeOk { message_count: n.min(u32::MAX as u64) as u32 })))
+                ok_unless(
+                    p.nowait,
+                    AMQPClass::Queue(queue::AMQPMethod::PurgeOk(queue::PurgeOk {
+                        message_count: n.min(u32::MAX as u64) as u32,
+                    })),
+                )
             }
             queue::AMQPMethod::Delete(d) => {
                 let name = d.queue.as_str();
@@ -289,19 +356,33 @@ impl Task {
                     Ok(q) => q,
                     // RabbitMQ: deleting a queue that does not exist succeeds with count 0.
                     Err(f) if f.code == 404 => {
-                        return ok_unless(d.nowait, AMQPClass::Queue(queue::AMQPMethod::DeleteOk(queue::DeleteOk { message_count: 0 })))
+                        return ok_unless(
+                            d.nowait,
+                            AMQPClass::Queue(queue::AMQPMethod::DeleteOk(queue::DeleteOk { message_count: 0 })),
+                        )
                     }
                     Err(f) => return Err(f),
                 };
                 if d.if_unused && q.consumers.load(Ordering::Relaxed) > 0 {
-                    return Err(channel_fail(406, format!("PRECONDITION_FAILED - queue '{name}' in vhost '{vhost}' in use")));
+                    return Err(channel_fail(
+                        406,
+                        format!("PRECONDITION_FAILED - queue '{name}' in vhost '{vhost}' in use"),
+                    ));
                 }
                 if d.if_empty && self.ctx.broker.shards.counts(q.id).await.0 > 0 {
-                    return Err(channel_fail(406, format!("PRECONDITION_FAILED - queue '{name}' in vhost '{vhost}' not empty")));
+                    return Err(channel_fail(
+                        406,
+                        format!("PRECONDITION_FAILED - queue '{name}' in vhost '{vhost}' not empty"),
+                    ));
                 }
                 let n = self.ctx.entities.delete_queue(&self.ctx.broker, &q).await;
                 self.exclusive.retain(|e| !Arc::ptr_eq(e, &q));
-                ok_unless(d.nowait, AMQPClass::Queue(queue::AMQPMethod::DeleteOk(queue::DeleteOk { message_count: n.min(u32::MAX as u64) as u32 })))
+                ok_unless(
+                    d.nowait,
+                    AMQPClass::Queue(queue::AMQPMethod::DeleteOk(queue::DeleteOk {
+                        message_count: n.min(u32::MAX as u64) as u32,
+                    })),
+                )
             }
             _ => Err(Fail { code: 540, text: "NOT_IMPLEMENTED - method not supported".into(), connection: true }),
         }
@@ -329,7 +410,11 @@ impl Task {
                     c.consumer_tag.as_str().to_owned()
                 };
                 if self.channels.values().any(|ch| ch.consumers.values().any(|x| x.tag == tag)) {
-                    return Err(Fail { code: 530, text: format!("NOT_ALLOWED - attempt to reuse consumer tag '{tag}'"), connection: true });
+                    return Err(Fail {
+                        code: 530,
+                        text: format!("NOT_ALLOWED - attempt to reuse consumer tag '{tag}'"),
+                        connection: true,
+                    });
                 }
                 let args = table_in(&c.arguments);
                 let stream_start = match q.is_stream() {
@@ -344,13 +429,17 @@ impl Task {
                 {
                     let mut exclusive = q.exclusive_consumer.lock();
                     if exclusive.is_some() || (c.exclusive && q.consumers.load(Ordering::Relaxed) > 0) {
-                        return Err(channel_fail(403, format!("ACCESS_REFUSED - queue '{}' in vhost '{}' in exclusive use", q.name, self.vhost)));
+                        return Err(channel_fail(
+                            403,
+                            format!("ACCESS_REFUSED - queue '{}' in vhost '{}' in exclusive use", q.name, self.vhost),
+                        ));
                     }
                     if c.exclusive {
                         *exclusive = Some(self.id);
                     }
                 }
-                let priority = args.iter().find(|(k, _)| k == "x-priority").and_then(|(_, v)| v.as_i64()).unwrap_or(0) as i32;
+                let priority =
+                    args.iter().find(|(k, _)| k == "x-priority").and_then(|(_, v)| v.as_i64()).unwrap_or(0) as i32;
                 let id = self.ctx.broker.next_id();
                 let ch = self.channel(channel)?;
                 let credit = if c.no_ack {
@@ -380,7 +469,10 @@ impl Task {
                 let consumer = Consumer { id, tx: self.events_tx.clone(), credit, max_qos: 2, priority };
                 // Consume-ok goes out before the first delivery can.
                 if !c.nowait {
-                    self.proto.reply(channel, AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(basic::ConsumeOk { consumer_tag: short(&tag) })));
+                    self.proto.reply(
+                        channel,
+                        AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(basic::ConsumeOk { consumer_tag: short(&tag) })),
+                    );
                 }
                 let shards = &self.ctx.broker.shards;
                 match stream_start {
@@ -410,14 +502,20 @@ impl Task {
                     self.consumer_left(&consumer.queue_name);
                     self.consumer_gone(&consumer.queue_name);
                 }
-                ok_unless(c.nowait, AMQPClass::Basic(basic::AMQPMethod::CancelOk(basic::CancelOk { consumer_tag: short(&tag) })))
+                ok_unless(
+                    c.nowait,
+                    AMQPClass::Basic(basic::AMQPMethod::CancelOk(basic::CancelOk { consumer_tag: short(&tag) })),
+                )
             }
             basic::AMQPMethod::Get(g) => {
                 let q = self.usable_queue(g.queue.as_str())?;
                 if q.is_stream() {
                     return Err(Fail {
                         code: 540,
-                        text: format!("NOT_IMPLEMENTED - basic.get not supported by stream queues queue '{}' in vhost '{}'", q.name, q.vhost),
+                        text: format!(
+                            "NOT_IMPLEMENTED - basic.get not supported by stream queues queue '{}' in vhost '{}'",
+                            q.name, q.vhost
+                        ),
                         connection: true,
                     });
                 }
@@ -429,13 +527,32 @@ impl Task {
                         let ch = self.channel(channel)?;
                         let tag = ch.take_tag();
                         if !g.no_ack {
-                            ch.unacked.insert(tag, super::channel::Unacked { queue: q.id, offset: got.delivery.offset, consumer: get_id, stream: false });
+                            ch.unacked.insert(
+                                tag,
+                                super::channel::Unacked {
+                                    queue: q.id,
+                                    offset: got.delivery.offset,
+                                    consumer: get_id,
+                                    stream: false,
+                                },
+                            );
                         }
                         let d = &got.delivery;
                         let extra = super::connection::delivery_headers(d);
                         let props = properties_out(&d.msg, now_ms(), &extra);
-                        let content = Content { exchange: &d.msg.exchange, routing_key: &d.msg.routing_key, properties: &props, body: &d.msg.payload };
-                        self.proto.get_ok(channel, tag, d.redelivered, got.remaining.min(u32::MAX as u64) as u32, content);
+                        let content = Content {
+                            exchange: &d.msg.exchange,
+                            routing_key: &d.msg.routing_key,
+                            properties: &props,
+                            body: &d.msg.payload,
+                        };
+                        self.proto.get_ok(
+                            channel,
+                            tag,
+                            d.redelivered,
+                            got.remaining.min(u32::MAX as u64) as u32,
+                            content,
+                        );
                         Ok(None)
                     }
                 }
@@ -474,28 +591,44 @@ impl Task {
     ) -> Result<(StreamOffset, Option<String>, Option<TagFilter>, Sharing), Fail> {
         let queue = format!("queue '{}' in vhost '{}'", q.name, q.vhost);
         if self.channel(channel)?.prefetch == 0 {
-            return Err(channel_fail(406, format!("PRECONDITION_FAILED - consumer prefetch count is not set for '{queue}'")));
+            return Err(channel_fail(
+                406,
+                format!("PRECONDITION_FAILED - consumer prefetch count is not set for '{queue}'"),
+            ));
         }
         if no_ack {
-            return Err(channel_fail(406, format!("PRECONDITION_FAILED - automatic acknowledgement not supported by stream queues {queue}")));
+            return Err(channel_fail(
+                406,
+                format!("PRECONDITION_FAILED - automatic acknowledgement not supported by stream queues {queue}"),
+            ));
         }
-        let start = stream_offset(args).map_err(|e| channel_fail(406, format!("PRECONDITION_FAILED - {e} for consumer of {queue}")))?;
-        let group = consumer_group(args).map_err(|e| channel_fail(406, format!("PRECONDITION_FAILED - {e} for consumer of {queue}")))?;
-        let filter = TagFilter::from_arguments(args).map_err(|e| channel_fail(406, format!("PRECONDITION_FAILED - {e} for consumer of {queue}")))?;
-        let sharing = sharing(args, group.as_deref()).map_err(|e| channel_fail(406, format!("PRECONDITION_FAILED - {e} for consumer of {queue}")))?;
+        let start = stream_offset(args)
+            .map_err(|e| channel_fail(406, format!("PRECONDITION_FAILED - {e} for consumer of {queue}")))?;
+        let group = consumer_group(args)
+            .map_err(|e| channel_fail(406, format!("PRECONDITION_FAILED - {e} for consumer of {queue}")))?;
+        let filter = TagFilter::from_arguments(args)
+            .map_err(|e| channel_fail(406, format!("PRECONDITION_FAILED - {e} for consumer of {queue}")))?;
+        let sharing = sharing(args, group.as_deref())
+            .map_err(|e| channel_fail(406, format!("PRECONDITION_FAILED - {e} for consumer of {queue}")))?;
         Ok((start, group, filter, sharing))
     }
 
     /// For a member of a partitioned (`x-super-stream`) or single-active group: the group
     /// and the partitions it spreads over its members; 404 for an unknown super stream,
     /// 406 when `q` is not one of its partitions.
-    fn assigned_group(&self, q: &QueueEntity, group: &str, sharing: &Sharing) -> Result<Option<(GroupKey, Vec<QueueId>)>, Fail> {
+    fn assigned_group(
+        &self,
+        q: &QueueEntity,
+        group: &str,
+        sharing: &Sharing,
+    ) -> Result<Option<(GroupKey, Vec<QueueId>)>, Fail> {
         let key = |scope| GroupKey { vhost: self.vhost.clone(), scope, group: group.to_owned() };
         match sharing {
             Sharing::Split => Ok(None),
             Sharing::SingleActive => Ok(Some((key(Scope::Stream(q.id)), vec![q.id]))),
             Sharing::Partition(name) => {
-                let Some(partitions) = partitions_of(&self.ctx.broker.router, &self.ctx.entities, &self.vhost, name) else {
+                let Some(partitions) = partitions_of(&self.ctx.broker.router, &self.ctx.entities, &self.vhost, name)
+                else {
                     return Err(not_found("exchange", name, &self.vhost));
                 };
                 if !partitions.contains(&q.id) {
@@ -510,10 +643,20 @@ impl Task {
     }
 
     fn channel(&mut self, channel: u16) -> Result<&mut super::channel::Channel, Fail> {
-        self.channels.get_mut(&channel).ok_or(Fail { code: 504, text: "CHANNEL_ERROR - channel not open".into(), connection: true })
+        self.channels.get_mut(&channel).ok_or(Fail {
+            code: 504,
+            text: "CHANNEL_ERROR - channel not open".into(),
+            connection: true,
+        })
     }
 
-    fn settle_method(&mut self, channel: u16, tag: u64, multiple: bool, how: Settle) -> Result<Option<AMQPClass>, Fail> {
+    fn settle_method(
+        &mut self,
+        channel: u16,
+        tag: u64,
+        multiple: bool,
+        how: Settle,
+    ) -> Result<Option<AMQPClass>, Fail> {
         let ch = self.channel(channel)?;
         if ch.tx {
             ch.tx_settles.push((tag, multiple, how));
@@ -615,7 +758,11 @@ impl Task {
         }
         if let Some(user_id) = p.properties.user_id() {
             if user_id.as_str() != self.user {
-                let text = format!("PRECONDITION_FAILED - user_id property set to '{}' but authenticated user was '{}'", user_id.as_str(), self.user);
+                let text = format!(
+                    "PRECONDITION_FAILED - user_id property set to '{}' but authenticated user was '{}'",
+                    user_id.as_str(),
+                    self.user
+                );
                 self.proto.channel_error(channel, 406, &text, class_id, method_id);
                 return;
             }
@@ -646,7 +793,12 @@ impl Task {
         };
         if routes.is_empty() && p.mandatory {
             let props = properties_out(&msg, now, &[]);
-            let content = Content { exchange: &msg.exchange, routing_key: &msg.routing_key, properties: &props, body: &msg.payload };
+            let content = Content {
+                exchange: &msg.exchange,
+                routing_key: &msg.routing_key,
+                properties: &props,
+                body: &msg.payload,
+            };
             self.proto.basic_return(channel, 312, "NO_ROUTE", content);
         }
         let Some(ch) = self.channels.get_mut(&channel) else { return };
@@ -746,8 +898,12 @@ async fn declare_ok(broker: &crate::core::broker::Broker, q: &QueueEntity) -> AM
 fn route_fail(e: RouteError, vhost: &str) -> Fail {
     match e {
         RouteError::NoExchange(name, _) => not_found("exchange", &name, vhost),
-        RouteError::NoVhost(v) => Fail { code: 530, text: format!("NOT_ALLOWED - vhost {v} not found"), connection: true },
-        e @ (RouteError::TagFilter(_) | RouteError::HashArgument(_)) => channel_fail(406, format!("PRECONDITION_FAILED - {e}")),
+        RouteError::NoVhost(v) => {
+            Fail { code: 530, text: format!("NOT_ALLOWED - vhost {v} not found"), connection: true }
+        }
+        e @ (RouteError::TagFilter(_) | RouteError::HashArgument(_)) => {
+            channel_fail(406, format!("PRECONDITION_FAILED - {e}"))
+        }
     }
 }
 
@@ -764,13 +920,34 @@ fn check_equivalent_exchange(current: &ExchangeDef, wanted: &ExchangeDef, vhost:
         return Err(inequivalent("type", "exchange", n, vhost, wanted.kind.name().into(), current.kind.name().into()));
     }
     if current.durable != wanted.durable {
-        return Err(inequivalent("durable", "exchange", n, vhost, wanted.durable.to_string(), current.durable.to_string()));
+        return Err(inequivalent(
+            "durable",
+            "exchange",
+            n,
+            vhost,
+            wanted.durable.to_string(),
+            current.durable.to_string(),
+        ));
     }
     if current.auto_delete != wanted.auto_delete {
-        return Err(inequivalent("auto_delete", "exchange", n, vhost, wanted.auto_delete.to_string(), current.auto_delete.to_string()));
+        return Err(inequivalent(
+            "auto_delete",
+            "exchange",
+            n,
+            vhost,
+            wanted.auto_delete.to_string(),
+            current.auto_delete.to_string(),
+        ));
     }
     if current.internal != wanted.internal {
-        return Err(inequivalent("internal", "exchange", n, vhost, wanted.internal.to_string(), current.internal.to_string()));
+        return Err(inequivalent(
+            "internal",
+            "exchange",
+            n,
+            vhost,
+            wanted.internal.to_string(),
+            current.internal.to_string(),
+        ));
     }
     if current.kind == ExchangeKind::DelayedMessage && current.delayed_type() != wanted.delayed_type() {
         let name = |d: &ExchangeDef| d.delayed_type().map_or("none", ExchangeKind::name).to_owned();
@@ -779,14 +956,27 @@ fn check_equivalent_exchange(current: &ExchangeDef, wanted: &ExchangeDef, vhost:
     Ok(())
 }
 
-fn check_equivalent_queue(q: &QueueEntity, durable: bool, exclusive: bool, auto_delete: bool, args: &[(String, Value)]) -> Result<(), Fail> {
+fn check_equivalent_queue(
+    q: &QueueEntity,
+    durable: bool,
+    exclusive: bool,
+    auto_delete: bool,
+    args: &[(String, Value)],
+) -> Result<(), Fail> {
     let (n, v) = (&q.name, &q.vhost);
     let current_durable = q.durable || (q.exclusive_owner.is_some() && durable);
     if current_durable != durable {
         return Err(inequivalent("durable", "queue", n, v, durable.to_string(), q.durable.to_string()));
     }
     if q.exclusive_owner.is_some() != exclusive {
-        return Err(inequivalent("exclusive", "queue", n, v, exclusive.to_string(), q.exclusive_owner.is_some().to_string()));
+        return Err(inequivalent(
+            "exclusive",
+            "queue",
+            n,
+            v,
+            exclusive.to_string(),
+            q.exclusive_owner.is_some().to_string(),
+        ));
     }
     if q.auto_delete != auto_delete {
         return Err(inequivalent("auto_delete", "queue", n, v, auto_delete.to_string(), q.auto_delete.to_string()));
@@ -811,9 +1001,17 @@ fn check_equivalent_queue(q: &QueueEntity, durable: bool, exclusive: bool, auto_
     {
         let get = |t: &[(String, Value)]| t.iter().find(|(k, _)| k == key).map(|(_, v)| v.to_text());
         let (wanted, current) = (get(args), get(&q.arguments));
-        let defaulted_type = key == "x-queue-type" && wanted.as_deref().unwrap_or("classic") == current.as_deref().unwrap_or("classic");
+        let defaulted_type =
+            key == "x-queue-type" && wanted.as_deref().unwrap_or("classic") == current.as_deref().unwrap_or("classic");
         if wanted != current && !defaulted_type {
-            return Err(inequivalent(key, "queue", n, v, wanted.unwrap_or_else(|| "none".into()), current.unwrap_or_else(|| "none".into())));
+            return Err(inequivalent(
+                key,
+                "queue",
+                n,
+                v,
+                wanted.unwrap_or_else(|| "none".into()),
+                current.unwrap_or_else(|| "none".into()),
+            ));
         }
     }
     Ok(())
@@ -822,7 +1020,8 @@ fn check_equivalent_queue(q: &QueueEntity, durable: bool, exclusive: bool, auto_
 /// A server-generated name: RabbitMQ's prefix and 22 URL-safe characters.
 fn generated_name(prefix: &str) -> String {
     const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    let mut seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    let mut seed =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
     seed ^= COUNTER.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
     let mut out = String::with_capacity(prefix.len() + 22);
     out.push_str(prefix);

@@ -35,11 +35,11 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
 
+use crate::auth::Users;
 use crate::config::Config;
 use crate::core::alarm::MemoryAlarm;
 use crate::core::broker::Broker;
 use crate::core::message::now_ms;
-use crate::auth::Users;
 use connection::Control;
 use dedup::Dedup;
 use entities::Entities;

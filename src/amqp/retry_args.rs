@@ -9,7 +9,8 @@ use crate::core::value::Value;
 use super::entities::ArgumentError;
 
 /// Names of the arguments, for equivalence checks on re-declare.
-pub const RETRY_ARGUMENTS: [&str; 4] = ["x-delayed-retry-type", "x-delayed-retry-min", "x-delayed-retry-max", "x-retry-backoff"];
+pub const RETRY_ARGUMENTS: [&str; 4] =
+    ["x-delayed-retry-type", "x-delayed-retry-min", "x-delayed-retry-max", "x-retry-backoff"];
 
 /// The retry policy the arguments ask for (`None`: no delayed retries), or the
 /// PRECONDITION_FAILED text for invalid ones.
@@ -21,7 +22,9 @@ pub fn retry_policy(vhost: &str, name: &str, args: &[(String, Value)]) -> Result
         None => None,
         Some(v) => match v.as_str().map(RetryOn::parse) {
             Some(Ok(on)) => Some(on),
-            _ => return Err(invalid("x-delayed-retry-type", format!("{{unknown_delayed_retry_type,{}}}", v.to_text()))),
+            _ => {
+                return Err(invalid("x-delayed-retry-type", format!("{{unknown_delayed_retry_type,{}}}", v.to_text())))
+            }
         },
     };
     let millis = |key: &str, least: u64| -> Result<Option<u64>, ArgumentError> {
@@ -76,12 +79,26 @@ mod tests {
 
     #[test]
     fn linear_and_steps() {
-        let p = policy(&[("x-delayed-retry-type", Value::Str("failed".into())), ("x-delayed-retry-min", Value::Int(100)), ("x-delayed-retry-max", Value::Int32(500))]);
-        assert_eq!(p, Ok(Some(RetryPolicy { on: RetryOn::Failed, backoff: Backoff::Linear { min_ms: 100, max_ms: 500 } })));
+        let p = policy(&[
+            ("x-delayed-retry-type", Value::Str("failed".into())),
+            ("x-delayed-retry-min", Value::Int(100)),
+            ("x-delayed-retry-max", Value::Int32(500)),
+        ]);
+        assert_eq!(
+            p,
+            Ok(Some(RetryPolicy { on: RetryOn::Failed, backoff: Backoff::Linear { min_ms: 100, max_ms: 500 } }))
+        );
         let p = policy(&[("x-retry-backoff", Value::Str("1s,2m".into())), ("x-delayed-retry-min", Value::Int(100))]);
-        assert_eq!(p, Ok(Some(RetryPolicy { on: RetryOn::All, backoff: Backoff::Steps(vec![1000, 120_000]) })), "steps win; alone they mean all");
+        assert_eq!(
+            p,
+            Ok(Some(RetryPolicy { on: RetryOn::All, backoff: Backoff::Steps(vec![1000, 120_000]) })),
+            "steps win; alone they mean all"
+        );
         assert_eq!(policy(&[]), Ok(None));
-        assert_eq!(policy(&[("x-delayed-retry-type", Value::Str("disabled".into())), ("x-delayed-retry-min", Value::Int(5))]), Ok(None));
+        assert_eq!(
+            policy(&[("x-delayed-retry-type", Value::Str("disabled".into())), ("x-delayed-retry-min", Value::Int(5))]),
+            Ok(None)
+        );
     }
 
     #[test]

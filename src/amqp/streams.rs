@@ -45,7 +45,9 @@ pub fn stream_config(
     auto_delete: bool,
     args: &[(String, Value)],
 ) -> Result<StreamConfig, ArgumentError> {
-    let property = |p: &str| ArgumentError(format!("PRECONDITION_FAILED - invalid property '{p}' for queue '{name}' in vhost '{vhost}'"));
+    let property = |p: &str| {
+        ArgumentError(format!("PRECONDITION_FAILED - invalid property '{p}' for queue '{name}' in vhost '{vhost}'"))
+    };
     if auto_delete {
         return Err(property("auto-delete"));
     }
@@ -67,7 +69,10 @@ pub fn stream_config(
         match k.as_str() {
             "x-max-age" => {
                 let text = v.as_str().unwrap_or_default();
-                c.max_age_ms = Some(parse_age(text).ok_or_else(|| invalid(k, format!("{{invalid_max_age,<<\"{}\">>}}", v.to_text())))?);
+                c.max_age_ms = Some(
+                    parse_age(text)
+                        .ok_or_else(|| invalid(k, format!("{{invalid_max_age,<<\"{}\">>}}", v.to_text())))?,
+                );
             }
             "x-max-length-bytes" => match v.as_i64() {
                 Some(n) if n >= 0 && !matches!(v, Value::Timestamp(_)) => c.max_bytes = Some(n as u64),
@@ -168,12 +173,16 @@ pub fn stream_offset(args: &[(String, Value)]) -> Result<StreamOffset, String> {
                 .ok_or_else(|| format!("invalid '{OFFSET_ARG}' '{other}'")),
         },
         Value::Timestamp(secs) => Ok(StreamOffset::Timestamp(secs.saturating_mul(1000))),
-        Value::Int8(_) | Value::UInt8(_) | Value::Int16(_) | Value::UInt16(_) | Value::Int32(_) | Value::UInt32(_) | Value::Int(_) => {
-            match v.as_i64().map(u64::try_from) {
-                Some(Ok(o)) => Ok(StreamOffset::Offset(o)),
-                _ => Err(format!("invalid '{OFFSET_ARG}' {}: negative", v.to_text())),
-            }
-        }
+        Value::Int8(_)
+        | Value::UInt8(_)
+        | Value::Int16(_)
+        | Value::UInt16(_)
+        | Value::Int32(_)
+        | Value::UInt32(_)
+        | Value::Int(_) => match v.as_i64().map(u64::try_from) {
+            Some(Ok(o)) => Ok(StreamOffset::Offset(o)),
+            _ => Err(format!("invalid '{OFFSET_ARG}' {}: negative", v.to_text())),
+        },
         Value::UInt(o) => Ok(StreamOffset::Offset(*o)),
         other => Err(format!("invalid '{OFFSET_ARG}' {}", other.to_text())),
     }
@@ -190,7 +199,11 @@ mod tests {
     #[test]
     fn stream_declarations() {
         let stream = Value::Str("stream".into());
-        let ok = args(&[("x-queue-type", stream.clone()), ("x-max-age", Value::Str("7D".into())), ("x-max-length-bytes", Value::Int(1000))]);
+        let ok = args(&[
+            ("x-queue-type", stream.clone()),
+            ("x-max-age", Value::Str("7D".into())),
+            ("x-max-length-bytes", Value::Int(1000)),
+        ]);
         assert!(is_stream(&ok));
         let c = stream_config("/", "s", true, false, false, &ok).unwrap();
         assert_eq!((c.max_age_ms, c.max_bytes), (Some(7 * 86_400_000), Some(1000)));
@@ -201,7 +214,8 @@ mod tests {
         assert!(stream_config("/", "s", true, false, false, &bad_age).unwrap_err().0.contains("x-max-age"));
         let max_len = args(&[("x-queue-type", stream), ("x-max-length", Value::Int(5))]);
         assert!(stream_config("/", "s", true, false, false, &max_len).unwrap_err().0.contains("rabbit_stream_queue"));
-        let retry = args(&[("x-queue-type", Value::Str("stream".into())), ("x-retry-backoff", Value::Str("1s".into()))]);
+        let retry =
+            args(&[("x-queue-type", Value::Str("stream".into())), ("x-retry-backoff", Value::Str("1s".into()))]);
         assert!(stream_config("/", "s", true, false, false, &retry).unwrap_err().0.contains("x-retry-backoff"));
     }
 
@@ -230,13 +244,20 @@ mod tests {
     fn sharing_arguments() {
         let g = Some("billing");
         assert_eq!(sharing(&[], g), Ok(Sharing::Split));
-        assert_eq!(sharing(&args(&[(SUPER_STREAM_ARG, Value::Str("orders".into()))]), g), Ok(Sharing::Partition("orders".into())));
+        assert_eq!(
+            sharing(&args(&[(SUPER_STREAM_ARG, Value::Str("orders".into()))]), g),
+            Ok(Sharing::Partition("orders".into()))
+        );
         assert_eq!(sharing(&args(&[(SINGLE_ACTIVE_ARG, Value::Bool(true))]), g), Ok(Sharing::SingleActive));
         assert_eq!(sharing(&args(&[(SINGLE_ACTIVE_ARG, Value::Bool(false))]), g), Ok(Sharing::Split));
         assert!(sharing(&args(&[(SINGLE_ACTIVE_ARG, Value::Int(1))]), g).is_err());
         assert!(sharing(&args(&[(SUPER_STREAM_ARG, Value::Str(String::new()))]), g).is_err());
-        assert!(sharing(&args(&[(SUPER_STREAM_ARG, Value::Str("orders".into()))]), None).unwrap_err().contains("x-consumer-group"));
-        assert!(sharing(&args(&[(SINGLE_ACTIVE_ARG, Value::Bool(true))]), None).unwrap_err().contains("x-consumer-group"));
+        assert!(sharing(&args(&[(SUPER_STREAM_ARG, Value::Str("orders".into()))]), None)
+            .unwrap_err()
+            .contains("x-consumer-group"));
+        assert!(sharing(&args(&[(SINGLE_ACTIVE_ARG, Value::Bool(true))]), None)
+            .unwrap_err()
+            .contains("x-consumer-group"));
         assert_eq!(partition_order(&args(&[(PARTITION_ORDER_ARG, Value::Int(2))])), 2);
         assert_eq!(partition_order(&[]), i64::MAX);
     }

@@ -3,8 +3,8 @@
 //! to connected sessions directly, write the body once with one pointer per target queue,
 //! and signal durability to the publisher.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferrymq_storage::{Append, Journal, JournalError, Op, Pointer, QueueId, QueueTarget, Record, Timer};

@@ -130,7 +130,9 @@ fn dead_lettered(d: &DeadLetter) -> Message {
         Some(i) => {
             let previous = deaths.remove(i);
             let c = match previous {
-                Value::Table(fields) => fields.iter().find(|(n, _)| n == "count").and_then(|(_, v)| v.as_i64()).unwrap_or(0),
+                Value::Table(fields) => {
+                    fields.iter().find(|(n, _)| n == "count").and_then(|(_, v)| v.as_i64()).unwrap_or(0)
+                }
                 _ => 0,
             };
             c + 1
@@ -182,7 +184,12 @@ mod tests {
             props: Properties { expiration_ms: Some(500), expires_at_ms: Some(1), ..Properties::default() },
             timestamp_ms: 0,
         });
-        let once = dead_lettered(&DeadLetter { msg: msg.clone(), reason: DeathReason::Rejected, config: config.clone(), removal: Vec::new() });
+        let once = dead_lettered(&DeadLetter {
+            msg: msg.clone(),
+            reason: DeathReason::Rejected,
+            config: config.clone(),
+            removal: Vec::new(),
+        });
         assert_eq!(once.props.expiration_ms, None);
         let Some(Value::Array(deaths)) = once.props.header("x-death") else { panic!("no x-death") };
         let Value::Table(t) = &deaths[0] else { panic!() };
@@ -194,7 +201,12 @@ mod tests {
         assert_eq!(get("routing-keys"), Some(Value::Array(vec![Value::Str("rk".into())])));
         assert_eq!(get("original-expiration"), Some(Value::Str("500".into())));
         assert_eq!(once.props.header("x-first-death-reason"), Some(&Value::Str("rejected".into())));
-        let twice = dead_lettered(&DeadLetter { msg: Arc::new(once), reason: DeathReason::Rejected, config, removal: Vec::new() });
+        let twice = dead_lettered(&DeadLetter {
+            msg: Arc::new(once),
+            reason: DeathReason::Rejected,
+            config,
+            removal: Vec::new(),
+        });
         let Some(Value::Array(deaths)) = twice.props.header("x-death") else { panic!() };
         assert_eq!(deaths.len(), 1, "same queue and reason: one entry, counted");
         let Value::Table(t) = &deaths[0] else { panic!() };

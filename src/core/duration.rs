@@ -16,7 +16,8 @@ pub fn parse_ms(text: &str, units: &[(&str, u64)]) -> Result<u64, DurationError>
     let digits = text.bytes().take_while(u8::is_ascii_digit).count();
     let (number, unit) = text.split_at(digits);
     let unit_ms = units.iter().find(|(name, _)| *name == unit).map(|(_, ms)| *ms).ok_or(DurationError::Syntax)?;
-    let n: u64 = number.parse().map_err(|_| if digits > 0 { DurationError::Overflow } else { DurationError::Syntax })?;
+    let n: u64 =
+        number.parse().map_err(|_| if digits > 0 { DurationError::Overflow } else { DurationError::Syntax })?;
     n.checked_mul(unit_ms).ok_or(DurationError::Overflow)
 }
 

@@ -109,7 +109,9 @@ impl HashOn {
                 Some(s) => hash64(&[s.as_bytes()]),
                 None => hash64(&[v.to_text().as_bytes()]),
             }),
-            HashOn::Property(HashProperty::MessageId) => msg.props.message_id.as_deref().map(|s| hash64(&[s.as_bytes()])),
+            HashOn::Property(HashProperty::MessageId) => {
+                msg.props.message_id.as_deref().map(|s| hash64(&[s.as_bytes()]))
+            }
             HashOn::Property(HashProperty::CorrelationId) => {
                 msg.props.correlation_data.as_deref().map(|s| hash64(&[s]))
             }
@@ -224,12 +226,18 @@ mod tests {
             HashOn::from_arguments(&[(HASH_PROPERTY.into(), s("timestamp"))]),
             Ok(HashOn::Property(HashProperty::Timestamp))
         );
-        assert_eq!(HashOn::from_arguments(&[(HASH_PROPERTY.into(), s("app_id"))]), Err(HashArgError::UnsupportedProperty("app_id".into())));
+        assert_eq!(
+            HashOn::from_arguments(&[(HASH_PROPERTY.into(), s("app_id"))]),
+            Err(HashArgError::UnsupportedProperty("app_id".into()))
+        );
         assert_eq!(
             HashOn::from_arguments(&[(HASH_HEADER.into(), s("h")), (HASH_PROPERTY.into(), s("message_id"))]),
             Err(HashArgError::BothSet)
         );
-        assert_eq!(HashOn::from_arguments(&[(HASH_HEADER.into(), Value::Int(1))]), Err(HashArgError::NotAString(HASH_HEADER)));
+        assert_eq!(
+            HashOn::from_arguments(&[(HASH_HEADER.into(), Value::Int(1))]),
+            Err(HashArgError::NotAString(HASH_HEADER))
+        );
     }
 
     #[test]

@@ -89,11 +89,14 @@ pub fn now_ms() -> u64 {
 /// An MQTT topic (or filter) as an AMQP routing key (or binding key): levels become words,
 /// so `/` and `.` swap places, as RabbitMQ's MQTT plugin does (`a/b.c` <-> `a.b/c`).
 pub fn mqtt_to_key(topic: &str) -> String {
-    topic.chars().map(|c| match c {
-        '/' => '.',
-        '.' => '/',
-        c => c,
-    }).collect()
+    topic
+        .chars()
+        .map(|c| match c {
+            '/' => '.',
+            '.' => '/',
+            c => c,
+        })
+        .collect()
 }
 
 /// An AMQP routing key as an MQTT topic (the inverse of [`mqtt_to_key`]).
@@ -109,7 +112,12 @@ impl Message {
     /// What the storage key index files this message under: its `message_id` and the
     /// values of the [`KEY_HEADERS`]; `None` when it has none.
     pub fn index_keys(&self) -> Option<ferrymq_storage::MessageKeys> {
-        let headers = self.props.headers.iter().filter(|(k, _)| KEY_HEADERS.contains(&k.as_str())).filter_map(|(_, v)| v.as_str());
+        let headers = self
+            .props
+            .headers
+            .iter()
+            .filter(|(k, _)| KEY_HEADERS.contains(&k.as_str()))
+            .filter_map(|(_, v)| v.as_str());
         let mut keys: Vec<Bytes> = Vec::new();
         for k in self.props.message_id.as_deref().into_iter().chain(headers) {
             if !k.is_empty() && !keys.iter().any(|x| x == k.as_bytes()) {
@@ -136,9 +144,7 @@ impl Message {
 
     /// Remaining expiry interval in whole seconds (rounded up), if the message expires.
     pub fn remaining_expiry_secs(&self, now_ms: u64) -> Option<u32> {
-        self.props
-            .expires_at_ms
-            .map(|at| (at.saturating_sub(now_ms).div_ceil(1000)).min(u32::MAX as u64) as u32)
+        self.props.expires_at_ms.map(|at| (at.saturating_sub(now_ms).div_ceil(1000)).min(u32::MAX as u64) as u32)
     }
 
     /// The message's tag: the `x-tag` header (MQTT 5 user property `tag`), if a string.

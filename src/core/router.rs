@@ -94,7 +94,13 @@ impl Binding {
 
     /// A binding to another exchange (exchange-to-exchange).
     pub fn exchange(exchange: &str, key: &str, args: Vec<(String, Value)>) -> Binding {
-        Binding { dest: Destination::Exchange(exchange.to_owned()), key: key.to_owned(), args, mqtt: None, filter: None }
+        Binding {
+            dest: Destination::Exchange(exchange.to_owned()),
+            key: key.to_owned(),
+            args,
+            mqtt: None,
+            filter: None,
+        }
     }
 
     /// Compiles the tag filter: the `x-tag-filter` argument, else the MQTT options' one.
@@ -381,9 +387,8 @@ fn headers_match(args: &[(String, Value)], headers: &[(String, Value)]) -> bool 
     if wanted.peek().is_none() {
         return !any;
     }
-    let mut check = wanted.map(|(k, v)| {
-        headers.iter().any(|(hk, hv)| hk == k && (matches!(v, Value::Void) || hv == v))
-    });
+    let mut check =
+        wanted.map(|(k, v)| headers.iter().any(|(hk, hv)| hk == k && (matches!(v, Value::Void) || hv == v)));
     if any {
         check.any(|m| m)
     } else {
@@ -756,7 +761,12 @@ impl Router {
             .ok_or_else(|| RouteError::NoExchange(exchange.to_owned(), vhost.to_owned()))?;
         if let Bindings::ConsistentHash(h) = &x.bindings {
             let weight = parse_weight(&binding.key)?;
-            let others: u64 = h.list.iter().filter(|b| !b.same(&binding.dest, &binding.key, &binding.args)).map(|b| u64::from(parse_weight(&b.key).unwrap_or(0))).sum();
+            let others: u64 = h
+                .list
+                .iter()
+                .filter(|b| !b.same(&binding.dest, &binding.key, &binding.args))
+                .map(|b| u64::from(parse_weight(&b.key).unwrap_or(0)))
+                .sum();
             if others + u64::from(weight) > MAX_RING_WEIGHT {
                 return Err(HashArgError::RingFull.into());
             }
@@ -857,7 +867,8 @@ impl Router {
     /// Adds an MQTT subscription (`filter` in MQTT syntax, without `$share/`) on the MQTT
     /// exchange; true if it is new.
     pub fn subscribe(&self, filter: &str, dest: Destination, opts: MqttOptions) -> bool {
-        let binding = Binding { dest, key: mqtt_filter_to_pattern(filter), args: Vec::new(), mqtt: Some(opts), filter: None };
+        let binding =
+            Binding { dest, key: mqtt_filter_to_pattern(filter), args: Vec::new(), mqtt: Some(opts), filter: None };
         self.bind(MQTT_VHOST, &self.mqtt_exchange, binding).unwrap_or(false)
     }
 
@@ -871,7 +882,13 @@ impl Router {
     /// `exchange` by `publisher` (an MQTT client id, for no-local; "" otherwise). Follows
     /// exchange-to-exchange bindings and alternate exchanges. The flag says whether the
     /// result depends only on (exchange, routing key, tag) and may be cached.
-    pub fn route(&self, vhost: &str, exchange: &str, msg: &Message, publisher: &str) -> Result<(Routes, bool), RouteError> {
+    pub fn route(
+        &self,
+        vhost: &str,
+        exchange: &str,
+        msg: &Message,
+        publisher: &str,
+    ) -> Result<(Routes, bool), RouteError> {
         let vhosts = self.vhosts.read();
         let v = vhosts.get(vhost).ok_or_else(|| RouteError::NoVhost(vhost.to_owned()))?;
         if !v.exchanges.contains_key(exchange) {
@@ -1059,7 +1076,14 @@ mod tests {
     }
 
     fn opts(qos: u8) -> MqttOptions {
-        MqttOptions { client_id: "c".into(), qos, no_local: false, retain_as_published: false, subscription_id: None, tag_filter: None }
+        MqttOptions {
+            client_id: "c".into(),
+            qos,
+            no_local: false,
+            retain_as_published: false,
+            subscription_id: None,
+            tag_filter: None,
+        }
     }
 
     fn msg(key: &str, headers: &[(String, Value)]) -> Message {
@@ -1093,7 +1117,8 @@ mod tests {
     }
 
     fn declare(r: &Router, name: &str, kind: ExchangeKind, auto_delete: bool, args: Vec<(String, Value)>) {
-        let def = ExchangeDef { name: name.into(), kind, durable: false, auto_delete, internal: false, arguments: args };
+        let def =
+            ExchangeDef { name: name.into(), kind, durable: false, auto_delete, internal: false, arguments: args };
         assert!(r.declare_exchange("/", def).unwrap().is_none());
     }
 
@@ -1234,7 +1259,11 @@ mod tests {
             let e = r.bind("/", "amq.direct", Binding::queue(QueueId(4), "k", filter_arg(bad)));
             assert!(matches!(e, Err(RouteError::TagFilter(_))), "{bad:?}: {e:?}");
         }
-        let e = r.bind("/", "amq.direct", Binding::queue(QueueId(4), "k", vec![(TAG_FILTER_ARGUMENT.into(), Value::Int(1))]));
+        let e = r.bind(
+            "/",
+            "amq.direct",
+            Binding::queue(QueueId(4), "k", vec![(TAG_FILTER_ARGUMENT.into(), Value::Int(1))]),
+        );
         assert_eq!(e, Err(RouteError::TagFilter(TagFilterError::NotAString)));
         // MQTT subscriptions carry theirs in the options.
         let mut o = opts(1);
@@ -1261,7 +1290,11 @@ mod tests {
             let (routes, cacheable) = r.route("/", "h", &msg(&key, &[]), "").unwrap();
             assert_eq!(routes.queues.len(), 1);
             assert!(cacheable);
-            assert_eq!(queues(&routes), queues(&r.route("/", "h", &msg(&key, &[]), "").unwrap().0), "same key, same queue");
+            assert_eq!(
+                queues(&routes),
+                queues(&r.route("/", "h", &msg(&key, &[]), "").unwrap().0),
+                "same key, same queue"
+            );
             seen.insert(routes.queues[0].queue.0);
         }
         assert_eq!(seen.len(), 4, "every queue gets keys");
@@ -1270,7 +1303,10 @@ mod tests {
             assert!(matches!(e, Err(RouteError::HashArgument(_))), "{bad:?}: {e:?}");
         }
         // Unbinding every queue leaves nothing to route to.
-        assert_eq!(r.unbind_all("/", &q(1)) + r.unbind_all("/", &q(2)) + r.unbind_all("/", &q(3)) + r.unbind_all("/", &q(4)), 4);
+        assert_eq!(
+            r.unbind_all("/", &q(1)) + r.unbind_all("/", &q(2)) + r.unbind_all("/", &q(3)) + r.unbind_all("/", &q(4)),
+            4
+        );
         assert!(r.route("/", "h", &msg("k", &[]), "").unwrap().0.is_empty());
     }
 
@@ -1300,7 +1336,14 @@ mod tests {
         assert!(!cacheable, "depends on a header");
         assert!(r.route("/", "h", &msg("k", &[]), "").unwrap().0.is_empty());
         let both = vec![("hash-header".into(), s("a")), ("hash-property".into(), s("message_id"))];
-        let def = ExchangeDef { name: "bad".into(), kind: ExchangeKind::ConsistentHash, durable: false, auto_delete: false, internal: false, arguments: both };
+        let def = ExchangeDef {
+            name: "bad".into(),
+            kind: ExchangeKind::ConsistentHash,
+            durable: false,
+            auto_delete: false,
+            internal: false,
+            arguments: both,
+        };
         assert_eq!(r.declare_exchange("/", def), Err(RouteError::HashArgument(HashArgError::BothSet)));
     }
 }

@@ -15,8 +15,8 @@ use ferrymq_storage::{Journal, Pointer, QueueId};
 use tokio::sync::{mpsc, oneshot, Notify};
 use tracing::warn;
 
-use super::message::SharedMessage;
 use super::message::now_ms;
+use super::message::SharedMessage;
 use super::queue::{Consumer, ConsumerId, DeadLetter, Effects, Got, Queue, QueueConfig, RequeueCause};
 use super::stream::{Stream, StreamConfig, StreamOffset};
 

@@ -173,7 +173,10 @@ mod tests {
         assert!(f.may_match_hash(tag_hash("TagB")));
         assert!(!f.may_match_hash(NO_TAG));
         assert_eq!(f.to_string(), "TagA || TagB || TagC");
-        assert!(f.equivalent(&TagFilter::parse("TagC || TagA || TagB || TagA").unwrap()), "order and repeats do not count");
+        assert!(
+            f.equivalent(&TagFilter::parse("TagC || TagA || TagB || TagA").unwrap()),
+            "order and repeats do not count"
+        );
         assert!(!f.equivalent(&TagFilter::parse("TagA || TagB").unwrap()));
         assert!(!f.equivalent(&TagFilter::Any));
     }

@@ -24,7 +24,9 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, field, info, warn, Instrument};
 
 use super::convert::{message_in, properties_out, qos_of, qos_u8, will_message};
-use super::session::{qos2_key, qos2_prefix, wait_finished, Control, Online, Persistent, StoredSession, SubOptions, NEVER};
+use super::session::{
+    qos2_key, qos2_prefix, wait_finished, Control, Online, Persistent, StoredSession, SubOptions, NEVER,
+};
 use super::shared::JoinError;
 use super::{split_share, MqttContext, SESSION_QUEUE_PREFIX};
 use crate::auth::AuthError;
@@ -33,9 +35,9 @@ use crate::core::delivery::{Direct, QueueDelivery, SessionLink};
 use crate::core::message::{now_ms, Message, SharedMessage};
 use crate::core::queue::{Consumer, ConsumerEvent};
 use crate::core::router::{mqtt_filter_to_pattern, Destination, RouteCache, Routes, MQTT_VHOST};
-use crate::core::tag_filter::{TagFilter, MQTT_TAG_FILTER_PROPERTY};
 use crate::core::shards::ShardCmd;
 use crate::core::stats::Stats;
+use crate::core::tag_filter::{TagFilter, MQTT_TAG_FILTER_PROPERTY};
 
 /// Packet ids of deliveries from the session's own queue are derived from the queue
 /// offset, `1 + offset % OFFSET_PKIDS`, so a resumed session resends with the same ids;
@@ -436,11 +438,8 @@ impl Task {
         tracing::Span::current().record("client_id", &*client_id);
 
         // Take over a connection that holds the same client id.
-        let online = Online {
-            conn_id: self.conn_id,
-            control: self.control_tx.clone(),
-            finished: self.finished_tx.subscribe(),
-        };
+        let online =
+            Online { conn_id: self.conn_id, control: self.control_tx.clone(), finished: self.finished_tx.subscribe() };
         let mut claim = self.ctx.sessions.claim(&client_id, online);
         if let Some(prev) = claim.previous.take() {
             claim.previous_existed = true;
@@ -448,7 +447,8 @@ impl Task {
             wait_finished(prev.finished, TAKEOVER_WAIT).await;
         }
         // The previous connection may have just updated the persistent state.
-        let mut existing = if claim.previous_existed { self.ctx.sessions.persistent(&client_id) } else { claim.persistent };
+        let mut existing =
+            if claim.previous_existed { self.ctx.sessions.persistent(&client_id) } else { claim.persistent };
 
         let expiry = match c.level {
             ProtocolLevel::V5 => c.properties.session_expiry_interval.unwrap_or(0),
@@ -481,7 +481,8 @@ impl Task {
                 inbound_qos2 = self.load_inbound_qos2(&client_id);
                 session.persistent = Some(p);
             }
-            None if expiry > 0 => match self.ctx.broker.journal.queue_id(&format!("{SESSION_QUEUE_PREFIX}{client_id}")) {
+            None if expiry > 0 => match self.ctx.broker.journal.queue_id(&format!("{SESSION_QUEUE_PREFIX}{client_id}"))
+            {
                 Ok(queue) => {
                     session.persistent = Some(Persistent {
                         queue,
@@ -532,12 +533,8 @@ impl Task {
         if let Some(p) = &session.persistent {
             self.attach(p.queue, 2);
         }
-        let shared: Vec<(String, u8)> = session
-            .subs
-            .iter()
-            .filter(|(f, _)| f.starts_with("$share/"))
-            .map(|(f, o)| (f.clone(), o.qos))
-            .collect();
+        let shared: Vec<(String, u8)> =
+            session.subs.iter().filter(|(f, _)| f.starts_with("$share/")).map(|(f, o)| (f.clone(), o.qos)).collect();
         self.session = Some(session);
         for (filter, qos) in shared {
             if let Some((group, f)) = split_share(&filter) {
@@ -728,7 +725,15 @@ impl Task {
                     return Ok(());
                 }
                 let qos = d.msg.qos.min(d.qos);
-                let out = outgoing(&d.msg, qos, d.retain_as_published && d.msg.retain, false, None, d.subscription_ids.clone(), now);
+                let out = outgoing(
+                    &d.msg,
+                    qos,
+                    d.retain_as_published && d.msg.retain,
+                    false,
+                    None,
+                    d.subscription_ids.clone(),
+                    now,
+                );
                 match self.proto.send_publish(out) {
                     Ok(pkid) => {
                         self.publishes_out += 1;
@@ -1116,6 +1121,7 @@ async fn sleep_until(deadline: Option<Instant>) {
 
 /// A cheap unique-enough suffix for assigned client ids.
 fn rand_id(seed: u64) -> u64 {
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    let t =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
     (t ^ seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)).rotate_left(17)
 }

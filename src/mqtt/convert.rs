@@ -87,10 +87,18 @@ pub fn properties_out(msg: &Message, subscription_ids: Vec<u32>, now_ms: u64) ->
 
 /// The core header name of an MQTT 5 user property: `tag` is the tag header `x-tag`.
 fn header_name_in(name: &str) -> String {
-    if name == MQTT_TAG_PROPERTY { TAG_HEADER.to_owned() } else { name.to_owned() }
+    if name == MQTT_TAG_PROPERTY {
+        TAG_HEADER.to_owned()
+    } else {
+        name.to_owned()
+    }
 }
 
 /// The MQTT 5 user property name of a core header: the tag header `x-tag` is `tag`.
 fn user_property_out(name: &str) -> String {
-    if name == TAG_HEADER { MQTT_TAG_PROPERTY.to_owned() } else { name.to_owned() }
+    if name == TAG_HEADER {
+        MQTT_TAG_PROPERTY.to_owned()
+    } else {
+        name.to_owned()
+    }
 }

@@ -56,8 +56,20 @@ pub struct MqttContext {
 impl MqttContext {
     /// Builds the context and restores persistent sessions from the journal: their
     /// bindings go back into the routing table and their expiry clocks restart.
-    pub fn restore(broker: Arc<Broker>, cfg: MqttSection, users: Option<Users>, alarm: Arc<MemoryAlarm>) -> Arc<MqttContext> {
-        let ctx = Arc::new(MqttContext { broker, cfg, sessions: Sessions::default(), groups: SharedGroups::default(), users, alarm });
+    pub fn restore(
+        broker: Arc<Broker>,
+        cfg: MqttSection,
+        users: Option<Users>,
+        alarm: Arc<MemoryAlarm>,
+    ) -> Arc<MqttContext> {
+        let ctx = Arc::new(MqttContext {
+            broker,
+            cfg,
+            sessions: Sessions::default(),
+            groups: SharedGroups::default(),
+            users,
+            alarm,
+        });
         let now = now_ms();
         let stored = match ctx.broker.journal.scan(Space::Session, b"") {
             Ok(v) => v,

@@ -20,7 +20,6 @@ use tokio::sync::{oneshot, watch};
 use crate::core::router::MqttOptions;
 use crate::core::tag_filter::TagFilter;
 
-
 /// "Never expires" (MQTT's maximum session expiry interval).
 pub const NEVER: u32 = u32::MAX;
 

@@ -76,14 +76,24 @@ impl SharedGroups {
     /// Adds `member` to the group (creating it and its binding if new), with the tag filter
     /// `tag_filter` (validated); returns the group's queue. A member alone in its group may
     /// change the filter; otherwise every member must give the group's.
-    pub fn join(&self, broker: &Broker, group: &str, filter: &str, member: &Arc<str>, tag_filter: Option<&str>) -> Result<QueueId, JoinError> {
+    pub fn join(
+        &self,
+        broker: &Broker,
+        group: &str,
+        filter: &str,
+        member: &Arc<str>,
+        tag_filter: Option<&str>,
+    ) -> Result<QueueId, JoinError> {
         let mut groups = self.groups.lock();
         let key = (group.to_owned(), filter.to_owned());
         if let Some(g) = groups.get_mut(&key) {
             if !same_filter(g.tag_filter.as_deref(), tag_filter) {
                 let alone = g.members.len() == 1 && g.members.contains(member);
                 if !alone {
-                    return Err(JoinError::TagFilterMismatch { group: g.tag_filter.clone(), asked: tag_filter.map(str::to_owned) });
+                    return Err(JoinError::TagFilterMismatch {
+                        group: g.tag_filter.clone(),
+                        asked: tag_filter.map(str::to_owned),
+                    });
                 }
                 // Replaces the group's binding in place (same destination and key): no
                 // moment without one, so no publish misses the group.
@@ -95,7 +105,10 @@ impl SharedGroups {
         }
         let queue = broker.journal.queue_id(&queue_name(group, filter))?;
         broker.router.subscribe(filter, Destination::Queue(queue), binding(tag_filter));
-        groups.insert(key, Group { queue, members: HashSet::from([member.clone()]), tag_filter: tag_filter.map(str::to_owned) });
+        groups.insert(
+            key,
+            Group { queue, members: HashSet::from([member.clone()]), tag_filter: tag_filter.map(str::to_owned) },
+        );
         Ok(queue)
     }
 

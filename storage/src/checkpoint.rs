@@ -70,8 +70,14 @@ impl Checkpoint {
 }
 
 /// Writes the checkpoint and flushes sled (the writer's last act after a clean close).
-pub(crate) fn write(db: &Db, log_end: u64, refs: &RefCounts, queues: &HashMap<u64, QueueState>) -> Result<(), JournalError> {
-    let mut cp = Checkpoint { log_end, refs: refs.iter().collect(), queues: queues.iter().map(|(k, v)| (*k, *v)).collect() };
+pub(crate) fn write(
+    db: &Db,
+    log_end: u64,
+    refs: &RefCounts,
+    queues: &HashMap<u64, QueueState>,
+) -> Result<(), JournalError> {
+    let mut cp =
+        Checkpoint { log_end, refs: refs.iter().collect(), queues: queues.iter().map(|(k, v)| (*k, *v)).collect() };
     cp.refs.sort_unstable();
     cp.queues.sort_unstable_by_key(|(k, _)| *k);
     db.db.insert(KEY, cp.encode()).map_err(db_err)?;
@@ -87,7 +93,11 @@ pub(crate) fn take(db: &Db, log_end: u64) -> Result<Option<Checkpoint>, JournalE
     match Checkpoint::decode(&v) {
         Some(cp) if cp.log_end == log_end => Ok(Some(cp)),
         Some(cp) => {
-            tracing::warn!(checkpoint_end = cp.log_end, log_end, "clean-shutdown checkpoint does not match the log; scanning the index");
+            tracing::warn!(
+                checkpoint_end = cp.log_end,
+                log_end,
+                "clean-shutdown checkpoint does not match the log; scanning the index"
+            );
             Ok(None)
         }
         None => {

@@ -112,7 +112,13 @@ pub(crate) fn encode_pointer(p: &Pointer) -> [u8; 21] {
 pub(crate) fn decode_pointer(v: &[u8]) -> Option<Pointer> {
     if v.len() == 17 {
         let size = u32_at(v, 8)?;
-        return Some(Pointer { pos: LogPos(u64_at(v, 0)?), size, body_len: size, tag_hash: u32_at(v, 12)?, flags: v[16] });
+        return Some(Pointer {
+            pos: LogPos(u64_at(v, 0)?),
+            size,
+            body_len: size,
+            tag_hash: u32_at(v, 12)?,
+            flags: v[16],
+        });
     }
     if v.len() != 21 {
         return None;

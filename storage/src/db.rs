@@ -55,7 +55,9 @@ impl Db {
             match config.open() {
                 Ok(db) => break db,
                 // (sled reports it as an `Other` I/O error with this text.)
-                Err(sled::Error::Io(e)) if e.to_string().contains("could not acquire lock") && std::time::Instant::now() < deadline => {
+                Err(sled::Error::Io(e))
+                    if e.to_string().contains("could not acquire lock") && std::time::Instant::now() < deadline =>
+                {
                     std::thread::sleep(std::time::Duration::from_millis(20));
                 }
                 Err(e) => return Err(db_err(e)),
@@ -95,10 +97,8 @@ impl Db {
             let id = self.db.generate_id().map_err(db_err)?;
             let id_bytes = codec::encode_u64(id);
             self.queue_ids.insert(id_bytes, name.as_bytes()).map_err(db_err)?;
-            let cas = self
-                .queue_names
-                .compare_and_swap(name, None as Option<&[u8]>, Some(&id_bytes[..]))
-                .map_err(db_err)?;
+            let cas =
+                self.queue_names.compare_and_swap(name, None as Option<&[u8]>, Some(&id_bytes[..])).map_err(db_err)?;
             match cas {
                 Ok(()) => return Ok(QueueId(id)),
                 Err(_) => {

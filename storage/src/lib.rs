@@ -523,9 +523,7 @@ impl Inner {
                 }
             }
         }
-        handle
-            .join()
-            .unwrap_or_else(|_| Err(JournalError::Io("the journal writer thread panicked".into())))
+        handle.join().unwrap_or_else(|_| Err(JournalError::Io("the journal writer thread panicked".into())))
     }
 }
 
@@ -559,10 +557,7 @@ impl Journal {
             Some(cp) => (recovery::index_from_checkpoint(&db, &log, cp)?, false),
             None => (recovery::recover_index(&db, &log)?, true),
         };
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .build()
-            .map_err(log::io_err)?;
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().map_err(log::io_err)?;
         let (tx, rx) = mpsc::channel(config.channel_capacity.max(1));
         let shared = Arc::new(Shared {
             config,
@@ -607,11 +602,7 @@ impl Journal {
     /// applied not at all). Ops on entries that do not exist (`Remove`, `SetFlags`,
     /// `DeleteRetained`, `DeleteTimer`, `Delete`) are no-ops.
     pub async fn submit(&self, ops: Vec<Op>, done: Option<Completion>) -> Result<(), JournalError> {
-        self.inner
-            .tx
-            .send(Msg::Submit { ops, done, durable: true })
-            .await
-            .map_err(|_| JournalError::Closed)
+        self.inner.tx.send(Msg::Submit { ops, done, durable: true }).await.map_err(|_| JournalError::Closed)
     }
 
     /// Like [`Journal::submit`], but `done` runs once the submission is written to the OS,
@@ -620,11 +611,7 @@ impl Journal {
     /// still run in submission order, so one queued behind a durable submission of the
     /// same batch waits for that batch's fsync.
     pub async fn submit_relaxed(&self, ops: Vec<Op>, done: Option<Completion>) -> Result<(), JournalError> {
-        self.inner
-            .tx
-            .send(Msg::Submit { ops, done, durable: false })
-            .await
-            .map_err(|_| JournalError::Closed)
+        self.inner.tx.send(Msg::Submit { ops, done, durable: false }).await.map_err(|_| JournalError::Closed)
     }
 
     /// Like [`Journal::submit`] but fails with the ops handed back when the channel is full.
@@ -707,12 +694,7 @@ impl Journal {
     }
 
     /// Up to `limit` entries of `queue` with offset >= `from`, in offset order.
-    pub fn queue_entries(
-        &self,
-        queue: QueueId,
-        from: u64,
-        limit: usize,
-    ) -> Result<Vec<(u64, Pointer)>, JournalError> {
+    pub fn queue_entries(&self, queue: QueueId, from: u64, limit: usize) -> Result<Vec<(u64, Pointer)>, JournalError> {
         self.shared().db.queue_entries(queue, from, limit)
     }
 
@@ -772,11 +754,7 @@ impl Journal {
     /// policy (used at shutdown).
     pub async fn flush(&self) -> Result<(), JournalError> {
         let (tx, rx) = oneshot::channel();
-        self.inner
-            .tx
-            .send(Msg::Flush(tx))
-            .await
-            .map_err(|_| JournalError::Closed)?;
+        self.inner.tx.send(Msg::Flush(tx)).await.map_err(|_| JournalError::Closed)?;
         rx.await.unwrap_or(Err(JournalError::Closed))
     }
 
@@ -852,7 +830,12 @@ mod tests {
         let j = Journal::open(JournalConfig::new(dir.path())).unwrap();
         let q = j.queue_id("q").unwrap();
         let a = j.write_blocking(append(q, 1)).unwrap().appended[0].clone();
-        let timer = |due_ms, target: &'static [u8]| Op::AddTimer { due_ms, pos: a.pos, size: a.size, target: Bytes::from_static(target) };
+        let timer = |due_ms, target: &'static [u8]| Op::AddTimer {
+            due_ms,
+            pos: a.pos,
+            size: a.size,
+            target: Bytes::from_static(target),
+        };
         // The same timer twice is one timer; another target at the same key moves 1 ms on;
         // a position that holds no record is ignored without failing the submission.
         let nowhere = Op::AddTimer { due_ms: 5, pos: LogPos(1 << 40), size: 100, target: Bytes::new() };

@@ -70,9 +70,7 @@ impl Log {
         let last = log.segments.read().values().next_back().cloned();
         let writer = match last {
             Some(active) => {
-                let file = Arc::new(
-                    OpenOptions::new().read(true).write(true).open(&active.path).map_err(io_err)?,
-                );
+                let file = Arc::new(OpenOptions::new().read(true).write(true).open(&active.path).map_err(io_err)?);
                 log.install_handle(&active, file.clone());
                 let written = active.len();
                 log.end.store(active.base + written, Ordering::Release);
@@ -109,8 +107,7 @@ impl Log {
 
     /// Whether `pos..pos + size` lies inside the written records of a live segment.
     pub(crate) fn contains(&self, pos: u64, size: u32) -> bool {
-        self.segment_of(pos)
-            .is_some_and(|s| pos.checked_add(size as u64).is_some_and(|e| e <= s.base + s.len()))
+        self.segment_of(pos).is_some_and(|s| pos.checked_add(size as u64).is_some_and(|e| e <= s.base + s.len()))
     }
 
     /// Reads and verifies the record at `pos`.
@@ -132,10 +129,7 @@ impl Log {
     pub(crate) fn closed_segments(&self) -> Vec<ClosedSegment> {
         let segs = self.segments.read();
         let n = segs.len().saturating_sub(1);
-        segs.values()
-            .take(n)
-            .map(|s| ClosedSegment { base: s.base, len: s.len(), path: s.path.clone() })
-            .collect()
+        segs.values().take(n).map(|s| ClosedSegment { base: s.base, len: s.len(), path: s.path.clone() }).collect()
     }
 
     /// Removes a closed segment: readers get `NotFound` from now on, and the file is
@@ -191,10 +185,8 @@ impl Log {
     fn close_idle_handles(&self) {
         let segs = self.segments.read();
         let active = segs.keys().next_back().copied();
-        let mut open: Vec<&Arc<Segment>> = segs
-            .values()
-            .filter(|s| Some(s.base) != active && s.file.lock().is_some())
-            .collect();
+        let mut open: Vec<&Arc<Segment>> =
+            segs.values().filter(|s| Some(s.base) != active && s.file.lock().is_some()).collect();
         open.sort_by_key(|s| s.last_use.load(Ordering::Relaxed));
         let excess = self.open_files.load(Ordering::Relaxed).saturating_sub(MAX_OPEN_FILES / 2);
         for seg in open.into_iter().take(excess) {
@@ -208,14 +200,7 @@ impl Log {
     /// adds it to the map as the new active segment.
     fn create_segment(&self, base: u64) -> io::Result<(Arc<Segment>, Arc<File>)> {
         let seg = Arc::new(Segment::new(&self.dir, base, 0));
-        let file = Arc::new(
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&seg.path)?,
-        );
+        let file = Arc::new(OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&seg.path)?);
         sync_dir(&self.dir)?;
         self.install_handle(&seg, file.clone());
         self.segments.write().insert(base, seg.clone());
@@ -418,9 +403,7 @@ mod tests {
     fn open_handles_stay_bounded() {
         let dir = tempfile::tempdir().unwrap();
         let (log, mut w) = Log::open(dir.path(), 16, &[]).unwrap();
-        let positions: Vec<u64> = (0..300u32)
-            .map(|i| w.append(&log, b"", &i.to_be_bytes()).unwrap().0)
-            .collect();
+        let positions: Vec<u64> = (0..300u32).map(|i| w.append(&log, b"", &i.to_be_bytes()).unwrap().0).collect();
         w.write_out(&log).unwrap();
         assert_eq!(log.size().0, 300);
         for _ in 0..2 {

@@ -164,7 +164,12 @@ pub(crate) fn recover_index(db: &Db, log: &Log) -> Result<Index, JournalError> {
 
     let stale_keys = trim_key_index(db, log)?;
     if dropped + stale_keys > 0 {
-        tracing::warn!(dropped, stale_keys, log_end = end, "dropped index entries that point outside the live commit log");
+        tracing::warn!(
+            dropped,
+            stale_keys,
+            log_end = end,
+            "dropped index entries that point outside the live commit log"
+        );
         db.db.flush().map_err(db_err)?;
     }
     index.queues = queues;
@@ -173,7 +178,11 @@ pub(crate) fn recover_index(db: &Db, log: &Log) -> Result<Index, JournalError> {
 
 /// The index counters from a clean-shutdown checkpoint (no scan), after the cheap key-index
 /// cleanup that [`recover_index`] also does.
-pub(crate) fn index_from_checkpoint(db: &Db, log: &Log, cp: crate::checkpoint::Checkpoint) -> Result<Index, JournalError> {
+pub(crate) fn index_from_checkpoint(
+    db: &Db,
+    log: &Log,
+    cp: crate::checkpoint::Checkpoint,
+) -> Result<Index, JournalError> {
     trim_key_index(db, log)?;
     Ok(Index { refs: RefCounts::from_pairs(cp.refs), queues: cp.queues.into_iter().collect() })
 }

@@ -50,9 +50,7 @@ pub(crate) fn parse_file_name(name: &str) -> Option<u64> {
 /// On-disk size of a record with these parts, or `None` if it does not fit the `u32`
 /// framing.
 pub(crate) fn record_size(header_len: usize, body_len: usize) -> Option<u32> {
-    let size = (header_len as u64)
-        .checked_add(body_len as u64)?
-        .checked_add(RECORD_OVERHEAD)?;
+    let size = (header_len as u64).checked_add(body_len as u64)?.checked_add(RECORD_OVERHEAD)?;
     u32::try_from(size).ok()
 }
 

@@ -22,9 +22,7 @@ use crate::refs::RefCounts;
 use crate::retention::{self, Candidate};
 use crate::segment;
 use crate::state::{QueueState, Shared};
-use crate::{
-    Appended, Completion, FsyncPolicy, JournalError, LogPos, Op, Pointer, QueueTarget, Receipt,
-};
+use crate::{Appended, Completion, FsyncPolicy, JournalError, LogPos, Op, Pointer, QueueTarget, Receipt};
 
 /// How often retention is checked (after batches and when idle).
 const RETENTION_INTERVAL: Duration = Duration::from_secs(1);
@@ -350,9 +348,7 @@ impl Writer {
     /// Writes the assembled records, applies the sled batches, publishes the counters
     /// and syncs if the policy (or `force_sync`) says so.
     fn commit(&mut self, force_sync: bool, submissions: bool, durable_wanted: bool) -> Result<(), String> {
-        self.log
-            .write_out(&self.shared.log)
-            .map_err(|e| format!("commit log write: {e}"))?;
+        self.log.write_out(&self.shared.log).map_err(|e| format!("commit log write: {e}"))?;
         let db = &self.shared.db;
         let trees = [
             &db.queue,
@@ -404,9 +400,7 @@ impl Writer {
     /// fsyncs the written segments and flushes sled (always when `force`, which also
     /// covers queue-name mappings written outside the writer).
     fn sync(&mut self, force: bool) -> Result<(), String> {
-        self.log
-            .write_out(&self.shared.log)
-            .map_err(|e| format!("commit log write: {e}"))?;
+        self.log.write_out(&self.shared.log).map_err(|e| format!("commit log write: {e}"))?;
         let n = self.log.sync().map_err(|e| format!("commit log fsync: {e}"))?;
         self.shared.fsyncs.fetch_add(n, Ordering::Relaxed);
         if self.db_dirty || force {
@@ -498,7 +492,13 @@ impl Writer {
     }
 
     /// Adds one pointer per target; returns the offsets.
-    fn push_pointers(&mut self, targets: &[QueueTarget], pos: u64, size: u32, body_len: u32) -> Vec<(crate::QueueId, u64)> {
+    fn push_pointers(
+        &mut self,
+        targets: &[QueueTarget],
+        pos: u64,
+        size: u32,
+        body_len: u32,
+    ) -> Vec<(crate::QueueId, u64)> {
         let base = self.segment_base(pos);
         let mut offsets = Vec::with_capacity(targets.len());
         for t in targets {
@@ -533,7 +533,8 @@ impl Writer {
                     .append(&shared.log, &a.record.header, &a.record.body)
                     .map_err(fatal("commit log write"))?;
                 let base = self.log.active_base();
-                let offsets = self.push_pointers(&a.queues, pos, size, a.record.body.len().min(u32::MAX as usize) as u32);
+                let offsets =
+                    self.push_pointers(&a.queues, pos, size, a.record.body.len().min(u32::MAX as usize) as u32);
                 if let Some(topic) = a.retained_topic {
                     if let Some(old) = self.pending.retained.get(&db.retained, topic.as_bytes()).map_err(sled_fatal)? {
                         if let Some((old_pos, _)) = codec::decode_retained(&old) {
@@ -647,9 +648,7 @@ impl Writer {
                 self.pending.kv[space_index(space)].remove(&key[..]);
             }
             Op::DeletePrefix { space, prefix } => {
-                self.pending.kv[space_index(space)]
-                    .remove_prefix(db.kv(space), &prefix)
-                    .map_err(sled_fatal)?;
+                self.pending.kv[space_index(space)].remove_prefix(db.kv(space), &prefix).map_err(sled_fatal)?;
             }
         }
         Ok(())
@@ -657,7 +656,14 @@ impl Writer {
 
     /// Schedules an existing record ([`Op::AddTimer`]): a no-op when the record is not live
     /// or the same timer exists; a key taken by another timer moves this one 1 ms later.
-    fn add_timer(&mut self, db: &crate::db::Db, mut due_ms: u64, pos: u64, size: u32, target: &[u8]) -> Result<(), Fail> {
+    fn add_timer(
+        &mut self,
+        db: &crate::db::Db,
+        mut due_ms: u64,
+        pos: u64,
+        size: u32,
+        target: &[u8],
+    ) -> Result<(), Fail> {
         if !self.is_live(pos, size, 0) {
             return Ok(());
         }

@@ -12,7 +12,8 @@ use ferrymq_storage::{FsyncPolicy, Journal, LogPos, MessageKeys, Op, Retention};
 
 fn keyed(n: u64, timestamp_ms: u64, keys: &[&str]) -> Op {
     let mut a = append(n, &[]);
-    a.keys = Some(MessageKeys { timestamp_ms, keys: keys.iter().map(|k| Bytes::copy_from_slice(k.as_bytes())).collect() });
+    a.keys =
+        Some(MessageKeys { timestamp_ms, keys: keys.iter().map(|k| Bytes::copy_from_slice(k.as_bytes())).collect() });
     Op::Append(a)
 }
 

@@ -237,7 +237,11 @@ impl Model {
                 OpSpec::Put { space, key, value } => {
                     let k = kv_key(*key);
                     self.kv[*space as usize].insert(k.clone(), vec![*value]);
-                    ops.push(Op::Put { space: SPACES[*space as usize], key: Bytes::from(k), value: Bytes::from(vec![*value]) });
+                    ops.push(Op::Put {
+                        space: SPACES[*space as usize],
+                        key: Bytes::from(k),
+                        value: Bytes::from(vec![*value]),
+                    });
                 }
                 OpSpec::Delete { space, key } => {
                     let k = kv_key(*key);
@@ -316,7 +320,12 @@ fn run(policy: FsyncPolicy, steps: Vec<Step>) {
     let dir = tempfile::tempdir().unwrap();
     let mut j = Journal::open(config(dir.path(), policy)).unwrap();
     let queues = (0..QUEUES)
-        .map(|i| ModelQueue { id: j.queue_id(&format!("q{i}")).unwrap(), named: true, next: 0, entries: BTreeMap::new() })
+        .map(|i| ModelQueue {
+            id: j.queue_id(&format!("q{i}")).unwrap(),
+            named: true,
+            next: 0,
+            entries: BTreeMap::new(),
+        })
         .collect();
     let mut model = Model {
         records: Vec::new(),

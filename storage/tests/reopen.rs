@@ -132,7 +132,12 @@ fn ops_semantics() {
     assert_eq!(r.appended[0].offsets, vec![(dlq, 0)]);
     let bad = j.write_blocking(vec![
         Op::Remove { queue: q, offset: 0 },
-        Op::Enqueue { pos: LogPos(1 << 40), size, body_len: 0, queues: vec![QueueTarget { queue: dlq, tag_hash: 0, flags: 0 }] },
+        Op::Enqueue {
+            pos: LogPos(1 << 40),
+            size,
+            body_len: 0,
+            queues: vec![QueueTarget { queue: dlq, tag_hash: 0, flags: 0 }],
+        },
     ]);
     assert_eq!(bad, Err(JournalError::NotFound(1 << 40)));
     assert_eq!(j.queue_len(q).unwrap(), 1, "nothing of a refused submission is applied");
@@ -146,7 +151,12 @@ fn ops_semantics() {
     let r = j
         .write_blocking(vec![
             Op::Append(with_timer),
-            Op::Enqueue { pos: LogPos(next), size: size4, body_len: 0, queues: vec![QueueTarget { queue: q, tag_hash: 0, flags: 0 }] },
+            Op::Enqueue {
+                pos: LogPos(next),
+                size: size4,
+                body_len: 0,
+                queues: vec![QueueTarget { queue: q, tag_hash: 0, flags: 0 }],
+            },
             Op::DeleteTimer { due_ms: 10, pos: LogPos(next) },
         ])
         .unwrap();

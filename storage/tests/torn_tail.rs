@@ -62,10 +62,7 @@ fn damaged(damage: Damage) {
         Damage::AppendZeros => file.write_all_at(&[0; 4096], len).unwrap(),
     }
     drop(file);
-    let broken = matches!(
-        damage,
-        Damage::TruncateMidRecord | Damage::TruncateMidFrame | Damage::FlipByteInLastRecord
-    );
+    let broken = matches!(damage, Damage::TruncateMidRecord | Damage::TruncateMidFrame | Damage::FlipByteInLastRecord);
 
     let j = open(dir.path(), FsyncPolicy::Always);
     j.verify_counters().unwrap();

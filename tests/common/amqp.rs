@@ -25,7 +25,9 @@ pub use lapin::message::{BasicGetMessage, BasicReturnMessage, Delivery};
 pub use lapin::options::*;
 pub use lapin::protocol::AMQPError;
 pub use lapin::types::{AMQPValue, ByteArray, DecimalValue, FieldArray, FieldTable, LongString, ShortString};
-pub use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, Consumer, Event, ExchangeKind};
+pub use lapin::{
+    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, Consumer, Event, ExchangeKind,
+};
 
 /// Environment variable naming the reference RabbitMQ's AMQP URI.
 pub const RABBITMQ_ENV: &str = "FERRYMQ_TEST_RABBITMQ";
@@ -114,10 +116,8 @@ impl Target {
             .and_then(|hp| hp.to_socket_addrs().ok())
             .and_then(|mut a| a.next())
             .unwrap_or_else(|| panic!("cannot read HOST:PORT from {RABBITMQ_ENV}={uri}"));
-        let mqtt = std::env::var(RABBITMQ_MQTT_ENV)
-            .ok()
-            .and_then(|m| m.to_socket_addrs().ok())
-            .and_then(|mut a| a.next());
+        let mqtt =
+            std::env::var(RABBITMQ_MQTT_ENV).ok().and_then(|m| m.to_socket_addrs().ok()).and_then(|mut a| a.next());
         Target { broker: None, uri, addr, mqtt }
     }
 
@@ -314,7 +314,13 @@ pub async fn declare_queue_with(ch: &Channel, name: &str, opts: QueueDeclareOpti
 }
 
 /// Declares an exchange (panics on error).
-pub async fn declare_exchange(ch: &Channel, name: &str, kind: ExchangeKind, opts: ExchangeDeclareOptions, args: FieldTable) {
+pub async fn declare_exchange(
+    ch: &Channel,
+    name: &str,
+    kind: ExchangeKind,
+    opts: ExchangeDeclareOptions,
+    args: FieldTable,
+) {
     bounded("exchange.declare", ch.exchange_declare(name.into(), kind, opts, args))
         .await
         .unwrap_or_else(|e| panic!("exchange.declare {name}: {e:?}"))
@@ -341,7 +347,11 @@ pub async fn delete_exchange(ch: &Channel, exchange: &str) {
 pub async fn queue_counts(ch: &Channel, queue: &str) -> lapin::Result<(u32, u32)> {
     bounded(
         "passive queue.declare",
-        ch.queue_declare(queue.into(), QueueDeclareOptions { passive: true, ..Default::default() }, FieldTable::default()),
+        ch.queue_declare(
+            queue.into(),
+            QueueDeclareOptions { passive: true, ..Default::default() },
+            FieldTable::default(),
+        ),
     )
     .await
     .map(|q| (q.message_count(), q.consumer_count()))
@@ -438,7 +448,13 @@ pub async fn publish_opts(
 }
 
 /// Publishes on a channel in confirm mode and waits for the broker's ack or nack.
-pub async fn publish_confirmed(ch: &Channel, exchange: &str, key: &str, body: &[u8], props: BasicProperties) -> Confirmation {
+pub async fn publish_confirmed(
+    ch: &Channel,
+    exchange: &str,
+    key: &str,
+    body: &[u8],
+    props: BasicProperties,
+) -> Confirmation {
     let c = publish_opts(ch, exchange, key, BasicPublishOptions::default(), body, props).await;
     bounded("publisher confirm", c).await.expect("publisher confirm")
 }
@@ -490,7 +506,9 @@ pub async fn next_delivery_within(c: &mut Consumer, d: Duration) -> Delivery {
 pub async fn expect_no_delivery(c: &mut Consumer, d: Duration) {
     match tokio::time::timeout(d, c.next()).await {
         Err(_) => {}
-        Ok(Some(Ok(del))) => panic!("unexpected delivery {:?} ({:?})", String::from_utf8_lossy(&del.data), del.routing_key),
+        Ok(Some(Ok(del))) => {
+            panic!("unexpected delivery {:?} ({:?})", String::from_utf8_lossy(&del.data), del.routing_key)
+        }
         Ok(Some(Err(e))) => panic!("consumer failed: {e:?}"),
         Ok(None) => panic!("consumer was cancelled"),
     }
@@ -562,7 +580,10 @@ impl Frame {
     /// (class id, method id) of a method frame.
     pub fn method(&self) -> Option<(u16, u16)> {
         (self.kind == 1 && self.payload.len() >= 4).then(|| {
-            (u16::from_be_bytes([self.payload[0], self.payload[1]]), u16::from_be_bytes([self.payload[2], self.payload[3]]))
+            (
+                u16::from_be_bytes([self.payload[0], self.payload[1]]),
+                u16::from_be_bytes([self.payload[2], self.payload[3]]),
+            )
         })
     }
 
@@ -714,8 +735,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> RawAmqp<S> {
 
     /// The next method frame; panics unless it is (class, method).
     pub async fn expect_method(&mut self, class: u16, method: u16) -> Frame {
-        let f = self.read_frame().await.unwrap_or_else(|| panic!("connection closed, expected method {class}.{method}"));
-        assert_eq!(f.method(), Some((class, method)), "expected method {class}.{method}, got {f:?} (close: {:?})", f.close_reason());
+        let f =
+            self.read_frame().await.unwrap_or_else(|| panic!("connection closed, expected method {class}.{method}"));
+        assert_eq!(
+            f.method(),
+            Some((class, method)),
+            "expected method {class}.{method}, got {f:?} (close: {:?})",
+            f.close_reason()
+        );
         f
     }
 

@@ -460,7 +460,11 @@ pub mod v5 {
         }
 
         /// Subscribes to `filter` at `qos` and waits for SUBACK.
-        pub async fn subscribe(&mut self, filter: &str, qos: QoS) -> Vec<rumqttc::v5::mqttbytes::v5::SubscribeReasonCode> {
+        pub async fn subscribe(
+            &mut self,
+            filter: &str,
+            qos: QoS,
+        ) -> Vec<rumqttc::v5::mqttbytes::v5::SubscribeReasonCode> {
             self.subscribe_filter(Filter::new(filter, qos), None).await
         }
 
@@ -474,8 +478,14 @@ pub mod v5 {
                     }
                     Some(Ok(_)) => continue,
                     Some(Err(e)) => {
-                        let code = e.split("reason_code: ").nth(1).map(|r| r.split([',', ' ']).next().unwrap_or("").to_string());
-                        let reason = e.split("reason_string: Some(\"").nth(1).map(|r| r.split('"').next().unwrap_or("").to_string());
+                        let code = e
+                            .split("reason_code: ")
+                            .nth(1)
+                            .map(|r| r.split([',', ' ']).next().unwrap_or("").to_string());
+                        let reason = e
+                            .split("reason_string: Some(\"")
+                            .nth(1)
+                            .map(|r| r.split('"').next().unwrap_or("").to_string());
                         return (code.unwrap_or(e.clone()), reason);
                     }
                     None => panic!("event loop ended without DISCONNECT"),
@@ -525,7 +535,11 @@ impl Raw {
             match tokio::time::timeout(WAIT, self.stream.read(&mut chunk)).await {
                 Ok(Ok(0)) | Ok(Err(_)) => return buf,
                 Ok(Ok(k)) => buf.extend_from_slice(&chunk[..k]),
-                Err(_) => panic!("connection not closed within {WAIT:?} (got {} bytes, ending {:02x?})", buf.len(), tail(&buf)),
+                Err(_) => panic!(
+                    "connection not closed within {WAIT:?} (got {} bytes, ending {:02x?})",
+                    buf.len(),
+                    tail(&buf)
+                ),
             }
         }
     }

@@ -536,9 +536,7 @@ impl Connection {
             reply::ACCESS_REFUSED,
             text,
             (10, 11),
-            CloseReason::ServerClosed {
-                code: reply::ACCESS_REFUSED,
-            },
+            CloseReason::ServerClosed { code: reply::ACCESS_REFUSED },
             false,
         );
     }
@@ -580,18 +578,22 @@ impl Connection {
             }
             _ => {}
         }
-        let allowed = if channel == 0 {
-            matches!(method, AMQPClass::Connection(_))
-        } else {
-            self.channels.is_open(channel)
-        };
+        let allowed =
+            if channel == 0 { matches!(method, AMQPClass::Connection(_)) } else { self.channels.is_open(channel) };
         if allowed {
             wire::put_method_frame(self.output(), channel, &method);
         }
     }
 
     /// Sends Basic.Deliver with the content.
-    pub fn deliver(&mut self, channel: u16, consumer_tag: &str, delivery_tag: u64, redelivered: bool, content: Content<'_>) {
+    pub fn deliver(
+        &mut self,
+        channel: u16,
+        consumer_tag: &str,
+        delivery_tag: u64,
+        redelivered: bool,
+        content: Content<'_>,
+    ) {
         if !self.is_channel_open(channel) {
             return;
         }
@@ -604,7 +606,14 @@ impl Connection {
     }
 
     /// Sends Basic.Get-Ok with the content.
-    pub fn get_ok(&mut self, channel: u16, delivery_tag: u64, redelivered: bool, message_count: u32, content: Content<'_>) {
+    pub fn get_ok(
+        &mut self,
+        channel: u16,
+        delivery_tag: u64,
+        redelivered: bool,
+        message_count: u32,
+        content: Content<'_>,
+    ) {
         if !self.is_channel_open(channel) {
             return;
         }
@@ -722,10 +731,7 @@ impl Connection {
             return None;
         }
         let h = u64::from(self.heartbeat);
-        Some((
-            self.last_send + Duration::from_millis(h * 500),
-            self.last_recv + Duration::from_secs(h * 2),
-        ))
+        Some((self.last_send + Duration::from_millis(h * 500), self.last_recv + Duration::from_secs(h * 2)))
     }
 
     /// Most bytes held while waiting for the broker.
@@ -766,11 +772,7 @@ impl Connection {
         wire::put_close(self.output(), 0, code, text, ids.0, ids.1);
         self.phase = Phase::Closing;
         self.held = BytesMut::new();
-        self.closing = Some(Closing {
-            deadline: self.clock + CLOSE_TIMEOUT,
-            reason,
-            lost_sync,
-        });
+        self.closing = Some(Closing { deadline: self.clock + CLOSE_TIMEOUT, reason, lost_sync });
     }
 
     /// Closes the connection for a protocol error.
@@ -936,24 +938,16 @@ impl Connection {
                     0,
                     &AMQPClass::Connection(connection::AMQPMethod::CloseOk(connection::CloseOk {})),
                 );
-                self.finish(CloseReason::ClientClosed {
-                    code: c.reply_code,
-                    text: c.reply_text.to_string(),
-                });
+                self.finish(CloseReason::ClientClosed { code: c.reply_code, text: c.reply_text.to_string() });
             }
             (Phase::StartOk, connection::AMQPMethod::StartOk(s)) => self.on_start_ok(s),
             (Phase::TuneOk, connection::AMQPMethod::TuneOk(t)) => self.on_tune_ok(&t),
             (Phase::Open, connection::AMQPMethod::Open(o)) => {
                 self.phase = Phase::OpenOk;
-                self.events.push_back(Event::Open {
-                    vhost: o.virtual_host.to_string(),
-                });
+                self.events.push_back(Event::Open { vhost: o.virtual_host.to_string() });
             }
             (Phase::Running, m @ connection::AMQPMethod::UpdateSecret(_)) => {
-                self.events.push_back(Event::Method {
-                    channel: 0,
-                    method: Box::new(AMQPClass::Connection(m)),
-                });
+                self.events.push_back(Event::Method { channel: 0, method: Box::new(AMQPClass::Connection(m)) });
             }
             _ => self.fail(self.wrong_state(ids)),
         }
@@ -980,7 +974,11 @@ impl Connection {
             }
             Err(sasl::SaslError::UnsupportedMechanism) => {
                 let text = format!("unsupported authentication mechanism '{}'", wire::short(mechanism));
-                self.fail(Fault::new(ProtocolError::AccessRefused("unsupported authentication mechanism"), &text, (10, 11)));
+                self.fail(Fault::new(
+                    ProtocolError::AccessRefused("unsupported authentication mechanism"),
+                    &text,
+                    (10, 11),
+                ));
             }
             Err(sasl::SaslError::Malformed) => {
                 let text = format!("invalid {mechanism} response");
@@ -999,11 +997,9 @@ impl Connection {
                 self.last_send = self.clock;
                 self.phase = Phase::Open;
             }
-            Err(text) => self.fail(Fault::new(
-                ProtocolError::NotAllowed("tune-ok outside the server's limits"),
-                &text,
-                (10, 30),
-            )),
+            Err(text) => {
+                self.fail(Fault::new(ProtocolError::NotAllowed("tune-ok outside the server's limits"), &text, (10, 30)))
+            }
         }
     }
 
@@ -1054,10 +1050,8 @@ impl Connection {
                 ));
             }
             Assembly::Body(_) => {
-                return self.fail(Fault::unexpected(
-                    "expected content body, got non content body frame instead",
-                    PUBLISH_IDS,
-                ));
+                return self
+                    .fail(Fault::unexpected("expected content body, got non content body frame instead", PUBLISH_IDS));
             }
         }
         let Some(method) = self.decode(payload) else {
@@ -1112,10 +1106,7 @@ impl Connection {
                         channel,
                         &AMQPClass::Channel(channel::AMQPMethod::FlowOk(channel::FlowOk { active: f.active })),
                     );
-                    self.events.push_back(Event::ChannelFlow {
-                        channel,
-                        active: f.active,
-                    });
+                    self.events.push_back(Event::ChannelFlow { channel, active: f.active });
                 }
                 channel::AMQPMethod::OpenOk(_) | channel::AMQPMethod::FlowOk(_) => self.command_invalid(ids),
             },
@@ -1164,10 +1155,7 @@ impl Connection {
     }
 
     fn forward(&mut self, channel: u16, method: AMQPClass) {
-        self.events.push_back(Event::Method {
-            channel,
-            method: Box::new(method),
-        });
+        self.events.push_back(Event::Method { channel, method: Box::new(method) });
     }
 
     /// 503 for a method a client does not send on a channel.
@@ -1190,10 +1178,8 @@ impl Connection {
                 return self.fail(Fault::unexpected("expected method frame, got non method frame instead", (0, 0)));
             }
             Assembly::Body(_) => {
-                return self.fail(Fault::unexpected(
-                    "expected content body, got non content body frame instead",
-                    PUBLISH_IDS,
-                ));
+                return self
+                    .fail(Fault::unexpected("expected content body, got non content body frame instead", PUBLISH_IDS));
             }
         };
         let Some(prefix) = decode::header_prefix(payload) else {
@@ -1258,10 +1244,8 @@ impl Connection {
         };
         let len = payload.len() as u64;
         if len > partial.remaining {
-            return self.fail(Fault::malformed(
-                "content body frame exceeds remaining content size".into(),
-                PUBLISH_IDS,
-            ));
+            return self
+                .fail(Fault::malformed("content body frame exceeds remaining content size".into(), PUBLISH_IDS));
         }
         partial.remaining -= len;
         partial.parts.push(payload);
@@ -1275,10 +1259,7 @@ impl Connection {
     /// Reports an assembled message.
     fn complete(&mut self, channel: u16, partial: Partial) {
         let confirm_tag = match self.channels.get_mut(channel) {
-            Some(Channel {
-                mode: Mode::Confirm { next },
-                ..
-            }) => {
+            Some(Channel { mode: Mode::Confirm { next }, .. }) => {
                 let tag = *next;
                 *next = next.saturating_add(1);
                 Some(tag)
@@ -1330,10 +1311,9 @@ fn is_client_method(m: &AMQPClass) -> bool {
                 | basic::AMQPMethod::Recover(_)
                 | basic::AMQPMethod::Nack(_)
         ),
-        AMQPClass::Tx(t) => matches!(
-            t,
-            tx::AMQPMethod::Select(_) | tx::AMQPMethod::Commit(_) | tx::AMQPMethod::Rollback(_)
-        ),
+        AMQPClass::Tx(t) => {
+            matches!(t, tx::AMQPMethod::Select(_) | tx::AMQPMethod::Commit(_) | tx::AMQPMethod::Rollback(_))
+        }
         _ => false,
     }
 }

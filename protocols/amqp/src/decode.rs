@@ -134,29 +134,19 @@ fn fast_basic(method_id: u16, args: &[u8]) -> Option<Option<AMQPClass>> {
             let delivery_tag = r.u64()?;
             let bits = r.u8()?;
             r.end()?;
-            Some(basic::AMQPMethod::Ack(basic::Ack {
-                delivery_tag,
-                multiple: bits & 1 != 0,
-            }))
+            Some(basic::AMQPMethod::Ack(basic::Ack { delivery_tag, multiple: bits & 1 != 0 }))
         })(),
         90 => (|| {
             let delivery_tag = r.u64()?;
             let bits = r.u8()?;
             r.end()?;
-            Some(basic::AMQPMethod::Reject(basic::Reject {
-                delivery_tag,
-                requeue: bits & 1 != 0,
-            }))
+            Some(basic::AMQPMethod::Reject(basic::Reject { delivery_tag, requeue: bits & 1 != 0 }))
         })(),
         120 => (|| {
             let delivery_tag = r.u64()?;
             let bits = r.u8()?;
             r.end()?;
-            Some(basic::AMQPMethod::Nack(basic::Nack {
-                delivery_tag,
-                multiple: bits & 1 != 0,
-                requeue: bits & 2 != 0,
-            }))
+            Some(basic::AMQPMethod::Nack(basic::Nack { delivery_tag, multiple: bits & 1 != 0, requeue: bits & 2 != 0 }))
         })(),
         _ => return None,
     };
@@ -203,7 +193,8 @@ mod tests {
     use bytes::BytesMut;
 
     fn encode(m: &AMQPClass) -> Vec<u8> {
-        let ctx = amq_protocol::protocol::gen_class(m)(amq_protocol::frame::WriteContext::from(Vec::new())).expect("gen");
+        let ctx =
+            amq_protocol::protocol::gen_class(m)(amq_protocol::frame::WriteContext::from(Vec::new())).expect("gen");
         ctx.write
     }
 

@@ -158,10 +158,7 @@ pub fn read_frame(buf: &mut BytesMut, frame_max: u32) -> Result<Option<Frame>, F
     }
     let result = match head.kind {
         Kind::Method => match buf.get(..head.size).map(decode::decode_method) {
-            Some(Ok(method)) => Ok(Frame::Method {
-                channel,
-                method: Box::new(method),
-            }),
+            Some(Ok(method)) => Ok(Frame::Method { channel, method: Box::new(method) }),
             Some(Err(e)) => Err(FrameError::Malformed(method_error_text(e))),
             None => Err(FrameError::Malformed("truncated".into())),
         },
@@ -207,12 +204,7 @@ pub fn write_frame(out: &mut BytesMut, frame: &Frame) {
     use bytes::BufMut;
     match frame {
         Frame::Method { channel, method } => wire::put_method_frame(out, *channel, method),
-        Frame::Header {
-            channel,
-            class_id,
-            body_size,
-            properties,
-        } => {
+        Frame::Header { channel, class_id, body_size, properties } => {
             let at = wire::begin_frame(out, FRAME_HEADER, *channel);
             out.put_u16(*class_id);
             out.put_u16(0);

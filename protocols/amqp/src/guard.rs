@@ -33,14 +33,14 @@ use Field::{Octet, Short, ShortStr, Table};
 /// fewer than 9 bits are one octet).
 fn layout(class_id: u16, method_id: u16) -> &'static [Field] {
     match (class_id, method_id) {
-        (10, 10) => &[Octet, Octet, Table],                          // connection.start
-        (10, 11) => &[Table],                                        // connection.start-ok
-        (40, 10) => &[Short, ShortStr, ShortStr, Octet, Table],      // exchange.declare
+        (10, 10) => &[Octet, Octet, Table],                     // connection.start
+        (10, 11) => &[Table],                                   // connection.start-ok
+        (40, 10) => &[Short, ShortStr, ShortStr, Octet, Table], // exchange.declare
         (40, 30) | (40, 40) => &[Short, ShortStr, ShortStr, ShortStr, Octet, Table], // exchange.(un)bind
-        (50, 10) => &[Short, ShortStr, Octet, Table],                // queue.declare
+        (50, 10) => &[Short, ShortStr, Octet, Table],           // queue.declare
         (50, 20) => &[Short, ShortStr, ShortStr, ShortStr, Octet, Table], // queue.bind
-        (50, 50) => &[Short, ShortStr, ShortStr, ShortStr, Table],   // queue.unbind
-        (60, 20) => &[Short, ShortStr, ShortStr, Octet, Table],      // basic.consume
+        (50, 50) => &[Short, ShortStr, ShortStr, ShortStr, Table], // queue.unbind
+        (60, 20) => &[Short, ShortStr, ShortStr, Octet, Table], // basic.consume
         _ => &[],
     }
 }

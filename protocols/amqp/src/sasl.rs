@@ -35,7 +35,8 @@ fn utf8(b: &[u8]) -> Result<String, SaslError> {
 /// `[authzid] NUL authcid NUL passwd` (RFC 4616); the authorization identity is ignored.
 fn plain(response: &[u8]) -> Result<(String, String), SaslError> {
     let mut parts = response.split(|b| *b == 0);
-    let (Some(_authzid), Some(user), Some(pass), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
+    let (Some(_authzid), Some(user), Some(pass), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
         return Err(SaslError::Malformed);
     };
     Ok((utf8(user)?, utf8(pass)?))

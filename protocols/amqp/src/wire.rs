@@ -10,9 +10,7 @@
 //! the output buffer.
 
 use amq_protocol::frame::WriteContext;
-use amq_protocol::protocol::{
-    access, basic, channel, confirm, connection, exchange, gen_class, queue, tx, AMQPClass,
-};
+use amq_protocol::protocol::{access, basic, channel, confirm, connection, exchange, gen_class, queue, tx, AMQPClass};
 use amq_protocol::types::{AMQPValue, FieldArray, FieldTable};
 use bytes::{BufMut, BytesMut};
 
@@ -335,7 +333,9 @@ fn put_server_method(out: &mut BytesMut, method: &AMQPClass) -> bool {
                 flags(out, &[m.nowait]);
             }
             basic::AMQPMethod::CancelOk(m) => put_shortstr(out, m.consumer_tag.as_str()),
-            basic::AMQPMethod::Return(m) => put_return(out, m.reply_code, m.reply_text.as_str(), m.exchange.as_str(), m.routing_key.as_str()),
+            basic::AMQPMethod::Return(m) => {
+                put_return(out, m.reply_code, m.reply_text.as_str(), m.exchange.as_str(), m.routing_key.as_str())
+            }
             basic::AMQPMethod::Deliver(m) => put_deliver(
                 out,
                 m.consumer_tag.as_str(),
@@ -371,7 +371,14 @@ fn put_server_method(out: &mut BytesMut, method: &AMQPClass) -> bool {
 }
 
 /// Basic.Deliver arguments.
-pub(crate) fn put_deliver(out: &mut BytesMut, consumer_tag: &str, delivery_tag: u64, redelivered: bool, exchange: &str, routing_key: &str) {
+pub(crate) fn put_deliver(
+    out: &mut BytesMut,
+    consumer_tag: &str,
+    delivery_tag: u64,
+    redelivered: bool,
+    exchange: &str,
+    routing_key: &str,
+) {
     put_shortstr(out, consumer_tag);
     out.put_u64(delivery_tag);
     flags(out, &[redelivered]);
@@ -380,7 +387,14 @@ pub(crate) fn put_deliver(out: &mut BytesMut, consumer_tag: &str, delivery_tag: 
 }
 
 /// Basic.Get-Ok arguments.
-pub(crate) fn put_get_ok(out: &mut BytesMut, delivery_tag: u64, redelivered: bool, exchange: &str, routing_key: &str, message_count: u32) {
+pub(crate) fn put_get_ok(
+    out: &mut BytesMut,
+    delivery_tag: u64,
+    redelivered: bool,
+    exchange: &str,
+    routing_key: &str,
+    message_count: u32,
+) {
     out.put_u64(delivery_tag);
     flags(out, &[redelivered]);
     put_shortstr(out, exchange);

@@ -53,12 +53,7 @@ fn tune_ok(frame_max: u32) -> Vec<u8> {
 }
 
 fn open() -> Vec<u8> {
-    m(
-        0,
-        AMQPClass::Connection(connection::AMQPMethod::Open(connection::Open {
-            virtual_host: "/".into(),
-        })),
-    )
+    m(0, AMQPClass::Connection(connection::AMQPMethod::Open(connection::Open { virtual_host: "/".into() })))
 }
 
 /// Header, Start-Ok, Tune-Ok, Open.
@@ -87,14 +82,7 @@ fn publish(ch: u16, mandatory: bool) -> Vec<u8> {
 }
 
 fn header(ch: u16, body_size: u64, properties: BasicProperties) -> Vec<u8> {
-    encode(&AMQPFrame::Header(
-        ch,
-        AMQPContentHeader {
-            class_id: 60,
-            body_size,
-            properties,
-        },
-    ))
+    encode(&AMQPFrame::Header(ch, AMQPContentHeader { class_id: 60, body_size, properties }))
 }
 
 fn body(ch: u16, data: &[u8]) -> Vec<u8> {
@@ -116,10 +104,8 @@ fn nested(levels: usize) -> FieldTable {
 fn session() -> Vec<Vec<u8>> {
     let mut headers = FieldTable::default();
     headers.insert("x-retry".into(), AMQPValue::LongInt(3));
-    let props = BasicProperties::default()
-        .with_content_type("text/plain".into())
-        .with_delivery_mode(2)
-        .with_headers(headers);
+    let props =
+        BasicProperties::default().with_content_type("text/plain".into()).with_delivery_mode(2).with_headers(headers);
     vec![
         PROTOCOL_HEADER.to_vec(),
         start_ok("PLAIN", plain(), FieldTable::default()),
@@ -137,7 +123,14 @@ fn session() -> Vec<Vec<u8>> {
         ),
         [publish(1, false), header(1, 0, BasicProperties::default())].concat(),
         [publish(1, true), header(1, 5, props), body(1, b"hello")].concat(),
-        [publish(1, false), header(1, 9, BasicProperties::default()), body(1, b"abc"), body(1, b"def"), body(1, b"ghi")].concat(),
+        [
+            publish(1, false),
+            header(1, 9, BasicProperties::default()),
+            body(1, b"abc"),
+            body(1, b"def"),
+            body(1, b"ghi"),
+        ]
+        .concat(),
         m(
             1,
             AMQPClass::Basic(basic::AMQPMethod::Consume(basic::Consume {
@@ -186,10 +179,8 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
         seeds.push((name.into(), v));
     }
 
-    let amqplain = Credentials::new("guest".into(), "guest".into())
-        .sasl_auth_string(SASLMechanism::AMQPlain)
-        .as_bytes()
-        .to_vec();
+    let amqplain =
+        Credentials::new("guest".into(), "guest".into()).sasl_auth_string(SASLMechanism::AMQPlain).as_bytes().to_vec();
     let mut caps = FieldTable::default();
     caps.insert("connection.blocked".into(), AMQPValue::Boolean(true));
     let mut client_props = FieldTable::default();
@@ -206,11 +197,11 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
             [PROTOCOL_HEADER.to_vec(), start_ok("AMQPLAIN", amqplain, client_props), tune_ok(0), open()].concat(),
         ),
         ("unknown-mechanism", [PROTOCOL_HEADER.to_vec(), start_ok("EXTERNAL", vec![], FieldTable::default())].concat()),
-        ("plain-malformed", [PROTOCOL_HEADER.to_vec(), start_ok("PLAIN", b"guest".to_vec(), FieldTable::default())].concat()),
         (
-            "start-ok-deep-table",
-            [PROTOCOL_HEADER.to_vec(), start_ok("PLAIN", plain(), nested(40))].concat(),
+            "plain-malformed",
+            [PROTOCOL_HEADER.to_vec(), start_ok("PLAIN", b"guest".to_vec(), FieldTable::default())].concat(),
         ),
+        ("start-ok-deep-table", [PROTOCOL_HEADER.to_vec(), start_ok("PLAIN", plain(), nested(40))].concat()),
         (
             "tune-ok-frame-max-too-small",
             [PROTOCOL_HEADER.to_vec(), start_ok("PLAIN", plain(), FieldTable::default()), tune_ok(512)].concat(),
@@ -238,7 +229,10 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
         ("header-without-publish", header(1, 1, BasicProperties::default())),
         ("method-instead-of-header", [publish(1, false), channel_open(2)].concat()),
         ("body-exceeds-size", [publish(1, false), header(1, 2, BasicProperties::default()), body(1, b"xyz")].concat()),
-        ("message-too-large", [publish(1, false), header(1, 100_000, BasicProperties::default()), body(1, b"x")].concat()),
+        (
+            "message-too-large",
+            [publish(1, false), header(1, 100_000, BasicProperties::default()), body(1, b"x")].concat(),
+        ),
         ("deep-headers", [publish(1, false), header(1, 0, deep_headers)].concat()),
         ("unknown-method", vec![1, 0, 1, 0, 0, 0, 4, 0, 60, 0, 200, 0xCE]),
         ("truncated-method", vec![1, 0, 1, 0, 0, 0, 6, 0, 50, 0, 10, 0, 0, 0xCE]),
@@ -301,13 +295,7 @@ fn replay_corpus() {
         let chunk = usize::from(chunk % 64) + 1;
         let t0 = Instant::now();
         let mut conn = Connection::new(
-            Config {
-                frame_max: 8192,
-                channel_max: 8,
-                heartbeat: 5,
-                max_message_size: 4096,
-                ..Config::default()
-            },
+            Config { frame_max: 8192, channel_max: 8, heartbeat: 5, max_message_size: 4096, ..Config::default() },
             t0,
         );
         let mut buf = BytesMut::new();

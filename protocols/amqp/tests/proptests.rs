@@ -46,9 +46,7 @@ fn handshake_bytes() -> Vec<u8> {
     ));
     v.extend(method(
         0,
-        AMQPClass::Connection(connection::AMQPMethod::Open(connection::Open {
-            virtual_host: "/".into(),
-        })),
+        AMQPClass::Connection(connection::AMQPMethod::Open(connection::Open { virtual_host: "/".into() })),
     ));
     v
 }
@@ -66,12 +64,7 @@ struct Broker {
 
 impl Broker {
     fn new() -> Self {
-        Broker {
-            closed_events: 0,
-            output: BytesMut::new(),
-            server_closed: Vec::new(),
-            calls: 0,
-        }
+        Broker { closed_events: 0, output: BytesMut::new(), server_closed: Vec::new(), calls: 0 }
     }
 
     fn drive(&mut self, conn: &mut Connection, salt: u8) {
@@ -109,7 +102,9 @@ impl Broker {
                         conn.basic_return(p.channel, 312, "NO_ROUTE", content);
                     }
                 }
-                Event::ChannelOpened { channel } if salt.is_multiple_of(7) => conn.channel_error(channel, 406, "x", 0, 0),
+                Event::ChannelOpened { channel } if salt.is_multiple_of(7) => {
+                    conn.channel_error(channel, 406, "x", 0, 0)
+                }
                 Event::Closed(_) => {
                     self.closed_events += 1;
                     assert!(conn.is_closed());
@@ -143,13 +138,7 @@ impl Broker {
 
 fn feed(prefix: &[u8], data: &[u8], chunk: usize) -> Connection {
     let t0 = Instant::now();
-    let mut conn = Connection::new(
-        Config {
-            max_message_size: 1000,
-            ..Config::default()
-        },
-        t0,
-    );
+    let mut conn = Connection::new(Config { max_message_size: 1000, ..Config::default() }, t0);
     let mut broker = Broker::new();
     let mut buf = BytesMut::new();
     for (i, piece) in prefix.chunks(chunk.max(1)).chain(data.chunks(chunk.max(1))).enumerate() {
@@ -300,22 +289,17 @@ fn server_method() -> impl Strategy<Value = AMQPClass> {
                 routing_key: k,
             }))
         }),
-        (any::<u64>(), any::<bool>()).prop_map(|(d, m)| AMQPClass::Basic(basic::AMQPMethod::Ack(basic::Ack {
-            delivery_tag: d,
-            multiple: m
-        }))),
+        (any::<u64>(), any::<bool>())
+            .prop_map(|(d, m)| AMQPClass::Basic(basic::AMQPMethod::Ack(basic::Ack { delivery_tag: d, multiple: m }))),
         (any::<u64>(), any::<bool>(), any::<bool>()).prop_map(|(d, m, r)| {
-            AMQPClass::Basic(basic::AMQPMethod::Nack(basic::Nack {
-                delivery_tag: d,
-                multiple: m,
-                requeue: r,
-            }))
+            AMQPClass::Basic(basic::AMQPMethod::Nack(basic::Nack { delivery_tag: d, multiple: m, requeue: r }))
         }),
         (short_string(), any::<bool>()).prop_map(|(t, n)| AMQPClass::Basic(basic::AMQPMethod::Cancel(basic::Cancel {
             consumer_tag: t,
             nowait: n
         }))),
-        short_string().prop_map(|t| AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(basic::ConsumeOk { consumer_tag: t }))),
+        short_string()
+            .prop_map(|t| AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(basic::ConsumeOk { consumer_tag: t }))),
         (short_string(), any::<u32>(), any::<u32>()).prop_map(|(q, m, c)| {
             AMQPClass::Queue(queue::AMQPMethod::DeclareOk(queue::DeclareOk {
                 queue: q,
@@ -354,7 +338,8 @@ fn server_method() -> impl Strategy<Value = AMQPClass> {
             locales: "en_US".into(),
         }))),
         any::<bool>().prop_map(|a| AMQPClass::Channel(channel::AMQPMethod::FlowOk(channel::FlowOk { active: a }))),
-        short_string().prop_map(|r| AMQPClass::Connection(connection::AMQPMethod::Blocked(connection::Blocked { reason: r }))),
+        short_string()
+            .prop_map(|r| AMQPClass::Connection(connection::AMQPMethod::Blocked(connection::Blocked { reason: r }))),
     ]
 }
 
@@ -369,16 +354,10 @@ fn client_method() -> impl Strategy<Value = AMQPClass> {
                 immediate: i,
             }))
         }),
-        (any::<u64>(), any::<bool>()).prop_map(|(d, m)| AMQPClass::Basic(basic::AMQPMethod::Ack(basic::Ack {
-            delivery_tag: d,
-            multiple: m
-        }))),
+        (any::<u64>(), any::<bool>())
+            .prop_map(|(d, m)| AMQPClass::Basic(basic::AMQPMethod::Ack(basic::Ack { delivery_tag: d, multiple: m }))),
         (any::<u64>(), any::<bool>(), any::<bool>()).prop_map(|(d, m, r)| {
-            AMQPClass::Basic(basic::AMQPMethod::Nack(basic::Nack {
-                delivery_tag: d,
-                multiple: m,
-                requeue: r,
-            }))
+            AMQPClass::Basic(basic::AMQPMethod::Nack(basic::Nack { delivery_tag: d, multiple: m, requeue: r }))
         }),
         (any::<u64>(), any::<bool>()).prop_map(|(d, r)| AMQPClass::Basic(basic::AMQPMethod::Reject(basic::Reject {
             delivery_tag: d,
@@ -415,10 +394,8 @@ fn client_method() -> impl Strategy<Value = AMQPClass> {
                 arguments: a,
             }))
         }),
-        (any::<u16>(), any::<bool>()).prop_map(|(p, g)| AMQPClass::Basic(basic::AMQPMethod::Qos(basic::Qos {
-            prefetch_count: p,
-            global: g
-        }))),
+        (any::<u16>(), any::<bool>())
+            .prop_map(|(p, g)| AMQPClass::Basic(basic::AMQPMethod::Qos(basic::Qos { prefetch_count: p, global: g }))),
         (table(), short_string(), long_string(), short_string()).prop_map(|(c, m, r, l)| {
             AMQPClass::Connection(connection::AMQPMethod::StartOk(connection::StartOk {
                 client_properties: c,
@@ -512,14 +489,9 @@ fn actions() -> impl Strategy<Value = Vec<Action>> {
 fn action_bytes(a: &Action) -> Vec<u8> {
     match a {
         Action::Method(c, m) => method(*c, m.clone()),
-        Action::Header(c, size, p) => encode(&AMQPFrame::Header(
-            *c,
-            AMQPContentHeader {
-                class_id: 60,
-                body_size: *size,
-                properties: p.clone(),
-            },
-        )),
+        Action::Header(c, size, p) => {
+            encode(&AMQPFrame::Header(*c, AMQPContentHeader { class_id: 60, body_size: *size, properties: p.clone() }))
+        }
         Action::Body(c, b) => encode(&AMQPFrame::Body(*c, b.clone())),
         Action::Publish(c, mandatory, body) => {
             let mut v = method(

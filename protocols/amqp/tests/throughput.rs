@@ -28,9 +28,7 @@ fn open_connection() -> Connection {
             frame_max: 0,
             heartbeat: 0,
         })),
-        AMQPClass::Connection(connection::AMQPMethod::Open(connection::Open {
-            virtual_host: "/".into(),
-        })),
+        AMQPClass::Connection(connection::AMQPMethod::Open(connection::Open { virtual_host: "/".into() })),
     ] {
         buf.extend_from_slice(&encode(&AMQPFrame::Method(0, m)));
         conn.handle_input(&mut buf, t0);
@@ -42,7 +40,10 @@ fn open_connection() -> Connection {
             }
         }
     }
-    buf.extend_from_slice(&encode(&AMQPFrame::Method(1, AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})))));
+    buf.extend_from_slice(&encode(&AMQPFrame::Method(
+        1,
+        AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+    )));
     conn.handle_input(&mut buf, t0);
     while conn.poll_event().is_some() {}
     let mut out = BytesMut::new();
@@ -67,12 +68,7 @@ fn throughput() {
             "amq.ctag-abcdefghijklmnop",
             i as u64,
             false,
-            Content {
-                exchange: "amq.direct",
-                routing_key: "some.routing.key",
-                properties: &props,
-                body: &body,
-            },
+            Content { exchange: "amq.direct", routing_key: "some.routing.key", properties: &props, body: &body },
         );
         if conn.pending_output() > 1 << 20 {
             out.clear();
@@ -95,11 +91,7 @@ fn throughput() {
     )));
     one.extend(encode(&AMQPFrame::Header(
         1,
-        AMQPContentHeader {
-            class_id: 60,
-            body_size: 100,
-            properties: props.clone(),
-        },
+        AMQPContentHeader { class_id: 60, body_size: 100, properties: props.clone() },
     )));
     one.extend(encode(&AMQPFrame::Body(1, vec![7u8; 100])));
     let batch: Vec<u8> = one.iter().copied().cycle().take(one.len() * 1000).collect();

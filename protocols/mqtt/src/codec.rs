@@ -90,10 +90,7 @@ pub fn decode(
     };
     header::check_flags(h.byte1)?;
     if h.total() > max_packet_size {
-        return Err(DecodeError::TooLarge {
-            size: h.total(),
-            max: max_packet_size,
-        });
+        return Err(DecodeError::TooLarge { size: h.total(), max: max_packet_size });
     }
     if level.is_none() && h.packet_type() != header::CONNECT {
         return Err(DecodeError::Protocol("first packet must be CONNECT"));
@@ -111,33 +108,19 @@ pub fn decode(
         header::PUBLISH => Packet::Publish(publish::read_publish(h.flags(), &mut r, level)?),
         header::PUBACK => {
             let a = ack::read_ack(&mut r, level, ReasonContext::PubAck)?;
-            Packet::PubAck {
-                pkid: a.pkid,
-                reason: a.reason,
-                reason_string: a.reason_string,
-            }
+            Packet::PubAck { pkid: a.pkid, reason: a.reason, reason_string: a.reason_string }
         }
         header::PUBREC => {
             let a = ack::read_ack(&mut r, level, ReasonContext::PubAck)?;
-            Packet::PubRec {
-                pkid: a.pkid,
-                reason: a.reason,
-                reason_string: a.reason_string,
-            }
+            Packet::PubRec { pkid: a.pkid, reason: a.reason, reason_string: a.reason_string }
         }
         header::PUBREL => {
             let a = ack::read_ack(&mut r, level, ReasonContext::PubRel)?;
-            Packet::PubRel {
-                pkid: a.pkid,
-                reason: a.reason,
-            }
+            Packet::PubRel { pkid: a.pkid, reason: a.reason }
         }
         header::PUBCOMP => {
             let a = ack::read_ack(&mut r, level, ReasonContext::PubRel)?;
-            Packet::PubComp {
-                pkid: a.pkid,
-                reason: a.reason,
-            }
+            Packet::PubComp { pkid: a.pkid, reason: a.reason }
         }
         header::SUBSCRIBE => Packet::Subscribe(subscribe::read_subscribe(&mut r, level)?),
         header::SUBACK => subscribe::read_sub_ack(&mut r, level, true)?,
@@ -200,37 +183,24 @@ fn byte1(packet: &Packet) -> u8 {
 fn put_body<S: Sink>(packet: &Packet, level: ProtocolLevel, s: &mut S) -> Result<(), EncodeError> {
     match packet {
         Packet::Connect(c) => connect::put_connect(c, level, s),
-        Packet::ConnAck {
-            session_present,
-            reason,
-            properties,
-        } => connect::put_connack(*session_present, *reason, properties, level, s),
-        Packet::Publish(p) => publish::put_publish(p, level, s),
-        Packet::PubAck {
-            pkid,
-            reason,
-            reason_string,
+        Packet::ConnAck { session_present, reason, properties } => {
+            connect::put_connack(*session_present, *reason, properties, level, s)
         }
-        | Packet::PubRec {
-            pkid,
-            reason,
-            reason_string,
-        } => ack::put_ack(*pkid, *reason, reason_string.as_deref(), level, s),
+        Packet::Publish(p) => publish::put_publish(p, level, s),
+        Packet::PubAck { pkid, reason, reason_string } | Packet::PubRec { pkid, reason, reason_string } => {
+            ack::put_ack(*pkid, *reason, reason_string.as_deref(), level, s)
+        }
         Packet::PubRel { pkid, reason } | Packet::PubComp { pkid, reason } => {
             ack::put_ack(*pkid, *reason, None, level, s)
         }
         Packet::Subscribe(sub) => subscribe::put_subscribe(sub, level, s),
-        Packet::SubAck {
-            pkid,
-            reasons,
-            reason_string,
-        } => subscribe::put_sub_ack(*pkid, reasons, reason_string.as_deref(), level, true, s),
+        Packet::SubAck { pkid, reasons, reason_string } => {
+            subscribe::put_sub_ack(*pkid, reasons, reason_string.as_deref(), level, true, s)
+        }
         Packet::Unsubscribe(u) => subscribe::put_unsubscribe(u, level, s),
-        Packet::UnsubAck {
-            pkid,
-            reasons,
-            reason_string,
-        } => subscribe::put_sub_ack(*pkid, reasons, reason_string.as_deref(), level, false, s),
+        Packet::UnsubAck { pkid, reasons, reason_string } => {
+            subscribe::put_sub_ack(*pkid, reasons, reason_string.as_deref(), level, false, s)
+        }
         Packet::PingReq | Packet::PingResp => {}
         Packet::Disconnect(d) => control::put_disconnect(d, level, s),
         Packet::Auth { reason, method, data } => {

@@ -493,11 +493,7 @@ impl Connection {
             return;
         }
         let reason = if reason.is_error() { reason } else { ReasonCode::UNSPECIFIED_ERROR };
-        self.queue(Packet::ConnAck {
-            session_present: false,
-            reason,
-            properties: Box::default(),
-        });
+        self.queue(Packet::ConnAck { session_present: false, reason, properties: Box::default() });
         self.close();
     }
 
@@ -522,22 +518,14 @@ impl Connection {
         }
         let packet = if state == InState::Qos1 {
             self.inbound.remove(&pkid);
-            Packet::PubAck {
-                pkid,
-                reason,
-                reason_string: None,
-            }
+            Packet::PubAck { pkid, reason, reason_string: None }
         } else {
             if reason.is_error() {
                 self.inbound.remove(&pkid);
             } else {
                 self.inbound.insert(pkid, InState::Qos2Answered);
             }
-            Packet::PubRec {
-                pkid,
-                reason,
-                reason_string: None,
-            }
+            Packet::PubRec { pkid, reason, reason_string: None }
         };
         self.queue(packet);
     }
@@ -545,22 +533,14 @@ impl Connection {
     /// Answers a SUBSCRIBE with one reason code per filter (3.x: 0x00-0x02 or 0x80).
     pub fn ack_subscribe(&mut self, pkid: u16, reasons: Vec<ReasonCode>) {
         if self.state == State::Connected {
-            self.queue(Packet::SubAck {
-                pkid,
-                reasons,
-                reason_string: None,
-            });
+            self.queue(Packet::SubAck { pkid, reasons, reason_string: None });
         }
     }
 
     /// Answers an UNSUBSCRIBE (reason codes are dropped for 3.x).
     pub fn ack_unsubscribe(&mut self, pkid: u16, reasons: Vec<ReasonCode>) {
         if self.state == State::Connected {
-            self.queue(Packet::UnsubAck {
-                pkid,
-                reasons,
-                reason_string: None,
-            });
+            self.queue(Packet::UnsubAck { pkid, reasons, reason_string: None });
         }
     }
 
@@ -651,10 +631,7 @@ impl Connection {
             return Err(SendError::WindowFull);
         }
         self.outbound.set(pkid, OutState::Comp);
-        self.queue(Packet::PubRel {
-            pkid,
-            reason: ReasonCode::SUCCESS,
-        });
+        self.queue(Packet::PubRel { pkid, reason: ReasonCode::SUCCESS });
         Ok(())
     }
 
@@ -663,9 +640,7 @@ impl Connection {
         if self.state != State::Connected {
             return 0;
         }
-        self.send_window()
-            .saturating_sub(self.outbound.len())
-            .min(self.outbound.free_ids())
+        self.send_window().saturating_sub(self.outbound.len()).min(self.outbound.free_ids())
     }
 
     /// Closes the connection from the server side: MQTT 5 gets DISCONNECT with `reason`
@@ -706,11 +681,9 @@ impl Connection {
         if self.is_v5() {
             let reason = err.reason();
             match self.state {
-                State::AwaitAccept => self.queue(Packet::ConnAck {
-                    session_present: false,
-                    reason,
-                    properties: Box::default(),
-                }),
+                State::AwaitAccept => {
+                    self.queue(Packet::ConnAck { session_present: false, reason, properties: Box::default() })
+                }
                 State::Connected => self.queue(Packet::Disconnect(Disconnect {
                     reason,
                     session_expiry_interval: None,

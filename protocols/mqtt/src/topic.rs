@@ -83,10 +83,7 @@ pub fn parse_filter(filter: &str, max_levels: usize) -> Result<Filter<'_>, Topic
     if max_levels != 0 && levels > max_levels {
         return Err(TopicError::TooManyLevels);
     }
-    Ok(Filter {
-        share_group,
-        filter: proper,
-    })
+    Ok(Filter { share_group, filter: proper })
 }
 
 /// True when `topic` matches `filter` (`+`, `#`; a leading wildcard does not match a

@@ -50,10 +50,7 @@ fn publish(qos: QoS, pkid: u16, topic: &str, alias: Option<u16>) -> Packet {
         topic: topic.into(),
         pkid,
         payload: Bytes::from_static(b"hello"),
-        properties: PublishProperties {
-            topic_alias: alias,
-            ..PublishProperties::default()
-        },
+        properties: PublishProperties { topic_alias: alias, ..PublishProperties::default() },
     })
 }
 
@@ -81,11 +78,7 @@ fn session(level: ProtocolLevel) -> Vec<Packet> {
         Packet::PubRec { pkid: 1, reason: ReasonCode::SUCCESS, reason_string: None },
         Packet::PubComp { pkid: 1, reason: ReasonCode::SUCCESS },
         Packet::PingReq,
-        Packet::Unsubscribe(Unsubscribe {
-            pkid: 4,
-            filters: vec!["a/+/#".into()],
-            user_properties: vec![],
-        }),
+        Packet::Unsubscribe(Unsubscribe { pkid: 4, filters: vec!["a/+/#".into()], user_properties: vec![] }),
     ];
     if level.is_v5() {
         v.push(publish(QoS::AtMostOnce, 0, "t/alias", Some(1)));

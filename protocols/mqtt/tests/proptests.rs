@@ -64,15 +64,7 @@ fn publish(v5: bool) -> impl Strategy<Value = Publish> {
     (qos(), any::<bool>(), any::<bool>(), topic(), 1u16.., bin(), publish_props(v5)).prop_map(
         |(qos, dup, retain, topic, pkid, payload, properties)| {
             let zero = qos == QoS::AtMostOnce;
-            Publish {
-                dup: dup && !zero,
-                qos,
-                retain,
-                topic,
-                pkid: if zero { 0 } else { pkid },
-                payload,
-                properties,
-            }
+            Publish { dup: dup && !zero, qos, retain, topic, pkid: if zero { 0 } else { pkid }, payload, properties }
         },
     )
 }
@@ -82,14 +74,7 @@ fn will(v5: bool) -> impl Strategy<Value = Will> {
         move |(topic, payload, qos, retain, delay, mut properties)| {
             properties.topic_alias = None;
             properties.subscription_identifiers.clear();
-            Will {
-                topic,
-                payload,
-                qos,
-                retain,
-                delay_interval: if v5 { delay } else { None },
-                properties,
-            }
+            Will { topic, payload, qos, retain, delay_interval: if v5 { delay } else { None }, properties }
         },
     )
 }
@@ -134,16 +119,7 @@ fn connect(level: ProtocolLevel) -> impl Strategy<Value = Connect> {
         .prop_map(move |(client_id, clean_start, keep_alive, username, password, will, properties)| {
             // 3.x: a password needs a user name.
             let username = if !v5 && password.is_some() && username.is_none() { Some(String::new()) } else { username };
-            Connect {
-                level,
-                client_id,
-                clean_start,
-                keep_alive,
-                username,
-                password,
-                will,
-                properties,
-            }
+            Connect { level, client_id, clean_start, keep_alive, username, password, will, properties }
         })
 }
 
@@ -160,8 +136,11 @@ fn packet(level: ProtocolLevel) -> BoxedStrategy<Packet> {
     let code = |codes: &'static [u8]| prop::sample::select(codes).prop_map(ReasonCode);
     let puback_codes: &'static [u8] = if v5 { &[0x00, 0x10, 0x80, 0x83, 0x87, 0x90, 0x91, 0x97, 0x99] } else { &[0] };
     let pubrel_codes: &'static [u8] = if v5 { &[0x00, 0x92] } else { &[0] };
-    let connack_codes: &'static [u8] =
-        if v5 { &[0x00, 0x80, 0x81, 0x84, 0x85, 0x86, 0x87, 0x88, 0x8A, 0x95, 0x9F] } else { &[0x00, 0x84, 0x85, 0x88, 0x86, 0x87] };
+    let connack_codes: &'static [u8] = if v5 {
+        &[0x00, 0x80, 0x81, 0x84, 0x85, 0x86, 0x87, 0x88, 0x8A, 0x95, 0x9F]
+    } else {
+        &[0x00, 0x84, 0x85, 0x88, 0x86, 0x87]
+    };
     let suback_codes: &'static [u8] = if v5 { &[0x00, 0x01, 0x02, 0x80, 0x87, 0x8F, 0xA2] } else { &[0, 1, 2, 0x80] };
     let unsuback_codes: &'static [u8] = &[0x00, 0x11, 0x80, 0x87];
     let disconnect_codes: &'static [u8] = if v5 { &[0x00, 0x04, 0x80, 0x8B, 0x8E, 0x9C, 0xA2] } else { &[0] };
@@ -176,7 +155,13 @@ fn packet(level: ProtocolLevel) -> BoxedStrategy<Packet> {
     });
     let mut options = vec![
         connect(level).prop_map(|c| Packet::Connect(Box::new(c))).boxed(),
-        (any::<bool>(), code(connack_codes), prop::option::of(any::<u32>()), prop::option::of(text()), reason_string(v5))
+        (
+            any::<bool>(),
+            code(connack_codes),
+            prop::option::of(any::<u32>()),
+            prop::option::of(text()),
+            reason_string(v5),
+        )
             .prop_map(move |(sp, reason, se, aci, rs)| Packet::ConnAck {
                 session_present: sp && !reason.is_error(),
                 reason,
@@ -218,11 +203,7 @@ fn packet(level: ProtocolLevel) -> BoxedStrategy<Packet> {
             .boxed(),
         (1u16.., prop::collection::vec(topic(), 1..4), users())
             .prop_map(move |(pkid, filters, up)| {
-                Packet::Unsubscribe(Unsubscribe {
-                    pkid,
-                    filters,
-                    user_properties: if v5 { up } else { vec![] },
-                })
+                Packet::Unsubscribe(Unsubscribe { pkid, filters, user_properties: if v5 { up } else { vec![] } })
             })
             .boxed(),
         (1u16.., prop::collection::vec(code(unsuback_codes), 1..4), reason_string(v5))
@@ -305,12 +286,7 @@ fn drive_broker(conn: &mut Connection) {
 }
 
 fn small_config() -> Config {
-    Config {
-        max_packet_size: 4096,
-        receive_maximum: 4,
-        topic_alias_maximum: 4,
-        ..Config::default()
-    }
+    Config { max_packet_size: 4096, receive_maximum: 4, topic_alias_maximum: 4, ..Config::default() }
 }
 
 /// 1,024 cases per property by default; `PROPTEST_CASES=N` runs more.

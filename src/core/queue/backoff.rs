@@ -107,11 +107,14 @@ pub fn parse_steps(list: &str) -> Result<Vec<u64>, String> {
     let mut steps = Vec::new();
     for raw in list.split(',') {
         let step = raw.trim();
-        let too_long = || format!("step '{step}' is longer than {} days", Duration::from_millis(MAX_DELAY_MS).as_secs() / 86_400);
+        let too_long =
+            || format!("step '{step}' is longer than {} days", Duration::from_millis(MAX_DELAY_MS).as_secs() / 86_400);
         let ms = match parse_ms(step, &[("ms", 1), ("s", 1000), ("m", 60_000), ("h", 3_600_000)]) {
             Ok(ms) if ms <= MAX_DELAY_MS => ms,
             Ok(_) | Err(DurationError::Overflow) => return Err(too_long()),
-            Err(DurationError::Syntax) => return Err(format!("step '{step}' needs a whole number and a unit (ms, s, m, h)")),
+            Err(DurationError::Syntax) => {
+                return Err(format!("step '{step}' needs a whole number and a unit (ms, s, m, h)"))
+            }
         };
         steps.push(ms);
         if steps.len() > MAX_STEPS {
@@ -152,8 +155,12 @@ mod tests {
     fn types_select_causes() {
         let p = |on| RetryPolicy { on, backoff: Backoff::Steps(vec![1]) };
         assert!(p(RetryOn::All).applies(RequeueCause::Failed) && p(RetryOn::All).applies(RequeueCause::Returned));
-        assert!(p(RetryOn::Failed).applies(RequeueCause::Failed) && !p(RetryOn::Failed).applies(RequeueCause::Returned));
-        assert!(p(RetryOn::Returned).applies(RequeueCause::Returned) && !p(RetryOn::Returned).applies(RequeueCause::Failed));
+        assert!(
+            p(RetryOn::Failed).applies(RequeueCause::Failed) && !p(RetryOn::Failed).applies(RequeueCause::Returned)
+        );
+        assert!(
+            p(RetryOn::Returned).applies(RequeueCause::Returned) && !p(RetryOn::Returned).applies(RequeueCause::Failed)
+        );
         assert!(!p(RetryOn::All).applies(RequeueCause::Unsent));
         assert_eq!(RetryOn::parse("disabled"), Ok(None));
         assert!(RetryOn::parse("ALL").is_err());

@@ -449,7 +449,9 @@ impl Queue {
     /// entry in its ready list: the next one to go may be the newest.
     fn keep_in_memory(&mut self, offset: u64, ptr: Pointer, msg: &SharedMessage, fresh: bool) {
         let priority = self.config.max_priority.is_some();
-        if offset == self.loaded_upto && (priority || (self.ready.len() < self.config.memory_window && !self.consumers.is_empty())) {
+        if offset == self.loaded_upto
+            && (priority || (self.ready.len() < self.config.memory_window && !self.consumers.is_empty()))
+        {
             let entry = Entry {
                 offset,
                 ptr,
@@ -497,13 +499,21 @@ impl Queue {
                 _ => return false,
             };
             from = page[page.len() - 1].0 + 1;
-            let victim = page
-                .into_iter()
-                .find(|(o, p)| p.flags & flags::QOS_MASK == 0 && !self.dropped_ahead.contains(o));
+            let victim =
+                page.into_iter().find(|(o, p)| p.flags & flags::QOS_MASK == 0 && !self.dropped_ahead.contains(o));
             if let Some((offset, ptr)) = victim {
                 self.qos0_scan_from = offset + 1;
                 let retry_record = self.recorded.remove(&offset).is_some();
-                let entry = Entry { offset, ptr, msg: None, redelivered: false, deliveries: 0, priority: 0, fresh: false, retry_record };
+                let entry = Entry {
+                    offset,
+                    ptr,
+                    msg: None,
+                    redelivered: false,
+                    deliveries: 0,
+                    priority: 0,
+                    fresh: false,
+                    retry_record,
+                };
                 self.forget(&entry, ops);
                 self.skip_in_storage(offset);
                 return true;
@@ -521,7 +531,11 @@ impl Queue {
             }
         }
         let Some(mut e) = self.ready.pop_front() else { return false };
-        let msg = if self.config.dead_letter.is_some() { e.msg.take().or_else(|| read_message(journal, &e.ptr)) } else { None };
+        let msg = if self.config.dead_letter.is_some() {
+            e.msg.take().or_else(|| read_message(journal, &e.ptr))
+        } else {
+            None
+        };
         self.forget_dead(&e, msg, DeathReason::MaxLen, fx);
         true
     }
@@ -961,8 +975,16 @@ impl Queue {
                     }
                     let redelivered = offset < self.recovered_upto;
                     let priority = self.priority_of(&ptr);
-                    let mut entry =
-                        Entry { offset, ptr, msg: None, redelivered, deliveries: 0, priority, fresh: false, retry_record: false };
+                    let mut entry = Entry {
+                        offset,
+                        ptr,
+                        msg: None,
+                        redelivered,
+                        deliveries: 0,
+                        priority,
+                        fresh: false,
+                        retry_record: false,
+                    };
                     if let Some(w) = self.waiting.get_mut(&offset) {
                         entry.deliveries = w.deliveries;
                         entry.retry_record = true;
@@ -1080,7 +1102,8 @@ mod tests {
                 })])
                 .unwrap();
             let a = &receipt.appended[0];
-            let ptr = Pointer { pos: a.pos, size: a.size, body_len: msg.payload.len() as u32, tag_hash: 0, flags: msg.qos };
+            let ptr =
+                Pointer { pos: a.pos, size: a.size, body_len: msg.payload.len() as u32, tag_hash: 0, flags: msg.qos };
             let admission = self.queue.appended(a.offsets[0].1, ptr, &msg, &self.journal, &mut self.fx);
             // As the shard does at the end of each turn.
             self.queue.publish_gauge();
@@ -1098,7 +1121,12 @@ mod tests {
             }
         }
 
-        fn consumer_with(&mut self, id: ConsumerId, credit: u32, priority: i32) -> mpsc::UnboundedReceiver<ConsumerEvent> {
+        fn consumer_with(
+            &mut self,
+            id: ConsumerId,
+            credit: u32,
+            priority: i32,
+        ) -> mpsc::UnboundedReceiver<ConsumerEvent> {
             let (tx, rx) = mpsc::unbounded_channel();
             self.queue.attach(Consumer { id, tx, credit, max_qos: 2, priority });
             self.pump();
@@ -1165,7 +1193,10 @@ mod tests {
             f.publish(n, 1);
             f.pump();
         }
-        assert_eq!(drain(&mut rx).iter().map(|d| (d.0, d.1)).collect::<Vec<_>>(), vec![(0, false), (1, false), (2, false)]);
+        assert_eq!(
+            drain(&mut rx).iter().map(|d| (d.0, d.1)).collect::<Vec<_>>(),
+            vec![(0, false), (1, false), (2, false)]
+        );
         f.queue.ack(1, &mut f.fx.ops);
         f.queue.detach(1, &mut f.fx);
         let mut rx2 = f.consumer(2, 10);

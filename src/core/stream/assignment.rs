@@ -113,7 +113,15 @@ impl Assignments {
     /// `consumer` of `member` subscribed to partition `queue` of `key`'s super stream,
     /// whose partitions are now `partitions`: the partitions are spread again and every
     /// owner whose active member changed is told. Call after the consumer is attached.
-    pub fn join(&self, shards: &Shards, key: GroupKey, partitions: Vec<QueueId>, member: MemberId, queue: QueueId, consumer: ConsumerId) {
+    pub fn join(
+        &self,
+        shards: &Shards,
+        key: GroupKey,
+        partitions: Vec<QueueId>,
+        member: MemberId,
+        queue: QueueId,
+        consumer: ConsumerId,
+    ) {
         let mut groups = self.groups.lock();
         let group = key.group.clone();
         let m = groups.entry(key).or_default();
@@ -130,7 +138,8 @@ impl Assignments {
     /// other consumers.
     pub fn leave(&self, shards: &Shards, consumer: ConsumerId) {
         let mut groups = self.groups.lock();
-        let Some((key, m)) = groups.iter_mut().find(|(_, m)| m.members.iter().any(|x| x.consumers.iter().any(|(_, c)| *c == consumer)))
+        let Some((key, m)) =
+            groups.iter_mut().find(|(_, m)| m.members.iter().any(|x| x.consumers.iter().any(|(_, c)| *c == consumer)))
         else {
             return;
         };
@@ -178,7 +187,10 @@ mod tests {
     }
 
     fn member(id: u16, consumers: &[(u64, u64)]) -> Member {
-        Member { id: MemberId { connection: 1, channel: id }, consumers: consumers.iter().map(|&(q, c)| (QueueId(q), c)).collect() }
+        Member {
+            id: MemberId { connection: 1, channel: id },
+            consumers: consumers.iter().map(|&(q, c)| (QueueId(q), c)).collect(),
+        }
     }
 
     #[test]

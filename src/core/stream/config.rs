@@ -26,7 +26,13 @@ pub struct StreamConfig {
 impl StreamConfig {
     /// A stream without retention limits.
     pub fn new(name: &str, vhost: &str) -> StreamConfig {
-        StreamConfig { name: name.to_owned(), vhost: vhost.to_owned(), max_age_ms: None, max_bytes: None, gauge: Arc::default() }
+        StreamConfig {
+            name: name.to_owned(),
+            vhost: vhost.to_owned(),
+            max_age_ms: None,
+            max_bytes: None,
+            gauge: Arc::default(),
+        }
     }
 
     /// True when some retention limit is set.
@@ -57,8 +63,14 @@ const DAY_MS: u64 = 24 * 3600 * SECOND_MS;
 /// integer followed by one unit, `Y` (365 days), `M` (30 days), `D`, `h`, `m` or `s`.
 /// `None` for anything else (the caller refuses it with 406).
 pub fn parse_age(text: &str) -> Option<u64> {
-    const UNITS: [(&str, u64); 6] =
-        [("Y", 365 * DAY_MS), ("M", 30 * DAY_MS), ("D", DAY_MS), ("h", 3600 * SECOND_MS), ("m", 60 * SECOND_MS), ("s", SECOND_MS)];
+    const UNITS: [(&str, u64); 6] = [
+        ("Y", 365 * DAY_MS),
+        ("M", 30 * DAY_MS),
+        ("D", DAY_MS),
+        ("h", 3600 * SECOND_MS),
+        ("m", 60 * SECOND_MS),
+        ("s", SECOND_MS),
+    ];
     crate::core::duration::parse_ms(text, &UNITS).ok().filter(|ms| *ms > 0)
 }
 
@@ -74,7 +86,9 @@ mod tests {
         assert_eq!(parse_age("5s"), Some(5_000));
         assert_eq!(parse_age("1M"), Some(30 * DAY_MS));
         assert_eq!(parse_age("2Y"), Some(730 * DAY_MS));
-        for bad in ["", "7", "D", "0D", "-1D", "7d", "7 D", "7DD", "1.5h", "99999999999999999999Y", "18446744073709551615Y"] {
+        for bad in
+            ["", "7", "D", "0D", "-1D", "7d", "7 D", "7DD", "1.5h", "99999999999999999999Y", "18446744073709551615Y"]
+        {
             assert_eq!(parse_age(bad), None, "{bad:?}");
         }
     }

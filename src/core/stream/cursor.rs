@@ -37,8 +37,23 @@ pub struct StreamConsumer {
 
 impl StreamConsumer {
     /// A consumer reading from offset `next` with `credit` deliveries in hand.
-    pub fn new(id: ConsumerId, tx: mpsc::UnboundedSender<ConsumerEvent>, credit: u32, next: u64, group: Option<String>) -> StreamConsumer {
-        StreamConsumer { id, tx, credit, unacked: BTreeSet::new(), group, reader: Reader::at(next), filter: None, cancelled: false }
+    pub fn new(
+        id: ConsumerId,
+        tx: mpsc::UnboundedSender<ConsumerEvent>,
+        credit: u32,
+        next: u64,
+        group: Option<String>,
+    ) -> StreamConsumer {
+        StreamConsumer {
+            id,
+            tx,
+            credit,
+            unacked: BTreeSet::new(),
+            group,
+            reader: Reader::at(next),
+            filter: None,
+            cancelled: false,
+        }
     }
 
     /// Server-side filter hook: true when the entry is for this consumer (or its group).

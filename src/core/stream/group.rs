@@ -122,7 +122,16 @@ impl Group {
     /// A group resuming from `cursor` (new groups: `dirty`, so that they are stored).
     pub fn resume(cursor: GroupCursor, dirty: bool) -> Group {
         let reader = Reader::at(cursor.committed);
-        Group { cursor, reader, returned: BTreeSet::new(), in_flight: BTreeMap::new(), rr: 0, dirty, exclusive: false, active: None }
+        Group {
+            cursor,
+            reader,
+            returned: BTreeSet::new(),
+            in_flight: BTreeMap::new(),
+            rr: 0,
+            dirty,
+            exclusive: false,
+            active: None,
+        }
     }
 
     /// A member acked (or nacked / rejected) `offset`.

@@ -313,7 +313,6 @@ impl Stream {
         }
     }
 
-
     /// Adds credit to a consumer.
     pub fn credit(&mut self, consumer: ConsumerId, n: u32) {
         if let Some(c) = self.consumers.iter_mut().find(|c| c.id == consumer && !c.cancelled) {
@@ -380,7 +379,14 @@ impl Stream {
         }
     }
 
-    fn delivery(&self, offset: u64, ptr: &Pointer, msg: SharedMessage, consumer: ConsumerId, redelivered: bool) -> QueueDelivery {
+    fn delivery(
+        &self,
+        offset: u64,
+        ptr: &Pointer,
+        msg: SharedMessage,
+        consumer: ConsumerId,
+        redelivered: bool,
+    ) -> QueueDelivery {
         QueueDelivery {
             queue: self.id,
             offset,

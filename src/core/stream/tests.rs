@@ -235,7 +235,11 @@ fn retention_trims_the_oldest_and_moves_cursors_and_groups() {
 fn a_reloaded_stream_knows_its_extent_without_reading_its_entries() {
     let (f, _) = trimmed_to_the_last_two();
     let mut f = f.restart();
-    assert_eq!((f.stream.first_offset(), f.stream.len(), f.stream.bytes_counted), (4, 2, false), "no scan without a byte limit");
+    assert_eq!(
+        (f.stream.first_offset(), f.stream.len(), f.stream.bytes_counted),
+        (4, 2, false),
+        "no scan without a byte limit"
+    );
     let mut c = f.attach(1, 10, StreamOffset::First, None);
     assert_eq!(offsets(&drain(&mut c)), vec![4, 5]);
     // A byte limit arriving later counts the bytes once.

@@ -71,13 +71,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let chunk = usize::from(chunk % 64) + 1;
     let t0 = Instant::now();
-    let config = Config {
-        frame_max: 8192,
-        channel_max: 8,
-        heartbeat: 5,
-        max_message_size: 4096,
-        ..Config::default()
-    };
+    let config = Config { frame_max: 8192, channel_max: 8, heartbeat: 5, max_message_size: 4096, ..Config::default() };
     let mut conn = Connection::new(config, t0);
     let mut buf = BytesMut::new();
     for (i, piece) in rest.chunks(chunk).enumerate() {

@@ -100,11 +100,7 @@ pub(super) struct Channel {
 impl Channel {
     /// A newly opened channel.
     pub(super) fn new() -> Self {
-        Channel {
-            closing: false,
-            mode: Mode::Plain,
-            content: Assembly::Idle,
-        }
+        Channel { closing: false, mode: Mode::Plain, content: Assembly::Idle }
     }
 }
 

@@ -26,25 +26,13 @@ impl Fault {
     /// A fault with the reply code of `error`.
     pub(super) fn new(error: ProtocolError, explanation: &str, ids: (u16, u16)) -> Self {
         let text = reply::text(error.reply_code(), explanation);
-        Fault {
-            error,
-            text,
-            class_id: ids.0,
-            method_id: ids.1,
-            lost_sync: false,
-        }
+        Fault { error, text, class_id: ids.0, method_id: ids.1, lost_sync: false }
     }
 
     /// A frame that cannot be delimited (type, size, heartbeat payload, frame end).
     pub(super) fn framing(e: FrameError) -> Self {
         let text = reply::text(reply::FRAME_ERROR, &e.to_string());
-        Fault {
-            error: ProtocolError::Frame(e),
-            text,
-            class_id: 0,
-            method_id: 0,
-            lost_sync: true,
-        }
+        Fault { error: ProtocolError::Frame(e), text, class_id: 0, method_id: 0, lost_sync: true }
     }
 
     /// A delimited frame whose payload is malformed (501 FRAME_ERROR).

@@ -35,11 +35,7 @@ pub(super) fn start(config: &Config) -> connection::Start {
     for c in CAPABILITIES {
         caps.insert(key(c), AMQPValue::Boolean(true));
     }
-    let version = if config.version.is_empty() {
-        env!("CARGO_PKG_VERSION")
-    } else {
-        config.version.as_str()
-    };
+    let version = if config.version.is_empty() { env!("CARGO_PKG_VERSION") } else { config.version.as_str() };
     let mut props = FieldTable::default();
     props.insert(key("capabilities"), AMQPValue::FieldTable(caps));
     props.insert(key("product"), longstr(&config.product));
@@ -96,9 +92,7 @@ pub(super) fn negotiate(config: &Config, tune_ok: &connection::TuneOk) -> Result
             ))
         }
         v if v > server_frame => {
-            return Err(format!(
-                "negotiated frame_max = {v} is higher than the maximum allowed value ({server_frame})"
-            ))
+            return Err(format!("negotiated frame_max = {v} is higher than the maximum allowed value ({server_frame})"))
         }
         v => v,
     };
@@ -111,11 +105,7 @@ pub(super) fn negotiate(config: &Config, tune_ok: &connection::TuneOk) -> Result
         }
         v => v,
     };
-    Ok(Tuned {
-        frame_max,
-        channel_max,
-        heartbeat: tune_ok.heartbeat,
-    })
+    Ok(Tuned { frame_max, channel_max, heartbeat: tune_ok.heartbeat })
 }
 
 /// True if the client properties announce `capabilities.<name> = true`.
@@ -131,40 +121,21 @@ mod tests {
     use super::*;
 
     fn tune_ok(channel_max: u16, frame_max: u32, heartbeat: u16) -> connection::TuneOk {
-        connection::TuneOk {
-            channel_max,
-            frame_max,
-            heartbeat,
-        }
+        connection::TuneOk { channel_max, frame_max, heartbeat }
     }
 
     #[test]
     fn negotiation() {
         let c = Config::default();
-        assert_eq!(
-            negotiate(&c, &tune_ok(0, 0, 0)),
-            Ok(Tuned {
-                frame_max: 131_072,
-                channel_max: 2047,
-                heartbeat: 0
-            })
-        );
+        assert_eq!(negotiate(&c, &tune_ok(0, 0, 0)), Ok(Tuned { frame_max: 131_072, channel_max: 2047, heartbeat: 0 }));
         assert_eq!(
             negotiate(&c, &tune_ok(10, 4096, 30)),
-            Ok(Tuned {
-                frame_max: 4096,
-                channel_max: 10,
-                heartbeat: 30
-            })
+            Ok(Tuned { frame_max: 4096, channel_max: 10, heartbeat: 30 })
         );
         assert!(negotiate(&c, &tune_ok(0, 4095, 0)).unwrap_err().contains("lower than the minimum"));
         assert!(negotiate(&c, &tune_ok(0, 131_073, 0)).unwrap_err().contains("frame_max = 131073 is higher"));
         assert!(negotiate(&c, &tune_ok(2048, 0, 0)).unwrap_err().contains("channel_max = 2048 is higher"));
-        let unlimited = Config {
-            channel_max: 0,
-            frame_max: 0,
-            ..Config::default()
-        };
+        let unlimited = Config { channel_max: 0, frame_max: 0, ..Config::default() };
         assert_eq!(negotiate(&unlimited, &tune_ok(0, 0, 5)).map(|t| (t.channel_max, t.frame_max)), Ok((65535, 4096)));
     }
 

@@ -60,20 +60,9 @@ fn all_frames() -> Vec<Frame> {
                 ..Default::default()
             }))),
         },
-        Frame::Header {
-            channel: 3,
-            class_id: 60,
-            body_size: 123_456,
-            properties: Box::new(sample_properties()),
-        },
-        Frame::Body {
-            channel: 3,
-            payload: Bytes::from_static(b"hello"),
-        },
-        Frame::Body {
-            channel: 9,
-            payload: Bytes::new(),
-        },
+        Frame::Header { channel: 3, class_id: 60, body_size: 123_456, properties: Box::new(sample_properties()) },
+        Frame::Body { channel: 3, payload: Bytes::from_static(b"hello") },
+        Frame::Body { channel: 9, payload: Bytes::new() },
         Frame::Heartbeat,
     ]
 }
@@ -98,18 +87,9 @@ fn our_frames_parse_with_amq_protocol_and_back() {
         assert!(rest.is_empty());
         let expected = match &frame {
             Frame::Method { channel, method } => AMQPFrame::Method(*channel, (**method).clone()),
-            Frame::Header {
-                channel,
-                class_id,
-                body_size,
-                properties,
-            } => AMQPFrame::Header(
+            Frame::Header { channel, class_id, body_size, properties } => AMQPFrame::Header(
                 *channel,
-                AMQPContentHeader {
-                    class_id: *class_id,
-                    body_size: *body_size,
-                    properties: (**properties).clone(),
-                },
+                AMQPContentHeader { class_id: *class_id, body_size: *body_size, properties: (**properties).clone() },
             ),
             Frame::Body { channel, payload } => AMQPFrame::Body(*channel, payload.to_vec()),
             Frame::Heartbeat => AMQPFrame::Heartbeat,
@@ -143,10 +123,7 @@ fn byte_by_byte() {
 fn frame_max_is_enforced_from_the_header() {
     // Only the 7-byte header of a 5000-byte method frame: refused at once.
     let mut buf = BytesMut::from(&[1u8, 0, 1, 0, 0, 0x13, 0x88][..]);
-    assert_eq!(
-        read_frame(&mut buf, 4096),
-        Err(FrameError::TooLarge { size: 5000, max: 4096 })
-    );
+    assert_eq!(read_frame(&mut buf, 4096), Err(FrameError::TooLarge { size: 5000, max: 4096 }));
     assert_eq!(buf.len(), 7, "nothing consumed");
     // Exactly frame_max is accepted (RabbitMQ allows payload == frame_max).
     let mut buf = BytesMut::from(&[3u8, 0, 1, 0, 0, 0x10, 0x00][..]);
@@ -177,7 +154,9 @@ fn malformed_frames() {
     assert!(matches!(read_frame(&mut buf, 4096), Err(FrameError::Malformed(_))));
     assert!(buf.is_empty());
     let mut buf = BytesMut::from(&[1u8, 0, 1, 0, 0, 0, 4, 0, 20, 0, 10, 0xCE][..]);
-    assert!(matches!(read_frame(&mut buf, 4096), Err(FrameError::Malformed(m)) if m.contains("cannot decode method 20.10")));
+    assert!(
+        matches!(read_frame(&mut buf, 4096), Err(FrameError::Malformed(m)) if m.contains("cannot decode method 20.10"))
+    );
     // Content header too short.
     let mut buf = BytesMut::from(&[2u8, 0, 1, 0, 0, 0, 2, 0, 60, 0xCE][..]);
     assert!(matches!(read_frame(&mut buf, 4096), Err(FrameError::Malformed(_))));
@@ -186,13 +165,7 @@ fn malformed_frames() {
 #[test]
 fn body_payload_is_not_copied() {
     let mut buf = BytesMut::new();
-    write_frame(
-        &mut buf,
-        &Frame::Body {
-            channel: 1,
-            payload: Bytes::from(vec![7u8; 1000]),
-        },
-    );
+    write_frame(&mut buf, &Frame::Body { channel: 1, payload: Bytes::from(vec![7u8; 1000]) });
     let range = buf.as_ptr() as usize..buf.as_ptr() as usize + buf.len();
     let Ok(Some(Frame::Body { payload, .. })) = read_frame(&mut buf, 4096) else {
         panic!("body frame expected");
@@ -268,10 +241,7 @@ fn server_methods_match_amq_protocol() {
         AMQPClass::Queue(queue::AMQPMethod::UnbindOk(queue::UnbindOk {})),
         AMQPClass::Basic(basic::AMQPMethod::QosOk(basic::QosOk {})),
         AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(basic::ConsumeOk { consumer_tag: "ctag".into() })),
-        AMQPClass::Basic(basic::AMQPMethod::Cancel(basic::Cancel {
-            consumer_tag: "ctag".into(),
-            nowait: true,
-        })),
+        AMQPClass::Basic(basic::AMQPMethod::Cancel(basic::Cancel { consumer_tag: "ctag".into(), nowait: true })),
         AMQPClass::Basic(basic::AMQPMethod::CancelOk(basic::CancelOk { consumer_tag: "ctag".into() })),
         AMQPClass::Basic(basic::AMQPMethod::Return(basic::Return {
             reply_code: 312,
@@ -294,15 +264,8 @@ fn server_methods_match_amq_protocol() {
             message_count: 10,
         })),
         AMQPClass::Basic(basic::AMQPMethod::GetEmpty(basic::GetEmpty {})),
-        AMQPClass::Basic(basic::AMQPMethod::Ack(basic::Ack {
-            delivery_tag: 5,
-            multiple: true,
-        })),
-        AMQPClass::Basic(basic::AMQPMethod::Nack(basic::Nack {
-            delivery_tag: 5,
-            multiple: false,
-            requeue: true,
-        })),
+        AMQPClass::Basic(basic::AMQPMethod::Ack(basic::Ack { delivery_tag: 5, multiple: true })),
+        AMQPClass::Basic(basic::AMQPMethod::Nack(basic::Nack { delivery_tag: 5, multiple: false, requeue: true })),
         AMQPClass::Basic(basic::AMQPMethod::RecoverOk(basic::RecoverOk {})),
         AMQPClass::Tx(tx::AMQPMethod::SelectOk(tx::SelectOk {})),
         AMQPClass::Tx(tx::AMQPMethod::CommitOk(tx::CommitOk {})),

@@ -12,10 +12,7 @@ use libfuzzer_sys::fuzz_target;
 fn drive(conn: &mut Connection) {
     while let Some(ev) = conn.poll_event() {
         match ev {
-            Event::Connect(_) => conn.accept(Accept {
-                inbound_qos2: vec![1, 2],
-                ..Accept::default()
-            }),
+            Event::Connect(_) => conn.accept(Accept { inbound_qos2: vec![1, 2], ..Accept::default() }),
             Event::Publish(p) if p.qos != QoS::AtMostOnce => conn.ack_publish(p.pkid, ReasonCode::SUCCESS),
             Event::Subscribe(s) => {
                 conn.ack_subscribe(s.pkid, vec![ReasonCode::GRANTED_QOS_2; s.filters.len()]);
@@ -43,12 +40,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let chunk = usize::from(chunk % 64) + 1;
     let t0 = Instant::now();
-    let config = Config {
-        max_packet_size: 64 * 1024,
-        receive_maximum: 8,
-        topic_alias_maximum: 4,
-        ..Config::default()
-    };
+    let config = Config { max_packet_size: 64 * 1024, receive_maximum: 8, topic_alias_maximum: 4, ..Config::default() };
     let mut conn = Connection::new(config, t0);
     let mut buf = BytesMut::new();
     for (i, piece) in rest.chunks(chunk).enumerate() {

@@ -25,11 +25,7 @@ pub(crate) struct Ack {
 
 pub(crate) fn read_ack(r: &mut Reader, level: ProtocolLevel, ctx: ReasonContext) -> Result<Ack, DecodeError> {
     let pkid = read_pkid(r)?;
-    let mut ack = Ack {
-        pkid,
-        reason: ReasonCode::SUCCESS,
-        reason_string: None,
-    };
+    let mut ack = Ack { pkid, reason: ReasonCode::SUCCESS, reason_string: None };
     if level.is_v5() && !r.is_empty() {
         ack.reason = ReasonCode(r.u8()?);
         if !ack.reason.valid_in(ctx) {

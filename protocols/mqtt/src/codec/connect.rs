@@ -48,18 +48,10 @@ pub(crate) fn read_connect(r: &mut Reader) -> Result<Connect, DecodeError> {
         return Err(DecodeError::Protocol("password without user name"));
     }
     let keep_alive = r.u16()?;
-    let p = if level.is_v5() {
-        props::read(r, props::CONNECT, false)?
-    } else {
-        Props::default()
-    };
+    let p = if level.is_v5() { props::read(r, props::CONNECT, false)? } else { Props::default() };
     let client_id = r.string()?;
     let will = if will_flag {
-        let wp = if level.is_v5() {
-            props::read(r, props::WILL, false)?
-        } else {
-            Props::default()
-        };
+        let wp = if level.is_v5() { props::read(r, props::WILL, false)? } else { Props::default() };
         let topic = r.string()?;
         if topic.is_empty() || topic.contains(['+', '#']) {
             return Err(DecodeError::Protocol("invalid will topic"));
@@ -230,11 +222,7 @@ pub(crate) fn read_connack(r: &mut Reader, level: ProtocolLevel) -> Result<Packe
     if !r.is_empty() {
         return Err(DecodeError::Malformed("trailing bytes after CONNACK"));
     }
-    Ok(Packet::ConnAck {
-        session_present,
-        reason,
-        properties: Box::new(properties),
-    })
+    Ok(Packet::ConnAck { session_present, reason, properties: Box::new(properties) })
 }
 
 impl PropSet for ConnAckProperties {

@@ -56,11 +56,7 @@ pub(crate) fn parse(buf: &[u8]) -> Result<Option<FixedHeader>, DecodeError> {
         };
         remaining |= usize::from(b & 0x7F) << (7 * i);
         if b & 0x80 == 0 {
-            return Ok(Some(FixedHeader {
-                byte1,
-                header_len: 2 + i,
-                remaining,
-            }));
+            return Ok(Some(FixedHeader { byte1, header_len: 2 + i, remaining }));
         }
     }
     Err(DecodeError::Malformed("remaining length longer than 4 bytes"))
@@ -106,14 +102,8 @@ mod tests {
         assert_eq!(parse(&[]), Ok(None));
         assert_eq!(parse(&[0x30]), Ok(None));
         assert_eq!(parse(&[0x30, 0x80]), Ok(None));
-        assert_eq!(
-            parse(&[0x30, 0x80, 0x01]),
-            Ok(Some(FixedHeader { byte1: 0x30, header_len: 3, remaining: 128 }))
-        );
-        assert_eq!(
-            parse(&[0x30, 0xFF, 0xFF, 0xFF, 0x7F]).unwrap().unwrap().remaining,
-            268_435_455
-        );
+        assert_eq!(parse(&[0x30, 0x80, 0x01]), Ok(Some(FixedHeader { byte1: 0x30, header_len: 3, remaining: 128 })));
+        assert_eq!(parse(&[0x30, 0xFF, 0xFF, 0xFF, 0x7F]).unwrap().unwrap().remaining, 268_435_455);
         assert!(parse(&[0x30, 0xFF, 0xFF, 0xFF, 0xFF]).is_err());
         assert!(parse(&[0x30, 0xFF, 0xFF, 0xFF, 0xFF, 0x01]).is_err());
     }

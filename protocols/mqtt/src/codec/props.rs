@@ -103,10 +103,8 @@ pub(crate) const PUBLISH: Allowed = set(&[
 pub(crate) const ACK: Allowed = set(&[REASON_STRING, USER_PROPERTY]);
 pub(crate) const SUBSCRIBE: Allowed = set(&[SUBSCRIPTION_IDENTIFIER, USER_PROPERTY]);
 pub(crate) const UNSUBSCRIBE: Allowed = set(&[USER_PROPERTY]);
-pub(crate) const DISCONNECT: Allowed =
-    set(&[SESSION_EXPIRY_INTERVAL, REASON_STRING, USER_PROPERTY, SERVER_REFERENCE]);
-pub(crate) const AUTH: Allowed =
-    set(&[AUTHENTICATION_METHOD, AUTHENTICATION_DATA, REASON_STRING, USER_PROPERTY]);
+pub(crate) const DISCONNECT: Allowed = set(&[SESSION_EXPIRY_INTERVAL, REASON_STRING, USER_PROPERTY, SERVER_REFERENCE]);
+pub(crate) const AUTH: Allowed = set(&[AUTHENTICATION_METHOD, AUTHENTICATION_DATA, REASON_STRING, USER_PROPERTY]);
 
 impl Allowed {
     fn contains(self, id: u8) -> bool {
@@ -234,9 +232,7 @@ pub(crate) fn read(r: &mut Reader, allowed: Allowed, multi_sub_ids: bool) -> Res
                 once(&mut p.maximum_packet_size, v)?
             }
             WILDCARD_SUBSCRIPTION_AVAILABLE => once(&mut p.wildcard_subscription_available, flag(r.u8()?)?)?,
-            SUBSCRIPTION_IDENTIFIER_AVAILABLE => {
-                once(&mut p.subscription_identifiers_available, flag(r.u8()?)?)?
-            }
+            SUBSCRIPTION_IDENTIFIER_AVAILABLE => once(&mut p.subscription_identifiers_available, flag(r.u8()?)?)?,
             SHARED_SUBSCRIPTION_AVAILABLE => once(&mut p.shared_subscription_available, flag(r.u8()?)?)?,
             _ => return Err(DecodeError::Malformed("unknown property")),
         }

@@ -40,15 +40,7 @@ pub(crate) fn read_publish(flags: u8, r: &mut Reader, level: ProtocolLevel) -> R
     } else {
         PublishProperties::default()
     };
-    Ok(Publish {
-        dup,
-        qos,
-        retain,
-        topic,
-        pkid,
-        payload: r.rest(),
-        properties,
-    })
+    Ok(Publish { dup, qos, retain, topic, pkid, payload: r.rest(), properties })
 }
 
 impl PropSet for PublishProperties {

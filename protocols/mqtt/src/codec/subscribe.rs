@@ -39,12 +39,7 @@ pub(crate) fn read_subscribe(r: &mut Reader, level: ProtocolLevel) -> Result<Sub
     if filters.is_empty() {
         return Err(DecodeError::Protocol("SUBSCRIBE without topic filters"));
     }
-    Ok(Subscribe {
-        pkid,
-        filters,
-        subscription_identifier,
-        user_properties,
-    })
+    Ok(Subscribe { pkid, filters, subscription_identifier, user_properties })
 }
 
 struct SubscribeProps<'a>(&'a Subscribe);
@@ -78,11 +73,8 @@ pub(crate) fn put_subscribe<S: Sink>(sub: &Subscribe, level: ProtocolLevel, s: &
 
 pub(crate) fn read_unsubscribe(r: &mut Reader, level: ProtocolLevel) -> Result<Unsubscribe, DecodeError> {
     let pkid = read_pkid(r)?;
-    let user_properties = if level.is_v5() {
-        props::read(r, props::UNSUBSCRIBE, false)?.user_properties
-    } else {
-        Vec::new()
-    };
+    let user_properties =
+        if level.is_v5() { props::read(r, props::UNSUBSCRIBE, false)?.user_properties } else { Vec::new() };
     let mut filters = Vec::new();
     while !r.is_empty() {
         filters.push(r.string()?);
@@ -90,11 +82,7 @@ pub(crate) fn read_unsubscribe(r: &mut Reader, level: ProtocolLevel) -> Result<U
     if filters.is_empty() {
         return Err(DecodeError::Protocol("UNSUBSCRIBE without topic filters"));
     }
-    Ok(Unsubscribe {
-        pkid,
-        filters,
-        user_properties,
-    })
+    Ok(Unsubscribe { pkid, filters, user_properties })
 }
 
 struct Users<'a>(&'a [UserProperty]);
@@ -118,11 +106,7 @@ pub(crate) fn put_unsubscribe<S: Sink>(u: &Unsubscribe, level: ProtocolLevel, s:
 /// SUBACK (`suback`) or UNSUBACK: packet id, reason string, reason codes.
 pub(crate) fn read_sub_ack(r: &mut Reader, level: ProtocolLevel, suback: bool) -> Result<Packet, DecodeError> {
     let pkid = read_pkid(r)?;
-    let reason_string = if level.is_v5() {
-        props::read(r, props::ACK, false)?.reason_string
-    } else {
-        None
-    };
+    let reason_string = if level.is_v5() { props::read(r, props::ACK, false)?.reason_string } else { None };
     let mut reasons = Vec::new();
     if suback || level.is_v5() {
         let ctx = if suback { ReasonContext::SubAck } else { ReasonContext::UnsubAck };
@@ -142,17 +126,9 @@ pub(crate) fn read_sub_ack(r: &mut Reader, level: ProtocolLevel, suback: bool) -
         return Err(DecodeError::Malformed("trailing bytes after UNSUBACK"));
     }
     Ok(if suback {
-        Packet::SubAck {
-            pkid,
-            reasons,
-            reason_string,
-        }
+        Packet::SubAck { pkid, reasons, reason_string }
     } else {
-        Packet::UnsubAck {
-            pkid,
-            reasons,
-            reason_string,
-        }
+        Packet::UnsubAck { pkid, reasons, reason_string }
     })
 }
 

@@ -69,11 +69,7 @@ fn connect(level: ProtocolLevel) -> Connect {
             retain: true,
             delay_interval: v5.then_some(5),
             properties: if v5 {
-                PublishProperties {
-                    topic_alias: None,
-                    subscription_identifiers: vec![],
-                    ..full_publish_props()
-                }
+                PublishProperties { topic_alias: None, subscription_identifiers: vec![], ..full_publish_props() }
             } else {
                 PublishProperties::default()
             },
@@ -136,11 +132,7 @@ fn all_packets(level: ProtocolLevel) -> Vec<Packet> {
                 ConnAckProperties::default()
             }),
         },
-        Packet::ConnAck {
-            session_present: false,
-            reason: ReasonCode::NOT_AUTHORIZED,
-            properties: Box::default(),
-        },
+        Packet::ConnAck { session_present: false, reason: ReasonCode::NOT_AUTHORIZED, properties: Box::default() },
         Packet::Publish(Publish {
             dup: false,
             qos: QoS::AtMostOnce,
@@ -159,24 +151,10 @@ fn all_packets(level: ProtocolLevel) -> Vec<Packet> {
             payload: Bytes::from(vec![7u8; 300]),
             properties: if v5 { full_publish_props() } else { PublishProperties::default() },
         }),
-        Packet::PubAck {
-            pkid: 1,
-            reason: ReasonCode::SUCCESS,
-            reason_string: None,
-        },
-        Packet::PubRec {
-            pkid: 2,
-            reason: ReasonCode::SUCCESS,
-            reason_string: None,
-        },
-        Packet::PubRel {
-            pkid: 3,
-            reason: ReasonCode::SUCCESS,
-        },
-        Packet::PubComp {
-            pkid: 4,
-            reason: ReasonCode::SUCCESS,
-        },
+        Packet::PubAck { pkid: 1, reason: ReasonCode::SUCCESS, reason_string: None },
+        Packet::PubRec { pkid: 2, reason: ReasonCode::SUCCESS, reason_string: None },
+        Packet::PubRel { pkid: 3, reason: ReasonCode::SUCCESS },
+        Packet::PubComp { pkid: 4, reason: ReasonCode::SUCCESS },
         Packet::Subscribe(Subscribe {
             pkid: 5,
             filters: vec![
@@ -224,29 +202,11 @@ fn all_packets(level: ProtocolLevel) -> Vec<Packet> {
     ];
     if v5 {
         v.extend([
-            Packet::PubAck {
-                pkid: 9,
-                reason: ReasonCode::NO_MATCHING_SUBSCRIBERS,
-                reason_string: None,
-            },
-            Packet::PubAck {
-                pkid: 9,
-                reason: ReasonCode::SUCCESS,
-                reason_string: Some(s("ok")),
-            },
-            Packet::PubRec {
-                pkid: 10,
-                reason: ReasonCode::QUOTA_EXCEEDED,
-                reason_string: Some(s("full")),
-            },
-            Packet::PubRel {
-                pkid: 11,
-                reason: ReasonCode::PACKET_IDENTIFIER_NOT_FOUND,
-            },
-            Packet::PubComp {
-                pkid: 12,
-                reason: ReasonCode::PACKET_IDENTIFIER_NOT_FOUND,
-            },
+            Packet::PubAck { pkid: 9, reason: ReasonCode::NO_MATCHING_SUBSCRIBERS, reason_string: None },
+            Packet::PubAck { pkid: 9, reason: ReasonCode::SUCCESS, reason_string: Some(s("ok")) },
+            Packet::PubRec { pkid: 10, reason: ReasonCode::QUOTA_EXCEEDED, reason_string: Some(s("full")) },
+            Packet::PubRel { pkid: 11, reason: ReasonCode::PACKET_IDENTIFIER_NOT_FOUND },
+            Packet::PubComp { pkid: 12, reason: ReasonCode::PACKET_IDENTIFIER_NOT_FOUND },
             Packet::Disconnect(Disconnect {
                 reason: ReasonCode::DISCONNECT_WITH_WILL,
                 session_expiry_interval: None,
@@ -259,11 +219,7 @@ fn all_packets(level: ProtocolLevel) -> Vec<Packet> {
                 reason_string: Some(s("bye")),
                 server_reference: Some(s("elsewhere")),
             }),
-            Packet::Auth {
-                reason: ReasonCode::SUCCESS,
-                method: None,
-                data: None,
-            },
+            Packet::Auth { reason: ReasonCode::SUCCESS, method: None, data: None },
             Packet::Auth {
                 reason: ReasonCode::CONTINUE_AUTHENTICATION,
                 method: Some(s("SCRAM")),
@@ -289,11 +245,7 @@ fn level_specific_encodings() {
     let b = enc(&Packet::Connect(Box::new(c)), ProtocolLevel::V3_1);
     assert_eq!(&b[2..11], b"\x00\x06MQIsdp\x03");
     // Short forms of MQTT 5 acks and DISCONNECT.
-    let ack = Packet::PubAck {
-        pkid: 1,
-        reason: ReasonCode::SUCCESS,
-        reason_string: None,
-    };
+    let ack = Packet::PubAck { pkid: 1, reason: ReasonCode::SUCCESS, reason_string: None };
     assert_eq!(&enc(&ack, ProtocolLevel::V5)[..], &[0x40, 2, 0, 1]);
     let d = Packet::Disconnect(Disconnect {
         reason: ReasonCode::NORMAL_DISCONNECTION,
@@ -302,7 +254,10 @@ fn level_specific_encodings() {
         server_reference: None,
     });
     assert_eq!(&enc(&d, ProtocolLevel::V5)[..], &[0xE0, 0]);
-    assert_eq!(&enc(&Packet::PubRel { pkid: 1, reason: ReasonCode::SUCCESS }, ProtocolLevel::V3_1_1)[..], &[0x62, 2, 0, 1]);
+    assert_eq!(
+        &enc(&Packet::PubRel { pkid: 1, reason: ReasonCode::SUCCESS }, ProtocolLevel::V3_1_1)[..],
+        &[0x62, 2, 0, 1]
+    );
     // Properties are dropped for 3.x.
     let p = Packet::Publish(Publish {
         dup: false,
@@ -315,11 +270,7 @@ fn level_specific_encodings() {
     });
     assert_eq!(&enc(&p, ProtocolLevel::V3_1_1)[..], &[0x32, 6, 0, 1, b't', 0, 1, b'x']);
     // AUTH does not exist before MQTT 5.
-    let auth = Packet::Auth {
-        reason: ReasonCode::SUCCESS,
-        method: None,
-        data: None,
-    };
+    let auth = Packet::Auth { reason: ReasonCode::SUCCESS, method: None, data: None };
     assert_eq!(encode(&auth, ProtocolLevel::V3_1_1, &mut BytesMut::new()), Err(EncodeError::WrongLevel));
     assert_eq!(dec(&[0xF0, 0], Some(ProtocolLevel::V3_1_1)), Err(DecodeError::Protocol("AUTH requires MQTT 5")));
     assert_eq!(dec(&[0xF0, 0], Some(ProtocolLevel::V5)).unwrap().unwrap(), auth);
@@ -327,11 +278,7 @@ fn level_specific_encodings() {
 
 #[test]
 fn v3_connack_return_codes() {
-    let connack = |reason| Packet::ConnAck {
-        session_present: true,
-        reason,
-        properties: Box::default(),
-    };
+    let connack = |reason| Packet::ConnAck { session_present: true, reason, properties: Box::default() };
     let cases = [
         (ReasonCode::SUCCESS, 0u8, 1u8),
         (ReasonCode::UNSUPPORTED_PROTOCOL_VERSION, 1, 0),
@@ -390,7 +337,10 @@ fn size_limit_refused_before_buffering() {
 
 #[test]
 fn remaining_length_over_four_bytes() {
-    assert!(matches!(dec(&[0x30, 0xFF, 0xFF, 0xFF, 0xFF, 0x01], Some(ProtocolLevel::V5)), Err(DecodeError::Malformed(_))));
+    assert!(matches!(
+        dec(&[0x30, 0xFF, 0xFF, 0xFF, 0xFF, 0x01], Some(ProtocolLevel::V5)),
+        Err(DecodeError::Malformed(_))
+    ));
 }
 
 #[test]
@@ -463,7 +413,8 @@ fn fixed_header_flags() {
     assert!(matches!(dec(&[0xC1, 0], v4), Err(DecodeError::Malformed(_))));
     assert!(matches!(dec(&[0x00, 0], v4), Err(DecodeError::Protocol(_))));
     assert!(matches!(dec(&[0x36, 5, 0, 1, b'a', 0, 1], v4), Err(DecodeError::Malformed(_)))); // QoS 3
-    assert!(matches!(dec(&[0x38, 3, 0, 1, b'a'], v4), Err(DecodeError::Protocol(_)))); // DUP on QoS 0
+    assert!(matches!(dec(&[0x38, 3, 0, 1, b'a'], v4), Err(DecodeError::Protocol(_))));
+    // DUP on QoS 0
 }
 
 #[test]
@@ -475,7 +426,7 @@ fn publish_validation() {
     assert!(matches!(dec(&[0x30, 4, 0, 2, 0xC3, 0x28], v4), Err(DecodeError::Malformed(_))));
     assert!(matches!(dec(&[0x32, 5, 0, 1, b'a', 0, 0], v4), Err(DecodeError::Protocol(_)))); // pkid 0
     assert!(matches!(dec(&[0x32, 4, 0, 1, b'a', 0], v4), Err(DecodeError::Malformed(_)))); // truncated pkid
-    // MQTT 5: property length past the end.
+                                                                                           // MQTT 5: property length past the end.
     assert!(matches!(dec(&[0x30, 4, 0, 1, b'a', 5], Some(ProtocolLevel::V5)), Err(DecodeError::Malformed(_))));
     // Duplicate topic alias.
     assert!(matches!(
@@ -500,7 +451,8 @@ fn ack_validation() {
     assert!(matches!(dec(&[0xE0, 1, 0x00], v4), Err(DecodeError::Malformed(_)))); // 3.x body
     assert!(matches!(dec(&[0xC0, 1, 0], v4), Err(DecodeError::Malformed(_))));
     assert!(matches!(dec(&[0xF0, 1, 0x01], v5), Err(DecodeError::Protocol(_)))); // AUTH reason
-    assert!(matches!(dec(&[0xF0, 5, 0x18, 3, 22, 0, 0], v5), Err(DecodeError::Protocol(_)))); // data w/o method
+    assert!(matches!(dec(&[0xF0, 5, 0x18, 3, 22, 0, 0], v5), Err(DecodeError::Protocol(_))));
+    // data w/o method
 }
 
 #[test]
@@ -635,5 +587,7 @@ fn interop_server_packets_to_mqttbytes() {
         reason_string: None,
     };
     let mut b = enc(&suback, ProtocolLevel::V3_1_1);
-    assert!(matches!(v4::read(&mut b, MAX).unwrap(), v4::Packet::SubAck(s) if s.pkid == 3 && s.return_codes.len() == 2));
+    assert!(
+        matches!(v4::read(&mut b, MAX).unwrap(), v4::Packet::SubAck(s) if s.pkid == 3 && s.return_codes.len() == 2)
+    );
 }

@@ -42,10 +42,7 @@ pub(crate) struct OutboundAliases {
 
 impl OutboundAliases {
     pub(crate) fn new(max: u16) -> Self {
-        OutboundAliases {
-            max: max.min(OUTBOUND_ALIAS_CAP),
-            map: HashMap::new(),
-        }
+        OutboundAliases { max: max.min(OUTBOUND_ALIAS_CAP), map: HashMap::new() }
     }
 
     pub(crate) fn enabled(&self) -> bool {

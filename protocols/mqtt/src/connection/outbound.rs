@@ -32,19 +32,8 @@ pub(crate) struct Outbound {
 impl Outbound {
     pub(crate) fn new(range: &RangeInclusive<u16>) -> Self {
         let (start, end) = (*range.start(), *range.end());
-        let range_size = if start > end {
-            0
-        } else {
-            usize::from(end - start) + 1 - usize::from(start == 0)
-        };
-        Outbound {
-            map: IdMap::default(),
-            start,
-            end,
-            next: start,
-            in_range: 0,
-            range_size,
-        }
+        let range_size = if start > end { 0 } else { usize::from(end - start) + 1 - usize::from(start == 0) };
+        Outbound { map: IdMap::default(), start, end, next: start, in_range: 0, range_size }
     }
 
     fn in_alloc_range(&self, id: u16) -> bool {

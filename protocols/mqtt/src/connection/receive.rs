@@ -52,13 +52,11 @@ impl Connection {
                         Err(e) => self.refuse_connect(e, framing),
                     }
                 }
-                State::Connected => {
-                    match codec::decode(buf, self.level, self.config.max_packet_size as usize) {
-                        Ok(None) => return,
-                        Ok(Some(p)) => self.on_packet(p),
-                        Err(e) => self.fail(ProtocolError::Decode(e)),
-                    }
-                }
+                State::Connected => match codec::decode(buf, self.level, self.config.max_packet_size as usize) {
+                    Ok(None) => return,
+                    Ok(Some(p)) => self.on_packet(p),
+                    Err(e) => self.fail(ProtocolError::Decode(e)),
+                },
                 State::AwaitAccept | State::Closed => return,
             }
         }
@@ -74,11 +72,7 @@ impl Connection {
             _ => (None, ReasonCode::UNSPECIFIED_ERROR),
         };
         if let Some(level) = level {
-            let connack = Packet::ConnAck {
-                session_present: false,
-                reason,
-                properties: Box::default(),
-            };
+            let connack = Packet::ConnAck { session_present: false, reason, properties: Box::default() };
             let _ = codec::encode(&connack, level, &mut self.out);
         }
         self.events.push_back(Event::Error(ProtocolError::Decode(err)));
@@ -130,11 +124,7 @@ impl Connection {
 
     /// Refuses a decoded CONNECT with a CONNACK carrying the error's reason code.
     fn fail_connack(&mut self, err: ProtocolError) {
-        self.queue(Packet::ConnAck {
-            session_present: false,
-            reason: err.reason(),
-            properties: Box::default(),
-        });
+        self.queue(Packet::ConnAck { session_present: false, reason: err.reason(), properties: Box::default() });
         self.events.push_back(Event::Error(err));
         self.close();
     }
@@ -182,13 +172,12 @@ impl Connection {
                 }
             }
             Packet::Connect(_) => self.fail(ProtocolError::Unexpected("second CONNECT")),
-            Packet::Auth { .. } => self.fail(ProtocolError::Violation(
-                ReasonCode::PROTOCOL_ERROR,
-                "AUTH without enhanced authentication",
-            )),
-            Packet::ConnAck { .. } | Packet::SubAck { .. } | Packet::UnsubAck { .. } | Packet::PingResp => self.fail(
-                ProtocolError::Violation(ReasonCode::PROTOCOL_ERROR, "server-to-client packet from client"),
-            ),
+            Packet::Auth { .. } => {
+                self.fail(ProtocolError::Violation(ReasonCode::PROTOCOL_ERROR, "AUTH without enhanced authentication"))
+            }
+            Packet::ConnAck { .. } | Packet::SubAck { .. } | Packet::UnsubAck { .. } | Packet::PingResp => {
+                self.fail(ProtocolError::Violation(ReasonCode::PROTOCOL_ERROR, "server-to-client packet from client"))
+            }
         }
     }
 
@@ -197,10 +186,7 @@ impl Connection {
             return self.fail(ProtocolError::Violation(ReasonCode::QOS_NOT_SUPPORTED, "QoS not supported"));
         }
         if p.retain && !self.retain_available {
-            return self.fail(ProtocolError::Violation(
-                ReasonCode::RETAIN_NOT_SUPPORTED,
-                "retain not supported",
-            ));
+            return self.fail(ProtocolError::Violation(ReasonCode::RETAIN_NOT_SUPPORTED, "retain not supported"));
         }
         if !p.properties.subscription_identifiers.is_empty() {
             return self.fail(ProtocolError::Violation(
@@ -217,10 +203,7 @@ impl Connection {
                 match self.in_aliases.get(alias) {
                     Some(t) => p.topic.clone_from(t),
                     None => {
-                        return self.fail(ProtocolError::Violation(
-                            ReasonCode::PROTOCOL_ERROR,
-                            "unknown topic alias",
-                        ))
+                        return self.fail(ProtocolError::Violation(ReasonCode::PROTOCOL_ERROR, "unknown topic alias"))
                     }
                 }
             } else if topic::validate_topic_name(&p.topic, max_levels).is_ok() {
@@ -236,17 +219,11 @@ impl Connection {
             (QoS::AtLeastOnce, Some(InState::Qos1)) => {}
             (QoS::ExactlyOnce, Some(InState::Qos2Pending)) => return,
             (QoS::ExactlyOnce, Some(InState::Qos2Answered)) => {
-                return self.queue(Packet::PubRec {
-                    pkid,
-                    reason: ReasonCode::SUCCESS,
-                    reason_string: None,
-                });
+                return self.queue(Packet::PubRec { pkid, reason: ReasonCode::SUCCESS, reason_string: None });
             }
             (_, Some(_)) => {
-                return self.fail(ProtocolError::Violation(
-                    ReasonCode::PROTOCOL_ERROR,
-                    "packet id in use with another QoS",
-                ))
+                return self
+                    .fail(ProtocolError::Violation(ReasonCode::PROTOCOL_ERROR, "packet id in use with another QoS"))
             }
             (qos, None) => {
                 if self.is_v5() && self.inbound.len() >= usize::from(self.config.receive_maximum) {
@@ -268,24 +245,15 @@ impl Connection {
                     self.events.push_back(Event::PubComp { pkid });
                 } else {
                     self.outbound.set(pkid, OutState::Comp);
-                    self.queue(Packet::PubRel {
-                        pkid,
-                        reason: ReasonCode::SUCCESS,
-                    });
+                    self.queue(Packet::PubRel { pkid, reason: ReasonCode::SUCCESS });
                     self.events.push_back(Event::PubRec { pkid });
                 }
             }
-            Some(OutState::Comp) => self.queue(Packet::PubRel {
-                pkid,
-                reason: ReasonCode::SUCCESS,
-            }),
+            Some(OutState::Comp) => self.queue(Packet::PubRel { pkid, reason: ReasonCode::SUCCESS }),
             Some(OutState::Ack) => {}
             None => {
                 if self.is_v5() {
-                    self.queue(Packet::PubRel {
-                        pkid,
-                        reason: ReasonCode::PACKET_IDENTIFIER_NOT_FOUND,
-                    });
+                    self.queue(Packet::PubRel { pkid, reason: ReasonCode::PACKET_IDENTIFIER_NOT_FOUND });
                 }
             }
         }
@@ -295,18 +263,11 @@ impl Connection {
         match self.inbound.get(&pkid).copied() {
             Some(InState::Qos2Answered | InState::Qos2Pending) => {
                 self.inbound.remove(&pkid);
-                self.queue(Packet::PubComp {
-                    pkid,
-                    reason: ReasonCode::SUCCESS,
-                });
+                self.queue(Packet::PubComp { pkid, reason: ReasonCode::SUCCESS });
                 self.events.push_back(Event::PubRel { pkid });
             }
             _ => {
-                let reason = if self.is_v5() {
-                    ReasonCode::PACKET_IDENTIFIER_NOT_FOUND
-                } else {
-                    ReasonCode::SUCCESS
-                };
+                let reason = if self.is_v5() { ReasonCode::PACKET_IDENTIFIER_NOT_FOUND } else { ReasonCode::SUCCESS };
                 self.queue(Packet::PubComp { pkid, reason });
             }
         }

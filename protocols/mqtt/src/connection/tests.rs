@@ -34,11 +34,7 @@ fn connect_packet(level: ProtocolLevel, props: ConnectProperties) -> Packet {
 impl Client {
     fn new(level: ProtocolLevel, config: Config) -> Self {
         let t0 = Instant::now();
-        Client {
-            level,
-            conn: Connection::new(config, t0),
-            t0,
-        }
+        Client { level, conn: Connection::new(config, t0), t0 }
     }
 
     /// Connected and accepted, output and events drained.
@@ -147,10 +143,7 @@ fn accept_v3_and_v311() {
         assert_eq!(c.conn.level(), Some(level));
         assert!(matches!(c.events().as_slice(), [Event::Connect(x)] if x.client_id == "client"));
         assert_eq!(c.conn.pending_output(), 0);
-        c.conn.accept(Accept {
-            session_present: true,
-            ..Accept::default()
-        });
+        c.conn.accept(Accept { session_present: true, ..Accept::default() });
         assert_eq!(&c.out_bytes()[..], &[0x20, 2, 1, 0]);
         assert!(!c.conn.is_closed());
     }
@@ -205,23 +198,24 @@ fn accept_v5_fills_properties() {
 
 #[test]
 fn max_keep_alive_clamps_v5() {
-    let config = Config {
-        max_keep_alive: Some(60),
-        ..Config::default()
-    };
+    let config = Config { max_keep_alive: Some(60), ..Config::default() };
     let mut c = Client::new(V5, config.clone());
     let Packet::Connect(mut p) = connect_packet(V5, ConnectProperties::default()) else { unreachable!() };
     p.keep_alive = 0;
     c.send(&Packet::Connect(p));
     assert_eq!(c.conn.keep_alive(), 60);
     c.conn.accept(Accept::default());
-    assert!(matches!(c.out().as_slice(), [Packet::ConnAck { properties, .. }] if properties.server_keep_alive == Some(60)));
+    assert!(
+        matches!(c.out().as_slice(), [Packet::ConnAck { properties, .. }] if properties.server_keep_alive == Some(60))
+    );
     // Within the limit: the client's value, no server keep alive.
     let mut c = Client::new(V5, config.clone());
     c.send(&connect_packet(V5, ConnectProperties::default()));
     assert_eq!(c.conn.keep_alive(), 10);
     c.conn.accept(Accept::default());
-    assert!(matches!(c.out().as_slice(), [Packet::ConnAck { properties, .. }] if properties.server_keep_alive.is_none()));
+    assert!(
+        matches!(c.out().as_slice(), [Packet::ConnAck { properties, .. }] if properties.server_keep_alive.is_none())
+    );
     // 3.x cannot be told: the client's value stays.
     let mut c = Client::new(V4, config);
     c.send(&connect_packet(V4, ConnectProperties::default()));
@@ -233,13 +227,7 @@ fn v3_1_accepted_or_refused_by_config() {
     let mut c = Client::new(V3, Config::default());
     c.send(&connect_packet(V3, ConnectProperties::default()));
     assert!(matches!(c.events().as_slice(), [Event::Connect(x)] if x.level == V3));
-    let mut c = Client::new(
-        V3,
-        Config {
-            allow_v3_1: false,
-            ..Config::default()
-        },
-    );
+    let mut c = Client::new(V3, Config { allow_v3_1: false, ..Config::default() });
     c.send(&connect_packet(V3, ConnectProperties::default()));
     assert_eq!(&c.out_bytes()[..], &[0x20, 2, 0, 1]);
     assert_eq!(c.events(), vec![Event::Error(ProtocolError::Decode(DecodeError::UnsupportedProtocol))]);
@@ -439,11 +427,7 @@ fn resumed_session_inbound_qos2() {
     let mut c = Client::new(V4, Config::default());
     c.send(&connect_packet(V4, ConnectProperties::default()));
     c.events();
-    c.conn.accept(Accept {
-        session_present: true,
-        inbound_qos2: vec![3, 4],
-        ..Accept::default()
-    });
+    c.conn.accept(Accept { session_present: true, inbound_qos2: vec![3, 4], ..Accept::default() });
     c.out();
     c.send(&publish(QoS::ExactlyOnce, 3, "t"));
     assert!(c.events().is_empty());
@@ -455,10 +439,7 @@ fn resumed_session_inbound_qos2() {
 
 #[test]
 fn receive_maximum_inbound() {
-    let config = Config {
-        receive_maximum: 2,
-        ..Config::default()
-    };
+    let config = Config { receive_maximum: 2, ..Config::default() };
     let mut c = Client::connected(V5, config.clone(), ConnectProperties::default());
     c.send(&publish(QoS::AtLeastOnce, 1, "t"));
     c.send(&publish(QoS::ExactlyOnce, 2, "t"));
@@ -482,10 +463,7 @@ fn receive_maximum_inbound() {
 
 #[test]
 fn inbound_topic_aliases() {
-    let config = Config {
-        topic_alias_maximum: 2,
-        ..Config::default()
-    };
+    let config = Config { topic_alias_maximum: 2, ..Config::default() };
     let mut c = Client::connected(V5, config.clone(), ConnectProperties::default());
     c.send(&publish_alias("a/b", 1));
     c.send(&publish_alias("", 1));
@@ -521,10 +499,7 @@ fn inbound_topic_aliases() {
 
 #[test]
 fn topic_levels_limit() {
-    let config = Config {
-        max_topic_levels: 2,
-        ..Config::default()
-    };
+    let config = Config { max_topic_levels: 2, ..Config::default() };
     let mut c = Client::connected(V4, config, ConnectProperties::default());
     c.send(&publish(QoS::AtMostOnce, 0, "a/b"));
     assert_eq!(c.events().len(), 1);
@@ -570,14 +545,8 @@ fn outbound_qos1_and_qos2() {
 
 #[test]
 fn outbound_receive_maximum_and_ids() {
-    let props = ConnectProperties {
-        receive_maximum: Some(2),
-        ..ConnectProperties::default()
-    };
-    let config = Config {
-        pkid_range: 1..=1000,
-        ..Config::default()
-    };
+    let props = ConnectProperties { receive_maximum: Some(2), ..ConnectProperties::default() };
+    let config = Config { pkid_range: 1..=1000, ..Config::default() };
     let mut c = Client::connected(V5, config, props);
     assert_eq!(c.conn.send_capacity(), 2);
     let mut o = outgoing(QoS::AtLeastOnce, "t");
@@ -592,10 +561,7 @@ fn outbound_receive_maximum_and_ids() {
     assert_eq!(c.conn.send_capacity(), 1);
     assert_eq!(c.conn.send_publish(outgoing(QoS::AtLeastOnce, "t")), Ok(2));
     // 3.x: bounded by the id range.
-    let config = Config {
-        pkid_range: 1..=2,
-        ..Config::default()
-    };
+    let config = Config { pkid_range: 1..=2, ..Config::default() };
     let mut c = Client::connected(V4, config, ConnectProperties::default());
     assert_eq!(c.conn.send_capacity(), 2);
     assert_eq!(c.conn.send_publish(outgoing(QoS::AtLeastOnce, "t")), Ok(1));
@@ -607,10 +573,7 @@ fn outbound_receive_maximum_and_ids() {
 
 #[test]
 fn outbound_topic_aliases() {
-    let props = ConnectProperties {
-        topic_alias_maximum: Some(1),
-        ..ConnectProperties::default()
-    };
+    let props = ConnectProperties { topic_alias_maximum: Some(1), ..ConnectProperties::default() };
     let mut c = Client::connected(V5, Config::default(), props.clone());
     for topic in ["a/b", "a/b", "c", "a/b"] {
         c.conn.send_publish(outgoing(QoS::AtMostOnce, topic)).unwrap();
@@ -623,15 +586,9 @@ fn outbound_topic_aliases() {
             other => panic!("{other:?}"),
         })
         .collect();
-    assert_eq!(
-        sent,
-        [("a/b".into(), Some(1)), (String::new(), Some(1)), ("c".into(), None), (String::new(), Some(1))]
-    );
+    assert_eq!(sent, [("a/b".into(), Some(1)), (String::new(), Some(1)), ("c".into(), None), (String::new(), Some(1))]);
     // Turned off by config.
-    let config = Config {
-        outbound_topic_aliases: false,
-        ..Config::default()
-    };
+    let config = Config { outbound_topic_aliases: false, ..Config::default() };
     let mut c = Client::connected(V5, config, props);
     c.conn.send_publish(outgoing(QoS::AtMostOnce, "a")).unwrap();
     assert!(matches!(c.out().as_slice(), [Packet::Publish(p)] if p.properties.topic_alias.is_none()));
@@ -639,10 +596,7 @@ fn outbound_topic_aliases() {
 
 #[test]
 fn client_maximum_packet_size() {
-    let props = ConnectProperties {
-        maximum_packet_size: Some(20),
-        ..ConnectProperties::default()
-    };
+    let props = ConnectProperties { maximum_packet_size: Some(20), ..ConnectProperties::default() };
     let mut c = Client::connected(V5, Config::default(), props);
     let mut big = outgoing(QoS::AtLeastOnce, "t");
     big.payload = Bytes::from(vec![0u8; 100]);
@@ -676,10 +630,7 @@ fn v3_drops_properties() {
 
 #[test]
 fn send_pubrel_resumes_qos2() {
-    let props = ConnectProperties {
-        receive_maximum: Some(1),
-        ..ConnectProperties::default()
-    };
+    let props = ConnectProperties { receive_maximum: Some(1), ..ConnectProperties::default() };
     let mut c = Client::connected(V5, Config::default(), props);
     assert_eq!(c.conn.send_pubrel(0), Err(SendError::PacketIdInUse));
     assert_eq!(c.conn.send_pubrel(9), Ok(()));
@@ -699,10 +650,7 @@ fn problem_information() {
     assert!(matches!(c.out().as_slice(), [Packet::Disconnect(d)] if d.reason_string.as_deref() == Some("bye")));
     assert!(c.conn.is_closed());
     // Request Problem Information = 0: none.
-    let props = ConnectProperties {
-        request_problem_information: Some(0),
-        ..ConnectProperties::default()
-    };
+    let props = ConnectProperties { request_problem_information: Some(0), ..ConnectProperties::default() };
     let mut c = Client::connected(V5, Config::default(), props);
     c.conn.disconnect(ReasonCode::ADMINISTRATIVE_ACTION, Some("bye"));
     assert!(matches!(c.out().as_slice(), [Packet::Disconnect(d)] if d.reason_string.is_none()));
@@ -727,18 +675,12 @@ fn client_disconnect() {
     assert!(c.conn.is_closed());
     // Session expiry on DISCONNECT after 0 in CONNECT.
     let mut c = Client::connected(V5, Config::default(), ConnectProperties::default());
-    let bad = Disconnect {
-        session_expiry_interval: Some(10),
-        ..d.clone()
-    };
+    let bad = Disconnect { session_expiry_interval: Some(10), ..d.clone() };
     c.send(&Packet::Disconnect(bad.clone()));
     assert_eq!(disconnect_reason(&c.out()), Some(ReasonCode::PROTOCOL_ERROR));
     assert!(matches!(c.events().as_slice(), [Event::Error(ProtocolError::Violation(ReasonCode::PROTOCOL_ERROR, _))]));
     // Allowed when CONNECT had a non-zero expiry.
-    let props = ConnectProperties {
-        session_expiry_interval: Some(5),
-        ..ConnectProperties::default()
-    };
+    let props = ConnectProperties { session_expiry_interval: Some(5), ..ConnectProperties::default() };
     let mut c = Client::connected(V5, Config::default(), props);
     c.send(&Packet::Disconnect(bad.clone()));
     assert_eq!(c.events(), vec![Event::Disconnect(bad)]);
@@ -818,10 +760,7 @@ fn byte_by_byte_input() {
 
 #[test]
 fn too_large_inbound() {
-    let config = Config {
-        max_packet_size: 100,
-        ..Config::default()
-    };
+    let config = Config { max_packet_size: 100, ..Config::default() };
     let mut c = Client::connected(V5, config, ConnectProperties::default());
     c.raw(&[0x30, 0xFF, 0x7F]);
     assert_eq!(disconnect_reason(&c.out()), Some(ReasonCode::PACKET_TOO_LARGE));

@@ -54,10 +54,7 @@ fn method_on_a_closed_channel_is_504() {
     let mut c = Client::open(Config::default());
     c.method(
         3,
-        AMQPClass::Queue(queue::AMQPMethod::Declare(queue::Declare {
-            queue: "q".into(),
-            ..Default::default()
-        })),
+        AMQPClass::Queue(queue::AMQPMethod::Declare(queue::Declare { queue: "q".into(), ..Default::default() })),
     );
     let text = c.expect_error(504, (50, 10));
     assert_eq!(text, "CHANNEL_ERROR - expected 'channel.open'");
@@ -138,10 +135,7 @@ fn broker_methods_are_forwarded() {
             consumer_tag: "c".into(),
             ..Default::default()
         })),
-        AMQPClass::Basic(basic::AMQPMethod::Cancel(basic::Cancel {
-            consumer_tag: "c".into(),
-            nowait: false,
-        })),
+        AMQPClass::Basic(basic::AMQPMethod::Cancel(basic::Cancel { consumer_tag: "c".into(), nowait: false })),
         AMQPClass::Basic(basic::AMQPMethod::Get(basic::Get::default())),
         AMQPClass::Basic(basic::AMQPMethod::Ack(basic::Ack { delivery_tag: 1, multiple: false })),
         AMQPClass::Basic(basic::AMQPMethod::Nack(basic::Nack { delivery_tag: 2, multiple: true, requeue: true })),
@@ -154,13 +148,7 @@ fn broker_methods_are_forwarded() {
     ];
     for m in methods {
         c.method(1, m.clone());
-        assert_eq!(
-            c.events(),
-            vec![Event::Method {
-                channel: 1,
-                method: Box::new(m)
-            }]
-        );
+        assert_eq!(c.events(), vec![Event::Method { channel: 1, method: Box::new(m) }]);
         assert!(c.recv().is_empty());
     }
     // The broker answers.
@@ -168,10 +156,7 @@ fn broker_methods_are_forwarded() {
     assert_eq!(c.recv_methods(), vec![(1, AMQPClass::Basic(basic::AMQPMethod::QosOk(basic::QosOk {})))]);
     // Access.Request is answered here.
     c.method(1, AMQPClass::Access(access::AMQPMethod::Request(access::Request::default())));
-    assert_eq!(
-        c.recv_methods(),
-        vec![(1, AMQPClass::Access(access::AMQPMethod::RequestOk(access::RequestOk {})))]
-    );
+    assert_eq!(c.recv_methods(), vec![(1, AMQPClass::Access(access::AMQPMethod::RequestOk(access::RequestOk {})))]);
     assert!(c.events().is_empty());
 }
 
@@ -262,13 +247,7 @@ fn update_secret_is_forwarded_on_channel_0() {
         reason: "refresh".into(),
     }));
     c.method(0, m.clone());
-    assert_eq!(
-        c.events(),
-        vec![Event::Method {
-            channel: 0,
-            method: Box::new(m)
-        }]
-    );
+    assert_eq!(c.events(), vec![Event::Method { channel: 0, method: Box::new(m) }]);
     c.conn.reply(0, AMQPClass::Connection(connection::AMQPMethod::UpdateSecretOk(connection::UpdateSecretOk {})));
     assert_eq!(
         c.recv_methods(),

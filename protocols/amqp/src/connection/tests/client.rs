@@ -41,12 +41,7 @@ pub fn client_properties(blocked_capability: bool) -> FieldTable {
 impl Client {
     pub fn new(config: Config) -> Self {
         let now = Instant::now();
-        Client {
-            conn: Connection::new(config, now),
-            now,
-            inbuf: BytesMut::new(),
-            outbuf: BytesMut::new(),
-        }
+        Client { conn: Connection::new(config, now), now, inbuf: BytesMut::new(), outbuf: BytesMut::new() }
     }
 
     /// Client and server through Open-Ok, output and events drained.
@@ -71,14 +66,7 @@ impl Client {
     }
 
     pub fn header(&mut self, channel: u16, body_size: u64, properties: BasicProperties) {
-        self.send(AMQPFrame::Header(
-            channel,
-            AMQPContentHeader {
-                class_id: 60,
-                body_size,
-                properties,
-            },
-        ));
+        self.send(AMQPFrame::Header(channel, AMQPContentHeader { class_id: 60, body_size, properties }));
     }
 
     pub fn body(&mut self, channel: u16, data: &[u8]) {
@@ -138,10 +126,7 @@ impl Client {
     }
 
     pub fn plain(user: &str, pass: &str) -> Vec<u8> {
-        Credentials::new(user.into(), pass.into())
-            .sasl_auth_string(SASLMechanism::Plain)
-            .as_bytes()
-            .to_vec()
+        Credentials::new(user.into(), pass.into()).sasl_auth_string(SASLMechanism::Plain).as_bytes().to_vec()
     }
 
     pub fn tune_ok(&mut self, channel_max: u16, frame_max: u32, heartbeat: u16) {
@@ -158,9 +143,7 @@ impl Client {
     pub fn connection_open(&mut self, vhost: &str) {
         self.method(
             0,
-            AMQPClass::Connection(connection::AMQPMethod::Open(connection::Open {
-                virtual_host: vhost.into(),
-            })),
+            AMQPClass::Connection(connection::AMQPMethod::Open(connection::Open { virtual_host: vhost.into() })),
         );
     }
 
@@ -168,10 +151,7 @@ impl Client {
     pub fn handshake(&mut self, blocked_capability: bool) {
         self.raw(PROTOCOL_HEADER);
         let start = self.recv_methods();
-        assert!(matches!(
-            start.as_slice(),
-            [(0, AMQPClass::Connection(connection::AMQPMethod::Start(_)))]
-        ));
+        assert!(matches!(start.as_slice(), [(0, AMQPClass::Connection(connection::AMQPMethod::Start(_)))]));
         self.start_ok("PLAIN", Client::plain("guest", "guest"), blocked_capability);
         assert!(matches!(self.events().as_slice(), [Event::Login { .. }]));
         self.conn.accept_login();

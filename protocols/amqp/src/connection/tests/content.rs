@@ -41,10 +41,8 @@ fn publish_fields_and_properties() {
     c.open_channel(2);
     let mut headers = FieldTable::default();
     headers.insert("h".into(), AMQPValue::LongString("v".into()));
-    let props = BasicProperties::default()
-        .with_content_type("text/plain".into())
-        .with_delivery_mode(2)
-        .with_headers(headers);
+    let props =
+        BasicProperties::default().with_content_type("text/plain".into()).with_delivery_mode(2).with_headers(headers);
     c.method(
         2,
         AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish {
@@ -115,17 +113,10 @@ fn content_byte_by_byte() {
     let mut c = Client::open(Config::default());
     c.open_channel(1);
     let mut all = Vec::new();
-    all.extend(encode(&AMQPFrame::Method(
-        1,
-        AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish::default())),
-    )));
+    all.extend(encode(&AMQPFrame::Method(1, AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish::default())))));
     all.extend(encode(&AMQPFrame::Header(
         1,
-        amq_protocol::frame::AMQPContentHeader {
-            class_id: 60,
-            body_size: 5,
-            properties: BasicProperties::default(),
-        },
+        amq_protocol::frame::AMQPContentHeader { class_id: 60, body_size: 5, properties: BasicProperties::default() },
     )));
     all.extend(encode(&AMQPFrame::Body(1, b"12".to_vec())));
     all.extend(encode(&AMQPFrame::Body(1, b"345".to_vec())));
@@ -144,10 +135,7 @@ fn method_between_publish_and_header_is_505() {
     c.publish_method(1, "k");
     c.method(1, AMQPClass::Basic(basic::AMQPMethod::Qos(basic::Qos::default())));
     let text = c.expect_error(505, (60, 40));
-    assert_eq!(
-        text,
-        "UNEXPECTED_FRAME - expected content header for class 60, got non content header frame instead"
-    );
+    assert_eq!(text, "UNEXPECTED_FRAME - expected content header for class 60, got non content header frame instead");
     // Body instead of the header.
     let mut c = Client::open(Config::default());
     c.open_channel(1);
@@ -211,21 +199,14 @@ fn header_of_another_class_is_505() {
     c.publish_method(1, "k");
     c.send(AMQPFrame::Header(
         1,
-        amq_protocol::frame::AMQPContentHeader {
-            class_id: 50,
-            body_size: 0,
-            properties: BasicProperties::default(),
-        },
+        amq_protocol::frame::AMQPContentHeader { class_id: 50, body_size: 0, properties: BasicProperties::default() },
     ));
     c.expect_error(505, (60, 40));
 }
 
 #[test]
 fn oversized_message_closes_the_channel_with_406() {
-    let mut c = Client::open(Config {
-        max_message_size: 10,
-        ..Config::default()
-    });
+    let mut c = Client::open(Config { max_message_size: 10, ..Config::default() });
     c.open_channel(1);
     c.open_channel(2);
     c.publish_method(1, "k");
@@ -249,10 +230,7 @@ fn confirm_tags() {
     c.open_channel(1);
     c.open_channel(2);
     c.confirm_select(1, false);
-    assert_eq!(
-        c.recv_methods(),
-        vec![(1, AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(confirm::SelectOk {})))]
-    );
+    assert_eq!(c.recv_methods(), vec![(1, AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(confirm::SelectOk {})))]);
     assert_eq!(c.events(), vec![Event::ConfirmSelected { channel: 1 }]);
     c.confirm_select(2, true);
     assert!(c.recv().is_empty(), "nowait: no Select-Ok");
@@ -337,12 +315,7 @@ fn tx_and_confirm_exclude_each_other() {
 }
 
 fn content<'a>(props: &'a BasicProperties, body: &'a Bytes) -> Content<'a> {
-    Content {
-        exchange: "ex",
-        routing_key: "rk",
-        properties: props,
-        body,
-    }
+    Content { exchange: "ex", routing_key: "rk", properties: props, body }
 }
 
 #[test]
@@ -452,12 +425,7 @@ fn long_strings_from_the_broker_are_cut_not_panicking() {
         &long,
         1,
         false,
-        Content {
-            exchange: &long,
-            routing_key: &long,
-            properties: &props,
-            body: &body,
-        },
+        Content { exchange: &long, routing_key: &long, properties: &props, body: &body },
     );
     let frames = c.recv();
     let AMQPFrame::Method(1, AMQPClass::Basic(basic::AMQPMethod::Deliver(d))) = &frames[0] else {

@@ -75,10 +75,7 @@ fn login_plain_and_amqplain() {
         ("PLAIN", Client::plain("alice", "pw")),
         (
             "AMQPLAIN",
-            Credentials::new("alice".into(), "pw".into())
-                .sasl_auth_string(SASLMechanism::AMQPlain)
-                .as_bytes()
-                .to_vec(),
+            Credentials::new("alice".into(), "pw".into()).sasl_auth_string(SASLMechanism::AMQPlain).as_bytes().to_vec(),
         ),
     ] {
         let mut c = Client::new(Config::default());
@@ -270,9 +267,7 @@ fn pipelined_frames_wait_for_the_broker() {
         ),
         AMQPFrame::Method(
             0,
-            AMQPClass::Connection(connection::AMQPMethod::Open(connection::Open {
-                virtual_host: "/".into(),
-            })),
+            AMQPClass::Connection(connection::AMQPMethod::Open(connection::Open { virtual_host: "/".into() })),
         ),
         AMQPFrame::Method(1, AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {}))),
         AMQPFrame::Heartbeat,
@@ -350,11 +345,5 @@ fn client_close_during_handshake() {
         c.recv_methods(),
         vec![(0, AMQPClass::Connection(connection::AMQPMethod::CloseOk(connection::CloseOk {})))]
     );
-    assert_eq!(
-        c.events(),
-        vec![Event::Closed(CloseReason::ClientClosed {
-            code: 200,
-            text: "bye".into()
-        })]
-    );
+    assert_eq!(c.events(), vec![Event::Closed(CloseReason::ClientClosed { code: 200, text: "bye".into() })]);
 }

@@ -28,13 +28,7 @@ fn client_close() {
     c.open_channel(1);
     c.method(0, connection_close(200));
     assert_eq!(c.recv_methods(), vec![(0, close_ok())]);
-    assert_eq!(
-        c.events(),
-        vec![Event::Closed(CloseReason::ClientClosed {
-            code: 200,
-            text: "client bye".into()
-        })]
-    );
+    assert_eq!(c.events(), vec![Event::Closed(CloseReason::ClientClosed { code: 200, text: "client bye".into() })]);
     assert!(c.conn.is_closed());
     // Nothing more is consumed or produced.
     c.raw(b"garbage");
@@ -280,10 +274,7 @@ fn blocked_before_open_ok_is_sent_after_it() {
         c.recv_methods(),
         vec![
             (0, AMQPClass::Connection(connection::AMQPMethod::OpenOk(connection::OpenOk {}))),
-            (
-                0,
-                AMQPClass::Connection(connection::AMQPMethod::Blocked(connection::Blocked { reason: "disk".into() }))
-            ),
+            (0, AMQPClass::Connection(connection::AMQPMethod::Blocked(connection::Blocked { reason: "disk".into() }))),
         ]
     );
     // Unblocked before Open-Ok cancels it.
