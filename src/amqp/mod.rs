@@ -13,7 +13,7 @@
 //! - [`entities`] — the queue registry and durable metadata.
 //! - [`streams`] — stream declarations and `x-stream-offset` (RabbitMQ's stream rules).
 //! - [`convert`] — wire types <-> core values and properties (the gateway mapping).
-//! - [`auth`] — the user store.
+//! - the user store lives in [`crate::auth`], shared with MQTT.
 //! - [`dedup`] — publisher de-duplication by message id.
 //! - [`retry_args`] — the queue arguments of delayed retries.
 //! - [`dlq`] — `%DLQ%{queue}` queues, created on demand for the core's dead-letter task.

@@ -530,7 +530,7 @@ pub struct QueueRoute {
     pub qos: u8,
     /// The publisher reserved room in this reject-publish queue ([`QueueConfig::admit`]).
     ///
-    /// [`QueueConfig::admit`]: crate::core::queue::config::QueueConfig::admit
+    /// [`QueueConfig::admit`]: crate::core::queue::QueueConfig::admit
     pub reserved: bool,
 }
 
