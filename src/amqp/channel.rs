@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
-use ferrymq_storage::QueueId;
+use crate::core::store::QueueId;
 
 use crate::core::delivery::QueueDelivery;
 use crate::core::message::SharedMessage;

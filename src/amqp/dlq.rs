@@ -7,7 +7,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use ferrymq_storage::QueueId;
+use crate::core::store::QueueId;
 use tracing::{info, warn};
 
 use super::entities::queue_config;

@@ -1,26 +1,23 @@
 //! AMQP entities: the queue registry (name -> consume queue, durability, exclusivity,
-//! arguments turned into a [`QueueConfig`]) and the durable metadata of exchanges,
-//! queues and bindings in the journal's `meta` keyspace, restored at start-up.
-//!
-//! Meta records are typed tables (`core::value`), keyed `q\0vhost\0name`,
-//! `x\0vhost\0name` and `b\0vhost\0exchange\0destination\0key\0args`.
+//! arguments turned into a [`QueueConfig`]), and keeping durable exchanges, queues and
+//! bindings in the core's [`EntityStore`](crate::core::store::EntityStore), restored at
+//! start-up.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
-use ferrymq_storage::{Op, QueueId, Space};
 use parking_lot::{Mutex, RwLock};
 use tracing::{info, warn};
 
-use crate::core::broker::Broker;
+use crate::core::broker::{Broker, Commit};
 use crate::core::message::now_ms;
 use crate::core::queue::{DeadLetterTarget, Overflow, QueueConfig};
-use crate::core::router::{Binding, Destination, ExchangeDef, ExchangeKind};
+use crate::core::router::{Binding, Destination, ExchangeDef};
 use crate::core::shards::ShardCmd;
+use crate::core::store::{QueueId, QueueRecord};
 use crate::core::stream::StreamConfig;
-use crate::core::value::{decode_table, encode_table, Value};
+use crate::core::value::Value;
 
 use super::retry_args::retry_policy;
 use super::streams::{is_stream, stream_config};
@@ -233,7 +230,7 @@ impl Entities {
         config: QueueConfig,
         stream: Option<StreamConfig>,
     ) -> Result<Arc<QueueEntity>, String> {
-        let id = broker.journal.queue_id(&storage_name(vhost, name)).map_err(|e| e.to_string())?;
+        let id = broker.stores.catalog.queue_id(&storage_name(vhost, name)).map_err(|e| e.to_string())?;
         let entity = Arc::new(QueueEntity {
             vhost: vhost.to_owned(),
             name: name.to_owned(),
@@ -251,8 +248,17 @@ impl Entities {
         });
         self.install(broker, entity.clone());
         if durable {
-            let op = Op::Put { space: Space::Meta, key: meta_key(b'q', &[vhost, name]), value: queue_record(&entity) };
-            broker.journal.write(vec![op]).await.map_err(|e| e.to_string())?;
+            let record = QueueRecord {
+                vhost: entity.vhost.clone(),
+                name: entity.name.clone(),
+                id,
+                auto_delete,
+                arguments: entity.arguments.clone(),
+            };
+            broker
+                .commit(broker.stores.entities.put_queue(&record), Commit::Durable)
+                .await
+                .map_err(|e| e.to_string())?;
         }
         Ok(entity)
     }
@@ -277,26 +283,18 @@ impl Entities {
         broker.router.unbind_all(&entity.vhost, &Destination::Queue(entity.id));
         let count = broker.shards.delete(entity.id).await;
         if entity.durable {
-            let mut ops = vec![Op::Delete { space: Space::Meta, key: meta_key(b'q', &[&entity.vhost, &entity.name]) }];
-            // The queue's binding records: found by scanning the vhost's bindings.
-            if let Ok(records) = broker.journal.scan(Space::Meta, &meta_key(b'b', &[&entity.vhost, ""])) {
-                for (key, value) in records {
-                    if binding_points_to_queue(&value, entity.id) {
-                        ops.push(Op::Delete { space: Space::Meta, key });
-                    }
-                }
-            }
-            if let Err(e) = broker.journal.write(ops).await {
+            let write = broker.stores.entities.remove_queue(&entity.vhost, &entity.name, entity.id);
+            if let Err(e) = broker.commit(write, Commit::Durable).await {
                 warn!(error = %e, "cannot delete queue metadata");
             }
         }
         count
     }
 
-    /// Restores durable exchanges, queues and bindings from the journal and deletes the
+    /// Restores durable exchanges, queues and bindings from the entity store and deletes the
     /// consume queues of AMQP queues that were not durable.
     pub async fn restore(&self, broker: &Broker) {
-        let records = match broker.journal.scan(Space::Meta, b"") {
+        let records = match broker.stores.entities.load() {
             Ok(r) => r,
             Err(e) => {
                 warn!(error = %e, "cannot read AMQP metadata");
@@ -304,36 +302,24 @@ impl Entities {
             }
         };
         let (mut exchanges, mut queues, mut bindings) = (0, 0, 0);
-        for (key, value) in &records {
-            if key.first() == Some(&b'x') {
-                if let Some((vhost, def)) = exchange_from_record(value) {
-                    broker.router.add_vhost(&vhost);
-                    if broker.router.declare_exchange(&vhost, def).is_ok() {
-                        exchanges += 1;
-                    }
-                }
+        for x in records.exchanges {
+            broker.router.add_vhost(&x.vhost);
+            if broker.router.declare_exchange(&x.vhost, x.def).is_ok() {
+                exchanges += 1;
             }
         }
-        for (key, value) in &records {
-            if key.first() == Some(&b'q') {
-                if let Some(entity) = queue_from_record(value) {
-                    broker.router.add_vhost(&entity.vhost);
-                    self.install(broker, Arc::new(entity));
-                    queues += 1;
-                }
-            }
+        for entity in records.queues.into_iter().filter_map(queue_from_record) {
+            broker.router.add_vhost(&entity.vhost);
+            self.install(broker, Arc::new(entity));
+            queues += 1;
         }
-        for (key, value) in &records {
-            if key.first() == Some(&b'b') {
-                if let Some((vhost, exchange, binding)) = binding_from_record(value) {
-                    if broker.router.bind(&vhost, &exchange, binding).is_ok() {
-                        bindings += 1;
-                    }
-                }
+        for b in records.bindings {
+            if broker.router.bind(&b.vhost, &b.exchange, b.binding).is_ok() {
+                bindings += 1;
             }
         }
         // Consume queues of AMQP queues that did not survive (transient ones).
-        if let Ok(all) = broker.journal.queues() {
+        if let Ok(all) = broker.stores.catalog.queues() {
             let live: std::collections::HashSet<QueueId> = self.all().iter().map(|q| q.id).collect();
             for (name, id) in all {
                 if name.starts_with(QUEUE_PREFIX) && !live.contains(&id) {
@@ -368,59 +354,27 @@ impl Entities {
 
 /// Stores a durable exchange.
 pub async fn store_exchange(broker: &Broker, vhost: &str, def: &ExchangeDef) {
-    let record = table_bytes(&[
-        ("vhost", Value::Str(vhost.to_owned())),
-        ("name", Value::Str(def.name.clone())),
-        ("type", Value::Str(def.kind.name().to_owned())),
-        ("auto_delete", Value::Bool(def.auto_delete)),
-        ("internal", Value::Bool(def.internal)),
-        ("arguments", Value::Table(def.arguments.clone())),
-    ]);
-    let op = Op::Put { space: Space::Meta, key: meta_key(b'x', &[vhost, &def.name]), value: record };
-    if let Err(e) = broker.journal.write(vec![op]).await {
+    if let Err(e) = broker.commit(broker.stores.entities.put_exchange(vhost, def), Commit::Durable).await {
         warn!(error = %e, "cannot store exchange");
     }
 }
 
 /// Forgets a durable exchange and its binding records.
 pub async fn forget_exchange(broker: &Broker, vhost: &str, name: &str) {
-    let mut ops = vec![Op::Delete { space: Space::Meta, key: meta_key(b'x', &[vhost, name]) }];
-    if let Ok(records) = broker.journal.scan(Space::Meta, &meta_key(b'b', &[vhost, ""])) {
-        for (key, value) in records {
-            if binding_involves_exchange(&value, name) {
-                ops.push(Op::Delete { space: Space::Meta, key });
-            }
-        }
-    }
-    if let Err(e) = broker.journal.write(ops).await {
+    if let Err(e) = broker.commit(broker.stores.entities.remove_exchange(vhost, name), Commit::Durable).await {
         warn!(error = %e, "cannot delete exchange metadata");
     }
 }
 
 /// Stores (`store`) or forgets a durable binding.
 pub async fn persist_binding(broker: &Broker, vhost: &str, exchange: &str, binding: &Binding, store: bool) {
-    let dest = match &binding.dest {
-        Destination::Queue(q) => format!("q:{}", q.0),
-        Destination::Exchange(x) => format!("x:{x}"),
-        Destination::Session(_) => return,
-    };
-    let mut args = BytesMut::new();
-    encode_table(&binding.args, &mut args);
-    let args_hex: String = args.iter().map(|b| format!("{b:02x}")).collect();
-    let key = meta_key(b'b', &[vhost, exchange, &dest, &binding.key, &args_hex]);
-    let op = if store {
-        let record = table_bytes(&[
-            ("vhost", Value::Str(vhost.to_owned())),
-            ("exchange", Value::Str(exchange.to_owned())),
-            ("dest", Value::Str(dest)),
-            ("key", Value::Str(binding.key.clone())),
-            ("arguments", Value::Table(binding.args.clone())),
-        ]);
-        Op::Put { space: Space::Meta, key, value: record }
+    let entities = &broker.stores.entities;
+    let write = if store {
+        entities.put_binding(vhost, exchange, binding)
     } else {
-        Op::Delete { space: Space::Meta, key }
+        entities.remove_binding(vhost, exchange, binding)
     };
-    if let Err(e) = broker.journal.write(vec![op]).await {
+    if let Err(e) = broker.commit(write, Commit::Durable).await {
         warn!(error = %e, "cannot store binding");
     }
 }
@@ -429,119 +383,29 @@ fn storage_name(vhost: &str, name: &str) -> String {
     format!("{QUEUE_PREFIX}{vhost}/{name}")
 }
 
-fn meta_key(kind: u8, parts: &[&str]) -> Bytes {
-    let mut k = vec![kind];
-    for p in parts {
-        k.push(0);
-        k.extend_from_slice(p.as_bytes());
-    }
-    Bytes::from(k)
-}
-
-fn table_bytes(fields: &[(&str, Value)]) -> Bytes {
-    let owned: Vec<(String, Value)> = fields.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
-    let mut b = BytesMut::new();
-    encode_table(&owned, &mut b);
-    b.freeze()
-}
-
-fn read_table(bytes: &Bytes) -> Option<Vec<(String, Value)>> {
-    decode_table(&mut bytes.clone(), 0).ok()
-}
-
-fn field<'a>(t: &'a [(String, Value)], name: &str) -> Option<&'a Value> {
-    t.iter().find(|(k, _)| k == name).map(|(_, v)| v)
-}
-
-fn field_str(t: &[(String, Value)], name: &str) -> Option<String> {
-    field(t, name).and_then(Value::as_str).map(str::to_owned)
-}
-
-fn field_bool(t: &[(String, Value)], name: &str) -> bool {
-    matches!(field(t, name), Some(Value::Bool(true)))
-}
-
-fn field_table(t: &[(String, Value)], name: &str) -> Vec<(String, Value)> {
-    match field(t, name) {
-        Some(Value::Table(v)) => v.clone(),
-        _ => Vec::new(),
-    }
-}
-
-fn queue_record(q: &QueueEntity) -> Bytes {
-    table_bytes(&[
-        ("vhost", Value::Str(q.vhost.clone())),
-        ("name", Value::Str(q.name.clone())),
-        ("id", Value::Int(q.id.0 as i64)),
-        ("auto_delete", Value::Bool(q.auto_delete)),
-        ("arguments", Value::Table(q.arguments.clone())),
-    ])
-}
-
-fn queue_from_record(value: &Bytes) -> Option<QueueEntity> {
-    let t = read_table(value)?;
-    let vhost = field_str(&t, "vhost")?;
-    let name = field_str(&t, "name")?;
-    let id = QueueId(u64::try_from(field(&t, "id")?.as_i64()?).ok()?);
-    let arguments = field_table(&t, "arguments");
-    let auto_delete = field_bool(&t, "auto_delete");
-    let (config, stream) = if is_stream(&arguments) {
-        let stream = stream_config(&vhost, &name, true, false, auto_delete, &arguments).ok()?;
-        (QueueConfig::new(&name, &vhost), Some(Arc::new(stream)))
+/// The queue a stored record declares, with its configuration derived again from the
+/// arguments; `None` when they no longer pass the checks.
+fn queue_from_record(r: QueueRecord) -> Option<QueueEntity> {
+    let (config, stream) = if is_stream(&r.arguments) {
+        let stream = stream_config(&r.vhost, &r.name, true, false, r.auto_delete, &r.arguments).ok()?;
+        (QueueConfig::new(&r.name, &r.vhost), Some(Arc::new(stream)))
     } else {
-        (queue_config(&vhost, &name, true, &arguments).ok()?, None)
+        (queue_config(&r.vhost, &r.name, true, &r.arguments).ok()?, None)
     };
     Some(QueueEntity {
-        vhost,
-        name,
-        id,
+        vhost: r.vhost,
+        name: r.name,
+        id: r.id,
         durable: true,
         exclusive_owner: None,
-        auto_delete,
-        arguments,
+        auto_delete: r.auto_delete,
+        arguments: r.arguments,
         config: Arc::new(config),
         stream,
         had_consumer: AtomicBool::new(false),
         exclusive_consumer: Mutex::new(None),
         consumers: AtomicU64::new(0),
         last_used_ms: AtomicU64::new(now_ms()),
-    })
-}
-
-fn exchange_from_record(value: &Bytes) -> Option<(String, ExchangeDef)> {
-    let t = read_table(value)?;
-    let def = ExchangeDef {
-        name: field_str(&t, "name")?,
-        kind: ExchangeKind::parse(&field_str(&t, "type")?)?,
-        durable: true,
-        auto_delete: field_bool(&t, "auto_delete"),
-        internal: field_bool(&t, "internal"),
-        arguments: field_table(&t, "arguments"),
-    };
-    Some((field_str(&t, "vhost")?, def))
-}
-
-fn binding_from_record(value: &Bytes) -> Option<(String, String, Binding)> {
-    let t = read_table(value)?;
-    let dest = field_str(&t, "dest")?;
-    let dest = if let Some(id) = dest.strip_prefix("q:") {
-        Destination::Queue(QueueId(id.parse().ok()?))
-    } else {
-        Destination::Exchange(dest.strip_prefix("x:")?.to_owned())
-    };
-    let binding =
-        Binding { dest, key: field_str(&t, "key")?, args: field_table(&t, "arguments"), mqtt: None, filter: None };
-    Some((field_str(&t, "vhost")?, field_str(&t, "exchange")?, binding))
-}
-
-fn binding_points_to_queue(value: &Bytes, id: QueueId) -> bool {
-    read_table(value).and_then(|t| field_str(&t, "dest")).is_some_and(|d| d == format!("q:{}", id.0))
-}
-
-fn binding_involves_exchange(value: &Bytes, name: &str) -> bool {
-    read_table(value).is_some_and(|t| {
-        field_str(&t, "exchange").as_deref() == Some(name)
-            || field_str(&t, "dest").is_some_and(|d| d == format!("x:{name}"))
     })
 }
 
@@ -594,26 +458,5 @@ mod tests {
         let with_dlx =
             args(&[("x-delivery-limit", Value::Int(1)), ("x-dead-letter-exchange", Value::Str("dlx".into()))]);
         assert!(queue_config("/", &long, true, &with_dlx).is_ok());
-    }
-
-    #[test]
-    fn records_round_trip() {
-        let def = ExchangeDef {
-            name: "x".into(),
-            kind: ExchangeKind::Topic,
-            durable: true,
-            auto_delete: true,
-            internal: false,
-            arguments: args(&[("alternate-exchange", Value::Str("alt".into()))]),
-        };
-        let record = table_bytes(&[
-            ("vhost", Value::Str("/".into())),
-            ("name", Value::Str("x".into())),
-            ("type", Value::Str("topic".into())),
-            ("auto_delete", Value::Bool(true)),
-            ("internal", Value::Bool(false)),
-            ("arguments", Value::Table(def.arguments.clone())),
-        ]);
-        assert_eq!(exchange_from_record(&record), Some(("/".into(), def)));
     }
 }

@@ -4,10 +4,10 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use crate::core::store::QueueId;
 use ferrymq_amqp::connection::{Content, Publish};
 use ferrymq_amqp::methods::{basic, exchange, queue, tx};
 use ferrymq_amqp::AMQPClass;
-use ferrymq_storage::QueueId;
 
 use super::channel::{ChannelConsumer, Settle, TxPublish};
 use super::connection::{PendingConfirm, Task, NO_ACK_CREDIT};
@@ -19,6 +19,7 @@ use crate::core::message::{now_ms, Message, SharedMessage};
 use crate::core::queue::{Consumer, QueueConfig};
 use crate::core::router::{Binding, ExchangeDef, ExchangeKind, RouteError, Routes};
 use crate::core::shards::ShardCmd;
+use crate::core::store::StoreWrite;
 use crate::core::stream::assignment::{GroupKey, MemberId, Scope};
 use crate::core::stream::StreamOffset;
 use crate::core::tag_filter::TagFilter;
@@ -694,11 +695,13 @@ impl Task {
                 let mut signals = Vec::new();
                 for p in publishes {
                     if let Some(due_ms) = p.due_ms {
-                        signals.push(self.ctx.broker.schedule(&self.vhost, &p.msg, due_ms, Vec::new()).await);
+                        signals.push(self.ctx.broker.schedule(&self.vhost, &p.msg, due_ms, StoreWrite::none()).await);
                         continue;
                     }
                     let (routes, _) = self.admit(&p.msg, &p.routes);
-                    if let Some(signal) = self.ctx.broker.publish(&p.msg, &routes, RetainMode::None, Vec::new()).await {
+                    if let Some(signal) =
+                        self.ctx.broker.publish(&p.msg, &routes, RetainMode::None, StoreWrite::none()).await
+                    {
                         signals.push(signal);
                     }
                 }
@@ -808,10 +811,10 @@ impl Task {
         }
         let confirm = p.confirm_tag;
         // De-duplication by message id (exactly-once publishing), when configured.
-        let mut extra = Vec::new();
+        let mut along = StoreWrite::none();
         if let (Some(id), Some(dedup), true) = (&msg.props.message_id, self.ctx.dedup.as_ref(), confirm.is_some()) {
             match dedup.check(&vhost, id, now) {
-                Some(op) => extra.push(op),
+                Some(seen) => along = seen,
                 None => {
                     if let Some(tag) = confirm {
                         self.confirms.push_back(PendingConfirm { channel, tag, signal: None, ack: true });
@@ -821,7 +824,7 @@ impl Task {
             }
         }
         let (routes, refused) = self.admit(&msg, &routes);
-        let signal = self.ctx.broker.publish(&msg, &routes, RetainMode::None, extra).await;
+        let signal = self.ctx.broker.publish(&msg, &routes, RetainMode::None, along).await;
         self.unsettled = true;
         if let Some(tag) = confirm {
             self.confirms.push_back(PendingConfirm { channel, tag, signal, ack: !refused });
@@ -838,17 +841,17 @@ impl Task {
             ch.tx_publishes.push(TxPublish { msg, routes: Arc::default(), due_ms: Some(due_ms) });
             return;
         }
-        let mut extra = Vec::new();
+        let mut along = StoreWrite::none();
         if let (Some(id), Some(dedup), Some(tag)) = (&msg.props.message_id, self.ctx.dedup.as_ref(), confirm) {
             match dedup.check(&vhost, id, msg.timestamp_ms) {
-                Some(op) => extra.push(op),
+                Some(seen) => along = seen,
                 None => {
                     self.confirms.push_back(PendingConfirm { channel, tag, signal: None, ack: true });
                     return;
                 }
             }
         }
-        let signal = self.ctx.broker.schedule(&vhost, &msg, due_ms, extra).await;
+        let signal = self.ctx.broker.schedule(&vhost, &msg, due_ms, along).await;
         self.unsettled = true;
         if let Some(tag) = confirm {
             self.confirms.push_back(PendingConfirm { channel, tag, signal: Some(signal), ack: true });

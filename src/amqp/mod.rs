@@ -14,14 +14,12 @@
 //! - [`streams`] — stream declarations and `x-stream-offset` (RabbitMQ's stream rules).
 //! - [`convert`] — wire types <-> core values and properties (the gateway mapping).
 //! - the user store lives in [`crate::auth`], shared with MQTT.
-//! - [`dedup`] — publisher de-duplication by message id.
 //! - [`retry_args`] — the queue arguments of delayed retries.
 //! - [`dlq`] — `%DLQ%{queue}` queues, created on demand for the core's dead-letter task.
 
 pub mod channel;
 pub mod connection;
 pub mod convert;
-pub mod dedup;
 pub mod dlq;
 pub mod entities;
 pub mod methods;
@@ -34,14 +32,15 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
+use tracing::warn;
 
 use crate::auth::Users;
 use crate::config::Config;
 use crate::core::alarm::MemoryAlarm;
-use crate::core::broker::Broker;
+use crate::core::broker::{Broker, Commit};
+use crate::core::dedup::Dedup;
 use crate::core::message::now_ms;
 use connection::Control;
-use dedup::Dedup;
 use entities::Entities;
 
 /// Everything the AMQP front-end shares between connections.
@@ -69,7 +68,7 @@ impl AmqpContext {
             broker.router.add_vhost(vhost);
         }
         let dedup = (config.amqp.dedup_window_secs > 0)
-            .then(|| Dedup::load(&broker.journal, config.amqp.dedup_window_secs * 1000, now_ms()));
+            .then(|| Dedup::load(broker.stores.dedup.clone(), config.amqp.dedup_window_secs * 1000, now_ms()));
         let ctx = Arc::new(AmqpContext {
             broker,
             cfg: config.amqp.clone(),
@@ -107,7 +106,9 @@ impl AmqpContext {
             tick.tick().await;
             self.entities.expire_unused(&self.broker).await;
             if let Some(d) = &self.dedup {
-                d.expire(&self.broker.journal, now_ms()).await;
+                if let Err(e) = self.broker.commit(d.expire(now_ms()), Commit::Relaxed).await {
+                    warn!(error = %e, "cannot forget expired de-duplication ids");
+                }
             }
         }
     }

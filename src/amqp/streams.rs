@@ -3,7 +3,7 @@
 //! retention arguments, and the `x-stream-offset` consume argument — with RabbitMQ's
 //! reply texts.
 
-use ferrymq_storage::QueueId;
+use crate::core::store::QueueId;
 
 use crate::core::message::now_ms;
 use crate::core::router::{Destination, Router};

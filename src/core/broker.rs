@@ -1,7 +1,8 @@
-//! The broker core shared by every front-end: the journal, the routing table, the queue
-//! owners, retained messages, counters. [`Broker::publish`] is the one send path: fan out
-//! to connected sessions directly, write the body once with one pointer per target queue,
-//! and signal durability to the publisher.
+//! The broker core shared by every front-end: the journal and the stores on it, the
+//! routing table, the queue owners, retained messages, counters. [`Broker::publish`] is the
+//! one send path: fan out to connected sessions directly, write the body once with one
+//! pointer per target queue, and signal durability to the publisher. [`Broker::commit`]
+//! applies the front-ends' [`StoreWrite`]s.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use super::retained::RetainedStore;
 use super::router::{QueueRoute, Router, Routes};
 use super::shards::{AppendedEntry, Shards};
 use super::stats::Stats;
+use super::store::{StoreError, StoreWrite, Stores};
 
 /// Resolves once a publish is durable (or failed to be stored).
 pub type DurableSignal = oneshot::Receiver<Result<(), JournalError>>;
@@ -31,6 +33,19 @@ pub enum RetainMode {
     Persist,
     /// Set it in memory only (`$SYS` topics).
     MemoryOnly,
+}
+
+/// How long [`Broker::commit`] waits for a write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Commit {
+    /// Until it is durable under the fsync policy.
+    Durable,
+    /// Until it is queued behind every earlier submission: it becomes durable with the
+    /// next group commit, and anything submitted later is applied after it.
+    Queued,
+    /// Until it is queued, without asking for an fsync (state that a power loss may take
+    /// back harmlessly, e.g. forgetting expired ids).
+    Relaxed,
 }
 
 /// Flow control of the fast path towards connected subscribers.
@@ -73,8 +88,11 @@ impl DispatchItem {
 
 /// The shared core.
 pub struct Broker {
-    /// The journal.
+    /// The commit log and keyed state; only the core uses it (front-ends go through
+    /// [`Broker::stores`] and [`Broker::commit`]).
     pub journal: Journal,
+    /// Typed stores of the front-ends' durable state, on the journal.
+    pub stores: Stores,
     /// The routing table.
     pub router: Router,
     /// Queue owners.
@@ -109,6 +127,7 @@ impl Broker {
     pub fn new(journal: Journal, shards: Shards, pacing: Pacing, mqtt_exchange: &str) -> Broker {
         let timers_changed = shards.timers_changed();
         Broker {
+            stores: Stores::local(&journal),
             journal,
             router: Router::with_mqtt_exchange(mqtt_exchange),
             shards,
@@ -123,21 +142,41 @@ impl Broker {
         }
     }
 
+    /// Bytes the commit log's live segments hold on disk.
+    pub fn stored_bytes(&self) -> u64 {
+        self.journal.stats().log_bytes
+    }
+
     /// A fresh id, unique for this broker run (sessions, consumers, groups).
     pub fn next_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// Applies a store write, waiting as `wait` says.
+    pub async fn commit(&self, write: StoreWrite, wait: Commit) -> Result<(), StoreError> {
+        let ops = write.into_ops();
+        if ops.is_empty() {
+            return Ok(());
+        }
+        match wait {
+            Commit::Durable => self.journal.write(ops).await.map(drop)?,
+            Commit::Queued => self.journal.submit(ops, None).await?,
+            Commit::Relaxed => self.journal.submit_relaxed(ops, None).await?,
+        }
+        Ok(())
+    }
+
     /// Publishes `msg` to `routes`: direct to connected sessions at once, and — when there
-    /// are queue targets, a retained update to persist, or `extra_ops` — through the
-    /// journal (body once, one pointer per queue). Returns a signal that resolves when the
-    /// journal work is durable, or `None` when nothing needed storing.
+    /// are queue targets, a retained update to persist, or a write `along` — through the
+    /// journal (body once, one pointer per queue, `along` in the same submission). Returns
+    /// a signal that resolves when the journal work is durable, or `None` when nothing
+    /// needed storing.
     pub async fn publish(
         &self,
         msg: &SharedMessage,
         routes: &Routes,
         retain: RetainMode,
-        extra_ops: Vec<Op>,
+        along: StoreWrite,
     ) -> Option<DurableSignal> {
         // Only drops are counted here (rare); per-message counters are kept per connection
         // and added in batches, so this path touches no shared cache line per message.
@@ -156,7 +195,7 @@ impl Broker {
         }
         Stats::add(&self.stats.publish_dropped, dropped);
 
-        let mut ops = extra_ops;
+        let mut ops = along.into_ops();
         let mut item = None;
         let clear = msg.payload.is_empty();
         let retained_topic = match retain {
@@ -196,10 +235,11 @@ impl Broker {
         Some(self.submit(ops, item.into_iter().collect(), msg.qos > 0).await)
     }
 
-    /// Stores `msg` to be routed in `vhost` at `due_ms` (delayed publish), with `extra`
-    /// ops in the same submission. The signal resolves when the delayed message is durable.
-    pub async fn schedule(&self, vhost: &str, msg: &SharedMessage, due_ms: u64, extra: Vec<Op>) -> DurableSignal {
-        let mut ops = extra;
+    /// Stores `msg` to be routed in `vhost` at `due_ms` (delayed publish), with the write
+    /// `along` in the same submission. The signal resolves when the delayed message is
+    /// durable.
+    pub async fn schedule(&self, vhost: &str, msg: &SharedMessage, due_ms: u64, along: StoreWrite) -> DurableSignal {
+        let mut ops = along.into_ops();
         ops.insert(
             0,
             Op::Append(Append {

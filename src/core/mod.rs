@@ -23,6 +23,7 @@
 pub mod alarm;
 pub mod broker;
 pub mod dead_letter;
+pub mod dedup;
 pub mod delivery;
 pub mod duration;
 pub mod hash_ring;
@@ -35,6 +36,7 @@ pub mod scheduler;
 pub mod shards;
 pub mod stable_hash;
 pub mod stats;
+pub mod store;
 pub mod stream;
 pub mod tag_filter;
 pub mod value;

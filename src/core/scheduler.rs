@@ -17,6 +17,7 @@ use super::message::now_ms;
 use super::queue::read_message;
 use super::retry;
 use super::router::{Routes, MQTT_VHOST};
+use super::store::StoreWrite;
 
 /// Timers fired per turn.
 const BATCH: usize = 512;
@@ -74,7 +75,7 @@ async fn fire(broker: &Broker, due: Vec<ferrymq_storage::TimerEntry>) {
         // retained index owns a record of its own.
         let direct = Routes { sessions: routes.sessions.clone(), queues: Vec::new() };
         let retain = if msg.retain { RetainMode::Persist } else { RetainMode::None };
-        drop(broker.publish(&msg, &direct, retain, Vec::new()).await);
+        drop(broker.publish(&msg, &direct, retain, StoreWrite::none()).await);
         if routes.queues.is_empty() {
             continue;
         }

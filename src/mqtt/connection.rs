@@ -12,31 +12,29 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use ferrymq_mqtt::topic::{matches, parse_filter, validate_topic_name};
 use ferrymq_mqtt::{
     Accept, Config as ProtoConfig, Connect, Connection, Event, Outgoing, ProtocolLevel, Publish, QoS, ReasonCode,
     SendError, Subscribe, Unsubscribe, Will,
 };
-use ferrymq_storage::{Op, QueueId, Space};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, field, info, warn, Instrument};
 
 use super::convert::{message_in, properties_out, qos_of, qos_u8, will_message};
-use super::session::{
-    qos2_key, qos2_prefix, wait_finished, Control, Online, Persistent, StoredSession, SubOptions, NEVER,
-};
+use super::session::{wait_finished, Control, Online, Persistent};
 use super::shared::JoinError;
 use super::{split_share, MqttContext, SESSION_QUEUE_PREFIX};
 use crate::auth::AuthError;
-use crate::core::broker::{DurableSignal, RetainMode};
+use crate::core::broker::{Commit, DurableSignal, RetainMode};
 use crate::core::delivery::{Direct, QueueDelivery, SessionLink};
 use crate::core::message::{now_ms, Message, SharedMessage};
 use crate::core::queue::{Consumer, ConsumerEvent};
 use crate::core::router::{mqtt_filter_to_pattern, Destination, RouteCache, Routes, MQTT_VHOST};
 use crate::core::shards::ShardCmd;
 use crate::core::stats::Stats;
+use crate::core::store::{QueueId, StoreWrite, StoredSession, SubOptions, NEVER};
 use crate::core::tag_filter::{TagFilter, MQTT_TAG_FILTER_PROPERTY};
 
 /// Packet ids of deliveries from the session's own queue are derived from the queue
@@ -481,26 +479,27 @@ impl Task {
                 inbound_qos2 = self.load_inbound_qos2(&client_id);
                 session.persistent = Some(p);
             }
-            None if expiry > 0 => match self.ctx.broker.journal.queue_id(&format!("{SESSION_QUEUE_PREFIX}{client_id}"))
-            {
-                Ok(queue) => {
-                    session.persistent = Some(Persistent {
-                        queue,
-                        stored: StoredSession {
-                            queue: queue.0,
-                            expiry_secs: expiry,
-                            subscriptions: BTreeMap::new(),
-                            disconnected_at_ms: None,
-                        },
-                    });
+            None if expiry > 0 => {
+                match self.ctx.broker.stores.catalog.queue_id(&format!("{SESSION_QUEUE_PREFIX}{client_id}")) {
+                    Ok(queue) => {
+                        session.persistent = Some(Persistent {
+                            queue,
+                            stored: StoredSession {
+                                queue: queue.0,
+                                expiry_secs: expiry,
+                                subscriptions: BTreeMap::new(),
+                                disconnected_at_ms: None,
+                            },
+                        });
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "cannot create session queue");
+                        self.proto.refuse(ReasonCode::SERVER_UNAVAILABLE);
+                        self.ctx.sessions.release(&client_id, self.conn_id, None, None);
+                        return;
+                    }
                 }
-                Err(e) => {
-                    warn!(error = %e, "cannot create session queue");
-                    self.proto.refuse(ReasonCode::SERVER_UNAVAILABLE);
-                    self.ctx.sessions.release(&client_id, self.conn_id, None, None);
-                    return;
-                }
-            },
+            }
             None => {
                 let (tx, rx) = mpsc::channel(cfg.max_online_queue);
                 session.link = Some(Arc::new(SessionLink::new(self.conn_id, client_id.clone(), tx)));
@@ -509,7 +508,8 @@ impl Task {
         }
         if let Some(p) = &session.persistent {
             self.ctx.sessions.set_persistent(&client_id, Some(p.clone()));
-            if let Err(e) = self.ctx.broker.journal.write(vec![p.stored.put_op(&client_id)]).await {
+            let write = self.ctx.broker.stores.sessions.save(&client_id, &p.stored);
+            if let Err(e) = self.ctx.broker.commit(write, Commit::Durable).await {
                 warn!(error = %e, "cannot store session");
                 self.proto.refuse(ReasonCode::SERVER_UNAVAILABLE);
                 self.ctx.sessions.release(&client_id, self.conn_id, None, None);
@@ -547,20 +547,10 @@ impl Task {
     }
 
     fn load_inbound_qos2(&self, client_id: &str) -> Vec<u16> {
-        let prefix = qos2_prefix(client_id);
-        match self.ctx.broker.journal.scan(Space::InboundQos2, &prefix) {
-            Ok(kv) => kv
-                .into_iter()
-                .filter_map(|(k, _)| {
-                    let tail = k.get(prefix.len()..)?;
-                    Some(u16::from_be_bytes(tail.try_into().ok()?))
-                })
-                .collect(),
-            Err(e) => {
-                warn!(error = %e, "cannot read inbound QoS 2 state");
-                Vec::new()
-            }
-        }
+        self.ctx.broker.stores.inbound_qos2.pending(client_id).unwrap_or_else(|e| {
+            warn!(error = %e, "cannot read inbound QoS 2 state");
+            Vec::new()
+        })
     }
 
     fn attach(&mut self, queue: QueueId, max_qos: u8) {
@@ -608,7 +598,7 @@ impl Task {
                 return;
             };
             let msg: SharedMessage = Arc::new(message_in(p, &topic, self.ctx.broker.router.mqtt_exchange(), now));
-            let signal = self.ctx.broker.schedule(MQTT_VHOST, &msg, now + secs * 1000, Vec::new()).await;
+            let signal = self.ctx.broker.schedule(MQTT_VHOST, &msg, now + secs * 1000, StoreWrite::none()).await;
             self.push_ack(pkid, qos, Some(signal), ReasonCode::SUCCESS);
             return;
         }
@@ -622,11 +612,13 @@ impl Task {
         let topic = std::mem::take(&mut p.topic);
         let msg: SharedMessage = Arc::new(message_in(p, &topic, self.ctx.broker.router.mqtt_exchange(), now));
         let routes = self.route_cache.resolve(&self.ctx.broker.router, &msg, &client_id);
-        let mut extra = Vec::new();
-        if qos == QoS::ExactlyOnce && persistent {
-            extra.push(Op::Put { space: Space::InboundQos2, key: qos2_key(&client_id, pkid), value: Bytes::new() });
-        }
-        let signal = self.ctx.broker.publish(&msg, &routes, retain, extra).await;
+        // A persistent session remembers the id until PUBREL, in the message's submission.
+        let along = if qos == QoS::ExactlyOnce && persistent {
+            self.ctx.broker.stores.inbound_qos2.received(&client_id, pkid)
+        } else {
+            StoreWrite::none()
+        };
+        let signal = self.ctx.broker.publish(&msg, &routes, retain, along).await;
         let reason = if routes.is_empty() && self.level.is_v5() {
             ReasonCode::NO_MATCHING_SUBSCRIBERS
         } else {
@@ -671,8 +663,8 @@ impl Task {
         if s.persistent.is_some() {
             // Durable: a stale pending id after a power cut would swallow the client's next
             // message that reuses it.
-            let op = Op::Delete { space: Space::InboundQos2, key: qos2_key(&s.client_id, pkid) };
-            if let Err(e) = self.ctx.broker.journal.submit(vec![op], None).await {
+            let write = self.ctx.broker.stores.inbound_qos2.released(&s.client_id, pkid);
+            if let Err(e) = self.ctx.broker.commit(write, Commit::Queued).await {
                 warn!(error = %e, "cannot clear inbound QoS 2 state");
             }
         }
@@ -956,13 +948,14 @@ impl Task {
         self.proto.ack_unsubscribe(u.pkid, reasons);
     }
 
-    /// Writes the persistent session's subscriptions to the journal.
+    /// Stores the persistent session's subscriptions.
     async fn store_session(&mut self) {
         let Some(s) = self.session.as_mut() else { return };
         let Some(p) = s.persistent.as_mut() else { return };
         p.stored.subscriptions = s.subs.clone();
         self.ctx.sessions.update_stored(&s.client_id, &p.stored);
-        if let Err(e) = self.ctx.broker.journal.write(vec![p.stored.put_op(&s.client_id)]).await {
+        let write = self.ctx.broker.stores.sessions.save(&s.client_id, &p.stored);
+        if let Err(e) = self.ctx.broker.commit(write, Commit::Durable).await {
             warn!(error = %e, "cannot store session");
         }
     }
@@ -1030,7 +1023,8 @@ impl Task {
             p.stored.disconnected_at_ms = Some(now);
             let expires = (session.expiry_secs != NEVER).then(|| now + session.expiry_secs as u64 * 1000);
             self.ctx.sessions.set_persistent(&client_id, Some(p.clone()));
-            if let Err(e) = self.ctx.broker.journal.submit(vec![p.stored.put_op(&client_id)], None).await {
+            let write = self.ctx.broker.stores.sessions.save(&client_id, &p.stored);
+            if let Err(e) = self.ctx.broker.commit(write, Commit::Queued).await {
                 warn!(error = %e, "cannot store session at disconnect");
             }
             still_ours = self.ctx.sessions.release(&client_id, self.conn_id, expires, pending_will);
@@ -1049,7 +1043,7 @@ async fn publish_will(ctx: &MqttContext, client_id: &str, w: Will) {
     let routes: Routes = ctx.broker.router.resolve(&msg, client_id);
     let retain = if w.retain { RetainMode::Persist } else { RetainMode::None };
     info!(topic = %w.topic, "publishing will message");
-    if let Some(signal) = ctx.broker.publish(&msg, &routes, retain, Vec::new()).await {
+    if let Some(signal) = ctx.broker.publish(&msg, &routes, retain, StoreWrite::none()).await {
         let _ = signal.await;
     }
 }

@@ -21,16 +21,16 @@ pub mod sys;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferrymq_storage::{Op, Space};
 use tracing::{info, warn};
 
 use crate::auth::Users;
 use crate::config::MqttSection;
 use crate::core::alarm::MemoryAlarm;
-use crate::core::broker::Broker;
+use crate::core::broker::{Broker, Commit};
 use crate::core::message::now_ms;
 use crate::core::router::Destination;
-use session::{Persistent, Sessions, StoredSession, NEVER};
+use crate::core::store::{QueueId, NEVER};
+use session::{Persistent, Sessions};
 use shared::SharedGroups;
 
 /// Prefix of the queue names of persistent sessions.
@@ -54,7 +54,7 @@ pub struct MqttContext {
 }
 
 impl MqttContext {
-    /// Builds the context and restores persistent sessions from the journal: their
+    /// Builds the context and restores persistent sessions from the session store: their
     /// bindings go back into the routing table and their expiry clocks restart.
     pub fn restore(
         broker: Arc<Broker>,
@@ -71,7 +71,7 @@ impl MqttContext {
             alarm,
         });
         let now = now_ms();
-        let stored = match ctx.broker.journal.scan(Space::Session, b"") {
+        let stored = match ctx.broker.stores.sessions.load() {
             Ok(v) => v,
             Err(e) => {
                 warn!(error = %e, "cannot read stored sessions");
@@ -79,14 +79,9 @@ impl MqttContext {
             }
         };
         let mut restored = 0usize;
-        for (key, value) in stored {
-            let Ok(client_id) = std::str::from_utf8(&key) else { continue };
-            let Ok(s) = serde_json::from_slice::<StoredSession>(&value) else {
-                warn!(client_id, "undecodable stored session; ignored");
-                continue;
-            };
+        for (client_id, s) in stored {
             let client_id: Arc<str> = Arc::from(client_id);
-            let queue = ferrymq_storage::QueueId(s.queue);
+            let queue = QueueId(s.queue);
             for (filter, opts) in &s.subscriptions {
                 if let Some((group, f)) = split_share(filter) {
                     if let Err(e) = ctx.groups.join(&ctx.broker, group, f, &client_id, opts.tag_filter.as_deref()) {
@@ -110,11 +105,11 @@ impl MqttContext {
     /// Deletes queues left behind by sessions or groups that no longer exist (e.g. the
     /// groups of clean sessions before a restart).
     pub async fn drop_orphan_queues(&self) {
-        let Ok(queues) = self.broker.journal.queues() else { return };
+        let Ok(queues) = self.broker.stores.catalog.queues() else { return };
         let live_groups = self.groups.queue_names();
         for (name, id) in queues {
             let orphan = if let Some(client) = name.strip_prefix(SESSION_QUEUE_PREFIX) {
-                matches!(self.broker.journal.get(Space::Session, client.as_bytes()), Ok(None))
+                matches!(self.broker.stores.sessions.exists(client), Ok(false))
             } else if name.starts_with("mqtt-share/") {
                 !live_groups.contains(&name)
             } else {
@@ -146,11 +141,7 @@ impl MqttContext {
             }
         }
         self.broker.shards.delete(p.queue).await;
-        let ops = vec![
-            Op::Delete { space: Space::Session, key: bytes::Bytes::copy_from_slice(client_id.as_bytes()) },
-            Op::DeletePrefix { space: Space::InboundQos2, prefix: session::qos2_prefix(client_id) },
-        ];
-        if let Err(e) = self.broker.journal.submit(ops, None).await {
+        if let Err(e) = self.broker.commit(self.broker.stores.sessions.remove(client_id), Commit::Queued).await {
             warn!(error = %e, "cannot delete stored session");
         }
     }

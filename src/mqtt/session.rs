@@ -1,98 +1,20 @@
 //! MQTT sessions: which client ids are connected (for take-over), the state of persistent
-//! sessions (their consume queue, subscriptions, expiry) and how it is stored in the
-//! journal, and pending delayed wills.
+//! sessions (their consume queue, subscriptions, expiry; stored through the core's
+//! [`SessionStore`](crate::core::store::SessionStore)), and pending delayed wills.
 //!
 //! A persistent session owns a consume queue named `mqtt-session/{client id}`; its
 //! subscriptions are bindings to that queue and stay in the routing table while the client
 //! is offline, so messages keep arriving in the journal. A clean session has no queue: its
 //! subscriptions lead straight to its connection (the fast path).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use ferrymq_storage::{Op, QueueId, Space};
 use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
 use tokio::sync::{oneshot, watch};
 
-use crate::core::router::MqttOptions;
-use crate::core::tag_filter::TagFilter;
-
-/// "Never expires" (MQTT's maximum session expiry interval).
-pub const NEVER: u32 = u32::MAX;
-
-/// Options of one subscription, as granted.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SubOptions {
-    /// Granted QoS.
-    pub qos: u8,
-    /// No local.
-    pub no_local: bool,
-    /// Retain as published.
-    pub retain_as_published: bool,
-    /// Subscription identifier.
-    pub subscription_id: Option<u32>,
-    /// Tag filter expression (MQTT 5 SUBSCRIBE user property `tag-filter`), validated.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tag_filter: Option<String>,
-}
-
-impl SubOptions {
-    /// The routing-table options of a subscription of `client_id` with these options.
-    pub fn binding_options(&self, client_id: &Arc<str>) -> MqttOptions {
-        MqttOptions {
-            client_id: client_id.clone(),
-            qos: self.qos,
-            no_local: self.no_local,
-            retain_as_published: self.retain_as_published,
-            subscription_id: self.subscription_id,
-            tag_filter: self.tag_filter.as_deref().and_then(|e| TagFilter::parse(e).ok()).map(Arc::new),
-        }
-    }
-}
-
-/// What the journal keeps of a persistent session (`Space::Session`, key = client id).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StoredSession {
-    /// The session's queue.
-    pub queue: u64,
-    /// Session expiry interval, seconds (`NEVER` = never).
-    pub expiry_secs: u32,
-    /// Subscriptions by full filter (including `$share/...`).
-    pub subscriptions: BTreeMap<String, SubOptions>,
-    /// When the client last disconnected (ms since the epoch); `None` while connected.
-    pub disconnected_at_ms: Option<u64>,
-}
-
-impl StoredSession {
-    /// The journal op that stores this session.
-    pub fn put_op(&self, client_id: &str) -> Op {
-        Op::Put {
-            space: Space::Session,
-            key: Bytes::copy_from_slice(client_id.as_bytes()),
-            value: Bytes::from(serde_json::to_vec(self).unwrap_or_default()),
-        }
-    }
-}
-
-/// Key of an inbound QoS 2 packet id awaiting PUBREL.
-pub fn qos2_key(client_id: &str, pkid: u16) -> Bytes {
-    let mut k = Vec::with_capacity(client_id.len() + 3);
-    k.extend_from_slice(client_id.as_bytes());
-    k.push(0);
-    k.extend_from_slice(&pkid.to_be_bytes());
-    Bytes::from(k)
-}
-
-/// Prefix of every inbound QoS 2 key of a client.
-pub fn qos2_prefix(client_id: &str) -> Bytes {
-    let mut k = Vec::with_capacity(client_id.len() + 1);
-    k.extend_from_slice(client_id.as_bytes());
-    k.push(0);
-    Bytes::from(k)
-}
+use crate::core::store::{QueueId, StoredSession};
 
 /// Control messages to a connection task.
 #[derive(Debug)]

@@ -8,11 +8,11 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use ferrymq_storage::{JournalError, QueueId};
 use parking_lot::Mutex;
 
 use crate::core::broker::Broker;
 use crate::core::router::{Destination, MqttOptions};
+use crate::core::store::{QueueId, StoreError};
 use crate::core::tag_filter::TagFilter;
 
 #[derive(Debug)]
@@ -28,7 +28,7 @@ struct Group {
 pub enum JoinError {
     /// The group's queue could not be created.
     #[error(transparent)]
-    Storage(#[from] JournalError),
+    Storage(#[from] StoreError),
     /// The group's members subscribe with another tag filter.
     #[error("the group's members use the tag filter {group:?}, not {asked:?}")]
     TagFilterMismatch {
@@ -103,7 +103,7 @@ impl SharedGroups {
             g.members.insert(member.clone());
             return Ok(g.queue);
         }
-        let queue = broker.journal.queue_id(&queue_name(group, filter))?;
+        let queue = broker.stores.catalog.queue_id(&queue_name(group, filter))?;
         broker.router.subscribe(filter, Destination::Queue(queue), binding(tag_filter));
         groups.insert(
             key,

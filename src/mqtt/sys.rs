@@ -10,6 +10,7 @@ use super::MqttContext;
 use crate::core::broker::RetainMode;
 use crate::core::message::{mqtt_to_key, now_ms, Message, Properties};
 use crate::core::stats::Stats;
+use crate::core::store::StoreWrite;
 
 /// Publishes the `$SYS` topics every `interval` until the runtime stops.
 pub async fn run(ctx: Arc<MqttContext>, interval: Duration) {
@@ -38,7 +39,7 @@ pub async fn run(ctx: Arc<MqttContext>, interval: Duration) {
             ("bytes/sent", Stats::get(&s.bytes_sent).to_string()),
             ("subscriptions/count", b.router.len().to_string()),
             ("retained messages/count", b.retained.len().to_string()),
-            ("store/messages/bytes", b.journal.stats().log_bytes.to_string()),
+            ("store/messages/bytes", b.stored_bytes().to_string()),
         ];
         for (topic, value) in values {
             publish(&ctx, &format!("$SYS/broker/{topic}"), value).await;
@@ -59,5 +60,5 @@ async fn publish(ctx: &MqttContext, topic: &str, value: String) {
     let routes = ctx.broker.router.resolve(&msg, "");
     // QoS 0 and memory-only retained: nothing goes to the journal unless a persistent
     // session subscribed to `$SYS`, whose queue then gets the update.
-    let _ = ctx.broker.publish(&msg, &routes, RetainMode::MemoryOnly, Vec::new()).await;
+    let _ = ctx.broker.publish(&msg, &routes, RetainMode::MemoryOnly, StoreWrite::none()).await;
 }

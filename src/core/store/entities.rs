@@ -1,0 +1,375 @@
+//! Durable AMQP entities: exchanges, queues and bindings, restored at start-up.
+//!
+//! Layout of the local implementation: records in `Space::Meta` are typed tables
+//! ([`crate::core::value`]), keyed `q\0vhost\0name` (queues), `x\0vhost\0name`
+//! (exchanges) and `b\0vhost\0exchange\0destination\0key\0args` (bindings; the
+//! destination is `q:{id}` or `x:{name}`, the arguments the hex of their encoded table).
+
+use std::fmt;
+
+use bytes::{Bytes, BytesMut};
+use ferrymq_storage::{Op, QueueId, Space};
+use tracing::warn;
+
+use super::{JournalStore, StoreError, StoreWrite};
+use crate::core::router::{Binding, Destination, ExchangeDef, ExchangeKind};
+use crate::core::value::{decode_table, encode_table, Value};
+
+/// A durable queue as stored: what it takes to declare it again.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueRecord {
+    /// Virtual host the queue lives in.
+    pub vhost: String,
+    /// The queue's AMQP name.
+    pub name: String,
+    /// Its consume queue.
+    pub id: QueueId,
+    /// Deleted when its last consumer goes.
+    pub auto_delete: bool,
+    /// Declaration arguments, as the client sent them.
+    pub arguments: Vec<(String, Value)>,
+}
+
+/// A durable exchange as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExchangeRecord {
+    /// Virtual host the exchange lives in.
+    pub vhost: String,
+    /// The exchange's declaration.
+    pub def: ExchangeDef,
+}
+
+/// A durable binding as stored (its destination is a queue or an exchange).
+#[derive(Debug, Clone)]
+pub struct BindingRecord {
+    /// Virtual host of the binding.
+    pub vhost: String,
+    /// Source exchange.
+    pub exchange: String,
+    /// Destination, key and arguments.
+    pub binding: Binding,
+}
+
+/// Everything [`EntityStore::load`] found.
+#[derive(Debug, Default)]
+pub struct EntityRecords {
+    /// Durable exchanges.
+    pub exchanges: Vec<ExchangeRecord>,
+    /// Durable queues.
+    pub queues: Vec<QueueRecord>,
+    /// Bindings between durable entities.
+    pub bindings: Vec<BindingRecord>,
+}
+
+/// Durable exchanges, queues and bindings.
+pub trait EntityStore: fmt::Debug + Send + Sync {
+    /// Every stored entity (undecodable records are left out).
+    fn load(&self) -> Result<EntityRecords, StoreError>;
+
+    /// Stores a durable queue.
+    fn put_queue(&self, queue: &QueueRecord) -> StoreWrite;
+
+    /// Forgets a durable queue and every binding to it.
+    fn remove_queue(&self, vhost: &str, name: &str, id: QueueId) -> StoreWrite;
+
+    /// Stores a durable exchange.
+    fn put_exchange(&self, vhost: &str, def: &ExchangeDef) -> StoreWrite;
+
+    /// Forgets a durable exchange and every binding from or to it.
+    fn remove_exchange(&self, vhost: &str, name: &str) -> StoreWrite;
+
+    /// Stores a binding (nothing for an MQTT session destination, which is never durable).
+    fn put_binding(&self, vhost: &str, exchange: &str, binding: &Binding) -> StoreWrite;
+
+    /// Forgets a binding.
+    fn remove_binding(&self, vhost: &str, exchange: &str, binding: &Binding) -> StoreWrite;
+}
+
+fn meta_key(kind: u8, parts: &[&str]) -> Bytes {
+    let mut k = vec![kind];
+    for p in parts {
+        k.push(0);
+        k.extend_from_slice(p.as_bytes());
+    }
+    Bytes::from(k)
+}
+
+fn table_bytes(fields: &[(&str, Value)]) -> Bytes {
+    let owned: Vec<(String, Value)> = fields.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+    let mut b = BytesMut::new();
+    encode_table(&owned, &mut b);
+    b.freeze()
+}
+
+fn read_table(bytes: &Bytes) -> Option<Vec<(String, Value)>> {
+    decode_table(&mut bytes.clone(), 0).ok()
+}
+
+fn field<'a>(t: &'a [(String, Value)], name: &str) -> Option<&'a Value> {
+    t.iter().find(|(k, _)| k == name).map(|(_, v)| v)
+}
+
+fn field_str(t: &[(String, Value)], name: &str) -> Option<String> {
+    field(t, name).and_then(Value::as_str).map(str::to_owned)
+}
+
+fn field_bool(t: &[(String, Value)], name: &str) -> bool {
+    matches!(field(t, name), Some(Value::Bool(true)))
+}
+
+fn field_table(t: &[(String, Value)], name: &str) -> Vec<(String, Value)> {
+    match field(t, name) {
+        Some(Value::Table(v)) => v.clone(),
+        _ => Vec::new(),
+    }
+}
+
+fn queue_record(q: &QueueRecord) -> Bytes {
+    table_bytes(&[
+        ("vhost", Value::Str(q.vhost.clone())),
+        ("name", Value::Str(q.name.clone())),
+        ("id", Value::Int(q.id.0 as i64)),
+        ("auto_delete", Value::Bool(q.auto_delete)),
+        ("arguments", Value::Table(q.arguments.clone())),
+    ])
+}
+
+fn queue_from_record(value: &Bytes) -> Option<QueueRecord> {
+    let t = read_table(value)?;
+    Some(QueueRecord {
+        vhost: field_str(&t, "vhost")?,
+        name: field_str(&t, "name")?,
+        id: QueueId(u64::try_from(field(&t, "id")?.as_i64()?).ok()?),
+        auto_delete: field_bool(&t, "auto_delete"),
+        arguments: field_table(&t, "arguments"),
+    })
+}
+
+fn exchange_record(vhost: &str, def: &ExchangeDef) -> Bytes {
+    table_bytes(&[
+        ("vhost", Value::Str(vhost.to_owned())),
+        ("name", Value::Str(def.name.clone())),
+        ("type", Value::Str(def.kind.name().to_owned())),
+        ("auto_delete", Value::Bool(def.auto_delete)),
+        ("internal", Value::Bool(def.internal)),
+        ("arguments", Value::Table(def.arguments.clone())),
+    ])
+}
+
+fn exchange_from_record(value: &Bytes) -> Option<ExchangeRecord> {
+    let t = read_table(value)?;
+    let def = ExchangeDef {
+        name: field_str(&t, "name")?,
+        kind: ExchangeKind::parse(&field_str(&t, "type")?)?,
+        durable: true,
+        auto_delete: field_bool(&t, "auto_delete"),
+        internal: field_bool(&t, "internal"),
+        arguments: field_table(&t, "arguments"),
+    };
+    Some(ExchangeRecord { vhost: field_str(&t, "vhost")?, def })
+}
+
+fn destination_name(dest: &Destination) -> Option<String> {
+    match dest {
+        Destination::Queue(q) => Some(format!("q:{}", q.0)),
+        Destination::Exchange(x) => Some(format!("x:{x}")),
+        Destination::Session(_) => None,
+    }
+}
+
+/// The key of a binding record and its destination's stored name; `None` for a session.
+fn binding_key(vhost: &str, exchange: &str, binding: &Binding) -> Option<(Bytes, String)> {
+    let dest = destination_name(&binding.dest)?;
+    let mut args = BytesMut::new();
+    encode_table(&binding.args, &mut args);
+    let args_hex: String = args.iter().map(|b| format!("{b:02x}")).collect();
+    Some((meta_key(b'b', &[vhost, exchange, &dest, &binding.key, &args_hex]), dest))
+}
+
+fn binding_from_record(value: &Bytes) -> Option<BindingRecord> {
+    let t = read_table(value)?;
+    let dest = field_str(&t, "dest")?;
+    let dest = if let Some(id) = dest.strip_prefix("q:") {
+        Destination::Queue(QueueId(id.parse().ok()?))
+    } else {
+        Destination::Exchange(dest.strip_prefix("x:")?.to_owned())
+    };
+    let binding =
+        Binding { dest, key: field_str(&t, "key")?, args: field_table(&t, "arguments"), mqtt: None, filter: None };
+    Some(BindingRecord { vhost: field_str(&t, "vhost")?, exchange: field_str(&t, "exchange")?, binding })
+}
+
+impl JournalStore {
+    /// Deletes of the binding records of `vhost` that `doomed` picks (by their table).
+    fn remove_bindings_where(&self, vhost: &str, doomed: impl Fn(&[(String, Value)]) -> bool) -> Vec<Op> {
+        match self.journal.scan(Space::Meta, &meta_key(b'b', &[vhost, ""])) {
+            Ok(records) => records
+                .into_iter()
+                .filter(|(_, value)| read_table(value).is_some_and(|t| doomed(&t)))
+                .map(|(key, _)| Op::Delete { space: Space::Meta, key })
+                .collect(),
+            Err(e) => {
+                warn!(error = %e, "cannot read binding records; bindings left in storage");
+                Vec::new()
+            }
+        }
+    }
+}
+
+impl EntityStore for JournalStore {
+    fn load(&self) -> Result<EntityRecords, StoreError> {
+        let mut found = EntityRecords::default();
+        for (key, value) in self.journal.scan(Space::Meta, b"")? {
+            match key.first() {
+                Some(b'x') => found.exchanges.extend(exchange_from_record(&value)),
+                Some(b'q') => found.queues.extend(queue_from_record(&value)),
+                Some(b'b') => found.bindings.extend(binding_from_record(&value)),
+                _ => {}
+            }
+        }
+        Ok(found)
+    }
+
+    fn put_queue(&self, queue: &QueueRecord) -> StoreWrite {
+        let key = meta_key(b'q', &[&queue.vhost, &queue.name]);
+        StoreWrite::of(vec![Op::Put { space: Space::Meta, key, value: queue_record(queue) }])
+    }
+
+    fn remove_queue(&self, vhost: &str, name: &str, id: QueueId) -> StoreWrite {
+        let mut ops = vec![Op::Delete { space: Space::Meta, key: meta_key(b'q', &[vhost, name]) }];
+        let dest = format!("q:{}", id.0);
+        ops.extend(self.remove_bindings_where(vhost, |t| field_str(t, "dest").is_some_and(|d| d == dest)));
+        StoreWrite::of(ops)
+    }
+
+    fn put_exchange(&self, vhost: &str, def: &ExchangeDef) -> StoreWrite {
+        let key = meta_key(b'x', &[vhost, &def.name]);
+        StoreWrite::of(vec![Op::Put { space: Space::Meta, key, value: exchange_record(vhost, def) }])
+    }
+
+    fn remove_exchange(&self, vhost: &str, name: &str) -> StoreWrite {
+        let mut ops = vec![Op::Delete { space: Space::Meta, key: meta_key(b'x', &[vhost, name]) }];
+        let dest = format!("x:{name}");
+        ops.extend(self.remove_bindings_where(vhost, |t| {
+            field_str(t, "exchange").as_deref() == Some(name) || field_str(t, "dest").is_some_and(|d| d == dest)
+        }));
+        StoreWrite::of(ops)
+    }
+
+    fn put_binding(&self, vhost: &str, exchange: &str, binding: &Binding) -> StoreWrite {
+        let Some((key, dest)) = binding_key(vhost, exchange, binding) else { return StoreWrite::none() };
+        let record = table_bytes(&[
+            ("vhost", Value::Str(vhost.to_owned())),
+            ("exchange", Value::Str(exchange.to_owned())),
+            ("dest", Value::Str(dest)),
+            ("key", Value::Str(binding.key.clone())),
+            ("arguments", Value::Table(binding.args.clone())),
+        ]);
+        StoreWrite::of(vec![Op::Put { space: Space::Meta, key, value: record }])
+    }
+
+    fn remove_binding(&self, vhost: &str, exchange: &str, binding: &Binding) -> StoreWrite {
+        let Some((key, _)) = binding_key(vhost, exchange, binding) else { return StoreWrite::none() };
+        StoreWrite::of(vec![Op::Delete { space: Space::Meta, key }])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::{apply, open};
+    use super::*;
+
+    fn args(pairs: &[(&str, Value)]) -> Vec<(String, Value)> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()
+    }
+
+    fn exchange(name: &str) -> ExchangeDef {
+        ExchangeDef {
+            name: name.into(),
+            kind: ExchangeKind::Topic,
+            durable: true,
+            auto_delete: true,
+            internal: false,
+            arguments: args(&[("alternate-exchange", Value::Str("alt".into()))]),
+        }
+    }
+
+    fn queue(name: &str, id: u64) -> QueueRecord {
+        QueueRecord {
+            vhost: "/".into(),
+            name: name.into(),
+            id: QueueId(id),
+            auto_delete: false,
+            arguments: args(&[("x-max-length", Value::Int(5))]),
+        }
+    }
+
+    fn bound(dest: Destination, key: &str) -> Binding {
+        Binding {
+            dest,
+            key: key.into(),
+            args: args(&[("x-match", Value::Str("all".into()))]),
+            mqtt: None,
+            filter: None,
+        }
+    }
+
+    fn summary(r: &EntityRecords) -> Vec<String> {
+        let mut v: Vec<String> = r.exchanges.iter().map(|x| format!("x {} {}", x.vhost, x.def.name)).collect();
+        v.extend(r.queues.iter().map(|q| format!("q {} {} {}", q.vhost, q.name, q.id.0)));
+        v.extend(
+            r.bindings.iter().map(|b| format!("b {} {} {:?} {}", b.vhost, b.exchange, b.binding.dest, b.binding.key)),
+        );
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn entities_round_trip() {
+        let (_dir, journal, stores) = open();
+        let e = &stores.entities;
+        apply(&journal, e.put_exchange("/", &exchange("x")).and(e.put_queue(&queue("q", 4))));
+        apply(&journal, e.put_binding("/", "x", &bound(Destination::Queue(QueueId(4)), "a.#")));
+        let loaded = e.load().unwrap();
+        assert_eq!(loaded.exchanges, vec![ExchangeRecord { vhost: "/".into(), def: exchange("x") }]);
+        assert_eq!(loaded.queues, vec![queue("q", 4)]);
+        assert_eq!(loaded.bindings.len(), 1);
+        assert_eq!(loaded.bindings[0].binding.args, bound(Destination::Queue(QueueId(4)), "a.#").args);
+        apply(&journal, e.remove_binding("/", "x", &bound(Destination::Queue(QueueId(4)), "a.#")));
+        assert!(e.load().unwrap().bindings.is_empty());
+    }
+
+    #[test]
+    fn removing_an_entity_removes_its_bindings() {
+        let (_dir, journal, stores) = open();
+        let e = &stores.entities;
+        let writes = e
+            .put_exchange("/", &exchange("x"))
+            .and(e.put_exchange("/", &exchange("y")))
+            .and(e.put_queue(&queue("q1", 1)))
+            .and(e.put_queue(&queue("q2", 2)))
+            .and(e.put_binding("/", "x", &bound(Destination::Queue(QueueId(1)), "k1")))
+            .and(e.put_binding("/", "x", &bound(Destination::Queue(QueueId(2)), "k2")))
+            .and(e.put_binding("/", "y", &bound(Destination::Exchange("x".into()), "k3")))
+            .and(e.put_binding("/other", "x", &bound(Destination::Queue(QueueId(1)), "k4")));
+        apply(&journal, writes);
+        apply(&journal, e.remove_queue("/", "q1", QueueId(1)));
+        let left = summary(&e.load().unwrap());
+        assert!(!left.iter().any(|s| s.contains("q / q1") || s.contains("k1")), "{left:?}");
+        assert!(left.iter().any(|s| s.contains("k4")), "another vhost's binding stays: {left:?}");
+        apply(&journal, e.remove_exchange("/", "x"));
+        let left = summary(&e.load().unwrap());
+        assert_eq!(left, vec!["b /other x Queue(QueueId(1)) k4", "q / q2 2", "x / y"], "from and to x go");
+    }
+
+    #[test]
+    fn session_bindings_are_never_stored() {
+        let (_dir, _journal, stores) = open();
+        let link = std::sync::Arc::new(crate::core::delivery::SessionLink::new(
+            1,
+            "c".into(),
+            tokio::sync::mpsc::channel(1).0,
+        ));
+        assert!(stores.entities.put_binding("/", "amq.topic", &bound(Destination::Session(link), "a")).is_empty());
+    }
+}

@@ -1,0 +1,213 @@
+//! Persistent MQTT sessions and the inbound QoS 2 packet ids they wait to have released.
+//!
+//! Layout of the local implementation: `Space::Session` maps a client id to its
+//! [`StoredSession`] as JSON; `Space::InboundQos2` holds one empty value per packet id,
+//! keyed client id, `0`, packet id (u16 BE), so a session's ids share a prefix.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use ferrymq_storage::{Op, Space};
+use serde::{Deserialize, Serialize};
+use tracing::warn;
+
+use super::{JournalStore, StoreError, StoreWrite};
+use crate::core::router::MqttOptions;
+use crate::core::tag_filter::TagFilter;
+
+/// "Never expires" (MQTT's largest session expiry interval).
+pub const NEVER: u32 = u32::MAX;
+
+/// Options of one subscription, as granted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubOptions {
+    /// The QoS granted in SUBACK; deliveries are downgraded to it.
+    pub qos: u8,
+    /// The client's own publishes are not delivered to it.
+    pub no_local: bool,
+    /// Deliveries keep the publisher's retain flag.
+    pub retain_as_published: bool,
+    /// Identifier the client gave the subscription (MQTT 5), echoed in deliveries.
+    pub subscription_id: Option<u32>,
+    /// Tag filter expression (MQTT 5 SUBSCRIBE user property `tag-filter`), validated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag_filter: Option<String>,
+}
+
+impl SubOptions {
+    /// The routing-table options of a subscription of `client_id` with these options.
+    pub fn binding_options(&self, client_id: &Arc<str>) -> MqttOptions {
+        MqttOptions {
+            client_id: client_id.clone(),
+            qos: self.qos,
+            no_local: self.no_local,
+            retain_as_published: self.retain_as_published,
+            subscription_id: self.subscription_id,
+            tag_filter: self.tag_filter.as_deref().and_then(|e| TagFilter::parse(e).ok()).map(Arc::new),
+        }
+    }
+}
+
+/// What survives of a persistent session while its client is away.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredSession {
+    /// Id of the session's consume queue.
+    pub queue: u64,
+    /// Session expiry interval, seconds ([`NEVER`] = never).
+    pub expiry_secs: u32,
+    /// Subscriptions by full filter (including `$share/...`).
+    pub subscriptions: BTreeMap<String, SubOptions>,
+    /// When the client last disconnected (ms since the epoch); `None` while connected.
+    pub disconnected_at_ms: Option<u64>,
+}
+
+/// Persistent MQTT sessions by client id.
+pub trait SessionStore: fmt::Debug + Send + Sync {
+    /// Every stored session (undecodable ones are logged and left out).
+    fn load(&self) -> Result<Vec<(String, StoredSession)>, StoreError>;
+
+    /// True when a session is stored for `client_id`.
+    fn exists(&self, client_id: &str) -> Result<bool, StoreError>;
+
+    /// Stores (replaces) the session of `client_id`.
+    fn save(&self, client_id: &str, session: &StoredSession) -> StoreWrite;
+
+    /// Forgets the session of `client_id` with every inbound QoS 2 id it held.
+    fn remove(&self, client_id: &str) -> StoreWrite;
+}
+
+/// Inbound QoS 2 packet ids a persistent session received (PUBREC sent) and awaits the
+/// PUBREL of: a resent PUBLISH with such an id is acknowledged, not routed again.
+pub trait InboundQos2Store: fmt::Debug + Send + Sync {
+    /// The ids `client_id` holds.
+    fn pending(&self, client_id: &str) -> Result<Vec<u16>, StoreError>;
+
+    /// Records `pkid` as received (committed with the message it came with).
+    fn received(&self, client_id: &str, pkid: u16) -> StoreWrite;
+
+    /// Forgets `pkid` (PUBREL arrived).
+    fn released(&self, client_id: &str, pkid: u16) -> StoreWrite;
+}
+
+fn qos2_key(client_id: &str, pkid: u16) -> Bytes {
+    let mut k = Vec::with_capacity(client_id.len() + 3);
+    k.extend_from_slice(client_id.as_bytes());
+    k.push(0);
+    k.extend_from_slice(&pkid.to_be_bytes());
+    Bytes::from(k)
+}
+
+fn qos2_prefix(client_id: &str) -> Bytes {
+    let mut k = Vec::with_capacity(client_id.len() + 1);
+    k.extend_from_slice(client_id.as_bytes());
+    k.push(0);
+    Bytes::from(k)
+}
+
+impl SessionStore for JournalStore {
+    fn load(&self) -> Result<Vec<(String, StoredSession)>, StoreError> {
+        let mut sessions = Vec::new();
+        for (key, value) in self.journal.scan(Space::Session, b"")? {
+            let Ok(client_id) = std::str::from_utf8(&key) else { continue };
+            match serde_json::from_slice::<StoredSession>(&value) {
+                Ok(s) => sessions.push((client_id.to_owned(), s)),
+                Err(e) => warn!(client_id, error = %e, "undecodable stored session; ignored"),
+            }
+        }
+        Ok(sessions)
+    }
+
+    fn exists(&self, client_id: &str) -> Result<bool, StoreError> {
+        Ok(self.journal.get(Space::Session, client_id.as_bytes())?.is_some())
+    }
+
+    fn save(&self, client_id: &str, session: &StoredSession) -> StoreWrite {
+        StoreWrite::of(vec![Op::Put {
+            space: Space::Session,
+            key: Bytes::copy_from_slice(client_id.as_bytes()),
+            value: Bytes::from(serde_json::to_vec(session).unwrap_or_default()),
+        }])
+    }
+
+    fn remove(&self, client_id: &str) -> StoreWrite {
+        StoreWrite::of(vec![
+            Op::Delete { space: Space::Session, key: Bytes::copy_from_slice(client_id.as_bytes()) },
+            Op::DeletePrefix { space: Space::InboundQos2, prefix: qos2_prefix(client_id) },
+        ])
+    }
+}
+
+impl InboundQos2Store for JournalStore {
+    fn pending(&self, client_id: &str) -> Result<Vec<u16>, StoreError> {
+        let prefix = qos2_prefix(client_id);
+        let ids = self
+            .journal
+            .scan(Space::InboundQos2, &prefix)?
+            .into_iter()
+            .filter_map(|(k, _)| {
+                let tail = k.get(prefix.len()..)?;
+                Some(u16::from_be_bytes(tail.try_into().ok()?))
+            })
+            .collect();
+        Ok(ids)
+    }
+
+    fn received(&self, client_id: &str, pkid: u16) -> StoreWrite {
+        StoreWrite::of(vec![Op::Put { space: Space::InboundQos2, key: qos2_key(client_id, pkid), value: Bytes::new() }])
+    }
+
+    fn released(&self, client_id: &str, pkid: u16) -> StoreWrite {
+        StoreWrite::of(vec![Op::Delete { space: Space::InboundQos2, key: qos2_key(client_id, pkid) }])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::{apply, open};
+    use super::*;
+
+    fn session(queue: u64) -> StoredSession {
+        let mut subscriptions = BTreeMap::new();
+        let opts = SubOptions {
+            qos: 1,
+            no_local: false,
+            retain_as_published: true,
+            subscription_id: Some(7),
+            tag_filter: Some("a || b".into()),
+        };
+        subscriptions.insert("a/+".to_owned(), opts);
+        StoredSession { queue, expiry_secs: 60, subscriptions, disconnected_at_ms: Some(5) }
+    }
+
+    #[test]
+    fn sessions_round_trip_and_are_removed_with_their_qos2_ids() {
+        let (_dir, journal, stores) = open();
+        apply(&journal, stores.sessions.save("c1", &session(1)).and(stores.sessions.save("c2", &session(2))));
+        apply(&journal, stores.inbound_qos2.received("c1", 1).and(stores.inbound_qos2.received("c1", 300)));
+        apply(&journal, stores.inbound_qos2.received("c10", 9));
+        let mut loaded = stores.sessions.load().unwrap();
+        loaded.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(loaded, vec![("c1".to_owned(), session(1)), ("c2".to_owned(), session(2))]);
+        assert!(stores.sessions.exists("c1").unwrap());
+        let mut ids = stores.inbound_qos2.pending("c1").unwrap();
+        ids.sort();
+        assert_eq!(ids, vec![1, 300], "a client's ids only (c10 shares no prefix with c1)");
+
+        apply(&journal, stores.inbound_qos2.released("c1", 1));
+        assert_eq!(stores.inbound_qos2.pending("c1").unwrap(), vec![300]);
+        apply(&journal, stores.sessions.remove("c1"));
+        assert!(!stores.sessions.exists("c1").unwrap());
+        assert!(stores.inbound_qos2.pending("c1").unwrap().is_empty(), "ids leave with the session");
+        assert_eq!(stores.inbound_qos2.pending("c10").unwrap(), vec![9]);
+    }
+
+    #[test]
+    fn an_undecodable_session_is_left_out() {
+        let (_dir, journal, stores) = open();
+        let bad = Op::Put { space: Space::Session, key: Bytes::from_static(b"bad"), value: Bytes::from_static(b"{") };
+        apply(&journal, StoreWrite::of(vec![bad]).and(stores.sessions.save("good", &session(3))));
+        assert_eq!(stores.sessions.load().unwrap(), vec![("good".to_owned(), session(3))]);
+    }
+}
