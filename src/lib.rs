@@ -27,4 +27,5 @@ pub mod config;
 pub mod core;
 pub mod mqtt;
 pub mod server;
+pub mod socket;
 pub mod tls;

@@ -29,28 +29,34 @@ use crate::core::queue::{ConsumerEvent, ConsumerId, RequeueCause};
 use crate::core::router::RouteCache;
 use crate::core::shards::ShardCmd;
 use crate::core::value::Value;
+use crate::socket::{discard_until_eof, front_stored, sleep_until, trim_drained, ReadBuffer, CLOSE_FLUSH};
 
 /// Stop pulling deliveries while this many bytes wait to be written.
 const WRITE_HIGH_WATER: usize = 512 * 1024;
 /// Deliveries taken from the consumer channel per wake-up.
 const PULL_BATCH: usize = 256;
-/// Smallest read buffer (what an idle connection keeps).
-const READ_MIN: usize = 512;
 /// Largest read chunk the buffer grows to under load.
 const READ_MAX: usize = 128 * 1024;
-/// Drained buffers larger than this are given back.
-const BUFFER_KEEP: usize = 64 * 1024;
-/// Longest time spent flushing the last bytes to a closing socket.
-const CLOSE_FLUSH: Duration = Duration::from_secs(2);
 /// Credit given to no-ack consumers (deliveries are settled as soon as they are written).
 pub(super) const NO_ACK_CREDIT: u32 = 1000;
 
 /// A publish waiting for its confirm.
 pub(super) struct PendingConfirm {
+    /// Channel in confirm mode the publish came on.
     pub channel: u16,
+    /// Its delivery tag in the channel's confirm sequence.
     pub tag: u64,
+    /// Resolves when the message is stored; `None` once it has (or when nothing is stored).
     pub signal: Option<DurableSignal>,
+    /// Basic.Ack (true) or Basic.Nack (false, e.g. refused by a full queue).
     pub ack: bool,
+}
+
+impl PendingConfirm {
+    /// The durability signal the confirm waits for.
+    fn signal(&mut self) -> Option<&mut DurableSignal> {
+        self.signal.as_mut()
+    }
 }
 
 /// Control messages to a connection task.
@@ -152,7 +158,7 @@ impl Task {
         S: AsyncRead + AsyncWrite + Unpin + Send,
     {
         let (mut reader, mut writer) = tokio::io::split(stream);
-        let mut rbuf = BytesMut::with_capacity(READ_MIN);
+        let mut rbuf = ReadBuffer::new(READ_MAX);
         let mut wbuf = BytesMut::new();
         let mut alarm = self.ctx.alarm.subscribe();
         let mut eof = false;
@@ -177,28 +183,20 @@ impl Task {
                     }
                 }
                 res = writer.write_buf(&mut wbuf), if !wbuf.is_empty() => match res {
-                    Ok(_) => {
-                        if wbuf.is_empty() && wbuf.capacity() > BUFFER_KEEP {
-                            wbuf = BytesMut::new();
-                        }
-                    }
+                    Ok(_) => trim_drained(&mut wbuf),
                     Err(e) => { debug!(error = %e, "write failed"); eof = true; }
                 },
-                res = reader.read_buf(&mut rbuf), if may_read => match res {
+                res = reader.read_buf(rbuf.bytes()), if may_read => match res {
                     Ok(0) => { debug!("peer closed the connection"); eof = true; }
                     Ok(_) => {
-                        let filled = rbuf.capacity() == rbuf.len();
-                        self.proto.handle_input(&mut rbuf, Instant::now());
+                        let full = rbuf.is_full();
+                        self.proto.handle_input(rbuf.bytes(), Instant::now());
                         self.handle_events().await;
-                        if rbuf.is_empty() && rbuf.capacity() > BUFFER_KEEP {
-                            rbuf = BytesMut::with_capacity(READ_MIN);
-                        } else if filled || rbuf.capacity() - rbuf.len() < READ_MIN {
-                            rbuf.reserve((rbuf.capacity() * 2).clamp(READ_MIN, READ_MAX));
-                        }
+                        rbuf.resize(full);
                     }
                     Err(e) => { debug!(error = %e, "read failed"); eof = true; }
                 },
-                stored = front_confirm(&mut self.confirms), if confirm_ready => {
+                stored = front_stored(&mut self.confirms, PendingConfirm::signal), if confirm_ready => {
                     if let Some(front) = self.confirms.front_mut() {
                         front.signal = None;
                         front.ack &= stored;
@@ -553,30 +551,5 @@ pub(super) fn delivery_headers(d: &QueueDelivery) -> Vec<(String, Value)> {
     match d.delivery_count {
         Some(n) => vec![("x-delivery-count".to_owned(), Value::Int(n as i64))],
         None => Vec::new(),
-    }
-}
-
-/// Waits for the front confirm's signal; true when the message was stored.
-async fn front_confirm(confirms: &mut VecDeque<PendingConfirm>) -> bool {
-    match confirms.front_mut().and_then(|c| c.signal.as_mut()) {
-        Some(signal) => matches!(signal.await, Ok(Ok(()))),
-        None => std::future::pending().await,
-    }
-}
-
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(tokio::time::Instant::from_std(d)).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// Reads and drops whatever the peer still sends until it closes its side.
-async fn discard_until_eof<R: AsyncRead + Unpin>(reader: &mut R) {
-    let mut sink = [0u8; 512];
-    while let Ok(n) = reader.read(&mut sink).await {
-        if n == 0 {
-            return;
-        }
     }
 }

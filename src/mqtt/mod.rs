@@ -6,16 +6,24 @@
 //!    └─────────────────┴ queue deliveries (persistent session queue, shared groups)
 //! ```
 //!
-//! - [`connection`] — one task per socket; protocol events in, core commands out.
+//! - [`connection`] — one task per socket: the socket loop, protocol events dispatched to
+//!   [`connect`] (CONNECT, auth, take-over), [`publish`] (inbound publishes and their
+//!   acks), [`deliver`] (outbound deliveries), [`subscribe`] (SUBSCRIBE/UNSUBSCRIBE) and
+//!   [`close`] (clean-up and will).
 //! - [`session`] — client ids, take-over, persistent sessions and their storage, expiry.
 //! - [`shared`] — `$share/{group}/{filter}` groups as consume queues.
 //! - [`sys`] — the `$SYS/broker/...` topics.
 //! - [`convert`] — MQTT publish <-> core message.
 
+mod close;
+mod connect;
 pub mod connection;
 pub mod convert;
+mod deliver;
+mod publish;
 pub mod session;
 pub mod shared;
+mod subscribe;
 pub mod sys;
 
 use std::sync::Arc;

@@ -1,0 +1,265 @@
+//! CONNECT: the client id (assigned when empty), credentials against the user store,
+//! take-over of a connection holding the same id, and the session the connection
+//! resumes or starts (clean, or persistent with its queue and inbound QoS 2 state).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferrymq_mqtt::{Accept, Connect, ProtocolLevel, ReasonCode};
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use super::connection::{SessionState, Task};
+use super::deliver::OFFSET_PKIDS;
+use super::session::{wait_finished, Control, Online, Persistent};
+use super::{split_share, SESSION_QUEUE_PREFIX};
+use crate::auth::AuthError;
+use crate::core::broker::Commit;
+use crate::core::delivery::SessionLink;
+use crate::core::store::{StoredSession, NEVER};
+
+/// Longest wait for a taken-over connection to clean up.
+const TAKEOVER_WAIT: Duration = Duration::from_secs(5);
+
+impl Task {
+    /// Checks CONNECT's user name and password against the user store when `auth.mqtt`
+    /// is on: no user name is NOT_AUTHORIZED (Mosquitto without anonymous access), a
+    /// wrong one BAD_USER_NAME_OR_PASSWORD, a loopback-only user from afar NOT_AUTHORIZED.
+    fn authenticate(&self, c: &Connect) -> Result<(), ReasonCode> {
+        let Some(users) = &self.ctx.users else { return Ok(()) };
+        let Some(username) = c.username.as_deref() else {
+            info!("connection refused: no user name");
+            return Err(ReasonCode::NOT_AUTHORIZED);
+        };
+        let password = c.password.as_deref().map(std::str::from_utf8).unwrap_or(Ok(""));
+        let Ok(password) = password else {
+            info!(username, "connection refused: password is not UTF-8");
+            return Err(ReasonCode::BAD_USER_NAME_OR_PASSWORD);
+        };
+        users.check(username, password, self.peer, "MQTT").map_err(|e| {
+            info!(username, error = %e, "connection refused");
+            match e {
+                AuthError::BadCredentials(_) => ReasonCode::BAD_USER_NAME_OR_PASSWORD,
+                AuthError::LoopbackOnly(_) => ReasonCode::NOT_AUTHORIZED,
+            }
+        })
+    }
+
+    /// Accepts or refuses CONNECT. Accepted: the previous holder of the client id is
+    /// taken over, the session is resumed or started (and stored when persistent),
+    /// CONNACK is queued, and the session's queues are attached.
+    pub(super) async fn on_connect(&mut self, c: Connect) {
+        self.level = c.level;
+        let cfg = &self.ctx.cfg;
+        let mut assigned = None;
+        let client_id: Arc<str> = if c.client_id.is_empty() {
+            if !may_assign_client_id(c.level, c.clean_start) {
+                self.proto.refuse(ReasonCode::CLIENT_IDENTIFIER_NOT_VALID);
+                return;
+            }
+            let id = format!("ferrymq-{:016x}", rand_id(self.conn_id));
+            if c.level.is_v5() {
+                assigned = Some(id.clone());
+            }
+            Arc::from(id.as_str())
+        } else {
+            Arc::from(c.client_id.as_str())
+        };
+        if c.properties.authentication_method.is_some() {
+            self.proto.refuse(ReasonCode::BAD_AUTHENTICATION_METHOD);
+            return;
+        }
+        if let Err(reason) = self.authenticate(&c) {
+            self.proto.refuse(reason);
+            return;
+        }
+        tracing::Span::current().record("client_id", &*client_id);
+
+        // Take over a connection that holds the same client id.
+        let online =
+            Online { conn_id: self.conn_id, control: self.control_tx.clone(), finished: self.finished_tx.subscribe() };
+        let mut claim = self.ctx.sessions.claim(&client_id, online);
+        if let Some(prev) = claim.previous.take() {
+            claim.previous_existed = true;
+            let _ = prev.control.send(Control::TakenOver);
+            wait_finished(prev.finished, TAKEOVER_WAIT).await;
+        }
+        // The previous connection may have just updated the persistent state.
+        let mut existing =
+            if claim.previous_existed { self.ctx.sessions.persistent(&client_id) } else { claim.persistent };
+
+        let expiry =
+            session_expiry(c.level, c.clean_start, c.properties.session_expiry_interval, cfg.max_session_expiry_secs);
+
+        if c.clean_start {
+            if let Some(p) = existing.take() {
+                self.ctx.discard_persistent(&client_id, &p).await;
+                self.ctx.sessions.set_persistent(&client_id, None);
+            }
+        }
+        let session_present = existing.is_some();
+        let mut inbound_qos2 = Vec::new();
+
+        let mut session = SessionState {
+            client_id: client_id.clone(),
+            link: None,
+            persistent: None,
+            expiry_secs: expiry,
+            subs: BTreeMap::new(),
+        };
+        match existing {
+            Some(mut p) => {
+                session.subs = p.stored.subscriptions.clone();
+                p.stored.expiry_secs = expiry;
+                p.stored.disconnected_at_ms = None;
+                inbound_qos2 = self.load_inbound_qos2(&client_id);
+                session.persistent = Some(p);
+            }
+            None if expiry > 0 => {
+                match self.ctx.broker.stores.catalog.queue_id(&format!("{SESSION_QUEUE_PREFIX}{client_id}")) {
+                    Ok(queue) => {
+                        session.persistent = Some(Persistent {
+                            queue,
+                            stored: StoredSession {
+                                queue: queue.0,
+                                expiry_secs: expiry,
+                                subscriptions: BTreeMap::new(),
+                                disconnected_at_ms: None,
+                            },
+                        });
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "cannot create session queue");
+                        self.proto.refuse(ReasonCode::SERVER_UNAVAILABLE);
+                        self.ctx.sessions.release(&client_id, self.conn_id, None, None);
+                        return;
+                    }
+                }
+            }
+            None => {
+                let (tx, rx) = mpsc::channel(cfg.max_online_queue);
+                session.link = Some(Arc::new(SessionLink::new(self.conn_id, client_id.clone(), tx)));
+                self.direct_rx = Some(rx);
+            }
+        }
+        if let Some(p) = &session.persistent {
+            self.ctx.sessions.set_persistent(&client_id, Some(p.clone()));
+            let write = self.ctx.broker.stores.sessions.save(&client_id, &p.stored);
+            if let Err(e) = self.ctx.broker.commit(write, Commit::Durable).await {
+                warn!(error = %e, "cannot store session");
+                self.proto.refuse(ReasonCode::SERVER_UNAVAILABLE);
+                self.ctx.sessions.release(&client_id, self.conn_id, None, None);
+                return;
+            }
+        }
+        self.window = delivery_window(cfg.max_inflight, c.properties.receive_maximum);
+        self.will = c.will;
+        self.ctx.broker.stats.connected();
+        info!(level = ?c.level, clean_start = c.clean_start, session_present, expiry, "client connected");
+        self.proto.accept(Accept {
+            session_present,
+            assigned_client_id: assigned,
+            session_expiry_interval: (c.level.is_v5() && c.properties.session_expiry_interval != Some(expiry))
+                .then_some(expiry),
+            inbound_qos2,
+            properties: Default::default(),
+        });
+        // Resume consumption: own queue first, then shared groups of a resumed session.
+        if let Some(p) = &session.persistent {
+            self.attach(p.queue, 2);
+        }
+        let shared: Vec<(String, u8)> =
+            session.subs.iter().filter(|(f, _)| f.starts_with("$share/")).map(|(f, o)| (f.clone(), o.qos)).collect();
+        self.session = Some(session);
+        for (filter, qos) in shared {
+            if let Some((group, f)) = split_share(&filter) {
+                if let Some(q) = self.ctx.groups.queue_of(group, f) {
+                    self.group_filters.insert(q, filter.clone());
+                    self.attach(q, qos);
+                }
+            }
+        }
+    }
+
+    /// The inbound QoS 2 ids a resumed persistent session still waits to have released.
+    fn load_inbound_qos2(&self, client_id: &str) -> Vec<u16> {
+        self.ctx.broker.stores.inbound_qos2.pending(client_id).unwrap_or_else(|e| {
+            warn!(error = %e, "cannot read inbound QoS 2 state");
+            Vec::new()
+        })
+    }
+}
+
+/// A cheap unique-enough suffix for assigned client ids.
+fn rand_id(seed: u64) -> u64 {
+    let t =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    (t ^ seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)).rotate_left(17)
+}
+
+/// Whether the broker may assign an id to a client that sent an empty one: always in 5.0,
+/// in 3.1.1 only with a clean session (MQTT-3.1.3-7), never in 3.1.
+fn may_assign_client_id(level: ProtocolLevel, clean_start: bool) -> bool {
+    match level {
+        ProtocolLevel::V5 => true,
+        ProtocolLevel::V3_1_1 => clean_start,
+        ProtocolLevel::V3_1 => false,
+    }
+}
+
+/// The session expiry in effect, seconds: 5.0 asks for it (absent = 0); in 3.x a clean
+/// session ends with the connection and a persistent one never expires. Capped by the
+/// configured maximum.
+fn session_expiry(level: ProtocolLevel, clean_start: bool, requested: Option<u32>, max_secs: u32) -> u32 {
+    let asked = match level {
+        ProtocolLevel::V5 => requested.unwrap_or(0),
+        _ if clean_start => 0,
+        _ => NEVER,
+    };
+    asked.min(max_secs)
+}
+
+/// Credit each attached queue gets: the smaller of the configured in-flight limit and
+/// the client's receive maximum, within the packet ids derived from queue offsets.
+fn delivery_window(max_inflight: u16, receive_maximum: Option<u16>) -> u32 {
+    (max_inflight.min(receive_maximum.unwrap_or(u16::MAX)) as u32).clamp(1, OFFSET_PKIDS as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_client_ids_are_assigned_where_the_protocol_allows() {
+        assert!(may_assign_client_id(ProtocolLevel::V5, false));
+        assert!(may_assign_client_id(ProtocolLevel::V5, true));
+        assert!(may_assign_client_id(ProtocolLevel::V3_1_1, true));
+        assert!(!may_assign_client_id(ProtocolLevel::V3_1_1, false));
+        assert!(!may_assign_client_id(ProtocolLevel::V3_1, true));
+    }
+
+    #[test]
+    fn session_expiry_follows_the_protocol_level_and_the_cap() {
+        assert_eq!(session_expiry(ProtocolLevel::V5, false, None, NEVER), 0, "5.0 without the property");
+        assert_eq!(session_expiry(ProtocolLevel::V5, true, Some(60), NEVER), 60, "5.0 clean start may persist");
+        assert_eq!(session_expiry(ProtocolLevel::V5, false, Some(NEVER), 3600), 3600, "capped");
+        assert_eq!(session_expiry(ProtocolLevel::V3_1_1, true, Some(60), NEVER), 0, "3.x clean session");
+        assert_eq!(session_expiry(ProtocolLevel::V3_1_1, false, None, NEVER), NEVER);
+        assert_eq!(session_expiry(ProtocolLevel::V3_1, false, None, 10), 10);
+    }
+
+    #[test]
+    fn the_delivery_window_is_bounded_both_ways() {
+        assert_eq!(delivery_window(100, None), 100);
+        assert_eq!(delivery_window(100, Some(5)), 5, "the client's receive maximum");
+        assert_eq!(delivery_window(u16::MAX, None), OFFSET_PKIDS as u32, "offset-derived ids bound it");
+        assert_eq!(delivery_window(0, Some(0)), 1, "never zero");
+    }
+
+    #[test]
+    fn assigned_ids_differ_between_connections() {
+        let ids: std::collections::HashSet<u64> = (0..1000).map(rand_id).collect();
+        assert_eq!(ids.len(), 1000);
+    }
+}
