@@ -1,22 +1,33 @@
-//! FerryMQ: one broker that speaks MQTT 3.1.1/5.0 (and AMQP 0-9-1, next) to unmodified
+//! FerryMQ: one broker that speaks MQTT 3.1/3.1.1/5.0 and AMQP 0-9-1 to unmodified
 //! clients and keeps every message in one durable core — a commit log of bodies plus
-//! consume queues in sled, the RocketMQ/Kafka model.
+//! consume queues and keyed state in sled, the RocketMQ/Kafka model. MQTT topics and AMQP
+//! exchanges are one routing table, so the two protocols see each other's messages.
 //!
 //! # Layout
 //!
 //! ```text
-//!  ferrymq-mqtt (sans-IO protocol)      ferrymq-storage (commit log + sled)
-//!            ▲                                   ▲
-//!  mqtt::connection ──▶ core::broker::publish ──▶ journal ──completion──▶ core::shards (queue owners)
-//!    (one task per socket)   │ fast path                                        │
-//!            ▲               └──▶ connected clean sessions                       │
-//!            └──────────────────────────── queue deliveries ◀─────────────────────┘
+//!  ferrymq-mqtt / ferrymq-amqp (sans-IO protocol state machines)
+//!            ▲
+//!  mqtt::connection / amqp::connection      (one task per socket; crate::socket helpers)
+//!            │ publish, subscribe/bind, ack          ▲ deliveries, confirms
+//!            ▼                                       │
+//!  core::broker ──route──▶ core::router ──▶ connected clean sessions (fast path)
+//!            │
+//!            ├──append (body once, one pointer per queue)──▶ ferrymq-storage journal
+//!            │                                                   │ completion
+//!            │                                                   ▼
+//!            │                                 core::shards (queue and stream owners)
+//!            └── core::store (sessions, QoS 2 ids, entities, de-dup ids) ──▶ journal
 //! ```
 //!
 //! - [`config`] — embedded default + environment + file + flags.
 //! - [`server`] — listeners, connection limit, start-up restore, shutdown.
-//! - [`core`] — message, routing table, queues, scheduler, retained, counters.
+//! - [`core`] — message, routing table, queues, streams, scheduler, retained, stores,
+//!   counters: everything both protocols share. Only the core calls the journal.
 //! - [`mqtt`] — the MQTT front-end (connections, sessions, shared groups, `$SYS`).
+//! - [`amqp`] — the AMQP 0-9-1 front-end (connections, channels, methods, entities).
+//! - [`socket`] — buffer sizing and waits both front-ends' connection tasks share.
+//! - [`auth`] — the user store both front-ends check logins against.
 //! - [`tls`] — rustls acceptor from PEM files.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]

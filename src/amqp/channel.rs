@@ -55,7 +55,7 @@ pub enum Settle {
 /// A publish held back in a transaction until commit.
 #[derive(Debug)]
 pub struct TxPublish {
-    /// The message.
+    /// The message to publish at commit.
     pub msg: SharedMessage,
     /// Where it goes (reject-publish queues admit it at commit).
     pub routes: std::sync::Arc<Routes>,

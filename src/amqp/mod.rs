@@ -46,15 +46,15 @@ use entities::Entities;
 /// Everything the AMQP front-end shares between connections.
 #[derive(Debug)]
 pub struct AmqpContext {
-    /// The core.
+    /// The core every connection publishes to and consumes from.
     pub broker: Arc<Broker>,
     /// `[amqp]` settings.
     pub cfg: crate::config::AmqpSection,
-    /// The user store.
+    /// Users that may log in, checked at connection.start-ok.
     pub users: Users,
     /// Declared queues.
     pub entities: Entities,
-    /// The memory alarm.
+    /// The memory alarm: publishing connections get connection.blocked while it is raised.
     pub alarm: Arc<MemoryAlarm>,
     /// Publisher de-duplication (when configured).
     pub dedup: Option<Dedup>,

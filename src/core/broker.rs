@@ -86,14 +86,14 @@ impl DispatchItem {
     }
 }
 
-/// The shared core.
+/// The core every front-end shares: one per broker process.
 pub struct Broker {
     /// The commit log and keyed state; only the core uses it (front-ends go through
     /// [`Broker::stores`] and [`Broker::commit`]).
     pub journal: Journal,
     /// Typed stores of the front-ends' durable state, on the journal.
     pub stores: Stores,
-    /// The routing table.
+    /// Exchanges, bindings and MQTT subscriptions: where a publish goes.
     pub router: Router,
     /// Queue owners.
     pub shards: Shards,

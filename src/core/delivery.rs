@@ -13,7 +13,7 @@ use super::message::SharedMessage;
 /// A message routed straight to a connected clean session (no storage involved).
 #[derive(Debug, Clone)]
 pub struct Direct {
-    /// The message.
+    /// The message, shared with every other subscriber it goes to.
     pub msg: SharedMessage,
     /// Highest granted QoS of the matching subscriptions (the connection applies
     /// min(publish QoS, this)).
@@ -28,11 +28,11 @@ pub struct Direct {
 /// the client acknowledged it, or right after sending it for QoS 0).
 #[derive(Debug, Clone)]
 pub struct QueueDelivery {
-    /// The queue.
+    /// Queue the entry is from (acks go back to it).
     pub queue: QueueId,
     /// The entry's offset in the queue.
     pub offset: u64,
-    /// The message.
+    /// The message the entry points to.
     pub msg: SharedMessage,
     /// Delivery QoS (already min(publish, granted)).
     pub qos: u8,
@@ -40,7 +40,7 @@ pub struct QueueDelivery {
     pub redelivered: bool,
     /// QoS 2: the client already sent PUBREC on an earlier connection; resend PUBREL only.
     pub released: bool,
-    /// The consumer it is for.
+    /// Id of the consumer it is for.
     pub consumer: u64,
     /// Earlier deliveries of this message (AMQP `x-delivery-count`), when the queue
     /// counts them.

@@ -42,7 +42,7 @@ pub enum HashProperty {
 /// What a consistent-hash exchange hashes.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum HashOn {
-    /// The routing key.
+    /// The publish's routing key (the exchange's default).
     #[default]
     RoutingKey,
     /// A header's value; a message without it is not routed.

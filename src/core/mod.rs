@@ -1,6 +1,18 @@
 //! The core every front-end shares: one message type, one routing table, one queue
 //! abstraction, one journal.
 //!
+//! # The narrow waist
+//!
+//! The front-ends reach durable state only through the core: messages through
+//! [`broker::Broker::publish`] and [`broker::Broker::schedule`], everything else through
+//! the typed stores of [`store`] (sessions, inbound QoS 2 ids, entity metadata,
+//! de-duplication ids, queue names), whose writes the broker commits. They never build
+//! journal operations or name a keyspace. The stores are traits, so a replicated
+//! implementation (a Raft log carrying the same batches) can replace the local one
+//! without touching the front-ends; the core's own state (consume-queue pointers, retry
+//! records, stream cursors) goes through the journal API, which is narrow for the same
+//! reason.
+//!
 //! - [`message`] — the core `Message` and its commit-log header encoding.
 //! - [`router`] — the routing table (MQTT topic filters = bindings of `amq.topic`).
 //! - [`hash_ring`] — the `x-consistent-hash` exchange's ring.
@@ -14,6 +26,8 @@
 //! - [`scheduler`] — delayed delivery from the journal's timer index.
 //! - [`alarm`] — the memory high-watermark alarm.
 //! - [`broker`] — the shared core and its publish path.
+//! - [`store`] — typed stores of the front-ends' durable state, and their local implementation.
+//! - [`dedup`] — publisher de-duplication within a time window.
 //! - [`dead_letter`] — republishing dead letters with `x-death`.
 //! - [`retry`] — retry timers and records of entries waiting for a delayed retry.
 //! - [`stats`] — counters.

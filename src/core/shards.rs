@@ -30,13 +30,13 @@ const RETENTION_PASS: Duration = Duration::from_secs(1);
 /// A pointer the journal appended to a queue, with the message still in memory.
 #[derive(Debug, Clone)]
 pub struct AppendedEntry {
-    /// The queue.
+    /// Queue the pointer was appended to.
     pub queue: QueueId,
     /// Offset the journal assigned.
     pub offset: u64,
-    /// The stored pointer.
+    /// Where the record is in the commit log, its size, tag hash and flags.
     pub ptr: Pointer,
-    /// The message.
+    /// The message itself, so that the owner delivers it without reading the log.
     pub msg: SharedMessage,
 }
 
@@ -48,21 +48,21 @@ pub enum ShardCmd {
     /// Set (or replace) the behaviour of a queue; queues never configured use the shard's
     /// default (MQTT session limits).
     Configure {
-        /// The queue.
+        /// Queue the command is for (it decides the shard).
         queue: QueueId,
         /// Its configuration.
         config: Arc<QueueConfig>,
     },
     /// Make a queue id a stream with these retention settings (or update them).
     ConfigureStream {
-        /// The stream.
+        /// Stream the command is for (it decides the shard).
         queue: QueueId,
         /// Its settings.
         config: Arc<StreamConfig>,
     },
     /// Attach a consumer to a stream, reading from `start`.
     AttachStream {
-        /// The stream.
+        /// Stream the command is for (it decides the shard).
         queue: QueueId,
         /// The consumer (its credit is its prefetch).
         consumer: Consumer,
@@ -78,9 +78,9 @@ pub enum ShardCmd {
     },
     /// Names the member of a stream's exclusive group that reads it from now on.
     ActivateMember {
-        /// The stream.
+        /// Stream the command is for (it decides the shard).
         queue: QueueId,
-        /// The group.
+        /// Name of the consumer group (`x-consumer-group`).
         group: String,
         /// The member's consumer (`None`: nobody).
         consumer: Option<ConsumerId>,
@@ -88,58 +88,58 @@ pub enum ShardCmd {
     /// Move a stream consumer group's committed offset; answers the new offset (`None`
     /// when the queue is not a stream).
     ResetGroup {
-        /// The stream.
+        /// Stream the command is for (it decides the shard).
         queue: QueueId,
-        /// The group.
+        /// Name of the consumer group (`x-consumer-group`).
         group: String,
         /// Where to (an offset, a timestamp, first, last, next).
         to: StreamOffset,
-        /// Reply.
+        /// Where the answer goes.
         reply: oneshot::Sender<Option<u64>>,
     },
     /// A stream consumer settled a delivery (ack, nack or reject): credit back, nothing
     /// removed.
     StreamSettle {
-        /// The stream.
+        /// Stream the command is for (it decides the shard).
         queue: QueueId,
-        /// The consumer.
+        /// Consumer it concerns.
         consumer: ConsumerId,
-        /// The entry.
+        /// Offset of the entry in the queue.
         offset: u64,
     },
     /// Attach a consumer.
     Attach {
-        /// The queue.
+        /// Queue the command is for (it decides the shard).
         queue: QueueId,
-        /// The consumer.
+        /// The consumer: its id, delivery channel, credit and QoS limit.
         consumer: Consumer,
     },
     /// Remove a consumer, leaving its unacked entries unacked (AMQP basic.cancel).
     Cancel {
-        /// The queue.
+        /// Queue the command is for (it decides the shard).
         queue: QueueId,
-        /// The consumer.
+        /// Consumer it concerns.
         consumer: ConsumerId,
     },
     /// Detach a consumer; its unacked entries become ready again.
     Detach {
-        /// The queue.
+        /// Queue the command is for (it decides the shard).
         queue: QueueId,
-        /// The consumer.
+        /// Consumer it concerns.
         consumer: ConsumerId,
     },
     /// The consumer is done with an entry.
     Ack {
-        /// The queue.
+        /// Queue the command is for (it decides the shard).
         queue: QueueId,
-        /// The entry.
+        /// Offset of the entry in the queue.
         offset: u64,
     },
     /// Put an unacked entry back in line (nack/reject with requeue, channel closed).
     Requeue {
-        /// The queue.
+        /// Queue the command is for (it decides the shard).
         queue: QueueId,
-        /// The entry.
+        /// Offset of the entry in the queue.
         offset: u64,
         /// Why it comes back (decides whether it waits for a delayed retry).
         cause: RequeueCause,
@@ -149,39 +149,39 @@ pub enum ShardCmd {
     },
     /// The retry timer of a waiting entry fired: it is ready again.
     RetryDue {
-        /// The queue.
+        /// Queue the command is for (it decides the shard).
         queue: QueueId,
-        /// The entry.
+        /// Offset of the entry in the queue.
         offset: u64,
         /// When the timer was due.
         due_ms: u64,
     },
     /// Drop (or dead-letter) an unacked entry (nack/reject without requeue).
     Reject {
-        /// The queue.
+        /// Queue the command is for (it decides the shard).
         queue: QueueId,
-        /// The entry.
+        /// Offset of the entry in the queue.
         offset: u64,
     },
     /// QoS 2: PUBREC arrived for an entry.
     Release {
-        /// The queue.
+        /// Queue the command is for (it decides the shard).
         queue: QueueId,
-        /// The entry.
+        /// Offset of the entry in the queue.
         offset: u64,
     },
     /// Give a consumer more credit.
     Credit {
-        /// The queue.
+        /// Queue the command is for (it decides the shard).
         queue: QueueId,
-        /// The consumer.
+        /// Consumer it concerns.
         consumer: ConsumerId,
         /// How much.
         n: u32,
     },
     /// Take one message (AMQP basic.get).
     Get {
-        /// The queue.
+        /// Queue the command is for (it decides the shard).
         queue: QueueId,
         /// Who takes it (for the ack, or the requeue when the channel closes).
         consumer: ConsumerId,
@@ -192,14 +192,14 @@ pub enum ShardCmd {
     },
     /// Remove every ready message; answers how many.
     Purge {
-        /// The queue.
+        /// Queue the command is for (it decides the shard).
         queue: QueueId,
-        /// Reply.
+        /// Where the answer goes.
         reply: oneshot::Sender<u64>,
     },
     /// Remove the queue and all its entries; consumers are told they were cancelled.
     Delete {
-        /// The queue.
+        /// Queue the command is for (it decides the shard).
         queue: QueueId,
         /// Answered with the message count once the deletion is stored.
         done: Option<oneshot::Sender<u64>>,
@@ -207,16 +207,16 @@ pub enum ShardCmd {
     /// Report (ready messages, consumers). Answered at the end of the turn, after the
     /// journal work of every command before it was submitted (written, when durable).
     Counts {
-        /// The queue.
+        /// Queue the command is for (it decides the shard).
         queue: QueueId,
-        /// Reply.
+        /// Where the answer goes.
         reply: oneshot::Sender<(u64, u64)>,
     },
     /// Report the queue's live length.
     Len {
-        /// The queue.
+        /// Queue the command is for (it decides the shard).
         queue: QueueId,
-        /// Reply.
+        /// Where the answer goes.
         reply: oneshot::Sender<u64>,
     },
 }

@@ -1,7 +1,7 @@
 //! One task per MQTT socket: owns the socket and its `ferrymq_mqtt::Connection`, reads
 //! and writes the socket, and dispatches protocol events to the modules that handle them
-//! ([`super::connect`], [`super::publish`], [`super::deliver`], [`super::subscribe`],
-//! [`super::close`]). Everything the task owns is in [`Task`]; those modules extend it.
+//! (`connect`, `publish`, `deliver`, `subscribe`, `close`). Everything the task owns is in
+//! `Task`; those modules extend it.
 //!
 //! The task holds no core lock while it waits. Inbound QoS 1/2 acks are released in
 //! order once the core reports the message durable; outbound deliveries are bounded by

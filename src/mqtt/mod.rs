@@ -7,9 +7,9 @@
 //! ```
 //!
 //! - [`connection`] — one task per socket: the socket loop, protocol events dispatched to
-//!   [`connect`] (CONNECT, auth, take-over), [`publish`] (inbound publishes and their
-//!   acks), [`deliver`] (outbound deliveries), [`subscribe`] (SUBSCRIBE/UNSUBSCRIBE) and
-//!   [`close`] (clean-up and will).
+//!   `connect` (CONNECT, auth, take-over), `publish` (inbound publishes and their acks),
+//!   `deliver` (outbound deliveries), `subscribe` (SUBSCRIBE/UNSUBSCRIBE) and `close`
+//!   (clean-up and will), private modules that extend the connection task.
 //! - [`session`] — client ids, take-over, persistent sessions and their storage, expiry.
 //! - [`shared`] — `$share/{group}/{filter}` groups as consume queues.
 //! - [`sys`] — the `$SYS/broker/...` topics.
@@ -47,7 +47,7 @@ pub const SESSION_QUEUE_PREFIX: &str = "mqtt-session/";
 /// Everything the MQTT front-end shares between connections.
 #[derive(Debug)]
 pub struct MqttContext {
-    /// The core.
+    /// The core every connection publishes to and consumes from.
     pub broker: Arc<Broker>,
     /// `[mqtt]` settings.
     pub cfg: MqttSection,

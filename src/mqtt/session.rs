@@ -41,7 +41,7 @@ pub struct Online {
 pub struct Persistent {
     /// The session's queue (its subscriptions are bindings to it).
     pub queue: QueueId,
-    /// The stored form.
+    /// What the session store keeps of it (subscriptions, expiry).
     pub stored: StoredSession,
 }
 

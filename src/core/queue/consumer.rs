@@ -11,13 +11,13 @@ pub type ConsumerId = u64;
 /// What a queue sends to a consumer's connection.
 #[derive(Debug)]
 pub enum ConsumerEvent {
-    /// A message.
+    /// An entry handed to the consumer.
     Deliver(QueueDelivery),
     /// The queue was deleted: the consumer is gone (AMQP server-sent basic.cancel).
     Cancelled {
-        /// The queue.
+        /// The deleted queue.
         queue: QueueId,
-        /// The consumer.
+        /// The consumer that was attached to it.
         consumer: ConsumerId,
     },
 }

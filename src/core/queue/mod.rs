@@ -87,7 +87,7 @@ impl DeathReason {
 /// A message leaving a queue that has a dead-letter target.
 #[derive(Debug, Clone)]
 pub struct DeadLetter {
-    /// The message.
+    /// The message to republish with `x-death`.
     pub msg: SharedMessage,
     /// Why.
     pub reason: DeathReason,

@@ -39,7 +39,7 @@ pub fn average(partitions: usize, members: usize, index: usize) -> Range<usize> 
 pub struct MemberId {
     /// The connection's id.
     pub connection: u64,
-    /// The channel number.
+    /// The channel on that connection.
     pub channel: u16,
 }
 
@@ -59,7 +59,7 @@ pub struct GroupKey {
     pub vhost: String,
     /// What it reads.
     pub scope: Scope,
-    /// The consumer group.
+    /// Name of the consumer group (`x-consumer-group`).
     pub group: String,
 }
 

@@ -1,61 +1,29 @@
-//! Feeds arbitrary bytes to a server-side `Connection`, split into chunks chosen by the
-//! first input byte, with a minimal broker that accepts and acknowledges everything.
-#![no_main]
+//! libFuzzer entry point of [`ferrymq_mqtt_fuzz::decode_and_drive`] (`cargo +nightly fuzz run decode_and_drive`). Built
+//! without `--cfg fuzzing` (a stable toolchain), it replays the files or directories named
+//! on its command line instead.
+#![cfg_attr(fuzzing, no_main)]
 
-use std::time::{Duration, Instant};
+#[cfg(fuzzing)]
+libfuzzer_sys::fuzz_target!(|data: &[u8]| ferrymq_mqtt_fuzz::decode_and_drive(data));
 
-use bytes::{Bytes, BytesMut};
-use ferrymq_mqtt::codec;
-use ferrymq_mqtt::*;
-use libfuzzer_sys::fuzz_target;
-
-fn drive(conn: &mut Connection) {
-    while let Some(ev) = conn.poll_event() {
-        match ev {
-            Event::Connect(_) => conn.accept(Accept { inbound_qos2: vec![1, 2], ..Accept::default() }),
-            Event::Publish(p) if p.qos != QoS::AtMostOnce => conn.ack_publish(p.pkid, ReasonCode::SUCCESS),
-            Event::Subscribe(s) => {
-                conn.ack_subscribe(s.pkid, vec![ReasonCode::GRANTED_QOS_2; s.filters.len()]);
-                let _ = conn.send_publish(Outgoing {
-                    topic: "fuzz/out".into(),
-                    payload: Bytes::from_static(b"x"),
-                    qos: QoS::ExactlyOnce,
-                    retain: false,
-                    dup: false,
-                    pkid: None,
-                    properties: PublishProperties::default(),
-                });
+#[cfg(not(fuzzing))]
+fn main() {
+    let mut inputs = 0usize;
+    for arg in std::env::args_os().skip(1) {
+        let path = std::path::PathBuf::from(arg);
+        let files = match std::fs::read_dir(&path) {
+            Ok(dir) => dir.filter_map(|e| e.ok().map(|e| e.path())).collect(),
+            Err(_) => vec![path],
+        };
+        for file in files {
+            match std::fs::read(&file) {
+                Ok(data) => {
+                    ferrymq_mqtt_fuzz::decode_and_drive(&data);
+                    inputs += 1;
+                }
+                Err(e) => eprintln!("{}: {e}", file.display()),
             }
-            Event::Unsubscribe(u) => conn.ack_unsubscribe(u.pkid, vec![ReasonCode::SUCCESS; u.filters.len()]),
-            _ => {}
         }
     }
-    let mut out = BytesMut::new();
-    conn.poll_transmit(&mut out);
+    println!("replayed {inputs} inputs");
 }
-
-fuzz_target!(|data: &[u8]| {
-    let Some((&chunk, rest)) = data.split_first() else {
-        return;
-    };
-    let chunk = usize::from(chunk % 64) + 1;
-    let t0 = Instant::now();
-    let config = Config { max_packet_size: 64 * 1024, receive_maximum: 8, topic_alias_maximum: 4, ..Config::default() };
-    let mut conn = Connection::new(config, t0);
-    let mut buf = BytesMut::new();
-    for (i, piece) in rest.chunks(chunk).enumerate() {
-        buf.extend_from_slice(piece);
-        conn.handle_input(&mut buf, t0 + Duration::from_millis(i as u64));
-        drive(&mut conn);
-    }
-    conn.handle_timeout(t0 + Duration::from_secs(3600));
-    drive(&mut conn);
-    // The codec alone, at every level, on the same bytes.
-    for level in [None, Some(ProtocolLevel::V3_1_1), Some(ProtocolLevel::V5)] {
-        let mut b = BytesMut::from(rest);
-        while let Ok(Some(p)) = codec::decode(&mut b, level, 64 * 1024) {
-            let mut out = BytesMut::new();
-            let _ = codec::encode(&p, level.unwrap_or(ProtocolLevel::V5), &mut out);
-        }
-    }
-});
