@@ -1,0 +1,171 @@
+//! A publisher's cache of resolved routes, valid for one generation of the table.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::{ExchangeKind, RouteError, Router, Routes, MQTT_VHOST};
+use crate::core::message::Message;
+
+/// A publisher's cache of resolved routes by (exchange, routing key, tag), valid for one
+/// router generation. The tag is part of the key because tag filters decide by it.
+///
+/// Entries are found by a hash of the three and compared as `&str`, so a hit allocates
+/// nothing.
+#[derive(Debug, Default)]
+pub struct RouteCache {
+    generation: u64,
+    hasher: std::collections::hash_map::RandomState,
+    map: HashMap<u64, Vec<CachedRoute>>,
+    /// Entries in `map`.
+    cached: usize,
+    /// Kind and `internal` flag of exchanges looked up (`None`: no such exchange).
+    exchanges: HashMap<String, Option<(ExchangeKind, bool)>>,
+}
+
+#[derive(Debug)]
+struct CachedRoute {
+    exchange: Box<str>,
+    key: Box<str>,
+    tag: Option<Box<str>>,
+    routes: Arc<Routes>,
+}
+
+impl CachedRoute {
+    fn is(&self, exchange: &str, key: &str, tag: Option<&str>) -> bool {
+        &*self.exchange == exchange && &*self.key == key && self.tag.as_deref() == tag
+    }
+}
+
+/// Most (exchange, key) pairs one connection caches before the cache is cleared.
+const ROUTE_CACHE_KEYS: usize = 1024;
+
+impl RouteCache {
+    fn sync(&mut self, router: &Router) {
+        let generation = router.generation();
+        if generation != self.generation {
+            self.map.clear();
+            self.cached = 0;
+            self.exchanges.clear();
+            self.generation = generation;
+        }
+    }
+
+    /// Kind and `internal` flag of an exchange, from the cache when the table has not
+    /// changed (the publish path asks for every message).
+    pub fn exchange(&mut self, router: &Router, vhost: &str, name: &str) -> Option<(ExchangeKind, bool)> {
+        self.sync(router);
+        if let Some(x) = self.exchanges.get(name) {
+            return *x;
+        }
+        let x = router.exchange(vhost, name).map(|d| (d.kind, d.internal));
+        if self.exchanges.len() >= ROUTE_CACHE_KEYS {
+            self.exchanges.clear();
+        }
+        self.exchanges.insert(name.to_owned(), x);
+        x
+    }
+
+    /// Routes of a publish of `msg` to `exchange`, from the cache when the table has not
+    /// changed.
+    pub fn route(
+        &mut self,
+        router: &Router,
+        vhost: &str,
+        exchange: &str,
+        msg: &Message,
+        publisher: &str,
+    ) -> Result<Arc<Routes>, RouteError> {
+        self.sync(router);
+        let (key, tag) = (msg.routing_key.as_str(), msg.tag());
+        let hash = std::hash::BuildHasher::hash_one(&self.hasher, (exchange, key, tag));
+        if let Some(hit) = self.map.get(&hash).and_then(|v| v.iter().find(|c| c.is(exchange, key, tag))) {
+            return Ok(hit.routes.clone());
+        }
+        let (routes, cacheable) = router.route(vhost, exchange, msg, publisher)?;
+        let routes = Arc::new(routes);
+        if cacheable {
+            if self.cached >= ROUTE_CACHE_KEYS {
+                self.map.clear();
+                self.cached = 0;
+            }
+            self.map.entry(hash).or_default().push(CachedRoute {
+                exchange: exchange.into(),
+                key: key.into(),
+                tag: tag.map(Into::into),
+                routes: routes.clone(),
+            });
+            self.cached += 1;
+        }
+        Ok(routes)
+    }
+
+    /// Routes of an MQTT publish `msg` on the MQTT exchange.
+    pub fn resolve(&mut self, router: &Router, msg: &Message, publisher: &str) -> Arc<Routes> {
+        self.route(router, MQTT_VHOST, router.mqtt_exchange(), msg, publisher).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use ferrymq_storage::QueueId;
+
+    use crate::core::message::Message;
+    use crate::core::router::tests::{mqtt_hits, msg, opts, q, queues, tagged};
+    use crate::core::router::{Binding, QueueRoute, RouteCache, RouteError, Router};
+    use crate::core::tag_filter::{TagFilter, TagFilterError, TAG_FILTER_ARGUMENT};
+    use crate::core::value::Value;
+
+    #[test]
+    fn no_local_overlap_and_cache() {
+        let r = Router::new();
+        let mut nl = opts(1);
+        nl.no_local = true;
+        nl.client_id = "me".into();
+        r.subscribe("t/#", q(1), nl);
+        r.subscribe("t/+", q(2), opts(0));
+        r.subscribe("t/x", q(2), opts(2));
+        let routes = r.resolve(&msg("t.x", &[]), "me");
+        assert_eq!(routes.queues, vec![QueueRoute { queue: QueueId(2), qos: 2, reserved: false }]);
+        let mut cache = RouteCache::default();
+        assert_eq!(cache.resolve(&r, &msg("t.x", &[]), "other").queues.len(), 2);
+        assert!(r.unsubscribe("t/#", &q(1)));
+        assert_eq!(cache.resolve(&r, &msg("t.x", &[]), "other").queues.len(), 1, "cache follows the generation");
+    }
+
+    fn filter_arg(expr: &str) -> Vec<(String, Value)> {
+        vec![(TAG_FILTER_ARGUMENT.into(), Value::Str(expr.into()))]
+    }
+
+    #[test]
+    fn tag_filters_decide_per_message_and_the_cache_keys_by_tag() {
+        let r = Router::new();
+        r.bind("/", "amq.direct", Binding::queue(QueueId(1), "k", filter_arg("A || B"))).unwrap();
+        r.bind("/", "amq.direct", Binding::queue(QueueId(2), "k", filter_arg("*"))).unwrap();
+        r.bind("/", "amq.direct", Binding::queue(QueueId(3), "k", vec![])).unwrap();
+        let mut cache = RouteCache::default();
+        let hits = |cache: &mut RouteCache, m: &Message| queues(&cache.route(&r, "/", "amq.direct", m, "").unwrap());
+        assert_eq!(hits(&mut cache, &tagged("k", "A")), vec![1, 2, 3]);
+        assert_eq!(hits(&mut cache, &tagged("k", "C")), vec![2, 3], "same key, other tag: not the cached route");
+        assert_eq!(hits(&mut cache, &msg("k", &[])), vec![2, 3]);
+        assert_eq!(hits(&mut cache, &tagged("k", "B")), vec![1, 2, 3]);
+        assert_eq!(hits(&mut cache, &tagged("k", "a")), vec![2, 3], "case-sensitive");
+        for bad in ["", "A || ", " || ", "* || A"] {
+            let e = r.bind("/", "amq.direct", Binding::queue(QueueId(4), "k", filter_arg(bad)));
+            assert!(matches!(e, Err(RouteError::TagFilter(_))), "{bad:?}: {e:?}");
+        }
+        let e = r.bind(
+            "/",
+            "amq.direct",
+            Binding::queue(QueueId(4), "k", vec![(TAG_FILTER_ARGUMENT.into(), Value::Int(1))]),
+        );
+        assert_eq!(e, Err(RouteError::TagFilter(TagFilterError::NotAString)));
+        // MQTT subscriptions carry theirs in the options.
+        let mut o = opts(1);
+        o.tag_filter = Some(Arc::new(TagFilter::parse("A").unwrap()));
+        r.subscribe("t/#", q(5), o);
+        assert_eq!(mqtt_hits(&r, "t/x"), Vec::<u64>::new());
+        assert_eq!(queues(&r.resolve(&tagged("t.x", "A"), "")), vec![5]);
+    }
+}

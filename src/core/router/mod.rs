@@ -1,0 +1,530 @@
+//! The routing table: virtual hosts, their exchanges and bindings — one table for both
+//! protocols. MQTT subscriptions are bindings on the MQTT exchange (`amq.topic`): a filter
+//! `a/+/#` is the binding key `a.*.#`, a topic `a/b/c` the routing key `a.b.c`, so AMQP
+//! queues and MQTT sessions bound to the same exchange see each other's messages.
+//!
+//! A binding leads to a consume queue, to another exchange (exchange-to-exchange
+//! bindings), or to a connected clean MQTT session (the online fast path: the message
+//! goes straight to its outbound channel, no storage). The table is read-mostly:
+//! publishers resolve through a per-connection [`RouteCache`] that stays valid while the
+//! table's generation is unchanged, so the hot path takes no lock for a key it has seen;
+//! changes take the write lock and bump the generation.
+//!
+//! A binding may carry a tag filter (`x-tag-filter`, or an MQTT 5 SUBSCRIBE's
+//! `tag-filter`), compiled when it is added: it is checked at route time against the
+//! message's tag, and the route cache is keyed by the tag as well as the routing key.
+//! `x-consistent-hash` exchanges keep their [`Ring`] beside their bindings, built when a
+//! message is first routed after those changed (so restoring or adding N bindings costs
+//! one build, not N, and no build runs under the write lock).
+//!
+//! # A publish through the table
+//!
+//! ```text
+//!  publish(exchange, msg) ──▶ RouteCache::route ──hit──▶ Arc<Routes>
+//!                                   │ miss (or the generation changed)
+//!                                   ▼
+//!                             Router::route ── read lock ──▶ the exchange's bindings
+//!                                   │  direct: by key · fanout: all · topic: the trie
+//!                                   │  headers: x-match · x-consistent-hash: one, by the ring
+//!                                   ▼
+//!                             no-local, tag filter ──▶ Routes { sessions, queues }
+//!                                   │  a binding to an exchange: route there too
+//!                                   └─ nothing delivered: the alternate exchange
+//! ```
+//!
+//! The result goes back into the cache only when it depends on nothing but (exchange,
+//! routing key, tag): headers and header-hashed exchanges are routed every time.
+//!
+//! # Files
+//!
+//! - `mod.rs` — the [`Router`] table (virtual hosts, exchanges, bind/unbind, route) and
+//!   what a route yields ([`Routes`]).
+//! - `exchange.rs` — exchange definitions and kinds, [`Binding`], [`Destination`],
+//!   [`MqttOptions`].
+//! - `bindings.rs` — how one exchange stores its bindings, per kind, and headers matching.
+//! - `topic_trie.rs` — the topic exchange's trie of word patterns.
+//! - `cache.rs` — the per-publisher [`RouteCache`].
+//!
+//! [`Ring`]: crate::core::hash_ring::Ring
+
+mod bindings;
+mod cache;
+mod exchange;
+#[cfg(test)]
+mod tests;
+mod topic_trie;
+
+pub use cache::RouteCache;
+pub use exchange::{Binding, Destination, ExchangeDef, ExchangeKind, MqttOptions, STANDARD_EXCHANGES};
+
+use std::cell::Cell;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use ferrymq_storage::QueueId;
+use parking_lot::RwLock;
+
+use self::bindings::Bindings;
+use super::delivery::SessionLink;
+use super::hash_ring::{parse_weight, HashArgError, HashOn, MAX_RING_WEIGHT};
+use super::message::Message;
+use super::tag_filter::TagFilterError;
+use super::value::Value;
+
+/// One exchange of the table: its definition and its bindings.
+#[derive(Debug)]
+struct Exchange {
+    def: ExchangeDef,
+    bindings: Bindings,
+}
+
+/// A resolved session target: one per session, overlapping subscriptions merged.
+#[derive(Debug, Clone)]
+pub struct SessionRoute {
+    /// The session's outbound channel the message goes straight to.
+    pub link: Arc<SessionLink>,
+    /// Highest granted QoS among the matching subscriptions.
+    pub qos: u8,
+    /// Keep the published RETAIN flag.
+    pub retain_as_published: bool,
+    /// Subscription identifiers of every matching subscription.
+    pub subscription_ids: Vec<u32>,
+}
+
+/// A resolved queue target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueRoute {
+    /// The consume queue the message is stored for.
+    pub queue: QueueId,
+    /// Highest granted QoS among the matching bindings (2 for AMQP bindings).
+    pub qos: u8,
+    /// The publisher reserved room in this reject-publish queue ([`QueueConfig::admit`]).
+    ///
+    /// [`QueueConfig::admit`]: crate::core::queue::QueueConfig::admit
+    pub reserved: bool,
+}
+
+/// Every target of one publish.
+#[derive(Debug, Clone, Default)]
+pub struct Routes {
+    /// Connected clean sessions, delivered to directly (no storage).
+    pub sessions: Vec<SessionRoute>,
+    /// Consume queues the message is stored for.
+    pub queues: Vec<QueueRoute>,
+}
+
+impl Routes {
+    /// True when nothing matched.
+    pub fn is_empty(&self) -> bool {
+        self.sessions.is_empty() && self.queues.is_empty()
+    }
+
+    fn add(&mut self, b: &Binding) {
+        match &b.dest {
+            Destination::Session(link) => {
+                let Some(o) = &b.mqtt else { return };
+                if let Some(r) = self.sessions.iter_mut().find(|r| Arc::ptr_eq(&r.link, link)) {
+                    r.qos = r.qos.max(o.qos);
+                    r.retain_as_published |= o.retain_as_published;
+                    r.subscription_ids.extend(o.subscription_id);
+                } else {
+                    self.sessions.push(SessionRoute {
+                        link: link.clone(),
+                        qos: o.qos,
+                        retain_as_published: o.retain_as_published,
+                        subscription_ids: o.subscription_id.into_iter().collect(),
+                    });
+                }
+            }
+            Destination::Queue(queue) => {
+                let qos = b.mqtt.as_ref().map_or(2, |o| o.qos);
+                if let Some(r) = self.queues.iter_mut().find(|r| r.queue == *queue) {
+                    r.qos = r.qos.max(qos);
+                } else {
+                    self.queues.push(QueueRoute { queue: *queue, qos, reserved: false });
+                }
+            }
+            Destination::Exchange(_) => {}
+        }
+    }
+}
+
+/// Why a publish or binding could not be routed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RouteError {
+    /// The virtual host does not exist.
+    #[error("no vhost '{0}'")]
+    NoVhost(String),
+    /// The exchange does not exist.
+    #[error("no exchange '{0}' in vhost '{1}'")]
+    NoExchange(String, String),
+    /// An `x-tag-filter` (or MQTT `tag-filter`) expression is invalid.
+    #[error("invalid arg 'x-tag-filter': {0}")]
+    TagFilter(#[from] TagFilterError),
+    /// A consistent-hash exchange's arguments or a binding weight are invalid.
+    #[error("{0}")]
+    HashArgument(#[from] HashArgError),
+}
+
+/// The exchanges of one virtual host, by name.
+#[derive(Debug, Default)]
+struct Vhost {
+    exchanges: HashMap<String, Exchange>,
+}
+
+/// The routing table of every virtual host.
+#[derive(Debug, Default)]
+pub struct Router {
+    vhosts: RwLock<HashMap<String, Vhost>>,
+    generation: AtomicU64,
+    mqtt_subscriptions: AtomicUsize,
+    /// The topic exchange of virtual host `/` that MQTT publishes and subscriptions use.
+    mqtt_exchange: String,
+}
+
+/// The virtual host MQTT clients use.
+pub const MQTT_VHOST: &str = "/";
+/// The exchange MQTT publishes and subscriptions use by default (`mqtt.exchange`).
+pub const MQTT_EXCHANGE: &str = "amq.topic";
+
+impl Router {
+    /// A table with the default virtual host `/` and its standard exchanges; MQTT uses
+    /// `amq.topic`.
+    pub fn new() -> Self {
+        Router::with_mqtt_exchange(MQTT_EXCHANGE)
+    }
+
+    /// A table whose MQTT publishes and subscriptions go through the topic exchange
+    /// `name` of `/` (declared durable if it is not a standard one).
+    pub fn with_mqtt_exchange(name: &str) -> Self {
+        let r = Router { mqtt_exchange: name.to_owned(), ..Router::default() };
+        r.add_vhost(MQTT_VHOST);
+        let def = ExchangeDef {
+            name: name.to_owned(),
+            kind: ExchangeKind::Topic,
+            durable: true,
+            auto_delete: false,
+            internal: false,
+            arguments: Vec::new(),
+        };
+        let _ = r.declare_exchange(MQTT_VHOST, def);
+        r
+    }
+
+    /// The exchange MQTT publishes and subscriptions use.
+    pub fn mqtt_exchange(&self) -> &str {
+        &self.mqtt_exchange
+    }
+
+    fn changed(&self) {
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    /// Adds a virtual host with the standard exchanges (no-op if it exists).
+    pub fn add_vhost(&self, name: &str) {
+        let mut vhosts = self.vhosts.write();
+        let vhost = vhosts.entry(name.to_owned()).or_default();
+        for (x, kind) in STANDARD_EXCHANGES {
+            vhost.exchanges.entry(x.to_owned()).or_insert_with(|| {
+                let def = ExchangeDef {
+                    name: x.to_owned(),
+                    kind,
+                    durable: true,
+                    auto_delete: false,
+                    internal: false,
+                    arguments: Vec::new(),
+                };
+                Exchange { bindings: Bindings::new(&def), def }
+            });
+        }
+        drop(vhosts);
+        self.changed();
+    }
+
+    /// True when the virtual host exists.
+    pub fn has_vhost(&self, name: &str) -> bool {
+        self.vhosts.read().contains_key(name)
+    }
+
+    /// Current generation; changes on every modification.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Number of MQTT subscriptions (bindings with MQTT options).
+    pub fn len(&self) -> usize {
+        self.mqtt_subscriptions.load(Ordering::Relaxed)
+    }
+
+    /// True when there are no MQTT subscriptions.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The definition of an exchange.
+    pub fn exchange(&self, vhost: &str, name: &str) -> Option<ExchangeDef> {
+        self.vhosts.read().get(vhost)?.exchanges.get(name).map(|x| x.def.clone())
+    }
+
+    /// Every exchange of a virtual host.
+    pub fn exchanges(&self, vhost: &str) -> Vec<ExchangeDef> {
+        self.vhosts.read().get(vhost).map(|v| v.exchanges.values().map(|x| x.def.clone()).collect()).unwrap_or_default()
+    }
+
+    /// Creates an exchange; returns the existing definition if one of that name exists
+    /// (the caller compares and decides). Refuses invalid `x-consistent-hash` arguments.
+    pub fn declare_exchange(&self, vhost: &str, def: ExchangeDef) -> Result<Option<ExchangeDef>, RouteError> {
+        if def.routing_kind() == ExchangeKind::ConsistentHash {
+            HashOn::from_arguments(&def.arguments)?;
+        }
+        let mut vhosts = self.vhosts.write();
+        let v = vhosts.get_mut(vhost).ok_or_else(|| RouteError::NoVhost(vhost.to_owned()))?;
+        if let Some(x) = v.exchanges.get(&def.name) {
+            return Ok(Some(x.def.clone()));
+        }
+        v.exchanges.insert(def.name.clone(), Exchange { bindings: Bindings::new(&def), def });
+        drop(vhosts);
+        self.changed();
+        Ok(None)
+    }
+
+    /// Deletes an exchange, its bindings and the bindings that lead to it. `if_unused`:
+    /// refuse (`Ok(false)`) when it has bindings.
+    pub fn delete_exchange(&self, vhost: &str, name: &str, if_unused: bool) -> Result<bool, RouteError> {
+        let mut vhosts = self.vhosts.write();
+        let v = vhosts.get_mut(vhost).ok_or_else(|| RouteError::NoVhost(vhost.to_owned()))?;
+        let Some(x) = v.exchanges.get(name) else {
+            return Err(RouteError::NoExchange(name.to_owned(), vhost.to_owned()));
+        };
+        if if_unused && !x.bindings.is_empty() {
+            return Ok(false);
+        }
+        v.exchanges.remove(name);
+        let dest = Destination::Exchange(name.to_owned());
+        for x in v.exchanges.values_mut() {
+            x.bindings.remove(None, &|b| b.dest == dest);
+        }
+        drop(vhosts);
+        self.changed();
+        Ok(true)
+    }
+
+    /// Adds (or replaces) a binding on an exchange; true if it is new. Compiles its tag
+    /// filter; refuses an invalid one, and a binding key that is not a weight on an
+    /// `x-consistent-hash` exchange.
+    pub fn bind(&self, vhost: &str, exchange: &str, mut binding: Binding) -> Result<bool, RouteError> {
+        binding.compile_filter()?;
+        let mut vhosts = self.vhosts.write();
+        let v = vhosts.get_mut(vhost).ok_or_else(|| RouteError::NoVhost(vhost.to_owned()))?;
+        let x = v
+            .exchanges
+            .get_mut(exchange)
+            .ok_or_else(|| RouteError::NoExchange(exchange.to_owned(), vhost.to_owned()))?;
+        if let Bindings::ConsistentHash(h) = &x.bindings {
+            let weight = parse_weight(&binding.key)?;
+            let others: u64 = h
+                .list
+                .iter()
+                .filter(|b| !b.same(&binding.dest, &binding.key, &binding.args))
+                .map(|b| u64::from(parse_weight(&b.key).unwrap_or(0)))
+                .sum();
+            if others + u64::from(weight) > MAX_RING_WEIGHT {
+                return Err(HashArgError::RingFull.into());
+            }
+        }
+        let is_mqtt = binding.mqtt.is_some();
+        let added = x.bindings.add(binding);
+        drop(vhosts);
+        if added && is_mqtt {
+            self.mqtt_subscriptions.fetch_add(1, Ordering::Relaxed);
+        }
+        self.changed();
+        Ok(added)
+    }
+
+    /// Removes the binding (dest, key, args) from an exchange; true if it existed. An
+    /// auto-delete exchange that loses its last binding is deleted.
+    pub fn unbind(
+        &self,
+        vhost: &str,
+        exchange: &str,
+        dest: &Destination,
+        key: &str,
+        args: &[(String, Value)],
+    ) -> Result<bool, RouteError> {
+        let mut vhosts = self.vhosts.write();
+        let v = vhosts.get_mut(vhost).ok_or_else(|| RouteError::NoVhost(vhost.to_owned()))?;
+        let x = v
+            .exchanges
+            .get_mut(exchange)
+            .ok_or_else(|| RouteError::NoExchange(exchange.to_owned(), vhost.to_owned()))?;
+        let mqtt = Cell::new(0usize);
+        let n = x.bindings.remove(Some(key), &|b| {
+            let hit = b.same(dest, key, args);
+            if hit && b.mqtt.is_some() {
+                mqtt.set(mqtt.get() + 1);
+            }
+            hit
+        });
+        if n > 0 && x.def.auto_delete && x.bindings.is_empty() {
+            v.exchanges.remove(exchange);
+        }
+        drop(vhosts);
+        self.removed(n, mqtt.get());
+        Ok(n > 0)
+    }
+
+    /// Removes every binding leading to `dest` in a virtual host (a deleted queue);
+    /// auto-delete exchanges left without bindings are deleted. Returns how many.
+    pub fn unbind_all(&self, vhost: &str, dest: &Destination) -> usize {
+        let mut vhosts = self.vhosts.write();
+        let Some(v) = vhosts.get_mut(vhost) else { return 0 };
+        let mqtt = Cell::new(0usize);
+        let mut n = 0;
+        let mut emptied = Vec::new();
+        for (name, x) in v.exchanges.iter_mut() {
+            let removed = x.bindings.remove(None, &|b| {
+                let hit = b.dest == *dest;
+                if hit && b.mqtt.is_some() {
+                    mqtt.set(mqtt.get() + 1);
+                }
+                hit
+            });
+            n += removed;
+            if removed > 0 && x.def.auto_delete && x.bindings.is_empty() {
+                emptied.push(name.clone());
+            }
+        }
+        for name in emptied {
+            v.exchanges.remove(&name);
+        }
+        drop(vhosts);
+        self.removed(n, mqtt.get());
+        n
+    }
+
+    fn removed(&self, bindings: usize, mqtt: usize) {
+        if mqtt > 0 {
+            self.mqtt_subscriptions.fetch_sub(mqtt, Ordering::Relaxed);
+        }
+        if bindings > 0 {
+            self.changed();
+        }
+    }
+
+    /// Every binding of a virtual host: (exchange, binding).
+    pub fn bindings(&self, vhost: &str) -> Vec<(String, Binding)> {
+        let vhosts = self.vhosts.read();
+        let Some(v) = vhosts.get(vhost) else { return Vec::new() };
+        v.exchanges.iter().flat_map(|(name, x)| x.bindings.all().into_iter().map(move |b| (name.clone(), b))).collect()
+    }
+
+    /// The bindings of one exchange (empty when it does not exist).
+    pub fn bindings_of(&self, vhost: &str, exchange: &str) -> Vec<Binding> {
+        let vhosts = self.vhosts.read();
+        vhosts.get(vhost).and_then(|v| v.exchanges.get(exchange)).map(|x| x.bindings.all()).unwrap_or_default()
+    }
+
+    /// Adds an MQTT subscription (`filter` in MQTT syntax, without `$share/`) on the MQTT
+    /// exchange; true if it is new.
+    pub fn subscribe(&self, filter: &str, dest: Destination, opts: MqttOptions) -> bool {
+        let binding =
+            Binding { dest, key: mqtt_filter_to_pattern(filter), args: Vec::new(), mqtt: Some(opts), filter: None };
+        self.bind(MQTT_VHOST, &self.mqtt_exchange, binding).unwrap_or(false)
+    }
+
+    /// Removes an MQTT subscription; true if it existed.
+    pub fn unsubscribe(&self, filter: &str, dest: &Destination) -> bool {
+        let key = mqtt_filter_to_pattern(filter);
+        self.unbind(MQTT_VHOST, &self.mqtt_exchange, dest, &key, &[]).unwrap_or(false)
+    }
+
+    /// Every target of a publish of `msg` (its routing key, headers, properties and tag) to
+    /// `exchange` by `publisher` (an MQTT client id, for no-local; "" otherwise). Follows
+    /// exchange-to-exchange bindings and alternate exchanges. The flag says whether the
+    /// result depends only on (exchange, routing key, tag) and may be cached.
+    pub fn route(
+        &self,
+        vhost: &str,
+        exchange: &str,
+        msg: &Message,
+        publisher: &str,
+    ) -> Result<(Routes, bool), RouteError> {
+        let vhosts = self.vhosts.read();
+        let v = vhosts.get(vhost).ok_or_else(|| RouteError::NoVhost(vhost.to_owned()))?;
+        if !v.exchanges.contains_key(exchange) {
+            return Err(RouteError::NoExchange(exchange.to_owned(), vhost.to_owned()));
+        }
+        let mut routes = Routes::default();
+        let mut cacheable = true;
+        let mut visited = HashSet::new();
+        let input = RouteInput { msg, tag: msg.tag(), publisher };
+        route_into(v, exchange, &input, &mut routes, &mut cacheable, &mut visited);
+        Ok((routes, cacheable))
+    }
+
+    /// Routes of an MQTT publish `msg` (on the MQTT exchange) by `publisher`.
+    pub fn resolve(&self, msg: &Message, publisher: &str) -> Routes {
+        self.route(MQTT_VHOST, &self.mqtt_exchange, msg, publisher).map(|(r, _)| r).unwrap_or_default()
+    }
+}
+
+/// What one routing pass looks at.
+struct RouteInput<'a> {
+    msg: &'a Message,
+    tag: Option<&'a str>,
+    publisher: &'a str,
+}
+
+fn route_into(
+    v: &Vhost,
+    exchange: &str,
+    input: &RouteInput<'_>,
+    routes: &mut Routes,
+    cacheable: &mut bool,
+    visited: &mut HashSet<String>,
+) {
+    if !visited.insert(exchange.to_owned()) {
+        return;
+    }
+    let Some(x) = v.exchanges.get(exchange) else { return };
+    if x.bindings.uncacheable() {
+        *cacheable = false;
+    }
+    let mut matched = Vec::new();
+    x.bindings.matching(input.msg, &mut matched);
+    let before = (routes.sessions.len(), routes.queues.len());
+    let mut onward = Vec::new();
+    for b in matched {
+        if let Some(o) = &b.mqtt {
+            if o.no_local && &*o.client_id == input.publisher {
+                continue;
+            }
+        }
+        if b.filter.as_ref().is_some_and(|f| !f.matches(input.tag)) {
+            continue;
+        }
+        match &b.dest {
+            Destination::Exchange(next) => onward.push(next.clone()),
+            _ => routes.add(b),
+        }
+    }
+    let mut delivered = (routes.sessions.len(), routes.queues.len()) != before;
+    for next in onward {
+        let before = (routes.sessions.len(), routes.queues.len());
+        route_into(v, &next, input, routes, cacheable, visited);
+        delivered |= (routes.sessions.len(), routes.queues.len()) != before;
+    }
+    if !delivered {
+        if let Some(alt) = x.def.alternate() {
+            let alt = alt.to_owned();
+            route_into(v, &alt, input, routes, cacheable, visited);
+        }
+    }
+}
+
+/// An MQTT filter as a topic-exchange binding key: `a/+/#` -> `a.*.#`.
+pub fn mqtt_filter_to_pattern(filter: &str) -> String {
+    super::message::mqtt_to_key(filter).split('.').map(|w| if w == "+" { "*" } else { w }).collect::<Vec<_>>().join(".")
+}

@@ -1,0 +1,94 @@
+//! Tests of the table as a whole, and the helpers the other files' tests share.
+
+use super::*;
+
+pub(super) fn q(n: u64) -> Destination {
+    Destination::Queue(QueueId(n))
+}
+
+pub(super) fn opts(qos: u8) -> MqttOptions {
+    MqttOptions {
+        client_id: "c".into(),
+        qos,
+        no_local: false,
+        retain_as_published: false,
+        subscription_id: None,
+        tag_filter: None,
+    }
+}
+
+pub(super) fn msg(key: &str, headers: &[(String, Value)]) -> Message {
+    Message {
+        exchange: String::new(),
+        routing_key: key.into(),
+        payload: bytes::Bytes::new(),
+        qos: 0,
+        retain: false,
+        props: super::super::message::Properties { headers: headers.to_vec(), ..Default::default() },
+        timestamp_ms: 0,
+    }
+}
+
+pub(super) fn tagged(key: &str, tag: &str) -> Message {
+    msg(key, &[("x-tag".into(), Value::Str(tag.into()))])
+}
+
+pub(super) fn queues(r: &Routes) -> Vec<u64> {
+    let mut v: Vec<u64> = r.queues.iter().map(|q| q.queue.0).collect();
+    v.sort();
+    v
+}
+
+pub(super) fn mqtt_hits(r: &Router, topic: &str) -> Vec<u64> {
+    queues(&r.resolve(&msg(&super::super::message::mqtt_to_key(topic), &[]), "nobody"))
+}
+
+pub(super) fn amqp_hits(r: &Router, exchange: &str, key: &str, headers: &[(String, Value)]) -> Vec<u64> {
+    queues(&r.route("/", exchange, &msg(key, headers), "").unwrap().0)
+}
+
+pub(super) fn declare(r: &Router, name: &str, kind: ExchangeKind, auto_delete: bool, args: Vec<(String, Value)>) {
+    let def = ExchangeDef { name: name.into(), kind, durable: false, auto_delete, internal: false, arguments: args };
+    assert!(r.declare_exchange("/", def).unwrap().is_none());
+}
+
+#[test]
+fn mqtt_and_amqp_share_amq_topic() {
+    let r = Router::new();
+    r.subscribe("a/+/c", q(1), opts(1));
+    r.bind("/", "amq.topic", Binding::queue(QueueId(2), "a.*.c", vec![])).unwrap();
+    r.bind("/", "amq.topic", Binding::queue(QueueId(3), "x.#", vec![])).unwrap();
+    assert_eq!(amqp_hits(&r, "amq.topic", "a.b.c", &[]), vec![1, 2]);
+    assert_eq!(mqtt_hits(&r, "x/y/z"), vec![3]);
+    // `.` inside an MQTT level is `/` inside an AMQP word.
+    r.subscribe("v1.0/+", q(4), opts(0));
+    assert_eq!(amqp_hits(&r, "amq.topic", "v1/0.z", &[]), vec![4]);
+}
+
+#[test]
+fn exchange_to_exchange_and_alternate() {
+    let r = Router::new();
+    declare(&r, "src", ExchangeKind::Direct, false, vec![("alternate-exchange".into(), Value::Str("alt".into()))]);
+    declare(&r, "alt", ExchangeKind::Fanout, false, vec![]);
+    declare(&r, "dst", ExchangeKind::Topic, false, vec![]);
+    r.bind("/", "src", Binding::exchange("dst", "k", vec![])).unwrap();
+    r.bind("/", "dst", Binding::queue(QueueId(1), "#", vec![])).unwrap();
+    r.bind("/", "alt", Binding::queue(QueueId(2), "", vec![])).unwrap();
+    // A cycle does not loop.
+    r.bind("/", "dst", Binding::exchange("src", "#", vec![])).unwrap();
+    assert_eq!(amqp_hits(&r, "src", "k", &[]), vec![1]);
+    assert_eq!(amqp_hits(&r, "src", "unroutable", &[]), vec![2]);
+    assert!(matches!(r.route("/", "nope", &msg("k", &[]), ""), Err(RouteError::NoExchange(..))));
+}
+
+#[test]
+fn auto_delete_and_unbind_all() {
+    let r = Router::new();
+    declare(&r, "ad", ExchangeKind::Direct, true, vec![]);
+    r.bind("/", "ad", Binding::queue(QueueId(1), "k", vec![])).unwrap();
+    r.bind("/", "amq.topic", Binding::queue(QueueId(1), "a.#", vec![])).unwrap();
+    assert_eq!(r.unbind_all("/", &q(1)), 2);
+    assert!(r.exchange("/", "ad").is_none(), "auto-delete exchange went with its last binding");
+    assert!(r.exchange("/", "amq.topic").is_some());
+    assert_eq!(r.delete_exchange("/", "missing", false), Err(RouteError::NoExchange("missing".into(), "/".into())));
+}

@@ -1,0 +1,61 @@
+//! Settings of a journal: where it lives, how durable a write is, what retention deletes.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// When an appended record counts as durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FsyncPolicy {
+    /// Completions run after the segment is fsynced and sled is flushed: survives power loss.
+    Always,
+    /// fsync + flush every interval; completions run after the write reaches the OS.
+    /// Survives a process crash; a power loss can lose up to one interval.
+    Interval(Duration),
+    /// Never fsync explicitly (the OS and sled's own 500 ms flush decide). Survives a
+    /// process crash once written; a power loss can lose recent writes.
+    Never,
+}
+
+/// Retention limits for the commit log. A segment is deleted only when no pointer,
+/// retained entry or timer refers into it **and** one of the limits is exceeded.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Retention {
+    /// Delete unreferenced closed segments older than this (by last modification).
+    pub max_age: Option<Duration>,
+    /// Delete the oldest unreferenced closed segments while the log is larger than this.
+    pub max_bytes: Option<u64>,
+}
+
+/// Settings of a [`Journal`](crate::Journal).
+#[derive(Debug, Clone)]
+pub struct JournalConfig {
+    /// Directory holding `log/` and `db/`; created if missing.
+    pub dir: PathBuf,
+    /// Target size of a commit-log segment in bytes.
+    pub segment_size: u64,
+    /// What a completion waits for: fsync, the OS, or nothing (see [`FsyncPolicy`]).
+    pub fsync: FsyncPolicy,
+    /// Limits past which closed, unreferenced segments are deleted.
+    pub retention: Retention,
+    /// sled page-cache budget in bytes.
+    pub cache_bytes: u64,
+    /// Capacity of the submission channel (submissions, not ops).
+    pub channel_capacity: usize,
+    /// At most this many submissions are drained into one group commit.
+    pub max_batch: usize,
+}
+
+impl JournalConfig {
+    /// Defaults for a data directory: 128 MiB segments, `Always`, no retention limits.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        JournalConfig {
+            dir: dir.into(),
+            segment_size: 128 * 1024 * 1024,
+            fsync: FsyncPolicy::Always,
+            retention: Retention::default(),
+            cache_bytes: 64 * 1024 * 1024,
+            channel_capacity: 4096,
+            max_batch: 1024,
+        }
+    }
+}

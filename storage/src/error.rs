@@ -1,0 +1,24 @@
+//! The journal's error type.
+
+/// Why a journal operation failed.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum JournalError {
+    /// A write or flush failed earlier; the journal refuses writes until reopened.
+    #[error("journal is poisoned after an I/O failure: {0}")]
+    Poisoned(String),
+    /// An I/O error (message kept as text so the error stays `Clone`).
+    #[error("journal I/O error: {0}")]
+    Io(String),
+    /// A record failed its checksum or framing check.
+    #[error("corrupt record at log position {0}")]
+    Corrupt(u64),
+    /// A position does not refer to a live record (deleted segment, past the end).
+    #[error("no record at log position {0}")]
+    NotFound(u64),
+    /// sled reported an error.
+    #[error("sled error: {0}")]
+    Db(String),
+    /// The writer thread has stopped (journal closed).
+    #[error("journal is closed")]
+    Closed,
+}

@@ -1,0 +1,466 @@
+//! The [`Journal`] handle: open (recovery, the writer thread), submit, read, close.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use tokio::sync::mpsc::{self, error::TrySendError};
+use tokio::sync::oneshot;
+
+use crate::db::Db;
+use crate::log::{self, Log};
+use crate::state::Shared;
+use crate::writer::{Msg, Writer};
+use crate::{checkpoint, recovery, segment};
+use crate::{
+    Completion, JournalConfig, JournalError, JournalStats, KeyHit, LogPos, Op, Pointer, QueueId, Receipt, Record,
+    Space, TimerEntry,
+};
+
+/// Handle to an open journal; cheap to clone, usable from any thread.
+///
+/// When the last handle is dropped the journal is closed as by [`Journal::close`]. To
+/// reopen the same directory, drop every handle first (sled holds a lock on `db/`).
+#[derive(Clone)]
+pub struct Journal {
+    inner: Arc<Inner>,
+}
+
+/// Owner of the writer thread; closing happens when the last handle drops it.
+struct Inner {
+    tx: mpsc::Sender<Msg>,
+    shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<Result<(), JournalError>>>>,
+    writer_id: std::thread::ThreadId,
+    #[cfg(test)]
+    fault: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Inner {
+    /// Asks the writer thread to flush and stop, and waits for it.
+    fn shutdown(&self) -> Result<(), JournalError> {
+        let mut thread = self.thread.lock();
+        let Some(handle) = thread.take() else { return Ok(()) };
+        if std::thread::current().id() == self.writer_id {
+            // Dropped from a completion: the writer stops by itself once every sender is
+            // gone; it cannot wait for itself.
+            return Ok(());
+        }
+        let mut msg = Msg::Close;
+        loop {
+            match self.tx.try_send(msg) {
+                Ok(()) | Err(TrySendError::Closed(_)) => break,
+                Err(TrySendError::Full(m)) => {
+                    msg = m;
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            }
+        }
+        handle.join().unwrap_or_else(|_| Err(JournalError::Io("the journal writer thread panicked".into())))
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Err(e) = self.shutdown() {
+            tracing::warn!(error = %e, "closing the journal on drop failed");
+        }
+    }
+}
+
+/// Takes the ops and completion back out of a message that could not be sent.
+fn unsent(msg: Msg) -> (Vec<Op>, Option<Completion>) {
+    match msg {
+        Msg::Submit { ops, done, .. } => (ops, done),
+        Msg::Flush(_) | Msg::Close | Msg::Verify(_) => (Vec::new(), None),
+    }
+}
+
+impl Journal {
+    /// Opens (or creates) the journal in `config.dir`, recovers it and starts the writer thread.
+    pub fn open(config: JournalConfig) -> Result<Journal, JournalError> {
+        let log_dir = config.dir.join("log");
+        std::fs::create_dir_all(&log_dir).map_err(log::io_err)?;
+        log::sync_dir(&config.dir).map_err(log::io_err)?;
+        // sled first: it locks the directory against a second process.
+        let db = Db::open(&config.dir.join("db"), config.cache_bytes)?;
+        let segments = recovery::recover_log(&log_dir)?;
+        let (log, log_writer) = Log::open(&log_dir, config.segment_size, &segments)?;
+        let (index, index_scanned) = match checkpoint::take(&db, log.end())? {
+            Some(cp) => (recovery::index_from_checkpoint(&db, &log, cp)?, false),
+            None => (recovery::recover_index(&db, &log)?, true),
+        };
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().map_err(log::io_err)?;
+        let (tx, rx) = mpsc::channel(config.channel_capacity.max(1));
+        let shared = Arc::new(Shared {
+            config,
+            log,
+            db,
+            queues: Mutex::new(index.queues),
+            batches: AtomicU64::new(0),
+            fsyncs: AtomicU64::new(0),
+            index_scanned,
+        });
+        let writer = Writer::new(shared.clone(), rx, rt, log_writer, index.refs);
+        #[cfg(test)]
+        let fault = writer.fault_switch();
+        let handle = std::thread::Builder::new()
+            .name("ferrymq-journal".into())
+            .spawn(move || writer.run())
+            .map_err(log::io_err)?;
+        Ok(Journal {
+            inner: Arc::new(Inner {
+                tx,
+                shared,
+                writer_id: handle.thread().id(),
+                thread: Mutex::new(Some(handle)),
+                #[cfg(test)]
+                fault,
+            }),
+        })
+    }
+
+    fn shared(&self) -> &Shared {
+        &self.inner.shared
+    }
+
+    /// Queues a submission, waiting for channel capacity (back-pressure). `done` runs on the
+    /// writer thread once the submission is durable under the policy (or failed).
+    ///
+    /// Fails with [`JournalError::Closed`] (without calling `done`) once the journal is
+    /// closed. Every other failure reaches `done`: [`JournalError::Poisoned`] after an I/O
+    /// failure; [`JournalError::NotFound`] if an [`Op::Enqueue`] names a position that holds
+    /// no live record, in which case **nothing** of the submission is applied;
+    /// [`JournalError::Io`] if a record is too large for the `u32` framing (likewise
+    /// applied not at all). Ops on entries that do not exist (`Remove`, `SetFlags`,
+    /// `DeleteRetained`, `DeleteTimer`, `Delete`) are no-ops.
+    pub async fn submit(&self, ops: Vec<Op>, done: Option<Completion>) -> Result<(), JournalError> {
+        self.inner.tx.send(Msg::Submit { ops, done, durable: true }).await.map_err(|_| JournalError::Closed)
+    }
+
+    /// Like [`Journal::submit`], but `done` runs once the submission is written to the OS,
+    /// without waiting for an fsync even under [`FsyncPolicy::Always`] (for what needs no
+    /// power-loss durability: transient messages, acknowledgements, QoS 0). Completions
+    /// still run in submission order, so one queued behind a durable submission of the
+    /// same batch waits for that batch's fsync.
+    ///
+    /// [`FsyncPolicy::Always`]: crate::FsyncPolicy::Always
+    pub async fn submit_relaxed(&self, ops: Vec<Op>, done: Option<Completion>) -> Result<(), JournalError> {
+        self.inner.tx.send(Msg::Submit { ops, done, durable: false }).await.map_err(|_| JournalError::Closed)
+    }
+
+    /// Like [`Journal::submit`] but fails with the ops handed back when the channel is full.
+    ///
+    /// The error is [`JournalError::Closed`] if the journal is closed, and
+    /// [`JournalError::Io`] ("submission channel is full") if the channel is full.
+    pub fn try_submit(
+        &self,
+        ops: Vec<Op>,
+        done: Option<Completion>,
+    ) -> Result<(), (Vec<Op>, Option<Completion>, JournalError)> {
+        match self.inner.tx.try_send(Msg::Submit { ops, done, durable: true }) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(msg)) => {
+                let (ops, done) = unsent(msg);
+                Err((ops, done, JournalError::Io("journal submission channel is full".into())))
+            }
+            Err(TrySendError::Closed(msg)) => {
+                let (ops, done) = unsent(msg);
+                Err((ops, done, JournalError::Closed))
+            }
+        }
+    }
+
+    /// Submits and waits for the receipt.
+    pub async fn write(&self, ops: Vec<Op>) -> Result<Receipt, JournalError> {
+        let (tx, rx) = oneshot::channel();
+        self.submit(ops, Some(Box::new(move |r| drop(tx.send(r))))).await?;
+        rx.await.unwrap_or(Err(JournalError::Closed))
+    }
+
+    /// Blocking variant of [`Journal::write`] for non-async callers (tests, tools).
+    ///
+    /// Must not be called from an async runtime thread or from a completion.
+    pub fn write_blocking(&self, ops: Vec<Op>) -> Result<Receipt, JournalError> {
+        let (tx, rx) = oneshot::channel();
+        let done: Completion = Box::new(move |r| drop(tx.send(r)));
+        self.inner
+            .tx
+            .blocking_send(Msg::Submit { ops, done: Some(done), durable: true })
+            .map_err(|_| JournalError::Closed)?;
+        rx.blocking_recv().unwrap_or(Err(JournalError::Closed))
+    }
+
+    /// Returns the id of the named queue, creating the mapping if needed.
+    ///
+    /// Ids are never handed out twice, not even after [`Op::DeleteQueue`]. A new mapping
+    /// becomes durable with the next sync (in particular the one of the first write that
+    /// adds pointers to the queue under [`FsyncPolicy::Always`]).
+    ///
+    /// [`FsyncPolicy::Always`]: crate::FsyncPolicy::Always
+    pub fn queue_id(&self, name: &str) -> Result<QueueId, JournalError> {
+        self.shared().db.queue_id(name)
+    }
+
+    /// Every known queue name with its id.
+    pub fn queues(&self) -> Result<Vec<(String, QueueId)>, JournalError> {
+        self.shared().db.queues()
+    }
+
+    /// Reads a record (checks its CRC). Blocking pread; cheap when the page cache has it.
+    ///
+    /// [`JournalError::NotFound`] if no live segment holds `pos` (deleted by retention, past
+    /// the end); [`JournalError::Corrupt`] if the bytes there fail the framing or crc check.
+    pub fn read(&self, pos: LogPos) -> Result<Record, JournalError> {
+        self.shared().log.read(pos.0)
+    }
+
+    /// Up to `limit` records indexed under exactly `key` (see [`MessageKeys`]) with a
+    /// timestamp in `from_ms..=to_ms`, oldest first. A range scan of the key index, not a
+    /// log scan; records deleted by retention are not returned.
+    ///
+    /// [`MessageKeys`]: crate::MessageKeys
+    pub fn lookup_key(&self, key: &[u8], from_ms: u64, to_ms: u64, limit: usize) -> Result<Vec<KeyHit>, JournalError> {
+        let shared = self.shared();
+        shared.db.lookup_key(key, from_ms, to_ms, limit, |pos, size| {
+            size as u64 >= segment::RECORD_OVERHEAD && shared.log.contains(pos, size)
+        })
+    }
+
+    /// Number of entries in the key index (diagnostics; counts the whole tree).
+    pub fn key_index_len(&self) -> usize {
+        self.shared().db.key.len()
+    }
+
+    /// Up to `limit` entries of `queue` with offset >= `from`, in offset order.
+    pub fn queue_entries(&self, queue: QueueId, from: u64, limit: usize) -> Result<Vec<(u64, Pointer)>, JournalError> {
+        self.shared().db.queue_entries(queue, from, limit)
+    }
+
+    /// The next offset `queue` will assign (0 for an empty, never-used queue).
+    ///
+    /// Offsets are never reused while the queue exists, even after its entries are removed
+    /// and across reopen; [`Op::DeleteQueue`] resets the queue, so its next offset is 0 again.
+    pub fn queue_next_offset(&self, queue: QueueId) -> u64 {
+        self.shared().queues.lock().get(&queue.0).map_or(0, |s| s.next)
+    }
+
+    /// Number of live entries in `queue` (kept in memory: O(1)).
+    pub fn queue_len(&self, queue: QueueId) -> Result<u64, JournalError> {
+        Ok(self.shared().queues.lock().get(&queue.0).map_or(0, |s| s.len))
+    }
+
+    /// Every retained message: topic and record position.
+    pub fn retained(&self) -> Result<Vec<(String, LogPos)>, JournalError> {
+        self.shared().db.retained()
+    }
+
+    /// Up to `limit` timers due at or before `until_ms`, earliest first.
+    pub fn timers_due(&self, until_ms: u64, limit: usize) -> Result<Vec<TimerEntry>, JournalError> {
+        self.shared().db.timers_due(until_ms, limit)
+    }
+
+    /// Due time of the earliest timer (`None` when there is none).
+    pub fn next_timer(&self) -> Result<Option<u64>, JournalError> {
+        self.shared().db.next_timer()
+    }
+
+    /// The value of `key` in a keyspace, if it is set.
+    pub fn get(&self, space: Space, key: &[u8]) -> Result<Option<Bytes>, JournalError> {
+        self.shared().db.get(space, key)
+    }
+
+    /// Every key/value with this prefix, in key order.
+    pub fn scan(&self, space: Space, prefix: &[u8]) -> Result<Vec<(Bytes, Bytes)>, JournalError> {
+        self.shared().db.scan(space, prefix)
+    }
+
+    /// Current counters for monitoring (see [`JournalStats`]).
+    pub fn stats(&self) -> JournalStats {
+        let shared = self.shared();
+        let (segments, log_bytes) = shared.log.size();
+        JournalStats {
+            segments,
+            log_bytes,
+            log_end: shared.log.end(),
+            batches: shared.batches.load(Ordering::Relaxed),
+            fsyncs: shared.fsyncs.load(Ordering::Relaxed),
+            index_scanned: shared.index_scanned,
+        }
+    }
+
+    /// Waits until everything submitted so far is written, fsyncs and flushes regardless of
+    /// policy (used at shutdown).
+    pub async fn flush(&self) -> Result<(), JournalError> {
+        let (tx, rx) = oneshot::channel();
+        self.inner.tx.send(Msg::Flush(tx)).await.map_err(|_| JournalError::Closed)?;
+        rx.await.unwrap_or(Err(JournalError::Closed))
+    }
+
+    /// Flushes, stops the writer thread and waits for it (used at shutdown and in tests).
+    ///
+    /// Later submissions fail with [`JournalError::Closed`]; reads keep working until the
+    /// last handle is dropped. Closing twice is a no-op.
+    pub fn close(&self) -> Result<(), JournalError> {
+        self.inner.shutdown()
+    }
+
+    /// Diagnostics for tests: waits for everything submitted before, then recounts the
+    /// per-segment references and per-queue lengths from sled on the writer thread and
+    /// compares them with the in-memory counters. Blocking; a full scan of the index.
+    #[doc(hidden)]
+    pub fn verify_counters(&self) -> Result<(), String> {
+        let (tx, rx) = oneshot::channel();
+        self.inner.tx.blocking_send(Msg::Verify(tx)).map_err(|_| "journal is closed".to_string())?;
+        rx.blocking_recv().unwrap_or_else(|_| Err("journal is closed".into()))
+    }
+
+    /// Test hook: makes every later commit-log write and fsync fail.
+    #[cfg(test)]
+    pub(crate) fn inject_io_failure(&self) {
+        self.inner.fault.store(true, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Append, FsyncPolicy, QueueTarget};
+
+    fn append(q: QueueId, n: u8) -> Vec<Op> {
+        vec![Op::Append(Append {
+            record: Record { header: Bytes::new(), body: Bytes::from(vec![n; 100]) },
+            queues: vec![QueueTarget { queue: q, tag_hash: 0, flags: 0 }],
+            retained_topic: None,
+            timer: None,
+            keys: None,
+        })]
+    }
+
+    #[test]
+    fn io_failure_poisons_the_journal() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(JournalConfig::new(dir.path())).unwrap();
+        let q = j.queue_id("q").unwrap();
+        let ok = j.write_blocking(append(q, 1)).unwrap();
+        j.inject_io_failure();
+        let e = j.write_blocking(append(q, 2));
+        assert!(matches!(e, Err(JournalError::Poisoned(_))), "{e:?}");
+        // Later submissions, of any kind, are refused too.
+        let e = j.write_blocking(vec![Op::Delete { space: Space::Meta, key: Bytes::from_static(b"k") }]);
+        assert!(matches!(e, Err(JournalError::Poisoned(_))), "{e:?}");
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        assert!(matches!(rt.block_on(j.flush()), Err(JournalError::Poisoned(_))));
+        // Reads still work; what was acknowledged is intact.
+        assert_eq!(j.read(ok.appended[0].pos).unwrap().body, Bytes::from(vec![1u8; 100]));
+        assert_eq!(j.queue_len(q).unwrap(), 1);
+        assert!(matches!(j.close(), Err(JournalError::Poisoned(_))));
+        drop(j);
+        let j = Journal::open(JournalConfig::new(dir.path())).unwrap();
+        let q = j.queue_id("q").unwrap();
+        assert_eq!(j.read(ok.appended[0].pos).unwrap().body, Bytes::from(vec![1u8; 100]));
+        assert_eq!(j.queue_len(q).unwrap(), 1);
+        let r = j.write_blocking(append(q, 3)).unwrap();
+        assert_eq!(r.appended[0].offsets, vec![(q, 1)]);
+    }
+
+    #[test]
+    fn add_timer_schedules_an_existing_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(JournalConfig::new(dir.path())).unwrap();
+        let q = j.queue_id("q").unwrap();
+        let a = j.write_blocking(append(q, 1)).unwrap().appended[0].clone();
+        let timer = |due_ms, target: &'static [u8]| Op::AddTimer {
+            due_ms,
+            pos: a.pos,
+            size: a.size,
+            target: Bytes::from_static(target),
+        };
+        // The same timer twice is one timer; another target at the same key moves 1 ms on;
+        // a position that holds no record is ignored without failing the submission.
+        let nowhere = Op::AddTimer { due_ms: 5, pos: LogPos(1 << 40), size: 100, target: Bytes::new() };
+        j.write_blocking(vec![timer(100, b"a"), timer(100, b"a"), timer(100, b"b"), nowhere]).unwrap();
+        let due = j.timers_due(u64::MAX, 10).unwrap();
+        let seen: Vec<(u64, &[u8])> = due.iter().map(|t| (t.due_ms, &t.target[..])).collect();
+        assert_eq!(seen, vec![(100, &b"a"[..]), (101, &b"b"[..])]);
+        j.verify_counters().unwrap();
+        // Timers keep the record alive on their own; they survive a reopen.
+        j.write_blocking(vec![Op::Remove { queue: q, offset: 0 }]).unwrap();
+        j.close().unwrap();
+        drop(j);
+        let j = Journal::open(JournalConfig::new(dir.path())).unwrap();
+        assert_eq!(j.timers_due(u64::MAX, 10).unwrap(), due);
+        assert_eq!(j.read(a.pos).unwrap().body, Bytes::from(vec![1u8; 100]));
+        j.write_blocking(due.iter().map(|t| Op::DeleteTimer { due_ms: t.due_ms, pos: t.pos }).collect()).unwrap();
+        assert!(j.timers_due(u64::MAX, 10).unwrap().is_empty());
+        j.verify_counters().unwrap();
+    }
+
+    #[test]
+    fn poison_fails_the_whole_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = JournalConfig::new(dir.path());
+        config.fsync = FsyncPolicy::Never;
+        let j = Journal::open(config).unwrap();
+        let q = j.queue_id("q").unwrap();
+        j.inject_io_failure();
+        let (tx, rx) = std::sync::mpsc::channel();
+        for n in 0..50 {
+            let tx = tx.clone();
+            let done: Completion = Box::new(move |r| tx.send(r).unwrap());
+            if j.try_submit(append(q, n), Some(done)).is_err() {
+                panic!("channel full");
+            }
+        }
+        drop(tx);
+        let results: Vec<_> = rx.iter().collect();
+        assert_eq!(results.len(), 50);
+        assert!(results.iter().all(|r| matches!(r, Err(JournalError::Poisoned(_)))));
+        assert_eq!(j.queue_len(q).unwrap(), 0);
+    }
+
+    #[test]
+    fn completion_panic_does_not_kill_the_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(JournalConfig::new(dir.path())).unwrap();
+        let q = j.queue_id("q").unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        rt.block_on(j.submit(append(q, 1), Some(Box::new(|_| panic!("boom"))))).unwrap();
+        assert!(j.write_blocking(append(q, 2)).is_ok());
+    }
+
+    #[test]
+    fn dropping_the_last_handle_in_a_completion_does_not_deadlock() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(JournalConfig::new(dir.path())).unwrap();
+        let q = j.queue_id("q").unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let j2 = j.clone();
+        let done: Completion = Box::new(move |r| {
+            drop(j2);
+            tx.send(r).unwrap();
+        });
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        rt.block_on(j.submit(append(q, 1), Some(done))).unwrap();
+        drop(j);
+        assert!(rx.recv().unwrap().is_ok());
+        // The writer stopped and released the directory.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            match Journal::open(JournalConfig::new(dir.path())) {
+                Ok(j) => {
+                    assert_eq!(j.queue_len(q).unwrap(), 1);
+                    break;
+                }
+                Err(e) if std::time::Instant::now() < deadline => {
+                    let _ = e;
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => panic!("reopen: {e}"),
+            }
+        }
+    }
+}

@@ -1,0 +1,208 @@
+//! What a submission says and what it gets back: the [`Op`]s applied in order, the records
+//! and pointers they write, and the [`Receipt`] a [`Completion`] receives.
+
+use bytes::Bytes;
+
+use crate::{JournalError, LogPos, QueueId};
+
+/// A commit-log record: an opaque header (encoded by the caller) and the body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// Caller-encoded metadata (routing key, properties, ...).
+    pub header: Bytes,
+    /// The message payload, stored as given.
+    pub body: Bytes,
+}
+
+/// A pointer to append to one queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueTarget {
+    /// The queue the pointer is appended to.
+    pub queue: QueueId,
+    /// Tag hash stored in the entry.
+    pub tag_hash: u32,
+    /// Flags stored in the entry.
+    pub flags: u8,
+}
+
+/// A timer to create for an appended record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Timer {
+    /// When it is due, milliseconds since the Unix epoch.
+    pub due_ms: u64,
+    /// Opaque target the caller decodes when the timer fires (e.g. where to route).
+    pub target: Bytes,
+}
+
+/// Append one record to the commit log and index it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Append {
+    /// The record to write to the commit log.
+    pub record: Record,
+    /// One pointer entry per queue; each gets the queue's next offset.
+    pub queues: Vec<QueueTarget>,
+    /// Also make this record the retained message of this topic.
+    pub retained_topic: Option<String>,
+    /// Also schedule this record.
+    pub timer: Option<Timer>,
+    /// Also index this record under these message keys.
+    pub keys: Option<MessageKeys>,
+}
+
+/// Message keys to index a record under (see [`Journal::lookup_key`]).
+///
+/// [`Journal::lookup_key`]: crate::Journal::lookup_key
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MessageKeys {
+    /// The message's timestamp (ms since the epoch): lookups select a time range.
+    pub timestamp_ms: u64,
+    /// The keys (any bytes; a record may have several).
+    pub keys: Vec<Bytes>,
+}
+
+/// Keyspaces of the generic key-value state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Space {
+    /// MQTT sessions (client id -> session state).
+    Session,
+    /// MQTT inbound QoS 2 packet ids awaiting PUBREL (client id + pkid -> ()).
+    InboundQos2,
+    /// Broker metadata (vhosts, exchanges, queues, bindings, users, ...).
+    Meta,
+    /// Retry state of consume-queue entries (queue id + offset -> due time, deliveries).
+    Retry,
+    /// Committed positions of consumer groups (stream id + group name -> offset state).
+    Cursor,
+}
+
+/// One mutation of the journal. A submission is a `Vec<Op>` applied in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// Append a record (see [`Append`]); yields an [`Appended`] in the receipt.
+    Append(Append),
+    /// Add pointers to an existing record (delayed delivery, dead-lettering) without
+    /// writing the body again; yields an [`Appended`] in the receipt.
+    ///
+    /// `pos..pos + size` must lie inside a live segment's records (a record appended
+    /// earlier in the same submission counts). Otherwise the **whole submission** fails
+    /// with [`JournalError::NotFound`] and nothing of it is applied. Put the op that drops
+    /// the record's last other reference (e.g. [`Op::DeleteTimer`]) in the same submission,
+    /// after the `Enqueue`, so that retention cannot delete the segment in between.
+    Enqueue {
+        /// Position of the existing record.
+        pos: LogPos,
+        /// The record's size on disk (framing included).
+        size: u32,
+        /// Length of the record's body (what byte limits of queues count).
+        body_len: u32,
+        /// One pointer per queue; each gets the queue's next offset.
+        queues: Vec<QueueTarget>,
+    },
+    /// Remove one queue entry (acknowledged or dropped).
+    Remove {
+        /// The queue holding the entry.
+        queue: QueueId,
+        /// The entry's offset.
+        offset: u64,
+    },
+    /// Remove every entry of a queue with `from <= offset < to` (purge).
+    RemoveRange {
+        /// The queue to purge.
+        queue: QueueId,
+        /// First offset removed.
+        from: u64,
+        /// First offset kept.
+        to: u64,
+    },
+    /// Replace the flags of a queue entry (e.g. QoS 2 "released").
+    SetFlags {
+        /// The queue holding the entry.
+        queue: QueueId,
+        /// The entry's offset.
+        offset: u64,
+        /// The flags that replace the entry's.
+        flags: u8,
+    },
+    /// Remove every entry of a queue and its name mapping. [`Journal::queue_id`] never
+    /// hands the id out again; pointers for it that arrive later in the same run (a publish
+    /// that raced the deletion) are dropped, i.e. missing from that append's `offsets`.
+    ///
+    /// [`Journal::queue_id`]: crate::Journal::queue_id
+    DeleteQueue {
+        /// The queue to delete.
+        queue: QueueId,
+    },
+    /// Remove the retained message of a topic.
+    DeleteRetained {
+        /// The topic whose retained message is removed.
+        topic: String,
+    },
+    /// Schedule an existing record (a queue entry waiting for its retry) without writing
+    /// it again. A no-op when `pos..pos + size` holds no live record or the same timer
+    /// exists; if another timer holds the key `(due_ms, pos)`, this one is due 1 ms later
+    /// (the timer as stored is what [`Journal::timers_due`] reports).
+    ///
+    /// [`Journal::timers_due`]: crate::Journal::timers_due
+    AddTimer {
+        /// When it is due, milliseconds since the Unix epoch.
+        due_ms: u64,
+        /// Position of the record to schedule.
+        pos: LogPos,
+        /// The record's size on disk.
+        size: u32,
+        /// Opaque target the caller decodes when the timer fires.
+        target: Bytes,
+    },
+    /// Remove a timer (it fired or was cancelled).
+    DeleteTimer {
+        /// Due time of the timer.
+        due_ms: u64,
+        /// Record it points to.
+        pos: LogPos,
+    },
+    /// Set a key in a keyspace.
+    Put {
+        /// The keyspace written to.
+        space: Space,
+        /// The key; a value it had is replaced.
+        key: Bytes,
+        /// The value stored under `key`.
+        value: Bytes,
+    },
+    /// Remove a key from a keyspace.
+    Delete {
+        /// The keyspace holding the key.
+        space: Space,
+        /// The key removed.
+        key: Bytes,
+    },
+    /// Remove every key with this prefix from a keyspace.
+    DeletePrefix {
+        /// The keyspace holding the keys.
+        space: Space,
+        /// Every key that starts with these bytes is removed.
+        prefix: Bytes,
+    },
+}
+
+/// Where an [`Op::Append`] or [`Op::Enqueue`] landed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Appended {
+    /// Position of the record.
+    pub pos: LogPos,
+    /// Size of the record on disk.
+    pub size: u32,
+    /// The offset each target queue gave the pointer, in the order of `queues`.
+    pub offsets: Vec<(QueueId, u64)>,
+}
+
+/// Result of a submission: one [`Appended`] per `Append`/`Enqueue` op, in op order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Receipt {
+    /// The appends of the submission.
+    pub appended: Vec<Appended>,
+}
+
+/// Called once per submission on the writer thread, in submission order, when the
+/// submission is durable under the policy (or failed). Must not block.
+pub type Completion = Box<dyn FnOnce(Result<Receipt, JournalError>) + Send + 'static>;

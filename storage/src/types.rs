@@ -1,0 +1,72 @@
+//! Positions, ids and what reads return: log positions, queue ids and entries, key-index
+//! hits, due timers and the journal's counters.
+
+use bytes::Bytes;
+
+/// Byte position of a record in the whole commit log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LogPos(pub u64);
+
+/// Stable numeric id of a consume queue (see [`Journal::queue_id`]).
+///
+/// [`Journal::queue_id`]: crate::Journal::queue_id
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct QueueId(pub u64);
+
+/// A consume-queue entry: where the record is, plus what a consumer may need without
+/// reading the body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pointer {
+    /// Position of the record.
+    pub pos: LogPos,
+    /// Size of the whole record on disk (framing included).
+    pub size: u32,
+    /// Length of the record's body (what byte limits of queues count).
+    pub body_len: u32,
+    /// Hash of the message tag (0 = untagged), for server-side filtering.
+    pub tag_hash: u32,
+    /// Caller-defined flags (e.g. QoS, delivery state).
+    pub flags: u8,
+}
+
+/// A record found by [`Journal::lookup_key`](crate::Journal::lookup_key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyHit {
+    /// Position of the record (read it with [`Journal::read`](crate::Journal::read)).
+    pub pos: LogPos,
+    /// Size of the record on disk.
+    pub size: u32,
+    /// The timestamp it was indexed with.
+    pub timestamp_ms: u64,
+}
+
+/// A timer as stored, reported by [`Journal::timers_due`](crate::Journal::timers_due).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimerEntry {
+    /// When it was due (ms since the epoch).
+    pub due_ms: u64,
+    /// Position of the record it schedules.
+    pub pos: LogPos,
+    /// That record's size on disk.
+    pub size: u32,
+    /// The target given when the timer was created, for the caller to decode.
+    pub target: Bytes,
+}
+
+/// Counters for monitoring, from [`Journal::stats`](crate::Journal::stats).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JournalStats {
+    /// Live segment files.
+    pub segments: u64,
+    /// Bytes in live segment files.
+    pub log_bytes: u64,
+    /// Next log position to be written.
+    pub log_end: u64,
+    /// Group commits performed since open.
+    pub batches: u64,
+    /// fsync calls since open.
+    pub fsyncs: u64,
+    /// The last open rebuilt the index counters by scanning every entry (after a crash, or
+    /// the first open); false when a clean-shutdown checkpoint provided them.
+    pub index_scanned: bool,
+}
