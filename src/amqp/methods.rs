@@ -580,7 +580,7 @@ impl Task {
     }
 
     /// The rules for a stream consumer: a consumer prefetch (basic.qos > 0 first) and manual
-    /// acks, else 406 (the contract; RabbitMQ closes the connection with 540 for
+    /// acks, else 406 PRECONDITION_FAILED on the channel (RabbitMQ closes the connection with 540 for
     /// no-ack); returns where it starts, the consumer group it joins (`x-consumer-group`),
     /// its tag filter and how the group's members share the stream.
     fn stream_consume_checks(
