@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # FerryMQ vs Mosquitto, side by side, with mqload.
 #
-# Usage: interop/bench/compare.sh [OUTDIR]        (default /tmp/ferrymq-bench)
+# Usage: interop/bench/compare.sh [OUTDIR]        (default interop/bench/raw/mqtt-<date>-<time>, git-ignored)
 # Environment:
 #   FERRYMQ_BIN   ferrymq binary (default: $CARGO_TARGET_DIR/release/ferrymq, else <repo>/target/release/ferrymq)
 #   MQLOAD        mqload binary  (default /tmp/mqload-target/release/mqload)
@@ -25,7 +25,7 @@ set -u
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
-OUT=${1:-/tmp/ferrymq-bench}
+OUT=${1:-$HERE/raw/mqtt-$(date +%Y%m%d-%H%M%S)}
 D=${DURATION:-8}
 DRAIN=10
 M=${MQLOAD:-/tmp/mqload-target/release/mqload}
@@ -38,6 +38,11 @@ for b in "$M" "$MOSQ" "$FQ"; do
   [ -x "$b" ] || { echo "missing binary: $b" >&2; exit 2; }
 done
 mkdir -p "$OUT"
+# Raw output is never committed: inside the repository only where git ignores it.
+case "$(cd "$OUT" && pwd)/" in
+  "$REPO"/*) git -C "$REPO" check-ignore -q --no-index "$(cd "$OUT" && pwd)/probe.json" ||
+    { echo "$OUT is in the repository but not git-ignored: use interop/bench/raw/ (the default) or a directory outside it" >&2; exit 2; } ;;
+esac
 if ls "$OUT"/*.json >/dev/null 2>&1; then
   echo "$OUT already holds results; use an empty directory" >&2; exit 2
 fi

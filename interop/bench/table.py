@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Markdown tables from the output directory of interop/bench/compare.sh.
 
-Usage: interop/bench/table.py [OUTDIR ...]   (default /tmp/ferrymq-bench)
+Usage: interop/bench/table.py [OUTDIR ...]   (default: the newest interop/bench/raw/mqtt-*)
 
 One throughput/latency table per directory (rows in run order of manifest.tsv, FerryMQ
 first within a scenario), with the ratio FerryMQ / Mosquitto of delivered msg/s on the
@@ -64,7 +64,22 @@ def broker_log_lines(path):
         return []
 
 
+def env_block(out, confs=("mosquitto.conf", "rabbitmq.conf")):
+    """The run's environment (env.txt) and broker configuration files, as Markdown, so that
+    the summary keeps them once the raw files are gone."""
+    parts = []
+    for f in ("env.txt",) + tuple(confs):
+        path = os.path.join(out, f)
+        if os.path.exists(path):
+            body = open(path).read().rstrip("\n")
+            parts.append(f"`{f}`:\n\n```text\n{body}\n```\n")
+    return "\n".join(parts)
+
+
 def table(out):
+    env = env_block(out)
+    if env:
+        print(env)
     manifest = []
     with open(os.path.join(out, "manifest.tsv")) as f:
         for line in f:
@@ -204,8 +219,17 @@ def table(out):
         print(f"* {a}")
 
 
+def newest(kind):
+    """The most recent output directory of the compare script of `kind` under raw/."""
+    raw = os.path.join(os.path.dirname(os.path.abspath(__file__)), "raw")
+    runs = sorted(d for d in os.listdir(raw) if d.startswith(kind + "-")) if os.path.isdir(raw) else []
+    if not runs:
+        sys.exit(f"no {raw}/{kind}-* directory: name the output directories")
+    return [os.path.join(raw, runs[-1])]
+
+
 def main():
-    dirs = sys.argv[1:] or ["/tmp/ferrymq-bench"]
+    dirs = sys.argv[1:] or newest("mqtt")
     for i, out in enumerate(dirs):
         if len(dirs) > 1:
             print(("\n" if i else "") + f"### {os.path.basename(os.path.normpath(out))}\n")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Markdown tables from the output directory of interop/bench/compare_amqp.sh.
 
-Usage: interop/bench/table_amqp.py [OUTDIR ...]   (default /tmp/ferrymq-amqp-bench)
+Usage: interop/bench/table_amqp.py [OUTDIR ...]   (default: the newest interop/bench/raw/amqp-*)
 
 Per directory: one throughput/latency table (rows in run order of manifest.tsv, FerryMQ
 first within a scenario; the ratio FerryMQ / RabbitMQ of delivered msg/s is on the FerryMQ
@@ -17,7 +17,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from table import load, n, ms, pct, rc_of  # noqa: E402
+from table import env_block, load, n, ms, newest, pct, rc_of  # noqa: E402
 
 NAMES = {"ferrymq": "FerryMQ", "rabbitmq": "RabbitMQ"}
 
@@ -85,6 +85,9 @@ def lat(d, key):
 
 
 def table(out):
+    env = env_block(out)
+    if env:
+        print(env)
     order, runs = read_dir(out)
     anomalies = []
     hdr = ["id", "scenario", "broker", "published msg/s", "delivered msg/s", "FerryMQ / RabbitMQ",
@@ -280,7 +283,7 @@ def summary(dirs):
 
 
 def main():
-    dirs = sys.argv[1:] or ["/tmp/ferrymq-amqp-bench"]
+    dirs = sys.argv[1:] or newest("amqp")
     if len(dirs) > 1:
         print("### Summary (" + ", ".join(os.path.basename(os.path.normpath(d)) for d in dirs) + ")\n")
         summary(dirs)
