@@ -1,6 +1,7 @@
-//! How long `Journal::open` takes with N timers pending, after a clean close (checkpoint)
-//! and when the index must be scanned. `cargo run --release -p ferrymq-storage --example
-//! open_time -- [N]` (default 1,000,000).
+//! Journal start-up: how long `Journal::open` takes with N timers pending, after a clean
+//! close (checkpoint) and when the index must be scanned (as after a crash).
+//!
+//! `cargo bench --bench storage_open -- [N]` (default 1,000,000; `-- 1000` is a quick check).
 
 use std::time::Instant;
 
@@ -8,7 +9,12 @@ use bytes::Bytes;
 use ferrymq_storage::{Append, FsyncPolicy, Journal, JournalConfig, Op, Record, Timer};
 
 fn main() {
-    let n: u64 = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(1_000_000);
+    // `cargo bench` passes `--bench`; the rest are ours.
+    let n: u64 = std::env::args()
+        .skip(1)
+        .find(|a| !a.starts_with("--"))
+        .map(|a| a.replace(['_', ','], "").parse().expect("N"))
+        .unwrap_or(1_000_000);
     let dir = tempfile::tempdir().unwrap();
     let mut c = JournalConfig::new(dir.path());
     c.fsync = FsyncPolicy::Never;
