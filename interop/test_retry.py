@@ -1,5 +1,5 @@
-"""Delayed retries and dead letters with pika (issue 4, section 4): RabbitMQ 4.3's
-``x-delayed-retry-*`` queue arguments, FerryMQ's ``x-retry-backoff`` list, the
+"""Delayed retries and dead letters with pika: RabbitMQ 4.3's ``x-delayed-retry-*``
+queue arguments, FerryMQ's ``x-retry-backoff`` list, the
 ``x-delivery-count`` header, the delivery limit dead-lettering to ``%DLQ%{queue}``, and
 a retry that waits across a broker restart.
 

@@ -1,6 +1,6 @@
-"""Ordered partitions and tag filters (issue 4, sections 2 and 3) with pika and
-paho-mqtt 5: the ``x-consistent-hash`` exchange (the RabbitMQ plugin's convention:
-binding key = weight, ``hash-header`` / ``hash-property``), ``x-tag-filter`` bindings,
+"""Ordered partitions and tag filters with pika and paho-mqtt 5: the
+``x-consistent-hash`` exchange (the RabbitMQ plugin's convention: binding key = weight,
+``hash-header`` / ``hash-property``), ``x-tag-filter`` bindings,
 the MQTT 5 ``tag`` / ``tag-filter`` user properties, across the gateway and across a
 restart.  Tag filters are a FerryMQ extension; RabbitMQ 3.10 has the consistent-hash
 exchange only as a plugin, so every test here is ``ferrymq_only``."""
