@@ -1,8 +1,10 @@
 //! Test harness: the broker process (`broker.rs`: the real `ferrymq` binary on ephemeral
 //! ports with a temporary data directory, its log kept and printed when a test fails,
-//! stopped on drop) and small helpers around `rumqttc` and raw sockets.
+//! stopped on drop), small helpers around `rumqttc` and raw sockets, and [`eventually`], the
+//! bounded poll for state that has no event to wait for.
 #![allow(dead_code, unused_imports)]
 
+use std::future::Future;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -349,16 +351,32 @@ pub fn packet(first: u8, body: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Polls `f` until it returns `Some`, up to `limit` (for state that has no event to await,
-/// e.g. a file appearing).
-pub async fn eventually<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+/// How often [`eventually`] polls.
+pub const POLL: Duration = Duration::from_millis(20);
+
+/// Polls `f` every [`POLL`] until it returns `Some`, for at most `limit`; panics naming `what`
+/// after that. For state that has no event to await (a queue deleted after its connection
+/// went away, a message that becomes available, a connection seen closed).
+pub async fn eventually<T, Fut>(what: &str, limit: Duration, f: impl FnMut() -> Fut) -> T
+where
+    Fut: Future<Output = Option<T>>,
+{
+    eventually_every(what, limit, POLL, f).await
+}
+
+/// [`eventually`] with a chosen polling interval (e.g. longer than a queue's `x-expires`,
+/// since a passive declare renews a queue's lease).
+pub async fn eventually_every<T, Fut>(what: &str, limit: Duration, every: Duration, mut f: impl FnMut() -> Fut) -> T
+where
+    Fut: Future<Output = Option<T>>,
+{
     let deadline = tokio::time::Instant::now() + limit;
     loop {
-        if let Some(v) = f() {
+        if let Some(v) = f().await {
             return v;
         }
-        assert!(tokio::time::Instant::now() < deadline, "condition not met within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(tokio::time::Instant::now() < deadline, "{what}: not within {limit:?}");
+        tokio::time::sleep(every).await;
     }
 }
 
