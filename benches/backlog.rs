@@ -3,7 +3,8 @@
 //! `cargo bench --bench backlog -- [delayed|queue|stream] [COUNT]`
 //!
 //! Starts the real `ferrymq` binary (release build, fresh data directory, default
-//! configuration: fsync `always`) on ephemeral loopback ports and drives it with `lapin`:
+//! configuration: fsync `always`, `--log warn`) on ephemeral loopback ports with the
+//! integration tests' harness (`tests/common/broker.rs`) and drives it with `lapin`:
 //!
 //! * `delayed` (default COUNT 1,000,000): probe, then fill an `x-delayed-message` exchange with
 //!   COUNT messages due in 30 days (pending timers), probe again, restart, probe again.
@@ -19,15 +20,17 @@
 //! the run prints a Markdown table and stops by itself.
 
 use std::collections::VecDeque;
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use futures_lite::StreamExt;
 use lapin::options::*;
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+
+#[path = "../tests/common/broker.rs"]
+mod broker;
+use broker::{Broker, Opts};
 
 const PROBE: usize = 20_000;
 const PROBE_WINDOW: usize = 64;
@@ -36,38 +39,15 @@ const BODY: usize = 256;
 /// Longest any phase may take.
 const PHASE_LIMIT: Duration = Duration::from_secs(900);
 
-struct Ferry {
-    child: Child,
-    amqp: String,
+/// The broker's AMQP URI (guest, default vhost).
+fn uri(b: &Broker) -> String {
+    format!("amqp://guest:guest@{}/%2f", b.amqp.expect("an amqp= address in the READY line"))
 }
 
-impl Ferry {
-    /// Spawns the broker on `dir` and waits for READY; returns it and the start-up time.
-    fn start(dir: &Path) -> (Ferry, Duration) {
-        let t0 = Instant::now();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ferrymq"))
-            .args(["--mqtt-listen", "127.0.0.1:0", "--amqp-listen", "127.0.0.1:0", "--log", "warn", "--data-dir"])
-            .arg(dir)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn ferrymq");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).expect("READY line");
-        let took = t0.elapsed();
-        let amqp = line
-            .split_whitespace()
-            .find_map(|kv| kv.strip_prefix("amqp="))
-            .unwrap_or_else(|| panic!("no amqp= in {line:?}"))
-            .to_owned();
-        (Ferry { child, amqp: format!("amqp://guest:guest@{amqp}/%2f") }, took)
-    }
-
-    fn stop(mut self) {
-        // SIGTERM, a clean shutdown (exit 0).
-        let _ = Command::new("kill").arg(self.child.id().to_string()).status();
-        let _ = self.child.wait();
-    }
+/// Stops the broker (SIGTERM; panics unless it exits cleanly).
+fn stop(mut b: Broker) -> Broker {
+    b.stop();
+    b
 }
 
 struct Probe {
@@ -229,23 +209,28 @@ fn main() {
         .get(1)
         .map(|c| c.replace(['_', ','], "").parse().expect("COUNT"))
         .unwrap_or(if mode == "delayed" { 1_000_000 } else { 10_000_000 });
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let dir: PathBuf = tmp.path().join("data");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async {
-        let (b, _) = Ferry::start(&dir);
-        phase("warm-up probe", probe(&b.amqp)).await;
-        let empty = phase("probe, empty", probe(&b.amqp)).await;
-        b.stop();
-        let (b, start_empty) = Ferry::start(&dir);
-        let fill_rate = phase(&format!("fill {count} ({mode})"), fill(&b.amqp, &mode, count)).await;
-        let full = phase("probe, backlog", probe(&b.amqp)).await;
-        b.stop();
-        let size = dir_mb(&dir);
-        let (b, start_full) = Ferry::start(&dir);
-        let after = phase("probe, backlog after restart", probe(&b.amqp)).await;
-        let again = phase("probe, backlog after restart, again", probe(&b.amqp)).await;
-        b.stop();
+        // Each restart keeps the data directory and times spawn -> READY (`started_in`).
+        let b = Broker::start_with(Opts::default().log("warn"));
+        phase("warm-up probe", probe(&uri(&b))).await;
+        let empty = phase("probe, empty", probe(&uri(&b))).await;
+        let b = stop(b).restart();
+        let start_empty = b.started_in;
+        let fill_rate = phase(&format!("fill {count} ({mode})"), fill(&uri(&b), &mode, count)).await;
+        let full = phase("probe, backlog", probe(&uri(&b))).await;
+        let b = stop(b);
+        let size = dir_mb(&b.dir);
+        let b = b.restart();
+        let start_full = b.started_in;
+        let after = phase("probe, backlog after restart", probe(&uri(&b))).await;
+        let again = phase("probe, backlog after restart, again", probe(&uri(&b))).await;
+        // What the broker logged at `warn` and above, over all three runs (the harness marks
+        // each restart with a `--- ... ---` line).
+        let log = stop(b).log();
+        if log.lines().any(|l| !l.starts_with("--- ")) {
+            eprintln!("[backlog] broker log:\n{log}");
+        }
         let what = match mode.as_str() {
             "delayed" => "pending delayed messages",
             "stream" => "messages in a stream",

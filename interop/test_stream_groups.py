@@ -1,9 +1,9 @@
-"""Consumer groups on streams and partitioned streams (issue 4, sections 1 and 2) with
-pika: members of an ``x-consumer-group`` share a committed offset and split the
-messages; with ``x-super-stream`` a group reads each partition of a consistent-hash
-super stream with one member, spread evenly and spread again when a member joins or
-leaves.  Consumer groups over AMQP 0-9-1 are a FerryMQ extension, so every test here
-is ``ferrymq_only``."""
+"""Consumer groups on streams and partitioned streams with pika: members of an
+``x-consumer-group`` share a committed offset and split the messages; with
+``x-super-stream`` a group reads each partition of a consistent-hash super stream with
+one member, spread evenly and spread again when a member joins or leaves.  Consumer
+groups over AMQP 0-9-1 are a FerryMQ extension, so every test here is
+``ferrymq_only``."""
 
 from __future__ import annotations
 

@@ -86,9 +86,9 @@ async fn immediate_publish_closes_the_connection_with_540() {
     let (code, text) = server_closed(&mut ev).await;
     assert_eq!(code, 540);
     assert_eq!(text, "NOT_IMPLEMENTED - immediate=true");
-    until("connection closed", || {
+    eventually("connection closed", WAIT, || {
         let open = conn.status().connected();
-        async move { !open }
+        async move { (!open).then_some(()) }
     })
     .await;
 }
@@ -273,12 +273,7 @@ async fn unacked_messages_are_requeued_in_order_when_the_connection_closes() {
     got[2].ack(BasicAckOptions::default()).await.unwrap();
     bounded("connection.close", consumer_conn.close(200, "bye".into())).await.unwrap();
     // Requeue happens when the server processes the close; wait for the count.
-    until("requeued", || {
-        let ch = &ch;
-        let q = q.clone();
-        async move { queue_counts(ch, &q).await.unwrap().0 == 2 }
-    })
-    .await;
+    eventually("requeued", WAIT, || async { (queue_counts(&ch, &q).await.unwrap().0 == 2).then_some(()) }).await;
     assert_eq!(drain(&ch, &q).await, ["2", "4"]);
     delete_queue(&ch, &q).await;
 }

@@ -112,15 +112,7 @@ users = [{ name = "app", password = "secret", loopback_only = false }]
     let ch = open_channel(&conn).await;
     let q = declare_queue(&ch, &unique("app-q"), FieldTable::default()).await;
     publish(&ch, "", &q, b"as app", BasicProperties::default().with_user_id("app".into())).await;
-    let m = bounded("get", async {
-        loop {
-            if let Some(m) = get(&ch, &q, true).await {
-                return m;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
+    let m = eventually("the message published as app", WAIT, || get(&ch, &q, true)).await;
     assert_eq!(m.delivery.properties.user_id().as_ref().map(|s| s.as_str()), Some("app"));
     let text = expect_code(connect_uri(&t.uri_for("app", "wrong", "/")).await, 403);
     assert!(text.starts_with("ACCESS_REFUSED"), "{text:?}");

@@ -16,7 +16,7 @@ async fn guest_connects_and_closes_cleanly() {
     assert_eq!(conn.status().vhost().as_str(), "/");
     bounded("connection.close", conn.close(200, "bye".into())).await.expect("connection.close-ok");
     // lapin resolves close() on close-ok and records the closed state from its own task.
-    common::eventually(Duration::from_secs(5), || conn.status().closed().then_some(())).await;
+    eventually("connection closed", Duration::from_secs(5), || async { conn.status().closed().then_some(()) }).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

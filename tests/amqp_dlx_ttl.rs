@@ -189,9 +189,8 @@ async fn expired_messages_without_a_dlx_are_discarded() {
         .await
         .is_ack());
     // No event tells that a message expired: poll the queue's message count.
-    until("expired messages removed", || {
-        let (ch, q) = (&ch, q.clone());
-        async move { queue_counts(ch, &q).await.unwrap().0 == 0 }
+    eventually("expired messages removed", WAIT, || async {
+        (queue_counts(&ch, &q).await.unwrap().0 == 0).then_some(())
     })
     .await;
     assert!(get(&ch, &q, true).await.is_none());
@@ -307,15 +306,7 @@ async fn repeated_dead_lettering_counts_per_queue_and_reason() {
     assert!(publish_confirmed(&ch, "", &a, b"ball", BasicProperties::default()).await.is_ack());
     let mut last = None;
     for q in [&a, &b, &a] {
-        let m = bounded("dead-lettered message", async {
-            loop {
-                if let Some(m) = get(&ch, q, false).await {
-                    return m;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        })
-        .await;
+        let m = eventually("dead-lettered message", WAIT, || get(&ch, q, false)).await;
         m.delivery.reject(BasicRejectOptions { requeue: false }).await.unwrap();
         last = Some(q);
     }
@@ -365,15 +356,7 @@ async fn quorum_delivery_limit_dead_letters_with_reason_delivery_limit() {
     .await;
     assert!(publish_confirmed(&ch, "", &q, b"poison", persistent()).await.is_ack());
     for _ in 0..2 {
-        let m = bounded("get", async {
-            loop {
-                if let Some(m) = get(&ch, &q, false).await {
-                    return m;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        })
-        .await;
+        let m = eventually("the poison message", WAIT, || get(&ch, &q, false)).await;
         m.delivery.nack(BasicNackOptions { requeue: true, ..Default::default() }).await.unwrap();
     }
     let dead = next_delivery(&mut d.consumer).await;

@@ -266,12 +266,8 @@ async fn auto_delete_exchange_goes_when_its_last_binding_goes() {
     assert!(exchange_exists(&conn, &x).await, "one binding left");
     // Deleting the queue removes the last binding.
     bounded("queue.delete", ch.queue_delete(q2.as_str().into(), QueueDeleteOptions::default())).await.unwrap();
-    until("auto-delete exchange removed", || {
-        let conn = &conn;
-        let x = x.clone();
-        async move { !exchange_exists(conn, &x).await }
-    })
-    .await;
+    eventually("auto-delete exchange removed", WAIT, || async { (!exchange_exists(&conn, &x).await).then_some(()) })
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -306,15 +302,7 @@ async fn internal_exchange_cannot_be_published_to_but_routes_from_bindings() {
     .unwrap();
     // Through a binding from another exchange: delivered.
     publish(&ch, &front, "", b"via-front", BasicProperties::default()).await;
-    let m = bounded("wait", async {
-        loop {
-            if let Some(m) = get(&ch, &q, true).await {
-                return m;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    let m = eventually("the message via the exchange binding", WAIT, || get(&ch, &q, true)).await;
     assert_eq!(m.delivery.data, b"via-front");
     // Directly: channel closed with 403.
     publish(&ch, &internal, "", b"direct", BasicProperties::default()).await;
@@ -555,9 +543,9 @@ async fn publish_to_a_missing_exchange_closes_the_channel_with_404() {
     let (code, text) = server_closed(&mut ev).await;
     assert_eq!(code, 404);
     assert_eq!(text, format!("NOT_FOUND - no exchange '{x}' in vhost '/'"));
-    until("channel closed", || {
+    eventually("channel closed", WAIT, || {
         let closed = !ch.status().connected();
-        async move { closed }
+        async move { closed.then_some(()) }
     })
     .await;
     assert!(conn.status().connected(), "only the channel is closed");
@@ -603,9 +591,9 @@ async fn unknown_exchange_type_is_a_503_connection_error() {
         .await;
     let text = expect_code(r, 503);
     assert!(text.starts_with("COMMAND_INVALID - unknown exchange type 'x-no-such-type'"), "{text:?}");
-    until("connection closed", || {
+    eventually("connection closed", WAIT, || {
         let closed = !conn.status().connected();
-        async move { closed }
+        async move { closed.then_some(()) }
     })
     .await;
 }

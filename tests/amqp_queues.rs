@@ -89,12 +89,7 @@ async fn exclusive_queue_is_deleted_when_its_connection_closes() {
     let r = queue_counts(&open_channel(&observer).await, &q).await;
     expect_code(r, 405);
     bounded("close", owner.close(200, "bye".into())).await.unwrap();
-    until("exclusive queue deleted", || {
-        let observer = &observer;
-        let q = q.clone();
-        async move { !queue_exists(observer, &q).await }
-    })
-    .await;
+    eventually("exclusive queue deleted", WAIT, || async { (!queue_exists(&observer, &q).await).then_some(()) }).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -112,12 +107,7 @@ async fn auto_delete_queue_goes_after_its_last_consumer_cancels() {
     bounded("cancel", ch.basic_cancel(c1.tag(), BasicCancelOptions::default())).await.unwrap();
     assert!(queue_exists(&conn, &q).await, "one consumer left");
     bounded("cancel", ch.basic_cancel(c2.tag(), BasicCancelOptions::default())).await.unwrap();
-    until("auto-delete queue removed", || {
-        let conn = &conn;
-        let q = q.clone();
-        async move { !queue_exists(conn, &q).await }
-    })
-    .await;
+    eventually("auto-delete queue removed", WAIT, || async { (!queue_exists(&conn, &q).await).then_some(()) }).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -146,12 +136,8 @@ async fn declare_ok_reports_message_and_consumer_counts() {
     let mut c = consume(&ch2, &q, BasicConsumeOptions::default(), FieldTable::default()).await;
     let d = next_delivery(&mut c).await;
     // One unacked delivery is not counted as ready.
-    until("counts settle", || {
-        let ch = &ch;
-        let q = q.clone();
-        async move { queue_counts(ch, &q).await.unwrap() == (2, 1) }
-    })
-    .await;
+    eventually("counts settle", WAIT, || async { (queue_counts(&ch, &q).await.unwrap() == (2, 1)).then_some(()) })
+        .await;
     d.ack(BasicAckOptions::default()).await.unwrap();
 }
 
@@ -269,10 +255,8 @@ async fn queue_with_x_expires_is_deleted_when_unused() {
     declare_queue(&ch, &used, table(&[("x-expires", int(300))])).await;
     let _c = consume(&ch, &used, BasicConsumeOptions::default(), FieldTable::default()).await;
     // Polled less often than x-expires: a passive declare counts as use and renews the lease.
-    until_every("unused queue expired", Duration::from_millis(500), || {
-        let conn = &conn;
-        let q = unused.clone();
-        async move { !queue_exists(conn, &q).await }
+    eventually_every("unused queue expired", WAIT, Duration::from_millis(500), || async {
+        (!queue_exists(&conn, &unused).await).then_some(())
     })
     .await;
     assert!(queue_exists(&conn, &used).await, "a queue with a consumer does not expire");
@@ -524,15 +508,7 @@ async fn delivery_limit_drops_after_the_limit(ch: &Channel, q: &str) {
     assert!(publish_confirmed(ch, "", q, b"poison", persistent()).await.is_ack());
     let mut counts = Vec::new();
     for _ in 0..3 {
-        let m = bounded("get", async {
-            loop {
-                if let Some(m) = get(ch, q, false).await {
-                    return m;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-        .await;
+        let m = eventually("the message, again", WAIT, || get(ch, q, false)).await;
         counts.push((
             m.delivery.redelivered,
             field(&headers(&m.delivery.properties), "x-delivery-count").and_then(as_i64),
@@ -541,7 +517,10 @@ async fn delivery_limit_drops_after_the_limit(ch: &Channel, q: &str) {
     }
     assert_eq!(counts, [(false, Some(0)), (true, Some(1)), (true, Some(2))]);
     // Dropped: the queue is empty.
-    until("message dropped after the limit", || async { queue_counts(ch, q).await.unwrap().0 == 0 }).await;
+    eventually("message dropped after the limit", WAIT, || async {
+        (queue_counts(ch, q).await.unwrap().0 == 0).then_some(())
+    })
+    .await;
     assert!(get(ch, q, true).await.is_none());
 }
 

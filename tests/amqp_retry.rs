@@ -252,7 +252,7 @@ async fn delivery_limit_without_a_dlx_goes_to_the_dlq_queue() {
     assert!(publish_confirmed(&ch, &exchange, "order.created", b"poison", persistent()).await.is_ack());
     exhaust(&ch, &q, 2).await;
     let dlq = format!("%DLQ%{q}");
-    until("the %DLQ% queue is created", || queue_exists(&conn, &dlq)).await;
+    eventually("the %DLQ% queue is created", WAIT, || async { queue_exists(&conn, &dlq).await.then_some(()) }).await;
     let ch = open_channel(&conn).await;
     let mut c =
         consume(&ch, &dlq, BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default()).await;

@@ -230,7 +230,10 @@ async fn max_length_bytes_trims_the_oldest_entries() {
     for i in 0..25 {
         assert!(publish_confirmed(&ch, "", &name, body(i).as_bytes(), persistent()).await.is_ack());
     }
-    until("stream trimmed to 1000 bytes", || async { queue_counts(&ch, &name).await.unwrap().0 <= 10 }).await;
+    eventually("stream trimmed to 1000 bytes", WAIT, || async {
+        (queue_counts(&ch, &name).await.unwrap().0 <= 10).then_some(())
+    })
+    .await;
     let (_c_ch, mut c) = stream_consumer(&conn, 100, &name, offset_arg(string("first"))).await;
     let got = take_acked(&mut c, 10).await;
     assert_eq!(
@@ -251,7 +254,10 @@ async fn max_age_trims_in_the_background_and_offsets_keep_counting() {
     let t = Target::start();
     let (conn, ch, name) = confirmed_stream(&t, &[("x-max-age", string("1s"))]).await;
     publish_all(&ch, &name, &bodies("old", 0..4)).await;
-    until("old entries trimmed by age", || async { queue_counts(&ch, &name).await.unwrap().0 == 0 }).await;
+    eventually("old entries trimmed by age", WAIT, || async {
+        (queue_counts(&ch, &name).await.unwrap().0 == 0).then_some(())
+    })
+    .await;
     publish_all(&ch, &name, &bodies("new", 4..6)).await;
     let (_c_ch, mut c) = stream_consumer(&conn, 100, &name, offset_arg(string("first"))).await;
     assert_eq!(take_acked(&mut c, 2).await, numbered("new", 4..6), "offsets are never reused");
@@ -296,7 +302,10 @@ async fn contents_offsets_and_retention_survive_a_restart() {
     for i in 0..6 {
         assert!(publish_confirmed(&ch, "", "capped", body(i).as_bytes(), persistent()).await.is_ack());
     }
-    until("capped stream trimmed", || async { queue_counts(&ch, "capped").await.unwrap().0 <= 3 }).await;
+    eventually("capped stream trimmed", WAIT, || async {
+        (queue_counts(&ch, "capped").await.unwrap().0 <= 3).then_some(())
+    })
+    .await;
     let c2_ch = stream_channel(&conn, 10).await;
     let mut c2 = consume(&c2_ch, "capped", BasicConsumeOptions::default(), offset_arg(string("first"))).await;
     assert_eq!(take_acked(&mut c2, 1).await[0].0, 3);
@@ -320,7 +329,10 @@ async fn mqtt_devices_feed_a_stream_bound_to_amq_topic() {
     let mut device = v4::connect_with(o).await;
     device.publish_acked(&format!("{level}/t1"), v4::QoS::AtLeastOnce, false, "21.5").await;
     device.client.publish(format!("{level}/t2"), v4::QoS::AtMostOnce, false, "22.0").await.unwrap();
-    until("both readings stored", || async { queue_counts(&ch, &name).await.unwrap().0 == 2 }).await;
+    eventually("both readings stored", WAIT, || async {
+        (queue_counts(&ch, &name).await.unwrap().0 == 2).then_some(())
+    })
+    .await;
     let (_c_ch, mut c) = stream_consumer(&conn, 10, &name, offset_arg(string("first"))).await;
     let d = next_delivery(&mut c).await;
     assert_eq!(

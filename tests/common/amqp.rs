@@ -11,7 +11,8 @@
 //!
 //! Tests can run concurrently against one RabbitMQ: names come from [`unique`].
 
-use super::{Broker, Opts, WAIT};
+pub use super::{eventually, eventually_every, WAIT};
+use super::{Broker, Opts};
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -396,33 +397,6 @@ pub async fn exchange_exists(conn: &Connection, exchange: &str) -> bool {
             assert_eq!(amqp_error(&e).map(|c| c.0), Some(404), "passive declare failed otherwise: {e:?}");
             false
         }
-    }
-}
-
-/// Polls `check` until it is true (for server-side state that has no event, e.g. a queue
-/// deleted after its connection went away); bounded by [`WAIT`].
-pub async fn until<F, Fut>(what: &str, check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    until_every(what, Duration::from_millis(25), check).await
-}
-
-/// Like [`until`] with a chosen polling interval (e.g. longer than a queue's `x-expires`,
-/// since a passive declare renews a queue's lease).
-pub async fn until_every<F, Fut>(what: &str, every: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        if check().await {
-            return;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{what}: not true within {WAIT:?}");
-        tokio::time::sleep(every).await;
     }
 }
 

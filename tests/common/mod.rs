@@ -1,14 +1,10 @@
-//! Test harness: starts the real `ferrymq` binary on ephemeral ports with a temporary data
-//! directory, reads its `FERRYMQ READY ...` line, keeps its log (printed when a test
-//! fails), and stops it on drop. Plus small helpers around `rumqttc` and raw sockets.
+//! Test harness: the broker process (`broker.rs`: the real `ferrymq` binary on ephemeral
+//! ports with a temporary data directory, its log kept and printed when a test fails,
+//! stopped on drop), small helpers around `rumqttc` and raw sockets, and [`eventually`], the
+//! bounded poll for state that has no event to wait for.
 #![allow(dead_code, unused_imports)]
 
-use std::io::{BufRead, BufReader, Read};
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc as std_mpsc;
-use std::sync::{Arc, Mutex};
+use std::future::Future;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -16,248 +12,12 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 pub mod amqp;
+mod broker;
+
+pub use broker::{binary, run_binary, Broker, Opts};
 
 /// Default bound for waiting on one event.
 pub const WAIT: Duration = Duration::from_secs(10);
-
-/// A running broker process.
-pub struct Broker {
-    child: Option<Child>,
-    /// Plain MQTT address.
-    pub mqtt: SocketAddr,
-    /// MQTT over TLS address, if started with one.
-    pub mqtts: Option<SocketAddr>,
-    /// AMQP address (present once the AMQP front-end listens).
-    pub amqp: Option<SocketAddr>,
-    /// AMQP over TLS address, if started with one.
-    pub amqps: Option<SocketAddr>,
-    /// Data directory (kept across restarts).
-    pub dir: PathBuf,
-    _tmp: Option<Arc<tempfile::TempDir>>,
-    log: Arc<Mutex<String>>,
-    opts: Opts,
-}
-
-/// How to start the broker.
-#[derive(Clone, Default)]
-pub struct Opts {
-    /// Extra command-line arguments.
-    pub args: Vec<String>,
-    /// Extra environment variables.
-    pub env: Vec<(String, String)>,
-    /// Contents of a config file passed with `--config`.
-    pub config: Option<String>,
-}
-
-impl Opts {
-    /// Adds a config file body.
-    pub fn config(mut self, toml: &str) -> Self {
-        self.config = Some(toml.to_owned());
-        self
-    }
-    /// Adds arguments.
-    pub fn args(mut self, args: &[&str]) -> Self {
-        self.args.extend(args.iter().map(|s| s.to_string()));
-        self
-    }
-    /// Adds an environment variable.
-    pub fn env(mut self, k: &str, v: &str) -> Self {
-        self.env.push((k.into(), v.into()));
-        self
-    }
-}
-
-/// Path of the broker binary built by cargo for these tests.
-pub fn binary() -> &'static str {
-    env!("CARGO_BIN_EXE_ferrymq")
-}
-
-impl Broker {
-    /// Starts a broker with defaults (fsync always) on a fresh temporary directory.
-    pub fn start() -> Broker {
-        Self::start_with(Opts::default())
-    }
-
-    /// Starts a broker with options on a fresh temporary directory.
-    pub fn start_with(opts: Opts) -> Broker {
-        let tmp = Arc::new(tempfile::tempdir().expect("tempdir"));
-        let dir = tmp.path().join("data");
-        Self::spawn(dir, Some(tmp), opts)
-    }
-
-    fn spawn(dir: PathBuf, tmp: Option<Arc<tempfile::TempDir>>, opts: Opts) -> Broker {
-        let mut cmd = Command::new(binary());
-        cmd.arg("--data-dir")
-            .arg(&dir)
-            .arg("--mqtt-listen")
-            .arg("127.0.0.1:0")
-            .arg("--amqp-listen")
-            .arg("127.0.0.1:0")
-            .arg("--log")
-            .arg("ferrymq=debug,info");
-        if let Some(toml) = &opts.config {
-            let path = dir.with_extension("toml");
-            std::fs::create_dir_all(dir.parent().unwrap()).unwrap();
-            std::fs::write(&path, toml).unwrap();
-            cmd.arg("--config").arg(path);
-        }
-        cmd.args(&opts.args);
-        for (k, v) in &opts.env {
-            cmd.env(k, v);
-        }
-        cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::null());
-        let mut child = cmd.spawn().expect("spawn ferrymq");
-        let log = Arc::new(Mutex::new(String::new()));
-        let stderr = child.stderr.take().unwrap();
-        let log2 = log.clone();
-        std::thread::spawn(move || {
-            let mut r = BufReader::new(stderr);
-            let mut line = String::new();
-            while r.read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
-                log2.lock().unwrap().push_str(&line);
-                line.clear();
-            }
-        });
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = std_mpsc::channel();
-        std::thread::spawn(move || {
-            let mut r = BufReader::new(stdout);
-            let mut line = String::new();
-            while r.read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
-                let _ = tx.send(line.clone());
-                line.clear();
-            }
-        });
-        let ready = match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(line) => line,
-            Err(_) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                std::thread::sleep(Duration::from_millis(100));
-                panic!("broker did not become ready; log:\n{}", log.lock().unwrap());
-            }
-        };
-        let field = |name: &str| -> Option<SocketAddr> {
-            ready.split_whitespace().find_map(|kv| kv.strip_prefix(&format!("{name}=")).and_then(|a| a.parse().ok()))
-        };
-        let mqtt = field("mqtt").unwrap_or_else(|| panic!("no mqtt address in {ready:?}"));
-        let mqtts = field("mqtts");
-        let amqp = field("amqp");
-        let amqps = field("amqps");
-        Broker { child: Some(child), mqtt, mqtts, amqp, amqps, dir, _tmp: tmp, log, opts }
-    }
-
-    /// Stops the broker with SIGTERM and waits for a clean exit (status 0).
-    pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            signal(&child, "TERM");
-            let status = wait_timeout(&mut child, Duration::from_secs(30));
-            match status {
-                Some(s) => assert!(s.success(), "broker exited with {s}; log:\n{}", self.log()),
-                None => {
-                    let _ = child.kill();
-                    panic!("broker did not stop on SIGTERM; log:\n{}", self.log());
-                }
-            }
-        }
-    }
-
-    /// Kills the broker with SIGKILL (a crash).
-    pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
-    /// Stops cleanly and starts again on the same data directory (new ports).
-    pub fn restart(mut self) -> Broker {
-        self.stop();
-        self.respawn()
-    }
-
-    /// Kills and starts again on the same data directory (new ports).
-    pub fn crash_restart(mut self) -> Broker {
-        self.kill();
-        self.respawn()
-    }
-
-    fn respawn(mut self) -> Broker {
-        let tmp = self._tmp.take();
-        let dir = self.dir.clone();
-        let opts = self.opts.clone();
-        let old_log = self.log();
-        let b = Self::spawn(dir, tmp, opts);
-        b.log.lock().unwrap().insert_str(0, &format!("--- previous run ---\n{old_log}--- restarted ---\n"));
-        b
-    }
-
-    /// The broker's log so far.
-    pub fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
-    }
-
-    /// Host and port for clients.
-    pub fn host_port(&self) -> (String, u16) {
-        (self.mqtt.ip().to_string(), self.mqtt.port())
-    }
-
-    /// Data directory path.
-    pub fn data_dir(&self) -> &Path {
-        &self.dir
-    }
-
-    /// Process id of the running broker (None once stopped or killed).
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(|c| c.id())
-    }
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!("----- ferrymq log -----\n{}\n-----------------------", self.log());
-        }
-        self.kill();
-    }
-}
-
-fn signal(child: &Child, sig: &str) {
-    let _ = Command::new("kill").arg(format!("-{sig}")).arg(child.id().to_string()).status();
-}
-
-fn wait_timeout(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
-    let deadline = std::time::Instant::now() + limit;
-    while std::time::Instant::now() < deadline {
-        if let Ok(Some(s)) = child.try_wait() {
-            return Some(s);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    None
-}
-
-/// Runs a command-line invocation of the binary to completion (for start-up errors).
-pub fn run_binary(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
-    let mut cmd = Command::new(binary());
-    cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let mut child = cmd.spawn().unwrap();
-    let status = wait_timeout(&mut child, Duration::from_secs(20));
-    let mut out = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        let _ = e.read_to_string(&mut out);
-    }
-    match status {
-        Some(s) => (s.code().unwrap_or(-1), out),
-        None => {
-            let _ = child.kill();
-            (-1, out)
-        }
-    }
-}
 
 // ----- rumqttc helpers (3.1.1 in `v4`, 5.0 in `v5`) -----------------------------------------
 
@@ -591,16 +351,32 @@ pub fn packet(first: u8, body: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Polls `f` until it returns `Some`, up to `limit` (for state that has no event to await,
-/// e.g. a file appearing).
-pub async fn eventually<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+/// How often [`eventually`] polls.
+pub const POLL: Duration = Duration::from_millis(20);
+
+/// Polls `f` every [`POLL`] until it returns `Some`, for at most `limit`; panics naming `what`
+/// after that. For state that has no event to await (a queue deleted after its connection
+/// went away, a message that becomes available, a connection seen closed).
+pub async fn eventually<T, Fut>(what: &str, limit: Duration, f: impl FnMut() -> Fut) -> T
+where
+    Fut: Future<Output = Option<T>>,
+{
+    eventually_every(what, limit, POLL, f).await
+}
+
+/// [`eventually`] with a chosen polling interval (e.g. longer than a queue's `x-expires`,
+/// since a passive declare renews a queue's lease).
+pub async fn eventually_every<T, Fut>(what: &str, limit: Duration, every: Duration, mut f: impl FnMut() -> Fut) -> T
+where
+    Fut: Future<Output = Option<T>>,
+{
     let deadline = tokio::time::Instant::now() + limit;
     loop {
-        if let Some(v) = f() {
+        if let Some(v) = f().await {
             return v;
         }
-        assert!(tokio::time::Instant::now() < deadline, "condition not met within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(tokio::time::Instant::now() < deadline, "{what}: not within {limit:?}");
+        tokio::time::sleep(every).await;
     }
 }
 
