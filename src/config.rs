@@ -155,7 +155,9 @@ pub struct AmqpSection {
     pub heartbeat_secs: u16,
     /// Largest message body.
     pub max_message_size: u64,
-    /// Publisher de-duplication window by message_id, seconds (0 = off).
+    /// Accepted so that older configuration files still load, and ignored (with a
+    /// warning): de-duplication is opt-in per exchange or queue (`x-message-deduplication`).
+    #[serde(default)]
     pub dedup_window_secs: u64,
 }
 

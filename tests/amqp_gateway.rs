@@ -2,7 +2,7 @@
 //! properties map to AMQP properties, QoS ≥ 1 is persistent. Against RabbitMQ these run
 //! when `FERRYMQ_TEST_RABBITMQ_MQTT=HOST:PORT` names the node's rabbitmq_mqtt listener (the
 //! topic mapping is RabbitMQ's); MQTT 5 properties (RabbitMQ 3.10 speaks MQTT 3.1.1 only),
-//! the retain header and de-duplication are FerryMQ-only.
+//! the retain header and opted-in de-duplication are FerryMQ-only.
 
 mod common;
 
@@ -198,9 +198,13 @@ async fn mqtt_retain_flag_becomes_an_x_mqtt_retain_header() {
     assert!(matches!(field(&h, "x-mqtt-retain"), None | Some(AMQPValue::Boolean(false))), "{h:?}");
 }
 
+/// Exactly once from an AMQP publisher to an MQTT QoS 2 subscriber, opted in as with
+/// RabbitMQ's message-deduplication plugin: the publisher repeats a message (a lost
+/// confirm, a reconnect) with the same `x-deduplication-header` value through an
+/// `x-message-deduplication` exchange bound to `amq.topic`; the subscriber gets it once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn repeated_message_id_within_the_dedup_window_is_delivered_once() {
-    if skip_on_rabbitmq("publisher de-duplication by message_id is a FerryMQ feature") {
+async fn opted_in_deduplication_delivers_a_repeated_publish_once_to_mqtt() {
+    if skip_on_rabbitmq("needs the message-deduplication plugin") {
         return;
     }
     let t = Target::start();
@@ -210,18 +214,63 @@ async fn repeated_message_id_within_the_dedup_window_is_delivered_once() {
     s.subscribe(&format!("{x}/#"), v4::QoS::ExactlyOnce).await;
     let (_c, ch) = t.channel().await;
     confirm_select(&ch).await;
-    let props = BasicProperties::default().with_message_id(unique("dup").into()).with_delivery_mode(2);
+    let dedup = unique("once");
+    declare_exchange(
+        &ch,
+        &dedup,
+        ExchangeKind::Custom("x-message-deduplication".into()),
+        ExchangeDeclareOptions { durable: true, ..Default::default() },
+        table(&[("x-cache-size", int(1000)), ("x-cache-ttl", int(60_000)), ("x-cache-persistence", string("disk"))]),
+    )
+    .await;
+    bounded(
+        "exchange.bind",
+        ch.exchange_bind(
+            "amq.topic".into(),
+            dedup.as_str().into(),
+            "#".into(),
+            Default::default(),
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .unwrap();
+    let id = unique("order");
+    let keyed = |id: &str| persistent().with_headers(table(&[("x-deduplication-header", string(id))]));
     for _ in 0..3 {
-        let c = publish_confirmed(&ch, "amq.topic", &format!("{x}.once"), b"exactly once", props.clone()).await;
+        let c = publish_confirmed(&ch, &dedup, &format!("{x}.once"), b"exactly once", keyed(&id)).await;
         assert_eq!(c, Confirmation::Ack(None), "a duplicate is still confirmed");
     }
-    let other = BasicProperties::default().with_message_id(unique("other").into());
-    assert!(publish_confirmed(&ch, "amq.topic", &format!("{x}.once"), b"different id", other).await.is_ack());
+    let other = keyed(&unique("other"));
+    assert!(publish_confirmed(&ch, &dedup, &format!("{x}.once"), b"different id", other).await.is_ack());
     let m = s.next_publish().await;
     assert_eq!(&m.payload[..], b"exactly once");
     let m = s.next_publish().await;
     assert_eq!(&m.payload[..], b"different id");
     s.expect_no_publish(Duration::from_millis(300)).await;
+}
+
+/// Without the opt-in, repeated message ids are application data: every publish arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_message_ids_all_reach_an_mqtt_subscriber() {
+    let t = Target::start();
+    let Some(addr) = mqtt_addr(&t) else { return };
+    let x = level();
+    let mut s = mqtt4(addr, &unique("sub-ids")).await;
+    s.subscribe(&format!("{x}/#"), v4::QoS::AtLeastOnce).await;
+    let (_c, ch) = t.channel().await;
+    confirm_select(&ch).await;
+    let props = BasicProperties::default().with_message_id("order-42".into()).with_delivery_mode(2);
+    for i in 0..3 {
+        let body = format!("update {i}");
+        assert!(publish_confirmed(&ch, "amq.topic", &format!("{x}.ids"), body.as_bytes(), props.clone())
+            .await
+            .is_ack());
+    }
+    for i in 0..3 {
+        let m = s.next_publish().await;
+        assert_eq!(String::from_utf8_lossy(&m.payload), format!("update {i}"));
+    }
 }
 
 /// `mqtt.exchange` names the topic exchange MQTT goes through (RabbitMQ's `mqtt.exchange`):

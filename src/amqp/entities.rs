@@ -130,6 +130,7 @@ pub fn queue_config(
     c.retry = retry_policy(vhost, name, args)?;
     c.count_deliveries = c.delivery_limit.is_some() || c.retry.is_some();
     c.single_active_consumer = arg_bool(args, "x-single-active-consumer").unwrap_or(false);
+    c.dedup = arg_bool(args, crate::core::dedup::QUEUE_ARGUMENT).unwrap_or(false);
     c.overflow = match arg_str(args, "x-overflow") {
         None | Some("drop-head") => Overflow::DropHead,
         Some("reject-publish") => Overflow::RejectPublish,
@@ -359,9 +360,15 @@ pub async fn store_exchange(broker: &Broker, vhost: &str, def: &ExchangeDef) {
     }
 }
 
-/// Forgets a durable exchange and its binding records.
+/// Forgets a durable exchange, its binding records and the values of its
+/// de-duplication cache.
 pub async fn forget_exchange(broker: &Broker, vhost: &str, name: &str) {
-    if let Err(e) = broker.commit(broker.stores.entities.remove_exchange(vhost, name), Commit::Durable).await {
+    let write = broker
+        .stores
+        .entities
+        .remove_exchange(vhost, name)
+        .and(broker.stores.dedup.forget_scope(&crate::core::dedup::scope(vhost, name)));
+    if let Err(e) = broker.commit(write, Commit::Durable).await {
         warn!(error = %e, "cannot delete exchange metadata");
     }
 }

@@ -810,21 +810,8 @@ impl Task {
             return;
         }
         let confirm = p.confirm_tag;
-        // De-duplication by message id (exactly-once publishing), when configured.
-        let mut along = StoreWrite::none();
-        if let (Some(id), Some(dedup), true) = (&msg.props.message_id, self.ctx.dedup.as_ref(), confirm.is_some()) {
-            match dedup.check(&vhost, id, now) {
-                Some(seen) => along = seen,
-                None => {
-                    if let Some(tag) = confirm {
-                        self.confirms.push_back(PendingConfirm { channel, tag, signal: None, ack: true });
-                    }
-                    return;
-                }
-            }
-        }
         let (routes, refused) = self.admit(&msg, &routes);
-        let signal = self.ctx.broker.publish(&msg, &routes, RetainMode::None, along).await;
+        let signal = self.ctx.broker.publish(&msg, &routes, RetainMode::None, StoreWrite::none()).await;
         self.unsettled = true;
         if let Some(tag) = confirm {
             self.confirms.push_back(PendingConfirm { channel, tag, signal, ack: !refused });
@@ -841,17 +828,7 @@ impl Task {
             ch.tx_publishes.push(TxPublish { msg, routes: Arc::default(), due_ms: Some(due_ms) });
             return;
         }
-        let mut along = StoreWrite::none();
-        if let (Some(id), Some(dedup), Some(tag)) = (&msg.props.message_id, self.ctx.dedup.as_ref(), confirm) {
-            match dedup.check(&vhost, id, msg.timestamp_ms) {
-                Some(seen) => along = seen,
-                None => {
-                    self.confirms.push_back(PendingConfirm { channel, tag, signal: None, ack: true });
-                    return;
-                }
-            }
-        }
-        let signal = self.ctx.broker.schedule(&vhost, &msg, due_ms, along).await;
+        let signal = self.ctx.broker.schedule(&vhost, &msg, due_ms, StoreWrite::none()).await;
         self.unsettled = true;
         if let Some(tag) = confirm {
             self.confirms.push_back(PendingConfirm { channel, tag, signal: Some(signal), ack: true });
@@ -904,7 +881,7 @@ fn route_fail(e: RouteError, vhost: &str) -> Fail {
         RouteError::NoVhost(v) => {
             Fail { code: 530, text: format!("NOT_ALLOWED - vhost {v} not found"), connection: true }
         }
-        e @ (RouteError::TagFilter(_) | RouteError::HashArgument(_)) => {
+        e @ (RouteError::TagFilter(_) | RouteError::HashArgument(_) | RouteError::DedupArgument(_)) => {
             channel_fail(406, format!("PRECONDITION_FAILED - {e}"))
         }
     }

@@ -38,7 +38,6 @@ use crate::auth::Users;
 use crate::config::Config;
 use crate::core::alarm::MemoryAlarm;
 use crate::core::broker::{Broker, Commit};
-use crate::core::dedup::Dedup;
 use crate::core::message::now_ms;
 use connection::Control;
 use entities::Entities;
@@ -56,29 +55,31 @@ pub struct AmqpContext {
     pub entities: Entities,
     /// The memory alarm: publishing connections get connection.blocked while it is raised.
     pub alarm: Arc<MemoryAlarm>,
-    /// Publisher de-duplication (when configured).
-    pub dedup: Option<Dedup>,
     connections: Mutex<HashMap<u64, mpsc::UnboundedSender<Control>>>,
 }
 
 impl AmqpContext {
     /// Builds the context: virtual hosts, restored entities and de-duplication table.
     pub async fn start(broker: Arc<Broker>, config: &Config, alarm: Arc<MemoryAlarm>) -> Arc<AmqpContext> {
+        if config.amqp.dedup_window_secs > 0 {
+            warn!(
+                "amqp.dedup_window_secs is ignored: message ids are never compared unless an exchange or queue \
+                 opts in with x-message-deduplication"
+            );
+        }
         for vhost in &config.auth.vhosts {
             broker.router.add_vhost(vhost);
         }
-        let dedup = (config.amqp.dedup_window_secs > 0)
-            .then(|| Dedup::load(broker.stores.dedup.clone(), config.amqp.dedup_window_secs * 1000, now_ms()));
         let ctx = Arc::new(AmqpContext {
             broker,
             cfg: config.amqp.clone(),
             users: Users::new(config.auth.all_users()),
             entities: Entities::default(),
             alarm,
-            dedup,
             connections: Mutex::new(HashMap::new()),
         });
         ctx.entities.restore(&ctx.broker).await;
+        crate::core::dedup::restore_caches(&ctx.broker).await;
         dlq::register(&ctx);
         tokio::spawn(ctx.clone().housekeeping());
         ctx
@@ -105,9 +106,11 @@ impl AmqpContext {
         loop {
             tick.tick().await;
             self.entities.expire_unused(&self.broker).await;
-            if let Some(d) = &self.dedup {
-                if let Err(e) = self.broker.commit(d.expire(now_ms()), Commit::Relaxed).await {
-                    warn!(error = %e, "cannot forget expired de-duplication ids");
+            let now = now_ms();
+            for cache in self.broker.router.dedup_caches() {
+                let write = self.broker.dedup_write(&cache.expire(now));
+                if let Err(e) = self.broker.commit(write, Commit::Relaxed).await {
+                    warn!(error = %e, "cannot forget expired de-duplication values");
                 }
             }
         }

@@ -29,6 +29,7 @@ const NOT_FOR_STREAMS: &[&str] = &[
     "x-single-active-consumer",
     "x-queue-mode",
     "x-queue-master-locator",
+    crate::core::dedup::QUEUE_ARGUMENT,
 ];
 
 /// True when the declaration arguments ask for a stream.

@@ -12,6 +12,7 @@ use ferrymq_storage::{Append, Journal, JournalError, Op, Pointer, QueueId, Queue
 use tokio::sync::{oneshot, Notify};
 
 use super::dead_letter::DeadLetterQueuesHook;
+use super::dedup::DedupChange;
 use super::delivery::Direct;
 use super::message::SharedMessage;
 use super::queue::flags;
@@ -166,6 +167,16 @@ impl Broker {
         Ok(())
     }
 
+    /// The store write of changes to disk-persistent de-duplication caches.
+    pub fn dedup_write(&self, changes: &[DedupChange]) -> StoreWrite {
+        changes.iter().fold(StoreWrite::none(), |w, c| {
+            w.and(match c {
+                DedupChange::Seen { scope, id, expiry_ms } => self.stores.dedup.record(scope, id, *expiry_ms),
+                DedupChange::Forgotten { scope, id } => self.stores.dedup.forget(scope, id),
+            })
+        })
+    }
+
     /// Publishes `msg` to `routes`: direct to connected sessions at once, and — when there
     /// are queue targets, a retained update to persist, or a write `along` — through the
     /// journal (body once, one pointer per queue, `along` in the same submission). Returns
@@ -195,7 +206,7 @@ impl Broker {
         }
         Stats::add(&self.stats.publish_dropped, dropped);
 
-        let mut ops = along.into_ops();
+        let mut ops = along.and(self.dedup_write(&routes.dedup)).into_ops();
         let mut item = None;
         let clear = msg.payload.is_empty();
         let retained_topic = match retain {

@@ -75,7 +75,7 @@ async fn to_dlq(broker: &Broker, d: &DeadLetter, removal: Vec<Op>) -> Vec<Op> {
     };
     debug!(queue = %d.config.name, "delivery limit reached: to the %DLQ% queue");
     let msg = Arc::new(dead_lettered(d));
-    let routes = Routes { sessions: Vec::new(), queues: vec![QueueRoute { queue: id, qos: 2, reserved: false }] };
+    let routes = Routes { queues: vec![QueueRoute { queue: id, qos: 2, reserved: false }], ..Routes::default() };
     if let Some(signal) = broker.publish(&msg, &routes, RetainMode::None, StoreWrite::of(removal)).await {
         drop(signal);
     }

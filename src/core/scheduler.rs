@@ -73,7 +73,8 @@ async fn fire(broker: &Broker, due: Vec<ferrymq_storage::TimerEntry>) {
         };
         // Connected sessions get it directly; a retained one is re-appended so that the
         // retained index owns a record of its own.
-        let direct = Routes { sessions: routes.sessions.clone(), queues: Vec::new() };
+        let direct = Routes { sessions: routes.sessions.clone(), ..Routes::default() };
+        ops.extend(broker.dedup_write(&routes.dedup).into_ops());
         let retain = if msg.retain { RetainMode::Persist } else { RetainMode::None };
         drop(broker.publish(&msg, &direct, retain, StoreWrite::none()).await);
         if routes.queues.is_empty() {

@@ -90,6 +90,9 @@ pub struct QueueConfig {
     /// Transient (QoS 0) messages survive a restart. MQTT session queues keep them; AMQP
     /// queues drop them when reloaded, as RabbitMQ does with non-persistent messages.
     pub keep_transient: bool,
+    /// A message whose `x-deduplication-header` value is already in the queue is not
+    /// enqueued (`x-message-deduplication: true`).
+    pub dedup: bool,
     /// Live counters.
     pub gauge: Arc<QueueGauge>,
 }
@@ -113,6 +116,7 @@ impl QueueConfig {
             max_priority: None,
             count_deliveries: false,
             keep_transient: true,
+            dedup: false,
             gauge: Arc::new(QueueGauge::default()),
         }
     }

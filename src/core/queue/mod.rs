@@ -17,6 +17,7 @@
 mod backoff;
 mod config;
 mod consumer;
+mod dedup;
 mod ready;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -31,8 +32,10 @@ use std::collections::HashMap;
 use ferrymq_storage::{Journal, Op, Pointer, QueueId, Space};
 use tracing::warn;
 
+use dedup::DedupIndex;
 use ready::Ready;
 
+use super::dedup::message_key;
 use super::delivery::QueueDelivery;
 use super::message::{now_ms, Message, SharedMessage};
 use super::retry;
@@ -144,6 +147,8 @@ pub enum Admission {
     DroppedHead,
     /// Dropped (queue full).
     Dropped,
+    /// Not enqueued: its `x-deduplication-header` value is already in the queue.
+    Duplicate,
 }
 
 /// Side effects of a queue operation that the owning shard carries out.
@@ -205,6 +210,11 @@ pub struct Queue {
     /// Publisher reservations that became entries (or were dropped) since the gauge was
     /// last published: count and bytes.
     reservations_used: (u64, u64),
+    /// Header values of the live entries, when the queue de-duplicates.
+    dedup: DedupIndex,
+    /// The index must be built from storage before it is used (de-duplication was turned
+    /// on for a queue loaded without it).
+    dedup_stale: bool,
 }
 
 impl Queue {
@@ -274,7 +284,12 @@ impl Queue {
             load_ops,
             published: (0, 0),
             reservations_used: (0, 0),
+            dedup: DedupIndex::default(),
+            dedup_stale: false,
         };
+        if q.config.dedup {
+            q.dedup = dedup_index(id, journal);
+        }
         q.publish_gauge();
         q
     }
@@ -297,6 +312,7 @@ impl Queue {
     /// Replaces the configuration (keeps the state).
     pub fn set_config(&mut self, config: Arc<QueueConfig>) {
         self.expiring |= config.message_ttl.is_some();
+        self.dedup_stale |= config.dedup && !self.config.dedup;
         if !Arc::ptr_eq(&self.config.gauge, &config.gauge) {
             // A new gauge: its occupancy starts from the whole queue.
             self.published = (0, 0);
@@ -382,6 +398,17 @@ impl Queue {
             self.reservations_used.0 += 1;
             self.reservations_used.1 += ptr.body_len as u64;
         }
+        let dedup_key = if self.config.dedup { message_key(&msg.props.headers) } else { None };
+        if let Some(key) = &dedup_key {
+            if std::mem::take(&mut self.dedup_stale) {
+                self.dedup = dedup_index(self.id, journal);
+                self.dedup.remove(offset);
+            }
+            if self.dedup.contains(key) {
+                self.refuse_appended(offset, already_loaded, &mut fx.ops);
+                return Admission::Duplicate;
+            }
+        }
         let mut admission = Admission::Accepted;
         if self.is_full(ptr.body_len as u64) {
             let qos = ptr.flags & flags::QOS_MASK;
@@ -418,6 +445,9 @@ impl Queue {
             return admission;
         }
         self.count_in(&ptr);
+        if let Some(key) = dedup_key {
+            self.dedup.insert(offset, key);
+        }
         if already_loaded {
             return admission;
         }
@@ -549,6 +579,7 @@ impl Queue {
     }
 
     fn forget(&mut self, e: &Entry, ops: &mut Vec<Op>) {
+        self.dedup.remove(e.offset);
         self.len = self.len.saturating_sub(1);
         self.bytes = self.bytes.saturating_sub(e.ptr.body_len as u64);
         if e.ptr.flags & flags::QOS_MASK == 0 {
@@ -741,6 +772,8 @@ impl Queue {
         self.recorded.clear();
         self.ready.clear();
         self.dropped_ahead.clear();
+        let unacked = &self.unacked;
+        self.dedup.retain(|o| unacked.contains_key(&o));
         self.loaded_upto = self.next_offset;
         self.len = self.unacked.len() as u64;
         self.bytes = self.unacked.values().map(|u| u.entry.ptr.body_len as u64).sum();
@@ -759,6 +792,7 @@ impl Queue {
         self.unacked.clear();
         self.waiting.clear();
         self.recorded.clear();
+        self.dedup = DedupIndex::default();
         self.len = 0;
         self.bytes = 0;
         self.qos0 = 0;
@@ -1009,6 +1043,30 @@ impl Queue {
             Err(e) => {
                 warn!(queue = self.id.0, error = %e, "cannot page in queue entries");
                 false
+            }
+        }
+    }
+}
+
+/// The header values of `queue`'s live entries, read from storage (a queue that
+/// de-duplicates, when it is loaded: one record read per entry).
+fn dedup_index(queue: QueueId, journal: &Journal) -> DedupIndex {
+    let mut index = DedupIndex::default();
+    let mut from = 0;
+    loop {
+        match journal.queue_entries(queue, from, PAGE) {
+            Ok(page) if !page.is_empty() => {
+                for (offset, ptr) in &page {
+                    if let Some(key) = read_message(journal, ptr).and_then(|m| message_key(&m.props.headers)) {
+                        index.insert(*offset, key);
+                    }
+                }
+                from = page[page.len() - 1].0 + 1;
+            }
+            Ok(_) => return index,
+            Err(e) => {
+                warn!(queue = queue.0, error = %e, "cannot read the de-duplication values");
+                return index;
             }
         }
     }

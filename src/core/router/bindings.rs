@@ -35,7 +35,7 @@ impl Bindings {
         match def.routing_kind() {
             // (A delayed-message exchange passes its routing kind; direct is its default.)
             ExchangeKind::Direct | ExchangeKind::DelayedMessage => Bindings::Direct(HashMap::new()),
-            ExchangeKind::Fanout => Bindings::Fanout(Vec::new()),
+            ExchangeKind::Fanout | ExchangeKind::MessageDeduplication => Bindings::Fanout(Vec::new()),
             ExchangeKind::Topic => Bindings::Topic(Node::default()),
             ExchangeKind::Headers => Bindings::Headers(Vec::new()),
             ExchangeKind::ConsistentHash => Bindings::ConsistentHash(HashBindings {

@@ -114,6 +114,10 @@ pub enum ExchangeKind {
     /// `x-delay` header is stored and routed when its time comes, by the rules of the
     /// exchange's `x-delayed-type`.
     DelayedMessage,
+    /// `x-message-deduplication` (the message-deduplication plugin's type): routes as a
+    /// fanout exchange, but a message whose `x-deduplication-header` value is in the
+    /// exchange's cache is routed nowhere (see [`crate::core::dedup`]).
+    MessageDeduplication,
 }
 
 impl ExchangeKind {
@@ -126,6 +130,7 @@ impl ExchangeKind {
             "headers" => Some(ExchangeKind::Headers),
             "x-consistent-hash" => Some(ExchangeKind::ConsistentHash),
             "x-delayed-message" => Some(ExchangeKind::DelayedMessage),
+            crate::core::dedup::EXCHANGE_TYPE => Some(ExchangeKind::MessageDeduplication),
             _ => None,
         }
     }
@@ -139,6 +144,7 @@ impl ExchangeKind {
             ExchangeKind::Headers => "headers",
             ExchangeKind::ConsistentHash => "x-consistent-hash",
             ExchangeKind::DelayedMessage => "x-delayed-message",
+            ExchangeKind::MessageDeduplication => crate::core::dedup::EXCHANGE_TYPE,
         }
     }
 }
@@ -173,7 +179,7 @@ impl ExchangeDef {
         self.argument("x-delayed-type")
             .and_then(Value::as_str)
             .and_then(ExchangeKind::parse)
-            .filter(|k| *k != ExchangeKind::DelayedMessage)
+            .filter(|k| !matches!(k, ExchangeKind::DelayedMessage | ExchangeKind::MessageDeduplication))
     }
 
     /// The kind whose rules route through this exchange's bindings: the `x-delayed-type`
@@ -181,6 +187,7 @@ impl ExchangeDef {
     pub fn routing_kind(&self) -> ExchangeKind {
         match self.kind {
             ExchangeKind::DelayedMessage => self.delayed_type().unwrap_or(ExchangeKind::Direct),
+            ExchangeKind::MessageDeduplication => ExchangeKind::Fanout,
             kind => kind,
         }
     }

@@ -66,9 +66,10 @@ use ferrymq_storage::QueueId;
 use parking_lot::RwLock;
 
 use self::bindings::Bindings;
+use super::dedup::{CacheSettings, DedupArgError, DedupCache, DedupChange};
 use super::delivery::SessionLink;
 use super::hash_ring::{parse_weight, HashArgError, HashOn, MAX_RING_WEIGHT};
-use super::message::Message;
+use super::message::{now_ms, Message};
 use super::tag_filter::TagFilterError;
 use super::value::Value;
 
@@ -77,6 +78,19 @@ use super::value::Value;
 struct Exchange {
     def: ExchangeDef,
     bindings: Bindings,
+    /// The cache of an `x-message-deduplication` exchange.
+    dedup: Option<Arc<DedupCache>>,
+}
+
+impl Exchange {
+    /// An exchange with no bindings (its arguments were checked).
+    fn new(vhost: &str, def: ExchangeDef) -> Exchange {
+        let dedup = (def.kind == ExchangeKind::MessageDeduplication)
+            .then(|| CacheSettings::from_arguments(&def.arguments).ok())
+            .flatten()
+            .map(|settings| Arc::new(DedupCache::new(vhost, &def.name, settings)));
+        Exchange { bindings: Bindings::new(&def), def, dedup }
+    }
 }
 
 /// A resolved session target: one per session, overlapping subscriptions merged.
@@ -112,6 +126,9 @@ pub struct Routes {
     pub sessions: Vec<SessionRoute>,
     /// Consume queues the message is stored for.
     pub queues: Vec<QueueRoute>,
+    /// Changes to disk-persistent de-duplication caches the message passed through,
+    /// stored with it.
+    pub dedup: Vec<DedupChange>,
 }
 
 impl Routes {
@@ -165,6 +182,9 @@ pub enum RouteError {
     /// A consistent-hash exchange's arguments or a binding weight are invalid.
     #[error("{0}")]
     HashArgument(#[from] HashArgError),
+    /// A message-deduplication exchange's `x-cache-*` arguments are invalid.
+    #[error("{0}")]
+    DedupArgument(#[from] DedupArgError),
 }
 
 /// The exchanges of one virtual host, by name.
@@ -235,7 +255,7 @@ impl Router {
                     internal: false,
                     arguments: Vec::new(),
                 };
-                Exchange { bindings: Bindings::new(&def), def }
+                Exchange::new(name, def)
             });
         }
         drop(vhosts);
@@ -278,12 +298,15 @@ impl Router {
         if def.routing_kind() == ExchangeKind::ConsistentHash {
             HashOn::from_arguments(&def.arguments)?;
         }
+        if def.kind == ExchangeKind::MessageDeduplication {
+            CacheSettings::from_arguments(&def.arguments)?;
+        }
         let mut vhosts = self.vhosts.write();
         let v = vhosts.get_mut(vhost).ok_or_else(|| RouteError::NoVhost(vhost.to_owned()))?;
         if let Some(x) = v.exchanges.get(&def.name) {
             return Ok(Some(x.def.clone()));
         }
-        v.exchanges.insert(def.name.clone(), Exchange { bindings: Bindings::new(&def), def });
+        v.exchanges.insert(def.name.clone(), Exchange::new(vhost, def));
         drop(vhosts);
         self.changed();
         Ok(None)
@@ -464,6 +487,17 @@ impl Router {
         Ok((routes, cacheable))
     }
 
+    /// The cache of an `x-message-deduplication` exchange.
+    pub fn dedup_cache(&self, vhost: &str, name: &str) -> Option<Arc<DedupCache>> {
+        self.vhosts.read().get(vhost)?.exchanges.get(name)?.dedup.clone()
+    }
+
+    /// The caches of every `x-message-deduplication` exchange (for expiry).
+    pub fn dedup_caches(&self) -> Vec<Arc<DedupCache>> {
+        let vhosts = self.vhosts.read();
+        vhosts.values().flat_map(|v| v.exchanges.values().filter_map(|x| x.dedup.clone())).collect()
+    }
+
     /// Routes of an MQTT publish `msg` (on the MQTT exchange) by `publisher`.
     pub fn resolve(&self, msg: &Message, publisher: &str) -> Routes {
         self.route(MQTT_VHOST, &self.mqtt_exchange, msg, publisher).map(|(r, _)| r).unwrap_or_default()
@@ -491,6 +525,14 @@ fn route_into(
     let Some(x) = v.exchanges.get(exchange) else { return };
     if x.bindings.uncacheable() {
         *cacheable = false;
+    }
+    if let Some(cache) = &x.dedup {
+        // Decided per message: never cached. A duplicate goes nowhere (not to the
+        // alternate exchange either).
+        *cacheable = false;
+        if !cache.admit(&input.msg.props.headers, now_ms(), &mut routes.dedup) {
+            return;
+        }
     }
     let mut matched = Vec::new();
     x.bindings.matching(input.msg, &mut matched);

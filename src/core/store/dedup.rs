@@ -1,4 +1,5 @@
-//! Publisher de-duplication ids and when each stops counting as seen.
+//! De-duplication values of disk-persistent `x-message-deduplication` exchanges, and
+//! when each leaves its exchange's cache.
 //!
 //! Layout of the local implementation: `Space::Meta` keys `d\0{scope}\0{id}` with the
 //! expiry (ms since the epoch, u64 BE) as value.
@@ -13,16 +14,19 @@ use super::{JournalStore, StoreError, StoreWrite};
 /// Key prefix of de-duplication records in the `meta` keyspace.
 const PREFIX: u8 = b'd';
 
-/// De-duplication ids by scope (the scope says whose ids they are, e.g. a virtual host).
+/// De-duplication values by scope (the scope says whose they are: one exchange).
 pub trait DedupStore: fmt::Debug + Send + Sync {
-    /// Every stored `(scope, id, expiry ms)` that has not expired at `now_ms`.
-    fn load(&self, now_ms: u64) -> Result<Vec<(String, String, u64)>, StoreError>;
+    /// Every stored `(scope, id, expiry ms)`, expired or not.
+    fn load(&self) -> Result<Vec<(String, String, u64)>, StoreError>;
 
     /// Records `id` of `scope` as seen until `expiry_ms`.
     fn record(&self, scope: &str, id: &str, expiry_ms: u64) -> StoreWrite;
 
     /// Forgets `id` of `scope`.
     fn forget(&self, scope: &str, id: &str) -> StoreWrite;
+
+    /// Forgets every value of `scope`.
+    fn forget_scope(&self, scope: &str) -> StoreWrite;
 }
 
 fn key(scope: &str, id: &str) -> Bytes {
@@ -34,20 +38,14 @@ fn key(scope: &str, id: &str) -> Bytes {
 }
 
 impl DedupStore for JournalStore {
-    fn load(&self, now_ms: u64) -> Result<Vec<(String, String, u64)>, StoreError> {
+    fn load(&self) -> Result<Vec<(String, String, u64)>, StoreError> {
         let mut ids = Vec::new();
         for (k, v) in self.journal.scan(Space::Meta, &[PREFIX, 0])? {
             let Some(rest) = k.get(2..) else { continue };
             let mut parts = rest.splitn(2, |b| *b == 0);
             let (Some(scope), Some(id)) = (parts.next(), parts.next()) else { continue };
             let Ok(expiry) = <[u8; 8]>::try_from(&v[..]).map(u64::from_be_bytes) else { continue };
-            if expiry > now_ms {
-                ids.push((
-                    String::from_utf8_lossy(scope).into_owned(),
-                    String::from_utf8_lossy(id).into_owned(),
-                    expiry,
-                ));
-            }
+            ids.push((String::from_utf8_lossy(scope).into_owned(), String::from_utf8_lossy(id).into_owned(), expiry));
         }
         Ok(ids)
     }
@@ -60,6 +58,10 @@ impl DedupStore for JournalStore {
     fn forget(&self, scope: &str, id: &str) -> StoreWrite {
         StoreWrite::of(vec![Op::Delete { space: Space::Meta, key: key(scope, id) }])
     }
+
+    fn forget_scope(&self, scope: &str) -> StoreWrite {
+        StoreWrite::of(vec![Op::DeletePrefix { space: Space::Meta, prefix: key(scope, "") }])
+    }
 }
 
 #[cfg(test)]
@@ -67,14 +69,26 @@ mod tests {
     use super::super::test_support::{apply, open};
 
     #[test]
-    fn ids_round_trip_until_they_expire() {
+    fn values_round_trip_and_leave_by_id_or_scope() {
         let (_dir, journal, stores) = open();
         let d = &stores.dedup;
-        apply(&journal, d.record("/", "m1", 100).and(d.record("/v", "m1", 200)).and(d.record("/", "m2", 50)));
-        let mut ids = d.load(60).unwrap();
+        apply(
+            &journal,
+            d.record("x1:/a", "m1", 100).and(d.record("x1:/ab", "m1", 200)).and(d.record("x1:/a", "m2", 50)),
+        );
+        let mut ids = d.load().unwrap();
         ids.sort();
-        assert_eq!(ids, vec![("/".into(), "m1".into(), 100), ("/v".into(), "m1".into(), 200)]);
-        apply(&journal, d.forget("/", "m1"));
-        assert_eq!(d.load(0).unwrap().len(), 2, "m2 and /v's m1 are left");
+        assert_eq!(
+            ids,
+            vec![
+                ("x1:/a".into(), "m1".into(), 100),
+                ("x1:/a".into(), "m2".into(), 50),
+                ("x1:/ab".into(), "m1".into(), 200)
+            ]
+        );
+        apply(&journal, d.forget("x1:/a", "m1"));
+        assert_eq!(d.load().unwrap().len(), 2);
+        apply(&journal, d.forget_scope("x1:/a"));
+        assert_eq!(d.load().unwrap(), vec![("x1:/ab".into(), "m1".into(), 200)], "a scope's prefix is exact");
     }
 }
