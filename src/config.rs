@@ -108,10 +108,12 @@ pub struct MqttSection {
     pub max_queued_bytes: u64,
     /// In-memory queue of a connected clean session, messages.
     pub max_online_queue: usize,
-    /// Seconds a QoS 1/2 publish waits for a full clean-session buffer before that
-    /// subscriber is disconnected as a slow consumer.
+    /// Seconds a connected subscriber may leave its socket unread while deliveries wait
+    /// before it is disconnected as a slow consumer (MQTT 5 reason 0x97).
     pub slow_consumer_timeout_secs: u64,
-    /// "wait" (pace publishers) or "drop" (drop QoS 0 for a subscriber whose buffer is full).
+    /// Accepted so that older configuration files still load, and ignored: QoS 0 beyond a
+    /// clean session's buffer is always dropped for that subscriber ("wait" is warned about).
+    #[serde(default)]
     pub qos0_when_full: String,
     /// Topic level limit (0 = none).
     pub max_topic_levels: usize,
@@ -305,7 +307,7 @@ impl Config {
         if self.auth.vhosts.is_empty() {
             return invalid("auth.vhosts", "at least one virtual host is needed".into());
         }
-        if !matches!(self.mqtt.qos0_when_full.as_str(), "wait" | "drop") {
+        if !matches!(self.mqtt.qos0_when_full.as_str(), "" | "wait" | "drop") {
             return invalid("mqtt.qos0_when_full", format!("`{}` is not one of wait, drop", self.mqtt.qos0_when_full));
         }
         if !matches!(self.storage.fsync.as_str(), "always" | "interval" | "never") {

@@ -17,7 +17,7 @@ use crate::amqp::AmqpContext;
 use crate::auth::Users;
 use crate::config::Config;
 use crate::core::alarm::MemoryAlarm;
-use crate::core::broker::{Broker, Pacing};
+use crate::core::broker::Broker;
 use crate::core::message::Message;
 use crate::core::queue::{Overflow, QueueConfig};
 use crate::core::scheduler;
@@ -62,11 +62,10 @@ impl Server {
         let shard_count = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).max(2);
         let (dead_tx, dead_rx) = tokio::sync::mpsc::unbounded_channel();
         let shards = Shards::start(shard_count, journal.clone(), session_queues, dead_tx);
-        let pacing = Pacing {
-            qos0_waits: config.mqtt.qos0_when_full == "wait",
-            slow_consumer_timeout: Duration::from_secs(config.mqtt.slow_consumer_timeout_secs),
-        };
-        let broker = Arc::new(Broker::new(journal, shards, pacing, &config.mqtt.exchange));
+        if config.mqtt.qos0_when_full == "wait" {
+            warn!("mqtt.qos0_when_full = \"wait\" is ignored: a publisher never waits for one subscriber");
+        }
+        let broker = Arc::new(Broker::new(journal, shards, &config.mqtt.exchange));
         tokio::spawn(crate::core::dead_letter::run(broker.clone(), dead_rx));
         restore_retained(&broker);
         let alarm = MemoryAlarm::new(MemoryAlarm::limit_from(

@@ -6,14 +6,14 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use ferrymq_storage::{Append, Journal, JournalError, Op, Pointer, QueueId, QueueTarget, Record, Timer};
 use tokio::sync::{oneshot, Notify};
 
 use super::dead_letter::DeadLetterQueuesHook;
 use super::dedup::DedupChange;
-use super::delivery::Direct;
+use super::delivery::{Direct, Handoff};
 use super::message::SharedMessage;
 use super::queue::flags;
 use super::retained::RetainedStore;
@@ -36,6 +36,10 @@ pub enum RetainMode {
     MemoryOnly,
 }
 
+/// Prefix of the names of clean sessions' spill queues (`mqtt-spill/{link id}`): they
+/// live as long as their connection; those left by a crash are deleted at start.
+pub const SPILL_QUEUE_PREFIX: &str = "mqtt-spill/";
+
 /// How long [`Broker::commit`] waits for a write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Commit {
@@ -47,15 +51,6 @@ pub enum Commit {
     /// Until it is queued, without asking for an fsync (state that a power loss may take
     /// back harmlessly, e.g. forgetting expired ids).
     Relaxed,
-}
-
-/// Flow control of the fast path towards connected subscribers.
-#[derive(Debug, Clone, Copy)]
-pub struct Pacing {
-    /// QoS 0 messages wait for room too (else they are dropped on a full buffer).
-    pub qos0_waits: bool,
-    /// Longest wait before the subscriber is disconnected as a slow consumer.
-    pub slow_consumer_timeout: Duration,
 }
 
 /// Per-message bookkeeping for a journal completion: which queues got which flags.
@@ -107,8 +102,6 @@ pub struct Broker {
     /// Woken when a timer earlier than the scheduler's next one is added (by a publish or
     /// by a shard storing a retry timer).
     pub timers_changed: Arc<Notify>,
-    /// What a publish does when a connected subscriber's buffer is full.
-    pub pacing: Pacing,
     /// Where `%DLQ%` queues come from (set by the AMQP front-end at start).
     pub dead_letter_queues: DeadLetterQueuesHook,
     /// Which member of each partitioned (or single-active) stream group reads what.
@@ -125,7 +118,7 @@ impl std::fmt::Debug for Broker {
 impl Broker {
     /// Builds the core on an open journal with started shards; MQTT goes through the
     /// topic exchange `mqtt_exchange` of `/`.
-    pub fn new(journal: Journal, shards: Shards, pacing: Pacing, mqtt_exchange: &str) -> Broker {
+    pub fn new(journal: Journal, shards: Shards, mqtt_exchange: &str) -> Broker {
         let timers_changed = shards.timers_changed();
         Broker {
             stores: Stores::local(&journal),
@@ -136,7 +129,6 @@ impl Broker {
             stats: Stats::default(),
             started: Instant::now(),
             timers_changed,
-            pacing,
             dead_letter_queues: DeadLetterQueuesHook::new(),
             assignments: crate::core::stream::assignment::Assignments::new(),
             next_id: AtomicU64::new(1),
@@ -167,6 +159,17 @@ impl Broker {
         Ok(())
     }
 
+    /// The spill queue of the clean session `link_id` (made on its first spill).
+    fn spill_queue(&self, link_id: u64) -> Option<QueueId> {
+        match self.stores.catalog.queue_id(&format!("{SPILL_QUEUE_PREFIX}{link_id}")) {
+            Ok(q) => Some(q),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot make a spill queue; deliveries to a full session are dropped");
+                None
+            }
+        }
+    }
+
     /// The store write of changes to disk-persistent de-duplication caches.
     pub fn dedup_write(&self, changes: &[DedupChange]) -> StoreWrite {
         changes.iter().fold(StoreWrite::none(), |w, c| {
@@ -191,7 +194,10 @@ impl Broker {
     ) -> Option<DurableSignal> {
         // Only drops are counted here (rare); per-message counters are kept per connection
         // and added in batches, so this path touches no shared cache line per message.
+        // No subscriber is waited for: a full buffer drops QoS 0 and spills QoS 1/2 to the
+        // session's spill queue, stored with this publish.
         let mut dropped = 0u64;
+        let mut spilled: Vec<QueueRoute> = Vec::new();
         for r in &routes.sessions {
             let direct = Direct {
                 msg: msg.clone(),
@@ -199,9 +205,10 @@ impl Broker {
                 retain_as_published: r.retain_as_published,
                 subscription_ids: r.subscription_ids.clone(),
             };
-            let wait = self.pacing.qos0_waits || msg.qos.min(r.qos) > 0;
-            if !r.link.deliver(direct, wait, self.pacing.slow_consumer_timeout).await {
-                dropped += 1;
+            match r.link.deliver(direct, || self.spill_queue(r.link.id)) {
+                Handoff::Sent | Handoff::Gone => {}
+                Handoff::Dropped => dropped += 1,
+                Handoff::Spill(queue) => spilled.push(QueueRoute { queue, qos: r.qos, reserved: false }),
             }
         }
         Stats::add(&self.stats.publish_dropped, dropped);
@@ -225,8 +232,13 @@ impl Broker {
                 }
             }
         };
-        if !routes.queues.is_empty() || retained_topic.is_some() {
-            let (queues, dispatch) = DispatchItem::for_queues(msg, &routes.queues);
+        let queue_routes: std::borrow::Cow<'_, [QueueRoute]> = if spilled.is_empty() {
+            std::borrow::Cow::Borrowed(&routes.queues)
+        } else {
+            std::borrow::Cow::Owned([&routes.queues[..], &spilled[..]].concat())
+        };
+        if !queue_routes.is_empty() || retained_topic.is_some() {
+            let (queues, dispatch) = DispatchItem::for_queues(msg, &queue_routes);
             ops.insert(
                 0,
                 Op::Append(Append {

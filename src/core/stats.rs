@@ -24,6 +24,8 @@ pub struct Stats {
     pub publish_sent: AtomicU64,
     /// PUBLISH messages dropped (slow subscriber buffer full, queue full, too large).
     pub publish_dropped: AtomicU64,
+    /// Subscribers disconnected as slow consumers (unread socket, backlog past its limits).
+    pub slow_consumers: AtomicU64,
     /// Bytes received.
     pub bytes_received: AtomicU64,
     /// Bytes sent.

@@ -40,6 +40,10 @@ impl Task {
                     self.ctx.broker.router.unsubscribe(filter, &dest);
                 }
             }
+            // What the session spilled and has not received is gone with it too.
+            if let Some(queue) = link.spill_queue() {
+                self.ctx.broker.shards.delete(queue).await;
+            }
         }
         let will = if self.publish_will { self.will.take() } else { None };
         let will_delay = will.as_ref().map_or(0, |w| will_delay(w.delay_interval, session.expiry_secs));

@@ -16,7 +16,7 @@ use super::session::{wait_finished, Control, Online, Persistent};
 use super::{split_share, SESSION_QUEUE_PREFIX};
 use crate::auth::AuthError;
 use crate::core::broker::Commit;
-use crate::core::delivery::SessionLink;
+use crate::core::delivery::{SessionLink, SpillLimits};
 use crate::core::store::{StoredSession, NEVER};
 
 /// Longest wait for a taken-over connection to clean up.
@@ -139,7 +139,8 @@ impl Task {
             }
             None => {
                 let (tx, rx) = mpsc::channel(cfg.max_online_queue);
-                session.link = Some(Arc::new(SessionLink::new(self.conn_id, client_id.clone(), tx)));
+                let limits = SpillLimits { messages: cfg.max_queued_messages, bytes: cfg.max_queued_bytes };
+                session.link = Some(Arc::new(SessionLink::new(self.conn_id, client_id.clone(), tx, limits)));
                 self.direct_rx = Some(rx);
             }
         }

@@ -108,6 +108,14 @@ pub(super) struct Task {
     pub(super) publishing: bool,
     /// Publishes dropped without telling the client (for the log).
     pub(super) dropped_publishes: u64,
+    /// The clean session's spill queue this connection consumes, once attached.
+    pub(super) spill_queue: Option<QueueId>,
+    /// Since when bytes have waited to be written without the socket taking any.
+    pub(super) stalled_since: Option<Instant>,
+    /// How long the socket may stay unread while bytes wait (`slow_consumer_timeout_secs`).
+    pub(super) slow_consumer_timeout: Duration,
+    /// Disconnected as a slow consumer (logged and counted once).
+    pub(super) slow: bool,
     pub(super) publishes_in: u64,
     pub(super) publishes_out: u64,
 }
@@ -135,6 +143,7 @@ impl Task {
         );
         let (control_tx, control_rx) = mpsc::unbounded_channel();
         let (finished_tx, _) = watch::channel(false);
+        let slow_consumer_timeout = Duration::from_secs(cfg.slow_consumer_timeout_secs.max(1));
         Task {
             ctx,
             conn_id,
@@ -158,6 +167,10 @@ impl Task {
             level: ProtocolLevel::V3_1_1,
             publishing: false,
             dropped_publishes: 0,
+            spill_queue: None,
+            stalled_since: None,
+            slow_consumer_timeout,
+            slow: false,
             publishes_in: 0,
             publishes_out: 0,
         }
@@ -191,6 +204,11 @@ impl Task {
                 was_blocked = blocked;
             }
             let can_pull = self.pending_out.is_empty() && wbuf.len() < WRITE_HIGH_WATER && self.session.is_some();
+            if wbuf.is_empty() {
+                self.stalled_since = None;
+            } else if self.stalled_since.is_none() {
+                self.stalled_since = Some(Instant::now());
+            }
             let deadline = self.proto.poll_timeout();
             let ack_ready = self.pending_acks.front().is_some_and(|a| a.signal.is_some());
             tokio::select! {
@@ -210,6 +228,8 @@ impl Task {
                     Ok(n) => {
                         Stats::add(&self.ctx.broker.stats.bytes_sent, n as u64);
                         trim_drained(&mut wbuf);
+                        // Progress: the subscriber reads. The clock restarts while bytes wait.
+                        self.stalled_since = (!wbuf.is_empty()).then(Instant::now);
                     }
                     Err(e) => { debug!(error = %e, "write failed"); eof = true; }
                 },
@@ -241,21 +261,22 @@ impl Task {
                 }
                 q = recv_queued(&mut self.queued), if can_pull => {
                     if let Some(q) = q {
-                        self.pending_out.push_back(Pending::Queued(q));
-                        if let Some((_, rx)) = self.queued.as_mut() {
-                            while self.pending_out.len() < PULL_BATCH {
-                                match rx.try_recv() {
-                                    Ok(ConsumerEvent::Deliver(q)) => self.pending_out.push_back(Pending::Queued(q)),
-                                    Ok(ConsumerEvent::Cancelled { .. }) => {}
-                                    Err(_) => break,
-                                }
+                        self.take_queued(q);
+                        while self.pending_out.len() < PULL_BATCH {
+                            let Some((_, rx)) = self.queued.as_mut() else { break };
+                            match rx.try_recv() {
+                                Ok(ConsumerEvent::Deliver(q)) => self.take_queued(q),
+                                Ok(ConsumerEvent::Cancelled { .. }) => {}
+                                Err(_) => break,
                             }
                         }
                     }
                 }
-                _ = slow_consumer(&self.session), if self.session.as_ref().is_some_and(|s| s.link.is_some()) => {
-                    warn!("slow consumer: its buffer stayed full; disconnecting");
-                    self.proto.disconnect(ReasonCode::QUOTA_EXCEEDED, Some("slow consumer: message buffer full"));
+                _ = link_changed(&self.session), if self.session.as_ref().is_some_and(|s| s.link.is_some()) => {
+                    self.on_link_changed();
+                }
+                _ = sleep_until(self.stalled_since.map(|t| t + self.slow_consumer_timeout)), if self.stalled_since.is_some() => {
+                    self.slow_consumer("its socket stayed unread");
                 }
                 _ = alarm.changed() => {}
                 _ = sleep_until(deadline), if deadline.is_some() && !blocked => {
@@ -311,9 +332,10 @@ impl Task {
     }
 }
 
-async fn slow_consumer(session: &Option<SessionState>) {
+/// Resolves when the clean session's link made its spill queue or became slow.
+async fn link_changed(session: &Option<SessionState>) {
     match session.as_ref().and_then(|s| s.link.as_ref()) {
-        Some(link) => link.slow_consumer().await,
+        Some(link) => link.changed().await,
         None => std::future::pending().await,
     }
 }

@@ -6,9 +6,9 @@
 use std::collections::BTreeMap;
 
 use ferrymq_mqtt::topic::matches;
-use ferrymq_mqtt::{Outgoing, SendError};
+use ferrymq_mqtt::{Outgoing, ReasonCode, SendError};
 use tokio::sync::mpsc;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use super::connection::Task;
 use super::convert::{properties_out, qos_of};
@@ -43,6 +43,41 @@ pub(super) enum Pending {
 }
 
 impl Task {
+    /// Takes a queue delivery into the send queue; one from the clean session's spill
+    /// queue leaves the session's backlog.
+    pub(super) fn take_queued(&mut self, q: QueueDelivery) {
+        if Some(q.queue) == self.spill_queue {
+            if let Some(link) = self.session.as_ref().and_then(|s| s.link.as_ref()) {
+                link.took_spilled(q.msg.payload.len() as u64);
+            }
+        }
+        self.pending_out.push_back(Pending::Queued(q));
+    }
+
+    /// The clean session's link made its spill queue (consume it) or its backlog passed
+    /// the limits (disconnect).
+    pub(super) fn on_link_changed(&mut self) {
+        let Some(link) = self.session.as_ref().and_then(|s| s.link.clone()) else { return };
+        if link.is_slow() {
+            self.slow_consumer("its backlog passed max_queued_messages or max_queued_bytes");
+        }
+        if let (None, Some(queue)) = (self.spill_queue, link.spill_queue()) {
+            self.spill_queue = Some(queue);
+            self.attach(queue, 2);
+        }
+    }
+
+    /// Disconnects a subscriber that does not keep up (MQTT 5 reason 0x97); logged and
+    /// counted once.
+    pub(super) fn slow_consumer(&mut self, why: &str) {
+        if std::mem::replace(&mut self.slow, true) {
+            return;
+        }
+        warn!(why, "slow consumer: disconnecting");
+        Stats::add(&self.ctx.broker.stats.slow_consumers, 1);
+        self.proto.disconnect(ReasonCode::QUOTA_EXCEEDED, Some("slow consumer"));
+    }
+
     /// Consumes `queue` (the session's own, or a shared group's) with the connection's
     /// window as credit; deliveries above `max_qos` are downgraded.
     pub(super) fn attach(&mut self, queue: QueueId, max_qos: u8) {

@@ -120,6 +120,9 @@ impl MqttContext {
                 matches!(self.broker.stores.sessions.exists(client), Ok(false))
             } else if name.starts_with("mqtt-share/") {
                 !live_groups.contains(&name)
+            } else if name.starts_with(crate::core::broker::SPILL_QUEUE_PREFIX) {
+                // Clean sessions end with their connection: none survives a restart.
+                true
             } else {
                 false
             };

@@ -22,7 +22,7 @@ pub async fn run(ctx: Arc<MqttContext>, interval: Duration) {
         let s = &b.stats;
         let connected = Stats::get(&s.clients_connected);
         let disconnected = ctx.sessions.offline_count() as u64;
-        let values: [(&str, String); 17] = [
+        let values: [(&str, String); 18] = [
             ("uptime", format!("{} seconds", b.started.elapsed().as_secs())),
             ("clients/connected", connected.to_string()),
             ("clients/active", connected.to_string()),
@@ -30,6 +30,7 @@ pub async fn run(ctx: Arc<MqttContext>, interval: Duration) {
             ("clients/inactive", disconnected.to_string()),
             ("clients/total", (connected + disconnected).to_string()),
             ("clients/maximum", Stats::get(&s.clients_maximum).to_string()),
+            ("clients/slow", Stats::get(&s.slow_consumers).to_string()),
             ("messages/received", Stats::get(&s.messages_received).to_string()),
             ("messages/sent", Stats::get(&s.messages_sent).to_string()),
             ("publish/messages/received", Stats::get(&s.publish_received).to_string()),

@@ -369,6 +369,7 @@ mod tests {
             1,
             "c".into(),
             tokio::sync::mpsc::channel(1).0,
+            crate::core::delivery::SpillLimits { messages: 1, bytes: 1 },
         ));
         assert!(stores.entities.put_binding("/", "amq.topic", &bound(Destination::Session(link), "a")).is_empty());
     }
