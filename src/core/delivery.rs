@@ -58,7 +58,7 @@ pub struct QueueDelivery {
 pub struct SessionLink {
     /// Unique id of this connection's session incarnation.
     pub id: u64,
-    /// Client identifier.
+    /// MQTT Client Identifier of the session (as sent in CONNECT, or assigned by the broker).
     pub client_id: Arc<str>,
     tx: mpsc::Sender<Direct>,
     dropped: AtomicU64,
