@@ -18,7 +18,8 @@ pub enum AuthError {
     LoopbackOnly(String),
 }
 
-/// Configured users.
+/// Who may log in ([`AuthSection::all_users`](crate::config::AuthSection::all_users)): checked on every AMQP
+/// login, and on MQTT logins when `auth.mqtt` is on.
 #[derive(Debug, Clone, Default)]
 pub struct Users {
     users: Vec<UserEntry>,

@@ -72,9 +72,9 @@ pub struct Config {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BrokerSection {
-    /// Data directory.
+    /// Directory holding the commit log and the sled database (`--data-dir`).
     pub data_dir: PathBuf,
-    /// Log filter.
+    /// Tracing filter for the log: `info`, `debug`, or a directive like `ferrymq=debug` (`--log`).
     pub log: String,
     /// Grace period for connections at shutdown.
     pub shutdown_grace_secs: u64,
@@ -94,11 +94,11 @@ pub struct MqttSection {
     pub tls_listen: String,
     /// Topic exchange of virtual host `/` that MQTT publishes and subscriptions use.
     pub exchange: String,
-    /// Connection limit.
+    /// Most concurrent connections over all listeners (MQTT and AMQP, plain and TLS); more are closed at accept.
     pub max_connections: usize,
-    /// Inbound packet size limit.
+    /// Largest inbound packet, bytes; a packet announcing more is refused before its body is read.
     pub max_packet_size: u32,
-    /// Server Receive Maximum.
+    /// Receive Maximum granted to clients: QoS 1/2 publishes one may have unacknowledged.
     pub receive_maximum: u16,
     /// Outbound in-flight limit per client.
     pub max_inflight: u16,
@@ -119,13 +119,13 @@ pub struct MqttSection {
     pub max_topic_levels: usize,
     /// Topic Alias Maximum granted to clients.
     pub topic_alias_maximum: u16,
-    /// CONNECT timeout.
+    /// Seconds a socket may stay open without a complete CONNECT.
     pub connect_timeout_secs: u64,
     /// Keep-alive ceiling (0 = none).
     pub max_keepalive_secs: u16,
-    /// Session expiry ceiling.
+    /// Longest session expiry interval granted, seconds (also what 3.1.1 persistent sessions get).
     pub max_session_expiry_secs: u32,
-    /// Accept MQTT 3.1.
+    /// Accept MQTT 3.1 (`MQIsdp`, level 3) clients.
     pub allow_v3_1: bool,
     /// `$SYS` refresh period (0 = off).
     pub sys_interval_secs: u64,
@@ -155,7 +155,7 @@ pub struct AmqpSection {
     pub channel_max: u16,
     /// Heartbeat proposed in Tune, seconds.
     pub heartbeat_secs: u16,
-    /// Largest message body.
+    /// Largest message body accepted, bytes; a larger one closes the channel with 406.
     pub max_message_size: u64,
     /// Accepted so that older configuration files still load, and ignored (with a
     /// warning): de-duplication is opt-in per exchange or queue (`x-message-deduplication`).
@@ -167,9 +167,9 @@ pub struct AmqpSection {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UserEntry {
-    /// User name.
+    /// User name, as sent at login (AMQP Start-Ok, MQTT CONNECT).
     pub name: String,
-    /// Password.
+    /// Password in clear, compared in constant time.
     pub password: String,
     /// Only connections from loopback addresses may use it.
     #[serde(default)]
@@ -180,17 +180,17 @@ pub struct UserEntry {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AuthSection {
-    /// Check MQTT credentials.
+    /// Check MQTT CONNECT user names and passwords against the users (AMQP always does).
     pub mqtt: bool,
-    /// Virtual hosts.
+    /// Virtual hosts that exist: AMQP Connection.Open names one, MQTT uses `/`.
     pub vhosts: Vec<String>,
     /// Default user ("" = none).
     pub default_user: String,
-    /// Its password.
+    /// Password of `default_user`.
     pub default_pass: String,
     /// Users that may only connect from loopback.
     pub loopback_users: Vec<String>,
-    /// More users.
+    /// Users besides `default_user`.
     pub users: Vec<UserEntry>,
 }
 
@@ -227,15 +227,15 @@ pub struct HttpSection {
 pub struct StorageSection {
     /// "always" | "interval" | "never".
     pub fsync: String,
-    /// Interval for "interval".
+    /// fsync period in ms when `fsync = "interval"`.
     pub interval_ms: u64,
     /// Segment size in bytes.
     pub segment_size: u64,
-    /// Retention by age (0 = off).
+    /// Unreferenced commit-log segments older than this are deleted, seconds (0 = keep).
     pub retention_max_age_secs: u64,
-    /// Retention by size (0 = off).
+    /// Oldest unreferenced segments are deleted while the log is larger than this, bytes (0 = no limit).
     pub retention_max_bytes: u64,
-    /// sled cache.
+    /// sled page cache, bytes.
     pub cache_bytes: u64,
 }
 
@@ -379,7 +379,7 @@ impl Config {
         j
     }
 
-    /// Data directory.
+    /// Directory holding the commit log and the sled database (`[broker] data_dir`).
     pub fn data_dir(&self) -> &Path {
         &self.broker.data_dir
     }

@@ -25,7 +25,7 @@ use crate::core::shards::Shards;
 use crate::mqtt::session::Control;
 use crate::mqtt::{self, MqttContext};
 
-/// A running broker.
+/// A started broker: state restored, listeners bound; [`Server::shutdown`] stops it.
 pub struct Server {
     /// Bound plain MQTT address.
     pub mqtt_addr: Option<SocketAddr>,

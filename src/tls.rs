@@ -12,7 +12,7 @@ pub enum TlsError {
     /// The certificate file could not be read or holds no certificate.
     #[error("tls.cert `{path}`: {reason}")]
     Cert {
-        /// File.
+        /// The configured `tls.cert` path.
         path: String,
         /// What went wrong.
         reason: String,
@@ -20,7 +20,7 @@ pub enum TlsError {
     /// The key file could not be read or holds no private key.
     #[error("tls.key `{path}`: {reason}")]
     Key {
-        /// File.
+        /// The configured `tls.key` path.
         path: String,
         /// What went wrong.
         reason: String,

@@ -13,7 +13,7 @@ use crate::core::router::Routes;
 /// A consumer started with basic.consume.
 #[derive(Debug, Clone)]
 pub struct ChannelConsumer {
-    /// Consumer tag.
+    /// Consumer tag as given in basic.consume (`amq.ctag-...` generated when empty); unique per connection.
     pub tag: String,
     /// Queue it consumes from.
     pub queue: QueueId,
@@ -31,9 +31,9 @@ pub struct ChannelConsumer {
 /// A delivery waiting for the client's ack.
 #[derive(Debug, Clone, Copy)]
 pub struct Unacked {
-    /// Queue.
+    /// Queue the delivery came from; the settlement goes to its owner.
     pub queue: QueueId,
-    /// Entry offset.
+    /// Offset of the delivered entry in that queue, named by the ack/nack/reject command.
     pub offset: u64,
     /// Consumer it went to (the channel's get id for basic.get).
     pub consumer: ConsumerId,
@@ -78,11 +78,11 @@ pub struct Channel {
     pub global_prefetch: u16,
     /// Deliveries received from queues but held back (flow off or global prefetch).
     pub held: VecDeque<QueueDelivery>,
-    /// Channel.Flow active (deliveries allowed).
+    /// Channel.Flow(active = false) received: deliveries are held until it is resumed.
     pub flow_paused: bool,
-    /// Confirm mode.
+    /// Confirm.Select received: the channel's publishes are confirmed with Basic.Ack/Nack.
     pub confirm: bool,
-    /// Transaction mode.
+    /// Tx.Select received: publishes and settlements wait in `tx_publishes`/`tx_settles` for Tx.Commit.
     pub tx: bool,
     /// Publishes of the open transaction.
     pub tx_publishes: Vec<TxPublish>,

@@ -25,22 +25,22 @@ use super::streams::{is_stream, stream_config};
 /// Prefix of the storage names of AMQP queues (`amqp/{vhost}/{name}`).
 pub const QUEUE_PREFIX: &str = "amqp/";
 
-/// A declared queue.
+/// A declared AMQP queue: identity, queue.declare flags and arguments, consumer bookkeeping.
 #[derive(Debug)]
 pub struct QueueEntity {
-    /// Virtual host.
+    /// Virtual host the queue belongs to; with `name`, its key in [`Entities`].
     pub vhost: String,
-    /// Name.
+    /// Queue name within the vhost; the default exchange routes this routing key to it.
     pub name: String,
-    /// Consume queue id.
+    /// Id of the consume queue holding its messages (from its storage name).
     pub id: QueueId,
-    /// Survives restarts.
+    /// Declared durable and not exclusive: its record is stored and restored at start-up.
     pub durable: bool,
     /// Owning connection of an exclusive queue.
     pub exclusive_owner: Option<u64>,
     /// Deleted when its last consumer goes.
     pub auto_delete: bool,
-    /// Declaration arguments.
+    /// queue.declare arguments as given: the known `x-` ones must match on redeclare; stored when durable.
     pub arguments: Vec<(String, Value)>,
     /// Behaviour derived from the arguments.
     pub config: Arc<QueueConfig>,
@@ -211,7 +211,7 @@ impl Entities {
         self.queues.read().get(&(vhost.to_owned(), name.to_owned())).cloned()
     }
 
-    /// Every queue.
+    /// Every declared queue, of every vhost, in no particular order.
     pub fn all(&self) -> Vec<Arc<QueueEntity>> {
         self.queues.read().values().cloned().collect()
     }

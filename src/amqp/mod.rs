@@ -51,7 +51,7 @@ pub struct AmqpContext {
     pub cfg: crate::config::AmqpSection,
     /// Users that may log in, checked at connection.start-ok.
     pub users: Users,
-    /// Declared queues.
+    /// Registry of declared queues, by vhost and name.
     pub entities: Entities,
     /// The memory alarm: publishing connections get connection.blocked while it is raised.
     pub alarm: Arc<MemoryAlarm>,

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-/// Shared alarm state.
+/// The memory alarm shared by every connection: the limit and whether it is raised.
 #[derive(Debug)]
 pub struct MemoryAlarm {
     limit: AtomicU64,

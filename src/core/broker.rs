@@ -91,13 +91,14 @@ pub struct Broker {
     pub stores: Stores,
     /// Exchanges, bindings and MQTT subscriptions: where a publish goes.
     pub router: Router,
-    /// Queue owners.
+    /// Queue owners: the shard tasks holding every queue and stream, driven by
+    /// [`ShardCmd`](crate::core::shards::ShardCmd)s.
     pub shards: Shards,
-    /// Retained messages.
+    /// Retained messages by routing key, in memory; the journal keeps the durable copy.
     pub retained: RetainedStore,
-    /// Counters.
+    /// Counters behind the `$SYS/broker/...` topics.
     pub stats: Stats,
-    /// Start time.
+    /// When the core was built; `$SYS/broker/uptime` counts from it.
     pub started: Instant,
     /// Woken when a timer earlier than the scheduler's next one is added (by a publish or
     /// by a shard storing a retry timer).

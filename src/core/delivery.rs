@@ -61,7 +61,7 @@ pub struct QueueDelivery {
 pub struct SessionLink {
     /// Unique id of this connection's session incarnation.
     pub id: u64,
-    /// The client identifier the session belongs to (for no-local and logs).
+    /// MQTT Client Identifier of the session (as sent in CONNECT, or assigned by the broker).
     pub client_id: Arc<str>,
     tx: mpsc::Sender<Direct>,
     dropped: AtomicU64,

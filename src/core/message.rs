@@ -58,21 +58,21 @@ impl Properties {
     }
 }
 
-/// A message in the core.
+/// A message as the core routes, queues and stores it, whichever protocol published it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Message {
-    /// Exchange it was published to (`amq.topic` for MQTT publishes).
+    /// Exchange it was published to (MQTT publishes: the configured `mqtt.exchange`, `amq.topic` by default).
     pub exchange: String,
     /// Routing key (an MQTT topic `a/b/c` is the key `a.b.c`: see [`mqtt_to_key`]).
     pub routing_key: String,
-    /// Body.
+    /// Body bytes as published (AMQP body, MQTT payload), never copied by fan-out.
     pub payload: Bytes,
     /// Delivery guarantee: the MQTT QoS it was published with; AMQP persistent messages
     /// are 2 and transient ones 0. Above 0 the message is persistent.
     pub qos: u8,
     /// RETAIN flag as published.
     pub retain: bool,
-    /// Properties.
+    /// Properties both protocols map onto: content type, headers, expiry, ids, priority, ...
     pub props: Properties,
     /// Time the broker received it, ms since the epoch.
     pub timestamp_ms: u64,
@@ -127,7 +127,7 @@ impl Message {
         (!keys.is_empty()).then_some(ferrymq_storage::MessageKeys { timestamp_ms: self.timestamp_ms, keys })
     }
 
-    /// The routing key in MQTT form.
+    /// The routing key as an MQTT topic (key `a.b/c` is topic `a/b.c`).
     pub fn topic(&self) -> String {
         key_to_mqtt(&self.routing_key)
     }

@@ -87,7 +87,7 @@ pub struct RetainedStore {
 }
 
 impl RetainedStore {
-    /// An empty store.
+    /// An empty store; start-up fills it from the journal's retained index.
     pub fn new() -> Self {
         Self::default()
     }

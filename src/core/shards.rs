@@ -40,7 +40,7 @@ pub struct AppendedEntry {
     pub msg: SharedMessage,
 }
 
-/// A command for a queue owner.
+/// A command for a queue owner, sent to the shard its queue id hashes to.
 #[derive(Debug)]
 pub enum ShardCmd {
     /// Entries appended by the journal, in log order.
@@ -50,14 +50,14 @@ pub enum ShardCmd {
     Configure {
         /// Queue the command is for (it decides the shard).
         queue: QueueId,
-        /// Its configuration.
+        /// The new configuration; a live queue keeps its entries and takes it on.
         config: Arc<QueueConfig>,
     },
     /// Make a queue id a stream with these retention settings (or update them).
     ConfigureStream {
         /// Stream the command is for (it decides the shard).
         queue: QueueId,
-        /// Its settings.
+        /// The new retention limits; the stream keeps its entries until its next retention pass.
         config: Arc<StreamConfig>,
     },
     /// Attach a consumer to a stream, reading from `start`.
@@ -176,7 +176,7 @@ pub enum ShardCmd {
         queue: QueueId,
         /// Consumer it concerns.
         consumer: ConsumerId,
-        /// How much.
+        /// Deliveries added to its credit (not a new total).
         n: u32,
     },
     /// Take one message (AMQP basic.get).
@@ -185,7 +185,7 @@ pub enum ShardCmd {
         queue: QueueId,
         /// Who takes it (for the ack, or the requeue when the channel closes).
         consumer: ConsumerId,
-        /// Remove at once.
+        /// basic.get `no-ack`: the message leaves the queue when taken; else it waits for an ack.
         no_ack: bool,
         /// The message, if any.
         reply: oneshot::Sender<Option<Got>>,

@@ -1,18 +1,19 @@
-//! Broker-wide counters. Connections add their local counts in batches (per read or write,
-//! not per message), so the hot path does not bounce these cache lines per message.
+//! Broker-wide counters behind the `$SYS/broker/...` topics, fed by the MQTT connections.
+//! They add their local counts in batches (per read or write, not per message), so the hot
+//! path does not bounce these cache lines per message.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Counters published under `$SYS/broker/...`.
 #[derive(Debug, Default)]
 pub struct Stats {
-    /// Connected clients.
+    /// MQTT clients connected now (CONNECT accepted, socket not yet closed).
     pub clients_connected: AtomicU64,
     /// Clients ever connected since start.
     pub clients_total: AtomicU64,
     /// Largest number of connected clients.
     pub clients_maximum: AtomicU64,
-    /// Disconnected persistent sessions.
+    /// Not maintained: `$SYS/broker/clients/disconnected` counts the offline sessions instead.
     pub clients_disconnected: AtomicU64,
     /// Every control packet received.
     pub messages_received: AtomicU64,
@@ -26,9 +27,9 @@ pub struct Stats {
     pub publish_dropped: AtomicU64,
     /// Subscribers disconnected as slow consumers (unread socket, backlog past its limits).
     pub slow_consumers: AtomicU64,
-    /// Bytes received.
+    /// Bytes read from MQTT connections (after TLS).
     pub bytes_received: AtomicU64,
-    /// Bytes sent.
+    /// Bytes written to MQTT connections (before TLS).
     pub bytes_sent: AtomicU64,
 }
 
@@ -45,14 +46,14 @@ impl Stats {
         counter.load(Ordering::Relaxed)
     }
 
-    /// A client connected.
+    /// Counts an MQTT client whose CONNECT was accepted: now, total and maximum.
     pub fn connected(&self) {
         let now = self.clients_connected.fetch_add(1, Ordering::Relaxed) + 1;
         self.clients_total.fetch_add(1, Ordering::Relaxed);
         self.clients_maximum.fetch_max(now, Ordering::Relaxed);
     }
 
-    /// A client disconnected.
+    /// Counts the end of a connection that [`Stats::connected`] counted.
     pub fn disconnected(&self) {
         self.clients_connected.fetch_sub(1, Ordering::Relaxed);
     }

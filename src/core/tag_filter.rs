@@ -48,7 +48,7 @@ pub enum TagFilterError {
     /// The expression is empty or blank.
     #[error("empty tag filter expression")]
     Empty,
-    /// The argument is not a string.
+    /// The `x-tag-filter` argument holds a value other than a string.
     #[error("tag filter expression must be a string")]
     NotAString,
     /// An alternative between `||` is empty (`A || || B`, `A ||`).
@@ -59,7 +59,7 @@ pub enum TagFilterError {
     MixedWildcard(String),
 }
 
-/// A parsed filter expression.
+/// A parsed filter expression: which tags a binding or consumer lets through.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TagFilter {
     /// `*`: every message, tagged or not.

@@ -10,7 +10,7 @@ use super::message::HeaderError;
 /// One header value.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Value {
-    /// Boolean.
+    /// Boolean (AMQP boolean; `true`/`false` as MQTT text).
     Bool(bool),
     /// Signed 8-bit integer (AMQP short-short-int).
     Int8(i8),
@@ -40,9 +40,9 @@ pub enum Value {
     Bytes(Bytes),
     /// Timestamp, seconds since the epoch.
     Timestamp(u64),
-    /// Array.
+    /// Field array: values of mixed types, in order (`[a,b]` as MQTT text).
     Array(Vec<Value>),
-    /// Nested table.
+    /// Nested field table: name/value pairs in order (`{k=v}` as MQTT text).
     Table(Vec<(String, Value)>),
     /// No value (AMQP void).
     Void,

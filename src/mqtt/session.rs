@@ -28,7 +28,7 @@ pub enum Control {
 /// The connection currently holding a client id.
 #[derive(Debug)]
 pub struct Online {
-    /// Connection id.
+    /// Id of the holding connection: a [`Sessions::release`] naming another id leaves the slot alone.
     pub conn_id: u64,
     /// Where to send [`Control::TakenOver`].
     pub control: tokio::sync::mpsc::UnboundedSender<Control>,

@@ -32,9 +32,9 @@ pub enum JoinError {
     /// The group's members subscribe with another tag filter.
     #[error("the group's members use the tag filter {group:?}, not {asked:?}")]
     TagFilterMismatch {
-        /// The group's filter.
+        /// Tag filter expression the group's members use (`None`: no filter).
         group: Option<String>,
-        /// The one the member gave.
+        /// Tag filter expression the joining member asked for (`None`: no filter).
         asked: Option<String>,
     },
 }

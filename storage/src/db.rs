@@ -31,9 +31,9 @@ pub(crate) struct Db {
     pub(crate) queue_names: Tree,
     /// Queue id -> name.
     pub(crate) queue_ids: Tree,
-    /// Retained index.
+    /// Retained index: topic (routing key) -> (pos, size) of its record in the log.
     pub(crate) retained: Tree,
-    /// Timers.
+    /// Timers: (due ms, pos) -> (size, target), read earliest first.
     pub(crate) timer: Tree,
     /// Message key index: (key hash, timestamp, pos) -> (size, key).
     pub(crate) key: Tree,
@@ -83,7 +83,7 @@ impl Db {
         })
     }
 
-    /// The tree of a keyspace.
+    /// The sled tree holding keyspace `space`'s keys.
     pub(crate) fn kv(&self, space: Space) -> &Tree {
         &self.kv[codec::space_index(space)]
     }

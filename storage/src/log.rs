@@ -27,11 +27,11 @@ const WRITE_CHUNK: usize = 4 << 20;
 /// Information about a closed segment, for retention.
 #[derive(Debug, Clone)]
 pub(crate) struct ClosedSegment {
-    /// Base position.
+    /// Global position of its first record; also its file name (`{base:020}.seg`).
     pub(crate) base: u64,
     /// Bytes of records.
     pub(crate) len: u64,
-    /// The file.
+    /// Path of the segment file; retention reads its modification time.
     pub(crate) path: PathBuf,
 }
 

@@ -100,14 +100,14 @@ pub enum Op {
     },
     /// Remove one queue entry (acknowledged or dropped).
     Remove {
-        /// The queue holding the entry.
+        /// Queue holding the entry; an entry that is not there is a no-op.
         queue: QueueId,
         /// The entry's offset.
         offset: u64,
     },
     /// Remove every entry of a queue with `from <= offset < to` (purge).
     RemoveRange {
-        /// The queue to purge.
+        /// Queue to purge; offsets in the range without an entry are skipped.
         queue: QueueId,
         /// First offset removed.
         from: u64,
@@ -116,7 +116,7 @@ pub enum Op {
     },
     /// Replace the flags of a queue entry (e.g. QoS 2 "released").
     SetFlags {
-        /// The queue holding the entry.
+        /// Queue holding the entry; an entry that is not there is left alone.
         queue: QueueId,
         /// The entry's offset.
         offset: u64,
@@ -129,7 +129,7 @@ pub enum Op {
     ///
     /// [`Journal::queue_id`]: crate::Journal::queue_id
     DeleteQueue {
-        /// The queue to delete.
+        /// Queue to delete; its next offset is 0 again afterwards.
         queue: QueueId,
     },
     /// Remove the retained message of a topic.
@@ -162,7 +162,7 @@ pub enum Op {
     },
     /// Set a key in a keyspace.
     Put {
-        /// The keyspace written to.
+        /// Keyspace written to (each [`Space`] is its own sled tree).
         space: Space,
         /// The key; a value it had is replaced.
         key: Bytes,
@@ -171,14 +171,14 @@ pub enum Op {
     },
     /// Remove a key from a keyspace.
     Delete {
-        /// The keyspace holding the key.
+        /// Keyspace to remove the key from; an absent key is a no-op.
         space: Space,
-        /// The key removed.
+        /// Exact key to remove ([`Op::DeletePrefix`] removes a range).
         key: Bytes,
     },
     /// Remove every key with this prefix from a keyspace.
     DeletePrefix {
-        /// The keyspace holding the keys.
+        /// Keyspace to remove the keys from.
         space: Space,
         /// Every key that starts with these bytes is removed.
         prefix: Bytes,
@@ -199,7 +199,7 @@ pub struct Appended {
 /// Result of a submission: one [`Appended`] per `Append`/`Enqueue` op, in op order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Receipt {
-    /// The appends of the submission.
+    /// One [`Appended`] per `Append`/`Enqueue` op, in op order (empty without any).
     pub appended: Vec<Appended>,
 }
 

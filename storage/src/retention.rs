@@ -8,7 +8,7 @@ use crate::Retention;
 /// What retention needs to know about a closed segment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Candidate {
-    /// Base position.
+    /// Global position of its first record: the id [`select`] returns.
     pub(crate) base: u64,
     /// Bytes in the segment.
     pub(crate) len: u64,

@@ -13,9 +13,10 @@ use crate::JournalConfig;
 /// Per-queue counters, kept in memory.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct QueueState {
-    /// Next offset to assign (the high-water mark; never goes back).
+    /// Next offset to assign (the high-water mark: never goes back, except to 0 on
+    /// [`Op::DeleteQueue`](crate::Op::DeleteQueue)).
     pub(crate) next: u64,
-    /// Live entries.
+    /// Entries currently in the queue (appended, not yet removed).
     pub(crate) len: u64,
 }
 
@@ -25,7 +26,7 @@ pub(crate) struct Shared {
     pub(crate) config: JournalConfig,
     /// Read side of the commit log.
     pub(crate) log: Log,
-    /// The sled trees.
+    /// The sled database and its trees (queue entries, indexes, timers, keyspaces).
     pub(crate) db: Db,
     /// Counters of every queue that has (or had) entries, as of the last applied batch.
     pub(crate) queues: Mutex<HashMap<u64, QueueState>>,

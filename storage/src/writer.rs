@@ -33,7 +33,7 @@ pub(crate) enum Msg {
     Submit {
         /// The ops, applied in order.
         ops: Vec<Op>,
-        /// The completion.
+        /// Called with the receipt once the ops are durable (or failed); `None`: nobody waits.
         done: Option<Completion>,
         /// Under `FsyncPolicy::Always`, the completion waits for the fsync.
         durable: bool,

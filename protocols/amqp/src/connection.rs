@@ -73,13 +73,13 @@ pub enum CloseReason {
     ClientClosed {
         /// Reply code the client sent.
         code: u16,
-        /// Reply text.
+        /// Reply text the client sent (free-form, for logs).
         text: String,
     },
     /// The broker closed it ([`Connection::connection_error`] or shutdown) and the
     /// handshake of the close finished or timed out.
     ServerClosed {
-        /// Reply code sent.
+        /// Reply code of the broker's Connection.Close.
         code: u16,
     },
     /// A protocol error detected here (bad header, bad frame, heartbeat timeout, ...);
@@ -154,9 +154,9 @@ pub enum Event {
     Login {
         /// `PLAIN` or `AMQPLAIN`.
         mechanism: String,
-        /// User name.
+        /// User name from the SASL response (PLAIN authcid, AMQPLAIN `LOGIN`).
         username: String,
-        /// Password.
+        /// Password from the SASL response, in clear (PLAIN passwd, AMQPLAIN `PASSWORD`).
         password: String,
         /// Client properties (capabilities, product, ...).
         client_properties: FieldTable,
@@ -164,24 +164,24 @@ pub enum Event {
     /// Connection.Open: call [`Connection::open_ok`] or [`Connection::connection_error`]
     /// (530 NOT_ALLOWED for an unknown vhost).
     Open {
-        /// Virtual host.
+        /// Virtual host named in Connection.Open, as the client sent it (e.g. `/`).
         vhost: String,
     },
     /// A channel was opened (Open-Ok already sent).
     ChannelOpened {
-        /// Channel.
+        /// Number of the channel just opened (1..=negotiated channel_max).
         channel: u16,
     },
     /// A channel ended: the client closed it (Close-Ok sent), or it acknowledged the
     /// broker's [`Connection::channel_error`]. Its consumers are gone and its unacked
     /// deliveries must be requeued; its delivery tags and confirm counter restart.
     ChannelClosed {
-        /// Channel.
+        /// Number of the channel that ended; a new Channel.Open may reuse it.
         channel: u16,
     },
     /// Channel.Flow from the client (Flow-Ok already sent): stop/resume deliveries.
     ChannelFlow {
-        /// Channel.
+        /// Channel whose deliveries stop or resume.
         channel: u16,
         /// True to resume.
         active: bool,
@@ -189,7 +189,7 @@ pub enum Event {
     /// Confirm.Select (Select-Ok already sent unless nowait): from now on every publish on
     /// the channel carries a confirm sequence number.
     ConfirmSelected {
-        /// Channel.
+        /// Channel now in confirm mode: its publishes carry [`Publish::confirm_tag`].
         channel: u16,
     },
     /// A method for the broker on an open channel: exchange.*, queue.*, basic.qos/
@@ -201,9 +201,9 @@ pub enum Event {
     /// Tx.Select is reported here after the connection checked that the channel is not
     /// in confirm mode; Confirm.Select likewise checks tx mode (406 channel error).
     Method {
-        /// Channel.
+        /// Channel the method arrived on (0 only for Connection.Update-Secret).
         channel: u16,
-        /// The method.
+        /// The decoded method with its arguments.
         method: Box<AMQPClass>,
     },
     /// A complete message: Basic.Publish with its content header and body.
@@ -216,17 +216,17 @@ pub enum Event {
 /// A published message, assembled.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Publish {
-    /// Channel.
+    /// Channel it was published on: confirms and Basic.Return go back there.
     pub channel: u16,
     /// Exchange name ("" = default exchange).
     pub exchange: ShortString,
-    /// Routing key.
+    /// Routing key of Basic.Publish, matched against the exchange's bindings.
     pub routing_key: ShortString,
-    /// Mandatory flag.
+    /// Basic.Publish `mandatory`: an unroutable message comes back as Basic.Return (312 NO_ROUTE).
     pub mandatory: bool,
-    /// Immediate flag.
+    /// Basic.Publish `immediate`; the broker refuses `true` with 540 NOT_IMPLEMENTED, as RabbitMQ.
     pub immediate: bool,
-    /// Content properties.
+    /// Content header properties (content type, headers, delivery mode, expiration, ...).
     pub properties: BasicProperties,
     /// Body: the body frame's payload when it came in one frame (no copy), else the
     /// frames concatenated once.
@@ -243,7 +243,7 @@ pub struct Content<'a> {
     pub exchange: &'a str,
     /// Routing key it was published with.
     pub routing_key: &'a str,
-    /// Properties.
+    /// Content header properties, written into the content header frame.
     pub properties: &'a BasicProperties,
     /// Body (written into body frames split at the negotiated frame_max).
     pub body: &'a Bytes,
@@ -268,7 +268,7 @@ enum Phase {
     Running,
     /// Connection.Close sent, waiting for Close-Ok (bounded by [`CLOSE_TIMEOUT`]).
     Closing,
-    /// Finished.
+    /// [`Event::Closed`] reported: no more input is consumed.
     Closed,
 }
 
@@ -309,7 +309,7 @@ struct Closing {
 /// Connection.Blocked state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Blocked {
-    /// Not blocked.
+    /// Not blocked: initially, and after [`Connection::unblocked`].
     No,
     /// [`Connection::blocked`] called before Open-Ok: sent then, with this reason.
     Pending(String),
@@ -338,7 +338,7 @@ pub struct Connection {
     phase: Phase,
     /// Negotiated frame_max (the server's before Tune-Ok).
     frame_max: u32,
-    /// Negotiated channel_max.
+    /// Highest channel number allowed: negotiated in Tune-Ok (the server's until then).
     channel_max: u16,
     /// Negotiated heartbeat, seconds.
     heartbeat: u16,
@@ -1216,7 +1216,7 @@ impl Connection {
         }
     }
 
-    /// A content body frame.
+    /// A content body frame: appended to the channel's message; the last one completes it.
     fn on_body(&mut self, channel: u16, payload: Bytes) {
         match self.phase {
             Phase::Closing | Phase::Closed => return,

@@ -16,16 +16,16 @@ pub(crate) enum MethodError {
     Truncated,
     /// A class/method pair AMQP 0-9-1 (as RabbitMQ extends it) does not define.
     Unknown {
-        /// Class id.
+        /// Class id read from the payload, echoed in the Connection.Close that follows.
         class_id: u16,
-        /// Method id.
+        /// Method id read from the payload, echoed likewise.
         method_id: u16,
     },
     /// Known ids, arguments that do not decode (or nest too deep).
     Invalid {
-        /// Class id.
+        /// Class id, echoed in the Connection.Close that follows.
         class_id: u16,
-        /// Method id.
+        /// Method id, echoed likewise.
         method_id: u16,
     },
 }

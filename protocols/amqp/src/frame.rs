@@ -26,35 +26,35 @@ pub const FRAME_OVERHEAD: usize = wire::FRAME_OVERHEAD;
 /// Smallest `frame_max` a peer may negotiate (RabbitMQ's `FRAME_MIN_SIZE`).
 pub const FRAME_MIN_SIZE: u32 = 4096;
 
-/// A decoded frame.
+/// One frame, as [`read_frame`] returns it and [`write_frame`] writes it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Frame {
-    /// A method frame.
+    /// Method frame (type 1): one method with its arguments.
     Method {
-        /// Channel.
+        /// Channel it travels on (0 = the connection itself).
         channel: u16,
-        /// The method.
+        /// The decoded method with its arguments.
         method: Box<AMQPClass>,
     },
-    /// A content header frame.
+    /// Content header frame (type 2): follows a content-bearing method such as Basic.Publish.
     Header {
-        /// Channel.
+        /// Channel of the method this content belongs to.
         channel: u16,
         /// Class id (60 for basic).
         class_id: u16,
         /// Total body size announced.
         body_size: u64,
-        /// Properties.
+        /// Basic content properties (content type, headers, delivery mode, ...).
         properties: Box<BasicProperties>,
     },
     /// A content body frame (payload sliced from the read buffer).
     Body {
-        /// Channel.
+        /// Channel of the content this frame continues.
         channel: u16,
-        /// Payload.
+        /// This frame's part of the body; the parts add up to the header's `body_size`.
         payload: Bytes,
     },
-    /// A heartbeat frame.
+    /// Heartbeat frame (type 8): channel 0, empty payload.
     Heartbeat,
 }
 
@@ -66,7 +66,7 @@ pub enum FrameError {
     TooLarge {
         /// Announced payload size.
         size: u32,
-        /// The limit.
+        /// The `frame_max` it was checked against.
         max: u32,
     },
     /// Unknown frame type, missing frame-end octet, or an undecodable payload.
@@ -77,13 +77,13 @@ pub enum FrameError {
 /// Kind of a frame, from its type octet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
-    /// 1.
+    /// Method frame (type octet 1).
     Method,
-    /// 2.
+    /// Content header frame (type octet 2).
     Header,
-    /// 3.
+    /// Content body frame (type octet 3).
     Body,
-    /// 8.
+    /// Heartbeat frame (type octet 8).
     Heartbeat,
 }
 
@@ -91,11 +91,11 @@ pub(crate) enum Kind {
 /// the frame end checked).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Head {
-    /// Frame kind.
+    /// Frame type, from the type octet.
     pub kind: Kind,
-    /// Channel.
+    /// Channel number from the frame header.
     pub channel: u16,
-    /// Payload length.
+    /// Payload length in bytes (without the 7-byte header and the frame-end octet).
     pub size: usize,
 }
 

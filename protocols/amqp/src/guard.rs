@@ -111,9 +111,9 @@ pub(crate) fn check_properties(mut props: &[u8]) -> Result<(), Refused> {
 /// What a container being walked holds.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
-    /// Key/value pairs.
+    /// Field table (`F`): a short-string key before each tagged value.
     Table,
-    /// Values.
+    /// Field array (`A`): tagged values without keys.
     Array,
 }
 

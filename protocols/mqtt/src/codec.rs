@@ -1,4 +1,5 @@
-//! Reading and writing [`Packet`]s per protocol level, on top of `mqttbytes` 0.6.
+//! Reading and writing [`Packet`]s per protocol level; `mqttbytes` 0.6 serves only as the
+//! tests' reference implementation.
 //!
 //! Framing is two-step: the fixed header is checked (and a remaining length above the
 //! limit refused) before the body is buffered; "need more bytes" is `Ok(None)`, not an error.
@@ -30,9 +31,9 @@ pub enum DecodeError {
     /// Remaining length announces more than the limit (checked before buffering).
     #[error("packet of {size} bytes exceeds the maximum of {max}")]
     TooLarge {
-        /// Announced total size.
+        /// Total packet size announced (fixed header plus remaining length), in bytes.
         size: usize,
-        /// The limit.
+        /// The `max_packet_size` it exceeds.
         max: usize,
     },
     /// Malformed packet (bad remaining length, bad UTF-8, truncated fields, ...).
@@ -62,7 +63,7 @@ impl DecodeError {
     }
 }
 
-/// Error while encoding.
+/// Why a packet could not be encoded (nothing is written then).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EncodeError {
     /// The packet would exceed 268,435,455 bytes or the peer's maximum.

@@ -81,7 +81,7 @@ impl Default for Config {
 /// The broker's positive answer to [`Event::Connect`].
 #[derive(Debug, Clone, Default)]
 pub struct Accept {
-    /// Session present flag.
+    /// CONNACK Session Present: true when the broker resumed a stored session.
     pub session_present: bool,
     /// Client id assigned by the broker (MQTT 5: sent as Assigned Client Identifier).
     pub assigned_client_id: Option<String>,
@@ -99,9 +99,9 @@ pub struct Accept {
 /// A message the broker sends to the client.
 #[derive(Debug, Clone)]
 pub struct Outgoing {
-    /// Topic name.
+    /// Full topic name; on MQTT 5 the connection may send an outbound topic alias instead.
     pub topic: String,
-    /// Payload.
+    /// Application payload, sent unchanged.
     pub payload: Bytes,
     /// Delivery QoS (already min(publish, granted)).
     pub qos: QoS,
@@ -194,22 +194,22 @@ pub enum Event {
     Publish(Publish),
     /// PUBREL for an inbound QoS 2 packet id; PUBCOMP has been queued.
     PubRel {
-        /// Packet id.
+        /// Packet Identifier of the inbound QoS 2 publish now released.
         pkid: u16,
     },
     /// PUBACK for an outbound QoS 1 publish: delivery complete.
     PubAck {
-        /// Packet id.
+        /// Packet Identifier of the publish; its receive-maximum slot is free again.
         pkid: u16,
     },
     /// PUBREC for an outbound QoS 2 publish; PUBREL has been queued.
     PubRec {
-        /// Packet id.
+        /// Packet Identifier of the QoS 2 publish; it stays in flight until PUBCOMP.
         pkid: u16,
     },
     /// PUBCOMP for an outbound QoS 2 publish: delivery complete.
     PubComp {
-        /// Packet id.
+        /// Packet Identifier of the QoS 2 publish; its receive-maximum slot is free again.
         pkid: u16,
     },
     /// A SUBSCRIBE whose filters are syntactically valid or not (the broker validates the
@@ -235,7 +235,7 @@ enum State {
     AwaitAccept,
     /// CONNACK (success) sent.
     Connected,
-    /// Finished.
+    /// Finished ([`Connection::is_closed`]): nothing more is consumed or produced.
     Closed,
 }
 

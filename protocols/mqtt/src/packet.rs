@@ -57,47 +57,47 @@ pub struct PublishProperties {
     pub message_expiry_interval: Option<u32>,
     /// Topic alias as on the wire (inbound: resolved by [`crate::Connection`] before the event).
     pub topic_alias: Option<u16>,
-    /// Response topic.
+    /// Response Topic (0x08): where the receiver of a request should publish its reply.
     pub response_topic: Option<String>,
-    /// Correlation data.
+    /// Correlation Data (0x09): opaque bytes that let a requester match a reply to its request.
     pub correlation_data: Option<Bytes>,
     /// User properties, in order.
     pub user_properties: Vec<UserProperty>,
     /// Subscription identifiers (server to client only).
     pub subscription_identifiers: Vec<u32>,
-    /// Content type.
+    /// Content Type (0x03): application-defined description of the payload (e.g. a MIME type).
     pub content_type: Option<String>,
 }
 
-/// PUBLISH.
+/// PUBLISH: an application message, either direction.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Publish {
-    /// DUP flag.
+    /// DUP: possibly a redelivery of an earlier attempt (never encoded for QoS 0).
     pub dup: bool,
-    /// QoS.
+    /// QoS this PUBLISH travels at (a QoS of 3 is refused as malformed).
     pub qos: QoS,
-    /// RETAIN flag.
+    /// RETAIN flag: from a client, keep the message as the topic's retained message.
     pub retain: bool,
     /// Topic name (after alias resolution on inbound events).
     pub topic: String,
     /// Packet id (0 for QoS 0).
     pub pkid: u16,
-    /// Payload.
+    /// Application payload: the bytes after the variable header (a zero-copy slice on decode).
     pub payload: Bytes,
-    /// MQTT 5 properties.
+    /// MQTT 5 properties (none are read or written for 3.x).
     pub properties: PublishProperties,
 }
 
 /// Will message from CONNECT.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Will {
-    /// Will topic.
+    /// Will Topic: where the will message is published.
     pub topic: String,
-    /// Will payload.
+    /// Will Payload: the will message's body.
     pub payload: Bytes,
-    /// Will QoS.
+    /// QoS the will message is published with.
     pub qos: QoS,
-    /// Will retain flag.
+    /// Will Retain: publish the will as a retained message.
     pub retain: bool,
     /// Will delay interval in seconds (MQTT 5).
     pub delay_interval: Option<u32>,
@@ -110,28 +110,28 @@ pub struct Will {
 pub struct ConnectProperties {
     /// Session expiry interval (seconds).
     pub session_expiry_interval: Option<u32>,
-    /// Client's receive maximum.
+    /// Receive Maximum (0x21): QoS 1/2 publishes the client takes unacknowledged (absent: 65535).
     pub receive_maximum: Option<u16>,
-    /// Client's maximum packet size.
+    /// Maximum Packet Size (0x27): the server must not send the client larger packets.
     pub maximum_packet_size: Option<u32>,
-    /// Client's topic alias maximum.
+    /// Topic Alias Maximum (0x22): aliases the server may use towards the client (absent: none).
     pub topic_alias_maximum: Option<u16>,
-    /// Request response information.
+    /// Request Response Information (0x19): 1 asks for Response Information in CONNACK.
     pub request_response_information: Option<u8>,
-    /// Request problem information.
+    /// Request Problem Information (0x17): 0 keeps reason strings and user properties off acks.
     pub request_problem_information: Option<u8>,
-    /// User properties.
+    /// User Properties (0x26): application-defined name/value pairs, in order.
     pub user_properties: Vec<UserProperty>,
     /// Authentication method (enhanced auth).
     pub authentication_method: Option<String>,
-    /// Authentication data.
+    /// Authentication Data (0x16): method-specific bytes for enhanced authentication.
     pub authentication_data: Option<Bytes>,
 }
 
-/// CONNECT.
+/// CONNECT: the first packet a client sends.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Connect {
-    /// Protocol level.
+    /// Protocol Level byte; fixes how every later packet of the connection is encoded.
     pub level: ProtocolLevel,
     /// Client identifier (may be empty).
     pub client_id: String,
@@ -139,13 +139,13 @@ pub struct Connect {
     pub clean_start: bool,
     /// Keep alive in seconds (0 = none).
     pub keep_alive: u16,
-    /// User name.
+    /// User Name, present when the User Name Flag is set.
     pub username: Option<String>,
-    /// Password.
+    /// Password (binary data), present when the Password Flag is set.
     pub password: Option<Bytes>,
-    /// Will message.
+    /// Will message, present when the Will Flag is set.
     pub will: Option<Will>,
-    /// MQTT 5 properties.
+    /// CONNECT properties (MQTT 5; none are read or written for 3.x).
     pub properties: ConnectProperties,
 }
 
@@ -154,33 +154,33 @@ pub struct Connect {
 pub struct ConnAckProperties {
     /// Session expiry interval granted.
     pub session_expiry_interval: Option<u32>,
-    /// Server receive maximum.
+    /// Receive Maximum (0x21): QoS 1/2 publishes the server takes unacknowledged.
     pub receive_maximum: Option<u16>,
-    /// Maximum QoS supported.
+    /// Maximum QoS (0x24): highest QoS the server accepts (absent: 2).
     pub maximum_qos: Option<u8>,
-    /// Retain available.
+    /// Retain Available (0x25): `Some(false)` if retained messages are unsupported; absent: available.
     pub retain_available: Option<bool>,
-    /// Server maximum packet size.
+    /// Maximum Packet Size (0x27): the client must not send the server larger packets.
     pub maximum_packet_size: Option<u32>,
     /// Client id assigned by the server.
     pub assigned_client_identifier: Option<String>,
-    /// Server topic alias maximum.
+    /// Topic Alias Maximum (0x22): aliases the client may use towards the server.
     pub topic_alias_maximum: Option<u16>,
-    /// Reason string.
+    /// Reason String (0x1F): human-readable diagnostic, never parsed by clients.
     pub reason_string: Option<String>,
-    /// User properties.
+    /// User Properties (0x26), in order.
     pub user_properties: Vec<UserProperty>,
-    /// Wildcard subscriptions available.
+    /// Wildcard Subscription Available (0x28): `Some(false)` if unsupported; absent: available.
     pub wildcard_subscription_available: Option<bool>,
-    /// Subscription identifiers available.
+    /// Subscription Identifiers Available (0x29): `Some(false)` if unsupported; absent: available.
     pub subscription_identifiers_available: Option<bool>,
-    /// Shared subscriptions available.
+    /// Shared Subscription Available (0x2A): `Some(false)` if unsupported; absent: available.
     pub shared_subscription_available: Option<bool>,
     /// Keep alive imposed by the server.
     pub server_keep_alive: Option<u16>,
-    /// Response information.
+    /// Response Information (0x1A): basis for response topics, when the client requested it.
     pub response_information: Option<String>,
-    /// Server reference.
+    /// Server Reference (0x1C): another server for the client to use.
     pub server_reference: Option<String>,
 }
 
@@ -191,18 +191,18 @@ pub struct SubscribeFilter {
     pub filter: String,
     /// Maximum QoS requested.
     pub qos: QoS,
-    /// No local (MQTT 5).
+    /// No Local (MQTT 5): do not send the subscriber its own publishes.
     pub no_local: bool,
-    /// Retain as published (MQTT 5).
+    /// Retain As Published (MQTT 5): forward the RETAIN flag as published instead of clearing it.
     pub retain_as_published: bool,
-    /// Retain handling 0, 1 or 2 (MQTT 5).
+    /// Retain Handling (MQTT 5): retained messages at subscribe: 0 always, 1 only if new, 2 never.
     pub retain_handling: u8,
 }
 
 /// SUBSCRIBE.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Subscribe {
-    /// Packet id.
+    /// Packet Identifier (non-zero), echoed by the SUBACK.
     pub pkid: u16,
     /// Filters in order.
     pub filters: Vec<SubscribeFilter>,
@@ -215,7 +215,7 @@ pub struct Subscribe {
 /// UNSUBSCRIBE.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unsubscribe {
-    /// Packet id.
+    /// Packet Identifier (non-zero), echoed by the UNSUBACK.
     pub pkid: u16,
     /// Filters in order.
     pub filters: Vec<String>,
@@ -230,95 +230,95 @@ pub struct Disconnect {
     pub reason: ReasonCode,
     /// Session expiry interval update (client to server, MQTT 5).
     pub session_expiry_interval: Option<u32>,
-    /// Reason string.
+    /// Reason String (0x1F): human-readable diagnostic, never parsed by the receiver.
     pub reason_string: Option<String>,
-    /// Server reference.
+    /// Server Reference (0x1C), server to client: another server to use.
     pub server_reference: Option<String>,
 }
 
 /// Any MQTT control packet.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Packet {
-    /// CONNECT.
+    /// CONNECT: the first packet a client sends.
     Connect(Box<Connect>),
-    /// CONNACK.
+    /// CONNACK: the server's answer to CONNECT.
     ConnAck {
-        /// Session present flag.
+        /// Session Present: a stored session was resumed (encoded as 0 with a failure code).
         session_present: bool,
         /// Reason code (3.x return codes are mapped to and from it).
         reason: ReasonCode,
-        /// Properties.
+        /// CONNACK properties (MQTT 5; none are read or written for 3.x).
         properties: Box<ConnAckProperties>,
     },
-    /// PUBLISH.
+    /// PUBLISH: an application message, either direction.
     Publish(Publish),
-    /// PUBACK.
+    /// PUBACK: acknowledges a QoS 1 PUBLISH.
     PubAck {
-        /// Packet id.
+        /// Packet Identifier of the QoS 1 PUBLISH acknowledged.
         pkid: u16,
-        /// Reason code.
+        /// Reason Code (MQTT 5; SUCCESS for 3.x, and left off the wire when SUCCESS without properties).
         reason: ReasonCode,
-        /// Reason string.
+        /// Reason String (0x1F): human-readable; not sent when the client turned problem information off.
         reason_string: Option<String>,
     },
-    /// PUBREC.
+    /// PUBREC: first answer to a QoS 2 PUBLISH.
     PubRec {
-        /// Packet id.
+        /// Packet Identifier of the QoS 2 PUBLISH received.
         pkid: u16,
-        /// Reason code.
+        /// Reason Code (MQTT 5; SUCCESS for 3.x, and left off the wire when SUCCESS without properties).
         reason: ReasonCode,
-        /// Reason string.
+        /// Reason String (0x1F): human-readable; not sent when the client turned problem information off.
         reason_string: Option<String>,
     },
-    /// PUBREL.
+    /// PUBREL: releases a QoS 2 PUBLISH after its PUBREC.
     PubRel {
-        /// Packet id.
+        /// Packet Identifier of the QoS 2 PUBLISH released.
         pkid: u16,
-        /// Reason code.
+        /// Reason Code (MQTT 5): SUCCESS or PACKET_IDENTIFIER_NOT_FOUND.
         reason: ReasonCode,
     },
-    /// PUBCOMP.
+    /// PUBCOMP: completes a QoS 2 exchange, answering PUBREL.
     PubComp {
-        /// Packet id.
+        /// Packet Identifier of the QoS 2 PUBLISH completed.
         pkid: u16,
-        /// Reason code.
+        /// Reason Code (MQTT 5): SUCCESS or PACKET_IDENTIFIER_NOT_FOUND.
         reason: ReasonCode,
     },
-    /// SUBSCRIBE.
+    /// SUBSCRIBE: client to server.
     Subscribe(Subscribe),
-    /// SUBACK.
+    /// SUBACK: answers SUBSCRIBE, one code per filter.
     SubAck {
-        /// Packet id.
+        /// Packet Identifier of the SUBSCRIBE answered.
         pkid: u16,
         /// One reason code per filter (3.x: granted QoS or 0x80).
         reasons: Vec<ReasonCode>,
-        /// Reason string.
+        /// Reason String (0x1F): human-readable; not sent when the client turned problem information off.
         reason_string: Option<String>,
     },
-    /// UNSUBSCRIBE.
+    /// UNSUBSCRIBE: client to server.
     Unsubscribe(Unsubscribe),
-    /// UNSUBACK.
+    /// UNSUBACK: answers UNSUBSCRIBE.
     UnsubAck {
-        /// Packet id.
+        /// Packet Identifier of the UNSUBSCRIBE answered.
         pkid: u16,
         /// One reason code per filter (MQTT 5; empty for 3.x).
         reasons: Vec<ReasonCode>,
-        /// Reason string.
+        /// Reason String (0x1F): human-readable; not sent when the client turned problem information off.
         reason_string: Option<String>,
     },
-    /// PINGREQ.
+    /// PINGREQ: client keep-alive probe.
     PingReq,
-    /// PINGRESP.
+    /// PINGRESP: the server's answer to PINGREQ.
     PingResp,
-    /// DISCONNECT.
+    /// DISCONNECT: the sender is closing the connection.
     Disconnect(Disconnect),
-    /// AUTH (MQTT 5).
+    /// AUTH (MQTT 5): enhanced authentication exchange.
     Auth {
-        /// Reason code.
+        /// Reason Code: SUCCESS, CONTINUE_AUTHENTICATION or REAUTHENTICATE.
         reason: ReasonCode,
-        /// Authentication method.
+        /// Authentication Method (0x15), as named in CONNECT.
         method: Option<String>,
-        /// Authentication data.
+        /// Authentication Data (0x16): method-specific bytes.
         data: Option<Bytes>,
     },
 }

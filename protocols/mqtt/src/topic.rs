@@ -25,7 +25,7 @@ pub enum TopicError {
 pub struct Filter<'a> {
     /// `Some(group)` for `$share/{group}/{filter}`.
     pub share_group: Option<&'a str>,
-    /// The topic filter proper.
+    /// The filter matched against topic names: the whole filter, or what follows `$share/{group}/`.
     pub filter: &'a str,
 }
 

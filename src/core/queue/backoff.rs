@@ -58,7 +58,7 @@ pub enum Backoff {
     Linear {
         /// Delay of the first retry.
         min_ms: u64,
-        /// Cap.
+        /// Longest delay, ms: no retry waits more, however many deliveries came before.
         max_ms: u64,
     },
     /// The n-th retry waits the n-th step; past the end, the last step repeats.
@@ -70,7 +70,7 @@ pub enum Backoff {
 pub struct RetryPolicy {
     /// Which returns are delayed.
     pub on: RetryOn,
-    /// For how long.
+    /// How long each delayed retry waits.
     pub backoff: Backoff,
 }
 

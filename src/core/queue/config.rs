@@ -1,6 +1,7 @@
 //! How a queue behaves: limits, overflow, TTL, dead-lettering, delivery limit, retries, single
 //! active consumer — set at declaration (AMQP arguments) or by the front-end (MQTT
-//! session limits), and the live gauge that publishers and declare-ok read.
+//! session limits) — and the live gauge its owner shard writes (publishers to
+//! reject-publish queues reserve room in it).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -38,7 +39,7 @@ pub struct QueueGauge {
     pub bytes: AtomicU64,
     /// Messages ready for delivery (len - unacked).
     pub ready: AtomicU64,
-    /// Attached consumers.
+    /// Consumers attached, as of the owner's last update.
     pub consumers: AtomicU64,
     /// Live messages plus publisher reservations not yet counted by the queue
     /// (reject-publish queues: publishers reserve room before storing).
@@ -54,7 +55,7 @@ impl QueueGauge {
     }
 }
 
-/// The behaviour of one queue.
+/// How one queue behaves; shared (`Arc`) by its owner shard and the publishers that check it.
 #[derive(Debug, Clone)]
 pub struct QueueConfig {
     /// Queue name (for `x-death` and logs).
@@ -65,7 +66,7 @@ pub struct QueueConfig {
     pub max_len: u64,
     /// Most bytes of records (0 = unlimited).
     pub max_bytes: u64,
-    /// Overflow behaviour.
+    /// What a new message does to a queue at `max_len` or `max_bytes`.
     pub overflow: Overflow,
     /// Entries kept in memory before new ones are left in storage.
     pub memory_window: usize,
@@ -74,7 +75,7 @@ pub struct QueueConfig {
     pub max_offset_span: Option<u64>,
     /// Per-queue message TTL, ms (`x-message-ttl`).
     pub message_ttl: Option<u64>,
-    /// Dead-letter target.
+    /// Where dead-lettered messages go (`x-dead-letter-exchange`, `x-dead-letter-routing-key`).
     pub dead_letter: Option<DeadLetterTarget>,
     /// Most redeliveries (`x-delivery-limit`): a limit of L allows L + 1 deliveries.
     pub delivery_limit: Option<u32>,
@@ -93,7 +94,7 @@ pub struct QueueConfig {
     /// A message whose `x-deduplication-header` value is already in the queue is not
     /// enqueued (`x-message-deduplication: true`).
     pub dedup: bool,
-    /// Live counters.
+    /// Live counters written by the owner shard; [`QueueConfig::admit`] reserves room in them.
     pub gauge: Arc<QueueGauge>,
 }
 

@@ -15,7 +15,7 @@ pub enum ConsumerEvent {
     Deliver(QueueDelivery),
     /// The queue was deleted: the consumer is gone (AMQP server-sent basic.cancel).
     Cancelled {
-        /// The deleted queue.
+        /// Queue that was deleted; each consumer attached to it gets this event once.
         queue: QueueId,
         /// The consumer that was attached to it.
         consumer: ConsumerId,
@@ -25,7 +25,8 @@ pub enum ConsumerEvent {
 /// A consumer attached to a queue.
 #[derive(Debug)]
 pub struct Consumer {
-    /// Id.
+    /// Id the connection chose ([`Broker::next_id`](crate::core::broker::Broker::next_id), for MQTT its
+    /// connection id); acks, credit and detach name it.
     pub id: ConsumerId,
     /// Where deliveries go (bounded in effect by `credit`).
     pub tx: mpsc::UnboundedSender<ConsumerEvent>,

@@ -67,7 +67,7 @@ const PAGE: usize = 256;
 pub enum DeathReason {
     /// Rejected or nacked without requeue.
     Rejected,
-    /// Its TTL passed.
+    /// Its TTL (the queue's `x-message-ttl` or the message's own expiry) passed while it waited.
     Expired,
     /// Dropped from the head of a full queue.
     MaxLen,
@@ -92,7 +92,7 @@ impl DeathReason {
 pub struct DeadLetter {
     /// The message to republish with `x-death`.
     pub msg: SharedMessage,
-    /// Why.
+    /// Why it leaves: the `reason` written into its `x-death` entry.
     pub reason: DeathReason,
     /// The queue's configuration (name, vhost, target).
     pub config: Arc<QueueConfig>,
@@ -139,7 +139,7 @@ struct Unacked {
 /// Outcome of offering a freshly appended entry to a full queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admission {
-    /// Taken.
+    /// Taken without dropping anything (the queue was not full).
     Accepted,
     /// Taken after dropping an older QoS 0 entry.
     EvictedQos0,
@@ -346,7 +346,7 @@ impl Queue {
         self.len.saturating_sub((self.unacked.len() + self.waiting.len()) as u64)
     }
 
-    /// Attached consumers.
+    /// Consumers attached now (the consumer count of `ShardCmd::Counts`).
     pub fn consumer_count(&self) -> usize {
         self.consumers.len()
     }

@@ -6,10 +6,10 @@ use std::collections::{BTreeMap, VecDeque};
 
 use super::Entry;
 
-/// Ready entries.
+/// Entries waiting for a consumer, front first.
 #[derive(Debug)]
 pub(super) enum Ready {
-    /// Offset order.
+    /// Plain queue: offset order, which is arrival order.
     Fifo(VecDeque<Entry>),
     /// Keyed by (255 - priority, offset): the first key is the next to go.
     Priority(BTreeMap<(u8, u64), Entry>),

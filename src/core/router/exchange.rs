@@ -66,7 +66,7 @@ pub struct Binding {
 }
 
 impl Binding {
-    /// A plain binding to a queue.
+    /// A binding to a queue without MQTT options (AMQP queue.bind, the default exchange).
     pub fn queue(queue: QueueId, key: &str, args: Vec<(String, Value)>) -> Binding {
         Binding { dest: Destination::Queue(queue), key: key.to_owned(), args, mqtt: None, filter: None }
     }
@@ -135,7 +135,7 @@ impl ExchangeKind {
         }
     }
 
-    /// The AMQP type name.
+    /// The type name as exchange.declare spells it (the inverse of [`ExchangeKind::parse`]).
     pub fn name(self) -> &'static str {
         match self {
             ExchangeKind::Direct => "direct",
@@ -156,7 +156,7 @@ pub struct ExchangeDef {
     pub name: String,
     /// The declared type (see [`ExchangeDef::routing_kind`] for the rules that route).
     pub kind: ExchangeKind,
-    /// Survives restarts.
+    /// Declared durable: kept in the entity store and restored at start-up.
     pub durable: bool,
     /// Deleted when its last binding goes.
     pub auto_delete: bool,

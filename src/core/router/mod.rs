@@ -106,7 +106,7 @@ pub struct SessionRoute {
     pub subscription_ids: Vec<u32>,
 }
 
-/// A resolved queue target.
+/// One queue a resolved publish is stored for, with what the match granted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QueueRoute {
     /// The consume queue the message is stored for.
@@ -173,7 +173,7 @@ pub enum RouteError {
     /// The virtual host does not exist.
     #[error("no vhost '{0}'")]
     NoVhost(String),
-    /// The exchange does not exist.
+    /// Exchange `.0` does not exist in vhost `.1`.
     #[error("no exchange '{0}' in vhost '{1}'")]
     NoExchange(String, String),
     /// An `x-tag-filter` (or MQTT `tag-filter`) expression is invalid.
@@ -282,7 +282,7 @@ impl Router {
         self.len() == 0
     }
 
-    /// The definition of an exchange.
+    /// A copy of exchange `name`'s definition; `None` if it or `vhost` does not exist.
     pub fn exchange(&self, vhost: &str, name: &str) -> Option<ExchangeDef> {
         self.vhosts.read().get(vhost)?.exchanges.get(name).map(|x| x.def.clone())
     }

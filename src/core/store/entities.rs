@@ -22,7 +22,7 @@ pub struct QueueRecord {
     pub vhost: String,
     /// The queue's AMQP name.
     pub name: String,
-    /// Its consume queue.
+    /// Id of the consume queue holding its messages (the catalog's id for its storage name).
     pub id: QueueId,
     /// Deleted when its last consumer goes.
     pub auto_delete: bool,
@@ -44,7 +44,7 @@ pub struct ExchangeRecord {
 pub struct BindingRecord {
     /// Virtual host of the binding.
     pub vhost: String,
-    /// Source exchange.
+    /// Name of the exchange the binding routes from.
     pub exchange: String,
     /// Destination, key and arguments.
     pub binding: Binding,
@@ -53,9 +53,9 @@ pub struct BindingRecord {
 /// Everything [`EntityStore::load`] found.
 #[derive(Debug, Default)]
 pub struct EntityRecords {
-    /// Durable exchanges.
+    /// Durable exchanges of every vhost, declared again before the queues and bindings.
     pub exchanges: Vec<ExchangeRecord>,
-    /// Durable queues.
+    /// Durable queues of every vhost, with the ids of their consume queues.
     pub queues: Vec<QueueRecord>,
     /// Bindings between durable entities.
     pub bindings: Vec<BindingRecord>,

@@ -45,7 +45,7 @@ pub struct StoreWrite {
 }
 
 impl StoreWrite {
-    /// No change.
+    /// An empty batch: committing it writes nothing (for calls that take a `StoreWrite` anyway).
     pub fn none() -> StoreWrite {
         StoreWrite::default()
     }
@@ -84,7 +84,7 @@ pub trait QueueCatalog: fmt::Debug + Send + Sync {
 /// The stores the broker holds, one per kind of front-end state.
 #[derive(Debug, Clone)]
 pub struct Stores {
-    /// Consume-queue names.
+    /// Consume-queue names and the ids allocated to them.
     pub catalog: Arc<dyn QueueCatalog>,
     /// Persistent MQTT sessions.
     pub sessions: Arc<dyn SessionStore>,

@@ -55,7 +55,7 @@ pub enum Scope {
 /// A consumer group over one super stream (or one stream), in one virtual host.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct GroupKey {
-    /// Virtual host.
+    /// Virtual host of the streams read; same-named groups of other vhosts are distinct.
     pub vhost: String,
     /// What it reads.
     pub scope: Scope,

@@ -11,7 +11,7 @@ use crate::core::queue::QueueGauge;
 pub struct StreamConfig {
     /// Stream (queue) name, for logs.
     pub name: String,
-    /// Virtual host.
+    /// Virtual host it was declared in (kept with `name`; the owner shard does not use it).
     pub vhost: String,
     /// Entries older than this (ms, by the broker's clock when stored) are trimmed
     /// (`x-max-age`).
@@ -19,7 +19,7 @@ pub struct StreamConfig {
     /// The oldest entries are trimmed while the bodies total more than this
     /// (`x-max-length-bytes`).
     pub max_bytes: Option<u64>,
-    /// Live counters (entries, bytes, consumers) for declare-ok and stats.
+    /// Live counters (entries, bytes, consumers), written by the owner shard.
     pub gauge: Arc<QueueGauge>,
 }
 
@@ -44,7 +44,7 @@ impl StreamConfig {
 /// Where a stream consumer starts reading (`x-stream-offset`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StreamOffset {
-    /// The oldest entry still kept.
+    /// The oldest entry retention has not trimmed yet.
     First,
     /// The newest entry (the last message present when the consumer attached).
     Last,

@@ -99,7 +99,7 @@ pub fn load_cursor(journal: &Journal, stream: QueueId, group: &str) -> Result<Op
 /// A consumer group's live state in its stream's owner.
 #[derive(Debug)]
 pub struct Group {
-    /// Durable progress.
+    /// What the group has acknowledged: the part of its state that is stored ([`load_cursor`]).
     pub cursor: GroupCursor,
     /// Next offset never handed to a member.
     pub(super) reader: Reader,

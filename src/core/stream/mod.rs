@@ -134,7 +134,7 @@ impl Stream {
         self.publish_gauge();
     }
 
-    /// Live entries.
+    /// Entries kept: from the oldest untrimmed offset up to the next one to append.
     pub fn len(&self) -> u64 {
         self.next - self.first
     }
@@ -149,7 +149,7 @@ impl Stream {
         self.first
     }
 
-    /// Attached consumers.
+    /// Consumers attached and not cancelled.
     pub fn consumer_count(&self) -> usize {
         self.consumers.iter().filter(|c| !c.cancelled).count()
     }

@@ -10,7 +10,7 @@ use crate::BasicProperties;
 /// Publisher-confirm or transaction mode of a channel (mutually exclusive).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Mode {
-    /// Neither.
+    /// Neither Confirm.Select nor Tx.Select seen: publishes carry no confirm tag.
     Plain,
     /// Confirm.Select seen: the next publish gets confirm tag `next`.
     Confirm {
@@ -69,7 +69,7 @@ pub(super) struct Partial {
     pub size: u64,
     /// Bytes still expected.
     pub remaining: u64,
-    /// Payloads received.
+    /// Body frame payloads received so far.
     pub parts: Parts,
 }
 
@@ -91,14 +91,14 @@ pub(super) struct Channel {
     /// The server sent Channel.Close and waits for Close-Ok: everything else the client
     /// sends on the channel is discarded.
     pub closing: bool,
-    /// Confirm / tx mode.
+    /// Set once by Confirm.Select or Tx.Select; never switches between the two.
     pub mode: Mode,
-    /// Content assembly.
+    /// Progress of the publish being assembled (method, content header, body frames).
     pub content: Assembly,
 }
 
 impl Channel {
-    /// A newly opened channel.
+    /// State of a channel just opened: plain mode, nothing being assembled.
     pub(super) fn new() -> Self {
         Channel { closing: false, mode: Mode::Plain, content: Assembly::Idle }
     }

@@ -20,14 +20,14 @@ pub(crate) const PINGRESP: u8 = 13;
 pub(crate) const DISCONNECT: u8 = 14;
 pub(crate) const AUTH: u8 = 15;
 
-/// A parsed fixed header.
+/// The fixed header at the front of a packet, parsed before its body is buffered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct FixedHeader {
     /// First byte (type and flags).
     pub byte1: u8,
     /// Bytes of the fixed header (2 to 5).
     pub header_len: usize,
-    /// Remaining length.
+    /// Remaining Length: bytes of the packet after the fixed header.
     pub remaining: usize,
 }
 
