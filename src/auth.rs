@@ -46,6 +46,18 @@ impl Users {
     }
 }
 
+impl Users {
+    /// Decides a Connection.Update-Secret of `username`'s connection, as RabbitMQ's internal
+    /// backend does: a password user's credentials do not expire, so the new secret is
+    /// accepted (not compared) while the user still exists; refused once it is gone.
+    pub fn update_secret(&self, username: &str) -> Result<(), AuthError> {
+        match self.users.iter().any(|u| u.name == username) {
+            true => Ok(()),
+            false => Err(AuthError::BadCredentials("update-secret".to_owned())),
+        }
+    }
+}
+
 /// Compares without stopping at the first difference (no timing hint about the password).
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
@@ -63,6 +75,12 @@ mod tests {
             UserEntry { name: "guest".into(), password: "guest".into(), loopback_only: true },
             UserEntry { name: "app".into(), password: "secret".into(), loopback_only: false },
         ])
+    }
+
+    #[test]
+    fn a_secret_update_is_accepted_while_the_user_exists() {
+        assert_eq!(users().update_secret("guest"), Ok(()), "the new secret is not compared");
+        assert!(users().update_secret("gone").is_err());
     }
 
     #[test]

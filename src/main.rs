@@ -80,7 +80,14 @@ async fn run(config: Config, overrides: Overrides) -> anyhow::Result<()> {
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut hup = signal(SignalKind::hangup())?;
-    let server = Server::start(config).await?;
+    let server = match Server::start(config).await {
+        Ok(s) => s,
+        Err(e) if e.downcast_ref::<ferrymq::server::ListenError>().is_some() => {
+            eprintln!("ferrymq: {e}");
+            std::process::exit(2);
+        }
+        Err(e) => return Err(e),
+    };
     tracing::info!("{}", server.ready_line());
     {
         let mut out = std::io::stdout().lock();

@@ -25,6 +25,25 @@ use crate::core::shards::Shards;
 use crate::mqtt::session::Control;
 use crate::mqtt::{self, MqttContext};
 
+/// A listener that cannot be opened because of its configuration (the process exits with
+/// code 2, like other configuration errors).
+#[derive(Debug, thiserror::Error)]
+pub enum ListenError {
+    /// Another process holds the address.
+    #[error(
+        "cannot listen on {key} {addr}: the address is in use (is another broker already listening on {addr}? \
+         use {flag} to choose another address)"
+    )]
+    InUse {
+        /// The configuration key of the listener.
+        key: &'static str,
+        /// The command-line flag that sets it.
+        flag: &'static str,
+        /// The address asked for.
+        addr: std::net::SocketAddr,
+    },
+}
+
 /// A started broker: state restored, listeners bound; [`Server::shutdown`] stops it.
 pub struct Server {
     /// Bound plain MQTT address.
@@ -107,14 +126,17 @@ impl Server {
         };
         let tls = || crate::tls::acceptor(&config.tls.cert, &config.tls.key);
         let listeners = [
-            ("mqtt.listen", config.mqtt_listen(), false, false),
-            ("mqtt.tls_listen", config.mqtts_listen(), false, true),
-            ("amqp.listen", config.amqp_listen(), true, false),
-            ("amqp.tls_listen", config.amqps_listen(), true, true),
+            ("mqtt.listen", "--mqtt-listen", config.mqtt_listen(), false, false),
+            ("mqtt.tls_listen", "--mqtts-listen", config.mqtts_listen(), false, true),
+            ("amqp.listen", "--amqp-listen", config.amqp_listen(), true, false),
+            ("amqp.tls_listen", "--amqps-listen", config.amqps_listen(), true, true),
         ];
-        for (key, addr, is_amqp, is_tls) in listeners {
+        for (key, flag, addr, is_amqp, is_tls) in listeners {
             let Some(addr) = addr else { continue };
-            let listener = TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {key} {addr}"))?;
+            let listener = TcpListener::bind(addr).await.map_err(|e| match e.kind() {
+                std::io::ErrorKind::AddrInUse => anyhow::Error::new(ListenError::InUse { key, flag, addr }),
+                _ => anyhow::Error::new(e).context(format!("cannot listen on {key} {addr}")),
+            })?;
             let bound = Some(listener.local_addr()?);
             match (is_amqp, is_tls) {
                 (false, false) => server.mqtt_addr = bound,

@@ -227,3 +227,20 @@ async fn using_a_channel_that_was_never_opened_is_a_504_connection_error() {
     assert_eq!(code, 504, "{text}");
     assert!(text.starts_with("CHANNEL_ERROR"), "{text:?}");
 }
+
+/// Connection.Update-Secret (RabbitMQ 3.8+, OAuth token refresh): answered with
+/// Update-Secret-Ok and the connection keeps working, as RabbitMQ's internal users do
+/// (their credentials do not expire, so the new secret is accepted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn update_secret_is_answered_and_the_connection_kept() {
+    let t = Target::start();
+    let (conn, ch) = t.channel().await;
+    let q = declare_queue(&ch, "", FieldTable::default()).await;
+    bounded("connection.update-secret", conn.update_secret("new-token".into(), "token refresh".into()))
+        .await
+        .expect("Update-Secret-Ok");
+    assert!(conn.status().connected(), "the connection stays open");
+    confirm_select(&ch).await;
+    assert!(publish_confirmed(&ch, "", &q, b"after the update", BasicProperties::default()).await.is_ack());
+    assert_eq!(drain(&ch, &q).await, ["after the update"]);
+}

@@ -133,6 +133,20 @@ fn unknown_config_keys_and_bad_values_stop_startup() {
     assert!(err.contains("mqtt.listen"), "names the key: {err}");
 }
 
+#[test]
+fn a_listen_address_in_use_names_the_flag_and_exits_with_code_2() {
+    let tmp = tempfile::tempdir().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    for (flag, other) in [("--mqtt-listen", "--amqp-listen"), ("--amqp-listen", "--mqtt-listen")] {
+        let args = ["--data-dir", tmp.path().to_str().unwrap(), flag, &addr, other, "127.0.0.1:0"];
+        let (code, err) = run_binary(&args, &[]);
+        assert_eq!(code, 2, "a configuration error: {err}");
+        let hint = format!("is another broker already listening on {addr}? use {flag}");
+        assert!(err.contains(&hint), "{flag}: {err}");
+    }
+}
+
 #[tokio::test]
 async fn flags_override_file_which_overrides_environment() {
     // File sets 4096, environment 8192: the file wins. The flag --mqtt-listen (127.0.0.1:0,

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{connect_bytes, packet, v5, Broker, Opts, Raw};
+use common::{connect_bytes, packet, tail, v5, Broker, Opts, Raw};
 use rumqttc::v5::mqttbytes::v5::{Filter, PublishProperties, RetainForwardRule, SubscribeProperties};
 
 fn filter(path: &str, qos: v5::QoS) -> Filter {
@@ -272,6 +272,33 @@ async fn inbound_receive_maximum_exceeded_disconnects_with_0x93() {
     let got = raw.read_until_closed().await;
     let disconnect = got.windows(3).any(|w| w[0] == 0xE0 && w[2] == 0x93);
     assert!(disconnect, "expected DISCONNECT 0x93 in {got:02x?}");
+}
+
+/// After its DISCONNECT the broker reads and drops what a client still sends until the
+/// client closes (bounded), so the client reads the reason instead of running into a
+/// reset: Paho's flow-control test keeps publishing past Receive Maximum.
+#[tokio::test]
+async fn a_client_still_writing_after_the_disconnect_reads_the_reason() {
+    use tokio::io::AsyncWriteExt;
+    let broker = Broker::start_with(Opts::default().env("FERRYMQ_MQTT__RECEIVE_MAXIMUM", "2"));
+    let mut raw = Raw::connect(&broker).await;
+    raw.send(&connect_bytes(5, "eager", 0x02, 60, &[0])).await;
+    let _ = raw.read_at_least(3).await;
+    let mut written = 0;
+    for id in 1..=2000u16 {
+        let [hi, lo] = id.to_be_bytes();
+        let mut body = vec![0, 1, b't', hi, lo, 0];
+        body.extend_from_slice(&[b'x'; 200]);
+        match raw.stream.write_all(&packet(0x34, &body)).await {
+            Ok(()) => written += 1,
+            Err(e) => panic!("write {id} failed after the broker closed: {e}"),
+        }
+    }
+    raw.stream.shutdown().await.unwrap();
+    let got = raw.read_until_closed().await;
+    assert_eq!(written, 2000);
+    let disconnect = got.windows(3).any(|w| w[0] == 0xE0 && w[2] == 0x93);
+    assert!(disconnect, "expected DISCONNECT 0x93 in {:02x?}", tail(&got));
 }
 
 #[tokio::test]

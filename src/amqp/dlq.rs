@@ -7,12 +7,12 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use crate::core::store::QueueId;
 use tracing::{info, warn};
 
 use super::entities::queue_config;
 use super::AmqpContext;
 use crate::core::dead_letter::{dlq_name, DeadLetterQueues};
+use crate::core::store::QueueId;
 
 impl DeadLetterQueues for AmqpContext {
     fn dead_letter_queue<'a>(

@@ -4,10 +4,11 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use crate::core::store::QueueId;
 use ferrymq_amqp::connection::{Content, Publish};
-use ferrymq_amqp::methods::{basic, exchange, queue, tx};
+use ferrymq_amqp::methods::{basic, connection, exchange, queue, tx};
 use ferrymq_amqp::AMQPClass;
+
+use tracing::info;
 
 use super::channel::{ChannelConsumer, Settle, TxPublish};
 use super::connection::{PendingConfirm, Task, NO_ACK_CREDIT};
@@ -19,7 +20,7 @@ use crate::core::message::{now_ms, Message, SharedMessage};
 use crate::core::queue::{Consumer, QueueConfig};
 use crate::core::router::{Binding, ExchangeDef, ExchangeKind, RouteError, Routes};
 use crate::core::shards::ShardCmd;
-use crate::core::store::StoreWrite;
+use crate::core::store::{QueueId, StoreWrite};
 use crate::core::stream::assignment::{GroupKey, MemberId, Scope};
 use crate::core::stream::StreamOffset;
 use crate::core::tag_filter::TagFilter;
@@ -45,6 +46,22 @@ fn reply(method: AMQPClass) -> Result<Option<AMQPClass>, Fail> {
 }
 
 impl Task {
+    /// Connection.Update-Secret (RabbitMQ 3.8+, e.g. an OAuth token refresh): the user is
+    /// checked again and the connection kept (Update-Secret-Ok), or closed with 530.
+    fn on_update_secret(&mut self, reason: &str) -> Result<Option<AMQPClass>, Fail> {
+        match self.ctx.users.update_secret(&self.user) {
+            Ok(()) => {
+                info!(reason, "secret updated");
+                reply(AMQPClass::Connection(connection::AMQPMethod::UpdateSecretOk(connection::UpdateSecretOk {})))
+            }
+            Err(e) => Err(Fail {
+                code: 530,
+                text: format!("NOT_ALLOWED - Secret update was refused for user '{}': {e}", self.user),
+                connection: true,
+            }),
+        }
+    }
+
     pub(super) async fn on_method(&mut self, channel: u16, method: AMQPClass) {
         let (class_id, method_id) = (method.get_amqp_class_id(), method.get_amqp_method_id());
         if matches!(method, AMQPClass::Queue(_) | AMQPClass::Basic(basic::AMQPMethod::Get(_))) {
@@ -55,6 +72,7 @@ impl Task {
             AMQPClass::Queue(m) => self.on_queue(channel, m).await,
             AMQPClass::Basic(m) => self.on_basic(channel, m).await,
             AMQPClass::Tx(m) => self.on_tx(channel, m).await,
+            AMQPClass::Connection(connection::AMQPMethod::UpdateSecret(u)) => self.on_update_secret(u.reason.as_str()),
             _ => Err(Fail { code: 540, text: "NOT_IMPLEMENTED - method not supported".into(), connection: true }),
         };
         match outcome {

@@ -190,6 +190,11 @@ impl SessionLink {
         }
     }
 
+    /// True while QoS 1/2 deliveries go to the spill queue (a backlog waits).
+    pub fn is_spilling(&self) -> bool {
+        self.spilling.load(Ordering::Acquire)
+    }
+
     /// The spill queue, once made.
     pub fn spill_queue(&self) -> Option<QueueId> {
         self.spill.lock().queue

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use ferrymq_mqtt::{Config as ProtoConfig, Connection, Event, ProtocolLevel, ReasonCode, Will};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf};
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, field, info, warn, Instrument};
 
@@ -27,7 +27,7 @@ use crate::core::queue::ConsumerEvent;
 use crate::core::router::{Destination, RouteCache};
 use crate::core::stats::Stats;
 use crate::core::store::{QueueId, SubOptions};
-use crate::socket::{front_stored, sleep_until, trim_drained, ReadBuffer, CLOSE_FLUSH};
+use crate::socket::{discard_until_eof, front_stored, sleep_until, trim_drained, ReadBuffer, CLOSE_FLUSH};
 
 /// Stop pulling deliveries while this many bytes wait to be written.
 const WRITE_HIGH_WATER: usize = 256 * 1024;
@@ -69,9 +69,15 @@ where
     async move {
         let conn_id = ctx.broker.next_id();
         let mut task = Task::new(ctx, conn_id, peer.ip());
-        task.run(stream).await;
+        let unfinished = task.run(stream).await;
         // Boxed: a rare, large future that every idle connection would otherwise carry.
         Box::pin(task.cleanup()).await;
+        // The broker closed while the client may still be writing: read and drop what it
+        // sends (bounded), so that it reads the DISCONNECT instead of a reset. The session
+        // is released first, so a take-over does not wait for this.
+        if let Some(mut reader) = unfinished {
+            let _ = tokio::time::timeout(CLOSE_FLUSH, discard_until_eof(&mut reader)).await;
+        }
     }
     .instrument(span)
     .await
@@ -116,6 +122,11 @@ pub(super) struct Task {
     pub(super) slow_consumer_timeout: Duration,
     /// Disconnected as a slow consumer (logged and counted once).
     pub(super) slow: bool,
+    /// The subscriber took something since the stall clock last started: bytes from the
+    /// socket buffer, or an acknowledgement of an outbound QoS 1/2 delivery.
+    pub(super) progress: bool,
+    /// The broker is shutting down (no lingering on the socket after the DISCONNECT).
+    pub(super) shutting_down: bool,
     pub(super) publishes_in: u64,
     pub(super) publishes_out: u64,
 }
@@ -171,12 +182,16 @@ impl Task {
             stalled_since: None,
             slow_consumer_timeout,
             slow: false,
+            progress: false,
+            shutting_down: false,
             publishes_in: 0,
             publishes_out: 0,
         }
     }
 
-    async fn run<S>(&mut self, stream: S)
+    /// Runs the connection until it closes; returns the socket's read half when the peer
+    /// has not closed its side yet (the caller drains it).
+    async fn run<S>(&mut self, stream: S) -> Option<ReadHalf<S>>
     where
         S: AsyncRead + AsyncWrite + Unpin + Send,
     {
@@ -204,11 +219,7 @@ impl Task {
                 was_blocked = blocked;
             }
             let can_pull = self.pending_out.is_empty() && wbuf.len() < WRITE_HIGH_WATER && self.session.is_some();
-            if wbuf.is_empty() {
-                self.stalled_since = None;
-            } else if self.stalled_since.is_none() {
-                self.stalled_since = Some(Instant::now());
-            }
+            self.watch_for_stall(!wbuf.is_empty());
             let deadline = self.proto.poll_timeout();
             let ack_ready = self.pending_acks.front().is_some_and(|a| a.signal.is_some());
             tokio::select! {
@@ -220,6 +231,7 @@ impl Task {
                     }
                     Some(Control::Shutdown) => {
                         self.publish_will = false;
+                        self.shutting_down = true;
                         self.proto.disconnect(ReasonCode::SERVER_SHUTTING_DOWN, Some("server shutting down"));
                     }
                     None => {}
@@ -228,8 +240,7 @@ impl Task {
                     Ok(n) => {
                         Stats::add(&self.ctx.broker.stats.bytes_sent, n as u64);
                         trim_drained(&mut wbuf);
-                        // Progress: the subscriber reads. The clock restarts while bytes wait.
-                        self.stalled_since = (!wbuf.is_empty()).then(Instant::now);
+                        self.progress |= n > 0;
                     }
                     Err(e) => { debug!(error = %e, "write failed"); eof = true; }
                 },
@@ -291,6 +302,21 @@ impl Task {
             let _ = tokio::time::timeout(CLOSE_FLUSH, writer.write_all(&wbuf)).await;
         }
         let _ = tokio::time::timeout(CLOSE_FLUSH, writer.shutdown()).await;
+        // (Not while the broker shuts down: it waits for its connections.)
+        (!eof && !self.shutting_down).then_some(reader)
+    }
+
+    /// Keeps the stall clock: it runs while deliveries wait for this subscriber (bytes
+    /// unwritten, deliveries outside its receive window, or a spilled backlog) and it takes
+    /// nothing; it restarts whenever it takes something. See [`Task::slow_consumer`].
+    fn watch_for_stall(&mut self, bytes_waiting: bool) {
+        let spilled = self.session.as_ref().and_then(|s| s.link.as_ref()).is_some_and(|l| l.is_spilling());
+        let waiting = bytes_waiting || !self.pending_out.is_empty() || spilled;
+        if !waiting {
+            self.stalled_since = None;
+        } else if std::mem::take(&mut self.progress) || self.stalled_since.is_none() {
+            self.stalled_since = Some(Instant::now());
+        }
     }
 
     /// Hands every event the protocol produced to its handler, then sends the acks that

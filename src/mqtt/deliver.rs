@@ -102,6 +102,7 @@ impl Task {
 
     /// PUBACK or PUBCOMP: the delivery is done; a queue entry is acknowledged.
     pub(super) fn on_outbound_complete(&mut self, pkid: u16) {
+        self.progress = true;
         if let Some(Origin::Queue(queue, offset)) = self.inflight.remove(&pkid) {
             self.ctx.broker.shards.send(ShardCmd::Ack { queue, offset });
         }
@@ -110,6 +111,7 @@ impl Task {
     /// PUBREC: the client has the QoS 2 message; the session's own queue marks the entry
     /// released (a resumed session sends PUBREL, not the message again).
     pub(super) fn on_pubrec(&mut self, pkid: u16) {
+        self.progress = true;
         if let Some(Origin::Queue(queue, offset)) = self.inflight.get(&pkid).copied() {
             if self.own_queue() == Some(queue) {
                 self.ctx.broker.shards.send(ShardCmd::Release { queue, offset });
