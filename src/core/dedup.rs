@@ -8,9 +8,9 @@
 //! An exchange's cache holds at most `x-cache-size` values (when full, the value that
 //! expires first makes room), each for `x-cache-ttl` ms (exchange argument, or the
 //! message's own `x-cache-ttl` header; none: until evicted). With
-//! `x-cache-persistence: disk` the values are kept in the [`DedupStore`]
-//! (crate::core::store::DedupStore), written with the message they came with, so the
-//! cache survives restarts; `memory` (the default) starts empty after one.
+//! `x-cache-persistence: disk` the values are kept in the
+//! [`DedupStore`](crate::core::store::DedupStore), written with the message they came
+//! with, so the cache survives restarts; `memory` (the default) starts empty after one.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
