@@ -158,10 +158,23 @@ def _suback_codes(body: bytes) -> list[int]:
     return list(body[pos + plen:])
 
 
-@pytest.mark.ferrymq_only(reason="Mosquitto 2.0.11 answers an invalid filter with DISCONNECT 0x81 "
+@pytest.mark.parametrize("bad", ["a/#/b", "a/b#", "a+/b", "#/a"])
+def test_malformed_filter_is_a_malformed_packet(broker, topic, bad):
+    """A filter that breaks the filter syntax makes SUBSCRIBE malformed (MQTT-4.7.1-1):
+    DISCONNECT 0x81 and close, as Mosquitto does."""
+    r = _raw_subscribe(broker, [(bad, 1), (f"{topic}/ok", 1)])
+    try:
+        p = r.read_packet()
+        assert p is not None and p[0] == DISCONNECT and p[2][0] == 0x81, f"expected DISCONNECT 0x81, got {p}"
+        assert r.wait_closed(TIMEOUT) == []
+    finally:
+        r.close()
+
+
+@pytest.mark.ferrymq_only(reason="Mosquitto 2.0.11 answers a bad $share group with DISCONNECT 0x81 "
                                  "(malformed packet) instead of SUBACK 0x8F")
-@pytest.mark.parametrize("bad", ["a/#/b", "a/b#", "a+/b", "$share/g#/t", "$share/g", "$share//t"])
-def test_suback_invalid_filter_reason_code(broker, topic, bad):
+@pytest.mark.parametrize("bad", ["$share/g#/t", "$share/g", "$share//t"])
+def test_suback_invalid_shared_filter_reason_code(broker, topic, bad):
     r = _raw_subscribe(broker, [(bad, 1), (f"{topic}/ok", 1)])
     try:
         p = r.read_packet()

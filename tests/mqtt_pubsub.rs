@@ -123,7 +123,7 @@ async fn unsubscribe_stops_delivery() {
 }
 
 #[tokio::test]
-async fn invalid_filters_are_refused_in_suback() {
+async fn invalid_filters_are_refused_in_suback_or_malformed() {
     // rumqttc refuses to send invalid filters, so these go over a raw socket.
     let broker = Broker::start();
     let subscribe = |filter: &str, v5: bool| {
@@ -147,14 +147,39 @@ async fn invalid_filters_are_refused_in_suback() {
     raw.send(&subscribe("ok/+", false)).await;
     assert_eq!(raw.read_at_least(5).await, vec![0x90, 3, 0, 5, 0x01]);
 
+    // MQTT 5: a filter that breaks the filter syntax makes the packet malformed
+    // (MQTT-4.7.1-1, MQTT-4.7.3-1): DISCONNECT 0x81 and close, as Mosquitto does, for
+    // SUBSCRIBE and UNSUBSCRIBE alike; a well-formed filter that is not allowed (a bad
+    // `$share/` group) gets SUBACK 0x8F on a connection that stays.
+    let unsubscribe = |filter: &str| {
+        let mut body = vec![0, 6, 0];
+        body.extend_from_slice(&(filter.len() as u16).to_be_bytes());
+        body.extend_from_slice(filter.as_bytes());
+        common::packet(0xA2, &body)
+    };
+    for bad in ["a/#/b", "#/a", "a+/b", "a/b#", ""] {
+        for packet in [subscribe(bad, true), unsubscribe(bad)] {
+            let mut raw = common::Raw::connect(&broker).await;
+            raw.send(&common::connect_v5_bytes("bad-filters-5")).await;
+            let ack = raw.read_at_least(3).await;
+            assert_eq!(ack[0], 0x20);
+            let connack_len = 2 + ack[1] as usize;
+            raw.send(&packet).await;
+            let got = raw.read_until_closed().await;
+            let rest = &[&ack[connack_len..], &got[..]].concat();
+            assert_eq!(rest.first(), Some(&0xE0), "{bad:?}: DISCONNECT in {rest:02x?}");
+            assert_eq!(rest.get(2), Some(&0x81), "{bad:?}: Malformed Packet in {rest:02x?}");
+        }
+    }
     let mut raw = common::Raw::connect(&broker).await;
-    raw.send(&common::connect_v5_bytes("bad-filters-5")).await;
+    raw.send(&common::connect_v5_bytes("bad-share-5")).await;
     let ack = raw.read_at_least(3).await;
-    assert_eq!(ack[0], 0x20);
     let rest = ack.len() - (2 + ack[1] as usize);
-    raw.send(&subscribe("a/#/b", true)).await;
+    raw.send(&subscribe("$share//t", true)).await;
     let got = raw.read_at_least(6 + rest).await;
     assert_eq!(&got[rest..], &[0x90, 4, 0, 5, 0, 0x8F]);
+    raw.send(&subscribe("ok/+", true)).await;
+    assert_eq!(raw.read_at_least(6).await, vec![0x90, 4, 0, 5, 0, 0x01], "the connection stays");
 }
 
 #[tokio::test]

@@ -367,3 +367,39 @@ async fn topic_level_limit_applies_to_names_and_filters() {
         "DISCONNECT 0x90: {got:02x?}"
     );
 }
+
+/// `$SYS/...` belongs to the broker: a 5.0 client's PUBLISH there is refused with PUBACK
+/// 0x87 Not authorized (as Mosquitto), and nobody receives it.
+#[tokio::test]
+async fn a_publish_to_sys_is_not_authorized() {
+    let broker = Broker::start();
+    let mut watcher = v5::connect(&broker, "sys-watch").await;
+    watcher.subscribe("$SYS/custom/#", v5::QoS::AtLeastOnce).await;
+    let mut p = v5::connect(&broker, "sys-writer").await;
+    p.client.publish("$SYS/custom/x", v5::QoS::AtLeastOnce, false, "forged").await.unwrap();
+    loop {
+        if let v5::Packet::PubAck(a) = p.next().await {
+            assert_eq!(a.reason, rumqttc::v5::mqttbytes::v5::PubAckReason::NotAuthorized);
+            break;
+        }
+    }
+    watcher.expect_no_publish(Duration::from_millis(300)).await;
+}
+
+/// MQTT-3.2.0-1: the CONNACK comes first, even for a client whose Maximum Packet Size is
+/// smaller than the broker's usual CONNACK: optional properties are dropped until it fits
+/// (Mosquitto's test connects with 20 and an assigned client id).
+#[tokio::test]
+async fn the_connack_fits_a_small_maximum_packet_size() {
+    let broker = Broker::start();
+    let mut raw = Raw::connect(&broker).await;
+    raw.send(&connect_bytes(5, "", 0x02, 60, &[5, 0x27, 0, 0, 0, 20])).await;
+    let got = raw.read_at_least(2).await;
+    assert_eq!(got[0], 0x20, "CONNACK first: {got:02x?}");
+    let len = 2 + got[1] as usize;
+    assert!(len <= 20, "{len} bytes: {got:02x?}");
+    let got = if got.len() < len { [got.clone(), raw.read_at_least(len - got.len()).await].concat() } else { got };
+    assert_eq!(got[3], 0, "Success: {got:02x?}");
+    raw.send(&[0xC0, 0]).await;
+    assert_eq!(raw.read_at_least(2).await, vec![0xD0, 0], "the connection works");
+}

@@ -16,6 +16,13 @@
 //! The record lives as long as the entry, so a restart knows which entries still wait
 //! (due in the future: not delivered before it, and their timer is added again in case
 //! it was lost) and how often every retried entry was delivered.
+//!
+//! # Delivery watermark
+//!
+//! Key: queue id (u64 BE) then `w`; value: one past the highest offset ever delivered
+//! (u64 BE). Entries below it that are still there after a restart may have been
+//! delivered: they go out as redeliveries (AMQP `redelivered`, MQTT DUP); entries above
+//! it were never sent and go out as first deliveries.
 
 use bytes::Bytes;
 use ferrymq_storage::{Op, QueueId, TimerEntry};
@@ -64,6 +71,15 @@ pub fn record_key(queue: QueueId, offset: u64) -> Bytes {
 /// Prefix of every retry record of `queue`.
 pub fn record_prefix(queue: QueueId) -> Bytes {
     Bytes::copy_from_slice(&queue.0.to_be_bytes())
+}
+
+/// Key of a queue's delivery watermark in the retry keyspace: every entry below it may
+/// have been delivered (u64 BE value). Nine bytes, so it never reads as a retry record.
+pub fn watermark_key(queue: QueueId) -> Bytes {
+    let mut k = Vec::with_capacity(9);
+    k.extend_from_slice(&queue.0.to_be_bytes());
+    k.push(b'w');
+    Bytes::from(k)
 }
 
 /// Value of a retry record.

@@ -14,6 +14,7 @@ use super::convert::message_in;
 use crate::core::broker::{Commit, DurableSignal, RetainMode};
 use crate::core::message::{now_ms, SharedMessage};
 use crate::core::router::MQTT_VHOST;
+use crate::core::stats::Stats;
 use crate::core::store::StoreWrite;
 
 /// Topic prefix of delayed publishes.
@@ -87,9 +88,10 @@ impl Task {
             return;
         }
         if is_reserved(&p.topic) {
-            // Reserved for the broker; Mosquitto drops these silently too.
-            debug!(topic = %p.topic, "publish to a reserved topic dropped");
-            self.push_ack(pkid, qos, None, ReasonCode::SUCCESS);
+            // Reserved for the broker: an MQTT 5 client is told (0x87, as Mosquitto), a 3.x
+            // one gets its ack; the message is dropped and counted either way.
+            Stats::add(&self.ctx.broker.stats.publish_dropped, 1);
+            self.refuse_publish(pkid, qos, ReasonCode::NOT_AUTHORIZED, "publish to a topic reserved for the broker");
             return;
         }
         let retain = if p.retain { RetainMode::Persist } else { RetainMode::None };

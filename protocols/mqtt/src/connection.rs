@@ -27,6 +27,10 @@ use crate::codec::{self, DecodeError};
 use crate::packet::*;
 use crate::reason::ReasonCode;
 
+/// QoS 2 resends an MQTT 5 client may make on one connection beyond one per packet id
+/// restored at CONNECT, before it is closed with 0x82 Protocol error.
+pub const QOS2_RESEND_SLACK: u32 = 16;
+
 /// Server-side limits and capabilities of a connection.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -282,6 +286,11 @@ pub struct Connection {
     /// Retained publishes allowed from the client.
     retain_available: bool,
     inbound: IdMap<InState>,
+    /// QoS 2 PUBLISHes received again for an id awaiting PUBREL, and how many of those
+    /// this connection may get (MQTT 5 allows a resend only after a reconnect: once per
+    /// id restored at CONNECT, plus [`QOS2_RESEND_SLACK`]).
+    qos2_resends: u32,
+    qos2_resends_allowed: u32,
     in_aliases: InboundAliases,
     outbound: Outbound,
     out_aliases: OutboundAliases,
@@ -313,6 +322,8 @@ impl Connection {
             },
             max_qos: 2,
             inbound: IdMap::default(),
+            qos2_resends: 0,
+            qos2_resends_allowed: QOS2_RESEND_SLACK,
             in_aliases: InboundAliases::default(),
             outbound,
             out_aliases: OutboundAliases::new(0),
@@ -458,11 +469,21 @@ impl Connection {
             }
             self.max_qos = p.maximum_qos.unwrap_or(2);
             self.retain_available = retain;
-            Packet::ConnAck {
+            let mut packet = Packet::ConnAck {
                 session_present: accept.session_present,
                 reason: ReasonCode::SUCCESS,
                 properties: Box::new(p),
+            };
+            // MQTT-3.2.0-1: the CONNACK comes first, so it must fit the client's Maximum
+            // Packet Size: optional properties go until it does; if it cannot, the client
+            // is refused with 0x95 Packet too large (sent if even that fits).
+            if let Some(max) = self.peer.maximum_packet_size {
+                if !shrink_connack_to(&mut packet, max as usize) {
+                    self.refuse(ReasonCode::PACKET_TOO_LARGE);
+                    return;
+                }
             }
+            packet
         } else {
             Packet::ConnAck {
                 session_present: accept.session_present,
@@ -471,6 +492,7 @@ impl Connection {
             }
         };
         self.queue(packet);
+        self.qos2_resends_allowed = QOS2_RESEND_SLACK.saturating_add(accept.inbound_qos2.len() as u32);
         for id in accept.inbound_qos2 {
             if id != 0 {
                 self.inbound.insert(id, InState::Qos2Answered);
@@ -721,6 +743,36 @@ impl Connection {
         // Only `TooLarge` can fail here, for packets the broker built oversized: drop.
         let _ = codec::encode(&packet, level, &mut self.out);
     }
+}
+
+/// Drops a 5.0 CONNACK's optional properties, least needed first, until it encodes in
+/// `max` bytes: the problem information and properties that only restate a default, then
+/// the limits a client may do without (topic aliases are then not used; the broker still
+/// enforces its packet size and receive maximum, with the reason codes the client would
+/// see), then the assigned client identifier. False when even the bare CONNACK is larger.
+fn shrink_connack_to(packet: &mut Packet, max: usize) -> bool {
+    let fits = |p: &Packet| codec::encoded_len(p, ProtocolLevel::V5).is_ok_and(|n| n <= max);
+    if fits(packet) {
+        return true;
+    }
+    strip_problem_info(packet, true);
+    let steps: [fn(&mut ConnAckProperties); 6] = [
+        |p| p.response_information = None,
+        |p| p.server_reference = None,
+        |p| p.topic_alias_maximum = None,
+        |p| p.maximum_packet_size = None,
+        |p| p.receive_maximum = None,
+        |p| p.assigned_client_identifier = None,
+    ];
+    for step in steps {
+        if fits(packet) {
+            return true;
+        }
+        if let Packet::ConnAck { properties, .. } = packet {
+            step(properties);
+        }
+    }
+    fits(packet)
 }
 
 /// Removes reason strings and user properties from a packet the server sends; CONNACK

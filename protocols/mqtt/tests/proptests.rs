@@ -163,7 +163,8 @@ fn packet(level: ProtocolLevel) -> BoxedStrategy<Packet> {
             reason_string(v5),
         )
             .prop_map(move |(sp, reason, se, aci, rs)| Packet::ConnAck {
-                session_present: sp && !reason.is_error(),
+                // MQTT 3.1 has no session present flag (its byte is reserved).
+                session_present: sp && !reason.is_error() && level != ProtocolLevel::V3_1,
                 reason,
                 properties: Box::new(if v5 {
                     ConnAckProperties {

@@ -29,6 +29,7 @@ pub use config::{DeadLetterTarget, Overflow, QueueConfig, QueueGauge};
 pub use consumer::{Consumer, ConsumerEvent, ConsumerId};
 use std::collections::HashMap;
 
+use bytes::Bytes;
 use ferrymq_storage::{Journal, Op, Pointer, QueueId, Space};
 use tracing::warn;
 
@@ -181,9 +182,12 @@ pub struct Queue {
     next_offset: u64,
     /// Entries with offset below this are in memory (ready or unacked) or gone.
     loaded_upto: u64,
-    /// Entries below this offset existed when the queue was loaded: they may have been
-    /// delivered before a restart, so they go out as redeliveries.
+    /// Entries below this offset may have been delivered before the queue was loaded (the
+    /// stored delivery watermark), so they go out as redeliveries.
     recovered_upto: u64,
+    /// One past the highest offset delivered, and the value last stored.
+    delivered_upto: u64,
+    stored_delivered_upto: u64,
     ready: Ready,
     unacked: BTreeMap<u64, Unacked>,
     /// Entries waiting for their delayed retry, by offset.
@@ -258,6 +262,13 @@ impl Queue {
                 }
             }
         }
+        // Entries that may have been delivered before: below the stored watermark (data
+        // written before it existed: every entry).
+        let watermark = match journal.get(Space::Retry, &retry::watermark_key(id)) {
+            Ok(Some(v)) => <[u8; 8]>::try_from(&v[..]).map(u64::from_be_bytes).unwrap_or(next_offset),
+            _ => next_offset,
+        }
+        .min(next_offset);
         // Records whose entry is gone.
         for offset in records.into_keys() {
             load_ops.push(Op::Delete { space: Space::Retry, key: retry::record_key(id, offset) });
@@ -269,7 +280,9 @@ impl Queue {
             config,
             next_offset,
             loaded_upto: first.unwrap_or(next_offset),
-            recovered_upto: next_offset,
+            recovered_upto: watermark,
+            delivered_upto: watermark,
+            stored_delivered_upto: watermark,
             ready,
             unacked: BTreeMap::new(),
             waiting,
@@ -765,6 +778,8 @@ impl Queue {
         // Retry records go too (unacked entries lose their count: it is only kept for
         // what waits).
         ops.push(Op::DeletePrefix { space: Space::Retry, prefix: retry::record_prefix(self.id) });
+        self.stored_delivered_upto = 0;
+        self.store_watermark(ops);
         for u in self.unacked.values_mut() {
             u.entry.retry_record = false;
         }
@@ -823,7 +838,9 @@ impl Queue {
             self.forget(&entry, &mut fx.ops);
         } else {
             entry.msg = Some(msg);
+            self.delivered_upto = self.delivered_upto.max(entry.offset + 1);
             self.unacked.insert(entry.offset, Unacked { entry, consumer });
+            self.store_watermark(&mut fx.ops);
         }
         let remaining = self.ready_len();
         Some(Got { delivery, remaining })
@@ -919,6 +936,11 @@ impl Queue {
     /// Hands ready entries to consumers with credit, paging entries in from storage as
     /// needed. Expired or unreadable entries are dropped.
     pub fn pump(&mut self, journal: &Journal, fx: &mut Effects) {
+        self.deliver_ready(journal, fx);
+        self.store_watermark(&mut fx.ops);
+    }
+
+    fn deliver_ready(&mut self, journal: &Journal, fx: &mut Effects) {
         loop {
             if self.consumers.is_empty() || self.pick_consumer_peek().is_none() {
                 return;
@@ -964,7 +986,19 @@ impl Queue {
             }
             consumer.credit -= 1;
             let id = consumer.id;
+            self.delivered_upto = self.delivered_upto.max(entry.offset + 1);
             self.unacked.insert(entry.offset, Unacked { entry, consumer: id });
+        }
+    }
+
+    /// Stores the delivery watermark when it moved (one small write per turn that
+    /// delivered, not one per message; a power loss may lose it, and then a redelivery
+    /// goes out as a first delivery).
+    pub fn store_watermark(&mut self, ops: &mut Vec<Op>) {
+        if self.delivered_upto > self.stored_delivered_upto {
+            self.stored_delivered_upto = self.delivered_upto;
+            let value = Bytes::copy_from_slice(&self.delivered_upto.to_be_bytes());
+            ops.push(Op::Put { space: Space::Retry, key: retry::watermark_key(self.id), value });
         }
     }
 
@@ -1244,6 +1278,25 @@ mod tests {
     }
 
     #[test]
+    fn after_a_reload_only_entries_delivered_before_are_redeliveries() {
+        let mut f = fixture(|_| {});
+        for n in 0..4 {
+            f.publish(n, 1);
+        }
+        let mut rx = f.consumer(1, 2);
+        assert_eq!(drain(&mut rx), vec![(0, false, 0), (1, false, 1)], "first deliveries");
+        // A restart: the two delivered entries may have reached the client, the others not.
+        let config = f.queue.config().clone();
+        f.queue = Queue::load(f.queue.id(), config, &f.journal);
+        let mut rx = f.consumer(2, 10);
+        assert_eq!(
+            drain(&mut rx),
+            vec![(0, true, 0), (1, true, 1), (2, false, 2), (3, false, 3)],
+            "DUP / redelivered only where a delivery may have happened"
+        );
+    }
+
+    #[test]
     fn detach_returns_unacked_in_order_as_redeliveries() {
         let mut f = fixture(|_| {});
         let mut rx = f.consumer(1, 3);
@@ -1383,7 +1436,11 @@ mod tests {
         assert_eq!((n_of(&d.msg), d.redelivered), (0, true));
         f.queue.ack(0, &mut f.fx.ops);
         f.flush();
-        assert!(f.journal.scan(Space::Retry, b"").unwrap().is_empty(), "the retry record leaves with the entry");
+        let records = f.journal.scan(Space::Retry, b"").unwrap();
+        assert!(
+            !records.iter().any(|(k, v)| retry::decode_record(k, v).is_some()),
+            "the retry record leaves with the entry"
+        );
     }
 
     #[test]

@@ -258,7 +258,9 @@ pub(crate) fn put_connack<S: Sink>(
         props::write(s, properties);
     } else {
         let code = reason.to_v3_connack();
-        s.put_u8(u8::from(session_present && code == 0));
+        // MQTT 3.1 has no session present flag: the byte is reserved and must be 0.
+        let flag = level == ProtocolLevel::V3_1_1 && session_present && code == 0;
+        s.put_u8(u8::from(flag));
         s.put_u8(code);
     }
 }

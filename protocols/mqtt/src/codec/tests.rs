@@ -108,7 +108,8 @@ fn all_packets(level: ProtocolLevel) -> Vec<Packet> {
             properties: ConnectProperties::default(),
         })),
         Packet::ConnAck {
-            session_present: true,
+            // MQTT 3.1 has no session present flag (its byte is reserved).
+            session_present: level != ProtocolLevel::V3_1,
             reason: ReasonCode::SUCCESS,
             properties: Box::new(if v5 {
                 ConnAckProperties {
@@ -293,6 +294,8 @@ fn v3_connack_return_codes() {
     ];
     for (reason, code, sp) in cases {
         assert_eq!(&enc(&connack(reason), ProtocolLevel::V3_1_1)[..], &[0x20, 2, sp, code], "{reason:?}");
+        // 3.1 (MQIsdp) has no session present flag: its byte is reserved, always 0.
+        assert_eq!(&enc(&connack(reason), ProtocolLevel::V3_1)[..], &[0x20, 2, 0, code], "3.1 {reason:?}");
     }
     assert_eq!(
         dec(&[0x20, 2, 0, 4], Some(ProtocolLevel::V3_1_1)).unwrap().unwrap(),

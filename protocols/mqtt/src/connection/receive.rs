@@ -132,20 +132,28 @@ impl Connection {
     fn on_packet(&mut self, packet: Packet) {
         match packet {
             Packet::Publish(p) => self.on_publish(p),
-            Packet::PubAck { pkid, .. } => {
-                if self.outbound.get(pkid) == Some(OutState::Ack) {
+            // An acknowledgement of the wrong kind for the packet id's QoS (PUBACK for a
+            // QoS 2 delivery, PUBREC or PUBCOMP for a QoS 1 one) is a protocol violation,
+            // as Mosquitto treats it; an unknown id is a stale ack and ignored.
+            Packet::PubAck { pkid, .. } => match self.outbound.get(pkid) {
+                Some(OutState::Ack) => {
                     self.outbound.remove(pkid);
                     self.events.push_back(Event::PubAck { pkid });
                 }
-            }
+                Some(OutState::Rec | OutState::Comp) => self.wrong_ack("PUBACK for a QoS 2 message"),
+                None => {}
+            },
             Packet::PubRec { pkid, reason, .. } => self.on_pubrec(pkid, reason),
             Packet::PubRel { pkid, .. } => self.on_pubrel(pkid),
-            Packet::PubComp { pkid, .. } => {
-                if self.outbound.get(pkid) == Some(OutState::Comp) {
+            Packet::PubComp { pkid, .. } => match self.outbound.get(pkid) {
+                Some(OutState::Comp) => {
                     self.outbound.remove(pkid);
                     self.events.push_back(Event::PubComp { pkid });
                 }
-            }
+                Some(OutState::Ack) => self.wrong_ack("PUBCOMP for a QoS 1 message"),
+                Some(OutState::Rec) => self.wrong_ack("PUBCOMP before PUBREC"),
+                None => {}
+            },
             Packet::Subscribe(s) => {
                 let shared_no_local = s.filters.iter().any(|f| f.no_local && f.filter.starts_with("$share/"));
                 if self.is_v5() && shared_no_local {
@@ -153,9 +161,14 @@ impl Connection {
                         ReasonCode::PROTOCOL_ERROR,
                         "no local on a shared subscription",
                     ));
+                } else if self.is_v5() && s.filters.iter().any(|f| is_malformed_filter(&f.filter)) {
+                    self.fail(MALFORMED_FILTER);
                 } else {
                     self.events.push_back(Event::Subscribe(s));
                 }
+            }
+            Packet::Unsubscribe(u) if self.is_v5() && u.filters.iter().any(|f| is_malformed_filter(f)) => {
+                self.fail(MALFORMED_FILTER);
             }
             Packet::Unsubscribe(u) => self.events.push_back(Event::Unsubscribe(u)),
             Packet::PingReq => self.queue(Packet::PingResp),
@@ -219,6 +232,13 @@ impl Connection {
             (QoS::AtLeastOnce, Some(InState::Qos1)) => {}
             (QoS::ExactlyOnce, Some(InState::Qos2Pending)) => return,
             (QoS::ExactlyOnce, Some(InState::Qos2Answered)) => {
+                self.qos2_resends += 1;
+                if self.is_v5() && self.qos2_resends > self.qos2_resends_allowed {
+                    return self.fail(ProtocolError::Violation(
+                        ReasonCode::PROTOCOL_ERROR,
+                        "QoS 2 PUBLISH resent on the same connection",
+                    ));
+                }
                 return self.queue(Packet::PubRec { pkid, reason: ReasonCode::SUCCESS, reason_string: None });
             }
             (_, Some(_)) => {
@@ -236,6 +256,12 @@ impl Connection {
         self.events.push_back(Event::Publish(p));
     }
 
+    /// Closes the connection for an acknowledgement that does not match the delivery's
+    /// QoS (MQTT 5: DISCONNECT 0x82 Protocol error).
+    fn wrong_ack(&mut self, what: &'static str) {
+        self.fail(ProtocolError::Violation(ReasonCode::PROTOCOL_ERROR, what));
+    }
+
     fn on_pubrec(&mut self, pkid: u16, reason: ReasonCode) {
         match self.outbound.get(pkid) {
             Some(OutState::Rec) => {
@@ -250,7 +276,7 @@ impl Connection {
                 }
             }
             Some(OutState::Comp) => self.queue(Packet::PubRel { pkid, reason: ReasonCode::SUCCESS }),
-            Some(OutState::Ack) => {}
+            Some(OutState::Ack) => self.wrong_ack("PUBREC for a QoS 1 message"),
             None => {
                 if self.is_v5() {
                     self.queue(Packet::PubRel { pkid, reason: ReasonCode::PACKET_IDENTIFIER_NOT_FOUND });
@@ -272,4 +298,20 @@ impl Connection {
             }
         }
     }
+}
+
+/// The error for a 5.0 SUBSCRIBE or UNSUBSCRIBE with a malformed topic filter.
+const MALFORMED_FILTER: ProtocolError =
+    ProtocolError::Violation(ReasonCode::MALFORMED_PACKET, "malformed topic filter");
+
+/// True for a topic filter that breaks the filter syntax itself: empty (MQTT-4.7.3-1),
+/// a wildcard not alone in its level or `#` not last (MQTT-4.7.1-1, -2), or a null
+/// character. In MQTT 5 that makes the packet malformed (DISCONNECT 0x81); a well-formed
+/// filter the broker does not allow (too many levels, a bad `$share/` group) gets its
+/// SUBACK reason code instead.
+fn is_malformed_filter(filter: &str) -> bool {
+    matches!(
+        crate::topic::parse_filter(filter, 0),
+        Err(crate::topic::TopicError::Empty | crate::topic::TopicError::Wildcard | crate::topic::TopicError::NullChar)
+    )
 }

@@ -144,7 +144,9 @@ fn accept_v3_and_v311() {
         assert!(matches!(c.events().as_slice(), [Event::Connect(x)] if x.client_id == "client"));
         assert_eq!(c.conn.pending_output(), 0);
         c.conn.accept(Accept { session_present: true, ..Accept::default() });
-        assert_eq!(&c.out_bytes()[..], &[0x20, 2, 1, 0]);
+        // MQTT 3.1 has no session present flag: the byte is reserved and 0.
+        let flags = u8::from(level == V4);
+        assert_eq!(&c.out_bytes()[..], &[0x20, 2, flags, 0], "{level:?}");
         assert!(!c.conn.is_closed());
     }
 }
@@ -619,6 +621,41 @@ fn client_maximum_packet_size() {
 }
 
 #[test]
+fn a_connack_sheds_optional_properties_to_fit_the_client_maximum_packet_size() {
+    for max in [20u32, 12, 6] {
+        let mut c = Client::new(V5, Config { topic_alias_maximum: 10, ..Config::default() });
+        let props = ConnectProperties { maximum_packet_size: Some(max), ..ConnectProperties::default() };
+        c.send(&connect_packet(V5, props));
+        assert!(matches!(c.events().as_slice(), [Event::Connect(_)]));
+        let accept = Accept {
+            assigned_client_id: Some("ferrymq-0123456789abcdef".into()),
+            properties: ConnAckProperties { reason_string: Some("welcome".into()), ..ConnAckProperties::default() },
+            ..Accept::default()
+        };
+        c.conn.accept(accept);
+        let bytes = c.out_bytes();
+        assert!(bytes.len() <= max as usize, "max {max}: {} bytes", bytes.len());
+        assert_eq!(&bytes[..4], &[0x20, bytes.len() as u8 - 2, 0, 0][..], "max {max}: a successful CONNACK first");
+        assert!(!c.conn.is_closed());
+    }
+}
+
+#[test]
+fn a_client_whose_maximum_packet_size_fits_no_connack_is_closed() {
+    // Five bytes still hold a bare CONNACK (every property shed); four hold no packet at
+    // all, not even the refusal (0x95 Packet too large), so the connection just closes.
+    for (max, expect, closed) in [(5u32, vec![0x20, 3, 0, 0, 0], false), (4, vec![], true)] {
+        let mut c = Client::new(V5, Config::default());
+        let props = ConnectProperties { maximum_packet_size: Some(max), ..ConnectProperties::default() };
+        c.send(&connect_packet(V5, props));
+        assert!(matches!(c.events().as_slice(), [Event::Connect(_)]));
+        c.conn.accept(Accept { assigned_client_id: Some("id".into()), ..Accept::default() });
+        assert_eq!(&c.out_bytes()[..], &expect[..], "max {max}");
+        assert_eq!(c.conn.is_closed(), closed, "max {max}");
+    }
+}
+
+#[test]
 fn v3_drops_properties() {
     let mut c = Client::connected(V4, Config::default(), ConnectProperties::default());
     let mut o = outgoing(QoS::AtMostOnce, "t");
@@ -798,4 +835,70 @@ fn subscription_identifier_from_client_and_shared_no_local() {
         user_properties: vec![],
     }));
     assert_eq!(disconnect_reason(&c.out()), Some(ReasonCode::PROTOCOL_ERROR));
+}
+
+#[test]
+fn an_acknowledgement_of_the_wrong_kind_is_a_protocol_error() {
+    let qos1_pubcomp = (QoS::AtLeastOnce, Packet::PubComp { pkid: 1, reason: ReasonCode::SUCCESS });
+    let qos1_pubrec = (QoS::AtLeastOnce, Packet::PubRec { pkid: 1, reason: ReasonCode::SUCCESS, reason_string: None });
+    let qos2_puback = (QoS::ExactlyOnce, Packet::PubAck { pkid: 1, reason: ReasonCode::SUCCESS, reason_string: None });
+    let qos2_early_pubcomp = (QoS::ExactlyOnce, Packet::PubComp { pkid: 1, reason: ReasonCode::SUCCESS });
+    for (qos, wrong) in [qos1_pubcomp, qos1_pubrec, qos2_puback, qos2_early_pubcomp] {
+        for level in [V4, V5] {
+            let mut c = Client::connected(level, Config::default(), ConnectProperties::default());
+            assert_eq!(c.conn.send_publish(outgoing(qos, "t")), Ok(1));
+            c.out();
+            c.send(&wrong);
+            assert!(c.conn.is_closed(), "{level:?} {qos:?} {wrong:?}");
+            let out = c.out();
+            if level == V5 {
+                assert!(
+                    matches!(out.as_slice(), [Packet::Disconnect(d)] if d.reason == ReasonCode::PROTOCOL_ERROR),
+                    "{wrong:?}: {out:?}"
+                );
+            } else {
+                assert!(out.is_empty(), "3.1.1 closes without a packet: {out:?}");
+            }
+        }
+    }
+    // Acknowledgements of unknown packet ids are stale, not errors.
+    let mut c = Client::connected(V5, Config::default(), ConnectProperties::default());
+    c.send(&Packet::PubAck { pkid: 77, reason: ReasonCode::SUCCESS, reason_string: None });
+    c.send(&Packet::PubComp { pkid: 78, reason: ReasonCode::SUCCESS });
+    assert!(!c.conn.is_closed());
+}
+
+#[test]
+fn a_5_0_client_may_resend_a_qos2_publish_after_a_reconnect_not_over_and_over() {
+    let resend = || {
+        let Packet::Publish(mut p) = publish(QoS::ExactlyOnce, 9, "t") else { unreachable!() };
+        p.dup = true;
+        Packet::Publish(p)
+    };
+    for level in [V4, V5] {
+        let mut c = Client::new(level, Config::default());
+        c.send(&connect_packet(level, ConnectProperties::default()));
+        c.events();
+        // Restored from the previous connection: one legitimate resend of id 9.
+        c.conn.accept(Accept { inbound_qos2: vec![9], ..Accept::default() });
+        c.out();
+        let mut closed_after = None;
+        for n in 1..=QOS2_RESEND_SLACK + 3 {
+            c.send(&resend());
+            if c.conn.is_closed() {
+                closed_after = Some(n);
+                break;
+            }
+            assert!(matches!(c.out().as_slice(), [Packet::PubRec { pkid: 9, .. }]), "{level:?} resend {n}");
+        }
+        match level {
+            V5 => {
+                assert_eq!(closed_after, Some(QOS2_RESEND_SLACK + 2), "past the bound");
+                assert!(
+                    matches!(c.out().as_slice(), [Packet::Disconnect(d)] if d.reason == ReasonCode::PROTOCOL_ERROR)
+                );
+            }
+            _ => assert_eq!(closed_after, None, "3.1.1 allows resends"),
+        }
+    }
 }
