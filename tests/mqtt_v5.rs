@@ -403,3 +403,58 @@ async fn the_connack_fits_a_small_maximum_packet_size() {
     raw.send(&[0xC0, 0]).await;
     assert_eq!(raw.read_at_least(2).await, vec![0xD0, 0], "the connection works");
 }
+
+/// A SUBSCRIBE takes effect for every publish the broker reads after it: client B
+/// subscribes and client A publishes right after, without waiting for B's SUBACK (as
+/// Eclipse Paho's `test_subscribe_options` and `test_request_response` do). The two
+/// connections' tasks are woken together; the publish must not be routed first. Repeated,
+/// since a wrong order shows as a race.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_applies_to_a_publish_read_right_after_it() {
+    let broker = Broker::start();
+    let subscribe = |topic: &str| {
+        let mut body = vec![0, 9, 0];
+        body.extend_from_slice(&(topic.len() as u16).to_be_bytes());
+        body.extend_from_slice(topic.as_bytes());
+        body.push(0x05); // QoS 1, no local
+        packet(0x82, &body)
+    };
+    let publish = |topic: &str| {
+        let mut body = (topic.len() as u16).to_be_bytes().to_vec();
+        body.extend_from_slice(topic.as_bytes());
+        body.extend_from_slice(&[0, 1, 0]); // packet id 1, no properties
+        body.extend_from_slice(b"request");
+        packet(0x32, &body)
+    };
+    let connect = |id: &str| connect_bytes(5, id, 0x02, 60, &[0]);
+    let mut missed = Vec::new();
+    for round in 0..20 {
+        let topic = format!("race/{round}");
+        let mut a = Raw::connect(&broker).await;
+        let mut b = Raw::connect(&broker).await;
+        a.send(&connect(&format!("a-{round}"))).await;
+        b.send(&connect(&format!("b-{round}"))).await;
+        let _ = a.read_at_least(3).await;
+        let _ = b.read_at_least(3).await;
+        a.send(&subscribe(&topic)).await;
+        let _ = a.read_at_least(5).await;
+        // B's SUBSCRIBE, then at once A's PUBLISH (no wait for B's SUBACK).
+        b.send(&subscribe(&topic)).await;
+        a.send(&publish(&topic)).await;
+        // B gets its SUBACK and then the PUBLISH (0x32 or 0x3A).
+        let mut got = Vec::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+        while !got.windows(7).any(|w: &[u8]| w == b"request") && tokio::time::Instant::now() < deadline {
+            use tokio::io::AsyncReadExt;
+            let mut chunk = [0u8; 256];
+            match tokio::time::timeout_at(deadline, b.stream.read(&mut chunk)).await {
+                Ok(Ok(n)) if n > 0 => got.extend_from_slice(&chunk[..n]),
+                _ => break,
+            }
+        }
+        if !got.windows(7).any(|w: &[u8]| w == b"request") {
+            missed.push(round);
+        }
+    }
+    assert!(missed.is_empty(), "B's subscription missed the publish read after it in rounds {missed:?}");
+}

@@ -323,12 +323,22 @@ impl Task {
     /// need no wait.
     async fn handle_events(&mut self) {
         let mut packets = 0u64;
+        let mut yielded = false;
         while let Some(event) = self.proto.poll_event() {
             packets += 1;
             match event {
                 // Rare and large: boxed so that idle connections do not carry them.
                 Event::Connect(c) => Box::pin(self.on_connect(*c)).await,
-                Event::Publish(p) => self.on_publish(p).await,
+                Event::Publish(p) => {
+                    // A subscription applies to every publish read after it: before the
+                    // first publish of a read is routed, the tasks woken with this one run
+                    // (the runtime polls the last woken task first, so a SUBSCRIBE another
+                    // connection read just before would otherwise be applied after it).
+                    if !std::mem::replace(&mut yielded, true) {
+                        tokio::task::yield_now().await;
+                    }
+                    self.on_publish(p).await
+                }
                 Event::PubRel { pkid } => self.on_pubrel(pkid).await,
                 Event::PubAck { pkid } | Event::PubComp { pkid } => self.on_outbound_complete(pkid),
                 Event::PubRec { pkid } => self.on_pubrec(pkid),

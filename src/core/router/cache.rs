@@ -1,25 +1,28 @@
-//! A publisher's cache of resolved routes, valid for one generation of the table.
+//! A publisher's cache of resolved routes. A route stays valid until a change of the
+//! table may affect it (see `generations.rs`): churn on other topics does not evict it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::generations::Dependency;
 use super::{ExchangeKind, RouteError, Router, Routes, MQTT_VHOST};
 use crate::core::message::Message;
 
-/// A publisher's cache of resolved routes by (exchange, routing key, tag), valid for one
-/// router generation. The tag is part of the key because tag filters decide by it.
+/// A publisher's cache of resolved routes by (exchange, routing key, tag). The tag is part
+/// of the key because tag filters decide by it.
 ///
 /// Entries are found by a hash of the three and compared as `&str`, so a hit allocates
-/// nothing.
+/// nothing and takes no lock: it reads the four counters its route depends on.
 #[derive(Debug, Default)]
 pub struct RouteCache {
-    generation: u64,
     hasher: std::collections::hash_map::RandomState,
     map: HashMap<u64, Vec<CachedRoute>>,
     /// Entries in `map`.
     cached: usize,
-    /// Kind and `internal` flag of exchanges looked up (`None`: no such exchange).
+    /// Kind and `internal` flag of exchanges looked up (`None`: no such exchange), valid
+    /// while [`Router::exchanges_generation`] is `exchanges_generation`.
     exchanges: HashMap<String, Option<(ExchangeKind, bool)>>,
+    exchanges_generation: u64,
 }
 
 #[derive(Debug)]
@@ -28,6 +31,9 @@ struct CachedRoute {
     key: Box<str>,
     tag: Option<Box<str>>,
     routes: Arc<Routes>,
+    /// The counters the route depends on, and their value when it was resolved.
+    dependency: Dependency,
+    snapshot: u64,
 }
 
 impl CachedRoute {
@@ -40,20 +46,14 @@ impl CachedRoute {
 const ROUTE_CACHE_KEYS: usize = 1024;
 
 impl RouteCache {
-    fn sync(&mut self, router: &Router) {
-        let generation = router.generation();
-        if generation != self.generation {
-            self.map.clear();
-            self.cached = 0;
-            self.exchanges.clear();
-            self.generation = generation;
-        }
-    }
-
-    /// Kind and `internal` flag of an exchange, from the cache when the table has not
-    /// changed (the publish path asks for every message).
+    /// Kind and `internal` flag of an exchange, from the cache when no exchange was
+    /// declared or deleted since (the publish path asks for every message).
     pub fn exchange(&mut self, router: &Router, vhost: &str, name: &str) -> Option<(ExchangeKind, bool)> {
-        self.sync(router);
+        let generation = router.exchanges_generation();
+        if generation != self.exchanges_generation {
+            self.exchanges.clear();
+            self.exchanges_generation = generation;
+        }
         if let Some(x) = self.exchanges.get(name) {
             return *x;
         }
@@ -65,8 +65,8 @@ impl RouteCache {
         x
     }
 
-    /// Routes of a publish of `msg` to `exchange`, from the cache when the table has not
-    /// changed.
+    /// Routes of a publish of `msg` to `exchange`, from the cache while no change of the
+    /// table may have affected them.
     pub fn route(
         &mut self,
         router: &Router,
@@ -75,13 +75,24 @@ impl RouteCache {
         msg: &Message,
         publisher: &str,
     ) -> Result<Arc<Routes>, RouteError> {
-        self.sync(router);
         let (key, tag) = (msg.routing_key.as_str(), msg.tag());
         let hash = std::hash::BuildHasher::hash_one(&self.hasher, (exchange, key, tag));
-        if let Some(hit) = self.map.get(&hash).and_then(|v| v.iter().find(|c| c.is(exchange, key, tag))) {
-            return Ok(hit.routes.clone());
+        if let Some(entries) = self.map.get_mut(&hash) {
+            if let Some(i) = entries.iter().position(|c| c.is(exchange, key, tag)) {
+                let hit = &entries[i];
+                if router.snapshot(hit.dependency) == hit.snapshot {
+                    return Ok(hit.routes.clone());
+                }
+                entries.swap_remove(i);
+                self.cached -= 1;
+            }
         }
-        let (routes, cacheable) = router.route(vhost, exchange, msg, publisher)?;
+        // Counters read before routing: a change made meanwhile shows up as a new value.
+        let single = router.dependency(exchange, key);
+        let (single_snapshot, table_snapshot) = (router.snapshot(single), router.snapshot(Dependency::Table));
+        let (routes, cacheable, visited) = router.route_visiting(vhost, exchange, msg, publisher)?;
+        let (dependency, snapshot) =
+            if visited.len() <= 1 { (single, single_snapshot) } else { (Dependency::Table, table_snapshot) };
         let routes = Arc::new(routes);
         if cacheable {
             if self.cached >= ROUTE_CACHE_KEYS {
@@ -93,6 +104,8 @@ impl RouteCache {
                 key: key.into(),
                 tag: tag.map(Into::into),
                 routes: routes.clone(),
+                dependency,
+                snapshot,
             });
             self.cached += 1;
         }
@@ -116,6 +129,31 @@ mod tests {
     use crate::core::router::{Binding, QueueRoute, RouteCache, RouteError, Router};
     use crate::core::tag_filter::{TagFilter, TagFilterError, TAG_FILTER_ARGUMENT};
     use crate::core::value::Value;
+
+    #[test]
+    fn churn_on_other_topics_keeps_a_cached_route() {
+        let r = Router::new();
+        r.subscribe("plant/+", q(1), opts(1));
+        let mut cache = RouteCache::default();
+        let first = cache.resolve(&r, &msg("plant.line1", &[]), "pub");
+        assert_eq!(first.queues.len(), 1);
+        // Devices come and go on other topics: the cached route stays.
+        for i in 0..100 {
+            r.subscribe(&format!("devices/{i}/cmd"), q(100 + i), opts(1));
+            assert!(r.unsubscribe(&format!("devices/{i}/cmd"), &q(100 + i)));
+            let again = cache.resolve(&r, &msg("plant.line1", &[]), "pub");
+            assert!(Arc::ptr_eq(&first, &again), "round {i}: still the cached route");
+        }
+        // A subscription that matches changes it.
+        r.subscribe("plant/#", q(2), opts(1));
+        let changed = cache.resolve(&r, &msg("plant.line1", &[]), "pub");
+        assert_eq!(changed.queues.len(), 2);
+        // And an exchange-level change drops it too (conservatively).
+        r.add_vhost("other");
+        let after = cache.resolve(&r, &msg("plant.line1", &[]), "pub");
+        assert!(!Arc::ptr_eq(&changed, &after));
+        assert_eq!(after.queues.len(), 2);
+    }
 
     #[test]
     fn no_local_overlap_and_cache() {

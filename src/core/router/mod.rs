@@ -6,9 +6,10 @@
 //! A binding leads to a consume queue, to another exchange (exchange-to-exchange
 //! bindings), or to a connected clean MQTT session (the online fast path: the message
 //! goes straight to its outbound channel, no storage). The table is read-mostly:
-//! publishers resolve through a per-connection [`RouteCache`] that stays valid while the
-//! table's generation is unchanged, so the hot path takes no lock for a key it has seen;
-//! changes take the write lock and bump the generation.
+//! publishers resolve through a per-connection [`RouteCache`], so the hot path takes no
+//! lock for a key it has seen; changes take the write lock, bump the generation and say
+//! what they touched (a binding key on one exchange, or anything), so a cache drops only
+//! the routes a change can affect.
 //!
 //! A binding may carry a tag filter (`x-tag-filter`, or an MQTT 5 SUBSCRIBE's
 //! `tag-filter`), compiled when it is added: it is checked at route time against the
@@ -21,7 +22,7 @@
 //!
 //! ```text
 //!  publish(exchange, msg) ──▶ RouteCache::route ──hit──▶ Arc<Routes>
-//!                                   │ miss (or the generation changed)
+//!                                   │ miss (or a change since may affect it)
 //!                                   ▼
 //!                             Router::route ── read lock ──▶ the exchange's bindings
 //!                                   │  direct: by key · fanout: all · topic: the trie
@@ -44,12 +45,15 @@
 //! - `bindings.rs` — how one exchange stores its bindings, per kind, and headers matching.
 //! - `topic_trie.rs` — the topic exchange's trie of word patterns.
 //! - `cache.rs` — the per-publisher [`RouteCache`].
+//! - `generations.rs` — the counters that tell a cache which of its routes a change may
+//!   have affected.
 //!
 //! [`Ring`]: crate::core::hash_ring::Ring
 
 mod bindings;
 mod cache;
 mod exchange;
+mod generations;
 #[cfg(test)]
 mod tests;
 mod topic_trie;
@@ -59,13 +63,14 @@ pub use exchange::{Binding, Destination, ExchangeDef, ExchangeKind, MqttOptions,
 
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use ferrymq_storage::QueueId;
 use parking_lot::RwLock;
 
 use self::bindings::Bindings;
+use self::generations::{Change, Dependency, Generations};
 use super::dedup::{CacheSettings, DedupArgError, DedupCache, DedupChange};
 use super::delivery::SessionLink;
 use super::hash_ring::{parse_weight, HashArgError, HashOn, MAX_RING_WEIGHT};
@@ -197,7 +202,7 @@ struct Vhost {
 #[derive(Debug, Default)]
 pub struct Router {
     vhosts: RwLock<HashMap<String, Vhost>>,
-    generation: AtomicU64,
+    generations: Generations,
     mqtt_subscriptions: AtomicUsize,
     /// The topic exchange of virtual host `/` that MQTT publishes and subscriptions use.
     mqtt_exchange: String,
@@ -237,8 +242,23 @@ impl Router {
         &self.mqtt_exchange
     }
 
+    /// Records a change that may affect any route.
     fn changed(&self) {
-        self.generation.fetch_add(1, Ordering::Release);
+        self.record(Change::Any);
+    }
+
+    fn record(&self, change: Change) {
+        self.generations.record(&change);
+    }
+
+    /// Records a change of the bindings with `key` on `exchange` of `vhost`.
+    fn binding_changed(&self, vhost: &str, exchange: &str, key: &str) {
+        let kind = self.vhosts.read().get(vhost).and_then(|v| v.exchanges.get(exchange)).map(|x| x.def.routing_kind());
+        match kind {
+            Some(kind) => self.record(Change::Binding { exchange: exchange.to_owned(), kind, key: key.to_owned() }),
+            // The exchange went with its last binding (auto-delete).
+            None => self.changed(),
+        }
     }
 
     /// Adds a virtual host with the standard exchanges (no-op if it exists).
@@ -269,7 +289,23 @@ impl Router {
 
     /// Current generation; changes on every modification.
     pub fn generation(&self) -> u64 {
-        self.generation.load(Ordering::Acquire)
+        self.generations.table()
+    }
+
+    /// What a cached route of `routing_key` from `exchange` depends on.
+    fn dependency(&self, exchange: &str, routing_key: &str) -> Dependency {
+        self.generations.dependency(exchange, routing_key)
+    }
+
+    /// The value of `dep`'s counters: a cached route is valid while it is unchanged.
+    fn snapshot(&self, dep: Dependency) -> u64 {
+        self.generations.snapshot(dep)
+    }
+
+    /// Counter of exchange-level changes (exchanges declared or deleted, virtual hosts
+    /// added): what a cache of exchange kinds follows.
+    pub fn exchanges_generation(&self) -> u64 {
+        self.generations.any()
     }
 
     /// Number of MQTT subscriptions (bindings with MQTT options).
@@ -357,12 +393,13 @@ impl Router {
             }
         }
         let is_mqtt = binding.mqtt.is_some();
+        let key = binding.key.clone();
         let added = x.bindings.add(binding);
         drop(vhosts);
         if added && is_mqtt {
             self.mqtt_subscriptions.fetch_add(1, Ordering::Relaxed);
         }
-        self.changed();
+        self.binding_changed(vhost, exchange, &key);
         Ok(added)
     }
 
@@ -394,7 +431,12 @@ impl Router {
             v.exchanges.remove(exchange);
         }
         drop(vhosts);
-        self.removed(n, mqtt.get());
+        if mqtt.get() > 0 {
+            self.mqtt_subscriptions.fetch_sub(mqtt.get(), Ordering::Relaxed);
+        }
+        if n > 0 {
+            self.binding_changed(vhost, exchange, key);
+        }
         Ok(n > 0)
     }
 
@@ -474,6 +516,17 @@ impl Router {
         msg: &Message,
         publisher: &str,
     ) -> Result<(Routes, bool), RouteError> {
+        self.route_visiting(vhost, exchange, msg, publisher).map(|(routes, cacheable, _)| (routes, cacheable))
+    }
+
+    /// [`Router::route`], also naming the exchanges the route went through.
+    fn route_visiting(
+        &self,
+        vhost: &str,
+        exchange: &str,
+        msg: &Message,
+        publisher: &str,
+    ) -> Result<(Routes, bool, Vec<Box<str>>), RouteError> {
         let vhosts = self.vhosts.read();
         let v = vhosts.get(vhost).ok_or_else(|| RouteError::NoVhost(vhost.to_owned()))?;
         if !v.exchanges.contains_key(exchange) {
@@ -484,7 +537,7 @@ impl Router {
         let mut visited = HashSet::new();
         let input = RouteInput { msg, tag: msg.tag(), publisher };
         route_into(v, exchange, &input, &mut routes, &mut cacheable, &mut visited);
-        Ok((routes, cacheable))
+        Ok((routes, cacheable, visited.into_iter().map(String::into_boxed_str).collect()))
     }
 
     /// The cache of an `x-message-deduplication` exchange.
