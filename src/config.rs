@@ -157,6 +157,10 @@ pub struct AmqpSection {
     pub heartbeat_secs: u16,
     /// Largest message body accepted, bytes; a larger one closes the channel with 406.
     pub max_message_size: u64,
+    /// Deliveries a manual-ack consumer without a prefetch limit may hold unacknowledged
+    /// (its deliveries wait in memory until its socket takes them, so this bounds what one
+    /// stalled consumer can pin).
+    pub max_unacked_without_prefetch: u32,
     /// Accepted so that older configuration files still load, and ignored (with a
     /// warning): de-duplication is opt-in per exchange or queue (`x-message-deduplication`).
     #[serde(default)]

@@ -79,6 +79,10 @@ impl Server {
         session_queues.overflow = Overflow::DropQos0First;
         session_queues.max_offset_span = Some(32767);
         let shard_count = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).max(2);
+        // Unbounded, and bounded by what feeds it: a dead letter is a message leaving a queue
+        // (rejected, expired, past a limit) whose removal from the queue is only applied when
+        // the dead-letter task republishes it, so the backlog is at most the queues' own
+        // contents, which their limits and the memory alarm bound.
         let (dead_tx, dead_rx) = tokio::sync::mpsc::unbounded_channel();
         let shards = Shards::start(shard_count, journal.clone(), session_queues, dead_tx);
         if config.mqtt.qos0_when_full == "wait" {
@@ -189,7 +193,7 @@ impl Server {
     pub async fn shutdown(self) {
         let _ = self.stop_accepting.send(true);
         for control in self.mqtt.sessions.online_controls() {
-            let _ = control.send(Control::Shutdown);
+            let _ = control.try_send(Control::Shutdown);
         }
         self.amqp.shutdown();
         let all = self.connections.acquire_many(self.max_connections);

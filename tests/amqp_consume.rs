@@ -295,3 +295,24 @@ async fn a_consumer_receives_messages_published_after_it_started() {
     assert!(!d.redelivered);
     d.ack(BasicAckOptions::default()).await.unwrap();
 }
+
+/// A manual-ack consumer without a prefetch limit holds at most
+/// `amqp.max_unacked_without_prefetch` deliveries: a stalled one cannot pin a whole queue
+/// in the broker's memory. Acks let more through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_without_prefetch_holds_a_bounded_number_of_deliveries() {
+    if skip_on_rabbitmq("a FerryMQ bound (RabbitMQ bounds it with credit flow)") {
+        return;
+    }
+    let t = Target::start_with(common::Opts::default().env("FERRYMQ_AMQP__MAX_UNACKED_WITHOUT_PREFETCH", "5"));
+    let (_c, ch) = t.channel().await;
+    let q = declare_queue(&ch, "", FieldTable::default()).await;
+    fill(&ch, &q, &["0", "1", "2", "3", "4", "5", "6", "7"]).await;
+    let mut c = consume(&ch, &q, BasicConsumeOptions::default(), FieldTable::default()).await;
+    let first = take(&mut c, 5).await;
+    assert_eq!(texts(&first), ["0", "1", "2", "3", "4"]);
+    expect_no_delivery(&mut c, Duration::from_millis(300)).await;
+    bounded("ack", first[0].ack(BasicAckOptions::default())).await.unwrap();
+    assert_eq!(text(&next_delivery(&mut c).await), "5");
+    expect_no_delivery(&mut c, Duration::from_millis(300)).await;
+}

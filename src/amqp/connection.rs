@@ -31,6 +31,8 @@ use crate::core::shards::ShardCmd;
 use crate::core::value::Value;
 use crate::socket::{discard_until_eof, front_stored, sleep_until, trim_drained, ReadBuffer, CLOSE_FLUSH};
 
+/// Control messages a connection task may have waiting (see where the channel is made).
+const CONTROL_CAPACITY: usize = 2;
 /// Stop pulling deliveries while this many bytes wait to be written.
 const WRITE_HIGH_WATER: usize = 512 * 1024;
 /// Deliveries taken from the consumer channel per wake-up.
@@ -74,7 +76,8 @@ where
     let span = tracing::info_span!("amqp", peer = %peer, user = field::Empty, vhost = field::Empty);
     async move {
         let id = ctx.broker.next_id();
-        let (control_tx, control_rx) = mpsc::unbounded_channel();
+        // Bounded: the only control message is "shutting down" (a full channel drops a repeat).
+        let (control_tx, control_rx) = mpsc::channel(CONTROL_CAPACITY);
         ctx.register(id, control_tx);
         let mut task = Task::new(ctx.clone(), id, peer, control_rx);
         task.run(stream).await;
@@ -97,7 +100,7 @@ pub(super) struct Task {
     pub consumer_channels: HashMap<ConsumerId, u16>,
     pub events_tx: mpsc::UnboundedSender<ConsumerEvent>,
     events_rx: mpsc::UnboundedReceiver<ConsumerEvent>,
-    control_rx: mpsc::UnboundedReceiver<Control>,
+    control_rx: mpsc::Receiver<Control>,
     pub route_cache: RouteCache,
     pub confirms: VecDeque<PendingConfirm>,
     /// Exclusive queues declared by this connection (deleted when it closes).
@@ -115,7 +118,7 @@ pub(super) struct Task {
 }
 
 impl Task {
-    fn new(ctx: Arc<AmqpContext>, id: u64, peer: SocketAddr, control_rx: mpsc::UnboundedReceiver<Control>) -> Task {
+    fn new(ctx: Arc<AmqpContext>, id: u64, peer: SocketAddr, control_rx: mpsc::Receiver<Control>) -> Task {
         let cfg = &ctx.cfg;
         let proto = Connection::new(
             ProtoConfig {
@@ -129,6 +132,10 @@ impl Task {
             },
             Instant::now(),
         );
+        // Unbounded, and bounded by credit: every consumer of this connection receives at
+        // most its credit ahead of its acks (its prefetch; without one
+        // `amqp.max_unacked_without_prefetch`; no-ack consumers get credit back as their
+        // deliveries are written), plus one cancellation per queue.
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         Task {
             ctx,

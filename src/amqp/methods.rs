@@ -460,6 +460,7 @@ impl Task {
                 let priority =
                     args.iter().find(|(k, _)| k == "x-priority").and_then(|(_, v)| v.as_i64()).unwrap_or(0) as i32;
                 let id = self.ctx.broker.next_id();
+                let unlimited = self.ctx.cfg.max_unacked_without_prefetch.max(1);
                 let ch = self.channel(channel)?;
                 let credit = if c.no_ack {
                     NO_ACK_CREDIT
@@ -468,7 +469,7 @@ impl Task {
                 } else if ch.global_prefetch > 0 {
                     ch.global_prefetch as u32
                 } else {
-                    u32::MAX / 2
+                    unlimited
                 };
                 ch.consumers.insert(
                     id,

@@ -55,7 +55,7 @@ pub struct AmqpContext {
     pub entities: Entities,
     /// The memory alarm: publishing connections get connection.blocked while it is raised.
     pub alarm: Arc<MemoryAlarm>,
-    connections: Mutex<HashMap<u64, mpsc::UnboundedSender<Control>>>,
+    connections: Mutex<HashMap<u64, mpsc::Sender<Control>>>,
 }
 
 impl AmqpContext {
@@ -85,7 +85,7 @@ impl AmqpContext {
         ctx
     }
 
-    fn register(&self, id: u64, control: mpsc::UnboundedSender<Control>) {
+    fn register(&self, id: u64, control: mpsc::Sender<Control>) {
         self.connections.lock().insert(id, control);
     }
 
@@ -96,7 +96,7 @@ impl AmqpContext {
     /// Tells every connection the broker is shutting down.
     pub fn shutdown(&self) {
         for c in self.connections.lock().values() {
-            let _ = c.send(Control::Shutdown);
+            let _ = c.try_send(Control::Shutdown);
         }
     }
 

@@ -28,7 +28,13 @@ const MAX_SLEEP: Duration = Duration::from_secs(1);
 pub async fn run(broker: Arc<Broker>) {
     loop {
         let now = now_ms();
-        match broker.journal.timers_due(now, BATCH) {
+        // sled and the commit log are read off the runtime's workers (a slow disk must not
+        // stall connections).
+        let journal = broker.journal.clone();
+        let due = tokio::task::spawn_blocking(move || journal.timers_due(now, BATCH))
+            .await
+            .unwrap_or_else(|e| Err(ferrymq_storage::JournalError::Io(e.to_string())));
+        match due {
             Ok(due) if !due.is_empty() => {
                 let full = due.len() == BATCH;
                 fire(&broker, due).await;
@@ -58,10 +64,21 @@ async fn fire(broker: &Broker, due: Vec<ferrymq_storage::TimerEntry>) {
     }
     let mut ops = Vec::with_capacity(due.len() * 2);
     let mut items = Vec::new();
-    for t in due {
+    let journal = broker.journal.clone();
+    let read = tokio::task::spawn_blocking(move || {
+        due.into_iter()
+            .map(|t| {
+                let ptr = ferrymq_storage::Pointer { pos: t.pos, size: t.size, body_len: 0, tag_hash: 0, flags: 0 };
+                let msg = read_message(&journal, &ptr);
+                (t, msg)
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap_or_default();
+    for (t, msg) in read {
         ops.push(Op::DeleteTimer { due_ms: t.due_ms, pos: t.pos });
-        let ptr = ferrymq_storage::Pointer { pos: t.pos, size: t.size, body_len: 0, tag_hash: 0, flags: 0 };
-        let Some(msg) = read_message(&broker.journal, &ptr) else { continue };
+        let Some(msg) = msg else { continue };
         debug!(exchange = %msg.exchange, key = %msg.routing_key, "delayed message due");
         let vhost = std::str::from_utf8(&t.target).ok().filter(|v| !v.is_empty()).unwrap_or(MQTT_VHOST);
         let routes = match broker.router.route(vhost, &msg.exchange, &msg, "") {

@@ -258,13 +258,24 @@ pub struct Shards {
 }
 
 impl Shards {
-    /// Starts `n` shard tasks on the current runtime. Queues without a configuration of
-    /// their own get `default`; messages leaving for a dead-letter exchange go to `dead`.
+    /// Starts `n` shards, each on a thread of its own (with a single-threaded runtime for
+    /// its timers and channels): a shard reads sled and the commit log synchronously
+    /// (paging queue entries in, reading message bodies), so a slow disk holds up that
+    /// shard's queues but never the runtime's workers and the connections they serve.
+    /// Queues without a configuration of their own get `default`; messages leaving for a
+    /// dead-letter exchange go to `dead`. A shard's thread ends when every handle is gone.
     pub fn start(n: usize, journal: Journal, default: QueueConfig, dead: mpsc::UnboundedSender<DeadLetter>) -> Shards {
         let default = Arc::new(default);
         let timers_changed = Arc::new(Notify::new());
         let txs = (0..n.max(1))
-            .map(|_| {
+            .map(|i| {
+                // Unbounded, and bounded by what feeds it: commands from connections follow
+                // their consumers' deliveries (acks, credit: at most the credit granted), their
+                // own operations (declare, consume, get: one per client request) and the
+                // journal's completions (appended entries: at the journal writer's pace, which
+                // publishers await; the memory alarm stops publishers long before a lagging
+                // shard's inbox could exhaust memory). The journal writer must never block on
+                // a shard, which a bounded inbox would make it do.
                 let (tx, rx) = mpsc::unbounded_channel();
                 let shard = Shard {
                     journal: journal.clone(),
@@ -280,7 +291,13 @@ impl Shards {
                     replies: Vec::new(),
                     count_replies: Vec::new(),
                 };
-                tokio::spawn(shard.run(rx));
+                std::thread::Builder::new()
+                    .name(format!("ferrymq-shard-{i}"))
+                    .spawn(move || match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                        Ok(rt) => rt.block_on(shard.run(rx)),
+                        Err(e) => tracing::error!(error = %e, "cannot start a shard's runtime"),
+                    })
+                    .expect("a shard thread starts");
                 tx
             })
             .collect();

@@ -82,7 +82,7 @@ impl Task {
         let mut claim = self.ctx.sessions.claim(&client_id, online);
         if let Some(prev) = claim.previous.take() {
             claim.previous_existed = true;
-            let _ = prev.control.send(Control::TakenOver);
+            let _ = prev.control.try_send(Control::TakenOver);
             wait_finished(prev.finished, TAKEOVER_WAIT).await;
         }
         // The previous connection may have just updated the persistent state.

@@ -29,6 +29,8 @@ use crate::core::stats::Stats;
 use crate::core::store::{QueueId, SubOptions};
 use crate::socket::{discard_until_eof, front_stored, sleep_until, trim_drained, ReadBuffer, CLOSE_FLUSH};
 
+/// Control messages a connection task may have waiting (see where the channel is made).
+const CONTROL_CAPACITY: usize = 2;
 /// Stop pulling deliveries while this many bytes wait to be written.
 const WRITE_HIGH_WATER: usize = 256 * 1024;
 /// Largest read chunk the buffer grows to under load.
@@ -100,8 +102,8 @@ pub(super) struct Task {
     pub(super) direct_rx: Option<mpsc::Receiver<Direct>>,
     /// Queue deliveries (own session queue, shared groups); made on first attach.
     pub(super) queued: Option<(mpsc::UnboundedSender<ConsumerEvent>, mpsc::UnboundedReceiver<ConsumerEvent>)>,
-    pub(super) control_tx: mpsc::UnboundedSender<Control>,
-    pub(super) control_rx: mpsc::UnboundedReceiver<Control>,
+    pub(super) control_tx: mpsc::Sender<Control>,
+    pub(super) control_rx: mpsc::Receiver<Control>,
     pub(super) finished_tx: watch::Sender<bool>,
     /// Queues this connection consumes from (own queue, shared groups).
     pub(super) attached: Vec<QueueId>,
@@ -152,7 +154,9 @@ impl Task {
             },
             Instant::now(),
         );
-        let (control_tx, control_rx) = mpsc::unbounded_channel();
+        // Bounded: a connection is told at most "taken over" and "shutting down", and one
+        // pending control message is enough to close it (a full channel drops the other).
+        let (control_tx, control_rx) = mpsc::channel(CONTROL_CAPACITY);
         let (finished_tx, _) = watch::channel(false);
         let slow_consumer_timeout = Duration::from_secs(cfg.slow_consumer_timeout_secs.max(1));
         Task {

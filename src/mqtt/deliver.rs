@@ -82,6 +82,8 @@ impl Task {
     /// window as credit; deliveries above `max_qos` are downgraded.
     pub(super) fn attach(&mut self, queue: QueueId, max_qos: u8) {
         self.attached.push(queue);
+        // The channel is unbounded, and bounded by credit: a queue hands this consumer at
+        // most the window it granted, plus one cancellation per queue.
         self.ctx.broker.shards.send(ShardCmd::Attach {
             queue,
             consumer: Consumer {

@@ -31,7 +31,7 @@ pub struct Online {
     /// Id of the holding connection: a [`Sessions::release`] naming another id leaves the slot alone.
     pub conn_id: u64,
     /// Where to send [`Control::TakenOver`].
-    pub control: tokio::sync::mpsc::UnboundedSender<Control>,
+    pub control: tokio::sync::mpsc::Sender<Control>,
     /// Becomes true when the connection has finished its cleanup.
     pub finished: watch::Receiver<bool>,
 }
@@ -189,7 +189,7 @@ impl Sessions {
     }
 
     /// Control senders of every connected client (for shutdown).
-    pub fn online_controls(&self) -> Vec<tokio::sync::mpsc::UnboundedSender<Control>> {
+    pub fn online_controls(&self) -> Vec<tokio::sync::mpsc::Sender<Control>> {
         self.slots.lock().values().filter_map(|s| s.online.as_ref().map(|o| o.control.clone())).collect()
     }
 }
