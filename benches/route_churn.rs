@@ -9,11 +9,13 @@
 //! 64 publishes per write), one subscriber on `plant/#` counts what arrives. The run has
 //! two phases of SECONDS each: without churn, then with CHURN_PER_SEC clean clients per
 //! second that connect, subscribe to `devices/<n>/cmd` and disconnect (as a fleet of
-//! devices coming and going). It reports delivered messages per second and the broker's
-//! CPU time per million delivered messages (from `/proc`), per phase. Every loop is
+//! devices coming and going). It reports delivered messages per second, the broker's CPU
+//! time per million delivered messages (from `/proc`) and how many publishes per thousand
+//! were routed through the routing table instead of a connection's route cache
+//! (`$SYS/broker/routing/lookups`), per phase. Every loop is
 //! bounded in count and time and the run stops by itself.
 //!
-//! `FERRYMQ_BENCH_BINARY=/path/to/ferrymq` runs another build (e.g. an older one) the same
+//! `BENCH_FERRYMQ_BINARY=/path/to/ferrymq` runs another build (e.g. an older one) the same
 //! way, for a side-by-side comparison.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -164,6 +166,34 @@ async fn churn(addr: std::net::SocketAddr, per_sec: u64, stop: Arc<AtomicBool>, 
     while tasks.join_next().await.is_some() {}
 }
 
+/// The broker's count of publishes routed through the table rather than a route cache
+/// (`$SYS/broker/routing/lookups`, retained, refreshed every second).
+async fn routing_lookups(addr: std::net::SocketAddr) -> u64 {
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let mut s = client(addr, "sys-reader", Some("$SYS/broker/routing/lookups")).await;
+    let mut buf = vec![0u8; 512];
+    let mut got = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while tokio::time::Instant::now() < deadline {
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => got.extend_from_slice(&buf[..n]),
+            _ => break,
+        }
+        // PUBLISH: 0x3?, remaining length, topic length + topic, payload (the number).
+        if let Some(i) = got.iter().position(|b| b & 0xF0 == 0x30) {
+            if got.len() > i + 4 {
+                let len = got[i + 1] as usize;
+                let tlen = u16::from_be_bytes([got[i + 2], got[i + 3]]) as usize;
+                if got.len() >= i + 2 + len {
+                    let payload = &got[i + 4 + tlen..i + 2 + len];
+                    return std::str::from_utf8(payload).ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+                }
+            }
+        }
+    }
+    0
+}
+
 /// The broker's CPU time so far (user + system), from `/proc/<pid>/stat`.
 fn cpu_seconds(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -176,10 +206,13 @@ struct Phase {
     rate: f64,
     cpu_per_million: f64,
     churned: u64,
+    /// Routing-table lookups per 1,000 publishes.
+    lookups_per_k: f64,
 }
 
 async fn phase(b: &Broker, publishers: usize, secs: u64, churn_per_sec: u64) -> Phase {
     let addr = b.mqtt;
+    let lookups0 = routing_lookups(addr).await;
     let stop = Arc::new(AtomicBool::new(false));
     let delivered = Arc::new(AtomicU64::new(0));
     let churned = Arc::new(AtomicU64::new(0));
@@ -206,11 +239,14 @@ async fn phase(b: &Broker, publishers: usize, secs: u64, churn_per_sec: u64) -> 
         let _ = tokio::time::timeout(Duration::from_secs(20), c).await;
     }
     let _ = tokio::time::timeout(Duration::from_secs(5), counter).await;
+    let all = delivered.load(Ordering::Relaxed) as f64;
+    let lookups = routing_lookups(addr).await.saturating_sub(lookups0) as f64;
     let messages = (d1 - d0) as f64;
     Phase {
         rate: messages / elapsed.as_secs_f64(),
         cpu_per_million: (c1 - c0) / messages.max(1.0) * 1e6,
         churned: churn1 - churn0,
+        lookups_per_k: lookups / all.max(1.0) * 1000.0,
     }
 }
 
@@ -220,19 +256,22 @@ fn main() {
     let secs: u64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(8).clamp(1, 120);
     let churn_per_sec: u64 = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(1000);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
-    let b = Broker::start_with(Opts::default().log("warn"));
+    let b = Broker::start_with(Opts::default().log("warn").env("FERRYMQ_MQTT__SYS_INTERVAL_SECS", "1"));
     let (quiet, busy) = rt.block_on(async {
         let quiet = phase(&b, publishers, secs, 0).await;
         let busy = phase(&b, publishers, secs, churn_per_sec).await;
         (quiet, busy)
     });
-    println!("| phase | delivered msg/s | broker CPU s per 1M delivered | churn clients |");
-    println!("| --- | --- | --- | --- |");
-    println!("| no churn | {:.0} | {:.2} | 0 |", quiet.rate, quiet.cpu_per_million);
     println!(
-        "| {churn_per_sec}/s churn | {:.0} | {:.2} | {} ({:.0}/s) |",
+        "| phase | delivered msg/s | broker CPU s per 1M delivered | table lookups per 1k publishes | churn clients |"
+    );
+    println!("| --- | --- | --- | --- | --- |");
+    println!("| no churn | {:.0} | {:.2} | {:.2} | 0 |", quiet.rate, quiet.cpu_per_million, quiet.lookups_per_k);
+    println!(
+        "| {churn_per_sec}/s churn | {:.0} | {:.2} | {:.2} | {} ({:.0}/s) |",
         busy.rate,
         busy.cpu_per_million,
+        busy.lookups_per_k,
         busy.churned,
         busy.churned as f64 / secs as f64
     );

@@ -28,6 +28,7 @@ use crate::core::message::now_ms;
 use crate::core::queue::{ConsumerEvent, ConsumerId, RequeueCause};
 use crate::core::router::RouteCache;
 use crate::core::shards::ShardCmd;
+use crate::core::stats::Stats;
 use crate::core::value::Value;
 use crate::socket::{discard_until_eof, front_stored, sleep_until, trim_drained, ReadBuffer, CLOSE_FLUSH};
 
@@ -200,6 +201,7 @@ impl Task {
                         self.proto.handle_input(rbuf.bytes(), Instant::now());
                         self.handle_events().await;
                         rbuf.resize(full);
+                        Stats::add(&self.ctx.broker.stats.route_lookups, self.route_cache.take_lookups());
                     }
                     Err(e) => { debug!(error = %e, "read failed"); eof = true; }
                 },

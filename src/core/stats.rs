@@ -27,6 +27,8 @@ pub struct Stats {
     pub publish_dropped: AtomicU64,
     /// Subscribers disconnected as slow consumers (unread socket, backlog past its limits).
     pub slow_consumers: AtomicU64,
+    /// Publishes routed through the routing table rather than a connection's route cache.
+    pub route_lookups: AtomicU64,
     /// Bytes read from MQTT connections (after TLS).
     pub bytes_received: AtomicU64,
     /// Bytes written to MQTT connections (before TLS).

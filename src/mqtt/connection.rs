@@ -368,6 +368,7 @@ impl Task {
         let stats = &self.ctx.broker.stats;
         Stats::add(&stats.messages_received, packets);
         Stats::add(&stats.publish_received, std::mem::take(&mut self.publishes_in));
+        Stats::add(&stats.route_lookups, self.route_cache.take_lookups());
         self.release_ready_acks();
     }
 }

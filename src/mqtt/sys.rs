@@ -22,7 +22,7 @@ pub async fn run(ctx: Arc<MqttContext>, interval: Duration) {
         let s = &b.stats;
         let connected = Stats::get(&s.clients_connected);
         let disconnected = ctx.sessions.offline_count() as u64;
-        let values: [(&str, String); 18] = [
+        let values: [(&str, String); 19] = [
             ("uptime", format!("{} seconds", b.started.elapsed().as_secs())),
             ("clients/connected", connected.to_string()),
             ("clients/active", connected.to_string()),
@@ -39,6 +39,7 @@ pub async fn run(ctx: Arc<MqttContext>, interval: Duration) {
             ("bytes/received", Stats::get(&s.bytes_received).to_string()),
             ("bytes/sent", Stats::get(&s.bytes_sent).to_string()),
             ("subscriptions/count", b.router.len().to_string()),
+            ("routing/lookups", Stats::get(&s.route_lookups).to_string()),
             ("retained messages/count", b.retained.len().to_string()),
             ("store/messages/bytes", b.stored_bytes().to_string()),
         ];

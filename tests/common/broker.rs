@@ -74,9 +74,9 @@ impl Opts {
 }
 
 /// Path of the broker binary cargo built for these tests (or benches);
-/// `FERRYMQ_BENCH_BINARY` names another build (a benchmark comparing two builds).
+/// `BENCH_FERRYMQ_BINARY` names another build (a benchmark comparing two builds).
 pub fn binary() -> String {
-    std::env::var("FERRYMQ_BENCH_BINARY").unwrap_or_else(|_| env!("CARGO_BIN_EXE_ferrymq").to_owned())
+    std::env::var("BENCH_FERRYMQ_BINARY").unwrap_or_else(|_| env!("CARGO_BIN_EXE_ferrymq").to_owned())
 }
 
 impl Broker {

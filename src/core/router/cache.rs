@@ -23,6 +23,8 @@ pub struct RouteCache {
     /// while [`Router::exchanges_generation`] is `exchanges_generation`.
     exchanges: HashMap<String, Option<(ExchangeKind, bool)>>,
     exchanges_generation: u64,
+    /// Routes resolved in the table (misses) since [`RouteCache::take_lookups`].
+    lookups: u64,
 }
 
 #[derive(Debug)]
@@ -90,6 +92,7 @@ impl RouteCache {
         // Counters read before routing: a change made meanwhile shows up as a new value.
         let single = router.dependency(exchange, key);
         let (single_snapshot, table_snapshot) = (router.snapshot(single), router.snapshot(Dependency::Table));
+        self.lookups += 1;
         let (routes, cacheable, visited) = router.route_visiting(vhost, exchange, msg, publisher)?;
         let (dependency, snapshot) =
             if visited.len() <= 1 { (single, single_snapshot) } else { (Dependency::Table, table_snapshot) };
@@ -110,6 +113,12 @@ impl RouteCache {
             self.cached += 1;
         }
         Ok(routes)
+    }
+
+    /// Routes resolved in the table since the last call (the connection adds them to the
+    /// broker's counters in batches).
+    pub fn take_lookups(&mut self) -> u64 {
+        std::mem::take(&mut self.lookups)
     }
 
     /// Routes of an MQTT publish `msg` on the MQTT exchange.
