@@ -239,8 +239,17 @@ pub struct StorageSection {
     pub retention_max_age_secs: u64,
     /// Oldest unreferenced segments are deleted while the log is larger than this, bytes (0 = no limit).
     pub retention_max_bytes: u64,
+    /// Oldest unreferenced segments are deleted, whatever their age, while the data file
+    /// system is fuller than this fraction (0 = off); RocketMQ's `diskMaxUsedSpaceRatio`.
+    pub retention_max_disk_used_ratio: f64,
     /// sled page cache, bytes.
     pub cache_bytes: u64,
+    /// Publishers are blocked while the data directory's file system has less free space
+    /// than this, bytes (0 = off); RabbitMQ's `disk_free_limit.absolute`.
+    pub disk_free_limit_bytes: u64,
+    /// When above 0: the disk free limit is this times the memory high watermark (bytes),
+    /// instead of `disk_free_limit_bytes`.
+    pub disk_free_limit_relative: f64,
 }
 
 impl Config {
@@ -297,6 +306,12 @@ impl Config {
         }
         if self.amqp.frame_max < 4096 {
             return invalid("amqp.frame_max", "must be at least 4096".into());
+        }
+        if !(0.0..=1.0).contains(&self.storage.retention_max_disk_used_ratio) {
+            return invalid("storage.retention_max_disk_used_ratio", "must be a fraction between 0 and 1".into());
+        }
+        if !(self.storage.disk_free_limit_relative >= 0.0 && self.storage.disk_free_limit_relative.is_finite()) {
+            return invalid("storage.disk_free_limit_relative", "must be a number of 0 or more".into());
         }
         if !(0.0..=1.0).contains(&self.broker.memory_high_watermark) {
             return invalid("broker.memory_high_watermark", "must be a fraction between 0 and 1".into());
@@ -379,6 +394,8 @@ impl Config {
             max_age: (self.storage.retention_max_age_secs > 0)
                 .then(|| Duration::from_secs(self.storage.retention_max_age_secs)),
             max_bytes: (self.storage.retention_max_bytes > 0).then_some(self.storage.retention_max_bytes),
+            max_disk_used_ratio: (self.storage.retention_max_disk_used_ratio > 0.0)
+                .then_some(self.storage.retention_max_disk_used_ratio),
         };
         j
     }

@@ -69,9 +69,41 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    raise_open_files_limit(config.mqtt.max_connections);
     let runtime =
         tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the runtime")?;
     runtime.block_on(run(config, overrides))
+}
+
+/// Raises the soft limit on open files to the hard limit, so that `mqtt.max_connections`
+/// can be reached (the usual soft limit, 1,024, is far below it); logs what it did.
+fn raise_open_files_limit(max_connections: usize) {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit only read and write the struct passed to them.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        tracing::warn!(error = %std::io::Error::last_os_error(), "cannot read the open-files limit");
+        return;
+    }
+    let soft = lim.rlim_cur;
+    if lim.rlim_cur < lim.rlim_max {
+        lim.rlim_cur = lim.rlim_max;
+        // SAFETY: as above.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+            tracing::warn!(error = %std::io::Error::last_os_error(), soft, "cannot raise the open-files limit");
+            lim.rlim_cur = soft;
+        } else {
+            tracing::info!(from = soft, to = lim.rlim_cur, "raised the open-files limit to its hard limit");
+        }
+    }
+    // Files beyond the connections: the journal's segments, sled, listeners.
+    let needed = max_connections as u64 + 256;
+    if lim.rlim_cur < needed {
+        tracing::warn!(
+            limit = lim.rlim_cur,
+            max_connections,
+            "the open-files limit is below mqtt.max_connections: connections past it will be refused (raise the hard limit, e.g. LimitNOFILE= in systemd)"
+        );
+    }
 }
 
 async fn run(config: Config, overrides: Overrides) -> anyhow::Result<()> {

@@ -9,14 +9,14 @@ use std::time::Duration;
 use anyhow::Context;
 use ferrymq_storage::Journal;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
 use crate::amqp::AmqpContext;
 use crate::auth::Users;
 use crate::config::Config;
-use crate::core::alarm::MemoryAlarm;
+use crate::core::alarm::ResourceAlarm;
 use crate::core::broker::Broker;
 use crate::core::message::Message;
 use crate::core::queue::{Overflow, QueueConfig};
@@ -57,7 +57,7 @@ pub struct Server {
     broker: Arc<Broker>,
     mqtt: Arc<MqttContext>,
     amqp: Arc<AmqpContext>,
-    alarm: Arc<MemoryAlarm>,
+    alarm: Arc<ResourceAlarm>,
     connections: Arc<Semaphore>,
     max_connections: u32,
     stop_accepting: watch::Sender<bool>,
@@ -91,10 +91,8 @@ impl Server {
         let broker = Arc::new(Broker::new(journal, shards, &config.mqtt.exchange));
         tokio::spawn(crate::core::dead_letter::run(broker.clone(), dead_rx));
         restore_retained(&broker);
-        let alarm = MemoryAlarm::new(MemoryAlarm::limit_from(
-            config.broker.memory_high_watermark_bytes,
-            config.broker.memory_high_watermark,
-        ));
+        let (memory_limit, disk_free_limit) = alarm_limits(&config);
+        let alarm = ResourceAlarm::new(memory_limit, disk_free_limit, Some(config.data_dir().to_path_buf()));
         // Checked once before any listener opens: a client must never slip in before the
         // first periodic check (a start-up race seen in CI under load).
         alarm.check();
@@ -107,6 +105,7 @@ impl Server {
 
         tokio::spawn(scheduler::run(broker.clone()));
         tokio::spawn(mqtt.clone().run_expiry());
+        tokio::spawn(mqtt.timers.clone().run());
         if config.mqtt.sys_interval_secs > 0 {
             tokio::spawn(mqtt::sys::run(mqtt.clone(), Duration::from_secs(config.mqtt.sys_interval_secs)));
         }
@@ -180,21 +179,18 @@ impl Server {
     }
 
     /// Applies what a reloaded configuration may change at runtime (SIGHUP): the memory
-    /// high watermark.
+    /// high watermark and the disk free limit.
     pub fn reload(&self, config: &Config) {
-        let limit =
-            MemoryAlarm::limit_from(config.broker.memory_high_watermark_bytes, config.broker.memory_high_watermark);
-        info!(limit, "configuration reloaded");
-        self.alarm.set_limit(limit);
+        let (memory_limit, disk_free_limit) = alarm_limits(config);
+        info!(memory_limit, disk_free_limit, "configuration reloaded");
+        self.alarm.set_limits(memory_limit, disk_free_limit);
     }
 
     /// Stops accepting, asks every connection to close (MQTT 5: DISCONNECT 0x8B), waits for
     /// them up to the grace period, then flushes and closes the journal.
     pub async fn shutdown(self) {
         let _ = self.stop_accepting.send(true);
-        for control in self.mqtt.sessions.online_controls() {
-            let _ = control.try_send(Control::Shutdown);
-        }
+        self.mqtt.sessions.tell_online(|| Control::Shutdown);
         self.amqp.shutdown();
         let all = self.connections.acquire_many(self.max_connections);
         if tokio::time::timeout(self.grace, all).await.is_err() {
@@ -269,35 +265,51 @@ async fn accept_loop(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let front = front.clone();
-        // Plain and TLS connections are spawned as different futures, so a plain one does
-        // not carry the (large) TLS handshake state.
-        match tls.clone() {
-            None => {
+        // Each kind of connection is spawned as a future of its own, so that an MQTT one
+        // carries neither the AMQP connection's state nor the TLS handshake's.
+        match (front.clone(), tls.clone()) {
+            (Front::Mqtt(ctx), None) => {
+                tokio::spawn(mqtt::connection::serve(ctx, stream, peer, permit));
+            }
+            (Front::Amqp(ctx), None) => {
                 tokio::spawn(async move {
-                    match front {
-                        Front::Mqtt(ctx) => mqtt::connection::serve(ctx, stream, peer).await,
-                        Front::Amqp(ctx) => crate::amqp::connection::serve(ctx, stream, peer).await,
-                    }
+                    crate::amqp::connection::serve(ctx, stream, peer).await;
                     drop(permit);
                 });
             }
-            Some(acceptor) => {
-                tokio::spawn(async move {
-                    serve_tls(front, stream, peer, acceptor).await;
-                    drop(permit);
-                });
+            (front, Some(acceptor)) => {
+                tokio::spawn(serve_tls(front, stream, peer, acceptor, permit));
             }
         }
     }
 }
 
-async fn serve_tls(front: Front, stream: TcpStream, peer: SocketAddr, acceptor: TlsAcceptor) {
+/// The memory high watermark and the disk free limit, bytes, from `config`.
+fn alarm_limits(config: &Config) -> (u64, u64) {
+    let memory = ResourceAlarm::memory_limit_from(
+        config.broker.memory_high_watermark_bytes,
+        config.broker.memory_high_watermark,
+    );
+    let s = &config.storage;
+    (memory, ResourceAlarm::disk_free_limit_from(s.disk_free_limit_bytes, s.disk_free_limit_relative, memory))
+}
+
+async fn serve_tls(
+    front: Front,
+    stream: TcpStream,
+    peer: SocketAddr,
+    acceptor: TlsAcceptor,
+    permit: OwnedSemaphorePermit,
+) {
     let handshake = Duration::from_secs(10);
-    match tokio::time::timeout(handshake, acceptor.accept(stream)).await {
+    // Boxed: the handshake's state is large and lives only until the session is set up.
+    match tokio::time::timeout(handshake, Box::pin(acceptor.accept(stream))).await {
         Ok(Ok(tls_stream)) => match front {
-            Front::Mqtt(ctx) => mqtt::connection::serve(ctx, tls_stream, peer).await,
-            Front::Amqp(ctx) => crate::amqp::connection::serve(ctx, tls_stream, peer).await,
+            Front::Mqtt(ctx) => mqtt::connection::serve(ctx, tls_stream, peer, permit).await,
+            Front::Amqp(ctx) => {
+                crate::amqp::connection::serve(ctx, tls_stream, peer).await;
+                drop(permit);
+            }
         },
         Ok(Err(e)) => debug!(peer = %peer, error = %e, "TLS handshake failed"),
         Err(_) => debug!(peer = %peer, "TLS handshake timed out"),

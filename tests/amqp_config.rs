@@ -6,7 +6,6 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use common::amqp::*;
 use common::Opts;
@@ -55,30 +54,8 @@ async fn flow_control_blocks_publishers_until_the_watermark_is_raised() {
     .name()
     .to_string();
     let mut ev = events(&conn);
-    // lapin holds outgoing frames while blocked, so publish from a task.
-    let publisher = {
-        let (ch, q) = (ch.clone(), q.clone());
-        tokio::spawn(async move {
-            let confirm = ch
-                .basic_publish(
-                    "".into(),
-                    q.as_str().into(),
-                    BasicPublishOptions::default(),
-                    b"held",
-                    BasicProperties::default(),
-                )
-                .await?;
-            confirm.await
-        })
-    };
-    match next_event(&mut ev).await {
-        Event::ConnectionBlocked(reason) => eprintln!("connection.blocked: {reason:?}"),
-        other => panic!("expected connection.blocked, got {other:?}"),
-    }
-    assert!(conn.status().blocked());
-    let mut publisher = publisher;
-    // Bounded negative wait: the confirm must not come while blocked.
-    assert!(tokio::time::timeout(Duration::from_millis(500), &mut publisher).await.is_err(), "confirmed while blocked");
+    let (reason, publisher) = publish_into_a_block(&conn, &mut ev, &ch, &q, b"held").await;
+    eprintln!("connection.blocked: {reason:?}");
     if rabbit {
         sh(rabbit_cmds.1.as_deref().unwrap());
     } else {

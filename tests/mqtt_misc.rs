@@ -147,6 +147,37 @@ fn a_listen_address_in_use_names_the_flag_and_exits_with_code_2() {
     }
 }
 
+/// The soft and hard limits on open files of a process, from `/proc/{pid}/limits`.
+fn open_files_limits(pid: &str) -> (u64, u64) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits.lines().find(|l| l.starts_with("Max open files")).unwrap();
+    let n: Vec<u64> = line.split_whitespace().filter_map(|w| w.parse().ok()).collect();
+    (n[0], n[1])
+}
+
+#[tokio::test]
+async fn the_open_files_limit_is_raised_so_connections_past_the_soft_limit_are_served() {
+    let (_, hard) = open_files_limits("self");
+    if hard < 1024 {
+        eprintln!("skipped: the hard limit on open files here is {hard}");
+        return;
+    }
+    let broker = Broker::start_with(Opts::default().open_files(128));
+    let (soft_now, hard_now) = open_files_limits(&broker.pid().unwrap().to_string());
+    assert_eq!(soft_now, hard_now, "raised to the hard limit");
+    assert!(broker.log().contains("raised the open-files limit"), "and logged: {}", broker.log());
+    // More connections than the soft limit the broker was started with.
+    let mut conns = Vec::new();
+    for i in 0..300 {
+        let mut raw = common::Raw::connect(&broker).await;
+        raw.send(&common::connect_v4_bytes(&format!("c{i}"))).await;
+        conns.push(raw);
+    }
+    for (i, raw) in conns.iter_mut().enumerate() {
+        assert_eq!(raw.read_at_least(4).await, [0x20, 2, 0, 0], "connection {i} accepted");
+    }
+}
+
 #[tokio::test]
 async fn flags_override_file_which_overrides_environment() {
     // File sets 4096, environment 8192: the file wins. The flag --mqtt-listen (127.0.0.1:0,

@@ -19,8 +19,8 @@
 #   ferrymq    fresh data dir, built-in defaults plus FQ_ENV, its MQTT listener (and for KIND=amqp
 #              its AMQP listener; none for KIND=mqtt) on free loopback ports, ready when its READY
 #              line names them, `--log warn`; SIGTERM, SIGKILL after 15 s
-#   mosquitto  generated mosquitto.conf (listener, anonymous, no persistence; everything else
-#              default), ready when it listens; SIGTERM, SIGKILL after 15 s
+#   mosquitto  generated mosquitto.conf (listener, anonymous, no persistence, plus MQ_EXTRA_CONF;
+#              everything else default), ready when it listens; SIGTERM, SIGKILL after 15 s
 #   rabbitmq   a node of our own (own node name, epmd on its own port, own distribution / CLI
 #              ports, cookie, Mnesia and log dirs in a temp dir; no plugins), ready after
 #              `rabbitmqctl await_startup` and listening; SIGTERM to the VM, then SIGKILL to what
@@ -148,6 +148,7 @@ start_mosquitto() {
 listener $MQ_PORT 127.0.0.1
 allow_anonymous true
 persistence false
+${MQ_EXTRA_CONF:-}
 EOF
   chmod 644 "$OUT/mosquitto.conf"
   "$MOSQ" -c "$OUT/mosquitto.conf" >>"$OUT/mosquitto.log" 2>&1 &

@@ -14,7 +14,7 @@ use bytes::BytesMut;
 use ferrymq_amqp::connection::CloseReason;
 use ferrymq_amqp::connection::Content;
 use ferrymq_amqp::{AMQPClass, Config as ProtoConfig, Connection, Event};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tracing::{debug, field, info, warn, Instrument};
 
@@ -22,6 +22,7 @@ use super::channel::{Channel, Settle};
 use super::convert::properties_out;
 use super::entities::QueueEntity;
 use super::AmqpContext;
+use crate::core::alarm::Resource;
 use crate::core::broker::DurableSignal;
 use crate::core::delivery::QueueDelivery;
 use crate::core::message::now_ms;
@@ -172,12 +173,14 @@ impl Task {
         let mut eof = false;
         loop {
             self.release_confirms();
+            // Before the transmit: a connection that published before the alarm was raised
+            // hears connection.blocked now, not at its next event.
+            let raised = *alarm.borrow();
+            self.update_blocked(raised);
             self.proto.poll_transmit(&mut wbuf);
             if self.proto.is_closed() || eof {
                 break;
             }
-            let raised = *alarm.borrow();
-            self.update_blocked(raised);
             // A blocked publisher is not read (RabbitMQ blocks the socket reader).
             let may_read = !(raised && self.publishing) && self.deferred.is_none();
             let can_pull = wbuf.len() < WRITE_HIGH_WATER;
@@ -191,16 +194,16 @@ impl Task {
                     }
                 }
                 res = writer.write_buf(&mut wbuf), if !wbuf.is_empty() => match res {
-                    Ok(_) => trim_drained(&mut wbuf),
+                    Ok(n) => trim_drained(&mut wbuf, n),
                     Err(e) => { debug!(error = %e, "write failed"); eof = true; }
                 },
-                res = reader.read_buf(rbuf.bytes()), if may_read => match res {
+                res = rbuf.read_from(&mut reader), if may_read => match res {
                     Ok(0) => { debug!("peer closed the connection"); eof = true; }
-                    Ok(_) => {
+                    Ok(n) => {
                         let full = rbuf.is_full();
                         self.proto.handle_input(rbuf.bytes(), Instant::now());
                         self.handle_events().await;
-                        rbuf.resize(full);
+                        rbuf.resize(n, full);
                         Stats::add(&self.ctx.broker.stats.route_lookups, self.route_cache.take_lookups());
                     }
                     Err(e) => { debug!(error = %e, "read failed"); eof = true; }
@@ -252,7 +255,12 @@ impl Task {
 
     fn update_blocked(&mut self, raised: bool) {
         if raised && self.publishing && !self.blocked_sent {
-            self.proto.blocked("low on memory");
+            // RabbitMQ's reasons.
+            let reason = match self.ctx.alarm.raised_for() {
+                Some(Resource::Disk) => "low on disk",
+                _ => "low on memory",
+            };
+            self.proto.blocked(reason);
             self.blocked_sent = true;
         } else if !raised && self.blocked_sent {
             self.proto.unblocked();

@@ -36,7 +36,7 @@ use tracing::warn;
 
 use crate::auth::Users;
 use crate::config::Config;
-use crate::core::alarm::MemoryAlarm;
+use crate::core::alarm::ResourceAlarm;
 use crate::core::broker::{Broker, Commit};
 use crate::core::message::now_ms;
 use connection::Control;
@@ -53,14 +53,15 @@ pub struct AmqpContext {
     pub users: Users,
     /// Registry of declared queues, by vhost and name.
     pub entities: Entities,
-    /// The memory alarm: publishing connections get connection.blocked while it is raised.
-    pub alarm: Arc<MemoryAlarm>,
+    /// The memory and disk alarms: publishing connections get connection.blocked while one
+    /// is raised.
+    pub alarm: Arc<ResourceAlarm>,
     connections: Mutex<HashMap<u64, mpsc::Sender<Control>>>,
 }
 
 impl AmqpContext {
     /// Builds the context: virtual hosts, restored entities and de-duplication table.
-    pub async fn start(broker: Arc<Broker>, config: &Config, alarm: Arc<MemoryAlarm>) -> Arc<AmqpContext> {
+    pub async fn start(broker: Arc<Broker>, config: &Config, alarm: Arc<ResourceAlarm>) -> Arc<AmqpContext> {
         if config.amqp.dedup_window_secs > 0 {
             warn!(
                 "amqp.dedup_window_secs is ignored: message ids are never compared unless an exchange or queue \

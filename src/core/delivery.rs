@@ -1,12 +1,13 @@
 //! What flows from the core to a connection: direct (fast-path) messages and queue
 //! deliveries, and the handle through which the router reaches a connected session.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use ferrymq_storage::QueueId;
 use parking_lot::Mutex;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::Notify;
 
 use super::message::SharedMessage;
 
@@ -57,21 +58,52 @@ pub struct QueueDelivery {
 /// means stored); from then on every QoS 1/2 delivery spills until the connection has
 /// taken the backlog, so order is kept. A backlog past the limits marks the subscriber
 /// slow (its connection closes it, MQTT 5 reason 0x97) and later deliveries are dropped.
+///
+/// The buffer allocates nothing until a delivery arrives and gives its memory back once a
+/// burst is taken, so an idle session costs only this struct.
 #[derive(Debug)]
 pub struct SessionLink {
     /// Unique id of this connection's session incarnation.
     pub id: u64,
     /// MQTT Client Identifier of the session (as sent in CONNECT, or assigned by the broker).
     pub client_id: Arc<str>,
-    tx: mpsc::Sender<Direct>,
+    /// Most deliveries the buffer holds (`mqtt.max_online_queue`).
+    capacity: usize,
+    state: Mutex<LinkState>,
     dropped: AtomicU64,
     /// Set while QoS 1/2 deliveries go to the spill queue (read without the lock).
     spilling: AtomicBool,
-    spill: Mutex<Spill>,
     limits: SpillLimits,
-    /// Wakes the connection when the spill queue was created (it attaches to it) or the
-    /// backlog passed its limits (it disconnects).
-    changed: Notify,
+    /// Wakes the connection: the buffer got its first delivery after being empty, or
+    /// `changed` was set.
+    wake: Arc<dyn Wake>,
+    /// The spill queue was created (the connection attaches to it) or the backlog passed
+    /// its limits (it disconnects).
+    changed: AtomicBool,
+}
+
+/// How a [`SessionLink`] wakes its connection (the connection's one wait, shared with
+/// whatever else wakes it).
+pub trait Wake: Send + Sync + std::fmt::Debug {
+    /// Wakes the connection, which then looks at every source of work it has (a wake
+    /// while it is not waiting may be lost: it looks at them before it waits).
+    fn wake(&self);
+}
+
+impl Wake for Notify {
+    fn wake(&self) {
+        self.notify_one();
+    }
+}
+
+/// What [`SessionLink::event`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkEvent {
+    /// The buffer holds deliveries: [`SessionLink::take`] them.
+    Readable,
+    /// The spill queue was made or the subscriber became slow (check
+    /// [`SessionLink::spill_queue`] and [`SessionLink::is_slow`]).
+    Changed,
 }
 
 /// Most backlog a clean session may spill before it is disconnected.
@@ -84,6 +116,15 @@ pub struct SpillLimits {
 }
 
 #[derive(Debug, Default)]
+struct LinkState {
+    /// Deliveries the connection has not taken yet.
+    buffer: VecDeque<Direct>,
+    /// The connection is gone: nothing more is taken.
+    closed: bool,
+    spill: Spill,
+}
+
+#[derive(Debug, Default)]
 struct Spill {
     /// The spill queue, made at the first spill.
     queue: Option<QueueId>,
@@ -93,6 +134,10 @@ struct Spill {
     /// The backlog passed its limits: the subscriber is slow.
     slow: bool,
 }
+
+/// A buffer that grew past this many deliveries is given back once drained (a smaller
+/// one is kept: a subscriber that gets messages now and then does not allocate for each).
+const BUFFER_KEEP: usize = 16;
 
 /// What became of a delivery handed to a [`SessionLink`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,17 +153,19 @@ pub enum Handoff {
 }
 
 impl SessionLink {
-    /// A link whose direct messages go to `tx`.
-    pub fn new(id: u64, client_id: Arc<str>, tx: mpsc::Sender<Direct>, limits: SpillLimits) -> Self {
+    /// A link whose buffer holds at most `capacity` deliveries, waking its connection
+    /// through `wake`.
+    pub fn new(id: u64, client_id: Arc<str>, capacity: usize, limits: SpillLimits, wake: Arc<dyn Wake>) -> Self {
         SessionLink {
             id,
             client_id,
-            tx,
+            capacity: capacity.max(1),
+            state: Mutex::new(LinkState::default()),
             dropped: AtomicU64::new(0),
             spilling: AtomicBool::new(false),
-            spill: Mutex::new(Spill::default()),
             limits,
-            changed: Notify::new(),
+            wake,
+            changed: AtomicBool::new(false),
         }
     }
 
@@ -127,36 +174,39 @@ impl SessionLink {
     /// dropped).
     pub fn deliver(&self, msg: Direct, spill_queue: impl FnOnce() -> Option<QueueId>) -> Handoff {
         let qos = msg.msg.qos.min(msg.qos);
-        if qos > 0 && self.spilling.load(Ordering::Acquire) {
-            return self.spill(msg.msg.payload.len() as u64, spill_queue);
-        }
-        match self.tx.try_send(msg) {
-            Ok(()) => Handoff::Sent,
-            Err(mpsc::error::TrySendError::Closed(_)) => Handoff::Gone,
-            Err(mpsc::error::TrySendError::Full(msg)) if qos > 0 => {
-                self.spill(msg.msg.payload.len() as u64, spill_queue)
-            }
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                self.dropped.fetch_add(1, Ordering::Relaxed);
-                Handoff::Dropped
-            }
-        }
-    }
-
-    fn spill(&self, bytes: u64, spill_queue: impl FnOnce() -> Option<QueueId>) -> Handoff {
-        if self.tx.is_closed() {
+        let bytes = msg.msg.payload.len() as u64;
+        let mut s = self.state.lock();
+        if s.closed {
             return Handoff::Gone;
         }
-        let mut s = self.spill.lock();
+        if qos > 0 && s.spill.messages > 0 {
+            return self.spill(&mut s.spill, bytes, spill_queue);
+        }
+        if s.buffer.len() < self.capacity {
+            let was_empty = s.buffer.is_empty();
+            s.buffer.push_back(msg);
+            drop(s);
+            if was_empty {
+                self.wake.wake();
+            }
+            return Handoff::Sent;
+        }
+        if qos > 0 {
+            return self.spill(&mut s.spill, bytes, spill_queue);
+        }
+        self.dropped.fetch_add(1, Ordering::Relaxed);
+        Handoff::Dropped
+    }
+
+    fn spill(&self, s: &mut Spill, bytes: u64, spill_queue: impl FnOnce() -> Option<QueueId>) -> Handoff {
         if s.slow {
             self.dropped.fetch_add(1, Ordering::Relaxed);
             return Handoff::Dropped;
         }
         if s.messages + 1 > self.limits.messages || s.bytes + bytes > self.limits.bytes {
             s.slow = true;
-            drop(s);
             self.dropped.fetch_add(1, Ordering::Relaxed);
-            self.changed.notify_one();
+            self.signal_changed();
             return Handoff::Dropped;
         }
         let queue = match s.queue {
@@ -164,7 +214,7 @@ impl SessionLink {
             None => match spill_queue() {
                 Some(q) => {
                     s.queue = Some(q);
-                    self.changed.notify_one();
+                    self.signal_changed();
                     q
                 }
                 None => {
@@ -179,10 +229,43 @@ impl SessionLink {
         Handoff::Spill(queue)
     }
 
+    fn signal_changed(&self) {
+        self.changed.store(true, Ordering::Release);
+        self.wake.wake();
+    }
+
+    /// What the connection has to do now, if anything: the spill state changed, or (if
+    /// `take`) the buffer holds deliveries. Ask after each wake-up.
+    pub fn event(&self, take: bool) -> Option<LinkEvent> {
+        if self.changed.swap(false, Ordering::AcqRel) {
+            return Some(LinkEvent::Changed);
+        }
+        (take && !self.state.lock().buffer.is_empty()).then_some(LinkEvent::Readable)
+    }
+
+    /// Takes up to `max` buffered deliveries, oldest first, handing each to `each`.
+    pub fn take(&self, max: usize, mut each: impl FnMut(Direct)) {
+        let mut s = self.state.lock();
+        let n = s.buffer.len().min(max);
+        s.buffer.drain(..n).for_each(&mut each);
+        if s.buffer.is_empty() && s.buffer.capacity() > BUFFER_KEEP {
+            s.buffer = VecDeque::new();
+        }
+    }
+
+    /// The connection is gone: what is buffered is dropped and later deliveries are refused
+    /// ([`Handoff::Gone`]).
+    pub fn close(&self) {
+        let mut s = self.state.lock();
+        s.closed = true;
+        s.buffer = VecDeque::new();
+    }
+
     /// The connection took a spilled delivery of `bytes` from the spill queue; once it has
     /// taken them all, deliveries go to the buffer again.
     pub fn took_spilled(&self, bytes: u64) {
-        let mut s = self.spill.lock();
+        let mut s = self.state.lock();
+        let s = &mut s.spill;
         s.messages = s.messages.saturating_sub(1);
         s.bytes = s.bytes.saturating_sub(bytes);
         if s.messages == 0 {
@@ -197,23 +280,28 @@ impl SessionLink {
 
     /// The spill queue, once made.
     pub fn spill_queue(&self) -> Option<QueueId> {
-        self.spill.lock().queue
+        self.state.lock().spill.queue
     }
 
     /// True once the backlog passed its limits.
     pub fn is_slow(&self) -> bool {
-        self.spill.lock().slow
-    }
-
-    /// Resolves when the spill queue was made or the subscriber became slow (check
-    /// [`SessionLink::spill_queue`] and [`SessionLink::is_slow`]).
-    pub async fn changed(&self) {
-        self.changed.notified().await
+        self.state.lock().spill.slow
     }
 
     /// Deliveries dropped for this session (QoS 0 on a full buffer, or a slow consumer).
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
+    }
+}
+
+/// The connection's end of a [`SessionLink`]: closes the link when dropped, so that
+/// deliveries to a connection that is gone are refused rather than buffered.
+#[derive(Debug)]
+pub struct LinkReceiver(pub Arc<SessionLink>);
+
+impl Drop for LinkReceiver {
+    fn drop(&mut self) {
+        self.0.close();
     }
 }
 
@@ -236,14 +324,20 @@ mod tests {
         Direct { msg: Arc::new(msg), qos: 2, retain_as_published: false, subscription_ids: Vec::new() }
     }
 
-    fn link(buffer: usize, messages: u64, bytes: u64) -> (SessionLink, mpsc::Receiver<Direct>) {
-        let (tx, rx) = mpsc::channel(buffer);
-        (SessionLink::new(1, "c".into(), tx, SpillLimits { messages, bytes }), rx)
+    fn link(buffer: usize, messages: u64, bytes: u64) -> Arc<SessionLink> {
+        Arc::new(SessionLink::new(1, "c".into(), buffer, SpillLimits { messages, bytes }, Arc::new(Notify::new())))
+    }
+
+    /// The oldest buffered delivery's payload.
+    fn take_one(l: &SessionLink) -> Option<Bytes> {
+        let mut got = None;
+        l.take(1, |d| got = Some(d.msg.payload.clone()));
+        got
     }
 
     #[test]
     fn a_full_buffer_drops_qos0_and_spills_qos1_in_order() {
-        let (l, mut rx) = link(1, 10, 1000);
+        let l = link(1, 10, 1000);
         let made = std::cell::Cell::new(0);
         let queue = || {
             made.set(made.get() + 1);
@@ -255,21 +349,21 @@ mod tests {
         assert_eq!(made.get(), 1, "the spill queue is made once");
         assert_eq!(l.dropped(), 1);
         // Room again, but QoS 1 keeps spilling until the backlog is taken: order is kept.
-        assert_eq!(&rx.try_recv().unwrap().msg.payload[..], b"a");
+        assert_eq!(take_one(&l).as_deref(), Some(&b"a"[..]));
         assert_eq!(l.deliver(direct(1, b"d"), queue), Handoff::Spill(QueueId(9)));
         assert_eq!(l.deliver(direct(0, b"e"), queue), Handoff::Sent, "QoS 0 goes to the buffer when it has room");
         l.took_spilled(1);
         assert_eq!(l.deliver(direct(1, b"f"), queue), Handoff::Spill(QueueId(9)), "one still waits");
         l.took_spilled(1);
         l.took_spilled(1);
-        let _ = rx.try_recv();
+        assert_eq!(take_one(&l).as_deref(), Some(&b"e"[..]));
         assert_eq!(l.deliver(direct(1, b"g"), queue), Handoff::Sent, "backlog taken: the buffer again");
         assert_eq!(made.get(), 1);
     }
 
     #[test]
     fn a_backlog_past_its_limits_makes_the_subscriber_slow() {
-        let (l, _rx) = link(1, 2, 1000);
+        let l = link(1, 2, 1000);
         let queue = || Some(QueueId(3));
         assert_eq!(l.deliver(direct(1, b"a"), queue), Handoff::Sent);
         assert_eq!(l.deliver(direct(1, b"b"), queue), Handoff::Spill(QueueId(3)));
@@ -280,7 +374,7 @@ mod tests {
         l.took_spilled(1);
         assert_eq!(l.deliver(direct(1, b"e"), queue), Handoff::Dropped, "slow stays slow");
 
-        let (l, _rx) = link(1, 100, 5);
+        let l = link(1, 100, 5);
         assert_eq!(l.deliver(direct(2, b"a"), queue), Handoff::Sent);
         assert_eq!(l.deliver(direct(2, b"12345"), queue), Handoff::Spill(QueueId(3)));
         assert_eq!(l.deliver(direct(2, b"6"), queue), Handoff::Dropped, "past max bytes");
@@ -289,10 +383,56 @@ mod tests {
 
     #[test]
     fn a_closed_session_or_no_spill_queue_takes_nothing() {
-        let (l, rx) = link(1, 10, 10);
+        let l = link(1, 10, 10);
+        let rx = LinkReceiver(l.clone());
         assert_eq!(l.deliver(direct(1, b"a"), || None), Handoff::Sent);
         assert_eq!(l.deliver(direct(1, b"b"), || None), Handoff::Dropped, "no spill queue could be made");
         drop(rx);
         assert_eq!(l.deliver(direct(1, b"c"), || None), Handoff::Gone);
+        assert_eq!(take_one(&l), None, "what was buffered went with the connection");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_connection_is_woken_for_the_first_delivery_and_takes_in_order() {
+        let bell = Arc::new(Notify::new());
+        let l = SessionLink::new(1, "c".into(), 8, SpillLimits { messages: 10, bytes: 1000 }, bell.clone());
+        assert_eq!(l.event(true), None, "nothing buffered");
+        let waiter = tokio::spawn({
+            let bell = bell.clone();
+            async move { bell.notified().await }
+        });
+        tokio::task::yield_now().await;
+        for body in [&b"1"[..], b"2", b"3"] {
+            assert_eq!(l.deliver(direct(0, body), || None), Handoff::Sent);
+        }
+        tokio::time::timeout(std::time::Duration::from_secs(1), waiter).await.unwrap().unwrap();
+        assert_eq!(l.event(true), Some(LinkEvent::Readable));
+        let mut got = Vec::new();
+        l.take(2, |d| got.push(d.msg.payload.clone()));
+        assert_eq!(got, [&b"1"[..], b"2"], "at most max, oldest first");
+        assert_eq!(l.event(false), None, "not taking: a full buffer is no event");
+        assert_eq!(l.event(true), Some(LinkEvent::Readable), "one still buffered");
+        assert_eq!(take_one(&l).as_deref(), Some(&b"3"[..]));
+        // A spill queue made while the connection was not taking: it is told, once.
+        for _ in 0..9 {
+            l.deliver(direct(1, b"x"), || Some(QueueId(4)));
+        }
+        tokio::time::timeout(std::time::Duration::from_secs(1), bell.notified()).await.expect("woken");
+        assert_eq!(l.event(false), Some(LinkEvent::Changed));
+        assert_eq!(l.event(false), None);
+        assert_eq!(l.spill_queue(), Some(QueueId(4)));
+    }
+
+    #[test]
+    fn a_drained_large_buffer_is_given_back() {
+        let l = link(1000, 10, 1000);
+        for _ in 0..100 {
+            l.deliver(direct(0, b"x"), || None);
+        }
+        l.take(usize::MAX, |_| {});
+        assert_eq!(l.state.lock().buffer.capacity(), 0);
+        l.deliver(direct(0, b"x"), || None);
+        l.take(usize::MAX, |_| {});
+        assert!(l.state.lock().buffer.capacity() > 0, "a small one is kept");
     }
 }

@@ -24,7 +24,8 @@
 //! - [`shards`] — the queue-owner tasks.
 //! - [`retained`] — retained messages in memory.
 //! - [`scheduler`] — delayed delivery from the journal's timer index.
-//! - [`alarm`] — the memory high-watermark alarm.
+//! - [`alarm`] — the memory and disk alarms (publishers wait while one is raised).
+//! - [`timer_wheel`] — a shared wheel of coarse deadlines that wake connections.
 //! - [`broker`] — the shared core and its publish path.
 //! - [`store`] — typed stores of the front-ends' durable state, and their local implementation.
 //! - [`dedup`] — publisher de-duplication within a time window.
@@ -53,4 +54,5 @@ pub mod stats;
 pub mod store;
 pub mod stream;
 pub mod tag_filter;
+pub mod timer_wheel;
 pub mod value;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use ferrymq_mqtt::Will;
 use tokio::sync::oneshot;
-use tracing::{debug, info, warn};
+use tracing::info;
 
 use super::connection::Task;
 use super::convert::will_message;
@@ -23,11 +23,11 @@ impl Task {
     /// Ends the connection's part in its session once the socket is closed.
     pub(super) async fn cleanup(&mut self) {
         let Some(session) = self.session.take() else {
-            let _ = self.finished_tx.send(true);
+            self.signals.finish();
             return;
         };
         self.ctx.broker.stats.disconnected();
-        for q in std::mem::take(&mut self.attached) {
+        for q in self.consuming.as_mut().map(|c| std::mem::take(&mut c.attached)).unwrap_or_default() {
             self.ctx.broker.shards.send(ShardCmd::Detach { queue: q, consumer: self.conn_id });
         }
         // Fast-path deliveries still buffered for a clean session are gone with it.
@@ -45,7 +45,7 @@ impl Task {
                 self.ctx.broker.shards.delete(queue).await;
             }
         }
-        let will = if self.publish_will { self.will.take() } else { None };
+        let will = if self.publish_will { self.will.take().map(|w| *w) } else { None };
         let will_delay = will.as_ref().map_or(0, |w| will_delay(w.delay_interval, session.expiry_secs));
         let mut pending_will = None;
         if let Some(w) = will {
@@ -88,14 +88,14 @@ impl Task {
             self.ctx.sessions.set_persistent(&client_id, Some(p.clone()));
             let write = self.ctx.broker.stores.sessions.save(&client_id, &p.stored);
             if let Err(e) = self.ctx.broker.commit(write, Commit::Queued).await {
-                warn!(error = %e, "cannot store session at disconnect");
+                conn_log!(warn, self, error = %e, "cannot store session at disconnect");
             }
             still_ours = self.ctx.sessions.release(&client_id, self.conn_id, expires, pending_will);
         } else {
             still_ours = false;
         }
-        debug!(still_ours, "connection cleaned up");
-        let _ = self.finished_tx.send(true);
+        conn_log!(debug, self, still_ours, "connection cleaned up");
+        self.signals.finish();
     }
 }
 
@@ -105,7 +105,7 @@ async fn publish_will(ctx: &MqttContext, client_id: &str, w: Will) {
     let msg: SharedMessage = Arc::new(will_message(&w, ctx.broker.router.mqtt_exchange(), now));
     let routes: Routes = ctx.broker.router.resolve(&msg, client_id);
     let retain = if w.retain { RetainMode::Persist } else { RetainMode::None };
-    info!(topic = %w.topic, "publishing will message");
+    info!(client_id, topic = %w.topic, "publishing will message");
     if let Some(signal) = ctx.broker.publish(&msg, &routes, retain, StoreWrite::none()).await {
         let _ = signal.await;
     }

@@ -7,16 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferrymq_mqtt::{Accept, Connect, ProtocolLevel, ReasonCode};
-use tokio::sync::mpsc;
-use tracing::{info, warn};
 
 use super::connection::{SessionState, Task};
 use super::deliver::OFFSET_PKIDS;
-use super::session::{wait_finished, Control, Online, Persistent};
+use super::session::{Control, Online, Persistent};
 use super::{split_share, SESSION_QUEUE_PREFIX};
 use crate::auth::AuthError;
 use crate::core::broker::Commit;
-use crate::core::delivery::{SessionLink, SpillLimits};
 use crate::core::store::{StoredSession, NEVER};
 
 /// Longest wait for a taken-over connection to clean up.
@@ -29,16 +26,16 @@ impl Task {
     fn authenticate(&self, c: &Connect) -> Result<(), ReasonCode> {
         let Some(users) = &self.ctx.users else { return Ok(()) };
         let Some(username) = c.username.as_deref() else {
-            info!("connection refused: no user name");
+            conn_log!(info, self, "connection refused: no user name");
             return Err(ReasonCode::NOT_AUTHORIZED);
         };
         let password = c.password.as_deref().map(std::str::from_utf8).unwrap_or(Ok(""));
         let Ok(password) = password else {
-            info!(username, "connection refused: password is not UTF-8");
+            conn_log!(info, self, username, "connection refused: password is not UTF-8");
             return Err(ReasonCode::BAD_USER_NAME_OR_PASSWORD);
         };
-        users.check(username, password, self.peer, "MQTT").map_err(|e| {
-            info!(username, error = %e, "connection refused");
+        users.check(username, password, self.peer.ip(), "MQTT").map_err(|e| {
+            conn_log!(info, self, username, error = %e, "connection refused");
             match e {
                 AuthError::BadCredentials(_) => ReasonCode::BAD_USER_NAME_OR_PASSWORD,
                 AuthError::LoopbackOnly(_) => ReasonCode::NOT_AUTHORIZED,
@@ -74,16 +71,14 @@ impl Task {
             self.proto.refuse(reason);
             return;
         }
-        tracing::Span::current().record("client_id", &*client_id);
 
         // Take over a connection that holds the same client id.
-        let online =
-            Online { conn_id: self.conn_id, control: self.control_tx.clone(), finished: self.finished_tx.subscribe() };
+        let online = Online { conn_id: self.conn_id, signals: self.signals.clone() };
         let mut claim = self.ctx.sessions.claim(&client_id, online);
         if let Some(prev) = claim.previous.take() {
             claim.previous_existed = true;
-            let _ = prev.control.try_send(Control::TakenOver);
-            wait_finished(prev.finished, TAKEOVER_WAIT).await;
+            prev.signals.tell(Control::TakenOver);
+            prev.signals.wait_finished(TAKEOVER_WAIT).await;
         }
         // The previous connection may have just updated the persistent state.
         let mut existing =
@@ -121,43 +116,39 @@ impl Task {
                     Ok(queue) => {
                         session.persistent = Some(Persistent {
                             queue,
-                            stored: StoredSession {
+                            stored: Box::new(StoredSession {
                                 queue: queue.0,
                                 expiry_secs: expiry,
                                 subscriptions: BTreeMap::new(),
                                 disconnected_at_ms: None,
-                            },
+                            }),
                         });
                     }
                     Err(e) => {
-                        warn!(error = %e, "cannot create session queue");
+                        conn_log!(warn, self, error = %e, "cannot create session queue");
                         self.proto.refuse(ReasonCode::SERVER_UNAVAILABLE);
                         self.ctx.sessions.release(&client_id, self.conn_id, None, None);
                         return;
                     }
                 }
             }
-            None => {
-                let (tx, rx) = mpsc::channel(cfg.max_online_queue);
-                let limits = SpillLimits { messages: cfg.max_queued_messages, bytes: cfg.max_queued_bytes };
-                session.link = Some(Arc::new(SessionLink::new(self.conn_id, client_id.clone(), tx, limits)));
-                self.direct_rx = Some(rx);
-            }
+            // A clean session: its fast path is made at its first subscription.
+            None => {}
         }
         if let Some(p) = &session.persistent {
             self.ctx.sessions.set_persistent(&client_id, Some(p.clone()));
             let write = self.ctx.broker.stores.sessions.save(&client_id, &p.stored);
             if let Err(e) = self.ctx.broker.commit(write, Commit::Durable).await {
-                warn!(error = %e, "cannot store session");
+                conn_log!(warn, self, error = %e, "cannot store session");
                 self.proto.refuse(ReasonCode::SERVER_UNAVAILABLE);
                 self.ctx.sessions.release(&client_id, self.conn_id, None, None);
                 return;
             }
         }
         self.window = delivery_window(cfg.max_inflight, c.properties.receive_maximum);
-        self.will = c.will;
+        self.will = c.will.map(Box::new);
         self.ctx.broker.stats.connected();
-        info!(level = ?c.level, clean_start = c.clean_start, session_present, expiry, "client connected");
+        conn_log!(info, self, level = ?c.level, clean_start = c.clean_start, session_present, expiry, "client connected");
         self.proto.accept(Accept {
             session_present,
             assigned_client_id: assigned,
@@ -176,7 +167,7 @@ impl Task {
         for (filter, qos) in shared {
             if let Some((group, f)) = split_share(&filter) {
                 if let Some(q) = self.ctx.groups.queue_of(group, f) {
-                    self.group_filters.insert(q, filter.clone());
+                    self.consuming().group_filters.insert(q, filter.clone());
                     self.attach(q, qos);
                 }
             }
@@ -186,7 +177,7 @@ impl Task {
     /// The inbound QoS 2 ids a resumed persistent session still waits to have released.
     fn load_inbound_qos2(&self, client_id: &str) -> Vec<u16> {
         self.ctx.broker.stores.inbound_qos2.pending(client_id).unwrap_or_else(|e| {
-            warn!(error = %e, "cannot read inbound QoS 2 state");
+            conn_log!(warn, self, error = %e, "cannot read inbound QoS 2 state");
             Vec::new()
         })
     }

@@ -7,32 +7,37 @@
 //! order once the core reports the message durable; outbound deliveries are bounded by
 //! the client's receive maximum, and a slow socket stops the task from pulling more.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::net::{IpAddr, SocketAddr};
+use std::collections::{BTreeMap, VecDeque};
+use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use ferrymq_mqtt::{Config as ProtoConfig, Connection, Event, ProtocolLevel, ReasonCode, Will};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf};
-use tokio::sync::{mpsc, watch};
-use tracing::{debug, field, info, warn, Instrument};
+use ferrymq_mqtt::{Config as ProtoConfig, Connection, Event, IdMap, ProtocolLevel, ReasonCode, Will};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
 
 use super::deliver::{Origin, Pending, OFFSET_PKIDS};
 use super::publish::PendingAck;
-use super::session::{Control, Persistent};
+use super::session::{ConnectionSignals, Control, Persistent};
 use super::MqttContext;
-use crate::core::delivery::{Direct, QueueDelivery, SessionLink};
+use crate::config::MqttSection;
+use crate::core::delivery::{LinkEvent, LinkReceiver, QueueDelivery, SessionLink, SpillLimits};
 use crate::core::queue::ConsumerEvent;
 use crate::core::router::{Destination, RouteCache};
 use crate::core::stats::Stats;
 use crate::core::store::{QueueId, SubOptions};
-use crate::socket::{discard_until_eof, front_stored, sleep_until, trim_drained, ReadBuffer, CLOSE_FLUSH};
+use crate::socket::{discard_until_eof, front_stored, transfer, trim_drained, Io, ReadBuffer, CLOSE_FLUSH};
 
-/// Control messages a connection task may have waiting (see where the channel is made).
-const CONTROL_CAPACITY: usize = 2;
 /// Stop pulling deliveries while this many bytes wait to be written.
 const WRITE_HIGH_WATER: usize = 256 * 1024;
+/// A read smaller than this that leaves nothing behind marks a quiet connection: the
+/// protocol's buffers are given back too.
+const QUIET_READ: usize = 512;
+/// How often a publisher blocked by the memory alarm looks whether it was cleared.
+const ALARM_RECHECK: Duration = Duration::from_millis(100);
 /// Largest read chunk the buffer grows to under load.
 const READ_MAX: usize = 64 * 1024;
 /// Deliveries taken from the channels per wake-up.
@@ -62,53 +67,57 @@ impl SessionState {
     }
 }
 
-/// Serves one MQTT connection until it closes.
-pub async fn serve<S>(ctx: Arc<MqttContext>, stream: S, peer: SocketAddr)
+/// Serves one MQTT connection until it closes; `guard` (such as the connection's permit
+/// under the connection limit) is dropped when it has.
+///
+/// The guard is held here rather than by a wrapping future, which would carry this
+/// future twice (once before it is polled, once as its awaitee).
+pub fn serve<S, G>(ctx: Arc<MqttContext>, mut stream: S, peer: SocketAddr, guard: G) -> impl Future<Output = ()> + Send
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
+    G: Send,
 {
-    let span = tracing::info_span!("mqtt", peer = %peer, client_id = field::Empty);
+    // The task is made here, so that the future holds it once (not also its parts).
+    let conn_id = ctx.broker.next_id();
+    let mut task = Task::new(ctx, conn_id, peer);
     async move {
-        let conn_id = ctx.broker.next_id();
-        let mut task = Task::new(ctx, conn_id, peer.ip());
-        let unfinished = task.run(stream).await;
+        let unfinished = task.run(&mut stream).await;
         // Boxed: a rare, large future that every idle connection would otherwise carry.
         Box::pin(task.cleanup()).await;
         // The broker closed while the client may still be writing: read and drop what it
         // sends (bounded), so that it reads the DISCONNECT instead of a reset. The session
         // is released first, so a take-over does not wait for this.
-        if let Some(mut reader) = unfinished {
-            let _ = tokio::time::timeout(CLOSE_FLUSH, discard_until_eof(&mut reader)).await;
+        // Boxed, like the cleanup: it is rare.
+        if unfinished {
+            let _ = Box::pin(tokio::time::timeout(CLOSE_FLUSH, discard_until_eof(&mut stream))).await;
         }
+        drop(guard);
     }
-    .instrument(span)
-    .await
 }
 
 /// A connection's state: the protocol machine, its session, what is in flight both ways.
 pub(super) struct Task {
     pub(super) ctx: Arc<MqttContext>,
     pub(super) conn_id: u64,
-    pub(super) peer: IpAddr,
+    pub(super) peer: SocketAddr,
     pub(super) proto: Connection,
     pub(super) session: Option<SessionState>,
-    pub(super) will: Option<Will>,
+    /// Boxed: most connections have none, and it is large.
+    pub(super) will: Option<Box<Will>>,
     /// Client asked to publish the will with DISCONNECT 0x04, or never sent DISCONNECT.
     pub(super) publish_will: bool,
-    pub(super) route_cache: RouteCache,
-    pub(super) inflight: HashMap<u16, Origin>,
+    /// Made at the first publish (most devices of a fleet only subscribe, or publish rarely).
+    pub(super) route_cache: Option<Box<RouteCache>>,
+    pub(super) inflight: IdMap<Origin>,
     pub(super) pending_out: VecDeque<Pending>,
     pub(super) pending_acks: VecDeque<PendingAck>,
-    pub(super) direct_rx: Option<mpsc::Receiver<Direct>>,
-    /// Queue deliveries (own session queue, shared groups); made on first attach.
-    pub(super) queued: Option<(mpsc::UnboundedSender<ConsumerEvent>, mpsc::UnboundedReceiver<ConsumerEvent>)>,
-    pub(super) control_tx: mpsc::Sender<Control>,
-    pub(super) control_rx: mpsc::Receiver<Control>,
-    pub(super) finished_tx: watch::Sender<bool>,
-    /// Queues this connection consumes from (own queue, shared groups).
-    pub(super) attached: Vec<QueueId>,
-    /// Shared group queue -> full filter, for subscription ids of group deliveries.
-    pub(super) group_filters: HashMap<QueueId, String>,
+    /// A clean session's fast path (made at CONNECT).
+    pub(super) direct: Option<LinkReceiver>,
+    /// The queues consumed and their deliveries; made at the first attach (boxed: most
+    /// connections consume none).
+    pub(super) consuming: Option<Box<Consuming>>,
+    /// Take-over and shutdown are told here; the cleanup's end is told from here.
+    pub(super) signals: Arc<ConnectionSignals>,
     /// Credit granted to each attached queue.
     pub(super) window: u32,
     pub(super) level: ProtocolLevel,
@@ -116,12 +125,10 @@ pub(super) struct Task {
     pub(super) publishing: bool,
     /// Publishes dropped without telling the client (for the log).
     pub(super) dropped_publishes: u64,
-    /// The clean session's spill queue this connection consumes, once attached.
-    pub(super) spill_queue: Option<QueueId>,
     /// Since when bytes have waited to be written without the socket taking any.
     pub(super) stalled_since: Option<Instant>,
-    /// How long the socket may stay unread while bytes wait (`slow_consumer_timeout_secs`).
-    pub(super) slow_consumer_timeout: Duration,
+    /// The earliest deadline armed on the timer wheel and not yet passed.
+    pub(super) armed: Option<Instant>,
     /// Disconnected as a slow consumer (logged and counted once).
     pub(super) slow: bool,
     /// The subscriber took something since the stall clock last started: bytes from the
@@ -133,32 +140,28 @@ pub(super) struct Task {
     pub(super) publishes_out: u64,
 }
 
+/// The protocol settings every connection of the front-end shares.
+pub(super) fn protocol_config(cfg: &MqttSection) -> ProtoConfig {
+    ProtoConfig {
+        max_packet_size: cfg.max_packet_size,
+        receive_maximum: cfg.receive_maximum,
+        topic_alias_maximum: cfg.topic_alias_maximum,
+        max_topic_levels: cfg.max_topic_levels,
+        server_keep_alive: None,
+        max_keep_alive: (cfg.max_keepalive_secs > 0).then_some(cfg.max_keepalive_secs),
+        connect_timeout: Duration::from_secs(cfg.connect_timeout_secs),
+        allow_v3_1: cfg.allow_v3_1,
+        retain_available: true,
+        outbound_topic_aliases: true,
+        pkid_range: (OFFSET_PKIDS as u16 + 1)..=u16::MAX,
+        max_inflight: cfg.max_inflight,
+    }
+}
+
 impl Task {
     /// A task for a new connection; nothing is sent before CONNECT.
-    fn new(ctx: Arc<MqttContext>, conn_id: u64, peer: IpAddr) -> Task {
-        let cfg = &ctx.cfg;
-        let proto = Connection::new(
-            ProtoConfig {
-                max_packet_size: cfg.max_packet_size,
-                receive_maximum: cfg.receive_maximum,
-                topic_alias_maximum: cfg.topic_alias_maximum,
-                max_topic_levels: cfg.max_topic_levels,
-                server_keep_alive: None,
-                max_keep_alive: (cfg.max_keepalive_secs > 0).then_some(cfg.max_keepalive_secs),
-                connect_timeout: Duration::from_secs(cfg.connect_timeout_secs),
-                allow_v3_1: cfg.allow_v3_1,
-                retain_available: true,
-                outbound_topic_aliases: true,
-                pkid_range: (OFFSET_PKIDS as u16 + 1)..=u16::MAX,
-                max_inflight: cfg.max_inflight,
-            },
-            Instant::now(),
-        );
-        // Bounded: a connection is told at most "taken over" and "shutting down", and one
-        // pending control message is enough to close it (a full channel drops the other).
-        let (control_tx, control_rx) = mpsc::channel(CONTROL_CAPACITY);
-        let (finished_tx, _) = watch::channel(false);
-        let slow_consumer_timeout = Duration::from_secs(cfg.slow_consumer_timeout_secs.max(1));
+    fn new(ctx: Arc<MqttContext>, conn_id: u64, peer: SocketAddr) -> Task {
+        let proto = Connection::new(ctx.protocol.clone(), Instant::now());
         Task {
             ctx,
             conn_id,
@@ -167,24 +170,19 @@ impl Task {
             session: None,
             will: None,
             publish_will: true,
-            route_cache: RouteCache::default(),
-            inflight: HashMap::new(),
+            route_cache: None,
+            inflight: IdMap::default(),
             pending_out: VecDeque::new(),
             pending_acks: VecDeque::new(),
-            direct_rx: None,
-            queued: None,
-            control_tx,
-            control_rx,
-            finished_tx,
-            attached: Vec::new(),
-            group_filters: HashMap::new(),
+            direct: None,
+            consuming: None,
+            signals: Arc::default(),
             window: 1,
             level: ProtocolLevel::V3_1_1,
             publishing: false,
             dropped_publishes: 0,
-            spill_queue: None,
             stalled_since: None,
-            slow_consumer_timeout,
+            armed: None,
             slow: false,
             progress: false,
             shutting_down: false,
@@ -193,17 +191,15 @@ impl Task {
         }
     }
 
-    /// Runs the connection until it closes; returns the socket's read half when the peer
-    /// has not closed its side yet (the caller drains it).
-    async fn run<S>(&mut self, stream: S) -> Option<ReadHalf<S>>
+    /// Runs the connection until it closes; true when the peer has not closed its side
+    /// yet (the caller drains it).
+    async fn run<S>(&mut self, stream: &mut S) -> bool
     where
         S: AsyncRead + AsyncWrite + Unpin + Send,
     {
-        let (mut reader, mut writer) = tokio::io::split(stream);
         let mut rbuf = ReadBuffer::new(READ_MAX);
         let mut wbuf = BytesMut::new();
         let mut eof = false;
-        let mut alarm = self.ctx.alarm.subscribe();
         let mut was_blocked = false;
         loop {
             self.drain_pending_out();
@@ -213,10 +209,10 @@ impl Task {
             }
             // Under the memory alarm a connection that publishes is not read (RabbitMQ's
             // MQTT plugin does the same); its keep-alive clock restarts when it resumes.
-            let blocked = self.publishing && *alarm.borrow();
+            let blocked = self.publishing && self.ctx.alarm.is_raised();
             if blocked != was_blocked {
                 if blocked {
-                    info!("memory alarm: not reading this publisher");
+                    conn_log!(info, self, "memory alarm: not reading this publisher");
                 } else {
                     self.proto.restart_keep_alive(Instant::now());
                 }
@@ -224,90 +220,172 @@ impl Task {
             }
             let can_pull = self.pending_out.is_empty() && wbuf.len() < WRITE_HIGH_WATER && self.session.is_some();
             self.watch_for_stall(!wbuf.is_empty());
-            let deadline = self.proto.poll_timeout();
+            self.arm_timer(blocked);
             let ack_ready = self.pending_acks.front().is_some_and(|a| a.signal.is_some());
-            tokio::select! {
+            // The handlers do not wait: what needs to is done after the select, so that
+            // its output is not part of the connection's future.
+            let then = tokio::select! {
                 biased;
-                ctrl = self.control_rx.recv() => match ctrl {
-                    Some(Control::TakenOver) => {
-                        info!("session taken over by a new connection");
-                        self.proto.disconnect(ReasonCode::SESSION_TAKEN_OVER, Some("session taken over by another connection"));
+                signal = next_signal(&self.signals, &self.direct, can_pull, self.armed) => match signal {
+                    Signal::Timer => {
+                        self.armed = None;
+                        let due = self.next_timer(blocked).is_some_and(|at| at <= Instant::now());
+                        if due { Then::OnTimer } else { Then::Loop }
                     }
-                    Some(Control::Shutdown) => {
+                    Signal::Told(Control::TakenOver) => {
+                        conn_log!(info, self, "session taken over by a new connection");
+                        self.proto.disconnect(ReasonCode::SESSION_TAKEN_OVER, Some("session taken over by another connection"));
+                        Then::Loop
+                    }
+                    Signal::Told(Control::Shutdown) => {
                         self.publish_will = false;
                         self.shutting_down = true;
                         self.proto.disconnect(ReasonCode::SERVER_SHUTTING_DOWN, Some("server shutting down"));
+                        Then::Loop
                     }
-                    None => {}
+                    // Take what is waiting in one go: one wake-up, one write.
+                    Signal::Link(LinkEvent::Readable) => {
+                        if let Some(LinkReceiver(link)) = &self.direct {
+                            let out = &mut self.pending_out;
+                            link.take(PULL_BATCH, |d| out.push_back(Pending::Direct(d)));
+                        }
+                        Then::Loop
+                    }
+                    Signal::Link(LinkEvent::Changed) => { self.on_link_changed(); Then::Loop }
                 },
-                res = writer.write_buf(&mut wbuf), if !wbuf.is_empty() => match res {
-                    Ok(n) => {
+                io = transfer(stream, &mut rbuf, &mut wbuf, !blocked) => match io {
+                    Io::Wrote(Ok(n)) => {
                         Stats::add(&self.ctx.broker.stats.bytes_sent, n as u64);
-                        trim_drained(&mut wbuf);
+                        trim_drained(&mut wbuf, n);
                         self.progress |= n > 0;
+                        Then::Loop
                     }
-                    Err(e) => { debug!(error = %e, "write failed"); eof = true; }
-                },
-                res = reader.read_buf(rbuf.bytes()), if !blocked => match res {
-                    Ok(0) => { debug!("peer closed the connection"); eof = true; }
-                    Ok(n) => {
+                    Io::Wrote(Err(e)) => { conn_log!(debug, self, error = %e, "write failed"); eof = true; Then::Loop }
+                    Io::Read(Ok(0)) => { conn_log!(debug, self, "peer closed the connection"); eof = true; Then::Loop }
+                    Io::Read(Ok(n)) => {
                         Stats::add(&self.ctx.broker.stats.bytes_received, n as u64);
                         let full = rbuf.is_full();
                         self.proto.handle_input(rbuf.bytes(), Instant::now());
-                        self.handle_events().await;
-                        rbuf.resize(full);
+                            Then::HandleEvents { read: n, full }
                     }
-                    Err(e) => { debug!(error = %e, "read failed"); eof = true; }
+                    Io::Read(Err(e)) => { conn_log!(debug, self, error = %e, "read failed"); eof = true; Then::Loop }
                 },
                 stored = front_stored(&mut self.pending_acks, PendingAck::signal), if ack_ready => {
                     self.on_front_stored(stored);
+                    Then::Loop
                 }
-                d = recv_direct(&mut self.direct_rx), if can_pull => {
-                    if let Some(d) = d {
-                        self.pending_out.push_back(Pending::Direct(d));
-                        // Take what else is waiting in one go: one wake-up, one write.
-                        if let Some(rx) = self.direct_rx.as_mut() {
-                            while self.pending_out.len() < PULL_BATCH {
-                                let Ok(d) = rx.try_recv() else { break };
-                                self.pending_out.push_back(Pending::Direct(d));
-                            }
-                        }
-                    }
-                }
-                q = recv_queued(&mut self.queued), if can_pull => {
+                q = recv_queued(&mut self.consuming), if can_pull => {
                     if let Some(q) = q {
                         self.take_queued(q);
                         while self.pending_out.len() < PULL_BATCH {
-                            let Some((_, rx)) = self.queued.as_mut() else { break };
-                            match rx.try_recv() {
+                            let Some(consuming) = self.consuming.as_mut() else { break };
+                            match consuming.rx.try_recv() {
                                 Ok(ConsumerEvent::Deliver(q)) => self.take_queued(q),
                                 Ok(ConsumerEvent::Cancelled { .. }) => {}
                                 Err(_) => break,
                             }
                         }
                     }
+                    Then::Loop
                 }
-                _ = link_changed(&self.session), if self.session.as_ref().is_some_and(|s| s.link.is_some()) => {
-                    self.on_link_changed();
-                }
-                _ = sleep_until(self.stalled_since.map(|t| t + self.slow_consumer_timeout)), if self.stalled_since.is_some() => {
-                    self.slow_consumer("its socket stayed unread");
-                }
-                _ = alarm.changed() => {}
-                _ = sleep_until(deadline), if deadline.is_some() && !blocked => {
-                    self.proto.handle_timeout(Instant::now());
-                    self.handle_events().await;
+            };
+            match then {
+                Then::Loop => {}
+                Then::OnTimer => self.on_timer(blocked).await,
+                Then::HandleEvents { read, full } => {
+                    // Boxed: the future of a read's events is large and lives only while
+                    // they are handled (one allocation per read, not per packet).
+                    Box::pin(self.handle_events()).await;
+                    rbuf.resize(read, full);
+                    if read < QUIET_READ && rbuf.capacity() == 0 {
+                        self.release_idle_memory();
+                    }
                 }
             }
         }
         // Flush what the protocol queued (CONNACK refusal, DISCONNECT), bounded in time.
         self.proto.poll_transmit(&mut wbuf);
         if !wbuf.is_empty() && !eof {
-            let _ = tokio::time::timeout(CLOSE_FLUSH, writer.write_all(&wbuf)).await;
+            let _ = tokio::time::timeout(CLOSE_FLUSH, stream.write_all(&wbuf)).await;
         }
-        let _ = tokio::time::timeout(CLOSE_FLUSH, writer.shutdown()).await;
+        let _ = tokio::time::timeout(CLOSE_FLUSH, stream.shutdown()).await;
         // (Not while the broker shuts down: it waits for its connections.)
-        (!eof && !self.shutting_down).then_some(reader)
+        !eof && !self.shutting_down
+    }
+
+    /// The connection's one timer: the protocol's deadline (keep-alive, CONNECT time-out),
+    /// the stall clock, or (for a publisher blocked by the memory alarm) its next look at
+    /// the alarm, whichever is first.
+    fn next_timer(&self, blocked: bool) -> Option<Instant> {
+        let stall_at = self.stalled_since.map(|t| t + self.slow_consumer_timeout());
+        let proto_at = self.proto.poll_timeout().filter(|_| !blocked);
+        // A blocked publisher looks at the alarm again now and then (a wait on the alarm
+        // itself would make every connection's future larger).
+        let recheck_at = blocked.then(|| Instant::now() + ALARM_RECHECK);
+        [stall_at, proto_at, recheck_at].into_iter().flatten().min()
+    }
+
+    /// Arms the connection's next deadline on the shared timer wheel, unless an earlier
+    /// one is armed: when that one rings, the next is armed (so a keep-alive that every
+    /// packet moves later costs the wheel nothing per packet).
+    fn arm_timer(&mut self, blocked: bool) {
+        let Some(at) = self.next_timer(blocked) else { return };
+        if self.armed.is_none_or(|armed| at < armed) {
+            self.ctx.timers.arm(self.conn_id, at, &self.signals);
+            self.armed = Some(at);
+        }
+    }
+
+    /// The timer fired: whichever of [`Task::next_timer`]'s deadlines passed is handled.
+    async fn on_timer(&mut self, blocked: bool) {
+        let now = Instant::now();
+        if self.stalled_since.is_some_and(|t| t + self.slow_consumer_timeout() <= now) {
+            self.slow_consumer("its socket stayed unread");
+        } else if !blocked && self.proto.poll_timeout().is_some_and(|t| t <= now) {
+            self.proto.handle_timeout(now);
+            Box::pin(self.handle_events()).await;
+        }
+    }
+
+    /// Where the session's (non-shared) subscriptions deliver; a clean session's fast
+    /// path is made here, at its first subscription (a device that only publishes never
+    /// needs one).
+    pub(super) fn subscription_dest(&mut self) -> Option<Destination> {
+        let session = self.session.as_mut()?;
+        if session.persistent.is_none() && session.link.is_none() {
+            let cfg = &self.ctx.cfg;
+            let limits = SpillLimits { messages: cfg.max_queued_messages, bytes: cfg.max_queued_bytes };
+            let wake = self.signals.clone();
+            let link =
+                Arc::new(SessionLink::new(self.conn_id, session.client_id.clone(), cfg.max_online_queue, limits, wake));
+            session.link = Some(link.clone());
+            self.direct = Some(LinkReceiver(link));
+        }
+        session.dest()
+    }
+
+    /// The client id for log lines (empty before CONNECT is accepted).
+    pub(super) fn log_client_id(&self) -> &str {
+        self.session.as_ref().map_or("", |s| &s.client_id)
+    }
+
+    /// Gives back what a quiet connection's emptied queues and maps still hold.
+    fn release_idle_memory(&mut self) {
+        self.proto.release_idle_memory();
+        if self.pending_out.is_empty() {
+            self.pending_out.shrink_to_fit();
+        }
+        if self.pending_acks.is_empty() {
+            self.pending_acks.shrink_to_fit();
+        }
+        if self.inflight.is_empty() {
+            self.inflight.shrink_to_fit();
+        }
+    }
+
+    /// How long the socket may stay unread while bytes wait (`slow_consumer_timeout_secs`).
+    fn slow_consumer_timeout(&self) -> Duration {
+        Duration::from_secs(self.ctx.cfg.slow_consumer_timeout_secs.max(1))
     }
 
     /// Keeps the stall clock: it runs while deliveries wait for this subscriber (bytes
@@ -334,10 +412,13 @@ impl Task {
                 // Rare and large: boxed so that idle connections do not carry them.
                 Event::Connect(c) => Box::pin(self.on_connect(*c)).await,
                 Event::Publish(p) => {
-                    // A subscription applies to every publish read after it: before the
-                    // first publish of a read is routed, the tasks woken with this one run
-                    // (the runtime polls the last woken task first, so a SUBSCRIBE another
-                    // connection read just before would otherwise be applied after it).
+                    // A subscription applies to every publish read after it, as far as
+                    // the broker can tell: before the first publish of a read is routed,
+                    // the tasks woken with this one run (the runtime polls the last woken
+                    // task first, so a SUBSCRIBE another connection read just before would
+                    // otherwise be applied after it). A SUBSCRIBE on another socket that
+                    // arrives within some tens of microseconds of this read may still be
+                    // read after it, by another worker.
                     if !std::mem::replace(&mut yielded, true) {
                         tokio::task::yield_now().await;
                     }
@@ -349,7 +430,7 @@ impl Task {
                 Event::Subscribe(s) => Box::pin(self.on_subscribe(s)).await,
                 Event::Unsubscribe(u) => Box::pin(self.on_unsubscribe(u)).await,
                 Event::Disconnect(d) => {
-                    debug!(reason = d.reason.0, "client disconnected");
+                    conn_log!(debug, self, reason = d.reason.0, "client disconnected");
                     self.publish_will = d.reason == ReasonCode::DISCONNECT_WITH_WILL;
                     if let (Some(expiry), Some(s)) = (d.session_expiry_interval, self.session.as_mut()) {
                         s.expiry_secs = expiry.min(self.ctx.cfg.max_session_expiry_secs);
@@ -358,9 +439,9 @@ impl Task {
                 Event::Error(e) => {
                     let level_warn = !matches!(e, ferrymq_mqtt::ProtocolError::KeepAliveTimeout);
                     if level_warn {
-                        warn!(error = %e, "closing connection: protocol error");
+                        conn_log!(warn, self, error = %e, "closing connection: protocol error");
                     } else {
-                        info!(error = %e, "closing connection");
+                        conn_log!(info, self, error = %e, "closing connection");
                     }
                 }
             }
@@ -368,40 +449,95 @@ impl Task {
         let stats = &self.ctx.broker.stats;
         Stats::add(&stats.messages_received, packets);
         Stats::add(&stats.publish_received, std::mem::take(&mut self.publishes_in));
-        Stats::add(&stats.route_lookups, self.route_cache.take_lookups());
+        if let Some(cache) = &mut self.route_cache {
+            Stats::add(&stats.route_lookups, cache.take_lookups());
+        }
         self.release_ready_acks();
-    }
-}
-
-/// Resolves when the clean session's link made its spill queue or became slow.
-async fn link_changed(session: &Option<SessionState>) {
-    match session.as_ref().and_then(|s| s.link.as_ref()) {
-        Some(link) => link.changed().await,
-        None => std::future::pending().await,
     }
 }
 
 /// Next queue delivery (a deleted group queue's cancellation is skipped: the group is
 /// gone with its last member).
-async fn recv_queued(
-    queued: &mut Option<(mpsc::UnboundedSender<ConsumerEvent>, mpsc::UnboundedReceiver<ConsumerEvent>)>,
-) -> Option<QueueDelivery> {
-    match queued {
-        Some((_, rx)) => loop {
-            match rx.recv().await? {
-                ConsumerEvent::Deliver(d) => return Some(d),
-                ConsumerEvent::Cancelled { .. } => continue,
+fn recv_queued(consuming: &mut Option<Box<Consuming>>) -> impl Future<Output = Option<QueueDelivery>> + '_ {
+    // A poll function: it holds nothing but the reference.
+    std::future::poll_fn(move |cx| {
+        let Some(consuming) = consuming else { return Poll::Pending };
+        loop {
+            match std::task::ready!(consuming.rx.poll_recv(cx)) {
+                Some(ConsumerEvent::Deliver(d)) => return Poll::Ready(Some(d)),
+                Some(ConsumerEvent::Cancelled { .. }) => continue,
+                None => return Poll::Ready(None),
             }
-        },
-        None => std::future::pending().await,
+        }
+    })
+}
+
+/// The queues a connection consumes (its persistent session's, shared groups', its clean
+/// session's spill queue), with the one channel they deliver through.
+#[derive(Debug)]
+pub(super) struct Consuming {
+    /// Handed to each queue attached.
+    pub(super) tx: mpsc::UnboundedSender<ConsumerEvent>,
+    pub(super) rx: mpsc::UnboundedReceiver<ConsumerEvent>,
+    /// Queues attached.
+    pub(super) attached: Vec<QueueId>,
+    /// Shared group queue -> full filter, for subscription ids of group deliveries.
+    pub(super) group_filters: BTreeMap<QueueId, String>,
+    /// The clean session's spill queue, once attached.
+    pub(super) spill_queue: Option<QueueId>,
+}
+
+impl Default for Consuming {
+    fn default() -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        Consuming { tx, rx, attached: Vec::new(), group_filters: BTreeMap::new(), spill_queue: None }
     }
 }
 
-async fn recv_direct(rx: &mut Option<mpsc::Receiver<Direct>>) -> Option<Direct> {
-    match rx {
-        Some(rx) => rx.recv().await,
-        None => std::future::pending().await,
-    }
+/// What the connection does after its wait, outside it.
+enum Then {
+    /// Nothing more: wait again.
+    Loop,
+    /// Handle the protocol's timeout.
+    OnTimer,
+    /// Handle the events of a read of `read` bytes (`full`: it filled the buffer).
+    HandleEvents { read: usize, full: bool },
+}
+
+/// What rang a connection's doorbell.
+#[derive(Debug)]
+enum Signal {
+    /// A take-over or the shutdown.
+    Told(Control),
+    /// The armed deadline passed.
+    Timer,
+    /// The clean session's fast path.
+    Link(LinkEvent),
+}
+
+/// Waits for the doorbell until a control message was told, the `armed` deadline passed,
+/// or the clean session's fast path has deliveries to take (if `take`) or a change of
+/// its spill state. (A poll function: no state of its own beyond its arguments.)
+fn next_signal<'a>(
+    signals: &'a ConnectionSignals,
+    direct: &'a Option<LinkReceiver>,
+    take: bool,
+    armed: Option<Instant>,
+) -> impl Future<Output = Signal> + 'a {
+    std::future::poll_fn(move |cx| {
+        // Listening first: a ring after a check below wakes this task again.
+        signals.listen(cx.waker());
+        if let Some(c) = signals.take_control() {
+            return Poll::Ready(Signal::Told(c));
+        }
+        if armed.is_some_and(|at| at <= Instant::now()) {
+            return Poll::Ready(Signal::Timer);
+        }
+        match direct.as_ref().and_then(|LinkReceiver(link)| link.event(take)) {
+            Some(ev) => Poll::Ready(Signal::Link(ev)),
+            None => Poll::Pending,
+        }
+    })
 }
 
 #[cfg(test)]
@@ -434,8 +570,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn queue_deliveries_skip_cancellations_and_wait_without_a_channel() {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let mut queued = Some((tx.clone(), rx));
+        let consuming = Consuming::default();
+        let tx = consuming.tx.clone();
+        let mut queued = Some(Box::new(consuming));
         tx.send(ConsumerEvent::Cancelled { queue: QueueId(1), consumer: 7 }).unwrap();
         tx.send(ConsumerEvent::Deliver(delivery(5))).unwrap();
         let d = recv_queued(&mut queued).await.expect("a delivery");
@@ -444,7 +581,12 @@ mod tests {
         let mut none = None;
         let waited = tokio::time::timeout(Duration::from_secs(60), recv_queued(&mut none)).await;
         assert!(waited.is_err(), "nothing attached yet: no delivery, no wake-up");
-        let waited = tokio::time::timeout(Duration::from_secs(60), recv_direct(&mut None)).await;
-        assert!(waited.is_err(), "a persistent session has no fast path");
+        let signals = ConnectionSignals::default();
+        let waited = tokio::time::timeout(Duration::from_secs(60), next_signal(&signals, &None, true, None)).await;
+        assert!(waited.is_err(), "no fast path, nothing told: no wake-up");
+        signals.tell(Control::Shutdown);
+        signals.tell(Control::TakenOver);
+        let told = tokio::time::timeout(Duration::from_secs(1), next_signal(&signals, &None, true, None)).await;
+        assert!(matches!(told, Ok(Signal::Told(Control::Shutdown))), "the first told wins: {told:?}");
     }
 }

@@ -7,10 +7,8 @@ use std::collections::BTreeMap;
 
 use ferrymq_mqtt::topic::matches;
 use ferrymq_mqtt::{Outgoing, ReasonCode, SendError};
-use tokio::sync::mpsc;
-use tracing::{debug, warn};
 
-use super::connection::Task;
+use super::connection::{Consuming, Task};
 use super::convert::{properties_out, qos_of};
 use crate::core::delivery::{Direct, QueueDelivery};
 use crate::core::message::{now_ms, Message};
@@ -46,7 +44,7 @@ impl Task {
     /// Takes a queue delivery into the send queue; one from the clean session's spill
     /// queue leaves the session's backlog.
     pub(super) fn take_queued(&mut self, q: QueueDelivery) {
-        if Some(q.queue) == self.spill_queue {
+        if self.consuming.as_ref().is_some_and(|c| c.spill_queue == Some(q.queue)) {
             if let Some(link) = self.session.as_ref().and_then(|s| s.link.as_ref()) {
                 link.took_spilled(q.msg.payload.len() as u64);
             }
@@ -61,8 +59,9 @@ impl Task {
         if link.is_slow() {
             self.slow_consumer("its backlog passed max_queued_messages or max_queued_bytes");
         }
-        if let (None, Some(queue)) = (self.spill_queue, link.spill_queue()) {
-            self.spill_queue = Some(queue);
+        let attached = self.consuming.as_ref().and_then(|c| c.spill_queue);
+        if let (None, Some(queue)) = (attached, link.spill_queue()) {
+            self.consuming().spill_queue = Some(queue);
             self.attach(queue, 2);
         }
     }
@@ -73,7 +72,7 @@ impl Task {
         if std::mem::replace(&mut self.slow, true) {
             return;
         }
-        warn!(why, "slow consumer: disconnecting");
+        conn_log!(warn, self, why, "slow consumer: disconnecting");
         Stats::add(&self.ctx.broker.stats.slow_consumers, 1);
         self.proto.disconnect(ReasonCode::QUOTA_EXCEEDED, Some("slow consumer"));
     }
@@ -81,24 +80,27 @@ impl Task {
     /// Consumes `queue` (the session's own, or a shared group's) with the connection's
     /// window as credit; deliveries above `max_qos` are downgraded.
     pub(super) fn attach(&mut self, queue: QueueId, max_qos: u8) {
-        self.attached.push(queue);
+        let consuming = self.consuming();
+        consuming.attached.push(queue);
+        let tx = consuming.tx.clone();
         // The channel is unbounded, and bounded by credit: a queue hands this consumer at
         // most the window it granted, plus one cancellation per queue.
         self.ctx.broker.shards.send(ShardCmd::Attach {
             queue,
-            consumer: Consumer {
-                id: self.conn_id,
-                tx: self.queued.get_or_insert_with(mpsc::unbounded_channel).0.clone(),
-                credit: self.window,
-                max_qos,
-                priority: 0,
-            },
+            consumer: Consumer { id: self.conn_id, tx, credit: self.window, max_qos, priority: 0 },
         });
+    }
+
+    /// The queues consumed, made at the first attach.
+    pub(super) fn consuming(&mut self) -> &mut Consuming {
+        self.consuming.get_or_insert_with(Box::default)
     }
 
     /// Stops consuming `queue`; what it holds unacknowledged goes back to the queue.
     pub(super) fn detach(&mut self, queue: QueueId) {
-        self.attached.retain(|q| *q != queue);
+        if let Some(c) = self.consuming.as_mut() {
+            c.attached.retain(|q| *q != queue);
+        }
         self.ctx.broker.shards.send(ShardCmd::Detach { queue, consumer: self.conn_id });
     }
 
@@ -172,7 +174,7 @@ impl Task {
                     }
                     Err(SendError::WindowFull) | Err(SendError::PacketIdInUse) => Err(Pending::Direct(d)),
                     Err(e) => {
-                        debug!(error = %e, "delivery dropped");
+                        conn_log!(debug, self, error = %e, "delivery dropped");
                         Stats::add(&self.ctx.broker.stats.publish_dropped, 1);
                         Ok(())
                     }
@@ -214,7 +216,7 @@ impl Task {
                     }
                     Err(SendError::WindowFull) | Err(SendError::PacketIdInUse) => Err(Pending::Queued(q)),
                     Err(e) => {
-                        debug!(error = %e, "queued delivery dropped");
+                        conn_log!(debug, self, error = %e, "queued delivery dropped");
                         Stats::add(&self.ctx.broker.stats.publish_dropped, 1);
                         self.ack_queue(q.queue, q.offset);
                         Ok(())
@@ -233,7 +235,7 @@ impl Task {
     /// session's current subscriptions.
     fn delivery_options(&self, q: &QueueDelivery) -> (Vec<u32>, bool) {
         let Some(s) = self.session.as_ref() else { return (Vec::new(), false) };
-        let group_filter = self.group_filters.get(&q.queue).map(String::as_str);
+        let group_filter = self.consuming.as_ref().and_then(|c| c.group_filters.get(&q.queue)).map(String::as_str);
         subscription_options(&s.subs, group_filter, &q.msg.topic())
     }
 }

@@ -15,6 +15,15 @@
 //! - [`sys`] — the `$SYS/broker/...` topics.
 //! - [`convert`] — MQTT publish <-> core message.
 
+/// Logs an event of a connection task (`$task`) with the connection's peer address and
+/// client id as fields. A span per connection would give the same context, but costs more
+/// in the subscriber's registry than all the rest of an idle connection.
+macro_rules! conn_log {
+    ($level:ident, $task:expr, $($arg:tt)+) => {
+        tracing::$level!(peer = %$task.peer, client_id = $task.log_client_id(), $($arg)+)
+    };
+}
+
 mod close;
 mod connect;
 pub mod connection;
@@ -33,13 +42,17 @@ use tracing::{info, warn};
 
 use crate::auth::Users;
 use crate::config::MqttSection;
-use crate::core::alarm::MemoryAlarm;
+use crate::core::alarm::ResourceAlarm;
 use crate::core::broker::{Broker, Commit};
 use crate::core::message::now_ms;
 use crate::core::router::Destination;
 use crate::core::store::{QueueId, NEVER};
-use session::{Persistent, Sessions};
+use crate::core::timer_wheel::TimerWheel;
+use session::{ConnectionSignals, Persistent, Sessions};
 use shared::SharedGroups;
+
+/// The resolution of connections' deadlines (they fire at most this late).
+const TIMER_TICK: Duration = Duration::from_millis(10);
 
 /// Prefix of the queue names of persistent sessions.
 pub const SESSION_QUEUE_PREFIX: &str = "mqtt-session/";
@@ -51,14 +64,18 @@ pub struct MqttContext {
     pub broker: Arc<Broker>,
     /// `[mqtt]` settings.
     pub cfg: MqttSection,
+    /// The protocol machine's settings (from `cfg`), shared by every connection.
+    pub protocol: Arc<ferrymq_mqtt::Config>,
     /// Sessions by client id.
     pub sessions: Sessions,
     /// Shared-subscription groups.
     pub groups: SharedGroups,
     /// The user store CONNECT is checked against (`auth.mqtt`), or `None` to let anyone in.
     pub users: Option<Users>,
-    /// The memory alarm: connections that publish are not read while it is raised.
-    pub alarm: Arc<MemoryAlarm>,
+    /// The memory and disk alarms: connections that publish are not read while one is raised.
+    pub alarm: Arc<ResourceAlarm>,
+    /// Every connection's deadline (keep-alive, stall clock, alarm re-check).
+    pub timers: Arc<TimerWheel<ConnectionSignals>>,
 }
 
 impl MqttContext {
@@ -68,15 +85,17 @@ impl MqttContext {
         broker: Arc<Broker>,
         cfg: MqttSection,
         users: Option<Users>,
-        alarm: Arc<MemoryAlarm>,
+        alarm: Arc<ResourceAlarm>,
     ) -> Arc<MqttContext> {
         let ctx = Arc::new(MqttContext {
             broker,
+            protocol: Arc::new(connection::protocol_config(&cfg)),
             cfg,
             sessions: Sessions::default(),
             groups: SharedGroups::default(),
             users,
             alarm,
+            timers: Arc::new(TimerWheel::new(TIMER_TICK)),
         });
         let now = now_ms();
         let stored = match ctx.broker.stores.sessions.load() {
@@ -101,7 +120,7 @@ impl MqttContext {
             }
             let since = s.disconnected_at_ms.unwrap_or(now);
             let expires = (s.expiry_secs != NEVER).then(|| since + s.expiry_secs as u64 * 1000);
-            ctx.sessions.restore(client_id, Persistent { queue, stored: s }, expires);
+            ctx.sessions.restore(client_id, Persistent { queue, stored: Box::new(s) }, expires);
             restored += 1;
         }
         if restored > 0 {

@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use ferrymq_mqtt::topic::validate_topic_name;
 use ferrymq_mqtt::{Publish, QoS, ReasonCode};
-use tracing::{debug, info, warn};
 
 use super::connection::Task;
 use super::convert::message_in;
@@ -44,7 +43,7 @@ impl Task {
     pub(super) fn on_front_stored(&mut self, stored: bool) {
         if let Some(mut ack) = self.pending_acks.pop_front() {
             if !stored {
-                warn!("message could not be stored; refusing it");
+                conn_log!(warn, self, "message could not be stored; refusing it");
                 ack.reason = ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR;
             }
             self.proto.ack_publish(ack.pkid, ack.reason);
@@ -97,7 +96,7 @@ impl Task {
         let retain = if p.retain { RetainMode::Persist } else { RetainMode::None };
         let topic = std::mem::take(&mut p.topic);
         let msg: SharedMessage = Arc::new(message_in(p, &topic, self.ctx.broker.router.mqtt_exchange(), now));
-        let routes = self.route_cache.resolve(&self.ctx.broker.router, &msg, &client_id);
+        let routes = self.route_cache.get_or_insert_default().resolve(&self.ctx.broker.router, &msg, &client_id);
         // A persistent session remembers the id until PUBREL, in the message's submission.
         let along = if qos == QoS::ExactlyOnce && persistent {
             self.ctx.broker.stores.inbound_qos2.received(&client_id, pkid)
@@ -129,12 +128,12 @@ impl Task {
             // at info the first time per connection (a client must not flood the log).
             self.dropped_publishes += 1;
             if self.dropped_publishes == 1 {
-                info!(why, "publish dropped (later drops on this connection are logged at debug)");
+                conn_log!(info, self, why, "publish dropped (later drops on this connection are logged at debug)");
             } else {
-                debug!(why, dropped = self.dropped_publishes, "publish dropped");
+                conn_log!(debug, self, why, dropped = self.dropped_publishes, "publish dropped");
             }
         } else {
-            debug!(why, "publish refused");
+            conn_log!(debug, self, why, "publish refused");
         }
         if let Some(reason) = refusal_ack(qos, self.level.is_v5(), reason) {
             self.pending_acks.push_back(PendingAck { pkid, signal: None, reason });
@@ -149,7 +148,7 @@ impl Task {
             // message that reuses it.
             let write = self.ctx.broker.stores.inbound_qos2.released(&s.client_id, pkid);
             if let Err(e) = self.ctx.broker.commit(write, Commit::Queued).await {
-                warn!(error = %e, "cannot clear inbound QoS 2 state");
+                conn_log!(warn, self, error = %e, "cannot clear inbound QoS 2 state");
             }
         }
     }

@@ -9,11 +9,15 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
+use std::task::Waker;
 use std::time::Duration;
 
+use atomic_waker::AtomicWaker;
 use parking_lot::Mutex;
-use tokio::sync::{oneshot, watch};
+use std::sync::atomic::{AtomicBool, Ordering};
+use tokio::sync::{oneshot, Notify};
 
+use crate::core::delivery::Wake;
 use crate::core::store::{QueueId, StoredSession};
 
 /// Control messages to a connection task.
@@ -25,15 +29,81 @@ pub enum Control {
     Shutdown,
 }
 
+/// A connection task's doorbell and what others tell it ([`Control`]), and what it tells
+/// them back (its cleanup finished). Whatever hands the connection work (a control
+/// message, its session link, its deadline on the timer wheel) rings the one doorbell,
+/// so the connection has one wait for all of them. One small allocation per connection, where a channel of each kind would
+/// cost several hundred bytes.
+#[derive(Debug, Default)]
+pub struct ConnectionSignals {
+    /// The first control message told and not yet taken (one is enough to close).
+    control: Mutex<Option<Control>>,
+    /// The waiting connection's waker (level-triggered: the connection looks at every
+    /// source after registering it, so a ring before the wait is not needed).
+    doorbell: AtomicWaker,
+    finished: AtomicBool,
+    finished_notify: Notify,
+}
+
+impl Wake for ConnectionSignals {
+    fn wake(&self) {
+        self.doorbell.wake();
+    }
+}
+
+impl ConnectionSignals {
+    /// Tells the connection `control`, unless it was already told something.
+    pub fn tell(&self, control: Control) {
+        let mut c = self.control.lock();
+        if c.is_none() {
+            *c = Some(control);
+            drop(c);
+            self.wake();
+        }
+    }
+
+    /// The control message told, if any (taken).
+    pub fn take_control(&self) -> Option<Control> {
+        self.control.lock().take()
+    }
+
+    /// Makes the next ring wake `waker`; look at every source after this, before
+    /// returning `Pending`.
+    pub fn listen(&self, waker: &Waker) {
+        self.doorbell.register(waker);
+    }
+
+    /// The connection finished its cleanup.
+    pub fn finish(&self) {
+        self.finished.store(true, Ordering::Release);
+        self.finished_notify.notify_waiters();
+    }
+
+    /// Waits until the connection finished its cleanup, at most `limit`.
+    pub async fn wait_finished(&self, limit: Duration) {
+        let finished = async {
+            loop {
+                let notified = self.finished_notify.notified();
+                tokio::pin!(notified);
+                // Registered before the check: a finish between the two still wakes it.
+                notified.as_mut().enable();
+                if self.finished.load(Ordering::Acquire) {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        let _ = tokio::time::timeout(limit, finished).await;
+    }
+}
+
 /// The connection currently holding a client id.
 #[derive(Debug)]
 pub struct Online {
     /// Id of the holding connection: a [`Sessions::release`] naming another id leaves the slot alone.
     pub conn_id: u64,
-    /// Where to send [`Control::TakenOver`].
-    pub control: tokio::sync::mpsc::Sender<Control>,
-    /// Becomes true when the connection has finished its cleanup.
-    pub finished: watch::Receiver<bool>,
+    /// Tells it [`Control::TakenOver`]; says when its cleanup finished.
+    pub signals: Arc<ConnectionSignals>,
 }
 
 /// In-memory state of a persistent session.
@@ -41,8 +111,9 @@ pub struct Online {
 pub struct Persistent {
     /// The session's queue (its subscriptions are bindings to it).
     pub queue: QueueId,
-    /// What the session store keeps of it (subscriptions, expiry).
-    pub stored: StoredSession,
+    /// What the session store keeps of it (subscriptions, expiry); boxed so that the
+    /// sessions table and a connection's state stay small for clean sessions too.
+    pub stored: Box<StoredSession>,
 }
 
 #[derive(Debug, Default)]
@@ -113,7 +184,7 @@ impl Sessions {
     pub fn update_stored(&self, client_id: &Arc<str>, stored: &StoredSession) {
         if let Some(slot) = self.slots.lock().get_mut(client_id) {
             if let Some(p) = slot.persistent.as_mut() {
-                p.stored = stored.clone();
+                (*p.stored).clone_from(stored);
             }
         }
     }
@@ -188,13 +259,12 @@ impl Sessions {
         self.slots.lock().values().filter(|s| s.online.is_none() && s.persistent.is_some()).count()
     }
 
-    /// Control senders of every connected client (for shutdown).
-    pub fn online_controls(&self) -> Vec<tokio::sync::mpsc::Sender<Control>> {
-        self.slots.lock().values().filter_map(|s| s.online.as_ref().map(|o| o.control.clone())).collect()
+    /// Tells every connected client `control` (for shutdown).
+    pub fn tell_online(&self, control: fn() -> Control) {
+        for s in self.slots.lock().values() {
+            if let Some(o) = &s.online {
+                o.signals.tell(control());
+            }
+        }
     }
-}
-
-/// Waits until a taken-over connection finished its cleanup, at most `limit`.
-pub async fn wait_finished(mut finished: watch::Receiver<bool>, limit: Duration) {
-    let _ = tokio::time::timeout(limit, finished.wait_for(|f| *f)).await;
 }

@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use ferrymq_mqtt::topic::parse_filter;
 use ferrymq_mqtt::{ReasonCode, Subscribe, Unsubscribe};
-use tracing::{debug, warn};
 
 use super::connection::Task;
 use super::convert::qos_u8;
@@ -36,7 +35,7 @@ impl Task {
             let tag_filter = match &tag_filter {
                 Ok(t) => t.clone(),
                 Err(e) => {
-                    debug!(filter = %f.filter, error = %e, "invalid tag filter");
+                    conn_log!(debug, self, filter = %f.filter, error = %e, "invalid tag filter");
                     reasons.push(ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR);
                     continue;
                 }
@@ -44,7 +43,7 @@ impl Task {
             let parsed = match parse_filter(&f.filter, self.ctx.cfg.max_topic_levels) {
                 Ok(p) => p,
                 Err(e) => {
-                    debug!(filter = %f.filter, error = %e, "invalid subscription filter");
+                    conn_log!(debug, self, filter = %f.filter, error = %e, "invalid subscription filter");
                     reasons.push(ReasonCode::TOPIC_FILTER_INVALID);
                     continue;
                 }
@@ -67,7 +66,7 @@ impl Task {
                 match self.ctx.groups.join(&self.ctx.broker, group, parsed.filter, &client_id, expr) {
                     Ok(queue) => {
                         if !existed {
-                            self.group_filters.insert(queue, f.filter.clone());
+                            self.consuming().group_filters.insert(queue, f.filter.clone());
                             self.attach(queue, granted);
                         } else {
                             // Granted QoS may have changed: re-attach with the new one.
@@ -76,19 +75,18 @@ impl Task {
                         }
                     }
                     Err(e @ JoinError::TagFilterMismatch { .. }) => {
-                        debug!(filter = %f.filter, error = %e, "shared subscription refused");
+                        conn_log!(debug, self, filter = %f.filter, error = %e, "shared subscription refused");
                         reasons.push(ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR);
                         continue;
                     }
                     Err(e) => {
-                        warn!(error = %e, "cannot create shared subscription queue");
+                        conn_log!(warn, self, error = %e, "cannot create shared subscription queue");
                         reasons.push(ReasonCode::UNSPECIFIED_ERROR);
                         continue;
                     }
                 }
             } else {
-                let Some(session) = self.session.as_ref() else { return };
-                let Some(dest) = session.dest() else { return };
+                let Some(dest) = self.subscription_dest() else { return };
                 self.ctx.broker.router.subscribe(parsed.filter, dest, opts.binding_options(&client_id));
                 let send_retained = sends_retained(f.retain_handling, existed);
                 if send_retained {
@@ -134,7 +132,9 @@ impl Task {
             let client_id = session.client_id.clone();
             if let Some((group, f)) = split_share(filter) {
                 if let Some(q) = self.ctx.groups.queue_of(group, f) {
-                    self.group_filters.remove(&q);
+                    if let Some(c) = self.consuming.as_mut() {
+                        c.group_filters.remove(&q);
+                    }
                     self.detach(q);
                 }
                 if let Some(q) = self.ctx.groups.leave(&self.ctx.broker, group, f, &client_id) {
@@ -159,7 +159,7 @@ impl Task {
         self.ctx.sessions.update_stored(&s.client_id, &p.stored);
         let write = self.ctx.broker.stores.sessions.save(&s.client_id, &p.stored);
         if let Err(e) = self.ctx.broker.commit(write, Commit::Durable).await {
-            warn!(error = %e, "cannot store session");
+            conn_log!(warn, self, error = %e, "cannot store session");
         }
     }
 }

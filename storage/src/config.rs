@@ -18,12 +18,16 @@ pub enum FsyncPolicy {
 
 /// Retention limits for the commit log. A segment is deleted only when no pointer,
 /// retained entry or timer refers into it **and** one of the limits is exceeded.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Retention {
     /// Delete unreferenced closed segments older than this (by last modification).
     pub max_age: Option<Duration>,
     /// Delete the oldest unreferenced closed segments while the log is larger than this.
     pub max_bytes: Option<u64>,
+    /// Delete the oldest unreferenced closed segments, whatever their age, while the data
+    /// directory's file system is fuller than this fraction (RocketMQ's
+    /// `diskMaxUsedSpaceRatio`).
+    pub max_disk_used_ratio: Option<f64>,
 }
 
 /// Settings of a [`Journal`](crate::Journal).

@@ -19,11 +19,20 @@ pub(crate) struct Candidate {
 }
 
 /// Bases of the segments to delete. `closed` holds only closed segments (never the
-/// active one), oldest first; `total_bytes` is the size of the whole log. A segment is
-/// chosen only if nothing refers into it and it is older than `max_age`, or the log
-/// (after the deletions chosen so far) is still larger than `max_bytes`.
-pub(crate) fn select(closed: &[Candidate], total_bytes: u64, retention: &Retention, now: SystemTime) -> Vec<u64> {
+/// active one), oldest first; `total_bytes` is the size of the whole log; `disk_excess`
+/// how many bytes the file system holds beyond `max_disk_used_ratio` (see
+/// [`disk_excess`]). A segment is chosen only if nothing refers into it and it is older
+/// than `max_age`, or the log (after the deletions chosen so far) is still larger than
+/// `max_bytes`, or the deletions chosen so far free less than `disk_excess`.
+pub(crate) fn select(
+    closed: &[Candidate],
+    total_bytes: u64,
+    retention: &Retention,
+    now: SystemTime,
+    disk_excess: u64,
+) -> Vec<u64> {
     let mut total = total_bytes;
+    let mut freed = 0;
     let mut chosen = Vec::new();
     for c in closed.iter().filter(|c| c.refs == 0) {
         let too_old = match (retention.max_age, c.modified) {
@@ -31,12 +40,21 @@ pub(crate) fn select(closed: &[Candidate], total_bytes: u64, retention: &Retenti
             _ => false,
         };
         let too_big = retention.max_bytes.is_some_and(|max| total > max);
-        if too_old || too_big {
+        if too_old || too_big || freed < disk_excess {
             chosen.push(c.base);
             total = total.saturating_sub(c.len);
+            freed += c.len;
         }
     }
     chosen
+}
+
+/// Bytes the file system of `dir` uses beyond `ratio` of its size (0 when it is under
+/// it, or its size cannot be read).
+pub(crate) fn disk_excess(dir: &std::path::Path, ratio: f64) -> u64 {
+    let (Ok(total), Ok(free)) = (fs2::total_space(dir), fs2::available_space(dir)) else { return 0 };
+    let used = total.saturating_sub(free);
+    used.saturating_sub((total as f64 * ratio) as u64)
 }
 
 #[cfg(test)]
@@ -53,13 +71,32 @@ mod tests {
         let now = SystemTime::now();
         let closed = [c(0, 0, 50, now), c(100, 1, 40, now), c(200, 0, 30, now), c(300, 0, 5, now)];
         let none = Retention::default();
-        assert!(select(&closed, 500, &none, now).is_empty());
-        let age = Retention { max_age: Some(Duration::from_secs(20)), max_bytes: None };
-        assert_eq!(select(&closed, 500, &age, now), vec![0, 200]);
-        let bytes = Retention { max_age: None, max_bytes: Some(250) };
+        assert!(select(&closed, 500, &none, now, 0).is_empty());
+        let age = Retention { max_age: Some(Duration::from_secs(20)), ..Default::default() };
+        assert_eq!(select(&closed, 500, &age, now, 0), vec![0, 200]);
+        let bytes = Retention { max_bytes: Some(250), ..Default::default() };
         // 500 -> 400 (drop 0) -> skip 100 (referenced) -> 300 (drop 200) -> 200 (drop 300).
-        assert_eq!(select(&closed, 500, &bytes, now), vec![0, 200, 300]);
-        let bytes = Retention { max_age: None, max_bytes: Some(400) };
-        assert_eq!(select(&closed, 500, &bytes, now), vec![0]);
+        assert_eq!(select(&closed, 500, &bytes, now, 0), vec![0, 200, 300]);
+        let bytes = Retention { max_bytes: Some(400), ..Default::default() };
+        assert_eq!(select(&closed, 500, &bytes, now, 0), vec![0]);
+    }
+
+    #[test]
+    fn a_fuller_disk_than_the_ratio_deletes_the_oldest_unreferenced_segments_whatever_their_age() {
+        let now = SystemTime::now();
+        let closed = [c(0, 0, 5, now), c(100, 1, 4, now), c(200, 0, 3, now), c(300, 0, 2, now)];
+        let ratio = Retention { max_disk_used_ratio: Some(0.75), ..Default::default() };
+        assert!(select(&closed, 500, &ratio, now, 0).is_empty(), "under the ratio: nothing");
+        assert_eq!(select(&closed, 500, &ratio, now, 1), vec![0], "one segment frees enough");
+        // 150 bytes: the first frees 100, the referenced one is skipped, the next frees 100.
+        assert_eq!(select(&closed, 500, &ratio, now, 150), vec![0, 200]);
+        assert_eq!(select(&closed, 500, &ratio, now, 10_000), vec![0, 200, 300], "never a referenced one");
+    }
+
+    #[test]
+    fn the_excess_of_a_file_system_is_zero_under_its_ratio() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(disk_excess(dir.path(), 1.0), 0, "no file system is fuller than full");
+        assert!(disk_excess(dir.path(), 0.0) > 0, "the test's file system holds something");
     }
 }

@@ -690,7 +690,8 @@ impl Writer {
     /// Runs retention if limits are set and the last run is at least a second ago.
     fn maybe_retention(&mut self) {
         let r = &self.shared.config.retention;
-        if (r.max_age.is_none() && r.max_bytes.is_none()) || self.last_retention.elapsed() < RETENTION_INTERVAL {
+        let limited = r.max_age.is_some() || r.max_bytes.is_some() || r.max_disk_used_ratio.is_some();
+        if !limited || self.last_retention.elapsed() < RETENTION_INTERVAL {
             return;
         }
         self.last_retention = Instant::now();
@@ -718,7 +719,12 @@ impl Writer {
                 Candidate { base: c.base, len: c.len, refs, modified }
             })
             .collect();
-        for base in retention::select(&candidates, total, retention, SystemTime::now()) {
+        let excess = retention.max_disk_used_ratio.map_or(0, |ratio| retention::disk_excess(&shared.config.dir, ratio));
+        let chosen = retention::select(&candidates, total, retention, SystemTime::now(), excess);
+        if excess > 0 && chosen.is_empty() {
+            tracing::warn!(excess, "the data file system is past storage.retention_max_disk_used_ratio and no segment can be deleted (every old one is still referenced)");
+        }
+        for base in chosen {
             match shared.log.delete_segment(base) {
                 Ok(true) => {
                     self.refs.forget(base);
@@ -726,7 +732,11 @@ impl Writer {
                     if let Err(e) = crate::recovery::drop_keys(&shared.db, base..end) {
                         tracing::warn!(segment = base, error = %e, "key index: could not drop the entries of a deleted segment");
                     }
-                    tracing::info!(segment = base, "commit log: deleted an unreferenced segment (retention)");
+                    tracing::info!(
+                        segment = base,
+                        disk_excess = excess,
+                        "commit log: deleted an unreferenced segment (retention)"
+                    );
                 }
                 Ok(false) => {}
                 Err(e) => tracing::warn!(segment = base, error = %e, "commit log: could not delete a segment"),

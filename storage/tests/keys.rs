@@ -88,7 +88,7 @@ fn retention_ignores_the_key_index_and_drops_its_entries() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = config(dir.path(), FsyncPolicy::Never);
     c.segment_size = 2048;
-    c.retention = Retention { max_age: None, max_bytes: Some(4096) };
+    c.retention = Retention { max_bytes: Some(4096), ..Default::default() };
     let j = Journal::open(c.clone()).unwrap();
     // Keyed records nothing else refers to: the key index alone must not keep them.
     let mut first = None;

@@ -32,10 +32,32 @@ fn segment_of(bases: &[u64], pos: LogPos) -> u64 {
     bases.iter().copied().filter(|&b| b <= pos.0).max().unwrap()
 }
 
+/// A file system fuller than the ratio (any used space is more than 0%) deletes every
+/// unreferenced closed segment, however young; a referenced one stays readable.
+#[test]
+fn a_disk_fuller_than_the_ratio_deletes_young_unreferenced_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    let retention = Retention { max_disk_used_ratio: Some(0.0), ..Default::default() };
+    let j = Journal::open(config(dir.path(), retention)).unwrap();
+    let q = j.queue_id("q").unwrap();
+    let mut recs = Vec::new();
+    for n in 0..100 {
+        let r = j.write_blocking(append_op(n, &[q])).unwrap();
+        recs.push((r.appended[0].pos, r.appended[0].offsets[0].1));
+    }
+    let before = j.stats();
+    assert!(before.segments >= 8, "{before:?}");
+    let ops = recs.iter().skip(1).map(|&(_, offset)| Op::Remove { queue: q, offset }).collect();
+    j.write_blocking(ops).unwrap();
+    wait_for(&j, "every unreferenced closed segment deleted", |j| j.stats().segments <= 2);
+    j.verify_counters().unwrap();
+    assert_record(&j, recs[0].0, 0);
+}
+
 #[test]
 fn max_bytes_deletes_only_unreferenced_closed_segments() {
     let dir = tempfile::tempdir().unwrap();
-    let retention = Retention { max_age: None, max_bytes: Some(4096) };
+    let retention = Retention { max_bytes: Some(4096), ..Default::default() };
     let j = Journal::open(config(dir.path(), retention.clone())).unwrap();
     let q = j.queue_id("q").unwrap();
     let mut recs = Vec::new();
@@ -129,7 +151,7 @@ fn max_bytes_deletes_only_unreferenced_closed_segments() {
 #[test]
 fn max_age_deletes_old_unreferenced_segments() {
     let dir = tempfile::tempdir().unwrap();
-    let retention = Retention { max_age: Some(Duration::from_millis(200)), max_bytes: None };
+    let retention = Retention { max_age: Some(Duration::from_millis(200)), ..Default::default() };
     let j = Journal::open(config(dir.path(), retention)).unwrap();
     let q = j.queue_id("q").unwrap();
     let mut recs = Vec::new();

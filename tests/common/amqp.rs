@@ -433,6 +433,45 @@ pub async fn publish_confirmed(
     bounded("publisher confirm", c).await.expect("publisher confirm")
 }
 
+/// Publishes `body` to `queue` (default exchange) from a task, since lapin holds outgoing
+/// frames while the connection is blocked, and waits in `events` (the connection's, taken
+/// before the alarm was raised) for connection.blocked; returns its reason and the task,
+/// which resolves to the publish's confirmation (it must not resolve while the connection
+/// stays blocked: checked here for 500 ms).
+pub async fn publish_into_a_block(
+    conn: &Connection,
+    events: &mut Events,
+    ch: &Channel,
+    queue: &str,
+    body: &'static [u8],
+) -> (String, tokio::task::JoinHandle<lapin::Result<Confirmation>>) {
+    let mut publisher = {
+        let (ch, q) = (ch.clone(), queue.to_string());
+        tokio::spawn(async move {
+            let confirm = ch
+                .basic_publish(
+                    "".into(),
+                    q.as_str().into(),
+                    BasicPublishOptions::default(),
+                    body,
+                    BasicProperties::default(),
+                )
+                .await?;
+            confirm.await
+        })
+    };
+    let reason = match next_event(events).await {
+        Event::ConnectionBlocked(reason) => reason.to_string(),
+        other => panic!("expected connection.blocked, got {other:?}"),
+    };
+    assert!(conn.status().blocked());
+    // Bounded negative wait: the confirm must not come while blocked.
+    if let Ok(done) = tokio::time::timeout(Duration::from_millis(500), &mut publisher).await {
+        panic!("the publish finished while blocked: {done:?}");
+    }
+    (reason, publisher)
+}
+
 /// Enables publisher confirms.
 pub async fn confirm_select(ch: &Channel) {
     bounded("confirm.select", ch.confirm_select(ConfirmSelectOptions::default())).await.expect("confirm.select");

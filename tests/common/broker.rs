@@ -48,6 +48,8 @@ pub struct Opts {
     pub config: Option<String>,
     /// The `--log` filter (default [`DEFAULT_LOG`]).
     pub log: Option<String>,
+    /// Soft limit on open files the process starts with (`ulimit -S -n`).
+    pub open_files: Option<u64>,
 }
 
 impl Opts {
@@ -64,6 +66,11 @@ impl Opts {
     /// Adds an environment variable.
     pub fn env(mut self, k: &str, v: &str) -> Self {
         self.env.push((k.into(), v.into()));
+        self
+    }
+    /// Starts the process with this soft limit on open files.
+    pub fn open_files(mut self, soft: u64) -> Self {
+        self.open_files = Some(soft);
         self
     }
     /// Sets the `--log` filter (e.g. `warn` for a benchmark).
@@ -93,7 +100,15 @@ impl Broker {
     }
 
     fn spawn(dir: PathBuf, tmp: Option<Arc<tempfile::TempDir>>, opts: Opts) -> Broker {
-        let mut cmd = Command::new(binary());
+        let mut cmd = match opts.open_files {
+            // The shell lowers its soft limit, then becomes the broker (same pid).
+            Some(soft) => {
+                let mut c = Command::new("sh");
+                c.arg("-c").arg(format!("ulimit -S -n {soft} && exec \"$0\" \"$@\"")).arg(binary());
+                c
+            }
+            None => Command::new(binary()),
+        };
         cmd.arg("--data-dir")
             .arg(&dir)
             .arg("--mqtt-listen")

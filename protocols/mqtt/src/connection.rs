@@ -8,13 +8,14 @@
 //! on the wire.
 
 mod alias;
-mod idmap;
+pub mod idmap;
 mod inbound;
 mod outbound;
 mod receive;
 
 use std::collections::VecDeque;
 use std::ops::RangeInclusive;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -265,7 +266,7 @@ struct Peer {
 /// after the broker accepted the client and their answers follow CONNACK.
 #[derive(Debug)]
 pub struct Connection {
-    config: Config,
+    config: Arc<Config>,
     state: State,
     level: Option<ProtocolLevel>,
     keep_alive: u16,
@@ -291,14 +292,18 @@ pub struct Connection {
     /// id restored at CONNECT, plus [`QOS2_RESEND_SLACK`]).
     qos2_resends: u32,
     qos2_resends_allowed: u32,
-    in_aliases: InboundAliases,
+    /// Boxed, made when the client first sets an alias (most never do).
+    in_aliases: Option<Box<InboundAliases>>,
     outbound: Outbound,
-    out_aliases: OutboundAliases,
+    /// Boxed, made at CONNECT when the client allows aliases.
+    out_aliases: Option<Box<OutboundAliases>>,
 }
 
 impl Connection {
-    /// A new connection whose socket was accepted at `now`.
-    pub fn new(config: Config, now: Instant) -> Self {
+    /// A new connection whose socket was accepted at `now`. Connections of one listener
+    /// can share their `config` (an `Arc`).
+    pub fn new(config: impl Into<Arc<Config>>, now: Instant) -> Self {
+        let config = config.into();
         let outbound = Outbound::new(&config.pkid_range);
         Connection {
             connect_deadline: now + config.connect_timeout,
@@ -324,9 +329,9 @@ impl Connection {
             inbound: IdMap::default(),
             qos2_resends: 0,
             qos2_resends_allowed: QOS2_RESEND_SLACK,
-            in_aliases: InboundAliases::default(),
+            in_aliases: None,
             outbound,
-            out_aliases: OutboundAliases::new(0),
+            out_aliases: None,
         }
     }
 
@@ -375,6 +380,20 @@ impl Connection {
             self.out.clear();
         }
         true
+    }
+
+    /// Gives back the memory of emptied internal buffers (call when the connection is
+    /// quiet: the next packet allocates them again).
+    pub fn release_idle_memory(&mut self) {
+        if self.events.is_empty() {
+            self.events = VecDeque::new();
+        }
+        if self.held.is_empty() {
+            self.held = BytesMut::new();
+        }
+        if self.out.is_empty() {
+            self.out = BytesMut::new();
+        }
     }
 
     /// Bytes of output waiting to be taken by [`Connection::poll_transmit`].
@@ -603,11 +622,11 @@ impl Connection {
         properties.topic_alias = None;
         let mut topic = publish.topic;
         let mut new_alias = None;
-        if level.is_v5() && self.out_aliases.enabled() {
-            if let Some(a) = self.out_aliases.lookup(&topic) {
+        if let Some(aliases) = self.out_aliases.as_deref().filter(|a| level.is_v5() && a.enabled()) {
+            if let Some(a) = aliases.lookup(&topic) {
                 properties.topic_alias = Some(a);
                 topic = String::new();
-            } else if let Some(a) = self.out_aliases.next_free() {
+            } else if let Some(a) = aliases.next_free() {
                 properties.topic_alias = Some(a);
                 new_alias = Some(a);
             }
@@ -628,8 +647,8 @@ impl Connection {
             }
         }
         codec::encode(&packet, level, &mut self.out).map_err(|_| SendError::TooLarge)?;
-        if let (Some(a), Packet::Publish(p)) = (new_alias, packet) {
-            self.out_aliases.insert(p.topic, a);
+        if let (Some(a), Packet::Publish(p), Some(aliases)) = (new_alias, packet, self.out_aliases.as_mut()) {
+            aliases.insert(p.topic, a);
         }
         match publish.qos {
             QoS::AtMostOnce => {}

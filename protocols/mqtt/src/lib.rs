@@ -66,6 +66,7 @@ pub mod packet;
 pub mod reason;
 pub mod topic;
 
+pub use connection::idmap::IdMap;
 pub use connection::{Accept, Config, Connection, Event, Outgoing, ProtocolError, SendError};
 pub use packet::*;
 pub use reason::ReasonCode;

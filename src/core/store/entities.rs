@@ -368,8 +368,9 @@ mod tests {
         let link = std::sync::Arc::new(crate::core::delivery::SessionLink::new(
             1,
             "c".into(),
-            tokio::sync::mpsc::channel(1).0,
+            1,
             crate::core::delivery::SpillLimits { messages: 1, bytes: 1 },
+            std::sync::Arc::new(tokio::sync::Notify::new()),
         ));
         assert!(stores.entities.put_binding("/", "amq.topic", &bound(Destination::Session(link), "a")).is_empty());
     }

@@ -6,7 +6,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 /// Hasher for `u16` keys.
 #[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct IdHasher(u64);
+pub struct IdHasher(u64);
 
 impl Hasher for IdHasher {
     fn finish(&self) -> u64 {
@@ -24,4 +24,4 @@ impl Hasher for IdHasher {
 }
 
 /// Map from packet id (or topic alias) to `V`.
-pub(crate) type IdMap<V> = HashMap<u16, V, BuildHasherDefault<IdHasher>>;
+pub type IdMap<V> = HashMap<u16, V, BuildHasherDefault<IdHasher>>;

@@ -102,8 +102,9 @@ impl Connection {
                 problem_information: p.request_problem_information != Some(0),
                 session_expiry_zero: p.session_expiry_interval.unwrap_or(0) == 0,
             };
-            if self.config.outbound_topic_aliases {
-                self.out_aliases = super::OutboundAliases::new(p.topic_alias_maximum.unwrap_or(0));
+            let max = p.topic_alias_maximum.unwrap_or(0);
+            if self.config.outbound_topic_aliases && max > 0 {
+                self.out_aliases = Some(Box::new(super::OutboundAliases::new(max)));
             }
             self.keep_alive = c.keep_alive;
             if let Some(k) = self.config.server_keep_alive {
@@ -213,14 +214,14 @@ impl Connection {
                 return self.fail(ProtocolError::TopicAliasInvalid);
             }
             if p.topic.is_empty() {
-                match self.in_aliases.get(alias) {
+                match self.in_aliases.as_ref().and_then(|a| a.get(alias)) {
                     Some(t) => p.topic.clone_from(t),
                     None => {
                         return self.fail(ProtocolError::Violation(ReasonCode::PROTOCOL_ERROR, "unknown topic alias"))
                     }
                 }
             } else if topic::validate_topic_name(&p.topic, max_levels).is_ok() {
-                self.in_aliases.set(alias, &p.topic);
+                self.in_aliases.get_or_insert_default().set(alias, &p.topic);
             }
         }
         if topic::validate_topic_name(&p.topic, max_levels).is_err() {
