@@ -126,6 +126,8 @@ pub(crate) struct Writer {
     last_retention: Instant,
     /// Queue ids known to have a name mapping (cache of `queue_ids`).
     live: HashSet<u64>,
+    /// Past the disk-use ratio with nothing deletable, and said so (logged once a time).
+    stuck_over_ratio: bool,
 }
 
 impl Writer {
@@ -150,6 +152,7 @@ impl Writer {
             last_sync: now,
             last_retention: now,
             live: HashSet::new(),
+            stuck_over_ratio: false,
         }
     }
 
@@ -721,9 +724,11 @@ impl Writer {
             .collect();
         let excess = retention.max_disk_used_ratio.map_or(0, |ratio| retention::disk_excess(&shared.config.dir, ratio));
         let chosen = retention::select(&candidates, total, retention, SystemTime::now(), excess);
-        if excess > 0 && chosen.is_empty() {
+        let stuck = excess > 0 && chosen.is_empty();
+        if stuck && !self.stuck_over_ratio {
             tracing::warn!(excess, "the data file system is past storage.retention_max_disk_used_ratio and no segment can be deleted (every old one is still referenced)");
         }
+        self.stuck_over_ratio = stuck;
         for base in chosen {
             match shared.log.delete_segment(base) {
                 Ok(true) => {

@@ -99,6 +99,12 @@ impl Broker {
         Self::spawn(dir, Some(tmp), opts)
     }
 
+    /// Starts a broker on the data directory `dir` (the caller owns it; its config file,
+    /// if any, goes beside it).
+    pub fn start_in(dir: PathBuf, opts: Opts) -> Broker {
+        Self::spawn(dir, None, opts)
+    }
+
     fn spawn(dir: PathBuf, tmp: Option<Arc<tempfile::TempDir>>, opts: Opts) -> Broker {
         let mut cmd = match opts.open_files {
             // The shell lowers its soft limit, then becomes the broker (same pid).
