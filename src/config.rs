@@ -244,6 +244,9 @@ pub struct StorageSection {
     pub retention_max_disk_used_ratio: f64,
     /// sled page cache, bytes.
     pub cache_bytes: u64,
+    /// Space kept in reserve in `data_dir/ballast`, given up at start when the file system
+    /// is full so the broker can open its journal (0 = none).
+    pub ballast_bytes: u64,
     /// Publishers are blocked while the data directory's file system has less free space
     /// than this, bytes (0 = off); RabbitMQ's `disk_free_limit.absolute`.
     pub disk_free_limit_bytes: u64,
@@ -390,6 +393,7 @@ impl Config {
         };
         j.segment_size = self.storage.segment_size;
         j.cache_bytes = self.storage.cache_bytes;
+        j.ballast_bytes = self.storage.ballast_bytes;
         j.retention = Retention {
             max_age: (self.storage.retention_max_age_secs > 0)
                 .then(|| Duration::from_secs(self.storage.retention_max_age_secs)),

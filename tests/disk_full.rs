@@ -3,8 +3,10 @@
 //! mounting is not allowed), 64 KiB persistent publishes with confirms are blocked by the
 //! disk alarm before the file system is full; every confirmed message is consumable; once
 //! the queue is drained, retention deletes the segments nothing points into any more, the
-//! alarm clears and publishes are confirmed again, without a restart; and a restart with the
-//! file system as full as the alarm lets it get comes up with the queue intact.
+//! alarm clears and publishes are confirmed again, without a restart; and a restart on a
+//! file system filled to the last byte (by another file) comes up with the queue intact:
+//! the ballast it kept in reserve is given up so the journal can open, and made again once
+//! space returns.
 
 mod common;
 
@@ -13,7 +15,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::amqp::*;
-use common::{Broker, Opts};
+use common::{eventually, Broker, Opts, WAIT};
 
 /// A tmpfs mounted on a temporary directory for the test's lifetime.
 struct Tmpfs {
@@ -40,7 +42,7 @@ impl Drop for Tmpfs {
 }
 
 const BODY: usize = 64 * 1024;
-const CONFIG: &str = "[storage]\ndisk_free_limit_bytes = 8388608\nsegment_size = 4194304\n";
+const CONFIG: &str = "[storage]\ndisk_free_limit_bytes = 8388608\nsegment_size = 4194304\nballast_bytes = 4194304\n";
 
 /// Publishes 64 KiB persistent messages to `queue` until one is not confirmed within a
 /// few seconds (the connection is blocked); returns how many were confirmed and the
@@ -119,11 +121,15 @@ async fn a_full_disk_blocks_publishers_before_loss_and_recovers_without_a_restar
     assert_eq!(c, Confirmation::Ack(None));
     let in_queue = usize::from(drained == confirmed);
 
-    // As full as the alarm lets it get again, then a restart: it comes up, nothing is lost.
+    // As full as the alarm lets it get again, then to the last byte by another file, then
+    // a restart: it comes up, nothing is lost.
     let (again, waiting) = fill(&ch, &q).await;
     drop(waiting);
     drop((conn, ch, _c2, consumer));
+    let junk = fs.path().join("junk");
+    fill_to_the_last_byte(&junk);
     let t = Target::ferrymq(t.broker.unwrap().restart());
+    assert!(t.broker.as_ref().unwrap().log().contains("released the ballast"), "the ballast made room");
     let (_conn, ch) = t.channel().await;
     let kept = bounded(
         "queue.declare passive",
@@ -140,4 +146,23 @@ async fn a_full_disk_blocks_publishers_before_loss_and_recovers_without_a_restar
     let before = in_queue + again;
     assert!(kept == before || kept == before + 1, "{kept} messages after the restart, {before} confirmed");
     assert_eq!(drain_count(&ch, "fill").await, kept);
+    std::fs::remove_file(&junk).unwrap();
+    let ballast = t.broker.as_ref().unwrap().dir.join("ballast");
+    eventually("the ballast made again", WAIT, || async { ballast.exists().then_some(()) }).await;
+}
+
+/// Writes `path` until the file system is full (ENOSPC).
+fn fill_to_the_last_byte(path: &Path) {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).unwrap();
+    let chunk = vec![0u8; 64 * 1024];
+    loop {
+        match f.write(&chunk) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(28) => break, // ENOSPC
+            Err(e) => panic!("filling the file system: {e}"),
+        }
+    }
+    let _ = f.sync_all();
 }

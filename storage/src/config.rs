@@ -43,6 +43,9 @@ pub struct JournalConfig {
     pub retention: Retention,
     /// sled page-cache budget in bytes.
     pub cache_bytes: u64,
+    /// Space kept in reserve in a ballast file (0 = none): given up at open when the file
+    /// system is full, made again once there is room.
+    pub ballast_bytes: u64,
     /// Capacity of the submission channel (submissions, not ops).
     pub channel_capacity: usize,
     /// At most this many submissions are drained into one group commit.
@@ -50,7 +53,8 @@ pub struct JournalConfig {
 }
 
 impl JournalConfig {
-    /// Defaults for a data directory: 128 MiB segments, `Always`, no retention limits.
+    /// Defaults for a data directory: 128 MiB segments, `Always`, no retention limits, no
+    /// ballast.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         JournalConfig {
             dir: dir.into(),
@@ -58,6 +62,7 @@ impl JournalConfig {
             fsync: FsyncPolicy::Always,
             retention: Retention::default(),
             cache_bytes: 64 * 1024 * 1024,
+            ballast_bytes: 0,
             channel_capacity: 4096,
             max_batch: 1024,
         }

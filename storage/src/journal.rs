@@ -10,6 +10,7 @@ use parking_lot::Mutex;
 use tokio::sync::mpsc::{self, error::TrySendError};
 use tokio::sync::oneshot;
 
+use crate::ballast;
 use crate::db::Db;
 use crate::log::{self, Log};
 use crate::state::Shared;
@@ -85,6 +86,8 @@ impl Journal {
         let log_dir = config.dir.join("log");
         std::fs::create_dir_all(&log_dir).map_err(log::io_err)?;
         log::sync_dir(&config.dir).map_err(log::io_err)?;
+        // A full file system: the reserved space makes room to open and recover.
+        ballast::release_if_full(&config.dir, config.ballast_bytes);
         // sled first: it locks the directory against a second process.
         let db = Db::open(&config.dir.join("db"), config.cache_bytes)?;
         let segments = recovery::recover_log(&log_dir)?;
@@ -93,6 +96,7 @@ impl Journal {
             Some(cp) => (recovery::index_from_checkpoint(&db, &log, cp)?, false),
             None => (recovery::recover_index(&db, &log)?, true),
         };
+        let ballast = ballast::ensure(&config.dir, config.ballast_bytes, config.ballast_bytes);
         let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().map_err(log::io_err)?;
         let (tx, rx) = mpsc::channel(config.channel_capacity.max(1));
         let shared = Arc::new(Shared {
@@ -104,7 +108,7 @@ impl Journal {
             fsyncs: AtomicU64::new(0),
             index_scanned,
         });
-        let writer = Writer::new(shared.clone(), rx, rt, log_writer, index.refs);
+        let writer = Writer::new(shared.clone(), rx, rt, log_writer, index.refs, ballast);
         #[cfg(test)]
         let fault = writer.fault_switch();
         let handle = std::thread::Builder::new()

@@ -108,6 +108,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+mod ballast;
 mod checkpoint;
 mod codec;
 mod config;

@@ -128,6 +128,8 @@ pub(crate) struct Writer {
     live: HashSet<u64>,
     /// Past the disk-use ratio with nothing deletable, and said so (logged once a time).
     stuck_over_ratio: bool,
+    /// The ballast file exists (see [`crate::ballast`]).
+    ballast: bool,
 }
 
 impl Writer {
@@ -138,6 +140,7 @@ impl Writer {
         rt: tokio::runtime::Runtime,
         log: LogWriter,
         refs: RefCounts,
+        ballast: bool,
     ) -> Writer {
         let now = Instant::now();
         Writer {
@@ -153,6 +156,7 @@ impl Writer {
             last_retention: now,
             live: HashSet::new(),
             stuck_over_ratio: false,
+            ballast,
         }
     }
 
@@ -692,6 +696,17 @@ impl Writer {
 
     /// Runs retention if limits are set and the last run is at least a second ago.
     fn maybe_retention(&mut self) {
+        let config = &self.shared.config;
+        if !self.ballast && config.ballast_bytes > 0 && self.last_retention.elapsed() >= RETENTION_INTERVAL {
+            // Given up at open on a full disk: made again once there is room (twice its size).
+            self.ballast = crate::ballast::ensure(&config.dir, config.ballast_bytes, config.ballast_bytes);
+            if self.ballast {
+                tracing::info!(
+                    bytes = config.ballast_bytes,
+                    "the data file system has room again: the ballast is back"
+                );
+            }
+        }
         let r = &self.shared.config.retention;
         let limited = r.max_age.is_some() || r.max_bytes.is_some() || r.max_disk_used_ratio.is_some();
         if !limited || self.last_retention.elapsed() < RETENTION_INTERVAL {
