@@ -81,7 +81,7 @@ impl Task {
             still_ours = self.ctx.sessions.release(&client_id, self.conn_id, None, pending_will);
         } else if let Some(mut p) = session.persistent {
             let now = now_ms();
-            p.stored.subscriptions = session.subs.clone();
+            p.stored.subscriptions = session.subs.to_map();
             p.stored.expiry_secs = session.expiry_secs;
             p.stored.disconnected_at_ms = Some(now);
             let expires = (session.expiry_secs != NEVER).then(|| now + session.expiry_secs as u64 * 1000);

@@ -10,7 +10,7 @@ use ferrymq_mqtt::{Accept, Connect, ProtocolLevel, ReasonCode};
 
 use super::connection::{SessionState, Task};
 use super::deliver::OFFSET_PKIDS;
-use super::session::{Control, Online, Persistent};
+use super::session::{Control, Online, Persistent, Subscriptions};
 use super::{split_share, SESSION_QUEUE_PREFIX};
 use crate::auth::AuthError;
 use crate::core::broker::Commit;
@@ -101,11 +101,11 @@ impl Task {
             link: None,
             persistent: None,
             expiry_secs: expiry,
-            subs: BTreeMap::new(),
+            subs: Subscriptions::default(),
         };
         match existing {
             Some(mut p) => {
-                session.subs = p.stored.subscriptions.clone();
+                session.subs = p.stored.subscriptions.iter().map(|(f, o)| (f.clone(), o.clone())).collect();
                 p.stored.expiry_secs = expiry;
                 p.stored.disconnected_at_ms = None;
                 inbound_qos2 = self.load_inbound_qos2(&client_id);

@@ -21,14 +21,14 @@ use tokio::sync::mpsc;
 
 use super::deliver::{Origin, Pending, OFFSET_PKIDS};
 use super::publish::PendingAck;
-use super::session::{ConnectionSignals, Control, Persistent};
+use super::session::{ConnectionSignals, Control, Persistent, Subscriptions};
 use super::MqttContext;
 use crate::config::MqttSection;
 use crate::core::delivery::{LinkEvent, LinkReceiver, QueueDelivery, SessionLink, SpillLimits};
 use crate::core::queue::ConsumerEvent;
 use crate::core::router::{Destination, RouteCache};
 use crate::core::stats::Stats;
-use crate::core::store::{QueueId, SubOptions};
+use crate::core::store::QueueId;
 use crate::socket::{discard_until_eof, front_stored, transfer, trim_drained, Io, ReadBuffer, CLOSE_FLUSH};
 
 /// Stop pulling deliveries while this many bytes wait to be written.
@@ -53,7 +53,7 @@ pub(super) struct SessionState {
     /// Session expiry in effect (seconds).
     pub(super) expiry_secs: u32,
     /// Current subscriptions by full filter.
-    pub(super) subs: BTreeMap<String, SubOptions>,
+    pub(super) subs: Subscriptions,
 }
 
 impl SessionState {

@@ -3,19 +3,18 @@
 //! room, their packet ids, and the acks (PUBACK, PUBREC, PUBCOMP) that settle them in
 //! the core.
 
-use std::collections::BTreeMap;
-
 use ferrymq_mqtt::topic::matches;
 use ferrymq_mqtt::{Outgoing, ReasonCode, SendError};
 
 use super::connection::{Consuming, Task};
 use super::convert::{properties_out, qos_of};
+use super::session::Subscriptions;
 use crate::core::delivery::{Direct, QueueDelivery};
 use crate::core::message::{now_ms, Message};
 use crate::core::queue::Consumer;
 use crate::core::shards::ShardCmd;
 use crate::core::stats::Stats;
-use crate::core::store::{QueueId, SubOptions};
+use crate::core::store::QueueId;
 
 /// Packet ids of deliveries from the session's own queue are derived from the queue
 /// offset, `1 + offset % OFFSET_PKIDS`, so a resumed session resends with the same ids;
@@ -251,11 +250,7 @@ fn offset_pkid(offset: u64) -> u16 {
 /// the shared subscription `group_filter` when it came from a group's queue, else of
 /// every non-shared subscription that matches (MQTT-3.3.4-3: overlapping subscriptions
 /// deliver once, with all their identifiers).
-fn subscription_options(
-    subs: &BTreeMap<String, SubOptions>,
-    group_filter: Option<&str>,
-    topic: &str,
-) -> (Vec<u32>, bool) {
+fn subscription_options(subs: &Subscriptions, group_filter: Option<&str>, topic: &str) -> (Vec<u32>, bool) {
     if let Some(filter) = group_filter {
         return match subs.get(filter) {
             Some(o) => (o.subscription_id.into_iter().collect(), o.retain_as_published),
@@ -264,7 +259,7 @@ fn subscription_options(
     }
     let mut ids = Vec::new();
     let mut rap = false;
-    for (filter, o) in subs {
+    for (filter, o) in subs.iter() {
         if !filter.starts_with("$share/") && matches(filter, topic) {
             ids.extend(o.subscription_id);
             rap |= o.retain_as_published;
@@ -297,6 +292,7 @@ fn outgoing(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::store::SubOptions;
 
     #[test]
     fn offset_packet_ids_repeat_for_resends_and_stay_below_the_connection_range() {
@@ -316,14 +312,15 @@ mod tests {
 
     #[test]
     fn overlapping_subscriptions_contribute_every_identifier() {
-        let subs: BTreeMap<String, SubOptions> = [
+        let subs: Subscriptions = [
             ("a/+".to_owned(), opts(Some(1), false)),
             ("a/#".to_owned(), opts(Some(2), true)),
             ("a/c".to_owned(), opts(Some(3), false)),
             ("b".to_owned(), opts(None, false)),
             ("$share/g/a/b".to_owned(), opts(Some(9), true)),
         ]
-        .into();
+        .into_iter()
+        .collect();
         let (mut ids, rap) = subscription_options(&subs, None, "a/b");
         ids.sort();
         assert_eq!((ids, rap), (vec![1, 2], true), "shared subscriptions are not the session's own");

@@ -7,7 +7,7 @@
 //! is offline, so messages keep arriving in the journal. A clean session has no queue: its
 //! subscriptions lead straight to its connection (the fast path).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::task::Waker;
 use std::time::Duration;
@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::{oneshot, Notify};
 
 use crate::core::delivery::Wake;
-use crate::core::store::{QueueId, StoredSession};
+use crate::core::store::{QueueId, StoredSession, SubOptions};
 
 /// Control messages to a connection task.
 #[derive(Debug)]
@@ -266,5 +266,97 @@ impl Sessions {
                 o.signals.tell(control());
             }
         }
+    }
+}
+
+/// A connected session's subscriptions by full filter, sorted: a vector, since most
+/// sessions hold one or a few (a B-tree's first node alone is 720 bytes).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Subscriptions(Vec<(String, SubOptions)>);
+
+impl Subscriptions {
+    fn find(&self, filter: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|(f, _)| f.as_str().cmp(filter))
+    }
+
+    /// The options of `filter`'s subscription.
+    pub fn get(&self, filter: &str) -> Option<&SubOptions> {
+        self.find(filter).ok().map(|i| &self.0[i].1)
+    }
+
+    /// True when `filter` is subscribed.
+    pub fn contains_key(&self, filter: &str) -> bool {
+        self.find(filter).is_ok()
+    }
+
+    /// Subscribes `filter` (replacing its options); returns the options it had.
+    pub fn insert(&mut self, filter: String, options: SubOptions) -> Option<SubOptions> {
+        match self.find(&filter) {
+            Ok(i) => Some(std::mem::replace(&mut self.0[i].1, options)),
+            Err(i) => {
+                // Exact growth while small: one subscription costs one entry.
+                if self.0.len() < 4 {
+                    self.0.reserve_exact(1);
+                }
+                self.0.insert(i, (filter, options));
+                None
+            }
+        }
+    }
+
+    /// Unsubscribes `filter`; returns the options it had.
+    pub fn remove(&mut self, filter: &str) -> Option<SubOptions> {
+        self.find(filter).ok().map(|i| self.0.remove(i).1)
+    }
+
+    /// The filters, in order.
+    pub fn keys(&self) -> impl Iterator<Item = &String> {
+        self.0.iter().map(|(f, _)| f)
+    }
+
+    /// Filters and options, in order.
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &SubOptions)> {
+        self.0.iter().map(|(f, o)| (f, o))
+    }
+
+    /// As the session store keeps them.
+    pub fn to_map(&self) -> BTreeMap<String, SubOptions> {
+        self.0.iter().cloned().collect()
+    }
+}
+
+impl FromIterator<(String, SubOptions)> for Subscriptions {
+    fn from_iter<I: IntoIterator<Item = (String, SubOptions)>>(iter: I) -> Self {
+        let mut subs = Subscriptions::default();
+        for (f, o) in iter {
+            subs.insert(f, o);
+        }
+        subs
+    }
+}
+
+#[cfg(test)]
+mod subscriptions_tests {
+    use super::*;
+
+    fn opts(qos: u8) -> SubOptions {
+        SubOptions { qos, no_local: false, retain_as_published: false, subscription_id: None, tag_filter: None }
+    }
+
+    #[test]
+    fn subscriptions_stay_sorted_replace_and_remove_by_filter() {
+        let mut s = Subscriptions::default();
+        assert_eq!(s.insert("b/#".into(), opts(1)), None);
+        assert_eq!(s.insert("a/+".into(), opts(0)), None);
+        assert_eq!(s.insert("c".into(), opts(2)), None);
+        assert_eq!(s.insert("a/+".into(), opts(2)), Some(opts(0)), "replaced");
+        assert_eq!(s.keys().collect::<Vec<_>>(), ["a/+", "b/#", "c"]);
+        assert_eq!(s.get("a/+"), Some(&opts(2)));
+        assert!(s.contains_key("c") && !s.contains_key("d"));
+        assert_eq!(s.remove("b/#"), Some(opts(1)));
+        assert_eq!(s.remove("b/#"), None);
+        let map = s.to_map();
+        assert_eq!(map.len(), 2);
+        assert_eq!(map.into_iter().collect::<Subscriptions>(), s, "through the store and back");
     }
 }

@@ -155,7 +155,7 @@ impl Task {
     async fn store_session(&mut self) {
         let Some(s) = self.session.as_mut() else { return };
         let Some(p) = s.persistent.as_mut() else { return };
-        p.stored.subscriptions = s.subs.clone();
+        p.stored.subscriptions = s.subs.to_map();
         self.ctx.sessions.update_stored(&s.client_id, &p.stored);
         let write = self.ctx.broker.stores.sessions.save(&s.client_id, &p.stored);
         if let Err(e) = self.ctx.broker.commit(write, Commit::Durable).await {
