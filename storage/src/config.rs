@@ -46,6 +46,10 @@ pub struct JournalConfig {
     /// Space kept in reserve in a ballast file (0 = none): given up at open when the file
     /// system is full, made again once there is room.
     pub ballast_bytes: u64,
+    /// Submissions that append are refused ([`JournalError::NoSpace`](crate::JournalError))
+    /// while the file system has less free space than this (0 = never): the last line
+    /// before a write could fail for lack of space and poison the journal.
+    pub min_free_bytes: u64,
     /// Capacity of the submission channel (submissions, not ops).
     pub channel_capacity: usize,
     /// At most this many submissions are drained into one group commit.
@@ -63,6 +67,7 @@ impl JournalConfig {
             retention: Retention::default(),
             cache_bytes: 64 * 1024 * 1024,
             ballast_bytes: 0,
+            min_free_bytes: 0,
             channel_capacity: 4096,
             max_batch: 1024,
         }

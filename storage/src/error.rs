@@ -18,6 +18,11 @@ pub enum JournalError {
     /// sled reported an error.
     #[error("sled error: {0}")]
     Db(String),
+    /// The file system has less free space than the journal keeps free
+    /// ([`JournalConfig::min_free_bytes`](crate::JournalConfig)): a submission that appends
+    /// is refused before it is written (retry once space returns; the journal is fine).
+    #[error("no space: the data file system has less than {0} bytes free")]
+    NoSpace(u64),
     /// The writer thread has stopped (journal closed).
     #[error("journal is closed")]
     Closed,

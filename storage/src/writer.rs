@@ -26,6 +26,8 @@ use crate::{Appended, Completion, FsyncPolicy, JournalError, LogPos, Op, Pointer
 
 /// How often retention is checked (after batches and when idle).
 const RETENTION_INTERVAL: Duration = Duration::from_secs(1);
+/// How long a look at the file system's free space serves appends.
+const FREE_SPACE_RECHECK: Duration = Duration::from_millis(100);
 
 /// A message to the writer thread.
 pub(crate) enum Msg {
@@ -130,6 +132,8 @@ pub(crate) struct Writer {
     stuck_over_ratio: bool,
     /// The ballast file exists (see [`crate::ballast`]).
     ballast: bool,
+    /// Free space of the file system when last looked at, and when.
+    free_space: Option<(u64, Instant)>,
 }
 
 impl Writer {
@@ -157,6 +161,7 @@ impl Writer {
             live: HashSet::new(),
             stuck_over_ratio: false,
             ballast,
+            free_space: None,
         }
     }
 
@@ -438,12 +443,36 @@ impl Writer {
                 _ => {}
             }
         }
+        if appended > 0 {
+            self.check_free_space(appended)?;
+        }
         let shared = self.shared.clone();
         let mut receipt = Receipt::default();
         for op in ops {
             self.apply_op(&shared, op, &mut receipt)?;
         }
         Ok(receipt)
+    }
+
+    /// Refuses a submission appending `bytes` while the file system has less free space
+    /// than `min_free_bytes` (looked at every [`FREE_SPACE_RECHECK`], and counted down by
+    /// what is appended in between).
+    fn check_free_space(&mut self, bytes: u64) -> Result<(), Fail> {
+        let floor = self.shared.config.min_free_bytes;
+        if floor == 0 {
+            return Ok(());
+        }
+        let free = match self.free_space {
+            Some((free, at)) if at.elapsed() < FREE_SPACE_RECHECK => free,
+            _ => fs2::available_space(&self.shared.config.dir).unwrap_or(u64::MAX),
+        };
+        if free < floor.saturating_add(bytes) {
+            self.free_space = None;
+            return Err(Fail::Reject(JournalError::NoSpace(floor)));
+        }
+        let at = self.free_space.map_or_else(Instant::now, |(_, at)| at);
+        self.free_space = Some((free - bytes, at));
+        Ok(())
     }
 
     /// Whether `pos..pos + size` lies inside records that exist (written, assembled, or

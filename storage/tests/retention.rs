@@ -176,3 +176,23 @@ fn max_age_deletes_old_unreferenced_segments() {
         }
     }
 }
+
+/// Below `min_free_bytes` a submission that appends is refused before anything is
+/// written (`NoSpace`), and the journal is not poisoned: other writes go on.
+#[test]
+fn appends_are_refused_below_the_free_space_floor_without_poisoning() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path(), Retention::default());
+    c.min_free_bytes = u64::MAX / 2;
+    let j = Journal::open(c).unwrap();
+    let q = j.queue_id("q").unwrap();
+    match j.write_blocking(append_op(1, &[q])) {
+        Err(JournalError::NoSpace(floor)) => assert_eq!(floor, u64::MAX / 2),
+        other => panic!("expected NoSpace, got {other:?}"),
+    }
+    assert_eq!(j.stats().log_bytes, 0, "nothing was written");
+    // Not poisoned: a submission without appends is taken, and so is a later one.
+    j.write_blocking(vec![]).unwrap();
+    assert!(matches!(j.write_blocking(append_op(2, &[q])), Err(JournalError::NoSpace(_))));
+    j.write_blocking(vec![]).unwrap();
+}
