@@ -44,11 +44,14 @@ impl Drop for Tmpfs {
 const BODY: usize = 64 * 1024;
 const CONFIG: &str = "[storage]\ndisk_free_limit_bytes = 8388608\nsegment_size = 4194304\nballast_bytes = 4194304\n";
 
-/// Publishes 64 KiB persistent messages to `queue` until one is not confirmed within a
-/// few seconds (the connection is blocked); returns how many were confirmed and the
-/// publish left waiting. A publish may also be refused (nack): when the publishes outrun
+/// Publishes 64 KiB persistent messages to `queue`, one at a time, until the connection
+/// is blocked; returns how many were confirmed and the publish left waiting. A publish may also be refused (nack): when the publishes outrun
 /// the alarm's look at the disk, the journal refuses appends at half the free limit.
-async fn fill(ch: &Channel, queue: &str) -> (usize, tokio::task::JoinHandle<lapin::Result<Confirmation>>) {
+async fn fill(
+    conn: &Connection,
+    ch: &Channel,
+    queue: &str,
+) -> (usize, tokio::task::JoinHandle<lapin::Result<Confirmation>>) {
     let mut confirmed = 0;
     let mut refused = 0;
     // At most the file system's size in messages: it is blocked long before.
@@ -60,11 +63,24 @@ async fn fill(ch: &Channel, queue: &str) -> (usize, tokio::task::JoinHandle<lapi
                 .await?
                 .await
         });
-        match tokio::time::timeout(Duration::from_secs(3), &mut publish).await {
-            Ok(Ok(Ok(Confirmation::Ack(_)))) => confirmed += 1,
-            Ok(Ok(Ok(Confirmation::Nack(_)))) => refused += 1,
-            Ok(other) => panic!("publish {confirmed}: not confirmed, refused or blocked: {other:?}"),
-            Err(_) => {
+        // Confirmed, refused, or held because the connection is blocked; a busy machine
+        // may take a while to tell which (bounded).
+        let mut waited = 0;
+        let outcome = loop {
+            match tokio::time::timeout(Duration::from_secs(1), &mut publish).await {
+                Ok(r) => break Some(r),
+                Err(_) if conn.status().blocked() => break None,
+                Err(_) => {
+                    waited += 1;
+                    assert!(waited < 30, "publish {confirmed}: neither confirmed nor blocked within 30 s");
+                }
+            }
+        };
+        match outcome {
+            Some(Ok(Ok(Confirmation::Ack(_)))) => confirmed += 1,
+            Some(Ok(Ok(Confirmation::Nack(_)))) => refused += 1,
+            Some(other) => panic!("publish {confirmed}: not confirmed, refused or blocked: {other:?}"),
+            None => {
                 eprintln!("{confirmed} confirmed, {refused} refused, then blocked");
                 return (confirmed, publish);
             }
@@ -104,7 +120,7 @@ async fn a_full_disk_blocks_publishers_before_loss_and_recovers_without_a_restar
     .to_string();
     let mut ev = events(&conn);
 
-    let (confirmed, waiting) = fill(&ch, &q).await;
+    let (confirmed, waiting) = fill(&conn, &ch, &q).await;
     assert!(conn.status().blocked(), "the publish waits because the connection is blocked");
     match next_event(&mut ev).await {
         Event::ConnectionBlocked(reason) => assert_eq!(reason.as_str(), "low on disk"),
@@ -129,7 +145,7 @@ async fn a_full_disk_blocks_publishers_before_loss_and_recovers_without_a_restar
 
     // As full as the alarm lets it get again, then to the last byte by another file, then
     // a restart: it comes up, nothing is lost.
-    let (again, waiting) = fill(&ch, &q).await;
+    let (again, waiting) = fill(&conn, &ch, &q).await;
     drop(waiting);
     drop((conn, ch, _c2, consumer));
     let junk = fs.path().join("junk");
