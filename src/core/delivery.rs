@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use ferrymq_storage::QueueId;
 use parking_lot::Mutex;
+#[cfg(test)]
 use tokio::sync::Notify;
 
 use super::message::SharedMessage;
@@ -90,6 +91,8 @@ pub trait Wake: Send + Sync + std::fmt::Debug {
     fn wake(&self);
 }
 
+/// For tests of the link without a connection (connections ring `ConnectionSignals`).
+#[cfg(test)]
 impl Wake for Notify {
     fn wake(&self) {
         self.notify_one();
