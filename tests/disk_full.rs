@@ -6,7 +6,10 @@
 //! alarm clears and publishes are confirmed again, without a restart; and a restart on a
 //! file system filled to the last byte (by another file) comes up with the queue intact:
 //! the ballast it kept in reserve is given up so the journal can open, and made again once
-//! space returns.
+//! space returns. A file system filled by another process while the broker runs is
+//! survived too: with the alarm, publishers are blocked and consumers drain; without it, a
+//! write that runs out of space is refused and taken back, and publishes are confirmed
+//! again once space returns.
 
 mod common;
 
@@ -171,6 +174,112 @@ async fn a_full_disk_blocks_publishers_before_loss_and_recovers_without_a_restar
     std::fs::remove_file(&junk).unwrap();
     let ballast = t.broker.as_ref().unwrap().dir.join("ballast");
     eventually("the ballast made again", WAIT, || async { ballast.exists().then_some(()) }).await;
+}
+
+/// Another process fills the file system to the last byte while the broker is idle, and
+/// there is no floor or ballast to stop the commit log first: the next persistent publish
+/// runs into ENOSPC. The journal takes the batch back and refuses it (nack), the
+/// connection stays, nothing is poisoned; once the other file is deleted publishes are
+/// confirmed again without a restart, and exactly the confirmed messages are in the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_that_runs_out_of_space_is_refused_and_the_journal_resumes_once_space_returns() {
+    let Some(fs) = Tmpfs::mount(48) else {
+        eprintln!("SKIPPED: cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN)");
+        return;
+    };
+    let config = "[storage]\ndisk_free_limit_bytes = 0\nsegment_size = 4194304\nballast_bytes = 0\n";
+    let t = Target::ferrymq(Broker::start_in(fs.path().join("data"), Opts::default().config(config)));
+    let (conn, ch) = t.channel().await;
+    confirm_select(&ch).await;
+    let q = declare_queue_with(
+        &ch,
+        "enospc",
+        QueueDeclareOptions { durable: true, ..Default::default() },
+        FieldTable::default(),
+    )
+    .await
+    .name()
+    .to_string();
+    let body = |n: u8| vec![n; BODY];
+    for n in 0..5 {
+        assert_eq!(publish_confirmed(&ch, "", &q, &body(n), persistent()).await, Confirmation::Ack(None));
+    }
+
+    let junk = fs.path().join("junk");
+    fill_to_the_last_byte(&junk);
+    for n in 5..8 {
+        let c = publish_confirmed(&ch, "", &q, &body(n), persistent()).await;
+        assert!(matches!(c, Confirmation::Nack(_)), "publish {n} on a full file system: {c:?}");
+    }
+    assert!(conn.status().connected(), "the connection stays open");
+    let log = t.broker.as_ref().unwrap().log();
+    assert!(log.contains("the data file system is full"), "said once: {log}");
+    assert!(!log.contains("journal poisoned"), "not poisoned: {log}");
+
+    std::fs::remove_file(&junk).unwrap();
+    for n in 8..10 {
+        assert_eq!(publish_confirmed(&ch, "", &q, &body(n), persistent()).await, Confirmation::Ack(None));
+    }
+    let (_c2, consumer) = t.channel().await;
+    let mut seen = Vec::new();
+    while let Some(m) = get(&consumer, &q, false).await {
+        seen.push(m.delivery.data[0]);
+        assert!(m.delivery.data.iter().all(|b| *b == m.delivery.data[0]), "body intact");
+        bounded("ack", m.delivery.acker.ack(BasicAckOptions::default())).await.expect("ack");
+    }
+    assert_eq!(seen, vec![0, 1, 2, 3, 4, 8, 9], "every confirmed message, in order, and none refused");
+}
+
+/// Another process fills the file system to the last byte while the broker runs (with the
+/// disk alarm and a ballast): the ballast is given up at once so that sled has room, the
+/// alarm blocks publishers, consumers drain and acknowledge (nothing is poisoned), and once
+/// the other file is deleted the alarm clears and the waiting publish is confirmed, without
+/// a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_system_filled_by_another_process_blocks_publishers_and_consumers_drain() {
+    let Some(fs) = Tmpfs::mount(48) else {
+        eprintln!("SKIPPED: cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN)");
+        return;
+    };
+    let t = Target::ferrymq(Broker::start_in(fs.path().join("data"), Opts::default().config(CONFIG)));
+    let (conn, ch) = t.channel().await;
+    confirm_select(&ch).await;
+    let q = declare_queue_with(
+        &ch,
+        "filled",
+        QueueDeclareOptions { durable: true, ..Default::default() },
+        FieldTable::default(),
+    )
+    .await
+    .name()
+    .to_string();
+    for _ in 0..20 {
+        assert_eq!(publish_confirmed(&ch, "", &q, &[b'x'; BODY], persistent()).await, Confirmation::Ack(None));
+    }
+    let mut ev = events(&conn);
+    let ballast = t.broker.as_ref().unwrap().dir.join("ballast");
+    assert!(ballast.exists(), "the ballast is kept while there is room");
+
+    let junk = fs.path().join("junk");
+    fill_to_the_last_byte(&junk);
+    eventually("the ballast given up", WAIT, || async { (!ballast.exists()).then_some(()) }).await;
+    let (reason, waiting) = publish_into_a_block(&conn, &mut ev, &ch, &q, &[b'y'; BODY]).await;
+    assert_eq!(reason, "low on disk");
+
+    let (_c2, consumer) = t.channel().await;
+    assert_eq!(drain_count(&consumer, &q).await, 20, "consumers drain a full disk");
+    assert!(!t.broker.as_ref().unwrap().log().contains("journal poisoned"));
+
+    std::fs::remove_file(&junk).unwrap();
+    match next_event(&mut ev).await {
+        Event::ConnectionUnblocked => {}
+        other => panic!("expected connection.unblocked once space returned, got {other:?}"),
+    }
+    let c = bounded("the waiting publish", waiting).await.unwrap().expect("publish");
+    assert_eq!(c, Confirmation::Ack(None));
+    assert_eq!(publish_confirmed(&ch, "", &q, &[b'z'; BODY], persistent()).await, Confirmation::Ack(None));
+    eventually("the ballast made again", WAIT, || async { ballast.exists().then_some(()) }).await;
+    assert_eq!(drain_count(&consumer, &q).await, 2);
 }
 
 /// Writes `path` until the file system is full (ENOSPC).

@@ -2,8 +2,10 @@
 //! that a journal whose file system filled up can still be opened. [`Journal::open`]
 //! deletes it when the file system has less free space than its size (sled and the commit
 //! log need some to open and recover; consumers then drain and retention deletes what
-//! nothing points into), and the journal makes it again once there is room for it and the
-//! disk free limit besides.
+//! nothing points into). While running, the writer gives it up as soon as the file system
+//! has less free space than its size or a commit-log write runs out of space (another
+//! process took the space: sled keeps room for its own writes), and makes it again once
+//! there is room for twice its size.
 //!
 //! [`Journal::open`]: crate::Journal::open
 

@@ -43,12 +43,13 @@ pub struct JournalConfig {
     pub retention: Retention,
     /// sled page-cache budget in bytes.
     pub cache_bytes: u64,
-    /// Space kept in reserve in a ballast file (0 = none): given up at open when the file
-    /// system is full, made again once there is room.
+    /// Space kept in reserve in a ballast file (0 = none): given up when the file system
+    /// has less free space than this (at open, or while running), made again once there
+    /// is room for twice its size.
     pub ballast_bytes: u64,
     /// Submissions that append are refused ([`JournalError::NoSpace`](crate::JournalError))
-    /// while the file system has less free space than this (0 = never): the last line
-    /// before a write could fail for lack of space and poison the journal.
+    /// while the file system has less free space than this (0 = never), before the commit
+    /// log takes the space sled needs for its own writes.
     pub min_free_bytes: u64,
     /// Capacity of the submission channel (submissions, not ops).
     pub channel_capacity: usize,

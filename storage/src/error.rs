@@ -23,6 +23,11 @@ pub enum JournalError {
     /// is refused before it is written (retry once space returns; the journal is fine).
     #[error("no space: the data file system has less than {0} bytes free")]
     NoSpace(u64),
+    /// The file system ran out of space (ENOSPC, EDQUOT) while the commit log was written:
+    /// the whole batch was taken back, nothing of it is kept, and the journal goes on
+    /// (retry once space returns).
+    #[error("the data file system is full: {0}")]
+    Full(String),
     /// The writer thread has stopped (journal closed).
     #[error("journal is closed")]
     Closed,

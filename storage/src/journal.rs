@@ -37,7 +37,7 @@ struct Inner {
     thread: Mutex<Option<JoinHandle<Result<(), JournalError>>>>,
     writer_id: std::thread::ThreadId,
     #[cfg(test)]
-    fault: Arc<std::sync::atomic::AtomicBool>,
+    fault: Arc<crate::log::FaultSwitch>,
 }
 
 impl Inner {
@@ -106,6 +106,7 @@ impl Journal {
             queues: Mutex::new(index.queues),
             batches: AtomicU64::new(0),
             fsyncs: AtomicU64::new(0),
+            out_of_space: AtomicU64::new(0),
             index_scanned,
         });
         let writer = Writer::new(shared.clone(), rx, rt, log_writer, index.refs, ballast);
@@ -292,6 +293,7 @@ impl Journal {
             log_end: shared.log.end(),
             batches: shared.batches.load(Ordering::Relaxed),
             fsyncs: shared.fsyncs.load(Ordering::Relaxed),
+            out_of_space: shared.out_of_space.load(Ordering::Relaxed),
             index_scanned: shared.index_scanned,
         }
     }
@@ -325,7 +327,15 @@ impl Journal {
     /// Test hook: makes every later commit-log write and fsync fail.
     #[cfg(test)]
     pub(crate) fn inject_io_failure(&self) {
-        self.inner.fault.store(true, Ordering::SeqCst);
+        self.inject(crate::log::Fault::Io, 0);
+    }
+
+    /// Test hook: sets how later commit-log writes and fsyncs fail; under
+    /// [`Fault::NoSpace`](crate::log::Fault) `writes_left` more writes succeed first.
+    #[cfg(test)]
+    pub(crate) fn inject(&self, fault: crate::log::Fault, writes_left: u64) {
+        self.inner.fault.writes_left.store(writes_left, Ordering::SeqCst);
+        self.inner.fault.mode.store(fault as u8, Ordering::SeqCst);
     }
 }
 
@@ -369,6 +379,83 @@ mod tests {
         assert_eq!(j.queue_len(q).unwrap(), 1);
         let r = j.write_blocking(append(q, 3)).unwrap();
         assert_eq!(r.appended[0].offsets, vec![(q, 1)]);
+    }
+
+    #[test]
+    fn a_full_file_system_takes_the_batch_back_and_the_journal_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = JournalConfig::new(dir.path());
+        config.segment_size = 1000; // eight 100-byte records per segment
+        let j = Journal::open(config.clone()).unwrap();
+        let q = j.queue_id("q").unwrap();
+        let kept: Vec<_> = (0..3).map(|n| j.write_blocking(append(q, n)).unwrap().appended[0].clone()).collect();
+        let before = j.stats();
+        let files = || std::fs::read_dir(dir.path().join("log")).unwrap().count();
+        let files_before = files();
+
+        // One submission of twenty appends and a removal: the first segment roll is
+        // written, the second write of records fails for lack of space.
+        j.inject(crate::log::Fault::NoSpace, 2);
+        let mut ops: Vec<Op> = (10..30).flat_map(|n| append(q, n)).collect();
+        ops.push(Op::Remove { queue: q, offset: 0 });
+        let e = j.write_blocking(ops);
+        assert!(matches!(e, Err(JournalError::Full(_))), "{e:?}");
+        let after = j.stats();
+        assert_eq!((after.log_end, after.segments), (before.log_end, before.segments), "every record taken back");
+        assert_eq!(files(), files_before, "the segment begun in the batch is deleted");
+        assert_eq!(after.out_of_space, 1);
+        assert_eq!(j.queue_len(q).unwrap(), 3, "the removal is taken back too");
+        j.verify_counters().unwrap();
+        // Still full: refused again, not poisoned; removals that append nothing go on.
+        assert!(matches!(j.write_blocking(append(q, 40)), Err(JournalError::Full(_))));
+        j.write_blocking(vec![Op::Remove { queue: q, offset: 2 }]).unwrap();
+
+        // Space returns: appends are acknowledged again, at the positions and offsets the
+        // refused batch would have had.
+        j.inject(crate::log::Fault::None, 0);
+        let r = j.write_blocking(append(q, 50)).unwrap().appended[0].clone();
+        assert_eq!(r.pos.0, before.log_end);
+        assert_eq!(r.offsets, vec![(q, 3)]);
+        for (n, a) in kept.iter().enumerate() {
+            assert_eq!(j.read(a.pos).unwrap().body, Bytes::from(vec![n as u8; 100]));
+        }
+        assert_eq!(j.read(r.pos).unwrap().body, Bytes::from(vec![50u8; 100]));
+        assert_eq!(j.queue_len(q).unwrap(), 3);
+        j.verify_counters().unwrap();
+        j.close().unwrap();
+        drop(j);
+        let j = Journal::open(config).unwrap();
+        assert_eq!(j.queue_len(q).unwrap(), 3);
+        let entries: Vec<u64> = j.queue_entries(q, 0, 10).unwrap().iter().map(|(o, _)| *o).collect();
+        assert_eq!(entries, vec![0, 1, 3]);
+        assert_eq!(j.read(r.pos).unwrap().body, Bytes::from(vec![50u8; 100]));
+        j.verify_counters().unwrap();
+    }
+
+    #[test]
+    fn an_out_of_space_batch_fails_every_submission_in_it_and_only_those() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = JournalConfig::new(dir.path());
+        config.fsync = FsyncPolicy::Never;
+        let j = Journal::open(config).unwrap();
+        let q = j.queue_id("q").unwrap();
+        j.inject(crate::log::Fault::NoSpace, 0);
+        let (tx, rx) = std::sync::mpsc::channel();
+        for n in 0..50 {
+            let tx = tx.clone();
+            let done: Completion = Box::new(move |r| tx.send(r).unwrap());
+            if j.try_submit(append(q, n), Some(done)).is_err() {
+                panic!("channel full");
+            }
+        }
+        drop(tx);
+        let results: Vec<_> = rx.iter().collect();
+        assert_eq!(results.len(), 50);
+        assert!(results.iter().all(|r| matches!(r, Err(JournalError::Full(_)))), "{results:?}");
+        assert_eq!(j.queue_len(q).unwrap(), 0);
+        j.inject(crate::log::Fault::None, 0);
+        assert_eq!(j.write_blocking(append(q, 1)).unwrap().appended[0].offsets, vec![(q, 0)]);
+        j.verify_counters().unwrap();
     }
 
     #[test]

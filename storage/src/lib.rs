@@ -64,10 +64,27 @@
 //!
 //! [`FsyncPolicy`] names what survives a power loss. With `Always`, a completion runs only
 //! after the records of its batch are fsynced and sled is flushed: one fsync and one sled
-//! flush cover every submission drained in that batch (group commit). If writing or
-//! flushing fails, the journal **poisons** itself: the failing batch and every later
+//! flush cover every submission drained in that batch (group commit).
+//!
+//! When the file system is full, nothing is lost and nothing needs a restart:
+//! - below [`JournalConfig::min_free_bytes`] a submission that appends is refused before
+//!   anything is written ([`JournalError::NoSpace`]);
+//! - a commit-log write that fails with ENOSPC or EDQUOT anyway (another process took the
+//!   space) takes the whole batch back — its records, the segments it began, its
+//!   reference counts, its pending sled changes — and refuses every submission in it
+//!   ([`JournalError::Full`]); later batches are tried as usual, so appends succeed again
+//!   once space returns;
+//! - the ballast ([`JournalConfig::ballast_bytes`]) is given up as soon as the file system
+//!   has less free space than its size (looked at every 100 ms) or a write ran out of
+//!   space, so that sled keeps room for its own writes.
+//!
+//! Every other failure **poisons** the journal: the failing batch and every later
 //! submission complete with [`JournalError::Poisoned`] rather than acknowledging what may
-//! be lost.
+//! be lost, until it is reopened. That covers a commit-log write failing otherwise (EIO,
+//! EROFS: the device or file system is failing), any failed fsync (Linux may drop the
+//! dirty pages and clear the error, so a retried fsync can succeed without the data), and
+//! any sled failure (sled 0.34 keeps its first I/O error and fails every later operation
+//! until it is opened again).
 //!
 //! # Recovery
 //!

@@ -222,9 +222,40 @@ pub(crate) struct LogWriter {
     active_dirty: bool,
     /// Closed segments with writes that are not fsynced.
     closed_dirty: Vec<Arc<File>>,
-    /// Test hook: fail the next write or sync.
+    /// Test hook: fail writes and syncs.
     #[cfg(test)]
-    pub(crate) fail_io: Arc<std::sync::atomic::AtomicBool>,
+    pub(crate) fault: Arc<FaultSwitch>,
+}
+
+/// Where the log stood when a batch opened, to take the batch back ([`LogWriter::rollback`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LogMark {
+    base: u64,
+    written: u64,
+    closed_dirty: usize,
+}
+
+/// Test hook: how writes and syncs fail.
+#[cfg(test)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Fault {
+    /// No failure.
+    None = 0,
+    /// Every write and sync fails with an I/O error.
+    Io = 1,
+    /// Writes fail with ENOSPC (after [`FaultSwitch::writes_left`] more succeed); syncs work.
+    NoSpace = 2,
+}
+
+/// Test hook: the [`Fault`] in force, shared with the test.
+#[cfg(test)]
+#[derive(Debug, Default)]
+pub(crate) struct FaultSwitch {
+    /// The [`Fault`], as a number.
+    pub(crate) mode: std::sync::atomic::AtomicU8,
+    /// Writes that still succeed under [`Fault::NoSpace`].
+    pub(crate) writes_left: AtomicU64,
 }
 
 impl LogWriter {
@@ -237,7 +268,7 @@ impl LogWriter {
             active_dirty: false,
             closed_dirty: Vec::new(),
             #[cfg(test)]
-            fail_io: Arc::default(),
+            fault: Arc::default(),
         }
     }
 
@@ -273,7 +304,7 @@ impl LogWriter {
         if self.buf.is_empty() {
             return Ok(());
         }
-        self.check_fault()?;
+        self.check_fault(false)?;
         self.file.write_all_at(&self.buf, self.written)?;
         self.written += self.buf.len() as u64;
         self.active_dirty = true;
@@ -291,7 +322,7 @@ impl LogWriter {
     /// tells recovery that it was closed cleanly) and starts a new one at the current end.
     fn roll(&mut self, log: &Log) -> io::Result<()> {
         self.write_out(log)?;
-        self.check_fault()?;
+        self.check_fault(false)?;
         self.file.write_all_at(&segment::END_MARKER, self.written)?;
         self.active_dirty = true;
         let base = self.active.base + self.written;
@@ -313,7 +344,7 @@ impl LogWriter {
 
     /// `fdatasync`s every segment written since the last sync; returns how many.
     pub(crate) fn sync(&mut self) -> io::Result<u64> {
-        self.check_fault()?;
+        self.check_fault(true)?;
         let mut n = 0;
         for f in &self.closed_dirty {
             f.sync_data()?;
@@ -328,19 +359,78 @@ impl LogWriter {
         Ok(n)
     }
 
-    #[cfg(test)]
-    fn check_fault(&self) -> io::Result<()> {
-        if self.fail_io.load(Ordering::SeqCst) {
-            return Err(io::Error::other("injected I/O failure"));
+    /// Where the written log stands; a batch opens here (between batches nothing is left
+    /// assembled, unless the journal is poisoned, when nothing is taken back any more).
+    pub(crate) fn mark(&self) -> LogMark {
+        LogMark { base: self.active.base, written: self.written, closed_dirty: self.closed_dirty.len() }
+    }
+
+    /// Takes back everything appended since `mark`: deletes the segments begun since, cuts
+    /// the segment that was active back to its length at the mark (dropping an end marker)
+    /// and publishes the old end. Truncation frees space, so this works on a full disk; it
+    /// fails only if the file system does (then the journal poisons).
+    pub(crate) fn rollback(&mut self, log: &Log, mark: LogMark) -> io::Result<()> {
+        self.buf.clear();
+        self.closed_dirty.truncate(mark.closed_dirty);
+        if self.active.base != mark.base {
+            let begun: Vec<Arc<Segment>> = {
+                let mut segs = log.segments.write();
+                let bases: Vec<u64> = segs.range(mark.base + 1..).map(|(b, _)| *b).collect();
+                bases.iter().filter_map(|b| segs.remove(b)).collect()
+            };
+            for seg in begun {
+                if seg.file.lock().take().is_some() {
+                    log.open_files.fetch_sub(1, Ordering::Relaxed);
+                }
+                match fs::remove_file(&seg.path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            let active = log.segment_of(mark.base).filter(|s| s.base == mark.base);
+            let active = active.ok_or_else(|| io::Error::other("the segment active at the mark is gone"))?;
+            let file = Arc::new(OpenOptions::new().read(true).write(true).open(&active.path)?);
+            log.install_handle(&active, file.clone());
+            self.active = active;
+            self.file = file;
         }
+        self.file.set_len(mark.written)?;
+        self.written = mark.written;
+        self.active.set_len(mark.written);
+        // Whatever was written before the mark and not synced is still to be synced.
+        self.active_dirty = true;
+        log.end.store(self.active.base + self.written, Ordering::Release);
         Ok(())
+    }
+
+    #[cfg(test)]
+    fn check_fault(&self, sync: bool) -> io::Result<()> {
+        let fault = self.fault.mode.load(Ordering::SeqCst);
+        if fault == Fault::Io as u8 {
+            Err(io::Error::other("injected I/O failure"))
+        } else if fault == Fault::NoSpace as u8 && !sync {
+            let left = &self.fault.writes_left;
+            match left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)) {
+                Ok(_) => Ok(()),
+                Err(_) => Err(io::Error::from(io::ErrorKind::StorageFull)),
+            }
+        } else {
+            Ok(())
+        }
     }
 
     #[cfg(not(test))]
     #[inline]
-    fn check_fault(&self) -> io::Result<()> {
+    fn check_fault(&self, _sync: bool) -> io::Result<()> {
         Ok(())
     }
+}
+
+/// Whether a failed write only says that the file system is full (ENOSPC, EDQUOT): the
+/// write is taken back and refused, and the journal goes on once space returns.
+pub(crate) fn is_out_of_space(e: &io::Error) -> bool {
+    matches!(e.kind(), io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded)
 }
 
 /// fsyncs a directory so that created or removed entries are durable.

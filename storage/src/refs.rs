@@ -4,15 +4,28 @@
 use std::collections::HashMap;
 
 /// Live references per segment base.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct RefCounts {
     counts: HashMap<u64, u64>,
+    /// While a batch is open: every change made since it opened (segment, +1 or -1).
+    undo: Option<Vec<(u64, bool)>>,
 }
+
+impl PartialEq for RefCounts {
+    fn eq(&self, other: &RefCounts) -> bool {
+        self.counts == other.counts
+    }
+}
+
+impl Eq for RefCounts {}
 
 impl RefCounts {
     /// One more reference into the segment at `base`.
     pub(crate) fn inc(&mut self, base: u64) {
         *self.counts.entry(base).or_insert(0) += 1;
+        if let Some(undo) = &mut self.undo {
+            undo.push((base, true));
+        }
     }
 
     /// One reference fewer into the segment at `base`.
@@ -22,8 +35,46 @@ impl RefCounts {
             Some(_) => {
                 self.counts.remove(&base);
             }
-            None => tracing::warn!(segment = base, "reference count underflow (ignored)"),
+            None => {
+                tracing::warn!(segment = base, "reference count underflow (ignored)");
+                return;
+            }
         }
+        if let Some(undo) = &mut self.undo {
+            undo.push((base, false));
+        }
+    }
+
+    /// Starts recording changes, so that [`RefCounts::undo_batch`] can take them back.
+    pub(crate) fn open_batch(&mut self) {
+        match &mut self.undo {
+            Some(undo) => undo.clear(),
+            None => self.undo = Some(Vec::new()),
+        }
+    }
+
+    /// Keeps the changes since [`RefCounts::open_batch`].
+    pub(crate) fn commit_batch(&mut self) {
+        if let Some(undo) = &mut self.undo {
+            undo.clear();
+            if undo.capacity() > 4096 {
+                *undo = Vec::new();
+            }
+        }
+    }
+
+    /// Takes back every change since [`RefCounts::open_batch`].
+    pub(crate) fn undo_batch(&mut self) {
+        let Some(undo) = self.undo.take() else { return };
+        for &(base, inc) in undo.iter().rev() {
+            if inc {
+                self.dec(base);
+            } else {
+                *self.counts.entry(base).or_insert(0) += 1;
+            }
+        }
+        self.undo = Some(undo);
+        self.commit_batch();
     }
 
     /// References into the segment at `base`.
@@ -38,7 +89,7 @@ impl RefCounts {
 
     /// Counts as given (a checkpoint's).
     pub(crate) fn from_pairs(pairs: impl IntoIterator<Item = (u64, u64)>) -> RefCounts {
-        RefCounts { counts: pairs.into_iter().filter(|(_, n)| *n > 0).collect() }
+        RefCounts { counts: pairs.into_iter().filter(|(_, n)| *n > 0).collect(), undo: None }
     }
 
     /// Forgets a deleted segment.
@@ -65,5 +116,26 @@ mod tests {
         assert_eq!(r.get(100), 1);
         r.forget(100);
         assert_eq!(r.get(100), 0);
+    }
+
+    #[test]
+    fn a_batch_is_undone_exactly() {
+        let mut r = RefCounts::default();
+        r.inc(0);
+        r.inc(7);
+        let before = r.clone();
+        r.open_batch();
+        r.inc(0);
+        r.dec(7);
+        r.dec(7); // underflow: not recorded
+        r.inc(9);
+        r.undo_batch();
+        assert_eq!(r, before);
+        assert_eq!((r.get(0), r.get(7), r.get(9)), (1, 1, 0));
+        r.open_batch();
+        r.inc(9);
+        r.commit_batch();
+        r.undo_batch();
+        assert_eq!(r.get(9), 1, "a committed batch stays");
     }
 }

@@ -34,6 +34,8 @@ pub(crate) struct Shared {
     pub(crate) batches: AtomicU64,
     /// fsync calls (segment `fdatasync`s and sled flushes) since open.
     pub(crate) fsyncs: AtomicU64,
+    /// Batches taken back because the file system was full, since open.
+    pub(crate) out_of_space: AtomicU64,
     /// The index counters came from a full scan at open (not a checkpoint).
     pub(crate) index_scanned: bool,
 }

@@ -66,6 +66,9 @@ pub struct JournalStats {
     pub batches: u64,
     /// fsync calls since open.
     pub fsyncs: u64,
+    /// Batches taken back and refused because the file system was full
+    /// ([`JournalError::Full`](crate::JournalError::Full)) since open.
+    pub out_of_space: u64,
     /// The last open rebuilt the index counters by scanning every entry (after a crash, or
     /// the first open); false when a clean-shutdown checkpoint provided them.
     pub index_scanned: bool,

@@ -52,12 +52,20 @@ pub(crate) enum Msg {
 enum Fail {
     /// This submission only is refused (nothing of it was applied).
     Reject(JournalError),
+    /// The commit log could not be written for lack of space: the whole batch is taken
+    /// back and refused, and the journal goes on.
+    NoSpace(String),
     /// I/O or sled failure: the journal poisons itself.
     Fatal(String),
 }
 
-fn fatal(what: &'static str) -> impl Fn(std::io::Error) -> Fail {
-    move |e| Fail::Fatal(format!("{what}: {e}"))
+/// A failed commit-log write: out of space is cured by freeing space, anything else poisons.
+fn log_write_failed(e: std::io::Error) -> Fail {
+    if crate::log::is_out_of_space(&e) {
+        Fail::NoSpace(format!("commit log write: {e}"))
+    } else {
+        Fail::Fatal(format!("commit log write: {e}"))
+    }
 }
 
 fn sled_fatal(e: sled::Error) -> Fail {
@@ -134,6 +142,10 @@ pub(crate) struct Writer {
     ballast: bool,
     /// Free space of the file system when last looked at, and when.
     free_space: Option<(u64, Instant)>,
+    /// When [`Writer::watch_free_space`] last looked.
+    last_space_watch: Instant,
+    /// The last batch was taken back for lack of space (and said so; logged once a time).
+    out_of_space: bool,
 }
 
 impl Writer {
@@ -162,13 +174,15 @@ impl Writer {
             stuck_over_ratio: false,
             ballast,
             free_space: None,
+            last_space_watch: now,
+            out_of_space: false,
         }
     }
 
-    /// Test hook: make every later log write or sync fail.
+    /// Test hook: make later log writes or syncs fail (a [`crate::log::Fault`]).
     #[cfg(test)]
-    pub(crate) fn fault_switch(&self) -> Arc<std::sync::atomic::AtomicBool> {
-        self.log.fail_io.clone()
+    pub(crate) fn fault_switch(&self) -> Arc<crate::log::FaultSwitch> {
+        self.log.fault.clone()
     }
 
     /// The thread's main loop; returns the result of the final sync.
@@ -210,6 +224,7 @@ impl Writer {
                 closed = true;
                 break;
             }
+            self.watch_free_space();
             self.maybe_retention();
         }
         let result = match &self.poisoned {
@@ -246,6 +261,9 @@ impl Writer {
     /// How long to wait for a submission before doing idle work.
     fn idle_wait(&self) -> Duration {
         let mut wait = RETENTION_INTERVAL.saturating_sub(self.last_retention.elapsed());
+        if self.ballast {
+            wait = wait.min(FREE_SPACE_RECHECK.saturating_sub(self.last_space_watch.elapsed()));
+        }
         if let FsyncPolicy::Interval(d) = self.shared.config.fsync {
             if self.is_dirty() && self.poisoned.is_none() {
                 wait = wait.min(d.saturating_sub(self.last_sync.elapsed()));
@@ -263,6 +281,7 @@ impl Writer {
                 }
             }
         }
+        self.watch_free_space();
         self.maybe_retention();
     }
 
@@ -278,23 +297,83 @@ impl Writer {
         self.pending.clear();
     }
 
+    /// Takes back a batch whose commit-log write ran out of space (before anything of it
+    /// reached sled): its records, the segments it began, its reference counts and its
+    /// pending changes. The ballast is given up so that sled has room for what earlier
+    /// batches left it to write; the journal goes on, and appends succeed again once
+    /// space returns.
+    fn take_back(&mut self, mark: crate::log::LogMark, reason: &str) {
+        self.pending.clear();
+        self.refs.undo_batch();
+        self.free_space = None;
+        if let Err(e) = self.log.rollback(&self.shared.log, mark) {
+            self.poison(format!("{reason}; then taking the batch back failed: {e}"));
+            return;
+        }
+        self.shared.out_of_space.fetch_add(1, Ordering::Relaxed);
+        if !self.out_of_space {
+            tracing::warn!(%reason, "the data file system is full: publishes are refused until space returns");
+            self.out_of_space = true;
+        }
+        self.release_ballast();
+    }
+
+    /// Gives the ballast up (sled and the commit log may use its space).
+    fn release_ballast(&mut self) {
+        if !self.ballast {
+            return;
+        }
+        match std::fs::remove_file(crate::ballast::path(&self.shared.config.dir)) {
+            Ok(()) => tracing::warn!(
+                bytes = self.shared.config.ballast_bytes,
+                "the data file system is almost full: released the ballast"
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "the data file system is almost full and the ballast cannot be deleted")
+            }
+        }
+        self.ballast = false;
+    }
+
+    /// Every [`FREE_SPACE_RECHECK`]: gives the ballast up once the file system has less
+    /// free space than the ballast's size, before sled (whose first failed write stops it
+    /// for good) can run out.
+    fn watch_free_space(&mut self) {
+        if !self.ballast || self.last_space_watch.elapsed() < FREE_SPACE_RECHECK {
+            return;
+        }
+        self.last_space_watch = Instant::now();
+        let size = self.shared.config.ballast_bytes;
+        if fs2::available_space(&self.shared.config.dir).is_ok_and(|free| free < size) {
+            self.release_ballast();
+        }
+    }
+
     /// Applies, commits and answers one batch.
     fn process(&mut self, batch: Vec<Msg>) {
         let mut outcomes = Vec::with_capacity(batch.len());
         let mut force_sync = false;
         let mut submissions = false;
         let mut durable_wanted = false;
+        let mark = self.log.mark();
+        self.refs.open_batch();
+        // Set when the commit log ran out of space: the batch is taken back and refused.
+        let mut no_space = None;
         for msg in batch {
             match msg {
                 Msg::Submit { ops, done, durable } => {
                     submissions = true;
                     durable_wanted |= durable;
-                    let result = if self.poisoned.is_some() {
-                        Err(JournalError::Closed) // replaced by `Poisoned` below
+                    let result = if self.poisoned.is_some() || no_space.is_some() {
+                        Err(JournalError::Closed) // replaced below
                     } else {
                         match self.apply_submission(ops) {
                             Ok(receipt) => Ok(receipt),
                             Err(Fail::Reject(e)) => Err(e),
+                            Err(Fail::NoSpace(reason)) => {
+                                no_space = Some(reason);
+                                Err(JournalError::Closed)
+                            }
                             Err(Fail::Fatal(reason)) => {
                                 self.poison(reason);
                                 Err(JournalError::Closed)
@@ -311,21 +390,34 @@ impl Writer {
                 Msg::Verify(tx) => outcomes.push(Outcome::Verify(tx)),
             }
         }
-        if self.poisoned.is_none() {
-            if let Err(reason) = self.commit(force_sync, submissions, durable_wanted) {
-                self.poison(reason);
+        if self.poisoned.is_none() && no_space.is_none() {
+            match self.commit(force_sync, submissions, durable_wanted) {
+                Ok(()) => {}
+                Err(Fail::NoSpace(reason)) => no_space = Some(reason),
+                Err(Fail::Reject(e)) => self.poison(e.to_string()),
+                Err(Fail::Fatal(reason)) => self.poison(reason),
             }
         }
-        let poisoned = self.poisoned.clone().map(JournalError::Poisoned);
+        if let Some(reason) = &no_space {
+            if self.poisoned.is_none() {
+                self.take_back(mark, reason);
+            }
+        }
+        self.refs.commit_batch();
+        let failed = match (&self.poisoned, no_space) {
+            (Some(p), _) => Some(JournalError::Poisoned(p.clone())),
+            (None, Some(reason)) => Some(JournalError::Full(reason)),
+            (None, None) => None,
+        };
         for outcome in outcomes {
             match outcome {
                 Outcome::Submit(done, result) => {
                     if let Some(done) = done {
-                        complete(done, poisoned.clone().map_or(result, Err));
+                        complete(done, failed.clone().map_or(result, Err));
                     }
                 }
                 Outcome::Flush(tx) => {
-                    let _ = tx.send(poisoned.clone().map_or(Ok(()), Err));
+                    let _ = tx.send(failed.clone().map_or(Ok(()), Err));
                 }
                 Outcome::Verify(tx) => {
                     let _ = tx.send(self.verify());
@@ -359,8 +451,9 @@ impl Writer {
 
     /// Writes the assembled records, applies the sled batches, publishes the counters
     /// and syncs if the policy (or `force_sync`) says so.
-    fn commit(&mut self, force_sync: bool, submissions: bool, durable_wanted: bool) -> Result<(), String> {
-        self.log.write_out(&self.shared.log).map_err(|e| format!("commit log write: {e}"))?;
+    fn commit(&mut self, force_sync: bool, submissions: bool, durable_wanted: bool) -> Result<(), Fail> {
+        self.log.write_out(&self.shared.log).map_err(log_write_failed)?;
+        self.out_of_space = false;
         let db = &self.shared.db;
         let trees = [
             &db.queue,
@@ -378,7 +471,7 @@ impl Writer {
         ];
         for (overlay, tree) in self.pending.overlays().into_iter().zip(trees) {
             if !overlay.is_empty() {
-                overlay.apply(tree).map_err(|e| format!("sled batch: {e}"))?;
+                overlay.apply(tree).map_err(|e| Fail::Fatal(format!("sled batch: {e}")))?;
                 self.db_dirty = true;
             }
         }
@@ -404,7 +497,7 @@ impl Writer {
                 FsyncPolicy::Never => false,
             };
         if sync {
-            self.sync(force_sync)?;
+            self.sync(force_sync).map_err(Fail::Fatal)?;
         }
         Ok(())
     }
@@ -564,10 +657,8 @@ impl Writer {
         let db = &shared.db;
         match op {
             Op::Append(a) => {
-                let (pos, size) = self
-                    .log
-                    .append(&shared.log, &a.record.header, &a.record.body)
-                    .map_err(fatal("commit log write"))?;
+                let (pos, size) =
+                    self.log.append(&shared.log, &a.record.header, &a.record.body).map_err(log_write_failed)?;
                 let base = self.log.active_base();
                 let offsets =
                     self.push_pointers(&a.queues, pos, size, a.record.body.len().min(u32::MAX as usize) as u32);
