@@ -114,8 +114,11 @@ async fn run(config: Config, overrides: Overrides) -> anyhow::Result<()> {
     let mut hup = signal(SignalKind::hangup())?;
     let server = match Server::start(config).await {
         Ok(s) => s,
-        Err(e) if e.downcast_ref::<ferrymq::server::ListenError>().is_some() => {
-            eprintln!("ferrymq: {e}");
+        Err(e)
+            if e.downcast_ref::<ferrymq::server::ListenError>().is_some()
+                || matches!(e.downcast_ref(), Some(ferrymq_storage::JournalError::Layout(_))) =>
+        {
+            eprintln!("ferrymq: {e:#}");
             std::process::exit(2);
         }
         Err(e) => return Err(e),

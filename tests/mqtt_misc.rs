@@ -147,6 +147,26 @@ fn a_listen_address_in_use_names_the_flag_and_exits_with_code_2() {
     }
 }
 
+/// A data directory records its layout (`format`); one of a layout this build does not
+/// read (a newer FerryMQ's) is refused before anything in it is touched, naming what to
+/// do, with code 2 like other configuration errors.
+#[test]
+fn a_data_directory_of_another_layout_is_refused_untouched_with_code_2() {
+    let broker = Broker::start();
+    let stamped = std::fs::read_to_string(broker.dir.join("format")).unwrap();
+    assert_eq!(stamped, format!("ferrymq-journal {}\n", ferrymq_storage::LAYOUT));
+    drop(broker);
+
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("format"), "ferrymq-journal 99\n").unwrap();
+    let args = ["--data-dir", tmp.path().to_str().unwrap(), "--mqtt-listen", "127.0.0.1:0"];
+    let (code, err) = run_binary(&args, &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("layout 99, written by a newer FerryMQ"), "{err}");
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("format")], "nothing else was made");
+}
+
 /// The soft and hard limits on open files of a process, from `/proc/{pid}/limits`.
 fn open_files_limits(pid: &str) -> (u64, u64) {
     let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();

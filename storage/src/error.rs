@@ -28,6 +28,10 @@ pub enum JournalError {
     /// (retry once space returns).
     #[error("the data file system is full: {0}")]
     Full(String),
+    /// The data directory is of a layout this build does not read (see [`LAYOUT`](crate::LAYOUT));
+    /// nothing in it was touched.
+    #[error("{0}")]
+    Layout(String),
     /// The writer thread has stopped (journal closed).
     #[error("journal is closed")]
     Closed,

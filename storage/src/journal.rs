@@ -83,6 +83,8 @@ fn unsent(msg: Msg) -> (Vec<Op>, Option<Completion>) {
 impl Journal {
     /// Opens (or creates) the journal in `config.dir`, recovers it and starts the writer thread.
     pub fn open(config: JournalConfig) -> Result<Journal, JournalError> {
+        std::fs::create_dir_all(&config.dir).map_err(log::io_err)?;
+        crate::format::check_or_stamp(&config.dir)?;
         let log_dir = config.dir.join("log");
         std::fs::create_dir_all(&log_dir).map_err(log::io_err)?;
         log::sync_dir(&config.dir).map_err(log::io_err)?;

@@ -23,10 +23,15 @@
 //! # On-disk layout (`dir/`)
 //!
 //! ```text
+//! dir/format                         `ferrymq-journal 1`: the layout version ([`LAYOUT`])
 //! dir/log/00000000000000000000.seg   commit-log segments, named by base position (20 digits)
 //! dir/log/00000000000134217728.seg   ...
 //! dir/db/                            the sled database
+//! dir/ballast                        space kept in reserve (see [`JournalConfig::ballast_bytes`])
 //! ```
+//!
+//! [`Journal::open`] refuses a directory of another layout ([`JournalError::Layout`]) before
+//! touching it; a directory without `format` predates the numbering and is layout 1.
 //!
 //! A record in a segment: `len: u32 BE` (of everything after the crc) | `crc32: u32 BE` (of
 //! everything after itself) | `header_len: u32 BE` | `header` | `body`. A `len` of 0 marks
@@ -131,6 +136,7 @@ mod codec;
 mod config;
 mod db;
 mod error;
+mod format;
 mod hash;
 mod journal;
 mod log;
@@ -146,6 +152,7 @@ mod writer;
 
 pub use config::{FsyncPolicy, JournalConfig, Retention};
 pub use error::JournalError;
+pub use format::LAYOUT;
 pub use hash::fnv1a;
 pub use journal::Journal;
 pub use op::{Append, Appended, Completion, MessageKeys, Op, QueueTarget, Receipt, Record, Space, Timer};

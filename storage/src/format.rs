@@ -1,0 +1,86 @@
+//! The data directory's layout version: `data_dir/format` holds `ferrymq-journal <N>`.
+//! [`Journal::open`](crate::Journal::open) reads it before touching anything else and
+//! refuses a directory of a layout this build does not read, saying what to do, rather
+//! than misreading it. A directory without the file was written before layouts were
+//! numbered, which is layout 1; it is stamped as such.
+//!
+//! Layouts: 1 = commit-log segments in `log/`, consume queues and every index in sled
+//! (`db/`), the ballast in `ballast`.
+
+use std::fs;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use crate::JournalError;
+
+/// The layout this build reads and writes.
+pub const LAYOUT: u32 = 1;
+
+/// What the file starts with.
+const MAGIC: &str = "ferrymq-journal";
+
+fn path(dir: &Path) -> PathBuf {
+    dir.join("format")
+}
+
+/// Checks the layout of `dir` (which exists), stamping a new or unnumbered one.
+pub(crate) fn check_or_stamp(dir: &Path) -> Result<(), JournalError> {
+    let file = path(dir);
+    let text = match fs::read_to_string(&file) {
+        Ok(text) => text,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return stamp(dir).map_err(|e| JournalError::Io(format!("writing {}: {e}", file.display())));
+        }
+        Err(e) => return Err(JournalError::Io(format!("reading {}: {e}", file.display()))),
+    };
+    let version = text.trim().strip_prefix(MAGIC).and_then(|v| v.trim().parse::<u32>().ok());
+    match version {
+        Some(LAYOUT) => Ok(()),
+        Some(v) if v > LAYOUT => Err(JournalError::Layout(format!(
+            "{} is layout {v}, written by a newer FerryMQ; this build reads layout {LAYOUT}: run the newer \
+             version, or point --data-dir at another directory",
+            dir.display()
+        ))),
+        Some(v) => Err(JournalError::Layout(format!(
+            "{} is layout {v}, which this build no longer reads (it reads layout {LAYOUT})",
+            dir.display()
+        ))),
+        None => Err(JournalError::Layout(format!(
+            "{} is not a FerryMQ layout file (expected `{MAGIC} <number>`, found {:?})",
+            file.display(),
+            text.chars().take(64).collect::<String>()
+        ))),
+    }
+}
+
+/// Writes the file (through a temporary file and a rename, so it is whole or absent).
+fn stamp(dir: &Path) -> io::Result<()> {
+    let tmp = dir.join("format.tmp");
+    {
+        let mut f = fs::File::create(&tmp)?;
+        writeln!(f, "{MAGIC} {LAYOUT}")?;
+        f.sync_all()?;
+    }
+    fs::rename(&tmp, path(dir))?;
+    crate::log::sync_dir(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_directory_is_stamped_once_and_other_layouts_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        check_or_stamp(dir.path()).unwrap();
+        assert_eq!(fs::read_to_string(path(dir.path())).unwrap(), format!("ferrymq-journal {LAYOUT}\n"));
+        check_or_stamp(dir.path()).unwrap();
+        fs::write(path(dir.path()), "ferrymq-journal 99\n").unwrap();
+        let e = check_or_stamp(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("layout 99, written by a newer FerryMQ"), "{e}");
+        fs::write(path(dir.path()), "ferrymq-journal 0\n").unwrap();
+        assert!(check_or_stamp(dir.path()).unwrap_err().to_string().contains("no longer reads"));
+        fs::write(path(dir.path()), "something else").unwrap();
+        assert!(check_or_stamp(dir.path()).unwrap_err().to_string().contains("not a FerryMQ layout file"));
+    }
+}
