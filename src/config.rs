@@ -245,7 +245,8 @@ pub struct StorageSection {
     /// sled page cache, bytes.
     pub cache_bytes: u64,
     /// Space kept in reserve in `data_dir/ballast`, given up when the file system has less
-    /// free space than this (at start: so the broker can open its journal; 0 = none).
+    /// free space than this at start (so the broker can open its journal), or than half of
+    /// it while running (0 = none).
     pub ballast_bytes: u64,
     /// Publishers are blocked while the data directory's file system has less free space
     /// than this, bytes (0 = off); RabbitMQ's `disk_free_limit.absolute`.

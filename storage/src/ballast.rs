@@ -3,7 +3,7 @@
 //! deletes it when the file system has less free space than its size (sled and the commit
 //! log need some to open and recover; consumers then drain and retention deletes what
 //! nothing points into). While running, the writer gives it up as soon as the file system
-//! has less free space than its size or a commit-log write runs out of space (another
+//! has less free space than half its size or a commit-log write runs out of space (another
 //! process took the space: sled keeps room for its own writes), and makes it again once
 //! there is room for twice its size.
 //!

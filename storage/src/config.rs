@@ -44,7 +44,7 @@ pub struct JournalConfig {
     /// sled page-cache budget in bytes.
     pub cache_bytes: u64,
     /// Space kept in reserve in a ballast file (0 = none): given up when the file system
-    /// has less free space than this (at open, or while running), made again once there
+    /// has less free space than this at open, or than half of it while running; made again once there
     /// is room for twice its size.
     pub ballast_bytes: u64,
     /// Submissions that append are refused ([`JournalError::NoSpace`](crate::JournalError))

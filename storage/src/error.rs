@@ -23,9 +23,9 @@ pub enum JournalError {
     /// is refused before it is written (retry once space returns; the journal is fine).
     #[error("no space: the data file system has less than {0} bytes free")]
     NoSpace(u64),
-    /// The file system ran out of space (ENOSPC, EDQUOT) while the commit log was written:
-    /// the whole batch was taken back, nothing of it is kept, and the journal goes on
-    /// (retry once space returns).
+    /// The file system ran out of space (ENOSPC, EDQUOT): the commit log's write of the
+    /// batch (taken back: nothing of it is kept), or sled (every write is refused until the
+    /// journal has opened it again, once space returns). Retry later; nothing is poisoned.
     #[error("the data file system is full: {0}")]
     Full(String),
     /// The data directory is of a layout this build does not read (see [`LAYOUT`](crate::LAYOUT));

@@ -104,7 +104,7 @@ impl Journal {
         let shared = Arc::new(Shared {
             config,
             log,
-            db,
+            db: parking_lot::RwLock::new(Some(Arc::new(db))),
             queues: Mutex::new(index.queues),
             batches: AtomicU64::new(0),
             fsyncs: AtomicU64::new(0),
@@ -209,12 +209,12 @@ impl Journal {
     ///
     /// [`FsyncPolicy::Always`]: crate::FsyncPolicy::Always
     pub fn queue_id(&self, name: &str) -> Result<QueueId, JournalError> {
-        self.shared().db.queue_id(name)
+        self.shared().db()?.queue_id(name)
     }
 
     /// Every known queue name with its id.
     pub fn queues(&self) -> Result<Vec<(String, QueueId)>, JournalError> {
-        self.shared().db.queues()
+        self.shared().db()?.queues()
     }
 
     /// Reads a record (checks its CRC). Blocking pread; cheap when the page cache has it.
@@ -232,19 +232,19 @@ impl Journal {
     /// [`MessageKeys`]: crate::MessageKeys
     pub fn lookup_key(&self, key: &[u8], from_ms: u64, to_ms: u64, limit: usize) -> Result<Vec<KeyHit>, JournalError> {
         let shared = self.shared();
-        shared.db.lookup_key(key, from_ms, to_ms, limit, |pos, size| {
+        shared.db()?.lookup_key(key, from_ms, to_ms, limit, |pos, size| {
             size as u64 >= segment::RECORD_OVERHEAD && shared.log.contains(pos, size)
         })
     }
 
     /// Number of entries in the key index (diagnostics; counts the whole tree).
     pub fn key_index_len(&self) -> usize {
-        self.shared().db.key.len()
+        self.shared().db().map_or(0, |db| db.key.len())
     }
 
     /// Up to `limit` entries of `queue` with offset >= `from`, in offset order.
     pub fn queue_entries(&self, queue: QueueId, from: u64, limit: usize) -> Result<Vec<(u64, Pointer)>, JournalError> {
-        self.shared().db.queue_entries(queue, from, limit)
+        self.shared().db()?.queue_entries(queue, from, limit)
     }
 
     /// The next offset `queue` will assign (0 for an empty, never-used queue).
@@ -262,27 +262,27 @@ impl Journal {
 
     /// Every retained message: topic and record position.
     pub fn retained(&self) -> Result<Vec<(String, LogPos)>, JournalError> {
-        self.shared().db.retained()
+        self.shared().db()?.retained()
     }
 
     /// Up to `limit` timers due at or before `until_ms`, earliest first.
     pub fn timers_due(&self, until_ms: u64, limit: usize) -> Result<Vec<TimerEntry>, JournalError> {
-        self.shared().db.timers_due(until_ms, limit)
+        self.shared().db()?.timers_due(until_ms, limit)
     }
 
     /// Due time of the earliest timer (`None` when there is none).
     pub fn next_timer(&self) -> Result<Option<u64>, JournalError> {
-        self.shared().db.next_timer()
+        self.shared().db()?.next_timer()
     }
 
     /// The value of `key` in a keyspace, if it is set.
     pub fn get(&self, space: Space, key: &[u8]) -> Result<Option<Bytes>, JournalError> {
-        self.shared().db.get(space, key)
+        self.shared().db()?.get(space, key)
     }
 
     /// Every key/value with this prefix, in key order.
     pub fn scan(&self, space: Space, prefix: &[u8]) -> Result<Vec<(Bytes, Bytes)>, JournalError> {
-        self.shared().db.scan(space, prefix)
+        self.shared().db()?.scan(space, prefix)
     }
 
     /// Current counters for monitoring (see [`JournalStats`]).
@@ -431,6 +431,47 @@ mod tests {
         let entries: Vec<u64> = j.queue_entries(q, 0, 10).unwrap().iter().map(|(o, _)| *o).collect();
         assert_eq!(entries, vec![0, 1, 3]);
         assert_eq!(j.read(r.pos).unwrap().body, Bytes::from(vec![50u8; 100]));
+        j.verify_counters().unwrap();
+    }
+
+    #[test]
+    fn sled_out_of_space_refuses_writes_until_it_is_opened_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = JournalConfig::new(dir.path());
+        let j = Journal::open(config.clone()).unwrap();
+        let q = j.queue_id("q").unwrap();
+        let kept: Vec<_> = (0..2).map(|n| j.write_blocking(append(q, n)).unwrap().appended[0].clone()).collect();
+        j.inject(crate::log::Fault::StoreFull, 0);
+        assert!(matches!(j.write_blocking(append(q, 2)), Err(JournalError::Full(_))));
+        assert!(matches!(j.write_blocking(vec![Op::Remove { queue: q, offset: 0 }]), Err(JournalError::Full(_))));
+        // Reads go on meanwhile.
+        assert_eq!(j.queue_entries(q, 0, 10).unwrap().len(), 2);
+        assert_eq!(j.read(kept[1].pos).unwrap().body, Bytes::from(vec![1u8; 100]));
+
+        // Space returns: sled is opened again within a bounded time and writes go on.
+        j.inject(crate::log::Fault::None, 0);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let r = loop {
+            match j.write_blocking(append(q, 3)) {
+                Ok(r) => break r.appended[0].clone(),
+                Err(JournalError::Full(_)) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => panic!("after space returned: {e}"),
+            }
+        };
+        assert_eq!(r.offsets, vec![(q, 2)], "the refused append took no offset");
+        let offsets: Vec<u64> = j.queue_entries(q, 0, 10).unwrap().iter().map(|(o, _)| *o).collect();
+        assert_eq!(offsets, vec![0, 1, 2]);
+        assert_eq!(j.queue_len(q).unwrap(), 3);
+        j.verify_counters().unwrap();
+        assert_eq!(j.queue_id("q").unwrap(), q);
+        assert!(j.stats().out_of_space >= 1);
+        j.close().unwrap();
+        drop(j);
+        let j = Journal::open(config).unwrap();
+        assert_eq!(j.queue_len(q).unwrap(), 3);
+        assert_eq!(j.read(r.pos).unwrap().body, Bytes::from(vec![3u8; 100]));
         j.verify_counters().unwrap();
     }
 

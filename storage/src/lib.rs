@@ -80,16 +80,23 @@
 //!   ([`JournalError::Full`]); later batches are tried as usual, so appends succeed again
 //!   once space returns;
 //! - the ballast ([`JournalConfig::ballast_bytes`]) is given up as soon as the file system
-//!   has less free space than its size (looked at every 100 ms) or a write ran out of
-//!   space, so that sled keeps room for its own writes.
+//!   has less free space than half its size (looked at every 100 ms) or a write ran out of
+//!   space, so that sled keeps room for its own writes;
+//! - if sled runs out of space anyway (it keeps its first I/O error and fails every later
+//!   write until it is opened again), every submission is refused with
+//!   [`JournalError::Full`] (reads go on) until the file system has room again; then the
+//!   writer opens sled again in place — readers wait for the moment it takes — and
+//!   recounts references and queue lengths from it. Everything acknowledged as durable is
+//!   there; changes acknowledged without a flush (relaxed submissions) may be lost, as
+//!   after a crash. The commit-log records of the refused batch stay (sled may have
+//!   written pointers to them before it failed).
 //!
 //! Every other failure **poisons** the journal: the failing batch and every later
 //! submission complete with [`JournalError::Poisoned`] rather than acknowledging what may
 //! be lost, until it is reopened. That covers a commit-log write failing otherwise (EIO,
 //! EROFS: the device or file system is failing), any failed fsync (Linux may drop the
 //! dirty pages and clear the error, so a retried fsync can succeed without the data), and
-//! any sled failure (sled 0.34 keeps its first I/O error and fails every later operation
-//! until it is opened again).
+//! any sled failure other than running out of space.
 //!
 //! # Recovery
 //!

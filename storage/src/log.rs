@@ -246,6 +246,8 @@ pub(crate) enum Fault {
     Io = 1,
     /// Writes fail with ENOSPC (after [`FaultSwitch::writes_left`] more succeed); syncs work.
     NoSpace = 2,
+    /// The commit log works; applying changes to sled fails as if it ran out of space.
+    StoreFull = 3,
 }
 
 /// Test hook: the [`Fault`] in force, shared with the test.
@@ -402,6 +404,12 @@ impl LogWriter {
         self.active_dirty = true;
         log.end.store(self.active.base + self.written, Ordering::Release);
         Ok(())
+    }
+
+    /// Test hook: whether sled is to fail as out of space ([`Fault::StoreFull`]).
+    #[cfg(test)]
+    pub(crate) fn store_fault(&self) -> bool {
+        self.fault.mode.load(Ordering::SeqCst) == Fault::StoreFull as u8
     }
 
     #[cfg(test)]

@@ -3,12 +3,13 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 
 use crate::db::Db;
 use crate::log::Log;
-use crate::JournalConfig;
+use crate::{JournalConfig, JournalError};
 
 /// Per-queue counters, kept in memory.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -26,8 +27,10 @@ pub(crate) struct Shared {
     pub(crate) config: JournalConfig,
     /// Read side of the commit log.
     pub(crate) log: Log,
-    /// The sled database and its trees (queue entries, indexes, timers, keyspaces).
-    pub(crate) db: Db,
+    /// The sled database and its trees (queue entries, indexes, timers, keyspaces); `None`
+    /// only while the writer could not open it again after it ran out of space (see
+    /// [`Shared::db`]).
+    pub(crate) db: RwLock<Option<Arc<Db>>>,
     /// Counters of every queue that has (or had) entries, as of the last applied batch.
     pub(crate) queues: Mutex<HashMap<u64, QueueState>>,
     /// Group commits since open.
@@ -38,4 +41,16 @@ pub(crate) struct Shared {
     pub(crate) out_of_space: AtomicU64,
     /// The index counters came from a full scan at open (not a checkpoint).
     pub(crate) index_scanned: bool,
+}
+
+impl Shared {
+    /// The sled database. Held only for the call at hand: the writer replaces it when sled
+    /// ran out of space and space returned (sled keeps its first I/O error until opened
+    /// again), waiting for the handles taken before.
+    pub(crate) fn db(&self) -> Result<Arc<Db>, JournalError> {
+        self.db
+            .read()
+            .clone()
+            .ok_or_else(|| JournalError::Db("the store is being opened again after it ran out of space".into()))
+    }
 }

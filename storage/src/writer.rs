@@ -15,6 +15,7 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::codec::{self, space_index};
+use crate::db::Db;
 use crate::log::LogWriter;
 use crate::overlay::Overlay;
 use crate::recovery;
@@ -28,6 +29,11 @@ use crate::{Appended, Completion, FsyncPolicy, JournalError, LogPos, Op, Pointer
 const RETENTION_INTERVAL: Duration = Duration::from_secs(1);
 /// How long a look at the file system's free space serves appends.
 const FREE_SPACE_RECHECK: Duration = Duration::from_millis(100);
+/// How often opening sled again is tried while it is out of space.
+const REOPEN_INTERVAL: Duration = Duration::from_millis(250);
+/// Free space wanted before sled is opened again (at least; also the journal's floor and
+/// the ballast's size).
+const REOPEN_MIN_FREE: u64 = 4 << 20;
 
 /// A message to the writer thread.
 pub(crate) enum Msg {
@@ -55,8 +61,21 @@ enum Fail {
     /// The commit log could not be written for lack of space: the whole batch is taken
     /// back and refused, and the journal goes on.
     NoSpace(String),
+    /// sled ran out of space: the batch is refused, and so is everything until sled is
+    /// opened again once space returns ([`Writer::reopen_store`]).
+    StoreFull(String),
     /// I/O or sled failure: the journal poisons itself.
     Fatal(String),
+}
+
+impl Fail {
+    /// What went wrong, for logs and errors.
+    fn reason(&self) -> &str {
+        match self {
+            Fail::Reject(_) => "refused",
+            Fail::NoSpace(r) | Fail::StoreFull(r) | Fail::Fatal(r) => r,
+        }
+    }
 }
 
 /// A failed commit-log write: out of space is cured by freeing space, anything else poisons.
@@ -69,7 +88,16 @@ fn log_write_failed(e: std::io::Error) -> Fail {
 }
 
 fn sled_fatal(e: sled::Error) -> Fail {
-    Fail::Fatal(format!("sled: {e}"))
+    sled_failed("sled", e)
+}
+
+/// A sled failure: out of space is cured by opening sled again once space returns (it
+/// keeps its first I/O error until then); anything else poisons.
+fn sled_failed(what: &str, e: sled::Error) -> Fail {
+    match &e {
+        sled::Error::Io(io) if crate::log::is_out_of_space(io) => Fail::StoreFull(format!("{what}: {e}")),
+        _ => Fail::Fatal(format!("{what}: {e}")),
+    }
 }
 
 /// What to answer once the batch is committed.
@@ -146,6 +174,10 @@ pub(crate) struct Writer {
     last_space_watch: Instant,
     /// The last batch was taken back for lack of space (and said so; logged once a time).
     out_of_space: bool,
+    /// sled ran out of space (why): every submission is refused until it is opened again.
+    store_full: Option<String>,
+    /// When opening sled again was last tried.
+    last_reopen: Instant,
 }
 
 impl Writer {
@@ -176,6 +208,8 @@ impl Writer {
             free_space: None,
             last_space_watch: now,
             out_of_space: false,
+            store_full: None,
+            last_reopen: now,
         }
     }
 
@@ -225,13 +259,20 @@ impl Writer {
                 break;
             }
             self.watch_free_space();
+            self.maybe_reopen_store();
             self.maybe_retention();
         }
-        let result = match &self.poisoned {
-            Some(p) => Err(JournalError::Poisoned(p.clone())),
+        let result = match (&self.poisoned, &self.store_full) {
+            (Some(p), _) => Err(JournalError::Poisoned(p.clone())),
+            (None, Some(reason)) => Err(JournalError::Full(reason.clone())),
+            (None, None) => Ok(()),
+        };
+        let result = match result {
+            Err(e) => Err(e),
             // The `Close` batch was just synced with `force`.
-            None if closed && !self.is_dirty() => Ok(()),
-            None => self.sync(true).map_err(|e| {
+            Ok(()) if closed && !self.is_dirty() => Ok(()),
+            Ok(()) => self.sync(true).map_err(|f| {
+                let e = f.reason().to_string();
                 self.poison(e.clone());
                 JournalError::Poisoned(e)
             }),
@@ -240,7 +281,9 @@ impl Writer {
         let result = match result {
             Ok(()) => {
                 let shared = &self.shared;
-                crate::checkpoint::write(&shared.db, shared.log.end(), &self.refs, &shared.queues.lock())
+                shared
+                    .db()
+                    .and_then(|db| crate::checkpoint::write(&db, shared.log.end(), &self.refs, &shared.queues.lock()))
             }
             Err(e) => Err(e),
         };
@@ -264,6 +307,9 @@ impl Writer {
         if self.ballast {
             wait = wait.min(FREE_SPACE_RECHECK.saturating_sub(self.last_space_watch.elapsed()));
         }
+        if self.store_full.is_some() {
+            wait = wait.min(REOPEN_INTERVAL.saturating_sub(self.last_reopen.elapsed()));
+        }
         if let FsyncPolicy::Interval(d) = self.shared.config.fsync {
             if self.is_dirty() && self.poisoned.is_none() {
                 wait = wait.min(d.saturating_sub(self.last_sync.elapsed()));
@@ -276,12 +322,13 @@ impl Writer {
     fn on_idle(&mut self) {
         if let FsyncPolicy::Interval(d) = self.shared.config.fsync {
             if self.poisoned.is_none() && self.is_dirty() && self.last_sync.elapsed() >= d {
-                if let Err(e) = self.sync(false) {
-                    self.poison(e);
+                if let Err(f) = self.sync(false) {
+                    self.fail(f);
                 }
             }
         }
         self.watch_free_space();
+        self.maybe_reopen_store();
         self.maybe_retention();
     }
 
@@ -295,6 +342,97 @@ impl Writer {
             self.poisoned = Some(reason);
         }
         self.pending.clear();
+    }
+
+    /// Handles a failure that is not this submission's alone: sled out of space stops
+    /// writes until it is opened again; anything else poisons.
+    fn fail(&mut self, f: Fail) {
+        match f {
+            Fail::StoreFull(reason) => {
+                self.pending.clear();
+                if self.store_full.is_none() {
+                    tracing::warn!(
+                        %reason,
+                        "sled ran out of space: every write is refused until space returns and it is opened again"
+                    );
+                    self.shared.out_of_space.fetch_add(1, Ordering::Relaxed);
+                    self.store_full = Some(reason);
+                    self.last_reopen = Instant::now();
+                }
+                self.release_ballast();
+            }
+            Fail::Reject(e) => self.poison(e.to_string()),
+            Fail::NoSpace(reason) | Fail::Fatal(reason) => self.poison(reason),
+        }
+    }
+
+    /// Every [`REOPEN_INTERVAL`] while sled is out of space: opens it again once the file
+    /// system has room.
+    fn maybe_reopen_store(&mut self) {
+        if self.store_full.is_none() || self.poisoned.is_some() || self.last_reopen.elapsed() < REOPEN_INTERVAL {
+            return;
+        }
+        self.last_reopen = Instant::now();
+        let config = &self.shared.config;
+        let room = config.min_free_bytes.max(config.ballast_bytes).max(REOPEN_MIN_FREE);
+        if fs2::available_space(&config.dir).is_ok_and(|free| free >= room) {
+            self.reopen_store();
+        }
+    }
+
+    /// Opens sled again (it keeps its first I/O error until then): drops the failed
+    /// handle once the readers holding it let go (they wait on the lock meanwhile), opens
+    /// the database as it is on disk — everything acknowledged as durable is there (its
+    /// batch was flushed before its completion ran); changes of later batches may or may
+    /// not be, as after a crash — and recounts the references and queue lengths from it.
+    /// Queue offsets never go back. Writes go on afterwards.
+    fn reopen_store(&mut self) {
+        let shared = self.shared.clone();
+        let mut slot = shared.db.write();
+        if let Some(mut old) = slot.take() {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            loop {
+                match Arc::try_unwrap(old) {
+                    Ok(db) => break drop(db),
+                    Err(still) if Instant::now() < deadline => {
+                        old = still;
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    Err(still) => {
+                        tracing::warn!("sled: a reader keeps the failed handle; opening it again later");
+                        *slot = Some(still);
+                        return;
+                    }
+                }
+            }
+        }
+        let opened = crate::db::Db::open(&shared.config.dir.join("db"), shared.config.cache_bytes)
+            .and_then(|db| recovery::recover_index(&db, &shared.log).map(|index| (db, index)));
+        let (db, index) = match opened {
+            Ok(opened) => opened,
+            Err(e) => {
+                tracing::warn!(error = %e, "sled could not be opened again yet; trying again");
+                return;
+            }
+        };
+        *slot = Some(Arc::new(db));
+        drop(slot);
+        self.refs = index.refs;
+        {
+            let mut queues = shared.queues.lock();
+            let mut merged = index.queues;
+            for (q, st) in queues.iter() {
+                let e = merged.entry(*q).or_default();
+                e.next = e.next.max(st.next);
+            }
+            *queues = merged;
+        }
+        self.live.clear();
+        self.pending.clear();
+        self.db_dirty = false;
+        self.free_space = None;
+        self.store_full = None;
+        tracing::info!("sled is open again after running out of space: writes go on");
     }
 
     /// Takes back a batch whose commit-log write ran out of space (before anything of it
@@ -336,15 +474,17 @@ impl Writer {
     }
 
     /// Every [`FREE_SPACE_RECHECK`]: gives the ballast up once the file system has less
-    /// free space than the ballast's size, before sled (whose first failed write stops it
-    /// for good) can run out.
+    /// free space than half the ballast's size (appends stopped at the floor before; this
+    /// is someone else filling it), before sled (whose first failed write stops it until it
+    /// is opened again) runs out. Half, so that the space it gives back does not lift the
+    /// file system over the disk alarm's limit again at once.
     fn watch_free_space(&mut self) {
         if !self.ballast || self.last_space_watch.elapsed() < FREE_SPACE_RECHECK {
             return;
         }
         self.last_space_watch = Instant::now();
         let size = self.shared.config.ballast_bytes;
-        if fs2::available_space(&self.shared.config.dir).is_ok_and(|free| free < size) {
+        if fs2::available_space(&self.shared.config.dir).is_ok_and(|free| free < size / 2) {
             self.release_ballast();
         }
     }
@@ -364,7 +504,7 @@ impl Writer {
                 Msg::Submit { ops, done, durable } => {
                     submissions = true;
                     durable_wanted |= durable;
-                    let result = if self.poisoned.is_some() || no_space.is_some() {
+                    let result = if self.poisoned.is_some() || self.store_full.is_some() || no_space.is_some() {
                         Err(JournalError::Closed) // replaced below
                     } else {
                         match self.apply_submission(ops) {
@@ -374,8 +514,8 @@ impl Writer {
                                 no_space = Some(reason);
                                 Err(JournalError::Closed)
                             }
-                            Err(Fail::Fatal(reason)) => {
-                                self.poison(reason);
+                            Err(f) => {
+                                self.fail(f);
                                 Err(JournalError::Closed)
                             }
                         }
@@ -390,24 +530,24 @@ impl Writer {
                 Msg::Verify(tx) => outcomes.push(Outcome::Verify(tx)),
             }
         }
-        if self.poisoned.is_none() && no_space.is_none() {
+        if self.poisoned.is_none() && self.store_full.is_none() && no_space.is_none() {
             match self.commit(force_sync, submissions, durable_wanted) {
                 Ok(()) => {}
                 Err(Fail::NoSpace(reason)) => no_space = Some(reason),
-                Err(Fail::Reject(e)) => self.poison(e.to_string()),
-                Err(Fail::Fatal(reason)) => self.poison(reason),
+                Err(f) => self.fail(f),
             }
         }
         if let Some(reason) = &no_space {
-            if self.poisoned.is_none() {
+            if self.poisoned.is_none() && self.store_full.is_none() {
                 self.take_back(mark, reason);
             }
         }
         self.refs.commit_batch();
-        let failed = match (&self.poisoned, no_space) {
-            (Some(p), _) => Some(JournalError::Poisoned(p.clone())),
-            (None, Some(reason)) => Some(JournalError::Full(reason)),
-            (None, None) => None,
+        let failed = match (&self.poisoned, &self.store_full, no_space) {
+            (Some(p), _, _) => Some(JournalError::Poisoned(p.clone())),
+            (None, Some(reason), _) => Some(JournalError::Full(reason.clone())),
+            (None, None, Some(reason)) => Some(JournalError::Full(reason)),
+            (None, None, None) => None,
         };
         for outcome in outcomes {
             match outcome {
@@ -429,8 +569,8 @@ impl Writer {
     /// Recounts references and queue lengths from sled and compares them with the
     /// in-memory counters.
     fn verify(&self) -> Result<(), String> {
-        let (refs, lens) =
-            recovery::recount(&self.shared.db, |pos| self.segment_base(pos)).map_err(|e| e.to_string())?;
+        let db = self.shared.db().map_err(|e| e.to_string())?;
+        let (refs, lens) = recovery::recount(&db, |pos| self.segment_base(pos)).map_err(|e| e.to_string())?;
         if refs != self.refs {
             return Err(format!("reference counts: in memory {:?}, in sled {:?}", self.refs, refs));
         }
@@ -454,7 +594,11 @@ impl Writer {
     fn commit(&mut self, force_sync: bool, submissions: bool, durable_wanted: bool) -> Result<(), Fail> {
         self.log.write_out(&self.shared.log).map_err(log_write_failed)?;
         self.out_of_space = false;
-        let db = &self.shared.db;
+        #[cfg(test)]
+        if self.log.store_fault() {
+            return Err(Fail::StoreFull("sled batch: injected: No space left on device".into()));
+        }
+        let db = self.shared.db().map_err(|e| Fail::Fatal(e.to_string()))?;
         let trees = [
             &db.queue,
             &db.queue_names,
@@ -471,7 +615,7 @@ impl Writer {
         ];
         for (overlay, tree) in self.pending.overlays().into_iter().zip(trees) {
             if !overlay.is_empty() {
-                overlay.apply(tree).map_err(|e| Fail::Fatal(format!("sled batch: {e}")))?;
+                overlay.apply(tree).map_err(|e| sled_failed("sled batch", e))?;
                 self.db_dirty = true;
             }
         }
@@ -497,19 +641,21 @@ impl Writer {
                 FsyncPolicy::Never => false,
             };
         if sync {
-            self.sync(force_sync).map_err(Fail::Fatal)?;
+            self.sync(force_sync)?;
         }
         Ok(())
     }
 
     /// fsyncs the written segments and flushes sled (always when `force`, which also
     /// covers queue-name mappings written outside the writer).
-    fn sync(&mut self, force: bool) -> Result<(), String> {
-        self.log.write_out(&self.shared.log).map_err(|e| format!("commit log write: {e}"))?;
-        let n = self.log.sync().map_err(|e| format!("commit log fsync: {e}"))?;
+    fn sync(&mut self, force: bool) -> Result<(), Fail> {
+        self.log.write_out(&self.shared.log).map_err(log_write_failed)?;
+        // Any failed fsync poisons: the kernel may have dropped the pages it could not write.
+        let n = self.log.sync().map_err(|e| Fail::Fatal(format!("commit log fsync: {e}")))?;
         self.shared.fsyncs.fetch_add(n, Ordering::Relaxed);
         if self.db_dirty || force {
-            self.shared.db.db.flush().map_err(|e| format!("sled flush: {e}"))?;
+            let db = self.shared.db().map_err(|e| Fail::Fatal(e.to_string()))?;
+            db.db.flush().map_err(|e| sled_failed("sled flush", e))?;
             self.shared.fsyncs.fetch_add(1, Ordering::Relaxed);
             self.db_dirty = false;
         }
@@ -540,9 +686,10 @@ impl Writer {
             self.check_free_space(appended)?;
         }
         let shared = self.shared.clone();
+        let db = shared.db().map_err(|e| Fail::Fatal(e.to_string()))?;
         let mut receipt = Receipt::default();
         for op in ops {
-            self.apply_op(&shared, op, &mut receipt)?;
+            self.apply_op(&shared, &db, op, &mut receipt)?;
         }
         Ok(receipt)
     }
@@ -608,12 +755,12 @@ impl Writer {
     }
 
     /// True when `queue` has a name mapping (it was created by `queue_id` and not deleted).
-    fn queue_is_live(&mut self, queue: u64) -> bool {
+    fn queue_is_live(&mut self, db: &Db, queue: u64) -> bool {
         if self.live.contains(&queue) {
             return true;
         }
         let key = codec::encode_u64(queue);
-        let live = matches!(self.pending.queue_ids.get(&self.shared.db.queue_ids, &key), Ok(Some(_)));
+        let live = matches!(self.pending.queue_ids.get(&db.queue_ids, &key), Ok(Some(_)));
         if live {
             self.live.insert(queue);
         }
@@ -623,6 +770,7 @@ impl Writer {
     /// Adds one pointer per target; returns the offsets.
     fn push_pointers(
         &mut self,
+        db: &Db,
         targets: &[QueueTarget],
         pos: u64,
         size: u32,
@@ -632,7 +780,7 @@ impl Writer {
         let mut offsets = Vec::with_capacity(targets.len());
         for t in targets {
             let q = t.queue.0;
-            if !self.queue_is_live(q) {
+            if !self.queue_is_live(db, q) {
                 // Deleted (ids are never handed out again): a publish that raced the
                 // deletion. No pointer, no offset.
                 continue;
@@ -653,15 +801,14 @@ impl Writer {
         offsets
     }
 
-    fn apply_op(&mut self, shared: &Shared, op: Op, receipt: &mut Receipt) -> Result<(), Fail> {
-        let db = &shared.db;
+    fn apply_op(&mut self, shared: &Shared, db: &Db, op: Op, receipt: &mut Receipt) -> Result<(), Fail> {
         match op {
             Op::Append(a) => {
                 let (pos, size) =
                     self.log.append(&shared.log, &a.record.header, &a.record.body).map_err(log_write_failed)?;
                 let base = self.log.active_base();
                 let offsets =
-                    self.push_pointers(&a.queues, pos, size, a.record.body.len().min(u32::MAX as usize) as u32);
+                    self.push_pointers(db, &a.queues, pos, size, a.record.body.len().min(u32::MAX as usize) as u32);
                 if let Some(topic) = a.retained_topic {
                     if let Some(old) = self.pending.retained.get(&db.retained, topic.as_bytes()).map_err(sled_fatal)? {
                         if let Some((old_pos, _)) = codec::decode_retained(&old) {
@@ -688,7 +835,7 @@ impl Writer {
                 receipt.appended.push(Appended { pos: LogPos(pos), size, offsets });
             }
             Op::Enqueue { pos, size, body_len, queues } => {
-                let offsets = self.push_pointers(&queues, pos.0, size, body_len);
+                let offsets = self.push_pointers(db, &queues, pos.0, size, body_len);
                 receipt.appended.push(Appended { pos, size, offsets });
             }
             Op::Remove { queue, offset } => {
@@ -783,14 +930,7 @@ impl Writer {
 
     /// Schedules an existing record ([`Op::AddTimer`]): a no-op when the record is not live
     /// or the same timer exists; a key taken by another timer moves this one 1 ms later.
-    fn add_timer(
-        &mut self,
-        db: &crate::db::Db,
-        mut due_ms: u64,
-        pos: u64,
-        size: u32,
-        target: &[u8],
-    ) -> Result<(), Fail> {
+    fn add_timer(&mut self, db: &Db, mut due_ms: u64, pos: u64, size: u32, target: &[u8]) -> Result<(), Fail> {
         if !self.is_live(pos, size, 0) {
             return Ok(());
         }
@@ -869,7 +1009,7 @@ impl Writer {
                 Ok(true) => {
                     self.refs.forget(base);
                     let end = closed.iter().find(|c| c.base == base).map_or(base, |c| c.base + c.len);
-                    if let Err(e) = crate::recovery::drop_keys(&shared.db, base..end) {
+                    if let Err(e) = shared.db().and_then(|db| crate::recovery::drop_keys(&db, base..end)) {
                         tracing::warn!(segment = base, error = %e, "key index: could not drop the entries of a deleted segment");
                     }
                     tracing::info!(
