@@ -395,8 +395,8 @@ impl Config {
         j.segment_size = self.storage.segment_size;
         j.cache_bytes = self.storage.cache_bytes;
         j.ballast_bytes = self.storage.ballast_bytes;
-        // The alarm blocks publishers at the disk free limit; should they outrun it, the
-        // journal refuses appends at half of it, before a write could fail.
+        // Half the disk free limit (the server sets it from the effective limit, which may
+        // be relative to the memory watermark).
         j.min_free_bytes = self.storage.disk_free_limit_bytes / 2;
         j.retention = Retention {
             max_age: (self.storage.retention_max_age_secs > 0)

@@ -67,7 +67,11 @@ pub struct Server {
 impl Server {
     /// Opens the data directory, restores state and starts listening.
     pub async fn start(config: Config) -> anyhow::Result<Server> {
-        let jcfg = config.journal();
+        let mut jcfg = config.journal();
+        // The alarm blocks publishers at the disk free limit (bytes, or relative to the
+        // memory watermark); should they outrun it, the journal refuses appends at half of
+        // it, before a write could fail.
+        jcfg.min_free_bytes = alarm_limits(&config).1 / 2;
         let dir = jcfg.dir.clone();
         let journal = tokio::task::spawn_blocking(move || Journal::open(jcfg))
             .await?
