@@ -104,24 +104,25 @@ async fn drain_count(ch: &Channel, queue: &str) -> usize {
     n
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_full_disk_blocks_publishers_before_loss_and_recovers_without_a_restart() {
+/// A broker with `config` on a 48 MiB tmpfs of its own, a connection in confirm mode and
+/// the durable queue `queue`; `None` (the test is skipped, saying so) where mounting is not
+/// allowed.
+async fn start_on_tmpfs(config: &str, queue: &str) -> Option<(Tmpfs, Target, Connection, Channel, String)> {
     let Some(fs) = Tmpfs::mount(48) else {
         eprintln!("SKIPPED: cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN)");
-        return;
+        return None;
     };
-    let t = Target::ferrymq(Broker::start_in(fs.path().join("data"), Opts::default().config(CONFIG)));
+    let t = Target::ferrymq(Broker::start_in(fs.path().join("data"), Opts::default().config(config)));
     let (conn, ch) = t.channel().await;
     confirm_select(&ch).await;
-    let q = declare_queue_with(
-        &ch,
-        "fill",
-        QueueDeclareOptions { durable: true, ..Default::default() },
-        FieldTable::default(),
-    )
-    .await
-    .name()
-    .to_string();
+    let opts = QueueDeclareOptions { durable: true, ..Default::default() };
+    let q = declare_queue_with(&ch, queue, opts, FieldTable::default()).await.name().to_string();
+    Some((fs, t, conn, ch, q))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_blocks_publishers_before_loss_and_recovers_without_a_restart() {
+    let Some((fs, t, conn, ch, q)) = start_on_tmpfs(CONFIG, "fill").await else { return };
     let mut ev = events(&conn);
 
     let (confirmed, waiting) = fill(&conn, &ch, &q).await;
@@ -184,23 +185,8 @@ async fn a_full_disk_blocks_publishers_before_loss_and_recovers_without_a_restar
 /// confirmed again without a restart, and exactly the confirmed messages are in the queue.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_that_runs_out_of_space_is_refused_and_the_journal_resumes_once_space_returns() {
-    let Some(fs) = Tmpfs::mount(48) else {
-        eprintln!("SKIPPED: cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN)");
-        return;
-    };
     let config = "[storage]\ndisk_free_limit_bytes = 0\nsegment_size = 4194304\nballast_bytes = 0\n";
-    let t = Target::ferrymq(Broker::start_in(fs.path().join("data"), Opts::default().config(config)));
-    let (conn, ch) = t.channel().await;
-    confirm_select(&ch).await;
-    let q = declare_queue_with(
-        &ch,
-        "enospc",
-        QueueDeclareOptions { durable: true, ..Default::default() },
-        FieldTable::default(),
-    )
-    .await
-    .name()
-    .to_string();
+    let Some((fs, t, conn, ch, q)) = start_on_tmpfs(config, "enospc").await else { return };
     let body = |n: u8| vec![n; BODY];
     for n in 0..5 {
         assert_eq!(publish_confirmed(&ch, "", &q, &body(n), persistent()).await, Confirmation::Ack(None));
@@ -238,23 +224,8 @@ async fn a_write_that_runs_out_of_space_is_refused_and_the_journal_resumes_once_
 /// confirmed, without a restart; every confirmed message not acknowledged is there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_store_running_out_of_space_is_cured_without_a_restart() {
-    let Some(fs) = Tmpfs::mount(48) else {
-        eprintln!("SKIPPED: cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN)");
-        return;
-    };
     let config = "[storage]\ndisk_free_limit_bytes = 0\nsegment_size = 4194304\nballast_bytes = 0\n";
-    let t = Target::ferrymq(Broker::start_in(fs.path().join("data"), Opts::default().config(config)));
-    let (conn, ch) = t.channel().await;
-    confirm_select(&ch).await;
-    let q = declare_queue_with(
-        &ch,
-        "store",
-        QueueDeclareOptions { durable: true, ..Default::default() },
-        FieldTable::default(),
-    )
-    .await
-    .name()
-    .to_string();
+    let Some((fs, t, conn, ch, q)) = start_on_tmpfs(config, "store").await else { return };
     let body = |n: u8| vec![n; 1024];
     for n in 0..200 {
         assert_eq!(publish_confirmed(&ch, "", &q, &body(n), persistent()).await, Confirmation::Ack(None));
@@ -318,22 +289,7 @@ async fn the_store_running_out_of_space_is_cured_without_a_restart() {
 /// a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_system_filled_by_another_process_blocks_publishers_and_consumers_drain() {
-    let Some(fs) = Tmpfs::mount(48) else {
-        eprintln!("SKIPPED: cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN)");
-        return;
-    };
-    let t = Target::ferrymq(Broker::start_in(fs.path().join("data"), Opts::default().config(CONFIG)));
-    let (conn, ch) = t.channel().await;
-    confirm_select(&ch).await;
-    let q = declare_queue_with(
-        &ch,
-        "filled",
-        QueueDeclareOptions { durable: true, ..Default::default() },
-        FieldTable::default(),
-    )
-    .await
-    .name()
-    .to_string();
+    let Some((fs, t, conn, ch, q)) = start_on_tmpfs(CONFIG, "filled").await else { return };
     for _ in 0..20 {
         assert_eq!(publish_confirmed(&ch, "", &q, &[b'x'; BODY], persistent()).await, Confirmation::Ack(None));
     }

@@ -356,6 +356,22 @@ mod tests {
         })]
     }
 
+    /// Submits fifty appends at once (most in one batch) and returns their results.
+    fn submit_fifty(j: &Journal, q: QueueId) -> Vec<Result<Receipt, JournalError>> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        for n in 0..50 {
+            let tx = tx.clone();
+            let done: Completion = Box::new(move |r| tx.send(r).unwrap());
+            if j.try_submit(append(q, n), Some(done)).is_err() {
+                panic!("channel full");
+            }
+        }
+        drop(tx);
+        let results: Vec<_> = rx.iter().collect();
+        assert_eq!(results.len(), 50);
+        results
+    }
+
     #[test]
     fn io_failure_poisons_the_journal() {
         let dir = tempfile::tempdir().unwrap();
@@ -483,17 +499,7 @@ mod tests {
         let j = Journal::open(config).unwrap();
         let q = j.queue_id("q").unwrap();
         j.inject(crate::log::Fault::NoSpace, 0);
-        let (tx, rx) = std::sync::mpsc::channel();
-        for n in 0..50 {
-            let tx = tx.clone();
-            let done: Completion = Box::new(move |r| tx.send(r).unwrap());
-            if j.try_submit(append(q, n), Some(done)).is_err() {
-                panic!("channel full");
-            }
-        }
-        drop(tx);
-        let results: Vec<_> = rx.iter().collect();
-        assert_eq!(results.len(), 50);
+        let results = submit_fifty(&j, q);
         assert!(results.iter().all(|r| matches!(r, Err(JournalError::Full(_)))), "{results:?}");
         assert_eq!(j.queue_len(q).unwrap(), 0);
         j.inject(crate::log::Fault::None, 0);
@@ -541,17 +547,7 @@ mod tests {
         let j = Journal::open(config).unwrap();
         let q = j.queue_id("q").unwrap();
         j.inject_io_failure();
-        let (tx, rx) = std::sync::mpsc::channel();
-        for n in 0..50 {
-            let tx = tx.clone();
-            let done: Completion = Box::new(move |r| tx.send(r).unwrap());
-            if j.try_submit(append(q, n), Some(done)).is_err() {
-                panic!("channel full");
-            }
-        }
-        drop(tx);
-        let results: Vec<_> = rx.iter().collect();
-        assert_eq!(results.len(), 50);
+        let results = submit_fifty(&j, q);
         assert!(results.iter().all(|r| matches!(r, Err(JournalError::Poisoned(_)))));
         assert_eq!(j.queue_len(q).unwrap(), 0);
     }
