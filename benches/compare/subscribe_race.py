@@ -11,26 +11,12 @@ until the payload is seen or 2 s after B's SUBACK. A miss = B never got the PUBL
 """
 import os, signal, socket, struct, sys, time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "interop"))
+from rawmqtt import mqtt_str as s, varint as enc_len  # noqa: E402
+
 HOST = "127.0.0.1"
 WAIT = float(os.environ.get("RACE_WAIT", "2"))
 GAP = float(os.environ.get("RACE_GAP", "0"))  # extra only: sleep between the two sends
-
-
-def enc_len(n):
-    out = bytearray()
-    while True:
-        d = n % 128
-        n //= 128
-        if n:
-            d |= 0x80
-        out.append(d)
-        if not n:
-            return bytes(out)
-
-
-def s(x):
-    b = x.encode() if isinstance(x, str) else x
-    return struct.pack("!H", len(b)) + b
 
 
 def pkt(first, body):
