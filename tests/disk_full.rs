@@ -252,18 +252,12 @@ async fn the_store_running_out_of_space_is_cured_without_a_restart() {
     eprintln!("sled ran out of space: {hit}; {acked} acknowledged while full");
 
     std::fs::remove_file(&junk).unwrap();
-    let mut refused = 0;
-    let confirmed = loop {
-        match publish_confirmed(&ch, "", &q, &body(251), persistent()).await {
-            Confirmation::Ack(_) => break true,
-            _ if refused < 100 => {
-                refused += 1;
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            _ => break false,
-        }
-    };
-    assert!(confirmed, "publishes are confirmed again once space returns: {}", broker.log());
+    let (publisher, queue) = (&ch, q.as_str());
+    eventually("publishes confirmed again once space returns", WAIT, || async move {
+        matches!(publish_confirmed(publisher, "", queue, &body(251), persistent()).await, Confirmation::Ack(_))
+            .then_some(())
+    })
+    .await;
     assert!(!broker.log().contains("journal poisoned"), "{}", broker.log());
     if hit {
         assert!(broker.log().contains("sled is open again"), "{}", broker.log());

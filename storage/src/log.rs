@@ -143,13 +143,18 @@ impl Log {
             segs.remove(&base)
         };
         let Some(seg) = removed else { return Ok(false) };
+        self.remove_file(&seg)?;
+        Ok(true)
+    }
+
+    /// Closes the handle of a segment taken out of the map and deletes its file.
+    fn remove_file(&self, seg: &Segment) -> io::Result<()> {
         if seg.file.lock().take().is_some() {
             self.open_files.fetch_sub(1, Ordering::Relaxed);
         }
         match fs::remove_file(&seg.path) {
-            Ok(()) => Ok(true),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(true),
-            Err(e) => Err(e),
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
         }
     }
 
@@ -380,16 +385,12 @@ impl LogWriter {
                 let bases: Vec<u64> = segs.range(mark.base + 1..).map(|(b, _)| *b).collect();
                 bases.iter().filter_map(|b| segs.remove(b)).collect()
             };
-            for seg in begun {
-                if seg.file.lock().take().is_some() {
-                    log.open_files.fetch_sub(1, Ordering::Relaxed);
-                }
-                match fs::remove_file(&seg.path) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(e),
-                }
+            for seg in &begun {
+                log.remove_file(seg)?;
             }
+            // Durably gone: after a crash a begun segment would claim the positions that
+            // the old active segment now writes again.
+            sync_dir(&log.dir)?;
             let active = log.segment_of(mark.base).filter(|s| s.base == mark.base);
             let active = active.ok_or_else(|| io::Error::other("the segment active at the mark is gone"))?;
             let file = Arc::new(OpenOptions::new().read(true).write(true).open(&active.path)?);

@@ -7,7 +7,8 @@ use std::collections::HashMap;
 #[derive(Debug, Default, Clone)]
 pub(crate) struct RefCounts {
     counts: HashMap<u64, u64>,
-    /// While a batch is open: every change made since it opened (segment, +1 or -1).
+    /// Every change since the last [`RefCounts::open_batch`] (segment, +1 or -1); `None`
+    /// before the first, so that counting at open records nothing.
     undo: Option<Vec<(u64, bool)>>,
 }
 
@@ -67,10 +68,11 @@ impl RefCounts {
     pub(crate) fn undo_batch(&mut self) {
         let Some(undo) = self.undo.take() else { return };
         for &(base, inc) in undo.iter().rev() {
+            // Not recorded: `undo` is taken out meanwhile.
             if inc {
                 self.dec(base);
             } else {
-                *self.counts.entry(base).or_insert(0) += 1;
+                self.inc(base);
             }
         }
         self.undo = Some(undo);

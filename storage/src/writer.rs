@@ -497,6 +497,9 @@ impl Writer {
         let mut durable_wanted = false;
         let mark = self.log.mark();
         self.refs.open_batch();
+        // The handle once per batch (it is missing only while sled is out of space, when
+        // nothing is applied).
+        let db = self.shared.db();
         // Set when the commit log ran out of space: the batch is taken back and refused.
         let mut no_space = None;
         for msg in batch {
@@ -507,7 +510,11 @@ impl Writer {
                     let result = if self.poisoned.is_some() || self.store_full.is_some() || no_space.is_some() {
                         Err(JournalError::Closed) // replaced below
                     } else {
-                        match self.apply_submission(ops) {
+                        let applied = match &db {
+                            Ok(db) => self.apply_submission(db, ops),
+                            Err(e) => Err(Fail::Fatal(e.to_string())),
+                        };
+                        match applied {
                             Ok(receipt) => Ok(receipt),
                             Err(Fail::Reject(e)) => Err(e),
                             Err(Fail::NoSpace(reason)) => {
@@ -531,7 +538,11 @@ impl Writer {
             }
         }
         if self.poisoned.is_none() && self.store_full.is_none() && no_space.is_none() {
-            match self.commit(force_sync, submissions, durable_wanted) {
+            let committed = match &db {
+                Ok(db) => self.commit(db, force_sync, submissions, durable_wanted),
+                Err(e) => Err(Fail::Fatal(e.to_string())),
+            };
+            match committed {
                 Ok(()) => {}
                 Err(Fail::NoSpace(reason)) => no_space = Some(reason),
                 Err(f) => self.fail(f),
@@ -591,14 +602,13 @@ impl Writer {
 
     /// Writes the assembled records, applies the sled batches, publishes the counters
     /// and syncs if the policy (or `force_sync`) says so.
-    fn commit(&mut self, force_sync: bool, submissions: bool, durable_wanted: bool) -> Result<(), Fail> {
+    fn commit(&mut self, db: &Db, force_sync: bool, submissions: bool, durable_wanted: bool) -> Result<(), Fail> {
         self.log.write_out(&self.shared.log).map_err(log_write_failed)?;
         self.out_of_space = false;
         #[cfg(test)]
         if self.log.store_fault() {
             return Err(Fail::StoreFull("sled batch: injected: No space left on device".into()));
         }
-        let db = self.shared.db().map_err(|e| Fail::Fatal(e.to_string()))?;
         let trees = [
             &db.queue,
             &db.queue_names,
@@ -664,7 +674,7 @@ impl Writer {
     }
 
     /// Applies one submission to the pending state, all or nothing unless it fails fatally.
-    fn apply_submission(&mut self, ops: Vec<Op>) -> Result<Receipt, Fail> {
+    fn apply_submission(&mut self, db: &Db, ops: Vec<Op>) -> Result<Receipt, Fail> {
         // Positions are contiguous, so the records this submission appends before an
         // `Enqueue` end at `next_pos + appended`.
         let mut appended = 0u64;
@@ -686,10 +696,9 @@ impl Writer {
             self.check_free_space(appended)?;
         }
         let shared = self.shared.clone();
-        let db = shared.db().map_err(|e| Fail::Fatal(e.to_string()))?;
         let mut receipt = Receipt::default();
         for op in ops {
-            self.apply_op(&shared, &db, op, &mut receipt)?;
+            self.apply_op(&shared, db, op, &mut receipt)?;
         }
         Ok(receipt)
     }
