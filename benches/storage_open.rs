@@ -1,5 +1,6 @@
 //! Journal start-up: how long `Journal::open` takes with N timers pending, after a clean
-//! close (checkpoint) and when the index must be scanned (as after a crash).
+//! close (checkpoint at the end), after a crash with two checkpoint intervals of writes to
+//! replay, and when the index must be scanned (no checkpoint).
 //!
 //! `cargo bench --bench storage_open -- [N]` (default 1,000,000; `-- 1000` is a quick check).
 
@@ -20,8 +21,8 @@ fn main() {
     c.fsync = FsyncPolicy::Never;
     let j = Journal::open(c.clone()).unwrap();
     let body = Bytes::from(vec![7u8; 256]);
-    for chunk in 0..n.div_ceil(1_000) {
-        let ops = (0..1_000u64.min(n - chunk * 1_000))
+    let batch = |chunk: u64, count: u64| -> Vec<Op> {
+        (0..count)
             .map(|i| {
                 Op::Append(Append {
                     record: Record { header: Bytes::from_static(b"h"), body: body.clone() },
@@ -31,8 +32,10 @@ fn main() {
                     keys: None,
                 })
             })
-            .collect();
-        j.write_blocking(ops).unwrap();
+            .collect()
+    };
+    for chunk in 0..n.div_ceil(1_000) {
+        j.write_blocking(batch(chunk, 1_000u64.min(n - chunk * 1_000))).unwrap();
     }
     j.close().unwrap();
     drop(j);
@@ -43,11 +46,28 @@ fn main() {
     let t = Instant::now();
     let j = Journal::open(c.clone()).unwrap();
     println!("journal open after a clean close: {:?} (index scanned: {})", t.elapsed(), j.stats().index_scanned);
+    // Two checkpoint intervals of writes (bounded in count too), then a crash.
+    let t = Instant::now();
+    let (mut chunk, mut written) = (n.div_ceil(1_000), 0u64);
+    while t.elapsed() < c.checkpoint_interval * 2 && written < 10_000_000 {
+        j.write_blocking(batch(chunk, 1_000)).unwrap();
+        chunk += 1;
+        written += 1_000;
+    }
+    j.crash();
+    drop(j);
+    let t = Instant::now();
+    let j = Journal::open(c.clone()).unwrap();
+    println!(
+        "journal open after a crash, {written} records written in the last two checkpoint intervals: {:?} (index scanned: {})",
+        t.elapsed(),
+        j.stats().index_scanned
+    );
     j.close().unwrap();
     drop(j);
-    // Remove the checkpoint the close left, as a crash would have.
+    // Remove the checkpoint, as if there never was one: the index is scanned.
     let db = sled::Config::new().path(&db_dir).open().unwrap();
-    db.remove(b"ferrymq:clean-shutdown:v1").unwrap();
+    db.remove(b"ferrymq:checkpoint:v2").unwrap();
     db.flush().unwrap();
     drop(db);
     let t = Instant::now();

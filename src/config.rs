@@ -233,6 +233,9 @@ pub struct StorageSection {
     pub fsync: String,
     /// fsync period in ms when `fsync = "interval"`.
     pub interval_ms: u64,
+    /// How often sled is flushed and a checkpoint recorded, ms (a crash replays at most two
+    /// intervals of the commit log).
+    pub checkpoint_interval_ms: u64,
     /// Segment size in bytes.
     pub segment_size: u64,
     /// Unreferenced commit-log segments older than this are deleted, seconds (0 = keep).
@@ -336,6 +339,9 @@ impl Config {
         if !matches!(self.storage.fsync.as_str(), "always" | "interval" | "never") {
             return invalid("storage.fsync", format!("`{}` is not one of always, interval, never", self.storage.fsync));
         }
+        if self.storage.checkpoint_interval_ms == 0 {
+            return invalid("storage.checkpoint_interval_ms", "must be > 0".into());
+        }
         if self.storage.fsync == "interval" && self.storage.interval_ms == 0 {
             return invalid("storage.interval_ms", "must be > 0 with fsync = \"interval\"".into());
         }
@@ -393,6 +399,7 @@ impl Config {
             _ => FsyncPolicy::Never,
         };
         j.segment_size = self.storage.segment_size;
+        j.checkpoint_interval = Duration::from_millis(self.storage.checkpoint_interval_ms);
         j.cache_bytes = self.storage.cache_bytes;
         j.ballast_bytes = self.storage.ballast_bytes;
         // Half the disk free limit (the server sets it from the effective limit, which may

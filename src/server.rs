@@ -204,8 +204,19 @@ impl Server {
         if let Err(e) = journal.flush().await {
             warn!(error = %e, "final journal flush failed");
         }
-        let _ = tokio::task::spawn_blocking(move || journal.close()).await;
-        info!("stopped");
+        let _ = tokio::task::spawn_blocking({
+            let journal = journal.clone();
+            move || journal.close()
+        })
+        .await;
+        let stats = journal.stats();
+        info!(
+            group_commits = stats.batches,
+            log_fdatasyncs = stats.fsyncs,
+            checkpoints = stats.checkpoints,
+            log_bytes = stats.log_bytes,
+            "stopped"
+        );
     }
 }
 

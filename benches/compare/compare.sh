@@ -9,7 +9,8 @@
 # ports, runs every scenario against both (the broker that goes first alternates from one
 # scenario to the next) and writes per run, into OUTDIR,
 #   <id>_<broker>.json        mqload's JSON (last stdout line)
-#   <id>_<broker>.txt         mqload's stderr summary + "rc=N"
+#   <id>_<broker>.txt         mqload's stderr summary, "rc=N" and disk_write_bytes (the broker
+#                             process's /proc/PID/io write_bytes over the run)
 #   <id>_<broker>.broker.log  what the broker logged during the run (Mosquitto: routine
 #                             connect/disconnect lines filtered out, their count kept)
 #   <id>_<broker>.quiet       machine-busy samples before the run, and a top snapshot
@@ -34,6 +35,8 @@ SCENARIOS=(
   "c|MQTT QoS2 1->1, window 64|mqtt --qos 2 --size 64 --duration $D --drain $DRAIN"
   "c20|MQTT QoS2 1->1, window 20|mqtt --qos 2 --inflight 20 --size 64 --duration $D --drain $DRAIN"
   "d|MQTT QoS1 4->1|mqtt --qos 1 --pubs 4 --size 64 --duration $D --drain $DRAIN"
+  "ps|MQTT QoS1 1->1, persistent-session subscriber|mqtt --qos 1 --persistent-subs --size 64 --duration $D --drain $DRAIN"
+  "ps4|MQTT QoS1 4->1, persistent-session subscriber|mqtt --qos 1 --pubs 4 --persistent-subs --size 64 --duration $D --drain $DRAIN"
   "e|MQTT QoS0 1->10 fan-out|mqtt --qos 0 --subs 10 --size 64 --duration $D --drain $DRAIN"
   "e1|MQTT QoS1 1->10 fan-out|mqtt --qos 1 --subs 10 --size 64 --duration $D --drain $DRAIN"
   "m5|MQTT 5 QoS1 1->1|mqtt --protocol 5 --qos 1 --size 64 --duration $D --drain $DRAIN"

@@ -14,7 +14,8 @@
 # broker that goes first alternates from one scenario to the next) and writes per run, into
 # OUTDIR,
 #   <id>_<broker>.json        mqload's JSON (last stdout line)
-#   <id>_<broker>.txt         mqload's stderr summary + "rc=N"
+#   <id>_<broker>.txt         mqload's stderr summary, "rc=N" and disk_write_bytes (the broker
+#                             process's /proc/PID/io write_bytes over the run)
 #   <id>_<broker>.broker.log  what the broker logged during the run (RabbitMQ: routine
 #                             connection open/auth/close lines dropped, their count kept)
 #   <id>_<broker>.quiet       machine-busy samples before the run, and a top snapshot

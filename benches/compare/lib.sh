@@ -350,9 +350,13 @@ run() {
   wait_quiet "$OUT/$name.quiet"
   touch "$logf"; off=$(stat -c %s "$logf")
   log "$name: ${cmd[*]}"
+  local wb0 wb1; wb0=$(write_bytes "$pid")
   timeout -k 5 "$tmo" "${cmd[@]}" >"$OUT/$name.json" 2>"$OUT/$name.txt"
   rc=$?
+  wb1=$(write_bytes "$pid")
   echo "rc=$rc" >>"$OUT/$name.txt"
+  # What the broker process made the kernel write to storage during the run (all threads).
+  echo "disk_write_bytes=$((wb1 - wb0))" >>"$OUT/$name.txt"
   sleep 0.5
   tail -c +$((off + 1)) "$logf" | "filter_$broker" >"$OUT/$name.broker.log"
   kill -0 "$pid" 2>/dev/null || echo "BROKER PROCESS $pid GONE AFTER THIS RUN" >>"$OUT/$name.txt"
@@ -361,6 +365,9 @@ run() {
   printf '%s\t%s\t%s\t%s\t%s\n' "$id" "$broker" "$desc" "$name" "$envp${cmd[*]}" >>"$OUT/manifest.tsv"
   tail -n 10 "$OUT/$name.txt" | sed 's/^/    /' >&2
 }
+
+# Bytes the process PID caused to be written to storage so far (/proc/PID/io write_bytes).
+write_bytes() { awk '/^write_bytes:/ { print $2 }' "/proc/$1/io" 2>/dev/null || echo 0; }
 
 # True when scenario ID is to run (ONLY unset, or ID listed in it).
 selected() { [ -z "$ONLY" ] || [[ " ${ONLY//,/ } " == *" $1 "* ]]; }

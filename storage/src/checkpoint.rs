@@ -1,24 +1,153 @@
-//! The clean-shutdown checkpoint: the counters that index recovery would otherwise rebuild
-//! by scanning every pointer, retained entry and timer (per-segment reference counts,
-//! per-queue counters), written by the writer thread after its final sync and consumed at
-//! the next open. With millions of queue entries or timers that scan costs seconds; the
-//! checkpoint makes a clean restart independent of the backlog.
+//! Checkpoints: the commit-log position up to which sled holds every change durably.
 //!
-//! It is trusted only if the log ends exactly where it ended at shutdown, and it is removed
-//! (and sled flushed) before the writer starts, so a crash later forces the full scan — the
-//! model of RocketMQ's abort file.
+//! Group commits write their sled changes to the commit log first (an effects record,
+//! `effects`) and apply them to sled without flushing it; the **checkpointer** thread
+//! flushes sled every [`JournalConfig::checkpoint_interval`] and records the position
+//! reached (key `ferrymq:checkpoint:v2` in sled's default tree). The position stored in a
+//! round becomes durable with the next round's flush, so a crash replays at most two
+//! intervals of the log (`recovery::recover_state`). A clean close writes a checkpoint at
+//! the end of the log and flushes twice, so the next open replays nothing.
+//!
+//! Besides, every batch stores the end of its effects record (`ferrymq:applied:v2`) as its
+//! first sled write: if sled holds a position past the end of the recovered log, sled has
+//! changes whose records were lost (a power loss under `fsync = interval | never`), and
+//! recovery scans the index instead of trusting it.
+//!
+//! Layout 1 left its counters only at a clean close (`ferrymq:clean-shutdown:v1`, read
+//! once by [`take_v1`] when a layout-1 directory is migrated).
+//!
+//! [`JournalConfig::checkpoint_interval`]: crate::JournalConfig::checkpoint_interval
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
 
+use sled::Batch;
+
+use crate::codec::{self, Counter};
 use crate::db::{db_err, Db};
+use crate::recovery::Index;
 use crate::refs::RefCounts;
-use crate::state::QueueState;
+use crate::state::{QueueState, Shared};
 use crate::JournalError;
 
-/// Key of the checkpoint in sled's default tree.
-const KEY: &[u8] = b"ferrymq:clean-shutdown:v1";
+/// Key of layout 1's clean-shutdown counters in sled's default tree.
+pub(crate) const KEY: &[u8] = b"ferrymq:clean-shutdown:v1";
 
-/// What a checkpoint holds.
+/// Key of the checkpoint position in sled's default tree.
+pub(crate) const CHECKPOINT: &[u8] = b"ferrymq:checkpoint:v2";
+
+/// Key of the end of the last applied effects record in sled's default tree.
+pub(crate) const APPLIED: &[u8] = b"ferrymq:applied:v2";
+
+/// A position stored under `key` in sled's default tree.
+pub(crate) fn position(db: &Db, key: &[u8]) -> Result<Option<u64>, JournalError> {
+    Ok(db.db.get(key).map_err(db_err)?.and_then(|v| codec::decode_u64(&v)))
+}
+
+/// Stores the checkpoint position `pos` and the applied mark with it, and flushes sled:
+/// sled holds every change up to `pos` (the caller applied them all).
+pub(crate) fn write(db: &Db, pos: u64) -> Result<(), JournalError> {
+    db.db.insert(APPLIED, &codec::encode_u64(pos)).map_err(db_err)?;
+    db.db.insert(CHECKPOINT, &codec::encode_u64(pos)).map_err(db_err)?;
+    db.db.flush().map_err(db_err)?;
+    Ok(())
+}
+
+/// Replaces the `counters` tree with `index` (after a scan rebuilt it).
+pub(crate) fn write_counters(db: &Db, index: &Index) -> Result<(), JournalError> {
+    let mut batch = Batch::default();
+    for k in db.counters.iter().keys() {
+        batch.remove(k.map_err(db_err)?);
+    }
+    for (q, st) in &index.queues {
+        if *st != QueueState::default() {
+            batch.insert(&codec::queue_counters_key(*q)[..], &codec::encode_queue_counters(st.next, st.len)[..]);
+        }
+    }
+    for (base, n) in index.refs.iter() {
+        batch.insert(&codec::segment_refs_key(base)[..], &codec::encode_u64(n)[..]);
+    }
+    db.counters.apply_batch(batch).map_err(db_err)
+}
+
+/// The counters as the `counters` tree holds them.
+pub(crate) fn read_counters(db: &Db) -> Result<Index, JournalError> {
+    let (mut refs, mut queues) = (Vec::new(), HashMap::new());
+    for kv in db.counters.iter() {
+        let (k, v) = kv.map_err(db_err)?;
+        match codec::decode_counter(&k, &v) {
+            Some(Counter::Queue(q, next, len)) => {
+                queues.insert(q, QueueState { next, len });
+            }
+            Some(Counter::Segment(base, n)) => refs.push((base, n)),
+            None => return Err(JournalError::Db("malformed entry in tree `counters`".into())),
+        }
+    }
+    Ok(Index { refs: RefCounts::from_pairs(refs), queues })
+}
+
+/// The checkpointer thread (see the module doc).
+pub(crate) struct Checkpointer {
+    stop: mpsc::Sender<()>,
+    thread: JoinHandle<()>,
+}
+
+impl Checkpointer {
+    /// Starts the thread.
+    pub(crate) fn start(shared: Arc<Shared>) -> std::io::Result<Checkpointer> {
+        let (stop, rx) = mpsc::channel();
+        let thread =
+            std::thread::Builder::new().name("ferrymq-checkpoint".into()).spawn(move || checkpoints(&shared, &rx))?;
+        Ok(Checkpointer { stop, thread })
+    }
+
+    /// Stops the thread and waits for it (a round under way finishes first).
+    pub(crate) fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.thread.join();
+    }
+}
+
+/// The checkpointer's loop: every interval with new changes applied, flush sled, publish
+/// the position stored in the round before (durable now) and store the position reached.
+fn checkpoints(shared: &Shared, stop: &mpsc::Receiver<()>) {
+    let mut stored: Option<u64> = None;
+    let mut failing = false;
+    loop {
+        match stop.recv_timeout(shared.config.checkpoint_interval) {
+            Err(RecvTimeoutError::Timeout) => {}
+            Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
+        }
+        let target = shared.applied.load(Ordering::Acquire);
+        if target == shared.checkpointed.load(Ordering::Acquire) {
+            continue;
+        }
+        // Not while sled is being opened again after it ran out of space.
+        let Ok(db) = shared.db() else { continue };
+        match db.db.flush() {
+            Ok(_) => failing = false,
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(error = %e, "checkpoint: sled flush failed; trying again next interval");
+                }
+                failing = true;
+                continue;
+            }
+        }
+        if let Some(pos) = stored {
+            shared.checkpointed.store(pos, Ordering::Release);
+        }
+        if db.db.insert(CHECKPOINT, &codec::encode_u64(target)).is_ok() {
+            stored = Some(target);
+        }
+        shared.checkpoints.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Layout 1's clean-shutdown counters.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct Checkpoint {
     /// End of the log at shutdown.
@@ -30,7 +159,8 @@ pub(crate) struct Checkpoint {
 }
 
 impl Checkpoint {
-    fn encode(&self) -> Vec<u8> {
+    #[cfg(test)]
+    pub(crate) fn encode(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(24 + self.refs.len() * 16 + self.queues.len() * 24);
         v.extend_from_slice(&self.log_end.to_be_bytes());
         v.extend_from_slice(&(self.refs.len() as u64).to_be_bytes());
@@ -69,27 +199,11 @@ impl Checkpoint {
     }
 }
 
-/// Writes the checkpoint and flushes sled (the writer's last act after a clean close).
-pub(crate) fn write(
-    db: &Db,
-    log_end: u64,
-    refs: &RefCounts,
-    queues: &HashMap<u64, QueueState>,
-) -> Result<(), JournalError> {
-    let mut cp =
-        Checkpoint { log_end, refs: refs.iter().collect(), queues: queues.iter().map(|(k, v)| (*k, *v)).collect() };
-    cp.refs.sort_unstable();
-    cp.queues.sort_unstable_by_key(|(k, _)| *k);
-    db.db.insert(KEY, cp.encode()).map_err(db_err)?;
-    db.db.flush().map_err(db_err)?;
-    Ok(())
-}
-
-/// Takes the checkpoint out of sled (removed and flushed whether or not it is usable) and
-/// returns it if the log still ends where it did at shutdown.
-pub(crate) fn take(db: &Db, log_end: u64) -> Result<Option<Checkpoint>, JournalError> {
+/// Takes layout 1's clean-shutdown counters out of sled (removed whether or not they are
+/// usable; the migration's checkpoint flushes) and returns them if the log still ends where
+/// it did at shutdown.
+pub(crate) fn take_v1(db: &Db, log_end: u64) -> Result<Option<Checkpoint>, JournalError> {
     let Some(v) = db.db.remove(KEY).map_err(db_err)? else { return Ok(None) };
-    db.db.flush().map_err(db_err)?;
     match Checkpoint::decode(&v) {
         Some(cp) if cp.log_end == log_end => Ok(Some(cp)),
         Some(cp) => {

@@ -18,6 +18,10 @@ pub(crate) const TREE_KEY: &str = "key";
 /// Tree (pos, key hash, timestamp) -> (): the key index by position, for retention.
 pub(crate) const TREE_KEY_POS: &str = "key_pos";
 
+/// Tree of counters: per queue (`q`, id u64) next offset u64 and length u64; per segment
+/// (`s`, base u64) references u64.
+pub(crate) const TREE_COUNTERS: &str = "counters";
+
 /// The sled tree name of a keyspace.
 pub(crate) fn kv_tree_name(space: Space) -> &'static str {
     match space {
@@ -72,10 +76,54 @@ pub(crate) fn queue_key(queue: u64, offset: u64) -> [u8; 16] {
     k
 }
 
-/// Key of a queue's high-water mark (next offset): the bare 8-byte queue id, which sorts
-/// just before the queue's entries.
+/// Key of a queue's high-water mark (next offset) in layout 1: the bare 8-byte queue id,
+/// which sorts just before the queue's entries (layout 2 keeps it in `counters`).
 pub(crate) fn queue_hwm_key(queue: u64) -> [u8; 8] {
     queue.to_be_bytes()
+}
+
+/// Key of a queue's counters in the `counters` tree.
+pub(crate) fn queue_counters_key(queue: u64) -> [u8; 9] {
+    let mut k = [b'q'; 9];
+    k[1..].copy_from_slice(&queue.to_be_bytes());
+    k
+}
+
+/// Key of a segment's reference count in the `counters` tree.
+pub(crate) fn segment_refs_key(base: u64) -> [u8; 9] {
+    let mut k = [b's'; 9];
+    k[1..].copy_from_slice(&base.to_be_bytes());
+    k
+}
+
+/// Value of a queue's counters: next offset, length.
+pub(crate) fn encode_queue_counters(next: u64, len: u64) -> [u8; 16] {
+    let mut v = [0u8; 16];
+    v[..8].copy_from_slice(&next.to_be_bytes());
+    v[8..].copy_from_slice(&len.to_be_bytes());
+    v
+}
+
+/// A decoded entry of the `counters` tree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Counter {
+    /// A queue's next offset and length.
+    Queue(u64, u64, u64),
+    /// A segment's references.
+    Segment(u64, u64),
+}
+
+/// Decodes an entry of the `counters` tree.
+pub(crate) fn decode_counter(k: &[u8], v: &[u8]) -> Option<Counter> {
+    if k.len() != 9 {
+        return None;
+    }
+    let id = u64_at(k, 1)?;
+    match (k[0], v.len()) {
+        (b'q', 16) => Some(Counter::Queue(id, u64_at(v, 0)?, u64_at(v, 8)?)),
+        (b's', 8) => Some(Counter::Segment(id, u64_at(v, 0)?)),
+        _ => None,
+    }
 }
 
 /// A key of the `queue` tree.
@@ -83,7 +131,7 @@ pub(crate) fn queue_hwm_key(queue: u64) -> [u8; 8] {
 pub(crate) enum QueueKey {
     /// An entry: queue, offset.
     Entry(u64, u64),
-    /// The high-water mark of a queue.
+    /// The high-water mark of a queue (layout 1).
     HighWater(u64),
 }
 

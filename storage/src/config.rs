@@ -6,12 +6,13 @@ use std::time::Duration;
 /// When an appended record counts as durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FsyncPolicy {
-    /// Completions run after the segment is fsynced and sled is flushed: survives power loss.
+    /// Completions run after the commit-log segment is fsynced (one `fdatasync` per group
+    /// commit; sled's changes are in the log too): survives power loss.
     Always,
-    /// fsync + flush every interval; completions run after the write reaches the OS.
+    /// fsync every interval; completions run after the write reaches the OS.
     /// Survives a process crash; a power loss can lose up to one interval.
     Interval(Duration),
-    /// Never fsync explicitly (the OS and sled's own 500 ms flush decide). Survives a
+    /// Never fsync the commit log explicitly (the OS decides). Survives a
     /// process crash once written; a power loss can lose recent writes.
     Never,
 }
@@ -55,6 +56,9 @@ pub struct JournalConfig {
     pub channel_capacity: usize,
     /// At most this many submissions are drained into one group commit.
     pub max_batch: usize,
+    /// How often sled is flushed and a checkpoint recorded (sled is never flushed on the
+    /// publish path): a crash replays at most two intervals of the commit log at open.
+    pub checkpoint_interval: Duration,
 }
 
 impl JournalConfig {
@@ -71,6 +75,7 @@ impl JournalConfig {
             min_free_bytes: 0,
             channel_capacity: 4096,
             max_batch: 1024,
+            checkpoint_interval: Duration::from_secs(1),
         }
     }
 }

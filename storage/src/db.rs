@@ -41,12 +41,22 @@ pub(crate) struct Db {
     pub(crate) key_pos: Tree,
     /// One tree per [`Space`], in `codec::space_index` order.
     pub(crate) kv: [Tree; 5],
+    /// Queue and segment counters.
+    pub(crate) counters: Tree,
 }
+
+/// Number of trees written through effects records ([`Db::trees`]).
+pub(crate) const TREES: usize = 13;
 
 impl Db {
     /// Opens (or creates) the database at `path` and its trees.
     pub(crate) fn open(path: &Path, cache_bytes: u64) -> Result<Db, JournalError> {
-        let config = sled::Config::new().path(path).cache_capacity(cache_bytes).mode(sled::Mode::HighThroughput);
+        let config = sled::Config::new()
+            .path(path)
+            .cache_capacity(cache_bytes)
+            .mode(sled::Mode::HighThroughput)
+            // Flushed by the checkpointer (`checkpoint`), never on the publish path.
+            .flush_every_ms(None);
         // sled releases its file lock when its background threads of a previous handle in
         // this process have exited, which can lag behind the drop under load: retry a lock
         // failure briefly before reporting it (another process holding it still fails).
@@ -79,8 +89,29 @@ impl Db {
                 tree(codec::kv_tree_name(SPACES[3]))?,
                 tree(codec::kv_tree_name(SPACES[4]))?,
             ],
+            counters: tree(codec::TREE_COUNTERS)?,
             db,
         })
+    }
+
+    /// The trees written by group commits, in the order effects records number them (a
+    /// stable part of the on-disk layout: only append).
+    pub(crate) fn trees(&self) -> [&Tree; TREES] {
+        [
+            &self.queue,
+            &self.queue_names,
+            &self.queue_ids,
+            &self.retained,
+            &self.timer,
+            &self.key,
+            &self.key_pos,
+            &self.kv[0],
+            &self.kv[1],
+            &self.kv[2],
+            &self.kv[3],
+            &self.kv[4],
+            &self.counters,
+        ]
     }
 
     /// The sled tree holding keyspace `space`'s keys.
@@ -88,11 +119,12 @@ impl Db {
         &self.kv[codec::space_index(space)]
     }
 
-    /// The id of `name`, allocating one (never reused) if the name is new.
-    pub(crate) fn queue_id(&self, name: &str) -> Result<QueueId, JournalError> {
+    /// The id of `name`, allocating one (never reused) if the name is new; true if it was.
+    pub(crate) fn queue_id(&self, name: &str) -> Result<(QueueId, bool), JournalError> {
         loop {
             if let Some(v) = self.queue_names.get(name).map_err(db_err)? {
-                return codec::decode_u64(&v).map(QueueId).ok_or_else(|| malformed("queue_names"));
+                let id = codec::decode_u64(&v).map(QueueId).ok_or_else(|| malformed("queue_names"))?;
+                return Ok((id, false));
             }
             let id = self.db.generate_id().map_err(db_err)?;
             let id_bytes = codec::encode_u64(id);
@@ -100,7 +132,7 @@ impl Db {
             let cas =
                 self.queue_names.compare_and_swap(name, None as Option<&[u8]>, Some(&id_bytes[..])).map_err(db_err)?;
             match cas {
-                Ok(()) => return Ok(QueueId(id)),
+                Ok(()) => return Ok((QueueId(id), true)),
                 Err(_) => {
                     // Another thread named the queue first: use its id.
                     self.queue_ids.remove(id_bytes).map_err(db_err)?;

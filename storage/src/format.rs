@@ -1,11 +1,17 @@
 //! The data directory's layout version: `data_dir/format` holds `ferrymq-journal <N>`.
 //! [`Journal::open`](crate::Journal::open) reads it before touching anything else and
 //! refuses a directory of a layout this build does not read, saying what to do, rather
-//! than misreading it. A directory without the file was written before layouts were
-//! numbered, which is layout 1; it is stamped as such.
+//! than misreading it. A directory without the file but with data was written before
+//! layouts were numbered, which is layout 1.
 //!
-//! Layouts: 1 = commit-log segments in `log/`, consume queues and every index in sled
-//! (`db/`), the ballast in `ballast`.
+//! Layouts:
+//! - 1: commit-log segments in `log/`, consume queues and every index in sled (`db/`,
+//!   flushed by every durable group commit), the ballast in `ballast`.
+//! - 2: as 1, and every group commit also writes its sled changes to the commit log as an
+//!   effects record; sled is flushed only by checkpoints, and per-queue and per-segment
+//!   counters live in sled's `counters` tree. A layout-1 directory is migrated in place at
+//!   open (its sled is complete; the counters are written and the directory stamped 2).
+//!   Layout-1 builds refuse a layout-2 directory, as they would misread effects records.
 
 use std::fs;
 use std::io::{self, Write};
@@ -14,7 +20,19 @@ use std::path::{Path, PathBuf};
 use crate::JournalError;
 
 /// The layout this build reads and writes.
-pub const LAYOUT: u32 = 1;
+pub const LAYOUT: u32 = 2;
+
+/// The older layout this build migrates in place.
+const MIGRATED: u32 = 1;
+
+/// What [`check_or_stamp`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Found {
+    /// [`LAYOUT`] (or a new directory, now stamped).
+    Current,
+    /// Layout 1: to be migrated by the open, which then calls [`stamp`].
+    Layout1,
+}
 
 /// What the file starts with.
 const MAGIC: &str = "ferrymq-journal";
@@ -23,19 +41,24 @@ fn path(dir: &Path) -> PathBuf {
     dir.join("format")
 }
 
-/// Checks the layout of `dir` (which exists), stamping a new or unnumbered one.
-pub(crate) fn check_or_stamp(dir: &Path) -> Result<(), JournalError> {
+/// Checks the layout of `dir` (which exists), stamping a new one.
+pub(crate) fn check_or_stamp(dir: &Path) -> Result<Found, JournalError> {
     let file = path(dir);
     let text = match fs::read_to_string(&file) {
         Ok(text) => text,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return stamp(dir).map_err(|e| JournalError::Io(format!("writing {}: {e}", file.display())));
+            if dir.join("db").exists() || dir.join("log").exists() {
+                return Ok(Found::Layout1);
+            }
+            stamp(dir)?;
+            return Ok(Found::Current);
         }
         Err(e) => return Err(JournalError::Io(format!("reading {}: {e}", file.display()))),
     };
     let version = text.trim().strip_prefix(MAGIC).and_then(|v| v.trim().parse::<u32>().ok());
     match version {
-        Some(LAYOUT) => Ok(()),
+        Some(LAYOUT) => Ok(Found::Current),
+        Some(MIGRATED) => Ok(Found::Layout1),
         Some(v) if v > LAYOUT => Err(JournalError::Layout(format!(
             "{} is layout {v}, written by a newer FerryMQ; this build reads layout {LAYOUT}: run the newer \
              version, or point --data-dir at another directory",
@@ -53,8 +76,13 @@ pub(crate) fn check_or_stamp(dir: &Path) -> Result<(), JournalError> {
     }
 }
 
-/// Writes the file (through a temporary file and a rename, so it is whole or absent).
-fn stamp(dir: &Path) -> io::Result<()> {
+/// Stamps `dir` with [`LAYOUT`] (through a temporary file and a rename, so the file is
+/// whole or absent).
+pub(crate) fn stamp(dir: &Path) -> Result<(), JournalError> {
+    write_stamp(dir).map_err(|e| JournalError::Io(format!("writing {}: {e}", path(dir).display())))
+}
+
+fn write_stamp(dir: &Path) -> io::Result<()> {
     let tmp = dir.join("format.tmp");
     {
         let mut f = fs::File::create(&tmp)?;
@@ -72,9 +100,15 @@ mod tests {
     #[test]
     fn a_directory_is_stamped_once_and_other_layouts_are_refused() {
         let dir = tempfile::tempdir().unwrap();
-        check_or_stamp(dir.path()).unwrap();
+        assert_eq!(check_or_stamp(dir.path()).unwrap(), Found::Current);
         assert_eq!(fs::read_to_string(path(dir.path())).unwrap(), format!("ferrymq-journal {LAYOUT}\n"));
-        check_or_stamp(dir.path()).unwrap();
+        assert_eq!(check_or_stamp(dir.path()).unwrap(), Found::Current);
+        fs::write(path(dir.path()), "ferrymq-journal 1\n").unwrap();
+        assert_eq!(check_or_stamp(dir.path()).unwrap(), Found::Layout1);
+        let old = tempfile::tempdir().unwrap();
+        fs::create_dir(old.path().join("db")).unwrap();
+        assert_eq!(check_or_stamp(old.path()).unwrap(), Found::Layout1, "data without a format file");
+        assert!(!path(old.path()).exists(), "stamped only once migrated");
         fs::write(path(dir.path()), "ferrymq-journal 99\n").unwrap();
         let e = check_or_stamp(dir.path()).unwrap_err().to_string();
         assert!(e.contains("layout 99, written by a newer FerryMQ"), "{e}");

@@ -76,7 +76,7 @@ impl Drop for Inner {
 fn unsent(msg: Msg) -> (Vec<Op>, Option<Completion>) {
     match msg {
         Msg::Submit { ops, done, .. } => (ops, done),
-        Msg::Flush(_) | Msg::Close | Msg::Verify(_) => (Vec::new(), None),
+        Msg::Flush(_) | Msg::Close | Msg::Verify(_) | Msg::Abandon | Msg::Named { .. } => (Vec::new(), None),
     }
 }
 
@@ -84,7 +84,7 @@ impl Journal {
     /// Opens (or creates) the journal in `config.dir`, recovers it and starts the writer thread.
     pub fn open(config: JournalConfig) -> Result<Journal, JournalError> {
         std::fs::create_dir_all(&config.dir).map_err(log::io_err)?;
-        crate::format::check_or_stamp(&config.dir)?;
+        let found = crate::format::check_or_stamp(&config.dir)?;
         let log_dir = config.dir.join("log");
         std::fs::create_dir_all(&log_dir).map_err(log::io_err)?;
         log::sync_dir(&config.dir).map_err(log::io_err)?;
@@ -94,10 +94,13 @@ impl Journal {
         let db = Db::open(&config.dir.join("db"), config.cache_bytes)?;
         let segments = recovery::recover_log(&log_dir)?;
         let (log, log_writer) = Log::open(&log_dir, config.segment_size, &segments)?;
-        let (index, index_scanned) = match checkpoint::take(&db, log.end())? {
-            Some(cp) => (recovery::index_from_checkpoint(&db, &log, cp)?, false),
-            None => (recovery::recover_index(&db, &log)?, true),
-        };
+        let layout1 = found == crate::format::Found::Layout1;
+        let (index, index_scanned) = recovery::recover_state(&db, &log, layout1)?;
+        if layout1 {
+            crate::format::stamp(&config.dir)?;
+            tracing::info!(dir = ?config.dir, "migrated the data directory from layout 1 to layout {}", crate::LAYOUT);
+        }
+        let end = log.end();
         let ballast = ballast::ensure(&config.dir, config.ballast_bytes, config.ballast_bytes);
         let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().map_err(log::io_err)?;
         let (tx, rx) = mpsc::channel(config.channel_capacity.max(1));
@@ -108,10 +111,14 @@ impl Journal {
             queues: Mutex::new(index.queues),
             batches: AtomicU64::new(0),
             fsyncs: AtomicU64::new(0),
+            applied: AtomicU64::new(end),
+            checkpointed: AtomicU64::new(end),
+            checkpoints: AtomicU64::new(0),
             out_of_space: AtomicU64::new(0),
             index_scanned,
         });
-        let writer = Writer::new(shared.clone(), rx, rt, log_writer, index.refs, ballast);
+        let checkpointer = checkpoint::Checkpointer::start(shared.clone()).map_err(log::io_err)?;
+        let writer = Writer::new(shared.clone(), rx, rt, log_writer, index.refs, ballast, checkpointer);
         #[cfg(test)]
         let fault = writer.fault_switch();
         let handle = std::thread::Builder::new()
@@ -204,12 +211,21 @@ impl Journal {
     /// Returns the id of the named queue, creating the mapping if needed.
     ///
     /// Ids are never handed out twice, not even after [`Op::DeleteQueue`]. A new mapping
-    /// becomes durable with the next sync (in particular the one of the first write that
-    /// adds pointers to the queue under [`FsyncPolicy::Always`]).
-    ///
-    /// [`FsyncPolicy::Always`]: crate::FsyncPolicy::Always
+    /// is in sled at once and goes into the commit log with the next group commit, so it
+    /// is as durable as any write submitted after this call.
     pub fn queue_id(&self, name: &str) -> Result<QueueId, JournalError> {
-        self.shared().db()?.queue_id(name)
+        let db = self.shared().db()?;
+        let (id, new) = db.queue_id(name)?;
+        if new {
+            match self.inner.tx.try_send(Msg::Named { id: id.0, name: name.to_owned() }) {
+                Ok(()) | Err(TrySendError::Closed(_)) => {}
+                // Rare (the channel is full): make it durable here instead.
+                Err(TrySendError::Full(_)) => {
+                    db.db.flush().map_err(crate::db::db_err)?;
+                }
+            }
+        }
+        Ok(id)
     }
 
     /// Every known queue name with its id.
@@ -295,6 +311,7 @@ impl Journal {
             log_end: shared.log.end(),
             batches: shared.batches.load(Ordering::Relaxed),
             fsyncs: shared.fsyncs.load(Ordering::Relaxed),
+            checkpoints: shared.checkpoints.load(Ordering::Relaxed),
             out_of_space: shared.out_of_space.load(Ordering::Relaxed),
             index_scanned: shared.index_scanned,
         }
@@ -324,6 +341,18 @@ impl Journal {
         let (tx, rx) = oneshot::channel();
         self.inner.tx.blocking_send(Msg::Verify(tx)).map_err(|_| "journal is closed".to_string())?;
         rx.blocking_recv().unwrap_or_else(|_| Err("journal is closed".into()))
+    }
+
+    /// Tests: stops the writer as a crash of the process would — after the batch under way,
+    /// without a last sync or checkpoint (what was written stays with the OS; sled's own
+    /// buffers go to its files when the last handle is dropped) — and waits for it. Later
+    /// submissions fail with [`JournalError::Closed`]. Reopen to recover.
+    #[doc(hidden)]
+    pub fn crash(&self) {
+        let _ = self.inner.tx.blocking_send(Msg::Abandon);
+        if let Some(handle) = self.inner.thread.lock().take() {
+            let _ = handle.join();
+        }
     }
 
     /// Test hook: makes every later commit-log write and fsync fail.
@@ -424,9 +453,12 @@ mod tests {
         assert_eq!(after.out_of_space, 1);
         assert_eq!(j.queue_len(q).unwrap(), 3, "the removal is taken back too");
         j.verify_counters().unwrap();
-        // Still full: refused again, not poisoned; removals that append nothing go on.
+        // Still full: refused again, not poisoned; so are removals (their effects record
+        // is a commit-log write too).
         assert!(matches!(j.write_blocking(append(q, 40)), Err(JournalError::Full(_))));
-        j.write_blocking(vec![Op::Remove { queue: q, offset: 2 }]).unwrap();
+        let remove = vec![Op::Remove { queue: q, offset: 2 }];
+        assert!(matches!(j.write_blocking(remove.clone()), Err(JournalError::Full(_))));
+        assert_eq!(j.stats().log_end, before.log_end);
 
         // Space returns: appends are acknowledged again, at the positions and offsets the
         // refused batch would have had.
@@ -434,6 +466,7 @@ mod tests {
         let r = j.write_blocking(append(q, 50)).unwrap().appended[0].clone();
         assert_eq!(r.pos.0, before.log_end);
         assert_eq!(r.offsets, vec![(q, 3)]);
+        j.write_blocking(remove).unwrap();
         for (n, a) in kept.iter().enumerate() {
             assert_eq!(j.read(a.pos).unwrap().body, Bytes::from(vec![n as u8; 100]));
         }
@@ -591,6 +624,69 @@ mod tests {
                 }
                 Err(e) => panic!("reopen: {e}"),
             }
+        }
+    }
+
+    /// Turns a closed layout-2 directory into what layout 1 left: no `counters` tree, no
+    /// checkpoint, high-water marks in the `queue` tree, `format` saying 1 (and, if given,
+    /// layout 1's clean-shutdown counters).
+    fn make_layout1(dir: &std::path::Path, clean: Option<crate::checkpoint::Checkpoint>) {
+        let db = Db::open(&dir.join("db"), 1 << 20).unwrap();
+        for k in db.counters.iter().keys() {
+            let k = k.unwrap();
+            if let Some(crate::codec::Counter::Queue(q, next, _)) =
+                crate::codec::decode_counter(&k, &db.counters.get(&k).unwrap().unwrap())
+            {
+                db.queue.insert(crate::codec::queue_hwm_key(q), &crate::codec::encode_u64(next)).unwrap();
+            }
+            db.counters.remove(k).unwrap();
+        }
+        db.db.remove(crate::checkpoint::CHECKPOINT).unwrap();
+        db.db.remove(crate::checkpoint::APPLIED).unwrap();
+        if let Some(cp) = clean {
+            db.db.insert(crate::checkpoint::KEY, cp.encode()).unwrap();
+        }
+        db.db.flush().unwrap();
+        drop(db);
+        std::fs::write(dir.join("format"), "ferrymq-journal 1\n").unwrap();
+    }
+
+    #[test]
+    fn a_layout_1_directory_is_migrated_in_place() {
+        for clean in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let config = JournalConfig::new(dir.path());
+            let j = Journal::open(config.clone()).unwrap();
+            let q = j.queue_id("q").unwrap();
+            let kept: Vec<_> = (0..5).map(|n| j.write_blocking(append(q, n)).unwrap().appended[0].clone()).collect();
+            // The last entry removed: only the high-water mark remembers offset 4.
+            j.write_blocking(vec![Op::Remove { queue: q, offset: 4 }, Op::Remove { queue: q, offset: 0 }]).unwrap();
+            j.close().unwrap();
+            drop(j);
+            let cp = clean.then(|| crate::checkpoint::Checkpoint {
+                log_end: crate::Journal::open(config.clone()).map(|j| j.stats().log_end).unwrap(),
+                refs: vec![(0, 3)],
+                queues: vec![(q.0, crate::state::QueueState { next: 5, len: 3 })],
+            });
+            make_layout1(dir.path(), cp);
+
+            let j = Journal::open(config.clone()).unwrap();
+            assert_eq!(j.stats().index_scanned, !clean, "layout 1's clean-close counters are used");
+            let stamped = std::fs::read_to_string(dir.path().join("format")).unwrap();
+            assert_eq!(stamped, format!("ferrymq-journal {}\n", crate::LAYOUT));
+            assert_eq!(j.queue_len(q).unwrap(), 3);
+            assert_eq!(j.queue_next_offset(q), 5);
+            j.verify_counters().unwrap();
+            for (n, a) in kept.iter().enumerate().take(4).skip(1) {
+                assert_eq!(j.read(a.pos).unwrap().body, Bytes::from(vec![n as u8; 100]));
+            }
+            assert_eq!(j.write_blocking(append(q, 9)).unwrap().appended[0].offsets, vec![(q, 5)]);
+            j.crash();
+            drop(j);
+            let j = Journal::open(config).unwrap();
+            assert!(!j.stats().index_scanned, "a migrated directory recovers by replay");
+            assert_eq!((j.queue_len(q).unwrap(), j.queue_next_offset(q)), (4, 6));
+            j.verify_counters().unwrap();
         }
     }
 }

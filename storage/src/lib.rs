@@ -5,15 +5,23 @@
 //! pointer entries, retained index, timers, sessions, metadata — lives in **sled**. A message
 //! routed to N queues is written to the log once and gets N small pointer entries.
 //!
+//! The commit log is the truth and the only synchronous write (RocketMQ's model): each
+//! group commit appends, after its message records, one **effects record** holding the
+//! batch's sled changes resolved to blind writes, and one `fdatasync` of the segment makes
+//! the whole batch durable. sled is applied unflushed and flushed in the background by the
+//! checkpointer, which records the log position covered (the checkpoint); recovery replays
+//! the effects records after it.
+//!
 //! # Data flow
 //!
 //! ```text
 //!  async callers ──submit(ops, completion)──▶ bounded channel ──▶ journal writer thread
 //!                                                                 │ drain a batch
-//!                                                                 │ 1. append records to the active segment
-//!                                                                 │ 2. one sled batch per tree (pointers, indexes, state)
-//!                                                                 │ 3. fsync segment + flush sled (policy `Always`)
+//!                                                                 │ 1. append records + one effects record
+//!                                                                 │ 2. one sled batch per tree, unflushed
+//!                                                                 │ 3. fdatasync the segment (policy `Always`)
 //!                                                                 └ 4. run completions in submission order
+//!  checkpointer thread, every interval ──▶ flush sled, record the position it covers
 //!  any thread ──read(pos) / queue_entries(..) / get(..)──▶ segment files (pread) and sled (direct)
 //! ```
 //!
@@ -23,7 +31,7 @@
 //! # On-disk layout (`dir/`)
 //!
 //! ```text
-//! dir/format                         `ferrymq-journal 1`: the layout version ([`LAYOUT`])
+//! dir/format                         `ferrymq-journal 2`: the layout version ([`LAYOUT`])
 //! dir/log/00000000000000000000.seg   commit-log segments, named by base position (20 digits)
 //! dir/log/00000000000134217728.seg   ...
 //! dir/db/                            the sled database
@@ -31,10 +39,17 @@
 //! ```
 //!
 //! [`Journal::open`] refuses a directory of another layout ([`JournalError::Layout`]) before
-//! touching it; a directory without `format` predates the numbering and is layout 1.
+//! touching it, except layout 1 (a directory without `format` but with data predates the
+//! numbering and is layout 1 too), which it migrates in place: layout 1's sled is complete
+//! (it was flushed by every durable batch), so the migration writes the `counters` tree —
+//! from layout 1's clean-close counters, or a scan — and a checkpoint, then stamps 2.
 //!
 //! A record in a segment: `len: u32 BE` (of everything after the crc) | `crc32: u32 BE` (of
-//! everything after itself) | `header_len: u32 BE` | `header` | `body`. A `len` of 0 marks
+//! everything after itself) | `header_len: u32 BE` | `header` | `body`. An effects record
+//! has bit 31 of `header_len` set, no header, and the encoded changes as its body
+//! (`version u8`, then per change `tree u8 | key_len varint | key | 0` for a removal or
+//! `... | 1 | value_len varint | value` for a set; trees numbered as in the table below,
+//! top to bottom, `kv:*` in the order listed, `counters` last). A `len` of 0 marks
 //! the end of the used part of a segment. Records never span segments; a record larger
 //! than the segment size gets a segment of its own. A log position ([`LogPos`]) is the byte
 //! offset of a record from the start of the whole log, so `segment = the last segment whose
@@ -51,7 +66,8 @@
 //! | tree | key | value |
 //! |---|---|---|
 //! | `queue` | queue id u64, offset u64 | [`Pointer`]: pos u64, size u32, body length u32, tag hash u32, flags u8 |
-//! | `queue` | queue id u64 (8-byte key) | next offset u64: the queue's high-water mark |
+//! | `counters` | `q`, queue id u64 | next offset u64 (the high-water mark), length u64 |
+//! | `counters` | `s`, segment base u64 | references u64 (pointers + retained + timers) |
 //! | `queue_names` | name (UTF-8) | queue id u64 |
 //! | `queue_ids` | queue id u64 | name (UTF-8): reverse of `queue_names` |
 //! | `retained` | topic (UTF-8) | pos u64, size u32 |
@@ -59,17 +75,22 @@
 //! | `key` | key hash u64 (FNV-1a), timestamp ms u64, pos u64 | size u32, key (bytes) |
 //! | `key_pos` | pos u64, key hash u64, timestamp ms u64 | empty: the `key` entries by position |
 //! | `kv:<space>` | opaque key | opaque value ([`Space`]: `kv:session`, `kv:inbound_qos2`, `kv:meta`, `kv:retry`, `kv:cursor`) |
+//! | default | `ferrymq:checkpoint:v2` | log position u64 up to which sled is durable |
+//! | default | `ferrymq:applied:v2` | end u64 of the last effects record applied (written first in every batch) |
 //!
-//! The high-water mark sorts just before the queue's entries and is written in the same
-//! sled batch as the pointers, so offsets are never reused, not even after every entry of
-//! a queue was removed and the journal reopened. Queue ids come from sled's
-//! `generate_id` and are never handed out twice.
+//! The counters are written in the same group commit as the entries they count, so offsets
+//! are never reused, not even after every entry of a queue was removed and the journal
+//! reopened, and an open reads them instead of counting entries. Queue ids come from
+//! sled's `generate_id` and are never handed out twice; a queue's name mapping (written by
+//! [`Journal::queue_id`] without a flush) goes into the effects record of the first batch
+//! that writes to the queue in a run.
 //!
 //! # Durability
 //!
 //! [`FsyncPolicy`] names what survives a power loss. With `Always`, a completion runs only
-//! after the records of its batch are fsynced and sled is flushed: one fsync and one sled
-//! flush cover every submission drained in that batch (group commit).
+//! after the records of its batch — its effects record included — are fsynced: one
+//! `fdatasync` covers every submission drained in that batch (group commit), and nothing
+//! else is synced on that path. [`JournalStats::fsyncs`] counts them.
 //!
 //! When the file system is full, nothing is lost and nothing needs a restart:
 //! - below [`JournalConfig::min_free_bytes`] a submission that appends is refused before
@@ -85,11 +106,9 @@
 //! - if sled runs out of space anyway (it keeps its first I/O error and fails every later
 //!   write until it is opened again), every submission is refused with
 //!   [`JournalError::Full`] (reads go on) until the file system has room again; then the
-//!   writer opens sled again in place — readers wait for the moment it takes — and
-//!   recounts references and queue lengths from it. Everything acknowledged as durable is
-//!   there; changes acknowledged without a flush (relaxed submissions) may be lost, as
-//!   after a crash. The commit-log records of the refused batch stay (sled may have
-//!   written pointers to them before it failed).
+//!   writer opens sled again in place — readers wait for the moment it takes — and brings
+//!   it up to the end of the log as recovery does. The refused batch is taken back from
+//!   the commit log, so it is not applied later.
 //!
 //! Every other failure **poisons** the journal: the failing batch and every later
 //! submission complete with [`JournalError::Poisoned`] rather than acknowledging what may
@@ -104,18 +123,24 @@
 //! truncates a torn or corrupt tail at the last valid record, and does the same to any
 //! closed segment that lacks its end marker (sealing it afterwards). Corruption inside a
 //! sealed segment is not scanned for: reading such a record returns
-//! [`JournalError::Corrupt`]. Then every pointer, retained entry and timer that does not
-//! point inside a live segment — in particular every one at or past the valid tail — is
-//! dropped (and sled flushed, so it cannot resurface). Per-segment reference counts
-//! (pointers + retained + timers) and per-queue counters are rebuilt from sled — unless
-//! the journal was closed cleanly: then the writer left a checkpoint of those counters
-//! (`checkpoint`), which the next open uses (if the log ends where it did) and removes.
+//! [`JournalError::Corrupt`]. Then it reads the effects records from the checkpoint to the
+//! end and applies them to sled again (blind writes: one sled already holds changes
+//! nothing), and takes the counters from the `counters` tree: recovery time is bounded by
+//! the log written in two checkpoint intervals, not by the backlog. A clean close records
+//! a checkpoint at the end of the log, so the next open replays nothing.
+//!
+//! If sled's applied mark lies past the end of the recovered log (a power loss under
+//! `Interval`/`Never` took records whose changes sled had flushed), or an effects record
+//! does not read back, the index is scanned instead: every pointer, retained entry and
+//! timer that does not point inside a live segment — in particular every one at or past
+//! the valid tail — is dropped, and the counters are rebuilt and written back.
 //!
 //! # Retention
 //!
 //! On the writer thread, after batches and when idle, at most once a second: a closed
 //! segment (never the active one) is deleted only when no pointer, retained entry or timer
-//! refers into it and it is older than `max_age` (file modification time) or the log is
+//! refers into it, it holds no effects record past the durable checkpoint (a crash would
+//! replay it), and it is older than `max_age` (file modification time) or the log is
 //! larger than `max_bytes` (oldest first). Reading a record of a deleted segment returns
 //! [`JournalError::NotFound`].
 //!
@@ -131,9 +156,11 @@
 //! Internal: `segment` (one segment file: framing, pread, recovery scan), `log` (ordered
 //! segments, reads, appends, rollover, fsync), `codec` (sled key/value encodings), `db`
 //! (sled trees and read queries), `overlay` (pending sled changes of one group commit),
-//! `refs` (per-segment reference counts), `retention` (which segments to delete),
-//! `recovery` (log and index recovery at open), `checkpoint` (index counters left by a
-//! clean close), `state` (what handles and the writer share), `writer` (the writer thread).
+//! `effects` (those changes as an effects record), `refs` (per-segment reference counts),
+//! `retention` (which segments to delete), `recovery` (log replay and index recovery at
+//! open), `checkpoint` (the checkpointer thread, checkpoint positions, the counters tree),
+//! `format` (the layout version), `ballast` (reserved space), `state` (what handles and the
+//! writer share), `writer` (the writer thread).
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
@@ -142,6 +169,7 @@ mod checkpoint;
 mod codec;
 mod config;
 mod db;
+mod effects;
 mod error;
 mod format;
 mod hash;

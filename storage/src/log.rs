@@ -120,6 +120,27 @@ impl Log {
         seg.read_record(&file, pos)
     }
 
+    /// Hands the body of every effects record at `from` or later to `f(pos, body)`, in log
+    /// order (`from` is a record boundary or in a gap). `Ok(Err(pos))`: the record at `pos`
+    /// does not read back whole; nothing after it was handed over.
+    pub(crate) fn read_effects(
+        &self,
+        from: u64,
+        mut f: impl FnMut(u64, &[u8]),
+    ) -> Result<Result<(), u64>, JournalError> {
+        let segs: Vec<Arc<Segment>> =
+            self.segments.read().values().filter(|s| s.base + s.len() > from).cloned().collect();
+        for seg in segs {
+            let file = File::open(&seg.path).map_err(io_err)?;
+            let start = from.saturating_sub(seg.base);
+            let read = segment::read_effects(&file, start, seg.len(), |off, body| f(seg.base + off, body));
+            if let Err(off) = read.map_err(io_err)? {
+                return Ok(Err(seg.base + off));
+            }
+        }
+        Ok(Ok(()))
+    }
+
     /// Base of the oldest live segment (the end of the log when there is none).
     pub(crate) fn first_base(&self) -> u64 {
         self.segments.read().keys().next().copied().unwrap_or_else(|| self.end())
@@ -293,16 +314,30 @@ impl LogWriter {
     /// rolling over to a new segment first if it would not fit. Returns its position and
     /// size. The bytes reach the file at the next [`LogWriter::write_out`] at the latest.
     pub(crate) fn append(&mut self, log: &Log, header: &[u8], body: &[u8]) -> io::Result<(u64, u32)> {
-        let size = segment::RECORD_OVERHEAD + header.len() as u64 + body.len() as u64;
-        let used = self.written + self.buf.len() as u64;
-        if used > 0 && used + size > log.segment_size {
-            self.roll(log)?;
-        } else if self.buf.len() >= WRITE_CHUNK {
-            self.write_out(log)?;
-        }
+        self.reserve(log, segment::RECORD_OVERHEAD + header.len() as u64 + body.len() as u64)?;
         let pos = self.next_pos();
         let size = segment::encode_record(&mut self.buf, header, body);
         Ok((pos, size))
+    }
+
+    /// Assembles an effects record (see [`segment::EFFECTS_FLAG`]) like [`LogWriter::append`].
+    pub(crate) fn append_effects(&mut self, log: &Log, payload: &[u8]) -> io::Result<(u64, u32)> {
+        self.reserve(log, segment::RECORD_OVERHEAD + payload.len() as u64)?;
+        let pos = self.next_pos();
+        Ok((pos, segment::encode_effects(&mut self.buf, payload)))
+    }
+
+    /// Rolls over first if a record of `size` would not fit the active segment, or writes
+    /// out what is assembled once it is large.
+    fn reserve(&mut self, log: &Log, size: u64) -> io::Result<()> {
+        let used = self.written + self.buf.len() as u64;
+        if used > 0 && used + size > log.segment_size {
+            self.roll(log)
+        } else if self.buf.len() >= WRITE_CHUNK {
+            self.write_out(log)
+        } else {
+            Ok(())
+        }
     }
 
     /// Writes the assembled records to the active segment (one `pwrite`) and publishes

@@ -72,7 +72,13 @@ impl Overlay {
         Ok(removed)
     }
 
+    /// The pending changes in key order (`None`: removed).
+    pub(crate) fn changes(&self) -> impl Iterator<Item = (&IVec, &Option<IVec>)> {
+        self.changes.iter()
+    }
+
     /// Whether there is nothing to apply.
+    #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
         self.changes.is_empty()
     }

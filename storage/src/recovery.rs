@@ -1,6 +1,8 @@
 //! Recovery at open: find the segment files, cut a torn or corrupt tail at the last valid
-//! record, then drop every index entry (pointer, retained entry, timer) that points past
-//! the valid end and rebuild the per-segment reference counts and per-queue counters.
+//! record, then bring sled up to the end of the log: replay the effects records written
+//! after the last checkpoint ([`recover_state`]) — or, when sled cannot be trusted, drop
+//! every index entry (pointer, retained entry, timer) that points past the valid end and
+//! rebuild the per-segment reference counts and per-queue counters by a scan.
 
 use std::collections::HashMap;
 use std::fs::{self, OpenOptions};
@@ -9,9 +11,11 @@ use std::path::Path;
 
 use sled::{Batch, Tree};
 
-use crate::codec::{self, QueueKey};
-use crate::db::{db_err, Db};
+use crate::codec::{self, Counter, QueueKey};
+use crate::db::{db_err, Db, TREES};
+use crate::effects;
 use crate::log::{io_err, Log};
+use crate::overlay::Overlay;
 use crate::refs::RefCounts;
 use crate::segment;
 use crate::state::QueueState;
@@ -82,6 +86,97 @@ pub(crate) struct Index {
     pub(crate) queues: HashMap<u64, QueueState>,
 }
 
+/// Brings sled up to the end of `log` and returns the counters, and whether they came
+/// from a scan of the index.
+///
+/// - `layout1`: a directory of layout 1 (sled flushed by every durable batch, counters
+///   only from a clean close): the counters of a clean close if they match, else a scan;
+///   then they are written to the `counters` tree (the migration to layout 2).
+/// - Otherwise, from the checkpoint: every effects record from there to the end is
+///   applied again (blind writes: applying one that sled already holds changes nothing),
+///   and the counters are read from the `counters` tree, which the records write too. If
+///   there is no checkpoint, sled's applied mark lies past the end of the log (it holds
+///   changes of lost records), or an effects record does not read back, the index is
+///   scanned instead.
+///
+/// Either way a checkpoint at the end of the log is written and sled flushed.
+pub(crate) fn recover_state(db: &Db, log: &Log, layout1: bool) -> Result<(Index, bool), JournalError> {
+    let end = log.end();
+    let mut scanned = false;
+    let index = if layout1 {
+        match crate::checkpoint::take_v1(db, end)? {
+            Some(cp) => {
+                trim_key_index(db, log)?;
+                Index { refs: RefCounts::from_pairs(cp.refs), queues: cp.queues.into_iter().collect() }
+            }
+            None => {
+                scanned = true;
+                recover_index(db, log)?
+            }
+        }
+    } else {
+        let checkpoint = crate::checkpoint::position(db, crate::checkpoint::CHECKPOINT)?;
+        let applied = crate::checkpoint::position(db, crate::checkpoint::APPLIED)?.unwrap_or(0);
+        let replayed = match checkpoint {
+            Some(from) if from <= end && applied <= end => replay(db, log, from)?,
+            Some(from) => {
+                tracing::warn!(
+                    checkpoint = from,
+                    applied,
+                    log_end = end,
+                    "sled holds changes past the end of the commit log (lost in a power loss): scanning the index"
+                );
+                false
+            }
+            None => false,
+        };
+        if replayed {
+            trim_key_index(db, log)?;
+            crate::checkpoint::read_counters(db)?
+        } else {
+            scanned = true;
+            recover_index(db, log)?
+        }
+    };
+    if scanned || layout1 {
+        crate::checkpoint::write_counters(db, &index)?;
+    }
+    crate::checkpoint::write(db, end)?;
+    Ok((index, scanned))
+}
+
+/// Applies the effects records at `from` or later to sled; false (after a warning) if one
+/// does not read back or decode.
+fn replay(db: &Db, log: &Log, from: u64) -> Result<bool, JournalError> {
+    let trees = db.trees();
+    let mut pending: Vec<Overlay> = (0..TREES).map(|_| Overlay::default()).collect();
+    let (mut records, mut malformed) = (0u64, None);
+    let read = log.read_effects(from, |pos, body| {
+        if malformed.is_some() {
+            return;
+        }
+        records += 1;
+        let decoded = effects::decode(body, TREES, |(tree, key, value)| match value {
+            Some(v) => pending[tree].insert(key, v),
+            None => pending[tree].remove(key),
+        });
+        if decoded.is_none() {
+            malformed = Some(pos);
+        }
+    })?;
+    if let Some(pos) = read.err().or(malformed) {
+        tracing::warn!(pos, from, "an effects record after the checkpoint does not read back: scanning the index");
+        return Ok(false);
+    }
+    for (overlay, tree) in pending.iter_mut().zip(trees) {
+        overlay.apply(tree).map_err(db_err)?;
+    }
+    if records > 0 {
+        tracing::info!(from, log_end = log.end(), records, "replayed the commit log after the checkpoint");
+    }
+    Ok(true)
+}
+
 /// Scans the `queue`, `retained` and `timer` trees: drops malformed entries and entries
 /// that do not point inside a live segment — in particular every entry at or past the
 /// valid end of the log — flushing sled if any were dropped, so that they cannot resurface
@@ -134,6 +229,14 @@ pub(crate) fn recover_index(db: &Db, log: &Log) -> Result<Index, JournalError> {
         }
     }
     apply(&db.queue, removals)?;
+    // Layout 2 keeps the next offsets in `counters` (the scan rewrites the tree after).
+    for kv in db.counters.iter() {
+        let (k, v) = kv.map_err(db_err)?;
+        if let Some(Counter::Queue(q, next, _)) = codec::decode_counter(&k, &v) {
+            let st = queues.entry(q).or_default();
+            st.next = st.next.max(next);
+        }
+    }
 
     let mut removals = Batch::default();
     for kv in db.retained.iter() {
@@ -174,17 +277,6 @@ pub(crate) fn recover_index(db: &Db, log: &Log) -> Result<Index, JournalError> {
     }
     index.queues = queues;
     Ok(index)
-}
-
-/// The index counters from a clean-shutdown checkpoint (no scan), after the cheap key-index
-/// cleanup that [`recover_index`] also does.
-pub(crate) fn index_from_checkpoint(
-    db: &Db,
-    log: &Log,
-    cp: crate::checkpoint::Checkpoint,
-) -> Result<Index, JournalError> {
-    trim_key_index(db, log)?;
-    Ok(Index { refs: RefCounts::from_pairs(cp.refs), queues: cp.queues.into_iter().collect() })
 }
 
 /// Counts references per segment and entries per queue as sled holds them now, without

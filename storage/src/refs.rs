@@ -79,6 +79,14 @@ impl RefCounts {
         self.commit_batch();
     }
 
+    /// The segments changed since [`RefCounts::open_batch`], each once.
+    pub(crate) fn touched(&self) -> Vec<u64> {
+        let mut bases: Vec<u64> = self.undo.iter().flatten().map(|(b, _)| *b).collect();
+        bases.sort_unstable();
+        bases.dedup();
+        bases
+    }
+
     /// References into the segment at `base`.
     pub(crate) fn get(&self, base: u64) -> u64 {
         self.counts.get(&base).copied().unwrap_or(0)

@@ -21,6 +21,12 @@ use crate::{JournalError, Record};
 /// Bytes of framing in front of the header: `len`, `crc32`, `header_len`.
 pub(crate) const RECORD_OVERHEAD: u64 = 12;
 
+/// Set in `header_len` of an **effects record** (the sled changes of one group commit, see
+/// `effects`): it has no header, its body is the encoded changes, and nothing points at it
+/// (reading it as a message fails as corrupt). Message records never set it: a header is
+/// shorter than 2 GiB.
+pub(crate) const EFFECTS_FLAG: u32 = 1 << 31;
+
 /// The end marker written after the last record of a closed segment: a zero `len` (the
 /// end of the used part) followed by a magic, so that recovery can tell a cleanly closed
 /// segment from a torn one without scanning it.
@@ -57,12 +63,21 @@ pub(crate) fn record_size(header_len: usize, body_len: usize) -> Option<u32> {
 /// Appends the framed record to `buf` and returns its on-disk size. The caller has checked
 /// the size with [`record_size`].
 pub(crate) fn encode_record(buf: &mut Vec<u8>, header: &[u8], body: &[u8]) -> u32 {
+    encode_framed(buf, header.len() as u32, header, body)
+}
+
+/// Appends an effects record ([`EFFECTS_FLAG`]) whose body is `payload`; returns its size.
+pub(crate) fn encode_effects(buf: &mut Vec<u8>, payload: &[u8]) -> u32 {
+    encode_framed(buf, EFFECTS_FLAG, b"", payload)
+}
+
+fn encode_framed(buf: &mut Vec<u8>, header_word: u32, header: &[u8], body: &[u8]) -> u32 {
     let start = buf.len();
     let len = 4 + header.len() + body.len();
     buf.reserve(8 + len);
     buf.extend_from_slice(&(len as u32).to_be_bytes());
     buf.extend_from_slice(&[0; 4]);
-    buf.extend_from_slice(&(header.len() as u32).to_be_bytes());
+    buf.extend_from_slice(&header_word.to_be_bytes());
     buf.extend_from_slice(header);
     buf.extend_from_slice(body);
     let crc = crc32fast::hash(&buf[start + 8..]);
@@ -228,13 +243,57 @@ pub(crate) fn scan(file: &File) -> io::Result<Scan> {
         }
         payload.resize(len as usize, 0);
         reader.read_exact(&mut payload)?;
-        if crc32fast::hash(&payload) != crc || be_u32(&payload[0..4]) as u64 > len - 4 {
+        if crc32fast::hash(&payload) != crc || (be_u32(&payload[0..4]) & !EFFECTS_FLAG) as u64 > len - 4 {
             break;
         }
         off += 8 + len;
         records += 1;
     }
     Ok(Scan { valid_end: off, records })
+}
+
+/// Reads the records of `file` in `from..to` (offsets in the file; `from` is a record
+/// boundary, `to` the end of the valid records) in order and hands every effects record's
+/// body to `f` with its offset. Message records are skipped without reading their bodies.
+/// Fails with the offset of a record that is not whole or whose crc does not match.
+pub(crate) fn read_effects(
+    file: &File,
+    from: u64,
+    to: u64,
+    mut f: impl FnMut(u64, &[u8]),
+) -> io::Result<Result<(), u64>> {
+    let mut reader = BufReader::with_capacity(SCAN_BUFFER, file);
+    reader.seek(SeekFrom::Start(from))?;
+    let mut off = from;
+    let mut payload = Vec::new();
+    while off < to {
+        if to - off < RECORD_OVERHEAD {
+            return Ok(Err(off));
+        }
+        let mut frame = [0u8; 12];
+        reader.read_exact(&mut frame)?;
+        let len = be_u32(&frame[0..4]) as u64;
+        let crc = be_u32(&frame[4..8]);
+        let header_word = be_u32(&frame[8..12]);
+        if len < 4 || off + 8 + len > to {
+            return Ok(Err(off));
+        }
+        if header_word & EFFECTS_FLAG == 0 {
+            reader.seek_relative((len - 4) as i64)?;
+        } else {
+            payload.resize(len as usize - 4, 0);
+            reader.read_exact(&mut payload)?;
+            let mut h = crc32fast::Hasher::new();
+            h.update(&frame[8..12]);
+            h.update(&payload);
+            if h.finalize() != crc {
+                return Ok(Err(off));
+            }
+            f(off, &payload);
+        }
+        off += 8 + len;
+    }
+    Ok(Ok(()))
 }
 
 #[cfg(test)]

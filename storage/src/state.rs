@@ -35,11 +35,17 @@ pub(crate) struct Shared {
     pub(crate) queues: Mutex<HashMap<u64, QueueState>>,
     /// Group commits since open.
     pub(crate) batches: AtomicU64,
-    /// fsync calls (segment `fdatasync`s and sled flushes) since open.
+    /// Commit-log `fdatasync`s since open.
     pub(crate) fsyncs: AtomicU64,
+    /// End of the last effects record applied to sled.
+    pub(crate) applied: AtomicU64,
+    /// The durable checkpoint: sled holds every change up to here after a crash.
+    pub(crate) checkpointed: AtomicU64,
+    /// Checkpoint rounds (sled flushes) since open.
+    pub(crate) checkpoints: AtomicU64,
     /// Batches taken back because the file system was full, since open.
     pub(crate) out_of_space: AtomicU64,
-    /// The index counters came from a full scan at open (not a checkpoint).
+    /// The index counters came from a full scan at open (not the checkpoint and the log).
     pub(crate) index_scanned: bool,
 }
 

@@ -64,12 +64,15 @@ pub struct JournalStats {
     pub log_end: u64,
     /// Group commits performed since open.
     pub batches: u64,
-    /// fsync calls since open.
+    /// Commit-log `fdatasync` calls since open (one per group commit that waits for one).
     pub fsyncs: u64,
+    /// Checkpoints (background sled flushes) since open.
+    pub checkpoints: u64,
     /// Batches taken back and refused because the file system was full
     /// ([`JournalError::Full`](crate::JournalError::Full)) since open.
     pub out_of_space: u64,
-    /// The last open rebuilt the index counters by scanning every entry (after a crash, or
-    /// the first open); false when a clean-shutdown checkpoint provided them.
+    /// The last open rebuilt the index counters by scanning every entry (the first open,
+    /// a layout-1 directory not closed cleanly, or sled ahead of a torn log); false when
+    /// they came from the checkpoint and the commit log after it.
     pub index_scanned: bool,
 }

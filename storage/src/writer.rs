@@ -1,7 +1,9 @@
 //! The writer thread: drains submissions in batches and, per batch, appends the records
-//! to the log, applies one sled batch per tree, syncs according to the policy (group
-//! commit), publishes the queue counters and runs the completions in submission order.
-//! It also poisons the journal on I/O failure and runs retention between batches.
+//! to the log followed by one effects record (the batch's sled changes, `effects`),
+//! fsyncs the log according to the policy (group commit: the only synchronous write),
+//! applies one sled batch per tree without flushing it (the checkpointer does), publishes
+//! the queue counters and runs the completions in submission order. It also poisons the
+//! journal on I/O failure and runs retention between batches.
 //!
 //! Every mutation of the journal happens here, so per-queue offsets and per-segment
 //! reference counts need no locking beyond publishing them to readers.
@@ -14,8 +16,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::{mpsc, oneshot};
 
+use crate::checkpoint::{self, Checkpointer};
 use crate::codec::{self, space_index};
-use crate::db::Db;
+use crate::db::{Db, TREES};
+use crate::effects;
 use crate::log::LogWriter;
 use crate::overlay::Overlay;
 use crate::recovery;
@@ -52,6 +56,15 @@ pub(crate) enum Msg {
     Close,
     /// Diagnostics: compare the in-memory counters with a recount from sled.
     Verify(oneshot::Sender<Result<(), String>>),
+    /// Tests: stop at once, as a crash would — no sync, no checkpoint.
+    Abandon,
+    /// `queue_id` allocated this id for this name: log the mapping with the next batch.
+    Named {
+        /// The new queue id.
+        id: u64,
+        /// Its name.
+        name: String,
+    },
 }
 
 /// Why a submission could not be applied.
@@ -118,12 +131,14 @@ struct Pending {
     key: Overlay,
     key_pos: Overlay,
     kv: [Overlay; 5],
+    counters: Overlay,
     /// Counters of the queues touched by this batch.
     queues: HashMap<u64, QueueState>,
 }
 
 impl Pending {
-    fn overlays(&mut self) -> [&mut Overlay; 12] {
+    /// The overlays in [`Db::trees`] order.
+    fn overlays(&mut self) -> [&mut Overlay; TREES] {
         let [a, b, c, d, e] = &mut self.kv;
         [
             &mut self.queue,
@@ -138,6 +153,7 @@ impl Pending {
             c,
             d,
             e,
+            &mut self.counters,
         ]
     }
 
@@ -158,8 +174,10 @@ pub(crate) struct Writer {
     refs: RefCounts,
     pending: Pending,
     poisoned: Option<String>,
-    /// sled holds changes that are not flushed.
-    db_dirty: bool,
+    /// Flushes sled and records checkpoints (stopped at close).
+    checkpointer: Option<Checkpointer>,
+    /// The effects record being encoded (reused).
+    effects: Vec<u8>,
     last_sync: Instant,
     last_retention: Instant,
     /// Queue ids known to have a name mapping (cache of `queue_ids`).
@@ -189,6 +207,7 @@ impl Writer {
         log: LogWriter,
         refs: RefCounts,
         ballast: bool,
+        checkpointer: Checkpointer,
     ) -> Writer {
         let now = Instant::now();
         Writer {
@@ -199,7 +218,8 @@ impl Writer {
             refs,
             pending: Pending::default(),
             poisoned: None,
-            db_dirty: false,
+            checkpointer: Some(checkpointer),
+            effects: Vec::new(),
             last_sync: now,
             last_retention: now,
             live: HashSet::new(),
@@ -242,10 +262,18 @@ impl Writer {
             };
             // `None`: every handle is gone.
             let Some(first) = first else { break };
+            if matches!(first, Msg::Abandon) {
+                return self.abandon();
+            }
             let mut closing = matches!(first, Msg::Close);
             let mut batch = vec![first];
+            let mut abandon = false;
             while !closing && batch.len() < max_batch {
                 match self.rx.try_recv() {
+                    Ok(Msg::Abandon) => {
+                        abandon = true;
+                        break;
+                    }
                     Ok(msg) => {
                         closing = matches!(msg, Msg::Close);
                         batch.push(msg);
@@ -254,6 +282,9 @@ impl Writer {
                 }
             }
             self.process(batch);
+            if abandon {
+                return self.abandon();
+            }
             if closing {
                 closed = true;
                 break;
@@ -271,19 +302,20 @@ impl Writer {
             Err(e) => Err(e),
             // The `Close` batch was just synced with `force`.
             Ok(()) if closed && !self.is_dirty() => Ok(()),
-            Ok(()) => self.sync(true).map_err(|f| {
+            Ok(()) => self.sync().map_err(|f| {
                 let e = f.reason().to_string();
                 self.poison(e.clone());
                 JournalError::Poisoned(e)
             }),
         };
-        // A clean close: leave the counters for the next open (see `checkpoint`).
+        if let Some(checkpointer) = self.checkpointer.take() {
+            checkpointer.stop();
+        }
+        // A clean close: a checkpoint at the end, so that the next open replays nothing.
         let result = match result {
             Ok(()) => {
                 let shared = &self.shared;
-                shared
-                    .db()
-                    .and_then(|db| crate::checkpoint::write(&db, shared.log.end(), &self.refs, &shared.queues.lock()))
+                shared.db().and_then(|db| checkpoint::write(&db, shared.log.end()))
             }
             Err(e) => Err(e),
         };
@@ -292,13 +324,30 @@ impl Writer {
         while let Ok(msg) = self.rx.try_recv() {
             match msg {
                 Msg::Submit { done: Some(done), .. } => complete(done, Err(JournalError::Closed)),
-                Msg::Submit { done: None, .. } | Msg::Close | Msg::Verify(_) => {}
+                Msg::Submit { done: None, .. } | Msg::Close | Msg::Verify(_) | Msg::Abandon | Msg::Named { .. } => {}
                 Msg::Flush(tx) => {
                     let _ = tx.send(Err(JournalError::Closed));
                 }
             }
         }
         result
+    }
+
+    /// Stops as a crash would (tests): the checkpointer without a last round, nothing
+    /// synced, every queued submission refused.
+    fn abandon(mut self) -> Result<(), JournalError> {
+        if let Some(checkpointer) = self.checkpointer.take() {
+            checkpointer.stop();
+        }
+        self.rx.close();
+        while let Ok(msg) = self.rx.try_recv() {
+            match msg {
+                Msg::Submit { done: Some(done), .. } => complete(done, Err(JournalError::Closed)),
+                Msg::Flush(tx) => drop(tx.send(Err(JournalError::Closed))),
+                _ => {}
+            }
+        }
+        Ok(())
     }
 
     /// How long to wait for a submission before doing idle work.
@@ -322,7 +371,7 @@ impl Writer {
     fn on_idle(&mut self) {
         if let FsyncPolicy::Interval(d) = self.shared.config.fsync {
             if self.poisoned.is_none() && self.is_dirty() && self.last_sync.elapsed() >= d {
-                if let Err(f) = self.sync(false) {
+                if let Err(f) = self.sync() {
                     self.fail(f);
                 }
             }
@@ -332,8 +381,9 @@ impl Writer {
         self.maybe_retention();
     }
 
+    /// Whether the commit log has writes that are not fsynced.
     fn is_dirty(&self) -> bool {
-        self.db_dirty || self.log.is_dirty()
+        self.log.is_dirty()
     }
 
     fn poison(&mut self, reason: String) {
@@ -382,10 +432,9 @@ impl Writer {
 
     /// Opens sled again (it keeps its first I/O error until then): drops the failed
     /// handle once the readers holding it let go (they wait on the lock meanwhile), opens
-    /// the database as it is on disk — everything acknowledged as durable is there (its
-    /// batch was flushed before its completion ran); changes of later batches may or may
-    /// not be, as after a crash — and recounts the references and queue lengths from it.
-    /// Queue offsets never go back. Writes go on afterwards.
+    /// the database as it is on disk and brings it up to the end of the log as recovery
+    /// does after a crash (the effects records since the checkpoint). Queue offsets never
+    /// go back. Writes go on afterwards.
     fn reopen_store(&mut self) {
         let shared = self.shared.clone();
         let mut slot = shared.db.write();
@@ -407,7 +456,7 @@ impl Writer {
             }
         }
         let opened = crate::db::Db::open(&shared.config.dir.join("db"), shared.config.cache_bytes)
-            .and_then(|db| recovery::recover_index(&db, &shared.log).map(|index| (db, index)));
+            .and_then(|db| recovery::recover_state(&db, &shared.log, false).map(|(index, _)| (db, index)));
         let (db, index) = match opened {
             Ok(opened) => opened,
             Err(e) => {
@@ -429,7 +478,9 @@ impl Writer {
         }
         self.live.clear();
         self.pending.clear();
-        self.db_dirty = false;
+        let end = shared.log.end();
+        shared.applied.store(end, Ordering::Release);
+        shared.checkpointed.store(end, Ordering::Release);
         self.free_space = None;
         self.store_full = None;
         tracing::info!("sled is open again after running out of space: writes go on");
@@ -535,6 +586,13 @@ impl Writer {
                 }
                 Msg::Close => force_sync = true,
                 Msg::Verify(tx) => outcomes.push(Outcome::Verify(tx)),
+                // Never in a batch (see `run`).
+                Msg::Abandon => {}
+                Msg::Named { id, name } => {
+                    if let Ok(db) = &db {
+                        self.log_name(db, id, name);
+                    }
+                }
             }
         }
         if self.poisoned.is_none() && self.store_full.is_none() && no_space.is_none() {
@@ -545,6 +603,15 @@ impl Writer {
             match committed {
                 Ok(()) => {}
                 Err(Fail::NoSpace(reason)) => no_space = Some(reason),
+                Err(Fail::StoreFull(reason)) => {
+                    // Not acknowledged, so not in the log either (the effects record
+                    // would apply it at the next open).
+                    if let Err(e) = self.log.rollback(&self.shared.log, mark) {
+                        self.poison(format!("{reason}; then taking the batch back failed: {e}"));
+                    }
+                    self.refs.undo_batch();
+                    self.fail(Fail::StoreFull(reason));
+                }
                 Err(f) => self.fail(f),
             }
         }
@@ -600,34 +667,31 @@ impl Writer {
         Ok(())
     }
 
-    /// Writes the assembled records, applies the sled batches, publishes the counters
-    /// and syncs if the policy (or `force_sync`) says so.
+    /// Appends the effects record after the batch's records, writes them out, applies the
+    /// sled batches (unflushed: the effects record is what makes them durable), publishes
+    /// the counters and syncs the log if the policy (or `force_sync`) says so. sled may
+    /// thus hold changes whose records are not fsynced yet; if a power loss takes those
+    /// records, recovery sees sled's applied mark past the end of the log and scans.
     fn commit(&mut self, db: &Db, force_sync: bool, submissions: bool, durable_wanted: bool) -> Result<(), Fail> {
+        self.stage_counters();
+        let has_effects = effects::encode(&mut self.effects, self.pending.overlays().map(|o| &*o));
+        if has_effects {
+            self.log.append_effects(&self.shared.log, &self.effects).map_err(log_write_failed)?;
+        }
+        let applied = self.log.next_pos();
         self.log.write_out(&self.shared.log).map_err(log_write_failed)?;
         self.out_of_space = false;
         #[cfg(test)]
         if self.log.store_fault() {
             return Err(Fail::StoreFull("sled batch: injected: No space left on device".into()));
         }
-        let trees = [
-            &db.queue,
-            &db.queue_names,
-            &db.queue_ids,
-            &db.retained,
-            &db.timer,
-            &db.key,
-            &db.key_pos,
-            &db.kv[0],
-            &db.kv[1],
-            &db.kv[2],
-            &db.kv[3],
-            &db.kv[4],
-        ];
-        for (overlay, tree) in self.pending.overlays().into_iter().zip(trees) {
-            if !overlay.is_empty() {
+        if has_effects {
+            // First: sled holding any change of this batch implies it holds this mark.
+            db.db.insert(checkpoint::APPLIED, &codec::encode_u64(applied)).map_err(|e| sled_failed("sled batch", e))?;
+            for (overlay, tree) in self.pending.overlays().into_iter().zip(db.trees()) {
                 overlay.apply(tree).map_err(|e| sled_failed("sled batch", e))?;
-                self.db_dirty = true;
             }
+            self.shared.applied.store(applied, Ordering::Release);
         }
         if !self.pending.queues.is_empty() {
             let mut queues = self.shared.queues.lock();
@@ -651,24 +715,42 @@ impl Writer {
                 FsyncPolicy::Never => false,
             };
         if sync {
-            self.sync(force_sync)?;
+            self.sync()?;
+        }
+        if force_sync {
+            // A flush or close also makes sled durable: it covers the queue-name mappings
+            // written outside the writer.
+            db.db.flush().map_err(|e| sled_failed("sled flush", e))?;
         }
         Ok(())
     }
 
-    /// fsyncs the written segments and flushes sled (always when `force`, which also
-    /// covers queue-name mappings written outside the writer).
-    fn sync(&mut self, force: bool) -> Result<(), Fail> {
+    /// Stages the counters of the queues and segments this batch touched (`counters` tree).
+    fn stage_counters(&mut self) {
+        let pending = &mut self.pending;
+        for (q, st) in &pending.queues {
+            let key = codec::queue_counters_key(*q);
+            if *st == QueueState::default() {
+                pending.counters.remove(&key[..]);
+            } else {
+                pending.counters.insert(&key[..], &codec::encode_queue_counters(st.next, st.len)[..]);
+            }
+        }
+        for base in self.refs.touched() {
+            let key = codec::segment_refs_key(base);
+            match self.refs.get(base) {
+                0 => pending.counters.remove(&key[..]),
+                n => pending.counters.insert(&key[..], &codec::encode_u64(n)[..]),
+            }
+        }
+    }
+
+    /// fsyncs the written segments (sled is flushed by checkpoints).
+    fn sync(&mut self) -> Result<(), Fail> {
         self.log.write_out(&self.shared.log).map_err(log_write_failed)?;
         // Any failed fsync poisons: the kernel may have dropped the pages it could not write.
         let n = self.log.sync().map_err(|e| Fail::Fatal(format!("commit log fsync: {e}")))?;
         self.shared.fsyncs.fetch_add(n, Ordering::Relaxed);
-        if self.db_dirty || force {
-            let db = self.shared.db().map_err(|e| Fail::Fatal(e.to_string()))?;
-            db.db.flush().map_err(|e| sled_failed("sled flush", e))?;
-            self.shared.fsyncs.fetch_add(1, Ordering::Relaxed);
-            self.db_dirty = false;
-        }
         self.last_sync = Instant::now();
         Ok(())
     }
@@ -776,6 +858,17 @@ impl Writer {
         live
     }
 
+    /// Puts a name mapping that `queue_id` wrote to sled (unflushed) into this batch's
+    /// effects record, if it still stands (not deleted since).
+    fn log_name(&mut self, db: &Db, id: u64, name: String) {
+        let key = codec::encode_u64(id);
+        let mapped = self.pending.queue_names.get(&db.queue_names, name.as_bytes());
+        if matches!(mapped, Ok(Some(v)) if v[..] == key[..]) {
+            self.pending.queue_ids.insert(&key[..], name.as_bytes());
+            self.pending.queue_names.insert(name.into_bytes(), &key[..]);
+        }
+    }
+
     /// Adds one pointer per target; returns the offsets.
     fn push_pointers(
         &mut self,
@@ -798,10 +891,8 @@ impl Writer {
             let offset = st.next;
             st.next = offset.saturating_add(1);
             st.len += 1;
-            let next = st.next;
             let p = Pointer { pos: LogPos(pos), size, body_len, tag_hash: t.tag_hash, flags: t.flags };
             self.pending.queue.insert(&codec::queue_key(q, offset)[..], &codec::encode_pointer(&p)[..]);
-            self.pending.queue.insert(&codec::queue_hwm_key(q)[..], &codec::encode_u64(next)[..]);
             if let Some(base) = base {
                 self.refs.inc(base);
             }
@@ -896,6 +987,7 @@ impl Writer {
                         self.release(p.pos.0);
                     }
                 }
+                // Layout 1 kept the high-water mark here.
                 self.pending.queue.remove(&codec::queue_hwm_key(q)[..]);
                 let id = codec::encode_u64(q);
                 if let Some(name) = self.pending.queue_ids.get(&db.queue_ids, &id).map_err(sled_fatal)? {
@@ -989,7 +1081,16 @@ impl Writer {
     pub(crate) fn run_retention(&mut self) {
         let shared = self.shared.clone();
         let retention = &shared.config.retention;
-        let closed = shared.log.closed_segments();
+        // A segment holding effects records past the durable checkpoint is kept: a crash
+        // would replay them (the last one ends at `applied`).
+        let checkpointed = shared.checkpointed.load(Ordering::Acquire);
+        let applied = shared.applied.load(Ordering::Acquire);
+        let closed: Vec<_> = shared
+            .log
+            .closed_segments()
+            .into_iter()
+            .filter(|c| c.base + c.len <= checkpointed || c.base >= applied)
+            .collect();
         if closed.is_empty() {
             return;
         }

@@ -1,7 +1,9 @@
 //! Crash test: a child process (this test binary, re-executed) writes with
 //! `FsyncPolicy::Always` from several threads and prints every acknowledged write; the
 //! parent kills it with SIGKILL mid-stream, reopens the directory and checks that every
-//! acknowledged record, pointer, retained entry and key is there and intact.
+//! acknowledged record, pointer, retained entry and key is there and intact. sled is never
+//! flushed on the write path, so what the child acknowledged after the last checkpoint
+//! comes back only through the replay of the commit log's effects records.
 
 mod common;
 
@@ -109,7 +111,7 @@ fn acknowledged_writes_survive_sigkill() {
     assert!(acks.len() >= KILL_AFTER_ACKS);
 
     let j = open(dir.path(), FsyncPolicy::Always);
-    assert!(j.stats().index_scanned, "a killed writer leaves no clean-shutdown checkpoint");
+    assert!(!j.stats().index_scanned, "recovery replays the log after the checkpoint instead of scanning");
     j.verify_counters().unwrap();
     let names: HashMap<String, u64> = j.queues().unwrap().into_iter().map(|(n, q)| (n, q.0)).collect();
     let mut last_per_thread: HashMap<u64, &Ack> = HashMap::new();

@@ -1,5 +1,5 @@
 //! Model-based property test: random sequences of submissions (appends, enqueues,
-//! removals, flag changes, queue deletion, retained, timers, KV) and restarts are applied
+//! removals, flag changes, queue deletion, retained, timers, KV), restarts and crashes are applied
 //! to the journal and to an in-memory model; after every step both must agree.
 
 mod common;
@@ -37,6 +37,9 @@ enum Step {
     Submit(Vec<Vec<OpSpec>>),
     /// Close and reopen.
     Restart,
+    /// Stop as a crash would (no checkpoint) and reopen: the log since the checkpoint is
+    /// replayed.
+    Crash,
     /// `queue_id` of the queue's name (a new id if the queue was deleted).
     Name(u8),
 }
@@ -64,6 +67,7 @@ fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
         8 => prop::collection::vec(prop::collection::vec(op_spec(), 1..4), 1..4).prop_map(Step::Submit),
         1 => Just(Step::Restart),
+        1 => Just(Step::Crash),
         1 => (0u8..QUEUES as u8).prop_map(Step::Name),
     ]
 }
@@ -313,6 +317,8 @@ fn config(dir: &Path, policy: FsyncPolicy) -> JournalConfig {
     let mut c = common::config(dir, policy);
     c.segment_size = 1024;
     c.max_batch = 3;
+    // Checkpoints land anywhere in a run, so crashes replay from changing places.
+    c.checkpoint_interval = std::time::Duration::from_millis(3);
     c
 }
 
@@ -340,6 +346,12 @@ fn run(policy: FsyncPolicy, steps: Vec<Step>) {
                 j.close().unwrap();
                 drop(j);
                 j = Journal::open(config(dir.path(), policy)).unwrap();
+            }
+            Step::Crash => {
+                j.crash();
+                drop(j);
+                j = Journal::open(config(dir.path(), policy)).unwrap();
+                assert!(!j.stats().index_scanned, "replayed, not scanned");
             }
             Step::Name(q) => {
                 let id = j.queue_id(&format!("q{q}")).unwrap();

@@ -49,14 +49,16 @@ fn damaged(damage: Damage) {
     let base: u64 = last.file_stem().unwrap().to_str().unwrap().parse().unwrap();
     let file = OpenOptions::new().read(true).write(true).open(last).unwrap();
     let len = file.metadata().unwrap().len();
-    let (last_pos, _) = recs[N as usize - 1];
+    let (last_pos, last_size) = recs[N as usize - 1];
+    // The last message record (its batch's effects record follows it, and goes with it).
+    let last_end = last_pos.0 - base + last_size as u64;
     match damage {
-        Damage::TruncateMidRecord => file.set_len(len - 5).unwrap(),
+        Damage::TruncateMidRecord => file.set_len(last_end - 5).unwrap(),
         Damage::TruncateMidFrame => file.set_len(last_pos.0 - base + 6).unwrap(),
         Damage::FlipByteInLastRecord => {
             let mut b = [0u8; 1];
-            file.read_exact_at(&mut b, len - 3).unwrap();
-            file.write_all_at(&[b[0] ^ 0x40], len - 3).unwrap();
+            file.read_exact_at(&mut b, last_end - 3).unwrap();
+            file.write_all_at(&[b[0] ^ 0x40], last_end - 3).unwrap();
         }
         Damage::AppendGarbage => file.write_all_at(&[0xA5; 333], len).unwrap(),
         Damage::AppendZeros => file.write_all_at(&[0; 4096], len).unwrap(),
