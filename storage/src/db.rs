@@ -7,7 +7,7 @@ use bytes::Bytes;
 use sled::Tree;
 
 use crate::codec::{self, SPACES};
-use crate::{JournalError, KeyHit, LogPos, Pointer, QueueId, Space, TimerEntry};
+use crate::{JournalError, KeyHit, LogPos, QueueId, Space, TimerEntry};
 
 /// How long opening retries when sled's directory lock is still held.
 const LOCK_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
@@ -150,30 +150,6 @@ impl Db {
                 let name = String::from_utf8(k.to_vec()).map_err(|_| malformed("queue_names"))?;
                 let id = codec::decode_u64(&v).ok_or_else(|| malformed("queue_names"))?;
                 Ok((name, QueueId(id)))
-            })
-            .collect()
-    }
-
-    /// Up to `limit` entries of `queue` from offset `from` on.
-    pub(crate) fn queue_entries(
-        &self,
-        queue: QueueId,
-        from: u64,
-        limit: usize,
-    ) -> Result<Vec<(u64, Pointer)>, JournalError> {
-        let lo = codec::queue_key(queue.0, from);
-        let hi = codec::queue_key(queue.0, u64::MAX);
-        self.queue
-            .range(lo..=hi)
-            .take(limit)
-            .map(|kv| {
-                let (k, v) = kv.map_err(db_err)?;
-                let off = match codec::decode_queue_key(&k) {
-                    Some(codec::QueueKey::Entry(_, off)) => off,
-                    _ => return Err(malformed("queue")),
-                };
-                let p = codec::decode_pointer(&v).ok_or_else(|| malformed("queue"))?;
-                Ok((off, p))
             })
             .collect()
     }

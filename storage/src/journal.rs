@@ -112,6 +112,8 @@ impl Journal {
             batches: AtomicU64::new(0),
             fsyncs: AtomicU64::new(0),
             applied: AtomicU64::new(end),
+            effects_end: AtomicU64::new(end),
+            hot: crate::hot::Hot::default(),
             checkpointed: AtomicU64::new(end),
             checkpoints: AtomicU64::new(0),
             out_of_space: AtomicU64::new(0),
@@ -260,7 +262,8 @@ impl Journal {
 
     /// Up to `limit` entries of `queue` with offset >= `from`, in offset order.
     pub fn queue_entries(&self, queue: QueueId, from: u64, limit: usize) -> Result<Vec<(u64, Pointer)>, JournalError> {
-        self.shared().db()?.queue_entries(queue, from, limit)
+        let shared = self.shared();
+        shared.hot.queue_entries(&*shared.db()?, queue, from, limit)
     }
 
     /// The next offset `queue` will assign (0 for an empty, never-used queue).

@@ -10,7 +10,10 @@
 //! batch's sled changes resolved to blind writes, and one `fdatasync` of the segment makes
 //! the whole batch durable. sled is applied unflushed and flushed in the background by the
 //! checkpointer, which records the log position covered (the checkpoint); recovery replays
-//! the effects records after it.
+//! the effects records after it. Consume-queue entries do not even go to sled at once:
+//! they stay in memory over the `queue` tree (`hot`) and are drained to it once per
+//! checkpoint interval, so an entry acknowledged before that — a queue that keeps up —
+//! never costs sled a write.
 //!
 //! # Data flow
 //!
@@ -19,6 +22,7 @@
 //!                                                                 │ drain a batch
 //!                                                                 │ 1. append records + one effects record
 //!                                                                 │ 2. one sled batch per tree, unflushed
+//!                                                                 │    (queue entries: in memory until the drain)
 //!                                                                 │ 3. fdatasync the segment (policy `Always`)
 //!                                                                 └ 4. run completions in submission order
 //!  checkpointer thread, every interval ──▶ flush sled, record the position it covers
@@ -173,6 +177,7 @@ mod effects;
 mod error;
 mod format;
 mod hash;
+mod hot;
 mod journal;
 mod log;
 mod op;

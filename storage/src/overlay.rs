@@ -32,12 +32,6 @@ impl Overlay {
         self.changes.insert(key.into(), None);
     }
 
-    /// Removes every live key in `lo..=hi` and returns the removed pairs.
-    pub(crate) fn remove_range(&mut self, tree: &Tree, lo: &[u8], hi: &[u8]) -> sled::Result<Vec<(IVec, IVec)>> {
-        let in_range = |k: &[u8]| k >= lo && k <= hi;
-        self.remove_matching(tree.range(lo..=hi), lo, in_range)
-    }
-
     /// Removes every live key starting with `prefix` and returns the removed pairs.
     pub(crate) fn remove_prefix(&mut self, tree: &Tree, prefix: &[u8]) -> sled::Result<Vec<(IVec, IVec)>> {
         self.remove_matching(tree.scan_prefix(prefix), prefix, |k| k.starts_with(prefix))
@@ -70,6 +64,21 @@ impl Overlay {
             }
         }
         Ok(removed)
+    }
+
+    /// The pending change of `key`, if any (`Some(None)`: removed).
+    pub(crate) fn change(&self, key: &[u8]) -> Option<Option<IVec>> {
+        self.changes.get(key).cloned()
+    }
+
+    /// The keys with a pending change in `lo..=hi`.
+    pub(crate) fn keys_in(&self, lo: &[u8], hi: &[u8]) -> Vec<IVec> {
+        self.changes.range::<[u8], _>((Bound::Included(lo), Bound::Included(hi))).map(|(k, _)| k.clone()).collect()
+    }
+
+    /// Takes the changes out (in key order).
+    pub(crate) fn take(&mut self) -> BTreeMap<IVec, Option<IVec>> {
+        std::mem::take(&mut self.changes)
     }
 
     /// The pending changes in key order (`None`: removed).
@@ -126,8 +135,10 @@ mod tests {
         removed.sort();
         assert_eq!(removed, vec![b"a1".to_vec(), b"a3".to_vec()]);
         o.insert(&b"a4"[..], &b"v"[..]);
-        let removed = o.remove_range(&t, b"a4", b"b1").unwrap();
-        assert_eq!(removed.len(), 2);
+        assert_eq!(o.keys_in(b"a2", b"a4").len(), 3);
+        assert_eq!(o.change(b"a2"), Some(None));
+        o.remove(&b"a4"[..]);
+        o.remove(&b"b1"[..]);
         o.insert(&b"a5"[..], &b"v"[..]);
         o.apply(&t).unwrap();
         assert!(o.is_empty());

@@ -37,8 +37,13 @@ pub(crate) struct Shared {
     pub(crate) batches: AtomicU64,
     /// Commit-log `fdatasync`s since open.
     pub(crate) fsyncs: AtomicU64,
-    /// End of the last effects record applied to sled.
+    /// Every change up to here is in sled (the hot consume-queue changes included): what a
+    /// checkpoint may claim.
     pub(crate) applied: AtomicU64,
+    /// End of the last effects record written.
+    pub(crate) effects_end: AtomicU64,
+    /// Consume-queue changes not drained to sled yet.
+    pub(crate) hot: crate::hot::Hot,
     /// The durable checkpoint: sled holds every change up to here after a crash.
     pub(crate) checkpointed: AtomicU64,
     /// Checkpoint rounds (sled flushes) since open.

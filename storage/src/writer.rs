@@ -134,6 +134,8 @@ struct Pending {
     counters: Overlay,
     /// Counters of the queues touched by this batch.
     queues: HashMap<u64, QueueState>,
+    /// Keys of `queue` entries this batch added at fresh offsets (sled cannot hold them).
+    fresh: HashSet<[u8; 16]>,
 }
 
 impl Pending {
@@ -162,6 +164,7 @@ impl Pending {
             o.clear();
         }
         self.queues.clear();
+        self.fresh.clear();
     }
 }
 
@@ -196,6 +199,8 @@ pub(crate) struct Writer {
     store_full: Option<String>,
     /// When opening sled again was last tried.
     last_reopen: Instant,
+    /// When the hot consume-queue changes were last drained to sled.
+    last_drain: Instant,
 }
 
 impl Writer {
@@ -230,6 +235,7 @@ impl Writer {
             out_of_space: false,
             store_full: None,
             last_reopen: now,
+            last_drain: now,
         }
     }
 
@@ -291,6 +297,7 @@ impl Writer {
             }
             self.watch_free_space();
             self.maybe_reopen_store();
+            self.maybe_drain();
             self.maybe_retention();
         }
         let result = match (&self.poisoned, &self.store_full) {
@@ -314,8 +321,11 @@ impl Writer {
         // A clean close: a checkpoint at the end, so that the next open replays nothing.
         let result = match result {
             Ok(()) => {
-                let shared = &self.shared;
-                shared.db().and_then(|db| checkpoint::write(&db, shared.log.end()))
+                let shared = self.shared.clone();
+                shared.db().and_then(|db| {
+                    shared.hot.drain(&db.queue).map_err(crate::db::db_err)?;
+                    checkpoint::write(&db, shared.log.end())
+                })
             }
             Err(e) => Err(e),
         };
@@ -359,6 +369,9 @@ impl Writer {
         if self.store_full.is_some() {
             wait = wait.min(REOPEN_INTERVAL.saturating_sub(self.last_reopen.elapsed()));
         }
+        if !self.shared.hot.is_empty() {
+            wait = wait.min(self.shared.config.checkpoint_interval.saturating_sub(self.last_drain.elapsed()));
+        }
         if let FsyncPolicy::Interval(d) = self.shared.config.fsync {
             if self.is_dirty() && self.poisoned.is_none() {
                 wait = wait.min(d.saturating_sub(self.last_sync.elapsed()));
@@ -378,7 +391,33 @@ impl Writer {
         }
         self.watch_free_space();
         self.maybe_reopen_store();
+        self.maybe_drain();
         self.maybe_retention();
+    }
+
+    /// Once per checkpoint interval: moves the hot consume-queue changes to sled (what was
+    /// acknowledged meanwhile never gets there), so that the checkpoint can move on.
+    fn maybe_drain(&mut self) {
+        if self.poisoned.is_some()
+            || self.store_full.is_some()
+            || self.last_drain.elapsed() < self.shared.config.checkpoint_interval
+        {
+            return;
+        }
+        self.last_drain = Instant::now();
+        if self.shared.hot.is_empty() {
+            return;
+        }
+        let shared = self.shared.clone();
+        let drained = shared
+            .db()
+            .map_err(|e| Fail::Fatal(e.to_string()))
+            .and_then(|db| shared.hot.drain(&db.queue).map_err(|e| sled_failed("sled batch", e)));
+        match drained {
+            // Between batches: everything written is in sled now.
+            Ok(_) => shared.applied.store(self.log.next_pos(), Ordering::Release),
+            Err(f) => self.fail(f),
+        }
     }
 
     /// Whether the commit log has writes that are not fsynced.
@@ -478,6 +517,8 @@ impl Writer {
         }
         self.live.clear();
         self.pending.clear();
+        // The replay put them into sled.
+        shared.hot.clear();
         let end = shared.log.end();
         shared.applied.store(end, Ordering::Release);
         shared.checkpointed.store(end, Ordering::Release);
@@ -648,7 +689,27 @@ impl Writer {
     /// in-memory counters.
     fn verify(&self) -> Result<(), String> {
         let db = self.shared.db().map_err(|e| e.to_string())?;
-        let (refs, lens) = recovery::recount(&db, |pos| self.segment_base(pos)).map_err(|e| e.to_string())?;
+        let (mut refs, mut lens) = recovery::recount(&db, |pos| self.segment_base(pos)).map_err(|e| e.to_string())?;
+        // The hot changes over sled's entries.
+        for (k, slot) in self.shared.hot.snapshot() {
+            let Some(codec::QueueKey::Entry(q, _)) = codec::decode_queue_key(&k) else { continue };
+            let stored = db.queue.get(&k).map_err(|e| e.to_string())?;
+            for (v, add) in [(stored.as_ref(), false), (slot.value(), true)] {
+                let Some(p) = v.and_then(|v| codec::decode_pointer(v)) else { continue };
+                let len = lens.entry(q).or_default();
+                match self.segment_base(p.pos.0) {
+                    Some(base) if add => refs.inc(base),
+                    Some(base) => refs.dec(base),
+                    None => {}
+                }
+                if add {
+                    *len += 1;
+                } else {
+                    *len = len.saturating_sub(1);
+                }
+            }
+        }
+        lens.retain(|_, n| *n > 0);
         if refs != self.refs {
             return Err(format!("reference counts: in memory {:?}, in sled {:?}", self.refs, refs));
         }
@@ -688,10 +749,20 @@ impl Writer {
         if has_effects {
             // First: sled holding any change of this batch implies it holds this mark.
             db.db.insert(checkpoint::APPLIED, &codec::encode_u64(applied)).map_err(|e| sled_failed("sled batch", e))?;
-            for (overlay, tree) in self.pending.overlays().into_iter().zip(db.trees()) {
+            // The consume-queue changes stay in memory until the next drain.
+            let fresh = std::mem::take(&mut self.pending.fresh);
+            let queue = self.pending.queue.take();
+            self.shared.hot.merge(queue.into_iter().map(|(k, v)| {
+                let is_fresh = <[u8; 16]>::try_from(&k[..]).is_ok_and(|k| fresh.contains(&k));
+                (k, v, is_fresh)
+            }));
+            for (overlay, tree) in self.pending.overlays().into_iter().zip(db.trees()).skip(1) {
                 overlay.apply(tree).map_err(|e| sled_failed("sled batch", e))?;
             }
-            self.shared.applied.store(applied, Ordering::Release);
+            self.shared.effects_end.store(applied, Ordering::Release);
+            if self.shared.hot.is_empty() {
+                self.shared.applied.store(applied, Ordering::Release);
+            }
         }
         if !self.pending.queues.is_empty() {
             let mut queues = self.shared.queues.lock();
@@ -869,6 +940,35 @@ impl Writer {
         }
     }
 
+    /// The current value of a `queue` key: this batch's change, else the hot one, else sled's.
+    fn queue_get(&self, db: &Db, key: &[u8]) -> Result<Option<sled::IVec>, Fail> {
+        if let Some(change) = self.pending.queue.change(key) {
+            return Ok(change);
+        }
+        if let Some(slot) = self.shared.hot.get(key) {
+            return Ok(slot.value().cloned());
+        }
+        db.queue.get(key).map_err(sled_fatal)
+    }
+
+    /// Removes every `queue` entry in `lo..=hi` (as [`Writer::queue_get`] sees them) and
+    /// returns the removed values.
+    fn queue_remove_range(&mut self, db: &Db, lo: &[u8], hi: &[u8]) -> Result<Vec<sled::IVec>, Fail> {
+        let mut keys: std::collections::BTreeSet<sled::IVec> = self.pending.queue.keys_in(lo, hi).into_iter().collect();
+        keys.extend(self.shared.hot.keys_in(lo, hi));
+        for k in db.queue.range(lo..=hi).keys() {
+            keys.insert(k.map_err(sled_fatal)?);
+        }
+        let mut removed = Vec::new();
+        for k in keys {
+            if let Some(v) = self.queue_get(db, &k)? {
+                self.pending.queue.remove(k);
+                removed.push(v);
+            }
+        }
+        Ok(removed)
+    }
+
     /// Adds one pointer per target; returns the offsets.
     fn push_pointers(
         &mut self,
@@ -892,7 +992,9 @@ impl Writer {
             st.next = offset.saturating_add(1);
             st.len += 1;
             let p = Pointer { pos: LogPos(pos), size, body_len, tag_hash: t.tag_hash, flags: t.flags };
-            self.pending.queue.insert(&codec::queue_key(q, offset)[..], &codec::encode_pointer(&p)[..]);
+            let key = codec::queue_key(q, offset);
+            self.pending.queue.insert(&key[..], &codec::encode_pointer(&p)[..]);
+            self.pending.fresh.insert(key);
             if let Some(base) = base {
                 self.refs.inc(base);
             }
@@ -940,7 +1042,7 @@ impl Writer {
             }
             Op::Remove { queue, offset } => {
                 let key = codec::queue_key(queue.0, offset);
-                if let Some(v) = self.pending.queue.get(&db.queue, &key).map_err(sled_fatal)? {
+                if let Some(v) = self.queue_get(db, &key)? {
                     if let Some(p) = codec::decode_pointer(&v) {
                         self.release(p.pos.0);
                     }
@@ -951,13 +1053,13 @@ impl Writer {
             }
             Op::RemoveRange { queue, from, to } => {
                 if from < to {
-                    let removed = self
-                        .pending
-                        .queue
-                        .remove_range(&db.queue, &codec::queue_key(queue.0, from), &codec::queue_key(queue.0, to - 1))
-                        .map_err(sled_fatal)?;
+                    let removed = self.queue_remove_range(
+                        db,
+                        &codec::queue_key(queue.0, from),
+                        &codec::queue_key(queue.0, to - 1),
+                    )?;
                     let n = removed.len() as u64;
-                    for (_, v) in removed {
+                    for v in removed {
                         if let Some(p) = codec::decode_pointer(&v) {
                             self.release(p.pos.0);
                         }
@@ -968,7 +1070,7 @@ impl Writer {
             }
             Op::SetFlags { queue, offset, flags } => {
                 let key = codec::queue_key(queue.0, offset);
-                if let Some(v) = self.pending.queue.get(&db.queue, &key).map_err(sled_fatal)? {
+                if let Some(v) = self.queue_get(db, &key)? {
                     if let Some(mut p) = codec::decode_pointer(&v) {
                         p.flags = flags;
                         self.pending.queue.insert(&key[..], &codec::encode_pointer(&p)[..]);
@@ -977,12 +1079,8 @@ impl Writer {
             }
             Op::DeleteQueue { queue } => {
                 let q = queue.0;
-                let removed = self
-                    .pending
-                    .queue
-                    .remove_range(&db.queue, &codec::queue_key(q, 0), &codec::queue_key(q, u64::MAX))
-                    .map_err(sled_fatal)?;
-                for (_, v) in removed {
+                let removed = self.queue_remove_range(db, &codec::queue_key(q, 0), &codec::queue_key(q, u64::MAX))?;
+                for v in removed {
                     if let Some(p) = codec::decode_pointer(&v) {
                         self.release(p.pos.0);
                     }
@@ -1082,14 +1180,14 @@ impl Writer {
         let shared = self.shared.clone();
         let retention = &shared.config.retention;
         // A segment holding effects records past the durable checkpoint is kept: a crash
-        // would replay them (the last one ends at `applied`).
+        // would replay them (the last one ends at `effects_end`).
         let checkpointed = shared.checkpointed.load(Ordering::Acquire);
-        let applied = shared.applied.load(Ordering::Acquire);
+        let effects_end = shared.effects_end.load(Ordering::Acquire);
         let closed: Vec<_> = shared
             .log
             .closed_segments()
             .into_iter()
-            .filter(|c| c.base + c.len <= checkpointed || c.base >= applied)
+            .filter(|c| c.base + c.len <= checkpointed || c.base >= effects_end)
             .collect();
         if closed.is_empty() {
             return;
