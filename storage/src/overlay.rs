@@ -87,7 +87,6 @@ impl Overlay {
     }
 
     /// Whether there is nothing to apply.
-    #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
         self.changes.is_empty()
     }

@@ -201,6 +201,9 @@ pub(crate) struct Writer {
     last_reopen: Instant,
     /// When the hot consume-queue changes were last drained to sled.
     last_drain: Instant,
+    /// Changes of the `counters` tree since the last drain (read only at open, so they
+    /// wait for the drain too; the effects records hold them meanwhile).
+    counters: Overlay,
 }
 
 impl Writer {
@@ -236,6 +239,7 @@ impl Writer {
             store_full: None,
             last_reopen: now,
             last_drain: now,
+            counters: Overlay::default(),
         }
     }
 
@@ -323,7 +327,7 @@ impl Writer {
             Ok(()) => {
                 let shared = self.shared.clone();
                 shared.db().and_then(|db| {
-                    shared.hot.drain(&db.queue).map_err(crate::db::db_err)?;
+                    self.drain(&db).map_err(|f| JournalError::Db(f.reason().to_string()))?;
                     checkpoint::write(&db, shared.log.end())
                 })
             }
@@ -369,7 +373,7 @@ impl Writer {
         if self.store_full.is_some() {
             wait = wait.min(REOPEN_INTERVAL.saturating_sub(self.last_reopen.elapsed()));
         }
-        if !self.shared.hot.is_empty() {
+        if self.has_undrained() {
             wait = wait.min(self.shared.config.checkpoint_interval.saturating_sub(self.last_drain.elapsed()));
         }
         if let FsyncPolicy::Interval(d) = self.shared.config.fsync {
@@ -405,19 +409,31 @@ impl Writer {
             return;
         }
         self.last_drain = Instant::now();
-        if self.shared.hot.is_empty() {
+        if !self.has_undrained() {
             return;
         }
-        let shared = self.shared.clone();
-        let drained = shared
-            .db()
-            .map_err(|e| Fail::Fatal(e.to_string()))
-            .and_then(|db| shared.hot.drain(&db.queue).map_err(|e| sled_failed("sled batch", e)));
-        match drained {
-            // Between batches: everything written is in sled now.
-            Ok(_) => shared.applied.store(self.log.next_pos(), Ordering::Release),
-            Err(f) => self.fail(f),
+        let drained = self.shared.db().map_err(|e| Fail::Fatal(e.to_string())).and_then(|db| self.drain(&db));
+        if let Err(f) = drained {
+            self.fail(f);
         }
+    }
+
+    /// Whether consume-queue or counter changes wait for a drain.
+    fn has_undrained(&self) -> bool {
+        !self.shared.hot.is_empty() || !self.counters.is_empty()
+    }
+
+    /// Moves the changes waiting in memory to sled (between batches: then sled holds
+    /// everything written, and the checkpoint may say so).
+    fn drain(&mut self, db: &Db) -> Result<(), Fail> {
+        let end = self.log.next_pos();
+        if self.has_undrained() {
+            db.db.insert(checkpoint::APPLIED, &codec::encode_u64(end)).map_err(|e| sled_failed("sled drain", e))?;
+            self.shared.hot.drain(&db.queue).map_err(|e| sled_failed("sled drain", e))?;
+            self.counters.apply(&db.counters).map_err(|e| sled_failed("sled drain", e))?;
+        }
+        self.shared.applied.store(end, Ordering::Release);
+        Ok(())
     }
 
     /// Whether the commit log has writes that are not fsynced.
@@ -519,6 +535,7 @@ impl Writer {
         self.pending.clear();
         // The replay put them into sled.
         shared.hot.clear();
+        self.counters.clear();
         let end = shared.log.end();
         shared.applied.store(end, Ordering::Release);
         shared.checkpointed.store(end, Ordering::Release);
@@ -747,20 +764,33 @@ impl Writer {
             return Err(Fail::StoreFull("sled batch: injected: No space left on device".into()));
         }
         if has_effects {
-            // First: sled holding any change of this batch implies it holds this mark.
-            db.db.insert(checkpoint::APPLIED, &codec::encode_u64(applied)).map_err(|e| sled_failed("sled batch", e))?;
-            // The consume-queue changes stay in memory until the next drain.
+            // The consume-queue and counter changes stay in memory until the next drain.
             let fresh = std::mem::take(&mut self.pending.fresh);
             let queue = self.pending.queue.take();
             self.shared.hot.merge(queue.into_iter().map(|(k, v)| {
                 let is_fresh = <[u8; 16]>::try_from(&k[..]).is_ok_and(|k| fresh.contains(&k));
                 (k, v, is_fresh)
             }));
-            for (overlay, tree) in self.pending.overlays().into_iter().zip(db.trees()).skip(1) {
-                overlay.apply(tree).map_err(|e| sled_failed("sled batch", e))?;
+            for (k, v) in self.pending.counters.take() {
+                match v {
+                    Some(v) => self.counters.insert(k, v),
+                    None => self.counters.remove(k),
+                }
+            }
+            // (`queue` and `counters` are empty by now.)
+            let rest: Vec<_> =
+                self.pending.overlays().into_iter().zip(db.trees()).filter(|(o, _)| !o.is_empty()).collect();
+            if !rest.is_empty() {
+                // First: sled holding any change of this batch implies it holds this mark.
+                db.db
+                    .insert(checkpoint::APPLIED, &codec::encode_u64(applied))
+                    .map_err(|e| sled_failed("sled batch", e))?;
+                for (overlay, tree) in rest {
+                    overlay.apply(tree).map_err(|e| sled_failed("sled batch", e))?;
+                }
             }
             self.shared.effects_end.store(applied, Ordering::Release);
-            if self.shared.hot.is_empty() {
+            if !self.has_undrained() {
                 self.shared.applied.store(applied, Ordering::Release);
             }
         }
@@ -1118,7 +1148,12 @@ impl Writer {
                 self.pending.kv[space_index(space)].insert(&key[..], &value[..]);
             }
             Op::Delete { space, key } => {
-                self.pending.kv[space_index(space)].remove(&key[..]);
+                // Removing what is not there changes nothing: no sled write, nothing logged
+                // (acknowledgements delete retry state that mostly never existed).
+                let kv = &mut self.pending.kv[space_index(space)];
+                if kv.get(db.kv(space), &key).map_err(sled_fatal)?.is_some() {
+                    kv.remove(&key[..]);
+                }
             }
             Op::DeletePrefix { space, prefix } => {
                 self.pending.kv[space_index(space)].remove_prefix(db.kv(space), &prefix).map_err(sled_fatal)?;
