@@ -75,7 +75,7 @@ impl JournalConfig {
             min_free_bytes: 0,
             channel_capacity: 4096,
             max_batch: 1024,
-            checkpoint_interval: Duration::from_secs(1),
+            checkpoint_interval: Duration::from_millis(100),
         }
     }
 }
