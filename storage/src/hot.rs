@@ -47,10 +47,13 @@ impl Hot {
         self.slots.read().get(key).cloned()
     }
 
-    /// The keys changed in `lo..=hi`.
-    pub(crate) fn keys_in(&self, lo: &[u8], hi: &[u8]) -> Vec<IVec> {
+    /// The keys changed in `lo..=hi` with their slots, in key order.
+    pub(crate) fn range(&self, lo: &[u8], hi: &[u8]) -> Vec<(IVec, Slot)> {
         let slots = self.slots.read();
-        slots.range::<[u8], _>((Bound::Included(lo), Bound::Included(hi))).map(|(k, _)| k.clone()).collect()
+        slots
+            .range::<[u8], _>((Bound::Included(lo), Bound::Included(hi)))
+            .map(|(k, s)| (k.clone(), s.clone()))
+            .collect()
     }
 
     /// Whether nothing is waiting for a drain.

@@ -71,9 +71,12 @@ impl Overlay {
         self.changes.get(key).cloned()
     }
 
-    /// The keys with a pending change in `lo..=hi`.
-    pub(crate) fn keys_in(&self, lo: &[u8], hi: &[u8]) -> Vec<IVec> {
-        self.changes.range::<[u8], _>((Bound::Included(lo), Bound::Included(hi))).map(|(k, _)| k.clone()).collect()
+    /// The pending changes in `lo..=hi`, in key order (`None`: removed).
+    pub(crate) fn changes_in(&self, lo: &[u8], hi: &[u8]) -> Vec<(IVec, Option<IVec>)> {
+        self.changes
+            .range::<[u8], _>((Bound::Included(lo), Bound::Included(hi)))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
     }
 
     /// Takes the changes out (in key order).
@@ -134,7 +137,7 @@ mod tests {
         removed.sort();
         assert_eq!(removed, vec![b"a1".to_vec(), b"a3".to_vec()]);
         o.insert(&b"a4"[..], &b"v"[..]);
-        assert_eq!(o.keys_in(b"a2", b"a4").len(), 3);
+        assert_eq!(o.changes_in(b"a2", b"a4").len(), 3);
         assert_eq!(o.change(b"a2"), Some(None));
         o.remove(&b"a4"[..]);
         o.remove(&b"b1"[..]);

@@ -334,17 +334,20 @@ impl Writer {
             Err(e) => Err(e),
         };
         // Whatever is still queued was submitted after the close.
+        self.refuse_queued();
+        result
+    }
+
+    /// Closes the channel and refuses whatever is still queued in it.
+    fn refuse_queued(&mut self) {
         self.rx.close();
         while let Ok(msg) = self.rx.try_recv() {
             match msg {
                 Msg::Submit { done: Some(done), .. } => complete(done, Err(JournalError::Closed)),
+                Msg::Flush(tx) => drop(tx.send(Err(JournalError::Closed))),
                 Msg::Submit { done: None, .. } | Msg::Close | Msg::Verify(_) | Msg::Abandon | Msg::Named { .. } => {}
-                Msg::Flush(tx) => {
-                    let _ = tx.send(Err(JournalError::Closed));
-                }
             }
         }
-        result
     }
 
     /// Stops as a crash would (tests): the checkpointer without a last round, nothing
@@ -353,14 +356,7 @@ impl Writer {
         if let Some(checkpointer) = self.checkpointer.take() {
             checkpointer.stop();
         }
-        self.rx.close();
-        while let Ok(msg) = self.rx.try_recv() {
-            match msg {
-                Msg::Submit { done: Some(done), .. } => complete(done, Err(JournalError::Closed)),
-                Msg::Flush(tx) => drop(tx.send(Err(JournalError::Closed))),
-                _ => {}
-            }
-        }
+        self.refuse_queued();
         Ok(())
     }
 
@@ -982,16 +978,21 @@ impl Writer {
     }
 
     /// Removes every `queue` entry in `lo..=hi` (as [`Writer::queue_get`] sees them) and
-    /// returns the removed values.
+    /// returns the removed values: sled's range, with the hot changes and then this
+    /// batch's laid over it, read once each.
     fn queue_remove_range(&mut self, db: &Db, lo: &[u8], hi: &[u8]) -> Result<Vec<sled::IVec>, Fail> {
-        let mut keys: std::collections::BTreeSet<sled::IVec> = self.pending.queue.keys_in(lo, hi).into_iter().collect();
-        keys.extend(self.shared.hot.keys_in(lo, hi));
-        for k in db.queue.range(lo..=hi).keys() {
-            keys.insert(k.map_err(sled_fatal)?);
+        let mut current = std::collections::BTreeMap::new();
+        for kv in db.queue.range(lo..=hi) {
+            let (k, v) = kv.map_err(sled_fatal)?;
+            current.insert(k, Some(v));
         }
+        for (k, slot) in self.shared.hot.range(lo, hi) {
+            current.insert(k, slot.value().cloned());
+        }
+        current.extend(self.pending.queue.changes_in(lo, hi));
         let mut removed = Vec::new();
-        for k in keys {
-            if let Some(v) = self.queue_get(db, &k)? {
+        for (k, v) in current {
+            if let Some(v) = v {
                 self.pending.queue.remove(k);
                 removed.push(v);
             }
