@@ -236,6 +236,9 @@ pub struct StorageSection {
     /// How often sled is flushed and a checkpoint recorded, ms (a crash replays at most two
     /// intervals of the commit log).
     pub checkpoint_interval_ms: u64,
+    /// A checkpoint is also taken once the commit log grew by this many bytes, whatever the
+    /// interval (0 = by time only).
+    pub checkpoint_bytes: u64,
     /// Segment size in bytes.
     pub segment_size: u64,
     /// Unreferenced commit-log segments older than this are deleted, seconds (0 = keep).
@@ -400,6 +403,7 @@ impl Config {
         };
         j.segment_size = self.storage.segment_size;
         j.checkpoint_interval = Duration::from_millis(self.storage.checkpoint_interval_ms);
+        j.checkpoint_bytes = self.storage.checkpoint_bytes;
         j.cache_bytes = self.storage.cache_bytes;
         j.ballast_bytes = self.storage.ballast_bytes;
         // Half the disk free limit (the server sets it from the effective limit, which may

@@ -89,37 +89,51 @@ pub(crate) fn read_counters(db: &Db) -> Result<Index, JournalError> {
     Ok(Index { refs: RefCounts::from_pairs(refs), queues })
 }
 
+/// What the writer tells the checkpointer.
+enum Signal {
+    /// Run a round now.
+    Now,
+    /// Stop.
+    Stop,
+}
+
 /// The checkpointer thread (see the module doc).
 pub(crate) struct Checkpointer {
-    stop: mpsc::Sender<()>,
+    signal: mpsc::Sender<Signal>,
     thread: JoinHandle<()>,
 }
 
 impl Checkpointer {
     /// Starts the thread.
     pub(crate) fn start(shared: Arc<Shared>) -> std::io::Result<Checkpointer> {
-        let (stop, rx) = mpsc::channel();
+        let (signal, rx) = mpsc::channel();
         let thread =
             std::thread::Builder::new().name("ferrymq-checkpoint".into()).spawn(move || checkpoints(&shared, &rx))?;
-        Ok(Checkpointer { stop, thread })
+        Ok(Checkpointer { signal, thread })
+    }
+
+    /// Starts a round now instead of at the end of the interval (the log grew by
+    /// [`JournalConfig::checkpoint_bytes`](crate::JournalConfig::checkpoint_bytes)).
+    pub(crate) fn wake(&self) {
+        let _ = self.signal.send(Signal::Now);
     }
 
     /// Stops the thread and waits for it (a round under way finishes first).
     pub(crate) fn stop(self) {
-        let _ = self.stop.send(());
+        let _ = self.signal.send(Signal::Stop);
         let _ = self.thread.join();
     }
 }
 
 /// The checkpointer's loop: every interval with new changes applied, flush sled, publish
 /// the position stored in the round before (durable now) and store the position reached.
-fn checkpoints(shared: &Shared, stop: &mpsc::Receiver<()>) {
+fn checkpoints(shared: &Shared, signals: &mpsc::Receiver<Signal>) {
     let mut stored: Option<u64> = None;
     let mut failing = false;
     loop {
-        match stop.recv_timeout(shared.config.checkpoint_interval) {
-            Err(RecvTimeoutError::Timeout) => {}
-            Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
+        match signals.recv_timeout(shared.config.checkpoint_interval) {
+            Err(RecvTimeoutError::Timeout) | Ok(Signal::Now) => {}
+            Ok(Signal::Stop) | Err(RecvTimeoutError::Disconnected) => return,
         }
         let target = shared.applied.load(Ordering::Acquire);
         if target == shared.checkpointed.load(Ordering::Acquire) {

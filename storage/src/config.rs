@@ -59,6 +59,10 @@ pub struct JournalConfig {
     /// How often sled is flushed and a checkpoint recorded (sled is never flushed on the
     /// publish path): a crash replays at most two intervals of the commit log at open.
     pub checkpoint_interval: Duration,
+    /// A checkpoint is also taken as soon as the commit log grew by this many bytes since
+    /// the last one (0 = by time only), which bounds the replay after a crash in bytes
+    /// when publishers write faster than an interval's worth.
+    pub checkpoint_bytes: u64,
 }
 
 impl JournalConfig {
@@ -76,6 +80,7 @@ impl JournalConfig {
             channel_capacity: 4096,
             max_batch: 1024,
             checkpoint_interval: Duration::from_millis(100),
+            checkpoint_bytes: 64 * 1024 * 1024,
         }
     }
 }

@@ -201,6 +201,10 @@ pub(crate) struct Writer {
     last_reopen: Instant,
     /// When the hot consume-queue changes were last drained to sled.
     last_drain: Instant,
+    /// The log position of the last drain (for [`JournalConfig::checkpoint_bytes`]).
+    ///
+    /// [`JournalConfig::checkpoint_bytes`]: crate::JournalConfig::checkpoint_bytes
+    drained_at: u64,
     /// Changes of the `counters` tree since the last drain (read only at open, so they
     /// wait for the drain too; the effects records hold them meanwhile).
     counters: Overlay,
@@ -239,6 +243,7 @@ impl Writer {
             store_full: None,
             last_reopen: now,
             last_drain: now,
+            drained_at: 0,
             counters: Overlay::default(),
         }
     }
@@ -398,10 +403,12 @@ impl Writer {
     /// Once per checkpoint interval: moves the hot consume-queue changes to sled (what was
     /// acknowledged meanwhile never gets there), so that the checkpoint can move on.
     fn maybe_drain(&mut self) {
-        if self.poisoned.is_some()
-            || self.store_full.is_some()
-            || self.last_drain.elapsed() < self.shared.config.checkpoint_interval
-        {
+        if self.poisoned.is_some() || self.store_full.is_some() {
+            return;
+        }
+        let limit = self.shared.config.checkpoint_bytes;
+        let by_bytes = limit > 0 && self.log.next_pos().saturating_sub(self.drained_at) >= limit;
+        if !by_bytes && self.last_drain.elapsed() < self.shared.config.checkpoint_interval {
             return;
         }
         self.last_drain = Instant::now();
@@ -409,8 +416,15 @@ impl Writer {
             return;
         }
         let drained = self.shared.db().map_err(|e| Fail::Fatal(e.to_string())).and_then(|db| self.drain(&db));
-        if let Err(f) = drained {
-            self.fail(f);
+        match drained {
+            Err(f) => self.fail(f),
+            // The checkpointer's interval has not passed: let it record this drain now.
+            Ok(()) if by_bytes => {
+                if let Some(c) = &self.checkpointer {
+                    c.wake();
+                }
+            }
+            Ok(()) => {}
         }
     }
 
@@ -423,6 +437,7 @@ impl Writer {
     /// everything written, and the checkpoint may say so).
     fn drain(&mut self, db: &Db) -> Result<(), Fail> {
         let end = self.log.next_pos();
+        self.drained_at = end;
         if self.has_undrained() {
             db.db.insert(checkpoint::APPLIED, &codec::encode_u64(end)).map_err(|e| sled_failed("sled drain", e))?;
             self.shared.hot.drain(&db.queue).map_err(|e| sled_failed("sled drain", e))?;
