@@ -905,15 +905,16 @@ impl Writer {
         if floor == 0 {
             return Ok(());
         }
-        let free = match self.free_space {
-            Some((free, at)) if at.elapsed() < FREE_SPACE_RECHECK => free,
-            _ => fs2::available_space(&self.shared.config.dir).unwrap_or(u64::MAX),
+        // A stale look is replaced with a new one timed now (keeping its old time would
+        // look again on every submission).
+        let (free, at) = match self.free_space {
+            Some((free, at)) if at.elapsed() < FREE_SPACE_RECHECK => (free, at),
+            _ => (fs2::available_space(&self.shared.config.dir).unwrap_or(u64::MAX), Instant::now()),
         };
         if free < floor.saturating_add(bytes) {
             self.free_space = None;
             return Err(Fail::Reject(JournalError::NoSpace(floor)));
         }
-        let at = self.free_space.map_or_else(Instant::now, |(_, at)| at);
         self.free_space = Some((free - bytes, at));
         Ok(())
     }
