@@ -413,6 +413,9 @@ impl Writer {
         }
         self.last_drain = Instant::now();
         if !self.has_undrained() {
+            // Count the next `checkpoint_bytes` from here (else every later batch would
+            // drain and wake the checkpointer).
+            self.drained_at = self.log.next_pos();
             return;
         }
         let drained = self.shared.db().map_err(|e| Fail::Fatal(e.to_string())).and_then(|db| self.drain(&db));
