@@ -47,3 +47,25 @@ fn without_checkpoint_bytes_only_the_interval_checkpoints() {
     let j = fill(dir.path(), 0, 2_000);
     assert_eq!(j.stats().checkpoints, 0, "a checkpoint before the interval with checkpoint_bytes = 0");
 }
+
+#[test]
+fn the_size_trigger_rearms_when_there_was_nothing_to_drain() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path(), FsyncPolicy::Never);
+    c.checkpoint_interval = Duration::from_secs(3600);
+    c.checkpoint_bytes = 32 * 1024;
+    let j = Journal::open(c).expect("open journal");
+    // Well past checkpoint_bytes of records no queue holds: nothing waits for a drain.
+    for i in 0..1_000 {
+        j.write_blocking(append_op(i, &[])).unwrap();
+    }
+    // One queued record: far less than checkpoint_bytes since the trigger last fired, so
+    // no drain and no checkpoint (a trigger left armed would drain and checkpoint now).
+    let q = j.queue_id("q").unwrap();
+    j.write_blocking(append_op(1_000, &[q])).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < deadline {
+        assert_eq!(j.stats().checkpoints, 0, "a checkpoint after {} log bytes", j.stats().log_bytes);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
