@@ -106,15 +106,16 @@ async fn publish_confirmed(
     latencies
 }
 
+/// Declares the durable queue `name`.
+async fn declare_durable(ch: &Channel, name: &str, args: FieldTable) {
+    ch.queue_declare(name.into(), QueueDeclareOptions { durable: true, ..Default::default() }, args)
+        .await
+        .unwrap_or_else(|e| panic!("declare {name}: {e}"));
+}
+
 async fn probe(uri: &str) -> Probe {
     let (conn, ch) = channel(uri).await;
-    ch.queue_declare(
-        "probe".into(),
-        QueueDeclareOptions { durable: true, ..Default::default() },
-        FieldTable::default(),
-    )
-    .await
-    .expect("declare probe");
+    declare_durable(&ch, "probe", FieldTable::default()).await;
     let t0 = Instant::now();
     let mut lat =
         publish_confirmed(&ch, "", "probe", PROBE, PROBE_WINDOW, BasicProperties::default().with_delivery_mode(2))
@@ -170,9 +171,7 @@ async fn fill(uri: &str, mode: &str, count: usize) -> f64 {
             if mode == "stream" {
                 args.insert("x-queue-type".into(), AMQPValue::LongString("stream".into()));
             }
-            ch.queue_declare("backlog".into(), QueueDeclareOptions { durable: true, ..Default::default() }, args)
-                .await
-                .expect("declare backlog");
+            declare_durable(&ch, "backlog", args).await;
             publish_confirmed(&ch, "", "backlog", count, FILL_WINDOW, BasicProperties::default().with_delivery_mode(2))
                 .await;
         }
@@ -248,13 +247,7 @@ async fn phase<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
 /// messages were confirmed before the kill.
 async fn crash_under_load(b: Broker) -> (Broker, usize) {
     let (conn, ch) = channel(&uri(&b)).await;
-    ch.queue_declare(
-        "crash".into(),
-        QueueDeclareOptions { durable: true, ..Default::default() },
-        FieldTable::default(),
-    )
-    .await
-    .expect("declare crash");
+    declare_durable(&ch, "crash", FieldTable::default()).await;
     let confirmed = Arc::new(AtomicUsize::new(0));
     let counter = confirmed.clone();
     let load = tokio::spawn(async move {

@@ -214,6 +214,7 @@ impl Server {
             group_commits = stats.batches,
             log_fdatasyncs = stats.fsyncs,
             checkpoints = stats.checkpoints,
+            consume_queue_drains = stats.drains,
             log_bytes = stats.log_bytes,
             "stopped"
         );

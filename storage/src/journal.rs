@@ -116,6 +116,7 @@ impl Journal {
             hot: crate::hot::Hot::default(),
             checkpointed: AtomicU64::new(end),
             checkpoints: AtomicU64::new(0),
+            drains: AtomicU64::new(0),
             out_of_space: AtomicU64::new(0),
             index_scanned,
         });
@@ -315,6 +316,7 @@ impl Journal {
             batches: shared.batches.load(Ordering::Relaxed),
             fsyncs: shared.fsyncs.load(Ordering::Relaxed),
             checkpoints: shared.checkpoints.load(Ordering::Relaxed),
+            drains: shared.drains.load(Ordering::Relaxed),
             out_of_space: shared.out_of_space.load(Ordering::Relaxed),
             index_scanned: shared.index_scanned,
         }

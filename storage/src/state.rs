@@ -48,6 +48,8 @@ pub(crate) struct Shared {
     pub(crate) checkpointed: AtomicU64,
     /// Checkpoint rounds (sled flushes) since open.
     pub(crate) checkpoints: AtomicU64,
+    /// Drains of the hot consume-queue changes to sled since open.
+    pub(crate) drains: AtomicU64,
     /// Batches taken back because the file system was full, since open.
     pub(crate) out_of_space: AtomicU64,
     /// The index counters came from a full scan at open (not the checkpoint and the log).

@@ -68,6 +68,9 @@ pub struct JournalStats {
     pub fsyncs: u64,
     /// Checkpoints (background sled flushes) since open.
     pub checkpoints: u64,
+    /// Moves of the consume-queue changes held in memory to sled since open (once per
+    /// checkpoint interval, or sooner by `checkpoint_bytes`, while there are any).
+    pub drains: u64,
     /// Batches taken back and refused because the file system was full
     /// ([`JournalError::Full`](crate::JournalError::Full)) since open.
     pub out_of_space: u64,

@@ -222,6 +222,7 @@ impl Writer {
         checkpointer: Checkpointer,
     ) -> Writer {
         let now = Instant::now();
+        let drained_at = log.next_pos();
         Writer {
             shared,
             rx,
@@ -242,8 +243,8 @@ impl Writer {
             out_of_space: false,
             store_full: None,
             last_reopen: now,
+            drained_at,
             last_drain: now,
-            drained_at: 0,
             counters: Overlay::default(),
         }
     }
@@ -400,8 +401,9 @@ impl Writer {
         self.maybe_retention();
     }
 
-    /// Once per checkpoint interval: moves the hot consume-queue changes to sled (what was
-    /// acknowledged meanwhile never gets there), so that the checkpoint can move on.
+    /// Once per checkpoint interval, or once the log grew by `checkpoint_bytes`: moves the
+    /// hot consume-queue changes to sled (what was acknowledged meanwhile never gets
+    /// there), so that the checkpoint can move on. Either trigger restarts both counts.
     fn maybe_drain(&mut self) {
         if self.poisoned.is_some() || self.store_full.is_some() {
             return;
@@ -412,10 +414,8 @@ impl Writer {
             return;
         }
         self.last_drain = Instant::now();
+        self.drained_at = self.log.next_pos();
         if !self.has_undrained() {
-            // Count the next `checkpoint_bytes` from here (else every later batch would
-            // drain and wake the checkpointer).
-            self.drained_at = self.log.next_pos();
             return;
         }
         let drained = self.shared.db().map_err(|e| Fail::Fatal(e.to_string())).and_then(|db| self.drain(&db));
@@ -440,8 +440,8 @@ impl Writer {
     /// everything written, and the checkpoint may say so).
     fn drain(&mut self, db: &Db) -> Result<(), Fail> {
         let end = self.log.next_pos();
-        self.drained_at = end;
         if self.has_undrained() {
+            self.shared.drains.fetch_add(1, Ordering::Relaxed);
             db.db.insert(checkpoint::APPLIED, &codec::encode_u64(end)).map_err(|e| sled_failed("sled drain", e))?;
             self.shared.hot.drain(&db.queue).map_err(|e| sled_failed("sled drain", e))?;
             self.counters.apply(&db.counters).map_err(|e| sled_failed("sled drain", e))?;
