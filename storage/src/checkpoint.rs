@@ -1,4 +1,5 @@
-//! Checkpoints: the commit-log position up to which sled holds every change durably.
+//! Checkpoints: the commit-log position up to which sled and the consume-queue files hold
+//! every change durably.
 //!
 //! Group commits write their sled changes to the commit log first (an effects record,
 //! `effects`) and apply them to sled without flushing it; the **checkpointer** thread
@@ -125,11 +126,15 @@ impl Checkpointer {
     }
 }
 
-/// The checkpointer's loop: every interval with new changes applied, flush sled, publish
+/// The checkpointer's loop: every interval with new changes applied, sync the consume-queue
+/// files written since the last round, flush sled, publish
 /// the position stored in the round before (durable now) and store the position reached.
 fn checkpoints(shared: &Shared, signals: &mpsc::Receiver<Signal>) {
     let mut stored: Option<u64> = None;
     let mut failing = false;
+    // A failed fsync of a consume-queue file may have dropped its pages (Linux clears the
+    // error), so a later one succeeding proves nothing: no checkpoint moves on after it.
+    let mut cq_broken = false;
     loop {
         match signals.recv_timeout(shared.config.checkpoint_interval) {
             Err(RecvTimeoutError::Timeout) | Ok(Signal::Now) => {}
@@ -141,6 +146,16 @@ fn checkpoints(shared: &Shared, signals: &mpsc::Receiver<Signal>) {
         }
         // Not while sled is being opened again after it ran out of space.
         let Ok(db) = shared.db() else { continue };
+        if cq_broken {
+            continue;
+        }
+        // The consume-queue entries of everything up to `target` first: the checkpoint
+        // stored below claims them.
+        if let Err(e) = shared.cq.sync() {
+            tracing::error!(error = %e, "checkpoint: syncing the consume-queue files failed; no further checkpoint is taken (recovery replays the commit log from the last one)");
+            cq_broken = true;
+            continue;
+        }
         match db.db.flush() {
             Ok(_) => failing = false,
             Err(e) => {

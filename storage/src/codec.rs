@@ -21,6 +21,8 @@ pub(crate) const TREE_KEY_POS: &str = "key_pos";
 /// Tree of counters: per queue (`q`, id u64) next offset u64 and length u64; per segment
 /// (`s`, base u64) references u64.
 pub(crate) const TREE_COUNTERS: &str = "counters";
+/// Name of the tree of consume-queue offsets (queue id u64 -> `cq::Offsets` encoding).
+pub(crate) const TREE_SETTLED: &str = "settled";
 
 /// The sled tree name of a keyspace.
 pub(crate) fn kv_tree_name(space: Space) -> &'static str {
@@ -78,6 +80,7 @@ pub(crate) fn queue_key(queue: u64, offset: u64) -> [u8; 16] {
 
 /// Key of a queue's high-water mark (next offset) in layout 1: the bare 8-byte queue id,
 /// which sorts just before the queue's entries (layout 2 keeps it in `counters`).
+#[cfg(test)]
 pub(crate) fn queue_hwm_key(queue: u64) -> [u8; 8] {
     queue.to_be_bytes()
 }

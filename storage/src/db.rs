@@ -25,7 +25,8 @@ fn malformed(tree: &str) -> JournalError {
 pub(crate) struct Db {
     /// The database (its `flush` covers every tree).
     pub(crate) db: sled::Db,
-    /// Queue entries and high-water marks.
+    /// Queue entries of layouts 1 and 2 (empty since: `cq` holds them), read once by the
+    /// migration.
     pub(crate) queue: Tree,
     /// Queue name -> id.
     pub(crate) queue_names: Tree,
@@ -43,6 +44,9 @@ pub(crate) struct Db {
     pub(crate) kv: [Tree; 5],
     /// Queue and segment counters.
     pub(crate) counters: Tree,
+    /// Settled consume-queue offsets per queue (`cq::Offsets`), written by drains only
+    /// (not through effects records: recovery replays the settlements).
+    pub(crate) settled: Tree,
 }
 
 /// Number of trees written through effects records ([`Db::trees`]).
@@ -90,6 +94,7 @@ impl Db {
                 tree(codec::kv_tree_name(SPACES[4]))?,
             ],
             counters: tree(codec::TREE_COUNTERS)?,
+            settled: tree(codec::TREE_SETTLED)?,
             db,
         })
     }

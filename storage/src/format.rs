@@ -12,6 +12,11 @@
 //!   counters live in sled's `counters` tree. A layout-1 directory is migrated in place at
 //!   open (its sled is complete; the counters are written and the directory stamped 2).
 //!   Layout-1 builds refuse a layout-2 directory, as they would misread effects records.
+//! - 3: as 2, but consume-queue entries live in files of their own (`cq/`, RocketMQ's
+//!   ConsumeQueue) with their settled offsets in sled's `settled` tree, instead of sled's
+//!   `queue` tree. A layout-1 or layout-2 directory is migrated in place at open (the
+//!   entries are moved to the files, then the directory is stamped 3 and the tree
+//!   emptied). Earlier builds refuse a layout-3 directory.
 
 use std::fs;
 use std::io::{self, Write};
@@ -20,10 +25,7 @@ use std::path::{Path, PathBuf};
 use crate::JournalError;
 
 /// The layout this build reads and writes.
-pub const LAYOUT: u32 = 2;
-
-/// The older layout this build migrates in place.
-const MIGRATED: u32 = 1;
+pub const LAYOUT: u32 = 3;
 
 /// What [`check_or_stamp`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +34,8 @@ pub(crate) enum Found {
     Current,
     /// Layout 1: to be migrated by the open, which then calls [`stamp`].
     Layout1,
+    /// Layout 2: to be migrated by the open, which then calls [`stamp`].
+    Layout2,
 }
 
 /// What the file starts with.
@@ -58,7 +62,8 @@ pub(crate) fn check_or_stamp(dir: &Path) -> Result<Found, JournalError> {
     let version = text.trim().strip_prefix(MAGIC).and_then(|v| v.trim().parse::<u32>().ok());
     match version {
         Some(LAYOUT) => Ok(Found::Current),
-        Some(MIGRATED) => Ok(Found::Layout1),
+        Some(1) => Ok(Found::Layout1),
+        Some(2) => Ok(Found::Layout2),
         Some(v) if v > LAYOUT => Err(JournalError::Layout(format!(
             "{} is layout {v}, written by a newer FerryMQ; this build reads layout {LAYOUT}: run the newer \
              version, or point --data-dir at another directory",
@@ -105,6 +110,8 @@ mod tests {
         assert_eq!(check_or_stamp(dir.path()).unwrap(), Found::Current);
         fs::write(path(dir.path()), "ferrymq-journal 1\n").unwrap();
         assert_eq!(check_or_stamp(dir.path()).unwrap(), Found::Layout1);
+        fs::write(path(dir.path()), "ferrymq-journal 2\n").unwrap();
+        assert_eq!(check_or_stamp(dir.path()).unwrap(), Found::Layout2);
         let old = tempfile::tempdir().unwrap();
         fs::create_dir(old.path().join("db")).unwrap();
         assert_eq!(check_or_stamp(old.path()).unwrap(), Found::Layout1, "data without a format file");

@@ -11,6 +11,7 @@ use tokio::sync::mpsc::{self, error::TrySendError};
 use tokio::sync::oneshot;
 
 use crate::ballast;
+use crate::cq::ConsumeQueues;
 use crate::db::Db;
 use crate::log::{self, Log};
 use crate::state::Shared;
@@ -94,11 +95,17 @@ impl Journal {
         let db = Db::open(&config.dir.join("db"), config.cache_bytes)?;
         let segments = recovery::recover_log(&log_dir)?;
         let (log, log_writer) = Log::open(&log_dir, config.segment_size, &segments)?;
-        let layout1 = found == crate::format::Found::Layout1;
-        let (index, index_scanned) = recovery::recover_state(&db, &log, layout1)?;
-        if layout1 {
+        let cq = ConsumeQueues::open(&config.dir.join("cq")).map_err(log::io_err)?;
+        let (index, index_scanned) = recovery::recover_state(&db, &log, &cq, found)?;
+        if found != crate::format::Found::Current {
             crate::format::stamp(&config.dir)?;
-            tracing::info!(dir = ?config.dir, "migrated the data directory from layout 1 to layout {}", crate::LAYOUT);
+            tracing::info!(dir = ?config.dir, from = ?found, "migrated the data directory to layout {}", crate::LAYOUT);
+        }
+        // Layouts 1 and 2 kept the entries in sled (moved to `cq/` by the recovery; left
+        // behind if a migration stopped after stamping).
+        if !db.queue.is_empty() {
+            db.queue.clear().map_err(crate::db::db_err)?;
+            db.db.flush().map_err(crate::db::db_err)?;
         }
         let end = log.end();
         let ballast = ballast::ensure(&config.dir, config.ballast_bytes, config.ballast_bytes);
@@ -113,7 +120,7 @@ impl Journal {
             fsyncs: AtomicU64::new(0),
             applied: AtomicU64::new(end),
             effects_end: AtomicU64::new(end),
-            hot: crate::hot::Hot::default(),
+            cq,
             checkpointed: AtomicU64::new(end),
             checkpoints: AtomicU64::new(0),
             drains: AtomicU64::new(0),
@@ -264,7 +271,7 @@ impl Journal {
     /// Up to `limit` entries of `queue` with offset >= `from`, in offset order.
     pub fn queue_entries(&self, queue: QueueId, from: u64, limit: usize) -> Result<Vec<(u64, Pointer)>, JournalError> {
         let shared = self.shared();
-        shared.hot.queue_entries(&*shared.db()?, queue, from, limit)
+        shared.cq.entries(queue.0, from, limit).map_err(log::io_err)
     }
 
     /// The next offset `queue` will assign (0 for an empty, never-used queue).
@@ -632,33 +639,47 @@ mod tests {
         }
     }
 
-    /// Turns a closed layout-2 directory into what layout 1 left: no `counters` tree, no
-    /// checkpoint, high-water marks in the `queue` tree, `format` saying 1 (and, if given,
-    /// layout 1's clean-shutdown counters).
-    fn make_layout1(dir: &std::path::Path, clean: Option<crate::checkpoint::Checkpoint>) {
+    /// Turns a directory of this layout, with these live entries, into what layout 2 left
+    /// (the entries in sled's `queue` tree, no `cq/`, no `settled` tree) or, for layout 1,
+    /// also no `counters` tree, no checkpoint, high-water marks in the `queue` tree (and,
+    /// if given, layout 1's clean-shutdown counters); `format` saying so.
+    fn make_old(
+        dir: &std::path::Path,
+        layout: u32,
+        entries: &[(QueueId, u64, Pointer)],
+        clean: Option<crate::checkpoint::Checkpoint>,
+    ) {
         let db = Db::open(&dir.join("db"), 1 << 20).unwrap();
-        for k in db.counters.iter().keys() {
-            let k = k.unwrap();
-            if let Some(crate::codec::Counter::Queue(q, next, _)) =
-                crate::codec::decode_counter(&k, &db.counters.get(&k).unwrap().unwrap())
-            {
-                db.queue.insert(crate::codec::queue_hwm_key(q), &crate::codec::encode_u64(next)).unwrap();
-            }
-            db.counters.remove(k).unwrap();
+        for (q, off, p) in entries {
+            db.queue.insert(crate::codec::queue_key(q.0, *off), &crate::codec::encode_pointer(p)[..]).unwrap();
         }
-        db.db.remove(crate::checkpoint::CHECKPOINT).unwrap();
-        db.db.remove(crate::checkpoint::APPLIED).unwrap();
+        db.settled.clear().unwrap();
+        std::fs::remove_dir_all(dir.join("cq")).unwrap();
+        if layout == 1 {
+            for k in db.counters.iter().keys() {
+                let k = k.unwrap();
+                if let Some(crate::codec::Counter::Queue(q, next, _)) =
+                    crate::codec::decode_counter(&k, &db.counters.get(&k).unwrap().unwrap())
+                {
+                    db.queue.insert(crate::codec::queue_hwm_key(q), &crate::codec::encode_u64(next)).unwrap();
+                }
+                db.counters.remove(k).unwrap();
+            }
+            db.db.remove(crate::checkpoint::CHECKPOINT).unwrap();
+            db.db.remove(crate::checkpoint::APPLIED).unwrap();
+        }
         if let Some(cp) = clean {
             db.db.insert(crate::checkpoint::KEY, cp.encode()).unwrap();
         }
         db.db.flush().unwrap();
         drop(db);
-        std::fs::write(dir.join("format"), "ferrymq-journal 1\n").unwrap();
+        std::fs::write(dir.join("format"), format!("ferrymq-journal {layout}\n")).unwrap();
     }
 
     #[test]
-    fn a_layout_1_directory_is_migrated_in_place() {
-        for clean in [false, true] {
+    fn layout_1_and_2_directories_are_migrated_in_place() {
+        // (layout, layout 1's clean-close counters, closed cleanly)
+        for (layout, clean, closed) in [(1, false, true), (1, true, true), (2, false, true), (2, false, false)] {
             let dir = tempfile::tempdir().unwrap();
             let config = JournalConfig::new(dir.path());
             let j = Journal::open(config.clone()).unwrap();
@@ -666,21 +687,32 @@ mod tests {
             let kept: Vec<_> = (0..5).map(|n| j.write_blocking(append(q, n)).unwrap().appended[0].clone()).collect();
             // The last entry removed: only the high-water mark remembers offset 4.
             j.write_blocking(vec![Op::Remove { queue: q, offset: 4 }, Op::Remove { queue: q, offset: 0 }]).unwrap();
-            j.close().unwrap();
+            let live: Vec<_> = j.queue_entries(q, 0, 10).unwrap().into_iter().map(|(o, p)| (q, o, p)).collect();
+            assert_eq!(live.len(), 3);
+            if closed {
+                j.close().unwrap();
+            } else {
+                // The effects records after the last checkpoint are replayed over the
+                // entries moved from sled.
+                j.crash();
+            }
             drop(j);
             let cp = clean.then(|| crate::checkpoint::Checkpoint {
                 log_end: crate::Journal::open(config.clone()).map(|j| j.stats().log_end).unwrap(),
                 refs: vec![(0, 3)],
                 queues: vec![(q.0, crate::state::QueueState { next: 5, len: 3 })],
             });
-            make_layout1(dir.path(), cp);
+            make_old(dir.path(), layout, &live, cp);
 
             let j = Journal::open(config.clone()).unwrap();
-            assert_eq!(j.stats().index_scanned, !clean, "layout 1's clean-close counters are used");
+            let why = format!("layout {layout}, clean counters {clean}, closed {closed}");
+            assert_eq!(j.stats().index_scanned, layout == 1 && !clean, "{why}");
             let stamped = std::fs::read_to_string(dir.path().join("format")).unwrap();
             assert_eq!(stamped, format!("ferrymq-journal {}\n", crate::LAYOUT));
-            assert_eq!(j.queue_len(q).unwrap(), 3);
-            assert_eq!(j.queue_next_offset(q), 5);
+            assert_eq!(j.queue_len(q).unwrap(), 3, "{why}");
+            assert_eq!(j.queue_next_offset(q), 5, "{why}");
+            let offsets: Vec<u64> = j.queue_entries(q, 0, 10).unwrap().iter().map(|(o, _)| *o).collect();
+            assert_eq!(offsets, vec![1, 2, 3], "{why}");
             j.verify_counters().unwrap();
             for (n, a) in kept.iter().enumerate().take(4).skip(1) {
                 assert_eq!(j.read(a.pos).unwrap().body, Bytes::from(vec![n as u8; 100]));
@@ -691,6 +723,8 @@ mod tests {
             let j = Journal::open(config).unwrap();
             assert!(!j.stats().index_scanned, "a migrated directory recovers by replay");
             assert_eq!((j.queue_len(q).unwrap(), j.queue_next_offset(q)), (4, 6));
+            let offsets: Vec<u64> = j.queue_entries(q, 0, 10).unwrap().iter().map(|(o, _)| *o).collect();
+            assert_eq!(offsets, vec![1, 2, 3, 5], "{why}");
             j.verify_counters().unwrap();
         }
     }

@@ -12,14 +12,16 @@ use std::path::Path;
 use sled::{Batch, Tree};
 
 use crate::codec::{self, Counter, QueueKey};
+use crate::cq::ConsumeQueues;
 use crate::db::{db_err, Db, TREES};
 use crate::effects;
+use crate::format::Found;
 use crate::log::{io_err, Log};
 use crate::overlay::Overlay;
 use crate::refs::RefCounts;
 use crate::segment;
 use crate::state::QueueState;
-use crate::JournalError;
+use crate::{JournalError, Pointer};
 
 /// Finds the segments in `dir`, checks them and cuts the log at the first invalid record.
 /// Returns `(base, valid length)` of every segment in base order.
@@ -86,24 +88,39 @@ pub(crate) struct Index {
     pub(crate) queues: HashMap<u64, QueueState>,
 }
 
-/// Brings sled up to the end of `log` and returns the counters, and whether they came
-/// from a scan of the index.
+/// Brings sled and the consume queues up to the end of `log` and returns the counters,
+/// and whether they came from a scan of the index.
 ///
-/// - `layout1`: a directory of layout 1 (sled flushed by every durable batch, counters
-///   only from a clean close): the counters of a clean close if they match, else a scan;
-///   then they are written to the `counters` tree (the migration to layout 2).
-/// - Otherwise, from the checkpoint: every effects record from there to the end is
-///   applied again (blind writes: applying one that sled already holds changes nothing),
-///   and the counters are read from the `counters` tree, which the records write too. If
+/// - Layouts 1 and 2 (`found`) kept consume-queue entries in sled's `queue` tree: they are
+///   moved to the consume-queue files first ([`import_queue_tree`]); the caller empties
+///   the tree once the directory is stamped with the current layout.
+/// - Layout 1 (sled flushed by every durable batch, counters only from a clean close): the
+///   counters of a clean close if they match, else a scan; then they are written to the
+///   `counters` tree.
+/// - Otherwise, from the checkpoint: the consume queues' offsets are read back (`counters`
+///   and `settled`), every effects record from there to the end is applied again (blind
+///   writes and settlements: applying one that is already applied changes nothing), and
+///   the counters are read from the `counters` tree, which the records write too. If
 ///   there is no checkpoint, sled's applied mark lies past the end of the log (it holds
 ///   changes of lost records), or an effects record does not read back, the index is
 ///   scanned instead.
 ///
-/// Either way a checkpoint at the end of the log is written and sled flushed.
-pub(crate) fn recover_state(db: &Db, log: &Log, layout1: bool) -> Result<(Index, bool), JournalError> {
+/// Either way the consume-queue files are cut at their queues' next offsets and synced,
+/// and a checkpoint at the end of the log is written and sled flushed.
+pub(crate) fn recover_state(
+    db: &Db,
+    log: &Log,
+    cq: &ConsumeQueues,
+    found: Found,
+) -> Result<(Index, bool), JournalError> {
     let end = log.end();
     let mut scanned = false;
-    let index = if layout1 {
+    if found == Found::Current {
+        restore_offsets(db, cq)?;
+    } else {
+        import_queue_tree(db, cq)?;
+    }
+    let index = if found == Found::Layout1 {
         match crate::checkpoint::take_v1(db, end)? {
             Some(cp) => {
                 trim_key_index(db, log)?;
@@ -111,14 +128,14 @@ pub(crate) fn recover_state(db: &Db, log: &Log, layout1: bool) -> Result<(Index,
             }
             None => {
                 scanned = true;
-                recover_index(db, log)?
+                recover_index(db, log, cq)?
             }
         }
     } else {
         let checkpoint = crate::checkpoint::position(db, crate::checkpoint::CHECKPOINT)?;
         let applied = crate::checkpoint::position(db, crate::checkpoint::APPLIED)?.unwrap_or(0);
         let replayed = match checkpoint {
-            Some(from) if from <= end && applied <= end => replay(db, log, from)?,
+            Some(from) if from <= end && applied <= end => replay(db, log, cq, from)?,
             Some(from) => {
                 tracing::warn!(
                     checkpoint = from,
@@ -135,19 +152,113 @@ pub(crate) fn recover_state(db: &Db, log: &Log, layout1: bool) -> Result<(Index,
             crate::checkpoint::read_counters(db)?
         } else {
             scanned = true;
-            recover_index(db, log)?
+            recover_index(db, log, cq)?
         }
     };
-    if scanned || layout1 {
+    if scanned || found == Found::Layout1 {
         crate::checkpoint::write_counters(db, &index)?;
     }
+    for (&q, st) in &index.queues {
+        cq.raise_next(q, st.next);
+    }
+    cq.trim(|q| db.queue_ids.contains_key(codec::encode_u64(q)).unwrap_or(true)).map_err(io_err)?;
+    cq.drain(&db.settled).map_err(db_err)?;
+    cq.sync().map_err(io_err)?;
     crate::checkpoint::write(db, end)?;
     Ok((index, scanned))
 }
 
-/// Applies the effects records at `from` or later to sled; false (after a warning) if one
-/// does not read back or decode.
-fn replay(db: &Db, log: &Log, from: u64) -> Result<bool, JournalError> {
+/// The consume queues' offsets as of sled: next offsets from `counters`, the settled part
+/// from `settled`.
+fn restore_offsets(db: &Db, cq: &ConsumeQueues) -> Result<(), JournalError> {
+    let mut next = HashMap::new();
+    for kv in db.counters.iter() {
+        let (k, v) = kv.map_err(db_err)?;
+        if let Some(Counter::Queue(q, n, _)) = codec::decode_counter(&k, &v) {
+            next.insert(q, n);
+        }
+    }
+    let mut settled = HashMap::new();
+    for kv in db.settled.iter() {
+        let (k, v) = kv.map_err(db_err)?;
+        let q = codec::decode_u64(&k).ok_or_else(|| JournalError::Db("malformed key in tree `settled`".into()))?;
+        settled.insert(q, v.to_vec());
+    }
+    cq.restore(&next, settled).map_err(JournalError::Db)
+}
+
+/// Moves the entries of sled's `queue` tree (layouts 1 and 2) to the consume-queue files:
+/// each queue's offsets missing from the tree below its next offset (the `counters` tree's,
+/// layout 1's high-water mark, or past its last entry) were settled; the offsets are
+/// stored in `settled` and the files synced. The tree itself is left as it is.
+pub(crate) fn import_queue_tree(db: &Db, cq: &ConsumeQueues) -> Result<(), JournalError> {
+    let mut next: HashMap<u64, u64> = HashMap::new();
+    for kv in db.counters.iter() {
+        let (k, v) = kv.map_err(db_err)?;
+        if let Some(Counter::Queue(q, n, _)) = codec::decode_counter(&k, &v) {
+            next.insert(q, n);
+        }
+    }
+    let mut expect: HashMap<u64, u64> = HashMap::new();
+    let mut run: Option<(u64, u64, Vec<Pointer>)> = None;
+    let flush = |run: &mut Option<(u64, u64, Vec<Pointer>)>| match run.take() {
+        Some((q, first, entries)) => cq.write(q, first, &entries).map_err(io_err),
+        None => Ok(()),
+    };
+    let mut moved = 0u64;
+    for kv in db.queue.iter() {
+        let (k, v) = kv.map_err(db_err)?;
+        match codec::decode_queue_key(&k) {
+            Some(QueueKey::Entry(q, off)) => {
+                let Some(p) = codec::decode_pointer(&v) else { continue };
+                let e = next.entry(q).or_default();
+                *e = (*e).max(off.saturating_add(1));
+                let expected = expect.get(&q).copied().unwrap_or(0);
+                if off > expected {
+                    cq.settle(q, expected, off);
+                }
+                expect.insert(q, off.saturating_add(1));
+                moved += 1;
+                match &mut run {
+                    Some((rq, first, entries))
+                        if *rq == q && *first + entries.len() as u64 == off && entries.len() < 65_536 =>
+                    {
+                        entries.push(p)
+                    }
+                    _ => {
+                        flush(&mut run)?;
+                        run = Some((q, off, vec![p]));
+                    }
+                }
+            }
+            Some(QueueKey::HighWater(q)) => {
+                if let Some(n) = codec::decode_u64(&v) {
+                    let e = next.entry(q).or_default();
+                    *e = (*e).max(n);
+                }
+            }
+            None => {}
+        }
+    }
+    flush(&mut run)?;
+    for (&q, &n) in &next {
+        let e = expect.get(&q).copied().unwrap_or(0);
+        if n > e {
+            cq.settle(q, e, n);
+        }
+        cq.raise_next(q, n);
+    }
+    cq.drain(&db.settled).map_err(db_err)?;
+    cq.sync().map_err(io_err)?;
+    if moved > 0 {
+        tracing::info!(entries = moved, queues = next.len(), "moved the consume queues from sled to their files");
+    }
+    Ok(())
+}
+
+/// Applies the effects records at `from` or later to sled and the consume queues; false
+/// (after a warning) if one does not read back or decode.
+fn replay(db: &Db, log: &Log, cq: &ConsumeQueues, from: u64) -> Result<bool, JournalError> {
     let trees = db.trees();
     let mut pending: Vec<Overlay> = (0..TREES).map(|_| Overlay::default()).collect();
     let (mut records, mut malformed) = (0u64, None);
@@ -168,7 +279,9 @@ fn replay(db: &Db, log: &Log, from: u64) -> Result<bool, JournalError> {
         tracing::warn!(pos, from, "an effects record after the checkpoint does not read back: scanning the index");
         return Ok(false);
     }
-    for (overlay, tree) in pending.iter_mut().zip(trees) {
+    // Tree 0 (`queue`) is the consume queues' since layout 3.
+    cq.apply_changes(pending[0].take()).map_err(io_err)?;
+    for (overlay, tree) in pending.iter_mut().zip(trees).skip(1) {
         overlay.apply(tree).map_err(db_err)?;
     }
     if records > 0 {
@@ -177,11 +290,11 @@ fn replay(db: &Db, log: &Log, from: u64) -> Result<bool, JournalError> {
     Ok(true)
 }
 
-/// Scans the `queue`, `retained` and `timer` trees: drops malformed entries and entries
-/// that do not point inside a live segment — in particular every entry at or past the
+/// Scans the consume queues and the `retained` and `timer` trees: drops (settles) malformed
+/// entries and entries that do not point inside a live segment — in particular every entry at or past the
 /// valid end of the log — flushing sled if any were dropped, so that they cannot resurface
 /// once new records occupy those positions; counts the rest.
-pub(crate) fn recover_index(db: &Db, log: &Log) -> Result<Index, JournalError> {
+pub(crate) fn recover_index(db: &Db, log: &Log, cq: &ConsumeQueues) -> Result<Index, JournalError> {
     let end = log.end();
     // Past the end, or in a gap / deleted segment: nothing readable is there.
     let live = |pos: u64, size: u32| size as u64 >= segment::RECORD_OVERHEAD && log.contains(pos, size);
@@ -193,48 +306,47 @@ pub(crate) fn recover_index(db: &Db, log: &Log) -> Result<Index, JournalError> {
     };
     let mut dropped = 0u64;
 
-    let mut removals = Batch::default();
-    let mut queues: HashMap<u64, QueueState> = HashMap::new();
-    for kv in db.queue.iter() {
-        let (k, v) = kv.map_err(db_err)?;
-        match codec::decode_queue_key(&k) {
-            Some(QueueKey::Entry(q, off)) => {
-                let st = queues.entry(q).or_default();
-                st.next = st.next.max(off.saturating_add(1));
-                match codec::decode_pointer(&v) {
-                    Some(p) if live(p.pos.0, p.size) => {
-                        st.len += 1;
-                        count(p.pos.0);
-                    }
-                    _ => {
-                        removals.remove(k);
-                        dropped += 1;
-                    }
-                }
-            }
-            Some(QueueKey::HighWater(q)) => match codec::decode_u64(&v) {
-                Some(n) => {
-                    let st = queues.entry(q).or_default();
-                    st.next = st.next.max(n);
-                }
-                None => {
-                    removals.remove(k);
-                    dropped += 1;
-                }
-            },
-            None => {
-                removals.remove(k);
-                dropped += 1;
-            }
-        }
-    }
-    apply(&db.queue, removals)?;
-    // Layout 2 keeps the next offsets in `counters` (the scan rewrites the tree after).
+    // Next offsets: the consume queues' and the counters' (the scan rewrites the tree after).
     for kv in db.counters.iter() {
         let (k, v) = kv.map_err(db_err)?;
         if let Some(Counter::Queue(q, next, _)) = codec::decode_counter(&k, &v) {
-            let st = queues.entry(q).or_default();
-            st.next = st.next.max(next);
+            cq.raise_next(q, next);
+        }
+    }
+    let mut queues: HashMap<u64, QueueState> = HashMap::new();
+    for q in cq.ids() {
+        let next = cq.offsets(q).next;
+        if next == 0 {
+            continue;
+        }
+        let st = queues.entry(q).or_default();
+        st.next = next;
+        let mut at = 0;
+        loop {
+            let runs = cq.offsets(q).runs(at, 65_536);
+            let Some(&(_, last)) = runs.last() else { break };
+            for (a, b) in runs {
+                let mut expected = a;
+                for (off, p) in cq.read_block(q, a, b).map_err(io_err)? {
+                    if off > expected {
+                        cq.settle(q, expected, off);
+                        dropped += off - expected;
+                    }
+                    if live(p.pos.0, p.size) {
+                        st.len += 1;
+                        count(p.pos.0);
+                    } else {
+                        cq.settle(q, off, off + 1);
+                        dropped += 1;
+                    }
+                    expected = off + 1;
+                }
+                if b > expected {
+                    cq.settle(q, expected, b);
+                    dropped += b - expected;
+                }
+            }
+            at = last;
         }
     }
 
@@ -279,10 +391,12 @@ pub(crate) fn recover_index(db: &Db, log: &Log) -> Result<Index, JournalError> {
     Ok(index)
 }
 
-/// Counts references per segment and entries per queue as sled holds them now, without
-/// changing anything (diagnostics: compared with the writer's in-memory counters).
+/// Counts references per segment and entries per queue as sled and the consume queues hold
+/// them now, without changing anything (diagnostics: compared with the writer's in-memory
+/// counters).
 pub(crate) fn recount(
     db: &Db,
+    cq: &ConsumeQueues,
     locate: impl Fn(u64) -> Option<u64>,
 ) -> Result<(RefCounts, HashMap<u64, u64>), JournalError> {
     let mut refs = RefCounts::default();
@@ -292,11 +406,16 @@ pub(crate) fn recount(
         }
     };
     let mut lens: HashMap<u64, u64> = HashMap::new();
-    for kv in db.queue.iter() {
-        let (k, v) = kv.map_err(db_err)?;
-        if let (Some(QueueKey::Entry(q, _)), Some(p)) = (codec::decode_queue_key(&k), codec::decode_pointer(&v)) {
-            *lens.entry(q).or_default() += 1;
-            count(p.pos.0);
+    for q in cq.ids() {
+        let mut at = 0;
+        loop {
+            let page = cq.entries(q, at, 65_536).map_err(io_err)?;
+            let Some(&(last, _)) = page.last() else { break };
+            for (_, p) in page {
+                *lens.entry(q).or_default() += 1;
+                count(p.pos.0);
+            }
+            at = last + 1;
         }
     }
     for kv in db.retained.iter() {

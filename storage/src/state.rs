@@ -37,18 +37,18 @@ pub(crate) struct Shared {
     pub(crate) batches: AtomicU64,
     /// Commit-log `fdatasync`s since open.
     pub(crate) fsyncs: AtomicU64,
-    /// Every change up to here is in sled (the hot consume-queue changes included): what a
-    /// checkpoint may claim.
+    /// Every change up to here is in sled and the consume queues (their settled offsets
+    /// included): what a checkpoint may claim.
     pub(crate) applied: AtomicU64,
     /// End of the last effects record written.
     pub(crate) effects_end: AtomicU64,
-    /// Consume-queue changes not drained to sled yet.
-    pub(crate) hot: crate::hot::Hot,
+    /// The consume-queue files and offsets.
+    pub(crate) cq: crate::cq::ConsumeQueues,
     /// The durable checkpoint: sled holds every change up to here after a crash.
     pub(crate) checkpointed: AtomicU64,
     /// Checkpoint rounds (sled flushes) since open.
     pub(crate) checkpoints: AtomicU64,
-    /// Drains of the hot consume-queue changes to sled since open.
+    /// Drains of the consume-queue offsets and counters to sled since open.
     pub(crate) drains: AtomicU64,
     /// Batches taken back because the file system was full, since open.
     pub(crate) out_of_space: AtomicU64,

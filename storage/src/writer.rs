@@ -35,6 +35,10 @@ const RETENTION_INTERVAL: Duration = Duration::from_secs(1);
 const FREE_SPACE_RECHECK: Duration = Duration::from_millis(100);
 /// How often opening sled again is tried while it is out of space.
 const REOPEN_INTERVAL: Duration = Duration::from_millis(250);
+/// Entries per block the writer reads to settle entries ([`Writer::queue_entry`]).
+const READ_BLOCK: u64 = 256;
+/// Queues whose last block the writer keeps.
+const READ_CACHE_QUEUES: usize = 1024;
 /// Free space wanted before sled is opened again (at least; also the journal's floor and
 /// the ballast's size).
 const REOPEN_MIN_FREE: u64 = 4 << 20;
@@ -134,8 +138,8 @@ struct Pending {
     counters: Overlay,
     /// Counters of the queues touched by this batch.
     queues: HashMap<u64, QueueState>,
-    /// Keys of `queue` entries this batch added at fresh offsets (sled cannot hold them).
-    fresh: HashSet<[u8; 16]>,
+    /// Queues this batch deleted (their consume-queue files go once it is committed).
+    deleted: Vec<u64>,
 }
 
 impl Pending {
@@ -164,7 +168,7 @@ impl Pending {
             o.clear();
         }
         self.queues.clear();
-        self.fresh.clear();
+        self.deleted.clear();
     }
 }
 
@@ -208,6 +212,9 @@ pub(crate) struct Writer {
     /// Changes of the `counters` tree since the last drain (read only at open, so they
     /// wait for the drain too; the effects records hold them meanwhile).
     counters: Overlay,
+    /// Blocks of consume-queue entries read for settling (one per queue: acknowledgements
+    /// come mostly in offset order), dropped when the queue is written.
+    read_cache: HashMap<u64, (u64, Vec<Option<Pointer>>)>,
 }
 
 impl Writer {
@@ -246,6 +253,7 @@ impl Writer {
             drained_at,
             last_drain: now,
             counters: Overlay::default(),
+            read_cache: HashMap::new(),
         }
     }
 
@@ -401,9 +409,9 @@ impl Writer {
         self.maybe_retention();
     }
 
-    /// Once per checkpoint interval, or once the log grew by `checkpoint_bytes`: moves the
-    /// hot consume-queue changes to sled (what was acknowledged meanwhile never gets
-    /// there), so that the checkpoint can move on. Either trigger restarts both counts.
+    /// Once per checkpoint interval, or once the log grew by `checkpoint_bytes`: stores the
+    /// consume queues' settled offsets and the counters in sled, so that the checkpoint can
+    /// move on. Either trigger restarts both counts.
     fn maybe_drain(&mut self) {
         if self.poisoned.is_some() || self.store_full.is_some() {
             return;
@@ -431,9 +439,9 @@ impl Writer {
         }
     }
 
-    /// Whether consume-queue or counter changes wait for a drain.
+    /// Whether consume-queue offsets or counter changes wait for a drain.
     fn has_undrained(&self) -> bool {
-        !self.shared.hot.is_empty() || !self.counters.is_empty()
+        self.shared.cq.has_dirty() || !self.counters.is_empty()
     }
 
     /// Moves the changes waiting in memory to sled (between batches: then sled holds
@@ -443,7 +451,7 @@ impl Writer {
         if self.has_undrained() {
             self.shared.drains.fetch_add(1, Ordering::Relaxed);
             db.db.insert(checkpoint::APPLIED, &codec::encode_u64(end)).map_err(|e| sled_failed("sled drain", e))?;
-            self.shared.hot.drain(&db.queue).map_err(|e| sled_failed("sled drain", e))?;
+            self.shared.cq.drain(&db.settled).map_err(|e| sled_failed("sled drain", e))?;
             self.counters.apply(&db.counters).map_err(|e| sled_failed("sled drain", e))?;
         }
         self.shared.applied.store(end, Ordering::Release);
@@ -524,8 +532,10 @@ impl Writer {
                 }
             }
         }
-        let opened = crate::db::Db::open(&shared.config.dir.join("db"), shared.config.cache_bytes)
-            .and_then(|db| recovery::recover_state(&db, &shared.log, false).map(|(index, _)| (db, index)));
+        let opened = crate::db::Db::open(&shared.config.dir.join("db"), shared.config.cache_bytes).and_then(|db| {
+            recovery::recover_state(&db, &shared.log, &shared.cq, crate::format::Found::Current)
+                .map(|(index, _)| (db, index))
+        });
         let (db, index) = match opened {
             Ok(opened) => opened,
             Err(e) => {
@@ -547,8 +557,8 @@ impl Writer {
         }
         self.live.clear();
         self.pending.clear();
-        // The replay put them into sled.
-        shared.hot.clear();
+        // The replay put them into sled and the consume queues.
+        self.read_cache.clear();
         self.counters.clear();
         let end = shared.log.end();
         shared.applied.store(end, Ordering::Release);
@@ -716,30 +726,12 @@ impl Writer {
         }
     }
 
-    /// Recounts references and queue lengths from sled and compares them with the
-    /// in-memory counters.
+    /// Recounts references and queue lengths from sled and the consume queues and compares
+    /// them with the in-memory counters.
     fn verify(&self) -> Result<(), String> {
         let db = self.shared.db().map_err(|e| e.to_string())?;
-        let (mut refs, mut lens) = recovery::recount(&db, |pos| self.segment_base(pos)).map_err(|e| e.to_string())?;
-        // The hot changes over sled's entries.
-        for (k, slot) in self.shared.hot.snapshot() {
-            let Some(codec::QueueKey::Entry(q, _)) = codec::decode_queue_key(&k) else { continue };
-            let stored = db.queue.get(&k).map_err(|e| e.to_string())?;
-            for (v, add) in [(stored.as_ref(), false), (slot.value(), true)] {
-                let Some(p) = v.and_then(|v| codec::decode_pointer(v)) else { continue };
-                let len = lens.entry(q).or_default();
-                match self.segment_base(p.pos.0) {
-                    Some(base) if add => refs.inc(base),
-                    Some(base) => refs.dec(base),
-                    None => {}
-                }
-                if add {
-                    *len += 1;
-                } else {
-                    *len = len.saturating_sub(1);
-                }
-            }
-        }
+        let (refs, mut lens) =
+            recovery::recount(&db, &self.shared.cq, |pos| self.segment_base(pos)).map_err(|e| e.to_string())?;
         lens.retain(|_, n| *n > 0);
         if refs != self.refs {
             return Err(format!("reference counts: in memory {:?}, in sled {:?}", self.refs, refs));
@@ -778,13 +770,18 @@ impl Writer {
             return Err(Fail::StoreFull("sled batch: injected: No space left on device".into()));
         }
         if has_effects {
-            // The consume-queue and counter changes stay in memory until the next drain.
-            let fresh = std::mem::take(&mut self.pending.fresh);
+            // Consume-queue entries go to their files (unsynced: the checkpointer syncs
+            // them), settlements to memory until the next drain, as do the counters.
             let queue = self.pending.queue.take();
-            self.shared.hot.merge(queue.into_iter().map(|(k, v)| {
-                let is_fresh = <[u8; 16]>::try_from(&k[..]).is_ok_and(|k| fresh.contains(&k));
-                (k, v, is_fresh)
-            }));
+            let written =
+                self.shared.cq.apply_changes(queue).map_err(|e| Fail::Fatal(format!("consume queue write: {e}")))?;
+            for q in written {
+                self.read_cache.remove(&q);
+            }
+            for q in std::mem::take(&mut self.pending.deleted) {
+                self.shared.cq.delete_queue(q);
+                self.read_cache.remove(&q);
+            }
             for (k, v) in self.pending.counters.take() {
                 match v {
                     Some(v) => self.counters.insert(k, v),
@@ -985,35 +982,72 @@ impl Writer {
         }
     }
 
-    /// The current value of a `queue` key: this batch's change, else the hot one, else sled's.
-    fn queue_get(&self, db: &Db, key: &[u8]) -> Result<Option<sled::IVec>, Fail> {
-        if let Some(change) = self.pending.queue.change(key) {
-            return Ok(change);
+    /// The live entry at `offset` of `queue`: this batch's change, else the consume queue's.
+    fn queue_entry(&mut self, queue: u64, offset: u64) -> Result<Option<Pointer>, Fail> {
+        if let Some(change) = self.pending.queue.change(&codec::queue_key(queue, offset)) {
+            return Ok(change.as_deref().and_then(codec::decode_pointer));
         }
-        if let Some(slot) = self.shared.hot.get(key) {
-            return Ok(slot.value().cloned());
+        if !self.shared.cq.is_live(queue, offset) {
+            return Ok(None);
         }
-        db.queue.get(key).map_err(sled_fatal)
+        let base = offset - offset % READ_BLOCK;
+        let i = (offset - base) as usize;
+        if let Some((b, block)) = self.read_cache.get(&queue) {
+            if *b == base {
+                return Ok(block[i]);
+            }
+        }
+        let read = self
+            .shared
+            .cq
+            .read_block(queue, base, base + READ_BLOCK)
+            .map_err(|e| Fail::Fatal(format!("consume queue read: {e}")))?;
+        let mut block = vec![None; READ_BLOCK as usize];
+        for (off, p) in read {
+            block[(off - base) as usize] = Some(p);
+        }
+        let found = block[i];
+        if self.read_cache.len() >= READ_CACHE_QUEUES {
+            self.read_cache.clear();
+        }
+        self.read_cache.insert(queue, (base, block));
+        Ok(found)
     }
 
-    /// Removes every `queue` entry in `lo..=hi` (as [`Writer::queue_get`] sees them) and
-    /// returns the removed values: sled's range, with the hot changes and then this
-    /// batch's laid over it, read once each.
-    fn queue_remove_range(&mut self, db: &Db, lo: &[u8], hi: &[u8]) -> Result<Vec<sled::IVec>, Fail> {
+    /// Removes every live entry of `queue` in `from..to` (as [`Writer::queue_entry`] sees
+    /// them) and returns the removed ones: the consume queue's, with this batch's changes
+    /// laid over them.
+    fn queue_remove_range(&mut self, queue: u64, from: u64, to: u64) -> Result<Vec<Pointer>, Fail> {
+        if from >= to {
+            return Ok(Vec::new());
+        }
         let mut current = std::collections::BTreeMap::new();
-        for kv in db.queue.range(lo..=hi) {
-            let (k, v) = kv.map_err(sled_fatal)?;
-            current.insert(k, Some(v));
+        let mut at = from;
+        loop {
+            let page =
+                self.shared.cq.entries(queue, at, 4096).map_err(|e| Fail::Fatal(format!("consume queue read: {e}")))?;
+            let Some(&(last, _)) = page.last() else { break };
+            for (off, p) in page {
+                if off < to {
+                    current.insert(off, Some(p));
+                }
+            }
+            if last.saturating_add(1) >= to {
+                break;
+            }
+            at = last + 1;
         }
-        for (k, slot) in self.shared.hot.range(lo, hi) {
-            current.insert(k, slot.value().cloned());
+        let (lo, hi) = (codec::queue_key(queue, from), codec::queue_key(queue, to - 1));
+        for (k, v) in self.pending.queue.changes_in(&lo, &hi) {
+            if let Some(codec::QueueKey::Entry(_, off)) = codec::decode_queue_key(&k) {
+                current.insert(off, v.as_deref().and_then(codec::decode_pointer));
+            }
         }
-        current.extend(self.pending.queue.changes_in(lo, hi));
         let mut removed = Vec::new();
-        for (k, v) in current {
-            if let Some(v) = v {
-                self.pending.queue.remove(k);
-                removed.push(v);
+        for (off, p) in current {
+            if let Some(p) = p {
+                self.pending.queue.remove(&codec::queue_key(queue, off)[..]);
+                removed.push(p);
             }
         }
         Ok(removed)
@@ -1044,7 +1078,6 @@ impl Writer {
             let p = Pointer { pos: LogPos(pos), size, body_len, tag_hash: t.tag_hash, flags: t.flags };
             let key = codec::queue_key(q, offset);
             self.pending.queue.insert(&key[..], &codec::encode_pointer(&p)[..]);
-            self.pending.fresh.insert(key);
             if let Some(base) = base {
                 self.refs.inc(base);
             }
@@ -1091,52 +1124,37 @@ impl Writer {
                 receipt.appended.push(Appended { pos, size, offsets });
             }
             Op::Remove { queue, offset } => {
-                let key = codec::queue_key(queue.0, offset);
-                if let Some(v) = self.queue_get(db, &key)? {
-                    if let Some(p) = codec::decode_pointer(&v) {
-                        self.release(p.pos.0);
-                    }
-                    self.pending.queue.remove(&key[..]);
+                if let Some(p) = self.queue_entry(queue.0, offset)? {
+                    self.release(p.pos.0);
+                    self.pending.queue.remove(&codec::queue_key(queue.0, offset)[..]);
                     let st = self.queue_state(queue.0);
                     st.len = st.len.saturating_sub(1);
                 }
             }
             Op::RemoveRange { queue, from, to } => {
                 if from < to {
-                    let removed = self.queue_remove_range(
-                        db,
-                        &codec::queue_key(queue.0, from),
-                        &codec::queue_key(queue.0, to - 1),
-                    )?;
+                    let removed = self.queue_remove_range(queue.0, from, to)?;
                     let n = removed.len() as u64;
-                    for v in removed {
-                        if let Some(p) = codec::decode_pointer(&v) {
-                            self.release(p.pos.0);
-                        }
+                    for p in removed {
+                        self.release(p.pos.0);
                     }
                     let st = self.queue_state(queue.0);
                     st.len = st.len.saturating_sub(n);
                 }
             }
             Op::SetFlags { queue, offset, flags } => {
-                let key = codec::queue_key(queue.0, offset);
-                if let Some(v) = self.queue_get(db, &key)? {
-                    if let Some(mut p) = codec::decode_pointer(&v) {
-                        p.flags = flags;
-                        self.pending.queue.insert(&key[..], &codec::encode_pointer(&p)[..]);
-                    }
+                if let Some(mut p) = self.queue_entry(queue.0, offset)? {
+                    p.flags = flags;
+                    let key = codec::queue_key(queue.0, offset);
+                    self.pending.queue.insert(&key[..], &codec::encode_pointer(&p)[..]);
                 }
             }
             Op::DeleteQueue { queue } => {
                 let q = queue.0;
-                let removed = self.queue_remove_range(db, &codec::queue_key(q, 0), &codec::queue_key(q, u64::MAX))?;
-                for v in removed {
-                    if let Some(p) = codec::decode_pointer(&v) {
-                        self.release(p.pos.0);
-                    }
+                for p in self.queue_remove_range(q, 0, u64::MAX)? {
+                    self.release(p.pos.0);
                 }
-                // Layout 1 kept the high-water mark here.
-                self.pending.queue.remove(&codec::queue_hwm_key(q)[..]);
+                self.pending.deleted.push(q);
                 let id = codec::encode_u64(q);
                 if let Some(name) = self.pending.queue_ids.get(&db.queue_ids, &id).map_err(sled_fatal)? {
                     let mapped = self.pending.queue_names.get(&db.queue_names, &name).map_err(sled_fatal)?;

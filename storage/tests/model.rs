@@ -40,6 +40,10 @@ enum Step {
     /// Stop as a crash would (no checkpoint) and reopen: the log since the checkpoint is
     /// replayed.
     Crash,
+    /// A crash that also tears the consume-queue files: whatever was written to them since
+    /// the journal was opened (when a run takes no checkpoints but the one at open) is cut
+    /// off (`true`) or overwritten with garbage; recovery rebuilds it from the log.
+    CrashTorn(bool, u64),
     /// `queue_id` of the queue's name (a new id if the queue was deleted).
     Name(u8),
 }
@@ -68,6 +72,7 @@ fn step() -> impl Strategy<Value = Step> {
         8 => prop::collection::vec(prop::collection::vec(op_spec(), 1..4), 1..4).prop_map(Step::Submit),
         1 => Just(Step::Restart),
         1 => Just(Step::Crash),
+        1 => (any::<bool>(), any::<u64>()).prop_map(|(cut, seed)| Step::CrashTorn(cut, seed)),
         1 => (0u8..QUEUES as u8).prop_map(Step::Name),
     ]
 }
@@ -313,18 +318,65 @@ impl Model {
     }
 }
 
-fn config(dir: &Path, policy: FsyncPolicy) -> JournalConfig {
+fn config(dir: &Path, policy: FsyncPolicy, checkpoints: bool) -> JournalConfig {
     let mut c = common::config(dir, policy);
     c.segment_size = 1024;
     c.max_batch = 3;
-    // Checkpoints land anywhere in a run, so crashes replay from changing places.
-    c.checkpoint_interval = std::time::Duration::from_millis(3);
+    if checkpoints {
+        // Checkpoints land anywhere in a run, so crashes replay from changing places.
+        c.checkpoint_interval = std::time::Duration::from_millis(3);
+    } else {
+        // Only the one each open writes: nothing written since is trusted by recovery.
+        c.checkpoint_interval = std::time::Duration::from_secs(3600);
+        c.checkpoint_bytes = 0;
+    }
     c
 }
 
-fn run(policy: FsyncPolicy, steps: Vec<Step>) {
+/// Lengths of the consume-queue files.
+fn cq_files(dir: &Path) -> BTreeMap<std::path::PathBuf, u64> {
+    let mut files = BTreeMap::new();
+    let Ok(queues) = std::fs::read_dir(dir.join("cq")) else { return files };
+    for q in queues {
+        for f in std::fs::read_dir(q.unwrap().path()).unwrap() {
+            let f = f.unwrap();
+            files.insert(f.path(), f.metadata().unwrap().len());
+        }
+    }
+    files
+}
+
+/// Cuts every consume-queue file back to its length in `at_open`, or overwrites what
+/// grew since with garbage.
+fn tear_cq_files(dir: &Path, at_open: &BTreeMap<std::path::PathBuf, u64>, cut: bool, mut seed: u64) {
+    use std::os::unix::fs::FileExt;
+    for (path, len) in cq_files(dir) {
+        let kept = at_open.get(&path).copied().unwrap_or(0).min(len);
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        if cut {
+            f.set_len(kept).unwrap();
+        } else {
+            let garbage: Vec<u8> = (kept..len)
+                .map(|_| {
+                    seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    // Often the presence byte, so that torn entries look written.
+                    if seed >> 62 == 0 {
+                        0xCE
+                    } else {
+                        (seed >> 33) as u8
+                    }
+                })
+                .collect();
+            f.write_all_at(&garbage, kept).unwrap();
+        }
+    }
+}
+
+fn run(policy: FsyncPolicy, checkpoints: bool, steps: Vec<Step>) {
     let dir = tempfile::tempdir().unwrap();
-    let mut j = Journal::open(config(dir.path(), policy)).unwrap();
+    let config = |dir: &Path| config(dir, policy, checkpoints);
+    let mut j = Journal::open(config(dir.path())).unwrap();
+    let mut at_open = cq_files(dir.path());
     let queues = (0..QUEUES)
         .map(|i| ModelQueue {
             id: j.queue_id(&format!("q{i}")).unwrap(),
@@ -345,12 +397,17 @@ fn run(policy: FsyncPolicy, steps: Vec<Step>) {
             Step::Restart => {
                 j.close().unwrap();
                 drop(j);
-                j = Journal::open(config(dir.path(), policy)).unwrap();
+                j = Journal::open(config(dir.path())).unwrap();
+                at_open = cq_files(dir.path());
             }
-            Step::Crash => {
+            Step::Crash | Step::CrashTorn(..) => {
                 j.crash();
                 drop(j);
-                j = Journal::open(config(dir.path(), policy)).unwrap();
+                if let (Step::CrashTorn(cut, seed), false) = (&step, checkpoints) {
+                    tear_cq_files(dir.path(), &at_open, *cut, *seed);
+                }
+                j = Journal::open(config(dir.path())).unwrap();
+                at_open = cq_files(dir.path());
                 assert!(!j.stats().index_scanned, "replayed, not scanned");
             }
             Step::Name(q) => {
@@ -413,7 +470,7 @@ fn run(policy: FsyncPolicy, steps: Vec<Step>) {
     }
     j.close().unwrap();
     drop(j);
-    let j = Journal::open(config(dir.path(), policy)).unwrap();
+    let j = Journal::open(config(dir.path())).unwrap();
     model.check(&j);
     j.verify_counters().unwrap();
 }
@@ -427,7 +484,11 @@ proptest! {
     })]
 
     #[test]
-    fn journal_matches_model(policy in policy(), steps in prop::collection::vec(step(), 1..30)) {
-        run(policy, steps);
+    fn journal_matches_model(
+        policy in policy(),
+        checkpoints in any::<bool>(),
+        steps in prop::collection::vec(step(), 1..30),
+    ) {
+        run(policy, checkpoints, steps);
     }
 }

@@ -1,0 +1,644 @@
+//! Consume queues as files (RocketMQ's ConsumeQueue): per queue, append-only files of
+//! fixed-size entries addressed by offset, and in memory which offsets are settled (a
+//! consume offset plus the ranges settled out of order above it).
+//!
+//! ```text
+//! dir/cq/<queue id, 20 digits>/<first offset, 20 digits>.cq   FILE_ENTRIES entries of ENTRY_BYTES
+//! ```
+//!
+//! An entry is [`Pointer`]'s 21-byte encoding, a presence byte ([`PRESENT`]) and two zero
+//! bytes: a hole in a sparse file (an offset added and settled in the same group commit,
+//! never written) reads as no entry. Entries are written by the writer thread when their
+//! group commit is applied (one `pwrite` per run of offsets per queue), never fsynced on
+//! that path: the checkpointer syncs the files written since its last round
+//! ([`ConsumeQueues::sync`]) before it flushes sled, and recovery rewrites every entry the
+//! effects records after the checkpoint add. So nothing in a file is trusted past the
+//! checkpoint; what lies past a queue's next offset after recovery is cut off.
+//!
+//! Settling (ack, reject, purge) touches no file: it moves the queue's `low` mark or adds a
+//! range ([`Offsets`]); the writer stores the changed queues' offsets in sled's `settled`
+//! tree at each drain, and a file is deleted once `low` passed its last entry.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::codec;
+use crate::Pointer;
+
+/// Bytes per entry.
+pub(crate) const ENTRY_BYTES: u64 = 24;
+/// Entries per file (6 MiB files).
+pub(crate) const FILE_ENTRIES: u64 = 1 << 18;
+/// The presence byte of a written entry.
+const PRESENT: u8 = 0xCE;
+
+/// Encodes an entry.
+fn encode_entry(p: &Pointer) -> [u8; ENTRY_BYTES as usize] {
+    let mut e = [0u8; ENTRY_BYTES as usize];
+    e[..21].copy_from_slice(&codec::encode_pointer(p));
+    e[21] = PRESENT;
+    e
+}
+
+/// Decodes an entry (`None`: a hole, or not an entry).
+fn decode_entry(b: &[u8]) -> Option<Pointer> {
+    if b.len() < ENTRY_BYTES as usize || b[21] != PRESENT {
+        return None;
+    }
+    codec::decode_pointer(&b[..21])
+}
+
+/// Which offsets of a queue exist and which are settled: every offset below `low` is,
+/// and so is every offset in a range of `ranges` (start -> end, exclusive; each starts
+/// above `low` and no two touch). Offsets from `next` on were never added.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Offsets {
+    /// Every offset below is settled (the consume offset).
+    pub(crate) low: u64,
+    /// One past the highest offset added.
+    pub(crate) next: u64,
+    ranges: BTreeMap<u64, u64>,
+}
+
+impl Offsets {
+    /// Whether `offset` holds a live (added, unsettled) entry.
+    pub(crate) fn is_live(&self, offset: u64) -> bool {
+        offset >= self.low
+            && offset < self.next
+            && self.ranges.range(..=offset).next_back().is_none_or(|(_, &end)| offset >= end)
+    }
+
+    /// Settles `from..to`.
+    pub(crate) fn settle(&mut self, from: u64, to: u64) {
+        let from = from.max(self.low);
+        if to <= from {
+            return;
+        }
+        let (mut start, mut end) = (from, to);
+        if let Some((&s, &e)) = self.ranges.range(..=from).next_back() {
+            if e >= from {
+                start = s;
+                end = end.max(e);
+            }
+        }
+        let touching: Vec<u64> = self.ranges.range(start..=end).map(|(&s, _)| s).collect();
+        for s in touching {
+            if let Some(e) = self.ranges.remove(&s) {
+                end = end.max(e);
+            }
+        }
+        if start == self.low {
+            self.low = end;
+        } else {
+            self.ranges.insert(start, end);
+        }
+    }
+
+    /// Up to `limit` live offsets from `from` on, as runs `start..end`.
+    pub(crate) fn runs(&self, from: u64, limit: usize) -> Vec<(u64, u64)> {
+        let mut runs = Vec::new();
+        let mut at = from.max(self.low);
+        let mut left = limit as u64;
+        // A range that began before `at` may still cover it.
+        if let Some((_, &e)) = self.ranges.range(..=at).next_back() {
+            at = at.max(e);
+        }
+        let mut gaps = self.ranges.range(at..);
+        while left > 0 && at < self.next {
+            let (stop, after) = match gaps.next() {
+                Some((&s, &e)) => (s.min(self.next), e),
+                None => (self.next, self.next),
+            };
+            if stop > at {
+                let end = stop.min(at.saturating_add(left));
+                runs.push((at, end));
+                left -= end - at;
+            }
+            at = after;
+        }
+        runs
+    }
+
+    /// The settled ranges above `low` (diagnostics and tests).
+    #[cfg(test)]
+    pub(crate) fn ranges(&self) -> Vec<(u64, u64)> {
+        self.ranges.iter().map(|(&s, &e)| (s, e)).collect()
+    }
+
+    /// The `settled` tree's value: low u64, then start u64 and end u64 per range (next is
+    /// kept in the `counters` tree).
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(8 + self.ranges.len() * 16);
+        v.extend_from_slice(&self.low.to_be_bytes());
+        for (s, e) in &self.ranges {
+            v.extend_from_slice(&s.to_be_bytes());
+            v.extend_from_slice(&e.to_be_bytes());
+        }
+        v
+    }
+
+    /// Decodes [`Offsets::encode`]'s value, with `next` from the counters.
+    pub(crate) fn decode(v: &[u8], next: u64) -> Option<Offsets> {
+        if v.len() < 8 || !(v.len() - 8).is_multiple_of(16) {
+            return None;
+        }
+        let word = |i: usize| u64::from_be_bytes(v[i..i + 8].try_into().unwrap_or_default());
+        let mut o = Offsets { low: word(0), next, ranges: BTreeMap::new() };
+        for i in (8..v.len()).step_by(16) {
+            o.ranges.insert(word(i), word(i + 8));
+        }
+        Some(o)
+    }
+}
+
+/// One queue's files and offsets.
+struct QueueFiles {
+    dir: PathBuf,
+    /// Files by first offset; `None`: exists, not opened yet.
+    files: Mutex<BTreeMap<u64, Option<Arc<File>>>>,
+    offsets: RwLock<Offsets>,
+}
+
+impl QueueFiles {
+    fn path(&self, base: u64) -> PathBuf {
+        self.dir.join(format!("{base:020}.cq"))
+    }
+
+    /// The file holding `offset`, opened (created if `create`); `None`: it does not exist.
+    fn file(&self, offset: u64, create: bool, new_files: &Mutex<NewFiles>) -> io::Result<Option<Arc<File>>> {
+        let base = offset - offset % FILE_ENTRIES;
+        let mut files = self.files.lock();
+        if let Some(Some(f)) = files.get(&base) {
+            return Ok(Some(f.clone()));
+        }
+        let known = files.contains_key(&base);
+        if !known && !create {
+            return Ok(None);
+        }
+        let path = self.path(base);
+        let opened = OpenOptions::new().read(true).write(true).create(create).truncate(false).open(&path);
+        let file = match opened {
+            Ok(f) => Arc::new(f),
+            Err(e) if e.kind() == io::ErrorKind::NotFound && !create => {
+                files.remove(&base);
+                return Ok(None);
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                // The queue's directory is new.
+                fs::create_dir_all(&self.dir)?;
+                new_files.lock().dirs.insert(self.dir.parent().map(Path::to_path_buf).unwrap_or_default());
+                Arc::new(OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path)?)
+            }
+            Err(e) => return Err(e),
+        };
+        if !known {
+            new_files.lock().dirs.insert(self.dir.clone());
+        }
+        files.insert(base, Some(file.clone()));
+        Ok(Some(file))
+    }
+
+    /// Appends the entries of `from..to` present in the files to `out` (missing files and
+    /// holes are skipped).
+    fn read_run(&self, from: u64, to: u64, out: &mut Vec<(u64, Pointer)>, nf: &Mutex<NewFiles>) -> io::Result<()> {
+        let mut at = from;
+        let mut buf = Vec::new();
+        while at < to {
+            let base = at - at % FILE_ENTRIES;
+            let stop = to.min(base + FILE_ENTRIES);
+            if let Some(file) = self.file(at, false, nf)? {
+                buf.resize(((stop - at) * ENTRY_BYTES) as usize, 0);
+                let n = read_full(&file, &mut buf, (at - base) * ENTRY_BYTES)?;
+                for (i, e) in buf[..n].chunks_exact(ENTRY_BYTES as usize).enumerate() {
+                    if let Some(p) = decode_entry(e) {
+                        out.push((at + i as u64, p));
+                    }
+                }
+            }
+            at = stop;
+        }
+        Ok(())
+    }
+}
+
+/// Reads into `buf` at `pos` until it is full or the file ends; returns the bytes read.
+fn read_full(file: &File, buf: &mut [u8], pos: u64) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match file.read_at(&mut buf[n..], pos + n as u64) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// Files written and directories changed since the checkpointer's last round.
+#[derive(Default)]
+struct NewFiles {
+    files: HashMap<(u64, u64), Arc<File>>,
+    dirs: HashSet<PathBuf>,
+}
+
+/// Every consume queue's files and offsets (see the module doc).
+pub(crate) struct ConsumeQueues {
+    root: PathBuf,
+    queues: RwLock<HashMap<u64, Arc<QueueFiles>>>,
+    unsynced: Mutex<NewFiles>,
+    /// Queues whose offsets changed since the last drain (writer only).
+    dirty: Mutex<HashSet<u64>>,
+}
+
+impl ConsumeQueues {
+    /// Opens `root` (created if missing) and lists the queues and files in it; their
+    /// offsets are set by [`ConsumeQueues::restore`].
+    pub(crate) fn open(root: &Path) -> io::Result<ConsumeQueues> {
+        fs::create_dir_all(root)?;
+        let mut queues = HashMap::new();
+        for entry in fs::read_dir(root)? {
+            let entry = entry?;
+            let Some(id) = entry.file_name().to_str().and_then(|n| n.parse::<u64>().ok()) else {
+                tracing::warn!(path = ?entry.path(), "ignoring unexpected file in the consume-queue directory");
+                continue;
+            };
+            let mut files = BTreeMap::new();
+            for f in fs::read_dir(entry.path())? {
+                let f = f?;
+                let base = f.file_name().to_str().and_then(|n| n.strip_suffix(".cq")).and_then(|n| n.parse().ok());
+                match base {
+                    Some(base) => {
+                        files.insert(base, None);
+                    }
+                    None => tracing::warn!(path = ?f.path(), "ignoring unexpected file in a consume-queue directory"),
+                }
+            }
+            let q = QueueFiles { dir: entry.path(), files: Mutex::new(files), offsets: RwLock::default() };
+            queues.insert(id, Arc::new(q));
+        }
+        Ok(ConsumeQueues {
+            root: root.to_path_buf(),
+            queues: RwLock::new(queues),
+            unsynced: Mutex::default(),
+            dirty: Mutex::default(),
+        })
+    }
+
+    fn get(&self, queue: u64) -> Option<Arc<QueueFiles>> {
+        self.queues.read().get(&queue).cloned()
+    }
+
+    fn get_or_add(&self, queue: u64) -> Arc<QueueFiles> {
+        if let Some(q) = self.get(queue) {
+            return q;
+        }
+        let mut queues = self.queues.write();
+        queues
+            .entry(queue)
+            .or_insert_with(|| {
+                Arc::new(QueueFiles {
+                    dir: self.root.join(format!("{queue:020}")),
+                    files: Mutex::default(),
+                    offsets: RwLock::default(),
+                })
+            })
+            .clone()
+    }
+
+    /// Sets every queue's offsets (at open, and when sled was opened again): `next` from
+    /// the counters, the settled part from the `settled` tree. Queues without either start
+    /// empty.
+    pub(crate) fn restore(&self, next: &HashMap<u64, u64>, settled: HashMap<u64, Vec<u8>>) -> Result<(), String> {
+        for q in self.queues.read().values() {
+            *q.offsets.write() = Offsets::default();
+        }
+        for (&id, &n) in next {
+            *self.get_or_add(id).offsets.write() = Offsets { next: n, ..Offsets::default() };
+        }
+        for (id, v) in settled {
+            let q = self.get_or_add(id);
+            let mut o = q.offsets.write();
+            let next = o.next;
+            *o = Offsets::decode(&v, next).ok_or_else(|| format!("malformed entry of queue {id} in tree `settled`"))?;
+        }
+        self.dirty.lock().clear();
+        Ok(())
+    }
+
+    /// Queue ids with files or offsets.
+    pub(crate) fn ids(&self) -> Vec<u64> {
+        let mut ids: Vec<u64> = self.queues.read().keys().copied().collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// A copy of a queue's offsets.
+    pub(crate) fn offsets(&self, queue: u64) -> Offsets {
+        self.get(queue).map(|q| q.offsets.read().clone()).unwrap_or_default()
+    }
+
+    /// Raises a queue's next offset to at least `next` (recovery: the counters after replay).
+    pub(crate) fn raise_next(&self, queue: u64, next: u64) {
+        let q = self.get_or_add(queue);
+        let mut o = q.offsets.write();
+        o.next = o.next.max(next);
+    }
+
+    /// Up to `limit` live entries of `queue` from offset `from` on, in offset order.
+    pub(crate) fn entries(&self, queue: u64, from: u64, limit: usize) -> io::Result<Vec<(u64, Pointer)>> {
+        let Some(q) = self.get(queue) else { return Ok(Vec::new()) };
+        let runs = q.offsets.read().runs(from, limit);
+        let mut out = Vec::new();
+        for (a, b) in runs {
+            q.read_run(a, b, &mut out, &self.unsynced)?;
+        }
+        Ok(out)
+    }
+
+    /// Whether `offset` of `queue` is live.
+    pub(crate) fn is_live(&self, queue: u64, offset: u64) -> bool {
+        self.get(queue).is_some_and(|q| q.offsets.read().is_live(offset))
+    }
+
+    /// The entries present in the files in `from..to`, live or not (a block for the
+    /// writer's cache; recovery's scan).
+    pub(crate) fn read_block(&self, queue: u64, from: u64, to: u64) -> io::Result<Vec<(u64, Pointer)>> {
+        let Some(q) = self.get(queue) else { return Ok(Vec::new()) };
+        let mut out = Vec::new();
+        q.read_run(from, to, &mut out, &self.unsynced)?;
+        Ok(out)
+    }
+
+    /// Writes consecutive entries from offset `first` on (raising the queue's next offset).
+    pub(crate) fn write(&self, queue: u64, first: u64, entries: &[Pointer]) -> io::Result<()> {
+        let q = self.get_or_add(queue);
+        let mut at = first;
+        let mut rest = entries;
+        let mut buf = Vec::with_capacity(entries.len() * ENTRY_BYTES as usize);
+        while !rest.is_empty() {
+            let base = at - at % FILE_ENTRIES;
+            let n = rest.len().min((base + FILE_ENTRIES - at) as usize);
+            buf.clear();
+            for p in &rest[..n] {
+                buf.extend_from_slice(&encode_entry(p));
+            }
+            let file = q.file(at, true, &self.unsynced)?.ok_or_else(|| io::Error::other("consume-queue file"))?;
+            file.write_all_at(&buf, (at - base) * ENTRY_BYTES)?;
+            self.unsynced.lock().files.insert((queue, base), file);
+            at += n as u64;
+            rest = &rest[n..];
+        }
+        let mut o = q.offsets.write();
+        o.next = o.next.max(at);
+        Ok(())
+    }
+
+    /// Applies changes of the effects records' `queue` tree (key: queue id, offset; value:
+    /// an encoded [`Pointer`], `None`: settled), in key order: one write per run of
+    /// consecutive offsets. Returns the queues written to.
+    pub(crate) fn apply_changes(
+        &self,
+        changes: impl IntoIterator<Item = (sled::IVec, Option<sled::IVec>)>,
+    ) -> io::Result<Vec<u64>> {
+        let mut written = Vec::new();
+        let mut run: Option<(u64, u64, Vec<Pointer>)> = None;
+        let flush = |run: &mut Option<(u64, u64, Vec<Pointer>)>, written: &mut Vec<u64>| -> io::Result<()> {
+            if let Some((q, first, entries)) = run.take() {
+                self.write(q, first, &entries)?;
+                if written.last() != Some(&q) {
+                    written.push(q);
+                }
+            }
+            Ok(())
+        };
+        for (k, v) in changes {
+            let Some(codec::QueueKey::Entry(q, off)) = codec::decode_queue_key(&k) else { continue };
+            match v.as_deref().and_then(codec::decode_pointer) {
+                Some(p) => match &mut run {
+                    Some((rq, first, entries)) if *rq == q && *first + entries.len() as u64 == off => entries.push(p),
+                    _ => {
+                        flush(&mut run, &mut written)?;
+                        run = Some((q, off, vec![p]));
+                    }
+                },
+                None => self.settle(q, off, off.saturating_add(1)),
+            }
+        }
+        flush(&mut run, &mut written)?;
+        Ok(written)
+    }
+
+    /// Settles `from..to` of `queue`.
+    pub(crate) fn settle(&self, queue: u64, from: u64, to: u64) {
+        let q = self.get_or_add(queue);
+        let mut o = q.offsets.write();
+        o.settle(from, to);
+        o.next = o.next.max(o.low);
+        self.dirty.lock().insert(queue);
+    }
+
+    /// Forgets a deleted queue: its offsets, and its files (deleted now).
+    pub(crate) fn delete_queue(&self, queue: u64) {
+        let Some(q) = self.queues.write().remove(&queue) else { return };
+        self.dirty.lock().insert(queue);
+        let mut unsynced = self.unsynced.lock();
+        unsynced.files.retain(|(id, _), _| *id != queue);
+        unsynced.dirs.remove(&q.dir);
+        unsynced.dirs.insert(self.root.clone());
+        drop(unsynced);
+        if let Err(e) = fs::remove_dir_all(&q.dir) {
+            if e.kind() != io::ErrorKind::NotFound {
+                tracing::warn!(queue, error = %e, "could not delete the files of a deleted consume queue");
+            }
+        }
+    }
+
+    /// Whether some queue's offsets changed since the last drain.
+    pub(crate) fn has_dirty(&self) -> bool {
+        !self.dirty.lock().is_empty()
+    }
+
+    /// Stores the changed queues' offsets in `settled` (one sled batch, unflushed) and
+    /// deletes the files they settled completely.
+    pub(crate) fn drain(&self, settled: &sled::Tree) -> sled::Result<()> {
+        let dirty: Vec<u64> = self.dirty.lock().drain().collect();
+        let mut batch = sled::Batch::default();
+        for id in dirty {
+            let key = codec::encode_u64(id);
+            match self.get(id) {
+                Some(q) => {
+                    let low = {
+                        let o = q.offsets.read();
+                        batch.insert(&key[..], o.encode());
+                        o.low
+                    };
+                    self.delete_files_below(id, &q, low);
+                }
+                None => batch.remove(&key[..]),
+            }
+        }
+        settled.apply_batch(batch)
+    }
+
+    /// Deletes the files of `q` whose every entry lies below `low`.
+    fn delete_files_below(&self, id: u64, q: &QueueFiles, low: u64) {
+        let done: Vec<u64> =
+            q.files.lock().range(..low).map(|(&b, _)| b).filter(|&b| b + FILE_ENTRIES <= low).collect();
+        for base in done {
+            q.files.lock().remove(&base);
+            self.unsynced.lock().files.remove(&(id, base));
+            match fs::remove_file(q.path(base)) {
+                Ok(()) => {
+                    self.unsynced.lock().dirs.insert(q.dir.clone());
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => tracing::warn!(queue = id, base, error = %e, "could not delete a settled consume-queue file"),
+            }
+        }
+    }
+
+    /// After recovery: deletes the files of queues `live` does not know, cuts every file
+    /// at its queue's next offset (nothing past it is trusted) and deletes settled files.
+    pub(crate) fn trim(&self, live: impl Fn(u64) -> bool) -> io::Result<()> {
+        let all: Vec<(u64, Arc<QueueFiles>)> = self.queues.read().iter().map(|(&id, q)| (id, q.clone())).collect();
+        for (id, q) in all {
+            if !live(id) {
+                self.delete_queue(id);
+                continue;
+            }
+            let (low, next) = {
+                let o = q.offsets.read();
+                (o.low, o.next)
+            };
+            let bases: Vec<u64> = q.files.lock().keys().copied().collect();
+            for base in bases {
+                if base >= next {
+                    q.files.lock().remove(&base);
+                    fs::remove_file(q.path(base))?;
+                    self.unsynced.lock().dirs.insert(q.dir.clone());
+                } else if next < base + FILE_ENTRIES {
+                    let want = (next - base) * ENTRY_BYTES;
+                    if let Some(f) = q.file(base, false, &self.unsynced)? {
+                        if f.metadata()?.len() > want {
+                            f.set_len(want)?;
+                            self.unsynced.lock().files.insert((id, base), f);
+                        }
+                    }
+                }
+            }
+            self.delete_files_below(id, &q, low);
+        }
+        Ok(())
+    }
+
+    /// Makes every file write and directory change since the last call durable (the
+    /// checkpointer, before it flushes sled). What it could not sync is kept for the next
+    /// call.
+    pub(crate) fn sync(&self) -> io::Result<()> {
+        let taken = std::mem::take(&mut *self.unsynced.lock());
+        let mut failed = None;
+        let mut left = NewFiles::default();
+        for (key, file) in taken.files {
+            if let Err(e) = file.sync_data() {
+                failed.get_or_insert(e);
+                left.files.insert(key, file);
+            }
+        }
+        for dir in taken.dirs {
+            let synced = File::open(&dir).and_then(|d| d.sync_all());
+            match synced {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    failed.get_or_insert(e);
+                    left.dirs.insert(dir);
+                }
+            }
+        }
+        if failed.is_some() {
+            let mut unsynced = self.unsynced.lock();
+            unsynced.files.extend(left.files);
+            unsynced.dirs.extend(left.dirs);
+        }
+        failed.map_or(Ok(()), Err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::LogPos;
+
+    fn p(pos: u64) -> Pointer {
+        Pointer { pos: LogPos(pos), size: 30, body_len: 3, tag_hash: 7, flags: 1 }
+    }
+
+    #[test]
+    fn offsets_settle_in_and_out_of_order() {
+        let mut o = Offsets { next: 10, ..Offsets::default() };
+        o.settle(3, 4);
+        o.settle(5, 7);
+        assert_eq!((o.low, o.ranges()), (0, vec![(3, 4), (5, 7)]));
+        assert_eq!(o.runs(0, 100), vec![(0, 3), (4, 5), (7, 10)]);
+        assert_eq!(o.runs(0, 4), vec![(0, 3), (4, 5)]);
+        assert_eq!(o.runs(5, 2), vec![(7, 9)]);
+        o.settle(4, 5);
+        assert_eq!(o.ranges(), vec![(3, 7)]);
+        o.settle(0, 3);
+        assert_eq!((o.low, o.ranges()), (7, vec![]));
+        assert!(!o.is_live(6) && o.is_live(7) && !o.is_live(10));
+        o.settle(9, 10);
+        o.settle(2, 9);
+        assert_eq!((o.low, o.ranges()), (10, vec![]));
+        assert_eq!(o.runs(0, 5), vec![]);
+        let mut o = Offsets { next: 100, ..Offsets::default() };
+        o.settle(10, 20);
+        o.settle(30, 40);
+        o.settle(15, 35);
+        assert_eq!(o.ranges(), vec![(10, 40)]);
+        assert_eq!(Offsets::decode(&o.encode(), 100), Some(o.clone()));
+        assert_eq!(Offsets::decode(&[1, 2], 0), None);
+    }
+
+    #[test]
+    fn entries_are_written_read_settled_and_their_files_deleted() {
+        let dir = tempfile::tempdir().unwrap();
+        let cq = ConsumeQueues::open(dir.path()).unwrap();
+        let n = FILE_ENTRIES as usize + 10;
+        let entries: Vec<Pointer> = (0..n as u64).map(p).collect();
+        cq.write(5, 0, &entries).unwrap();
+        assert_eq!(cq.entries(5, 0, 3).unwrap(), vec![(0, p(0)), (1, p(1)), (2, p(2))]);
+        assert_eq!(
+            cq.entries(5, FILE_ENTRIES - 1, 2).unwrap(),
+            vec![(FILE_ENTRIES - 1, p(FILE_ENTRIES - 1)), (FILE_ENTRIES, p(FILE_ENTRIES))]
+        );
+        cq.settle(5, 1, 2);
+        assert_eq!(cq.entries(5, 0, 2).unwrap(), vec![(0, p(0)), (2, p(2))]);
+        cq.sync().unwrap();
+        let db = sled::Config::new().temporary(true).open().unwrap();
+        let settled = db.open_tree("settled").unwrap();
+        cq.settle(5, 0, FILE_ENTRIES + 3);
+        cq.drain(&settled).unwrap();
+        assert!(!dir.path().join(format!("{:020}/{:020}.cq", 5, 0)).exists(), "a settled file is deleted");
+        assert_eq!(cq.entries(5, 0, 100).unwrap().len(), 7);
+        // Reopened: offsets from the counters and the settled tree; the files as they were.
+        drop(cq);
+        let cq = ConsumeQueues::open(dir.path()).unwrap();
+        let next = HashMap::from([(5, n as u64 + 2)]);
+        let stored = settled.iter().map(|kv| kv.unwrap()).map(|(k, v)| (codec::decode_u64(&k).unwrap(), v.to_vec()));
+        cq.restore(&next, stored.collect()).unwrap();
+        cq.trim(|_| true).unwrap();
+        let got = cq.entries(5, 0, 100).unwrap();
+        assert_eq!(got.first(), Some(&(FILE_ENTRIES + 3, p(FILE_ENTRIES + 3))));
+        assert_eq!(got.len(), 7, "offsets past the written entries are holes");
+        cq.trim(|_| false).unwrap();
+        assert!(!dir.path().join(format!("{:020}", 5)).exists());
+    }
+}
