@@ -26,6 +26,8 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use parking_lot::{Mutex, RwLock};
 
 use crate::codec;
@@ -37,6 +39,9 @@ pub(crate) const ENTRY_BYTES: u64 = 24;
 pub(crate) const FILE_ENTRIES: u64 = 1 << 18;
 /// The presence byte of a written entry.
 const PRESENT: u8 = 0xCE;
+/// Open file handles kept across every queue; past it they are all closed (and opened
+/// again on use), so that many queues with entries do not exhaust file descriptors.
+const MAX_OPEN: usize = 1024;
 
 /// Encodes an entry.
 fn encode_entry(p: &Pointer) -> [u8; ENTRY_BYTES as usize] {
@@ -171,7 +176,8 @@ impl QueueFiles {
     }
 
     /// The file holding `offset`, opened (created if `create`); `None`: it does not exist.
-    fn file(&self, offset: u64, create: bool, new_files: &Mutex<NewFiles>) -> io::Result<Option<Arc<File>>> {
+    fn file(&self, offset: u64, create: bool, handles: &Handles) -> io::Result<Option<Arc<File>>> {
+        let new_files = &handles.unsynced;
         let base = offset - offset % FILE_ENTRIES;
         let mut files = self.files.lock();
         if let Some(Some(f)) = files.get(&base) {
@@ -201,12 +207,13 @@ impl QueueFiles {
             new_files.lock().dirs.insert(self.dir.clone());
         }
         files.insert(base, Some(file.clone()));
+        handles.open.fetch_add(1, Ordering::Relaxed);
         Ok(Some(file))
     }
 
     /// Appends the entries of `from..to` present in the files to `out` (missing files and
     /// holes are skipped).
-    fn read_run(&self, from: u64, to: u64, out: &mut Vec<(u64, Pointer)>, nf: &Mutex<NewFiles>) -> io::Result<()> {
+    fn read_run(&self, from: u64, to: u64, out: &mut Vec<(u64, Pointer)>, nf: &Handles) -> io::Result<()> {
         let mut at = from;
         let mut buf = Vec::new();
         while at < to {
@@ -248,11 +255,19 @@ struct NewFiles {
     dirs: HashSet<PathBuf>,
 }
 
+/// What every queue's file opening shares.
+#[derive(Default)]
+struct Handles {
+    unsynced: Mutex<NewFiles>,
+    /// Handles opened since they were last all closed.
+    open: AtomicUsize,
+}
+
 /// Every consume queue's files and offsets (see the module doc).
 pub(crate) struct ConsumeQueues {
     root: PathBuf,
     queues: RwLock<HashMap<u64, Arc<QueueFiles>>>,
-    unsynced: Mutex<NewFiles>,
+    handles: Handles,
     /// Queues whose offsets changed since the last drain (writer only).
     dirty: Mutex<HashSet<u64>>,
 }
@@ -286,7 +301,7 @@ impl ConsumeQueues {
         Ok(ConsumeQueues {
             root: root.to_path_buf(),
             queues: RwLock::new(queues),
-            unsynced: Mutex::default(),
+            handles: Handles::default(),
             dirty: Mutex::default(),
         })
     }
@@ -357,9 +372,24 @@ impl ConsumeQueues {
         let runs = q.offsets.read().runs(from, limit);
         let mut out = Vec::new();
         for (a, b) in runs {
-            q.read_run(a, b, &mut out, &self.unsynced)?;
+            q.read_run(a, b, &mut out, &self.handles)?;
         }
+        self.limit_handles();
         Ok(out)
+    }
+
+    /// Closes every open handle once more than [`MAX_OPEN`] were opened (those a call is
+    /// using, or the checkpointer has yet to sync, stay open until they let go).
+    fn limit_handles(&self) {
+        if self.handles.open.load(Ordering::Relaxed) <= MAX_OPEN {
+            return;
+        }
+        self.handles.open.store(0, Ordering::Relaxed);
+        for q in self.queues.read().values() {
+            for f in q.files.lock().values_mut() {
+                *f = None;
+            }
+        }
     }
 
     /// Whether `offset` of `queue` is live.
@@ -372,7 +402,7 @@ impl ConsumeQueues {
     pub(crate) fn read_block(&self, queue: u64, from: u64, to: u64) -> io::Result<Vec<(u64, Pointer)>> {
         let Some(q) = self.get(queue) else { return Ok(Vec::new()) };
         let mut out = Vec::new();
-        q.read_run(from, to, &mut out, &self.unsynced)?;
+        q.read_run(from, to, &mut out, &self.handles)?;
         Ok(out)
     }
 
@@ -389,14 +419,16 @@ impl ConsumeQueues {
             for p in &rest[..n] {
                 buf.extend_from_slice(&encode_entry(p));
             }
-            let file = q.file(at, true, &self.unsynced)?.ok_or_else(|| io::Error::other("consume-queue file"))?;
+            let file = q.file(at, true, &self.handles)?.ok_or_else(|| io::Error::other("consume-queue file"))?;
             file.write_all_at(&buf, (at - base) * ENTRY_BYTES)?;
-            self.unsynced.lock().files.insert((queue, base), file);
+            self.handles.unsynced.lock().files.insert((queue, base), file);
             at += n as u64;
             rest = &rest[n..];
         }
         let mut o = q.offsets.write();
         o.next = o.next.max(at);
+        drop(o);
+        self.limit_handles();
         Ok(())
     }
 
@@ -448,7 +480,7 @@ impl ConsumeQueues {
     pub(crate) fn delete_queue(&self, queue: u64) {
         let Some(q) = self.queues.write().remove(&queue) else { return };
         self.dirty.lock().insert(queue);
-        let mut unsynced = self.unsynced.lock();
+        let mut unsynced = self.handles.unsynced.lock();
         unsynced.files.retain(|(id, _), _| *id != queue);
         unsynced.dirs.remove(&q.dir);
         unsynced.dirs.insert(self.root.clone());
@@ -493,10 +525,10 @@ impl ConsumeQueues {
             q.files.lock().range(..low).map(|(&b, _)| b).filter(|&b| b + FILE_ENTRIES <= low).collect();
         for base in done {
             q.files.lock().remove(&base);
-            self.unsynced.lock().files.remove(&(id, base));
+            self.handles.unsynced.lock().files.remove(&(id, base));
             match fs::remove_file(q.path(base)) {
                 Ok(()) => {
-                    self.unsynced.lock().dirs.insert(q.dir.clone());
+                    self.handles.unsynced.lock().dirs.insert(q.dir.clone());
                 }
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => tracing::warn!(queue = id, base, error = %e, "could not delete a settled consume-queue file"),
@@ -522,13 +554,13 @@ impl ConsumeQueues {
                 if base >= next {
                     q.files.lock().remove(&base);
                     fs::remove_file(q.path(base))?;
-                    self.unsynced.lock().dirs.insert(q.dir.clone());
+                    self.handles.unsynced.lock().dirs.insert(q.dir.clone());
                 } else if next < base + FILE_ENTRIES {
                     let want = (next - base) * ENTRY_BYTES;
-                    if let Some(f) = q.file(base, false, &self.unsynced)? {
+                    if let Some(f) = q.file(base, false, &self.handles)? {
                         if f.metadata()?.len() > want {
                             f.set_len(want)?;
-                            self.unsynced.lock().files.insert((id, base), f);
+                            self.handles.unsynced.lock().files.insert((id, base), f);
                         }
                     }
                 }
@@ -542,7 +574,7 @@ impl ConsumeQueues {
     /// checkpointer, before it flushes sled). What it could not sync is kept for the next
     /// call.
     pub(crate) fn sync(&self) -> io::Result<()> {
-        let taken = std::mem::take(&mut *self.unsynced.lock());
+        let taken = std::mem::take(&mut *self.handles.unsynced.lock());
         let mut failed = None;
         let mut left = NewFiles::default();
         for (key, file) in taken.files {
@@ -563,7 +595,7 @@ impl ConsumeQueues {
             }
         }
         if failed.is_some() {
-            let mut unsynced = self.unsynced.lock();
+            let mut unsynced = self.handles.unsynced.lock();
             unsynced.files.extend(left.files);
             unsynced.dirs.extend(left.dirs);
         }
@@ -605,6 +637,22 @@ mod tests {
         assert_eq!(o.ranges(), vec![(10, 40)]);
         assert_eq!(Offsets::decode(&o.encode(), 100), Some(o.clone()));
         assert_eq!(Offsets::decode(&[1, 2], 0), None);
+    }
+
+    #[test]
+    fn open_handles_stay_bounded_across_many_queues() {
+        let dir = tempfile::tempdir().unwrap();
+        let cq = ConsumeQueues::open(dir.path()).unwrap();
+        let queues = MAX_OPEN as u64 + 200;
+        for q in 0..queues {
+            cq.write(q, 0, &[p(q)]).unwrap();
+            cq.sync().unwrap();
+            assert!(cq.handles.open.load(Ordering::Relaxed) <= MAX_OPEN);
+        }
+        for q in 0..queues {
+            assert_eq!(cq.entries(q, 0, 5).unwrap(), vec![(0, p(q))], "queue {q}, opened again");
+        }
+        assert!(cq.handles.open.load(Ordering::Relaxed) <= MAX_OPEN);
     }
 
     #[test]

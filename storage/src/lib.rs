@@ -1,19 +1,21 @@
 //! `ferrymq-storage`: the journal of FerryMQ.
 //!
 //! Message bodies go to a **commit log** of our own (append-only segment files, one
-//! record per message, written sequentially); everything keyed and mutable — consume-queue
-//! pointer entries, retained index, timers, sessions, metadata — lives in **sled**. A message
-//! routed to N queues is written to the log once and gets N small pointer entries.
+//! record per message, written sequentially). A message routed to N queues is written to
+//! the log once and gets N fixed-size pointer entries in **consume-queue files** (one
+//! append-only file series per queue, addressed by offset: RocketMQ's ConsumeQueue).
+//! Everything else keyed and mutable — which consume-queue offsets are settled, retained
+//! index, timers, sessions, metadata, counters — lives in **sled**.
 //!
 //! The commit log is the truth and the only synchronous write (RocketMQ's model): each
 //! group commit appends, after its message records, one **effects record** holding the
-//! batch's sled changes resolved to blind writes, and one `fdatasync` of the segment makes
-//! the whole batch durable. sled is applied unflushed and flushed in the background by the
-//! checkpointer, which records the log position covered (the checkpoint); recovery replays
-//! the effects records after it. Consume-queue entries do not even go to sled at once:
-//! they stay in memory over the `queue` tree (`hot`) and are drained to it once per
-//! checkpoint interval, so an entry acknowledged before that — a queue that keeps up —
-//! never costs sled a write.
+//! batch's changes resolved to blind writes, and one `fdatasync` of the segment makes the
+//! whole batch durable. Consume-queue entries are then written to their files and sled is
+//! applied, neither synced; settling an entry (ack) only changes the queue's settled
+//! offsets in memory, stored in sled once per checkpoint interval (the drain). The
+//! checkpointer syncs the consume-queue files and flushes sled in the background and
+//! records the log position covered (the checkpoint); recovery replays the effects
+//! records after it.
 //!
 //! # Data flow
 //!
@@ -21,12 +23,13 @@
 //!  async callers ──submit(ops, completion)──▶ bounded channel ──▶ journal writer thread
 //!                                                                 │ drain a batch
 //!                                                                 │ 1. append records + one effects record
-//!                                                                 │ 2. one sled batch per tree, unflushed
-//!                                                                 │    (queue entries: in memory until the drain)
+//!                                                                 │ 2. pwrite queue entries to their files;
+//!                                                                 │    settlements in memory until the drain;
+//!                                                                 │    one sled batch per tree, unflushed
 //!                                                                 │ 3. fdatasync the segment (policy `Always`)
 //!                                                                 └ 4. run completions in submission order
-//!  checkpointer thread, every interval ──▶ flush sled, record the position it covers
-//!  any thread ──read(pos) / queue_entries(..) / get(..)──▶ segment files (pread) and sled (direct)
+//!  checkpointer thread, every interval ──▶ sync queue files, flush sled, record the position
+//!  any thread ──read(pos) / queue_entries(..) / get(..)──▶ segment and queue files (pread), sled
 //! ```
 //!
 //! Completions run on the writer thread, in the order the batches were submitted; a caller
@@ -35,25 +38,39 @@
 //! # On-disk layout (`dir/`)
 //!
 //! ```text
-//! dir/format                         `ferrymq-journal 2`: the layout version ([`LAYOUT`])
+//! dir/format                         `ferrymq-journal 3`: the layout version ([`LAYOUT`])
 //! dir/log/00000000000000000000.seg   commit-log segments, named by base position (20 digits)
 //! dir/log/00000000000134217728.seg   ...
+//! dir/cq/00000000000000000007/00000000000000000000.cq   queue 7's entries 0..262,144
+//! dir/cq/00000000000000000007/00000000000000262144.cq   ... (named by first offset)
 //! dir/db/                            the sled database
 //! dir/ballast                        space kept in reserve (see [`JournalConfig::ballast_bytes`])
 //! ```
 //!
 //! [`Journal::open`] refuses a directory of another layout ([`JournalError::Layout`]) before
-//! touching it, except layout 1 (a directory without `format` but with data predates the
-//! numbering and is layout 1 too), which it migrates in place: layout 1's sled is complete
-//! (it was flushed by every durable batch), so the migration writes the `counters` tree —
-//! from layout 1's clean-close counters, or a scan — and a checkpoint, then stamps 2.
+//! touching it, except layouts 1 and 2 (a directory without `format` but with data predates
+//! the numbering and is layout 1), which it migrates in place: their consume-queue entries
+//! are in sled's `queue` tree, so the migration moves them to the files (offsets below a
+//! queue's next offset missing from the tree were settled), recovers as usual (layout 1:
+//! sled is complete, the `counters` tree is written from its clean-close counters or a
+//! scan; layout 2: the effects records after the checkpoint are replayed), stamps 3 and
+//! then empties the tree (an open that finds entries left there by an interrupted
+//! migration empties it too).
+//!
+//! A consume-queue file holds 262,144 entries of 24 bytes: the [`Pointer`] (`pos u64 |
+//! size u32 | body length u32 | tag hash u32 | flags u8`, big-endian), a presence byte
+//! `0xCE` and two zero bytes. A hole (an offset added and settled in the same group commit
+//! is never written) reads as no entry. A file is deleted once its queue's consume offset
+//! passed its last entry; the files of a deleted queue go with it.
 //!
 //! A record in a segment: `len: u32 BE` (of everything after the crc) | `crc32: u32 BE` (of
 //! everything after itself) | `header_len: u32 BE` | `header` | `body`. An effects record
 //! has bit 31 of `header_len` set, no header, and the encoded changes as its body
 //! (`version u8`, then per change `tree u8 | key_len varint | key | 0` for a removal or
 //! `... | 1 | value_len varint | value` for a set; trees numbered as in the table below,
-//! top to bottom, `kv:*` in the order listed, `counters` last). A `len` of 0 marks
+//! top to bottom, `kv:*` in the order listed, `counters` last, `settled` not at all).
+//! Tree 0 (`queue`) names consume-queue entries: a set writes the entry at its offset, a
+//! removal settles it. A `len` of 0 marks
 //! the end of the used part of a segment. Records never span segments; a record larger
 //! than the segment size gets a segment of its own. A log position ([`LogPos`]) is the byte
 //! offset of a record from the start of the whole log, so `segment = the last segment whose
@@ -69,8 +86,9 @@
 //!
 //! | tree | key | value |
 //! |---|---|---|
-//! | `queue` | queue id u64, offset u64 | [`Pointer`]: pos u64, size u32, body length u32, tag hash u32, flags u8 |
+//! | `queue` | queue id u64, offset u64 | [`Pointer`] as in a consume-queue file (layouts 1 and 2 only; empty since) |
 //! | `counters` | `q`, queue id u64 | next offset u64 (the high-water mark), length u64 |
+//! | `settled` | queue id u64 | consume offset u64 (every offset below is settled), then `start u64, end u64` per range settled out of order above it |
 //! | `counters` | `s`, segment base u64 | references u64 (pointers + retained + timers) |
 //! | `queue_names` | name (UTF-8) | queue id u64 |
 //! | `queue_ids` | queue id u64 | name (UTF-8): reverse of `queue_names` |
@@ -127,17 +145,22 @@
 //! truncates a torn or corrupt tail at the last valid record, and does the same to any
 //! closed segment that lacks its end marker (sealing it afterwards). Corruption inside a
 //! sealed segment is not scanned for: reading such a record returns
-//! [`JournalError::Corrupt`]. Then it reads the effects records from the checkpoint to the
-//! end and applies them to sled again (blind writes: one sled already holds changes
-//! nothing), and takes the counters from the `counters` tree: recovery time is bounded by
-//! the log written in two checkpoint intervals, not by the backlog. A clean close records
-//! a checkpoint at the end of the log, so the next open replays nothing.
+//! [`JournalError::Corrupt`]. Then it reads the consume queues' settled offsets back from
+//! sled, reads the effects records from the checkpoint to the end and applies them again
+//! — to sled as blind writes (one sled already holds changes nothing), to the consume
+//! queues by writing every entry they add (whatever a crash left in a file past the
+//! checkpoint, torn or not, is overwritten) and settling every one they remove — takes the
+//! counters from the `counters` tree and cuts every consume-queue file at its queue's next
+//! offset: recovery time is bounded by the log written in two checkpoint intervals (or
+//! [`JournalConfig::checkpoint_bytes`]), not by the backlog. A clean close records a
+//! checkpoint at the end of the log, so the next open replays nothing.
 //!
 //! If sled's applied mark lies past the end of the recovered log (a power loss under
 //! `Interval`/`Never` took records whose changes sled had flushed), or an effects record
-//! does not read back, the index is scanned instead: every pointer, retained entry and
-//! timer that does not point inside a live segment — in particular every one at or past
-//! the valid tail — is dropped, and the counters are rebuilt and written back.
+//! does not read back, the index is scanned instead: every consume-queue entry, retained
+//! entry and timer that does not point inside a live segment — in particular every one at
+//! or past the valid tail — is dropped (an entry is settled), and the counters are rebuilt
+//! and written back.
 //!
 //! # Retention
 //!
@@ -158,7 +181,8 @@
 //! `error` ([`JournalError`]) and `hash` ([`fnv1a`]).
 //!
 //! Internal: `segment` (one segment file: framing, pread, recovery scan), `log` (ordered
-//! segments, reads, appends, rollover, fsync), `codec` (sled key/value encodings), `db`
+//! segments, reads, appends, rollover, fsync), `cq` (consume-queue files and settled
+//! offsets), `codec` (sled key/value encodings), `db`
 //! (sled trees and read queries), `overlay` (pending sled changes of one group commit),
 //! `effects` (those changes as an effects record), `refs` (per-segment reference counts),
 //! `retention` (which segments to delete), `recovery` (log replay and index recovery at

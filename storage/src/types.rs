@@ -68,8 +68,9 @@ pub struct JournalStats {
     pub fsyncs: u64,
     /// Checkpoints (background sled flushes) since open.
     pub checkpoints: u64,
-    /// Moves of the consume-queue changes held in memory to sled since open (once per
-    /// checkpoint interval, or sooner by `checkpoint_bytes`, while there are any).
+    /// Drains since open: the consume queues' settled offsets and the counters held in
+    /// memory stored in sled (once per checkpoint interval, or sooner by
+    /// `checkpoint_bytes`, while there are any).
     pub drains: u64,
     /// Batches taken back and refused because the file system was full
     /// ([`JournalError::Full`](crate::JournalError::Full)) since open.
