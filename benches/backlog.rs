@@ -181,6 +181,17 @@ async fn fill(uri: &str, mode: &str, count: usize) -> f64 {
     rate
 }
 
+/// The broker's resident set, MB (from `/proc/PID/status`; 0 if it cannot be read).
+fn rss_mb(b: &Broker) -> u64 {
+    let status = b.pid().and_then(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).ok());
+    let kb = status.as_deref().and_then(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+    });
+    kb.unwrap_or(0) / 1024
+}
+
 fn dir_mb(dir: &Path) -> u64 {
     fn walk(p: &Path) -> u64 {
         std::fs::read_dir(p)
@@ -317,10 +328,12 @@ fn main() {
         let start_empty = b.started_in;
         let fill_rate = phase(&format!("fill {count} ({mode})"), fill(&uri(&b), &mode, count)).await;
         let full = series(&uri(&b), "backlog", probes).await;
+        let rss_full = rss_mb(&b);
         let b = stop(b);
         let size = dir_mb(&b.dir);
         let b = b.restart();
         let start_full = b.started_in;
+        let rss_restarted = rss_mb(&b);
         let after = series(&uri(&b), "backlog after restart", probes).await;
         let (b, confirmed) = phase("crash under load", crash_under_load(b)).await;
         let start_crash = b.started_in;
@@ -341,7 +354,10 @@ fn main() {
             "stream" => "messages in a stream",
             _ => "messages in an unconsumed queue",
         };
-        println!("\nBacklog: {count} {what} (filled at {fill_rate:.0} msg/s; data dir {size} MB)\n");
+        println!(
+            "\nBacklog: {count} {what} (filled at {fill_rate:.0} msg/s; data dir {size} MB; broker RSS \
+             {rss_full} MB after the fill and its probes, {rss_restarted} MB just after the restart)\n"
+        );
         println!("| series: probes of {PROBE} persistent {BODY} B publishes, confirms, window {PROBE_WINDOW} | probes | msg/s median (min-max) | confirm p50 ms | median p99 ms | worst p99 ms | worst / median p99 | max ms |");
         println!("|---|---|---|---|---|---|---|---|");
         let spread = [

@@ -121,6 +121,7 @@ impl Journal {
             applied: AtomicU64::new(end),
             effects_end: AtomicU64::new(end),
             cq,
+            kv_deferred: Default::default(),
             checkpointed: AtomicU64::new(end),
             checkpoints: AtomicU64::new(0),
             drains: AtomicU64::new(0),
@@ -304,12 +305,12 @@ impl Journal {
 
     /// The value of `key` in a keyspace, if it is set.
     pub fn get(&self, space: Space, key: &[u8]) -> Result<Option<Bytes>, JournalError> {
-        self.shared().db()?.get(space, key)
+        self.shared().kv_get(space, key)
     }
 
     /// Every key/value with this prefix, in key order.
     pub fn scan(&self, space: Space, prefix: &[u8]) -> Result<Vec<(Bytes, Bytes)>, JournalError> {
-        self.shared().db()?.scan(space, prefix)
+        self.shared().kv_scan(space, prefix)
     }
 
     /// Current counters for monitoring (see [`JournalStats`]).

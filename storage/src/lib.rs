@@ -10,9 +10,12 @@
 //! The commit log is the truth and the only synchronous write (RocketMQ's model): each
 //! group commit appends, after its message records, one **effects record** holding the
 //! batch's changes resolved to blind writes, and one `fdatasync` of the segment makes the
-//! whole batch durable. Consume-queue entries are then written to their files and sled is
-//! applied, neither synced; settling an entry (ack) only changes the queue's settled
-//! offsets in memory, stored in sled once per checkpoint interval (the drain). The
+//! whole batch durable. Consume-queue entries are then written to their files, neither
+//! synced; settling an entry (ack) only changes the queue's settled offsets in memory, and
+//! the keyspaces' changes (sessions, QoS 2 state, retry state, cursors, metadata) and the
+//! counters wait in memory too (readers look there first): all of it is stored in sled
+//! once per checkpoint interval (the drain). Only the trees read by range on their own
+//! (retained index, timers, key index, queue names) are applied to sled per group commit. The
 //! checkpointer syncs the consume-queue files and flushes sled in the background and
 //! records the log position covered (the checkpoint); recovery replays the effects
 //! records after it.
@@ -24,8 +27,9 @@
 //!                                                                 │ drain a batch
 //!                                                                 │ 1. append records + one effects record
 //!                                                                 │ 2. pwrite queue entries to their files;
-//!                                                                 │    settlements in memory until the drain;
-//!                                                                 │    one sled batch per tree, unflushed
+//!                                                                 │    settlements, keyspaces, counters in
+//!                                                                 │    memory until the drain; one sled
+//!                                                                 │    batch per other tree, unflushed
 //!                                                                 │ 3. fdatasync the segment (policy `Always`)
 //!                                                                 └ 4. run completions in submission order
 //!  checkpointer thread, every interval ──▶ sync queue files, flush sled, record the position

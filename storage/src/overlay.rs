@@ -32,40 +32,6 @@ impl Overlay {
         self.changes.insert(key.into(), None);
     }
 
-    /// Removes every live key starting with `prefix` and returns the removed pairs.
-    pub(crate) fn remove_prefix(&mut self, tree: &Tree, prefix: &[u8]) -> sled::Result<Vec<(IVec, IVec)>> {
-        self.remove_matching(tree.scan_prefix(prefix), prefix, |k| k.starts_with(prefix))
-    }
-
-    fn remove_matching(
-        &mut self,
-        stored: sled::Iter,
-        start: &[u8],
-        matches: impl Fn(&[u8]) -> bool,
-    ) -> sled::Result<Vec<(IVec, IVec)>> {
-        let mut removed = Vec::new();
-        // Pending keys first: their value overrides what the tree holds.
-        let pending: Vec<IVec> = self
-            .changes
-            .range::<[u8], _>((Bound::Included(start), Bound::Unbounded))
-            .take_while(|(k, _)| matches(k))
-            .map(|(k, _)| k.clone())
-            .collect();
-        for k in pending {
-            if let Some(Some(v)) = self.changes.insert(k.clone(), None) {
-                removed.push((k, v));
-            }
-        }
-        for kv in stored {
-            let (k, v) = kv?;
-            if !self.changes.contains_key(&k) {
-                self.changes.insert(k.clone(), None);
-                removed.push((k, v));
-            }
-        }
-        Ok(removed)
-    }
-
     /// The pending change of `key`, if any (`Some(None)`: removed).
     pub(crate) fn change(&self, key: &[u8]) -> Option<Option<IVec>> {
         self.changes.get(key).cloned()
@@ -77,6 +43,20 @@ impl Overlay {
             .range::<[u8], _>((Bound::Included(lo), Bound::Included(hi)))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect()
+    }
+
+    /// The pending changes of keys starting with `prefix`, in key order (`None`: removed).
+    pub(crate) fn changes_with_prefix(&self, prefix: &[u8]) -> Vec<(IVec, Option<IVec>)> {
+        self.changes
+            .range::<[u8], _>((Bound::Included(prefix), Bound::Unbounded))
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    /// Lays `changes` over this overlay's (later changes win).
+    pub(crate) fn merge(&mut self, changes: BTreeMap<IVec, Option<IVec>>) {
+        self.changes.extend(changes);
     }
 
     /// Takes the changes out (in key order).
@@ -132,10 +112,10 @@ mod tests {
         assert_eq!(o.get(&t, b"a3").unwrap().as_deref(), Some(&b"w"[..]));
         assert_eq!(o.get(&t, b"a2").unwrap(), None);
         assert_eq!(o.get(&t, b"a1").unwrap().as_deref(), Some(&b"x"[..]));
-        let mut removed: Vec<Vec<u8>> =
-            o.remove_prefix(&t, b"a").unwrap().into_iter().map(|(k, _)| k.to_vec()).collect();
-        removed.sort();
-        assert_eq!(removed, vec![b"a1".to_vec(), b"a3".to_vec()]);
+        assert_eq!(o.changes_with_prefix(b"a").len(), 2);
+        assert_eq!(o.changes_with_prefix(b"b"), vec![]);
+        o.remove(&b"a1"[..]);
+        o.remove(&b"a3"[..]);
         o.insert(&b"a4"[..], &b"v"[..]);
         assert_eq!(o.changes_in(b"a2", b"a4").len(), 3);
         assert_eq!(o.change(b"a2"), Some(None));

@@ -44,6 +44,10 @@ pub(crate) struct Shared {
     pub(crate) effects_end: AtomicU64,
     /// The consume-queue files and offsets.
     pub(crate) cq: crate::cq::ConsumeQueues,
+    /// Changes of the keyspaces ([`Space`](crate::Space), in `codec::space_index` order)
+    /// not in sled yet: durable through the effects records, moved to sled at the drain,
+    /// so that a group commit writes nothing to sled for them. Readers look here first.
+    pub(crate) kv_deferred: RwLock<[crate::overlay::Overlay; 5]>,
     /// The durable checkpoint: sled holds every change up to here after a crash.
     pub(crate) checkpointed: AtomicU64,
     /// Checkpoint rounds (sled flushes) since open.
@@ -57,6 +61,41 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// The value of `key` in a keyspace: the deferred change if any, else sled's.
+    pub(crate) fn kv_get(&self, space: crate::Space, key: &[u8]) -> Result<Option<bytes::Bytes>, JournalError> {
+        let i = crate::codec::space_index(space);
+        if let Some(change) = self.kv_deferred.read()[i].change(key) {
+            return Ok(change.map(|v| bytes::Bytes::copy_from_slice(&v)));
+        }
+        self.db()?.get(space, key)
+    }
+
+    /// Every key/value of a keyspace with this prefix, in key order: sled's with the
+    /// deferred changes laid over them.
+    pub(crate) fn kv_scan(
+        &self,
+        space: crate::Space,
+        prefix: &[u8],
+    ) -> Result<Vec<(bytes::Bytes, bytes::Bytes)>, JournalError> {
+        let i = crate::codec::space_index(space);
+        let db = self.db()?;
+        // The deferred changes are read under the lock that the drain holds while it moves
+        // them to sled, so the two reads agree.
+        let deferred = self.kv_deferred.read();
+        let changes = deferred[i].changes_with_prefix(prefix);
+        let stored = db.scan(space, prefix)?;
+        drop(deferred);
+        if changes.is_empty() {
+            return Ok(stored);
+        }
+        let mut merged: std::collections::BTreeMap<bytes::Bytes, Option<bytes::Bytes>> =
+            stored.into_iter().map(|(k, v)| (k, Some(v))).collect();
+        for (k, v) in changes {
+            merged.insert(bytes::Bytes::copy_from_slice(&k), v.map(|v| bytes::Bytes::copy_from_slice(&v)));
+        }
+        Ok(merged.into_iter().filter_map(|(k, v)| v.map(|v| (k, v))).collect())
+    }
+
     /// The sled database. Held only for the call at hand: the writer replaces it when sled
     /// ran out of space and space returned (sled keeps its first I/O error until opened
     /// again), waiting for the handles taken before.

@@ -441,7 +441,9 @@ impl Writer {
 
     /// Whether consume-queue offsets or counter changes wait for a drain.
     fn has_undrained(&self) -> bool {
-        self.shared.cq.has_dirty() || !self.counters.is_empty()
+        self.shared.cq.has_dirty()
+            || !self.counters.is_empty()
+            || self.shared.kv_deferred.read().iter().any(|o| !o.is_empty())
     }
 
     /// Moves the changes waiting in memory to sled (between batches: then sled holds
@@ -453,6 +455,11 @@ impl Writer {
             db.db.insert(checkpoint::APPLIED, &codec::encode_u64(end)).map_err(|e| sled_failed("sled drain", e))?;
             self.shared.cq.drain(&db.settled).map_err(|e| sled_failed("sled drain", e))?;
             self.counters.apply(&db.counters).map_err(|e| sled_failed("sled drain", e))?;
+            // Under the write lock: a reader sees each change in one place or the other.
+            let mut kv = self.shared.kv_deferred.write();
+            for (i, overlay) in kv.iter_mut().enumerate() {
+                overlay.apply(&db.kv[i]).map_err(|e| sled_failed("sled drain", e))?;
+            }
         }
         self.shared.applied.store(end, Ordering::Release);
         Ok(())
@@ -560,6 +567,9 @@ impl Writer {
         // The replay put them into sled and the consume queues.
         self.read_cache.clear();
         self.counters.clear();
+        for overlay in shared.kv_deferred.write().iter_mut() {
+            overlay.clear();
+        }
         let end = shared.log.end();
         shared.applied.store(end, Ordering::Release);
         shared.checkpointed.store(end, Ordering::Release);
@@ -788,7 +798,13 @@ impl Writer {
                     None => self.counters.remove(k),
                 }
             }
-            // (`queue` and `counters` are empty by now.)
+            if self.pending.kv.iter().any(|o| !o.is_empty()) {
+                let mut kv = self.shared.kv_deferred.write();
+                for (deferred, pending) in kv.iter_mut().zip(self.pending.kv.iter_mut()) {
+                    deferred.merge(pending.take());
+                }
+            }
+            // (`queue`, `counters` and the keyspaces are empty by now.)
             let rest: Vec<_> =
                 self.pending.overlays().into_iter().zip(db.trees()).filter(|(o, _)| !o.is_empty()).collect();
             if !rest.is_empty() {
@@ -1188,13 +1204,47 @@ impl Writer {
             Op::Delete { space, key } => {
                 // Removing what is not there changes nothing: no sled write, nothing logged
                 // (acknowledgements delete retry state that mostly never existed).
-                let kv = &mut self.pending.kv[space_index(space)];
-                if kv.get(db.kv(space), &key).map_err(sled_fatal)?.is_some() {
-                    kv.remove(&key[..]);
+                if self.kv_get(db, space, &key).map_err(sled_fatal)?.is_some() {
+                    self.pending.kv[space_index(space)].remove(&key[..]);
                 }
             }
             Op::DeletePrefix { space, prefix } => {
-                self.pending.kv[space_index(space)].remove_prefix(db.kv(space), &prefix).map_err(sled_fatal)?;
+                self.kv_remove_prefix(db, space, &prefix).map_err(sled_fatal)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The current value of a keyspace key: this batch's change, else the deferred one,
+    /// else sled's.
+    fn kv_get(&self, db: &Db, space: crate::Space, key: &[u8]) -> sled::Result<Option<sled::IVec>> {
+        let i = space_index(space);
+        if let Some(change) = self.pending.kv[i].change(key) {
+            return Ok(change);
+        }
+        if let Some(change) = self.shared.kv_deferred.read()[i].change(key) {
+            return Ok(change);
+        }
+        db.kv(space).get(key)
+    }
+
+    /// Removes every live key of a keyspace starting with `prefix` (as [`Writer::kv_get`]
+    /// sees them).
+    fn kv_remove_prefix(&mut self, db: &Db, space: crate::Space, prefix: &[u8]) -> sled::Result<()> {
+        let i = space_index(space);
+        let mut live = std::collections::BTreeMap::new();
+        for kv in db.kv(space).scan_prefix(prefix) {
+            live.insert(kv?.0, true);
+        }
+        for (k, v) in self.shared.kv_deferred.read()[i].changes_with_prefix(prefix) {
+            live.insert(k, v.is_some());
+        }
+        for (k, v) in self.pending.kv[i].changes_with_prefix(prefix) {
+            live.insert(k, v.is_some());
+        }
+        for (k, is_live) in live {
+            if is_live {
+                self.pending.kv[i].remove(k);
             }
         }
         Ok(())
