@@ -154,6 +154,7 @@ fn checkpoints(shared: &Shared, signals: &mpsc::Receiver<Signal>) {
         if let Err(e) = shared.cq.sync() {
             tracing::error!(error = %e, "checkpoint: syncing the consume-queue files failed; no further checkpoint is taken (recovery replays the commit log from the last one)");
             cq_broken = true;
+            shared.cq_sync_failed.store(true, Ordering::Release);
             continue;
         }
         match db.db.flush() {

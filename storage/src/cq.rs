@@ -263,11 +263,35 @@ struct Handles {
     open: AtomicUsize,
 }
 
+/// Changes of one group commit written to the files, not yet visible
+/// ([`ConsumeQueues::stage`]).
+#[derive(Debug, Default)]
+pub(crate) struct Staged {
+    /// Queue and the end of a run of entries written.
+    written: Vec<(u64, u64)>,
+    /// Queue and offset settled.
+    settled: Vec<(u64, u64)>,
+}
+
+/// Files to delete once a checkpoint covers the change that made them useless.
+#[derive(Debug)]
+enum Doomed {
+    /// A file whose every entry is settled.
+    File(PathBuf),
+    /// The directory of a deleted queue.
+    Queue(PathBuf),
+}
+
 /// Every consume queue's files and offsets (see the module doc).
 pub(crate) struct ConsumeQueues {
     root: PathBuf,
     queues: RwLock<HashMap<u64, Arc<QueueFiles>>>,
     handles: Handles,
+    /// Files to delete, by the log position a checkpoint must cover first (ascending).
+    doomed: Mutex<Vec<(u64, Doomed)>>,
+    /// Held by [`ConsumeQueues::entries`], and exclusively while the offsets are rebuilt
+    /// ([`ConsumeQueues::rebuilding`]).
+    gate: RwLock<()>,
     /// Queues whose offsets changed since the last drain (writer only).
     dirty: Mutex<HashSet<u64>>,
 }
@@ -302,6 +326,8 @@ impl ConsumeQueues {
             root: root.to_path_buf(),
             queues: RwLock::new(queues),
             handles: Handles::default(),
+            doomed: Mutex::default(),
+            gate: RwLock::default(),
             dirty: Mutex::default(),
         })
     }
@@ -347,6 +373,13 @@ impl ConsumeQueues {
         Ok(())
     }
 
+    /// Keeps readers out while the offsets are rebuilt from sled and the log (the writer,
+    /// when sled was opened again): they would see them half way. Recovery must not call
+    /// [`ConsumeQueues::entries`] while holding it.
+    pub(crate) fn rebuilding(&self) -> parking_lot::RwLockWriteGuard<'_, ()> {
+        self.gate.write()
+    }
+
     /// Queue ids with files or offsets.
     pub(crate) fn ids(&self) -> Vec<u64> {
         let mut ids: Vec<u64> = self.queues.read().keys().copied().collect();
@@ -368,6 +401,7 @@ impl ConsumeQueues {
 
     /// Up to `limit` live entries of `queue` from offset `from` on, in offset order.
     pub(crate) fn entries(&self, queue: u64, from: u64, limit: usize) -> io::Result<Vec<(u64, Pointer)>> {
+        let _gate = self.gate.read();
         let Some(q) = self.get(queue) else { return Ok(Vec::new()) };
         let runs = q.offsets.read().runs(from, limit);
         let mut out = Vec::new();
@@ -406,8 +440,17 @@ impl ConsumeQueues {
         Ok(out)
     }
 
-    /// Writes consecutive entries from offset `first` on (raising the queue's next offset).
+    /// Writes consecutive entries from offset `first` on and raises the queue's next
+    /// offset past them.
     pub(crate) fn write(&self, queue: u64, first: u64, entries: &[Pointer]) -> io::Result<()> {
+        self.write_entries(queue, first, entries)?;
+        self.raise_next(queue, first + entries.len() as u64);
+        Ok(())
+    }
+
+    /// Writes consecutive entries from offset `first` on (not visible to readers past the
+    /// queue's next offset).
+    fn write_entries(&self, queue: u64, first: u64, entries: &[Pointer]) -> io::Result<()> {
         let q = self.get_or_add(queue);
         let mut at = first;
         let mut rest = entries;
@@ -425,28 +468,24 @@ impl ConsumeQueues {
             at += n as u64;
             rest = &rest[n..];
         }
-        let mut o = q.offsets.write();
-        o.next = o.next.max(at);
-        drop(o);
         self.limit_handles();
         Ok(())
     }
 
-    /// Applies changes of the effects records' `queue` tree (key: queue id, offset; value:
-    /// an encoded [`Pointer`], `None`: settled), in key order: one write per run of
-    /// consecutive offsets. Returns the queues written to.
-    pub(crate) fn apply_changes(
+    /// Writes the entries that changes of the effects records' `queue` tree (key: queue
+    /// id, offset; value: an encoded [`Pointer`], `None`: settled) set, in key order (one
+    /// write per run of consecutive offsets), without making anything visible: readers see
+    /// neither the entries nor the settlements until [`ConsumeQueues::publish`].
+    pub(crate) fn stage(
         &self,
         changes: impl IntoIterator<Item = (sled::IVec, Option<sled::IVec>)>,
-    ) -> io::Result<Vec<u64>> {
-        let mut written = Vec::new();
+    ) -> io::Result<Staged> {
+        let mut staged = Staged::default();
         let mut run: Option<(u64, u64, Vec<Pointer>)> = None;
-        let flush = |run: &mut Option<(u64, u64, Vec<Pointer>)>, written: &mut Vec<u64>| -> io::Result<()> {
+        let flush = |run: &mut Option<(u64, u64, Vec<Pointer>)>, staged: &mut Staged| -> io::Result<()> {
             if let Some((q, first, entries)) = run.take() {
-                self.write(q, first, &entries)?;
-                if written.last() != Some(&q) {
-                    written.push(q);
-                }
+                self.write_entries(q, first, &entries)?;
+                staged.written.push((q, first + entries.len() as u64));
             }
             Ok(())
         };
@@ -456,15 +495,40 @@ impl ConsumeQueues {
                 Some(p) => match &mut run {
                     Some((rq, first, entries)) if *rq == q && *first + entries.len() as u64 == off => entries.push(p),
                     _ => {
-                        flush(&mut run, &mut written)?;
+                        flush(&mut run, &mut staged)?;
                         run = Some((q, off, vec![p]));
                     }
                 },
-                None => self.settle(q, off, off.saturating_add(1)),
+                None => staged.settled.push((q, off)),
             }
         }
-        flush(&mut run, &mut written)?;
-        Ok(written)
+        flush(&mut run, &mut staged)?;
+        Ok(staged)
+    }
+
+    /// Makes staged changes visible (next offsets, settlements); returns the queues
+    /// written to.
+    pub(crate) fn publish(&self, staged: Staged) -> Vec<u64> {
+        let mut written = Vec::new();
+        for (q, end) in staged.written {
+            self.raise_next(q, end);
+            if written.last() != Some(&q) {
+                written.push(q);
+            }
+        }
+        for (q, off) in staged.settled {
+            self.settle(q, off, off.saturating_add(1));
+        }
+        written
+    }
+
+    /// [`ConsumeQueues::stage`] then [`ConsumeQueues::publish`] (replay).
+    pub(crate) fn apply_changes(
+        &self,
+        changes: impl IntoIterator<Item = (sled::IVec, Option<sled::IVec>)>,
+    ) -> io::Result<Vec<u64>> {
+        let staged = self.stage(changes)?;
+        Ok(self.publish(staged))
     }
 
     /// Settles `from..to` of `queue`.
@@ -476,18 +540,39 @@ impl ConsumeQueues {
         self.dirty.lock().insert(queue);
     }
 
-    /// Forgets a deleted queue: its offsets, and its files (deleted now).
-    pub(crate) fn delete_queue(&self, queue: u64) {
+    /// Forgets a deleted queue (its offsets at once) whose deletion ends at log position
+    /// `at`: its files go once a checkpoint covers `at` ([`ConsumeQueues::delete_doomed`]),
+    /// so that a power loss that takes the deletion from the log takes nothing else.
+    pub(crate) fn delete_queue(&self, queue: u64, at: u64) {
         let Some(q) = self.queues.write().remove(&queue) else { return };
         self.dirty.lock().insert(queue);
-        let mut unsynced = self.handles.unsynced.lock();
-        unsynced.files.retain(|(id, _), _| *id != queue);
-        unsynced.dirs.remove(&q.dir);
-        unsynced.dirs.insert(self.root.clone());
-        drop(unsynced);
-        if let Err(e) = fs::remove_dir_all(&q.dir) {
-            if e.kind() != io::ErrorKind::NotFound {
-                tracing::warn!(queue, error = %e, "could not delete the files of a deleted consume queue");
+        self.handles.unsynced.lock().files.retain(|(id, _), _| *id != queue);
+        self.doomed.lock().push((at, Doomed::Queue(q.dir.clone())));
+    }
+
+    /// Deletes the files doomed by drains and queue deletions at or before `checkpointed`
+    /// (a durable checkpoint: recovery never goes back past it).
+    pub(crate) fn delete_doomed(&self, checkpointed: u64) {
+        let due: Vec<Doomed> = {
+            let mut doomed = self.doomed.lock();
+            if doomed.first().is_none_or(|(at, _)| *at > checkpointed) {
+                return;
+            }
+            let keep = doomed.partition_point(|(at, _)| *at <= checkpointed);
+            doomed.drain(..keep).map(|(_, d)| d).collect()
+        };
+        for d in due {
+            let (path, removed) = match &d {
+                Doomed::File(path) => (path, fs::remove_file(path)),
+                Doomed::Queue(dir) => (dir, fs::remove_dir_all(dir)),
+            };
+            match removed {
+                Ok(()) => {
+                    let parent = path.parent().map(Path::to_path_buf).unwrap_or_default();
+                    self.handles.unsynced.lock().dirs.insert(parent);
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => tracing::warn!(path = ?path, error = %e, "could not delete a settled consume-queue file"),
             }
         }
     }
@@ -498,8 +583,9 @@ impl ConsumeQueues {
     }
 
     /// Stores the changed queues' offsets in `settled` (one sled batch, unflushed) and
-    /// deletes the files they settled completely.
-    pub(crate) fn drain(&self, settled: &sled::Tree) -> sled::Result<()> {
+    /// dooms the files they settled completely, to be deleted once a checkpoint covers
+    /// log position `at` (the drain's).
+    pub(crate) fn drain(&self, settled: &sled::Tree, at: u64) -> sled::Result<()> {
         let dirty: Vec<u64> = self.dirty.lock().drain().collect();
         let mut batch = sled::Batch::default();
         for id in dirty {
@@ -511,7 +597,7 @@ impl ConsumeQueues {
                         batch.insert(&key[..], o.encode());
                         o.low
                     };
-                    self.delete_files_below(id, &q, low);
+                    self.doom_files_below(id, &q, low, at);
                 }
                 None => batch.remove(&key[..]),
             }
@@ -519,36 +605,39 @@ impl ConsumeQueues {
         settled.apply_batch(batch)
     }
 
-    /// Deletes the files of `q` whose every entry lies below `low`.
-    fn delete_files_below(&self, id: u64, q: &QueueFiles, low: u64) {
+    /// Dooms the files of `q` whose every entry lies below `low` (they leave the queue's
+    /// map at once: nothing reads below `low`).
+    fn doom_files_below(&self, id: u64, q: &QueueFiles, low: u64, at: u64) {
         let done: Vec<u64> =
             q.files.lock().range(..low).map(|(&b, _)| b).filter(|&b| b + FILE_ENTRIES <= low).collect();
         for base in done {
             q.files.lock().remove(&base);
             self.handles.unsynced.lock().files.remove(&(id, base));
-            match fs::remove_file(q.path(base)) {
-                Ok(()) => {
-                    self.handles.unsynced.lock().dirs.insert(q.dir.clone());
-                }
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => tracing::warn!(queue = id, base, error = %e, "could not delete a settled consume-queue file"),
-            }
+            self.doomed.lock().push((at, Doomed::File(q.path(base))));
         }
     }
 
-    /// After recovery: deletes the files of queues `live` does not know, cuts every file
-    /// at its queue's next offset (nothing past it is trusted) and deletes settled files.
+    /// After recovery's checkpoint: deletes every file below its queue's consume offset,
+    /// and whatever else is doomed.
+    pub(crate) fn delete_settled_files(&self) {
+        let all: Vec<(u64, Arc<QueueFiles>)> = self.queues.read().iter().map(|(&id, q)| (id, q.clone())).collect();
+        for (id, q) in all {
+            let low = q.offsets.read().low;
+            self.doom_files_below(id, &q, low, 0);
+        }
+        self.delete_doomed(u64::MAX);
+    }
+
+    /// After recovery: dooms the files of queues `live` does not know and cuts every file
+    /// at its queue's next offset (nothing past it is trusted).
     pub(crate) fn trim(&self, live: impl Fn(u64) -> bool) -> io::Result<()> {
         let all: Vec<(u64, Arc<QueueFiles>)> = self.queues.read().iter().map(|(&id, q)| (id, q.clone())).collect();
         for (id, q) in all {
             if !live(id) {
-                self.delete_queue(id);
+                self.delete_queue(id, 0);
                 continue;
             }
-            let (low, next) = {
-                let o = q.offsets.read();
-                (o.low, o.next)
-            };
+            let next = q.offsets.read().next;
             let bases: Vec<u64> = q.files.lock().keys().copied().collect();
             for base in bases {
                 if base >= next {
@@ -565,7 +654,6 @@ impl ConsumeQueues {
                     }
                 }
             }
-            self.delete_files_below(id, &q, low);
         }
         Ok(())
     }
@@ -673,8 +761,12 @@ mod tests {
         let db = sled::Config::new().temporary(true).open().unwrap();
         let settled = db.open_tree("settled").unwrap();
         cq.settle(5, 0, FILE_ENTRIES + 3);
-        cq.drain(&settled).unwrap();
-        assert!(!dir.path().join(format!("{:020}/{:020}.cq", 5, 0)).exists(), "a settled file is deleted");
+        cq.drain(&settled, 100).unwrap();
+        let first = dir.path().join(format!("{:020}/{:020}.cq", 5, 0));
+        cq.delete_doomed(99);
+        assert!(first.exists(), "kept until a checkpoint covers the drain");
+        cq.delete_doomed(100);
+        assert!(!first.exists(), "a settled file is deleted");
         assert_eq!(cq.entries(5, 0, 100).unwrap().len(), 7);
         // Reopened: offsets from the counters and the settled tree; the files as they were.
         drop(cq);
@@ -687,6 +779,8 @@ mod tests {
         assert_eq!(got.first(), Some(&(FILE_ENTRIES + 3, p(FILE_ENTRIES + 3))));
         assert_eq!(got.len(), 7, "offsets past the written entries are holes");
         cq.trim(|_| false).unwrap();
-        assert!(!dir.path().join(format!("{:020}", 5)).exists());
+        assert!(cq.entries(5, 0, 100).unwrap().is_empty(), "a dead queue is gone at once");
+        cq.delete_doomed(0);
+        assert!(!dir.path().join(format!("{:020}", 5)).exists(), "and its files once checkpointed");
     }
 }

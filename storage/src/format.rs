@@ -27,6 +27,11 @@ use crate::JournalError;
 /// The layout this build reads and writes.
 pub const LAYOUT: u32 = 3;
 
+/// Key in sled's default tree written, last, by a migration to [`LAYOUT`] before the
+/// directory is stamped: an open that finds the older stamp with this key knows that the
+/// migration finished (its checkpoint says so) and only stamps.
+pub(crate) const MIGRATED_KEY: &[u8] = b"ferrymq:migrated";
+
 /// What [`check_or_stamp`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Found {

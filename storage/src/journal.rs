@@ -96,6 +96,17 @@ impl Journal {
         let segments = recovery::recover_log(&log_dir)?;
         let (log, log_writer) = Log::open(&log_dir, config.segment_size, &segments)?;
         let cq = ConsumeQueues::open(&config.dir.join("cq")).map_err(log::io_err)?;
+        // A migration that stopped after its checkpoint but before the stamp is done.
+        let migrated = db.db.get(crate::format::MIGRATED_KEY).map_err(crate::db::db_err)?;
+        let found = match found {
+            crate::format::Found::Current => found,
+            _ if migrated.is_some_and(|v| v[..] == crate::LAYOUT.to_be_bytes()) => {
+                tracing::info!(dir = ?config.dir, "finishing an interrupted migration to layout {}", crate::LAYOUT);
+                crate::format::stamp(&config.dir)?;
+                crate::format::Found::Current
+            }
+            _ => found,
+        };
         let (index, index_scanned) = recovery::recover_state(&db, &log, &cq, found)?;
         if found != crate::format::Found::Current {
             crate::format::stamp(&config.dir)?;
@@ -122,6 +133,7 @@ impl Journal {
             effects_end: AtomicU64::new(end),
             cq,
             kv_deferred: Default::default(),
+            cq_sync_failed: Default::default(),
             checkpointed: AtomicU64::new(end),
             checkpoints: AtomicU64::new(0),
             drains: AtomicU64::new(0),
@@ -675,6 +687,44 @@ mod tests {
         db.db.flush().unwrap();
         drop(db);
         std::fs::write(dir.join("format"), format!("ferrymq-journal {layout}\n")).unwrap();
+    }
+
+    #[test]
+    fn a_migration_interrupted_before_the_stamp_is_finished_not_redone() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = JournalConfig::new(dir.path());
+        let j = Journal::open(config.clone()).unwrap();
+        let q = j.queue_id("q").unwrap();
+        for n in 0..5 {
+            j.write_blocking(append(q, n)).unwrap();
+        }
+        j.write_blocking(vec![Op::Remove { queue: q, offset: 4 }, Op::Remove { queue: q, offset: 0 }]).unwrap();
+        let live: Vec<_> = j.queue_entries(q, 0, 10).unwrap().into_iter().map(|(o, p)| (q, o, p)).collect();
+        j.crash();
+        drop(j);
+        // Layout 2 had drained offsets 1 and 2 to sled; 3 lived only in the effects records.
+        make_old(dir.path(), 2, &live[..2], None);
+        let j = Journal::open(config.clone()).unwrap();
+        assert_eq!(j.queue_len(q).unwrap(), 3);
+        j.close().unwrap();
+        drop(j);
+        // As if it had stopped after the migration's checkpoint, before the stamp and the
+        // emptying of the `queue` tree.
+        let db = Db::open(&dir.path().join("db"), 1 << 20).unwrap();
+        for (q, off, p) in &live[..2] {
+            db.queue.insert(crate::codec::queue_key(q.0, *off), &crate::codec::encode_pointer(p)[..]).unwrap();
+        }
+        db.db.flush().unwrap();
+        drop(db);
+        std::fs::write(dir.path().join("format"), "ferrymq-journal 2\n").unwrap();
+        let j = Journal::open(config).unwrap();
+        let offsets: Vec<u64> = j.queue_entries(q, 0, 10).unwrap().iter().map(|(o, _)| *o).collect();
+        assert_eq!(offsets, vec![1, 2, 3], "offset 3 is not taken for settled by a second import");
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("format")).unwrap(),
+            format!("ferrymq-journal {}\n", crate::LAYOUT)
+        );
+        j.verify_counters().unwrap();
     }
 
     #[test]

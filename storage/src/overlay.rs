@@ -80,13 +80,16 @@ impl Overlay {
             return Ok(());
         }
         let mut batch = Batch::default();
-        for (k, v) in std::mem::take(&mut self.changes) {
+        for (k, v) in &self.changes {
             match v {
-                Some(v) => batch.insert(k, v),
-                None => batch.remove(k),
+                Some(v) => batch.insert(k.clone(), v.clone()),
+                None => batch.remove(k.clone()),
             }
         }
-        tree.apply_batch(batch)
+        // Kept if it fails: readers still see the changes, the store is opened again.
+        tree.apply_batch(batch)?;
+        self.changes.clear();
+        Ok(())
     }
 
     /// Drops the changes.

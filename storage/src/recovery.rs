@@ -162,9 +162,16 @@ pub(crate) fn recover_state(
         cq.raise_next(q, st.next);
     }
     cq.trim(|q| db.queue_ids.contains_key(codec::encode_u64(q)).unwrap_or(true)).map_err(io_err)?;
-    cq.drain(&db.settled).map_err(db_err)?;
+    cq.drain(&db.settled, end).map_err(db_err)?;
     cq.sync().map_err(io_err)?;
+    if found != Found::Current {
+        // Last, so that sled holding it implies it holds the whole migration: an open
+        // that finds it under an older `format` stamp finishes by stamping.
+        db.db.insert(crate::format::MIGRATED_KEY, &crate::LAYOUT.to_be_bytes()).map_err(db_err)?;
+    }
     crate::checkpoint::write(db, end)?;
+    // Checkpointed: files below their queue's consume offset, and dead queues', can go.
+    cq.delete_settled_files();
     Ok((index, scanned))
 }
 
@@ -248,7 +255,7 @@ pub(crate) fn import_queue_tree(db: &Db, cq: &ConsumeQueues) -> Result<(), Journ
         }
         cq.raise_next(q, n);
     }
-    cq.drain(&db.settled).map_err(db_err)?;
+    cq.drain(&db.settled, 0).map_err(db_err)?;
     cq.sync().map_err(io_err)?;
     if moved > 0 {
         tracing::info!(entries = moved, queues = next.len(), "moved the consume queues from sled to their files");

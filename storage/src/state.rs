@@ -48,6 +48,9 @@ pub(crate) struct Shared {
     /// not in sled yet: durable through the effects records, moved to sled at the drain,
     /// so that a group commit writes nothing to sled for them. Readers look here first.
     pub(crate) kv_deferred: RwLock<[crate::overlay::Overlay; 5]>,
+    /// A consume-queue file failed to sync (the checkpointer stopped taking checkpoints;
+    /// a clean close takes none either).
+    pub(crate) cq_sync_failed: std::sync::atomic::AtomicBool,
     /// The durable checkpoint: sled holds every change up to here after a crash.
     pub(crate) checkpointed: AtomicU64,
     /// Checkpoint rounds (sled flushes) since open.

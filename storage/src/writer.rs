@@ -104,6 +104,17 @@ fn log_write_failed(e: std::io::Error) -> Fail {
     }
 }
 
+/// A failed consume-queue write: out of space is handled as sled's (writes stop until
+/// space returns, then the store is opened again and rebuilt from the log, the files
+/// included); anything else poisons.
+fn cq_write_failed(e: std::io::Error) -> Fail {
+    if crate::log::is_out_of_space(&e) {
+        Fail::StoreFull(format!("consume queue write: {e}"))
+    } else {
+        Fail::Fatal(format!("consume queue write: {e}"))
+    }
+}
+
 fn sled_fatal(e: sled::Error) -> Fail {
     sled_failed("sled", e)
 }
@@ -342,7 +353,16 @@ impl Writer {
                 let shared = self.shared.clone();
                 shared.db().and_then(|db| {
                     self.drain(&db).map_err(|f| JournalError::Db(f.reason().to_string()))?;
-                    checkpoint::write(&db, shared.log.end())
+                    // The checkpoint at the end claims the consume-queue files too.
+                    if shared.cq_sync_failed.load(Ordering::Acquire) {
+                        return Err(JournalError::Io(
+                            "a consume-queue file failed to sync earlier: no checkpoint at close".into(),
+                        ));
+                    }
+                    shared.cq.sync().map_err(crate::log::io_err)?;
+                    checkpoint::write(&db, shared.log.end())?;
+                    shared.cq.delete_doomed(u64::MAX);
+                    Ok(())
                 })
             }
             Err(e) => Err(e),
@@ -416,6 +436,8 @@ impl Writer {
         if self.poisoned.is_some() || self.store_full.is_some() {
             return;
         }
+        // What earlier drains and deletions made useless, once a checkpoint covers them.
+        self.shared.cq.delete_doomed(self.shared.checkpointed.load(Ordering::Acquire));
         let limit = self.shared.config.checkpoint_bytes;
         let by_bytes = limit > 0 && self.log.next_pos().saturating_sub(self.drained_at) >= limit;
         if !by_bytes && self.last_drain.elapsed() < self.shared.config.checkpoint_interval {
@@ -453,7 +475,7 @@ impl Writer {
         if self.has_undrained() {
             self.shared.drains.fetch_add(1, Ordering::Relaxed);
             db.db.insert(checkpoint::APPLIED, &codec::encode_u64(end)).map_err(|e| sled_failed("sled drain", e))?;
-            self.shared.cq.drain(&db.settled).map_err(|e| sled_failed("sled drain", e))?;
+            self.shared.cq.drain(&db.settled, end).map_err(|e| sled_failed("sled drain", e))?;
             self.counters.apply(&db.counters).map_err(|e| sled_failed("sled drain", e))?;
             // Under the write lock: a reader sees each change in one place or the other.
             let mut kv = self.shared.kv_deferred.write();
@@ -539,6 +561,8 @@ impl Writer {
                 }
             }
         }
+        // Readers wait while the consume queues' offsets are rebuilt.
+        let rebuilding = shared.cq.rebuilding();
         let opened = crate::db::Db::open(&shared.config.dir.join("db"), shared.config.cache_bytes).and_then(|db| {
             recovery::recover_state(&db, &shared.log, &shared.cq, crate::format::Found::Current)
                 .map(|(index, _)| (db, index))
@@ -546,6 +570,8 @@ impl Writer {
         let (db, index) = match opened {
             Ok(opened) => opened,
             Err(e) => {
+                // (The consume queues' offsets may be half rebuilt until the next try;
+                // every write is refused meanwhile.)
                 tracing::warn!(error = %e, "sled could not be opened again yet; trying again");
                 return;
             }
@@ -570,6 +596,7 @@ impl Writer {
         for overlay in shared.kv_deferred.write().iter_mut() {
             overlay.clear();
         }
+        drop(rebuilding);
         let end = shared.log.end();
         shared.applied.store(end, Ordering::Release);
         shared.checkpointed.store(end, Ordering::Release);
@@ -780,31 +807,13 @@ impl Writer {
             return Err(Fail::StoreFull("sled batch: injected: No space left on device".into()));
         }
         if has_effects {
-            // Consume-queue entries go to their files (unsynced: the checkpointer syncs
-            // them), settlements to memory until the next drain, as do the counters.
-            let queue = self.pending.queue.take();
-            let written =
-                self.shared.cq.apply_changes(queue).map_err(|e| Fail::Fatal(format!("consume queue write: {e}")))?;
-            for q in written {
-                self.read_cache.remove(&q);
-            }
-            for q in std::mem::take(&mut self.pending.deleted) {
-                self.shared.cq.delete_queue(q);
-                self.read_cache.remove(&q);
-            }
-            for (k, v) in self.pending.counters.take() {
-                match v {
-                    Some(v) => self.counters.insert(k, v),
-                    None => self.counters.remove(k),
-                }
-            }
-            if self.pending.kv.iter().any(|o| !o.is_empty()) {
-                let mut kv = self.shared.kv_deferred.write();
-                for (deferred, pending) in kv.iter_mut().zip(self.pending.kv.iter_mut()) {
-                    deferred.merge(pending.take());
-                }
-            }
-            // (`queue`, `counters` and the keyspaces are empty by now.)
+            // Consume-queue entries are written to their files first (unsynced: the
+            // checkpointer syncs them), not visible yet; then the trees read by range on
+            // their own go to sled (unflushed). Either running out of space leaves nothing
+            // of the batch visible.
+            let staged = self.shared.cq.stage(self.pending.queue.take()).map_err(cq_write_failed)?;
+            let counters = self.pending.counters.take();
+            let kv: Vec<_> = self.pending.kv.iter_mut().map(|o| o.take()).collect();
             let rest: Vec<_> =
                 self.pending.overlays().into_iter().zip(db.trees()).filter(|(o, _)| !o.is_empty()).collect();
             if !rest.is_empty() {
@@ -814,6 +823,27 @@ impl Writer {
                     .map_err(|e| sled_failed("sled batch", e))?;
                 for (overlay, tree) in rest {
                     overlay.apply(tree).map_err(|e| sled_failed("sled batch", e))?;
+                }
+            }
+            // Now visible: the entries; settlements, counters and keyspace changes wait in
+            // memory for the next drain.
+            for q in self.shared.cq.publish(staged) {
+                self.read_cache.remove(&q);
+            }
+            for q in std::mem::take(&mut self.pending.deleted) {
+                self.shared.cq.delete_queue(q, applied);
+                self.read_cache.remove(&q);
+            }
+            for (k, v) in counters {
+                match v {
+                    Some(v) => self.counters.insert(k, v),
+                    None => self.counters.remove(k),
+                }
+            }
+            if kv.iter().any(|o| !o.is_empty()) {
+                let mut deferred = self.shared.kv_deferred.write();
+                for (d, changes) in deferred.iter_mut().zip(kv) {
+                    d.merge(changes);
                 }
             }
             self.shared.effects_end.store(applied, Ordering::Release);
