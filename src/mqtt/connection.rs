@@ -42,6 +42,8 @@ const ALARM_RECHECK: Duration = Duration::from_millis(100);
 const READ_MAX: usize = 64 * 1024;
 /// Deliveries taken from the channels per wake-up.
 const PULL_BATCH: usize = 256;
+/// Reads a taken-over connection makes, without waiting, before it closes.
+const LAST_READS: usize = 16;
 
 /// Session state of the connection once CONNECT is accepted.
 pub(super) struct SessionState {
@@ -232,11 +234,7 @@ impl Task {
                         let due = self.next_timer(blocked).is_some_and(|at| at <= Instant::now());
                         if due { Then::OnTimer } else { Then::Loop }
                     }
-                    Signal::Told(Control::TakenOver) => {
-                        conn_log!(info, self, "session taken over by a new connection");
-                        self.proto.disconnect(ReasonCode::SESSION_TAKEN_OVER, Some("session taken over by another connection"));
-                        Then::Loop
-                    }
+                    Signal::Told(Control::TakenOver) => Then::TakenOver,
                     Signal::Told(Control::Shutdown) => {
                         self.publish_will = false;
                         self.shutting_down = true;
@@ -292,6 +290,19 @@ impl Task {
             match then {
                 Then::Loop => {}
                 Then::OnTimer => self.on_timer(blocked).await,
+                Then::TakenOver => {
+                    // What the client sent before it connected again is handled first: a
+                    // DISCONNECT with a session expiry of 0 already in the socket must
+                    // still end the session the new connection would otherwise resume.
+                    eof |= self.read_what_is_there(stream, &mut rbuf).await;
+                    if !self.proto.is_closed() {
+                        conn_log!(info, self, "session taken over by a new connection");
+                        self.proto.disconnect(
+                            ReasonCode::SESSION_TAKEN_OVER,
+                            Some("session taken over by another connection"),
+                        );
+                    }
+                }
                 Then::HandleEvents { read, full } => {
                     // Boxed: the future of a read's events is large and lives only while
                     // they are handled (one allocation per read, not per packet).
@@ -311,6 +322,32 @@ impl Task {
         let _ = tokio::time::timeout(CLOSE_FLUSH, stream.shutdown()).await;
         // (Not while the broker shuts down: it waits for its connections.)
         !eof && !self.shutting_down
+    }
+
+    /// Reads and handles, without waiting, whatever the socket holds (bounded); true when
+    /// the peer closed its side or the read failed.
+    async fn read_what_is_there<S>(&mut self, stream: &mut S, rbuf: &mut ReadBuffer) -> bool
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send,
+    {
+        for _ in 0..LAST_READS {
+            if self.proto.is_closed() {
+                return false;
+            }
+            let read = std::future::poll_fn(|cx| Poll::Ready(rbuf.poll_read_from(&mut *stream, cx))).await;
+            match read {
+                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return true,
+                Poll::Ready(Ok(n)) => {
+                    Stats::add(&self.ctx.broker.stats.bytes_received, n as u64);
+                    let full = rbuf.is_full();
+                    self.proto.handle_input(rbuf.bytes(), Instant::now());
+                    Box::pin(self.handle_events()).await;
+                    rbuf.resize(n, full);
+                }
+                Poll::Pending => return false,
+            }
+        }
+        false
     }
 
     /// The connection's one timer: the protocol's deadline (keep-alive, CONNECT time-out),
@@ -498,6 +535,8 @@ impl Default for Consuming {
 enum Then {
     /// Nothing more: wait again.
     Loop,
+    /// A new connection takes the session over: handle what was already sent, then close.
+    TakenOver,
     /// Handle the protocol's timeout.
     OnTimer,
     /// Handle the events of a read of `read` bytes (`full`: it filled the buffer).
