@@ -65,7 +65,10 @@
 //! size u32 | body length u32 | tag hash u32 | flags u8`, big-endian), a presence byte
 //! `0xCE` and two zero bytes. A hole (an offset added and settled in the same group commit
 //! is never written) reads as no entry. A file is deleted once its queue's consume offset
-//! passed its last entry; the files of a deleted queue go with it.
+//! passed its last entry and a durable checkpoint covers the drain that stored that
+//! offset; a deleted queue's files go once a checkpoint covers the deletion. A migration
+//! writes `ferrymq:migrated` to sled's default tree last, before its checkpoint: an open
+//! that finds it under the older stamp knows the migration finished and only stamps.
 //!
 //! A record in a segment: `len: u32 BE` (of everything after the crc) | `crc32: u32 BE` (of
 //! everything after itself) | `header_len: u32 BE` | `header` | `body`. An effects record
