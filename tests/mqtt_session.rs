@@ -167,6 +167,34 @@ async fn v5_session_with_zero_expiry_ends_at_disconnect() {
     assert!(!s.connack.session_present);
 }
 
+/// A DISCONNECT with Session Expiry 0 ends the session even when the client's next CONNECT
+/// (clean start 0) arrives at once on another connection: the old connection handles what
+/// its socket holds before the new one takes the session over. Bounded repetitions, since
+/// which connection the broker serves first is a race.
+#[tokio::test]
+async fn a_disconnect_ending_the_session_is_handled_before_an_immediate_reconnect() {
+    let broker = Broker::start();
+    // Session Expiry Interval 300 (property 0x11), in a CONNECT with clean start 0.
+    let expiry_300 = [5, 0x11, 0, 0, 1, 0x2c];
+    for round in 0..40 {
+        let id = format!("bounce-{round}");
+        let mut old = Raw::connect(&broker).await;
+        old.send(&connect_bytes(5, &id, 0x00, 60, &expiry_300)).await;
+        let _ = old.read_at_least(3).await;
+        // SUBSCRIBE id 1, no properties, "b/t" at QoS 1; its SUBACK means the session exists.
+        old.send(&packet(0x82, &[0, 1, 0, 0, 3, b'b', b'/', b't', 1])).await;
+        let suback = old.read_at_least(5).await;
+        assert_eq!(suback[0], 0x90, "SUBACK, round {round}: {suback:02x?}");
+        let mut new = Raw::connect(&broker).await;
+        // Back to back: DISCONNECT (normal, Session Expiry 0), then the new CONNECT.
+        old.send(&packet(0xE0, &[0, 5, 0x11, 0, 0, 0, 0])).await;
+        new.send(&connect_bytes(5, &id, 0x00, 60, &expiry_300)).await;
+        let connack = new.read_at_least(4).await;
+        assert_eq!(connack[0], 0x20, "CONNACK, round {round}: {connack:02x?}");
+        assert_eq!(connack[2] & 1, 0, "round {round}: the session ended by the DISCONNECT was resumed");
+    }
+}
+
 #[tokio::test]
 async fn empty_client_id_rules() {
     let broker = Broker::start();

@@ -42,8 +42,12 @@ const ALARM_RECHECK: Duration = Duration::from_millis(100);
 const READ_MAX: usize = 64 * 1024;
 /// Deliveries taken from the channels per wake-up.
 const PULL_BATCH: usize = 256;
-/// Reads a taken-over connection makes, without waiting, before it closes.
+/// Reads a taken-over connection makes before it closes.
 const LAST_READS: usize = 16;
+/// How long a taken-over connection waits for its first last read: bytes already sent may
+/// not be marked readable yet (the runtime learns of them from its reactor), and a silent
+/// peer costs the take-over this much.
+const LAST_READ_WAIT: Duration = Duration::from_millis(20);
 
 /// Session state of the connection once CONNECT is accepted.
 pub(super) struct SessionState {
@@ -324,17 +328,25 @@ impl Task {
         !eof && !self.shutting_down
     }
 
-    /// Reads and handles, without waiting, whatever the socket holds (bounded); true when
-    /// the peer closed its side or the read failed.
+    /// Reads and handles whatever the socket holds (bounded: the first read waits up to
+    /// [`LAST_READ_WAIT`], later ones not at all); true when the peer closed its side or
+    /// the read failed.
     async fn read_what_is_there<S>(&mut self, stream: &mut S, rbuf: &mut ReadBuffer) -> bool
     where
         S: AsyncRead + AsyncWrite + Unpin + Send,
     {
-        for _ in 0..LAST_READS {
+        for i in 0..LAST_READS {
             if self.proto.is_closed() {
                 return false;
             }
-            let read = std::future::poll_fn(|cx| Poll::Ready(rbuf.poll_read_from(&mut *stream, cx))).await;
+            let read = if i == 0 {
+                match tokio::time::timeout(LAST_READ_WAIT, rbuf.read_from(&mut *stream)).await {
+                    Ok(r) => Poll::Ready(r),
+                    Err(_) => Poll::Pending,
+                }
+            } else {
+                std::future::poll_fn(|cx| Poll::Ready(rbuf.poll_read_from(&mut *stream, cx))).await
+            };
             match read {
                 Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return true,
                 Poll::Ready(Ok(n)) => {
