@@ -516,8 +516,19 @@ impl ConsumeQueues {
                 written.push(q);
             }
         }
-        for (q, off) in staged.settled {
-            self.settle(q, off, off.saturating_add(1));
+        // In key order: each queue's settlements under one lock, the queue marked once.
+        let mut rest = &staged.settled[..];
+        while let Some(&(q, _)) = rest.first() {
+            let n = rest.iter().take_while(|(id, _)| *id == q).count();
+            let queue = self.get_or_add(q);
+            let mut o = queue.offsets.write();
+            for &(_, off) in &rest[..n] {
+                o.settle(off, off.saturating_add(1));
+            }
+            o.next = o.next.max(o.low);
+            drop(o);
+            self.dirty.lock().insert(q);
+            rest = &rest[n..];
         }
         written
     }

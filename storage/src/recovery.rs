@@ -175,9 +175,8 @@ pub(crate) fn recover_state(
     Ok((index, scanned))
 }
 
-/// The consume queues' offsets as of sled: next offsets from `counters`, the settled part
-/// from `settled`.
-fn restore_offsets(db: &Db, cq: &ConsumeQueues) -> Result<(), JournalError> {
+/// Every queue's next offset as the `counters` tree holds it.
+fn next_offsets(db: &Db) -> Result<HashMap<u64, u64>, JournalError> {
     let mut next = HashMap::new();
     for kv in db.counters.iter() {
         let (k, v) = kv.map_err(db_err)?;
@@ -185,6 +184,13 @@ fn restore_offsets(db: &Db, cq: &ConsumeQueues) -> Result<(), JournalError> {
             next.insert(q, n);
         }
     }
+    Ok(next)
+}
+
+/// The consume queues' offsets as of sled: next offsets from `counters`, the settled part
+/// from `settled`.
+fn restore_offsets(db: &Db, cq: &ConsumeQueues) -> Result<(), JournalError> {
+    let next = next_offsets(db)?;
     let mut settled = HashMap::new();
     for kv in db.settled.iter() {
         let (k, v) = kv.map_err(db_err)?;
@@ -199,13 +205,7 @@ fn restore_offsets(db: &Db, cq: &ConsumeQueues) -> Result<(), JournalError> {
 /// layout 1's high-water mark, or past its last entry) were settled; the offsets are
 /// stored in `settled` and the files synced. The tree itself is left as it is.
 pub(crate) fn import_queue_tree(db: &Db, cq: &ConsumeQueues) -> Result<(), JournalError> {
-    let mut next: HashMap<u64, u64> = HashMap::new();
-    for kv in db.counters.iter() {
-        let (k, v) = kv.map_err(db_err)?;
-        if let Some(Counter::Queue(q, n, _)) = codec::decode_counter(&k, &v) {
-            next.insert(q, n);
-        }
-    }
+    let mut next = next_offsets(db)?;
     let mut expect: HashMap<u64, u64> = HashMap::new();
     let mut run: Option<(u64, u64, Vec<Pointer>)> = None;
     let flush = |run: &mut Option<(u64, u64, Vec<Pointer>)>| match run.take() {
@@ -314,11 +314,8 @@ pub(crate) fn recover_index(db: &Db, log: &Log, cq: &ConsumeQueues) -> Result<In
     let mut dropped = 0u64;
 
     // Next offsets: the consume queues' and the counters' (the scan rewrites the tree after).
-    for kv in db.counters.iter() {
-        let (k, v) = kv.map_err(db_err)?;
-        if let Some(Counter::Queue(q, next, _)) = codec::decode_counter(&k, &v) {
-            cq.raise_next(q, next);
-        }
+    for (q, next) in next_offsets(db)? {
+        cq.raise_next(q, next);
     }
     let mut queues: HashMap<u64, QueueState> = HashMap::new();
     for q in cq.ids() {
