@@ -307,11 +307,14 @@ class Broker:
         # First start: ephemeral ports.  Restart: the ports we had, like a real restart.
         listen = f"{self.host}:{self.port if self.port else 0}"
         amqp_listen = f"{self.host}:{self.amqp_addr[1] if self.amqp_addr else 0}"
+        http = self.listeners.get("http")
+        http_listen = f"{self.host}:{http[1] if http else 0}"
         cmd = [
             str(binary),
             "--data-dir", str(self.data_dir),
             "--mqtt-listen", listen,
             "--amqp-listen", amqp_listen,
+            "--http-listen", http_listen,
             "--log", os.environ.get("FERRYMQ_LOG", "info"),
         ]
         self._log("$ " + " ".join(cmd))

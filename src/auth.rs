@@ -33,6 +33,17 @@ impl Users {
 
     /// Checks a login from `peer` with `mechanism` (for the message).
     pub fn check(&self, username: &str, password: &str, peer: IpAddr, mechanism: &str) -> Result<(), AuthError> {
+        self.authenticate(username, password, peer, mechanism).map(|_| ())
+    }
+
+    /// Checks a login as [`Users::check`] does and returns the user (its tags).
+    pub fn authenticate(
+        &self,
+        username: &str,
+        password: &str,
+        peer: IpAddr,
+        mechanism: &str,
+    ) -> Result<&UserEntry, AuthError> {
         let Some(u) = self.users.iter().find(|u| u.name == username) else {
             return Err(AuthError::BadCredentials(mechanism.to_owned()));
         };
@@ -42,7 +53,12 @@ impl Users {
         if u.loopback_only && !peer.is_loopback() {
             return Err(AuthError::LoopbackOnly(username.to_owned()));
         }
-        Ok(())
+        Ok(u)
+    }
+
+    /// Every user, in configuration order.
+    pub fn all(&self) -> &[UserEntry] {
+        &self.users
     }
 }
 
@@ -72,8 +88,8 @@ mod tests {
 
     fn users() -> Users {
         Users::new(vec![
-            UserEntry { name: "guest".into(), password: "guest".into(), loopback_only: true },
-            UserEntry { name: "app".into(), password: "secret".into(), loopback_only: false },
+            UserEntry { name: "guest".into(), password: "guest".into(), loopback_only: true, tags: vec![] },
+            UserEntry { name: "app".into(), password: "secret".into(), loopback_only: false, tags: vec![] },
         ])
     }
 

@@ -178,6 +178,10 @@ pub struct UserEntry {
     /// Only connections from loopback addresses may use it.
     #[serde(default)]
     pub loopback_only: bool,
+    /// RabbitMQ's user tags: `administrator`, `monitoring`, `management`, `policymaker`
+    /// (what the management API lets the user do; none = no management access).
+    #[serde(default)]
+    pub tags: Vec<String>,
 }
 
 /// `[auth]`: users and virtual hosts.
@@ -192,6 +196,8 @@ pub struct AuthSection {
     pub default_user: String,
     /// Password of `default_user`.
     pub default_pass: String,
+    /// Tags of `default_user` (RabbitMQ's `default_user_tags`).
+    pub default_user_tags: Vec<String>,
     /// Users that may only connect from loopback.
     pub loopback_users: Vec<String>,
     /// Users besides `default_user`.
@@ -207,6 +213,7 @@ impl AuthSection {
                 name: self.default_user.clone(),
                 password: self.default_pass.clone(),
                 loopback_only: false,
+                tags: self.default_user_tags.clone(),
             });
         }
         all.extend(self.users.iter().cloned());
@@ -217,12 +224,18 @@ impl AuthSection {
     }
 }
 
-/// `[http]`.
+/// `[http]`: the management HTTP API, `/metrics` and the dashboard.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpSection {
     /// Listener address ("" = off).
     pub listen: String,
+    /// `/metrics` needs no credentials (RabbitMQ's Prometheus plugin default).
+    pub metrics_without_auth: bool,
+    /// Name of this node in the API (`node`), as RabbitMQ's `rabbit@host`.
+    pub node_name: String,
+    /// Cluster name reported by `/api/overview`.
+    pub cluster_name: String,
 }
 
 /// `[storage]`: the journal.
@@ -370,6 +383,11 @@ impl Config {
             return invalid("broker.log", format!("`{}` is not a log filter", self.broker.log));
         }
         Ok(())
+    }
+
+    /// Parsed plain MQTT listener address.
+    pub fn http_listen(&self) -> Option<SocketAddr> {
+        parse_addr(&self.http.listen)
     }
 
     /// Parsed plain MQTT listener address.

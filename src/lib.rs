@@ -29,6 +29,7 @@
 //! - [`socket`] — buffer sizing and waits both front-ends' connection tasks share.
 //! - [`auth`] — the user store both front-ends check logins against.
 //! - [`tls`] — rustls acceptor from PEM files.
+//! - [`http`] — the management HTTP API (RabbitMQ's paths) and Prometheus `/metrics`.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
@@ -36,6 +37,7 @@ pub mod amqp;
 pub mod auth;
 pub mod config;
 pub mod core;
+pub mod http;
 pub mod mqtt;
 pub mod server;
 pub mod socket;

@@ -18,10 +18,12 @@ use crate::auth::Users;
 use crate::config::Config;
 use crate::core::alarm::ResourceAlarm;
 use crate::core::broker::Broker;
+use crate::core::connections::Listener;
 use crate::core::message::Message;
 use crate::core::queue::{Overflow, QueueConfig};
 use crate::core::scheduler;
 use crate::core::shards::Shards;
+use crate::http::{HttpContext, ListenerInfo};
 use crate::mqtt::session::Control;
 use crate::mqtt::{self, MqttContext};
 
@@ -54,6 +56,8 @@ pub struct Server {
     pub amqp_addr: Option<SocketAddr>,
     /// Bound AMQP-over-TLS address.
     pub amqps_addr: Option<SocketAddr>,
+    /// Bound management HTTP address.
+    pub http_addr: Option<SocketAddr>,
     broker: Arc<Broker>,
     mqtt: Arc<MqttContext>,
     amqp: Arc<AmqpContext>,
@@ -122,6 +126,7 @@ impl Server {
             mqtts_addr: None,
             amqp_addr: None,
             amqps_addr: None,
+            http_addr: None,
             broker,
             mqtt,
             amqp,
@@ -155,6 +160,29 @@ impl Server {
             let acceptor = if is_tls { Some(tls()?) } else { None };
             tokio::spawn(accept_loop(listener, acceptor, front, server.connections.clone(), stop_rx.clone()));
         }
+        if let Some(addr) = config.http_listen() {
+            let key = "http.listen";
+            let listener = TcpListener::bind(addr).await.map_err(|e| match e.kind() {
+                std::io::ErrorKind::AddrInUse => {
+                    anyhow::Error::new(ListenError::InUse { key, flag: "--http-listen", addr })
+                }
+                _ => anyhow::Error::new(e).context(format!("cannot listen on {key} {addr}")),
+            })?;
+            server.http_addr = Some(listener.local_addr()?);
+            let ctx = Arc::new(HttpContext {
+                broker: server.broker.clone(),
+                amqp: server.amqp.clone(),
+                mqtt: server.mqtt.clone(),
+                users: Users::new(config.auth.all_users()),
+                cfg: config.http.clone(),
+                vhosts: config.auth.vhosts.clone(),
+                alarm: server.alarm.clone(),
+                listeners: Default::default(),
+                rates: Default::default(),
+            });
+            *ctx.listeners.write() = server.listener_infos();
+            tokio::spawn(crate::http::serve(listener, ctx, stop_rx.clone()));
+        }
         Ok(server)
     }
 
@@ -174,7 +202,24 @@ impl Server {
         if let Some(a) = self.amqps_addr {
             line.push_str(&format!(" amqps={a}"));
         }
+        if let Some(a) = self.http_addr {
+            line.push_str(&format!(" http={a}"));
+        }
         line
+    }
+
+    /// Every bound listener, with RabbitMQ's protocol names.
+    fn listener_infos(&self) -> Vec<ListenerInfo> {
+        [
+            ("amqp", self.amqp_addr),
+            ("amqp/ssl", self.amqps_addr),
+            ("mqtt", self.mqtt_addr),
+            ("mqtt/ssl", self.mqtts_addr),
+            ("http", self.http_addr),
+        ]
+        .into_iter()
+        .filter_map(|(protocol, addr)| addr.map(|addr| ListenerInfo { protocol, addr }))
+        .collect()
     }
 
     /// The broker core (for embedding and tests).
@@ -263,6 +308,7 @@ async fn accept_loop(
     connections: Arc<Semaphore>,
     mut stop: watch::Receiver<bool>,
 ) {
+    let bound = listener.local_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
     loop {
         let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
@@ -281,20 +327,21 @@ async fn accept_loop(
             continue;
         };
         let _ = stream.set_nodelay(true);
+        let local = Listener { addr: stream.local_addr().unwrap_or(bound), tls: tls.is_some() };
         // Each kind of connection is spawned as a future of its own, so that an MQTT one
         // carries neither the AMQP connection's state nor the TLS handshake's.
         match (front.clone(), tls.clone()) {
             (Front::Mqtt(ctx), None) => {
-                tokio::spawn(mqtt::connection::serve(ctx, stream, peer, permit));
+                tokio::spawn(mqtt::connection::serve(ctx, stream, peer, local, permit));
             }
             (Front::Amqp(ctx), None) => {
                 tokio::spawn(async move {
-                    crate::amqp::connection::serve(ctx, stream, peer).await;
+                    crate::amqp::connection::serve(ctx, stream, peer, local).await;
                     drop(permit);
                 });
             }
             (front, Some(acceptor)) => {
-                tokio::spawn(serve_tls(front, stream, peer, acceptor, permit));
+                tokio::spawn(serve_tls(front, stream, peer, local, acceptor, permit));
             }
         }
     }
@@ -314,6 +361,7 @@ async fn serve_tls(
     front: Front,
     stream: TcpStream,
     peer: SocketAddr,
+    local: Listener,
     acceptor: TlsAcceptor,
     permit: OwnedSemaphorePermit,
 ) {
@@ -321,9 +369,9 @@ async fn serve_tls(
     // Boxed: the handshake's state is large and lives only until the session is set up.
     match tokio::time::timeout(handshake, Box::pin(acceptor.accept(stream))).await {
         Ok(Ok(tls_stream)) => match front {
-            Front::Mqtt(ctx) => mqtt::connection::serve(ctx, tls_stream, peer, permit).await,
+            Front::Mqtt(ctx) => mqtt::connection::serve(ctx, tls_stream, peer, local, permit).await,
             Front::Amqp(ctx) => {
-                crate::amqp::connection::serve(ctx, tls_stream, peer).await;
+                crate::amqp::connection::serve(ctx, tls_stream, peer, local).await;
                 drop(permit);
             }
         },

@@ -24,12 +24,13 @@ use super::entities::QueueEntity;
 use super::AmqpContext;
 use crate::core::alarm::Resource;
 use crate::core::broker::DurableSignal;
+use crate::core::connections::{ClientDetails, ConnectionInfo, Listener, Protocol};
 use crate::core::delivery::QueueDelivery;
 use crate::core::message::now_ms;
 use crate::core::queue::{ConsumerEvent, ConsumerId, RequeueCause};
 use crate::core::router::RouteCache;
 use crate::core::shards::ShardCmd;
-use crate::core::stats::Stats;
+use crate::core::stats::{AmqpCounts, Stats};
 use crate::core::value::Value;
 use crate::socket::{discard_until_eof, front_stored, sleep_until, trim_drained, ReadBuffer, CLOSE_FLUSH};
 
@@ -68,10 +69,12 @@ impl PendingConfirm {
 pub enum Control {
     /// The broker is shutting down (connection.close 320).
     Shutdown,
+    /// An operator closed the connection (connection.close 320 with the reason).
+    Close(String),
 }
 
 /// Serves one AMQP connection until it closes.
-pub async fn serve<S>(ctx: Arc<AmqpContext>, stream: S, peer: SocketAddr)
+pub async fn serve<S>(ctx: Arc<AmqpContext>, stream: S, peer: SocketAddr, listener: Listener)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
@@ -80,11 +83,13 @@ where
         let id = ctx.broker.next_id();
         // Bounded: the only control message is "shutting down" (a full channel drops a repeat).
         let (control_tx, control_rx) = mpsc::channel(CONTROL_CAPACITY);
-        ctx.register(id, control_tx);
+        ctx.register(id, control_tx.clone());
         let mut task = Task::new(ctx.clone(), id, peer, control_rx);
+        task.listener = Some((listener, control_tx));
         task.run(stream).await;
         Box::pin(task.cleanup()).await;
         ctx.unregister(id);
+        ctx.broker.connections.unregister(id);
     }
     .instrument(span)
     .await
@@ -117,6 +122,14 @@ pub(super) struct Task {
     blocked_sent: bool,
     /// The client sent Connection.Close: it closes the socket after our Close-Ok.
     client_closed: bool,
+    /// Where the connection came in and how to tell it to close, until it is registered.
+    listener: Option<(Listener, mpsc::Sender<Control>)>,
+    /// Start-Ok client properties, until the connection is registered at Open.
+    client_properties: Vec<(String, Value)>,
+    /// The connection as the management API sees it (registered at Open).
+    pub info: Option<Arc<ConnectionInfo>>,
+    /// Messages published, delivered, acknowledged since the last turn.
+    pub counts: AmqpCounts,
 }
 
 impl Task {
@@ -159,6 +172,10 @@ impl Task {
             deferred: None,
             blocked_sent: false,
             client_closed: false,
+            listener: None,
+            client_properties: Vec::new(),
+            info: None,
+            counts: AmqpCounts::default(),
         }
     }
 
@@ -173,6 +190,7 @@ impl Task {
         let mut eof = false;
         loop {
             self.release_confirms();
+            self.counts.flush(&self.ctx.broker.stats.amqp);
             // Before the transmit: a connection that published before the alarm was raised
             // hears connection.blocked now, not at its next event.
             let raised = *alarm.borrow();
@@ -189,17 +207,28 @@ impl Task {
             tokio::select! {
                 biased;
                 ctrl = self.control_rx.recv() => {
-                    if let Some(Control::Shutdown) = ctrl {
-                        self.proto.connection_error(320, "CONNECTION_FORCED - broker shutdown", 0, 0);
+                    match ctrl {
+                        Some(Control::Shutdown) => {
+                            self.proto.connection_error(320, "CONNECTION_FORCED - broker shutdown", 0, 0);
+                        }
+                        Some(Control::Close(reason)) => {
+                            info!(reason, "closed by an operator");
+                            self.proto.connection_error(320, &format!("CONNECTION_FORCED - {reason}"), 0, 0);
+                        }
+                        None => {}
                     }
                 }
                 res = writer.write_buf(&mut wbuf), if !wbuf.is_empty() => match res {
-                    Ok(n) => trim_drained(&mut wbuf, n),
+                    Ok(n) => {
+                        if let Some(info) = &self.info { info.sent(n); }
+                        trim_drained(&mut wbuf, n)
+                    }
                     Err(e) => { debug!(error = %e, "write failed"); eof = true; }
                 },
                 res = rbuf.read_from(&mut reader), if may_read => match res {
                     Ok(0) => { debug!("peer closed the connection"); eof = true; }
                     Ok(n) => {
+                        if let Some(info) = &self.info { info.received(n); }
                         let full = rbuf.is_full();
                         self.proto.handle_input(rbuf.bytes(), Instant::now());
                         self.handle_events().await;
@@ -287,11 +316,12 @@ impl Task {
                 return;
             }
             match event {
-                Event::Login { mechanism, username, password, .. } => {
+                Event::Login { mechanism, username, password, client_properties } => {
                     match self.ctx.users.check(&username, &password, self.peer.ip(), &mechanism) {
                         Ok(()) => {
                             tracing::Span::current().record("user", username.as_str());
                             self.user = username;
+                            self.client_properties = super::convert::table_in(&client_properties);
                             self.proto.accept_login();
                         }
                         Err(e) => {
@@ -305,6 +335,7 @@ impl Task {
                         tracing::Span::current().record("vhost", vhost.as_str());
                         info!("client connected");
                         self.vhost = vhost;
+                        self.register_connection();
                         self.proto.open_ok();
                     } else {
                         let text = format!("NOT_ALLOWED - vhost {vhost} not found");
@@ -312,6 +343,9 @@ impl Task {
                     }
                 }
                 Event::ChannelOpened { channel } => {
+                    if let Some(info) = &self.info {
+                        info.channels.fetch_add(1, Ordering::Relaxed);
+                    }
                     let get_id = self.ctx.broker.next_id();
                     self.channels.insert(channel, Channel::new(get_id));
                 }
@@ -366,6 +400,7 @@ impl Task {
             let (channel, mut tag, ack) = (first.channel, first.tag, first.ack);
             let mut multiple = false;
             if ack {
+                self.counts.confirmed += 1;
                 while let Some(next) = self.confirms.front_mut() {
                     let done = next.channel == channel
                         && next.ack
@@ -379,6 +414,7 @@ impl Task {
                     tag = next.tag;
                     multiple = true;
                     self.confirms.pop_front();
+                    self.counts.confirmed += 1;
                 }
             }
             if self.channels.contains_key(&channel) {
@@ -461,6 +497,8 @@ impl Task {
             body: &d.msg.payload,
         };
         self.proto.deliver(channel, &consumer_tag, tag, d.redelivered, content);
+        self.counts.delivered += 1;
+        self.counts.redelivered += u64::from(d.redelivered);
     }
 
     /// Delivers what a channel held back, as far as flow and prefetch allow.
@@ -477,6 +515,9 @@ impl Task {
 
     /// Applies an ack/nack/reject to the deliveries it covers.
     pub(super) fn settle(&mut self, channel: u16, covered: Vec<super::channel::Unacked>, how: Settle) {
+        if matches!(how, Settle::Ack) {
+            self.counts.acked += covered.len() as u64;
+        }
         for u in covered {
             let cmd = match how {
                 // Streams remove nothing: ack, nack and reject all give the credit back
@@ -497,8 +538,32 @@ impl Task {
     }
 
     /// A channel ended: its consumers go, its unacked deliveries are requeued in order.
+    /// Lists the connection (its vhost is open) where operations see connections.
+    fn register_connection(&mut self) {
+        let Some((listener, control)) = self.listener.take() else { return };
+        let closer: crate::core::connections::Closer = Box::new(move |reason: &str| {
+            let _ = control.try_send(Control::Close(reason.to_owned()));
+        });
+        let info = Arc::new(ConnectionInfo::new(
+            self.id,
+            Protocol::Amqp091,
+            self.peer,
+            listener,
+            self.user.clone(),
+            self.vhost.clone(),
+            ClientDetails::Amqp { properties: std::mem::take(&mut self.client_properties) },
+            closer,
+        ));
+        info.channels.store(self.channels.len() as u64, Ordering::Relaxed);
+        self.ctx.broker.connections.register(info.clone());
+        self.info = Some(info);
+    }
+
     pub(super) fn close_channel(&mut self, channel: u16) {
         let Some(ch) = self.channels.remove(&channel) else { return };
+        if let Some(info) = &self.info {
+            info.channels.store(self.channels.len() as u64, Ordering::Relaxed);
+        }
         for u in ch.unacked.values() {
             self.ctx.broker.shards.send(ShardCmd::Requeue {
                 queue: u.queue,

@@ -18,7 +18,7 @@ use super::streams::{consumer_group, is_stream, partitions_of, sharing, stream_c
 use crate::core::broker::RetainMode;
 use crate::core::message::{now_ms, Message, SharedMessage};
 use crate::core::queue::{Consumer, QueueConfig};
-use crate::core::router::{Binding, ExchangeDef, ExchangeKind, RouteError, Routes};
+use crate::core::router::{Binding, ExchangeDef, ExchangeKind, RouteError};
 use crate::core::shards::ShardCmd;
 use crate::core::store::{QueueId, StoreWrite};
 use crate::core::stream::assignment::{GroupKey, MemberId, Scope};
@@ -27,10 +27,15 @@ use crate::core::tag_filter::TagFilter;
 use crate::core::value::Value;
 
 /// A channel or connection exception to send.
-struct Fail {
-    code: u16,
-    text: String,
-    connection: bool,
+/// A refused method: the reply code and text, and whether it closes the connection (else the channel).
+#[derive(Debug)]
+pub struct Fail {
+    /// AMQP reply code (404, 405, 406, 541, ...).
+    pub code: u16,
+    /// Reply text, as RabbitMQ words it.
+    pub text: String,
+    /// A connection error (else a channel error).
+    pub connection: bool,
 }
 
 fn channel_fail(code: u16, text: String) -> Fail {
@@ -276,37 +281,8 @@ impl Task {
                     q.touch();
                     return ok_unless(d.nowait, declare_ok(&self.ctx.broker, &q).await);
                 }
-                let stream = match is_stream(&arguments) {
-                    true => Some(
-                        stream_config(&vhost, &name, d.durable, d.exclusive, d.auto_delete, &arguments)
-                            .map_err(|e| channel_fail(406, e.0))?,
-                    ),
-                    false => None,
-                };
-                let config = match stream {
-                    Some(_) => QueueConfig::new(&name, &vhost),
-                    None => queue_config(&vhost, &name, d.durable, &arguments).map_err(|e| channel_fail(406, e.0))?,
-                };
-                if d.exclusive && arguments.iter().any(|(k, v)| k == "x-queue-type" && v.as_str() == Some("quorum")) {
-                    return Err(channel_fail(406, format!("PRECONDITION_FAILED - invalid property 'exclusive-owner' for queue '{name}' in vhost '{vhost}'")));
-                }
                 let owner = d.exclusive.then_some(self.id);
-                let q = self
-                    .ctx
-                    .entities
-                    .create_queue(
-                        &self.ctx.broker,
-                        &vhost,
-                        &name,
-                        d.durable && !d.exclusive,
-                        owner,
-                        d.auto_delete,
-                        arguments,
-                        config,
-                        stream,
-                    )
-                    .await
-                    .map_err(|e| Fail { code: 541, text: format!("INTERNAL_ERROR - {e}"), connection: true })?;
+                let q = create_queue(&self.ctx, &vhost, &name, d.durable, owner, d.auto_delete, arguments).await?;
                 if d.exclusive {
                     self.exclusive.push(q.clone());
                 }
@@ -566,6 +542,8 @@ impl Task {
                             properties: &props,
                             body: &d.msg.payload,
                         };
+                        self.counts.delivered += 1;
+                        self.counts.redelivered += u64::from(d.redelivered);
                         self.proto.get_ok(
                             channel,
                             tag,
@@ -717,7 +695,7 @@ impl Task {
                         signals.push(self.ctx.broker.schedule(&self.vhost, &p.msg, due_ms, StoreWrite::none()).await);
                         continue;
                     }
-                    let (routes, _) = self.admit(&p.msg, &p.routes);
+                    let (routes, _) = self.ctx.admit(&p.msg, &p.routes);
                     if let Some(signal) =
                         self.ctx.broker.publish(&p.msg, &routes, RetainMode::None, StoreWrite::none()).await
                     {
@@ -753,6 +731,7 @@ impl Task {
 
     pub(super) async fn on_publish(&mut self, p: Publish) {
         self.publishing = true;
+        self.counts.published += 1;
         let channel = p.channel;
         let (class_id, method_id) = (60, 40);
         let vhost = self.vhost.clone();
@@ -829,7 +808,7 @@ impl Task {
             return;
         }
         let confirm = p.confirm_tag;
-        let (routes, refused) = self.admit(&msg, &routes);
+        let (routes, refused) = self.ctx.admit(&msg, &routes);
         let signal = self.ctx.broker.publish(&msg, &routes, RetainMode::None, StoreWrite::none()).await;
         self.unsettled = true;
         if let Some(tag) = confirm {
@@ -853,30 +832,6 @@ impl Task {
             self.confirms.push_back(PendingConfirm { channel, tag, signal: Some(signal), ack: true });
         }
     }
-
-    /// Reserves room in the routed queues that refuse publishes when full (reject-publish)
-    /// and leaves out those without room; true when one refused (the publisher gets a
-    /// nack). Done just before storing, so that every reservation is used.
-    fn admit(&self, msg: &Message, routes: &Arc<Routes>) -> (Arc<Routes>, bool) {
-        let Some(configs) = self.ctx.entities.overflow_configs(routes.queues.iter().map(|r| r.queue)) else {
-            return (routes.clone(), false);
-        };
-        let mut admitted = Routes::clone(routes);
-        let mut refused = false;
-        let mut configs = configs.into_iter();
-        admitted.queues.retain_mut(|r| match configs.next().flatten() {
-            None => true,
-            Some(c) if c.admit(msg.payload.len() as u64) => {
-                r.reserved = true;
-                true
-            }
-            Some(_) => {
-                refused = true;
-                false
-            }
-        });
-        (Arc::new(admitted), refused)
-    }
 }
 
 fn ok_unless(nowait: bool, method: AMQPClass) -> Result<Option<AMQPClass>, Fail> {
@@ -894,7 +849,8 @@ async fn declare_ok(broker: &crate::core::broker::Broker, q: &QueueEntity) -> AM
     }))
 }
 
-fn route_fail(e: RouteError, vhost: &str) -> Fail {
+/// A routing error as the method's failure (404 no exchange, 530 no vhost, 406 bad arguments).
+pub fn route_fail(e: RouteError, vhost: &str) -> Fail {
     match e {
         RouteError::NoExchange(name, _) => not_found("exchange", &name, vhost),
         RouteError::NoVhost(v) => {
@@ -913,7 +869,8 @@ fn inequivalent(arg: &str, what: &str, name: &str, vhost: &str, received: String
     )
 }
 
-fn check_equivalent_exchange(current: &ExchangeDef, wanted: &ExchangeDef, vhost: &str) -> Result<(), Fail> {
+/// Refuses a redeclaration of an exchange whose type, flags or arguments differ (406).
+pub fn check_equivalent_exchange(current: &ExchangeDef, wanted: &ExchangeDef, vhost: &str) -> Result<(), Fail> {
     let n = &current.name;
     if current.kind != wanted.kind {
         return Err(inequivalent("type", "exchange", n, vhost, wanted.kind.name().into(), current.kind.name().into()));
@@ -955,7 +912,53 @@ fn check_equivalent_exchange(current: &ExchangeDef, wanted: &ExchangeDef, vhost:
     Ok(())
 }
 
-fn check_equivalent_queue(
+/// Creates a queue that does not exist yet (queue.declare, or the management API's PUT):
+/// checks its arguments as RabbitMQ does and makes it a stream or a queue.
+pub async fn create_queue(
+    ctx: &super::AmqpContext,
+    vhost: &str,
+    name: &str,
+    durable: bool,
+    exclusive_owner: Option<u64>,
+    auto_delete: bool,
+    arguments: Vec<(String, Value)>,
+) -> Result<Arc<QueueEntity>, Fail> {
+    let exclusive = exclusive_owner.is_some();
+    let stream = match is_stream(&arguments) {
+        true => Some(
+            stream_config(vhost, name, durable, exclusive, auto_delete, &arguments)
+                .map_err(|e| channel_fail(406, e.0))?,
+        ),
+        false => None,
+    };
+    let config = match stream {
+        Some(_) => QueueConfig::new(name, vhost),
+        None => queue_config(vhost, name, durable, &arguments).map_err(|e| channel_fail(406, e.0))?,
+    };
+    if exclusive && arguments.iter().any(|(k, v)| k == "x-queue-type" && v.as_str() == Some("quorum")) {
+        return Err(channel_fail(
+            406,
+            format!("PRECONDITION_FAILED - invalid property 'exclusive-owner' for queue '{name}' in vhost '{vhost}'"),
+        ));
+    }
+    ctx.entities
+        .create_queue(
+            &ctx.broker,
+            vhost,
+            name,
+            durable && !exclusive,
+            exclusive_owner,
+            auto_delete,
+            arguments,
+            config,
+            stream,
+        )
+        .await
+        .map_err(|e| Fail { code: 541, text: format!("INTERNAL_ERROR - {e}"), connection: true })
+}
+
+/// Refuses a redeclaration whose flags or defining arguments differ (406, RabbitMQ's text).
+pub fn check_equivalent_queue(
     q: &QueueEntity,
     durable: bool,
     exclusive: bool,

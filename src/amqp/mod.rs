@@ -38,7 +38,8 @@ use crate::auth::Users;
 use crate::config::Config;
 use crate::core::alarm::ResourceAlarm;
 use crate::core::broker::{Broker, Commit};
-use crate::core::message::now_ms;
+use crate::core::message::{now_ms, Message};
+use crate::core::router::Routes;
 use connection::Control;
 use entities::Entities;
 
@@ -84,6 +85,30 @@ impl AmqpContext {
         dlq::register(&ctx);
         tokio::spawn(ctx.clone().housekeeping());
         ctx
+    }
+
+    /// Reserves room in the routed queues that refuse publishes when full (reject-publish)
+    /// and leaves out those without room; true when one refused (the publisher gets a
+    /// nack). Done just before storing, so that every reservation is used.
+    pub fn admit(&self, msg: &Message, routes: &Arc<Routes>) -> (Arc<Routes>, bool) {
+        let Some(configs) = self.entities.overflow_configs(routes.queues.iter().map(|r| r.queue)) else {
+            return (routes.clone(), false);
+        };
+        let mut admitted = Routes::clone(routes);
+        let mut refused = false;
+        let mut configs = configs.into_iter();
+        admitted.queues.retain_mut(|r| match configs.next().flatten() {
+            None => true,
+            Some(c) if c.admit(msg.payload.len() as u64) => {
+                r.reserved = true;
+                true
+            }
+            Some(_) => {
+                refused = true;
+                false
+            }
+        });
+        (Arc::new(admitted), refused)
     }
 
     fn register(&self, id: u64, control: mpsc::Sender<Control>) {

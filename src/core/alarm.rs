@@ -96,6 +96,28 @@ impl ResourceAlarm {
         }
     }
 
+    /// Every raised alarm (memory, then disk).
+    pub fn raised(&self) -> Vec<Resource> {
+        let mut all = Vec::new();
+        if self.memory_raised.load(Ordering::Acquire) {
+            all.push(Resource::Memory);
+        }
+        if self.disk_raised.load(Ordering::Acquire) {
+            all.push(Resource::Disk);
+        }
+        all
+    }
+
+    /// The memory limit and the disk free limit, bytes (0 = off).
+    pub fn limits(&self) -> (u64, u64) {
+        (self.memory_limit.load(Ordering::Relaxed), self.disk_free_limit.load(Ordering::Relaxed))
+    }
+
+    /// Free space of the watched file system, bytes (`None` without a directory).
+    pub fn disk_free(&self) -> Option<u64> {
+        self.data_dir.as_ref().and_then(|d| fs2::available_space(d).ok())
+    }
+
     /// A receiver that sees the alarm (either) change.
     pub fn subscribe(&self) -> watch::Receiver<bool> {
         self.raised.subscribe()
@@ -140,7 +162,7 @@ impl ResourceAlarm {
 }
 
 /// Resident memory of this process, bytes.
-fn resident_memory() -> Option<u64> {
+pub fn resident_memory() -> Option<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
     let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
     Some(pages * 4096)

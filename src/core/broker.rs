@@ -98,6 +98,8 @@ pub struct Broker {
     pub retained: RetainedStore,
     /// Counters behind the `$SYS/broker/...` topics.
     pub stats: Stats,
+    /// The client connections of both protocols (the management API lists and closes them).
+    pub connections: super::connections::Connections,
     /// When the core was built; `$SYS/broker/uptime` counts from it.
     pub started: Instant,
     /// Woken when a timer earlier than the scheduler's next one is added (by a publish or
@@ -128,6 +130,7 @@ impl Broker {
             shards,
             retained: RetainedStore::new(),
             stats: Stats::default(),
+            connections: Default::default(),
             started: Instant::now(),
             timers_changed,
             dead_letter_queues: DeadLetterQueuesHook::new(),

@@ -32,11 +32,13 @@
 //! - [`dead_letter`] — republishing dead letters with `x-death`.
 //! - [`retry`] — retry timers and records of entries waiting for a delayed retry.
 //! - [`stats`] — counters.
+//! - [`connections`] — the client connections of both protocols, as operations see them.
 //! - [`value`] — typed header values (AMQP field tables).
 //! - [`duration`] — durations written as a number and a unit (`30s`, `7D`).
 
 pub mod alarm;
 pub mod broker;
+pub mod connections;
 pub mod dead_letter;
 pub mod dedup;
 pub mod delivery;

@@ -1,6 +1,7 @@
-//! Broker-wide counters behind the `$SYS/broker/...` topics, fed by the MQTT connections.
-//! They add their local counts in batches (per read or write, not per message), so the hot
-//! path does not bounce these cache lines per message.
+//! Broker-wide counters behind the `$SYS/broker/...` topics and the management API's
+//! message rates, fed by the connections of both protocols. They add their local counts in
+//! batches (per read or write, not per message), so the hot path does not bounce these
+//! cache lines per message.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -33,6 +34,50 @@ pub struct Stats {
     pub bytes_received: AtomicU64,
     /// Bytes written to MQTT connections (before TLS).
     pub bytes_sent: AtomicU64,
+    /// AMQP counters (the management API's `message_stats`).
+    pub amqp: AmqpCounters,
+}
+
+/// What AMQP connections counted, in the management API's terms.
+#[derive(Debug, Default)]
+pub struct AmqpCounters {
+    /// basic.publish received.
+    pub published: AtomicU64,
+    /// Publisher confirms (basic.ack) sent.
+    pub confirmed: AtomicU64,
+    /// Messages delivered to consumers or fetched with basic.get.
+    pub delivered: AtomicU64,
+    /// ... of which redelivered.
+    pub redelivered: AtomicU64,
+    /// Deliveries acknowledged by consumers.
+    pub acked: AtomicU64,
+}
+
+/// A connection's local count of the [`AmqpCounters`], added to them once per turn.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct AmqpCounts {
+    /// basic.publish received.
+    pub published: u64,
+    /// Confirms sent.
+    pub confirmed: u64,
+    /// Deliveries and basic.get-ok sent.
+    pub delivered: u64,
+    /// ... of which redelivered.
+    pub redelivered: u64,
+    /// Deliveries acknowledged.
+    pub acked: u64,
+}
+
+impl AmqpCounts {
+    /// Adds the counts to `to` and starts again from zero.
+    pub fn flush(&mut self, to: &AmqpCounters) {
+        let c = std::mem::take(self);
+        Stats::add(&to.published, c.published);
+        Stats::add(&to.confirmed, c.confirmed);
+        Stats::add(&to.delivered, c.delivered);
+        Stats::add(&to.redelivered, c.redelivered);
+        Stats::add(&to.acked, c.acked);
+    }
 }
 
 impl Stats {

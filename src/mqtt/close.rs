@@ -27,6 +27,9 @@ impl Task {
             return;
         };
         self.ctx.broker.stats.disconnected();
+        if self.info.take().is_some() {
+            self.ctx.broker.connections.unregister(self.conn_id);
+        }
         for q in self.consuming.as_mut().map(|c| std::mem::take(&mut c.attached)).unwrap_or_default() {
             self.ctx.broker.shards.send(ShardCmd::Detach { queue: q, consumer: self.conn_id });
         }

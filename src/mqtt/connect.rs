@@ -14,6 +14,7 @@ use super::session::{Control, Online, Persistent, Subscriptions};
 use super::{split_share, SESSION_QUEUE_PREFIX};
 use crate::auth::AuthError;
 use crate::core::broker::Commit;
+use crate::core::connections::{ClientDetails, ConnectionInfo, Protocol};
 use crate::core::store::{StoredSession, NEVER};
 
 /// Longest wait for a taken-over connection to clean up.
@@ -146,6 +147,7 @@ impl Task {
             }
         }
         self.window = delivery_window(cfg.max_inflight, c.properties.receive_maximum);
+        self.register_connection(&c, &client_id, expiry);
         self.will = c.will.map(Box::new);
         self.ctx.broker.stats.connected();
         conn_log!(info, self, level = ?c.level, clean_start = c.clean_start, session_present, expiry, "client connected");
@@ -216,6 +218,32 @@ fn session_expiry(level: ProtocolLevel, clean_start: bool, requested: Option<u32
 /// the client's receive maximum, within the packet ids derived from queue offsets.
 fn delivery_window(max_inflight: u16, receive_maximum: Option<u16>) -> u32 {
     (max_inflight.min(receive_maximum.unwrap_or(u16::MAX)) as u32).clamp(1, OFFSET_PKIDS as u32)
+}
+
+impl Task {
+    /// Lists the connection (its CONNECT was accepted) where operations see connections.
+    fn register_connection(&mut self, c: &Connect, client_id: &Arc<str>, expiry_secs: u32) {
+        let protocol = match c.level {
+            ProtocolLevel::V3_1 => Protocol::Mqtt31,
+            ProtocolLevel::V3_1_1 => Protocol::Mqtt311,
+            ProtocolLevel::V5 => Protocol::Mqtt5,
+        };
+        let max = self.ctx.cfg.max_keepalive_secs;
+        let keep_alive = if max > 0 && (c.keep_alive == 0 || c.keep_alive > max) { max } else { c.keep_alive };
+        let signals = self.signals.clone();
+        let info = Arc::new(ConnectionInfo::new(
+            self.conn_id,
+            protocol,
+            self.peer,
+            self.listener,
+            c.username.clone().unwrap_or_default(),
+            crate::core::router::MQTT_VHOST.to_owned(),
+            ClientDetails::Mqtt { client_id: client_id.clone(), keep_alive, clean_start: c.clean_start, expiry_secs },
+            Box::new(move |_reason: &str| signals.tell(Control::Kicked)),
+        ));
+        self.ctx.broker.connections.register(info.clone());
+        self.info = Some(info);
+    }
 }
 
 #[cfg(test)]

@@ -24,6 +24,7 @@ use super::publish::PendingAck;
 use super::session::{ConnectionSignals, Control, Persistent, Subscriptions};
 use super::MqttContext;
 use crate::config::MqttSection;
+use crate::core::connections::{ConnectionInfo, Listener};
 use crate::core::delivery::{LinkEvent, LinkReceiver, QueueDelivery, SessionLink, SpillLimits};
 use crate::core::queue::ConsumerEvent;
 use crate::core::router::{Destination, RouteCache};
@@ -78,14 +79,20 @@ impl SessionState {
 ///
 /// The guard is held here rather than by a wrapping future, which would carry this
 /// future twice (once before it is polled, once as its awaitee).
-pub fn serve<S, G>(ctx: Arc<MqttContext>, mut stream: S, peer: SocketAddr, guard: G) -> impl Future<Output = ()> + Send
+pub fn serve<S, G>(
+    ctx: Arc<MqttContext>,
+    mut stream: S,
+    peer: SocketAddr,
+    listener: Listener,
+    guard: G,
+) -> impl Future<Output = ()> + Send
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
     G: Send,
 {
     // The task is made here, so that the future holds it once (not also its parts).
     let conn_id = ctx.broker.next_id();
-    let mut task = Task::new(ctx, conn_id, peer);
+    let mut task = Task::new(ctx, conn_id, peer, listener);
     async move {
         let unfinished = task.run(&mut stream).await;
         // Boxed: a rare, large future that every idle connection would otherwise carry.
@@ -106,6 +113,10 @@ pub(super) struct Task {
     pub(super) ctx: Arc<MqttContext>,
     pub(super) conn_id: u64,
     pub(super) peer: SocketAddr,
+    /// The listener the connection came in on.
+    pub(super) listener: Listener,
+    /// The connection as the management API sees it (registered at CONNECT).
+    pub(super) info: Option<Arc<ConnectionInfo>>,
     pub(super) proto: Connection,
     pub(super) session: Option<SessionState>,
     /// Boxed: most connections have none, and it is large.
@@ -166,12 +177,14 @@ pub(super) fn protocol_config(cfg: &MqttSection) -> ProtoConfig {
 
 impl Task {
     /// A task for a new connection; nothing is sent before CONNECT.
-    fn new(ctx: Arc<MqttContext>, conn_id: u64, peer: SocketAddr) -> Task {
+    fn new(ctx: Arc<MqttContext>, conn_id: u64, peer: SocketAddr, listener: Listener) -> Task {
         let proto = Connection::new(ctx.protocol.clone(), Instant::now());
         Task {
             ctx,
             conn_id,
             peer,
+            listener,
+            info: None,
             proto,
             session: None,
             will: None,
@@ -239,6 +252,11 @@ impl Task {
                         if due { Then::OnTimer } else { Then::Loop }
                     }
                     Signal::Told(Control::TakenOver) => Then::TakenOver,
+                    Signal::Told(Control::Kicked) => {
+                        conn_log!(info, self, "closed by an operator");
+                        self.proto.disconnect(ReasonCode::ADMINISTRATIVE_ACTION, Some("closed by an administrator"));
+                        Then::Loop
+                    }
                     Signal::Told(Control::Shutdown) => {
                         self.publish_will = false;
                         self.shutting_down = true;
@@ -258,6 +276,7 @@ impl Task {
                 io = transfer(stream, &mut rbuf, &mut wbuf, !blocked) => match io {
                     Io::Wrote(Ok(n)) => {
                         Stats::add(&self.ctx.broker.stats.bytes_sent, n as u64);
+                        if let Some(info) = &self.info { info.sent(n); }
                         trim_drained(&mut wbuf, n);
                         self.progress |= n > 0;
                         Then::Loop
@@ -266,6 +285,7 @@ impl Task {
                     Io::Read(Ok(0)) => { conn_log!(debug, self, "peer closed the connection"); eof = true; Then::Loop }
                     Io::Read(Ok(n)) => {
                         Stats::add(&self.ctx.broker.stats.bytes_received, n as u64);
+                        if let Some(info) = &self.info { info.received(n); }
                         let full = rbuf.is_full();
                         self.proto.handle_input(rbuf.bytes(), Instant::now());
                             Then::HandleEvents { read: n, full }

@@ -27,6 +27,8 @@ pub enum Control {
     TakenOver,
     /// The broker is shutting down (MQTT 5 reason 0x8B).
     Shutdown,
+    /// An operator closed the connection (MQTT 5 reason 0x98 Administrative action).
+    Kicked,
 }
 
 /// A connection task's doorbell and what others tell it ([`Control`]), and what it tells

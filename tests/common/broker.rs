@@ -28,6 +28,8 @@ pub struct Broker {
     pub amqp: Option<SocketAddr>,
     /// AMQP over TLS address, if started with one.
     pub amqps: Option<SocketAddr>,
+    /// Management HTTP API address (the harness always opens one on an ephemeral port).
+    pub http: Option<SocketAddr>,
     /// Data directory (kept across restarts).
     pub dir: PathBuf,
     /// From spawning the process to its READY line.
@@ -121,6 +123,8 @@ impl Broker {
             .arg("127.0.0.1:0")
             .arg("--amqp-listen")
             .arg("127.0.0.1:0")
+            .arg("--http-listen")
+            .arg("127.0.0.1:0")
             .arg("--log")
             .arg(opts.log.as_deref().unwrap_or(DEFAULT_LOG));
         if let Some(toml) = &opts.config {
@@ -176,7 +180,8 @@ impl Broker {
         let mqtts = field("mqtts");
         let amqp = field("amqp");
         let amqps = field("amqps");
-        Broker { child: Some(child), mqtt, mqtts, amqp, amqps, dir, started_in, _tmp: tmp, log, opts }
+        let http = field("http");
+        Broker { child: Some(child), mqtt, mqtts, amqp, amqps, http, dir, started_in, _tmp: tmp, log, opts }
     }
 
     /// Stops the broker with SIGTERM and waits for a clean exit (status 0).

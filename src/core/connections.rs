@@ -1,0 +1,244 @@
+//! The client connections of both protocols as operations see them: who is connected, from
+//! where, over which protocol, how many bytes went each way, and a way to close one (the
+//! management API's `/api/connections`). A front-end registers a connection once its login
+//! is accepted and unregisters it when it closes; its byte counters are added per socket
+//! read or write, never per message.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::value::Value;
+
+/// The listener a connection came in on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Listener {
+    /// The broker's address of the connection (the listener's, or the accepted socket's).
+    pub addr: SocketAddr,
+    /// The connection is TLS.
+    pub tls: bool,
+}
+
+/// The protocol a client speaks, as the management API names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// AMQP 0-9-1.
+    Amqp091,
+    /// MQTT 3.1 (`MQIsdp`).
+    Mqtt31,
+    /// MQTT 3.1.1.
+    Mqtt311,
+    /// MQTT 5.0.
+    Mqtt5,
+}
+
+impl Protocol {
+    /// RabbitMQ's `protocol` field: `AMQP 0-9-1`, `MQTT 3.1.1`, ...
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Amqp091 => "AMQP 0-9-1",
+            Protocol::Mqtt31 => "MQTT 3.1",
+            Protocol::Mqtt311 => "MQTT 3.1.1",
+            Protocol::Mqtt5 => "MQTT 5.0",
+        }
+    }
+
+    /// True for the MQTT versions.
+    pub fn is_mqtt(self) -> bool {
+        !matches!(self, Protocol::Amqp091)
+    }
+}
+
+/// What the client said about itself at login.
+#[derive(Debug, Clone)]
+pub enum ClientDetails {
+    /// AMQP Start-Ok client properties (product, version, capabilities, connection_name).
+    Amqp {
+        /// The client properties table.
+        properties: Vec<(String, Value)>,
+    },
+    /// MQTT CONNECT.
+    Mqtt {
+        /// The session's client id (assigned by the broker when the client sent none).
+        client_id: Arc<str>,
+        /// Keep-alive granted, seconds.
+        keep_alive: u16,
+        /// Clean Start / Clean Session.
+        clean_start: bool,
+        /// Session expiry interval granted, seconds.
+        expiry_secs: u32,
+    },
+}
+
+/// Asks a connection's task to close it, with a reason for the client and the log.
+pub type Closer = Box<dyn Fn(&str) + Send + Sync>;
+
+/// One client connection.
+pub struct ConnectionInfo {
+    /// The broker's id of the connection.
+    pub id: u64,
+    /// The protocol and version.
+    pub protocol: Protocol,
+    /// The client's address.
+    pub peer: SocketAddr,
+    /// The listener it came in on.
+    pub listener: Listener,
+    /// Logged-in user ("" when anonymous MQTT).
+    pub user: String,
+    /// Virtual host (MQTT: `/`).
+    pub vhost: String,
+    /// What the client said about itself.
+    pub client: ClientDetails,
+    /// When the login was accepted, ms since the epoch.
+    pub connected_at_ms: u64,
+    /// Bytes read from the socket.
+    pub recv_oct: AtomicU64,
+    /// Bytes written to the socket.
+    pub send_oct: AtomicU64,
+    /// Open AMQP channels (MQTT: 1).
+    pub channels: AtomicU64,
+    closer: Closer,
+}
+
+impl std::fmt::Debug for ConnectionInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectionInfo").field("id", &self.id).field("name", &self.name()).finish_non_exhaustive()
+    }
+}
+
+impl ConnectionInfo {
+    /// A connection's record; `closer` is called by [`ConnectionInfo::close`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        id: u64,
+        protocol: Protocol,
+        peer: SocketAddr,
+        listener: Listener,
+        user: String,
+        vhost: String,
+        client: ClientDetails,
+        closer: Closer,
+    ) -> ConnectionInfo {
+        ConnectionInfo {
+            id,
+            protocol,
+            peer,
+            listener,
+            user,
+            vhost,
+            client,
+            connected_at_ms: super::message::now_ms(),
+            recv_oct: AtomicU64::new(0),
+            send_oct: AtomicU64::new(0),
+            channels: AtomicU64::new(u64::from(protocol.is_mqtt())),
+            closer,
+        }
+    }
+
+    /// RabbitMQ's connection name, `peer -> broker address` (`127.0.0.1:54321 -> 127.0.0.1:5672`).
+    pub fn name(&self) -> String {
+        format!("{} -> {}", self.peer, self.listener.addr)
+    }
+
+    /// Asks the connection to close (AMQP: Connection.Close 320 with `reason`; MQTT 5:
+    /// DISCONNECT 0x98 Administrative action; MQTT 3: the socket is closed).
+    pub fn close(&self, reason: &str) {
+        (self.closer)(reason)
+    }
+
+    /// Adds bytes read from the socket.
+    pub fn received(&self, n: usize) {
+        if n > 0 {
+            self.recv_oct.fetch_add(n as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// Adds bytes written to the socket.
+    pub fn sent(&self, n: usize) {
+        if n > 0 {
+            self.send_oct.fetch_add(n as u64, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Every registered connection, by id.
+#[derive(Debug, Default)]
+pub struct Connections {
+    all: Mutex<HashMap<u64, Arc<ConnectionInfo>>>,
+    opened: AtomicU64,
+    closed: AtomicU64,
+}
+
+impl Connections {
+    /// Adds a connection (its login was accepted).
+    pub fn register(&self, info: Arc<ConnectionInfo>) {
+        self.all.lock().insert(info.id, info);
+        self.opened.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Removes a connection (it closed).
+    pub fn unregister(&self, id: u64) {
+        if self.all.lock().remove(&id).is_some() {
+            self.closed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Connections registered and unregistered since start.
+    pub fn churn(&self) -> (u64, u64) {
+        (self.opened.load(Ordering::Relaxed), self.closed.load(Ordering::Relaxed))
+    }
+
+    /// Every connection, oldest first.
+    pub fn list(&self) -> Vec<Arc<ConnectionInfo>> {
+        let mut all: Vec<_> = self.all.lock().values().cloned().collect();
+        all.sort_by_key(|c| c.id);
+        all
+    }
+
+    /// The connection named `name` ([`ConnectionInfo::name`]).
+    pub fn by_name(&self, name: &str) -> Option<Arc<ConnectionInfo>> {
+        self.all.lock().values().find(|c| c.name() == name).cloned()
+    }
+
+    /// How many connections there are.
+    pub fn len(&self) -> usize {
+        self.all.lock().len()
+    }
+
+    /// True when no connection is registered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_connection_is_named_as_rabbitmq_names_it_and_closes_through_its_closer() {
+        let closed = Arc::new(Mutex::new(String::new()));
+        let seen = closed.clone();
+        let info = Arc::new(ConnectionInfo::new(
+            7,
+            Protocol::Amqp091,
+            "127.0.0.1:40000".parse().unwrap(),
+            Listener { addr: "127.0.0.1:5672".parse().unwrap(), tls: false },
+            "guest".into(),
+            "/".into(),
+            ClientDetails::Amqp { properties: vec![] },
+            Box::new(move |why| *seen.lock() = why.to_owned()),
+        ));
+        let all = Connections::default();
+        all.register(info.clone());
+        let found = all.by_name("127.0.0.1:40000 -> 127.0.0.1:5672").expect("found by name");
+        found.close("bye");
+        assert_eq!(*closed.lock(), "bye");
+        assert_eq!(info.channels.load(Ordering::Relaxed), 0, "AMQP starts with no channel");
+        all.unregister(7);
+        assert!(all.is_empty());
+    }
+}

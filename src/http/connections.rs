@@ -1,0 +1,122 @@
+//! `/api/connections` (AMQP and MQTT clients alike, as RabbitMQ lists its MQTT plugin's
+//! connections), and closing one.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::{Extension, Json};
+use serde_json::{json, Value as Json_};
+
+use super::auth::{Access, Caller};
+use super::error::ApiError;
+use super::json::{rate, table_json};
+use super::HttpContext;
+use crate::core::connections::{ClientDetails, ConnectionInfo};
+use crate::core::stats::Stats;
+
+type Answer = Result<Json<Json_>, ApiError>;
+
+fn connection_json(ctx: &HttpContext, c: &ConnectionInfo) -> Json_ {
+    let client_properties = match &c.client {
+        ClientDetails::Amqp { properties } => table_json(properties),
+        ClientDetails::Mqtt { client_id, .. } => json!({ "client_id": client_id.as_ref() }),
+    };
+    let mut j = json!({
+        "name": c.name(),
+        "node": ctx.node(),
+        "type": "network",
+        "state": "running",
+        "protocol": c.protocol.name(),
+        "user": c.user,
+        "user_who_performed_action": c.user,
+        "vhost": c.vhost,
+        "peer_host": c.peer.ip().to_string(),
+        "peer_port": c.peer.port(),
+        "host": c.listener.addr.ip().to_string(),
+        "port": c.listener.addr.port(),
+        "ssl": c.listener.tls,
+        "connected_at": c.connected_at_ms,
+        "recv_oct": Stats::get(&c.recv_oct),
+        "recv_oct_details": rate(0.0),
+        "send_oct": Stats::get(&c.send_oct),
+        "send_oct_details": rate(0.0),
+        "channels": Stats::get(&c.channels),
+        "client_properties": client_properties,
+        "auth_mechanism": if c.protocol.is_mqtt() { "MQTT" } else { "PLAIN" },
+    });
+    if let ClientDetails::Mqtt { client_id, keep_alive, clean_start, expiry_secs } = &c.client {
+        j["client_id"] = json!(client_id.as_ref());
+        j["timeout"] = json!(keep_alive);
+        j["clean_start"] = json!(clean_start);
+        j["session_expiry_interval"] = json!(expiry_secs);
+    }
+    j
+}
+
+/// `GET /api/connections`.
+pub async fn list(State(ctx): State<Arc<HttpContext>>, Extension(caller): Extension<Caller>) -> Answer {
+    caller.require(Access::Management)?;
+    let all = visible(&ctx, &caller, None);
+    Ok(Json(Json_::Array(all.iter().map(|c| connection_json(&ctx, c)).collect())))
+}
+
+/// `GET /api/vhosts/{vhost}/connections`.
+pub async fn list_vhost(
+    State(ctx): State<Arc<HttpContext>>,
+    Extension(caller): Extension<Caller>,
+    Path(vhost): Path<String>,
+) -> Answer {
+    caller.require(Access::Management)?;
+    super::queues::known_vhost(&ctx, &vhost)?;
+    let all = visible(&ctx, &caller, Some(&vhost));
+    Ok(Json(Json_::Array(all.iter().map(|c| connection_json(&ctx, c)).collect())))
+}
+
+/// The connections `caller` may see: all with monitoring, its own otherwise (RabbitMQ's rule).
+fn visible(ctx: &HttpContext, caller: &Caller, vhost: Option<&str>) -> Vec<Arc<ConnectionInfo>> {
+    ctx.broker
+        .connections
+        .list()
+        .into_iter()
+        .filter(|c| vhost.is_none_or(|v| v == c.vhost))
+        .filter(|c| caller.access >= Access::Monitoring || c.user == caller.name)
+        .collect()
+}
+
+fn find(ctx: &HttpContext, caller: &Caller, name: &str) -> Result<Arc<ConnectionInfo>, ApiError> {
+    let c = ctx.broker.connections.by_name(name).ok_or_else(ApiError::not_found)?;
+    if caller.access < Access::Monitoring && c.user != caller.name {
+        return Err(ApiError::not_found());
+    }
+    Ok(c)
+}
+
+/// `GET /api/connections/{name}`.
+pub async fn show(
+    State(ctx): State<Arc<HttpContext>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> Answer {
+    caller.require(Access::Management)?;
+    let c = find(&ctx, &caller, &name)?;
+    Ok(Json(connection_json(&ctx, &c)))
+}
+
+/// `DELETE /api/connections/{name}`: AMQP Connection.Close 320 with the `X-Reason`
+/// header's text (RabbitMQ's), MQTT 5 DISCONNECT 0x98.
+pub async fn close(
+    State(ctx): State<Arc<HttpContext>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Result<StatusCode, ApiError> {
+    caller.require(Access::Management)?;
+    let c = find(&ctx, &caller, &name)?;
+    if caller.access < Access::Administrator && c.user != caller.name {
+        return Err(ApiError::forbidden("Not administrator user"));
+    }
+    let reason = headers.get("x-reason").and_then(|v| v.to_str().ok()).unwrap_or("Closed via management plugin");
+    c.close(reason);
+    Ok(StatusCode::NO_CONTENT)
+}

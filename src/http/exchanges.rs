@@ -1,0 +1,365 @@
+//! `/api/exchanges` and `/api/bindings`: exchanges with RabbitMQ's fields, declare,
+//! delete, publish (answering `{"routed": bool}`), and bindings with their
+//! `properties_key`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::{Extension, Json};
+use base64::Engine;
+use serde::Deserialize;
+use serde_json::{json, Map, Value as Json_};
+
+use super::auth::{Access, Caller};
+use super::error::ApiError;
+use super::json::{flag, json_table, list, table_json, ListQuery};
+use super::queues::known_vhost;
+use super::HttpContext;
+use crate::amqp::entities::{forget_exchange, store_exchange};
+use crate::amqp::methods::{check_equivalent_exchange, route_fail};
+use crate::core::broker::RetainMode;
+use crate::core::message::{now_ms, Message, Properties};
+use crate::core::router::{Binding, Destination, ExchangeDef, ExchangeKind, RouteError};
+use crate::core::store::{QueueId, StoreWrite};
+
+type Answer = Result<Json<Json_>, ApiError>;
+
+fn exchange_json(vhost: &str, x: &ExchangeDef) -> Json_ {
+    json!({
+        "name": x.name,
+        "vhost": vhost,
+        "type": x.kind.name(),
+        "durable": x.durable,
+        "auto_delete": x.auto_delete,
+        "internal": x.internal,
+        "arguments": table_json(&x.arguments),
+        "user_who_performed_action": "rmq-internal",
+        "policy": Json_::Null,
+    })
+}
+
+fn sorted_exchanges(ctx: &HttpContext, vhost: Option<&str>) -> Vec<(String, (String, ExchangeDef))> {
+    let mut all = Vec::new();
+    for v in ctx.vhosts.iter().filter(|v| vhost.is_none_or(|only| only == v.as_str())) {
+        let mut xs = ctx.broker.router.exchanges(v);
+        xs.sort_by(|a, b| a.name.cmp(&b.name));
+        all.extend(xs.into_iter().map(|x| (x.name.clone(), (v.clone(), x))));
+    }
+    all
+}
+
+/// `GET /api/exchanges`.
+pub async fn list_all(
+    State(ctx): State<Arc<HttpContext>>,
+    Extension(caller): Extension<Caller>,
+    Query(q): Query<ListQuery>,
+) -> Answer {
+    caller.require(Access::Management)?;
+    list(sorted_exchanges(&ctx, None), &q, |(v, x)| exchange_json(v, x))
+}
+
+/// `GET /api/exchanges/{vhost}`.
+pub async fn list_vhost(
+    State(ctx): State<Arc<HttpContext>>,
+    Extension(caller): Extension<Caller>,
+    Path(vhost): Path<String>,
+    Query(q): Query<ListQuery>,
+) -> Answer {
+    caller.require(Access::Management)?;
+    known_vhost(&ctx, &vhost)?;
+    list(sorted_exchanges(&ctx, Some(&vhost)), &q, |(v, x)| exchange_json(v, x))
+}
+
+/// `GET /api/exchanges/{vhost}/{name}`.
+pub async fn show(
+    State(ctx): State<Arc<HttpContext>>,
+    Extension(caller): Extension<Caller>,
+    Path((vhost, name)): Path<(String, String)>,
+) -> Answer {
+    caller.require(Access::Management)?;
+    let name = default_exchange(name);
+    let x = ctx.broker.router.exchange(&vhost, &name).ok_or_else(ApiError::not_found)?;
+    Ok(Json(exchange_json(&vhost, &x)))
+}
+
+/// The body of `PUT /api/exchanges/{vhost}/{name}`.
+#[derive(Debug, Deserialize)]
+pub struct DeclareBody {
+    /// Exchange type (`direct`, `topic`, ...).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Survives a restart (default true).
+    #[serde(default = "yes")]
+    pub durable: bool,
+    /// Deleted with its last binding.
+    #[serde(default)]
+    pub auto_delete: bool,
+    /// Only other exchanges may publish to it.
+    #[serde(default)]
+    pub internal: bool,
+    /// Arguments (`alternate-exchange`, `x-delayed-type`, ...).
+    #[serde(default)]
+    pub arguments: Map<String, Json_>,
+}
+
+/// `amq.default`, the management API's name of the default exchange, as `""`.
+fn default_exchange(name: String) -> String {
+    if name == "amq.default" {
+        String::new()
+    } else {
+        name
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn fail(f: crate::amqp::methods::Fail) -> ApiError {
+    match f.code {
+        404 => ApiError::not_found(),
+        _ => ApiError::bad_request(f.text),
+    }
+}
+
+/// `PUT /api/exchanges/{vhost}/{name}`: 201 created, 204 when an equivalent one exists.
+pub async fn declare(
+    State(ctx): State<Arc<HttpContext>>,
+    Extension(caller): Extension<Caller>,
+    Path((vhost, name)): Path<(String, String)>,
+    Json(body): Json<DeclareBody>,
+) -> Result<StatusCode, ApiError> {
+    caller.require(Access::Management)?;
+    known_vhost(&ctx, &vhost)?;
+    let kind = ExchangeKind::parse(&body.kind)
+        .ok_or_else(|| ApiError::bad_request(format!("unknown exchange type '{}'", body.kind)))?;
+    let def = ExchangeDef {
+        name: name.clone(),
+        kind,
+        durable: body.durable,
+        auto_delete: body.auto_delete,
+        internal: body.internal,
+        arguments: json_table(&body.arguments),
+    };
+    let router = &ctx.broker.router;
+    if let Some(current) = router.exchange(&vhost, &name) {
+        check_equivalent_exchange(&current, &def, &vhost).map_err(fail)?;
+        return Ok(StatusCode::NO_CONTENT);
+    }
+    if name.is_empty() || name.starts_with("amq.") {
+        return Err(ApiError::bad_request(format!("exchange name '{name}' contains reserved prefix 'amq.*'")));
+    }
+    if kind == ExchangeKind::DelayedMessage && def.delayed_type().is_none() {
+        return Err(ApiError::bad_request("Invalid argument, 'x-delayed-type' must be an existing exchange type"));
+    }
+    router.declare_exchange(&vhost, def.clone()).map_err(|e| fail(route_fail(e, &vhost)))?;
+    if def.durable {
+        store_exchange(&ctx.broker, &vhost, &def).await;
+    }
+    Ok(StatusCode::CREATED)
+}
+
+/// The query of `DELETE /api/exchanges/{vhost}/{name}`.
+#[derive(Debug, Default, Deserialize)]
+pub struct DeleteQuery {
+    /// Only if no binding has it as source.
+    #[serde(rename = "if-unused")]
+    pub if_unused: Option<String>,
+}
+
+/// `DELETE /api/exchanges/{vhost}/{name}`.
+pub async fn remove(
+    State(ctx): State<Arc<HttpContext>>,
+    Extension(caller): Extension<Caller>,
+    Path((vhost, name)): Path<(String, String)>,
+    Query(q): Query<DeleteQuery>,
+) -> Result<StatusCode, ApiError> {
+    caller.require(Access::Management)?;
+    if name.is_empty() || name.starts_with("amq.") {
+        return Err(ApiError::bad_request(format!("operation not permitted on exchange '{name}' in vhost '{vhost}'")));
+    }
+    match ctx.broker.router.delete_exchange(&vhost, &name, flag(&q.if_unused)) {
+        Ok(true) => forget_exchange(&ctx.broker, &vhost, &name).await,
+        Ok(false) => return Err(ApiError::bad_request(format!("exchange '{name}' in vhost '{vhost}' in use"))),
+        Err(RouteError::NoExchange(..)) | Err(RouteError::NoVhost(..)) => return Err(ApiError::not_found()),
+        Err(e) => return Err(fail(route_fail(e, &vhost))),
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// The body of `POST /api/exchanges/{vhost}/{name}/publish`.
+#[derive(Debug, Deserialize)]
+pub struct PublishBody {
+    /// Routing key.
+    #[serde(default)]
+    pub routing_key: String,
+    /// Body, as `payload_encoding` says.
+    #[serde(default)]
+    pub payload: String,
+    /// `string` or `base64`.
+    #[serde(default = "string")]
+    pub payload_encoding: String,
+    /// Message properties (`delivery_mode`, `headers`, `content_type`, ...).
+    #[serde(default)]
+    pub properties: Map<String, Json_>,
+}
+
+fn string() -> String {
+    "string".into()
+}
+
+fn properties_from(p: &Map<String, Json_>, now: u64) -> Properties {
+    let text = |k: &str| p.get(k).and_then(|v| v.as_str()).map(str::to_owned);
+    let int = |k: &str| p.get(k).and_then(|v| v.as_u64());
+    Properties {
+        content_type: text("content_type"),
+        content_encoding: text("content_encoding"),
+        headers: p.get("headers").and_then(|h| h.as_object()).map(json_table).unwrap_or_default(),
+        correlation_data: text("correlation_id").map(|s| s.into_bytes().into()),
+        reply_to: text("reply_to"),
+        expiration_ms: text("expiration").and_then(|e| e.parse().ok()),
+        expires_at_ms: text("expiration").and_then(|e| e.parse::<u64>().ok()).map(|e| now + e),
+        message_id: text("message_id"),
+        timestamp: int("timestamp"),
+        kind: text("type"),
+        user_id: text("user_id"),
+        app_id: text("app_id"),
+        priority: int("priority").map(|v| v.min(255) as u8),
+        delivery_mode: int("delivery_mode").map(|v| v.min(2) as u8),
+        ..Properties::default()
+    }
+}
+
+/// `POST /api/exchanges/{vhost}/{name}/publish`: routed and stored as an AMQP publish
+/// with confirms would be; answers once the message is durable.
+pub async fn publish(
+    State(ctx): State<Arc<HttpContext>>,
+    Extension(caller): Extension<Caller>,
+    Path((vhost, name)): Path<(String, String)>,
+    Json(body): Json<PublishBody>,
+) -> Answer {
+    caller.require(Access::Management)?;
+    let name = default_exchange(name);
+    let payload = match body.payload_encoding.as_str() {
+        "string" => body.payload.into_bytes(),
+        "base64" => base64::engine::general_purpose::STANDARD
+            .decode(body.payload.as_bytes())
+            .map_err(|e| ApiError::bad_request(format!("payload is not base64: {e}")))?,
+        other => return Err(ApiError::bad_request(format!("unknown payload_encoding '{other}'"))),
+    };
+    let now = now_ms();
+    let props = properties_from(&body.properties, now);
+    let qos = u8::from(props.delivery_mode == Some(2));
+    let msg = Arc::new(Message {
+        exchange: name.clone(),
+        routing_key: body.routing_key,
+        payload: payload.into(),
+        qos,
+        retain: false,
+        props,
+        timestamp_ms: now,
+    });
+    let (routes, _) = ctx.broker.router.route(&vhost, &name, &msg, "").map_err(|e| match e {
+        RouteError::NoExchange(..) | RouteError::NoVhost(..) => ApiError::not_found(),
+        e => ApiError::bad_request(e.to_string()),
+    })?;
+    let routes = Arc::new(routes);
+    let routed = !routes.is_empty();
+    let (routes, _) = ctx.amqp.admit(&msg, &routes);
+    if let Some(signal) = ctx.broker.publish(&msg, &routes, RetainMode::None, StoreWrite::none()).await {
+        match signal.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(ApiError::internal(e.to_string())),
+            Err(_) => return Err(ApiError::internal("the journal stopped")),
+        }
+    }
+    Ok(Json(json!({ "routed": routed })))
+}
+
+/// RabbitMQ's `properties_key` of a binding: `~` for no key and no arguments, the
+/// URL-escaped key otherwise, followed by `~` and a hash of the arguments when there are some.
+pub fn properties_key(key: &str, args: &[(String, crate::core::value::Value)]) -> String {
+    let escaped: String = key
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect();
+    if args.is_empty() {
+        return if key.is_empty() { "~".into() } else { escaped };
+    }
+    let text = table_json(args).to_string();
+    let hash = crate::core::stable_hash::hash64(&[text.as_bytes()]);
+    format!("{escaped}~{:08x}", hash as u32)
+}
+
+/// The names of the AMQP queues, by id.
+fn queue_names(ctx: &HttpContext) -> HashMap<QueueId, String> {
+    ctx.amqp.entities.all().into_iter().map(|q| (q.id, q.name.clone())).collect()
+}
+
+fn binding_json(vhost: &str, source: &str, b: &Binding, names: &HashMap<QueueId, String>) -> Option<Json_> {
+    let (destination, kind) = match &b.dest {
+        Destination::Queue(id) => (names.get(id)?.clone(), "queue"),
+        Destination::Exchange(x) => (x.clone(), "exchange"),
+        Destination::Session(_) => return None,
+    };
+    Some(json!({
+        "source": source,
+        "vhost": vhost,
+        "destination": destination,
+        "destination_type": kind,
+        "routing_key": b.key,
+        "arguments": table_json(&b.args),
+        "properties_key": properties_key(&b.key, &b.args),
+    }))
+}
+
+/// Every binding of the vhosts (`None`: all) to an AMQP queue or an exchange, the default
+/// exchange's included, in RabbitMQ's order (source, destination).
+fn bindings(ctx: &HttpContext, vhost: Option<&str>) -> Vec<Json_> {
+    let names = queue_names(ctx);
+    let mut all = Vec::new();
+    for v in ctx.vhosts.iter().filter(|v| vhost.is_none_or(|only| only == v.as_str())) {
+        let mut rows: Vec<Json_> =
+            ctx.broker.router.bindings(v).iter().filter_map(|(source, b)| binding_json(v, source, b, &names)).collect();
+        rows.sort_by_key(|r| (r["source"].to_string(), r["destination"].to_string(), r["routing_key"].to_string()));
+        all.extend(rows);
+    }
+    all
+}
+
+/// `GET /api/bindings`.
+pub async fn bindings_all(State(ctx): State<Arc<HttpContext>>, Extension(caller): Extension<Caller>) -> Answer {
+    caller.require(Access::Management)?;
+    Ok(Json(Json_::Array(bindings(&ctx, None))))
+}
+
+/// `GET /api/bindings/{vhost}`.
+pub async fn bindings_vhost(
+    State(ctx): State<Arc<HttpContext>>,
+    Extension(caller): Extension<Caller>,
+    Path(vhost): Path<String>,
+) -> Answer {
+    caller.require(Access::Management)?;
+    known_vhost(&ctx, &vhost)?;
+    Ok(Json(Json_::Array(bindings(&ctx, Some(&vhost)))))
+}
+
+/// `GET /api/queues/{vhost}/{name}/bindings`.
+pub async fn queue_bindings(
+    State(ctx): State<Arc<HttpContext>>,
+    Extension(caller): Extension<Caller>,
+    Path((vhost, name)): Path<(String, String)>,
+) -> Answer {
+    caller.require(Access::Management)?;
+    ctx.amqp.entities.queue(&vhost, &name).ok_or_else(ApiError::not_found)?;
+    let rows = bindings(&ctx, Some(&vhost))
+        .into_iter()
+        .filter(|r| r["destination_type"] == "queue" && r["destination"] == name.as_str())
+        .collect();
+    Ok(Json(Json_::Array(rows)))
+}

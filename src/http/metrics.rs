@@ -1,0 +1,173 @@
+//! `GET /metrics`: OpenMetrics text with RabbitMQ's Prometheus names where RabbitMQ has
+//! the metric (so existing Grafana dashboards work), MQTT ones under `ferrymq_mqtt_*` and
+//! the journal's under `ferrymq_journal_*`. Aggregated over all queues, as RabbitMQ's
+//! default endpoint is. Built from the counters at each scrape; nothing is kept per message.
+
+use std::sync::Arc;
+
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::header::CONTENT_TYPE;
+use axum::response::{IntoResponse, Response};
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use super::auth::{authenticate, Access};
+use super::error::ApiError;
+use super::queues::QueueTotals;
+use super::HttpContext;
+use crate::core::stats::Stats;
+
+/// OpenMetrics' content type.
+pub const CONTENT: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+type Labels = Vec<(String, String)>;
+
+fn counter(registry: &mut Registry, name: &str, help: &str, value: u64) {
+    let c: Counter = Counter::default();
+    c.inc_by(value);
+    registry.register(name, help, c);
+}
+
+fn gauge(registry: &mut Registry, name: &str, help: &str, value: u64) {
+    let g: Gauge = Gauge::default();
+    g.set(value.min(i64::MAX as u64) as i64);
+    registry.register(name, help, g);
+}
+
+fn by_protocol(registry: &mut Registry, name: &str, help: &str, values: &[(&str, u64)]) {
+    let f = Family::<Labels, Counter>::default();
+    for (protocol, v) in values {
+        f.get_or_create(&vec![("protocol".to_string(), protocol.to_string())]).inc_by(*v);
+    }
+    registry.register(name, help, f);
+}
+
+/// The metrics text now.
+pub fn render(ctx: &HttpContext) -> String {
+    let b = &ctx.broker;
+    let s = &b.stats;
+    let a = &s.amqp;
+    let mut r = Registry::default();
+    let conns = b.connections.list();
+    let channels: u64 = conns.iter().map(|c| Stats::get(&c.channels)).sum();
+    let q = QueueTotals::of(ctx);
+    gauge(&mut r, "rabbitmq_connections", "Connections currently open (AMQP and MQTT)", conns.len() as u64);
+    gauge(&mut r, "rabbitmq_channels", "Channels currently open", channels);
+    gauge(&mut r, "rabbitmq_consumers", "Consumers currently connected", q.consumers);
+    gauge(&mut r, "rabbitmq_queues", "Queues available", q.queues);
+    gauge(&mut r, "rabbitmq_queue_messages_ready", "Messages ready to be delivered to consumers", q.ready);
+    gauge(
+        &mut r,
+        "rabbitmq_queue_messages_unacked",
+        "Messages delivered to consumers but not yet acknowledged",
+        q.messages - q.ready.min(q.messages),
+    );
+    gauge(&mut r, "rabbitmq_queue_messages", "Sum of ready and unacknowledged messages", q.messages);
+    let (opened, closed) = b.connections.churn();
+    counter(&mut r, "rabbitmq_connections_opened", "Total number of connections opened", opened);
+    counter(&mut r, "rabbitmq_connections_closed", "Total number of connections closed or terminated", closed);
+    let amqp = "amqp091";
+    let mqtt = "mqtt";
+    by_protocol(
+        &mut r,
+        "rabbitmq_global_messages_received",
+        "Total number of messages received from publishers",
+        &[(amqp, Stats::get(&a.published)), (mqtt, Stats::get(&s.publish_received))],
+    );
+    by_protocol(
+        &mut r,
+        "rabbitmq_global_messages_confirmed",
+        "Total number of messages confirmed to publishers",
+        &[(amqp, Stats::get(&a.confirmed))],
+    );
+    by_protocol(
+        &mut r,
+        "rabbitmq_global_messages_delivered",
+        "Total number of messages delivered to consumers",
+        &[(amqp, Stats::get(&a.delivered)), (mqtt, Stats::get(&s.publish_sent))],
+    );
+    by_protocol(
+        &mut r,
+        "rabbitmq_global_messages_redelivered",
+        "Total number of messages redelivered to consumers",
+        &[(amqp, Stats::get(&a.redelivered))],
+    );
+    by_protocol(
+        &mut r,
+        "rabbitmq_global_messages_acknowledged",
+        "Total number of messages acknowledged by consumers",
+        &[(amqp, Stats::get(&a.acked))],
+    );
+    let mqtt_conns = conns.iter().filter(|c| c.protocol.is_mqtt()).count() as u64;
+    gauge(&mut r, "ferrymq_mqtt_connections", "MQTT clients connected", mqtt_conns);
+    counter(&mut r, "ferrymq_mqtt_messages_received", "MQTT PUBLISH packets received", Stats::get(&s.publish_received));
+    counter(&mut r, "ferrymq_mqtt_messages_sent", "MQTT PUBLISH packets sent", Stats::get(&s.publish_sent));
+    counter(
+        &mut r,
+        "ferrymq_mqtt_messages_dropped",
+        "MQTT messages dropped (slow subscriber buffer full, queue full, too large)",
+        Stats::get(&s.publish_dropped),
+    );
+    counter(
+        &mut r,
+        "ferrymq_mqtt_slow_consumers",
+        "Subscribers disconnected as slow consumers",
+        Stats::get(&s.slow_consumers),
+    );
+    counter(&mut r, "ferrymq_mqtt_bytes_received", "Bytes read from MQTT connections", Stats::get(&s.bytes_received));
+    counter(&mut r, "ferrymq_mqtt_bytes_sent", "Bytes written to MQTT connections", Stats::get(&s.bytes_sent));
+    gauge(&mut r, "ferrymq_mqtt_retained_messages", "Retained messages", b.retained.len() as u64);
+    let j = b.journal.stats();
+    counter(&mut r, "ferrymq_journal_group_commits", "Group commits of the commit log", j.batches);
+    counter(&mut r, "ferrymq_journal_fsyncs", "fdatasync calls on commit-log segments", j.fsyncs);
+    counter(&mut r, "ferrymq_journal_checkpoints", "Checkpoints taken", j.checkpoints);
+    gauge(&mut r, "ferrymq_journal_segments", "Commit-log segments on disk", j.segments);
+    gauge(&mut r, "ferrymq_journal_disk_bytes", "Bytes of the commit log's segments", j.log_bytes);
+    counter(&mut r, "ferrymq_journal_out_of_space", "Appends refused for lack of disk space", j.out_of_space);
+    let (mem_limit, disk_limit) = ctx.alarm.limits();
+    gauge(
+        &mut r,
+        "rabbitmq_process_resident_memory_bytes",
+        "Resident memory",
+        crate::core::alarm::resident_memory().unwrap_or(0),
+    );
+    gauge(&mut r, "rabbitmq_resident_memory_limit_bytes", "Memory high watermark", mem_limit);
+    gauge(
+        &mut r,
+        "rabbitmq_disk_space_available_bytes",
+        "Free space of the data directory's file system",
+        ctx.alarm.disk_free().unwrap_or(0),
+    );
+    gauge(&mut r, "rabbitmq_disk_space_available_limit_bytes", "Free disk space limit", disk_limit);
+    let raised = ctx.alarm.raised();
+    gauge(
+        &mut r,
+        "rabbitmq_alarms_memory_used_watermark",
+        "Memory alarm raised (1)",
+        u64::from(raised.contains(&crate::core::alarm::Resource::Memory)),
+    );
+    gauge(
+        &mut r,
+        "rabbitmq_alarms_free_disk_space_watermark",
+        "Disk alarm raised (1)",
+        u64::from(raised.contains(&crate::core::alarm::Resource::Disk)),
+    );
+    let mut out = String::new();
+    let _ = encode(&mut out, &r);
+    out
+}
+
+/// `GET /metrics` (credentials needed only when `http.metrics_without_auth` is off).
+pub async fn metrics(
+    State(ctx): State<Arc<HttpContext>>,
+    ConnectInfo(peer): ConnectInfo<std::net::SocketAddr>,
+    req: Request,
+) -> Result<Response, ApiError> {
+    if !ctx.cfg.metrics_without_auth {
+        authenticate(&ctx, &req, peer)?.require(Access::Monitoring)?;
+    }
+    Ok(([(CONTENT_TYPE, CONTENT)], render(&ctx)).into_response())
+}

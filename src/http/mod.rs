@@ -1,0 +1,145 @@
+//! The operations surface on one HTTP listener (`http.listen`, RabbitMQ's management port
+//! 15672): the management API under `/api` with the paths and JSON of RabbitMQ's
+//! management plugin, so `rabbitmqadmin`, Terraform, Telegraf and curl scripts work
+//! unchanged, and Prometheus `/metrics` with RabbitMQ's metric names.
+//!
+//! - [`auth`] — HTTP Basic against the user store, and what each user tag may call.
+//! - [`error`] — errors as RabbitMQ answers them (`{"error": ..., "reason": ...}`).
+//! - [`rates`] — counters sampled every 5 s into RabbitMQ's `*_details.rate`.
+//! - [`overview`] — `/api/overview`, `/api/nodes`, `/api/whoami`, vhosts, users.
+//! - [`queues`] — `/api/queues`: list (paged), declare, delete, purge, get.
+//! - [`exchanges`] — `/api/exchanges` and `/api/bindings`, publish.
+//! - [`connections`] — `/api/connections` of both protocols (close one).
+//! - [`health`] — `/api/health/checks/...` and `/api/aliveness-test`.
+//! - [`metrics`] — `/metrics` (OpenMetrics text).
+//! - [`json`] — the JSON shapes shared by several calls (header values, pagination).
+
+pub mod auth;
+pub mod connections;
+pub mod error;
+pub mod exchanges;
+pub mod health;
+pub mod json;
+pub mod metrics;
+pub mod overview;
+pub mod queues;
+pub mod rates;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::routing::{delete, get, post};
+use axum::Router;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tracing::warn;
+
+use crate::amqp::AmqpContext;
+use crate::auth::Users;
+use crate::config::HttpSection;
+use crate::core::alarm::ResourceAlarm;
+use crate::core::broker::Broker;
+use crate::mqtt::MqttContext;
+
+/// A listener the broker opened, as `/api/overview` lists it.
+#[derive(Debug, Clone)]
+pub struct ListenerInfo {
+    /// RabbitMQ's protocol name: `amqp`, `amqp/ssl`, `mqtt`, `mqtt/ssl`, `http`.
+    pub protocol: &'static str,
+    /// The bound address.
+    pub addr: SocketAddr,
+}
+
+/// What the HTTP handlers share.
+pub struct HttpContext {
+    /// The core.
+    pub broker: Arc<Broker>,
+    /// The AMQP front-end (its queue registry).
+    pub amqp: Arc<AmqpContext>,
+    /// The MQTT front-end (its sessions).
+    pub mqtt: Arc<MqttContext>,
+    /// Who may call the API.
+    pub users: Users,
+    /// `[http]`.
+    pub cfg: HttpSection,
+    /// The virtual hosts.
+    pub vhosts: Vec<String>,
+    /// The memory and disk alarms.
+    pub alarm: Arc<ResourceAlarm>,
+    /// Every listener the broker opened (filled in once they are bound).
+    pub listeners: parking_lot::RwLock<Vec<ListenerInfo>>,
+    /// Message rates, sampled every 5 s.
+    pub rates: rates::Rates,
+}
+
+impl HttpContext {
+    /// The node name of every `node` field.
+    pub fn node(&self) -> &str {
+        &self.cfg.node_name
+    }
+}
+
+/// The routes of the API.
+pub fn router(ctx: Arc<HttpContext>) -> Router {
+    let api = Router::new()
+        .route("/overview", get(overview::overview))
+        .route("/whoami", get(overview::whoami))
+        .route("/nodes", get(overview::nodes))
+        .route("/nodes/{name}", get(overview::node))
+        .route("/extensions", get(overview::extensions))
+        .route("/vhosts", get(overview::vhosts))
+        .route("/vhosts/{vhost}", get(overview::vhost))
+        .route("/users", get(overview::users))
+        .route("/users/{name}", get(overview::user))
+        .route("/permissions", get(overview::permissions))
+        .route("/queues", get(queues::list_all))
+        .route("/queues/{vhost}", get(queues::list_vhost))
+        .route("/queues/{vhost}/{name}", get(queues::show).put(queues::declare).delete(queues::remove))
+        .route("/queues/{vhost}/{name}/contents", delete(queues::purge))
+        .route("/queues/{vhost}/{name}/get", post(queues::get_messages))
+        .route("/queues/{vhost}/{name}/bindings", get(exchanges::queue_bindings))
+        .route("/exchanges", get(exchanges::list_all))
+        .route("/exchanges/{vhost}", get(exchanges::list_vhost))
+        .route("/exchanges/{vhost}/{name}", get(exchanges::show).put(exchanges::declare).delete(exchanges::remove))
+        .route("/exchanges/{vhost}/{name}/publish", post(exchanges::publish))
+        .route("/bindings", get(exchanges::bindings_all))
+        .route("/bindings/{vhost}", get(exchanges::bindings_vhost))
+        .route("/connections", get(connections::list))
+        .route("/connections/{name}", get(connections::show).delete(connections::close))
+        .route("/vhosts/{vhost}/connections", get(connections::list_vhost))
+        .route("/health/checks/alarms", get(health::alarms))
+        .route("/health/checks/local-alarms", get(health::alarms))
+        .route("/health/checks/virtual-hosts", get(health::virtual_hosts))
+        .route("/health/checks/port-listener/{port}", get(health::port_listener))
+        .route("/health/checks/protocol-listener/{protocol}", get(health::protocol_listener))
+        .route("/health/checks/node-is-quorum-critical", get(health::ok_check))
+        .route("/health/checks/node-is-mirror-sync-critical", get(health::ok_check))
+        .route("/aliveness-test/{vhost}", get(health::aliveness))
+        .fallback(error::not_found)
+        .method_not_allowed_fallback(error::method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(ctx.clone(), auth::require_login));
+    Router::new().nest("/api", api).route("/metrics", get(metrics::metrics)).fallback(error::not_found).with_state(ctx)
+}
+
+/// Serves the API on `listener` until `stop` turns true.
+pub async fn serve(listener: TcpListener, ctx: Arc<HttpContext>, mut stop: watch::Receiver<bool>) {
+    tokio::spawn(ctx.clone().sample_rates());
+    let app = router(ctx).into_make_service_with_connect_info::<SocketAddr>();
+    let stopped = async move {
+        let _ = stop.wait_for(|s| *s).await;
+    };
+    if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stopped).await {
+        warn!(error = %e, "the HTTP listener failed");
+    }
+}
+
+impl HttpContext {
+    /// Samples the counters behind the rates every [`rates::SAMPLE_INTERVAL`].
+    async fn sample_rates(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(rates::SAMPLE_INTERVAL);
+        loop {
+            tick.tick().await;
+            self.rates.sample(&rates::Totals::now(&self.broker));
+        }
+    }
+}

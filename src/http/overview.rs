@@ -1,0 +1,249 @@
+//! `/api/overview`, `/api/nodes`, `/api/whoami`, `/api/extensions`, and the virtual
+//! hosts, users and permissions as RabbitMQ shows them.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::{Extension, Json};
+use serde_json::{json, Value as Json_};
+
+use super::auth::{Access, Caller};
+use super::error::ApiError;
+use super::json::rate;
+use super::queues::QueueTotals;
+use super::HttpContext;
+use crate::core::alarm::{resident_memory, Resource};
+use crate::core::stats::Stats;
+
+/// The RabbitMQ version whose management API FerryMQ answers as.
+pub const RABBITMQ_API_VERSION: &str = "3.13.7";
+
+type Answer = Result<Json<Json_>, ApiError>;
+
+/// `GET /api/overview`.
+pub async fn overview(State(ctx): State<Arc<HttpContext>>, Extension(caller): Extension<Caller>) -> Answer {
+    caller.require(Access::Management)?;
+    let r = ctx.rates.current();
+    let t = super::rates::Totals::now(&ctx.broker);
+    let q = QueueTotals::of(&ctx);
+    let exchanges: usize = ctx.vhosts.iter().map(|v| ctx.broker.router.exchanges(v).len()).sum();
+    let conns = ctx.broker.connections.list();
+    let channels: u64 = conns.iter().map(|c| Stats::get(&c.channels)).sum();
+    let churn = ctx.broker.connections.churn();
+    Ok(Json(json!({
+        "management_version": RABBITMQ_API_VERSION,
+        "rabbitmq_version": RABBITMQ_API_VERSION,
+        "product_name": "FerryMQ",
+        "product_version": env!("CARGO_PKG_VERSION"),
+        "rates_mode": "basic",
+        "erlang_version": "none (FerryMQ is written in Rust)",
+        "erlang_full_version": "none",
+        "release_series_support_status": "supported",
+        "disable_stats": false,
+        "enable_queue_totals": true,
+        "is_op_policy_updating_enabled": false,
+        "exchange_types": exchange_types(),
+        "message_stats": {
+            "publish": t.publish, "publish_details": rate(r.publish),
+            "confirm": t.confirm, "confirm_details": rate(r.confirm),
+            "deliver_get": t.deliver_get, "deliver_get_details": rate(r.deliver_get),
+            "redeliver": t.redeliver, "redeliver_details": rate(r.redeliver),
+            "ack": t.ack, "ack_details": rate(r.ack),
+        },
+        "churn_rates": {
+            "connection_created": churn.0, "connection_created_details": rate(0.0),
+            "connection_closed": churn.1, "connection_closed_details": rate(0.0),
+        },
+        "queue_totals": q.json(),
+        "object_totals": {
+            "connections": conns.len(),
+            "channels": channels,
+            "consumers": q.consumers,
+            "exchanges": exchanges,
+            "queues": q.queues,
+        },
+        "statistics_db_event_queue": 0,
+        "node": ctx.node(),
+        "cluster_name": ctx.cfg.cluster_name,
+        "listeners": ctx.listeners.read().iter().map(|l| json!({
+            "node": ctx.node(),
+            "protocol": l.protocol,
+            "ip_address": l.addr.ip().to_string(),
+            "port": l.addr.port(),
+            "socket_opts": {},
+        })).collect::<Vec<_>>(),
+        "contexts": [{ "node": ctx.node(), "description": "FerryMQ Management", "path": "/", "port": http_port(&ctx) }],
+    })))
+}
+
+fn http_port(ctx: &HttpContext) -> String {
+    ctx.listeners.read().iter().find(|l| l.protocol == "http").map(|l| l.addr.port().to_string()).unwrap_or_default()
+}
+
+/// The exchange types FerryMQ routes.
+fn exchange_types() -> Json_ {
+    let types = [
+        ("direct", "AMQP direct exchange, as per the AMQP specification"),
+        ("fanout", "AMQP fanout exchange, as per the AMQP specification"),
+        ("headers", "AMQP headers exchange, as per the AMQP specification"),
+        ("topic", "AMQP topic exchange, as per the AMQP specification"),
+        ("x-consistent-hash", "Consistent Hashing Exchange"),
+        ("x-delayed-message", "Delayed Message Exchange"),
+        (crate::core::dedup::EXCHANGE_TYPE, "Message Deduplication Exchange"),
+    ];
+    Json_::Array(types.iter().map(|(n, d)| json!({ "name": n, "description": d, "enabled": true })).collect())
+}
+
+/// `GET /api/whoami`.
+pub async fn whoami(Extension(caller): Extension<Caller>) -> Json<Json_> {
+    Json(json!({ "name": caller.name, "tags": caller.tags, "is_internal_user": true }))
+}
+
+/// `GET /api/extensions` (the dashboard's plugins: none).
+pub async fn extensions(Extension(caller): Extension<Caller>) -> Answer {
+    caller.require(Access::Management)?;
+    Ok(Json(json!([])))
+}
+
+fn node_json(ctx: &HttpContext) -> Json_ {
+    let (mem_limit, disk_free_limit) = ctx.alarm.limits();
+    let raised = ctx.alarm.raised();
+    let fd_used = std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0);
+    let fd_total = open_files_limit().unwrap_or(0);
+    let journal = ctx.broker.journal.stats();
+    json!({
+        "name": ctx.node(),
+        "type": "disc",
+        "running": true,
+        "being_drained": false,
+        "os_pid": std::process::id().to_string(),
+        "uptime": ctx.broker.started.elapsed().as_millis() as u64,
+        "processors": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        "mem_used": resident_memory().unwrap_or(0),
+        "mem_limit": mem_limit,
+        "mem_alarm": raised.contains(&Resource::Memory),
+        "disk_free": ctx.alarm.disk_free().unwrap_or(0),
+        "disk_free_limit": disk_free_limit,
+        "disk_free_alarm": raised.contains(&Resource::Disk),
+        "fd_used": fd_used,
+        "fd_total": fd_total,
+        "sockets_used": ctx.broker.connections.len(),
+        "sockets_total": fd_total,
+        "proc_used": 0,
+        "proc_total": 0,
+        "run_queue": 0,
+        "partitions": [],
+        "rates_mode": "basic",
+        "net_ticktime": 60,
+        "enabled_plugins": ["rabbitmq_management", "rabbitmq_mqtt", "rabbitmq_prometheus"],
+        "journal": {
+            "segments": journal.segments,
+            "log_bytes": journal.log_bytes,
+            "group_commits": journal.batches,
+            "fsyncs": journal.fsyncs,
+            "checkpoints": journal.checkpoints,
+        },
+    })
+}
+
+/// `GET /api/nodes`.
+pub async fn nodes(State(ctx): State<Arc<HttpContext>>, Extension(caller): Extension<Caller>) -> Answer {
+    caller.require(Access::Monitoring)?;
+    Ok(Json(json!([node_json(&ctx)])))
+}
+
+/// `GET /api/nodes/{name}`.
+pub async fn node(
+    State(ctx): State<Arc<HttpContext>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> Answer {
+    caller.require(Access::Monitoring)?;
+    if name != ctx.node() {
+        return Err(ApiError::not_found());
+    }
+    Ok(Json(node_json(&ctx)))
+}
+
+fn vhost_json(ctx: &HttpContext, name: &str) -> Json_ {
+    let q = QueueTotals::of_vhost(ctx, Some(name));
+    let mut v = json!({
+        "name": name,
+        "description": "",
+        "tags": [],
+        "default_queue_type": "classic",
+        "metadata": { "description": "", "tags": [] },
+        "tracing": false,
+        "cluster_state": { ctx.node(): "running" },
+    });
+    if let (Json_::Object(o), Json_::Object(t)) = (&mut v, q.json()) {
+        o.extend(t);
+    }
+    v
+}
+
+/// `GET /api/vhosts`.
+pub async fn vhosts(State(ctx): State<Arc<HttpContext>>, Extension(caller): Extension<Caller>) -> Answer {
+    caller.require(Access::Management)?;
+    Ok(Json(Json_::Array(ctx.vhosts.iter().map(|v| vhost_json(&ctx, v)).collect())))
+}
+
+/// `GET /api/vhosts/{name}`.
+pub async fn vhost(
+    State(ctx): State<Arc<HttpContext>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> Answer {
+    caller.require(Access::Management)?;
+    if !ctx.vhosts.contains(&name) {
+        return Err(ApiError::not_found());
+    }
+    Ok(Json(vhost_json(&ctx, &name)))
+}
+
+fn user_json(u: &crate::config::UserEntry) -> Json_ {
+    json!({
+        "name": u.name,
+        "tags": u.tags,
+        "password_hash": "",
+        "hashing_algorithm": "rabbit_password_hashing_sha256",
+        "limits": {},
+    })
+}
+
+/// `GET /api/users`.
+pub async fn users(State(ctx): State<Arc<HttpContext>>, Extension(caller): Extension<Caller>) -> Answer {
+    caller.require(Access::Administrator)?;
+    Ok(Json(Json_::Array(ctx.users.all().iter().map(user_json).collect())))
+}
+
+/// `GET /api/users/{name}`.
+pub async fn user(
+    State(ctx): State<Arc<HttpContext>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> Answer {
+    caller.require(Access::Administrator)?;
+    let u = ctx.users.all().iter().find(|u| u.name == name).ok_or_else(ApiError::not_found)?;
+    Ok(Json(user_json(u)))
+}
+
+/// `GET /api/permissions`: every user may configure, write and read everything in every
+/// virtual host today (per-vhost permissions come with the security work).
+pub async fn permissions(State(ctx): State<Arc<HttpContext>>, Extension(caller): Extension<Caller>) -> Answer {
+    caller.require(Access::Administrator)?;
+    let mut all = Vec::new();
+    for u in ctx.users.all() {
+        for v in &ctx.vhosts {
+            all.push(json!({ "user": u.name, "vhost": v, "configure": ".*", "write": ".*", "read": ".*" }));
+        }
+    }
+    Ok(Json(Json_::Array(all)))
+}
+
+/// The soft limit on open files, from `/proc/self/limits`.
+fn open_files_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line.split_whitespace().find_map(|w| w.parse().ok())
+}

@@ -1,0 +1,460 @@
+//! `/api/queues`: the AMQP queues (and streams) with RabbitMQ's fields, paged lists,
+//! declare, delete (`if-empty`, `if-unused`), purge and get.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use base64::Engine;
+use serde::Deserialize;
+use serde_json::{json, Map, Value as Json_};
+
+use super::auth::{Access, Caller};
+use super::error::ApiError;
+use super::json::{flag, json_table, list, rate, table_json, ListQuery};
+use super::HttpContext;
+use crate::amqp::entities::QueueEntity;
+use crate::amqp::methods::{check_equivalent_queue, create_queue};
+use crate::core::message::Message;
+use crate::core::queue::{QueueGauge, RequeueCause};
+use crate::core::shards::ShardCmd;
+
+/// Message and consumer counts over queues.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct QueueTotals {
+    /// Queues counted.
+    pub queues: u64,
+    /// Live messages.
+    pub messages: u64,
+    /// Ready messages.
+    pub ready: u64,
+    /// Consumers.
+    pub consumers: u64,
+}
+
+impl QueueTotals {
+    /// Over every queue.
+    pub fn of(ctx: &HttpContext) -> QueueTotals {
+        Self::of_vhost(ctx, None)
+    }
+
+    /// Over the queues of `vhost` (all with `None`).
+    pub fn of_vhost(ctx: &HttpContext, vhost: Option<&str>) -> QueueTotals {
+        let mut t = QueueTotals::default();
+        for q in ctx.amqp.entities.all() {
+            if vhost.is_some_and(|v| v != q.vhost) {
+                continue;
+            }
+            let c = Counts::of(&q);
+            t.queues += 1;
+            t.messages += c.messages;
+            t.ready += c.ready;
+            t.consumers += c.consumers;
+        }
+        t
+    }
+
+    /// RabbitMQ's `messages*` fields.
+    pub fn json(&self) -> Json_ {
+        json!({
+            "messages": self.messages, "messages_details": rate(0.0),
+            "messages_ready": self.ready, "messages_ready_details": rate(0.0),
+            "messages_unacknowledged": self.messages - self.ready.min(self.messages),
+            "messages_unacknowledged_details": rate(0.0),
+        })
+    }
+}
+
+/// One queue's live counts, from the gauge its owner shard writes.
+struct Counts {
+    messages: u64,
+    ready: u64,
+    bytes: u64,
+    consumers: u64,
+}
+
+impl Counts {
+    fn of(q: &QueueEntity) -> Counts {
+        let g = &q.config.gauge;
+        let messages = QueueGauge::get(&g.len);
+        Counts {
+            messages,
+            ready: QueueGauge::get(&g.ready).min(messages),
+            bytes: QueueGauge::get(&g.bytes),
+            consumers: q.consumers.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// The queue's type as RabbitMQ names it.
+fn queue_type(q: &QueueEntity) -> &'static str {
+    if q.is_stream() {
+        return "stream";
+    }
+    match q.arguments.iter().find(|(k, _)| k == "x-queue-type").and_then(|(_, v)| v.as_str()) {
+        Some("quorum") => "quorum",
+        _ => "classic",
+    }
+}
+
+/// A queue as RabbitMQ's `/api/queues` shows it; `stats` adds the message counts.
+fn queue_json(ctx: &HttpContext, q: &QueueEntity, stats: bool) -> Json_ {
+    let mut o = Map::new();
+    o.insert("name".into(), json!(q.name));
+    o.insert("vhost".into(), json!(q.vhost));
+    o.insert("type".into(), json!(queue_type(q)));
+    o.insert("durable".into(), json!(q.durable));
+    o.insert("auto_delete".into(), json!(q.auto_delete));
+    o.insert("exclusive".into(), json!(q.exclusive_owner.is_some()));
+    o.insert("arguments".into(), table_json(&q.arguments));
+    o.insert("node".into(), json!(ctx.node()));
+    o.insert("state".into(), json!("running"));
+    o.insert("policy".into(), Json_::Null);
+    o.insert("effective_policy_definition".into(), json!({}));
+    o.insert("exclusive_consumer_tag".into(), Json_::Null);
+    let c = Counts::of(q);
+    o.insert("consumers".into(), json!(c.consumers));
+    if stats {
+        let unacked = c.messages - c.ready;
+        o.insert("messages".into(), json!(c.messages));
+        o.insert("messages_details".into(), rate(0.0));
+        o.insert("messages_ready".into(), json!(c.ready));
+        o.insert("messages_ready_details".into(), rate(0.0));
+        o.insert("messages_unacknowledged".into(), json!(unacked));
+        o.insert("messages_unacknowledged_details".into(), rate(0.0));
+        o.insert("message_bytes".into(), json!(c.bytes));
+        o.insert("message_bytes_ready".into(), json!((c.bytes * c.ready).checked_div(c.messages).unwrap_or(0)));
+        o.insert(
+            "message_bytes_unacknowledged".into(),
+            json!((c.bytes * unacked).checked_div(c.messages).unwrap_or(0)),
+        );
+        o.insert("message_bytes_persistent".into(), json!(c.bytes));
+        o.insert("message_bytes_ram".into(), json!(0));
+        o.insert("consumer_capacity".into(), json!(if c.consumers > 0 { 1.0 } else { 0.0 }));
+        o.insert("consumer_utilisation".into(), json!(if c.consumers > 0 { 1.0 } else { 0.0 }));
+    }
+    Json_::Object(o)
+}
+
+fn sorted_queues(ctx: &HttpContext, vhost: Option<&str>) -> Vec<(String, Arc<QueueEntity>)> {
+    let mut all: Vec<Arc<QueueEntity>> =
+        ctx.amqp.entities.all().into_iter().filter(|q| vhost.is_none_or(|v| v == q.vhost)).collect();
+    all.sort_by(|a, b| (&a.vhost, &a.name).cmp(&(&b.vhost, &b.name)));
+    all.into_iter().map(|q| (q.name.clone(), q)).collect()
+}
+
+fn answer_list(ctx: &HttpContext, vhost: Option<&str>, q: &ListQuery) -> Result<Json<Json_>, ApiError> {
+    let stats = !flag(&q.disable_stats) || flag(&q.enable_queue_totals);
+    list(sorted_queues(ctx, vhost), q, |e| queue_json(ctx, e, stats))
+}
+
+/// `GET /api/queues`.
+pub async fn list_all(
+    State(ctx): State<Arc<HttpContext>>,
+    Extension(caller): Extension<Caller>,
+    Query(q): Query<ListQuery>,
+) -> Result<Json<Json_>, ApiError> {
+    caller.require(Access::Management)?;
+    answer_list(&ctx, None, &q)
+}
+
+/// `GET /api/queues/{vhost}`.
+pub async fn list_vhost(
+    State(ctx): State<Arc<HttpContext>>,
+    Extension(caller): Extension<Caller>,
+    Path(vhost): Path<String>,
+    Query(q): Query<ListQuery>,
+) -> Result<Json<Json_>, ApiError> {
+    caller.require(Access::Management)?;
+    known_vhost(&ctx, &vhost)?;
+    answer_list(&ctx, Some(&vhost), &q)
+}
+
+/// 404 unless `vhost` exists.
+pub fn known_vhost(ctx: &HttpContext, vhost: &str) -> Result<(), ApiError> {
+    match ctx.vhosts.iter().any(|v| v == vhost) {
+        true => Ok(()),
+        false => Err(ApiError::not_found()),
+    }
+}
+
+fn find(ctx: &HttpContext, vhost: &str, name: &str) -> Result<Arc<QueueEntity>, ApiError> {
+    ctx.amqp.entities.queue(vhost, name).ok_or_else(ApiError::not_found)
+}
+
+/// `GET /api/queues/{vhost}/{name}`.
+pub async fn show(
+    State(ctx): State<Arc<HttpContext>>,
+    Extension(caller): Extension<Caller>,
+    Path((vhost, name)): Path<(String, String)>,
+) -> Result<Json<Json_>, ApiError> {
+    caller.require(Access::Management)?;
+    let q = find(&ctx, &vhost, &name)?;
+    Ok(Json(queue_json(&ctx, &q, true)))
+}
+
+/// The body of `PUT /api/queues/{vhost}/{name}`.
+#[derive(Debug, Default, Deserialize)]
+pub struct DeclareBody {
+    /// Survives a restart (default true, as RabbitMQ's API).
+    #[serde(default = "yes")]
+    pub durable: bool,
+    /// Deleted when its last consumer goes.
+    #[serde(default)]
+    pub auto_delete: bool,
+    /// `x-` arguments.
+    #[serde(default)]
+    pub arguments: Map<String, Json_>,
+    /// Ignored (a single node).
+    #[serde(default)]
+    pub node: Option<String>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn fail(f: crate::amqp::methods::Fail) -> ApiError {
+    match f.code {
+        404 => ApiError::not_found(),
+        541 => ApiError::internal(f.text),
+        _ => ApiError::bad_request(f.text),
+    }
+}
+
+/// `PUT /api/queues/{vhost}/{name}`: 201 when created, 204 when an equivalent one exists,
+/// 400 with RabbitMQ's `inequivalent arg` text otherwise.
+pub async fn declare(
+    State(ctx): State<Arc<HttpContext>>,
+    Extension(caller): Extension<Caller>,
+    Path((vhost, name)): Path<(String, String)>,
+    body: Option<Json<DeclareBody>>,
+) -> Result<StatusCode, ApiError> {
+    caller.require(Access::Management)?;
+    known_vhost(&ctx, &vhost)?;
+    let body = body.map(|b| b.0).unwrap_or(DeclareBody { durable: true, ..Default::default() });
+    let arguments = json_table(&body.arguments);
+    if name.is_empty() || name.starts_with("amq.") {
+        return Err(ApiError::bad_request(format!("queue name '{name}' contains reserved prefix 'amq.*'")));
+    }
+    if let Some(existing) = ctx.amqp.entities.queue(&vhost, &name) {
+        check_equivalent_queue(&existing, body.durable, false, body.auto_delete, &arguments).map_err(fail)?;
+        return Ok(StatusCode::NO_CONTENT);
+    }
+    create_queue(&ctx.amqp, &vhost, &name, body.durable, None, body.auto_delete, arguments).await.map_err(fail)?;
+    Ok(StatusCode::CREATED)
+}
+
+/// The query of `DELETE /api/queues/{vhost}/{name}`.
+#[derive(Debug, Default, Deserialize)]
+pub struct DeleteQuery {
+    /// Only if it holds no message.
+    #[serde(rename = "if-empty")]
+    pub if_empty: Option<String>,
+    /// Only if it has no consumer.
+    #[serde(rename = "if-unused")]
+    pub if_unused: Option<String>,
+}
+
+/// `DELETE /api/queues/{vhost}/{name}`.
+pub async fn remove(
+    State(ctx): State<Arc<HttpContext>>,
+    Extension(caller): Extension<Caller>,
+    Path((vhost, name)): Path<(String, String)>,
+    Query(q): Query<DeleteQuery>,
+) -> Result<StatusCode, ApiError> {
+    caller.require(Access::Management)?;
+    let entity = find(&ctx, &vhost, &name)?;
+    let c = Counts::of(&entity);
+    if flag(&q.if_empty) && ctx.broker.shards.len(entity.id).await > 0 {
+        return Err(ApiError::bad_request(format!(
+            "PRECONDITION_FAILED - queue '{name}' in vhost '{vhost}' not empty"
+        )));
+    }
+    if flag(&q.if_unused) && c.consumers > 0 {
+        return Err(ApiError::bad_request(format!("PRECONDITION_FAILED - queue '{name}' in vhost '{vhost}' in use")));
+    }
+    ctx.amqp.entities.delete_queue(&ctx.broker, &entity).await;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `DELETE /api/queues/{vhost}/{name}/contents`: purge.
+pub async fn purge(
+    State(ctx): State<Arc<HttpContext>>,
+    Extension(caller): Extension<Caller>,
+    Path((vhost, name)): Path<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    caller.require(Access::Management)?;
+    let entity = find(&ctx, &vhost, &name)?;
+    if entity.is_stream() {
+        return Err(ApiError::bad_request("a stream cannot be purged"));
+    }
+    ctx.broker.shards.purge(entity.id).await;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// The body of `POST /api/queues/{vhost}/{name}/get`.
+#[derive(Debug, Deserialize)]
+pub struct GetBody {
+    /// Most messages to take.
+    #[serde(default = "one")]
+    pub count: u64,
+    /// `ack_requeue_true` (look: they go back), `ack_requeue_false` (take them),
+    /// `reject_requeue_true` (back, redelivered), `reject_requeue_false` (dropped or dead-lettered).
+    pub ackmode: String,
+    /// `auto` (text when it is UTF-8, else base64) or `base64`.
+    #[serde(default = "auto")]
+    pub encoding: String,
+    /// Longest payload shown, bytes.
+    #[serde(default)]
+    pub truncate: Option<usize>,
+    /// RabbitMQ 3.6's spelling of `ackmode` (`true` = `ack_requeue_true`).
+    #[serde(default)]
+    pub requeue: Option<bool>,
+}
+
+fn one() -> u64 {
+    1
+}
+
+fn auto() -> String {
+    "auto".into()
+}
+
+/// Message properties as RabbitMQ's API shows them.
+pub fn properties_json(m: &Message) -> Json_ {
+    let p = &m.props;
+    let mut o = Map::new();
+    let mut put = |k: &str, v: Option<Json_>| {
+        if let Some(v) = v {
+            o.insert(k.into(), v);
+        }
+    };
+    put("content_type", p.content_type.as_ref().map(|v| json!(v)));
+    put("content_encoding", p.content_encoding.as_ref().map(|v| json!(v)));
+    put("delivery_mode", p.delivery_mode.map(|v| json!(v)));
+    put("priority", p.priority.map(|v| json!(v)));
+    put("correlation_id", p.correlation_data.as_ref().map(|v| json!(String::from_utf8_lossy(v))));
+    put("reply_to", p.reply_to.as_ref().map(|v| json!(v)));
+    put("expiration", p.expiration_ms.map(|v| json!(v.to_string())));
+    put("message_id", p.message_id.as_ref().map(|v| json!(v)));
+    put("timestamp", p.timestamp.map(|v| json!(v)));
+    put("type", p.kind.as_ref().map(|v| json!(v)));
+    put("user_id", p.user_id.as_ref().map(|v| json!(v)));
+    put("app_id", p.app_id.as_ref().map(|v| json!(v)));
+    if !p.headers.is_empty() {
+        o.insert("headers".into(), table_json(&p.headers));
+    }
+    Json_::Object(o)
+}
+
+/// A payload as the API shows it: (payload, encoding).
+pub fn payload_json(body: &[u8], encoding: &str, truncate: Option<usize>) -> (String, &'static str) {
+    let body = &body[..truncate.map_or(body.len(), |t| t.min(body.len()))];
+    match (encoding, std::str::from_utf8(body)) {
+        ("auto", Ok(text)) => (text.to_owned(), "string"),
+        _ => (base64::engine::general_purpose::STANDARD.encode(body), "base64"),
+    }
+}
+
+/// `POST /api/queues/{vhost}/{name}/get`.
+pub async fn get_messages(
+    State(ctx): State<Arc<HttpContext>>,
+    Extension(caller): Extension<Caller>,
+    Path((vhost, name)): Path<(String, String)>,
+    Json(body): Json<GetBody>,
+) -> Result<Response, ApiError> {
+    caller.require(Access::Management)?;
+    let entity = find(&ctx, &vhost, &name)?;
+    if entity.is_stream() {
+        return Err(ApiError::bad_request("basic.get is not supported on streams"));
+    }
+    let ackmode = match (body.ackmode.as_str(), body.requeue) {
+        ("", Some(true)) => "ack_requeue_true",
+        ("", Some(false)) => "ack_requeue_false",
+        (m, _) => m,
+    };
+    if !matches!(ackmode, "ack_requeue_true" | "ack_requeue_false" | "reject_requeue_true" | "reject_requeue_false") {
+        return Err(ApiError::bad_request(format!("unknown ackmode '{ackmode}'")));
+    }
+    if !matches!(body.encoding.as_str(), "auto" | "base64") {
+        return Err(ApiError::bad_request(format!("unknown encoding '{}'", body.encoding)));
+    }
+    let take = ackmode == "ack_requeue_false";
+    let consumer = ctx.broker.next_id();
+    let mut got = Vec::new();
+    for _ in 0..body.count.min(10_000) {
+        match ctx.broker.shards.get(entity.id, consumer, take).await {
+            Some(g) => got.push(g),
+            None => break,
+        }
+    }
+    let mut out = Vec::with_capacity(got.len());
+    for g in &got {
+        let d = &g.delivery;
+        let (payload, encoding) = payload_json(&d.msg.payload, &body.encoding, body.truncate);
+        out.push(json!({
+            "payload_bytes": d.msg.payload.len(),
+            "redelivered": d.redelivered,
+            "exchange": d.msg.exchange,
+            "routing_key": d.msg.routing_key,
+            "message_count": g.remaining,
+            "properties": properties_json(&d.msg),
+            "payload": payload,
+            "payload_encoding": encoding,
+        }));
+    }
+    // What was only looked at goes back at once, as basic.reject / nack with requeue.
+    for g in got.iter().filter(|_| !take) {
+        let (queue, offset) = (entity.id, g.delivery.offset);
+        let cmd = match ackmode {
+            "reject_requeue_false" => ShardCmd::Reject { queue, offset },
+            _ => ShardCmd::Requeue { queue, offset, cause: RequeueCause::Returned, consumer },
+        };
+        ctx.broker.shards.send(cmd);
+    }
+    entity.touch();
+    Ok(Json(Json_::Array(out)).into_response())
+}
+
+/// Publishes a message to queue `name` of `vhost` (declared if missing, not durable) through
+/// the default exchange and takes it back: the aliveness test.
+pub async fn round_trip(ctx: &HttpContext, vhost: &str, name: &str) -> Result<(), String> {
+    let entity = match ctx.amqp.entities.queue(vhost, name) {
+        Some(q) => q,
+        None => create_queue(&ctx.amqp, vhost, name, false, None, false, Vec::new()).await.map_err(|f| f.text)?,
+    };
+    let now = crate::core::message::now_ms();
+    let msg = Arc::new(Message {
+        exchange: String::new(),
+        routing_key: name.to_owned(),
+        payload: bytes::Bytes::from_static(b"test_message"),
+        qos: 1,
+        retain: false,
+        props: crate::core::message::Properties { delivery_mode: Some(2), ..Default::default() },
+        timestamp_ms: now,
+    });
+    let (routes, _) = ctx.broker.router.route(vhost, "", &msg, "").map_err(|e| e.to_string())?;
+    if let Some(signal) =
+        ctx.broker.publish(&msg, &routes, crate::core::broker::RetainMode::None, Default::default()).await
+    {
+        signal.await.map_err(|_| "the journal stopped".to_string())?.map_err(|e| e.to_string())?;
+    }
+    let consumer = ctx.broker.next_id();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        if let Some(got) = ctx.broker.shards.get(entity.id, consumer, true).await {
+            if &got.delivery.msg.payload[..] == b"test_message" {
+                return Ok(());
+            }
+            continue;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(format!("the message published to '{name}' did not come back"));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
