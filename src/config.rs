@@ -44,6 +44,8 @@ pub struct Overrides {
     pub amqps_listen: Option<String>,
     /// `--http-listen`.
     pub http_listen: Option<String>,
+    /// `--definitions`.
+    pub definitions: Option<String>,
     /// `--log`.
     pub log: Option<String>,
 }
@@ -236,6 +238,9 @@ pub struct HttpSection {
     pub node_name: String,
     /// Cluster name reported by `/api/overview`.
     pub cluster_name: String,
+    /// A RabbitMQ definitions file imported at start (`--definitions`; "" = none), as
+    /// RabbitMQ's `load_definitions`.
+    pub load_definitions: String,
 }
 
 /// `[storage]`: the journal.
@@ -301,6 +306,7 @@ impl Config {
         builder = set(builder, "amqp.listen", &overrides.amqp_listen)?;
         builder = set(builder, "amqp.tls_listen", &overrides.amqps_listen)?;
         builder = set(builder, "http.listen", &overrides.http_listen)?;
+        builder = set(builder, "http.load_definitions", &overrides.definitions)?;
         builder = set(builder, "broker.log", &overrides.log)?;
         let cfg: Config = builder.build()?.try_deserialize()?;
         cfg.validate()?;

@@ -37,9 +37,12 @@ struct Cli {
     /// AMQP-over-TLS listener address, e.g. 127.0.0.1:5671 (needs tls.cert and tls.key).
     #[arg(long, value_name = "ADDR")]
     amqps_listen: Option<String>,
-    /// Admin HTTP listener address (not served yet).
+    /// Management HTTP API and /metrics listener address, e.g. 127.0.0.1:15672 ("" turns it off).
     #[arg(long, value_name = "ADDR")]
     http_listen: Option<String>,
+    /// RabbitMQ definitions file (JSON) imported at start.
+    #[arg(long, value_name = "FILE")]
+    definitions: Option<String>,
     /// Log level or filter: error, warn, info, debug, trace, or e.g. "ferrymq=debug".
     #[arg(long, value_name = "LEVEL")]
     log: Option<String>,
@@ -55,6 +58,7 @@ fn main() -> anyhow::Result<()> {
         amqp_listen: cli.amqp_listen,
         amqps_listen: cli.amqps_listen,
         http_listen: cli.http_listen,
+        definitions: cli.definitions,
         log: cli.log,
     };
     let config = match Config::load(&overrides, std::env::vars()) {

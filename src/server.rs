@@ -105,11 +105,13 @@ impl Server {
         // first periodic check (a start-up race seen in CI under load).
         alarm.check();
         tokio::spawn(alarm.clone().run());
-        let mqtt_users = config.auth.mqtt.then(|| Users::new(config.auth.all_users()));
+        let users = Users::new(config.auth.all_users());
+        restore_access(&broker, &config, &users);
+        let mqtt_users = config.auth.mqtt.then(|| users.clone());
         let mqtt = MqttContext::restore(broker.clone(), config.mqtt.clone(), mqtt_users, alarm.clone());
         mqtt.drop_orphan_queues().await;
 
-        let amqp = AmqpContext::start(broker.clone(), &config, alarm.clone()).await;
+        let amqp = AmqpContext::start(broker.clone(), &config, users.clone(), alarm.clone()).await;
 
         tokio::spawn(scheduler::run(broker.clone()));
         tokio::spawn(mqtt.clone().run_expiry());
@@ -160,6 +162,21 @@ impl Server {
             let acceptor = if is_tls { Some(tls()?) } else { None };
             tokio::spawn(accept_loop(listener, acceptor, front, server.connections.clone(), stop_rx.clone()));
         }
+        let ctx = Arc::new(HttpContext {
+            broker: server.broker.clone(),
+            amqp: server.amqp.clone(),
+            mqtt: server.mqtt.clone(),
+            users: users.clone(),
+            cfg: config.http.clone(),
+            access: crate::http::access::AccessState::restore(&config, &server.broker),
+            loopback_users: config.auth.loopback_users.clone(),
+            alarm: server.alarm.clone(),
+            listeners: Default::default(),
+            rates: Default::default(),
+        });
+        if !config.http.load_definitions.is_empty() {
+            load_definitions(&ctx, &config.http.load_definitions).await?;
+        }
         if let Some(addr) = config.http_listen() {
             let key = "http.listen";
             let listener = TcpListener::bind(addr).await.map_err(|e| match e.kind() {
@@ -169,17 +186,6 @@ impl Server {
                 _ => anyhow::Error::new(e).context(format!("cannot listen on {key} {addr}")),
             })?;
             server.http_addr = Some(listener.local_addr()?);
-            let ctx = Arc::new(HttpContext {
-                broker: server.broker.clone(),
-                amqp: server.amqp.clone(),
-                mqtt: server.mqtt.clone(),
-                users: Users::new(config.auth.all_users()),
-                cfg: config.http.clone(),
-                vhosts: config.auth.vhosts.clone(),
-                alarm: server.alarm.clone(),
-                listeners: Default::default(),
-                rates: Default::default(),
-            });
             *ctx.listeners.write() = server.listener_infos();
             tokio::spawn(crate::http::serve(listener, ctx, stop_rx.clone()));
         }
@@ -263,6 +269,52 @@ impl Server {
             log_bytes = stats.log_bytes,
             "stopped"
         );
+    }
+}
+
+/// Imports a RabbitMQ definitions file (`http.load_definitions`); what cannot be applied
+/// stops start-up, what FerryMQ does not support is logged.
+async fn load_definitions(ctx: &HttpContext, path: &str) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read the definitions file {path}"))?;
+    let defs: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("the definitions file {path} is not JSON"))?;
+    let report = crate::http::definitions::import(ctx, &defs, None)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot import the definitions file {path}: {}", e.reason))?;
+    for item in &report.unsupported {
+        warn!(%item, "definition not applied");
+    }
+    info!(path, imported = %serde_json::Value::Object(report.imported.clone()), "definitions imported");
+    Ok(())
+}
+
+/// The virtual hosts (configured, then made at runtime, less those deleted at runtime) into
+/// the router, and the users made or deleted at runtime into `users`.
+fn restore_access(broker: &Broker, config: &Config, users: &Users) {
+    let records = broker.stores.access.load().unwrap_or_else(|e| {
+        warn!(error = %e, "cannot read stored users and virtual hosts");
+        Default::default()
+    });
+    let deleted = |name: &str| records.vhosts.iter().any(|v| v.deleted && v.name == name);
+    for vhost in config.auth.vhosts.iter().filter(|v| !deleted(v)) {
+        broker.router.add_vhost(vhost);
+    }
+    for v in records.vhosts.iter().filter(|v| !v.deleted) {
+        broker.router.add_vhost(&v.name);
+    }
+    for u in &records.users {
+        if u.deleted {
+            users.remove(&u.name);
+            continue;
+        }
+        match crate::auth::user_from_record(u, &config.auth.loopback_users) {
+            Some(user) => {
+                users.put(user);
+            }
+            None => {
+                warn!(user = %u.name, algorithm = %u.hashing_algorithm, "stored user has a password hash this build cannot verify")
+            }
+        }
     }
 }
 

@@ -61,21 +61,24 @@ pub struct AmqpContext {
 }
 
 impl AmqpContext {
-    /// Builds the context: virtual hosts, restored entities and de-duplication table.
-    pub async fn start(broker: Arc<Broker>, config: &Config, alarm: Arc<ResourceAlarm>) -> Arc<AmqpContext> {
+    /// Builds the context: restored entities and de-duplication table (the virtual hosts
+    /// are in the router already).
+    pub async fn start(
+        broker: Arc<Broker>,
+        config: &Config,
+        users: Users,
+        alarm: Arc<ResourceAlarm>,
+    ) -> Arc<AmqpContext> {
         if config.amqp.dedup_window_secs > 0 {
             warn!(
                 "amqp.dedup_window_secs is ignored: message ids are never compared unless an exchange or queue \
                  opts in with x-message-deduplication"
             );
         }
-        for vhost in &config.auth.vhosts {
-            broker.router.add_vhost(vhost);
-        }
         let ctx = Arc::new(AmqpContext {
             broker,
             cfg: config.amqp.clone(),
-            users: Users::new(config.auth.all_users()),
+            users,
             entities: Entities::default(),
             alarm,
             connections: Mutex::new(HashMap::new()),

@@ -14,7 +14,7 @@ use serde_json::{json, Map, Value as Json_};
 
 use super::auth::{Access, Caller};
 use super::error::ApiError;
-use super::json::{flag, json_table, list, table_json, ListQuery};
+use super::json::{flag, json_table, lenient, list, table_json, Body, ListQuery};
 use super::queues::known_vhost;
 use super::HttpContext;
 use crate::amqp::entities::{forget_exchange, store_exchange};
@@ -42,7 +42,7 @@ fn exchange_json(vhost: &str, x: &ExchangeDef) -> Json_ {
 
 fn sorted_exchanges(ctx: &HttpContext, vhost: Option<&str>) -> Vec<(String, (String, ExchangeDef))> {
     let mut all = Vec::new();
-    for v in ctx.vhosts.iter().filter(|v| vhost.is_none_or(|only| only == v.as_str())) {
+    for v in ctx.vhosts().iter().filter(|v| vhost.is_none_or(|only| only == v.as_str())) {
         let mut xs = ctx.broker.router.exchanges(v);
         xs.sort_by(|a, b| a.name.cmp(&b.name));
         all.extend(xs.into_iter().map(|x| (x.name.clone(), (v.clone(), x))));
@@ -91,13 +91,13 @@ pub struct DeclareBody {
     #[serde(rename = "type")]
     pub kind: String,
     /// Survives a restart (default true).
-    #[serde(default = "yes")]
+    #[serde(default = "yes", deserialize_with = "lenient::bool")]
     pub durable: bool,
     /// Deleted with its last binding.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::bool")]
     pub auto_delete: bool,
     /// Only other exchanges may publish to it.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::bool")]
     pub internal: bool,
     /// Arguments (`alternate-exchange`, `x-delayed-type`, ...).
     #[serde(default)]
@@ -129,7 +129,7 @@ pub async fn declare(
     State(ctx): State<Arc<HttpContext>>,
     Extension(caller): Extension<Caller>,
     Path((vhost, name)): Path<(String, String)>,
-    Json(body): Json<DeclareBody>,
+    Body(body): Body<DeclareBody>,
 ) -> Result<StatusCode, ApiError> {
     caller.require(Access::Management)?;
     known_vhost(&ctx, &vhost)?;
@@ -238,7 +238,7 @@ pub async fn publish(
     State(ctx): State<Arc<HttpContext>>,
     Extension(caller): Extension<Caller>,
     Path((vhost, name)): Path<(String, String)>,
-    Json(body): Json<PublishBody>,
+    Body(body): Body<PublishBody>,
 ) -> Answer {
     caller.require(Access::Management)?;
     let name = default_exchange(name);
@@ -323,7 +323,7 @@ fn binding_json(vhost: &str, source: &str, b: &Binding, names: &HashMap<QueueId,
 fn bindings(ctx: &HttpContext, vhost: Option<&str>) -> Vec<Json_> {
     let names = queue_names(ctx);
     let mut all = Vec::new();
-    for v in ctx.vhosts.iter().filter(|v| vhost.is_none_or(|only| only == v.as_str())) {
+    for v in ctx.vhosts().iter().filter(|v| vhost.is_none_or(|only| only == v.as_str())) {
         let mut rows: Vec<Json_> =
             ctx.broker.router.bindings(v).iter().filter_map(|(source, b)| binding_json(v, source, b, &names)).collect();
         rows.sort_by_key(|r| (r["source"].to_string(), r["destination"].to_string(), r["routing_key"].to_string()));
@@ -362,4 +362,149 @@ pub async fn queue_bindings(
         .filter(|r| r["destination_type"] == "queue" && r["destination"] == name.as_str())
         .collect();
     Ok(Json(Json_::Array(rows)))
+}
+
+/// A binding as the API names it.
+#[derive(Debug, Clone)]
+pub struct BindingSpec<'a> {
+    /// Source exchange.
+    pub source: &'a str,
+    /// `q` / `queue` or `e` / `exchange`.
+    pub dest_type: &'a str,
+    /// Destination queue or exchange.
+    pub dest: &'a str,
+    /// Routing key.
+    pub key: &'a str,
+    /// Arguments.
+    pub args: Vec<(String, crate::core::value::Value)>,
+}
+
+/// Binds as `spec` says in `vhost`, durable when both ends are; `bind = false` removes
+/// the binding.
+pub async fn set_binding(ctx: &HttpContext, vhost: &str, spec: BindingSpec<'_>, bind: bool) -> Result<(), ApiError> {
+    let BindingSpec { source, dest_type, dest, key, args } = spec;
+    if source.is_empty() {
+        return Err(ApiError::bad_request("operation not permitted on the default exchange"));
+    }
+    let router = &ctx.broker.router;
+    let src = router.exchange(vhost, source).ok_or_else(ApiError::not_found)?;
+    let (binding, durable) = match dest_type {
+        "q" | "queue" => {
+            let q = ctx.amqp.entities.queue(vhost, dest).ok_or_else(ApiError::not_found)?;
+            (Binding::queue(q.id, key, args), q.durable)
+        }
+        "e" | "exchange" => {
+            let x = router.exchange(vhost, dest).ok_or_else(ApiError::not_found)?;
+            (Binding::exchange(dest, key, args), x.durable)
+        }
+        other => return Err(ApiError::bad_request(format!("unknown destination type '{other}'"))),
+    };
+    if bind {
+        router.bind(vhost, source, binding.clone()).map_err(|e| fail(route_fail(e, vhost)))?;
+    } else {
+        router.unbind(vhost, source, &binding.dest, key, &binding.args).map_err(|e| fail(route_fail(e, vhost)))?;
+    }
+    if src.durable && durable {
+        crate::amqp::entities::persist_binding(&ctx.broker, vhost, source, &binding, bind).await;
+    }
+    Ok(())
+}
+
+/// `GET /api/bindings/{vhost}/e/{source}/{q|e}/{destination}`.
+pub async fn bindings_between(
+    State(ctx): State<Arc<HttpContext>>,
+    Extension(caller): Extension<Caller>,
+    Path((vhost, source, kind, dest)): Path<(String, String, String, String)>,
+) -> Answer {
+    caller.require(Access::Management)?;
+    let kind = match kind.as_str() {
+        "q" => "queue",
+        "e" => "exchange",
+        _ => return Err(ApiError::not_found()),
+    };
+    let rows = bindings(&ctx, Some(&vhost))
+        .into_iter()
+        .filter(|r| {
+            r["source"] == source.as_str() && r["destination"] == dest.as_str() && r["destination_type"] == kind
+        })
+        .collect();
+    Ok(Json(Json_::Array(rows)))
+}
+
+/// The body of `POST /api/bindings/{vhost}/e/{source}/{q|e}/{destination}`.
+#[derive(Debug, Default, Deserialize)]
+pub struct BindBody {
+    /// Routing key.
+    #[serde(default)]
+    pub routing_key: String,
+    /// Binding arguments.
+    #[serde(default)]
+    pub arguments: Map<String, Json_>,
+}
+
+/// `POST /api/bindings/{vhost}/e/{source}/{q|e}/{destination}`: 201 with the new
+/// binding's path in `Location`, as RabbitMQ.
+pub async fn create_binding(
+    State(ctx): State<Arc<HttpContext>>,
+    Extension(caller): Extension<Caller>,
+    Path((vhost, source, kind, dest)): Path<(String, String, String, String)>,
+    Body(body): Body<BindBody>,
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
+    caller.require(Access::Management)?;
+    let args = json_table(&body.arguments);
+    let props = properties_key(&body.routing_key, &args);
+    let spec = BindingSpec { source: &source, dest_type: &kind, dest: &dest, key: &body.routing_key, args };
+    set_binding(&ctx, &vhost, spec, true).await?;
+    Ok((StatusCode::CREATED, [(axum::http::header::LOCATION, props)]).into_response())
+}
+
+/// `DELETE /api/bindings/{vhost}/e/{source}/{q|e}/{destination}/{properties_key}`.
+pub async fn remove_binding(
+    State(ctx): State<Arc<HttpContext>>,
+    Extension(caller): Extension<Caller>,
+    Path((vhost, source, kind, dest, props)): Path<(String, String, String, String, String)>,
+) -> Result<StatusCode, ApiError> {
+    caller.require(Access::Management)?;
+    let names = queue_names(&ctx);
+    let wanted = if kind == "q" { "queue" } else { "exchange" };
+    let found = ctx.broker.router.bindings(&vhost).into_iter().find(|(s, b)| {
+        s == &source
+            && binding_json(&vhost, s, b, &names)
+                .is_some_and(|r| r["destination"] == dest.as_str() && r["destination_type"] == wanted)
+            && properties_key(&b.key, &b.args) == props
+    });
+    let Some((_, b)) = found else { return Err(ApiError::not_found()) };
+    let spec = BindingSpec { source: &source, dest_type: &kind, dest: &dest, key: &b.key, args: b.args.clone() };
+    set_binding(&ctx, &vhost, spec, false).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /api/bindings/{vhost}/e/{source}/{q|e}/{destination}/{properties_key}`.
+pub async fn binding(
+    State(ctx): State<Arc<HttpContext>>,
+    Extension(caller): Extension<Caller>,
+    Path((vhost, source, kind, dest, props)): Path<(String, String, String, String, String)>,
+) -> Answer {
+    let Json(all) = bindings_between(State(ctx), Extension(caller), Path((vhost, source, kind, dest))).await?;
+    let found = all.as_array().into_iter().flatten().find(|r| r["properties_key"] == props.as_str()).cloned();
+    Ok(Json(found.ok_or_else(ApiError::not_found)?))
+}
+
+/// Exchanges of `vhost` a definitions export lists: not the default one nor `amq.*`.
+pub fn user_exchanges(ctx: &HttpContext, vhost: &str) -> Vec<Json_> {
+    let mut xs: Vec<ExchangeDef> = ctx
+        .broker
+        .router
+        .exchanges(vhost)
+        .into_iter()
+        .filter(|x| !x.name.is_empty() && !x.name.starts_with("amq."))
+        .collect();
+    xs.sort_by(|a, b| a.name.cmp(&b.name));
+    xs.iter().map(|x| exchange_json(vhost, x)).collect()
+}
+
+/// Bindings of `vhost` a definitions export lists: not those of the default exchange.
+pub fn user_bindings(ctx: &HttpContext, vhost: &str) -> Vec<Json_> {
+    bindings(ctx, Some(vhost)).into_iter().filter(|b| b["source"] != "").collect()
 }

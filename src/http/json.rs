@@ -235,3 +235,80 @@ mod tests {
         assert_eq!(json_table(j.as_object().unwrap()), t);
     }
 }
+
+/// A request body as JSON; a body that does not parse is a RabbitMQ-style 400 (not axum's
+/// 422), and an empty body reads as `{}`.
+pub struct Body<T>(pub T);
+
+impl<T, S> axum::extract::FromRequest<S> for Body<T>
+where
+    T: serde::de::DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, Self::Rejection> {
+        let bytes = axum::body::Bytes::from_request(req, state)
+            .await
+            .map_err(|e| ApiError::bad_request(format!("cannot read the body: {e}")))?;
+        let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) { b"{}" } else { &bytes };
+        serde_json::from_slice(text).map(Body).map_err(|e| ApiError::bad_request(format!("bad JSON body: {e}")))
+    }
+}
+
+/// Deserializers that take a value or its text, as RabbitMQ's API does (`rabbitmqadmin`
+/// sends `"durable": "true"`, `"count": "1"`).
+pub mod lenient {
+    use serde::{Deserialize, Deserializer};
+    use serde_json::Value;
+
+    fn as_bool(v: &Value) -> Option<bool> {
+        match v {
+            Value::Bool(b) => Some(*b),
+            Value::String(s) => match s.as_str() {
+                "true" => Some(true),
+                "false" => Some(false),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    fn as_u64(v: &Value) -> Option<u64> {
+        match v {
+            Value::Number(n) => n.as_u64(),
+            Value::String(s) => s.trim().parse().ok(),
+            _ => None,
+        }
+    }
+
+    /// A boolean, or `"true"` / `"false"`.
+    pub fn bool<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+        let v = Value::deserialize(d)?;
+        as_bool(&v).ok_or_else(|| serde::de::Error::custom(format!("{v} is not a boolean")))
+    }
+
+    /// An optional boolean (`null` = none).
+    pub fn opt_bool<'de, D: Deserializer<'de>>(d: D) -> Result<Option<bool>, D::Error> {
+        let v = Value::deserialize(d)?;
+        if v.is_null() {
+            return Ok(None);
+        }
+        as_bool(&v).map(Some).ok_or_else(|| serde::de::Error::custom(format!("{v} is not a boolean")))
+    }
+
+    /// A non-negative integer, or its text.
+    pub fn u64<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        let v = Value::deserialize(d)?;
+        as_u64(&v).ok_or_else(|| serde::de::Error::custom(format!("{v} is not a non-negative integer")))
+    }
+
+    /// An optional non-negative integer (`null` = none).
+    pub fn opt_u64<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+        let v = Value::deserialize(d)?;
+        if v.is_null() {
+            return Ok(None);
+        }
+        as_u64(&v).map(Some).ok_or_else(|| serde::de::Error::custom(format!("{v} is not a non-negative integer")))
+    }
+}

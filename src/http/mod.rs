@@ -3,10 +3,12 @@
 //! management plugin, so `rabbitmqadmin`, Terraform, Telegraf and curl scripts work
 //! unchanged, and Prometheus `/metrics` with RabbitMQ's metric names.
 //!
+//! - [`access`] — virtual hosts, users and permissions (read and write, durable).
 //! - [`auth`] — HTTP Basic against the user store, and what each user tag may call.
+//! - [`definitions`] — `/api/definitions`: RabbitMQ's definitions export and import.
 //! - [`error`] — errors as RabbitMQ answers them (`{"error": ..., "reason": ...}`).
 //! - [`rates`] — counters sampled every 5 s into RabbitMQ's `*_details.rate`.
-//! - [`overview`] — `/api/overview`, `/api/nodes`, `/api/whoami`, vhosts, users.
+//! - [`overview`] — `/api/overview`, `/api/nodes`, `/api/whoami`.
 //! - [`queues`] — `/api/queues`: list (paged), declare, delete, purge, get.
 //! - [`exchanges`] — `/api/exchanges` and `/api/bindings`, publish.
 //! - [`connections`] — `/api/connections` of both protocols (close one).
@@ -14,8 +16,10 @@
 //! - [`metrics`] — `/metrics` (OpenMetrics text).
 //! - [`json`] — the JSON shapes shared by several calls (header values, pagination).
 
+pub mod access;
 pub mod auth;
 pub mod connections;
+pub mod definitions;
 pub mod error;
 pub mod exchanges;
 pub mod health;
@@ -62,8 +66,10 @@ pub struct HttpContext {
     pub users: Users,
     /// `[http]`.
     pub cfg: HttpSection,
-    /// The virtual hosts.
-    pub vhosts: Vec<String>,
+    /// Virtual host metadata and permissions.
+    pub access: access::AccessState,
+    /// Users that may only connect from loopback (`auth.loopback_users`), for users made at runtime.
+    pub loopback_users: Vec<String>,
     /// The memory and disk alarms.
     pub alarm: Arc<ResourceAlarm>,
     /// Every listener the broker opened (filled in once they are bound).
@@ -77,6 +83,11 @@ impl HttpContext {
     pub fn node(&self) -> &str {
         &self.cfg.node_name
     }
+
+    /// Every virtual host, by name.
+    pub fn vhosts(&self) -> Vec<String> {
+        self.broker.router.vhosts()
+    }
 }
 
 /// The routes of the API.
@@ -87,11 +98,17 @@ pub fn router(ctx: Arc<HttpContext>) -> Router {
         .route("/nodes", get(overview::nodes))
         .route("/nodes/{name}", get(overview::node))
         .route("/extensions", get(overview::extensions))
-        .route("/vhosts", get(overview::vhosts))
-        .route("/vhosts/{vhost}", get(overview::vhost))
-        .route("/users", get(overview::users))
-        .route("/users/{name}", get(overview::user))
-        .route("/permissions", get(overview::permissions))
+        .route("/vhosts", get(access::vhosts))
+        .route("/vhosts/{vhost}", get(access::vhost).put(access::create_vhost).delete(access::remove_vhost))
+        .route("/vhosts/{vhost}/permissions", get(access::vhost_permissions))
+        .route("/users", get(access::users))
+        .route("/users/{name}", get(access::user).put(access::create_user).delete(access::remove_user))
+        .route("/users/{name}/permissions", get(access::user_permissions))
+        .route("/permissions", get(access::permissions))
+        .route(
+            "/permissions/{vhost}/{user}",
+            get(access::permission).put(access::set_permission).delete(access::clear_permission),
+        )
         .route("/queues", get(queues::list_all))
         .route("/queues/{vhost}", get(queues::list_vhost))
         .route("/queues/{vhost}/{name}", get(queues::show).put(queues::declare).delete(queues::remove))
@@ -104,6 +121,16 @@ pub fn router(ctx: Arc<HttpContext>) -> Router {
         .route("/exchanges/{vhost}/{name}/publish", post(exchanges::publish))
         .route("/bindings", get(exchanges::bindings_all))
         .route("/bindings/{vhost}", get(exchanges::bindings_vhost))
+        .route(
+            "/bindings/{vhost}/e/{source}/{kind}/{destination}",
+            get(exchanges::bindings_between).post(exchanges::create_binding),
+        )
+        .route(
+            "/bindings/{vhost}/e/{source}/{kind}/{destination}/{props}",
+            get(exchanges::binding).delete(exchanges::remove_binding),
+        )
+        .route("/definitions", get(definitions::export_all).post(definitions::import_all))
+        .route("/definitions/{vhost}", get(definitions::export_vhost).post(definitions::import_vhost))
         .route("/connections", get(connections::list))
         .route("/connections/{name}", get(connections::show).delete(connections::close))
         .route("/vhosts/{vhost}/connections", get(connections::list_vhost))

@@ -1,5 +1,4 @@
-//! `/api/overview`, `/api/nodes`, `/api/whoami`, `/api/extensions`, and the virtual
-//! hosts, users and permissions as RabbitMQ shows them.
+//! `/api/overview`, `/api/nodes`, `/api/whoami` and `/api/extensions`.
 
 use std::sync::Arc;
 
@@ -26,7 +25,7 @@ pub async fn overview(State(ctx): State<Arc<HttpContext>>, Extension(caller): Ex
     let r = ctx.rates.current();
     let t = super::rates::Totals::now(&ctx.broker);
     let q = QueueTotals::of(&ctx);
-    let exchanges: usize = ctx.vhosts.iter().map(|v| ctx.broker.router.exchanges(v).len()).sum();
+    let exchanges: usize = ctx.vhosts().iter().map(|v| ctx.broker.router.exchanges(v).len()).sum();
     let conns = ctx.broker.connections.list();
     let channels: u64 = conns.iter().map(|c| Stats::get(&c.channels)).sum();
     let churn = ctx.broker.connections.churn();
@@ -163,82 +162,6 @@ pub async fn node(
         return Err(ApiError::not_found());
     }
     Ok(Json(node_json(&ctx)))
-}
-
-fn vhost_json(ctx: &HttpContext, name: &str) -> Json_ {
-    let q = QueueTotals::of_vhost(ctx, Some(name));
-    let mut v = json!({
-        "name": name,
-        "description": "",
-        "tags": [],
-        "default_queue_type": "classic",
-        "metadata": { "description": "", "tags": [] },
-        "tracing": false,
-        "cluster_state": { ctx.node(): "running" },
-    });
-    if let (Json_::Object(o), Json_::Object(t)) = (&mut v, q.json()) {
-        o.extend(t);
-    }
-    v
-}
-
-/// `GET /api/vhosts`.
-pub async fn vhosts(State(ctx): State<Arc<HttpContext>>, Extension(caller): Extension<Caller>) -> Answer {
-    caller.require(Access::Management)?;
-    Ok(Json(Json_::Array(ctx.vhosts.iter().map(|v| vhost_json(&ctx, v)).collect())))
-}
-
-/// `GET /api/vhosts/{name}`.
-pub async fn vhost(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path(name): Path<String>,
-) -> Answer {
-    caller.require(Access::Management)?;
-    if !ctx.vhosts.contains(&name) {
-        return Err(ApiError::not_found());
-    }
-    Ok(Json(vhost_json(&ctx, &name)))
-}
-
-fn user_json(u: &crate::config::UserEntry) -> Json_ {
-    json!({
-        "name": u.name,
-        "tags": u.tags,
-        "password_hash": "",
-        "hashing_algorithm": "rabbit_password_hashing_sha256",
-        "limits": {},
-    })
-}
-
-/// `GET /api/users`.
-pub async fn users(State(ctx): State<Arc<HttpContext>>, Extension(caller): Extension<Caller>) -> Answer {
-    caller.require(Access::Administrator)?;
-    Ok(Json(Json_::Array(ctx.users.all().iter().map(user_json).collect())))
-}
-
-/// `GET /api/users/{name}`.
-pub async fn user(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path(name): Path<String>,
-) -> Answer {
-    caller.require(Access::Administrator)?;
-    let u = ctx.users.all().iter().find(|u| u.name == name).ok_or_else(ApiError::not_found)?;
-    Ok(Json(user_json(u)))
-}
-
-/// `GET /api/permissions`: every user may configure, write and read everything in every
-/// virtual host today (per-vhost permissions come with the security work).
-pub async fn permissions(State(ctx): State<Arc<HttpContext>>, Extension(caller): Extension<Caller>) -> Answer {
-    caller.require(Access::Administrator)?;
-    let mut all = Vec::new();
-    for u in ctx.users.all() {
-        for v in &ctx.vhosts {
-            all.push(json!({ "user": u.name, "vhost": v, "configure": ".*", "write": ".*", "read": ".*" }));
-        }
-    }
-    Ok(Json(Json_::Array(all)))
 }
 
 /// The soft limit on open files, from `/proc/self/limits`.

@@ -14,7 +14,7 @@ use serde_json::{json, Map, Value as Json_};
 
 use super::auth::{Access, Caller};
 use super::error::ApiError;
-use super::json::{flag, json_table, list, rate, table_json, ListQuery};
+use super::json::{flag, json_table, lenient, list, rate, table_json, Body, ListQuery};
 use super::HttpContext;
 use crate::amqp::entities::QueueEntity;
 use crate::amqp::methods::{check_equivalent_queue, create_queue};
@@ -175,7 +175,7 @@ pub async fn list_vhost(
 
 /// 404 unless `vhost` exists.
 pub fn known_vhost(ctx: &HttpContext, vhost: &str) -> Result<(), ApiError> {
-    match ctx.vhosts.iter().any(|v| v == vhost) {
+    match ctx.vhosts().iter().any(|v| v == vhost) {
         true => Ok(()),
         false => Err(ApiError::not_found()),
     }
@@ -200,10 +200,10 @@ pub async fn show(
 #[derive(Debug, Default, Deserialize)]
 pub struct DeclareBody {
     /// Survives a restart (default true, as RabbitMQ's API).
-    #[serde(default = "yes")]
+    #[serde(default = "yes", deserialize_with = "lenient::bool")]
     pub durable: bool,
     /// Deleted when its last consumer goes.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::bool")]
     pub auto_delete: bool,
     /// `x-` arguments.
     #[serde(default)]
@@ -231,11 +231,10 @@ pub async fn declare(
     State(ctx): State<Arc<HttpContext>>,
     Extension(caller): Extension<Caller>,
     Path((vhost, name)): Path<(String, String)>,
-    body: Option<Json<DeclareBody>>,
+    Body(body): Body<DeclareBody>,
 ) -> Result<StatusCode, ApiError> {
     caller.require(Access::Management)?;
     known_vhost(&ctx, &vhost)?;
-    let body = body.map(|b| b.0).unwrap_or(DeclareBody { durable: true, ..Default::default() });
     let arguments = json_table(&body.arguments);
     if name.is_empty() || name.starts_with("amq.") {
         return Err(ApiError::bad_request(format!("queue name '{name}' contains reserved prefix 'amq.*'")));
@@ -300,19 +299,20 @@ pub async fn purge(
 #[derive(Debug, Deserialize)]
 pub struct GetBody {
     /// Most messages to take.
-    #[serde(default = "one")]
+    #[serde(default = "one", deserialize_with = "lenient::u64")]
     pub count: u64,
     /// `ack_requeue_true` (look: they go back), `ack_requeue_false` (take them),
     /// `reject_requeue_true` (back, redelivered), `reject_requeue_false` (dropped or dead-lettered).
+    #[serde(default)]
     pub ackmode: String,
     /// `auto` (text when it is UTF-8, else base64) or `base64`.
     #[serde(default = "auto")]
     pub encoding: String,
     /// Longest payload shown, bytes.
-    #[serde(default)]
-    pub truncate: Option<usize>,
+    #[serde(default, deserialize_with = "lenient::opt_u64")]
+    pub truncate: Option<u64>,
     /// RabbitMQ 3.6's spelling of `ackmode` (`true` = `ack_requeue_true`).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::opt_bool")]
     pub requeue: Option<bool>,
 }
 
@@ -352,8 +352,8 @@ pub fn properties_json(m: &Message) -> Json_ {
 }
 
 /// A payload as the API shows it: (payload, encoding).
-pub fn payload_json(body: &[u8], encoding: &str, truncate: Option<usize>) -> (String, &'static str) {
-    let body = &body[..truncate.map_or(body.len(), |t| t.min(body.len()))];
+pub fn payload_json(body: &[u8], encoding: &str, truncate: Option<u64>) -> (String, &'static str) {
+    let body = &body[..truncate.map_or(body.len(), |t| (t.min(body.len() as u64)) as usize)];
     match (encoding, std::str::from_utf8(body)) {
         ("auto", Ok(text)) => (text.to_owned(), "string"),
         _ => (base64::engine::general_purpose::STANDARD.encode(body), "base64"),
@@ -365,7 +365,7 @@ pub async fn get_messages(
     State(ctx): State<Arc<HttpContext>>,
     Extension(caller): Extension<Caller>,
     Path((vhost, name)): Path<(String, String)>,
-    Json(body): Json<GetBody>,
+    Body(body): Body<GetBody>,
 ) -> Result<Response, ApiError> {
     caller.require(Access::Management)?;
     let entity = find(&ctx, &vhost, &name)?;

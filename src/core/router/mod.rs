@@ -282,6 +282,23 @@ impl Router {
         self.changed();
     }
 
+    /// Removes a virtual host with its exchanges and bindings; true if it existed. (Its
+    /// queues are the front-end's to delete first.)
+    pub fn remove_vhost(&self, name: &str) -> bool {
+        let removed = self.vhosts.write().remove(name).is_some();
+        if removed {
+            self.changed();
+        }
+        removed
+    }
+
+    /// Every virtual host, by name.
+    pub fn vhosts(&self) -> Vec<String> {
+        let mut all: Vec<String> = self.vhosts.read().keys().cloned().collect();
+        all.sort();
+        all
+    }
+
     /// True when the virtual host exists.
     pub fn has_vhost(&self, name: &str) -> bool {
         self.vhosts.read().contains_key(name)

@@ -14,6 +14,7 @@
 //! batches, reads served from the state it applied) implements the same traits and
 //! produces the same `StoreWrite`s. [`Stores`] is the set the broker holds.
 
+mod access;
 mod dedup;
 mod entities;
 mod sessions;
@@ -23,6 +24,7 @@ use std::sync::Arc;
 
 use ferrymq_storage::{Journal, JournalError, Op};
 
+pub use access::{AccessRecords, AccessStore, PermissionRecord, UserRecord, VhostRecord};
 pub use dedup::DedupStore;
 pub use entities::{BindingRecord, EntityRecords, EntityStore, ExchangeRecord, QueueRecord};
 pub use ferrymq_storage::QueueId;
@@ -94,6 +96,8 @@ pub struct Stores {
     pub entities: Arc<dyn EntityStore>,
     /// Publisher de-duplication ids.
     pub dedup: Arc<dyn DedupStore>,
+    /// Users, virtual hosts and permissions made at runtime.
+    pub access: Arc<dyn AccessStore>,
 }
 
 impl Stores {
@@ -105,7 +109,8 @@ impl Stores {
             sessions: store.clone(),
             inbound_qos2: store.clone(),
             entities: store.clone(),
-            dedup: store,
+            dedup: store.clone(),
+            access: store,
         }
     }
 }

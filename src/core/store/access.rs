@@ -1,0 +1,216 @@
+//! Durable users, virtual hosts and permissions made at runtime (the management API, an
+//! imported definitions file), restored at start-up over the configured ones.
+//!
+//! Layout of the local implementation: typed tables in `Space::Meta` keyed `u\0name`
+//! (users), `v\0name` (virtual hosts) and `p\0vhost\0user` (permissions). Deleting a user
+//! or a virtual host that the configuration names leaves a record with `deleted` set, so
+//! it stays deleted after a restart.
+
+use std::fmt;
+
+use bytes::{Bytes, BytesMut};
+use ferrymq_storage::{Op, Space};
+
+use super::{JournalStore, StoreError, StoreWrite};
+use crate::core::value::{decode_table, encode_table, Value};
+
+/// A stored user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserRecord {
+    /// User name.
+    pub name: String,
+    /// RabbitMQ's password hash (base64 of salt ++ digest).
+    pub password_hash: String,
+    /// RabbitMQ's hashing module name.
+    pub hashing_algorithm: String,
+    /// User tags.
+    pub tags: Vec<String>,
+    /// Deleted (a tombstone over a configured user).
+    pub deleted: bool,
+}
+
+/// A stored virtual host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VhostRecord {
+    /// Name.
+    pub name: String,
+    /// Description.
+    pub description: String,
+    /// Tags.
+    pub tags: Vec<String>,
+    /// Deleted (a tombstone over a configured virtual host).
+    pub deleted: bool,
+}
+
+/// A user's permissions in one virtual host (regular expressions over resource names).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PermissionRecord {
+    /// Virtual host.
+    pub vhost: String,
+    /// User.
+    pub user: String,
+    /// Resources the user may declare and delete.
+    pub configure: String,
+    /// Resources the user may publish to.
+    pub write: String,
+    /// Resources the user may consume from.
+    pub read: String,
+}
+
+/// Everything stored.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AccessRecords {
+    /// Users (and tombstones).
+    pub users: Vec<UserRecord>,
+    /// Virtual hosts (and tombstones).
+    pub vhosts: Vec<VhostRecord>,
+    /// Permissions.
+    pub permissions: Vec<PermissionRecord>,
+}
+
+/// Users, virtual hosts and permissions, durable.
+pub trait AccessStore: fmt::Debug + Send + Sync {
+    /// Every record.
+    fn load(&self) -> Result<AccessRecords, StoreError>;
+    /// Stores a user (or its tombstone).
+    fn put_user(&self, user: &UserRecord) -> StoreWrite;
+    /// Stores a virtual host (or its tombstone).
+    fn put_vhost(&self, vhost: &VhostRecord) -> StoreWrite;
+    /// Removes the record of a virtual host (one the configuration does not name).
+    fn remove_vhost(&self, name: &str) -> StoreWrite;
+    /// Removes the record of a user (one the configuration does not name).
+    fn remove_user(&self, name: &str) -> StoreWrite;
+    /// Stores a user's permissions in a virtual host.
+    fn put_permission(&self, p: &PermissionRecord) -> StoreWrite;
+    /// Removes a user's permissions in a virtual host.
+    fn remove_permission(&self, vhost: &str, user: &str) -> StoreWrite;
+}
+
+fn key(kind: u8, parts: &[&str]) -> Bytes {
+    let mut k = vec![kind];
+    for p in parts {
+        k.push(0);
+        k.extend_from_slice(p.as_bytes());
+    }
+    Bytes::from(k)
+}
+
+fn table(fields: Vec<(&str, Value)>) -> Bytes {
+    let owned: Vec<(String, Value)> = fields.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+    let mut b = BytesMut::new();
+    encode_table(&owned, &mut b);
+    b.freeze()
+}
+
+fn strings(v: &[String]) -> Value {
+    Value::Array(v.iter().map(|s| Value::Str(s.clone())).collect())
+}
+
+struct Fields(Vec<(String, Value)>);
+
+impl Fields {
+    fn read(bytes: &Bytes) -> Option<Fields> {
+        decode_table(&mut bytes.clone(), 0).ok().map(Fields)
+    }
+    fn get(&self, name: &str) -> Option<&Value> {
+        self.0.iter().find(|(k, _)| k == name).map(|(_, v)| v)
+    }
+    fn text(&self, name: &str) -> String {
+        self.get(name).and_then(Value::as_str).unwrap_or_default().to_owned()
+    }
+    fn flag(&self, name: &str) -> bool {
+        matches!(self.get(name), Some(Value::Bool(true)))
+    }
+    fn list(&self, name: &str) -> Vec<String> {
+        match self.get(name) {
+            Some(Value::Array(a)) => a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+fn put(key: Bytes, value: Bytes) -> StoreWrite {
+    StoreWrite::of(vec![Op::Put { space: Space::Meta, key, value }])
+}
+
+fn delete(key: Bytes) -> StoreWrite {
+    StoreWrite::of(vec![Op::Delete { space: Space::Meta, key }])
+}
+
+impl AccessStore for JournalStore {
+    fn load(&self) -> Result<AccessRecords, StoreError> {
+        let mut found = AccessRecords::default();
+        for kind in [b'u', b'v', b'p'] {
+            for (_, value) in self.journal.scan(Space::Meta, &[kind, 0])? {
+                let Some(f) = Fields::read(&value) else { continue };
+                match kind {
+                    b'u' => found.users.push(UserRecord {
+                        name: f.text("name"),
+                        password_hash: f.text("password_hash"),
+                        hashing_algorithm: f.text("hashing_algorithm"),
+                        tags: f.list("tags"),
+                        deleted: f.flag("deleted"),
+                    }),
+                    b'v' => found.vhosts.push(VhostRecord {
+                        name: f.text("name"),
+                        description: f.text("description"),
+                        tags: f.list("tags"),
+                        deleted: f.flag("deleted"),
+                    }),
+                    _ => found.permissions.push(PermissionRecord {
+                        vhost: f.text("vhost"),
+                        user: f.text("user"),
+                        configure: f.text("configure"),
+                        write: f.text("write"),
+                        read: f.text("read"),
+                    }),
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    fn put_user(&self, u: &UserRecord) -> StoreWrite {
+        let value = table(vec![
+            ("name", Value::Str(u.name.clone())),
+            ("password_hash", Value::Str(u.password_hash.clone())),
+            ("hashing_algorithm", Value::Str(u.hashing_algorithm.clone())),
+            ("tags", strings(&u.tags)),
+            ("deleted", Value::Bool(u.deleted)),
+        ]);
+        put(key(b'u', &[&u.name]), value)
+    }
+
+    fn put_vhost(&self, v: &VhostRecord) -> StoreWrite {
+        let value = table(vec![
+            ("name", Value::Str(v.name.clone())),
+            ("description", Value::Str(v.description.clone())),
+            ("tags", strings(&v.tags)),
+            ("deleted", Value::Bool(v.deleted)),
+        ]);
+        put(key(b'v', &[&v.name]), value)
+    }
+
+    fn remove_vhost(&self, name: &str) -> StoreWrite {
+        delete(key(b'v', &[name]))
+    }
+
+    fn remove_user(&self, name: &str) -> StoreWrite {
+        delete(key(b'u', &[name]))
+    }
+
+    fn put_permission(&self, p: &PermissionRecord) -> StoreWrite {
+        let value = table(vec![
+            ("vhost", Value::Str(p.vhost.clone())),
+            ("user", Value::Str(p.user.clone())),
+            ("configure", Value::Str(p.configure.clone())),
+            ("write", Value::Str(p.write.clone())),
+            ("read", Value::Str(p.read.clone())),
+        ]);
+        put(key(b'p', &[&p.vhost, &p.user]), value)
+    }
+
+    fn remove_permission(&self, vhost: &str, user: &str) -> StoreWrite {
+        delete(key(b'p', &[vhost, user]))
+    }
+}

@@ -1,0 +1,464 @@
+//! `/api/vhosts`, `/api/users` and `/api/permissions`: listed, created, changed and deleted
+//! as in RabbitMQ, kept in the core's access store so they survive restarts. Permissions
+//! are stored and shown; enforcing them comes with the security work (today every user
+//! may use every virtual host).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::{Extension, Json};
+use parking_lot::RwLock;
+use serde::Deserialize;
+use serde_json::{json, Value as Json_};
+
+use super::auth::{Access, Caller};
+use super::error::ApiError;
+use super::json::Body;
+use super::queues::QueueTotals;
+use super::HttpContext;
+use crate::auth::{hash_password, HashingAlgorithm, Secret, User};
+use crate::config::Config;
+use crate::core::broker::Commit;
+use crate::core::store::{PermissionRecord, StoreWrite, UserRecord, VhostRecord};
+
+type Answer = Result<Json<Json_>, ApiError>;
+
+/// What the API keeps about virtual hosts and permissions beside the router and the users.
+#[derive(Debug, Default)]
+pub struct AccessState {
+    /// Description and tags of each virtual host.
+    vhost_meta: RwLock<HashMap<String, (String, Vec<String>)>>,
+    /// Permissions by (vhost, user).
+    permissions: RwLock<BTreeMap<(String, String), PermissionRecord>>,
+    /// Users and virtual hosts the configuration names (deleting one leaves a tombstone).
+    configured_users: Vec<String>,
+    configured_vhosts: Vec<String>,
+}
+
+impl AccessState {
+    /// The state at start: stored permissions, and `.*` for every configured user in every
+    /// configured virtual host that has no stored permission (what they may do today).
+    pub fn restore(config: &Config, broker: &crate::core::broker::Broker) -> AccessState {
+        let records = broker.stores.access.load().unwrap_or_default();
+        let configured_users: Vec<String> = config.auth.all_users().into_iter().map(|u| u.name).collect();
+        let mut permissions = BTreeMap::new();
+        for u in &configured_users {
+            for v in &config.auth.vhosts {
+                let all = ".*".to_string();
+                let p = PermissionRecord {
+                    vhost: v.clone(),
+                    user: u.clone(),
+                    configure: all.clone(),
+                    write: all.clone(),
+                    read: all,
+                };
+                permissions.insert((v.clone(), u.clone()), p);
+            }
+        }
+        for p in records.permissions {
+            permissions.insert((p.vhost.clone(), p.user.clone()), p);
+        }
+        let vhost_meta =
+            records.vhosts.into_iter().filter(|v| !v.deleted).map(|v| (v.name, (v.description, v.tags))).collect();
+        AccessState {
+            vhost_meta: RwLock::new(vhost_meta),
+            permissions: RwLock::new(permissions),
+            configured_users,
+            configured_vhosts: config.auth.vhosts.clone(),
+        }
+    }
+
+    /// The permissions shown (an empty record means none).
+    pub fn permissions(&self) -> Vec<PermissionRecord> {
+        let all = self.permissions.read();
+        all.values().filter(|p| !(p.configure.is_empty() && p.write.is_empty() && p.read.is_empty())).cloned().collect()
+    }
+
+    /// Description and tags of a virtual host.
+    pub fn vhost_meta(&self, name: &str) -> (String, Vec<String>) {
+        self.vhost_meta.read().get(name).cloned().unwrap_or_default()
+    }
+}
+
+async fn commit(ctx: &HttpContext, write: StoreWrite) -> Result<(), ApiError> {
+    ctx.broker.commit(write, Commit::Durable).await.map_err(|e| ApiError::internal(e.to_string()))
+}
+
+/// A virtual host as RabbitMQ's API shows it.
+pub fn vhost_json(ctx: &HttpContext, name: &str) -> Json_ {
+    let q = QueueTotals::of_vhost(ctx, Some(name));
+    let (description, tags) = ctx.access.vhost_meta(name);
+    let mut v = json!({
+        "name": name,
+        "description": description,
+        "tags": tags,
+        "default_queue_type": "classic",
+        "metadata": { "description": description, "tags": tags },
+        "tracing": false,
+        "cluster_state": { ctx.node(): "running" },
+    });
+    if let (Json_::Object(o), Json_::Object(t)) = (&mut v, q.json()) {
+        o.extend(t);
+    }
+    v
+}
+
+/// Creates or updates a virtual host; true when it is new.
+pub async fn put_vhost(
+    ctx: &HttpContext,
+    name: &str,
+    description: String,
+    tags: Vec<String>,
+) -> Result<bool, ApiError> {
+    if name.is_empty() {
+        return Err(ApiError::bad_request("a virtual host needs a name"));
+    }
+    let record =
+        VhostRecord { name: name.into(), description: description.clone(), tags: tags.clone(), deleted: false };
+    commit(ctx, ctx.broker.stores.access.put_vhost(&record)).await?;
+    let created = !ctx.broker.router.has_vhost(name);
+    ctx.broker.router.add_vhost(name);
+    ctx.access.vhost_meta.write().insert(name.into(), (description, tags));
+    Ok(created)
+}
+
+/// Deletes a virtual host: closes its connections, deletes its queues and exchanges.
+pub async fn delete_vhost(ctx: &HttpContext, name: &str) -> Result<(), ApiError> {
+    if !ctx.broker.router.has_vhost(name) {
+        return Err(ApiError::not_found());
+    }
+    if name == crate::core::router::MQTT_VHOST {
+        return Err(ApiError::bad_request("virtual host '/' carries MQTT and cannot be deleted"));
+    }
+    for c in ctx.broker.connections.list().into_iter().filter(|c| c.vhost == name) {
+        c.close(&format!("vhost '{name}' is deleted"));
+    }
+    for q in ctx.amqp.entities.all().into_iter().filter(|q| q.vhost == name) {
+        ctx.amqp.entities.delete_queue(&ctx.broker, &q).await;
+    }
+    for x in ctx.broker.router.exchanges(name) {
+        if x.durable {
+            crate::amqp::entities::forget_exchange(&ctx.broker, name, &x.name).await;
+        }
+    }
+    let store = &ctx.broker.stores.access;
+    let write = if ctx.access.configured_vhosts.iter().any(|v| v == name) {
+        store.put_vhost(&VhostRecord { name: name.into(), description: String::new(), tags: vec![], deleted: true })
+    } else {
+        store.remove_vhost(name)
+    };
+    commit(ctx, write).await?;
+    let doomed: Vec<(String, String)> =
+        ctx.access.permissions.read().keys().filter(|(v, _)| v == name).cloned().collect();
+    for (v, u) in doomed {
+        commit(ctx, store.remove_permission(&v, &u)).await?;
+        ctx.access.permissions.write().remove(&(v, u));
+    }
+    ctx.broker.router.remove_vhost(name);
+    ctx.access.vhost_meta.write().remove(name);
+    Ok(())
+}
+
+/// A user as RabbitMQ's API shows it.
+pub fn user_json(u: &User) -> Json_ {
+    let (hash, algorithm) = match &u.secret {
+        Secret::Clear(_) => (String::new(), HashingAlgorithm::Sha256.name()),
+        Secret::Hashed { algorithm, hash } => (hash.clone(), algorithm.name()),
+    };
+    json!({ "name": u.name, "tags": u.tags, "password_hash": hash, "hashing_algorithm": algorithm, "limits": {} })
+}
+
+/// Creates or replaces a user; true when it is new.
+pub async fn put_user(ctx: &HttpContext, name: &str, secret: Secret, tags: Vec<String>) -> Result<bool, ApiError> {
+    if name.is_empty() {
+        return Err(ApiError::bad_request("a user needs a name"));
+    }
+    let (password_hash, hashing_algorithm) = match &secret {
+        Secret::Clear(p) => (hash_password(HashingAlgorithm::Sha256, p), HashingAlgorithm::Sha256.name()),
+        Secret::Hashed { algorithm, hash } => (hash.clone(), algorithm.name()),
+    };
+    let record = UserRecord {
+        name: name.into(),
+        password_hash: password_hash.clone(),
+        hashing_algorithm: hashing_algorithm.into(),
+        tags: tags.clone(),
+        deleted: false,
+    };
+    commit(ctx, ctx.broker.stores.access.put_user(&record)).await?;
+    let user = crate::auth::user_from_record(&record, &ctx.loopback_users)
+        .ok_or_else(|| ApiError::bad_request("unknown hashing algorithm"))?;
+    Ok(ctx.users.put(user))
+}
+
+/// Deletes a user and its permissions.
+pub async fn delete_user(ctx: &HttpContext, name: &str) -> Result<(), ApiError> {
+    if ctx.users.get(name).is_none() {
+        return Err(ApiError::not_found());
+    }
+    let store = &ctx.broker.stores.access;
+    let write = if ctx.access.configured_users.iter().any(|u| u == name) {
+        let tombstone = UserRecord {
+            name: name.into(),
+            password_hash: String::new(),
+            hashing_algorithm: String::new(),
+            tags: vec![],
+            deleted: true,
+        };
+        store.put_user(&tombstone)
+    } else {
+        store.remove_user(name)
+    };
+    commit(ctx, write).await?;
+    let doomed: Vec<(String, String)> =
+        ctx.access.permissions.read().keys().filter(|(_, u)| u == name).cloned().collect();
+    for (v, u) in doomed {
+        commit(ctx, store.remove_permission(&v, &u)).await?;
+        ctx.access.permissions.write().remove(&(v, u));
+    }
+    ctx.users.remove(name);
+    Ok(())
+}
+
+/// Sets a user's permissions in a virtual host; true when it had none.
+pub async fn put_permission(ctx: &HttpContext, p: PermissionRecord) -> Result<bool, ApiError> {
+    if !ctx.broker.router.has_vhost(&p.vhost) || ctx.users.get(&p.user).is_none() {
+        return Err(ApiError::bad_request(format!("no user '{}' or no vhost '{}'", p.user, p.vhost)));
+    }
+    for re in [&p.configure, &p.write, &p.read] {
+        regex_lite::Regex::new(re)
+            .map_err(|e| ApiError::bad_request(format!("invalid regular expression '{re}': {e}")))?;
+    }
+    commit(ctx, ctx.broker.stores.access.put_permission(&p)).await?;
+    let key = (p.vhost.clone(), p.user.clone());
+    Ok(ctx.access.permissions.write().insert(key, p).is_none())
+}
+
+/// `GET /api/vhosts`.
+pub async fn vhosts(State(ctx): State<Arc<HttpContext>>, Extension(caller): Extension<Caller>) -> Answer {
+    caller.require(Access::Management)?;
+    Ok(Json(Json_::Array(ctx.vhosts().iter().map(|v| vhost_json(&ctx, v)).collect())))
+}
+
+/// `GET /api/vhosts/{name}`.
+pub async fn vhost(
+    State(ctx): State<Arc<HttpContext>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> Answer {
+    caller.require(Access::Management)?;
+    super::queues::known_vhost(&ctx, &name)?;
+    Ok(Json(vhost_json(&ctx, &name)))
+}
+
+/// The body of `PUT /api/vhosts/{name}`.
+#[derive(Debug, Default, Deserialize)]
+pub struct VhostBody {
+    /// Description (kept when absent).
+    #[serde(default)]
+    pub description: Option<String>,
+    /// Tags: a list, or RabbitMQ's comma-separated text (kept when absent).
+    #[serde(default)]
+    pub tags: Option<Json_>,
+    /// Ignored (every queue is classic unless declared otherwise).
+    #[serde(default)]
+    pub default_queue_type: Option<String>,
+    /// Ignored.
+    #[serde(default, deserialize_with = "super::json::lenient::opt_bool")]
+    pub tracing: Option<bool>,
+}
+
+/// Tags given as a list or as comma-separated text.
+pub fn tag_list(tags: &Option<Json_>) -> Vec<String> {
+    match tags {
+        Some(Json_::String(s)) => s.split(',').map(str::trim).filter(|t| !t.is_empty()).map(str::to_owned).collect(),
+        Some(Json_::Array(a)) => a.iter().filter_map(|t| t.as_str().map(str::to_owned)).collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn created(new: bool) -> StatusCode {
+    if new {
+        StatusCode::CREATED
+    } else {
+        StatusCode::NO_CONTENT
+    }
+}
+
+/// `PUT /api/vhosts/{name}`.
+pub async fn create_vhost(
+    State(ctx): State<Arc<HttpContext>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    Body(body): Body<VhostBody>,
+) -> Result<StatusCode, ApiError> {
+    caller.require(Access::Administrator)?;
+    let (description, tags) = ctx.access.vhost_meta(&name);
+    let description = body.description.unwrap_or(description);
+    let tags = if body.tags.is_some() { tag_list(&body.tags) } else { tags };
+    Ok(created(put_vhost(&ctx, &name, description, tags).await?))
+}
+
+/// `DELETE /api/vhosts/{name}`.
+pub async fn remove_vhost(
+    State(ctx): State<Arc<HttpContext>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    caller.require(Access::Administrator)?;
+    delete_vhost(&ctx, &name).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /api/users`.
+pub async fn users(State(ctx): State<Arc<HttpContext>>, Extension(caller): Extension<Caller>) -> Answer {
+    caller.require(Access::Administrator)?;
+    Ok(Json(Json_::Array(ctx.users.all().iter().map(user_json).collect())))
+}
+
+/// `GET /api/users/{name}`.
+pub async fn user(
+    State(ctx): State<Arc<HttpContext>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> Answer {
+    caller.require(Access::Administrator)?;
+    let u = ctx.users.get(&name).ok_or_else(ApiError::not_found)?;
+    Ok(Json(user_json(&u)))
+}
+
+/// The body of `PUT /api/users/{name}`.
+#[derive(Debug, Default, Deserialize)]
+pub struct UserBody {
+    /// Password in clear (stored hashed).
+    pub password: Option<String>,
+    /// Or a RabbitMQ password hash.
+    pub password_hash: Option<String>,
+    /// Its algorithm (default `rabbit_password_hashing_sha256`).
+    pub hashing_algorithm: Option<String>,
+    /// Tags: a list, or RabbitMQ's comma-separated text.
+    pub tags: Option<Json_>,
+}
+
+/// The secret a user body gives (`password`, else `password_hash`, else no password).
+pub fn secret_of(password: Option<String>, hash: Option<String>, algorithm: Option<&str>) -> Result<Secret, ApiError> {
+    if let Some(p) = password {
+        return Ok(Secret::Clear(p));
+    }
+    let name = algorithm.unwrap_or("rabbit_password_hashing_sha256");
+    let algorithm = HashingAlgorithm::parse(name)
+        .ok_or_else(|| ApiError::bad_request(format!("hashing algorithm {name} is not supported")))?;
+    Ok(Secret::Hashed { algorithm, hash: hash.unwrap_or_default() })
+}
+
+/// `PUT /api/users/{name}`.
+pub async fn create_user(
+    State(ctx): State<Arc<HttpContext>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    Body(body): Body<UserBody>,
+) -> Result<StatusCode, ApiError> {
+    caller.require(Access::Administrator)?;
+    let secret = secret_of(body.password, body.password_hash, body.hashing_algorithm.as_deref())?;
+    Ok(created(put_user(&ctx, &name, secret, tag_list(&body.tags)).await?))
+}
+
+/// `DELETE /api/users/{name}`.
+pub async fn remove_user(
+    State(ctx): State<Arc<HttpContext>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    caller.require(Access::Administrator)?;
+    delete_user(&ctx, &name).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+fn permission_json(p: &PermissionRecord) -> Json_ {
+    json!({ "user": p.user, "vhost": p.vhost, "configure": p.configure, "write": p.write, "read": p.read })
+}
+
+/// `GET /api/permissions`.
+pub async fn permissions(State(ctx): State<Arc<HttpContext>>, Extension(caller): Extension<Caller>) -> Answer {
+    caller.require(Access::Administrator)?;
+    Ok(Json(Json_::Array(ctx.access.permissions().iter().map(permission_json).collect())))
+}
+
+/// `GET /api/vhosts/{vhost}/permissions`.
+pub async fn vhost_permissions(
+    State(ctx): State<Arc<HttpContext>>,
+    Extension(caller): Extension<Caller>,
+    Path(vhost): Path<String>,
+) -> Answer {
+    caller.require(Access::Administrator)?;
+    super::queues::known_vhost(&ctx, &vhost)?;
+    let all = ctx.access.permissions().into_iter().filter(|p| p.vhost == vhost);
+    Ok(Json(Json_::Array(all.map(|p| permission_json(&p)).collect())))
+}
+
+/// `GET /api/users/{user}/permissions`.
+pub async fn user_permissions(
+    State(ctx): State<Arc<HttpContext>>,
+    Extension(caller): Extension<Caller>,
+    Path(user): Path<String>,
+) -> Answer {
+    caller.require(Access::Administrator)?;
+    ctx.users.get(&user).ok_or_else(ApiError::not_found)?;
+    let all = ctx.access.permissions().into_iter().filter(|p| p.user == user);
+    Ok(Json(Json_::Array(all.map(|p| permission_json(&p)).collect())))
+}
+
+/// `GET /api/permissions/{vhost}/{user}`.
+pub async fn permission(
+    State(ctx): State<Arc<HttpContext>>,
+    Extension(caller): Extension<Caller>,
+    Path((vhost, user)): Path<(String, String)>,
+) -> Answer {
+    caller.require(Access::Administrator)?;
+    let p = ctx.access.permissions().into_iter().find(|p| p.vhost == vhost && p.user == user);
+    Ok(Json(permission_json(&p.ok_or_else(ApiError::not_found)?)))
+}
+
+/// The body of `PUT /api/permissions/{vhost}/{user}`.
+#[derive(Debug, Deserialize)]
+pub struct PermissionBody {
+    /// Configure regex.
+    #[serde(default)]
+    pub configure: String,
+    /// Write regex.
+    #[serde(default)]
+    pub write: String,
+    /// Read regex.
+    #[serde(default)]
+    pub read: String,
+}
+
+/// `PUT /api/permissions/{vhost}/{user}`.
+pub async fn set_permission(
+    State(ctx): State<Arc<HttpContext>>,
+    Extension(caller): Extension<Caller>,
+    Path((vhost, user)): Path<(String, String)>,
+    Body(b): Body<PermissionBody>,
+) -> Result<StatusCode, ApiError> {
+    caller.require(Access::Administrator)?;
+    let p = PermissionRecord { vhost, user, configure: b.configure, write: b.write, read: b.read };
+    Ok(created(put_permission(&ctx, p).await?))
+}
+
+/// `DELETE /api/permissions/{vhost}/{user}`: the user keeps no permission there (an
+/// empty record, so a configured default does not come back at restart).
+pub async fn clear_permission(
+    State(ctx): State<Arc<HttpContext>>,
+    Extension(caller): Extension<Caller>,
+    Path((vhost, user)): Path<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    caller.require(Access::Administrator)?;
+    if !ctx.access.permissions().iter().any(|p| p.vhost == vhost && p.user == user) {
+        return Err(ApiError::not_found());
+    }
+    let none = PermissionRecord { vhost, user, configure: String::new(), write: String::new(), read: String::new() };
+    commit(&ctx, ctx.broker.stores.access.put_permission(&none)).await?;
+    ctx.access.permissions.write().insert((none.vhost.clone(), none.user.clone()), none);
+    Ok(StatusCode::NO_CONTENT)
+}

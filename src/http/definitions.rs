@@ -1,0 +1,315 @@
+//! `/api/definitions[/{vhost}]`: RabbitMQ's definitions JSON (`rabbit_version, users,
+//! vhosts, permissions, topic_permissions, parameters, global_parameters, policies,
+//! queues, exchanges, bindings`), exported and imported, so `rabbitmqadmin export` of a
+//! RabbitMQ node imports into FerryMQ and back. What FerryMQ does not apply (policies,
+//! runtime parameters, topic permissions, limits, md5 password hashes) is listed in the
+//! import's answer under `unsupported`, never dropped silently. The same import runs at
+//! start for `--definitions FILE` / `http.load_definitions`.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::{Extension, Json};
+use serde_json::{json, Map, Value as Json_};
+
+use super::access::{put_permission, put_user, put_vhost, secret_of, tag_list, user_json};
+use super::auth::{Access, Caller};
+use super::error::ApiError;
+use super::exchanges::{set_binding, user_bindings, user_exchanges, BindingSpec};
+use super::json::{json_table, table_json, Body};
+use super::overview::RABBITMQ_API_VERSION;
+use super::HttpContext;
+use crate::amqp::methods::{check_equivalent_exchange, check_equivalent_queue, create_queue, route_fail};
+use crate::core::router::{ExchangeDef, ExchangeKind};
+use crate::core::store::PermissionRecord;
+
+type Answer = Result<Json<Json_>, ApiError>;
+
+fn queues(ctx: &HttpContext, vhost: &str) -> Vec<Json_> {
+    let mut qs: Vec<_> =
+        ctx.amqp.entities.all().into_iter().filter(|q| q.vhost == vhost && q.exclusive_owner.is_none()).collect();
+    qs.sort_by(|a, b| a.name.cmp(&b.name));
+    qs.iter()
+        .map(|q| {
+            json!({
+                "name": q.name, "vhost": q.vhost, "durable": q.durable,
+                "auto_delete": q.auto_delete, "arguments": table_json(&q.arguments),
+            })
+        })
+        .collect()
+}
+
+fn without(mut rows: Vec<Json_>, keys: &[&str]) -> Vec<Json_> {
+    for r in &mut rows {
+        if let Json_::Object(o) = r {
+            for k in keys {
+                o.remove(*k);
+            }
+        }
+    }
+    rows
+}
+
+/// The definitions of everything (`vhost = None`) or of one virtual host.
+pub fn export(ctx: &HttpContext, vhost: Option<&str>) -> Json_ {
+    let vhosts: Vec<String> = ctx.vhosts().into_iter().filter(|v| vhost.is_none_or(|only| only == v)).collect();
+    let (mut qs, mut xs, mut bs) = (Vec::new(), Vec::new(), Vec::new());
+    for v in &vhosts {
+        qs.extend(queues(ctx, v));
+        xs.extend(without(user_exchanges(ctx, v), &["user_who_performed_action", "policy"]));
+        bs.extend(without(user_bindings(ctx, v), &["properties_key"]));
+    }
+    let mut out = json!({
+        "rabbit_version": RABBITMQ_API_VERSION,
+        "rabbitmq_version": RABBITMQ_API_VERSION,
+        "product_name": "FerryMQ",
+        "product_version": env!("CARGO_PKG_VERSION"),
+        "parameters": [],
+        "policies": [],
+        "queues": qs,
+        "exchanges": xs,
+        "bindings": bs,
+    });
+    if vhost.is_none() {
+        let users: Vec<Json_> = ctx
+            .users
+            .all()
+            .iter()
+            .map(|u| {
+                let (hash, algorithm) = u.secret.exported();
+                let mut j = user_json(u);
+                j["password_hash"] = json!(hash);
+                j["hashing_algorithm"] = json!(algorithm);
+                j
+            })
+            .collect();
+        let vhost_rows: Vec<Json_> = vhosts
+            .iter()
+            .map(|v| {
+                let (description, tags) = ctx.access.vhost_meta(v);
+                json!({ "name": v, "limits": [], "metadata": { "description": description, "tags": tags } })
+            })
+            .collect();
+        let permissions: Vec<Json_> = ctx
+            .access
+            .permissions()
+            .iter()
+            .map(|p| json!({ "user": p.user, "vhost": p.vhost, "configure": p.configure, "write": p.write, "read": p.read }))
+            .collect();
+        let o = out.as_object_mut().expect("an object");
+        o.insert("users".into(), Json_::Array(users));
+        o.insert("vhosts".into(), Json_::Array(vhost_rows));
+        o.insert("permissions".into(), Json_::Array(permissions));
+        o.insert("topic_permissions".into(), json!([]));
+        o.insert("global_parameters".into(), json!([]));
+    }
+    out
+}
+
+/// `GET /api/definitions`.
+pub async fn export_all(State(ctx): State<Arc<HttpContext>>, Extension(caller): Extension<Caller>) -> Answer {
+    caller.require(Access::Administrator)?;
+    Ok(Json(export(&ctx, None)))
+}
+
+/// `GET /api/definitions/{vhost}`.
+pub async fn export_vhost(
+    State(ctx): State<Arc<HttpContext>>,
+    Extension(caller): Extension<Caller>,
+    Path(vhost): Path<String>,
+) -> Answer {
+    caller.require(Access::Administrator)?;
+    super::queues::known_vhost(&ctx, &vhost)?;
+    Ok(Json(export(&ctx, Some(&vhost))))
+}
+
+/// What an import did.
+#[derive(Debug, Default)]
+pub struct ImportReport {
+    /// Items applied, by kind.
+    pub imported: Map<String, Json_>,
+    /// Items not applied because FerryMQ does not support them, with the reason.
+    pub unsupported: Vec<Json_>,
+}
+
+impl ImportReport {
+    fn count(&mut self, kind: &str) {
+        let n = self.imported.entry(kind.to_string()).or_insert(json!(0));
+        *n = json!(n.as_u64().unwrap_or(0) + 1);
+    }
+
+    fn skip(&mut self, kind: &str, item: &Json_, reason: &str) {
+        let name = item.get("name").cloned().unwrap_or(Json_::Null);
+        self.unsupported.push(json!({ "kind": kind, "name": name, "vhost": item.get("vhost"), "reason": reason }));
+    }
+
+    /// The import's answer.
+    pub fn json(&self) -> Json_ {
+        json!({ "imported": self.imported, "unsupported": self.unsupported })
+    }
+}
+
+fn text<'a>(item: &'a Json_, key: &str) -> &'a str {
+    item.get(key).and_then(Json_::as_str).unwrap_or("")
+}
+
+fn flag(item: &Json_, key: &str, default: bool) -> bool {
+    item.get(key).and_then(Json_::as_bool).unwrap_or(default)
+}
+
+fn items<'a>(defs: &'a Json_, key: &str) -> impl Iterator<Item = &'a Json_> {
+    defs.get(key).and_then(Json_::as_array).into_iter().flatten()
+}
+
+fn args(item: &Json_) -> Vec<(String, crate::core::value::Value)> {
+    item.get("arguments").and_then(Json_::as_object).map(json_table).unwrap_or_default()
+}
+
+fn fail(f: crate::amqp::methods::Fail) -> ApiError {
+    ApiError::bad_request(f.text)
+}
+
+/// Imports definitions; `only_vhost` makes every item belong to that virtual host (the
+/// per-vhost import). Stops at the first item that cannot be applied (400, as RabbitMQ).
+pub async fn import(ctx: &HttpContext, defs: &Json_, only_vhost: Option<&str>) -> Result<ImportReport, ApiError> {
+    if !defs.is_object() {
+        return Err(ApiError::bad_request("definitions must be a JSON object"));
+    }
+    let mut report = ImportReport::default();
+    let vhost_of = |item: &Json_| only_vhost.map(str::to_owned).unwrap_or_else(|| text(item, "vhost").to_owned());
+    if only_vhost.is_none() {
+        for v in items(defs, "vhosts") {
+            let meta = v.get("metadata");
+            let description = meta.and_then(|m| m.get("description")).or(v.get("description"));
+            let tags = meta.and_then(|m| m.get("tags")).or(v.get("tags")).cloned();
+            put_vhost(ctx, text(v, "name"), description.and_then(Json_::as_str).unwrap_or("").into(), tag_list(&tags))
+                .await?;
+            report.count("vhosts");
+            if v.get("limits").is_some_and(|l| {
+                l.as_object().is_some_and(|o| !o.is_empty()) || l.as_array().is_some_and(|a| !a.is_empty())
+            }) {
+                report.skip("vhost_limits", v, "virtual host limits are not applied");
+            }
+        }
+        for u in items(defs, "users") {
+            let algorithm = u.get("hashing_algorithm").and_then(Json_::as_str);
+            let password = u.get("password").and_then(Json_::as_str).map(str::to_owned);
+            let hash = u.get("password_hash").and_then(Json_::as_str).map(str::to_owned);
+            match secret_of(password, hash, algorithm) {
+                Ok(secret) => {
+                    put_user(ctx, text(u, "name"), secret, tag_list(&u.get("tags").cloned())).await?;
+                    report.count("users");
+                }
+                Err(e) => report.skip("users", u, &e.reason),
+            }
+            if u.get("limits").and_then(Json_::as_object).is_some_and(|l| !l.is_empty()) {
+                report.skip("user_limits", u, "user limits are not applied");
+            }
+        }
+        for p in items(defs, "permissions") {
+            let record = PermissionRecord {
+                vhost: text(p, "vhost").into(),
+                user: text(p, "user").into(),
+                configure: text(p, "configure").into(),
+                write: text(p, "write").into(),
+                read: text(p, "read").into(),
+            };
+            put_permission(ctx, record).await?;
+            report.count("permissions");
+        }
+        for p in items(defs, "topic_permissions") {
+            report.skip("topic_permissions", p, "topic permissions are not supported yet");
+        }
+        for p in items(defs, "global_parameters") {
+            if text(p, "name") != "cluster_name" && text(p, "name") != "internal_cluster_id" {
+                report.skip("global_parameters", p, "global runtime parameters are not supported");
+            }
+        }
+    }
+    for p in items(defs, "policies") {
+        report.skip("policies", p, "policies are not applied; declare the arguments on the queues instead");
+    }
+    for p in items(defs, "parameters") {
+        report.skip("parameters", p, "runtime parameters (shovels, federation, ...) are not supported");
+    }
+    for x in items(defs, "exchanges") {
+        let vhost = vhost_of(x);
+        super::queues::known_vhost(ctx, &vhost)?;
+        let kind = text(x, "type");
+        let Some(kind) = ExchangeKind::parse(kind) else {
+            report.skip("exchanges", x, &format!("exchange type '{kind}' is not supported"));
+            continue;
+        };
+        let def = ExchangeDef {
+            name: text(x, "name").into(),
+            kind,
+            durable: flag(x, "durable", true),
+            auto_delete: flag(x, "auto_delete", false),
+            internal: flag(x, "internal", false),
+            arguments: args(x),
+        };
+        let router = &ctx.broker.router;
+        match router.exchange(&vhost, &def.name) {
+            Some(current) => check_equivalent_exchange(&current, &def, &vhost).map_err(fail)?,
+            None => {
+                router.declare_exchange(&vhost, def.clone()).map_err(|e| fail(route_fail(e, &vhost)))?;
+                if def.durable {
+                    crate::amqp::entities::store_exchange(&ctx.broker, &vhost, &def).await;
+                }
+            }
+        }
+        report.count("exchanges");
+    }
+    for q in items(defs, "queues") {
+        let vhost = vhost_of(q);
+        super::queues::known_vhost(ctx, &vhost)?;
+        let (name, durable, auto_delete) = (text(q, "name"), flag(q, "durable", true), flag(q, "auto_delete", false));
+        let arguments = args(q);
+        match ctx.amqp.entities.queue(&vhost, name) {
+            Some(existing) => {
+                check_equivalent_queue(&existing, durable, false, auto_delete, &arguments).map_err(fail)?
+            }
+            None => {
+                create_queue(&ctx.amqp, &vhost, name, durable, None, auto_delete, arguments).await.map_err(fail)?;
+            }
+        }
+        report.count("queues");
+    }
+    for b in items(defs, "bindings") {
+        let vhost = vhost_of(b);
+        let spec = BindingSpec {
+            source: text(b, "source"),
+            dest_type: text(b, "destination_type"),
+            dest: text(b, "destination"),
+            key: text(b, "routing_key"),
+            args: args(b),
+        };
+        set_binding(ctx, &vhost, spec, true).await.map_err(|e| {
+            ApiError::bad_request(format!("binding {} -> {}: {}", text(b, "source"), text(b, "destination"), e.reason))
+        })?;
+        report.count("bindings");
+    }
+    Ok(report)
+}
+
+/// `POST /api/definitions`: 200 with `{"imported": {...}, "unsupported": [...]}`.
+pub async fn import_all(
+    State(ctx): State<Arc<HttpContext>>,
+    Extension(caller): Extension<Caller>,
+    Body(defs): Body<Json_>,
+) -> Answer {
+    caller.require(Access::Administrator)?;
+    Ok(Json(import(&ctx, &defs, None).await?.json()))
+}
+
+/// `POST /api/definitions/{vhost}`.
+pub async fn import_vhost(
+    State(ctx): State<Arc<HttpContext>>,
+    Extension(caller): Extension<Caller>,
+    Path(vhost): Path<String>,
+    Body(defs): Body<Json_>,
+) -> Answer {
+    caller.require(Access::Administrator)?;
+    super::queues::known_vhost(&ctx, &vhost)?;
+    Ok(Json(import(&ctx, &defs, Some(&vhost)).await?.json()))
+}

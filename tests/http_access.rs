@@ -1,0 +1,271 @@
+//! Virtual hosts, users, permissions and definitions over the management API, against the
+//! real broker: what is made over HTTP is what AMQP clients log in with and connect to,
+//! it survives restarts, deleting takes it away, and a RabbitMQ definitions file loads at
+//! start (`--definitions`).
+
+mod common;
+
+use common::amqp::*;
+use common::{Broker, Opts};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+struct Api {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl Api {
+    fn of(broker: &Broker) -> Api {
+        Api { base: format!("http://{}", broker.http.unwrap()), http: reqwest::Client::new() }
+    }
+
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+        user: (&str, &str),
+    ) -> (StatusCode, Value) {
+        let mut req = self.http.request(method, format!("{}{path}", self.base)).basic_auth(user.0, Some(user.1));
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = tokio::time::timeout(WAIT, req.send()).await.expect("answered in time").unwrap();
+        let status = resp.status();
+        let text = resp.text().await.unwrap();
+        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    async fn get(&self, path: &str) -> Value {
+        let (s, v) = self.call(reqwest::Method::GET, path, None, ("guest", "guest")).await;
+        assert_eq!(s, StatusCode::OK, "GET {path}: {v}");
+        v
+    }
+
+    async fn put(&self, path: &str, body: Value) -> StatusCode {
+        self.call(reqwest::Method::PUT, path, Some(body), ("guest", "guest")).await.0
+    }
+
+    async fn delete(&self, path: &str) -> StatusCode {
+        self.call(reqwest::Method::DELETE, path, None, ("guest", "guest")).await.0
+    }
+}
+
+fn amqp_uri(broker: &Broker, user: &str, pass: &str, vhost: &str) -> String {
+    format!("amqp://{user}:{pass}@{}/{}", broker.amqp.unwrap(), vhost.replace('/', "%2f"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn users_vhosts_and_permissions_made_over_http_are_used_and_survive_a_restart() {
+    let broker = Broker::start_with(Opts::default().config("[auth]\nusers = [{ name = \"old\", password = \"o\" }]\n"));
+    let api = Api::of(&broker);
+    assert_eq!(api.put("/api/vhosts/staging", json!({"description": "pre-production"})).await, StatusCode::CREATED);
+    assert_eq!(api.put("/api/vhosts/staging", json!({})).await, StatusCode::NO_CONTENT);
+    assert_eq!(
+        api.put("/api/users/ops", json!({"password": "pw", "tags": "monitoring,management"})).await,
+        StatusCode::CREATED
+    );
+    let hash = ferrymq::auth::hash_password(ferrymq::auth::HashingAlgorithm::Sha512, "hashed-pw");
+    let body = json!({"password_hash": hash, "hashing_algorithm": "rabbit_password_hashing_sha512", "tags": []});
+    assert_eq!(api.put("/api/users/svc", body).await, StatusCode::CREATED);
+    let perm = json!({"configure": "^svc-.*", "write": ".*", "read": ".*"});
+    assert_eq!(api.put("/api/permissions/staging/svc", perm).await, StatusCode::CREATED);
+    let (status, body) = api
+        .call(
+            reqwest::Method::PUT,
+            "/api/users/bad",
+            Some(json!({"password_hash": "x", "hashing_algorithm": "rabbit_password_hashing_md5"})),
+            ("guest", "guest"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+
+    let ops = api.get("/api/users/ops").await;
+    assert_eq!(ops["tags"], json!(["monitoring", "management"]));
+    assert!(ops["password_hash"].as_str().unwrap().len() > 40, "stored hashed, never in clear: {ops}");
+    let (status, _) = api.call(reqwest::Method::GET, "/api/nodes", None, ("ops", "pw")).await;
+    assert_eq!(status, StatusCode::OK, "a monitoring user made at runtime logs in over HTTP");
+    let conn = connect_uri(&amqp_uri(&broker, "svc", "hashed-pw", "staging")).await.expect("svc logs in to staging");
+    let vhost = api.get("/api/vhosts/staging").await;
+    assert_eq!(vhost["description"], "pre-production");
+    let perms = api.get("/api/vhosts/staging/permissions").await;
+    assert_eq!(
+        perms,
+        json!([{"user": "svc", "vhost": "staging", "configure": "^svc-.*", "write": ".*", "read": ".*"}])
+    );
+    drop(conn);
+
+    // A configured user deleted over HTTP stays deleted.
+    assert_eq!(api.delete("/api/users/old").await, StatusCode::NO_CONTENT);
+    assert_eq!(api.delete("/api/users/old").await, StatusCode::NOT_FOUND);
+    assert!(connect_uri(&amqp_uri(&broker, "old", "o", "/")).await.is_err());
+
+    let broker = broker.restart();
+    let api = Api::of(&broker);
+    let names: Vec<String> = api
+        .get("/api/users")
+        .await
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names, ["guest", "ops", "svc"], "after the restart");
+    assert!(connect_uri(&amqp_uri(&broker, "old", "o", "/")).await.is_err(), "still deleted");
+    let conn = connect_uri(&amqp_uri(&broker, "svc", "hashed-pw", "staging")).await.expect("svc still logs in");
+    let mut events = events(&conn);
+    assert_eq!(api.get("/api/vhosts/staging").await["description"], "pre-production");
+    assert_eq!(api.get("/api/permissions/staging/svc").await["configure"], "^svc-.*");
+
+    // Deleting the vhost closes its connections and deletes what it held.
+    let ch = open_channel(&conn).await;
+    declare_queue(&ch, "staged", FieldTable::default()).await;
+    assert_eq!(api.delete("/api/vhosts/staging").await, StatusCode::NO_CONTENT);
+    let (code, text) = server_closed(&mut events).await;
+    assert_eq!(code, 320, "{text}");
+    let err = connect_uri(&amqp_uri(&broker, "svc", "hashed-pw", "staging")).await.expect_err("vhost gone");
+    assert_eq!(amqp_error(&err).map(|e| e.0), Some(530), "{err:?}");
+    assert_eq!(api.get("/api/queues").await, json!([]));
+    assert_eq!(api.delete("/api/vhosts/%2F").await, StatusCode::BAD_REQUEST, "MQTT's vhost stays");
+    let broker = broker.restart();
+    let api = Api::of(&broker);
+    let vhosts: Vec<Value> =
+        api.get("/api/vhosts").await.as_array().unwrap().iter().map(|v| v["name"].clone()).collect();
+    assert_eq!(vhosts, [json!("/")]);
+}
+
+/// A definitions file as `rabbitmqadmin export` writes it on RabbitMQ 3.10.
+fn rabbitmq_definitions(password_hash: &str) -> Value {
+    json!({
+        "rabbit_version": "3.10.8",
+        "users": [{"name": "app", "password_hash": password_hash, "hashing_algorithm": "rabbit_password_hashing_sha256", "tags": "management", "limits": {}}],
+        "vhosts": [{"name": "/"}, {"name": "shop"}],
+        "permissions": [{"user": "app", "vhost": "shop", "configure": ".*", "write": ".*", "read": ".*"}],
+        "topic_permissions": [{"user": "app", "vhost": "shop", "exchange": "amq.topic", "write": ".*", "read": ".*"}],
+        "parameters": [{"value": {"src-uri": "amqp://"}, "vhost": "shop", "component": "shovel", "name": "s1"}],
+        "global_parameters": [{"name": "cluster_name", "value": "rabbit@old"}],
+        "policies": [{"vhost": "shop", "name": "ha", "pattern": ".*", "apply-to": "queues", "definition": {"ha-mode": "all"}, "priority": 0}],
+        "queues": [
+            {"name": "orders", "vhost": "shop", "durable": true, "auto_delete": false, "arguments": {"x-max-length": 100}},
+            {"name": "audit", "vhost": "shop", "durable": true, "auto_delete": false, "arguments": {}}
+        ],
+        "exchanges": [
+            {"name": "shop.events", "vhost": "shop", "type": "topic", "durable": true, "auto_delete": false, "internal": false, "arguments": {}},
+            {"name": "shop.audit", "vhost": "shop", "type": "fanout", "durable": true, "auto_delete": false, "internal": false, "arguments": {}}
+        ],
+        "bindings": [
+            {"source": "shop.events", "vhost": "shop", "destination": "orders", "destination_type": "queue", "routing_key": "order.*", "arguments": {}},
+            {"source": "shop.events", "vhost": "shop", "destination": "shop.audit", "destination_type": "exchange", "routing_key": "#", "arguments": {}},
+            {"source": "shop.audit", "vhost": "shop", "destination": "audit", "destination_type": "queue", "routing_key": "", "arguments": {}}
+        ]
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rabbitmq_definitions_import_report_what_is_not_applied_and_export_again() {
+    let broker = Broker::start();
+    let api = Api::of(&broker);
+    let hash = ferrymq::auth::hash_password(ferrymq::auth::HashingAlgorithm::Sha256, "shop-pw");
+    let defs = rabbitmq_definitions(&hash);
+    let (status, report) =
+        api.call(reqwest::Method::POST, "/api/definitions", Some(defs.clone()), ("guest", "guest")).await;
+    assert_eq!(status, StatusCode::OK, "{report}");
+    assert_eq!(
+        report["imported"],
+        json!({"vhosts": 2, "users": 1, "permissions": 1, "exchanges": 2, "queues": 2, "bindings": 3})
+    );
+    let kinds: Vec<&str> =
+        report["unsupported"].as_array().unwrap().iter().map(|u| u["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["topic_permissions", "policies", "parameters"], "{report}");
+
+    // Routed as RabbitMQ would: order.* to orders, everything via shop.audit to audit.
+    let conn = connect_uri(&amqp_uri(&broker, "app", "shop-pw", "shop")).await.expect("the imported user logs in");
+    let ch = open_channel(&conn).await;
+    confirm_select(&ch).await;
+    publish_confirmed(&ch, "shop.events", "order.created", b"o1", persistent()).await;
+    assert_eq!(drain(&ch, "orders").await, ["o1"]);
+    assert_eq!(drain(&ch, "audit").await, ["o1"]);
+
+    let exported = api.get("/api/definitions").await;
+    for key in [
+        "rabbit_version",
+        "users",
+        "vhosts",
+        "permissions",
+        "topic_permissions",
+        "parameters",
+        "global_parameters",
+        "policies",
+        "queues",
+        "exchanges",
+        "bindings",
+    ] {
+        assert!(exported.get(key).is_some(), "export has {key}");
+    }
+    let app = exported["users"].as_array().unwrap().iter().find(|u| u["name"] == "app").unwrap().clone();
+    assert_eq!(app["password_hash"], hash.as_str());
+    assert_eq!(app["tags"], json!(["management"]));
+    let shop = api.get("/api/definitions/shop").await;
+    assert!(shop.get("users").is_none(), "a vhost's definitions hold no users");
+    assert_eq!(shop["queues"].as_array().unwrap().len(), 2);
+    assert_eq!(shop["bindings"].as_array().unwrap().len(), 3);
+
+    // The export imports into a fresh broker and exports the same again.
+    let other = Broker::start();
+    let other_api = Api::of(&other);
+    let (status, report) =
+        other_api.call(reqwest::Method::POST, "/api/definitions", Some(exported.clone()), ("guest", "guest")).await;
+    assert_eq!(status, StatusCode::OK, "{report}");
+    let again = other_api.get("/api/definitions").await;
+    for key in ["vhosts", "permissions", "queues", "exchanges", "bindings"] {
+        assert_eq!(again[key], exported[key], "{key} round-trips");
+    }
+
+    // An item that cannot be applied is a 400 naming it.
+    let mut bad = json!({"queues": [{"name": "orders", "vhost": "shop", "durable": false, "arguments": {}}]});
+    let (status, body) =
+        api.call(reqwest::Method::POST, "/api/definitions", Some(bad.take()), ("guest", "guest")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(body["reason"].as_str().unwrap().contains("inequivalent arg 'durable'"), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_definitions_file_loads_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("definitions.json");
+    let hash = ferrymq::auth::hash_password(ferrymq::auth::HashingAlgorithm::Sha256, "shop-pw");
+    std::fs::write(&file, rabbitmq_definitions(&hash).to_string()).unwrap();
+    let broker = Broker::start_with(Opts::default().args(&["--definitions", file.to_str().unwrap()]));
+    common::eventually("the unsupported items are logged", WAIT, || async {
+        broker.log().contains("definition not applied").then_some(())
+    })
+    .await;
+    let conn = connect_uri(&amqp_uri(&broker, "app", "shop-pw", "shop")).await.expect("imported at start");
+    let ch = open_channel(&conn).await;
+    assert_eq!(queue_counts(&ch, "orders").await.unwrap().0, 0);
+    drop((ch, conn));
+    // Every start imports it again; what exists and is equivalent is kept.
+    let broker = broker.restart();
+    assert!(queue_exists(&connect_uri(&amqp_uri(&broker, "app", "shop-pw", "shop")).await.unwrap(), "orders").await);
+
+    std::fs::write(&file, "{ not json").unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let (code, err) = common::run_binary(
+        &[
+            "--data-dir",
+            data.path().to_str().unwrap(),
+            "--mqtt-listen",
+            "127.0.0.1:0",
+            "--amqp-listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+            "--definitions",
+            file.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_ne!(code, 0);
+    assert!(err.contains("is not JSON"), "{err}");
+}
