@@ -6,51 +6,10 @@
 mod common;
 
 use common::amqp::*;
+use common::http::Api;
 use common::{Broker, Opts};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-
-struct Api {
-    base: String,
-    http: reqwest::Client,
-}
-
-impl Api {
-    fn of(broker: &Broker) -> Api {
-        Api { base: format!("http://{}", broker.http.unwrap()), http: reqwest::Client::new() }
-    }
-
-    async fn call(
-        &self,
-        method: reqwest::Method,
-        path: &str,
-        body: Option<Value>,
-        user: (&str, &str),
-    ) -> (StatusCode, Value) {
-        let mut req = self.http.request(method, format!("{}{path}", self.base)).basic_auth(user.0, Some(user.1));
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        let resp = tokio::time::timeout(WAIT, req.send()).await.expect("answered in time").unwrap();
-        let status = resp.status();
-        let text = resp.text().await.unwrap();
-        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
-    }
-
-    async fn get(&self, path: &str) -> Value {
-        let (s, v) = self.call(reqwest::Method::GET, path, None, ("guest", "guest")).await;
-        assert_eq!(s, StatusCode::OK, "GET {path}: {v}");
-        v
-    }
-
-    async fn put(&self, path: &str, body: Value) -> StatusCode {
-        self.call(reqwest::Method::PUT, path, Some(body), ("guest", "guest")).await.0
-    }
-
-    async fn delete(&self, path: &str) -> StatusCode {
-        self.call(reqwest::Method::DELETE, path, None, ("guest", "guest")).await.0
-    }
-}
 
 fn amqp_uri(broker: &Broker, user: &str, pass: &str, vhost: &str) -> String {
     format!("amqp://{user}:{pass}@{}/{}", broker.amqp.unwrap(), vhost.replace('/', "%2f"))
@@ -60,36 +19,30 @@ fn amqp_uri(broker: &Broker, user: &str, pass: &str, vhost: &str) -> String {
 async fn users_vhosts_and_permissions_made_over_http_are_used_and_survive_a_restart() {
     let broker = Broker::start_with(Opts::default().config("[auth]\nusers = [{ name = \"old\", password = \"o\" }]\n"));
     let api = Api::of(&broker);
-    assert_eq!(api.put("/api/vhosts/staging", json!({"description": "pre-production"})).await, StatusCode::CREATED);
-    assert_eq!(api.put("/api/vhosts/staging", json!({})).await, StatusCode::NO_CONTENT);
+    assert_eq!(api.put("/api/vhosts/staging", json!({"description": "pre-production"})).await.0, StatusCode::CREATED);
+    assert_eq!(api.put("/api/vhosts/staging", json!({})).await.0, StatusCode::NO_CONTENT);
     assert_eq!(
-        api.put("/api/users/ops", json!({"password": "pw", "tags": "monitoring,management"})).await,
+        api.put("/api/users/ops", json!({"password": "pw", "tags": "monitoring,management"})).await.0,
         StatusCode::CREATED
     );
     let hash = ferrymq::auth::hash_password(ferrymq::auth::HashingAlgorithm::Sha512, "hashed-pw");
     let body = json!({"password_hash": hash, "hashing_algorithm": "rabbit_password_hashing_sha512", "tags": []});
-    assert_eq!(api.put("/api/users/svc", body).await, StatusCode::CREATED);
+    assert_eq!(api.put("/api/users/svc", body).await.0, StatusCode::CREATED);
     let perm = json!({"configure": "^svc-.*", "write": ".*", "read": ".*"});
-    assert_eq!(api.put("/api/permissions/staging/svc", perm).await, StatusCode::CREATED);
-    let (status, body) = api
-        .call(
-            reqwest::Method::PUT,
-            "/api/users/bad",
-            Some(json!({"password_hash": "x", "hashing_algorithm": "rabbit_password_hashing_md5"})),
-            ("guest", "guest"),
-        )
-        .await;
+    assert_eq!(api.put("/api/permissions/staging/svc", perm).await.0, StatusCode::CREATED);
+    let md5 = json!({"password_hash": "x", "hashing_algorithm": "rabbit_password_hashing_md5"});
+    let (status, body) = api.put("/api/users/bad", md5).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
 
-    let ops = api.get("/api/users/ops").await;
+    let ops = api.ok("/api/users/ops").await;
     assert_eq!(ops["tags"], json!(["monitoring", "management"]));
     assert!(ops["password_hash"].as_str().unwrap().len() > 40, "stored hashed, never in clear: {ops}");
-    let (status, _) = api.call(reqwest::Method::GET, "/api/nodes", None, ("ops", "pw")).await;
+    let (status, _) = api.as_user("ops", "pw").get("/api/nodes").await;
     assert_eq!(status, StatusCode::OK, "a monitoring user made at runtime logs in over HTTP");
     let conn = connect_uri(&amqp_uri(&broker, "svc", "hashed-pw", "staging")).await.expect("svc logs in to staging");
-    let vhost = api.get("/api/vhosts/staging").await;
+    let vhost = api.ok("/api/vhosts/staging").await;
     assert_eq!(vhost["description"], "pre-production");
-    let perms = api.get("/api/vhosts/staging/permissions").await;
+    let perms = api.ok("/api/vhosts/staging/permissions").await;
     assert_eq!(
         perms,
         json!([{"user": "svc", "vhost": "staging", "configure": "^svc-.*", "write": ".*", "read": ".*"}])
@@ -97,14 +50,14 @@ async fn users_vhosts_and_permissions_made_over_http_are_used_and_survive_a_rest
     drop(conn);
 
     // A configured user deleted over HTTP stays deleted.
-    assert_eq!(api.delete("/api/users/old").await, StatusCode::NO_CONTENT);
-    assert_eq!(api.delete("/api/users/old").await, StatusCode::NOT_FOUND);
+    assert_eq!(api.delete("/api/users/old").await.0, StatusCode::NO_CONTENT);
+    assert_eq!(api.delete("/api/users/old").await.0, StatusCode::NOT_FOUND);
     assert!(connect_uri(&amqp_uri(&broker, "old", "o", "/")).await.is_err());
 
     let broker = broker.restart();
     let api = Api::of(&broker);
     let names: Vec<String> = api
-        .get("/api/users")
+        .ok("/api/users")
         .await
         .as_array()
         .unwrap()
@@ -115,23 +68,23 @@ async fn users_vhosts_and_permissions_made_over_http_are_used_and_survive_a_rest
     assert!(connect_uri(&amqp_uri(&broker, "old", "o", "/")).await.is_err(), "still deleted");
     let conn = connect_uri(&amqp_uri(&broker, "svc", "hashed-pw", "staging")).await.expect("svc still logs in");
     let mut events = events(&conn);
-    assert_eq!(api.get("/api/vhosts/staging").await["description"], "pre-production");
-    assert_eq!(api.get("/api/permissions/staging/svc").await["configure"], "^svc-.*");
+    assert_eq!(api.ok("/api/vhosts/staging").await["description"], "pre-production");
+    assert_eq!(api.ok("/api/permissions/staging/svc").await["configure"], "^svc-.*");
 
     // Deleting the vhost closes its connections and deletes what it held.
     let ch = open_channel(&conn).await;
     declare_queue(&ch, "staged", FieldTable::default()).await;
-    assert_eq!(api.delete("/api/vhosts/staging").await, StatusCode::NO_CONTENT);
+    assert_eq!(api.delete("/api/vhosts/staging").await.0, StatusCode::NO_CONTENT);
     let (code, text) = server_closed(&mut events).await;
     assert_eq!(code, 320, "{text}");
     let err = connect_uri(&amqp_uri(&broker, "svc", "hashed-pw", "staging")).await.expect_err("vhost gone");
     assert_eq!(amqp_error(&err).map(|e| e.0), Some(530), "{err:?}");
-    assert_eq!(api.get("/api/queues").await, json!([]));
-    assert_eq!(api.delete("/api/vhosts/%2F").await, StatusCode::BAD_REQUEST, "MQTT's vhost stays");
+    assert_eq!(api.ok("/api/queues").await, json!([]));
+    assert_eq!(api.delete("/api/vhosts/%2F").await.0, StatusCode::BAD_REQUEST, "MQTT's vhost stays");
     let broker = broker.restart();
     let api = Api::of(&broker);
     let vhosts: Vec<Value> =
-        api.get("/api/vhosts").await.as_array().unwrap().iter().map(|v| v["name"].clone()).collect();
+        api.ok("/api/vhosts").await.as_array().unwrap().iter().map(|v| v["name"].clone()).collect();
     assert_eq!(vhosts, [json!("/")]);
 }
 
@@ -168,8 +121,7 @@ async fn rabbitmq_definitions_import_report_what_is_not_applied_and_export_again
     let api = Api::of(&broker);
     let hash = ferrymq::auth::hash_password(ferrymq::auth::HashingAlgorithm::Sha256, "shop-pw");
     let defs = rabbitmq_definitions(&hash);
-    let (status, report) =
-        api.call(reqwest::Method::POST, "/api/definitions", Some(defs.clone()), ("guest", "guest")).await;
+    let (status, report) = api.post("/api/definitions", defs.clone()).await;
     assert_eq!(status, StatusCode::OK, "{report}");
     assert_eq!(
         report["imported"],
@@ -187,7 +139,7 @@ async fn rabbitmq_definitions_import_report_what_is_not_applied_and_export_again
     assert_eq!(drain(&ch, "orders").await, ["o1"]);
     assert_eq!(drain(&ch, "audit").await, ["o1"]);
 
-    let exported = api.get("/api/definitions").await;
+    let exported = api.ok("/api/definitions").await;
     for key in [
         "rabbit_version",
         "users",
@@ -206,7 +158,7 @@ async fn rabbitmq_definitions_import_report_what_is_not_applied_and_export_again
     let app = exported["users"].as_array().unwrap().iter().find(|u| u["name"] == "app").unwrap().clone();
     assert_eq!(app["password_hash"], hash.as_str());
     assert_eq!(app["tags"], json!(["management"]));
-    let shop = api.get("/api/definitions/shop").await;
+    let shop = api.ok("/api/definitions/shop").await;
     assert!(shop.get("users").is_none(), "a vhost's definitions hold no users");
     assert_eq!(shop["queues"].as_array().unwrap().len(), 2);
     assert_eq!(shop["bindings"].as_array().unwrap().len(), 3);
@@ -214,18 +166,16 @@ async fn rabbitmq_definitions_import_report_what_is_not_applied_and_export_again
     // The export imports into a fresh broker and exports the same again.
     let other = Broker::start();
     let other_api = Api::of(&other);
-    let (status, report) =
-        other_api.call(reqwest::Method::POST, "/api/definitions", Some(exported.clone()), ("guest", "guest")).await;
+    let (status, report) = other_api.post("/api/definitions", exported.clone()).await;
     assert_eq!(status, StatusCode::OK, "{report}");
-    let again = other_api.get("/api/definitions").await;
+    let again = other_api.ok("/api/definitions").await;
     for key in ["vhosts", "permissions", "queues", "exchanges", "bindings"] {
         assert_eq!(again[key], exported[key], "{key} round-trips");
     }
 
     // An item that cannot be applied is a 400 naming it.
     let mut bad = json!({"queues": [{"name": "orders", "vhost": "shop", "durable": false, "arguments": {}}]});
-    let (status, body) =
-        api.call(reqwest::Method::POST, "/api/definitions", Some(bad.take()), ("guest", "guest")).await;
+    let (status, body) = api.post("/api/definitions", bad.take()).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(body["reason"].as_str().unwrap().contains("inequivalent arg 'durable'"), "{body}");
 }

@@ -344,7 +344,7 @@ impl Task {
                 }
                 Event::ChannelOpened { channel } => {
                     if let Some(info) = &self.info {
-                        info.channels.fetch_add(1, Ordering::Relaxed);
+                        info.channel(channel, true);
                     }
                     let get_id = self.ctx.broker.next_id();
                     self.channels.insert(channel, Channel::new(get_id));
@@ -447,6 +447,9 @@ impl Task {
                 let Some(channel) = self.consumer_channels.remove(&consumer) else { return };
                 if let Some(ch) = self.channels.get_mut(&channel) {
                     if let Some(c) = ch.consumers.remove(&consumer) {
+                        if let Some(info) = &self.info {
+                            info.consumer_removed(consumer);
+                        }
                         if c.assigned {
                             self.ctx.broker.assignments.leave(&self.ctx.broker.shards, consumer);
                         }
@@ -554,7 +557,9 @@ impl Task {
             ClientDetails::Amqp { properties: std::mem::take(&mut self.client_properties) },
             closer,
         ));
-        info.channels.store(self.channels.len() as u64, Ordering::Relaxed);
+        for number in self.channels.keys() {
+            info.channel(*number, true);
+        }
         self.ctx.broker.connections.register(info.clone());
         self.info = Some(info);
     }
@@ -562,7 +567,7 @@ impl Task {
     pub(super) fn close_channel(&mut self, channel: u16) {
         let Some(ch) = self.channels.remove(&channel) else { return };
         if let Some(info) = &self.info {
-            info.channels.store(self.channels.len() as u64, Ordering::Relaxed);
+            info.channel(channel, false);
         }
         for u in ch.unacked.values() {
             self.ctx.broker.shards.send(ShardCmd::Requeue {

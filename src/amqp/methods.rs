@@ -16,6 +16,7 @@ use super::convert::{properties_in, properties_out, qos_of, short, table_in};
 use super::entities::{forget_exchange, persist_binding, queue_config, store_exchange, QueueEntity};
 use super::streams::{consumer_group, is_stream, partitions_of, sharing, stream_config, stream_offset, Sharing};
 use crate::core::broker::RetainMode;
+use crate::core::connections::ConsumerInfo;
 use crate::core::message::{now_ms, Message, SharedMessage};
 use crate::core::queue::{Consumer, QueueConfig};
 use crate::core::router::{Binding, ExchangeDef, ExchangeKind, RouteError};
@@ -459,6 +460,18 @@ impl Task {
                     },
                 );
                 self.consumer_channels.insert(id, channel);
+                if let Some(info) = &self.info {
+                    info.consumer_added(ConsumerInfo {
+                        id,
+                        tag: tag.clone(),
+                        queue: q.name.clone(),
+                        channel,
+                        ack_required: !c.no_ack,
+                        exclusive: c.exclusive,
+                        prefetch: if c.no_ack { 0 } else { credit },
+                        arguments: args.clone(),
+                    });
+                }
                 q.had_consumer.store(true, Ordering::Relaxed);
                 q.consumers.fetch_add(1, Ordering::Relaxed);
                 q.touch();
@@ -491,6 +504,9 @@ impl Task {
                 if let Some((id, consumer)) = found {
                     ch.consumers.remove(&id);
                     self.consumer_channels.remove(&id);
+                    if let Some(info) = &self.info {
+                        info.consumer_removed(id);
+                    }
                     self.ctx.broker.shards.send(ShardCmd::Cancel { queue: consumer.queue, consumer: id });
                     if consumer.assigned {
                         self.ctx.broker.assignments.leave(&self.ctx.broker.shards, id);

@@ -14,7 +14,7 @@ use tokio::sync::{oneshot, Notify};
 use super::dead_letter::DeadLetterQueuesHook;
 use super::dedup::DedupChange;
 use super::delivery::{Direct, Handoff};
-use super::message::SharedMessage;
+use super::message::{Message, SharedMessage};
 use super::queue::flags;
 use super::retained::RetainedStore;
 use super::router::{QueueRoute, Router, Routes};
@@ -137,6 +137,34 @@ impl Broker {
             assignments: crate::core::stream::assignment::Assignments::new(),
             next_id: AtomicU64::new(1),
         }
+    }
+
+    /// Clears the retained message of routing key `key`, durably, without publishing
+    /// anything (an operator's delete).
+    pub async fn clear_retained(&self, key: &str) -> Result<(), StoreError> {
+        self.retained.set(key, None);
+        self.commit(StoreWrite::of(vec![Op::DeleteRetained { topic: key.to_owned() }]), Commit::Durable).await
+    }
+
+    /// Up to `limit` stored messages with key `key` (their `message_id`, `x-key` or MQTT
+    /// `key`) stored in `from_ms..=to_ms`, oldest first: (commit-log position, the time
+    /// indexed, the message). A lookup in the key index, not a scan of the log.
+    pub fn messages_by_key(
+        &self,
+        key: &str,
+        from_ms: u64,
+        to_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, u64, Message)>, JournalError> {
+        let hits = self.journal.lookup_key(key.as_bytes(), from_ms, to_ms, limit)?;
+        let mut found = Vec::with_capacity(hits.len());
+        for hit in hits {
+            let record = self.journal.read(hit.pos)?;
+            if let Ok(msg) = Message::decode(record.header, record.body) {
+                found.push((hit.pos.0, hit.timestamp_ms, msg));
+            }
+        }
+        Ok(found)
     }
 
     /// Bytes the commit log's live segments hold on disk.

@@ -73,6 +73,36 @@ pub enum ClientDetails {
     },
 }
 
+/// An AMQP consumer, as `/api/consumers` lists it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConsumerInfo {
+    /// The broker's consumer id.
+    pub id: u64,
+    /// Consumer tag.
+    pub tag: String,
+    /// Queue consumed.
+    pub queue: String,
+    /// Channel number.
+    pub channel: u16,
+    /// The client acknowledges deliveries.
+    pub ack_required: bool,
+    /// basic.consume exclusive.
+    pub exclusive: bool,
+    /// Prefetch (credit) when it attached.
+    pub prefetch: u32,
+    /// basic.consume arguments.
+    pub arguments: Vec<(String, Value)>,
+}
+
+/// A connection's open channels and consumers (AMQP), changed as they open and close.
+#[derive(Debug, Default)]
+pub struct ChannelsInfo {
+    /// Open channel numbers.
+    pub numbers: std::collections::BTreeSet<u16>,
+    /// Consumers.
+    pub consumers: Vec<ConsumerInfo>,
+}
+
 /// Asks a connection's task to close it, with a reason for the client and the log.
 pub type Closer = Box<dyn Fn(&str) + Send + Sync>;
 
@@ -100,6 +130,8 @@ pub struct ConnectionInfo {
     pub send_oct: AtomicU64,
     /// Open AMQP channels (MQTT: 1).
     pub channels: AtomicU64,
+    /// AMQP channel numbers and consumers.
+    pub details: Mutex<ChannelsInfo>,
     closer: Closer,
 }
 
@@ -134,6 +166,7 @@ impl ConnectionInfo {
             recv_oct: AtomicU64::new(0),
             send_oct: AtomicU64::new(0),
             channels: AtomicU64::new(u64::from(protocol.is_mqtt())),
+            details: Mutex::default(),
             closer,
         }
     }
@@ -147,6 +180,28 @@ impl ConnectionInfo {
     /// DISCONNECT 0x98 Administrative action; MQTT 3: the socket is closed).
     pub fn close(&self, reason: &str) {
         (self.closer)(reason)
+    }
+
+    /// A channel opened (`true`) or closed; its consumers go with it.
+    pub fn channel(&self, number: u16, open: bool) {
+        let mut d = self.details.lock();
+        if open {
+            d.numbers.insert(number);
+        } else {
+            d.numbers.remove(&number);
+            d.consumers.retain(|c| c.channel != number);
+        }
+        self.channels.store(d.numbers.len() as u64, Ordering::Relaxed);
+    }
+
+    /// A consumer attached.
+    pub fn consumer_added(&self, consumer: ConsumerInfo) {
+        self.details.lock().consumers.push(consumer);
+    }
+
+    /// A consumer went (cancelled by the client or the broker).
+    pub fn consumer_removed(&self, id: u64) {
+        self.details.lock().consumers.retain(|c| c.id != id);
     }
 
     /// Adds bytes read from the socket.

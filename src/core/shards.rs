@@ -212,6 +212,13 @@ pub enum ShardCmd {
         /// Where the answer goes.
         reply: oneshot::Sender<(u64, u64)>,
     },
+    /// Report a stream's extent and consumer groups (`None` for a queue that is not a stream).
+    StreamStatus {
+        /// Stream the command is for (it decides the shard).
+        queue: QueueId,
+        /// Where the answer goes.
+        reply: oneshot::Sender<Option<super::stream::StreamStatus>>,
+    },
     /// Report the queue's live length.
     Len {
         /// Queue the command is for (it decides the shard).
@@ -244,7 +251,8 @@ impl ShardCmd {
             | ShardCmd::Purge { queue, .. }
             | ShardCmd::Delete { queue, .. }
             | ShardCmd::Counts { queue, .. }
-            | ShardCmd::Len { queue, .. } => Some(*queue),
+            | ShardCmd::Len { queue, .. }
+            | ShardCmd::StreamStatus { queue, .. } => Some(*queue),
         }
     }
 }
@@ -379,6 +387,13 @@ impl Shards {
     pub async fn reset_group(&self, queue: QueueId, group: &str, to: StreamOffset) -> Option<u64> {
         let (reply, rx) = oneshot::channel();
         self.send(ShardCmd::ResetGroup { queue, group: group.to_owned(), to, reply });
+        rx.await.ok().flatten()
+    }
+
+    /// A stream's extent and consumer groups; `None` for anything else.
+    pub async fn stream_status(&self, queue: QueueId) -> Option<super::stream::StreamStatus> {
+        let (reply, rx) = oneshot::channel();
+        self.send(ShardCmd::StreamStatus { queue, reply });
         rx.await.ok().flatten()
     }
 
@@ -608,6 +623,9 @@ impl Shard {
             ShardCmd::Len { queue, reply } => {
                 let _ = reply.send(self.queue(queue).len());
             }
+            ShardCmd::StreamStatus { reply, .. } => {
+                let _ = reply.send(None);
+            }
             ShardCmd::Counts { queue, reply } => {
                 let q = self.queue(queue);
                 let counts = (q.ready_len(), q.consumer_count() as u64);
@@ -647,6 +665,9 @@ impl Shard {
             }
             ShardCmd::Len { reply, .. } => {
                 let _ = reply.send(s.len());
+            }
+            ShardCmd::StreamStatus { reply, .. } => {
+                let _ = reply.send(Some(s.status()));
             }
             ShardCmd::Counts { reply, .. } => {
                 let _ = reply.send((s.len(), s.consumer_count() as u64));

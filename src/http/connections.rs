@@ -1,5 +1,5 @@
 //! `/api/connections` (AMQP and MQTT clients alike, as RabbitMQ lists its MQTT plugin's
-//! connections), and closing one.
+//! connections), closing one, `/api/channels` and `/api/consumers`.
 
 use std::sync::Arc;
 
@@ -119,4 +119,82 @@ pub async fn close(
     let reason = headers.get("x-reason").and_then(|v| v.to_str().ok()).unwrap_or("Closed via management plugin");
     c.close(reason);
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /api/channels`: every open AMQP channel (`{connection name} ({number})`), and
+/// one per MQTT connection as RabbitMQ's MQTT plugin shows it.
+pub async fn channels(State(ctx): State<Arc<HttpContext>>, Extension(caller): Extension<Caller>) -> Answer {
+    caller.require(Access::Management)?;
+    let mut all = Vec::new();
+    for c in visible(&ctx, &caller, None) {
+        all.extend(channels_of(&ctx, &c));
+    }
+    Ok(Json(Json_::Array(all)))
+}
+
+/// `GET /api/connections/{name}/channels`.
+pub async fn connection_channels(
+    State(ctx): State<Arc<HttpContext>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> Answer {
+    caller.require(Access::Management)?;
+    let c = find(&ctx, &caller, &name)?;
+    Ok(Json(Json_::Array(channels_of(&ctx, &c))))
+}
+
+fn channels_of(ctx: &HttpContext, c: &ConnectionInfo) -> Vec<Json_> {
+    let d = c.details.lock();
+    let numbers: Vec<u16> = if c.protocol.is_mqtt() { vec![1] } else { d.numbers.iter().copied().collect() };
+    numbers
+        .into_iter()
+        .map(|n| {
+            let consumers = d.consumers.iter().filter(|x| x.channel == n).count();
+            json!({
+                "name": format!("{} ({n})", c.name()),
+                "number": n,
+                "node": ctx.node(),
+                "user": c.user,
+                "vhost": c.vhost,
+                "state": "running",
+                "consumer_count": consumers,
+                "connection_details": { "name": c.name(), "peer_host": c.peer.ip().to_string(), "peer_port": c.peer.port() },
+            })
+        })
+        .collect()
+}
+
+/// `GET /api/consumers[/{vhost}]`: the AMQP consumers with their tag, queue, channel,
+/// acknowledgement mode, exclusivity, prefetch and arguments.
+pub async fn consumers(
+    State(ctx): State<Arc<HttpContext>>,
+    Extension(caller): Extension<Caller>,
+    vhost: Option<Path<String>>,
+) -> Answer {
+    caller.require(Access::Management)?;
+    let vhost = vhost.map(|v| v.0);
+    let mut all = Vec::new();
+    for c in visible(&ctx, &caller, vhost.as_deref()) {
+        for x in &c.details.lock().consumers {
+            all.push(json!({
+                "consumer_tag": x.tag,
+                "queue": { "name": x.queue, "vhost": c.vhost },
+                "channel_details": {
+                    "name": format!("{} ({})", c.name(), x.channel),
+                    "number": x.channel,
+                    "connection_name": c.name(),
+                    "peer_host": c.peer.ip().to_string(),
+                    "peer_port": c.peer.port(),
+                    "user": c.user,
+                },
+                "ack_required": x.ack_required,
+                "exclusive": x.exclusive,
+                "prefetch_count": x.prefetch,
+                "active": true,
+                "activity_status": "up",
+                "arguments": table_json(&x.arguments),
+            }));
+        }
+    }
+    Ok(Json(Json_::Array(all)))
 }

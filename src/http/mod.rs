@@ -11,8 +11,10 @@
 //! - [`overview`] — `/api/overview`, `/api/nodes`, `/api/whoami`.
 //! - [`queues`] — `/api/queues`: list (paged), declare, delete, purge, get.
 //! - [`exchanges`] — `/api/exchanges` and `/api/bindings`, publish.
-//! - [`connections`] — `/api/connections` of both protocols (close one).
+//! - [`connections`] — `/api/connections` of both protocols (close one), channels, consumers.
 //! - [`health`] — `/api/health/checks/...` and `/api/aliveness-test`.
+//! - [`mqtt`] — FerryMQ's MQTT views (EMQX's): clients, sessions, subscriptions, retained.
+//! - [`streams`] — stream and super-stream consumer groups (lag, reset), message lookup by key.
 //! - [`metrics`] — `/metrics` (OpenMetrics text).
 //! - [`json`] — the JSON shapes shared by several calls (header values, pagination).
 
@@ -25,9 +27,11 @@ pub mod exchanges;
 pub mod health;
 pub mod json;
 pub mod metrics;
+pub mod mqtt;
 pub mod overview;
 pub mod queues;
 pub mod rates;
+pub mod streams;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -134,6 +138,10 @@ pub fn router(ctx: Arc<HttpContext>) -> Router {
         .route("/connections", get(connections::list))
         .route("/connections/{name}", get(connections::show).delete(connections::close))
         .route("/vhosts/{vhost}/connections", get(connections::list_vhost))
+        .route("/connections/{name}/channels", get(connections::connection_channels))
+        .route("/channels", get(connections::channels))
+        .route("/consumers", get(connections::consumers))
+        .route("/consumers/{vhost}", get(connections::consumers))
         .route("/health/checks/alarms", get(health::alarms))
         .route("/health/checks/local-alarms", get(health::alarms))
         .route("/health/checks/virtual-hosts", get(health::virtual_hosts))
@@ -142,6 +150,21 @@ pub fn router(ctx: Arc<HttpContext>) -> Router {
         .route("/health/checks/node-is-quorum-critical", get(health::ok_check))
         .route("/health/checks/node-is-mirror-sync-critical", get(health::ok_check))
         .route("/aliveness-test/{vhost}", get(health::aliveness))
+        .route("/ferrymq/streams/{vhost}/{name}/groups", get(streams::stream_groups))
+        .route("/ferrymq/streams/{vhost}/{name}/groups/{group}/reset", post(streams::reset_stream_group))
+        .route("/ferrymq/super-streams/{vhost}/{exchange}/groups", get(streams::super_stream_groups))
+        .route(
+            "/ferrymq/super-streams/{vhost}/{exchange}/groups/{group}/reset",
+            post(streams::reset_super_stream_group),
+        )
+        .route("/ferrymq/messages", get(streams::lookup))
+        .route("/ferrymq/mqtt/clients", get(mqtt::clients))
+        .route("/ferrymq/mqtt/clients/{clientid}", delete(mqtt::kick))
+        .route("/ferrymq/mqtt/sessions", get(mqtt::sessions))
+        .route("/ferrymq/mqtt/sessions/{clientid}", delete(mqtt::delete_session))
+        .route("/ferrymq/mqtt/subscriptions", get(mqtt::subscriptions_list))
+        .route("/ferrymq/mqtt/retained", get(mqtt::retained))
+        .route("/ferrymq/mqtt/retained/{*topic}", delete(mqtt::delete_retained))
         .fallback(error::not_found)
         .method_not_allowed_fallback(error::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(ctx.clone(), auth::require_login));

@@ -134,6 +134,19 @@ pub struct Sessions {
     expiries: Mutex<BTreeSet<(u64, Arc<str>)>>,
 }
 
+/// One session as operations see it ([`Sessions::list`]).
+#[derive(Debug, Clone)]
+pub struct SessionView {
+    /// Client id.
+    pub client_id: Arc<str>,
+    /// A connection holds it now.
+    pub online: bool,
+    /// The persistent state (queue, subscriptions, expiry), for a persistent session.
+    pub persistent: Option<Persistent>,
+    /// When an offline session expires, ms since the epoch.
+    pub expires_at_ms: Option<u64>,
+}
+
 /// What [`Sessions::claim`] found.
 #[derive(Debug)]
 pub struct Claim {
@@ -147,6 +160,50 @@ pub struct Claim {
 }
 
 impl Sessions {
+    /// Every session, online or offline, by client id.
+    pub fn list(&self) -> Vec<SessionView> {
+        let mut all: Vec<SessionView> = self
+            .slots
+            .lock()
+            .iter()
+            .map(|(id, s)| SessionView {
+                client_id: id.clone(),
+                online: s.online.is_some(),
+                persistent: s.persistent.clone(),
+                expires_at_ms: s.expires_at_ms,
+            })
+            .collect();
+        all.sort_by(|a, b| a.client_id.cmp(&b.client_id));
+        all
+    }
+
+    /// Tells the connection holding `client_id` to close (an operator's kick); false if
+    /// none holds it.
+    pub fn kick(&self, client_id: &str) -> bool {
+        match self.slots.lock().get(client_id).and_then(|s| s.online.as_ref()) {
+            Some(o) => {
+                o.signals.tell(Control::Kicked);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Takes an offline session's persistent state out of the table (to discard it);
+    /// `None` while a connection holds it or when it has none.
+    pub fn take_offline(&self, client_id: &str) -> Option<Persistent> {
+        let mut slots = self.slots.lock();
+        let slot = slots.get(client_id)?;
+        if slot.online.is_some() || slot.persistent.is_none() {
+            return None;
+        }
+        let slot = slots.remove(client_id)?;
+        if let Some(at) = slot.expires_at_ms {
+            self.expiries.lock().remove(&(at, Arc::from(client_id)));
+        }
+        slot.persistent
+    }
+
     /// Registers a persistent session recovered from storage (offline).
     pub fn restore(&self, client_id: Arc<str>, persistent: Persistent, expires_at_ms: Option<u64>) {
         if let Some(at) = expires_at_ms {

@@ -41,6 +41,36 @@ const TAIL_ENTRIES: usize = 1024;
 /// Most body bytes kept in the in-memory tail.
 const TAIL_BYTES: u64 = 4 * 1024 * 1024;
 
+/// A stream's extent and its consumer groups, as operations see them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamStatus {
+    /// Oldest live offset.
+    pub first: u64,
+    /// Next offset to be written (the end).
+    pub next: u64,
+    /// Consumers attached (group members and plain readers).
+    pub consumers: usize,
+    /// The consumer groups, by name.
+    pub groups: Vec<GroupStatus>,
+}
+
+/// One consumer group of a stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupStatus {
+    /// Group name (`x-consumer-group`).
+    pub name: String,
+    /// Every offset below this is acknowledged.
+    pub committed: u64,
+    /// Offsets acknowledged above a gap.
+    pub acked_above: usize,
+    /// Offsets out with members, not yet acknowledged.
+    pub in_flight: usize,
+    /// Members attached now.
+    pub members: usize,
+    /// One member reads at a time (a super stream partition or a single-active group).
+    pub exclusive: bool,
+}
+
 /// State of one stream.
 #[derive(Debug)]
 pub struct Stream {
@@ -323,6 +353,24 @@ impl Stream {
     /// The committed cursor of a group, as the owner sees it now.
     pub fn group_cursor(&self, group: &str) -> Option<&GroupCursor> {
         self.groups.get(group).map(|g| &g.cursor)
+    }
+
+    /// The stream's extent and its groups.
+    pub fn status(&self) -> StreamStatus {
+        let mut groups: Vec<GroupStatus> = self
+            .groups
+            .iter()
+            .map(|(name, g)| GroupStatus {
+                name: name.clone(),
+                committed: g.cursor.committed,
+                acked_above: g.cursor.acked.len(),
+                in_flight: g.in_flight.len(),
+                members: self.consumers.iter().filter(|c| c.group.as_deref() == Some(name.as_str())).count(),
+                exclusive: g.exclusive,
+            })
+            .collect();
+        groups.sort_by(|a, b| a.name.cmp(&b.name));
+        StreamStatus { first: self.first, next: self.next, consumers: self.consumers.len(), groups }
     }
 
     /// Moves a group's committed offset to where `to` resolves (an offset, a timestamp,

@@ -1,0 +1,214 @@
+//! The management API's views of live state, against the real broker: AMQP channels and
+//! consumers, FerryMQ's MQTT views (clients, sessions with offline ones, subscriptions,
+//! retained messages; kick, delete a session, delete a retained message), stream consumer
+//! groups with their lag and reset, and message lookup by key.
+
+mod common;
+
+use std::time::Duration;
+
+use common::amqp::*;
+use common::http::Api;
+use common::{v4, v5, Broker};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+fn amqp_uri(broker: &Broker) -> String {
+    format!("amqp://guest:guest@{}/%2f", broker.amqp.unwrap())
+}
+
+fn find<'a>(rows: &'a Value, key: &str, value: &str) -> Option<&'a Value> {
+    rows.as_array()?.iter().find(|r| r[key] == value)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn channels_and_consumers_are_listed_as_they_come_and_go() {
+    let broker = Broker::start();
+    let api = Api::of(&broker);
+    let conn = connect_uri(&amqp_uri(&broker)).await.unwrap();
+    let ch = open_channel(&conn).await;
+    let other = open_channel(&conn).await;
+    declare_queue(&ch, "work", FieldTable::default()).await;
+    bounded("qos", ch.basic_qos(7, BasicQosOptions::default())).await.unwrap();
+    let opts = BasicConsumeOptions { exclusive: true, ..Default::default() };
+    let _consumer =
+        bounded("consume", ch.basic_consume("work".into(), "worker-1".into(), opts, table(&[("x-priority", int(3))])))
+            .await
+            .unwrap();
+    let consumers = common::eventually("the consumer is listed", WAIT, || async {
+        let c = api.ok("/api/consumers").await;
+        (c.as_array().unwrap().len() == 1).then_some(c)
+    })
+    .await;
+    let c = &consumers[0];
+    assert_eq!(c["consumer_tag"], "worker-1");
+    assert_eq!(c["queue"], json!({"name": "work", "vhost": "/"}));
+    assert_eq!((c["ack_required"].as_bool(), c["exclusive"].as_bool()), (Some(true), Some(true)));
+    assert_eq!(c["prefetch_count"], 7);
+    assert_eq!(c["arguments"], json!({"x-priority": 3}));
+    assert_eq!(api.ok("/api/consumers/%2F").await.as_array().unwrap().len(), 1);
+    let channels = api.ok("/api/channels").await;
+    let numbers: Vec<u64> = channels.as_array().unwrap().iter().map(|c| c["number"].as_u64().unwrap()).collect();
+    assert_eq!(numbers.len(), 2, "{channels}");
+    assert_eq!(channels.as_array().unwrap().iter().map(|c| c["consumer_count"].as_u64().unwrap()).sum::<u64>(), 1);
+    let conn_name = channels[0]["connection_details"]["name"].as_str().unwrap().to_string();
+    assert!(channels[0]["name"].as_str().unwrap().starts_with(&conn_name));
+    assert_eq!(api.ok("/api/queues/%2F/work").await["consumers"], 1);
+
+    bounded("cancel", ch.basic_cancel("worker-1".into(), BasicCancelOptions::default())).await.unwrap();
+    bounded("close", other.close(200, "bye".into())).await.unwrap();
+    common::eventually("the consumer and the channel are gone", WAIT, || async {
+        let consumers = api.ok("/api/consumers").await;
+        let channels = api.ok("/api/channels").await;
+        (consumers == json!([]) && channels.as_array().unwrap().len() == 1).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt_clients_sessions_subscriptions_and_retained_messages_are_seen_and_managed() {
+    let broker = Broker::start();
+    let api = Api::of(&broker);
+    let mut sensor = v4::connect_persistent(&broker, "sensor-1").await;
+    sensor.subscribe("cmd/sensor-1/+", v4::QoS::AtLeastOnce).await;
+    let mut panel = v5::connect(&broker, "panel").await;
+    panel.subscribe("status/#", v5::QoS::AtMostOnce).await;
+
+    let clients = api.ok("/api/ferrymq/mqtt/clients").await;
+    let s = find(&clients, "clientid", "sensor-1").expect("sensor-1 listed");
+    assert_eq!((s["proto_ver"].as_u64(), s["clean_start"].as_bool()), (Some(4), Some(false)));
+    assert_eq!(s["subscriptions_cnt"], 1);
+    assert_eq!(find(&clients, "clientid", "panel").unwrap()["proto_ver"], 5);
+    let subs = api.ok("/api/ferrymq/mqtt/subscriptions").await;
+    let pairs: Vec<(String, String, u64)> = subs
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (s["clientid"].as_str().unwrap().into(), s["topic"].as_str().unwrap().into(), s["qos"].as_u64().unwrap())
+        })
+        .collect();
+    assert_eq!(pairs, [("panel".into(), "status/#".into(), 0), ("sensor-1".into(), "cmd/sensor-1/+".into(), 1)]);
+
+    // Offline, the persistent session is listed with what it holds.
+    drop(sensor);
+    let mut publisher = v4::connect(&broker, "ops").await;
+    common::eventually("sensor-1 is offline", WAIT, || async {
+        let sessions = api.ok("/api/ferrymq/mqtt/sessions").await;
+        let s = find(&sessions, "clientid", "sensor-1")?.clone();
+        (s["connected"] == false).then_some(())
+    })
+    .await;
+    for i in 0..3 {
+        publisher.publish_acked("cmd/sensor-1/reboot", v4::QoS::AtLeastOnce, false, format!("r{i}")).await;
+    }
+    let sessions = api.ok("/api/ferrymq/mqtt/sessions").await;
+    let s = find(&sessions, "clientid", "sensor-1").unwrap();
+    assert_eq!(s["persistent"], true);
+    assert_eq!(s["mqueue_len"], 3, "{s}");
+    assert_eq!(s["subscriptions"], json!([{"topic": "cmd/sensor-1/+", "qos": 1}]));
+
+    // Deleting it drops the session: the client comes back to a fresh one.
+    assert_eq!(api.delete("/api/ferrymq/mqtt/sessions/sensor-1").await.0, StatusCode::NO_CONTENT);
+    assert!(find(&api.ok("/api/ferrymq/mqtt/sessions").await, "clientid", "sensor-1").is_none());
+    let mut back = v4::connect_persistent(&broker, "sensor-1").await;
+    assert!(!back.connack.session_present, "the session was deleted");
+    back.expect_no_publish(Duration::from_millis(300)).await;
+    assert_eq!(api.delete("/api/ferrymq/mqtt/sessions/nobody").await.0, StatusCode::NOT_FOUND);
+
+    // Kicking a 5.0 client: DISCONNECT 0x98.
+    assert_eq!(api.delete("/api/ferrymq/mqtt/clients/panel").await.0, StatusCode::NO_CONTENT);
+    assert_eq!(panel.expect_server_disconnect().await.0, "AdministrativeAction");
+
+    // Retained messages: listed by filter, deleted without a publish, for good.
+    publisher.publish_acked("status/door", v4::QoS::AtLeastOnce, true, "open").await;
+    publisher.publish_acked("status/light", v4::QoS::AtLeastOnce, true, "on").await;
+    let retained = api.ok("/api/ferrymq/mqtt/retained?topic=status/%23").await;
+    let topics: Vec<&str> = retained.as_array().unwrap().iter().map(|r| r["topic"].as_str().unwrap()).collect();
+    assert_eq!(topics, ["status/door", "status/light"]);
+    assert_eq!(retained[0]["payload"], "open");
+    let mut watcher = v4::connect(&broker, "watcher").await;
+    watcher.subscribe("status/#", v4::QoS::AtLeastOnce).await;
+    assert_eq!(watcher.next_publish().await.topic, "status/door");
+    assert_eq!(watcher.next_publish().await.topic, "status/light");
+    assert_eq!(api.delete("/api/ferrymq/mqtt/retained/status/door").await.0, StatusCode::NO_CONTENT);
+    watcher.expect_no_publish(Duration::from_millis(300)).await;
+    assert_eq!(api.delete("/api/ferrymq/mqtt/retained/status/door").await.0, StatusCode::NOT_FOUND);
+    drop((back, publisher, watcher));
+    let broker = broker.restart();
+    let api = Api::of(&broker);
+    let retained = api.ok("/api/ferrymq/mqtt/retained").await;
+    let topics: Vec<&str> = retained.as_array().unwrap().iter().map(|r| r["topic"].as_str().unwrap()).collect();
+    assert_eq!(topics, ["status/light"], "the delete is durable");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_groups_show_their_lag_and_reset_to_an_offset() {
+    let broker = Broker::start();
+    let api = Api::of(&broker);
+    let conn = connect_uri(&amqp_uri(&broker)).await.unwrap();
+    let ch = open_channel(&conn).await;
+    declare_stream(&ch, "events", &[]).await;
+    confirm_select(&ch).await;
+    for i in 0..10 {
+        publish_confirmed(&ch, "", "events", format!("e{i}").as_bytes(), persistent()).await;
+    }
+    let args = table(&[("x-consumer-group", string("billing")), ("x-stream-offset", string("first"))]);
+    let (member_ch, mut member) = stream_consumer(&conn, 4, "events", args).await;
+    for _ in 0..4 {
+        let d = next_delivery(&mut member).await;
+        bounded("ack", d.ack(BasicAckOptions::default())).await.unwrap();
+    }
+    let groups = common::eventually("four acknowledged", WAIT, || async {
+        let g = api.ok("/api/ferrymq/streams/%2F/events/groups").await;
+        (g["groups"][0]["committed_offset"] == 4).then_some(g)
+    })
+    .await;
+    assert_eq!((groups["first_offset"].as_u64(), groups["end_offset"].as_u64()), (Some(0), Some(10)));
+    let billing = &groups["groups"][0];
+    assert_eq!(billing["name"], "billing");
+    assert_eq!(billing["lag"], 6);
+    assert_eq!(billing["members"], 1);
+    drop((member, member_ch));
+
+    let (status, body) = api.post("/api/ferrymq/streams/%2F/events/groups/billing/reset", json!({"offset": 1})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["committed_offset"], 1);
+    let (_ch2, mut again) =
+        stream_consumer(&conn, 4, "events", table(&[("x-consumer-group", string("billing"))])).await;
+    assert_eq!(offset_of(&next_delivery(&mut again).await), 1, "the group continues from the reset offset");
+    let (status, _) = api.post("/api/ferrymq/streams/%2F/events/groups/billing/reset", json!({})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "an offset, a timestamp or first/last/next is needed");
+    let (status, _) = api.post("/api/ferrymq/streams/%2F/events/groups/audit/reset", json!({"to": "last"})).await;
+    assert_eq!(status, StatusCode::OK, "a group that does not exist yet starts there");
+    let g = api.ok("/api/ferrymq/streams/%2F/events/groups").await;
+    assert_eq!(find(&g["groups"], "name", "audit").unwrap()["committed_offset"], 9);
+    declare_queue(&ch, "plain", FieldTable::default()).await;
+    assert_eq!(api.get("/api/ferrymq/streams/%2F/plain/groups").await.0, StatusCode::BAD_REQUEST);
+    assert_eq!(api.get("/api/ferrymq/streams/%2F/nothing/groups").await.0, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_are_found_by_key_in_a_time_range() {
+    let broker = Broker::start();
+    let api = Api::of(&broker);
+    let conn = connect_uri(&amqp_uri(&broker)).await.unwrap();
+    let ch = open_channel(&conn).await;
+    declare_queue(&ch, "orders", FieldTable::default()).await;
+    confirm_select(&ch).await;
+    let props = persistent().with_message_id("order-17".into());
+    publish_confirmed(&ch, "", "orders", b"seventeen", props).await;
+    let keyed = persistent().with_headers(table(&[("x-key", string("customer-9"))]));
+    publish_confirmed(&ch, "", "orders", b"nine", keyed).await;
+    let found = api.ok("/api/ferrymq/messages?key=order-17").await;
+    assert_eq!(found.as_array().unwrap().len(), 1, "{found}");
+    assert_eq!(found[0]["payload"], "seventeen");
+    assert_eq!(found[0]["routing_key"], "orders");
+    assert_eq!(found[0]["properties"]["message_id"], "order-17");
+    assert!(found[0]["log_position"].is_u64());
+    let by_header = api.ok("/api/ferrymq/messages?key=customer-9").await;
+    assert_eq!(by_header[0]["payload"], "nine");
+    assert_eq!(by_header[0]["headers"]["x-key"], "customer-9");
+    assert_eq!(api.ok("/api/ferrymq/messages?key=order-17&to=1").await, json!([]), "outside the time range");
+    assert_eq!(api.get("/api/ferrymq/messages?key=").await.0, StatusCode::BAD_REQUEST);
+}
