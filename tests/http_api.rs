@@ -497,3 +497,30 @@ async fn key_sets_match_a_rabbitmq_node_where_one_runs() {
     }
     rabbit.delete(&format!("/api/queues/%2F/{q}")).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_is_served_from_the_binary_without_credentials() {
+    let broker = Broker::start();
+    let base = format!("http://{}", broker.http.unwrap());
+    for (path, kind, needle) in [
+        ("/", "text/html", "<script src=\"app.js\"></script>"),
+        ("/app.js", "text/javascript", "async function api("),
+        ("/style.css", "text/css", "table {"),
+    ] {
+        let resp = reqwest::get(format!("{base}{path}")).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK, "{path}");
+        let headers = resp.headers().clone();
+        assert!(headers["content-type"].to_str().unwrap().starts_with(kind), "{path}: {headers:?}");
+        assert!(headers["content-security-policy"].to_str().unwrap().contains("default-src 'self'"));
+        assert!(resp.text().await.unwrap().contains(needle), "{path}");
+    }
+    // The page's own calls get a 401 without WWW-Authenticate (no browser dialog).
+    let resp = reqwest::Client::new()
+        .get(format!("{base}/api/whoami"))
+        .header("x-requested-with", "XMLHttpRequest")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+    assert!(resp.headers().get("www-authenticate").is_none());
+}

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::header::AUTHORIZATION;
 use axum::middleware::Next;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use base64::Engine;
 
 use super::error::ApiError;
@@ -80,15 +80,27 @@ pub fn basic_credentials(header: &str) -> Option<(String, String)> {
 }
 
 /// Middleware: authenticates the request and puts its [`Caller`] into the extensions.
+/// A script's request (`X-Requested-With`, as the dashboard sends) is refused without
+/// `WWW-Authenticate`, so that the browser shows the page's own login, not its dialog.
 pub async fn require_login(
     State(ctx): State<Arc<HttpContext>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     mut req: Request,
     next: Next,
-) -> Result<Response, ApiError> {
-    let caller = authenticate(&ctx, &req, peer)?;
-    req.extensions_mut().insert(caller);
-    Ok(next.run(req).await)
+) -> Response {
+    match authenticate(&ctx, &req, peer) {
+        Ok(caller) => {
+            req.extensions_mut().insert(caller);
+            next.run(req).await
+        }
+        Err(e) => {
+            let mut response = e.into_response();
+            if req.headers().contains_key("x-requested-with") {
+                response.headers_mut().remove(axum::http::header::WWW_AUTHENTICATE);
+            }
+            response
+        }
+    }
 }
 
 /// Checks a request's credentials.

@@ -1,10 +1,11 @@
 //! The operations surface on one HTTP listener (`http.listen`, RabbitMQ's management port
 //! 15672): the management API under `/api` with the paths and JSON of RabbitMQ's
 //! management plugin, so `rabbitmqadmin`, Terraform, Telegraf and curl scripts work
-//! unchanged, and Prometheus `/metrics` with RabbitMQ's metric names.
+//! unchanged, Prometheus `/metrics` with RabbitMQ's metric names, and the web dashboard at `/`.
 //!
 //! - [`access`] — virtual hosts, users and permissions (read and write, durable).
 //! - [`auth`] — HTTP Basic against the user store, and what each user tag may call.
+//! - [`dashboard`] — the web dashboard's static files at `/`.
 //! - [`definitions`] — `/api/definitions`: RabbitMQ's definitions export and import.
 //! - [`error`] — errors as RabbitMQ answers them (`{"error": ..., "reason": ...}`).
 //! - [`rates`] — counters sampled every 5 s into RabbitMQ's `*_details.rate`.
@@ -21,6 +22,7 @@
 pub mod access;
 pub mod auth;
 pub mod connections;
+pub mod dashboard;
 pub mod definitions;
 pub mod error;
 pub mod exchanges;
@@ -168,7 +170,15 @@ pub fn router(ctx: Arc<HttpContext>) -> Router {
         .fallback(error::not_found)
         .method_not_allowed_fallback(error::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(ctx.clone(), auth::require_login));
-    Router::new().nest("/api", api).route("/metrics", get(metrics::metrics)).fallback(error::not_found).with_state(ctx)
+    Router::new()
+        .nest("/api", api)
+        .route("/metrics", get(metrics::metrics))
+        .route("/", get(dashboard::index))
+        .route("/index.html", get(dashboard::index))
+        .route("/app.js", get(dashboard::app))
+        .route("/style.css", get(dashboard::style))
+        .fallback(error::not_found)
+        .with_state(ctx)
 }
 
 /// Serves the API on `listener` until `stop` turns true.

@@ -1,0 +1,184 @@
+"""The web dashboard in a real browser: Debian's chromium, headless, driven by Selenium
+through Debian's chromedriver (``.ci/run`` installs both).  The tests log in, see a queue
+made over AMQP with its depth, publish a test message from the page and get it back,
+close a connection from the page and see the client disconnected, see an MQTT client,
+export the definitions, and check that no page logs a console error.  Screenshots of
+every page go to ``interop/artifacts/screenshots/`` (not committed).
+
+FerryMQ-only: the page is FerryMQ's."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pika
+import pytest
+
+pytestmark = [pytest.mark.amqp, pytest.mark.ferrymq_only(reason="FerryMQ's dashboard")]
+
+HERE = Path(__file__).resolve().parent
+SHOTS = HERE / "artifacts" / "screenshots"
+PAGES = ["overview", "connections", "queues", "exchanges", "mqtt", "admin", "definitions", "lookup", "websocket"]
+
+
+def _binary(*names: str) -> str | None:
+    for n in names:
+        found = shutil.which(n) or (n if os.path.exists(n) else None)
+        if found:
+            return found
+    return None
+
+
+@pytest.fixture
+def browser():
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.chrome.service import Service
+
+    chromium = _binary("chromium", "/usr/bin/chromium", "chromium-browser")
+    driver_bin = _binary("chromedriver", "/usr/bin/chromedriver", "/usr/lib/chromium/chromedriver")
+    if not chromium or not driver_bin:
+        if os.environ.get("INTEROP_REQUIRE_BROWSER") == "1":
+            pytest.fail("chromium / chromedriver not found (.ci/run installs Debian's chromium and chromium-driver)")
+        pytest.skip("chromium / chromedriver not installed")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chromium
+    for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1400,1000"):
+        opts.add_argument(a)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    d = webdriver.Chrome(service=Service(executable_path=driver_bin), options=opts)
+    d.set_page_load_timeout(30)
+    yield d
+    d.quit()
+
+
+def http_base(broker) -> str:
+    host, port = broker.listeners["http"]
+    return f"http://{host}:{port}/"
+
+
+def wait_for(what: str, check, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            value = check()
+            if value:
+                return value
+        except Exception as e:  # the element is not there yet
+            last = e
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what} (last error: {last})")
+
+
+def errors(driver) -> list[str]:
+    return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def shot(driver, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    driver.save_screenshot(str(SHOTS / f"{name}.png"))
+
+
+def log_in(driver, broker):
+    from selenium.webdriver.common.by import By
+
+    driver.get(http_base(broker))
+    driver.find_element(By.ID, "username").send_keys("guest")
+    driver.find_element(By.ID, "password").send_keys("guest")
+    driver.find_element(By.ID, "login-button").click()
+    wait_for("the navigation after login", lambda: driver.find_element(By.ID, "nav").is_displayed())
+    assert "guest" in driver.find_element(By.ID, "who").text
+
+
+def go(driver, page: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver.find_element(By.CSS_SELECTOR, f'#nav a[href="#{page}"]').click()
+    wait_for(f"the {page} page", lambda: driver.find_element(By.ID, "page-title").is_displayed())
+
+
+def test_a_wrong_password_is_refused_on_the_page(broker, browser):
+    from selenium.webdriver.common.by import By
+
+    browser.get(http_base(broker))
+    browser.find_element(By.ID, "username").send_keys("guest")
+    browser.find_element(By.ID, "password").send_keys("nope")
+    browser.find_element(By.ID, "login-button").click()
+    text = wait_for("the refusal", lambda: browser.find_element(By.ID, "login-error").text)
+    assert "Login failed" in text
+    assert not browser.find_element(By.ID, "nav").is_displayed()
+
+
+def test_the_dashboard_shows_queues_publishes_gets_closes_and_exports(broker, browser, amqp, mqtt, topic):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    conn = amqp()
+    ch = conn.channel()
+    ch.queue_declare("dash-q", durable=True)
+    for i in range(3):
+        ch.basic_publish("", "dash-q", f"m{i}".encode(), pika.BasicProperties(delivery_mode=2))
+    device = mqtt(client_id="dash-device")
+    device.subscribe(f"{topic}/#", qos=1)
+
+    log_in(browser, broker)
+    wait_for("the overview counts the queue",
+             lambda: browser.find_element(By.CSS_SELECTOR, "#stat-queues .value").text == "1")
+    shot(browser, "overview")
+
+    go(browser, "queues")
+    row = wait_for("the queue row", lambda: browser.find_element(By.CSS_SELECTOR, '#queues-table tr[data-name="dash-q"]'))
+    cells = [td.text for td in row.find_elements(By.TAG_NAME, "td")]
+    assert cells[1] == "dash-q" and cells[4] == "3", cells
+    shot(browser, "queues")
+
+    row.find_element(By.LINK_TEXT, "dash-q").click()
+    wait_for("the queue page", lambda: "dash-q" in browser.find_element(By.ID, "page-title").text)
+    browser.find_element(By.ID, "publish-payload").send_keys("from the page")
+    browser.find_element(By.ID, "publish-button").click()
+    wait_for("published", lambda: browser.find_element(By.ID, "queue-status").text == "published")
+    assert ch.queue_declare("dash-q", passive=True).method.message_count == 4, "a pika client sees it"
+    count = browser.find_element(By.CSS_SELECTOR, '#get-form input[name="count"]')
+    count.clear()
+    count.send_keys("10")
+    Select(browser.find_element(By.CSS_SELECTOR, '#get-form select[name="ackmode"]')).select_by_value("ack_requeue_true")
+    browser.find_element(By.ID, "get-button").click()
+    payloads = wait_for("the messages got", lambda: [r.find_elements(By.TAG_NAME, "td")[0].text for r in
+                                                     browser.find_elements(By.CSS_SELECTOR, "#got-table tbody tr")])
+    assert payloads == ["m0", "m1", "m2", "from the page"], payloads
+    shot(browser, "queue")
+
+    go(browser, "mqtt")
+    wait_for("the MQTT client", lambda: browser.find_element(By.CSS_SELECTOR, '#clients-table tr[data-name="dash-device"]'))
+    shot(browser, "mqtt")
+
+    go(browser, "connections")
+    rows = wait_for("the AMQP connection", lambda: [r for r in browser.find_elements(By.CSS_SELECTOR, "#connections-table tbody tr")
+                                                   if "AMQP 0-9-1" in r.text])
+    assert len(rows) == 1, [r.text for r in rows]
+    shot(browser, "connections")
+    rows[0].find_element(By.CSS_SELECTOR, "button[data-close]").click()
+    wait_for("the close is confirmed", lambda: browser.find_element(By.ID, "connections-status").text.startswith("closed"))
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            conn.process_data_events(time_limit=0.2)
+    assert closed.value.reply_code == 320
+    assert "Closed from the FerryMQ dashboard" in closed.value.reply_text
+
+    go(browser, "definitions")
+    browser.find_element(By.ID, "export-button").click()
+    text = wait_for("the export", lambda: browser.find_element(By.ID, "definitions-json").get_attribute("value"))
+    assert '"dash-q"' in text and '"rabbit_version"' in text
+    assert browser.find_element(By.ID, "definitions-download").is_displayed()
+    shot(browser, "definitions")
+
+    for page in PAGES:
+        go(browser, page)
+        time.sleep(0.3)  # let the page's calls finish before reading the console
+        assert not browser.find_elements(By.CSS_SELECTOR, "[role=alert]"), f"{page}: an error on the page"
+        shot(browser, page)
+    assert errors(browser) == [], "console errors"

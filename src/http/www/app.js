@@ -1,0 +1,390 @@
+// FerryMQ's dashboard: plain JavaScript over the management API (/api/...), no build step.
+// Every value from the broker is put into the page as text (never as HTML).
+"use strict";
+
+const AUTH_KEY = "ferrymq.auth";
+const state = { rates: [], timer: null };
+
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "onclick" || k === "onsubmit" || k === "onchange") e[k] = v;
+    else if (v !== undefined && v !== null && v !== false) e.setAttribute(k, v === true ? "" : String(v));
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined) continue;
+    e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return e;
+}
+
+async function api(method, path, body, headers) {
+  const h = Object.assign({ authorization: sessionStorage.getItem(AUTH_KEY) || "", "x-requested-with": "XMLHttpRequest" }, headers || {});
+  const init = { method, headers: h };
+  if (body !== undefined) {
+    h["content-type"] = "application/json";
+    init.body = typeof body === "string" ? body : JSON.stringify(body);
+  }
+  const resp = await fetch("api" + path, init);
+  const text = await resp.text();
+  let json = null;
+  try { json = text ? JSON.parse(text) : null; } catch (_) { json = text; }
+  if (resp.status === 401) { logout(); throw new Error("not authorised"); }
+  if (!resp.ok) throw new Error((json && json.reason) || resp.statusText);
+  return json;
+}
+
+const enc = encodeURIComponent;
+const fmt = n => (n === undefined || n === null) ? "" : Number(n).toLocaleString("en");
+function bytes(n) {
+  if (n === undefined || n === null) return "";
+  const u = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0; n = Number(n);
+  while (n >= 1024 && i < u.length - 1) { n /= 1024; i++; }
+  return (i ? n.toFixed(1) : n) + " " + u[i];
+}
+const when = ms => ms ? new Date(ms).toISOString().replace("T", " ").replace(/\..*/, "") : "";
+
+function table(id, columns, rows, keyOf) {
+  const head = el("tr", {}, columns.map(c => el("th", { class: c.num ? "num" : null }, c.title)));
+  const body = rows.map(r => el("tr", { "data-name": keyOf ? keyOf(r) : null },
+    columns.map(c => el("td", { class: c.num ? "num" : null }, c.cell(r)))));
+  return el("table", { id }, el("thead", {}, head), el("tbody", {}, body));
+}
+
+function note(target, text, ok) {
+  target.replaceChildren(el("span", { class: ok ? "ok" : "error" }, text));
+}
+
+function page(title, ...content) {
+  const main = document.getElementById("main");
+  main.replaceChildren(el("h2", { id: "page-title" }, title), ...content);
+}
+
+function guard(fn) {
+  return async (...args) => {
+    try { await fn(...args); } catch (e) {
+      const main = document.getElementById("main");
+      main.append(el("p", { class: "error", role: "alert" }, "Error: " + e.message));
+    }
+  };
+}
+
+// ----- pages -----------------------------------------------------------------------------
+
+async function overview() {
+  const [o, nodes] = await Promise.all([api("GET", "/overview"), api("GET", "/nodes")]);
+  const n = nodes[0] || {};
+  const stat = (label, value, id) => el("div", { class: "card stat", id }, el("div", { class: "value" }, value), el("div", { class: "label" }, label));
+  const alarms = [n.mem_alarm ? "memory" : null, n.disk_free_alarm ? "disk" : null].filter(Boolean);
+  const canvas = el("canvas", { id: "rates", width: 900, height: 180 });
+  page("Overview",
+    el("div", { class: "cards" },
+      stat("connections", fmt(o.object_totals.connections), "stat-connections"),
+      stat("queues", fmt(o.object_totals.queues), "stat-queues"),
+      stat("messages", fmt(o.queue_totals.messages), "stat-messages"),
+      stat("consumers", fmt(o.object_totals.consumers), "stat-consumers"),
+      stat("publish / s", (o.message_stats.publish_details.rate || 0).toFixed(1), "stat-publish-rate"),
+      stat("deliver / s", (o.message_stats.deliver_get_details.rate || 0).toFixed(1), "stat-deliver-rate")),
+    el("div", { class: "card" }, el("h2", {}, "Message rates (sampled every 5 s)"), canvas),
+    el("div", { class: "card", id: "alarms" }, el("h2", {}, "Alarms"),
+      alarms.length ? el("p", { class: "error" }, "raised: " + alarms.join(", ")) : el("p", { class: "ok" }, "none")),
+    el("div", { class: "card" }, el("h2", {}, "Listeners"), table("listeners-table", [
+      { title: "protocol", cell: l => l.protocol }, { title: "address", cell: l => l.ip_address },
+      { title: "port", cell: l => l.port, num: true }], o.listeners)),
+    el("div", { class: "card" }, el("h2", {}, "Node"), table("node-table", [
+      { title: "node", cell: x => x.name }, { title: "uptime", cell: x => Math.round(x.uptime / 1000) + " s", num: true },
+      { title: "memory", cell: x => bytes(x.mem_used) + " of " + bytes(x.mem_limit) },
+      { title: "disk free", cell: x => bytes(x.disk_free) },
+      { title: "journal", cell: x => `${fmt(x.journal.segments)} segments, ${bytes(x.journal.log_bytes)}, ${fmt(x.journal.group_commits)} group commits, ${fmt(x.journal.fsyncs)} fsyncs` }],
+      [n])),
+    el("p", { class: "muted" }, `${o.product_name} ${o.product_version} — RabbitMQ management API ${o.management_version} — ${o.node}`));
+  state.rates.push({ t: Date.now(), publish: o.message_stats.publish_details.rate || 0, deliver: o.message_stats.deliver_get_details.rate || 0 });
+  state.rates = state.rates.slice(-120);
+  drawRates(canvas);
+}
+
+function drawRates(canvas) {
+  const ctx = canvas.getContext("2d");
+  const w = canvas.width, h = canvas.height, pts = state.rates;
+  ctx.clearRect(0, 0, w, h);
+  const max = Math.max(1, ...pts.map(p => Math.max(p.publish, p.deliver)));
+  ctx.strokeStyle = "#d9dde5"; ctx.strokeRect(0, 0, w, h);
+  const line = (key, color) => {
+    ctx.strokeStyle = color; ctx.beginPath();
+    pts.forEach((p, i) => {
+      const x = pts.length < 2 ? w : (i / (pts.length - 1)) * w, y = h - (p[key] / max) * (h - 10);
+      i ? ctx.lineTo(x, y) : ctx.moveTo(x, y);
+    });
+    ctx.stroke();
+  };
+  line("publish", "#0b6e99"); line("deliver", "#067647");
+  ctx.fillStyle = "#6b7280"; ctx.fillText(`max ${max.toFixed(1)}/s — publish (blue), deliver (green)`, 8, 14);
+}
+
+async function connections() {
+  const list = await api("GET", "/connections");
+  const status = el("p", { id: "connections-status" });
+  const close = c => el("button", { class: "danger", "data-close": c.name, onclick: guard(async () => {
+    await api("DELETE", "/connections/" + enc(c.name), undefined, { "x-reason": "Closed from the FerryMQ dashboard" });
+    note(status, "closed " + c.name, true);
+    setTimeout(route, 300);
+  }) }, "Close");
+  page("Connections", status, table("connections-table", [
+    { title: "name", cell: c => c.name }, { title: "protocol", cell: c => c.protocol },
+    { title: "client", cell: c => c.client_id || (c.client_properties && (c.client_properties.connection_name || c.client_properties.product)) || "" },
+    { title: "user", cell: c => c.user }, { title: "vhost", cell: c => c.vhost },
+    { title: "channels", cell: c => c.channels, num: true },
+    { title: "received", cell: c => bytes(c.recv_oct), num: true }, { title: "sent", cell: c => bytes(c.send_oct), num: true },
+    { title: "connected", cell: c => when(c.connected_at) }, { title: "", cell: close }], list, c => c.name));
+}
+
+async function queues() {
+  const list = await api("GET", "/queues");
+  const status = el("p", { id: "queues-status" });
+  const form = el("form", { class: "card", id: "declare-queue", onsubmit: guard(async ev => {
+    ev.preventDefault();
+    const f = ev.target;
+    const args = f.type.value === "classic" ? {} : { "x-queue-type": f.type.value };
+    await api("PUT", `/queues/${enc(f.vhost.value)}/${enc(f.name.value)}`, { durable: f.durable.checked, arguments: args });
+    note(status, "declared " + f.name.value, true);
+    route();
+  }) }, el("h2", {}, "Declare a queue"),
+    el("label", {}, "vhost ", el("input", { name: "vhost", value: "/" })),
+    el("label", {}, "name ", el("input", { name: "name", required: true })),
+    el("label", {}, "type ", el("select", { name: "type" }, el("option", {}, "classic"), el("option", {}, "stream"))),
+    el("label", {}, el("input", { name: "durable", type: "checkbox", checked: true }), " durable"),
+    el("button", { type: "submit" }, "Declare"));
+  const link = q => el("a", { href: `#queue/${enc(q.vhost)}/${enc(q.name)}` }, q.name);
+  page("Queues and streams", status, table("queues-table", [
+    { title: "vhost", cell: q => q.vhost }, { title: "name", cell: link }, { title: "type", cell: q => q.type },
+    { title: "durable", cell: q => q.durable ? "yes" : "no" },
+    { title: "ready", cell: q => fmt(q.messages_ready), num: true },
+    { title: "unacked", cell: q => fmt(q.messages_unacknowledged), num: true },
+    { title: "total", cell: q => fmt(q.messages), num: true },
+    { title: "bytes", cell: q => bytes(q.message_bytes), num: true },
+    { title: "consumers", cell: q => q.consumers, num: true }], list, q => q.name), form);
+}
+
+async function queue(vhost, name) {
+  const path = `/queues/${enc(vhost)}/${enc(name)}`;
+  const q = await api("GET", path);
+  const status = el("p", { id: "queue-status" });
+  const got = el("div", { id: "got-messages" });
+  const publish = el("form", { class: "card", id: "publish-form", onsubmit: guard(async ev => {
+    ev.preventDefault();
+    const f = ev.target;
+    const r = await api("POST", `/exchanges/${enc(vhost)}/amq.default/publish`, {
+      routing_key: name, payload: f.payload.value, payload_encoding: "string",
+      properties: { delivery_mode: f.persistent.checked ? 2 : 1 } });
+    note(status, r.routed ? "published" : "not routed", r.routed);
+  }) }, el("h2", {}, "Publish a test message"),
+    el("label", {}, "payload ", el("input", { name: "payload", id: "publish-payload", required: true, size: 40 })),
+    el("label", {}, el("input", { name: "persistent", type: "checkbox", checked: true }), " persistent"),
+    el("button", { type: "submit", id: "publish-button" }, "Publish"));
+  const get = el("form", { class: "card", id: "get-form", onsubmit: guard(async ev => {
+    ev.preventDefault();
+    const f = ev.target;
+    const msgs = await api("POST", path + "/get", { count: Number(f.count.value), ackmode: f.ackmode.value, encoding: "auto", truncate: 50000 });
+    got.replaceChildren(msgs.length ? table("got-table", [
+      { title: "payload", cell: m => m.payload }, { title: "encoding", cell: m => m.payload_encoding },
+      { title: "routing key", cell: m => m.routing_key }, { title: "exchange", cell: m => m.exchange },
+      { title: "redelivered", cell: m => m.redelivered ? "yes" : "no" },
+      { title: "properties", cell: m => JSON.stringify(m.properties) }], msgs) : el("p", { class: "muted" }, "queue empty"));
+  }) }, el("h2", {}, "Get messages"),
+    el("label", {}, "count ", el("input", { name: "count", type: "number", value: 1, min: 1 })),
+    el("label", {}, "mode ", el("select", { name: "ackmode" },
+      el("option", { value: "ack_requeue_true" }, "look (requeue)"), el("option", { value: "ack_requeue_false" }, "take (ack)"),
+      el("option", { value: "reject_requeue_true" }, "reject, requeue"))),
+    el("button", { type: "submit", id: "get-button" }, "Get"), got);
+  const purge = el("button", { class: "danger", id: "purge-button", onclick: guard(async () => {
+    await api("DELETE", path + "/contents"); note(status, "purged", true); route();
+  }) }, "Purge");
+  const remove = el("button", { class: "danger", id: "delete-button", onclick: guard(async () => {
+    await api("DELETE", path); location.hash = "#queues";
+  }) }, "Delete");
+  const facts = table("queue-facts", [
+    { title: "type", cell: x => x.type }, { title: "durable", cell: x => x.durable ? "yes" : "no" },
+    { title: "arguments", cell: x => JSON.stringify(x.arguments) },
+    { title: "ready", cell: x => fmt(x.messages_ready), num: true }, { title: "unacked", cell: x => fmt(x.messages_unacknowledged), num: true },
+    { title: "consumers", cell: x => x.consumers, num: true }], [q]);
+  const parts = [status, el("div", { class: "card" }, facts, el("p", {}, purge, " ", remove)), publish];
+  if (q.type === "stream") parts.push(await streamGroups(vhost, name));
+  else parts.push(get);
+  page(`Queue ${name} (${vhost})`, ...parts);
+}
+
+async function streamGroups(vhost, name) {
+  const s = await api("GET", `/ferrymq/streams/${enc(vhost)}/${enc(name)}/groups`);
+  const status = el("p", {});
+  const reset = g => el("form", { onsubmit: guard(async ev => {
+    ev.preventDefault();
+    const r = await api("POST", `/ferrymq/streams/${enc(vhost)}/${enc(name)}/groups/${enc(g.name)}/reset`, { offset: Number(ev.target.offset.value) });
+    note(status, `${g.name} reset to ${r.committed_offset}`, true);
+  }) }, el("input", { name: "offset", type: "number", min: 0, value: s.first_offset, size: 8 }), " ", el("button", { type: "submit" }, "Reset"));
+  return el("div", { class: "card", id: "stream-groups" }, el("h2", {}, `Consumer groups (offsets ${s.first_offset}–${s.end_offset})`), status,
+    table("groups-table", [{ title: "group", cell: g => g.name }, { title: "committed", cell: g => fmt(g.committed_offset), num: true },
+      { title: "lag", cell: g => fmt(g.lag), num: true }, { title: "members", cell: g => g.members, num: true },
+      { title: "reset to offset", cell: reset }], s.groups, g => g.name));
+}
+
+async function exchanges() {
+  const [xs, bs] = await Promise.all([api("GET", "/exchanges"), api("GET", "/bindings")]);
+  page("Exchanges",
+    table("exchanges-table", [{ title: "vhost", cell: x => x.vhost }, { title: "name", cell: x => x.name || "(AMQP default)" },
+      { title: "type", cell: x => x.type }, { title: "durable", cell: x => x.durable ? "yes" : "no" },
+      { title: "arguments", cell: x => JSON.stringify(x.arguments) }], xs, x => x.name),
+    el("h2", {}, "Bindings"),
+    table("bindings-table", [{ title: "vhost", cell: b => b.vhost }, { title: "source", cell: b => b.source || "(AMQP default)" },
+      { title: "destination", cell: b => `${b.destination_type} ${b.destination}` }, { title: "routing key", cell: b => b.routing_key },
+      { title: "arguments", cell: b => JSON.stringify(b.arguments) }], bs));
+}
+
+async function mqtt() {
+  const [clients, sessions, subs, retained] = await Promise.all([api("GET", "/ferrymq/mqtt/clients"),
+    api("GET", "/ferrymq/mqtt/sessions"), api("GET", "/ferrymq/mqtt/subscriptions"), api("GET", "/ferrymq/mqtt/retained")]);
+  const status = el("p", { id: "mqtt-status" });
+  const action = (label, method, path, done) => el("button", { class: "danger", onclick: guard(async () => {
+    await api(method, path); note(status, done, true); setTimeout(route, 300);
+  }) }, label);
+  page("MQTT", status,
+    el("h2", {}, "Clients"), table("clients-table", [{ title: "client id", cell: c => c.clientid }, { title: "version", cell: c => c.proto_ver },
+      { title: "user", cell: c => c.username }, { title: "peer", cell: c => `${c.ip_address}:${c.port}` },
+      { title: "keep-alive", cell: c => c.keepalive, num: true }, { title: "clean start", cell: c => c.clean_start ? "yes" : "no" },
+      { title: "expiry", cell: c => c.expiry_interval, num: true }, { title: "subscriptions", cell: c => c.subscriptions_cnt, num: true },
+      { title: "", cell: c => action("Kick", "DELETE", "/ferrymq/mqtt/clients/" + enc(c.clientid), "kicked " + c.clientid) }], clients, c => c.clientid),
+    el("h2", {}, "Sessions"), table("sessions-table", [{ title: "client id", cell: s => s.clientid },
+      { title: "connected", cell: s => s.connected ? "yes" : "no" }, { title: "persistent", cell: s => s.persistent ? "yes" : "no" },
+      { title: "queued", cell: s => s.mqueue_len === null ? "" : fmt(s.mqueue_len), num: true },
+      { title: "subscriptions", cell: s => s.subscriptions.map(x => `${x.topic} (QoS ${x.qos})`).join(", ") },
+      { title: "", cell: s => action("Delete", "DELETE", "/ferrymq/mqtt/sessions/" + enc(s.clientid), "deleted session " + s.clientid) }], sessions, s => s.clientid),
+    el("h2", {}, "Subscriptions"), table("subscriptions-table", [{ title: "client id", cell: s => s.clientid },
+      { title: "filter", cell: s => s.topic }, { title: "QoS", cell: s => s.qos, num: true }], subs),
+    el("h2", {}, "Retained messages"), table("retained-table", [{ title: "topic", cell: r => r.topic },
+      { title: "payload", cell: r => r.payload }, { title: "bytes", cell: r => r.payload_bytes, num: true },
+      { title: "", cell: r => action("Delete", "DELETE", "/ferrymq/mqtt/retained/" + r.topic.split("/").map(enc).join("/"), "deleted " + r.topic) }], retained, r => r.topic));
+}
+
+async function admin() {
+  const [users, vhosts, perms] = await Promise.all([api("GET", "/users"), api("GET", "/vhosts"), api("GET", "/permissions")]);
+  const status = el("p", { id: "admin-status" });
+  const addUser = el("form", { class: "card", id: "add-user", onsubmit: guard(async ev => {
+    ev.preventDefault();
+    const f = ev.target;
+    await api("PUT", "/users/" + enc(f.name.value), { password: f.password.value, tags: f.tags.value });
+    note(status, "user " + f.name.value + " saved", true); route();
+  }) }, el("h2", {}, "Add or change a user"), el("label", {}, "name ", el("input", { name: "name", required: true })),
+    el("label", {}, "password ", el("input", { name: "password", type: "password", required: true, autocomplete: "new-password" })),
+    el("label", {}, "tags ", el("input", { name: "tags", placeholder: "monitoring" })), el("button", { type: "submit" }, "Save"));
+  const addVhost = el("form", { class: "card", id: "add-vhost", onsubmit: guard(async ev => {
+    ev.preventDefault();
+    await api("PUT", "/vhosts/" + enc(ev.target.name.value), { description: ev.target.description.value });
+    note(status, "vhost " + ev.target.name.value + " saved", true); route();
+  }) }, el("h2", {}, "Add a virtual host"), el("label", {}, "name ", el("input", { name: "name", required: true })),
+    el("label", {}, "description ", el("input", { name: "description" })), el("button", { type: "submit" }, "Save"));
+  page("Users, virtual hosts and permissions", status,
+    table("users-table", [{ title: "user", cell: u => u.name }, { title: "tags", cell: u => u.tags.join(", ") }], users, u => u.name), addUser,
+    table("vhosts-table", [{ title: "virtual host", cell: v => v.name }, { title: "description", cell: v => v.description },
+      { title: "messages", cell: v => fmt(v.messages), num: true }], vhosts, v => v.name), addVhost,
+    table("permissions-table", [{ title: "user", cell: p => p.user }, { title: "vhost", cell: p => p.vhost },
+      { title: "configure", cell: p => p.configure }, { title: "write", cell: p => p.write }, { title: "read", cell: p => p.read }], perms),
+    el("p", { class: "muted" }, "Permissions are stored and shown; enforcing them comes with the security work."));
+}
+
+async function definitions() {
+  const out = el("textarea", { id: "definitions-json", readonly: true });
+  const link = el("a", { id: "definitions-download", hidden: true }, "Download definitions.json");
+  const input = el("textarea", { id: "import-json", placeholder: "paste a RabbitMQ or FerryMQ definitions file" });
+  const report = el("pre", { id: "import-report" });
+  const exportButton = el("button", { id: "export-button", onclick: guard(async () => {
+    const defs = await api("GET", "/definitions");
+    const text = JSON.stringify(defs, null, 2);
+    out.value = text;
+    link.href = URL.createObjectURL(new Blob([text], { type: "application/json" }));
+    link.download = "definitions.json";
+    link.hidden = false;
+  }) }, "Export");
+  const importButton = el("button", { id: "import-button", onclick: guard(async () => {
+    const r = await api("POST", "/definitions", input.value);
+    report.textContent = JSON.stringify(r, null, 2);
+  }) }, "Import");
+  page("Definitions", el("div", { class: "card" }, el("h2", {}, "Export"), exportButton, " ", link, out),
+    el("div", { class: "card" }, el("h2", {}, "Import"), input, importButton, report));
+}
+
+async function lookup() {
+  const results = el("div", { id: "lookup-results" });
+  const form = el("form", { class: "card", id: "lookup-form", onsubmit: guard(async ev => {
+    ev.preventDefault();
+    const found = await api("GET", "/ferrymq/messages?key=" + enc(ev.target.key.value) + "&limit=100");
+    results.replaceChildren(found.length ? table("lookup-table", [{ title: "stored", cell: m => when(m.stored_at) },
+      { title: "exchange", cell: m => m.exchange }, { title: "routing key", cell: m => m.routing_key },
+      { title: "payload", cell: m => m.payload }, { title: "headers", cell: m => JSON.stringify(m.headers) },
+      { title: "log position", cell: m => m.log_position, num: true }], found) : el("p", { class: "muted" }, "no message with that key"));
+  }) }, el("label", {}, "key (message_id, x-key, MQTT key) ", el("input", { name: "key", required: true, size: 40 })),
+    el("button", { type: "submit" }, "Look up"));
+  page("Message lookup by key", form, results);
+}
+
+async function websocket() {
+  page("MQTT over WebSocket", el("p", { class: "muted" },
+    "A test client for MQTT over WebSocket comes with the WebSocket listener (not yet available)."));
+}
+
+// ----- routing and login -------------------------------------------------------------------
+
+const routes = { overview, connections, queues, exchanges, mqtt, admin, definitions, lookup, websocket };
+
+async function route() {
+  if (!sessionStorage.getItem(AUTH_KEY)) return showLogin();
+  const [name, ...rest] = (location.hash.replace(/^#/, "") || "overview").split("/");
+  for (const a of document.querySelectorAll("#nav a")) a.classList.toggle("active", a.getAttribute("href") === "#" + name);
+  clearInterval(state.timer);
+  const show = name === "queue" ? () => queue(decodeURIComponent(rest[0]), decodeURIComponent(rest.slice(1).join("/")))
+    : (routes[name] || overview);
+  await guard(show)();
+  if (name === "overview" || !routes[name]) state.timer = setInterval(guard(overview), 5000);
+}
+
+function showLogin() {
+  document.getElementById("nav").hidden = true;
+  document.getElementById("logout").hidden = true;
+  document.getElementById("who").textContent = "";
+  const main = document.getElementById("main");
+  if (!document.getElementById("login")) location.reload();
+  main.querySelector("#username") && main.querySelector("#username").focus();
+}
+
+function logout() {
+  sessionStorage.removeItem(AUTH_KEY);
+  clearInterval(state.timer);
+  location.hash = "";
+  location.reload();
+}
+
+async function login(ev) {
+  ev.preventDefault();
+  const user = document.getElementById("username").value, pass = document.getElementById("password").value;
+  const auth = "Basic " + btoa(unescape(encodeURIComponent(user + ":" + pass)));
+  const resp = await fetch("api/whoami", { headers: { authorization: auth, "x-requested-with": "XMLHttpRequest" } });
+  if (!resp.ok) {
+    const body = await resp.json().catch(() => ({}));
+    document.getElementById("login-error").textContent = "Login failed: " + (body.reason || resp.statusText);
+    return;
+  }
+  sessionStorage.setItem(AUTH_KEY, auth);
+  await start();
+}
+
+async function start() {
+  const me = await api("GET", "/whoami");
+  document.getElementById("who").textContent = `${me.name} (${me.tags.join(", ") || "no tags"})`;
+  document.getElementById("nav").hidden = false;
+  document.getElementById("logout").hidden = false;
+  await route();
+}
+
+document.getElementById("login").addEventListener("submit", ev => { login(ev).catch(e => { document.getElementById("login-error").textContent = e.message; }); });
+document.getElementById("logout").addEventListener("click", logout);
+window.addEventListener("hashchange", () => { route(); });
+if (sessionStorage.getItem(AUTH_KEY)) start().catch(() => logout());
