@@ -29,6 +29,7 @@
 //! - [`socket`] — buffer sizing and waits both front-ends' connection tasks share.
 //! - [`auth`] — the user store both front-ends check logins against.
 //! - [`tls`] — rustls acceptor from PEM files.
+//! - [`ctl`] — `ferrymq ctl`, the admin CLI over the management API.
 //! - [`http`] — the management HTTP API (RabbitMQ's paths) and Prometheus `/metrics`.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
@@ -37,6 +38,7 @@ pub mod amqp;
 pub mod auth;
 pub mod config;
 pub mod core;
+pub mod ctl;
 pub mod http;
 pub mod mqtt;
 pub mod server;

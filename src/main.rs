@@ -1,11 +1,11 @@
 //! The `ferrymq` binary: parse flags, load the configuration, run the broker until SIGINT
-//! or SIGTERM, then shut down cleanly (exit 0).
+//! or SIGTERM, then shut down cleanly (exit 0). `ferrymq ctl ...` is the admin CLI instead.
 
 use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use ferrymq::config::{Config, Overrides};
 use ferrymq::server::Server;
 use tracing_subscriber::EnvFilter;
@@ -46,10 +46,32 @@ struct Cli {
     /// Log level or filter: error, warn, info, debug, trace, or e.g. "ferrymq=debug".
     #[arg(long, value_name = "LEVEL")]
     log: Option<String>,
+    /// Without a command, the broker runs.
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+/// Commands instead of running the broker.
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Administer a running broker through its management HTTP API.
+    Ctl(ferrymq::ctl::CtlArgs),
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if let Some(Command::Ctl(args)) = &cli.command {
+        match ferrymq::ctl::run(args) {
+            Ok(out) => {
+                print!("{out}");
+                std::process::exit(0);
+            }
+            Err(e) => {
+                eprintln!("ferrymq ctl: {e}");
+                std::process::exit(e.exit_code());
+            }
+        }
+    }
     let overrides = Overrides {
         config_file: cli.config,
         data_dir: cli.data_dir,
