@@ -444,6 +444,14 @@ async fn prometheus_metrics_use_rabbitmqs_names_and_move_as_messages_flow() {
     assert_eq!(sample(&after, "ferrymq_mqtt_connections", None), Some(1.0));
     let syncs = sample(&after, "ferrymq_journal_fsyncs_total", None).unwrap();
     assert!(syncs >= 1.0, "confirmed persistent messages were synced: {syncs}");
+    assert!(sample(&after, "ferrymq_journal_fsync_seconds_count", None).unwrap() >= 1.0, "a latency histogram");
+    assert!(after.contains("ferrymq_journal_fsync_seconds_bucket{le=\"+Inf\"}"), "{after}");
+    assert!(sample(&after, "ferrymq_journal_group_commit_submissions_count", None).unwrap() >= 1.0);
+    assert_eq!(sample(&after, "ferrymq_mqtt_sessions", None), Some(1.0));
+    assert!(!after.contains("rabbitmq_detailed_queue"), "per-object series stay off /metrics");
+    let per_object = reqwest::get(format!("{}/metrics/per-object", api.base)).await.unwrap().text().await.unwrap();
+    let series = "rabbitmq_detailed_queue_messages_ready{vhost=\"/\",queue=\"metered\"} 5";
+    assert!(per_object.contains(series), "{per_object}");
     drain(&ch, "metered").await;
     let drained = common::eventually("deliveries and acks are counted", WAIT, || async {
         let t = scrape().await;

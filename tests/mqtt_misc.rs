@@ -65,6 +65,12 @@ async fn sys_topics_are_published() {
         "$SYS/broker/messages/received",
         "$SYS/broker/messages/sent",
         "$SYS/broker/subscriptions/count",
+        "$SYS/broker/bytes/received",
+        "$SYS/broker/load/messages/received/1min",
+        "$SYS/broker/load/bytes/sent/15min",
+        "$SYS/broker/load/connections/5min",
+        "$SYS/broker/heap/current",
+        "$SYS/broker/heap/maximum",
     ];
     let mut seen = std::collections::HashMap::new();
     // The retained values at subscribe time may predate this client; refreshes follow.
@@ -82,6 +88,9 @@ async fn sys_topics_are_published() {
     assert!(connected >= 1);
     let subs: u64 = seen["$SYS/broker/subscriptions/count"].parse().unwrap();
     assert!(subs >= 1);
+    assert!(seen["$SYS/broker/heap/current"].parse::<u64>().unwrap() > 1 << 20, "resident bytes");
+    assert!(seen["$SYS/broker/load/messages/received/1min"].parse::<f64>().is_ok());
+    assert!(seen["$SYS/broker/bytes/received"].parse::<u64>().unwrap() > 0);
 }
 
 #[tokio::test]

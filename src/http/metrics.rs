@@ -25,6 +25,35 @@ pub const CONTENT: &str = "application/openmetrics-text; version=1.0.0; charset=
 
 type Labels = Vec<(String, String)>;
 
+/// A histogram read from the journal's counters at scrape time.
+#[derive(Debug)]
+struct ConstHistogram {
+    /// (upper bound, values in that bucket), the last bound `f64::MAX` (+Inf).
+    buckets: Vec<(f64, u64)>,
+    sum: f64,
+    count: u64,
+}
+
+impl ConstHistogram {
+    /// From a journal snapshot, each value multiplied by `scale` (µs to s: 1e-6).
+    fn of(s: &ferrymq_storage::HistogramSnapshot, scale: f64) -> ConstHistogram {
+        let mut buckets: Vec<(f64, u64)> =
+            s.bounds.iter().zip(&s.counts).map(|(b, c)| (*b as f64 * scale, *c)).collect();
+        buckets.push((f64::MAX, s.counts.last().copied().unwrap_or(0)));
+        ConstHistogram { buckets, sum: s.sum as f64 * scale, count: s.count() }
+    }
+}
+
+impl prometheus_client::encoding::EncodeMetric for ConstHistogram {
+    fn encode(&self, mut encoder: prometheus_client::encoding::MetricEncoder) -> Result<(), std::fmt::Error> {
+        encoder.encode_histogram::<prometheus_client::encoding::NoLabelSet>(self.sum, self.count, &self.buckets, None)
+    }
+
+    fn metric_type(&self) -> prometheus_client::metrics::MetricType {
+        prometheus_client::metrics::MetricType::Histogram
+    }
+}
+
 fn counter(registry: &mut Registry, name: &str, help: &str, value: u64) {
     let c: Counter = Counter::default();
     c.inc_by(value);
@@ -127,6 +156,31 @@ pub fn render(ctx: &HttpContext) -> String {
     gauge(&mut r, "ferrymq_journal_segments", "Commit-log segments on disk", j.segments);
     gauge(&mut r, "ferrymq_journal_disk_bytes", "Bytes of the commit log's segments", j.log_bytes);
     counter(&mut r, "ferrymq_journal_out_of_space", "Appends refused for lack of disk space", j.out_of_space);
+    gauge(
+        &mut r,
+        "ferrymq_journal_poisoned",
+        "The journal refuses writes since an I/O failure (1)",
+        u64::from(j.poisoned),
+    );
+    gauge(&mut r, "ferrymq_journal_log_end_bytes", "Next commit-log position", j.log_end);
+    r.register(
+        "ferrymq_journal_fsync_seconds",
+        "Commit-log fdatasync latency",
+        ConstHistogram::of(&j.fsync_micros, 1e-6),
+    );
+    r.register(
+        "ferrymq_journal_group_commit_submissions",
+        "Submissions per group commit",
+        ConstHistogram::of(&j.batch_submissions, 1.0),
+    );
+    let sessions = ctx.mqtt.sessions.list();
+    gauge(&mut r, "ferrymq_mqtt_sessions", "MQTT sessions, online and offline", sessions.len() as u64);
+    gauge(
+        &mut r,
+        "ferrymq_mqtt_sessions_offline",
+        "Persistent MQTT sessions without a connection",
+        sessions.iter().filter(|s| !s.online).count() as u64,
+    );
     let (mem_limit, disk_limit) = ctx.alarm.limits();
     gauge(
         &mut r,
@@ -158,6 +212,74 @@ pub fn render(ctx: &HttpContext) -> String {
     let mut out = String::new();
     let _ = encode(&mut out, &r);
     out
+}
+
+/// The per-object series: per queue (RabbitMQ's `rabbitmq_detailed_queue_*` names, labels
+/// `vhost`, `queue`) and per stream consumer group (`ferrymq_stream_group_lag`,
+/// `ferrymq_stream_group_committed_offset`, labels `vhost`, `stream`, `group`).
+pub async fn render_per_object(ctx: &HttpContext) -> String {
+    let mut r = Registry::default();
+    let ready = Family::<Labels, Gauge>::default();
+    let unacked = Family::<Labels, Gauge>::default();
+    let messages = Family::<Labels, Gauge>::default();
+    let bytes = Family::<Labels, Gauge>::default();
+    let consumers = Family::<Labels, Gauge>::default();
+    let lag = Family::<Labels, Gauge>::default();
+    let committed = Family::<Labels, Gauge>::default();
+    let as_i64 = |v: u64| v.min(i64::MAX as u64) as i64;
+    for q in ctx.amqp.entities.all() {
+        let labels = vec![("vhost".to_string(), q.vhost.clone()), ("queue".to_string(), q.name.clone())];
+        let g = &q.config.gauge;
+        let len = Stats::get(&g.len);
+        let r_ = Stats::get(&g.ready).min(len);
+        ready.get_or_create(&labels).set(as_i64(r_));
+        unacked.get_or_create(&labels).set(as_i64(len - r_));
+        messages.get_or_create(&labels).set(as_i64(len));
+        bytes.get_or_create(&labels).set(as_i64(Stats::get(&g.bytes)));
+        consumers.get_or_create(&labels).set(as_i64(q.consumers.load(std::sync::atomic::Ordering::Relaxed)));
+        if q.is_stream() {
+            if let Some(s) = ctx.broker.shards.stream_status(q.id).await {
+                for gr in &s.groups {
+                    let mut l = vec![("vhost".to_string(), q.vhost.clone()), ("stream".to_string(), q.name.clone())];
+                    l.push(("group".to_string(), gr.name.clone()));
+                    let done = (gr.committed.max(s.first) + gr.acked_above as u64).min(s.next);
+                    lag.get_or_create(&l).set(as_i64(s.next - done));
+                    committed.get_or_create(&l).set(as_i64(gr.committed));
+                }
+            }
+        }
+    }
+    r.register("rabbitmq_detailed_queue_messages_ready", "Messages ready to be delivered, per queue", ready);
+    r.register(
+        "rabbitmq_detailed_queue_messages_unacked",
+        "Messages delivered and not yet acknowledged, per queue",
+        unacked,
+    );
+    r.register("rabbitmq_detailed_queue_messages", "Ready and unacknowledged messages, per queue", messages);
+    r.register("rabbitmq_detailed_queue_messages_bytes", "Bytes of the messages, per queue", bytes);
+    r.register("rabbitmq_detailed_queue_consumers", "Consumers, per queue", consumers);
+    r.register("ferrymq_stream_group_lag", "Messages a stream consumer group has not acknowledged yet", lag);
+    r.register(
+        "ferrymq_stream_group_committed_offset",
+        "Offset below which a stream group acknowledged everything",
+        committed,
+    );
+    let mut out = String::new();
+    let _ = encode(&mut out, &r);
+    out
+}
+
+/// `GET /metrics/per-object` (kept off `/metrics`: RabbitMQ users see a full scrape time
+/// out at ~170k queues).
+pub async fn per_object(
+    State(ctx): State<Arc<HttpContext>>,
+    ConnectInfo(peer): ConnectInfo<std::net::SocketAddr>,
+    req: Request,
+) -> Result<Response, ApiError> {
+    if !ctx.cfg.metrics_without_auth {
+        authenticate(&ctx, &req, peer)?.require(Access::Monitoring)?;
+    }
+    Ok(([(CONTENT_TYPE, CONTENT)], render_per_object(&ctx).await).into_response())
 }
 
 /// `GET /metrics` (credentials needed only when `http.metrics_without_auth` is off).

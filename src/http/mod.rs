@@ -173,6 +173,7 @@ pub fn router(ctx: Arc<HttpContext>) -> Router {
     Router::new()
         .nest("/api", api)
         .route("/metrics", get(metrics::metrics))
+        .route("/metrics/per-object", get(metrics::per_object))
         .route("/", get(dashboard::index))
         .route("/index.html", get(dashboard::index))
         .route("/app.js", get(dashboard::app))

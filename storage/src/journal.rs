@@ -129,6 +129,9 @@ impl Journal {
             queues: Mutex::new(index.queues),
             batches: AtomicU64::new(0),
             fsyncs: AtomicU64::new(0),
+            fsync_micros: crate::histogram::Histogram::new(crate::histogram::FSYNC_MICROS),
+            batch_submissions: crate::histogram::Histogram::new(crate::histogram::BATCH_SUBMISSIONS),
+            poisoned: Default::default(),
             applied: AtomicU64::new(end),
             effects_end: AtomicU64::new(end),
             cq,
@@ -339,6 +342,9 @@ impl Journal {
             drains: shared.drains.load(Ordering::Relaxed),
             out_of_space: shared.out_of_space.load(Ordering::Relaxed),
             index_scanned: shared.index_scanned,
+            fsync_micros: shared.fsync_micros.snapshot(),
+            batch_submissions: shared.batch_submissions.snapshot(),
+            poisoned: shared.poisoned.load(Ordering::Relaxed),
         }
     }
 

@@ -37,6 +37,12 @@ pub(crate) struct Shared {
     pub(crate) batches: AtomicU64,
     /// Commit-log `fdatasync`s since open.
     pub(crate) fsyncs: AtomicU64,
+    /// How long each commit-log sync took, microseconds.
+    pub(crate) fsync_micros: crate::histogram::Histogram,
+    /// Submissions per group commit.
+    pub(crate) batch_submissions: crate::histogram::Histogram,
+    /// The writer refuses every write after an I/O failure.
+    pub(crate) poisoned: std::sync::atomic::AtomicBool,
     /// Every change up to here is in sled and the consume queues (their settled offsets
     /// included): what a checkpoint may claim.
     pub(crate) applied: AtomicU64,

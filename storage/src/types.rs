@@ -79,4 +79,10 @@ pub struct JournalStats {
     /// a layout-1 directory not closed cleanly, or sled ahead of a torn log); false when
     /// they came from the checkpoint and the commit log after it.
     pub index_scanned: bool,
+    /// Commit-log sync latency, microseconds (one observation per sync of the log).
+    pub fsync_micros: crate::HistogramSnapshot,
+    /// Submissions per group commit.
+    pub batch_submissions: crate::HistogramSnapshot,
+    /// The journal refuses every write since an I/O failure (a restart is needed).
+    pub poisoned: bool,
 }

@@ -496,6 +496,7 @@ impl Writer {
         if self.poisoned.is_none() {
             tracing::error!(%reason, "journal poisoned: refusing every further write");
             self.poisoned = Some(reason);
+            self.shared.poisoned.store(true, Ordering::Relaxed);
         }
         self.pending.clear();
     }
@@ -664,6 +665,7 @@ impl Writer {
         let mut outcomes = Vec::with_capacity(batch.len());
         let mut force_sync = false;
         let mut submissions = false;
+        let mut submitted = 0u64;
         let mut durable_wanted = false;
         let mark = self.log.mark();
         self.refs.open_batch();
@@ -676,6 +678,7 @@ impl Writer {
             match msg {
                 Msg::Submit { ops, done, durable } => {
                     submissions = true;
+                    submitted += 1;
                     durable_wanted |= durable;
                     let result = if self.poisoned.is_some() || self.store_full.is_some() || no_space.is_some() {
                         Err(JournalError::Closed) // replaced below
@@ -713,6 +716,9 @@ impl Writer {
                     }
                 }
             }
+        }
+        if submitted > 0 {
+            self.shared.batch_submissions.observe(submitted);
         }
         if self.poisoned.is_none() && self.store_full.is_none() && no_space.is_none() {
             let committed = match &db {
@@ -907,7 +913,11 @@ impl Writer {
     fn sync(&mut self) -> Result<(), Fail> {
         self.log.write_out(&self.shared.log).map_err(log_write_failed)?;
         // Any failed fsync poisons: the kernel may have dropped the pages it could not write.
+        let started = Instant::now();
         let n = self.log.sync().map_err(|e| Fail::Fatal(format!("commit log fsync: {e}")))?;
+        if n > 0 {
+            self.shared.fsync_micros.observe(started.elapsed().as_micros() as u64);
+        }
         self.shared.fsyncs.fetch_add(n, Ordering::Relaxed);
         self.last_sync = Instant::now();
         Ok(())
