@@ -165,10 +165,6 @@ fn args(item: &Json_) -> Vec<(String, crate::core::value::Value)> {
     item.get("arguments").and_then(Json_::as_object).map(json_table).unwrap_or_default()
 }
 
-fn fail(f: crate::amqp::methods::Fail) -> ApiError {
-    ApiError::bad_request(f.text)
-}
-
 /// Imports definitions; `only_vhost` makes every item belong to that virtual host (the
 /// per-vhost import). Stops at the first item that cannot be applied (400, as RabbitMQ).
 pub async fn import(ctx: &HttpContext, defs: &Json_, only_vhost: Option<&str>) -> Result<ImportReport, ApiError> {
@@ -250,9 +246,9 @@ pub async fn import(ctx: &HttpContext, defs: &Json_, only_vhost: Option<&str>) -
         };
         let router = &ctx.broker.router;
         match router.exchange(&vhost, &def.name) {
-            Some(current) => check_equivalent_exchange(&current, &def, &vhost).map_err(fail)?,
+            Some(current) => check_equivalent_exchange(&current, &def, &vhost).map_err(ApiError::from)?,
             None => {
-                router.declare_exchange(&vhost, def.clone()).map_err(|e| fail(route_fail(e, &vhost)))?;
+                router.declare_exchange(&vhost, def.clone()).map_err(|e| ApiError::from(route_fail(e, &vhost)))?;
                 if def.durable {
                     crate::amqp::entities::store_exchange(&ctx.broker, &vhost, &def).await;
                 }
@@ -267,10 +263,12 @@ pub async fn import(ctx: &HttpContext, defs: &Json_, only_vhost: Option<&str>) -
         let arguments = args(q);
         match ctx.amqp.entities.queue(&vhost, name) {
             Some(existing) => {
-                check_equivalent_queue(&existing, durable, false, auto_delete, &arguments).map_err(fail)?
+                check_equivalent_queue(&existing, durable, false, auto_delete, &arguments).map_err(ApiError::from)?
             }
             None => {
-                create_queue(&ctx.amqp, &vhost, name, durable, None, auto_delete, arguments).await.map_err(fail)?;
+                create_queue(&ctx.amqp, &vhost, name, durable, None, auto_delete, arguments)
+                    .await
+                    .map_err(ApiError::from)?;
             }
         }
         report.count("queues");

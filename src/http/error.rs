@@ -49,6 +49,18 @@ impl ApiError {
     }
 }
 
+impl From<crate::amqp::methods::Fail> for ApiError {
+    /// A refused AMQP method as the API answers it: 404 for a missing object, 500 for a
+    /// storage failure (541), 400 with RabbitMQ's text otherwise.
+    fn from(f: crate::amqp::methods::Fail) -> ApiError {
+        match f.code {
+            404 => ApiError::not_found(),
+            541 => ApiError::internal(f.text),
+            _ => ApiError::bad_request(f.text),
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = Json(json!({ "error": self.error, "reason": self.reason }));

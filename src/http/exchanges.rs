@@ -117,13 +117,6 @@ fn yes() -> bool {
     true
 }
 
-fn fail(f: crate::amqp::methods::Fail) -> ApiError {
-    match f.code {
-        404 => ApiError::not_found(),
-        _ => ApiError::bad_request(f.text),
-    }
-}
-
 /// `PUT /api/exchanges/{vhost}/{name}`: 201 created, 204 when an equivalent one exists.
 pub async fn declare(
     State(ctx): State<Arc<HttpContext>>,
@@ -145,7 +138,7 @@ pub async fn declare(
     };
     let router = &ctx.broker.router;
     if let Some(current) = router.exchange(&vhost, &name) {
-        check_equivalent_exchange(&current, &def, &vhost).map_err(fail)?;
+        check_equivalent_exchange(&current, &def, &vhost).map_err(ApiError::from)?;
         return Ok(StatusCode::NO_CONTENT);
     }
     if name.is_empty() || name.starts_with("amq.") {
@@ -154,7 +147,7 @@ pub async fn declare(
     if kind == ExchangeKind::DelayedMessage && def.delayed_type().is_none() {
         return Err(ApiError::bad_request("Invalid argument, 'x-delayed-type' must be an existing exchange type"));
     }
-    router.declare_exchange(&vhost, def.clone()).map_err(|e| fail(route_fail(e, &vhost)))?;
+    router.declare_exchange(&vhost, def.clone()).map_err(|e| ApiError::from(route_fail(e, &vhost)))?;
     if def.durable {
         store_exchange(&ctx.broker, &vhost, &def).await;
     }
@@ -184,7 +177,7 @@ pub async fn remove(
         Ok(true) => forget_exchange(&ctx.broker, &vhost, &name).await,
         Ok(false) => return Err(ApiError::bad_request(format!("exchange '{name}' in vhost '{vhost}' in use"))),
         Err(RouteError::NoExchange(..)) | Err(RouteError::NoVhost(..)) => return Err(ApiError::not_found()),
-        Err(e) => return Err(fail(route_fail(e, &vhost))),
+        Err(e) => return Err(ApiError::from(route_fail(e, &vhost))),
     }
     Ok(StatusCode::NO_CONTENT)
 }
@@ -400,9 +393,11 @@ pub async fn set_binding(ctx: &HttpContext, vhost: &str, spec: BindingSpec<'_>, 
         other => return Err(ApiError::bad_request(format!("unknown destination type '{other}'"))),
     };
     if bind {
-        router.bind(vhost, source, binding.clone()).map_err(|e| fail(route_fail(e, vhost)))?;
+        router.bind(vhost, source, binding.clone()).map_err(|e| ApiError::from(route_fail(e, vhost)))?;
     } else {
-        router.unbind(vhost, source, &binding.dest, key, &binding.args).map_err(|e| fail(route_fail(e, vhost)))?;
+        router
+            .unbind(vhost, source, &binding.dest, key, &binding.args)
+            .map_err(|e| ApiError::from(route_fail(e, vhost)))?;
     }
     if src.durable && durable {
         crate::amqp::entities::persist_binding(&ctx.broker, vhost, source, &binding, bind).await;

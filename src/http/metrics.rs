@@ -242,8 +242,7 @@ pub async fn render_per_object(ctx: &HttpContext) -> String {
                 for gr in &s.groups {
                     let mut l = vec![("vhost".to_string(), q.vhost.clone()), ("stream".to_string(), q.name.clone())];
                     l.push(("group".to_string(), gr.name.clone()));
-                    let done = (gr.committed.max(s.first) + gr.acked_above as u64).min(s.next);
-                    lag.get_or_create(&l).set(as_i64(s.next - done));
+                    lag.get_or_create(&l).set(as_i64(gr.lag(&s)));
                     committed.get_or_create(&l).set(as_i64(gr.committed));
                 }
             }

@@ -217,14 +217,6 @@ fn yes() -> bool {
     true
 }
 
-fn fail(f: crate::amqp::methods::Fail) -> ApiError {
-    match f.code {
-        404 => ApiError::not_found(),
-        541 => ApiError::internal(f.text),
-        _ => ApiError::bad_request(f.text),
-    }
-}
-
 /// `PUT /api/queues/{vhost}/{name}`: 201 when created, 204 when an equivalent one exists,
 /// 400 with RabbitMQ's `inequivalent arg` text otherwise.
 pub async fn declare(
@@ -240,10 +232,12 @@ pub async fn declare(
         return Err(ApiError::bad_request(format!("queue name '{name}' contains reserved prefix 'amq.*'")));
     }
     if let Some(existing) = ctx.amqp.entities.queue(&vhost, &name) {
-        check_equivalent_queue(&existing, body.durable, false, body.auto_delete, &arguments).map_err(fail)?;
+        check_equivalent_queue(&existing, body.durable, false, body.auto_delete, &arguments).map_err(ApiError::from)?;
         return Ok(StatusCode::NO_CONTENT);
     }
-    create_queue(&ctx.amqp, &vhost, &name, body.durable, None, body.auto_delete, arguments).await.map_err(fail)?;
+    create_queue(&ctx.amqp, &vhost, &name, body.durable, None, body.auto_delete, arguments)
+        .await
+        .map_err(ApiError::from)?;
     Ok(StatusCode::CREATED)
 }
 

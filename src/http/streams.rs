@@ -53,13 +53,12 @@ fn group_rows(s: &StreamStatus, only: Option<&str>) -> Vec<Json_> {
         .iter()
         .filter(|g| only.is_none_or(|o| o == g.name))
         .map(|g| {
-            let done = (g.committed.max(s.first) + g.acked_above as u64).min(s.next);
             json!({
                 "name": g.name,
                 "committed_offset": g.committed,
                 "acked_above_committed": g.acked_above,
                 "end_offset": s.next,
-                "lag": s.next - done,
+                "lag": g.lag(s),
                 "in_flight": g.in_flight,
                 "members": g.members,
                 "single_active": g.exclusive,

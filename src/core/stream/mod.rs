@@ -71,6 +71,14 @@ pub struct GroupStatus {
     pub exclusive: bool,
 }
 
+impl GroupStatus {
+    /// Messages of `stream` the group has not acknowledged yet.
+    pub fn lag(&self, stream: &StreamStatus) -> u64 {
+        let done = (self.committed.max(stream.first) + self.acked_above as u64).min(stream.next);
+        stream.next - done
+    }
+}
+
 /// State of one stream.
 #[derive(Debug)]
 pub struct Stream {
