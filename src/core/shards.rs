@@ -594,7 +594,11 @@ impl Shard {
             ShardCmd::Get { queue, consumer, no_ack, reply } => {
                 let journal = self.journal.clone();
                 let mut fx = std::mem::take(&mut self.fx);
-                let got = self.queue(queue).get(consumer, no_ack, &journal, &mut fx);
+                let q = self.queue(queue);
+                let got = q.get(consumer, no_ack, &journal, &mut fx);
+                // Before the answer: a publisher told the message is gone (basic.get-ok)
+                // must find its room in a full reject-publish queue at once.
+                q.publish_gauge();
                 self.fx = fx;
                 let _ = reply.send(got);
                 self.touched.insert(queue);
