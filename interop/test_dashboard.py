@@ -178,7 +178,8 @@ def test_the_dashboard_shows_queues_publishes_gets_closes_and_exports(broker, br
 
     for page in PAGES:
         go(browser, page)
-        time.sleep(0.3)  # let the page's calls finish before reading the console
+        # The page marks itself ready once its calls answered and it rendered.
+        wait_for(f"the {page} page to finish", lambda: browser.find_element(By.ID, "main").get_attribute("data-ready") == page)
         assert not browser.find_elements(By.CSS_SELECTOR, "[role=alert]"), f"{page}: an error on the page"
         shot(browser, page)
     assert errors(browser) == [], "console errors"

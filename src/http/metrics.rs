@@ -173,14 +173,10 @@ pub fn render(ctx: &HttpContext) -> String {
         "Submissions per group commit",
         ConstHistogram::of(&j.batch_submissions, 1.0),
     );
-    let sessions = ctx.mqtt.sessions.list();
-    gauge(&mut r, "ferrymq_mqtt_sessions", "MQTT sessions, online and offline", sessions.len() as u64);
-    gauge(
-        &mut r,
-        "ferrymq_mqtt_sessions_offline",
-        "Persistent MQTT sessions without a connection",
-        sessions.iter().filter(|s| !s.online).count() as u64,
-    );
+    // Counted under the table's lock: no copy of every session per scrape.
+    let (sessions, offline) = ctx.mqtt.sessions.counts();
+    gauge(&mut r, "ferrymq_mqtt_sessions", "MQTT sessions, online and offline", sessions as u64);
+    gauge(&mut r, "ferrymq_mqtt_sessions_offline", "Persistent MQTT sessions without a connection", offline as u64);
     let (mem_limit, disk_limit) = ctx.alarm.limits();
     gauge(
         &mut r,

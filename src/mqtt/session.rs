@@ -177,16 +177,19 @@ impl Sessions {
         all
     }
 
-    /// Tells the connection holding `client_id` to close (an operator's kick); false if
-    /// none holds it.
-    pub fn kick(&self, client_id: &str) -> bool {
-        match self.slots.lock().get(client_id).and_then(|s| s.online.as_ref()) {
-            Some(o) => {
-                o.signals.tell(Control::Kicked);
-                true
-            }
-            None => false,
-        }
+    /// Tells the connection holding `client_id` to close (an operator's kick); its
+    /// signals, to wait for its cleanup, or `None` if no connection holds the id.
+    pub fn kick(&self, client_id: &str) -> Option<Arc<ConnectionSignals>> {
+        let slots = self.slots.lock();
+        let online = slots.get(client_id)?.online.as_ref()?;
+        online.signals.tell(Control::Kicked);
+        Some(online.signals.clone())
+    }
+
+    /// How many sessions there are, and how many of those are offline persistent ones.
+    pub fn counts(&self) -> (usize, usize) {
+        let slots = self.slots.lock();
+        (slots.len(), slots.values().filter(|s| s.online.is_none() && s.persistent.is_some()).count())
     }
 
     /// Takes an offline session's persistent state out of the table (to discard it);
@@ -315,7 +318,7 @@ impl Sessions {
 
     /// Persistent sessions currently offline.
     pub fn offline_count(&self) -> usize {
-        self.slots.lock().values().filter(|s| s.online.is_none() && s.persistent.is_some()).count()
+        self.counts().1
     }
 
     /// Tells every connected client `control` (for shutdown).

@@ -340,9 +340,12 @@ async function route() {
   const [name, ...rest] = (location.hash.replace(/^#/, "") || "overview").split("/");
   for (const a of document.querySelectorAll("#nav a")) a.classList.toggle("active", a.getAttribute("href") === "#" + name);
   clearInterval(state.timer);
+  const main = document.getElementById("main");
+  delete main.dataset.ready;
   const show = name === "queue" ? () => queue(decodeURIComponent(rest[0]), decodeURIComponent(rest.slice(1).join("/")))
     : (routes[name] || overview);
   await guard(show)();
+  main.dataset.ready = name;
   if (name === "overview" || !routes[name]) state.timer = setInterval(guard(overview), 5000);
 }
 
