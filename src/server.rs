@@ -251,6 +251,9 @@ impl Server {
         if tokio::time::timeout(self.grace, all).await.is_err() {
             warn!("connections still open after the grace period");
         }
+        // Settlements the closed connections sent without waiting (PUBREC, acks) reach the
+        // journal before its last flush.
+        self.broker.shards.barrier().await;
         let journal = self.broker.journal.clone();
         if let Err(e) = journal.flush().await {
             warn!(error = %e, "final journal flush failed");

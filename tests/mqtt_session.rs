@@ -295,6 +295,47 @@ async fn outbound_qos2_resumes_with_pubrel_after_restart() {
     assert_eq!(raw.read_at_least(2).await, vec![0xD0, 0], "only PINGRESP follows");
 }
 
+/// Settlements a client sends just before the broker stops (PUBREC, PUBACK: the broker
+/// forwards them to the queue's owner without waiting) are stored by the shutdown: after the
+/// restart the QoS 2 message is past its PUBREC (PUBREL again, not the message) and the
+/// acknowledged QoS 1 message does not come back. Repeated, because the window is short.
+#[tokio::test]
+async fn settlements_just_before_shutdown_are_kept() {
+    let mut broker = Broker::start();
+    let mut raw = Raw::connect(&broker).await;
+    raw.send(&connect_bytes(4, "settle", 0x00, 60, &[])).await;
+    assert_eq!(raw.read_at_least(4).await, vec![0x20, 0x02, 0x00, 0x00]);
+    raw.send(&packet(0x82, &[0, 1, 0, 4, b's', b'/', b'q', b'2', 2, 0, 4, b's', b'/', b'q', b'1', 1])).await;
+    assert_eq!(raw.read_at_least(6).await, vec![0x90, 4, 0, 1, 2, 1]);
+    for round in 0..6 {
+        // QoS 1: PUBACK, then PINGREQ/PINGRESP proves the broker read it.
+        publish_n(&broker, "s/q1", 1, v4::QoS::AtLeastOnce).await;
+        let publish = raw.read_at_least(2).await;
+        assert_eq!(publish[0] & 0xF6, 0x32, "round {round}: QoS 1 PUBLISH: {publish:02x?}");
+        let pkid = [publish[8], publish[9]];
+        raw.send(&packet(0x40, &pkid)).await; // PUBACK
+        raw.send(&packet(0xC0, &[])).await;
+        assert_eq!(raw.read_at_least(2).await, vec![0xD0, 0], "round {round}");
+        // QoS 2: PUBREC, answered by PUBREL; then the broker stops at once.
+        publish_n(&broker, "s/q2", 1, v4::QoS::ExactlyOnce).await;
+        let publish = raw.read_at_least(2).await;
+        assert_eq!(publish[0] & 0xF6, 0x34, "round {round}: QoS 2 PUBLISH: {publish:02x?}");
+        let pkid = [publish[8], publish[9]];
+        raw.send(&packet(0x50, &pkid)).await; // PUBREC
+        assert_eq!(raw.read_at_least(4).await, vec![0x62, 2, pkid[0], pkid[1]], "round {round}: PUBREL");
+        drop(raw);
+        broker = broker.restart();
+        raw = Raw::connect(&broker).await;
+        raw.send(&connect_bytes(4, "settle", 0x00, 60, &[])).await;
+        let got = raw.read_at_least(8).await;
+        assert_eq!(&got[..4], &[0x20, 0x02, 0x01, 0x00], "round {round}: session present");
+        assert_eq!(&got[4..8], &[0x62, 2, pkid[0], pkid[1]], "round {round}: only the PUBREL is resent");
+        raw.send(&packet(0x70, &pkid)).await; // PUBCOMP
+        raw.send(&packet(0xC0, &[])).await;
+        assert_eq!(raw.read_at_least(2).await, vec![0xD0, 0], "round {round}: nothing else was pending");
+    }
+}
+
 #[tokio::test]
 async fn full_offline_queue_drops_qos0_first() {
     let broker = Broker::start_with(Opts::default().env("FERRYMQ_MQTT__MAX_QUEUED_MESSAGES", "5"));

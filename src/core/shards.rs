@@ -219,6 +219,9 @@ pub enum ShardCmd {
         /// Where the answer goes.
         reply: oneshot::Sender<Option<super::stream::StreamStatus>>,
     },
+    /// Answered at the end of the turn, once the journal work of every command before it
+    /// was submitted; sent to every shard by [`Shards::barrier`].
+    Barrier(oneshot::Sender<()>),
     /// Report the queue's live length.
     Len {
         /// Queue the command is for (it decides the shard).
@@ -231,7 +234,7 @@ pub enum ShardCmd {
 impl ShardCmd {
     fn queue(&self) -> Option<QueueId> {
         match self {
-            ShardCmd::Appended(_) => None,
+            ShardCmd::Appended(_) | ShardCmd::Barrier(_) => None,
             ShardCmd::Configure { queue, .. }
             | ShardCmd::ConfigureStream { queue, .. }
             | ShardCmd::AttachStream { queue, .. }
@@ -298,6 +301,7 @@ impl Shards {
                     fx: Effects::default(),
                     replies: Vec::new(),
                     count_replies: Vec::new(),
+                    barriers: Vec::new(),
                 };
                 std::thread::Builder::new()
                     .name(format!("ferrymq-shard-{i}"))
@@ -350,6 +354,22 @@ impl Shards {
             if !v.is_empty() {
                 let _ = self.txs[i].send(ShardCmd::Appended(v));
             }
+        }
+    }
+
+    /// Waits until every shard has submitted the journal work of every command sent to it
+    /// before this call (the server's shutdown flushes the journal after it, so a
+    /// fire-and-forget settlement from a connection that just closed is not lost).
+    pub async fn barrier(&self) {
+        let mut waits = Vec::with_capacity(self.txs.len());
+        for tx in &self.txs {
+            let (reply, rx) = oneshot::channel();
+            if tx.send(ShardCmd::Barrier(reply)).is_ok() {
+                waits.push(rx);
+            }
+        }
+        for rx in waits {
+            let _ = rx.await;
         }
     }
 
@@ -425,6 +445,7 @@ struct Shard {
     fx: Effects,
     replies: Vec<(oneshot::Sender<u64>, u64)>,
     count_replies: Vec<CountsReply>,
+    barriers: Vec<oneshot::Sender<()>>,
 }
 
 impl Shard {
@@ -635,6 +656,7 @@ impl Shard {
                 let counts = (q.ready_len(), q.consumer_count() as u64);
                 self.count_replies.push((reply, counts));
             }
+            ShardCmd::Barrier(reply) => self.barriers.push(reply),
         }
     }
 
@@ -697,6 +719,7 @@ impl Shard {
             | ShardCmd::Reject { .. }
             | ShardCmd::RetryDue { .. }
             | ShardCmd::Release { .. } => {}
+            ShardCmd::Barrier(reply) => self.barriers.push(reply),
         }
     }
 
@@ -737,6 +760,9 @@ impl Shard {
         }
         for (reply, counts) in self.count_replies.drain(..) {
             let _ = reply.send(counts);
+        }
+        for reply in self.barriers.drain(..) {
+            let _ = reply.send(());
         }
     }
 }
