@@ -44,6 +44,10 @@ pub struct Overrides {
     pub amqps_listen: Option<String>,
     /// `--http-listen`.
     pub http_listen: Option<String>,
+    /// `--https-listen`.
+    pub https_listen: Option<String>,
+    /// `--prometheus-listen`.
+    pub prometheus_listen: Option<String>,
     /// `--definitions`.
     pub definitions: Option<String>,
     /// `--log`.
@@ -64,6 +68,8 @@ pub struct Config {
     pub amqp: AmqpSection,
     /// `[http]`.
     pub http: HttpSection,
+    /// `[prometheus]`.
+    pub prometheus: PrometheusSection,
     /// `[storage]`.
     pub storage: StorageSection,
     /// `[auth]`.
@@ -232,6 +238,8 @@ impl AuthSection {
 pub struct HttpSection {
     /// Listener address ("" = off).
     pub listen: String,
+    /// The same over TLS with `[tls]`'s certificate ("" = off), as RabbitMQ's 15671.
+    pub tls_listen: String,
     /// `/metrics` needs no credentials (RabbitMQ's Prometheus plugin default).
     pub metrics_without_auth: bool,
     /// Name of this node in the API (`node`), as RabbitMQ's `rabbit@host`.
@@ -241,6 +249,15 @@ pub struct HttpSection {
     /// A RabbitMQ definitions file imported at start (`--definitions`; "" = none), as
     /// RabbitMQ's `load_definitions`.
     pub load_definitions: String,
+}
+
+/// `[prometheus]`: a listener of its own for `/metrics` (RabbitMQ's Prometheus plugin
+/// port 15692); `/metrics` is on `http.listen` either way.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrometheusSection {
+    /// Listener address ("" = off).
+    pub listen: String,
 }
 
 /// `[storage]`: the journal.
@@ -306,6 +323,8 @@ impl Config {
         builder = set(builder, "amqp.listen", &overrides.amqp_listen)?;
         builder = set(builder, "amqp.tls_listen", &overrides.amqps_listen)?;
         builder = set(builder, "http.listen", &overrides.http_listen)?;
+        builder = set(builder, "http.tls_listen", &overrides.https_listen)?;
+        builder = set(builder, "prometheus.listen", &overrides.prometheus_listen)?;
         builder = set(builder, "http.load_definitions", &overrides.definitions)?;
         builder = set(builder, "broker.log", &overrides.log)?;
         let cfg: Config = builder.build()?.try_deserialize()?;
@@ -322,6 +341,8 @@ impl Config {
             ("amqp.listen", &self.amqp.listen),
             ("amqp.tls_listen", &self.amqp.tls_listen),
             ("http.listen", &self.http.listen),
+            ("http.tls_listen", &self.http.tls_listen),
+            ("prometheus.listen", &self.prometheus.listen),
         ] {
             if !addr.is_empty() && addr.parse::<SocketAddr>().is_err() {
                 return invalid(key, format!("`{addr}` is not an address like 127.0.0.1:1883"));
@@ -332,6 +353,9 @@ impl Config {
         }
         if !self.amqp.tls_listen.is_empty() && (self.tls.cert.is_empty() || self.tls.key.is_empty()) {
             return invalid("tls.cert", "amqp.tls_listen is set but tls.cert or tls.key is empty".into());
+        }
+        if !self.http.tls_listen.is_empty() && (self.tls.cert.is_empty() || self.tls.key.is_empty()) {
+            return invalid("tls.cert", "http.tls_listen is set but tls.cert or tls.key is empty".into());
         }
         if self.amqp.frame_max < 4096 {
             return invalid("amqp.frame_max", "must be at least 4096".into());
@@ -391,9 +415,19 @@ impl Config {
         Ok(())
     }
 
-    /// Parsed plain MQTT listener address.
+    /// Parsed management HTTP listener address.
     pub fn http_listen(&self) -> Option<SocketAddr> {
         parse_addr(&self.http.listen)
+    }
+
+    /// Parsed management HTTPS listener address.
+    pub fn https_listen(&self) -> Option<SocketAddr> {
+        parse_addr(&self.http.tls_listen)
+    }
+
+    /// Parsed Prometheus-only listener address.
+    pub fn prometheus_listen(&self) -> Option<SocketAddr> {
+        parse_addr(&self.prometheus.listen)
     }
 
     /// Parsed plain MQTT listener address.

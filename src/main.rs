@@ -40,6 +40,12 @@ struct Cli {
     /// Management HTTP API and /metrics listener address, e.g. 127.0.0.1:15672 ("" turns it off).
     #[arg(long, value_name = "ADDR")]
     http_listen: Option<String>,
+    /// Management HTTPS listener address, e.g. 127.0.0.1:15671 (needs tls.cert and tls.key).
+    #[arg(long, value_name = "ADDR")]
+    https_listen: Option<String>,
+    /// A listener for Prometheus /metrics only, e.g. 127.0.0.1:15692 ("" turns it off).
+    #[arg(long, value_name = "ADDR")]
+    prometheus_listen: Option<String>,
     /// RabbitMQ definitions file (JSON) imported at start.
     #[arg(long, value_name = "FILE")]
     definitions: Option<String>,
@@ -80,6 +86,8 @@ fn main() -> anyhow::Result<()> {
         amqp_listen: cli.amqp_listen,
         amqps_listen: cli.amqps_listen,
         http_listen: cli.http_listen,
+        https_listen: cli.https_listen,
+        prometheus_listen: cli.prometheus_listen,
         definitions: cli.definitions,
         log: cli.log,
     };

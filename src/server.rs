@@ -58,6 +58,10 @@ pub struct Server {
     pub amqps_addr: Option<SocketAddr>,
     /// Bound management HTTP address.
     pub http_addr: Option<SocketAddr>,
+    /// Bound management HTTPS address.
+    pub https_addr: Option<SocketAddr>,
+    /// Bound Prometheus-only address.
+    pub prometheus_addr: Option<SocketAddr>,
     broker: Arc<Broker>,
     mqtt: Arc<MqttContext>,
     amqp: Arc<AmqpContext>,
@@ -129,6 +133,8 @@ impl Server {
             amqp_addr: None,
             amqps_addr: None,
             http_addr: None,
+            https_addr: None,
+            prometheus_addr: None,
             broker,
             mqtt,
             amqp,
@@ -147,10 +153,7 @@ impl Server {
         ];
         for (key, flag, addr, is_amqp, is_tls) in listeners {
             let Some(addr) = addr else { continue };
-            let listener = TcpListener::bind(addr).await.map_err(|e| match e.kind() {
-                std::io::ErrorKind::AddrInUse => anyhow::Error::new(ListenError::InUse { key, flag, addr }),
-                _ => anyhow::Error::new(e).context(format!("cannot listen on {key} {addr}")),
-            })?;
+            let listener = bind(key, flag, addr).await?;
             let bound = Some(listener.local_addr()?);
             match (is_amqp, is_tls) {
                 (false, false) => server.mqtt_addr = bound,
@@ -177,18 +180,24 @@ impl Server {
         if !config.http.load_definitions.is_empty() {
             load_definitions(&ctx, &config.http.load_definitions).await?;
         }
+        let mut http = crate::http::Listeners::default();
         if let Some(addr) = config.http_listen() {
-            let key = "http.listen";
-            let listener = TcpListener::bind(addr).await.map_err(|e| match e.kind() {
-                std::io::ErrorKind::AddrInUse => {
-                    anyhow::Error::new(ListenError::InUse { key, flag: "--http-listen", addr })
-                }
-                _ => anyhow::Error::new(e).context(format!("cannot listen on {key} {addr}")),
-            })?;
+            let listener = bind("http.listen", "--http-listen", addr).await?;
             server.http_addr = Some(listener.local_addr()?);
-            *ctx.listeners.write() = server.listener_infos();
-            tokio::spawn(crate::http::serve(listener, ctx, stop_rx.clone()));
+            http.http = Some(listener);
         }
+        if let Some(addr) = config.https_listen() {
+            let listener = bind("http.tls_listen", "--https-listen", addr).await?;
+            server.https_addr = Some(listener.local_addr()?);
+            http.https = Some(crate::http::listener::TlsListener::new(listener, tls()?)?);
+        }
+        if let Some(addr) = config.prometheus_listen() {
+            let listener = bind("prometheus.listen", "--prometheus-listen", addr).await?;
+            server.prometheus_addr = Some(listener.local_addr()?);
+            http.prometheus = Some(listener);
+        }
+        *ctx.listeners.write() = server.listener_infos();
+        crate::http::start(ctx, http, stop_rx.clone());
         Ok(server)
     }
 
@@ -211,6 +220,12 @@ impl Server {
         if let Some(a) = self.http_addr {
             line.push_str(&format!(" http={a}"));
         }
+        if let Some(a) = self.https_addr {
+            line.push_str(&format!(" https={a}"));
+        }
+        if let Some(a) = self.prometheus_addr {
+            line.push_str(&format!(" prometheus={a}"));
+        }
         line
     }
 
@@ -222,6 +237,8 @@ impl Server {
             ("mqtt", self.mqtt_addr),
             ("mqtt/ssl", self.mqtts_addr),
             ("http", self.http_addr),
+            ("https", self.https_addr),
+            ("http/prometheus", self.prometheus_addr),
         ]
         .into_iter()
         .filter_map(|(protocol, addr)| addr.map(|addr| ListenerInfo { protocol, addr }))
@@ -273,6 +290,14 @@ impl Server {
             "stopped"
         );
     }
+}
+
+/// Binds a listener; an address in use is reported with the key and flag that set it.
+async fn bind(key: &'static str, flag: &'static str, addr: SocketAddr) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr).await.map_err(|e| match e.kind() {
+        std::io::ErrorKind::AddrInUse => anyhow::Error::new(ListenError::InUse { key, flag, addr }),
+        _ => anyhow::Error::new(e).context(format!("cannot listen on {key} {addr}")),
+    })
 }
 
 /// Imports a RabbitMQ definitions file (`http.load_definitions`); what cannot be applied

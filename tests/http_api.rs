@@ -532,3 +532,61 @@ async fn the_dashboard_is_served_from_the_binary_without_credentials() {
     assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
     assert!(resp.headers().get("www-authenticate").is_none());
 }
+
+/// Sends one HTTP/1.1 request over `io` and answers the whole response (the server closes).
+async fn raw_request<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(mut io: S, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let auth = "Z3Vlc3Q6Z3Vlc3Q="; // guest:guest
+    let req =
+        format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Basic {auth}\r\nConnection: close\r\n\r\n");
+    io.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(common::WAIT, io.read_to_end(&mut out)).await.expect("response in time").unwrap();
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_over_https_and_metrics_on_a_listener_of_their_own() {
+    use rustls_pki_types::pem::PemObject;
+    use std::sync::Arc;
+    let tmp = tempfile::tempdir().unwrap();
+    let (cert, key, ca_pem) = common::make_certs(tmp.path());
+    let broker = Broker::start_with(
+        Opts::default()
+            .args(&["--https-listen", "127.0.0.1:0", "--prometheus-listen", "127.0.0.1:0"])
+            .env("FERRYMQ_TLS__CERT", cert.to_str().unwrap())
+            .env("FERRYMQ_TLS__KEY", key.to_str().unwrap()),
+    );
+    let https = broker.https.expect("https address in the READY line");
+    let prometheus = broker.prometheus.expect("prometheus address in the READY line");
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(rustls_pki_types::CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    // A client that opens the TLS port and never says hello holds up nobody.
+    let _stalled = tokio::net::TcpStream::connect(https).await.unwrap();
+    let tls = |c: tokio_rustls::TlsConnector| async move {
+        let tcp = tokio::net::TcpStream::connect(https).await.unwrap();
+        c.connect("localhost".try_into().unwrap(), tcp).await.expect("TLS handshake with the broker's certificate")
+    };
+    let answer = raw_request(tls(connector.clone()).await, "/api/overview").await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("\"product_name\":\"FerryMQ\""), "{answer}");
+    // The listeners are reported as RabbitMQ names them.
+    let listeners = Api::of(&broker).ok("/api/overview").await["listeners"].clone();
+    let protocols: Vec<&str> = listeners.as_array().unwrap().iter().map(|l| l["protocol"].as_str().unwrap()).collect();
+    assert!(protocols.contains(&"https") && protocols.contains(&"http/prometheus"), "{listeners}");
+    let port = format!("/api/health/checks/port-listener/{}", https.port());
+    assert!(raw_request(tls(connector).await, &port).await.contains("\"status\":\"ok\""));
+    // The Prometheus listener answers /metrics and nothing else.
+    let metrics = reqwest::get(format!("http://{prometheus}/metrics")).await.unwrap();
+    assert_eq!(metrics.status(), StatusCode::OK);
+    assert!(metrics.text().await.unwrap().contains("rabbitmq_connections"));
+    let api = reqwest::get(format!("http://{prometheus}/api/overview")).await.unwrap();
+    assert_eq!(api.status(), StatusCode::NOT_FOUND);
+}

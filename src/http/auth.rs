@@ -8,6 +8,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::extract::{ConnectInfo, Request, State};
+
+use super::listener::Peer;
 use axum::http::header::AUTHORIZATION;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -84,7 +86,7 @@ pub fn basic_credentials(header: &str) -> Option<(String, String)> {
 /// `WWW-Authenticate`, so that the browser shows the page's own login, not its dialog.
 pub async fn require_login(
     State(ctx): State<Arc<HttpContext>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    ConnectInfo(Peer(peer)): ConnectInfo<Peer>,
     mut req: Request,
     next: Next,
 ) -> Response {

@@ -6,6 +6,8 @@
 use std::sync::Arc;
 
 use axum::extract::{ConnectInfo, Request, State};
+
+use super::listener::Peer;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
 use prometheus_client::encoding::text::encode;
@@ -268,7 +270,7 @@ pub async fn render_per_object(ctx: &HttpContext) -> String {
 /// out at ~170k queues).
 pub async fn per_object(
     State(ctx): State<Arc<HttpContext>>,
-    ConnectInfo(peer): ConnectInfo<std::net::SocketAddr>,
+    ConnectInfo(Peer(peer)): ConnectInfo<Peer>,
     req: Request,
 ) -> Result<Response, ApiError> {
     if !ctx.cfg.metrics_without_auth {
@@ -280,7 +282,7 @@ pub async fn per_object(
 /// `GET /metrics` (credentials needed only when `http.metrics_without_auth` is off).
 pub async fn metrics(
     State(ctx): State<Arc<HttpContext>>,
-    ConnectInfo(peer): ConnectInfo<std::net::SocketAddr>,
+    ConnectInfo(Peer(peer)): ConnectInfo<Peer>,
     req: Request,
 ) -> Result<Response, ApiError> {
     if !ctx.cfg.metrics_without_auth {

@@ -18,6 +18,7 @@
 //! - [`streams`] — stream and super-stream consumer groups (lag, reset), message lookup by key.
 //! - [`metrics`] — `/metrics` (OpenMetrics text).
 //! - [`json`] — the JSON shapes shared by several calls (header values, pagination).
+//! - [`listener`] — the listeners' sockets: plain, TLS (`http.tls_listen`), the peer address.
 
 pub mod access;
 pub mod auth;
@@ -28,6 +29,7 @@ pub mod error;
 pub mod exchanges;
 pub mod health;
 pub mod json;
+pub mod listener;
 pub mod metrics;
 pub mod mqtt;
 pub mod overview;
@@ -38,8 +40,11 @@ pub mod streams;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use axum::extract::connect_info::Connected;
 use axum::routing::{delete, get, post};
+use axum::serve::{IncomingStream, Listener};
 use axum::Router;
+use listener::{Peer, TlsListener};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::warn;
@@ -54,7 +59,8 @@ use crate::mqtt::MqttContext;
 /// A listener the broker opened, as `/api/overview` lists it.
 #[derive(Debug, Clone)]
 pub struct ListenerInfo {
-    /// RabbitMQ's protocol name: `amqp`, `amqp/ssl`, `mqtt`, `mqtt/ssl`, `http`.
+    /// RabbitMQ's protocol name: `amqp`, `amqp/ssl`, `mqtt`, `mqtt/ssl`, `http`, `https`,
+    /// `http/prometheus`.
     pub protocol: &'static str,
     /// The bound address.
     pub addr: SocketAddr,
@@ -182,15 +188,54 @@ pub fn router(ctx: Arc<HttpContext>) -> Router {
         .with_state(ctx)
 }
 
-/// Serves the API on `listener` until `stop` turns true.
-pub async fn serve(listener: TcpListener, ctx: Arc<HttpContext>, mut stop: watch::Receiver<bool>) {
+/// Only `/metrics` and `/metrics/per-object`, for a listener of their own
+/// (`prometheus.listen`, as RabbitMQ's Prometheus plugin on 15692).
+pub fn metrics_router(ctx: Arc<HttpContext>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics::metrics))
+        .route("/metrics/per-object", get(metrics::per_object))
+        .fallback(error::not_found)
+        .with_state(ctx)
+}
+
+/// The bound HTTP listeners, each optional.
+#[derive(Debug, Default)]
+pub struct Listeners {
+    /// `http.listen`: the API, `/metrics` and the dashboard.
+    pub http: Option<TcpListener>,
+    /// `http.tls_listen`: the same over TLS.
+    pub https: Option<TlsListener>,
+    /// `prometheus.listen`: `/metrics` only.
+    pub prometheus: Option<TcpListener>,
+}
+
+/// Serves every listener until `stop` turns true, and samples the rates.
+pub fn start(ctx: Arc<HttpContext>, listeners: Listeners, stop: watch::Receiver<bool>) {
     tokio::spawn(ctx.clone().sample_rates());
-    let app = router(ctx).into_make_service_with_connect_info::<SocketAddr>();
+    if let Some(l) = listeners.http {
+        tokio::spawn(serve(l, router(ctx.clone()), stop.clone()));
+    }
+    if let Some(l) = listeners.https {
+        tokio::spawn(serve(l, router(ctx.clone()), stop.clone()));
+    }
+    if let Some(l) = listeners.prometheus {
+        tokio::spawn(serve(l, metrics_router(ctx), stop));
+    }
+}
+
+/// Serves `app` on `listener` until `stop` turns true.
+async fn serve<L>(listener: L, app: Router, mut stop: watch::Receiver<bool>)
+where
+    L: Listener,
+    L::Addr: std::fmt::Debug,
+    Peer: for<'a> Connected<IncomingStream<'a, L>>,
+{
+    let app = app.into_make_service_with_connect_info::<Peer>();
     let stopped = async move {
         let _ = stop.wait_for(|s| *s).await;
     };
     if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stopped).await {
-        warn!(error = %e, "the HTTP listener failed");
+        warn!(error = %e, "an HTTP listener failed");
     }
 }
 

@@ -30,6 +30,10 @@ pub struct Broker {
     pub amqps: Option<SocketAddr>,
     /// Management HTTP API address (the harness always opens one on an ephemeral port).
     pub http: Option<SocketAddr>,
+    /// Management HTTPS address, if started with one (`--https-listen`).
+    pub https: Option<SocketAddr>,
+    /// Prometheus-only address, if started with one (`--prometheus-listen`).
+    pub prometheus: Option<SocketAddr>,
     /// Data directory (kept across restarts).
     pub dir: PathBuf,
     /// From spawning the process to its READY line.
@@ -181,7 +185,23 @@ impl Broker {
         let amqp = field("amqp");
         let amqps = field("amqps");
         let http = field("http");
-        Broker { child: Some(child), mqtt, mqtts, amqp, amqps, http, dir, started_in, _tmp: tmp, log, opts }
+        let https = field("https");
+        let prometheus = field("prometheus");
+        Broker {
+            child: Some(child),
+            mqtt,
+            mqtts,
+            amqp,
+            amqps,
+            http,
+            https,
+            prometheus,
+            dir,
+            started_in,
+            _tmp: tmp,
+            log,
+            opts,
+        }
     }
 
     /// Stops the broker with SIGTERM and waits for a clean exit (status 0).
