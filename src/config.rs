@@ -244,6 +244,9 @@ pub struct HttpSection {
     pub metrics_without_auth: bool,
     /// Name of this node in the API (`node`), as RabbitMQ's `rabbit@host`.
     pub node_name: String,
+    /// How often the counters behind the API's rates are sampled, ms (RabbitMQ's
+    /// `collect_statistics_interval`).
+    pub collect_statistics_interval: u64,
     /// Cluster name reported by `/api/overview`.
     pub cluster_name: String,
     /// A RabbitMQ definitions file imported at start (`--definitions`; "" = none), as

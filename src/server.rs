@@ -176,6 +176,7 @@ impl Server {
             alarm: server.alarm.clone(),
             listeners: Default::default(),
             rates: Default::default(),
+            queue_rates: Default::default(),
         });
         if !config.http.load_definitions.is_empty() {
             load_definitions(&ctx, &config.http.load_definitions).await?;

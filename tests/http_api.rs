@@ -590,3 +590,75 @@ async fn the_api_over_https_and_metrics_on_a_listener_of_their_own() {
     let api = reqwest::get(format!("http://{prometheus}/api/overview")).await.unwrap();
     assert_eq!(api.status(), StatusCode::NOT_FOUND);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_counts_and_rates_what_its_clients_did() {
+    let broker = Broker::start_with(Opts::default().env("FERRYMQ_HTTP__COLLECT_STATISTICS_INTERVAL", "100"));
+    let api = Api::of(&broker);
+    let (_c, ch) = amqp_channel(&broker).await;
+    confirm_select(&ch).await;
+    declare_queue(&ch, "stats", FieldTable::default()).await;
+    for i in 0..10 {
+        publish_confirmed(&ch, "", "stats", format!("m{i}").as_bytes(), persistent()).await;
+    }
+    // Two fetched and acknowledged, eight delivered; one of those nacked back and
+    // delivered again.
+    for _ in 0..2 {
+        let m = get(&ch, "stats", false).await.expect("a message to get");
+        bounded("ack", ch.basic_ack(m.delivery.delivery_tag, BasicAckOptions::default())).await.unwrap();
+    }
+    let mut consumer = consume(&ch, "stats", BasicConsumeOptions::default(), FieldTable::default()).await;
+    let mut redelivered = false;
+    for i in 0..9 {
+        let d = next_delivery(&mut consumer).await;
+        redelivered |= d.redelivered;
+        if i == 0 {
+            let nack = BasicNackOptions { multiple: false, requeue: true };
+            bounded("nack", ch.basic_nack(d.delivery_tag, nack)).await.unwrap();
+        } else {
+            bounded("ack", ch.basic_ack(d.delivery_tag, BasicAckOptions::default())).await.unwrap();
+        }
+    }
+    assert!(redelivered, "the nacked message came back marked redelivered");
+    let stats = common::eventually("the queue's counters", WAIT, || async {
+        let q = api.ok("/api/queues/%2F/stats").await;
+        (q["message_stats"]["ack"] == 10).then_some(q["message_stats"].clone())
+    })
+    .await;
+    let count = |k: &str| stats[k].as_u64().unwrap_or_else(|| panic!("{k} in {stats}"));
+    assert_eq!(
+        [count("publish"), count("get"), count("deliver"), count("deliver_get"), count("redeliver"), count("ack")],
+        [10, 2, 9, 11, 1, 10],
+        "{stats}"
+    );
+    assert!(stats["publish_details"]["rate"].is_number());
+    // While a publisher keeps going, the queue's publish rate and depth rate show it.
+    let publisher = tokio::spawn({
+        let ch = ch.clone();
+        async move {
+            for i in 0..400 {
+                publish_confirmed(&ch, "", "stats", format!("r{i}").as_bytes(), persistent()).await;
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        }
+    });
+    let q = common::eventually("a publish rate", WAIT, || async {
+        let q = api.ok("/api/queues/%2F/stats").await;
+        (q["message_stats"]["publish_details"]["rate"].as_f64().unwrap_or(0.0) > 0.0).then_some(q)
+    })
+    .await;
+    assert!(q["messages_details"]["rate"].as_f64().unwrap() >= 0.0, "{q}");
+    publisher.abort();
+    let text = reqwest::get(format!("http://{}/metrics/per-object", broker.http.unwrap()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let of_stats = |name: &str| -> f64 {
+        let line = text.lines().find(|l| l.starts_with(&format!("{name}{{")) && l.contains("queue=\"stats\""));
+        line.and_then(|l| l.rsplit_once(' ')).and_then(|(_, v)| v.parse().ok()).unwrap_or_else(|| panic!("{name}"))
+    };
+    assert_eq!(of_stats("rabbitmq_detailed_queue_messages_acked_total"), 10.0, "per-object counter");
+    assert!(of_stats("rabbitmq_detailed_queue_messages_published_total") >= 10.0);
+}

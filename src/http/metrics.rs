@@ -224,6 +224,11 @@ pub async fn render_per_object(ctx: &HttpContext) -> String {
     let consumers = Family::<Labels, Gauge>::default();
     let lag = Family::<Labels, Gauge>::default();
     let committed = Family::<Labels, Gauge>::default();
+    let published = Family::<Labels, Counter>::default();
+    let delivered = Family::<Labels, Counter>::default();
+    let fetched = Family::<Labels, Counter>::default();
+    let redelivered = Family::<Labels, Counter>::default();
+    let acked = Family::<Labels, Counter>::default();
     let as_i64 = |v: u64| v.min(i64::MAX as u64) as i64;
     for q in ctx.amqp.entities.all() {
         let labels = vec![("vhost".to_string(), q.vhost.clone()), ("queue".to_string(), q.name.clone())];
@@ -235,6 +240,16 @@ pub async fn render_per_object(ctx: &HttpContext) -> String {
         messages.get_or_create(&labels).set(as_i64(len));
         bytes.get_or_create(&labels).set(as_i64(Stats::get(&g.bytes)));
         consumers.get_or_create(&labels).set(as_i64(q.consumers.load(std::sync::atomic::Ordering::Relaxed)));
+        let c = g.counts();
+        for (family, n) in [
+            (&published, c.publish),
+            (&delivered, c.deliver),
+            (&fetched, c.get),
+            (&redelivered, c.redeliver),
+            (&acked, c.ack),
+        ] {
+            family.get_or_create(&labels).inc_by(n);
+        }
         if q.is_stream() {
             if let Some(s) = ctx.broker.shards.stream_status(q.id).await {
                 for gr in &s.groups {
@@ -255,6 +270,11 @@ pub async fn render_per_object(ctx: &HttpContext) -> String {
     r.register("rabbitmq_detailed_queue_messages", "Ready and unacknowledged messages, per queue", messages);
     r.register("rabbitmq_detailed_queue_messages_bytes", "Bytes of the messages, per queue", bytes);
     r.register("rabbitmq_detailed_queue_consumers", "Consumers, per queue", consumers);
+    r.register("rabbitmq_detailed_queue_messages_published", "Messages that entered the queue", published);
+    r.register("rabbitmq_detailed_queue_messages_delivered", "Messages delivered to consumers, per queue", delivered);
+    r.register("rabbitmq_detailed_queue_get", "Messages fetched with basic.get, per queue", fetched);
+    r.register("rabbitmq_detailed_queue_messages_redelivered", "Messages redelivered, per queue", redelivered);
+    r.register("rabbitmq_detailed_queue_messages_acked", "Messages acknowledged, per queue", acked);
     r.register("ferrymq_stream_group_lag", "Messages a stream consumer group has not acknowledged yet", lag);
     r.register(
         "ferrymq_stream_group_committed_offset",

@@ -88,6 +88,8 @@ pub struct HttpContext {
     pub listeners: parking_lot::RwLock<Vec<ListenerInfo>>,
     /// Message rates, sampled every 5 s.
     pub rates: rates::Rates,
+    /// Per-queue rates, sampled with `rates`.
+    pub queue_rates: rates::QueueRates,
 }
 
 impl HttpContext {
@@ -240,12 +242,14 @@ where
 }
 
 impl HttpContext {
-    /// Samples the counters behind the rates every [`rates::SAMPLE_INTERVAL`].
+    /// Samples the counters behind the rates every `http.collect_statistics_interval`.
     async fn sample_rates(self: Arc<Self>) {
-        let mut tick = tokio::time::interval(rates::SAMPLE_INTERVAL);
+        let every = std::time::Duration::from_millis(self.cfg.collect_statistics_interval.max(10));
+        let mut tick = tokio::time::interval(every);
         loop {
             tick.tick().await;
             self.rates.sample(&rates::Totals::now(&self.broker));
+            self.queue_rates.sample(self.amqp.entities.all().iter().map(|q| (q.id, queues::sample(q))));
         }
     }
 }

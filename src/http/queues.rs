@@ -15,12 +15,14 @@ use serde_json::{json, Map, Value as Json_};
 use super::auth::{Access, Caller};
 use super::error::ApiError;
 use super::json::{flag, json_table, lenient, list, rate, table_json, Body, ListQuery};
+use super::rates::{QueuePerSecond, QueueSample};
 use super::HttpContext;
 use crate::amqp::entities::QueueEntity;
 use crate::amqp::methods::{check_equivalent_queue, create_queue};
 use crate::core::message::Message;
-use crate::core::queue::{QueueGauge, RequeueCause};
+use crate::core::queue::{MessageCounts, QueueGauge, RequeueCause};
 use crate::core::shards::ShardCmd;
+use ferrymq_storage::QueueId;
 
 /// Message and consumer counts over queues.
 #[derive(Debug, Default, Clone, Copy)]
@@ -89,6 +91,26 @@ impl Counts {
     }
 }
 
+/// A queue's counters and depths for the rate sampler.
+pub fn sample(q: &QueueEntity) -> QueueSample {
+    let c = Counts::of(q);
+    QueueSample { counts: q.config.gauge.counts(), messages: c.messages, ready: c.ready }
+}
+
+/// RabbitMQ's queue `message_stats`: counters since start with their rates.
+fn message_stats(counts: MessageCounts, r: &QueuePerSecond) -> Json_ {
+    json!({
+        "publish": counts.publish, "publish_details": rate(r.publish),
+        "deliver": counts.deliver, "deliver_details": rate(r.deliver),
+        "deliver_no_ack": 0, "deliver_no_ack_details": rate(0.0),
+        "get": counts.get, "get_details": rate(r.get),
+        "get_no_ack": 0, "get_no_ack_details": rate(0.0),
+        "deliver_get": counts.deliver + counts.get, "deliver_get_details": rate(r.deliver + r.get),
+        "redeliver": counts.redeliver, "redeliver_details": rate(r.redeliver),
+        "ack": counts.ack, "ack_details": rate(r.ack),
+    })
+}
+
 /// The queue's type as RabbitMQ names it.
 fn queue_type(q: &QueueEntity) -> &'static str {
     if q.is_stream() {
@@ -100,8 +122,9 @@ fn queue_type(q: &QueueEntity) -> &'static str {
     }
 }
 
-/// A queue as RabbitMQ's `/api/queues` shows it; `stats` adds the message counts.
-fn queue_json(ctx: &HttpContext, q: &QueueEntity, stats: bool) -> Json_ {
+/// A queue as RabbitMQ's `/api/queues` shows it; `stats` adds the message counts and
+/// rates (`rates` looks a queue's up).
+fn queue_json(ctx: &HttpContext, q: &QueueEntity, stats: bool, rates: &dyn Fn(QueueId) -> QueuePerSecond) -> Json_ {
     let mut o = Map::new();
     o.insert("name".into(), json!(q.name));
     o.insert("vhost".into(), json!(q.vhost));
@@ -119,12 +142,14 @@ fn queue_json(ctx: &HttpContext, q: &QueueEntity, stats: bool) -> Json_ {
     o.insert("consumers".into(), json!(c.consumers));
     if stats {
         let unacked = c.messages - c.ready;
+        let r = rates(q.id);
         o.insert("messages".into(), json!(c.messages));
-        o.insert("messages_details".into(), rate(0.0));
+        o.insert("messages_details".into(), rate(r.messages));
         o.insert("messages_ready".into(), json!(c.ready));
-        o.insert("messages_ready_details".into(), rate(0.0));
+        o.insert("messages_ready_details".into(), rate(r.ready));
         o.insert("messages_unacknowledged".into(), json!(unacked));
-        o.insert("messages_unacknowledged_details".into(), rate(0.0));
+        o.insert("messages_unacknowledged_details".into(), rate(r.unacked));
+        o.insert("message_stats".into(), message_stats(q.config.gauge.counts(), &r));
         o.insert("message_bytes".into(), json!(c.bytes));
         o.insert("message_bytes_ready".into(), json!((c.bytes * c.ready).checked_div(c.messages).unwrap_or(0)));
         o.insert(
@@ -148,7 +173,7 @@ fn sorted_queues(ctx: &HttpContext, vhost: Option<&str>) -> Vec<(String, Arc<Que
 
 fn answer_list(ctx: &HttpContext, vhost: Option<&str>, q: &ListQuery) -> Result<Json<Json_>, ApiError> {
     let stats = !flag(&q.disable_stats) || flag(&q.enable_queue_totals);
-    list(sorted_queues(ctx, vhost), q, |e| queue_json(ctx, e, stats))
+    ctx.queue_rates.with(|rates| list(sorted_queues(ctx, vhost), q, |e| queue_json(ctx, e, stats, rates)))
 }
 
 /// `GET /api/queues`.
@@ -193,7 +218,7 @@ pub async fn show(
 ) -> Result<Json<Json_>, ApiError> {
     caller.require(Access::Management)?;
     let q = find(&ctx, &vhost, &name)?;
-    Ok(Json(queue_json(&ctx, &q, true)))
+    Ok(Json(ctx.queue_rates.with(|rates| queue_json(&ctx, &q, true, rates))))
 }
 
 /// The body of `PUT /api/queues/{vhost}/{name}`.

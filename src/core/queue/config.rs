@@ -46,6 +46,16 @@ pub struct QueueGauge {
     pub occupied: AtomicU64,
     /// Bytes of live messages plus reserved bytes.
     pub occupied_bytes: AtomicU64,
+    /// Messages that entered the queue since start (RabbitMQ's queue `publish`).
+    pub published: AtomicU64,
+    /// Deliveries to consumers since start (`deliver`).
+    pub delivered: AtomicU64,
+    /// Messages fetched with basic.get since start (`get`).
+    pub fetched: AtomicU64,
+    /// Deliveries and fetches of a message delivered before (`redeliver`).
+    pub redelivered: AtomicU64,
+    /// Acknowledgements since start (`ack`).
+    pub acked: AtomicU64,
 }
 
 impl QueueGauge {
@@ -53,6 +63,51 @@ impl QueueGauge {
     pub fn get(counter: &AtomicU64) -> u64 {
         counter.load(Ordering::Relaxed)
     }
+
+    /// Adds what the owner counted since its last update (once per turn, not per message).
+    pub fn add_counts(&self, c: MessageCounts) {
+        if c == MessageCounts::default() {
+            return;
+        }
+        for (counter, n) in [
+            (&self.published, c.publish),
+            (&self.delivered, c.deliver),
+            (&self.fetched, c.get),
+            (&self.redelivered, c.redeliver),
+            (&self.acked, c.ack),
+        ] {
+            if n > 0 {
+                counter.fetch_add(n, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The message counters since start.
+    pub fn counts(&self) -> MessageCounts {
+        MessageCounts {
+            publish: Self::get(&self.published),
+            deliver: Self::get(&self.delivered),
+            get: Self::get(&self.fetched),
+            redeliver: Self::get(&self.redelivered),
+            ack: Self::get(&self.acked),
+        }
+    }
+}
+
+/// A queue's message counters (RabbitMQ's queue `message_stats`), kept by its owner in
+/// plain integers between gauge updates.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct MessageCounts {
+    /// Messages that entered the queue.
+    pub publish: u64,
+    /// Deliveries to consumers.
+    pub deliver: u64,
+    /// basic.get answers.
+    pub get: u64,
+    /// Deliveries and fetches of a message delivered before.
+    pub redeliver: u64,
+    /// Acknowledgements.
+    pub ack: u64,
 }
 
 /// How one queue behaves; shared (`Arc`) by its owner shard and the publishers that check it.

@@ -25,7 +25,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 pub use backoff::{parse_steps, Backoff, RequeueCause, RetryOn, RetryPolicy, MAX_DELAY_MS};
-pub use config::{DeadLetterTarget, Overflow, QueueConfig, QueueGauge};
+pub use config::{DeadLetterTarget, MessageCounts, Overflow, QueueConfig, QueueGauge};
 pub use consumer::{Consumer, ConsumerEvent, ConsumerId};
 use std::collections::HashMap;
 
@@ -211,6 +211,8 @@ pub struct Queue {
     load_ops: Vec<Op>,
     /// Ready length and bytes last added into the gauge's occupancy.
     published: (u64, u64),
+    /// Message counters since the gauge was last published.
+    counted: MessageCounts,
     /// Publisher reservations that became entries (or were dropped) since the gauge was
     /// last published: count and bytes.
     reservations_used: (u64, u64),
@@ -299,6 +301,7 @@ impl Queue {
             reservations_used: (0, 0),
             dedup: DedupIndex::default(),
             dedup_stale: false,
+            counted: MessageCounts::default(),
         };
         if q.config.dedup {
             q.dedup = dedup_index(id, journal);
@@ -386,6 +389,7 @@ impl Queue {
         self.published = (ready, self.bytes);
         g.ready.store(ready, Ordering::Relaxed);
         g.consumers.store(self.consumers.len() as u64, Ordering::Relaxed);
+        g.add_counts(std::mem::take(&mut self.counted));
     }
 
     /// A freshly appended entry (from the journal's completion, in offset order). The
@@ -400,6 +404,7 @@ impl Queue {
         fx: &mut Effects,
     ) -> Admission {
         self.next_offset = self.next_offset.max(offset + 1);
+        self.counted.publish += 1;
         if msg.props.expires_at_ms.is_some() {
             self.expiring = true;
         }
@@ -676,6 +681,7 @@ impl Queue {
     /// credit.
     pub fn ack(&mut self, offset: u64, ops: &mut Vec<Op>) {
         if let Some(u) = self.unacked.remove(&offset) {
+            self.counted.ack += 1;
             self.forget(&u.entry, ops);
             self.give_credit_back(u.consumer);
         }
@@ -824,6 +830,8 @@ impl Queue {
     pub fn get(&mut self, consumer: ConsumerId, no_ack: bool, journal: &Journal, fx: &mut Effects) -> Option<Got> {
         let (mut entry, msg) = self.next_ready(journal, fx)?;
         entry.deliveries += 1;
+        self.counted.get += 1;
+        self.counted.redeliver += entry.redelivered as u64;
         let delivery = QueueDelivery {
             queue: self.id,
             offset: entry.offset,
@@ -986,6 +994,8 @@ impl Queue {
             }
             consumer.credit -= 1;
             let id = consumer.id;
+            self.counted.deliver += 1;
+            self.counted.redeliver += entry.redelivered as u64;
             self.delivered_upto = self.delivered_upto.max(entry.offset + 1);
             self.unacked.insert(entry.offset, Unacked { entry, consumer: id });
         }

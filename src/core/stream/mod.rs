@@ -31,7 +31,7 @@ use tracing::{debug, warn};
 
 use super::delivery::QueueDelivery;
 use super::message::SharedMessage;
-use super::queue::{flags, read_message, ConsumerEvent, ConsumerId};
+use super::queue::{flags, read_message, ConsumerEvent, ConsumerId, MessageCounts};
 use super::tag_filter::TagFilter;
 use reader::TailEntry;
 use retention::Extent;
@@ -99,6 +99,8 @@ pub struct Stream {
     consumers: Vec<StreamConsumer>,
     /// Consumer groups by name (kept while the stream lives, members or not).
     groups: HashMap<String, Group>,
+    /// Message counters since the gauge was last published.
+    counted: MessageCounts,
 }
 
 impl Stream {
@@ -123,6 +125,7 @@ impl Stream {
             tail_bytes: 0,
             consumers: Vec::new(),
             groups: HashMap::new(),
+            counted: MessageCounts::default(),
         };
         // `len` live offsets below `next` whose lowest is `next - len` leave no gap. After a
         // crash, recovery may have dropped pointers at the tail (past the valid log) while
@@ -193,8 +196,9 @@ impl Stream {
     }
 
     /// Writes the live counters to the gauge.
-    pub fn publish_gauge(&self) {
+    pub fn publish_gauge(&mut self) {
         let g = &self.config.gauge;
+        g.add_counts(std::mem::take(&mut self.counted));
         g.len.store(self.len(), Ordering::Relaxed);
         g.bytes.store(self.bytes, Ordering::Relaxed);
         g.ready.store(self.len(), Ordering::Relaxed);
@@ -211,6 +215,7 @@ impl Stream {
             self.first = offset;
         }
         self.next = offset + 1;
+        self.counted.publish += 1;
         self.bytes += ptr.body_len as u64;
         if self.consumers.is_empty() {
             return;
@@ -314,6 +319,7 @@ impl Stream {
     pub fn settle(&mut self, consumer: ConsumerId, offset: u64) {
         let Some(c) = self.consumers.iter_mut().find(|c| c.id == consumer) else { return };
         if c.settle(offset) {
+            self.counted.ack += 1;
             if let Some(g) = c.group.as_ref().and_then(|n| self.groups.get_mut(n)) {
                 g.ack(offset);
             }
@@ -476,6 +482,7 @@ impl Stream {
             }
             c.credit -= 1;
             c.unacked.insert(offset);
+            self.counted.deliver += 1;
         }
         true
     }
@@ -541,6 +548,8 @@ impl Stream {
             g.rr = member + 1;
             c.credit -= 1;
             c.unacked.insert(offset);
+            self.counted.deliver += 1;
+            self.counted.redeliver += redelivered as u64;
             g.in_flight.insert(offset, c.id);
         }
     }

@@ -163,7 +163,16 @@ async function queues() {
     { title: "unacked", cell: q => fmt(q.messages_unacknowledged), num: true },
     { title: "total", cell: q => fmt(q.messages), num: true },
     { title: "bytes", cell: q => bytes(q.message_bytes), num: true },
+    { title: "in / s", cell: q => rateOf(q, "publish"), num: true },
+    { title: "out / s", cell: q => rateOf(q, "deliver_get"), num: true },
+    { title: "ack / s", cell: q => rateOf(q, "ack"), num: true },
     { title: "consumers", cell: q => q.consumers, num: true }], list, q => q.name), form);
+}
+
+/** A queue's message rate (`message_stats.<kind>_details.rate`) for a table cell. */
+function rateOf(q, kind) {
+  const d = (q.message_stats || {})[kind + "_details"];
+  return ((d && d.rate) || 0).toFixed(1);
 }
 
 async function queue(vhost, name) {
@@ -207,7 +216,12 @@ async function queue(vhost, name) {
     { title: "type", cell: x => x.type }, { title: "durable", cell: x => x.durable ? "yes" : "no" },
     { title: "arguments", cell: x => JSON.stringify(x.arguments) },
     { title: "ready", cell: x => fmt(x.messages_ready), num: true }, { title: "unacked", cell: x => fmt(x.messages_unacknowledged), num: true },
-    { title: "consumers", cell: x => x.consumers, num: true }], [q]);
+    { title: "consumers", cell: x => x.consumers, num: true },
+    { title: "published", cell: x => fmt((x.message_stats || {}).publish || 0), num: true },
+    { title: "delivered / got", cell: x => fmt((x.message_stats || {}).deliver_get || 0), num: true },
+    { title: "acked", cell: x => fmt((x.message_stats || {}).ack || 0), num: true },
+    { title: "in / s", cell: x => rateOf(x, "publish"), num: true },
+    { title: "out / s", cell: x => rateOf(x, "deliver_get"), num: true }], [q]);
   const parts = [status, el("div", { class: "card" }, facts, el("p", {}, purge, " ", remove)), publish];
   if (q.type === "stream") parts.push(await streamGroups(vhost, name));
   else parts.push(get);
