@@ -177,6 +177,7 @@ impl Server {
             listeners: Default::default(),
             rates: Default::default(),
             queue_rates: Default::default(),
+            connection_rates: Default::default(),
         });
         if !config.http.load_definitions.is_empty() {
             load_definitions(&ctx, &config.http.load_definitions).await?;

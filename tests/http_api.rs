@@ -648,6 +648,12 @@ async fn a_queue_counts_and_rates_what_its_clients_did() {
     })
     .await;
     assert!(q["messages_details"]["rate"].as_f64().unwrap() >= 0.0, "{q}");
+    common::eventually("the connection's byte rates", WAIT, || async {
+        let c = api.ok("/api/connections").await[0].clone();
+        let (recv, send) = (c["recv_oct_details"]["rate"].as_f64(), c["send_oct_details"]["rate"].as_f64());
+        (recv.unwrap_or(0.0) > 0.0 && send.unwrap_or(0.0) > 0.0).then_some(())
+    })
+    .await;
     publisher.abort();
     let text = reqwest::get(format!("http://{}/metrics/per-object", broker.http.unwrap()))
         .await

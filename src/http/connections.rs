@@ -22,6 +22,7 @@ fn connection_json(ctx: &HttpContext, c: &ConnectionInfo) -> Json_ {
         ClientDetails::Amqp { properties } => table_json(properties),
         ClientDetails::Mqtt { client_id, .. } => json!({ "client_id": client_id.as_ref() }),
     };
+    let [recv_rate, send_rate] = ctx.connection_rates.with(|rates| rates(&c.id));
     let mut j = json!({
         "name": c.name(),
         "node": ctx.node(),
@@ -38,9 +39,9 @@ fn connection_json(ctx: &HttpContext, c: &ConnectionInfo) -> Json_ {
         "ssl": c.listener.tls,
         "connected_at": c.connected_at_ms,
         "recv_oct": Stats::get(&c.recv_oct),
-        "recv_oct_details": rate(0.0),
+        "recv_oct_details": rate(recv_rate),
         "send_oct": Stats::get(&c.send_oct),
-        "send_oct_details": rate(0.0),
+        "send_oct_details": rate(send_rate),
         "channels": Stats::get(&c.channels),
         "client_properties": client_properties,
         "auth_mechanism": if c.protocol.is_mqtt() { "MQTT" } else { "PLAIN" },

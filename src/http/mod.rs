@@ -54,6 +54,7 @@ use crate::auth::Users;
 use crate::config::HttpSection;
 use crate::core::alarm::ResourceAlarm;
 use crate::core::broker::Broker;
+use crate::core::stats::Stats;
 use crate::mqtt::MqttContext;
 
 /// A listener the broker opened, as `/api/overview` lists it.
@@ -90,6 +91,8 @@ pub struct HttpContext {
     pub rates: rates::Rates,
     /// Per-queue rates, sampled with `rates`.
     pub queue_rates: rates::QueueRates,
+    /// Per-connection byte rates, sampled with `rates`.
+    pub connection_rates: rates::ConnectionRates,
 }
 
 impl HttpContext {
@@ -249,7 +252,10 @@ impl HttpContext {
         loop {
             tick.tick().await;
             self.rates.sample(&rates::Totals::now(&self.broker));
-            self.queue_rates.sample(self.amqp.entities.all().iter().map(|q| (q.id, queues::sample(q))));
+            self.queue_rates.sample(self.amqp.entities.all().iter().map(|q| (q.id, queues::sample(q).values())));
+            let connections = self.broker.connections.list();
+            self.connection_rates
+                .sample(connections.iter().map(|c| (c.id, [Stats::get(&c.recv_oct), Stats::get(&c.send_oct)])));
         }
     }
 }

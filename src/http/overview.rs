@@ -50,8 +50,8 @@ pub async fn overview(State(ctx): State<Arc<HttpContext>>, Extension(caller): Ex
             "ack": t.ack, "ack_details": rate(r.ack),
         },
         "churn_rates": {
-            "connection_created": churn.0, "connection_created_details": rate(0.0),
-            "connection_closed": churn.1, "connection_closed_details": rate(0.0),
+            "connection_created": churn.0, "connection_created_details": rate(r.connection_created),
+            "connection_closed": churn.1, "connection_closed_details": rate(r.connection_closed),
         },
         "queue_totals": q.json(),
         "object_totals": {

@@ -35,6 +35,8 @@ pub struct QueueTotals {
     pub ready: u64,
     /// Consumers.
     pub consumers: u64,
+    /// Summed depth rates: messages, ready, unacknowledged (per second).
+    pub rates: [f64; 3],
 }
 
 impl QueueTotals {
@@ -46,26 +48,32 @@ impl QueueTotals {
     /// Over the queues of `vhost` (all with `None`).
     pub fn of_vhost(ctx: &HttpContext, vhost: Option<&str>) -> QueueTotals {
         let mut t = QueueTotals::default();
-        for q in ctx.amqp.entities.all() {
-            if vhost.is_some_and(|v| v != q.vhost) {
-                continue;
+        ctx.queue_rates.with(|rates| {
+            for q in ctx.amqp.entities.all() {
+                if vhost.is_some_and(|v| v != q.vhost) {
+                    continue;
+                }
+                let c = Counts::of(&q);
+                t.queues += 1;
+                t.messages += c.messages;
+                t.ready += c.ready;
+                t.consumers += c.consumers;
+                let r = QueuePerSecond::from(rates(&q.id));
+                t.rates[0] += r.messages;
+                t.rates[1] += r.ready;
+                t.rates[2] += r.unacked;
             }
-            let c = Counts::of(&q);
-            t.queues += 1;
-            t.messages += c.messages;
-            t.ready += c.ready;
-            t.consumers += c.consumers;
-        }
+        });
         t
     }
 
     /// RabbitMQ's `messages*` fields.
     pub fn json(&self) -> Json_ {
         json!({
-            "messages": self.messages, "messages_details": rate(0.0),
-            "messages_ready": self.ready, "messages_ready_details": rate(0.0),
+            "messages": self.messages, "messages_details": rate(self.rates[0]),
+            "messages_ready": self.ready, "messages_ready_details": rate(self.rates[1]),
             "messages_unacknowledged": self.messages - self.ready.min(self.messages),
-            "messages_unacknowledged_details": rate(0.0),
+            "messages_unacknowledged_details": rate(self.rates[2]),
         })
     }
 }
@@ -124,7 +132,7 @@ fn queue_type(q: &QueueEntity) -> &'static str {
 
 /// A queue as RabbitMQ's `/api/queues` shows it; `stats` adds the message counts and
 /// rates (`rates` looks a queue's up).
-fn queue_json(ctx: &HttpContext, q: &QueueEntity, stats: bool, rates: &dyn Fn(QueueId) -> QueuePerSecond) -> Json_ {
+fn queue_json(ctx: &HttpContext, q: &QueueEntity, stats: bool, rates: &dyn Fn(&QueueId) -> [f64; 8]) -> Json_ {
     let mut o = Map::new();
     o.insert("name".into(), json!(q.name));
     o.insert("vhost".into(), json!(q.vhost));
@@ -142,7 +150,7 @@ fn queue_json(ctx: &HttpContext, q: &QueueEntity, stats: bool, rates: &dyn Fn(Qu
     o.insert("consumers".into(), json!(c.consumers));
     if stats {
         let unacked = c.messages - c.ready;
-        let r = rates(q.id);
+        let r = QueuePerSecond::from(rates(&q.id));
         o.insert("messages".into(), json!(c.messages));
         o.insert("messages_details".into(), rate(r.messages));
         o.insert("messages_ready".into(), json!(c.ready));

@@ -30,6 +30,10 @@ pub struct Totals {
     pub recv_oct: u64,
     /// Bytes sent to clients.
     pub send_oct: u64,
+    /// Connections opened since start.
+    pub connection_created: u64,
+    /// Connections closed since start.
+    pub connection_closed: u64,
 }
 
 impl Totals {
@@ -44,7 +48,10 @@ impl Totals {
                 send += Stats::get(&c.send_oct);
             }
         }
+        let (connection_created, connection_closed) = broker.connections.churn();
         Totals {
+            connection_created,
+            connection_closed,
             publish: Stats::get(&a.published) + Stats::get(&s.publish_received),
             confirm: Stats::get(&a.confirmed),
             deliver_get: Stats::get(&a.delivered) + Stats::get(&s.publish_sent),
@@ -69,6 +76,10 @@ pub struct PerSecond {
     pub redeliver: f64,
     /// Acknowledgements per second.
     pub ack: f64,
+    /// Connections opened per second.
+    pub connection_created: f64,
+    /// Connections closed per second.
+    pub connection_closed: f64,
 }
 
 /// The last sample and the rates it gave.
@@ -95,6 +106,8 @@ impl Rates {
                     deliver_get: r(now.deliver_get, before.deliver_get),
                     redeliver: r(now.redeliver, before.redeliver),
                     ack: r(now.ack, before.ack),
+                    connection_created: r(now.connection_created, before.connection_created),
+                    connection_closed: r(now.connection_closed, before.connection_closed),
                 }
             }
             None => PerSecond::default(),
@@ -119,6 +132,14 @@ pub struct QueueSample {
     pub ready: u64,
 }
 
+impl QueueSample {
+    /// The values the rates are taken of, in [`QueuePerSecond`]'s order.
+    pub fn values(&self) -> [u64; 8] {
+        let c = self.counts;
+        [c.publish, c.deliver, c.get, c.redeliver, c.ack, self.messages, self.ready, self.messages - self.ready]
+    }
+}
+
 /// A queue's rates between the last two samples, per second (depth rates may be negative).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct QueuePerSecond {
@@ -140,56 +161,64 @@ pub struct QueuePerSecond {
     pub unacked: f64,
 }
 
-/// Per-queue rates (RabbitMQ's queue `message_stats` and `messages_details`), sampled with
-/// the totals; queues gone since the last sample are forgotten.
-#[derive(Debug, Default)]
-pub struct QueueRates {
-    last: Mutex<(Option<Instant>, QueueSamples)>,
+impl From<[f64; 8]> for QueuePerSecond {
+    fn from(r: [f64; 8]) -> Self {
+        let [publish, deliver, get, redeliver, ack, messages, ready, unacked] = r;
+        QueuePerSecond { publish, deliver, get, redeliver, ack, messages, ready, unacked }
+    }
 }
 
-/// Each queue's last sample and the rates it gave.
-type QueueSamples = HashMap<QueueId, (QueueSample, QueuePerSecond)>;
+/// Per-object rates (a queue's `message_stats` and `messages_details`, a connection's
+/// `recv_oct_details`): `N` values per object sampled with the totals, each rate the change
+/// between the last two samples per second; objects gone since the last sample are
+/// forgotten.
+#[derive(Debug)]
+pub struct ObjectRates<K, const N: usize> {
+    last: Mutex<(Option<Instant>, Samples<K, N>)>,
+}
 
-impl QueueRates {
-    /// Takes a sample of every queue.
-    pub fn sample(&self, queues: impl Iterator<Item = (QueueId, QueueSample)>) {
-        self.sample_at(Instant::now(), queues);
+/// Each object's last values and the rates they gave.
+type Samples<K, const N: usize> = HashMap<K, ([u64; N], [f64; N])>;
+
+impl<K, const N: usize> Default for ObjectRates<K, N> {
+    fn default() -> Self {
+        ObjectRates { last: Mutex::new((None, HashMap::new())) }
+    }
+}
+
+impl<K: std::hash::Hash + Eq, const N: usize> ObjectRates<K, N> {
+    /// Takes a sample of every object.
+    pub fn sample(&self, objects: impl Iterator<Item = (K, [u64; N])>) {
+        self.sample_at(Instant::now(), objects);
     }
 
-    fn sample_at(&self, at: Instant, queues: impl Iterator<Item = (QueueId, QueueSample)>) {
+    fn sample_at(&self, at: Instant, objects: impl Iterator<Item = (K, [u64; N])>) {
         let mut last = self.last.lock();
         let secs = last.0.map(|then| at.duration_since(then).as_secs_f64().max(1e-3));
         let mut next = HashMap::with_capacity(last.1.len());
-        for (id, now) in queues {
-            let rates = match (secs, last.1.get(&id)) {
-                (Some(secs), Some((before, _))) => {
-                    let r = |a: u64, b: u64| a.saturating_sub(b) as f64 / secs;
-                    let d = |a: u64, b: u64| (a as f64 - b as f64) / secs;
-                    let (c, b) = (now.counts, before.counts);
-                    QueuePerSecond {
-                        publish: r(c.publish, b.publish),
-                        deliver: r(c.deliver, b.deliver),
-                        get: r(c.get, b.get),
-                        redeliver: r(c.redeliver, b.redeliver),
-                        ack: r(c.ack, b.ack),
-                        messages: d(now.messages, before.messages),
-                        ready: d(now.ready, before.ready),
-                        unacked: d(now.messages - now.ready, before.messages - before.ready),
-                    }
-                }
-                _ => QueuePerSecond::default(),
+        for (key, now) in objects {
+            let rates = match (secs, last.1.get(&key)) {
+                (Some(secs), Some((before, _))) => std::array::from_fn(|i| (now[i] as f64 - before[i] as f64) / secs),
+                _ => [0.0; N],
             };
-            next.insert(id, (now, rates));
+            next.insert(key, (now, rates));
         }
         *last = (Some(at), next);
     }
 
-    /// Looks rates up while held (one lock for a whole listing).
-    pub fn with<T>(&self, f: impl FnOnce(&dyn Fn(QueueId) -> QueuePerSecond) -> T) -> T {
+    /// Looks rates up while held (one lock for a whole listing); zeros for an object not
+    /// sampled twice yet.
+    pub fn with<T>(&self, f: impl FnOnce(&dyn Fn(&K) -> [f64; N]) -> T) -> T {
         let last = self.last.lock();
-        f(&|id| last.1.get(&id).map(|(_, r)| *r).unwrap_or_default())
+        f(&|key| last.1.get(key).map(|(_, r)| *r).unwrap_or([0.0; N]))
     }
 }
+
+/// Per-queue rates, by queue id.
+pub type QueueRates = ObjectRates<QueueId, 8>;
+
+/// Per-connection byte rates (received, sent), by connection id.
+pub type ConnectionRates = ObjectRates<u64, 2>;
 
 #[cfg(test)]
 mod tests {
@@ -216,9 +245,9 @@ mod tests {
             messages,
             ready: messages,
         };
-        rates.sample_at(t0, [(QueueId(1), sample(10, 10)), (QueueId(2), sample(0, 0))].into_iter());
-        rates.sample_at(t0 + Duration::from_secs(5), [(QueueId(1), sample(60, 0))].into_iter());
-        let r = rates.with(|of| (of(QueueId(1)), of(QueueId(2))));
+        rates.sample_at(t0, [(QueueId(1), sample(10, 10).values()), (QueueId(2), sample(0, 0).values())].into_iter());
+        rates.sample_at(t0 + Duration::from_secs(5), [(QueueId(1), sample(60, 0).values())].into_iter());
+        let r = rates.with(|of| (QueuePerSecond::from(of(&QueueId(1))), QueuePerSecond::from(of(&QueueId(2)))));
         assert_eq!(r.0.publish, 10.0);
         assert_eq!(r.0.messages, -2.0, "the depth went from 10 to 0 in 5 s");
         assert_eq!(r.1, QueuePerSecond::default(), "queue 2 is gone");
