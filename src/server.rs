@@ -178,6 +178,7 @@ impl Server {
             rates: Default::default(),
             queue_rates: Default::default(),
             connection_rates: Default::default(),
+            delayed_pending: Default::default(),
         });
         if !config.http.load_definitions.is_empty() {
             load_definitions(&ctx, &config.http.load_definitions).await?;

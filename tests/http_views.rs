@@ -213,3 +213,74 @@ async fn messages_are_found_by_key_in_a_time_range() {
     assert_eq!(api.ok("/api/ferrymq/messages?key=order-17&to=1").await, json!([]), "outside the time range");
     assert_eq!(api.get("/api/ferrymq/messages?key=").await.0, StatusCode::BAD_REQUEST);
 }
+
+/// The value of the first series `name{...}` whose labels contain `label`.
+fn series(text: &str, name: &str, label: &str) -> f64 {
+    let line = text.lines().find(|l| l.starts_with(&format!("{name}{{")) && l.contains(label));
+    line.and_then(|l| l.rsplit_once(' ')).and_then(|(_, v)| v.parse().ok()).unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt_clients_show_inflight_and_drops_and_metrics_count_them_by_reason() {
+    use common::{connect_bytes, packet, Raw, WAIT};
+    let broker = Broker::start_with(common::Opts::default().env("FERRYMQ_HTTP__COLLECT_STATISTICS_INTERVAL", "100"));
+    let api = Api::of(&broker);
+    let metrics_url = format!("http://{}/metrics", broker.http.unwrap());
+    // An MQTT 5 subscriber that takes packets of at most 100 bytes and acknowledges nothing.
+    let mut raw = Raw::connect(&broker).await;
+    raw.send(&connect_bytes(5, "small", 0x02, 60, &[5, 0x27, 0, 0, 0, 100])).await;
+    let connack = raw.read_at_least(4).await;
+    assert_eq!((connack[0], connack[3]), (0x20, 0), "CONNACK success: {connack:02x?}");
+    let mut sub = vec![0, 1, 0];
+    for (topic, qos) in [("sm/bg", 0u8), ("sm/q1", 1)] {
+        sub.extend_from_slice(&(topic.len() as u16).to_be_bytes());
+        sub.extend_from_slice(topic.as_bytes());
+        sub.push(qos);
+    }
+    raw.send(&packet(0x82, &sub)).await;
+    assert_eq!(raw.read_at_least(7).await, vec![0x90, 5, 0, 1, 0, 0, 1], "SUBACK");
+    let mut p = v4::connect(&broker, "feeder").await;
+    p.client.publish("sm/bg", v4::QoS::AtMostOnce, false, vec![b'x'; 500]).await.unwrap();
+    p.client.publish("sm/bg", v4::QoS::AtMostOnce, false, "ok").await.unwrap();
+    let small = raw.read_at_least(2).await;
+    assert!(small.ends_with(b"ok") && small[0] == 0x30, "only the small one comes: {small:02x?}");
+    p.client.publish("sm/q1", v4::QoS::AtLeastOnce, false, "held").await.unwrap();
+    let held = raw.read_at_least(2).await;
+    assert_eq!(held[0], 0x32, "QoS 1 PUBLISH, left unacknowledged: {held:02x?}");
+    let client = common::eventually("the client's delivery state", WAIT, || async {
+        let clients = api.ok("/api/ferrymq/mqtt/clients").await;
+        let c = find(&clients, "clientid", "small")?.clone();
+        (c["mqueue_dropped"] == 1 && c["inflight_cnt"] == 1).then_some(c)
+    })
+    .await;
+    assert_eq!(client["mqueue_len"], 0, "{client}");
+    // Publishes nobody takes, and one to a topic reserved for the broker.
+    p.publish_acked("nobody/listens", v4::QoS::AtLeastOnce, false, "lost").await;
+    p.publish_acked("$SYS/forbidden", v4::QoS::AtLeastOnce, false, "no").await;
+    p.publish_acked("$delayed/600/later/x", v4::QoS::AtLeastOnce, false, "in ten minutes").await;
+    assert!(connect_uri(&format!("amqp://guest:wrong@{}/%2f", broker.amqp.unwrap())).await.is_err());
+    let text = common::eventually("the drop and login counters", WAIT, || async {
+        let text = reqwest::get(&metrics_url).await.ok()?.text().await.ok()?;
+        let ready = series(&text, "ferrymq_mqtt_dropped_total", "reason=\"no_subscribers\"") >= 1.0
+            && series(&text, "ferrymq_mqtt_dropped_total", "reason=\"not_authorized\"") >= 1.0
+            && series(&text, "rabbitmq_auth_attempts_failed_total", "protocol=\"amqp091\"") >= 1.0;
+        ready.then_some(text)
+    })
+    .await;
+    for reason in ["too_large", "no_subscribers", "not_authorized"] {
+        let n = series(&text, "ferrymq_mqtt_dropped_total", &format!("reason=\"{reason}\""));
+        assert!(n >= 1.0, "{reason}: {n}");
+    }
+    assert_eq!(series(&text, "ferrymq_mqtt_dropped_total", "reason=\"expired\""), 0.0);
+    assert!(series(&text, "rabbitmq_auth_attempts_succeeded_total", "protocol=\"mqtt\"") >= 2.0);
+    assert!(series(&text, "rabbitmq_auth_attempts_total", "protocol=\"amqp091\"") >= 1.0);
+    let delayed = common::eventually("the delayed count", WAIT, || async {
+        let d = api.ok("/api/ferrymq/mqtt/delayed").await;
+        (d["pending"] == 1).then_some(d)
+    })
+    .await;
+    assert_eq!(delayed["at_limit"], false);
+    let text = reqwest::get(&metrics_url).await.unwrap().text().await.unwrap();
+    assert!(text.contains("\nferrymq_delayed_messages 1\n"), "the gauge follows the sample");
+    drop(raw);
+}

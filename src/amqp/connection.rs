@@ -317,7 +317,9 @@ impl Task {
             }
             match event {
                 Event::Login { mechanism, username, password, client_properties } => {
-                    match self.ctx.users.check(&username, &password, self.peer.ip(), &mechanism) {
+                    let login = self.ctx.users.check(&username, &password, self.peer.ip(), &mechanism);
+                    self.ctx.broker.stats.login(true, login.is_ok());
+                    match login {
                         Ok(()) => {
                             tracing::Span::current().record("user", username.as_str());
                             self.user = username;

@@ -244,6 +244,7 @@ impl Broker {
             }
         }
         Stats::add(&self.stats.publish_dropped, dropped);
+        Stats::add(&self.stats.dropped_queue_full, dropped);
 
         let mut ops = along.and(self.dedup_write(&routes.dedup)).into_ops();
         let mut item = None;

@@ -132,7 +132,21 @@ pub struct ConnectionInfo {
     pub channels: AtomicU64,
     /// AMQP channel numbers and consumers.
     pub details: Mutex<ChannelsInfo>,
+    /// MQTT: the session's delivery state, as of the connection's last turn.
+    pub mqtt: MqttClientGauge,
     closer: Closer,
+}
+
+/// An MQTT client's deliveries (EMQX's `inflight_cnt`, `mqueue_len`, `mqueue_dropped`),
+/// written by its connection once per turn.
+#[derive(Debug, Default)]
+pub struct MqttClientGauge {
+    /// QoS 1/2 deliveries sent and not yet acknowledged.
+    pub inflight: AtomicU64,
+    /// Deliveries waiting to be sent (the client's window is full, or not yet taken).
+    pub queued: AtomicU64,
+    /// Deliveries dropped for this client.
+    pub dropped: AtomicU64,
 }
 
 impl std::fmt::Debug for ConnectionInfo {
@@ -163,6 +177,7 @@ impl ConnectionInfo {
             vhost,
             client,
             connected_at_ms: super::message::now_ms(),
+            mqtt: MqttClientGauge::default(),
             recv_oct: AtomicU64::new(0),
             send_oct: AtomicU64::new(0),
             channels: AtomicU64::new(u64::from(protocol.is_mqtt())),

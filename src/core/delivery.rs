@@ -291,6 +291,12 @@ impl SessionLink {
         self.state.lock().spill.slow
     }
 
+    /// Deliveries waiting for the connection: in the buffer, and spilled to the journal.
+    pub fn queued(&self) -> u64 {
+        let s = self.state.lock();
+        s.buffer.len() as u64 + s.spill.messages
+    }
+
     /// Deliveries dropped for this session (QoS 0 on a full buffer, or a slow consumer).
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)

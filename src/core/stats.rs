@@ -26,6 +26,21 @@ pub struct Stats {
     pub publish_sent: AtomicU64,
     /// PUBLISH messages dropped (slow subscriber buffer full, queue full, too large).
     pub publish_dropped: AtomicU64,
+    /// MQTT deliveries dropped because the subscriber's buffer was full or it was slow
+    /// (EMQX's `delivery.dropped.queue_full`).
+    pub dropped_queue_full: AtomicU64,
+    /// MQTT deliveries dropped because the message expired before it could be sent.
+    pub dropped_expired: AtomicU64,
+    /// MQTT deliveries dropped because they exceed the client's maximum packet size.
+    pub dropped_too_large: AtomicU64,
+    /// MQTT publishes that matched no subscription (EMQX's `messages.dropped.no_subscribers`).
+    pub dropped_no_subscribers: AtomicU64,
+    /// MQTT publishes refused (a topic reserved for the broker).
+    pub dropped_not_authorized: AtomicU64,
+    /// Logins accepted, MQTT and AMQP (RabbitMQ's `auth_attempts_succeeded`).
+    pub auth_allowed: [AtomicU64; 2],
+    /// Logins refused, MQTT and AMQP (RabbitMQ's `auth_attempts_failed`).
+    pub auth_denied: [AtomicU64; 2],
     /// Subscribers disconnected as slow consumers (unread socket, backlog past its limits).
     pub slow_consumers: AtomicU64,
     /// Publishes routed through the routing table rather than a connection's route cache.
@@ -98,6 +113,13 @@ impl Stats {
         let now = self.clients_connected.fetch_add(1, Ordering::Relaxed) + 1;
         self.clients_total.fetch_add(1, Ordering::Relaxed);
         self.clients_maximum.fetch_max(now, Ordering::Relaxed);
+    }
+
+    /// Counts a login attempt (`amqp`: AMQP, else MQTT) and its outcome.
+    pub fn login(&self, amqp: bool, allowed: bool) {
+        let i = amqp as usize;
+        let counter = if allowed { &self.auth_allowed[i] } else { &self.auth_denied[i] };
+        counter.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts the end of a connection that [`Stats::connected`] counted.

@@ -142,6 +142,33 @@ pub fn render(ctx: &HttpContext) -> String {
         "MQTT messages dropped (slow subscriber buffer full, queue full, too large)",
         Stats::get(&s.publish_dropped),
     );
+    let dropped = Family::<Labels, Counter>::default();
+    for (reason, v) in [
+        ("queue_full", &s.dropped_queue_full),
+        ("expired", &s.dropped_expired),
+        ("too_large", &s.dropped_too_large),
+        ("no_subscribers", &s.dropped_no_subscribers),
+        ("not_authorized", &s.dropped_not_authorized),
+    ] {
+        dropped.get_or_create(&vec![("reason".to_string(), reason.to_string())]).inc_by(Stats::get(v));
+    }
+    r.register(
+        "ferrymq_mqtt_dropped",
+        "MQTT messages not delivered, by reason (EMQX's: a subscriber's queue full, expired, too large for the client, no subscribers, refused)",
+        dropped,
+    );
+    let logins = |of: &[std::sync::atomic::AtomicU64; 2]| [(mqtt, Stats::get(&of[0])), (amqp, Stats::get(&of[1]))];
+    let [ok, denied] = [logins(&s.auth_allowed), logins(&s.auth_denied)];
+    by_protocol(&mut r, "rabbitmq_auth_attempts_succeeded", "Logins accepted", &ok);
+    by_protocol(&mut r, "rabbitmq_auth_attempts_failed", "Logins refused", &denied);
+    let attempts = [(mqtt, ok[0].1 + denied[0].1), (amqp, ok[1].1 + denied[1].1)];
+    by_protocol(&mut r, "rabbitmq_auth_attempts", "Login attempts", &attempts);
+    gauge(
+        &mut r,
+        "ferrymq_delayed_messages",
+        "Delayed messages waiting for their time (MQTT $delayed, AMQP delayed publishes), as of the last sample",
+        ctx.delayed_pending.load(std::sync::atomic::Ordering::Relaxed),
+    );
     counter(
         &mut r,
         "ferrymq_mqtt_slow_consumers",

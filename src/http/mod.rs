@@ -93,6 +93,9 @@ pub struct HttpContext {
     pub queue_rates: rates::QueueRates,
     /// Per-connection byte rates, sampled with `rates`.
     pub connection_rates: rates::ConnectionRates,
+    /// Delayed messages waiting for their time (MQTT `$delayed`, AMQP delayed
+    /// publishes), as of the last sample; [`DELAYED_SCAN_LIMIT`] at most.
+    pub delayed_pending: std::sync::atomic::AtomicU64,
 }
 
 impl HttpContext {
@@ -106,6 +109,9 @@ impl HttpContext {
         self.broker.router.vhosts()
     }
 }
+
+/// Most stored timers a sample counts (the delayed-message count stops there).
+pub const DELAYED_SCAN_LIMIT: usize = 1_000_000;
 
 /// The routes of the API.
 pub fn router(ctx: Arc<HttpContext>) -> Router {
@@ -177,6 +183,7 @@ pub fn router(ctx: Arc<HttpContext>) -> Router {
         .route("/ferrymq/mqtt/sessions/{clientid}", delete(mqtt::delete_session))
         .route("/ferrymq/mqtt/subscriptions", get(mqtt::subscriptions_list))
         .route("/ferrymq/mqtt/retained", get(mqtt::retained))
+        .route("/ferrymq/mqtt/delayed", get(mqtt::delayed))
         .route("/ferrymq/mqtt/retained/{*topic}", delete(mqtt::delete_retained))
         .fallback(error::not_found)
         .method_not_allowed_fallback(error::method_not_allowed)
@@ -253,6 +260,13 @@ impl HttpContext {
             tick.tick().await;
             self.rates.sample(&rates::Totals::now(&self.broker));
             self.queue_rates.sample(self.amqp.entities.all().iter().map(|q| (q.id, queues::sample(q).values())));
+            let journal = self.broker.journal.clone();
+            let delayed = tokio::task::spawn_blocking(move || {
+                journal.count_timers(DELAYED_SCAN_LIMIT, &|target| !crate::core::retry::is_tagged(target))
+            });
+            if let Ok(Ok(n)) = delayed.await {
+                self.delayed_pending.store(n, std::sync::atomic::Ordering::Relaxed);
+            }
             let connections = self.broker.connections.list();
             self.connection_rates
                 .sample(connections.iter().map(|c| (c.id, [Stats::get(&c.recv_oct), Stats::get(&c.send_oct)])));

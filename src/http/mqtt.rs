@@ -78,11 +78,23 @@ pub async fn clients(State(ctx): State<Arc<HttpContext>>, Extension(caller): Ext
             "recv_oct": Stats::get(&c.recv_oct),
             "send_oct": Stats::get(&c.send_oct),
             "subscriptions_cnt": subs.iter().filter(|s| s.0 == client_id.as_ref()).count(),
+            "inflight_cnt": Stats::get(&c.mqtt.inflight),
+            "mqueue_len": Stats::get(&c.mqtt.queued),
+            "mqueue_dropped": Stats::get(&c.mqtt.dropped),
             "node": ctx.node(),
             "connection_name": c.name(),
         }));
     }
     Ok(Json(Json_::Array(all)))
+}
+
+/// `GET /api/ferrymq/mqtt/delayed`: how many delayed messages wait for their time (EMQX's
+/// delayed-publish count; AMQP delayed publishes included), as of the last rates sample.
+pub async fn delayed(State(ctx): State<Arc<HttpContext>>, Extension(caller): Extension<Caller>) -> Answer {
+    caller.require(Access::Monitoring)?;
+    let pending = ctx.delayed_pending.load(std::sync::atomic::Ordering::Relaxed);
+    let limit = super::DELAYED_SCAN_LIMIT as u64;
+    Ok(Json(json!({ "pending": pending, "scan_limit": limit, "at_limit": pending >= limit })))
 }
 
 /// `DELETE /api/ferrymq/mqtt/clients/{clientid}`: kick (MQTT 5 DISCONNECT 0x98).

@@ -68,7 +68,9 @@ impl Task {
             self.proto.refuse(ReasonCode::BAD_AUTHENTICATION_METHOD);
             return;
         }
-        if let Err(reason) = self.authenticate(&c) {
+        let login = self.authenticate(&c);
+        self.ctx.broker.stats.login(false, login.is_ok());
+        if let Err(reason) = login {
             self.proto.refuse(reason);
             return;
         }

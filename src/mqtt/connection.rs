@@ -154,6 +154,10 @@ pub(super) struct Task {
     /// The broker is shutting down (no lingering on the socket after the DISCONNECT).
     pub(super) shutting_down: bool,
     pub(super) publishes_in: u64,
+    /// PUBLISH packets that matched no subscription, since the last turn.
+    pub(super) publishes_unrouted: u64,
+    /// Deliveries dropped for this client (not sent: expired, too large), since connect.
+    pub(super) dropped: u64,
     pub(super) publishes_out: u64,
 }
 
@@ -206,6 +210,8 @@ impl Task {
             progress: false,
             shutting_down: false,
             publishes_in: 0,
+            publishes_unrouted: 0,
+            dropped: 0,
             publishes_out: 0,
         }
     }
@@ -237,6 +243,7 @@ impl Task {
                 }
                 was_blocked = blocked;
             }
+            self.publish_client_gauge();
             let can_pull = self.pending_out.is_empty() && wbuf.len() < WRITE_HIGH_WATER && self.session.is_some();
             self.watch_for_stall(!wbuf.is_empty());
             self.arm_timer(blocked);
@@ -453,6 +460,18 @@ impl Task {
     }
 
     /// How long the socket may stay unread while bytes wait (`slow_consumer_timeout_secs`).
+    /// Writes the client's delivery state for the management API (in flight, waiting,
+    /// dropped): a few relaxed stores per wake-up, never per message.
+    fn publish_client_gauge(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let Some(info) = &self.info else { return };
+        let link = self.direct.as_ref().map(|LinkReceiver(l)| l);
+        let g = &info.mqtt;
+        g.inflight.store(self.inflight.len() as u64, Relaxed);
+        g.queued.store(self.pending_out.len() as u64 + link.map_or(0, |l| l.queued()), Relaxed);
+        g.dropped.store(self.dropped + link.map_or(0, |l| l.dropped()), Relaxed);
+    }
+
     fn slow_consumer_timeout(&self) -> Duration {
         Duration::from_secs(self.ctx.cfg.slow_consumer_timeout_secs.max(1))
     }
@@ -518,6 +537,7 @@ impl Task {
         let stats = &self.ctx.broker.stats;
         Stats::add(&stats.messages_received, packets);
         Stats::add(&stats.publish_received, std::mem::take(&mut self.publishes_in));
+        Stats::add(&stats.dropped_no_subscribers, std::mem::take(&mut self.publishes_unrouted));
         if let Some(cache) = &mut self.route_cache {
             Stats::add(&stats.route_lookups, cache.take_lookups());
         }

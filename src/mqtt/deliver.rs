@@ -127,6 +127,18 @@ impl Task {
         }
     }
 
+    /// Counts a delivery that was not sent, broker-wide by reason and for this client.
+    fn count_drop(&mut self, why: Dropped) {
+        let stats = &self.ctx.broker.stats;
+        Stats::add(&stats.publish_dropped, 1);
+        match why {
+            Dropped::Expired => Stats::add(&stats.dropped_expired, 1),
+            Dropped::TooLarge => Stats::add(&stats.dropped_too_large, 1),
+            Dropped::Unsendable => {}
+        }
+        self.dropped += 1;
+    }
+
     /// The persistent session's own queue.
     fn own_queue(&self) -> Option<QueueId> {
         self.session.as_ref().and_then(|s| s.persistent.as_ref()).map(|p| p.queue)
@@ -151,6 +163,7 @@ impl Task {
         match item {
             Pending::Direct(d) => {
                 if d.msg.is_expired(now) {
+                    self.count_drop(Dropped::Expired);
                     return Ok(());
                 }
                 let qos = d.msg.qos.min(d.qos);
@@ -174,7 +187,7 @@ impl Task {
                     Err(SendError::WindowFull) | Err(SendError::PacketIdInUse) => Err(Pending::Direct(d)),
                     Err(e) => {
                         conn_log!(debug, self, error = %e, "delivery dropped");
-                        Stats::add(&self.ctx.broker.stats.publish_dropped, 1);
+                        self.count_drop(Dropped::from(&e));
                         Ok(())
                     }
                 }
@@ -183,6 +196,7 @@ impl Task {
                 let own = self.own_queue() == Some(q.queue);
                 let pkid = own.then(|| offset_pkid(q.offset));
                 if q.msg.is_expired(now) && !q.released {
+                    self.count_drop(Dropped::Expired);
                     self.ack_queue(q.queue, q.offset);
                     return Ok(());
                 }
@@ -216,7 +230,7 @@ impl Task {
                     Err(SendError::WindowFull) | Err(SendError::PacketIdInUse) => Err(Pending::Queued(q)),
                     Err(e) => {
                         conn_log!(debug, self, error = %e, "queued delivery dropped");
-                        Stats::add(&self.ctx.broker.stats.publish_dropped, 1);
+                        self.count_drop(Dropped::from(&e));
                         self.ack_queue(q.queue, q.offset);
                         Ok(())
                     }
@@ -327,5 +341,25 @@ mod tests {
         assert_eq!(subscription_options(&subs, None, "b"), (vec![], false));
         assert_eq!(subscription_options(&subs, Some("$share/g/a/b"), "a/b"), (vec![9], true), "a group's delivery");
         assert_eq!(subscription_options(&subs, Some("$share/g/gone"), "a/b"), (vec![], false));
+    }
+}
+
+/// Why a delivery was not sent.
+#[derive(Debug, Clone, Copy)]
+enum Dropped {
+    /// Its message expiry passed before it could go out.
+    Expired,
+    /// It exceeds the client's maximum packet size.
+    TooLarge,
+    /// The protocol refused it otherwise (the connection is ending).
+    Unsendable,
+}
+
+impl From<&SendError> for Dropped {
+    fn from(e: &SendError) -> Self {
+        match e {
+            SendError::TooLarge => Dropped::TooLarge,
+            _ => Dropped::Unsendable,
+        }
     }
 }

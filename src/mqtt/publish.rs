@@ -90,6 +90,7 @@ impl Task {
             // Reserved for the broker: an MQTT 5 client is told (0x87, as Mosquitto), a 3.x
             // one gets its ack; the message is dropped and counted either way.
             Stats::add(&self.ctx.broker.stats.publish_dropped, 1);
+            Stats::add(&self.ctx.broker.stats.dropped_not_authorized, 1);
             self.refuse_publish(pkid, qos, ReasonCode::NOT_AUTHORIZED, "publish to a topic reserved for the broker");
             return;
         }
@@ -104,6 +105,7 @@ impl Task {
             StoreWrite::none()
         };
         let signal = self.ctx.broker.publish(&msg, &routes, retain, along).await;
+        self.publishes_unrouted += routes.is_empty() as u64;
         let reason = if routes.is_empty() && self.level.is_v5() {
             ReasonCode::NO_MATCHING_SUBSCRIBERS
         } else {

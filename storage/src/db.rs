@@ -172,6 +172,17 @@ impl Db {
             .collect()
     }
 
+    /// How many of the first `limit` timers have a target `keep` accepts.
+    pub(crate) fn count_timers(&self, limit: usize, keep: &dyn Fn(&[u8]) -> bool) -> Result<u64, JournalError> {
+        let mut n = 0;
+        for kv in self.timer.iter().take(limit) {
+            let (_, v) = kv.map_err(db_err)?;
+            let (_, target) = codec::decode_timer_value(&v).ok_or_else(|| malformed("timer"))?;
+            n += keep(target) as u64;
+        }
+        Ok(n)
+    }
+
     /// Up to `limit` timers due at or before `until_ms`, earliest first.
     pub(crate) fn timers_due(&self, until_ms: u64, limit: usize) -> Result<Vec<TimerEntry>, JournalError> {
         self.timer

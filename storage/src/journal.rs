@@ -313,6 +313,12 @@ impl Journal {
         self.shared().db()?.timers_due(until_ms, limit)
     }
 
+    /// How many of the first `limit` stored timers (earliest first) have a target `keep`
+    /// accepts: a scan, for a sampler off the runtime's workers, not for a hot path.
+    pub fn count_timers(&self, limit: usize, keep: &dyn Fn(&[u8]) -> bool) -> Result<u64, JournalError> {
+        self.shared().db()?.count_timers(limit, keep)
+    }
+
     /// Due time of the earliest timer (`None` when there is none).
     pub fn next_timer(&self) -> Result<Option<u64>, JournalError> {
         self.shared().db()?.next_timer()
