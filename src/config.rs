@@ -247,6 +247,9 @@ pub struct HttpSection {
     /// How often the counters behind the API's rates are sampled, ms (RabbitMQ's
     /// `collect_statistics_interval`).
     pub collect_statistics_interval: u64,
+    /// Largest request body the API reads, bytes (RabbitMQ's `management.http.max_body_size`,
+    /// 20 MiB: a definitions file of 100,000 queues is about 10 MB).
+    pub max_body_size: usize,
     /// Cluster name reported by `/api/overview`.
     pub cluster_name: String,
     /// A RabbitMQ definitions file imported at start (`--definitions`; "" = none), as

@@ -189,6 +189,8 @@ async fn a_queue_declared_over_amqp_shows_its_depth_and_pages() {
     assert!(bare[0].get("messages").is_none(), "no counts without stats: {}", bare[0]);
     let totals = api.ok("/api/queues?disable_stats=true&enable_queue_totals=true").await;
     assert_eq!(totals[0]["messages"], 3);
+    assert!(totals[0].get("message_stats").is_none(), "totals without rates: {}", totals[0]);
+    assert!(totals[0].get("messages_details").is_none(), "totals without rates: {}", totals[0]);
     let o = api.ok("/api/overview").await;
     assert_eq!(o["queue_totals"]["messages"], 3);
     assert_eq!(o["object_totals"]["queues"], 3);

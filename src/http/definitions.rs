@@ -256,22 +256,23 @@ pub async fn import(ctx: &HttpContext, defs: &Json_, only_vhost: Option<&str>) -
         }
         report.count("exchanges");
     }
-    for q in items(defs, "queues") {
-        let vhost = vhost_of(q);
-        super::queues::known_vhost(ctx, &vhost)?;
-        let (name, durable, auto_delete) = (text(q, "name"), flag(q, "durable", true), flag(q, "auto_delete", false));
-        let arguments = args(q);
-        match ctx.amqp.entities.queue(&vhost, name) {
-            Some(existing) => {
-                check_equivalent_queue(&existing, durable, false, auto_delete, &arguments).map_err(ApiError::from)?
-            }
-            None => {
-                create_queue(&ctx.amqp, &vhost, name, durable, None, auto_delete, arguments)
-                    .await
-                    .map_err(ApiError::from)?;
-            }
+    let queues: Vec<(String, &Json_)> = items(defs, "queues").map(|q| (vhost_of(q), q)).collect();
+    let mut rest = &queues[..];
+    while !rest.is_empty() {
+        // A batch never names a queue twice, so its declarations are independent.
+        let mut names = std::collections::HashSet::new();
+        let len = rest
+            .iter()
+            .take(QUEUE_BATCH)
+            .take_while(|(vhost, q)| names.insert((vhost.as_str(), text(q, "name"))))
+            .count();
+        let (batch, tail) = rest.split_at(len);
+        rest = tail;
+        let declared = futures_util::future::join_all(batch.iter().map(|(vhost, q)| import_queue(ctx, vhost, q))).await;
+        for outcome in declared {
+            outcome?;
+            report.count("queues");
         }
-        report.count("queues");
     }
     for b in items(defs, "bindings") {
         let vhost = vhost_of(b);
@@ -288,6 +289,26 @@ pub async fn import(ctx: &HttpContext, defs: &Json_, only_vhost: Option<&str>) -
         report.count("bindings");
     }
     Ok(report)
+}
+
+/// Queues of an import declared at once: their durable records share group commits, where
+/// one after another a 100,000-queue file would wait for 100,000 fsyncs.
+const QUEUE_BATCH: usize = 256;
+
+/// Declares one queue of an import, or checks that the existing one is equivalent.
+async fn import_queue(ctx: &HttpContext, vhost: &str, q: &Json_) -> Result<(), ApiError> {
+    super::queues::known_vhost(ctx, vhost)?;
+    let (name, durable, auto_delete) = (text(q, "name"), flag(q, "durable", true), flag(q, "auto_delete", false));
+    let arguments = args(q);
+    match ctx.amqp.entities.queue(vhost, name) {
+        Some(existing) => {
+            check_equivalent_queue(&existing, durable, false, auto_delete, &arguments).map_err(ApiError::from)
+        }
+        None => create_queue(&ctx.amqp, vhost, name, durable, None, auto_delete, arguments)
+            .await
+            .map(drop)
+            .map_err(ApiError::from),
+    }
 }
 
 /// `POST /api/definitions`: 200 with `{"imported": {...}, "unsupported": [...]}`.

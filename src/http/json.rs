@@ -248,9 +248,14 @@ where
     type Rejection = ApiError;
 
     async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, Self::Rejection> {
-        let bytes = axum::body::Bytes::from_request(req, state)
-            .await
-            .map_err(|e| ApiError::bad_request(format!("cannot read the body: {e}")))?;
+        let bytes = axum::body::Bytes::from_request(req, state).await.map_err(|e| match e.status() {
+            axum::http::StatusCode::PAYLOAD_TOO_LARGE => ApiError {
+                status: e.status(),
+                error: "payload_too_large",
+                reason: "the request body is larger than http.max_body_size".into(),
+            },
+            _ => ApiError::bad_request(format!("cannot read the body: {e}")),
+        })?;
         let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) { b"{}" } else { &bytes };
         serde_json::from_slice(text).map(Body).map_err(|e| ApiError::bad_request(format!("bad JSON body: {e}")))
     }

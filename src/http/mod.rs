@@ -188,8 +188,9 @@ pub fn router(ctx: Arc<HttpContext>) -> Router {
         .fallback(error::not_found)
         .method_not_allowed_fallback(error::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(ctx.clone(), auth::require_login));
+    let body_limit = axum::extract::DefaultBodyLimit::max(ctx.cfg.max_body_size);
     Router::new()
-        .nest("/api", api)
+        .nest("/api", api.layer(body_limit))
         .route("/metrics", get(metrics::metrics))
         .route("/metrics/per-object", get(metrics::per_object))
         .route("/", get(dashboard::index))

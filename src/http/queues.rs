@@ -130,9 +130,30 @@ fn queue_type(q: &QueueEntity) -> &'static str {
     }
 }
 
-/// A queue as RabbitMQ's `/api/queues` shows it; `stats` adds the message counts and
-/// rates (`rates` looks a queue's up).
-fn queue_json(ctx: &HttpContext, q: &QueueEntity, stats: bool, rates: &dyn Fn(&QueueId) -> [f64; 8]) -> Json_ {
+/// How much of a queue a listing shows (RabbitMQ's `disable_stats` / `enable_queue_totals`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Detail {
+    /// `disable_stats=true`: the definition and consumer count only.
+    Definition,
+    /// `disable_stats=true&enable_queue_totals=true`: also `messages`, `messages_ready`,
+    /// `messages_unacknowledged`, without rates or message_stats.
+    Totals,
+    /// Everything, rates included (the default).
+    Full,
+}
+
+impl Detail {
+    fn of(q: &ListQuery) -> Detail {
+        match (flag(&q.disable_stats), flag(&q.enable_queue_totals)) {
+            (false, _) => Detail::Full,
+            (true, true) => Detail::Totals,
+            (true, false) => Detail::Definition,
+        }
+    }
+}
+
+/// A queue as RabbitMQ's `/api/queues` shows it, to `detail` (`rates` looks a queue's up).
+fn queue_json(ctx: &HttpContext, q: &QueueEntity, detail: Detail, rates: &dyn Fn(&QueueId) -> [f64; 8]) -> Json_ {
     let mut o = Map::new();
     o.insert("name".into(), json!(q.name));
     o.insert("vhost".into(), json!(q.vhost));
@@ -148,7 +169,12 @@ fn queue_json(ctx: &HttpContext, q: &QueueEntity, stats: bool, rates: &dyn Fn(&Q
     o.insert("exclusive_consumer_tag".into(), Json_::Null);
     let c = Counts::of(q);
     o.insert("consumers".into(), json!(c.consumers));
-    if stats {
+    if detail == Detail::Totals {
+        o.insert("messages".into(), json!(c.messages));
+        o.insert("messages_ready".into(), json!(c.ready));
+        o.insert("messages_unacknowledged".into(), json!(c.messages - c.ready));
+    }
+    if detail == Detail::Full {
         let unacked = c.messages - c.ready;
         let r = QueuePerSecond::from(rates(&q.id));
         o.insert("messages".into(), json!(c.messages));
@@ -175,13 +201,13 @@ fn queue_json(ctx: &HttpContext, q: &QueueEntity, stats: bool, rates: &dyn Fn(&Q
 fn sorted_queues(ctx: &HttpContext, vhost: Option<&str>) -> Vec<(String, Arc<QueueEntity>)> {
     let mut all: Vec<Arc<QueueEntity>> =
         ctx.amqp.entities.all().into_iter().filter(|q| vhost.is_none_or(|v| v == q.vhost)).collect();
-    all.sort_by(|a, b| (&a.vhost, &a.name).cmp(&(&b.vhost, &b.name)));
+    all.sort_unstable_by(|a, b| (&a.vhost, &a.name).cmp(&(&b.vhost, &b.name)));
     all.into_iter().map(|q| (q.name.clone(), q)).collect()
 }
 
 fn answer_list(ctx: &HttpContext, vhost: Option<&str>, q: &ListQuery) -> Result<Json<Json_>, ApiError> {
-    let stats = !flag(&q.disable_stats) || flag(&q.enable_queue_totals);
-    ctx.queue_rates.with(|rates| list(sorted_queues(ctx, vhost), q, |e| queue_json(ctx, e, stats, rates)))
+    let detail = Detail::of(q);
+    ctx.queue_rates.with(|rates| list(sorted_queues(ctx, vhost), q, |e| queue_json(ctx, e, detail, rates)))
 }
 
 /// `GET /api/queues`.
@@ -226,7 +252,7 @@ pub async fn show(
 ) -> Result<Json<Json_>, ApiError> {
     caller.require(Access::Management)?;
     let q = find(&ctx, &vhost, &name)?;
-    Ok(Json(ctx.queue_rates.with(|rates| queue_json(&ctx, &q, true, rates))))
+    Ok(Json(ctx.queue_rates.with(|rates| queue_json(&ctx, &q, Detail::Full, rates))))
 }
 
 /// The body of `PUT /api/queues/{vhost}/{name}`.
