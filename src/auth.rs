@@ -1,20 +1,31 @@
 //! The user store shared by both front-ends and the management API: who may log in (AMQP
-//! always, MQTT when `auth.mqtt` is on, HTTP Basic), from where (RabbitMQ's default
-//! `guest` user may only connect from loopback), and with which tags. Users come from the
-//! configuration and from the management API or an imported definitions file; the latter
-//! are kept as RabbitMQ keeps them, as salted password hashes
-//! (`rabbit_password_hashing_sha256` / `_sha512`), so definitions move between FerryMQ and
-//! RabbitMQ both ways. Every clone of a [`Users`] sees the same users.
+//! always, MQTT when `auth.mqtt` is on or a Mosquitto password file is given, HTTP Basic),
+//! from where (RabbitMQ's default `guest` user may only connect from loopback), and with
+//! which tags. Users come from the configuration, a Mosquitto password file, the
+//! management API or an imported definitions file. Passwords are only ever kept hashed: a
+//! clear one in the configuration is hashed at load; hashes are verified as RabbitMQ makes
+//! them (salted SHA-256 / SHA-512 / MD5) and as `mosquitto_passwd` makes them (`$7$`
+//! PBKDF2-SHA512, `$6$` SHA-512), so users move over from either broker as they are.
+//! Failed logins are counted per source address; past a limit the address waits before
+//! its next attempt is answered ([`LoginThrottle`]). Every clone of a [`Users`] sees the
+//! same users.
 
+use std::collections::HashMap;
 use std::net::IpAddr;
+use std::num::NonZeroU32;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use base64::Engine;
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 use ring::digest;
 use ring::rand::{SecureRandom, SystemRandom};
 
 use crate::config::UserEntry;
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
 /// Why a login was refused (the text goes into the refusal, as RabbitMQ words it).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -29,37 +40,55 @@ pub enum AuthError {
     LoopbackOnly(String),
 }
 
-/// RabbitMQ's password hashing algorithms that FerryMQ verifies.
+/// The password hashing algorithms FerryMQ verifies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HashingAlgorithm {
     /// `rabbit_password_hashing_sha256` (RabbitMQ's default).
     Sha256,
     /// `rabbit_password_hashing_sha512`.
     Sha512,
+    /// `rabbit_password_hashing_md5` (RabbitMQ before 3.6).
+    Md5,
+    /// A `mosquitto_passwd` hash, `$7$ITERATIONS$SALT$HASH` (PBKDF2-HMAC-SHA512) or
+    /// `$6$SALT$HASH` (SHA-512 of password ++ salt), salt and hash in base64.
+    Mosquitto,
 }
 
 impl HashingAlgorithm {
-    /// Parses RabbitMQ's module name (`None` for an algorithm FerryMQ cannot verify, e.g. md5).
+    /// Parses RabbitMQ's module name, or `mosquitto_passwd` (`None` for one FerryMQ cannot
+    /// verify).
     pub fn parse(name: &str) -> Option<HashingAlgorithm> {
         match name {
             "rabbit_password_hashing_sha256" | "" => Some(HashingAlgorithm::Sha256),
             "rabbit_password_hashing_sha512" => Some(HashingAlgorithm::Sha512),
+            "rabbit_password_hashing_md5" => Some(HashingAlgorithm::Md5),
+            "mosquitto_passwd" => Some(HashingAlgorithm::Mosquitto),
             _ => None,
         }
     }
 
-    /// RabbitMQ's module name.
+    /// RabbitMQ's module name (`mosquitto_passwd` for Mosquitto's hashes).
     pub fn name(self) -> &'static str {
         match self {
             HashingAlgorithm::Sha256 => "rabbit_password_hashing_sha256",
             HashingAlgorithm::Sha512 => "rabbit_password_hashing_sha512",
+            HashingAlgorithm::Md5 => "rabbit_password_hashing_md5",
+            HashingAlgorithm::Mosquitto => "mosquitto_passwd",
         }
     }
 
+    /// RabbitMQ's salted digest: hash(salt ++ password).
     fn digest(self, salt: &[u8], password: &[u8]) -> Vec<u8> {
         let alg = match self {
             HashingAlgorithm::Sha256 => &digest::SHA256,
-            HashingAlgorithm::Sha512 => &digest::SHA512,
+            HashingAlgorithm::Sha512 | HashingAlgorithm::Mosquitto => &digest::SHA512,
+            HashingAlgorithm::Md5 => {
+                use md5::Digest;
+                let mut h = md5::Md5::new();
+                h.update(salt);
+                h.update(password);
+                return h.finalize().to_vec();
+            }
         };
         let mut ctx = digest::Context::new(alg);
         ctx.update(salt);
@@ -74,45 +103,162 @@ pub fn hash_password(alg: HashingAlgorithm, password: &str) -> String {
     SystemRandom::new().fill(&mut salt).expect("the system random generator");
     let mut out = salt.to_vec();
     out.extend(alg.digest(&salt, password.as_bytes()));
-    base64::engine::general_purpose::STANDARD.encode(out)
+    B64.encode(out)
 }
 
-/// How a user's password is checked.
+/// A parsed `mosquitto_passwd` hash.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Secret {
-    /// Given in clear in the configuration.
-    Clear(String),
-    /// A RabbitMQ password hash (base64); empty = the user cannot log in with a password.
-    Hashed {
-        /// The algorithm.
-        algorithm: HashingAlgorithm,
-        /// Base64 of salt ++ hash.
-        hash: String,
-    },
+enum MosquittoHash {
+    /// `$6$`: SHA-512(password ++ salt).
+    Sha512 { salt: Vec<u8>, hash: Vec<u8> },
+    /// `$7$`: PBKDF2-HMAC-SHA512 with `iterations`.
+    Pbkdf2 { iterations: NonZeroU32, salt: Vec<u8>, hash: Vec<u8> },
 }
 
-impl Secret {
+impl MosquittoHash {
+    /// Parses `$6$SALT$HASH` or `$7$ITERATIONS$SALT$HASH`; the error says what is wrong.
+    fn parse(s: &str) -> Result<MosquittoHash, String> {
+        let b64 = |part: &str, what: &str| B64.decode(part).map_err(|_| format!("the {what} is not base64"));
+        match s.split('$').collect::<Vec<_>>().as_slice() {
+            ["", "6", salt, hash] => Ok(MosquittoHash::Sha512 { salt: b64(salt, "salt")?, hash: b64(hash, "hash")? }),
+            ["", "7", iterations, salt, hash] => {
+                let iterations = iterations
+                    .parse::<u32>()
+                    .ok()
+                    .and_then(NonZeroU32::new)
+                    .ok_or_else(|| format!("`{iterations}` is not an iteration count"))?;
+                Ok(MosquittoHash::Pbkdf2 { iterations, salt: b64(salt, "salt")?, hash: b64(hash, "hash")? })
+            }
+            _ => Err("not a mosquitto_passwd hash ($7$ITERATIONS$SALT$HASH or $6$SALT$HASH); \
+                      a clear password has to be hashed first (mosquitto_passwd -U)"
+                .into()),
+        }
+    }
+
     fn matches(&self, password: &str) -> bool {
         match self {
-            Secret::Clear(p) => constant_time_eq(p.as_bytes(), password.as_bytes()),
-            Secret::Hashed { algorithm, hash } => {
-                let Ok(raw) = base64::engine::general_purpose::STANDARD.decode(hash) else { return false };
-                if raw.len() <= 4 {
-                    return false;
-                }
-                let (salt, expected) = raw.split_at(4);
-                constant_time_eq(&algorithm.digest(salt, password.as_bytes()), expected)
+            MosquittoHash::Sha512 { salt, hash } => {
+                let mut ctx = digest::Context::new(&digest::SHA512);
+                ctx.update(password.as_bytes());
+                ctx.update(salt);
+                constant_time_eq(ctx.finish().as_ref(), hash)
+            }
+            MosquittoHash::Pbkdf2 { iterations, salt, hash } => {
+                ring::pbkdf2::verify(ring::pbkdf2::PBKDF2_HMAC_SHA512, *iterations, salt, password.as_bytes(), hash)
+                    .is_ok()
             }
         }
     }
+}
 
-    /// The hash RabbitMQ would export (a clear password is hashed with sha256 and a fresh salt).
-    pub fn exported(&self) -> (String, &'static str) {
-        match self {
-            Secret::Clear(p) => (hash_password(HashingAlgorithm::Sha256, p), HashingAlgorithm::Sha256.name()),
-            Secret::Hashed { algorithm, hash } => (hash.clone(), algorithm.name()),
-        }
+/// How a user's password is checked: always a hash, never the password.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Secret {
+    /// The algorithm.
+    pub algorithm: HashingAlgorithm,
+    /// RabbitMQ's: base64 of salt ++ hash; Mosquitto's: the `$7$...` / `$6$...` string.
+    /// Empty = the user cannot log in with a password.
+    pub hash: String,
+}
+
+impl Secret {
+    /// A clear password, hashed (RabbitMQ's sha256 with a fresh salt).
+    pub fn from_password(password: &str) -> Secret {
+        Secret { algorithm: HashingAlgorithm::Sha256, hash: hash_password(HashingAlgorithm::Sha256, password) }
     }
+
+    /// A stored hash, checked to be one FerryMQ can verify (the error says why not). An
+    /// algorithm that is not named is Mosquitto's for a `$6$` / `$7$` hash, else RabbitMQ's
+    /// default (sha256).
+    pub fn from_hash(hash: &str, algorithm: Option<&str>) -> Result<Secret, String> {
+        let algorithm = match algorithm {
+            Some(name) => {
+                HashingAlgorithm::parse(name).ok_or_else(|| format!("hashing algorithm {name} is not supported"))?
+            }
+            None if hash.starts_with('$') => HashingAlgorithm::Mosquitto,
+            None => HashingAlgorithm::Sha256,
+        };
+        match algorithm {
+            HashingAlgorithm::Mosquitto => drop(MosquittoHash::parse(hash)?),
+            _ if hash.is_empty() => {}
+            _ => match B64.decode(hash) {
+                Ok(raw) if raw.len() > 4 => {}
+                _ => return Err("the password hash is not base64 of a salt and a digest".into()),
+            },
+        }
+        Ok(Secret { algorithm, hash: hash.to_owned() })
+    }
+
+    /// Whether `password` is the one hashed.
+    pub fn matches(&self, password: &str) -> bool {
+        if self.algorithm == HashingAlgorithm::Mosquitto {
+            return MosquittoHash::parse(&self.hash).is_ok_and(|h| h.matches(password));
+        }
+        let Ok(raw) = B64.decode(&self.hash) else { return false };
+        if raw.len() <= 4 {
+            return false;
+        }
+        let (salt, expected) = raw.split_at(4);
+        constant_time_eq(&self.algorithm.digest(salt, password.as_bytes()), expected)
+    }
+
+    /// The hash and algorithm name as a definitions export carries them.
+    pub fn exported(&self) -> (String, &'static str) {
+        (self.hash.clone(), self.algorithm.name())
+    }
+}
+
+/// Why a Mosquitto password file could not be read: the file, the line and the problem.
+#[derive(Debug, thiserror::Error)]
+pub enum PasswordFileError {
+    /// The file could not be read.
+    #[error("{path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// A line is not `user:hash` with a hash `mosquitto_passwd` makes.
+    #[error("{path}:{line}: {problem}")]
+    Line {
+        /// The file.
+        path: String,
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong.
+        problem: String,
+    },
+}
+
+/// Reads a Mosquitto password file (`mosquitto_passwd`'s `user:$7$...` lines; blank lines
+/// and `#` comments skipped): its users, without tags (no management access). Any bad line
+/// fails the whole file, so nothing is half-applied.
+pub fn read_mosquitto_password_file(path: &Path) -> Result<Vec<User>, PasswordFileError> {
+    let shown = path.display().to_string();
+    let text =
+        std::fs::read_to_string(path).map_err(|source| PasswordFileError::Read { path: shown.clone(), source })?;
+    let mut users: Vec<User> = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let line = raw.trim_end_matches('\r');
+        if line.trim().is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let bad = |problem: String| PasswordFileError::Line { path: shown.clone(), line: i + 1, problem };
+        let Some((name, hash)) = line.split_once(':') else {
+            return Err(bad("expected `username:password-hash`".into()));
+        };
+        if name.is_empty() {
+            return Err(bad("the user name is empty".into()));
+        }
+        MosquittoHash::parse(hash).map_err(bad)?;
+        if users.iter().any(|u| u.name == name) {
+            return Err(bad(format!("user `{name}` is listed twice")));
+        }
+        let secret = Secret { algorithm: HashingAlgorithm::Mosquitto, hash: hash.to_owned() };
+        users.push(User { name: name.to_owned(), secret, loopback_only: false, tags: Vec::new() });
+    }
+    Ok(users)
 }
 
 /// One user.
@@ -128,9 +274,85 @@ pub struct User {
     pub tags: Vec<String>,
 }
 
-impl From<UserEntry> for User {
-    fn from(u: UserEntry) -> User {
-        User { name: u.name, secret: Secret::Clear(u.password), loopback_only: u.loopback_only, tags: u.tags }
+impl User {
+    /// A configured user, its password hashed (the error says what is wrong with it).
+    pub fn from_entry(u: &UserEntry) -> Result<User, String> {
+        let secret = match (&u.password, &u.password_hash) {
+            (Some(p), None) => Secret::from_password(p),
+            (None, Some(h)) => Secret::from_hash(h, u.hashing_algorithm.as_deref())?,
+            (Some(_), Some(_)) => return Err("give either password or password_hash, not both".into()),
+            (None, None) => return Err("a password or a password_hash is needed".into()),
+        };
+        Ok(User { name: u.name.clone(), secret, loopback_only: u.loopback_only, tags: u.tags.clone() })
+    }
+}
+
+/// Failed logins per source address (`auth.max_login_failures` within
+/// `auth.login_failure_window_secs`): once an address is past the limit, each of its next
+/// attempts is answered only after `auth.login_failure_delay_ms`, until a window passes
+/// without failures or it logs in. Only the connection trying waits; a lock is taken per
+/// login, never per message.
+#[derive(Debug)]
+pub struct LoginThrottle {
+    limit: u32,
+    window: Duration,
+    delay: Duration,
+    failures: Mutex<HashMap<IpAddr, (u32, Instant)>>,
+    /// The table was full once (logged once).
+    overflowed: AtomicBool,
+}
+
+/// Source addresses [`LoginThrottle`] tracks at most.
+const THROTTLE_TRACKED: usize = 100_000;
+
+impl LoginThrottle {
+    /// Past `limit` failures within `window`, attempts wait `delay` (`limit` 0: off).
+    pub fn new(limit: u32, window: Duration, delay: Duration) -> LoginThrottle {
+        LoginThrottle { limit, window, delay, failures: Mutex::default(), overflowed: AtomicBool::new(false) }
+    }
+
+    /// How long an attempt from `ip` waits before it is answered.
+    pub fn delay_for(&self, ip: IpAddr) -> Option<Duration> {
+        if self.limit == 0 {
+            return None;
+        }
+        let failures = self.failures.lock();
+        let (count, since) = failures.get(&ip)?;
+        (*count >= self.limit && since.elapsed() < self.window).then_some(self.delay)
+    }
+
+    /// Counts a login's outcome: a success forgets the address's failures.
+    pub fn record(&self, ip: IpAddr, ok: bool) {
+        if self.limit == 0 {
+            return;
+        }
+        let mut failures = self.failures.lock();
+        if ok {
+            failures.remove(&ip);
+            return;
+        }
+        let now = Instant::now();
+        if failures.len() >= THROTTLE_TRACKED && !failures.contains_key(&ip) {
+            failures.retain(|_, (_, since)| now.duration_since(*since) < self.window);
+            if failures.len() >= THROTTLE_TRACKED {
+                if !self.overflowed.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(tracked = THROTTLE_TRACKED, "too many addresses failing logins to track them all");
+                }
+                return;
+            }
+        }
+        let entry = failures.entry(ip).or_insert((0, now));
+        if now.duration_since(entry.1) >= self.window {
+            *entry = (0, now);
+        }
+        entry.0 += 1;
+    }
+}
+
+impl Default for LoginThrottle {
+    /// Off.
+    fn default() -> LoginThrottle {
+        LoginThrottle::new(0, Duration::ZERO, Duration::ZERO)
     }
 }
 
@@ -140,12 +362,30 @@ impl From<UserEntry> for User {
 #[derive(Debug, Clone, Default)]
 pub struct Users {
     users: Arc<RwLock<Vec<User>>>,
+    throttle: Arc<LoginThrottle>,
 }
 
 impl Users {
-    /// A store over the configured users.
-    pub fn new(users: Vec<UserEntry>) -> Users {
-        Users { users: Arc::new(RwLock::new(users.into_iter().map(User::from).collect())) }
+    /// A store over `users`, with `throttle` for failed logins.
+    pub fn new(users: Vec<User>, throttle: LoginThrottle) -> Users {
+        Users { users: Arc::new(RwLock::new(users)), throttle: Arc::new(throttle) }
+    }
+
+    /// A login attempt from `peer`: waits first if the address failed too often
+    /// ([`LoginThrottle`]), then checks as [`Users::authenticate`] and counts the outcome.
+    pub async fn login(
+        &self,
+        username: &str,
+        password: &str,
+        peer: IpAddr,
+        mechanism: &str,
+    ) -> Result<User, AuthError> {
+        if let Some(wait) = self.throttle.delay_for(peer) {
+            tokio::time::sleep(wait).await;
+        }
+        let outcome = self.authenticate(username, password, peer, mechanism);
+        self.throttle.record(peer, outcome.is_ok());
+        outcome
     }
 
     /// Checks a login from `peer` with `mechanism` (for the message).
@@ -225,7 +465,7 @@ pub fn user_from_record(u: &crate::core::store::UserRecord, loopback_users: &[St
     let algorithm = HashingAlgorithm::parse(&u.hashing_algorithm)?;
     Some(User {
         name: u.name.clone(),
-        secret: Secret::Hashed { algorithm, hash: u.password_hash.clone() },
+        secret: Secret { algorithm, hash: u.password_hash.clone() },
         loopback_only: loopback_users.contains(&u.name),
         tags: u.tags.clone(),
     })
@@ -243,12 +483,12 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 mod tests {
     use super::*;
 
-    fn entry(name: &str, password: &str, loopback_only: bool) -> UserEntry {
-        UserEntry { name: name.into(), password: password.into(), loopback_only, tags: vec![] }
+    fn entry(name: &str, password: &str, loopback_only: bool) -> User {
+        User { name: name.into(), secret: Secret::from_password(password), loopback_only, tags: vec![] }
     }
 
     fn users() -> Users {
-        Users::new(vec![entry("guest", "guest", true), entry("app", "secret", false)])
+        Users::new(vec![entry("guest", "guest", true), entry("app", "secret", false)], LoginThrottle::default())
     }
 
     #[test]
@@ -270,22 +510,118 @@ mod tests {
     }
 
     #[test]
+    fn a_configured_password_is_kept_only_hashed() {
+        let u = User::from_entry(&UserEntry {
+            name: "app".into(),
+            password: Some("secret".into()),
+            password_hash: None,
+            hashing_algorithm: None,
+            loopback_only: false,
+            tags: vec![],
+        })
+        .unwrap();
+        assert_eq!(u.secret.algorithm, HashingAlgorithm::Sha256);
+        assert!(!u.secret.hash.contains("secret"));
+        assert!(u.secret.matches("secret"));
+        let both = UserEntry { password_hash: Some(u.secret.hash.clone()), ..entry_of("x") };
+        assert!(User::from_entry(&both).unwrap_err().contains("not both"));
+        let neither = UserEntry { password: None, ..entry_of("x") };
+        assert!(User::from_entry(&neither).unwrap_err().contains("needed"));
+    }
+
+    fn entry_of(name: &str) -> UserEntry {
+        UserEntry {
+            name: name.into(),
+            password: Some("pw".into()),
+            password_hash: None,
+            hashing_algorithm: None,
+            loopback_only: false,
+            tags: vec![],
+        }
+    }
+
+    #[test]
     fn hashed_passwords_verify_as_rabbitmq_hashes_them() {
         // Made with RabbitMQ's algorithm by hand: salt 0x908DC60A, sha256(salt ++ "test12").
         let salt = [0x90u8, 0x8d, 0xc6, 0x0a];
         let mut raw = salt.to_vec();
         raw.extend(HashingAlgorithm::Sha256.digest(&salt, b"test12"));
-        let hash = base64::engine::general_purpose::STANDARD.encode(raw);
-        let s = Secret::Hashed { algorithm: HashingAlgorithm::Sha256, hash };
+        let s = Secret::from_hash(&B64.encode(raw), None).unwrap();
         assert!(s.matches("test12"));
         assert!(!s.matches("test13"));
-        for alg in [HashingAlgorithm::Sha256, HashingAlgorithm::Sha512] {
+        for alg in [HashingAlgorithm::Sha256, HashingAlgorithm::Sha512, HashingAlgorithm::Md5] {
             let hash = hash_password(alg, "pw");
-            assert!(Secret::Hashed { algorithm: alg, hash: hash.clone() }.matches("pw"));
+            assert!(Secret::from_hash(&hash, Some(alg.name())).unwrap().matches("pw"));
             assert_ne!(hash, hash_password(alg, "pw"), "a fresh salt each time");
         }
-        assert!(!Secret::Hashed { algorithm: HashingAlgorithm::Sha256, hash: String::new() }.matches(""));
-        assert_eq!(HashingAlgorithm::parse("rabbit_password_hashing_md5"), None);
+        // Python's hashlib: base64(salt ++ md5(salt ++ b"old-pw")), salt 0x908DC60A.
+        let md5 = Secret::from_hash("kI3GCiC0t63QXHQeorDv97ma+YI=", Some("rabbit_password_hashing_md5")).unwrap();
+        assert!(md5.matches("old-pw") && !md5.matches("old-px"));
+        assert!(!Secret::from_hash("", None).unwrap().matches(""));
+        assert!(Secret::from_hash("x", Some("rabbit_password_hashing_sha1")).is_err());
+        assert!(Secret::from_hash("not base64!", None).is_err());
+    }
+
+    #[test]
+    fn mosquitto_hashes_verify_as_mosquitto_passwd_makes_them() {
+        // tests/fixtures/mosquitto_passwd: `mosquitto_passwd -c -b` of Debian's mosquitto 2.0.11.
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mosquitto_passwd");
+        let users = read_mosquitto_password_file(&path).unwrap();
+        let names: Vec<&str> = users.iter().map(|u| u.name.as_str()).collect();
+        assert_eq!(names, ["device-1", "backend"]);
+        assert!(users[0].secret.matches("d3vice-secret"));
+        assert!(!users[0].secret.matches("d3vice-secreT"));
+        assert!(users[1].secret.matches("back end pw"));
+        // Python's hashlib, salt b"0123456789ab": $6$ = sha512(password ++ salt) (Mosquitto
+        // 1.x), $7$ = PBKDF2-HMAC-SHA512 with 1000 iterations.
+        let six = "$6$MDEyMzQ1Njc4OWFi$Iaieve2OIQIvF7lTs1OO2K5elMlueJ4kQKriQzlOypynYGRWcw6OlmeyvynDN49339LG4YZoArIc+8Z1l4brvw==";
+        let seven = "$7$1000$MDEyMzQ1Njc4OWFi$cutkzp3iGuSzFkVyez1zCfUmZTe4Ah76cG9Lk7XoVDrgy3wtlezxaK/kThf0AXW1oqsqIaKz1HsZwIOCdVEjZA==";
+        let six = Secret::from_hash(six, None).unwrap();
+        assert_eq!(six.algorithm, HashingAlgorithm::Mosquitto);
+        assert!(six.matches("legacy-pw") && !six.matches("legacy-px"));
+        assert!(Secret::from_hash(seven, None).unwrap().matches("pbkdf-pw"));
+    }
+
+    #[test]
+    fn a_bad_password_file_names_the_line_and_the_problem() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pw");
+        for (text, line, problem) in [
+            ("# devices\n\nok:$6$MDEy$MDEy\nplain:secret\n", 4, "mosquitto_passwd -U"),
+            ("nocolon\n", 1, "username:password-hash"),
+            ("a:$7$x$MDEy$MDEy\n", 1, "iteration count"),
+            ("a:$6$MDEy$MDEy\na:$6$MDEy$MDEy\n", 2, "twice"),
+            ("a:$6$!!$MDEy\n", 1, "base64"),
+        ] {
+            std::fs::write(&path, text).unwrap();
+            let e = read_mosquitto_password_file(&path).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("{}:{line}: ", path.display())), "{e}");
+            assert!(e.contains(problem), "{e}");
+        }
+        let e = read_mosquitto_password_file(&dir.path().join("missing")).unwrap_err().to_string();
+        assert!(e.contains("missing"), "{e}");
+    }
+
+    #[test]
+    fn an_address_past_the_failure_limit_waits_until_it_logs_in() {
+        let t = LoginThrottle::new(3, Duration::from_secs(60), Duration::from_millis(500));
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
+        for _ in 0..2 {
+            t.record(a, false);
+        }
+        assert_eq!(t.delay_for(a), None, "under the limit");
+        t.record(a, false);
+        assert_eq!(t.delay_for(a), Some(Duration::from_millis(500)));
+        assert_eq!(t.delay_for(b), None, "other addresses are not held back");
+        t.record(a, true);
+        assert_eq!(t.delay_for(a), None, "a login forgets the failures");
+        let short = LoginThrottle::new(1, Duration::ZERO, Duration::from_millis(1));
+        short.record(a, false);
+        assert_eq!(short.delay_for(a), None, "failures older than the window do not count");
+        let off = LoginThrottle::default();
+        off.record(a, false);
+        assert_eq!(off.delay_for(a), None);
     }
 
     #[test]
@@ -295,7 +631,7 @@ mod tests {
         let hash = hash_password(HashingAlgorithm::Sha512, "pw");
         let added = User {
             name: "ops".into(),
-            secret: Secret::Hashed { algorithm: HashingAlgorithm::Sha512, hash },
+            secret: Secret { algorithm: HashingAlgorithm::Sha512, hash },
             loopback_only: false,
             tags: vec!["monitoring".into()],
         };

@@ -100,6 +100,11 @@ pub struct MqttSection {
     pub listen: String,
     /// TLS listener address ("" = off).
     pub tls_listen: String,
+    /// Whether a CONNECT without a user name is let in (Mosquitto's `allow_anonymous`).
+    /// Unset: yes on a loopback listener while MQTT passwords are not checked, no
+    /// otherwise (Mosquitto 2.0's rule).
+    #[serde(default)]
+    pub allow_anonymous: Option<bool>,
     /// Topic exchange of virtual host `/` that MQTT publishes and subscriptions use.
     pub exchange: String,
     /// Most concurrent connections over all listeners (MQTT and AMQP, plain and TLS); more are closed at accept.
@@ -181,8 +186,17 @@ pub struct AmqpSection {
 pub struct UserEntry {
     /// User name, as sent at login (AMQP Start-Ok, MQTT CONNECT).
     pub name: String,
-    /// Password in clear, compared in constant time.
-    pub password: String,
+    /// Password in clear; hashed at load, never kept (or give `password_hash`).
+    #[serde(default)]
+    pub password: Option<String>,
+    /// A password hash: RabbitMQ's (base64 of salt ++ digest) or `mosquitto_passwd`'s
+    /// (`$7$...`, `$6$...`).
+    #[serde(default)]
+    pub password_hash: Option<String>,
+    /// RabbitMQ's algorithm name of `password_hash` (`rabbit_password_hashing_sha256`,
+    /// `_sha512`, `_md5`); unset: Mosquitto's for a `$` hash, else sha256.
+    #[serde(default)]
+    pub hashing_algorithm: Option<String>,
     /// Only connections from loopback addresses may use it.
     #[serde(default)]
     pub loopback_only: bool,
@@ -210,6 +224,16 @@ pub struct AuthSection {
     pub loopback_users: Vec<String>,
     /// Users besides `default_user`.
     pub users: Vec<UserEntry>,
+    /// A Mosquitto password file (`mosquitto_passwd`'s format) whose users are added; when
+    /// set, MQTT logins are checked as with `mqtt = true` ("" = none).
+    pub mosquitto_password_file: String,
+    /// Failed logins from one address within `login_failure_window_secs` after which its
+    /// next attempts wait `login_failure_delay_ms` before they are answered (0 = off).
+    pub max_login_failures: u32,
+    /// The window failed logins are counted in, seconds.
+    pub login_failure_window_secs: u64,
+    /// How long an attempt from an address past the limit waits, ms.
+    pub login_failure_delay_ms: u64,
 }
 
 impl AuthSection {
@@ -219,7 +243,9 @@ impl AuthSection {
         if !self.default_user.is_empty() {
             all.push(UserEntry {
                 name: self.default_user.clone(),
-                password: self.default_pass.clone(),
+                password: Some(self.default_pass.clone()),
+                password_hash: None,
+                hashing_algorithm: None,
                 loopback_only: false,
                 tags: self.default_user_tags.clone(),
             });
@@ -381,6 +407,11 @@ impl Config {
                 "mqtt.exchange",
                 format!("`{x}` is not a topic exchange name (amq.topic or a name of your own)"),
             );
+        }
+        for u in &self.auth.users {
+            if let Err(e) = crate::auth::User::from_entry(u) {
+                return invalid("auth.users", format!("user `{}`: {e}", u.name));
+            }
         }
         if self.auth.vhosts.is_empty() {
             return invalid("auth.vhosts", "at least one virtual host is needed".into());

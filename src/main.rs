@@ -17,7 +17,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// FerryMQ: an MQTT 3.1.1/5.0 and AMQP 0-9-1 broker on one durable commit log.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(version, about, args_override_self = true)]
 struct Cli {
     /// Configuration file (TOML, same layout as conf/ferrymq.toml; any subset of keys).
     #[arg(long, value_name = "FILE")]

@@ -14,7 +14,7 @@ use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
 use crate::amqp::AmqpContext;
-use crate::auth::Users;
+use crate::auth::{LoginThrottle, User, Users};
 use crate::config::Config;
 use crate::core::alarm::ResourceAlarm;
 use crate::core::broker::Broker;
@@ -25,7 +25,7 @@ use crate::core::scheduler;
 use crate::core::shards::Shards;
 use crate::http::{HttpContext, ListenerInfo};
 use crate::mqtt::session::Control;
-use crate::mqtt::{self, MqttContext};
+use crate::mqtt::{self, LoginRule, MqttContext, MqttLogins};
 
 /// A listener that cannot be opened because of its configuration (the process exits with
 /// code 2, like other configuration errors).
@@ -109,10 +109,14 @@ impl Server {
         // first periodic check (a start-up race seen in CI under load).
         alarm.check();
         tokio::spawn(alarm.clone().run());
-        let users = Users::new(config.auth.all_users());
+        let users = Users::new(configured_users(&config)?, login_throttle(&config));
         restore_access(&broker, &config, &users);
-        let mqtt_users = config.auth.mqtt.then(|| users.clone());
-        let mqtt = MqttContext::restore(broker.clone(), config.mqtt.clone(), mqtt_users, alarm.clone());
+        let logins = MqttLogins {
+            users: users.clone(),
+            check_passwords: config.auth.mqtt || !config.auth.mosquitto_password_file.is_empty(),
+            allow_anonymous: config.mqtt.allow_anonymous,
+        };
+        let mqtt = MqttContext::restore(broker.clone(), config.mqtt.clone(), logins, alarm.clone());
         mqtt.drop_orphan_queues().await;
 
         let amqp = AmqpContext::start(broker.clone(), &config, users.clone(), alarm.clone()).await;
@@ -160,6 +164,22 @@ impl Server {
                 (false, true) => server.mqtts_addr = bound,
                 (true, false) => server.amqp_addr = bound,
                 (true, true) => server.amqps_addr = bound,
+            }
+            if !is_amqp {
+                let addr = listener.local_addr()?;
+                match server.mqtt.logins.rule(addr.ip().is_loopback()) {
+                    LoginRule::Open => {
+                        info!(listener = %addr, "MQTT: anonymous clients allowed, user names not checked")
+                    }
+                    LoginRule::Checked { anonymous: true } => {
+                        info!(listener = %addr, "MQTT: anonymous clients allowed, user names and passwords checked")
+                    }
+                    LoginRule::Checked { anonymous: false } => info!(
+                        listener = %addr,
+                        "MQTT: anonymous clients refused (set mqtt.allow_anonymous = true to allow), \
+                         user names and passwords checked"
+                    ),
+                }
             }
             let front = if is_amqp { Front::Amqp(server.amqp.clone()) } else { Front::Mqtt(server.mqtt.clone()) };
             let acceptor = if is_tls { Some(tls()?) } else { None };
@@ -410,7 +430,11 @@ async fn accept_loop(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let local = Listener { addr: stream.local_addr().unwrap_or(bound), tls: tls.is_some() };
+        let local = Listener {
+            addr: stream.local_addr().unwrap_or(bound),
+            tls: tls.is_some(),
+            local_only: bound.ip().is_loopback(),
+        };
         // Each kind of connection is spawned as a future of its own, so that an MQTT one
         // carries neither the AMQP connection's state nor the TLS handshake's.
         match (front.clone(), tls.clone()) {
@@ -428,6 +452,36 @@ async fn accept_loop(
             }
         }
     }
+}
+
+/// The configured users (their passwords hashed) and those of `auth.mosquitto_password_file`
+/// (which replace a configured user of the same name); a bad file stops start-up.
+fn configured_users(config: &Config) -> anyhow::Result<Vec<User>> {
+    let mut users = Vec::new();
+    for entry in config.auth.all_users() {
+        users.push(User::from_entry(&entry).map_err(|e| anyhow::anyhow!("auth.users: user `{}`: {e}", entry.name))?);
+    }
+    let file = &config.auth.mosquitto_password_file;
+    if !file.is_empty() {
+        let from_file = crate::auth::read_mosquitto_password_file(std::path::Path::new(file))
+            .map_err(|e| anyhow::anyhow!("auth.mosquitto_password_file: {e}"))?;
+        info!(file = %file, users = from_file.len(), "Mosquitto password file loaded; MQTT passwords are checked");
+        for u in from_file {
+            users.retain(|c: &User| c.name != u.name);
+            users.push(u);
+        }
+    }
+    Ok(users)
+}
+
+/// The failed-login throttle of `[auth]`.
+fn login_throttle(config: &Config) -> LoginThrottle {
+    let a = &config.auth;
+    LoginThrottle::new(
+        a.max_login_failures,
+        Duration::from_secs(a.login_failure_window_secs),
+        Duration::from_millis(a.login_failure_delay_ms),
+    )
 }
 
 /// The memory high watermark and the disk free limit, bytes, from `config`.

@@ -30,9 +30,11 @@ async fn users_vhosts_and_permissions_made_over_http_are_used_and_survive_a_rest
     assert_eq!(api.put("/api/users/svc", body).await.0, StatusCode::CREATED);
     let perm = json!({"configure": "^svc-.*", "write": ".*", "read": ".*"});
     assert_eq!(api.put("/api/permissions/staging/svc", perm).await.0, StatusCode::CREATED);
-    let md5 = json!({"password_hash": "x", "hashing_algorithm": "rabbit_password_hashing_md5"});
-    let (status, body) = api.put("/api/users/bad", md5).await;
+    let sha1 = json!({"password_hash": "x", "hashing_algorithm": "rabbit_password_hashing_sha1"});
+    let (status, body) = api.put("/api/users/bad", sha1).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let not_a_hash = json!({"password_hash": "x", "hashing_algorithm": "rabbit_password_hashing_md5"});
+    assert_eq!(api.put("/api/users/bad", not_a_hash).await.0, StatusCode::BAD_REQUEST);
 
     let ops = api.ok("/api/users/ops").await;
     assert_eq!(ops["tags"], json!(["monitoring", "management"]));

@@ -317,7 +317,7 @@ impl Task {
             }
             match event {
                 Event::Login { mechanism, username, password, client_properties } => {
-                    let login = self.ctx.users.check(&username, &password, self.peer.ip(), &mechanism);
+                    let login = self.ctx.users.login(&username, &password, self.peer.ip(), &mechanism).await.map(drop);
                     self.ctx.broker.stats.login(true, login.is_ok());
                     match login {
                         Ok(()) => {

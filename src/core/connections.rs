@@ -20,6 +20,8 @@ pub struct Listener {
     pub addr: SocketAddr,
     /// The connection is TLS.
     pub tls: bool,
+    /// The listener is bound to a loopback address: only local clients reach it.
+    pub local_only: bool,
 }
 
 /// The protocol a client speaks, as the management API names it.
@@ -296,7 +298,7 @@ mod tests {
             7,
             Protocol::Amqp091,
             "127.0.0.1:40000".parse().unwrap(),
-            Listener { addr: "127.0.0.1:5672".parse().unwrap(), tls: false },
+            Listener { addr: "127.0.0.1:5672".parse().unwrap(), tls: false, local_only: true },
             "guest".into(),
             "/".into(),
             ClientDetails::Amqp { properties: vec![] },

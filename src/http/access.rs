@@ -18,7 +18,7 @@ use super::error::ApiError;
 use super::json::Body;
 use super::queues::QueueTotals;
 use super::HttpContext;
-use crate::auth::{hash_password, HashingAlgorithm, Secret, User};
+use crate::auth::{Secret, User};
 use crate::config::Config;
 use crate::core::broker::Commit;
 use crate::core::store::{PermissionRecord, StoreWrite, UserRecord, VhostRecord};
@@ -163,10 +163,7 @@ pub async fn delete_vhost(ctx: &HttpContext, name: &str) -> Result<(), ApiError>
 
 /// A user as RabbitMQ's API shows it.
 pub fn user_json(u: &User) -> Json_ {
-    let (hash, algorithm) = match &u.secret {
-        Secret::Clear(_) => (String::new(), HashingAlgorithm::Sha256.name()),
-        Secret::Hashed { algorithm, hash } => (hash.clone(), algorithm.name()),
-    };
+    let (hash, algorithm) = u.secret.exported();
     json!({ "name": u.name, "tags": u.tags, "password_hash": hash, "hashing_algorithm": algorithm, "limits": {} })
 }
 
@@ -175,10 +172,7 @@ pub async fn put_user(ctx: &HttpContext, name: &str, secret: Secret, tags: Vec<S
     if name.is_empty() {
         return Err(ApiError::bad_request("a user needs a name"));
     }
-    let (password_hash, hashing_algorithm) = match &secret {
-        Secret::Clear(p) => (hash_password(HashingAlgorithm::Sha256, p), HashingAlgorithm::Sha256.name()),
-        Secret::Hashed { algorithm, hash } => (hash.clone(), algorithm.name()),
-    };
+    let (password_hash, hashing_algorithm) = secret.exported();
     let record = UserRecord {
         name: name.into(),
         password_hash: password_hash.clone(),
@@ -344,12 +338,9 @@ pub struct UserBody {
 /// The secret a user body gives (`password`, else `password_hash`, else no password).
 pub fn secret_of(password: Option<String>, hash: Option<String>, algorithm: Option<&str>) -> Result<Secret, ApiError> {
     if let Some(p) = password {
-        return Ok(Secret::Clear(p));
+        return Ok(Secret::from_password(&p));
     }
-    let name = algorithm.unwrap_or("rabbit_password_hashing_sha256");
-    let algorithm = HashingAlgorithm::parse(name)
-        .ok_or_else(|| ApiError::bad_request(format!("hashing algorithm {name} is not supported")))?;
-    Ok(Secret::Hashed { algorithm, hash: hash.unwrap_or_default() })
+    Secret::from_hash(&hash.unwrap_or_default(), algorithm).map_err(ApiError::bad_request)
 }
 
 /// `PUT /api/users/{name}`.

@@ -11,6 +11,7 @@ use axum::extract::{ConnectInfo, Request, State};
 
 use super::listener::Peer;
 use axum::http::header::AUTHORIZATION;
+use axum::http::HeaderMap;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
@@ -90,7 +91,7 @@ pub async fn require_login(
     mut req: Request,
     next: Next,
 ) -> Response {
-    match authenticate(&ctx, &req, peer) {
+    match authenticate(&ctx, req.headers(), peer).await {
         Ok(caller) => {
             req.extensions_mut().insert(caller);
             next.run(req).await
@@ -105,13 +106,13 @@ pub async fn require_login(
     }
 }
 
-/// Checks a request's credentials.
-pub fn authenticate(ctx: &HttpContext, req: &Request, peer: SocketAddr) -> Result<Caller, ApiError> {
-    let header = req.headers().get(AUTHORIZATION).and_then(|h| h.to_str().ok());
+/// Checks a request's credentials (an address that failed too often waits first).
+pub async fn authenticate(ctx: &HttpContext, headers: &HeaderMap, peer: SocketAddr) -> Result<Caller, ApiError> {
+    let header = headers.get(AUTHORIZATION).and_then(|h| h.to_str().ok());
     let Some((user, pass)) = header.and_then(basic_credentials) else {
         return Err(ApiError::unauthorized());
     };
-    let entry = ctx.users.authenticate(&user, &pass, peer.ip(), "HTTP Basic").map_err(|_| ApiError::unauthorized())?;
+    let entry = ctx.users.login(&user, &pass, peer.ip(), "HTTP Basic").await.map_err(|_| ApiError::unauthorized())?;
     let access = Access::of(&entry.tags);
     if access == Access::None {
         return Err(ApiError::unauthorized_because("Not management user"));

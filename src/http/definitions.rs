@@ -2,7 +2,7 @@
 //! vhosts, permissions, topic_permissions, parameters, global_parameters, policies,
 //! queues, exchanges, bindings`), exported and imported, so `rabbitmqadmin export` of a
 //! RabbitMQ node imports into FerryMQ and back. What FerryMQ does not apply (policies,
-//! runtime parameters, topic permissions, limits, md5 password hashes) is listed in the
+//! runtime parameters, topic permissions, limits, password hashes of an algorithm FerryMQ cannot verify) is listed in the
 //! import's answer under `unsupported`, never dropped silently. The same import runs at
 //! start for `--definitions FILE` / `http.load_definitions`.
 

@@ -321,7 +321,7 @@ pub async fn per_object(
     req: Request,
 ) -> Result<Response, ApiError> {
     if !ctx.cfg.metrics_without_auth {
-        authenticate(&ctx, &req, peer)?.require(Access::Monitoring)?;
+        authenticate(&ctx, req.headers(), peer).await?.require(Access::Monitoring)?;
     }
     Ok(([(CONTENT_TYPE, CONTENT)], render_per_object(&ctx).await).into_response())
 }
@@ -333,7 +333,7 @@ pub async fn metrics(
     req: Request,
 ) -> Result<Response, ApiError> {
     if !ctx.cfg.metrics_without_auth {
-        authenticate(&ctx, &req, peer)?.require(Access::Monitoring)?;
+        authenticate(&ctx, req.headers(), peer).await?.require(Access::Monitoring)?;
     }
     Ok(([(CONTENT_TYPE, CONTENT)], render(&ctx)).into_response())
 }

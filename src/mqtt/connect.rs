@@ -11,7 +11,7 @@ use ferrymq_mqtt::{Accept, Connect, ProtocolLevel, ReasonCode};
 use super::connection::{SessionState, Task};
 use super::deliver::OFFSET_PKIDS;
 use super::session::{Control, Online, Persistent, Subscriptions};
-use super::{split_share, SESSION_QUEUE_PREFIX};
+use super::{split_share, LoginRule, SESSION_QUEUE_PREFIX};
 use crate::auth::AuthError;
 use crate::core::broker::Commit;
 use crate::core::connections::{ClientDetails, ConnectionInfo, Protocol};
@@ -21,13 +21,17 @@ use crate::core::store::{StoredSession, NEVER};
 const TAKEOVER_WAIT: Duration = Duration::from_secs(5);
 
 impl Task {
-    /// Checks CONNECT's user name and password against the user store when `auth.mqtt`
-    /// is on: no user name is NOT_AUTHORIZED (Mosquitto without anonymous access), a
+    /// Checks CONNECT's user name and password as the listener's [`LoginRule`] asks: no
+    /// user name where anonymous clients are refused is NOT_AUTHORIZED (Mosquitto), a
     /// wrong one BAD_USER_NAME_OR_PASSWORD, a loopback-only user from afar NOT_AUTHORIZED.
-    fn authenticate(&self, c: &Connect) -> Result<(), ReasonCode> {
-        let Some(users) = &self.ctx.users else { return Ok(()) };
+    /// An address that failed too often waits before it is answered.
+    async fn authenticate(&self, c: &Connect) -> Result<(), ReasonCode> {
+        let LoginRule::Checked { anonymous } = self.ctx.logins.rule(self.listener.local_only) else { return Ok(()) };
         let Some(username) = c.username.as_deref() else {
-            conn_log!(info, self, "connection refused: no user name");
+            if anonymous {
+                return Ok(());
+            }
+            conn_log!(info, self, "connection refused: no user name (anonymous clients are not allowed here)");
             return Err(ReasonCode::NOT_AUTHORIZED);
         };
         let password = c.password.as_deref().map(std::str::from_utf8).unwrap_or(Ok(""));
@@ -35,7 +39,8 @@ impl Task {
             conn_log!(info, self, username, "connection refused: password is not UTF-8");
             return Err(ReasonCode::BAD_USER_NAME_OR_PASSWORD);
         };
-        users.check(username, password, self.peer.ip(), "MQTT").map_err(|e| {
+        let login = self.ctx.logins.users.login(username, password, self.peer.ip(), "MQTT").await;
+        login.map(drop).map_err(|e| {
             conn_log!(info, self, username, error = %e, "connection refused");
             match e {
                 AuthError::BadCredentials(_) => ReasonCode::BAD_USER_NAME_OR_PASSWORD,
@@ -68,7 +73,7 @@ impl Task {
             self.proto.refuse(ReasonCode::BAD_AUTHENTICATION_METHOD);
             return;
         }
-        let login = self.authenticate(&c);
+        let login = self.authenticate(&c).await;
         self.ctx.broker.stats.login(false, login.is_ok());
         if let Err(reason) = login {
             self.proto.refuse(reason);

@@ -57,6 +57,45 @@ const TIMER_TICK: Duration = Duration::from_millis(10);
 /// Prefix of the queue names of persistent sessions.
 pub const SESSION_QUEUE_PREFIX: &str = "mqtt-session/";
 
+/// Who may connect over MQTT: the user store CONNECT is checked against and whether
+/// passwords are checked everywhere (`auth.mqtt`, `auth.mosquitto_password_file`).
+#[derive(Debug, Clone)]
+pub struct MqttLogins {
+    /// The users (the same store AMQP and the management API use).
+    pub users: Users,
+    /// Every CONNECT with a user name is checked, whatever the listener.
+    pub check_passwords: bool,
+    /// `mqtt.allow_anonymous`.
+    pub allow_anonymous: Option<bool>,
+}
+
+/// What a listener asks of a CONNECT.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoginRule {
+    /// Anyone comes in; user names and passwords are not looked at.
+    Open,
+    /// User names and passwords are checked; a CONNECT without a user name comes in only
+    /// when `anonymous`.
+    Checked {
+        /// A CONNECT without a user name is accepted.
+        anonymous: bool,
+    },
+}
+
+impl MqttLogins {
+    /// The rule on a listener (`local_only`: bound to a loopback address): anonymous
+    /// clients as `mqtt.allow_anonymous` says, or, unset, only on a loopback listener
+    /// while passwords are not checked (Mosquitto 2.0); where anonymous clients are
+    /// refused, user names are checked, so that naming any user is no way around it.
+    pub fn rule(&self, local_only: bool) -> LoginRule {
+        let anonymous = self.allow_anonymous.unwrap_or(local_only && !self.check_passwords);
+        match anonymous && !self.check_passwords {
+            true => LoginRule::Open,
+            false => LoginRule::Checked { anonymous },
+        }
+    }
+}
+
 /// Everything the MQTT front-end shares between connections.
 #[derive(Debug)]
 pub struct MqttContext {
@@ -70,8 +109,8 @@ pub struct MqttContext {
     pub sessions: Sessions,
     /// Shared-subscription groups.
     pub groups: SharedGroups,
-    /// The user store CONNECT is checked against (`auth.mqtt`), or `None` to let anyone in.
-    pub users: Option<Users>,
+    /// Who may connect: the user store and whether passwords are checked.
+    pub logins: MqttLogins,
     /// The memory and disk alarms: connections that publish are not read while one is raised.
     pub alarm: Arc<ResourceAlarm>,
     /// Every connection's deadline (keep-alive, stall clock, alarm re-check).
@@ -84,7 +123,7 @@ impl MqttContext {
     pub fn restore(
         broker: Arc<Broker>,
         cfg: MqttSection,
-        users: Option<Users>,
+        logins: MqttLogins,
         alarm: Arc<ResourceAlarm>,
     ) -> Arc<MqttContext> {
         let ctx = Arc::new(MqttContext {
@@ -93,7 +132,7 @@ impl MqttContext {
             cfg,
             sessions: Sessions::default(),
             groups: SharedGroups::default(),
-            users,
+            logins,
             alarm,
             timers: Arc::new(TimerWheel::new(TIMER_TICK)),
         });
