@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
+use indexmap::IndexMap;
 use parking_lot::{Mutex, RwLock};
 use ring::digest;
 use ring::rand::{SecureRandom, SystemRandom};
@@ -239,6 +240,7 @@ pub fn read_mosquitto_password_file(path: &Path) -> Result<Vec<User>, PasswordFi
     let text =
         std::fs::read_to_string(path).map_err(|source| PasswordFileError::Read { path: shown.clone(), source })?;
     let mut users: Vec<User> = Vec::new();
+    let mut names = std::collections::HashSet::new();
     for (i, raw) in text.lines().enumerate() {
         let line = raw.trim_end_matches('\r');
         if line.trim().is_empty() || line.starts_with('#') {
@@ -252,7 +254,7 @@ pub fn read_mosquitto_password_file(path: &Path) -> Result<Vec<User>, PasswordFi
             return Err(bad("the user name is empty".into()));
         }
         MosquittoHash::parse(hash).map_err(bad)?;
-        if users.iter().any(|u| u.name == name) {
+        if !names.insert(name) {
             return Err(bad(format!("user `{name}` is listed twice")));
         }
         let secret = Secret { algorithm: HashingAlgorithm::Mosquitto, hash: hash.to_owned() };
@@ -361,13 +363,16 @@ impl Default for LoginThrottle {
 /// `auth.mqtt` is on, and on every management API call.
 #[derive(Debug, Clone, Default)]
 pub struct Users {
-    users: Arc<RwLock<Vec<User>>>,
+    /// By name, in the order they were added (a password file may hold a whole fleet).
+    users: Arc<RwLock<IndexMap<String, User>>>,
     throttle: Arc<LoginThrottle>,
 }
 
 impl Users {
-    /// A store over `users`, with `throttle` for failed logins.
+    /// A store over `users` (a later one replaces an earlier one of the same name), with
+    /// `throttle` for failed logins.
     pub fn new(users: Vec<User>, throttle: LoginThrottle) -> Users {
+        let users = users.into_iter().map(|u| (u.name.clone(), u)).collect();
         Users { users: Arc::new(RwLock::new(users)), throttle: Arc::new(throttle) }
     }
 
@@ -388,12 +393,8 @@ impl Users {
         outcome
     }
 
-    /// Checks a login from `peer` with `mechanism` (for the message).
-    pub fn check(&self, username: &str, password: &str, peer: IpAddr, mechanism: &str) -> Result<(), AuthError> {
-        self.authenticate(username, password, peer, mechanism).map(|_| ())
-    }
-
-    /// Checks a login as [`Users::check`] does and returns the user (its tags).
+    /// Checks a login from `peer` with `mechanism` (for the refusal's text) and returns
+    /// the user (its tags). The password is compared outside the store's lock.
     pub fn authenticate(
         &self,
         username: &str,
@@ -401,8 +402,7 @@ impl Users {
         peer: IpAddr,
         mechanism: &str,
     ) -> Result<User, AuthError> {
-        let users = self.users.read();
-        let Some(u) = users.iter().find(|u| u.name == username) else {
+        let Some(u) = self.get(username) else {
             return Err(AuthError::BadCredentials(mechanism.to_owned()));
         };
         if !u.secret.matches(password) {
@@ -411,48 +411,35 @@ impl Users {
         if u.loopback_only && !peer.is_loopback() {
             return Err(AuthError::LoopbackOnly(username.to_owned()));
         }
-        Ok(u.clone())
+        Ok(u)
     }
 
     /// Every user, in the order they were added.
     pub fn all(&self) -> Vec<User> {
-        self.users.read().clone()
+        self.users.read().values().cloned().collect()
     }
 
     /// The user `name`.
     pub fn get(&self, name: &str) -> Option<User> {
-        self.users.read().iter().find(|u| u.name == name).cloned()
+        self.users.read().get(name).cloned()
     }
 
     /// Adds a user or replaces the one of that name (keeping its place); true if it is new.
     pub fn put(&self, user: User) -> bool {
-        let mut users = self.users.write();
-        match users.iter_mut().find(|u| u.name == user.name) {
-            Some(existing) => {
-                *existing = user;
-                false
-            }
-            None => {
-                users.push(user);
-                true
-            }
-        }
+        self.users.write().insert(user.name.clone(), user).is_none()
     }
 
     /// Removes a user; true if it existed. Its open connections stay (as in RabbitMQ,
     /// until they reconnect).
     pub fn remove(&self, name: &str) -> bool {
-        let mut users = self.users.write();
-        let before = users.len();
-        users.retain(|u| u.name != name);
-        users.len() != before
+        self.users.write().shift_remove(name).is_some()
     }
 
     /// Decides a Connection.Update-Secret of `username`'s connection, as RabbitMQ's internal
     /// backend does: a password user's credentials do not expire, so the new secret is
     /// accepted (not compared) while the user still exists; refused once it is gone.
     pub fn update_secret(&self, username: &str) -> Result<(), AuthError> {
-        match self.users.read().iter().any(|u| u.name == username) {
+        match self.users.read().contains_key(username) {
             true => Ok(()),
             false => Err(AuthError::BadCredentials("update-secret".to_owned())),
         }
@@ -502,11 +489,11 @@ mod tests {
         let local: IpAddr = "127.0.0.1".parse().unwrap();
         let remote: IpAddr = "10.0.0.5".parse().unwrap();
         let u = users();
-        assert_eq!(u.check("guest", "guest", local, "PLAIN"), Ok(()));
-        assert!(matches!(u.check("guest", "guest", remote, "PLAIN"), Err(AuthError::LoopbackOnly(_))));
-        assert_eq!(u.check("app", "secret", remote, "PLAIN"), Ok(()));
-        assert!(matches!(u.check("app", "wrong", local, "PLAIN"), Err(AuthError::BadCredentials(_))));
-        assert!(matches!(u.check("nobody", "x", local, "AMQPLAIN"), Err(AuthError::BadCredentials(_))));
+        assert!(u.authenticate("guest", "guest", local, "PLAIN").is_ok());
+        assert!(matches!(u.authenticate("guest", "guest", remote, "PLAIN"), Err(AuthError::LoopbackOnly(_))));
+        assert!(u.authenticate("app", "secret", remote, "PLAIN").is_ok());
+        assert!(matches!(u.authenticate("app", "wrong", local, "PLAIN"), Err(AuthError::BadCredentials(_))));
+        assert!(matches!(u.authenticate("nobody", "x", local, "AMQPLAIN"), Err(AuthError::BadCredentials(_))));
     }
 
     #[test]
@@ -639,6 +626,6 @@ mod tests {
         let local: IpAddr = "127.0.0.1".parse().unwrap();
         assert_eq!(b.authenticate("ops", "pw", local, "PLAIN").unwrap().tags, ["monitoring"]);
         assert!(b.remove("ops"));
-        assert!(a.check("ops", "pw", local, "PLAIN").is_err());
+        assert!(a.authenticate("ops", "pw", local, "PLAIN").is_err());
     }
 }

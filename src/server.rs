@@ -165,8 +165,7 @@ impl Server {
                 (true, false) => server.amqp_addr = bound,
                 (true, true) => server.amqps_addr = bound,
             }
-            if !is_amqp {
-                let addr = listener.local_addr()?;
+            if let (false, Some(addr)) = (is_amqp, bound) {
                 match server.mqtt.logins.rule(addr.ip().is_loopback()) {
                     LoginRule::Open => {
                         info!(listener = %addr, "MQTT: anonymous clients allowed, user names not checked")
@@ -454,8 +453,9 @@ async fn accept_loop(
     }
 }
 
-/// The configured users (their passwords hashed) and those of `auth.mosquitto_password_file`
-/// (which replace a configured user of the same name); a bad file stops start-up.
+/// The configured users (their passwords hashed), then those of
+/// `auth.mosquitto_password_file` (which [`Users::new`] lets replace a configured user of
+/// the same name); a bad file stops start-up.
 fn configured_users(config: &Config) -> anyhow::Result<Vec<User>> {
     let mut users = Vec::new();
     for entry in config.auth.all_users() {
@@ -466,10 +466,7 @@ fn configured_users(config: &Config) -> anyhow::Result<Vec<User>> {
         let from_file = crate::auth::read_mosquitto_password_file(std::path::Path::new(file))
             .map_err(|e| anyhow::anyhow!("auth.mosquitto_password_file: {e}"))?;
         info!(file = %file, users = from_file.len(), "Mosquitto password file loaded; MQTT passwords are checked");
-        for u in from_file {
-            users.retain(|c: &User| c.name != u.name);
-            users.push(u);
-        }
+        users.extend(from_file);
     }
     Ok(users)
 }
