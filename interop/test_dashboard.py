@@ -97,7 +97,9 @@ def go(driver, page: str) -> None:
     from selenium.webdriver.common.by import By
 
     driver.find_element(By.CSS_SELECTOR, f'#nav a[href="#{page}"]').click()
-    wait_for(f"the {page} page", lambda: driver.find_element(By.ID, "page-title").is_displayed())
+    # The page marks itself ready once its calls answered and it rendered; before that the
+    # previous page's elements may still be there and be replaced under the test.
+    wait_for(f"the {page} page", lambda: driver.find_element(By.ID, "main").get_attribute("data-ready") == page)
 
 
 def test_a_wrong_password_is_refused_on_the_page(broker, browser):
