@@ -209,9 +209,9 @@ impl Secret {
     }
 }
 
-/// Why a Mosquitto password file could not be read: the file, the line and the problem.
+/// Why a password or ACL file could not be read: the file, the line and the problem.
 #[derive(Debug, thiserror::Error)]
-pub enum PasswordFileError {
+pub enum FileError {
     /// The file could not be read.
     #[error("{path}: {source}")]
     Read {
@@ -235,10 +235,9 @@ pub enum PasswordFileError {
 /// Reads a Mosquitto password file (`mosquitto_passwd`'s `user:$7$...` lines; blank lines
 /// and `#` comments skipped): its users, without tags (no management access). Any bad line
 /// fails the whole file, so nothing is half-applied.
-pub fn read_mosquitto_password_file(path: &Path) -> Result<Vec<User>, PasswordFileError> {
+pub fn read_mosquitto_password_file(path: &Path) -> Result<Vec<User>, FileError> {
     let shown = path.display().to_string();
-    let text =
-        std::fs::read_to_string(path).map_err(|source| PasswordFileError::Read { path: shown.clone(), source })?;
+    let text = std::fs::read_to_string(path).map_err(|source| FileError::Read { path: shown.clone(), source })?;
     let mut users: Vec<User> = Vec::new();
     let mut names = std::collections::HashSet::new();
     for (i, raw) in text.lines().enumerate() {
@@ -246,7 +245,7 @@ pub fn read_mosquitto_password_file(path: &Path) -> Result<Vec<User>, PasswordFi
         if line.trim().is_empty() || line.starts_with('#') {
             continue;
         }
-        let bad = |problem: String| PasswordFileError::Line { path: shown.clone(), line: i + 1, problem };
+        let bad = |problem: String| FileError::Line { path: shown.clone(), line: i + 1, problem };
         let Some((name, hash)) = line.split_once(':') else {
             return Err(bad("expected `username:password-hash`".into()));
         };

@@ -234,9 +234,71 @@ pub struct AuthSection {
     pub login_failure_window_secs: u64,
     /// How long an attempt from an address past the limit waits, ms.
     pub login_failure_delay_ms: u64,
+    /// Check what logged-in clients do: RabbitMQ's permissions for AMQP, the MQTT rules for
+    /// MQTT, refusing what nothing grants (off: everything allowed).
+    pub authorization: bool,
+    /// Permissions per user and virtual host (RabbitMQ's `set_permissions`).
+    pub permissions: Vec<PermissionEntry>,
+    /// Topic permissions per user, virtual host and exchange (RabbitMQ's
+    /// `set_topic_permissions`).
+    pub topic_permissions: Vec<TopicPermissionEntry>,
+    /// MQTT topic rules, first match wins.
+    pub rules: Vec<crate::authz::rules::RuleEntry>,
+    /// A Mosquitto `acl_file` whose rules follow `rules`; turns MQTT authorization on.
+    pub mosquitto_acl_file: String,
+    /// An EMQX `acl.conf` whose rules follow those; turns MQTT authorization on.
+    pub emqx_acl_file: String,
+}
+
+/// `auth.permissions[]`: a user's permissions in a virtual host (regular expressions).
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PermissionEntry {
+    /// Virtual host.
+    #[serde(default = "default_vhost")]
+    pub vhost: String,
+    /// User.
+    pub user: String,
+    /// Exchanges and queues the user may declare and delete.
+    #[serde(default)]
+    pub configure: String,
+    /// Exchanges the user may publish to, queues it may bind.
+    #[serde(default)]
+    pub write: String,
+    /// Queues the user may consume from, exchanges it may bind from.
+    #[serde(default)]
+    pub read: String,
+}
+
+/// `auth.topic_permissions[]`: a user's routing keys on a topic exchange.
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopicPermissionEntry {
+    /// Virtual host.
+    #[serde(default = "default_vhost")]
+    pub vhost: String,
+    /// User.
+    pub user: String,
+    /// The topic exchange.
+    pub exchange: String,
+    /// Routing keys the user may publish with (`{username}`, `{vhost}`, `{client_id}`).
+    #[serde(default)]
+    pub write: String,
+    /// Routing keys the user may bind with.
+    #[serde(default)]
+    pub read: String,
+}
+
+fn default_vhost() -> String {
+    "/".into()
 }
 
 impl AuthSection {
+    /// True when MQTT requests are checked: `authorization`, or an ACL file is given.
+    pub fn mqtt_authorization(&self) -> bool {
+        self.authorization || !self.mosquitto_acl_file.is_empty() || !self.emqx_acl_file.is_empty()
+    }
+
     /// Every user: the default one and the listed ones, loopback restrictions applied.
     pub fn all_users(&self) -> Vec<UserEntry> {
         let mut all = Vec::new();
@@ -411,6 +473,21 @@ impl Config {
         for u in &self.auth.users {
             if let Err(e) = crate::auth::User::from_entry(u) {
                 return invalid("auth.users", format!("user `{}`: {e}", u.name));
+            }
+        }
+        for (i, r) in self.auth.rules.iter().enumerate() {
+            if let Err(e) = r.to_rule() {
+                return invalid("auth.rules", format!("rule {}: {e}", i + 1));
+            }
+        }
+        for p in &self.auth.permissions {
+            if let Err(e) = crate::authz::VhostPermissions::new(&p.configure, &p.write, &p.read) {
+                return invalid("auth.permissions", format!("user `{}` in vhost `{}`: {e}", p.user, p.vhost));
+            }
+        }
+        for p in &self.auth.topic_permissions {
+            if let Err(e) = crate::authz::TopicPermissions::new(&p.write, &p.read) {
+                return invalid("auth.topic_permissions", format!("user `{}` on `{}`: {e}", p.user, p.exchange));
             }
         }
         if self.auth.vhosts.is_empty() {

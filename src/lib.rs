@@ -28,6 +28,8 @@
 //! - [`amqp`] — the AMQP 0-9-1 front-end (connections, channels, methods, entities).
 //! - [`socket`] — buffer sizing and waits both front-ends' connection tasks share.
 //! - [`auth`] — the user store both front-ends check logins against.
+//! - [`authz`] — what a logged-in client may do: RabbitMQ permissions and MQTT topic
+//!   rules in one policy, decided per connection with a cache.
 //! - [`tls`] — rustls acceptor from PEM files.
 //! - [`ctl`] — `ferrymq ctl`, the admin CLI over the management API.
 //! - [`http`] — the management HTTP API (RabbitMQ's paths) and Prometheus `/metrics`.
@@ -36,6 +38,7 @@
 
 pub mod amqp;
 pub mod auth;
+pub mod authz;
 pub mod config;
 pub mod core;
 pub mod ctl;

@@ -15,6 +15,7 @@ use tracing::{debug, info, warn};
 
 use crate::amqp::AmqpContext;
 use crate::auth::{LoginThrottle, User, Users};
+use crate::authz::{Authorizer, Policy};
 use crate::config::Config;
 use crate::core::alarm::ResourceAlarm;
 use crate::core::broker::Broker;
@@ -23,6 +24,7 @@ use crate::core::message::Message;
 use crate::core::queue::{Overflow, QueueConfig};
 use crate::core::scheduler;
 use crate::core::shards::Shards;
+use crate::core::store::AccessRecords;
 use crate::http::{HttpContext, ListenerInfo};
 use crate::mqtt::session::Control;
 use crate::mqtt::{self, LoginRule, MqttContext, MqttLogins};
@@ -110,16 +112,17 @@ impl Server {
         alarm.check();
         tokio::spawn(alarm.clone().run());
         let users = Users::new(configured_users(&config)?, login_throttle(&config));
-        restore_access(&broker, &config, &users);
+        let stored_access = restore_access(&broker, &config, &users);
+        let authz = authorizer(&config, &stored_access)?;
         let logins = MqttLogins {
             users: users.clone(),
             check_passwords: config.auth.mqtt || !config.auth.mosquitto_password_file.is_empty(),
             allow_anonymous: config.mqtt.allow_anonymous,
         };
-        let mqtt = MqttContext::restore(broker.clone(), config.mqtt.clone(), logins, alarm.clone());
+        let mqtt = MqttContext::restore(broker.clone(), config.mqtt.clone(), logins, authz.clone(), alarm.clone());
         mqtt.drop_orphan_queues().await;
 
-        let amqp = AmqpContext::start(broker.clone(), &config, users.clone(), alarm.clone()).await;
+        let amqp = AmqpContext::start(broker.clone(), &config, users.clone(), authz.clone(), alarm.clone()).await;
 
         tokio::spawn(scheduler::run(broker.clone()));
         tokio::spawn(mqtt.clone().run_expiry());
@@ -190,7 +193,8 @@ impl Server {
             mqtt: server.mqtt.clone(),
             users: users.clone(),
             cfg: config.http.clone(),
-            access: crate::http::access::AccessState::restore(&config, &server.broker),
+            access: crate::http::access::AccessState::restore(&config, &stored_access),
+            authz: authz.clone(),
             loopback_users: config.auth.loopback_users.clone(),
             alarm: server.alarm.clone(),
             listeners: Default::default(),
@@ -273,11 +277,28 @@ impl Server {
     }
 
     /// Applies what a reloaded configuration may change at runtime (SIGHUP): the memory
-    /// high watermark and the disk free limit.
+    /// high watermark and the disk free limit, and the MQTT rules (`[[auth.rules]]` unless
+    /// the API has set its own, and the ACL files, read again; a bad file keeps the rules
+    /// in force).
     pub fn reload(&self, config: &Config) {
         let (memory_limit, disk_free_limit) = alarm_limits(config);
         info!(memory_limit, disk_free_limit, "configuration reloaded");
         self.alarm.set_limits(memory_limit, disk_free_limit);
+        let rules = crate::authz::rules_of(&config.auth.rules).map_err(anyhow::Error::msg);
+        match rules.and_then(|r| Ok((r, crate::authz::file_rules(&config.auth)?))) {
+            Ok((rules, file_rules)) => {
+                let n = self.mqtt.authz.update(|p| {
+                    if !p.api_rules {
+                        p.rules = rules;
+                        p.rule_entries = config.auth.rules.clone();
+                    }
+                    p.file_rules = file_rules;
+                    p.rules.len() + p.file_rules.len()
+                });
+                info!(mqtt_rules = n, "MQTT rules reloaded");
+            }
+            Err(e) => warn!(error = %e, "MQTT rules not reloaded; the rules in force stay"),
+        }
     }
 
     /// Stops accepting, asks every connection to close (MQTT 5: DISCONNECT 0x8B), waits for
@@ -340,7 +361,7 @@ async fn load_definitions(ctx: &HttpContext, path: &str) -> anyhow::Result<()> {
 
 /// The virtual hosts (configured, then made at runtime, less those deleted at runtime) into
 /// the router, and the users made or deleted at runtime into `users`.
-fn restore_access(broker: &Broker, config: &Config, users: &Users) {
+fn restore_access(broker: &Broker, config: &Config, users: &Users) -> AccessRecords {
     let records = broker.stores.access.load().unwrap_or_else(|e| {
         warn!(error = %e, "cannot read stored users and virtual hosts");
         Default::default()
@@ -366,6 +387,33 @@ fn restore_access(broker: &Broker, config: &Config, users: &Users) {
             }
         }
     }
+    records
+}
+
+/// The authorizer: where it is on, and the policy from the configuration, the stored
+/// records and the ACL files (a bad file stops start-up naming file, line and problem).
+fn authorizer(config: &Config, stored: &AccessRecords) -> anyhow::Result<Arc<Authorizer>> {
+    let policy = Policy::load(&config.auth, &config.mqtt.exchange, stored)?;
+    let (amqp, mqtt) = (config.auth.authorization, config.auth.mqtt_authorization());
+    info!(
+        amqp,
+        mqtt,
+        mqtt_rules = policy.rules.len() + policy.file_rules.len(),
+        "authorization {}",
+        match (amqp, mqtt) {
+            (false, false) => "off: logged-in clients may do everything",
+            (true, true) => "on for AMQP (permissions) and MQTT (rules)",
+            _ => "on for MQTT (rules); AMQP unchecked",
+        }
+    );
+    let checked = config.auth.mqtt || !config.auth.mosquitto_password_file.is_empty();
+    if mqtt && !checked {
+        warn!(
+            "MQTT authorization is on but MQTT passwords are not checked: rules naming a user trust the \
+             user name a client claims (set auth.mqtt = true or auth.mosquitto_password_file)"
+        );
+    }
+    Ok(Authorizer::new(amqp, mqtt, policy))
 }
 
 fn restore_retained(broker: &Broker) {

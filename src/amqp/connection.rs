@@ -22,6 +22,7 @@ use super::channel::{Channel, Settle};
 use super::convert::properties_out;
 use super::entities::QueueEntity;
 use super::AmqpContext;
+use crate::authz::{Access, Identity};
 use crate::core::alarm::Resource;
 use crate::core::broker::DurableSignal;
 use crate::core::connections::{ClientDetails, ConnectionInfo, Listener, Protocol};
@@ -130,6 +131,8 @@ pub(super) struct Task {
     pub info: Option<Arc<ConnectionInfo>>,
     /// Messages published, delivered, acknowledged since the last turn.
     pub counts: AmqpCounts,
+    /// What the user may do in the open virtual host (decisions cached).
+    pub access: Access,
 }
 
 impl Task {
@@ -152,7 +155,9 @@ impl Task {
         // `amqp.max_unacked_without_prefetch`; no-ack consumers get credit back as their
         // deliveries are written), plus one cancellation per queue.
         let (events_tx, events_rx) = mpsc::unbounded_channel();
+        let access = ctx.authz.access(Identity::default(), "");
         Task {
+            access,
             ctx,
             id,
             peer,
@@ -333,15 +338,20 @@ impl Task {
                     }
                 }
                 Event::Open { vhost } => {
-                    if self.ctx.broker.router.has_vhost(&vhost) {
+                    if !self.ctx.broker.router.has_vhost(&vhost) {
+                        let text = format!("NOT_ALLOWED - vhost {vhost} not found");
+                        self.proto.connection_error(530, &text, 10, 40);
+                    } else if !self.ctx.authz.vhost_access(&self.user, &vhost) {
+                        warn!(user = %self.user, vhost = %vhost, "access to vhost refused");
+                        let text = format!("NOT_ALLOWED - access to vhost '{vhost}' refused for user '{}'", self.user);
+                        self.proto.connection_error(530, &text, 10, 40);
+                    } else {
                         tracing::Span::current().record("vhost", vhost.as_str());
                         info!("client connected");
+                        self.access = self.ctx.authz.access(self.identity(), &vhost);
                         self.vhost = vhost;
                         self.register_connection();
                         self.proto.open_ok();
-                    } else {
-                        let text = format!("NOT_ALLOWED - vhost {vhost} not found");
-                        self.proto.connection_error(530, &text, 10, 40);
                     }
                 }
                 Event::ChannelOpened { channel } => {
@@ -542,6 +552,25 @@ impl Task {
         self.flush_held(channel);
     }
 
+    /// Who the logged-in user is, for authorization (`client_id`: the client property of
+    /// that name, as RabbitMQ's topic permissions expand it).
+    fn identity(&self) -> Identity {
+        let client_id = self
+            .client_properties
+            .iter()
+            .find(|(k, _)| k == "client_id")
+            .and_then(|(_, v)| v.as_str())
+            .unwrap_or_default()
+            .to_owned();
+        Identity {
+            user: Some(self.user.clone()),
+            groups: self.ctx.users.get(&self.user).map(|u| u.tags).unwrap_or_default(),
+            client_id,
+            peer: Some(self.peer.ip()),
+            cert_cn: None,
+        }
+    }
+
     /// A channel ended: its consumers go, its unacked deliveries are requeued in order.
     /// Lists the connection (its vhost is open) where operations see connections.
     fn register_connection(&mut self) {
@@ -611,13 +640,21 @@ impl Task {
         }
     }
 
-    /// After a consumer went: an auto-delete queue left without consumers is deleted.
+    /// After a consumer went (channel close): an auto-delete queue left without
+    /// consumers is deleted.
     pub(super) fn consumer_gone(&mut self, queue_name: &str) {
-        let Some(q) = self.ctx.entities.queue(&self.vhost, queue_name) else { return };
-        if q.auto_delete && q.had_consumer.load(Ordering::Relaxed) && q.consumers.load(Ordering::Relaxed) == 0 {
+        if let Some(q) = self.orphaned_auto_delete(queue_name) {
             let ctx = self.ctx.clone();
             tokio::spawn(async move { ctx.entities.delete_queue(&ctx.broker, &q).await });
         }
+    }
+
+    /// The auto-delete queue `queue_name` when its last consumer went.
+    pub(super) fn orphaned_auto_delete(&self, queue_name: &str) -> Option<Arc<QueueEntity>> {
+        let q = self.ctx.entities.queue(&self.vhost, queue_name)?;
+        let orphaned =
+            q.auto_delete && q.had_consumer.load(Ordering::Relaxed) && q.consumers.load(Ordering::Relaxed) == 0;
+        orphaned.then_some(q)
     }
 
     async fn cleanup(&mut self) {

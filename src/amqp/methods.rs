@@ -15,6 +15,7 @@ use super::connection::{PendingConfirm, Task, NO_ACK_CREDIT};
 use super::convert::{properties_in, properties_out, qos_of, short, table_in};
 use super::entities::{forget_exchange, persist_binding, queue_config, store_exchange, QueueEntity};
 use super::streams::{consumer_group, is_stream, partitions_of, sharing, stream_config, stream_offset, Sharing};
+use crate::authz::{Permission, Refused, ResourceKind};
 use crate::core::broker::RetainMode;
 use crate::core::connections::ConsumerInfo;
 use crate::core::message::{now_ms, Message, SharedMessage};
@@ -45,6 +46,10 @@ fn channel_fail(code: u16, text: String) -> Fail {
 
 fn not_found(what: &str, name: &str, vhost: &str) -> Fail {
     channel_fail(404, format!("NOT_FOUND - no {what} '{name}' in vhost '{vhost}'"))
+}
+
+fn refused(r: Refused) -> Fail {
+    channel_fail(403, format!("ACCESS_REFUSED - {}", r.0))
 }
 
 fn reply(method: AMQPClass) -> Result<Option<AMQPClass>, Fail> {
@@ -115,6 +120,7 @@ impl Task {
                         "ACCESS_REFUSED - operation not permitted on the default exchange".into(),
                     ));
                 }
+                self.access.resource(ResourceKind::Exchange, &name, Permission::Configure).map_err(refused)?;
                 let Some(kind) = ExchangeKind::parse(d.kind.as_str()) else {
                     return Err(Fail {
                         code: 503,
@@ -168,6 +174,7 @@ impl Task {
                         format!("ACCESS_REFUSED - operation not permitted on exchange '{name}' in vhost '{vhost}'"),
                     ));
                 }
+                self.access.resource(ResourceKind::Exchange, name, Permission::Configure).map_err(refused)?;
                 match router.delete_exchange(&vhost, name, d.if_unused) {
                     Ok(true) => forget_exchange(&self.ctx.broker, &vhost, name).await,
                     Ok(false) => {
@@ -228,6 +235,11 @@ impl Task {
             (None, _) => return Err(not_found("exchange", source, &vhost)),
             (_, None) => return Err(not_found("exchange", dest, &vhost)),
         };
+        self.access.resource(ResourceKind::Exchange, dest, Permission::Write).map_err(refused)?;
+        self.access.resource(ResourceKind::Exchange, source, Permission::Read).map_err(refused)?;
+        if src.kind == ExchangeKind::Topic {
+            self.access.topic(source, key, Permission::Read).map_err(refused)?;
+        }
         let binding = Binding::exchange(dest, key, args);
         if bind {
             router.bind(&vhost, source, binding.clone()).map_err(|e| route_fail(e, &vhost))?;
@@ -257,6 +269,17 @@ impl Task {
         Ok(q)
     }
 
+    /// RabbitMQ's checks for binding a queue: write on the queue, read on the exchange,
+    /// and on a topic exchange read on the binding key.
+    fn binding_permitted(&mut self, queue: &str, exchange: &str, kind: ExchangeKind, key: &str) -> Result<(), Fail> {
+        self.access.resource(ResourceKind::Queue, queue, Permission::Write).map_err(refused)?;
+        self.access.resource(ResourceKind::Exchange, exchange, Permission::Read).map_err(refused)?;
+        if kind == ExchangeKind::Topic {
+            self.access.topic(exchange, key, Permission::Read).map_err(refused)?;
+        }
+        Ok(())
+    }
+
     async fn on_queue(&mut self, channel: u16, m: queue::AMQPMethod) -> Result<Option<AMQPClass>, Fail> {
         let vhost = self.vhost.clone();
         match m {
@@ -275,6 +298,7 @@ impl Task {
                         format!("ACCESS_REFUSED - queue name '{name}' contains reserved prefix 'amq.*'"),
                     ));
                 }
+                self.access.resource(ResourceKind::Queue, &name, Permission::Configure).map_err(refused)?;
                 let arguments = table_in(&d.arguments);
                 if let Some(existing) = self.ctx.entities.queue(&vhost, &name) {
                     let q = self.usable_queue(&name)?;
@@ -302,6 +326,7 @@ impl Task {
                         "ACCESS_REFUSED - operation not permitted on the default exchange".into(),
                     ));
                 }
+                self.binding_permitted(&q.name, exchange, x.kind, b.routing_key.as_str())?;
                 let binding = Binding::queue(q.id, b.routing_key.as_str(), table_in(&b.arguments));
                 self.ctx.broker.router.bind(&vhost, exchange, binding.clone()).map_err(|e| route_fail(e, &vhost))?;
                 if x.durable && q.durable {
@@ -325,6 +350,7 @@ impl Task {
                 }
                 let q = self.usable_queue(b.queue.as_str())?;
                 let Some(x) = self.ctx.broker.router.exchange(&vhost, exchange) else { return reply(unbind_ok) };
+                self.binding_permitted(&q.name, exchange, x.kind, b.routing_key.as_str())?;
                 let binding = Binding::queue(q.id, b.routing_key.as_str(), table_in(&b.arguments));
                 self.ctx
                     .broker
@@ -338,6 +364,7 @@ impl Task {
             }
             queue::AMQPMethod::Purge(p) => {
                 let q = self.usable_queue(p.queue.as_str())?;
+                self.access.resource(ResourceKind::Queue, &q.name, Permission::Read).map_err(refused)?;
                 let n = self.ctx.broker.shards.purge(q.id).await;
                 ok_unless(
                     p.nowait,
@@ -359,6 +386,7 @@ impl Task {
                     }
                     Err(f) => return Err(f),
                 };
+                self.access.resource(ResourceKind::Queue, name, Permission::Configure).map_err(refused)?;
                 if d.if_unused && q.consumers.load(Ordering::Relaxed) > 0 {
                     return Err(channel_fail(
                         406,
@@ -400,6 +428,7 @@ impl Task {
             }
             basic::AMQPMethod::Consume(c) => {
                 let q = self.usable_queue(c.queue.as_str())?;
+                self.access.resource(ResourceKind::Queue, &q.name, Permission::Read).map_err(refused)?;
                 let tag = if c.consumer_tag.as_str().is_empty() {
                     generated_name("amq.ctag-")
                 } else {
@@ -512,7 +541,11 @@ impl Task {
                         self.ctx.broker.assignments.leave(&self.ctx.broker.shards, id);
                     }
                     self.consumer_left(&consumer.queue_name);
-                    self.consumer_gone(&consumer.queue_name);
+                    // Deleted before Cancel-Ok, as RabbitMQ: the client's next method
+                    // (a passive declare, an unbind) sees the queue gone.
+                    if let Some(q) = self.orphaned_auto_delete(&consumer.queue_name) {
+                        self.ctx.entities.delete_queue(&self.ctx.broker, &q).await;
+                    }
                 }
                 ok_unless(
                     c.nowait,
@@ -521,6 +554,7 @@ impl Task {
             }
             basic::AMQPMethod::Get(g) => {
                 let q = self.usable_queue(g.queue.as_str())?;
+                self.access.resource(ResourceKind::Queue, &q.name, Permission::Read).map_err(refused)?;
                 if q.is_stream() {
                     return Err(Fail {
                         code: 540,
@@ -764,6 +798,15 @@ impl Task {
         if internal {
             let text = format!("ACCESS_REFUSED - cannot publish to internal exchange '{exchange}' in vhost '{vhost}'");
             self.proto.channel_error(channel, 403, &text, class_id, method_id);
+            return;
+        }
+        let mut permitted = self.access.resource(ResourceKind::Exchange, exchange, Permission::Write);
+        if permitted.is_ok() && kind == ExchangeKind::Topic {
+            permitted = self.access.topic(exchange, p.routing_key.as_str(), Permission::Write);
+        }
+        if let Err(r) = permitted {
+            let f = refused(r);
+            self.proto.channel_error(channel, f.code, &f.text, class_id, method_id);
             return;
         }
         if let Some(e) = p.properties.expiration() {

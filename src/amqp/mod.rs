@@ -35,6 +35,7 @@ use tokio::sync::mpsc;
 use tracing::warn;
 
 use crate::auth::Users;
+use crate::authz::Authorizer;
 use crate::config::Config;
 use crate::core::alarm::ResourceAlarm;
 use crate::core::broker::{Broker, Commit};
@@ -52,6 +53,8 @@ pub struct AmqpContext {
     pub cfg: crate::config::AmqpSection,
     /// Users that may log in, checked at connection.start-ok.
     pub users: Users,
+    /// What a logged-in user may open, declare, publish to and consume from.
+    pub authz: Arc<Authorizer>,
     /// Registry of declared queues, by vhost and name.
     pub entities: Entities,
     /// The memory and disk alarms: publishing connections get connection.blocked while one
@@ -67,6 +70,7 @@ impl AmqpContext {
         broker: Arc<Broker>,
         config: &Config,
         users: Users,
+        authz: Arc<Authorizer>,
         alarm: Arc<ResourceAlarm>,
     ) -> Arc<AmqpContext> {
         if config.amqp.dedup_window_secs > 0 {
@@ -79,6 +83,7 @@ impl AmqpContext {
             broker,
             cfg: config.amqp.clone(),
             users,
+            authz,
             entities: Entities::default(),
             alarm,
             connections: Mutex::new(HashMap::new()),

@@ -1,9 +1,10 @@
-//! `/api/vhosts`, `/api/users` and `/api/permissions`: listed, created, changed and deleted
-//! as in RabbitMQ, kept in the core's access store so they survive restarts. Permissions
-//! are stored and shown; enforcing them comes with the security work (today every user
-//! may use every virtual host).
+//! `/api/vhosts`, `/api/users`, `/api/permissions`, `/api/topic-permissions` and
+//! `/api/mqtt/rules`: listed, created, changed and deleted as in RabbitMQ, kept in the
+//! core's access store so they survive restarts. Permissions and rules live in the
+//! authorizer both front-ends decide with, so a change applies to open connections at
+//! their next request.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::extract::{Path, State};
@@ -21,59 +22,36 @@ use super::HttpContext;
 use crate::auth::{Secret, User};
 use crate::config::Config;
 use crate::core::broker::Commit;
-use crate::core::store::{PermissionRecord, StoreWrite, UserRecord, VhostRecord};
+use crate::core::store::{AccessRecords, PermissionRecord, StoreWrite, TopicPermissionRecord, UserRecord, VhostRecord};
 
 type Answer = Result<Json<Json_>, ApiError>;
 
-/// What the API keeps about virtual hosts and permissions beside the router and the users.
+/// What the API keeps about virtual hosts beside the router and the users (permissions
+/// are the authorizer's).
 #[derive(Debug, Default)]
 pub struct AccessState {
     /// Description and tags of each virtual host.
     vhost_meta: RwLock<HashMap<String, (String, Vec<String>)>>,
-    /// Permissions by (vhost, user).
-    permissions: RwLock<BTreeMap<(String, String), PermissionRecord>>,
     /// Users and virtual hosts the configuration names (deleting one leaves a tombstone).
     configured_users: Vec<String>,
     configured_vhosts: Vec<String>,
 }
 
 impl AccessState {
-    /// The state at start: stored permissions, and `.*` for every configured user in every
-    /// configured virtual host that has no stored permission (what they may do today).
-    pub fn restore(config: &Config, broker: &crate::core::broker::Broker) -> AccessState {
-        let records = broker.stores.access.load().unwrap_or_default();
+    /// The state at start, from the configuration and the stored records.
+    pub fn restore(config: &Config, records: &AccessRecords) -> AccessState {
         let configured_users: Vec<String> = config.auth.all_users().into_iter().map(|u| u.name).collect();
-        let mut permissions = BTreeMap::new();
-        for u in &configured_users {
-            for v in &config.auth.vhosts {
-                let all = ".*".to_string();
-                let p = PermissionRecord {
-                    vhost: v.clone(),
-                    user: u.clone(),
-                    configure: all.clone(),
-                    write: all.clone(),
-                    read: all,
-                };
-                permissions.insert((v.clone(), u.clone()), p);
-            }
-        }
-        for p in records.permissions {
-            permissions.insert((p.vhost.clone(), p.user.clone()), p);
-        }
-        let vhost_meta =
-            records.vhosts.into_iter().filter(|v| !v.deleted).map(|v| (v.name, (v.description, v.tags))).collect();
+        let vhost_meta = records
+            .vhosts
+            .iter()
+            .filter(|v| !v.deleted)
+            .map(|v| (v.name.clone(), (v.description.clone(), v.tags.clone())))
+            .collect();
         AccessState {
             vhost_meta: RwLock::new(vhost_meta),
-            permissions: RwLock::new(permissions),
             configured_users,
             configured_vhosts: config.auth.vhosts.clone(),
         }
-    }
-
-    /// The permissions shown (an empty record means none).
-    pub fn permissions(&self) -> Vec<PermissionRecord> {
-        let all = self.permissions.read();
-        all.values().filter(|p| !(p.configure.is_empty() && p.write.is_empty() && p.read.is_empty())).cloned().collect()
     }
 
     /// Description and tags of a virtual host.
@@ -150,12 +128,7 @@ pub async fn delete_vhost(ctx: &HttpContext, name: &str) -> Result<(), ApiError>
         store.remove_vhost(name)
     };
     commit(ctx, write).await?;
-    let doomed: Vec<(String, String)> =
-        ctx.access.permissions.read().keys().filter(|(v, _)| v == name).cloned().collect();
-    for (v, u) in doomed {
-        commit(ctx, store.remove_permission(&v, &u)).await?;
-        ctx.access.permissions.write().remove(&(v, u));
-    }
+    forget_permissions(ctx, |vhost, _| vhost == name).await?;
     ctx.broker.router.remove_vhost(name);
     ctx.access.vhost_meta.write().remove(name);
     Ok(())
@@ -205,13 +178,25 @@ pub async fn delete_user(ctx: &HttpContext, name: &str) -> Result<(), ApiError> 
         store.remove_user(name)
     };
     commit(ctx, write).await?;
-    let doomed: Vec<(String, String)> =
-        ctx.access.permissions.read().keys().filter(|(_, u)| u == name).cloned().collect();
-    for (v, u) in doomed {
-        commit(ctx, store.remove_permission(&v, &u)).await?;
-        ctx.access.permissions.write().remove(&(v, u));
-    }
+    forget_permissions(ctx, |_, user| user == name).await?;
     ctx.users.remove(name);
+    Ok(())
+}
+
+/// Removes the permissions and topic permissions of (vhost, user) pairs `doomed` picks.
+async fn forget_permissions(ctx: &HttpContext, doomed: impl Fn(&str, &str) -> bool) -> Result<(), ApiError> {
+    let policy = ctx.authz.policy();
+    let store = &ctx.broker.stores.access;
+    for ((v, u), _) in policy.permissions.iter().filter(|((v, u), _)| doomed(v, u)) {
+        commit(ctx, store.remove_permission(v, u)).await?;
+    }
+    for ((v, u, x), _) in policy.topic_permissions.iter().filter(|((v, u, _), _)| doomed(v, u)) {
+        commit(ctx, store.remove_topic_permission(v, u, x)).await?;
+    }
+    ctx.authz.update(|p| {
+        p.permissions.retain(|(v, u), _| !doomed(v, u));
+        p.topic_permissions.retain(|(v, u, _), _| !doomed(v, u));
+    });
     Ok(())
 }
 
@@ -220,13 +205,28 @@ pub async fn put_permission(ctx: &HttpContext, p: PermissionRecord) -> Result<bo
     if !ctx.broker.router.has_vhost(&p.vhost) || ctx.users.get(&p.user).is_none() {
         return Err(ApiError::bad_request(format!("no user '{}' or no vhost '{}'", p.user, p.vhost)));
     }
-    for re in [&p.configure, &p.write, &p.read] {
-        regex_lite::Regex::new(re)
-            .map_err(|e| ApiError::bad_request(format!("invalid regular expression '{re}': {e}")))?;
-    }
+    crate::authz::VhostPermissions::new(&p.configure, &p.write, &p.read).map_err(ApiError::bad_request)?;
     commit(ctx, ctx.broker.stores.access.put_permission(&p)).await?;
     let key = (p.vhost.clone(), p.user.clone());
-    Ok(ctx.access.permissions.write().insert(key, p).is_none())
+    let new = !ctx.authz.policy().permissions.contains_key(&key);
+    ctx.authz.update(|policy| policy.set_permission(&p)).map_err(ApiError::bad_request)?;
+    Ok(new)
+}
+
+/// Sets a user's topic permissions on an exchange; true when it had none.
+pub async fn put_topic_permission(ctx: &HttpContext, p: TopicPermissionRecord) -> Result<bool, ApiError> {
+    if !ctx.broker.router.has_vhost(&p.vhost) || ctx.users.get(&p.user).is_none() {
+        return Err(ApiError::bad_request(format!("no user '{}' or no vhost '{}'", p.user, p.vhost)));
+    }
+    if p.exchange.is_empty() {
+        return Err(ApiError::bad_request("topic permissions need an exchange"));
+    }
+    crate::authz::TopicPermissions::new(&p.write, &p.read).map_err(ApiError::bad_request)?;
+    commit(ctx, ctx.broker.stores.access.put_topic_permission(&p)).await?;
+    let key = (p.vhost.clone(), p.user.clone(), p.exchange.clone());
+    let new = !ctx.authz.policy().topic_permissions.contains_key(&key);
+    ctx.authz.update(|policy| policy.set_topic_permission(&p)).map_err(ApiError::bad_request)?;
+    Ok(new)
 }
 
 /// `GET /api/vhosts`.
@@ -373,7 +373,7 @@ fn permission_json(p: &PermissionRecord) -> Json_ {
 /// `GET /api/permissions`.
 pub async fn permissions(State(ctx): State<Arc<HttpContext>>, Extension(caller): Extension<Caller>) -> Answer {
     caller.require(Access::Administrator)?;
-    Ok(Json(Json_::Array(ctx.access.permissions().iter().map(permission_json).collect())))
+    Ok(Json(Json_::Array(ctx.authz.policy().permission_records().iter().map(permission_json).collect())))
 }
 
 /// `GET /api/vhosts/{vhost}/permissions`.
@@ -384,7 +384,7 @@ pub async fn vhost_permissions(
 ) -> Answer {
     caller.require(Access::Administrator)?;
     super::queues::known_vhost(&ctx, &vhost)?;
-    let all = ctx.access.permissions().into_iter().filter(|p| p.vhost == vhost);
+    let all = ctx.authz.policy().permission_records().into_iter().filter(|p| p.vhost == vhost);
     Ok(Json(Json_::Array(all.map(|p| permission_json(&p)).collect())))
 }
 
@@ -396,7 +396,7 @@ pub async fn user_permissions(
 ) -> Answer {
     caller.require(Access::Administrator)?;
     ctx.users.get(&user).ok_or_else(ApiError::not_found)?;
-    let all = ctx.access.permissions().into_iter().filter(|p| p.user == user);
+    let all = ctx.authz.policy().permission_records().into_iter().filter(|p| p.user == user);
     Ok(Json(Json_::Array(all.map(|p| permission_json(&p)).collect())))
 }
 
@@ -407,7 +407,7 @@ pub async fn permission(
     Path((vhost, user)): Path<(String, String)>,
 ) -> Answer {
     caller.require(Access::Administrator)?;
-    let p = ctx.access.permissions().into_iter().find(|p| p.vhost == vhost && p.user == user);
+    let p = ctx.authz.policy().permission_records().into_iter().find(|p| p.vhost == vhost && p.user == user);
     Ok(Json(permission_json(&p.ok_or_else(ApiError::not_found)?)))
 }
 
@@ -445,11 +445,11 @@ pub async fn clear_permission(
     Path((vhost, user)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     caller.require(Access::Administrator)?;
-    if !ctx.access.permissions().iter().any(|p| p.vhost == vhost && p.user == user) {
+    if !ctx.authz.policy().permissions.contains_key(&(vhost.clone(), user.clone())) {
         return Err(ApiError::not_found());
     }
     let none = PermissionRecord { vhost, user, configure: String::new(), write: String::new(), read: String::new() };
     commit(&ctx, ctx.broker.stores.access.put_permission(&none)).await?;
-    ctx.access.permissions.write().insert((none.vhost.clone(), none.user.clone()), none);
+    ctx.authz.update(|p| p.set_permission(&none)).map_err(ApiError::bad_request)?;
     Ok(StatusCode::NO_CONTENT)
 }

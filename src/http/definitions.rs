@@ -12,7 +12,7 @@ use axum::extract::{Path, State};
 use axum::{Extension, Json};
 use serde_json::{json, Map, Value as Json_};
 
-use super::access::{put_permission, put_user, put_vhost, secret_of, tag_list, user_json};
+use super::access::{put_permission, put_topic_permission, put_user, put_vhost, secret_of, tag_list, user_json};
 use super::auth::{Access, Caller};
 use super::error::ApiError;
 use super::exchanges::{set_binding, user_bindings, user_exchanges, BindingSpec};
@@ -21,7 +21,7 @@ use super::overview::RABBITMQ_API_VERSION;
 use super::HttpContext;
 use crate::amqp::methods::{check_equivalent_exchange, check_equivalent_queue, create_queue, route_fail};
 use crate::core::router::{ExchangeDef, ExchangeKind};
-use crate::core::store::PermissionRecord;
+use crate::core::store::{PermissionRecord, TopicPermissionRecord};
 
 type Answer = Result<Json<Json_>, ApiError>;
 
@@ -90,17 +90,22 @@ pub fn export(ctx: &HttpContext, vhost: Option<&str>) -> Json_ {
                 json!({ "name": v, "limits": [], "metadata": { "description": description, "tags": tags } })
             })
             .collect();
-        let permissions: Vec<Json_> = ctx
-            .access
-            .permissions()
+        let policy = ctx.authz.policy();
+        let permissions: Vec<Json_> = policy
+            .permission_records()
             .iter()
             .map(|p| json!({ "user": p.user, "vhost": p.vhost, "configure": p.configure, "write": p.write, "read": p.read }))
+            .collect();
+        let topic_permissions: Vec<Json_> = policy
+            .topic_permission_records()
+            .iter()
+            .map(|p| json!({ "user": p.user, "vhost": p.vhost, "exchange": p.exchange, "write": p.write, "read": p.read }))
             .collect();
         let o = out.as_object_mut().expect("an object");
         o.insert("users".into(), Json_::Array(users));
         o.insert("vhosts".into(), Json_::Array(vhost_rows));
         o.insert("permissions".into(), Json_::Array(permissions));
-        o.insert("topic_permissions".into(), json!([]));
+        o.insert("topic_permissions".into(), Json_::Array(topic_permissions));
         o.insert("global_parameters".into(), json!([]));
     }
     out
@@ -171,6 +176,15 @@ pub async fn import(ctx: &HttpContext, defs: &Json_, only_vhost: Option<&str>) -
     if !defs.is_object() {
         return Err(ApiError::bad_request("definitions must be a JSON object"));
     }
+    // Expressions are checked before anything is applied: a bad one changes nothing.
+    for p in items(defs, "permissions") {
+        crate::authz::VhostPermissions::new(text(p, "configure"), text(p, "write"), text(p, "read"))
+            .map_err(|e| ApiError::bad_request(format!("permissions of user '{}': {e}", text(p, "user"))))?;
+    }
+    for p in items(defs, "topic_permissions") {
+        crate::authz::TopicPermissions::new(text(p, "write"), text(p, "read"))
+            .map_err(|e| ApiError::bad_request(format!("topic permissions of user '{}': {e}", text(p, "user"))))?;
+    }
     let mut report = ImportReport::default();
     let vhost_of = |item: &Json_| only_vhost.map(str::to_owned).unwrap_or_else(|| text(item, "vhost").to_owned());
     if only_vhost.is_none() {
@@ -214,7 +228,15 @@ pub async fn import(ctx: &HttpContext, defs: &Json_, only_vhost: Option<&str>) -
             report.count("permissions");
         }
         for p in items(defs, "topic_permissions") {
-            report.skip("topic_permissions", p, "topic permissions are not supported yet");
+            let record = TopicPermissionRecord {
+                vhost: text(p, "vhost").into(),
+                user: text(p, "user").into(),
+                exchange: text(p, "exchange").into(),
+                write: text(p, "write").into(),
+                read: text(p, "read").into(),
+            };
+            put_topic_permission(ctx, record).await?;
+            report.count("topic_permissions");
         }
         for p in items(defs, "global_parameters") {
             if text(p, "name") != "cluster_name" && text(p, "name") != "internal_cluster_id" {

@@ -5,6 +5,7 @@
 //!
 //! - [`access`] — virtual hosts, users and permissions (read and write, durable).
 //! - [`auth`] — HTTP Basic against the user store, and what each user tag may call.
+//! - [`rules`] — topic permissions and the MQTT topic rules.
 //! - [`dashboard`] — the web dashboard's static files at `/`.
 //! - [`definitions`] — `/api/definitions`: RabbitMQ's definitions export and import.
 //! - [`error`] — errors as RabbitMQ answers them (`{"error": ..., "reason": ...}`).
@@ -35,6 +36,7 @@ pub mod mqtt;
 pub mod overview;
 pub mod queues;
 pub mod rates;
+pub mod rules;
 pub mod streams;
 
 use std::net::SocketAddr;
@@ -79,8 +81,10 @@ pub struct HttpContext {
     pub users: Users,
     /// `[http]`.
     pub cfg: HttpSection,
-    /// Virtual host metadata and permissions.
+    /// Virtual host metadata.
     pub access: access::AccessState,
+    /// Permissions, topic permissions and MQTT rules (shared with both front-ends).
+    pub authz: Arc<crate::authz::Authorizer>,
     /// Users that may only connect from loopback (`auth.loopback_users`), for users made at runtime.
     pub loopback_users: Vec<String>,
     /// The memory and disk alarms.
@@ -128,6 +132,11 @@ pub fn router(ctx: Arc<HttpContext>) -> Router {
         .route("/users/{name}", get(access::user).put(access::create_user).delete(access::remove_user))
         .route("/users/{name}/permissions", get(access::user_permissions))
         .route("/permissions", get(access::permissions))
+        .route("/topic-permissions", get(rules::all))
+        .route("/topic-permissions/{vhost}/{user}", get(rules::of_pair).put(rules::set).delete(rules::clear))
+        .route("/vhosts/{vhost}/topic-permissions", get(rules::of_vhost))
+        .route("/users/{name}/topic-permissions", get(rules::of_user))
+        .route("/mqtt/rules", get(rules::mqtt_rules).put(rules::set_mqtt_rules))
         .route(
             "/permissions/{vhost}/{user}",
             get(access::permission).put(access::set_permission).delete(access::clear_permission),

@@ -13,6 +13,7 @@ use tracing::info;
 use super::connection::Task;
 use super::convert::will_message;
 use super::{split_share, MqttContext};
+use crate::authz::Request;
 use crate::core::broker::{Commit, RetainMode};
 use crate::core::message::{now_ms, SharedMessage};
 use crate::core::router::{Destination, Routes};
@@ -48,7 +49,12 @@ impl Task {
                 self.ctx.broker.shards.delete(queue).await;
             }
         }
-        let will = if self.publish_will { self.will.take().map(|w| *w) } else { None };
+        let mut will = if self.publish_will { self.will.take().map(|w| *w) } else { None };
+        if will.as_ref().is_some_and(|w| !self.permitted(Request::Publish(&w.topic))) {
+            // A will is published only where its topic is writable (as Mosquitto).
+            conn_log!(info, self, "will not published: its topic is not writable by this client");
+            will = None;
+        }
         let will_delay = will.as_ref().map_or(0, |w| will_delay(w.delay_interval, session.expiry_secs));
         let mut pending_will = None;
         if let Some(w) = will {

@@ -13,6 +13,7 @@ use super::deliver::OFFSET_PKIDS;
 use super::session::{Control, Online, Persistent, Subscriptions};
 use super::{split_share, LoginRule, SESSION_QUEUE_PREFIX};
 use crate::auth::AuthError;
+use crate::authz::{Identity, MQTT_VHOST};
 use crate::core::broker::Commit;
 use crate::core::connections::{ClientDetails, ConnectionInfo, Protocol};
 use crate::core::store::{StoredSession, NEVER};
@@ -78,6 +79,17 @@ impl Task {
         if let Err(reason) = login {
             self.proto.refuse(reason);
             return;
+        }
+        if self.ctx.authz.mqtt_enabled() {
+            let user = c.username.clone();
+            let identity = Identity {
+                groups: user.as_deref().and_then(|u| self.ctx.logins.users.get(u)).map(|u| u.tags).unwrap_or_default(),
+                user,
+                client_id: client_id.to_string(),
+                peer: Some(self.peer.ip()),
+                cert_cn: None,
+            };
+            self.access = Some(Box::new(self.ctx.authz.access(identity, MQTT_VHOST)));
         }
 
         // Take over a connection that holds the same client id.

@@ -23,6 +23,7 @@ use super::deliver::{Origin, Pending, OFFSET_PKIDS};
 use super::publish::PendingAck;
 use super::session::{ConnectionSignals, Control, Persistent, Subscriptions};
 use super::MqttContext;
+use crate::authz::{Access, Request};
 use crate::config::MqttSection;
 use crate::core::connections::{ConnectionInfo, Listener};
 use crate::core::delivery::{LinkEvent, LinkReceiver, QueueDelivery, SessionLink, SpillLimits};
@@ -125,6 +126,9 @@ pub(super) struct Task {
     pub(super) publish_will: bool,
     /// Made at the first publish (most devices of a fleet only subscribe, or publish rarely).
     pub(super) route_cache: Option<Box<RouteCache>>,
+    /// What the client may publish, subscribe to and receive: made at CONNECT when MQTT
+    /// authorization is on (boxed; `None` allows everything).
+    pub(super) access: Option<Box<Access>>,
     pub(super) inflight: IdMap<Origin>,
     pub(super) pending_out: VecDeque<Pending>,
     pub(super) pending_acks: VecDeque<PendingAck>,
@@ -194,6 +198,7 @@ impl Task {
             will: None,
             publish_will: true,
             route_cache: None,
+            access: None,
             inflight: IdMap::default(),
             pending_out: VecDeque::new(),
             pending_acks: VecDeque::new(),
@@ -214,6 +219,11 @@ impl Task {
             dropped: 0,
             publishes_out: 0,
         }
+    }
+
+    /// True when the client may make `request` (always, with MQTT authorization off).
+    pub(super) fn permitted(&mut self, request: Request<'_>) -> bool {
+        self.access.as_mut().is_none_or(|a| a.mqtt(request))
     }
 
     /// Runs the connection until it closes; true when the peer has not closed its side

@@ -134,9 +134,16 @@ impl Task {
         match why {
             Dropped::Expired => Stats::add(&stats.dropped_expired, 1),
             Dropped::TooLarge => Stats::add(&stats.dropped_too_large, 1),
+            Dropped::NotAuthorized => Stats::add(&stats.dropped_not_authorized, 1),
             Dropped::Unsendable => {}
         }
         self.dropped += 1;
+    }
+
+    /// True when the client may receive `msg` (its read rules; retained messages and
+    /// `$SYS` included). Decided by routing key, so a cached answer costs no allocation.
+    fn may_receive(&mut self, msg: &Message) -> bool {
+        self.access.as_mut().is_none_or(|a| a.mqtt_receive(&msg.routing_key))
     }
 
     /// The persistent session's own queue.
@@ -164,6 +171,10 @@ impl Task {
             Pending::Direct(d) => {
                 if d.msg.is_expired(now) {
                     self.count_drop(Dropped::Expired);
+                    return Ok(());
+                }
+                if !self.may_receive(&d.msg) {
+                    self.count_drop(Dropped::NotAuthorized);
                     return Ok(());
                 }
                 let qos = d.msg.qos.min(d.qos);
@@ -197,6 +208,11 @@ impl Task {
                 let pkid = own.then(|| offset_pkid(q.offset));
                 if q.msg.is_expired(now) && !q.released {
                     self.count_drop(Dropped::Expired);
+                    self.ack_queue(q.queue, q.offset);
+                    return Ok(());
+                }
+                if !q.released && !self.may_receive(&q.msg) {
+                    self.count_drop(Dropped::NotAuthorized);
                     self.ack_queue(q.queue, q.offset);
                     return Ok(());
                 }
@@ -351,6 +367,8 @@ enum Dropped {
     Expired,
     /// It exceeds the client's maximum packet size.
     TooLarge,
+    /// The client may not receive its topic.
+    NotAuthorized,
     /// The protocol refused it otherwise (the connection is ending).
     Unsendable,
 }

@@ -41,6 +41,7 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 use crate::auth::Users;
+use crate::authz::Authorizer;
 use crate::config::MqttSection;
 use crate::core::alarm::ResourceAlarm;
 use crate::core::broker::{Broker, Commit};
@@ -111,6 +112,8 @@ pub struct MqttContext {
     pub groups: SharedGroups,
     /// Who may connect: the user store and whether passwords are checked.
     pub logins: MqttLogins,
+    /// What a connected client may publish, subscribe to and receive.
+    pub authz: Arc<Authorizer>,
     /// The memory and disk alarms: connections that publish are not read while one is raised.
     pub alarm: Arc<ResourceAlarm>,
     /// Every connection's deadline (keep-alive, stall clock, alarm re-check).
@@ -124,6 +127,7 @@ impl MqttContext {
         broker: Arc<Broker>,
         cfg: MqttSection,
         logins: MqttLogins,
+        authz: Arc<Authorizer>,
         alarm: Arc<ResourceAlarm>,
     ) -> Arc<MqttContext> {
         let ctx = Arc::new(MqttContext {
@@ -133,6 +137,7 @@ impl MqttContext {
             sessions: Sessions::default(),
             groups: SharedGroups::default(),
             logins,
+            authz,
             alarm,
             timers: Arc::new(TimerWheel::new(TIMER_TICK)),
         });

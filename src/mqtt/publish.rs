@@ -10,6 +10,7 @@ use ferrymq_mqtt::{Publish, QoS, ReasonCode};
 
 use super::connection::Task;
 use super::convert::message_in;
+use crate::authz::Request;
 use crate::core::broker::{Commit, DurableSignal, RetainMode};
 use crate::core::message::{now_ms, SharedMessage};
 use crate::core::router::MQTT_VHOST;
@@ -81,6 +82,10 @@ impl Task {
                 self.refuse_publish(pkid, qos, ReasonCode::TOPIC_NAME_INVALID, "malformed $delayed topic");
                 return;
             };
+            if !self.permitted(Request::Publish(&topic)) {
+                self.refuse_unauthorized(pkid, qos);
+                return;
+            }
             let msg: SharedMessage = Arc::new(message_in(p, &topic, self.ctx.broker.router.mqtt_exchange(), now));
             let signal = self.ctx.broker.schedule(MQTT_VHOST, &msg, now + secs * 1000, StoreWrite::none()).await;
             self.push_ack(pkid, qos, Some(signal), ReasonCode::SUCCESS);
@@ -92,6 +97,10 @@ impl Task {
             Stats::add(&self.ctx.broker.stats.publish_dropped, 1);
             Stats::add(&self.ctx.broker.stats.dropped_not_authorized, 1);
             self.refuse_publish(pkid, qos, ReasonCode::NOT_AUTHORIZED, "publish to a topic reserved for the broker");
+            return;
+        }
+        if !self.permitted(Request::Publish(&p.topic)) {
+            self.refuse_unauthorized(pkid, qos);
             return;
         }
         let retain = if p.retain { RetainMode::Persist } else { RetainMode::None };
@@ -112,6 +121,14 @@ impl Task {
             ReasonCode::SUCCESS
         };
         self.push_ack(pkid, qos, signal, reason);
+    }
+
+    /// Refuses a publish the client may not make: 5.0 PUBACK/PUBREC 0x87, 3.x acked and
+    /// dropped (as Mosquitto); counted.
+    fn refuse_unauthorized(&mut self, pkid: u16, qos: QoS) {
+        Stats::add(&self.ctx.broker.stats.publish_dropped, 1);
+        Stats::add(&self.ctx.broker.stats.dropped_not_authorized, 1);
+        self.refuse_publish(pkid, qos, ReasonCode::NOT_AUTHORIZED, "publish not authorized");
     }
 
     /// Queues the ack of a QoS 1/2 publish behind the earlier ones.

@@ -13,6 +13,7 @@ use super::convert::qos_u8;
 use super::deliver::Pending;
 use super::shared::JoinError;
 use super::split_share;
+use crate::authz::Request;
 use crate::core::broker::Commit;
 use crate::core::delivery::Direct;
 use crate::core::router::mqtt_filter_to_pattern;
@@ -50,6 +51,12 @@ impl Task {
             };
             if parsed.share_group.is_some() && f.no_local {
                 reasons.push(ReasonCode::PROTOCOL_ERROR);
+                continue;
+            }
+            if !self.permitted(Request::Subscribe(parsed.filter)) {
+                // 3.1.1: 0x80 (failure); 5.0: 0x87 Not authorized.
+                conn_log!(info, self, filter = %f.filter, "subscription not authorized");
+                reasons.push(ReasonCode::NOT_AUTHORIZED);
                 continue;
             }
             let granted = qos_u8(f.qos).min(2);
@@ -92,6 +99,9 @@ impl Task {
                 if send_retained {
                     for msg in self.ctx.broker.retained.matching(&mqtt_filter_to_pattern(parsed.filter)) {
                         if tag_filter.as_ref().is_some_and(|(_, f)| !f.matches(msg.tag())) {
+                            continue;
+                        }
+                        if !self.permitted(Request::Receive(&msg.topic())) {
                             continue;
                         }
                         retained.push(Direct {

@@ -2,9 +2,10 @@
 //! imported definitions file), restored at start-up over the configured ones.
 //!
 //! Layout of the local implementation: typed tables in `Space::Meta` keyed `u\0name`
-//! (users), `v\0name` (virtual hosts) and `p\0vhost\0user` (permissions). Deleting a user
-//! or a virtual host that the configuration names leaves a record with `deleted` set, so
-//! it stays deleted after a restart.
+//! (users), `v\0name` (virtual hosts), `p\0vhost\0user` (permissions),
+//! `t\0vhost\0user\0exchange` (topic permissions) and `r\0mqtt` (the MQTT rules set
+//! through the API, JSON). Deleting a user or a virtual host that the configuration
+//! names leaves a record with `deleted` set, so it stays deleted after a restart.
 
 use std::fmt;
 
@@ -57,6 +58,21 @@ pub struct PermissionRecord {
     pub read: String,
 }
 
+/// A user's topic permissions on one exchange (regular expressions over routing keys).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicPermissionRecord {
+    /// Virtual host.
+    pub vhost: String,
+    /// User.
+    pub user: String,
+    /// Exchange.
+    pub exchange: String,
+    /// Routing keys the user may publish with.
+    pub write: String,
+    /// Routing keys the user may bind with.
+    pub read: String,
+}
+
 /// Everything stored.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AccessRecords {
@@ -66,6 +82,10 @@ pub struct AccessRecords {
     pub vhosts: Vec<VhostRecord>,
     /// Permissions.
     pub permissions: Vec<PermissionRecord>,
+    /// Topic permissions.
+    pub topic_permissions: Vec<TopicPermissionRecord>,
+    /// The MQTT rules set through the management API (JSON), if ever set.
+    pub mqtt_rules: Option<String>,
 }
 
 /// Users, virtual hosts and permissions, durable.
@@ -84,6 +104,12 @@ pub trait AccessStore: fmt::Debug + Send + Sync {
     fn put_permission(&self, p: &PermissionRecord) -> StoreWrite;
     /// Removes a user's permissions in a virtual host.
     fn remove_permission(&self, vhost: &str, user: &str) -> StoreWrite;
+    /// Stores a user's topic permissions on an exchange.
+    fn put_topic_permission(&self, p: &TopicPermissionRecord) -> StoreWrite;
+    /// Removes a user's topic permissions on an exchange.
+    fn remove_topic_permission(&self, vhost: &str, user: &str, exchange: &str) -> StoreWrite;
+    /// Stores the MQTT rules (JSON) that replace the configured ones.
+    fn put_mqtt_rules(&self, json: &str) -> StoreWrite;
 }
 
 fn key(kind: u8, parts: &[&str]) -> Bytes {
@@ -140,7 +166,7 @@ fn delete(key: Bytes) -> StoreWrite {
 impl AccessStore for JournalStore {
     fn load(&self) -> Result<AccessRecords, StoreError> {
         let mut found = AccessRecords::default();
-        for kind in [b'u', b'v', b'p'] {
+        for kind in [b'u', b'v', b'p', b't', b'r'] {
             for (_, value) in self.journal.scan(Space::Meta, &[kind, 0])? {
                 let Some(f) = Fields::read(&value) else { continue };
                 match kind {
@@ -157,6 +183,14 @@ impl AccessStore for JournalStore {
                         tags: f.list("tags"),
                         deleted: f.flag("deleted"),
                     }),
+                    b't' => found.topic_permissions.push(TopicPermissionRecord {
+                        vhost: f.text("vhost"),
+                        user: f.text("user"),
+                        exchange: f.text("exchange"),
+                        write: f.text("write"),
+                        read: f.text("read"),
+                    }),
+                    b'r' => found.mqtt_rules = Some(f.text("rules")),
                     _ => found.permissions.push(PermissionRecord {
                         vhost: f.text("vhost"),
                         user: f.text("user"),
@@ -212,5 +246,24 @@ impl AccessStore for JournalStore {
 
     fn remove_permission(&self, vhost: &str, user: &str) -> StoreWrite {
         delete(key(b'p', &[vhost, user]))
+    }
+
+    fn put_topic_permission(&self, p: &TopicPermissionRecord) -> StoreWrite {
+        let value = table(vec![
+            ("vhost", Value::Str(p.vhost.clone())),
+            ("user", Value::Str(p.user.clone())),
+            ("exchange", Value::Str(p.exchange.clone())),
+            ("write", Value::Str(p.write.clone())),
+            ("read", Value::Str(p.read.clone())),
+        ]);
+        put(key(b't', &[&p.vhost, &p.user, &p.exchange]), value)
+    }
+
+    fn remove_topic_permission(&self, vhost: &str, user: &str, exchange: &str) -> StoreWrite {
+        delete(key(b't', &[vhost, user, exchange]))
+    }
+
+    fn put_mqtt_rules(&self, json: &str) -> StoreWrite {
+        put(key(b'r', &["mqtt"]), table(vec![("rules", Value::Str(json.to_owned()))]))
     }
 }

@@ -1,0 +1,481 @@
+//! MQTT topic rules: who (a principal) may do what (publish, subscribe, receive) on which
+//! topics, first match wins. The model behind `[[auth.rules]]`, Mosquitto's `acl_file` and
+//! EMQX's `acl.conf`; topics may name the client (`%u` / `%c` as Mosquitto,
+//! `${username}` / `${clientid}` as EMQX).
+
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+
+use super::Identity;
+
+/// What a rule does when it matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Permit {
+    /// The action is allowed.
+    Allow,
+    /// The action is refused.
+    Deny,
+}
+
+/// The MQTT actions a rule covers (a set).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Actions(u8);
+
+impl Actions {
+    /// Publishing to a topic (Mosquitto's `write`).
+    pub const PUBLISH: Actions = Actions(1);
+    /// Subscribing with a filter.
+    pub const SUBSCRIBE: Actions = Actions(2);
+    /// Receiving a message on a topic (retained ones and `$SYS` included).
+    pub const RECEIVE: Actions = Actions(4);
+    /// Subscribing and receiving: Mosquitto's `read`, EMQX's `subscribe`.
+    pub const READ: Actions = Actions(2 | 4);
+    /// Everything.
+    pub const ALL: Actions = Actions(1 | 2 | 4);
+
+    /// Parses an action name: `publish`/`write`, `subscribe`/`read` (subscribing and
+    /// receiving), `receive`, `all`/`readwrite`/`pubsub`.
+    pub fn parse(name: &str) -> Option<Actions> {
+        Some(match name {
+            "publish" | "write" | "pub" => Actions::PUBLISH,
+            "subscribe" | "read" | "sub" => Actions::READ,
+            "receive" => Actions::RECEIVE,
+            "all" | "readwrite" | "pubsub" => Actions::ALL,
+            _ => return None,
+        })
+    }
+
+    /// True when every action of `other` is in `self`.
+    pub fn contains(self, other: Actions) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+/// Who a rule applies to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Who {
+    /// Every client.
+    All,
+    /// Clients that gave no user name.
+    Anonymous,
+    /// The user of that name.
+    User(String),
+    /// Users with this tag (a group).
+    Group(String),
+    /// Client ids matching a glob (`*` any run of characters, `?` one).
+    ClientId(String),
+    /// User names matching a regular expression (EMQX's `{username, {re, "..."}}`).
+    UserMatching(Pattern),
+    /// Client ids matching a regular expression.
+    ClientIdMatching(Pattern),
+    /// Clients connecting from this network.
+    Source(Cidr),
+    /// Clients whose TLS certificate has this common name.
+    CertCn(String),
+    /// Every one of these.
+    And(Vec<Who>),
+    /// Any one of these.
+    Or(Vec<Who>),
+}
+
+impl Who {
+    /// True when the rule applies to `id`.
+    pub fn covers(&self, id: &Identity) -> bool {
+        match self {
+            Who::All => true,
+            Who::Anonymous => id.user.is_none(),
+            Who::User(u) => id.user.as_deref() == Some(u.as_str()),
+            Who::Group(g) => id.groups.iter().any(|t| t == g),
+            Who::ClientId(glob) => glob_matches(glob, &id.client_id),
+            Who::UserMatching(p) => id.user.as_deref().is_some_and(|u| p.0.is_match(u)),
+            Who::ClientIdMatching(p) => p.0.is_match(&id.client_id),
+            Who::Source(net) => id.peer.is_some_and(|ip| net.contains(ip)),
+            Who::CertCn(cn) => id.cert_cn.as_deref() == Some(cn.as_str()),
+            Who::And(all) => all.iter().all(|w| w.covers(id)),
+            Who::Or(any) => any.iter().any(|w| w.covers(id)),
+        }
+    }
+}
+
+/// A compiled regular expression, compared by its text.
+#[derive(Debug, Clone)]
+pub struct Pattern(pub regex_lite::Regex);
+
+impl Pattern {
+    /// Compiles `re`; the error says why not.
+    pub fn new(re: &str) -> Result<Pattern, String> {
+        regex_lite::Regex::new(re).map(Pattern).map_err(|e| format!("invalid regular expression '{re}': {e}"))
+    }
+}
+
+impl PartialEq for Pattern {
+    fn eq(&self, other: &Pattern) -> bool {
+        self.0.as_str() == other.0.as_str()
+    }
+}
+
+impl Eq for Pattern {}
+
+/// A network: an address and a prefix length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    addr: IpAddr,
+    prefix: u8,
+}
+
+impl Cidr {
+    /// Parses `10.0.0.0/8`, `::1/128` or a bare address (all its bits).
+    pub fn parse(s: &str) -> Option<Cidr> {
+        let (addr, prefix) = match s.split_once('/') {
+            Some((a, p)) => (a.trim().parse::<IpAddr>().ok()?, Some(p.trim().parse::<u8>().ok()?)),
+            None => (s.trim().parse::<IpAddr>().ok()?, None),
+        };
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = prefix.unwrap_or(max);
+        (prefix <= max).then_some(Cidr { addr, prefix })
+    }
+
+    /// True when `ip` is in the network (an IPv4-mapped IPv6 address counts as IPv4).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
+            v4 => v4,
+        };
+        match (self.addr, ip) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                let mask = u32::MAX.checked_shl(32 - u32::from(self.prefix)).unwrap_or(0);
+                u32::from(net) & mask == u32::from(ip) & mask
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                let mask = u128::MAX.checked_shl(128 - u32::from(self.prefix)).unwrap_or(0);
+                u128::from(net) & mask == u128::from(ip) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+/// The topics a rule covers: a topic filter (with placeholders) or one exact string.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TopicPattern {
+    /// A filter with `+`/`#`; `%u`, `%c`, `${username}`, `${clientid}` name the client.
+    Filter(String),
+    /// Exactly this topic or filter string (EMQX's `{eq, "a/#"}`): no wildcards.
+    Eq(String),
+    /// Every topic, `$` ones included (EMQX's catch-all `{allow|deny, all}`).
+    Any,
+}
+
+impl TopicPattern {
+    /// The filter with the client's placeholders filled in; `None` when it names a user
+    /// and the client has none (such a rule never matches, as Mosquitto's `%u` for an
+    /// anonymous client).
+    fn expand(&self, id: &Identity) -> Option<String> {
+        let s = match self {
+            TopicPattern::Filter(s) | TopicPattern::Eq(s) => s,
+            TopicPattern::Any => return Some(String::new()),
+        };
+        if !s.contains('%') && !s.contains("${") {
+            return Some(s.clone());
+        }
+        let names_user = s.contains("%u") || s.contains("${username}");
+        let user = match &id.user {
+            Some(u) => u.as_str(),
+            None if names_user => return None,
+            None => "",
+        };
+        // A placeholder must not smuggle wildcards or levels in (a user named `#`).
+        let bad = |v: &str| v.contains(['+', '#', '/']);
+        if (names_user && bad(user)) || ((s.contains("%c") || s.contains("${clientid}")) && bad(&id.client_id)) {
+            return None;
+        }
+        Some(
+            s.replace("%u", user)
+                .replace("${username}", user)
+                .replace("%c", &id.client_id)
+                .replace("${clientid}", &id.client_id),
+        )
+    }
+
+    /// True when a message on `topic` is covered.
+    fn covers_topic(&self, id: &Identity, topic: &str) -> bool {
+        let Some(p) = self.expand(id) else { return false };
+        match self {
+            TopicPattern::Eq(_) => p == topic,
+            TopicPattern::Any => true,
+            TopicPattern::Filter(_) => ferrymq_mqtt::topic::matches(&p, topic),
+        }
+    }
+
+    /// True when every topic `filter` matches is covered (a subscription is covered when
+    /// it asks for no more than the rule's filter).
+    fn covers_filter(&self, id: &Identity, filter: &str) -> bool {
+        let Some(p) = self.expand(id) else { return false };
+        match self {
+            TopicPattern::Eq(_) => p == filter,
+            TopicPattern::Any => true,
+            TopicPattern::Filter(_) => filter_within(filter, &p),
+        }
+    }
+}
+
+/// True when every topic `inner` matches is matched by `outer`.
+pub fn filter_within(inner: &str, outer: &str) -> bool {
+    // `#` / `+` at the start of `outer` do not reach `$` topics.
+    if inner.starts_with('$') && outer.starts_with(['#', '+']) {
+        return false;
+    }
+    let mut inner_levels = inner.split('/');
+    for o in outer.split('/') {
+        if o == "#" {
+            return true;
+        }
+        match inner_levels.next() {
+            Some("#") => return false,
+            Some("+") if o == "+" => {}
+            Some(i) if i != "+" && (o == "+" || o == i) => {}
+            _ => return false,
+        }
+    }
+    inner_levels.next().is_none()
+}
+
+/// `*` matches any run of characters, `?` one character.
+pub fn glob_matches(glob: &str, s: &str) -> bool {
+    fn go(g: &[char], s: &[char]) -> bool {
+        match (g.first(), s.first()) {
+            (None, None) => true,
+            (Some('*'), _) => go(&g[1..], s) || (!s.is_empty() && go(g, &s[1..])),
+            (Some('?'), Some(_)) => go(&g[1..], &s[1..]),
+            (Some(a), Some(b)) if a == b => go(&g[1..], &s[1..]),
+            _ => false,
+        }
+    }
+    let g: Vec<char> = glob.chars().collect();
+    let s: Vec<char> = s.chars().collect();
+    go(&g, &s)
+}
+
+/// One MQTT topic rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    /// Allow or deny.
+    pub permit: Permit,
+    /// Who it applies to.
+    pub who: Who,
+    /// The actions it covers.
+    pub actions: Actions,
+    /// The topics it covers (any one).
+    pub topics: Vec<TopicPattern>,
+}
+
+/// What a client asks to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Request<'a> {
+    /// Publish to a topic.
+    Publish(&'a str),
+    /// Subscribe with a filter.
+    Subscribe(&'a str),
+    /// Receive a message on a topic.
+    Receive(&'a str),
+}
+
+impl Rule {
+    /// `Some(permit)` when the rule decides `request` for `id`.
+    pub fn decide(&self, id: &Identity, request: Request<'_>) -> Option<Permit> {
+        let (action, covered) = match request {
+            Request::Publish(t) => (Actions::PUBLISH, self.topics.iter().any(|p| p.covers_topic(id, t))),
+            Request::Subscribe(f) => (Actions::SUBSCRIBE, self.topics.iter().any(|p| p.covers_filter(id, f))),
+            Request::Receive(t) => (Actions::RECEIVE, self.topics.iter().any(|p| p.covers_topic(id, t))),
+        };
+        (self.actions.contains(action) && self.who.covers(id) && covered).then_some(self.permit)
+    }
+}
+
+/// First match wins; `None` when no rule matches.
+pub fn decide(rules: &[Rule], id: &Identity, request: Request<'_>) -> Option<Permit> {
+    rules.iter().find_map(|r| r.decide(id, request))
+}
+
+/// `[[auth.rules]]` in the configuration: one MQTT topic rule.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleEntry {
+    /// `allow` or `deny`.
+    pub permission: Permit,
+    /// `publish`, `subscribe` (and receive), `receive`, or `all`.
+    pub action: String,
+    /// Topic filters (`%u`, `%c`, `${username}`, `${clientid}` name the client).
+    pub topics: Vec<String>,
+    /// Only this user.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Only users with this tag.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// Only client ids matching this glob.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_id: Option<String>,
+    /// Only clients from this network (`10.0.0.0/8`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// Only clients whose certificate has this common name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert_cn: Option<String>,
+    /// Only clients without a user name.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub anonymous: bool,
+}
+
+impl RuleEntry {
+    /// The rule; the error says what is wrong.
+    pub fn to_rule(&self) -> Result<Rule, String> {
+        let actions = Actions::parse(&self.action)
+            .ok_or_else(|| format!("action `{}` is not publish, subscribe, receive or all", self.action))?;
+        let mut who = Vec::new();
+        if let Some(u) = &self.user {
+            who.push(Who::User(u.clone()));
+        }
+        if let Some(g) = &self.group {
+            who.push(Who::Group(g.clone()));
+        }
+        if let Some(c) = &self.client_id {
+            who.push(Who::ClientId(c.clone()));
+        }
+        if let Some(s) = &self.source {
+            who.push(Who::Source(Cidr::parse(s).ok_or_else(|| format!("source `{s}` is not an address/prefix"))?));
+        }
+        if let Some(cn) = &self.cert_cn {
+            who.push(Who::CertCn(cn.clone()));
+        }
+        if self.anonymous {
+            who.push(Who::Anonymous);
+        }
+        let who = match who.len() {
+            0 => Who::All,
+            1 => who.pop().unwrap_or(Who::All),
+            _ => Who::And(who),
+        };
+        if self.topics.is_empty() {
+            return Err("a rule needs at least one topic".into());
+        }
+        let mut topics = Vec::new();
+        for t in &self.topics {
+            check_filter(t)?;
+            topics.push(TopicPattern::Filter(t.clone()));
+        }
+        Ok(Rule { permit: self.permission, who, actions, topics })
+    }
+}
+
+/// A rule's topic filter is a well-formed MQTT filter (placeholders aside).
+pub fn check_filter(t: &str) -> Result<(), String> {
+    ferrymq_mqtt::topic::parse_filter(t, 0).map(|_| ()).map_err(|e| format!("topic `{t}`: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(user: Option<&str>, client: &str) -> Identity {
+        Identity {
+            user: user.map(Into::into),
+            client_id: client.into(),
+            peer: Some("10.1.2.3".parse().unwrap()),
+            ..Identity::default()
+        }
+    }
+
+    fn rule(permit: Permit, who: Who, actions: Actions, topic: &str) -> Rule {
+        Rule { permit, who, actions, topics: vec![TopicPattern::Filter(topic.into())] }
+    }
+
+    #[test]
+    fn filters_within_filters() {
+        assert!(filter_within("a/b", "a/#"));
+        assert!(filter_within("a/+/c", "a/#"));
+        assert!(filter_within("a/#", "a/#"));
+        assert!(filter_within("a/+", "a/+"));
+        assert!(filter_within("a/b", "a/+"));
+        assert!(!filter_within("a/#", "a/+"));
+        assert!(!filter_within("a/+", "a/b"));
+        assert!(!filter_within("#", "a/#"));
+        assert!(!filter_within("a/b/c", "a/+"));
+        assert!(filter_within("test/nosubscribe", "test/nosubscribe"));
+        assert!(!filter_within("$SYS/#", "#"));
+        assert!(filter_within("$SYS/broker/x", "$SYS/#"));
+    }
+
+    #[test]
+    fn globs() {
+        assert!(glob_matches("sensor-*", "sensor-17"));
+        assert!(glob_matches("*", ""));
+        assert!(glob_matches("a?c", "abc"));
+        assert!(!glob_matches("sensor-*", "actuator-1"));
+    }
+
+    #[test]
+    fn cidrs() {
+        let net = Cidr::parse("10.0.0.0/8").unwrap();
+        assert!(net.contains("10.200.1.1".parse().unwrap()));
+        assert!(net.contains("::ffff:10.0.0.1".parse().unwrap()));
+        assert!(!net.contains("11.0.0.1".parse().unwrap()));
+        assert!(Cidr::parse("::1").unwrap().contains("::1".parse().unwrap()));
+        assert!(Cidr::parse("0.0.0.0/0").unwrap().contains("1.2.3.4".parse().unwrap()));
+        assert_eq!(Cidr::parse("10.0.0.0/33"), None);
+    }
+
+    #[test]
+    fn placeholders_name_the_client() {
+        let r = rule(Permit::Allow, Who::All, Actions::ALL, "devices/%u/${clientid}/#");
+        let alice = id(Some("alice"), "c1");
+        assert_eq!(r.decide(&alice, Request::Publish("devices/alice/c1/temp")), Some(Permit::Allow));
+        assert_eq!(r.decide(&alice, Request::Publish("devices/bob/c1/temp")), None);
+        // No user: a rule naming the user never matches.
+        assert_eq!(r.decide(&id(None, "c1"), Request::Publish("devices//c1/temp")), None);
+        // A user name holding a wildcard does not widen the rule.
+        assert_eq!(r.decide(&id(Some("#"), "c1"), Request::Publish("devices/x/c1/t")), None);
+    }
+
+    #[test]
+    fn first_match_wins() {
+        let rules = vec![
+            rule(Permit::Deny, Who::All, Actions::SUBSCRIBE, "test/nosubscribe"),
+            rule(Permit::Allow, Who::All, Actions::ALL, "#"),
+        ];
+        let c = id(None, "x");
+        assert_eq!(decide(&rules, &c, Request::Subscribe("test/nosubscribe")), Some(Permit::Deny));
+        assert_eq!(decide(&rules, &c, Request::Subscribe("test/#")), Some(Permit::Allow));
+        assert_eq!(decide(&rules, &c, Request::Publish("test/nosubscribe")), Some(Permit::Allow));
+        assert_eq!(decide(&rules, &c, Request::Receive("$SYS/broker/uptime")), None);
+    }
+
+    #[test]
+    fn principals() {
+        let c = Identity { groups: vec!["ops".into()], cert_cn: Some("dev-1".into()), ..id(Some("u"), "sensor-1") };
+        assert!(Who::Group("ops".into()).covers(&c));
+        assert!(Who::CertCn("dev-1".into()).covers(&c));
+        assert!(Who::ClientId("sensor-*".into()).covers(&c));
+        assert!(Who::Source(Cidr::parse("10.1.0.0/16").unwrap()).covers(&c));
+        assert!(!Who::Anonymous.covers(&c));
+        assert!(Who::And(vec![Who::User("u".into()), Who::Group("ops".into())]).covers(&c));
+        assert!(!Who::And(vec![Who::User("u".into()), Who::Group("dev".into())]).covers(&c));
+    }
+
+    #[test]
+    fn config_entries() {
+        let e: RuleEntry = serde_json::from_value(serde_json::json!({
+            "permission": "allow", "action": "publish", "topics": ["a/#"], "user": "u", "source": "10.0.0.0/8"
+        }))
+        .unwrap();
+        let r = e.to_rule().unwrap();
+        assert_eq!(r.actions, Actions::PUBLISH);
+        assert!(matches!(r.who, Who::And(ref v) if v.len() == 2));
+        let bad = RuleEntry { action: "poke".into(), ..e.clone() };
+        assert!(bad.to_rule().unwrap_err().contains("poke"));
+        let bad = RuleEntry { topics: vec!["a/#/b".into()], ..e };
+        assert!(bad.to_rule().unwrap_err().contains("a/#/b"));
+    }
+}
