@@ -137,9 +137,12 @@ class Broker:
     # A RabbitMQ node needs ~15 s for its first boot on an idle 2-core machine.
     rabbitmq_start_timeout = float(os.environ.get("INTEROP_RABBITMQ_START_TIMEOUT", "120"))
 
-    def __init__(self, kind: str, workdir: Path, persistence: bool = False):
+    def __init__(self, kind: str, workdir: Path, persistence: bool = False, config: Path | None = None):
         self.kind = kind
         self.workdir = Path(workdir)
+        # FerryMQ only: a TOML configuration file given as --config (kept across restarts),
+        # for what FERRYMQ_* variables cannot say (arrays of tables: auth.users, auth.rules).
+        self.config = Path(config) if config is not None else None
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.persistence = persistence
         self.data_dir = self.workdir / "data"
@@ -317,6 +320,8 @@ class Broker:
             "--http-listen", http_listen,
             "--log", os.environ.get("FERRYMQ_LOG", "info"),
         ]
+        if self.config is not None:
+            cmd += ["--config", str(self.config)]
         self._log("$ " + " ".join(cmd))
         # FerryMQ reads FERRYMQ_* variables as configuration (FERRYMQ_MQTT__LISTEN...):
         # the suite's own FERRYMQ_BIN / FERRYMQ_LOG are not for it (an unknown key

@@ -384,10 +384,24 @@ impl Users {
         peer: IpAddr,
         mechanism: &str,
     ) -> Result<User, AuthError> {
+        self.throttled(peer, || self.verify(username, Some(password), peer, mechanism)).await
+    }
+
+    /// A login whose identity a verified TLS client certificate vouches for (AMQP SASL
+    /// EXTERNAL, MQTT `use_identity_as_username`): the user must exist; no password.
+    pub async fn login_external(&self, username: &str, peer: IpAddr) -> Result<User, AuthError> {
+        self.throttled(peer, || self.verify(username, None, peer, "EXTERNAL")).await
+    }
+
+    async fn throttled(
+        &self,
+        peer: IpAddr,
+        check: impl FnOnce() -> Result<User, AuthError>,
+    ) -> Result<User, AuthError> {
         if let Some(wait) = self.throttle.delay_for(peer) {
             tokio::time::sleep(wait).await;
         }
-        let outcome = self.authenticate(username, password, peer, mechanism);
+        let outcome = check();
         self.throttle.record(peer, outcome.is_ok());
         outcome
     }
@@ -401,10 +415,15 @@ impl Users {
         peer: IpAddr,
         mechanism: &str,
     ) -> Result<User, AuthError> {
+        self.verify(username, Some(password), peer, mechanism)
+    }
+
+    /// The user, when it exists, `password` (if any) matches and it may log in from `peer`.
+    fn verify(&self, username: &str, password: Option<&str>, peer: IpAddr, mechanism: &str) -> Result<User, AuthError> {
         let Some(u) = self.get(username) else {
             return Err(AuthError::BadCredentials(mechanism.to_owned()));
         };
-        if !u.secret.matches(password) {
+        if password.is_some_and(|p| !u.secret.matches(p)) {
             return Err(AuthError::BadCredentials(mechanism.to_owned()));
         }
         if u.loopback_only && !peer.is_loopback() {

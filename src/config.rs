@@ -100,6 +100,12 @@ pub struct MqttSection {
     pub listen: String,
     /// TLS listener address ("" = off).
     pub tls_listen: String,
+    /// The client certificate's common name is the user name (Mosquitto's
+    /// `use_identity_as_username`; the password is not checked).
+    pub use_identity_as_username: bool,
+    /// The client certificate's subject (RFC 4514) is the user name (Mosquitto's
+    /// `use_subject_as_username`).
+    pub use_subject_as_username: bool,
     /// Whether a CONNECT without a user name is let in (Mosquitto's `allow_anonymous`).
     /// Unset: yes on a loopback listener while MQTT passwords are not checked, no
     /// otherwise (Mosquitto 2.0's rule).
@@ -152,6 +158,11 @@ pub struct TlsSection {
     pub cert: String,
     /// PEM private key path.
     pub key: String,
+    /// PEM CA certificates client certificates are verified against ("" = none).
+    pub client_ca: String,
+    /// Client certificates: `none` (not asked for), `optional` (verified when presented),
+    /// `required` (a client without a valid one fails the handshake).
+    pub verify_client: String,
 }
 
 /// `[amqp]`: the AMQP 0-9-1 front-end.
@@ -178,6 +189,10 @@ pub struct AmqpSection {
     /// warning): de-duplication is opt-in per exchange or queue (`x-message-deduplication`).
     #[serde(default)]
     pub dedup_window_secs: u64,
+    /// What a SASL EXTERNAL login takes from the client certificate as the user name:
+    /// `distinguished_name` (RFC 4514, e.g. `O=client,CN=app`) or `common_name`
+    /// (RabbitMQ's `ssl_cert_login_from`).
+    pub ssl_cert_login_from: String,
 }
 
 /// One user of the user store.
@@ -474,6 +489,22 @@ impl Config {
             if let Err(e) = crate::auth::User::from_entry(u) {
                 return invalid("auth.users", format!("user `{}`: {e}", u.name));
             }
+        }
+        match (self.tls.verify_client.as_str(), self.tls.client_ca.is_empty()) {
+            ("none", _) | ("optional" | "required", false) => {}
+            ("optional" | "required", true) => {
+                return invalid(
+                    "tls.client_ca",
+                    "tls.verify_client needs the CA client certificates are checked against".into(),
+                )
+            }
+            (other, _) => return invalid("tls.verify_client", format!("`{other}` is not none, optional or required")),
+        }
+        if !matches!(self.amqp.ssl_cert_login_from.as_str(), "distinguished_name" | "common_name") {
+            return invalid(
+                "amqp.ssl_cert_login_from",
+                format!("`{}` is not distinguished_name or common_name", self.amqp.ssl_cert_login_from),
+            );
         }
         for (i, r) in self.auth.rules.iter().enumerate() {
             if let Err(e) = r.to_rule() {

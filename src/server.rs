@@ -151,7 +151,8 @@ impl Server {
             stop_accepting,
             grace: Duration::from_secs(config.broker.shutdown_grace_secs),
         };
-        let tls = || crate::tls::acceptor(&config.tls.cert, &config.tls.key);
+        let verify = crate::tls::VerifyClient::parse(&config.tls.verify_client);
+        let tls = || crate::tls::acceptor(&config.tls.cert, &config.tls.key, &config.tls.client_ca, verify);
         let listeners = [
             ("mqtt.listen", "--mqtt-listen", config.mqtt_listen(), false, false),
             ("mqtt.tls_listen", "--mqtts-listen", config.mqtts_listen(), false, true),
@@ -486,11 +487,11 @@ async fn accept_loop(
         // carries neither the AMQP connection's state nor the TLS handshake's.
         match (front.clone(), tls.clone()) {
             (Front::Mqtt(ctx), None) => {
-                tokio::spawn(mqtt::connection::serve(ctx, stream, peer, local, permit));
+                tokio::spawn(mqtt::connection::serve(ctx, stream, peer, local, None, permit));
             }
             (Front::Amqp(ctx), None) => {
                 tokio::spawn(async move {
-                    crate::amqp::connection::serve(ctx, stream, peer, local).await;
+                    crate::amqp::connection::serve(ctx, stream, peer, local, None).await;
                     drop(permit);
                 });
             }
@@ -550,13 +551,23 @@ async fn serve_tls(
     let handshake = Duration::from_secs(10);
     // Boxed: the handshake's state is large and lives only until the session is set up.
     match tokio::time::timeout(handshake, Box::pin(acceptor.accept(stream))).await {
-        Ok(Ok(tls_stream)) => match front {
-            Front::Mqtt(ctx) => mqtt::connection::serve(ctx, tls_stream, peer, local, permit).await,
-            Front::Amqp(ctx) => {
-                crate::amqp::connection::serve(ctx, tls_stream, peer, local).await;
-                drop(permit);
+        Ok(Ok(tls_stream)) => {
+            // A certificate rustls verified against tls.client_ca (none when not asked for).
+            let cert = tls_stream
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|chain| chain.first())
+                .and_then(|der| crate::tls::ClientCert::from_der(der))
+                .map(Arc::new);
+            match front {
+                Front::Mqtt(ctx) => mqtt::connection::serve(ctx, tls_stream, peer, local, cert, permit).await,
+                Front::Amqp(ctx) => {
+                    crate::amqp::connection::serve(ctx, tls_stream, peer, local, cert).await;
+                    drop(permit);
+                }
             }
-        },
+        }
         Ok(Err(e)) => debug!(peer = %peer, error = %e, "TLS handshake failed"),
         Err(_) => debug!(peer = %peer, "TLS handshake timed out"),
     }

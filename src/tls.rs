@@ -1,4 +1,6 @@
-//! TLS for the listeners: a rustls server configuration (ring provider) from PEM files.
+//! TLS for the listeners: a rustls server configuration (ring provider) from PEM files,
+//! with client certificates verified against a CA when asked (`tls.verify_client`), and
+//! the identity a verified client certificate gives (subject, common name).
 
 use std::sync::Arc;
 
@@ -25,13 +27,96 @@ pub enum TlsError {
         /// What went wrong.
         reason: String,
     },
+    /// The client CA file could not be read or holds no usable certificate.
+    #[error("tls.client_ca `{path}`: {reason}")]
+    ClientCa {
+        /// The configured `tls.client_ca` path.
+        path: String,
+        /// What went wrong.
+        reason: String,
+    },
     /// rustls refused the pair.
     #[error("TLS configuration: {0}")]
     Rustls(#[from] rustls::Error),
 }
 
-/// Builds an acceptor from a PEM certificate chain and a PEM private key.
-pub fn acceptor(cert_path: &str, key_path: &str) -> Result<TlsAcceptor, TlsError> {
+/// Whether and how client certificates are asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VerifyClient {
+    /// Not asked for.
+    None,
+    /// Verified when presented; a client without one still connects.
+    Optional,
+    /// A client without a valid certificate fails the handshake.
+    Required,
+}
+
+impl VerifyClient {
+    /// Parses `none`, `optional`, `required` (validated with the configuration).
+    pub fn parse(s: &str) -> VerifyClient {
+        match s {
+            "optional" => VerifyClient::Optional,
+            "required" => VerifyClient::Required,
+            _ => VerifyClient::None,
+        }
+    }
+}
+
+/// The identity of a client that presented a verified certificate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientCert {
+    /// The subject as RFC 4514 writes it (last RDN first: `O=client,CN=app`), as RabbitMQ
+    /// names an EXTERNAL user.
+    pub subject: String,
+    /// The subject's common name.
+    pub common_name: Option<String>,
+}
+
+impl ClientCert {
+    /// The identity in a DER certificate (`None` when it does not parse).
+    pub fn from_der(der: &[u8]) -> Option<ClientCert> {
+        let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+        let subject = cert.subject();
+        let mut parts = Vec::new();
+        for rdn in subject.iter().collect::<Vec<_>>().into_iter().rev() {
+            let attrs: Vec<String> = rdn
+                .iter()
+                .filter_map(|a| {
+                    let value = a.as_str().ok()?;
+                    let name = x509_parser::objects::oid2abbrev(a.attr_type(), x509_parser::objects::oid_registry())
+                        .map(str::to_owned)
+                        .unwrap_or_else(|_| a.attr_type().to_id_string());
+                    Some(format!("{name}={}", escape_rfc4514(value)))
+                })
+                .collect();
+            parts.push(attrs.join("+"));
+        }
+        let common_name = subject.iter_common_name().next().and_then(|cn| cn.as_str().ok()).map(str::to_owned);
+        Some(ClientCert { subject: parts.join(","), common_name })
+    }
+}
+
+/// Escapes an attribute value as RFC 4514 asks (`,+"\<>;` and a leading `#` or space).
+fn escape_rfc4514(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for (i, c) in v.chars().enumerate() {
+        if matches!(c, ',' | '+' | '"' | '\\' | '<' | '>' | ';') || (i == 0 && (c == '#' || c == ' ')) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Builds an acceptor from a PEM certificate chain and a PEM private key; client
+/// certificates are asked for as `verify` says and checked against the CA certificates
+/// in `client_ca`.
+pub fn acceptor(
+    cert_path: &str,
+    key_path: &str,
+    client_ca: &str,
+    verify: VerifyClient,
+) -> Result<TlsAcceptor, TlsError> {
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert_path)
         .map_err(|e| TlsError::Cert { path: cert_path.into(), reason: e.to_string() })?
         .collect::<Result<_, _>>()
@@ -42,9 +127,38 @@ pub fn acceptor(cert_path: &str, key_path: &str) -> Result<TlsAcceptor, TlsError
     let key = PrivateKeyDer::from_pem_file(key_path)
         .map_err(|e| TlsError::Key { path: key_path.into(), reason: e.to_string() })?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)?;
+    let builder =
+        rustls::ServerConfig::builder_with_provider(provider.clone()).with_safe_default_protocol_versions()?;
+    let builder = match verify {
+        VerifyClient::None => builder.with_no_client_auth(),
+        VerifyClient::Optional | VerifyClient::Required => {
+            let bad = |reason: String| TlsError::ClientCa { path: client_ca.into(), reason };
+            let mut roots = rustls::RootCertStore::empty();
+            for c in CertificateDer::pem_file_iter(client_ca).map_err(|e| bad(e.to_string()))? {
+                roots.add(c.map_err(|e| bad(e.to_string()))?).map_err(|e| bad(e.to_string()))?;
+            }
+            if roots.is_empty() {
+                return Err(bad("no certificate found".into()));
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+            let verifier = if verify == VerifyClient::Optional { verifier.allow_unauthenticated() } else { verifier };
+            builder.with_client_cert_verifier(verifier.build().map_err(|e| bad(e.to_string()))?)
+        }
+    };
+    let config = builder.with_single_cert(certs, key)?;
     Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc4514_escapes_what_would_split_a_name() {
+        assert_eq!(escape_rfc4514("a,b+c"), "a\\,b\\+c");
+        assert_eq!(escape_rfc4514("#x y"), "\\#x y");
+        assert_eq!(escape_rfc4514(" lead"), "\\ lead");
+        assert_eq!(VerifyClient::parse("required"), VerifyClient::Required);
+        assert_eq!(VerifyClient::parse("none"), VerifyClient::None);
+    }
 }

@@ -15,12 +15,18 @@ AUTH = "Basic " + base64.b64encode(b"guest:guest").decode()
 class Broker:
     """A ferrymq process with a fresh data directory; stopped with SIGTERM."""
 
-    def __init__(self, binary, extra_env=None):
+    def __init__(self, binary, extra_env=None, config=None):
         self.dir = tempfile.TemporaryDirectory(prefix="ferrymq-bench-")
         env = dict(os.environ, **(extra_env or {}))
+        extra = []
+        if config is not None:
+            path = os.path.join(self.dir.name, "ferrymq.toml")
+            with open(path, "w") as f:
+                f.write(config)
+            extra = ["--config", path]
         self.proc = subprocess.Popen(
-            [binary, "--data-dir", self.dir.name, "--mqtt-listen", "127.0.0.1:0",
-             "--amqp-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--log", "warn"],
+            [binary, "--data-dir", os.path.join(self.dir.name, "data"), "--mqtt-listen", "127.0.0.1:0",
+             "--amqp-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--log", "warn", *extra],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
         deadline = time.time() + 60
         line = ""

@@ -34,6 +34,7 @@ use crate::core::shards::ShardCmd;
 use crate::core::stats::{AmqpCounts, Stats};
 use crate::core::value::Value;
 use crate::socket::{discard_until_eof, front_stored, sleep_until, trim_drained, ReadBuffer, CLOSE_FLUSH};
+use crate::tls::ClientCert;
 
 /// Control messages a connection task may have waiting (see where the channel is made).
 const CONTROL_CAPACITY: usize = 2;
@@ -75,8 +76,13 @@ pub enum Control {
 }
 
 /// Serves one AMQP connection until it closes.
-pub async fn serve<S>(ctx: Arc<AmqpContext>, stream: S, peer: SocketAddr, listener: Listener)
-where
+pub async fn serve<S>(
+    ctx: Arc<AmqpContext>,
+    stream: S,
+    peer: SocketAddr,
+    listener: Listener,
+    cert: Option<Arc<ClientCert>>,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
     let span = tracing::info_span!("amqp", peer = %peer, user = field::Empty, vhost = field::Empty);
@@ -85,7 +91,7 @@ where
         // Bounded: the only control message is "shutting down" (a full channel drops a repeat).
         let (control_tx, control_rx) = mpsc::channel(CONTROL_CAPACITY);
         ctx.register(id, control_tx.clone());
-        let mut task = Task::new(ctx.clone(), id, peer, control_rx);
+        let mut task = Task::new(ctx.clone(), id, peer, control_rx, cert);
         task.listener = Some((listener, control_tx));
         task.run(stream).await;
         Box::pin(task.cleanup()).await;
@@ -133,10 +139,18 @@ pub(super) struct Task {
     pub counts: AmqpCounts,
     /// What the user may do in the open virtual host (decisions cached).
     pub access: Access,
+    /// The verified client certificate of a TLS connection that presented one.
+    cert: Option<Arc<ClientCert>>,
 }
 
 impl Task {
-    fn new(ctx: Arc<AmqpContext>, id: u64, peer: SocketAddr, control_rx: mpsc::Receiver<Control>) -> Task {
+    fn new(
+        ctx: Arc<AmqpContext>,
+        id: u64,
+        peer: SocketAddr,
+        control_rx: mpsc::Receiver<Control>,
+        cert: Option<Arc<ClientCert>>,
+    ) -> Task {
         let cfg = &ctx.cfg;
         let proto = Connection::new(
             ProtoConfig {
@@ -147,6 +161,7 @@ impl Task {
                 product: "FerryMQ".into(),
                 version: env!("CARGO_PKG_VERSION").into(),
                 max_message_size: cfg.max_message_size,
+                sasl_external: cert.is_some(),
             },
             Instant::now(),
         );
@@ -158,6 +173,7 @@ impl Task {
         let access = ctx.authz.access(Identity::default(), "");
         Task {
             access,
+            cert,
             ctx,
             id,
             peer,
@@ -321,8 +337,14 @@ impl Task {
                 return;
             }
             match event {
-                Event::Login { mechanism, username, password, client_properties } => {
-                    let login = self.ctx.users.login(&username, &password, self.peer.ip(), &mechanism).await.map(drop);
+                Event::Login { mechanism, mut username, password, client_properties } => {
+                    let login = if mechanism == "EXTERNAL" {
+                        // Offered only with a verified certificate: the user is named by it.
+                        username = self.certificate_user();
+                        self.ctx.users.login_external(&username, self.peer.ip()).await.map(drop)
+                    } else {
+                        self.ctx.users.login(&username, &password, self.peer.ip(), &mechanism).await.map(drop)
+                    };
                     self.ctx.broker.stats.login(true, login.is_ok());
                     match login {
                         Ok(()) => {
@@ -567,7 +589,17 @@ impl Task {
             groups: self.ctx.users.get(&self.user).map(|u| u.tags).unwrap_or_default(),
             client_id,
             peer: Some(self.peer.ip()),
-            cert_cn: None,
+            cert_cn: self.cert.as_ref().and_then(|c| c.common_name.clone()),
+        }
+    }
+
+    /// The user an EXTERNAL login names: the certificate's subject or common name
+    /// (`amqp.ssl_cert_login_from`).
+    fn certificate_user(&self) -> String {
+        let Some(cert) = &self.cert else { return String::new() };
+        match self.ctx.cfg.ssl_cert_login_from.as_str() {
+            "common_name" => cert.common_name.clone().unwrap_or_default(),
+            _ => cert.subject.clone(),
         }
     }
 

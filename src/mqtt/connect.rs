@@ -25,8 +25,25 @@ impl Task {
     /// Checks CONNECT's user name and password as the listener's [`LoginRule`] asks: no
     /// user name where anonymous clients are refused is NOT_AUTHORIZED (Mosquitto), a
     /// wrong one BAD_USER_NAME_OR_PASSWORD, a loopback-only user from afar NOT_AUTHORIZED.
-    /// An address that failed too often waits before it is answered.
-    async fn authenticate(&self, c: &Connect) -> Result<(), ReasonCode> {
+    /// An address that failed too often waits before it is answered. With
+    /// `mqtt.use_identity_as_username` (or `use_subject_as_username`) the user is the
+    /// verified client certificate's common name (subject) instead, as Mosquitto; a client
+    /// without one is NOT_AUTHORIZED; `c.username` becomes that name.
+    async fn authenticate(&self, c: &mut Connect) -> Result<(), ReasonCode> {
+        let cfg = &self.ctx.cfg;
+        if cfg.use_identity_as_username || cfg.use_subject_as_username {
+            let name = self.cert.as_ref().and_then(|cert| match cfg.use_subject_as_username {
+                true => Some(cert.subject.clone()),
+                false => cert.common_name.clone(),
+            });
+            let Some(name) = name else {
+                conn_log!(info, self, "connection refused: no client certificate to take the user name from");
+                return Err(ReasonCode::NOT_AUTHORIZED);
+            };
+            c.username = Some(name);
+            c.password = None;
+            return Ok(());
+        }
         let LoginRule::Checked { anonymous } = self.ctx.logins.rule(self.listener.local_only) else { return Ok(()) };
         let Some(username) = c.username.as_deref() else {
             if anonymous {
@@ -53,7 +70,7 @@ impl Task {
     /// Accepts or refuses CONNECT. Accepted: the previous holder of the client id is
     /// taken over, the session is resumed or started (and stored when persistent),
     /// CONNACK is queued, and the session's queues are attached.
-    pub(super) async fn on_connect(&mut self, c: Connect) {
+    pub(super) async fn on_connect(&mut self, mut c: Connect) {
         self.level = c.level;
         let cfg = &self.ctx.cfg;
         let mut assigned = None;
@@ -74,7 +91,7 @@ impl Task {
             self.proto.refuse(ReasonCode::BAD_AUTHENTICATION_METHOD);
             return;
         }
-        let login = self.authenticate(&c).await;
+        let login = self.authenticate(&mut c).await;
         self.ctx.broker.stats.login(false, login.is_ok());
         if let Err(reason) = login {
             self.proto.refuse(reason);
@@ -87,7 +104,7 @@ impl Task {
                 user,
                 client_id: client_id.to_string(),
                 peer: Some(self.peer.ip()),
-                cert_cn: None,
+                cert_cn: self.cert.as_ref().and_then(|cert| cert.common_name.clone()),
             };
             self.access = Some(Box::new(self.ctx.authz.access(identity, MQTT_VHOST)));
         }

@@ -32,6 +32,7 @@ use crate::core::router::{Destination, RouteCache};
 use crate::core::stats::Stats;
 use crate::core::store::QueueId;
 use crate::socket::{discard_until_eof, front_stored, transfer, trim_drained, Io, ReadBuffer, CLOSE_FLUSH};
+use crate::tls::ClientCert;
 
 /// Stop pulling deliveries while this many bytes wait to be written.
 const WRITE_HIGH_WATER: usize = 256 * 1024;
@@ -85,6 +86,7 @@ pub fn serve<S, G>(
     mut stream: S,
     peer: SocketAddr,
     listener: Listener,
+    cert: Option<Arc<ClientCert>>,
     guard: G,
 ) -> impl Future<Output = ()> + Send
 where
@@ -94,6 +96,7 @@ where
     // The task is made here, so that the future holds it once (not also its parts).
     let conn_id = ctx.broker.next_id();
     let mut task = Task::new(ctx, conn_id, peer, listener);
+    task.cert = cert;
     async move {
         let unfinished = task.run(&mut stream).await;
         // Boxed: a rare, large future that every idle connection would otherwise carry.
@@ -116,6 +119,8 @@ pub(super) struct Task {
     pub(super) peer: SocketAddr,
     /// The listener the connection came in on.
     pub(super) listener: Listener,
+    /// The verified client certificate of a TLS connection that presented one.
+    pub(super) cert: Option<Arc<ClientCert>>,
     /// The connection as the management API sees it (registered at CONNECT).
     pub(super) info: Option<Arc<ConnectionInfo>>,
     pub(super) proto: Connection,
@@ -192,6 +197,7 @@ impl Task {
             conn_id,
             peer,
             listener,
+            cert: None,
             info: None,
             proto,
             session: None,

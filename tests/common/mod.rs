@@ -384,7 +384,28 @@ where
 /// A throw-away CA and a server certificate for `localhost`/`127.0.0.1` in `dir`: returns
 /// (certificate file, key file, CA certificate PEM).
 pub fn make_certs(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf, String) {
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    let pki = make_pki(dir, &[]);
+    (pki.server_cert, pki.server_key, pki.ca_pem)
+}
+
+/// Files of a throw-away PKI made by [`make_pki`].
+pub struct Pki {
+    /// Server certificate (localhost, 127.0.0.1) and key.
+    pub server_cert: std::path::PathBuf,
+    pub server_key: std::path::PathBuf,
+    /// The CA's certificate, as a file (for `tls.client_ca`) and as PEM text.
+    pub ca_file: std::path::PathBuf,
+    pub ca_pem: String,
+    /// Per client: (certificate PEM, key PEM), in the order asked for.
+    pub clients: Vec<(String, String)>,
+}
+
+/// A CA, a server certificate and one client certificate (clientAuth) per `(CN, O)` in
+/// `clients`, written into `dir`.
+pub fn make_pki(dir: &std::path::Path, clients: &[(&str, &str)]) -> Pki {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    };
     let ca_key = KeyPair::generate().unwrap();
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -393,8 +414,23 @@ pub fn make_certs(dir: &std::path::Path) -> (std::path::PathBuf, std::path::Path
     let key = KeyPair::generate().unwrap();
     let params = CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
     let cert = params.signed_by(&key, &issuer).unwrap();
-    let (c, k) = (dir.join("server.pem"), dir.join("server.key"));
+    let (c, k, ca) = (dir.join("server.pem"), dir.join("server.key"), dir.join("ca.pem"));
     std::fs::write(&c, cert.pem()).unwrap();
     std::fs::write(&k, key.serialize_pem()).unwrap();
-    (c, k, ca_cert.pem())
+    std::fs::write(&ca, ca_cert.pem()).unwrap();
+    let clients = clients
+        .iter()
+        .map(|(cn, o)| {
+            let key = KeyPair::generate().unwrap();
+            let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+            let mut dn = DistinguishedName::new();
+            dn.push(DnType::CommonName, *cn);
+            dn.push(DnType::OrganizationName, *o);
+            params.distinguished_name = dn;
+            params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+            let cert = params.signed_by(&key, &issuer).unwrap();
+            (cert.pem(), key.serialize_pem())
+        })
+        .collect();
+    Pki { server_cert: c, server_key: k, ca_file: ca, ca_pem: ca_cert.pem(), clients }
 }

@@ -50,6 +50,9 @@ pub struct Config {
     /// Largest message body accepted: a content header announcing more closes the channel
     /// with 406 PRECONDITION_FAILED (as RabbitMQ does) and its body frames are discarded.
     pub max_message_size: u64,
+    /// Offer SASL `EXTERNAL` too (the connection carries a verified client certificate;
+    /// the user comes from it, decided by the caller at [`Event::Login`]).
+    pub sasl_external: bool,
 }
 
 impl Default for Config {
@@ -62,6 +65,7 @@ impl Default for Config {
             product: "FerryMQ".into(),
             version: String::new(),
             max_message_size: 128 * 1024 * 1024,
+            sasl_external: false,
         }
     }
 }
@@ -961,7 +965,7 @@ impl Connection {
 
     fn on_start_ok(&mut self, start_ok: connection::StartOk) {
         let mechanism = start_ok.mechanism.as_str();
-        match sasl::credentials(mechanism, start_ok.response.as_bytes()) {
+        match sasl::credentials(mechanism, start_ok.response.as_bytes(), self.config.sasl_external) {
             Ok((username, password)) => {
                 self.cap_blocked = handshake::has_capability(&start_ok.client_properties, "connection.blocked");
                 self.phase = Phase::Login;

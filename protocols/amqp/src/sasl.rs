@@ -1,6 +1,7 @@
-//! SASL responses of Connection.Start-Ok: PLAIN (`authzid \0 user \0 password`) and
+//! SASL responses of Connection.Start-Ok: PLAIN (`authzid \0 user \0 password`),
 //! AMQPLAIN (a field table with `LOGIN` and `PASSWORD`, sent without the table's length
-//! prefix by py-amqp/kombu, lapin and RabbitMQ's own clients).
+//! prefix by py-amqp/kombu, lapin and RabbitMQ's own clients), and EXTERNAL where offered
+//! (the identity is the TLS client certificate's, outside this crate).
 
 use amq_protocol::types::parsing::parse_field_table;
 use amq_protocol::types::AMQPValue;
@@ -9,6 +10,9 @@ use crate::guard;
 
 /// Mechanisms offered in Connection.Start.
 pub(crate) const MECHANISMS: &str = "PLAIN AMQPLAIN";
+
+/// Mechanisms offered where the client presented a verified certificate.
+pub(crate) const MECHANISMS_WITH_EXTERNAL: &str = "PLAIN AMQPLAIN EXTERNAL";
 
 /// Why a Start-Ok response was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,11 +23,13 @@ pub(crate) enum SaslError {
     Malformed,
 }
 
-/// User name and password from a Start-Ok response.
-pub(crate) fn credentials(mechanism: &str, response: &[u8]) -> Result<(String, String), SaslError> {
+/// User name and password from a Start-Ok response (EXTERNAL, when `external` offered
+/// it: both empty; its response, an optional authorization identity, is not used).
+pub(crate) fn credentials(mechanism: &str, response: &[u8], external: bool) -> Result<(String, String), SaslError> {
     match mechanism {
         "PLAIN" => plain(response),
         "AMQPLAIN" => amqplain(response),
+        "EXTERNAL" if external => Ok((String::new(), String::new())),
         _ => Err(SaslError::UnsupportedMechanism),
     }
 }
@@ -79,28 +85,29 @@ mod tests {
     fn plain_as_clients_send_it() {
         let c = Credentials::new("guest".into(), "s3cr3t".into());
         let r = c.sasl_auth_string(SASLMechanism::Plain);
-        assert_eq!(credentials("PLAIN", r.as_bytes()), Ok(("guest".into(), "s3cr3t".into())));
-        assert_eq!(credentials("PLAIN", b"authz\0u\0p"), Ok(("u".into(), "p".into())));
-        assert_eq!(credentials("PLAIN", b"\0u\0"), Ok(("u".into(), String::new())));
-        assert_eq!(credentials("PLAIN", b"\0u"), Err(SaslError::Malformed));
-        assert_eq!(credentials("PLAIN", b"\0u\0p\0x"), Err(SaslError::Malformed));
-        assert_eq!(credentials("PLAIN", b"\0u\0\xff"), Err(SaslError::Malformed));
+        assert_eq!(credentials("PLAIN", r.as_bytes(), false), Ok(("guest".into(), "s3cr3t".into())));
+        assert_eq!(credentials("PLAIN", b"authz\0u\0p", false), Ok(("u".into(), "p".into())));
+        assert_eq!(credentials("PLAIN", b"\0u\0", false), Ok(("u".into(), String::new())));
+        assert_eq!(credentials("PLAIN", b"\0u", false), Err(SaslError::Malformed));
+        assert_eq!(credentials("PLAIN", b"\0u\0p\0x", false), Err(SaslError::Malformed));
+        assert_eq!(credentials("PLAIN", b"\0u\0\xff", false), Err(SaslError::Malformed));
     }
 
     #[test]
     fn amqplain_as_clients_send_it() {
         let c = Credentials::new("guest".into(), "pw".into());
         let r = c.sasl_auth_string(SASLMechanism::AMQPlain);
-        assert_eq!(credentials("AMQPLAIN", r.as_bytes()), Ok(("guest".into(), "pw".into())));
+        assert_eq!(credentials("AMQPLAIN", r.as_bytes(), false), Ok(("guest".into(), "pw".into())));
         // py-amqp's bytes: \x05LOGINS<len>guest\x08PASSWORDS<len>pw
         let py = b"\x05LOGINS\x00\x00\x00\x05guest\x08PASSWORDS\x00\x00\x00\x02pw";
-        assert_eq!(credentials("AMQPLAIN", py), Ok(("guest".into(), "pw".into())));
+        assert_eq!(credentials("AMQPLAIN", py, false), Ok(("guest".into(), "pw".into())));
         // With the length prefix.
         let mut prefixed = (py.len() as u32).to_be_bytes().to_vec();
         prefixed.extend_from_slice(py);
-        assert_eq!(credentials("AMQPLAIN", &prefixed), Ok(("guest".into(), "pw".into())));
-        assert_eq!(credentials("AMQPLAIN", b"\x05LOGINS\x00\x00\x00\x05guest"), Err(SaslError::Malformed));
-        assert_eq!(credentials("AMQPLAIN", b"\x05LOG"), Err(SaslError::Malformed));
-        assert_eq!(credentials("EXTERNAL", b""), Err(SaslError::UnsupportedMechanism));
+        assert_eq!(credentials("AMQPLAIN", &prefixed, false), Ok(("guest".into(), "pw".into())));
+        assert_eq!(credentials("AMQPLAIN", b"\x05LOGINS\x00\x00\x00\x05guest", false), Err(SaslError::Malformed));
+        assert_eq!(credentials("AMQPLAIN", b"\x05LOG", false), Err(SaslError::Malformed));
+        assert_eq!(credentials("EXTERNAL", b"", false), Err(SaslError::UnsupportedMechanism));
+        assert_eq!(credentials("EXTERNAL", b"", true), Ok((String::new(), String::new())));
     }
 }

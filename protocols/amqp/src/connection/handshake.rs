@@ -48,7 +48,9 @@ pub(super) fn start(config: &Config) -> connection::Start {
         version_major: 0,
         version_minor: 9,
         server_properties: props,
-        mechanisms: LongString::from(sasl::MECHANISMS.as_bytes()),
+        mechanisms: LongString::from(
+            if config.sasl_external { sasl::MECHANISMS_WITH_EXTERNAL } else { sasl::MECHANISMS }.as_bytes(),
+        ),
         locales: LongString::from(&b"en_US"[..]),
     }
 }
