@@ -312,10 +312,13 @@ class Broker:
         amqp_listen = f"{self.host}:{self.amqp_addr[1] if self.amqp_addr else 0}"
         http = self.listeners.get("http")
         http_listen = f"{self.host}:{http[1] if http else 0}"
+        ws = self.listeners.get("ws")
+        ws_listen = f"{self.host}:{ws[1] if ws else 0}"
         cmd = [
             str(binary),
             "--data-dir", str(self.data_dir),
             "--mqtt-listen", listen,
+            "--mqtt-ws-listen", ws_listen,
             "--amqp-listen", amqp_listen,
             "--http-listen", http_listen,
             "--log", os.environ.get("FERRYMQ_LOG", "info"),

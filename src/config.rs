@@ -38,6 +38,10 @@ pub struct Overrides {
     pub mqtt_listen: Option<String>,
     /// `--mqtts-listen`.
     pub mqtts_listen: Option<String>,
+    /// `--mqtt-ws-listen`.
+    pub mqtt_ws_listen: Option<String>,
+    /// `--mqtt-wss-listen`.
+    pub mqtt_wss_listen: Option<String>,
     /// `--amqp-listen`.
     pub amqp_listen: Option<String>,
     /// `--amqps-listen`.
@@ -100,6 +104,13 @@ pub struct MqttSection {
     pub listen: String,
     /// TLS listener address ("" = off).
     pub tls_listen: String,
+    /// MQTT over WebSocket listener address ("" = off), as EMQX's 8083.
+    pub ws_listen: String,
+    /// MQTT over secure WebSocket (TLS with `[tls]`) listener address ("" = off), as EMQX's 8084.
+    pub wss_listen: String,
+    /// The HTTP path WebSocket clients connect to (`/mqtt`, as EMQX and Mosquitto's
+    /// examples; "" accepts any path).
+    pub ws_path: String,
     /// The client certificate's common name is the user name (Mosquitto's
     /// `use_identity_as_username`; the password is not checked).
     pub use_identity_as_username: bool,
@@ -429,6 +440,8 @@ impl Config {
         builder = set(builder, "broker.data_dir", &overrides.data_dir)?;
         builder = set(builder, "mqtt.listen", &overrides.mqtt_listen)?;
         builder = set(builder, "mqtt.tls_listen", &overrides.mqtts_listen)?;
+        builder = set(builder, "mqtt.ws_listen", &overrides.mqtt_ws_listen)?;
+        builder = set(builder, "mqtt.wss_listen", &overrides.mqtt_wss_listen)?;
         builder = set(builder, "amqp.listen", &overrides.amqp_listen)?;
         builder = set(builder, "amqp.tls_listen", &overrides.amqps_listen)?;
         builder = set(builder, "http.listen", &overrides.http_listen)?;
@@ -447,6 +460,8 @@ impl Config {
         for (key, addr) in [
             ("mqtt.listen", &self.mqtt.listen),
             ("mqtt.tls_listen", &self.mqtt.tls_listen),
+            ("mqtt.ws_listen", &self.mqtt.ws_listen),
+            ("mqtt.wss_listen", &self.mqtt.wss_listen),
             ("amqp.listen", &self.amqp.listen),
             ("amqp.tls_listen", &self.amqp.tls_listen),
             ("http.listen", &self.http.listen),
@@ -459,6 +474,9 @@ impl Config {
         }
         if !self.mqtt.tls_listen.is_empty() && (self.tls.cert.is_empty() || self.tls.key.is_empty()) {
             return invalid("tls.cert", "mqtt.tls_listen is set but tls.cert or tls.key is empty".into());
+        }
+        if !self.mqtt.wss_listen.is_empty() && (self.tls.cert.is_empty() || self.tls.key.is_empty()) {
+            return invalid("tls.cert", "mqtt.wss_listen is set but tls.cert or tls.key is empty".into());
         }
         if !self.amqp.tls_listen.is_empty() && (self.tls.cert.is_empty() || self.tls.key.is_empty()) {
             return invalid("tls.cert", "amqp.tls_listen is set but tls.cert or tls.key is empty".into());
@@ -583,6 +601,16 @@ impl Config {
     /// Parsed MQTT-over-TLS listener address.
     pub fn mqtts_listen(&self) -> Option<SocketAddr> {
         parse_addr(&self.mqtt.tls_listen)
+    }
+
+    /// Parsed MQTT-over-WebSocket listener address.
+    pub fn mqtt_ws_listen(&self) -> Option<SocketAddr> {
+        parse_addr(&self.mqtt.ws_listen)
+    }
+
+    /// Parsed MQTT-over-secure-WebSocket listener address.
+    pub fn mqtt_wss_listen(&self) -> Option<SocketAddr> {
+        parse_addr(&self.mqtt.wss_listen)
     }
 
     /// Parsed AMQP listener address.

@@ -30,7 +30,8 @@
 //! - [`auth`] — the user store both front-ends check logins against.
 //! - [`authz`] — what a logged-in client may do: RabbitMQ permissions and MQTT topic
 //!   rules in one policy, decided per connection with a cache.
-//! - [`tls`] — rustls acceptor from PEM files.
+//! - [`tls`] — rustls acceptor from PEM files, client certificates.
+//! - [`websocket`] — MQTT over WebSocket: the upgrade and a byte-stream adapter.
 //! - [`ctl`] — `ferrymq ctl`, the admin CLI over the management API.
 //! - [`http`] — the management HTTP API (RabbitMQ's paths) and Prometheus `/metrics`.
 #![forbid(unsafe_code)]
@@ -47,3 +48,4 @@ pub mod mqtt;
 pub mod server;
 pub mod socket;
 pub mod tls;
+pub mod websocket;

@@ -31,6 +31,12 @@ struct Cli {
     /// MQTT-over-TLS listener address, e.g. 127.0.0.1:8883 (needs tls.cert and tls.key).
     #[arg(long, value_name = "ADDR")]
     mqtts_listen: Option<String>,
+    /// MQTT-over-WebSocket listener address, e.g. 127.0.0.1:8083 ("" turns it off).
+    #[arg(long, value_name = "ADDR")]
+    mqtt_ws_listen: Option<String>,
+    /// MQTT-over-secure-WebSocket listener address, e.g. 127.0.0.1:8084 (needs tls.cert and tls.key).
+    #[arg(long, value_name = "ADDR")]
+    mqtt_wss_listen: Option<String>,
     /// AMQP 0-9-1 listener address, e.g. 127.0.0.1:5672 ("" turns it off).
     #[arg(long, value_name = "ADDR")]
     amqp_listen: Option<String>,
@@ -83,6 +89,8 @@ fn main() -> anyhow::Result<()> {
         data_dir: cli.data_dir,
         mqtt_listen: cli.mqtt_listen,
         mqtts_listen: cli.mqtts_listen,
+        mqtt_ws_listen: cli.mqtt_ws_listen,
+        mqtt_wss_listen: cli.mqtt_wss_listen,
         amqp_listen: cli.amqp_listen,
         amqps_listen: cli.amqps_listen,
         http_listen: cli.http_listen,

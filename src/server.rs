@@ -54,6 +54,10 @@ pub struct Server {
     pub mqtt_addr: Option<SocketAddr>,
     /// Bound MQTT-over-TLS address.
     pub mqtts_addr: Option<SocketAddr>,
+    /// Bound MQTT-over-WebSocket address.
+    pub ws_addr: Option<SocketAddr>,
+    /// Bound MQTT-over-secure-WebSocket address.
+    pub wss_addr: Option<SocketAddr>,
     /// Bound AMQP address.
     pub amqp_addr: Option<SocketAddr>,
     /// Bound AMQP-over-TLS address.
@@ -137,6 +141,8 @@ impl Server {
         let mut server = Server {
             mqtt_addr: None,
             mqtts_addr: None,
+            ws_addr: None,
+            wss_addr: None,
             amqp_addr: None,
             amqps_addr: None,
             http_addr: None,
@@ -153,23 +159,28 @@ impl Server {
         };
         let verify = crate::tls::VerifyClient::parse(&config.tls.verify_client);
         let tls = || crate::tls::acceptor(&config.tls.cert, &config.tls.key, &config.tls.client_ca, verify);
+        use Kind::{Amqp, Mqtt, MqttWs};
         let listeners = [
-            ("mqtt.listen", "--mqtt-listen", config.mqtt_listen(), false, false),
-            ("mqtt.tls_listen", "--mqtts-listen", config.mqtts_listen(), false, true),
-            ("amqp.listen", "--amqp-listen", config.amqp_listen(), true, false),
-            ("amqp.tls_listen", "--amqps-listen", config.amqps_listen(), true, true),
+            ("mqtt.listen", "--mqtt-listen", config.mqtt_listen(), Mqtt, false),
+            ("mqtt.tls_listen", "--mqtts-listen", config.mqtts_listen(), Mqtt, true),
+            ("mqtt.ws_listen", "--mqtt-ws-listen", config.mqtt_ws_listen(), MqttWs, false),
+            ("mqtt.wss_listen", "--mqtt-wss-listen", config.mqtt_wss_listen(), MqttWs, true),
+            ("amqp.listen", "--amqp-listen", config.amqp_listen(), Amqp, false),
+            ("amqp.tls_listen", "--amqps-listen", config.amqps_listen(), Amqp, true),
         ];
-        for (key, flag, addr, is_amqp, is_tls) in listeners {
+        for (key, flag, addr, kind, is_tls) in listeners {
             let Some(addr) = addr else { continue };
             let listener = bind(key, flag, addr).await?;
             let bound = Some(listener.local_addr()?);
-            match (is_amqp, is_tls) {
-                (false, false) => server.mqtt_addr = bound,
-                (false, true) => server.mqtts_addr = bound,
-                (true, false) => server.amqp_addr = bound,
-                (true, true) => server.amqps_addr = bound,
+            match (kind, is_tls) {
+                (Mqtt, false) => server.mqtt_addr = bound,
+                (Mqtt, true) => server.mqtts_addr = bound,
+                (MqttWs, false) => server.ws_addr = bound,
+                (MqttWs, true) => server.wss_addr = bound,
+                (Amqp, false) => server.amqp_addr = bound,
+                (Amqp, true) => server.amqps_addr = bound,
             }
-            if let (false, Some(addr)) = (is_amqp, bound) {
+            if let (Mqtt | MqttWs, Some(addr)) = (kind, bound) {
                 match server.mqtt.logins.rule(addr.ip().is_loopback()) {
                     LoginRule::Open => {
                         info!(listener = %addr, "MQTT: anonymous clients allowed, user names not checked")
@@ -184,7 +195,11 @@ impl Server {
                     ),
                 }
             }
-            let front = if is_amqp { Front::Amqp(server.amqp.clone()) } else { Front::Mqtt(server.mqtt.clone()) };
+            let front = match kind {
+                Amqp => Front::Amqp(server.amqp.clone()),
+                Mqtt => Front::Mqtt(server.mqtt.clone()),
+                MqttWs => Front::MqttWs(server.mqtt.clone()),
+            };
             let acceptor = if is_tls { Some(tls()?) } else { None };
             tokio::spawn(accept_loop(listener, acceptor, front, server.connections.clone(), stop_rx.clone()));
         }
@@ -238,6 +253,12 @@ impl Server {
         if let Some(a) = self.mqtts_addr {
             line.push_str(&format!(" mqtts={a}"));
         }
+        if let Some(a) = self.ws_addr {
+            line.push_str(&format!(" ws={a}"));
+        }
+        if let Some(a) = self.wss_addr {
+            line.push_str(&format!(" wss={a}"));
+        }
         if let Some(a) = self.amqp_addr {
             line.push_str(&format!(" amqp={a}"));
         }
@@ -263,6 +284,8 @@ impl Server {
             ("amqp/ssl", self.amqps_addr),
             ("mqtt", self.mqtt_addr),
             ("mqtt/ssl", self.mqtts_addr),
+            ("http/web-mqtt", self.ws_addr),
+            ("https/web-mqtt", self.wss_addr),
             ("http", self.http_addr),
             ("https", self.https_addr),
             ("http/prometheus", self.prometheus_addr),
@@ -445,10 +468,20 @@ fn restore_retained(broker: &Broker) {
     }
 }
 
+/// What a configured listener serves.
+#[derive(Clone, Copy)]
+enum Kind {
+    Mqtt,
+    MqttWs,
+    Amqp,
+}
+
 /// Which front-end a listener serves.
 #[derive(Clone)]
 enum Front {
     Mqtt(Arc<MqttContext>),
+    /// MQTT over WebSocket: the HTTP upgrade first, then the MQTT connection.
+    MqttWs(Arc<MqttContext>),
     Amqp(Arc<AmqpContext>),
 }
 
@@ -494,6 +527,9 @@ async fn accept_loop(
                     crate::amqp::connection::serve(ctx, stream, peer, local, None).await;
                     drop(permit);
                 });
+            }
+            (Front::MqttWs(ctx), None) => {
+                tokio::spawn(serve_ws(ctx, stream, peer, local, None, permit));
             }
             (front, Some(acceptor)) => {
                 tokio::spawn(serve_tls(front, stream, peer, local, acceptor, permit));
@@ -562,6 +598,7 @@ async fn serve_tls(
                 .map(Arc::new);
             match front {
                 Front::Mqtt(ctx) => mqtt::connection::serve(ctx, tls_stream, peer, local, cert, permit).await,
+                Front::MqttWs(ctx) => serve_ws(ctx, tls_stream, peer, local, cert, permit).await,
                 Front::Amqp(ctx) => {
                     crate::amqp::connection::serve(ctx, tls_stream, peer, local, cert).await;
                     drop(permit);
@@ -570,5 +607,28 @@ async fn serve_tls(
         }
         Ok(Err(e)) => debug!(peer = %peer, error = %e, "TLS handshake failed"),
         Err(_) => debug!(peer = %peer, "TLS handshake timed out"),
+    }
+}
+
+/// Upgrades an accepted connection to WebSocket (bounded like a TLS handshake), then serves
+/// it as an MQTT connection over the frames' byte stream.
+async fn serve_ws<S>(
+    ctx: Arc<MqttContext>,
+    stream: S,
+    peer: SocketAddr,
+    local: Listener,
+    cert: Option<Arc<crate::tls::ClientCert>>,
+    permit: OwnedSemaphorePermit,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send,
+{
+    // A frame may hold a whole packet and then some: the MQTT limit plus headroom.
+    let max_frame = ctx.cfg.max_packet_size as usize + 64 * 1024;
+    let path = ctx.cfg.ws_path.clone();
+    let upgrade = Box::pin(crate::websocket::accept(stream, &path, max_frame));
+    match tokio::time::timeout(Duration::from_secs(10), upgrade).await {
+        Ok(Ok(ws)) => mqtt::connection::serve(ctx, ws, peer, local, cert, permit).await,
+        Ok(Err(e)) => debug!(peer = %peer, error = %e, "WebSocket upgrade failed"),
+        Err(_) => debug!(peer = %peer, "WebSocket upgrade timed out"),
     }
 }

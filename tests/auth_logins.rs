@@ -126,6 +126,8 @@ fn a_bad_password_file_stops_start_up_naming_the_file_and_line() {
             data.to_str().unwrap(),
             "--mqtt-listen",
             "127.0.0.1:0",
+            "--mqtt-ws-listen",
+            "127.0.0.1:0",
             "--amqp-listen",
             "127.0.0.1:0",
             "--http-listen",

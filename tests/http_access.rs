@@ -238,6 +238,8 @@ async fn a_definitions_file_loads_at_start() {
             data.path().to_str().unwrap(),
             "--mqtt-listen",
             "127.0.0.1:0",
+            "--mqtt-ws-listen",
+            "127.0.0.1:0",
             "--amqp-listen",
             "127.0.0.1:0",
             "--http-listen",

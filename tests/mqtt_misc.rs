@@ -148,7 +148,16 @@ fn a_listen_address_in_use_names_the_flag_and_exits_with_code_2() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap().to_string();
     for (flag, other) in [("--mqtt-listen", "--amqp-listen"), ("--amqp-listen", "--mqtt-listen")] {
-        let args = ["--data-dir", tmp.path().to_str().unwrap(), flag, &addr, other, "127.0.0.1:0"];
+        let args = [
+            "--data-dir",
+            tmp.path().to_str().unwrap(),
+            flag,
+            &addr,
+            other,
+            "127.0.0.1:0",
+            "--mqtt-ws-listen",
+            "127.0.0.1:0",
+        ];
         let (code, err) = run_binary(&args, &[]);
         assert_eq!(code, 2, "a configuration error: {err}");
         let hint = format!("is another broker already listening on {addr}? use {flag}");

@@ -25,7 +25,7 @@ class Broker:
                 f.write(config)
             extra = ["--config", path]
         self.proc = subprocess.Popen(
-            [binary, "--data-dir", os.path.join(self.dir.name, "data"), "--mqtt-listen", "127.0.0.1:0",
+            [binary, "--data-dir", os.path.join(self.dir.name, "data"), "--mqtt-listen", "127.0.0.1:0", "--mqtt-ws-listen", "",
              "--amqp-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--log", "warn", *extra],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
         deadline = time.time() + 60

@@ -111,7 +111,7 @@ start_ferrymq() {
   for v in $(compgen -e | grep '^FERRYMQ_'); do unset+=(-u "$v"); done
   if [ "$KIND" = amqp ]; then amqp=127.0.0.1:$FQ_AMQP_PORT; ready="$ready.*amqp=127\.0\.0\.1:$FQ_AMQP_PORT( |$)"; fi
   env "${unset[@]}" "${FQ_ENV[@]}" "$FQ" --data-dir "$FQ_DATA" --mqtt-listen "127.0.0.1:$FQ_MQTT_PORT" \
-    --amqp-listen "$amqp" --http-listen "${FQ_HTTP_LISTEN:-}" --log warn \
+    --mqtt-ws-listen "" --amqp-listen "$amqp" --http-listen "${FQ_HTTP_LISTEN:-}" --log warn \
     >"$OUT/ferrymq.stdout" 2>>"$OUT/ferrymq.stderr.log" &
   FQ_PID=$!
   for _ in $(seq 1 300); do

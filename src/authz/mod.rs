@@ -82,7 +82,9 @@ pub fn rules_of(entries: &[RuleEntry]) -> Result<Vec<Rule>, String> {
     entries.iter().enumerate().map(|(i, e)| e.to_rule().map_err(|err| format!("rule {}: {err}", i + 1))).collect()
 }
 
-/// The rules of `auth.mosquitto_acl_file`, then of `auth.emqx_acl_file`.
+/// The rules of `auth.mosquitto_acl_file`, then of `auth.emqx_acl_file`, then, with a
+/// Mosquitto file, Mosquitto's grant of every subscription (last, so that no rule before
+/// it is shadowed: an EMQX subscribe deny still refuses).
 pub fn file_rules(auth: &AuthSection) -> Result<Vec<Rule>, FileError> {
     let mut rules = Vec::new();
     if !auth.mosquitto_acl_file.is_empty() {
@@ -90,6 +92,9 @@ pub fn file_rules(auth: &AuthSection) -> Result<Vec<Rule>, FileError> {
     }
     if !auth.emqx_acl_file.is_empty() {
         rules.extend(emqx_acl::read(Path::new(&auth.emqx_acl_file))?);
+    }
+    if !auth.mosquitto_acl_file.is_empty() {
+        rules.push(mosquitto_acl::every_subscription());
     }
     Ok(rules)
 }
@@ -243,7 +248,7 @@ impl Policy {
                 self.resource(user, MQTT_VHOST, x, Permission::Read)
                     && self.topic(id, MQTT_VHOST, x, &filter_to_key(f), Permission::Read)
             }
-            Request::Receive(_) => self.resource(user, MQTT_VHOST, x, Permission::Read),
+            Request::Receive(_) | Request::Bind(_) => self.resource(user, MQTT_VHOST, x, Permission::Read),
         }
     }
 }
@@ -393,7 +398,7 @@ impl Access {
         self.refresh();
         let (i, s) = match request {
             Request::Publish(s) => (0, s),
-            Request::Subscribe(s) => (1, s),
+            Request::Subscribe(s) | Request::Bind(s) => (1, s),
             Request::Receive(s) => (2, s),
         };
         if let Some(&d) = self.cache.mqtt[i].get(s) {
@@ -494,7 +499,7 @@ impl Access {
         let decided = if perm == Permission::Write {
             p.decide_rules(&self.id, Request::Publish(&mqtt_to_key(key)))
         } else {
-            p.decide_rules(&self.id, Request::Subscribe(&key_to_filter(key)))
+            p.decide_rules(&self.id, Request::Bind(&key_to_filter(key)))
         };
         decided != Some(Permit::Deny)
     }
@@ -588,6 +593,24 @@ mod tests {
         // AMQP authorization off: resources are not checked.
         let mut amqp = a.access(app(), "/");
         assert_eq!(amqp.resource(ResourceKind::Queue, "x", Permission::Configure), Ok(()));
+    }
+
+    #[test]
+    fn an_amqp_binding_on_the_mqtt_exchange_may_not_reach_a_denied_topic() {
+        let acl = "user alice\ntopic read sensors/#\ntopic deny sensors/secret\n";
+        let mut p = policy();
+        p.rules = mosquitto_acl::parse("acl", acl).unwrap();
+        p.rules.push(mosquitto_acl::every_subscription());
+        p.permissions.insert(("/".into(), "alice".into()), VhostPermissions::new(".*", ".*", ".*").unwrap());
+        let a = Authorizer::new(true, true, p);
+        let mut alice = a.access(Identity { user: Some("alice".into()), ..Identity::default() }, "/");
+        // MQTT: granted and filtered at delivery, as Mosquitto.
+        assert!(alice.mqtt(Request::Subscribe("sensors/#")));
+        assert!(!alice.mqtt(Request::Receive("sensors/secret")));
+        // AMQP deliveries are not filtered: a binding that would receive it is refused.
+        assert!(alice.topic("amq.topic", "sensors.#", Permission::Read).is_err());
+        assert!(alice.topic("amq.topic", "sensors.secret", Permission::Read).is_err());
+        assert_eq!(alice.topic("amq.topic", "sensors.room1", Permission::Read), Ok(()));
     }
 
     #[test]

@@ -1,8 +1,10 @@
 //! Mosquitto's `acl_file`, read as it is: `topic [read|write|readwrite|deny] TOPIC` lines
 //! (before any `user` line they apply to anonymous clients, after `user NAME` to that
 //! user), and `pattern [...] TOPIC` lines for every client, with `%u` / `%c`. As in
-//! Mosquitto, `deny` lines are decided before the lines that grant access, `read` grants
-//! subscribing and receiving, and what no line grants is refused.
+//! Mosquitto 2.0, `deny` lines are decided before the lines that grant access, what no
+//! line grants is refused, and a SUBSCRIBE is always granted: what the client may not
+//! read is filtered at delivery (checked against Mosquitto 2.0.11, which answers every
+//! subscription with the QoS asked for under an `acl_file`).
 
 use std::path::Path;
 
@@ -44,11 +46,12 @@ pub fn parse(path: &str, text: &str) -> Result<Vec<Rule>, FileError> {
                     (_, Some(u)) => Who::User(u.clone()),
                     (_, None) => Who::Anonymous,
                 };
+                let receive_publish = Actions::RECEIVE.with(Actions::PUBLISH);
                 let (permit, actions) = match access {
-                    "read" => (Permit::Allow, Actions::READ),
+                    "read" => (Permit::Allow, Actions::RECEIVE),
                     "write" => (Permit::Allow, Actions::PUBLISH),
-                    "readwrite" => (Permit::Allow, Actions::ALL),
-                    _ => (Permit::Deny, Actions::ALL),
+                    "readwrite" => (Permit::Allow, receive_publish),
+                    _ => (Permit::Deny, receive_publish),
                 };
                 let rule = Rule { permit, who, actions, topics: vec![TopicPattern::Filter(topic.to_owned())] };
                 if permit == Permit::Deny {
@@ -62,6 +65,13 @@ pub fn parse(path: &str, text: &str) -> Result<Vec<Rule>, FileError> {
     }
     denies.extend(grants);
     Ok(denies)
+}
+
+/// Mosquitto 2.0's answer to every SUBSCRIBE under an `acl_file`: granted (what may not be
+/// read is filtered at delivery). Subscribing only, not receiving, so it grants an AMQP
+/// binding nothing.
+pub fn every_subscription() -> Rule {
+    Rule { permit: Permit::Allow, who: Who::All, actions: Actions::SUBSCRIBE, topics: vec![TopicPattern::Any] }
 }
 
 /// Reads and parses an ACL file.
@@ -96,17 +106,19 @@ pattern read $SYS/#
 
     #[test]
     fn sections_patterns_and_denies() {
-        let rules = parse("acl", ACL).unwrap();
+        let mut rules = parse("acl", ACL).unwrap();
+        rules.push(every_subscription());
         let allowed = |id: &Identity, r| decide(&rules, id, r) == Some(Permit::Allow);
         let (anon, alice, bob) = (client(None), client(Some("alice")), client(Some("bob")));
-        assert!(allowed(&anon, Request::Subscribe("public/news")));
         assert!(allowed(&anon, Request::Receive("public/news")));
         assert!(!allowed(&anon, Request::Publish("public/news")));
-        assert!(!allowed(&alice, Request::Subscribe("public/news")));
+        assert!(!allowed(&alice, Request::Receive("public/news")));
         assert!(allowed(&alice, Request::Publish("alice/x")));
         assert!(!allowed(&alice, Request::Receive("alice/secret")));
-        // A wide subscription is allowed; the denied topic is not delivered.
+        // Every subscription is granted (as Mosquitto 2.0); what may not be read is not
+        // delivered.
         assert!(allowed(&alice, Request::Subscribe("alice/#")));
+        assert!(allowed(&bob, Request::Subscribe("#")));
         assert!(allowed(&alice, Request::Publish("metrics/with space")));
         assert!(allowed(&bob, Request::Publish("devices/bob/c1/t")));
         assert!(!allowed(&bob, Request::Publish("devices/alice/c1/t")));

@@ -47,6 +47,11 @@ impl Actions {
         })
     }
 
+    /// Both sets.
+    pub const fn with(self, other: Actions) -> Actions {
+        Actions(self.0 | other.0)
+    }
+
     /// True when every action of `other` is in `self`.
     pub fn contains(self, other: Actions) -> bool {
         self.0 & other.0 == other.0
@@ -209,6 +214,16 @@ impl TopicPattern {
         }
     }
 
+    /// True when some topic `filter` matches is covered.
+    fn overlaps_filter(&self, id: &Identity, filter: &str) -> bool {
+        let Some(p) = self.expand(id) else { return false };
+        match self {
+            TopicPattern::Eq(_) => p == filter,
+            TopicPattern::Any => true,
+            TopicPattern::Filter(_) => filters_overlap(filter, &p),
+        }
+    }
+
     /// True when every topic `filter` matches is covered (a subscription is covered when
     /// it asks for no more than the rule's filter).
     fn covers_filter(&self, id: &Identity, filter: &str) -> bool {
@@ -217,6 +232,23 @@ impl TopicPattern {
             TopicPattern::Eq(_) => p == filter,
             TopicPattern::Any => true,
             TopicPattern::Filter(_) => filter_within(filter, &p),
+        }
+    }
+}
+
+/// True when some topic matches both filters.
+pub fn filters_overlap(a: &str, b: &str) -> bool {
+    let wild = |f: &str| f.starts_with(['#', '+']);
+    if (a.starts_with('$') && wild(b)) || (b.starts_with('$') && wild(a)) {
+        return false;
+    }
+    let (mut a, mut b) = (a.split('/'), b.split('/'));
+    loop {
+        match (a.next(), b.next()) {
+            (Some("#"), _) | (_, Some("#")) => return true,
+            (None, None) => return true,
+            (Some(x), Some(y)) if x == "+" || y == "+" || x == y => {}
+            _ => return false,
         }
     }
 }
@@ -280,6 +312,10 @@ pub enum Request<'a> {
     Subscribe(&'a str),
     /// Receive a message on a topic.
     Receive(&'a str),
+    /// Bind a queue to the MQTT exchange with a filter (an AMQP subscription): it will
+    /// receive every topic the filter matches, unfiltered, so a rule that denies
+    /// receiving any of them refuses it, and one that allows receiving all of them grants it.
+    Bind(&'a str),
 }
 
 impl Rule {
@@ -289,6 +325,13 @@ impl Rule {
             Request::Publish(t) => (Actions::PUBLISH, self.topics.iter().any(|p| p.covers_topic(id, t))),
             Request::Subscribe(f) => (Actions::SUBSCRIBE, self.topics.iter().any(|p| p.covers_filter(id, f))),
             Request::Receive(t) => (Actions::RECEIVE, self.topics.iter().any(|p| p.covers_topic(id, t))),
+            Request::Bind(f) => {
+                let hit = match self.permit {
+                    Permit::Deny => self.topics.iter().any(|p| p.overlaps_filter(id, f)),
+                    Permit::Allow => self.topics.iter().any(|p| p.covers_filter(id, f)),
+                };
+                (Actions::RECEIVE, hit)
+            }
         };
         (self.actions.contains(action) && self.who.covers(id) && covered).then_some(self.permit)
     }
@@ -406,6 +449,17 @@ mod tests {
         assert!(filter_within("test/nosubscribe", "test/nosubscribe"));
         assert!(!filter_within("$SYS/#", "#"));
         assert!(filter_within("$SYS/broker/x", "$SYS/#"));
+    }
+
+    #[test]
+    fn filters_overlapping_filters() {
+        assert!(filters_overlap("sensors/#", "sensors/secret"));
+        assert!(filters_overlap("a/+/c", "a/b/+"));
+        assert!(filters_overlap("a/#", "a"));
+        assert!(!filters_overlap("a/b", "a/c"));
+        assert!(!filters_overlap("a/+", "a/b/c"));
+        assert!(!filters_overlap("#", "$SYS/x"));
+        assert!(filters_overlap("$SYS/#", "$SYS/x"));
     }
 
     #[test]

@@ -186,7 +186,15 @@ impl Task {
         self.register_connection(&c, &client_id, expiry);
         self.will = c.will.map(Box::new);
         self.ctx.broker.stats.connected();
-        conn_log!(info, self, level = ?c.level, clean_start = c.clean_start, session_present, expiry, "client connected");
+        tracing::info!(
+            peer = %self.peer,
+            client_id = &*client_id,
+            level = ?c.level,
+            clean_start = c.clean_start,
+            session_present,
+            expiry,
+            "client connected"
+        );
         self.proto.accept(Accept {
             session_present,
             assigned_client_id: assigned,

@@ -24,6 +24,10 @@ pub struct Broker {
     pub mqtt: SocketAddr,
     /// MQTT over TLS address, if started with one.
     pub mqtts: Option<SocketAddr>,
+    /// MQTT over WebSocket address (the harness always opens one on an ephemeral port).
+    pub ws: Option<SocketAddr>,
+    /// MQTT over secure WebSocket address, if started with one.
+    pub wss: Option<SocketAddr>,
     /// AMQP address (present once the AMQP front-end listens).
     pub amqp: Option<SocketAddr>,
     /// AMQP over TLS address, if started with one.
@@ -125,6 +129,8 @@ impl Broker {
             .arg(&dir)
             .arg("--mqtt-listen")
             .arg("127.0.0.1:0")
+            .arg("--mqtt-ws-listen")
+            .arg("127.0.0.1:0")
             .arg("--amqp-listen")
             .arg("127.0.0.1:0")
             .arg("--http-listen")
@@ -182,6 +188,8 @@ impl Broker {
         };
         let mqtt = field("mqtt").unwrap_or_else(|| panic!("no mqtt address in {ready:?}"));
         let mqtts = field("mqtts");
+        let ws = field("ws");
+        let wss = field("wss");
         let amqp = field("amqp");
         let amqps = field("amqps");
         let http = field("http");
@@ -191,6 +199,8 @@ impl Broker {
             child: Some(child),
             mqtt,
             mqtts,
+            ws,
+            wss,
             amqp,
             amqps,
             http,

@@ -1,0 +1,178 @@
+//! MQTT over WebSocket: the server handshake (the path, the `mqtt` / `mqttv3.1`
+//! subprotocols) and [`WsStream`], which turns the binary frames into the byte stream the
+//! MQTT connection code reads and writes, so a WebSocket client is served by the same
+//! sans-IO state machine as a TCP one. One MQTT packet may span frames and one frame may
+//! hold several packets; pings are answered by tungstenite, a close is the end of the
+//! stream, a text frame is a protocol error (MQTT over WebSocket is binary only).
+
+use std::io;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Buf, Bytes};
+use futures_util::{Sink, Stream};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
+use tokio_tungstenite::tungstenite::http::{HeaderValue, StatusCode};
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::WebSocketStream;
+
+/// Subprotocols accepted, in the order of preference when a client offers several: the
+/// standard `mqtt` (MQTT 3.1.1 and 5.0), `mqttv3.1` (MQTT 3.1 clients), and EMQX's spellings.
+const SUBPROTOCOLS: [&str; 5] = ["mqtt", "mqttv3.1", "mqtt-v5", "mqtt-v3.1.1", "mqtt-v3"];
+
+/// Why a WebSocket upgrade was refused or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum WsError {
+    /// The handshake failed (not an upgrade, wrong path or subprotocol, I/O).
+    #[error("WebSocket handshake: {0}")]
+    Handshake(#[from] tokio_tungstenite::tungstenite::Error),
+}
+
+/// The subprotocol to answer with: the first one offered that FerryMQ speaks (`Ok(None)`
+/// when none was offered; `Err` when only others were).
+fn negotiate(offered: Option<&HeaderValue>) -> Result<Option<&'static str>, ()> {
+    let Some(offered) = offered.and_then(|v| v.to_str().ok()) else { return Ok(None) };
+    let offered: Vec<&str> = offered.split(',').map(str::trim).filter(|p| !p.is_empty()).collect();
+    if offered.is_empty() {
+        return Ok(None);
+    }
+    offered.iter().find_map(|o| SUBPROTOCOLS.iter().find(|s| s.eq_ignore_ascii_case(o)).copied()).map(Some).ok_or(())
+}
+
+fn refusal(status: StatusCode, why: &str) -> ErrorResponse {
+    let mut r = ErrorResponse::new(Some(why.to_owned()));
+    *r.status_mut() = status;
+    r
+}
+
+/// Completes the server handshake on `stream`: the request must ask for `path` (any path
+/// when empty) and, if it names subprotocols, one of MQTT's; frames are limited to
+/// `max_frame` bytes.
+pub async fn accept<S>(stream: S, path: &str, max_frame: usize) -> Result<WsStream<S>, WsError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    // The callback's signature is tungstenite's (its error is the HTTP refusal).
+    #[allow(clippy::result_large_err)]
+    let check = |req: &Request, mut resp: Response| -> Result<Response, ErrorResponse> {
+        if !path.is_empty() && req.uri().path() != path {
+            return Err(refusal(StatusCode::NOT_FOUND, "MQTT over WebSocket is served at another path"));
+        }
+        match negotiate(req.headers().get("sec-websocket-protocol")) {
+            Ok(Some(p)) => {
+                resp.headers_mut().insert("sec-websocket-protocol", HeaderValue::from_static(p));
+                Ok(resp)
+            }
+            Ok(None) => Ok(resp),
+            Err(()) => Err(refusal(StatusCode::BAD_REQUEST, "no MQTT subprotocol offered (mqtt, mqttv3.1)")),
+        }
+    };
+    let config = WebSocketConfig::default().max_frame_size(Some(max_frame)).max_message_size(Some(max_frame));
+    let ws = tokio_tungstenite::accept_hdr_async_with_config(stream, check, Some(config)).await?;
+    Ok(WsStream { inner: ws, pending: Bytes::new(), ended: false, unflushed: false })
+}
+
+/// A WebSocket connection as a byte stream: binary frames in, one binary frame per write out.
+#[derive(Debug)]
+pub struct WsStream<S> {
+    inner: WebSocketStream<S>,
+    /// What is left of the last frame read.
+    pending: Bytes,
+    /// The peer closed (or the stream ended): reads return end of file.
+    ended: bool,
+    /// A frame was accepted but its flush to the socket is still pending; the next write
+    /// or read drives it (the socket's write waker is registered meanwhile).
+    unflushed: bool,
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> WsStream<S> {
+    /// Drives a pending flush; `Ready` once nothing waits to go out.
+    fn poll_pending_flush(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.unflushed {
+            ready!(Pin::new(&mut self.inner).poll_flush(cx)).map_err(io_error)?;
+            self.unflushed = false;
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+fn io_error(e: tokio_tungstenite::tungstenite::Error) -> io::Error {
+    match e {
+        tokio_tungstenite::tungstenite::Error::Io(e) => e,
+        other => io::Error::other(other),
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for WsStream<S> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        // The MQTT code never flushes (a TCP socket needs none): frames go out here too.
+        if let Poll::Ready(Err(e)) = self.poll_pending_flush(cx) {
+            return Poll::Ready(Err(e));
+        }
+        loop {
+            if !self.pending.is_empty() {
+                let n = self.pending.len().min(buf.remaining());
+                buf.put_slice(&self.pending[..n]);
+                self.pending.advance(n);
+                return Poll::Ready(Ok(()));
+            }
+            if self.ended {
+                return Poll::Ready(Ok(()));
+            }
+            match ready!(Pin::new(&mut self.inner).poll_next(cx)) {
+                Some(Ok(Message::Binary(b))) => self.pending = b,
+                // tungstenite queues the pong itself; it goes out with the next write or flush.
+                Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => {}
+                Some(Ok(Message::Text(_))) => {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "a text frame: MQTT over WebSocket is carried in binary frames",
+                    )))
+                }
+                Some(Ok(Message::Close(_))) | None => self.ended = true,
+                Some(Err(e)) => return Poll::Ready(Err(io_error(e))),
+            }
+        }
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for WsStream<S> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        // The previous frame goes out first: a slow reader holds the writer back here.
+        ready!(self.poll_pending_flush(cx))?;
+        ready!(Pin::new(&mut self.inner).poll_ready(cx)).map_err(io_error)?;
+        Pin::new(&mut self.inner).start_send(Message::Binary(Bytes::copy_from_slice(buf))).map_err(io_error)?;
+        self.unflushed = true;
+        // Accepted either way; a flush that cannot finish now is driven by the next call.
+        if let Poll::Ready(Err(e)) = self.poll_pending_flush(cx) {
+            return Poll::Ready(Err(e));
+        }
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.unflushed = true;
+        self.poll_pending_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_close(cx).map_err(io_error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subprotocols_are_negotiated_as_mqtt_clients_offer_them() {
+        let h = |s: &'static str| HeaderValue::from_static(s);
+        assert_eq!(negotiate(None), Ok(None));
+        assert_eq!(negotiate(Some(&h("mqtt"))), Ok(Some("mqtt")));
+        assert_eq!(negotiate(Some(&h("mqttv3.1"))), Ok(Some("mqttv3.1")));
+        assert_eq!(negotiate(Some(&h("chat, MQTT"))), Ok(Some("mqtt")));
+        assert_eq!(negotiate(Some(&h("chat"))), Err(()));
+    }
+}

@@ -1,0 +1,169 @@
+//! MQTT over WebSocket as browser and paho/rumqttc clients use it: `ws://HOST:PORT/mqtt`
+//! with subprotocol `mqtt`, served by the same connection code as TCP (clients of both
+//! transports see each other's messages, logins and rules apply), one MQTT packet split
+//! over frames and several in one frame, ping/pong, the wrong path or a text frame
+//! refused. Real broker, rumqttc's websocket transport and raw tungstenite frames.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{v4, v5, Broker, Opts, WAIT};
+use futures_util::{SinkExt, StreamExt};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::http::HeaderValue;
+use tokio_tungstenite::tungstenite::Message;
+
+fn ws_url(broker: &Broker) -> String {
+    format!("ws://127.0.0.1:{}/mqtt", broker.ws.expect("ws= in the READY line").port())
+}
+
+fn ws_v4(broker: &Broker, id: &str) -> v4::MqttOptions {
+    let mut o = v4::MqttOptions::new(id, ws_url(broker), broker.ws.unwrap().port());
+    o.set_transport(rumqttc::Transport::Ws);
+    o.set_keep_alive(Duration::from_secs(30));
+    o.set_max_packet_size(16 * 1024 * 1024, 16 * 1024 * 1024);
+    o
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websocket_and_tcp_clients_see_each_other() {
+    let broker = Broker::start();
+    let mut ws = v4::connect_with(ws_v4(&broker, "ws-sub")).await;
+    ws.subscribe("plant/#", v4::QoS::AtLeastOnce).await;
+    let mut tcp = v4::connect(&broker, "tcp-pub").await;
+    tcp.publish_acked("plant/a", v4::QoS::AtLeastOnce, false, vec![7u8; 100_000]).await;
+    let p = ws.next_publish().await;
+    assert_eq!((p.topic.as_str(), p.payload.len()), ("plant/a", 100_000), "a packet larger than a frame buffer");
+    // And back: a WebSocket publisher, a TCP subscriber, MQTT 5 on both.
+    let mut sub5 = v5::connect(&broker, "tcp-sub5").await;
+    sub5.subscribe("back/#", v5::QoS::ExactlyOnce).await;
+    let mut o = v5::MqttOptions::new("ws-pub5", ws_url(&broker), broker.ws.unwrap().port());
+    o.set_transport(rumqttc::Transport::Ws);
+    let mut pub5 = v5::connect_with(o).await;
+    pub5.publish_acked("back/x", v5::QoS::ExactlyOnce, false, "over ws").await;
+    assert_eq!(&sub5.next_publish().await.payload[..], b"over ws");
+    // The API lists them as MQTT connections like any other, on the WebSocket port.
+    let conns = common::http::Api::of(&broker).ok("/api/connections").await;
+    let ws_port = broker.ws.unwrap().port();
+    let on_ws = conns.as_array().unwrap().iter().filter(|c| c["port"] == ws_port).count();
+    assert_eq!(on_ws, 2, "{conns}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logins_and_rules_apply_over_websocket_as_over_tcp() {
+    let broker = Broker::start_with(Opts::default().config(
+        "[auth]\nmqtt = true\nauthorization = true\nusers = [{ name = \"dev\", password = \"pw\" }]\n\
+         rules = [{ permission = \"allow\", action = \"all\", topics = [\"devices/%u/#\"] }]\n",
+    ));
+    let mut o = ws_v4(&broker, "dev-ws");
+    o.set_credentials("dev", "wrong");
+    let e = v4::connect_refused(o).await;
+    assert!(e.contains("BadUserNamePassword"), "{e}");
+    let mut o = ws_v4(&broker, "dev-ws");
+    o.set_credentials("dev", "pw");
+    let mut dev = v4::connect_with(o).await;
+    assert_eq!(
+        dev.subscribe("devices/other/#", v4::QoS::AtMostOnce).await,
+        vec![rumqttc::SubscribeReasonCode::Failure]
+    );
+    assert_eq!(
+        dev.subscribe("devices/dev/#", v4::QoS::AtMostOnce).await,
+        vec![rumqttc::SubscribeReasonCode::Success(v4::QoS::AtMostOnce)]
+    );
+}
+
+/// A raw WebSocket client: the handshake response, then binary frames.
+async fn raw(
+    broker: &Broker,
+    path: &str,
+    protocol: Option<&str>,
+) -> Result<
+    (
+        tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>,
+        tokio_tungstenite::tungstenite::handshake::client::Response,
+    ),
+    tokio_tungstenite::tungstenite::Error,
+> {
+    let addr = broker.ws.unwrap();
+    let mut req = format!("ws://{addr}{path}").into_client_request().unwrap();
+    if let Some(p) = protocol {
+        req.headers_mut().insert("sec-websocket-protocol", HeaderValue::from_str(p).unwrap());
+    }
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tokio::time::timeout(WAIT, tokio_tungstenite::client_async(req, tcp)).await.expect("handshake timed out")
+}
+
+async fn next_binary(ws: &mut tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>) -> Vec<u8> {
+    loop {
+        match tokio::time::timeout(WAIT, ws.next()).await.expect("no frame in time") {
+            Some(Ok(Message::Binary(b))) => return b.to_vec(),
+            Some(Ok(Message::Pong(_))) | Some(Ok(Message::Ping(_))) => continue,
+            other => panic!("expected a binary frame, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn packets_span_frames_and_frames_hold_packets() {
+    let broker = Broker::start();
+    let (mut ws, resp) = raw(&broker, "/mqtt", Some("mqttv3.1, mqtt")).await.unwrap();
+    assert_eq!(resp.headers().get("sec-websocket-protocol").unwrap(), "mqttv3.1", "the first one offered");
+    // CONNECT (3.1.1) split across two frames.
+    let connect = common::connect_v4_bytes("raw-ws");
+    let (a, b) = connect.split_at(5);
+    ws.send(Message::Binary(a.to_vec().into())).await.unwrap();
+    ws.send(Message::Binary(b.to_vec().into())).await.unwrap();
+    assert_eq!(next_binary(&mut ws).await, [0x20, 2, 0, 0], "CONNACK accepted");
+    // SUBSCRIBE and PINGREQ in one frame: both answered (PINGRESP may come first: the
+    // subscription is applied asynchronously, over TCP too).
+    let mut both = common::packet(0x82, &[0, 1, 0, 3, b'a', b'/', b'b', 0]);
+    both.extend([0xC0, 0]);
+    ws.send(Message::Binary(both.into())).await.unwrap();
+    let mut got = next_binary(&mut ws).await;
+    if got.len() < 7 {
+        got.extend(next_binary(&mut ws).await);
+    }
+    let (suback, pingresp) = ([0x90, 3, 0, 1, 0], [0xD0, 0]);
+    assert!(got == [&suback[..], &pingresp[..]].concat() || got == [&pingresp[..], &suback[..]].concat(), "{got:?}");
+    // A WebSocket ping is answered with a pong carrying its payload.
+    ws.send(Message::Ping(b"hi".to_vec().into())).await.unwrap();
+    loop {
+        match tokio::time::timeout(WAIT, ws.next()).await.expect("no pong in time") {
+            Some(Ok(Message::Pong(p))) => {
+                assert_eq!(&p[..], b"hi");
+                break;
+            }
+            Some(Ok(_)) => continue,
+            other => panic!("expected a pong, got {other:?}"),
+        }
+    }
+    // A text frame is not MQTT: the connection ends.
+    ws.send(Message::Text("CONNECT".into())).await.unwrap();
+    let ended = tokio::time::timeout(WAIT, async {
+        loop {
+            match ws.next().await {
+                None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return,
+                Some(Ok(_)) => continue,
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the connection stayed open after a text frame");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_wrong_path_or_subprotocol_is_refused_at_the_upgrade() {
+    let broker = Broker::start();
+    let e = raw(&broker, "/other", Some("mqtt")).await.expect_err("not the MQTT path");
+    assert!(e.to_string().contains("404"), "{e}");
+    let e = raw(&broker, "/mqtt", Some("chat")).await.expect_err("not an MQTT subprotocol");
+    assert!(e.to_string().contains("400"), "{e}");
+    // No subprotocol at all (some embedded clients): accepted.
+    let (mut ws, _) = raw(&broker, "/mqtt", None).await.unwrap();
+    ws.send(Message::Binary(common::connect_v4_bytes("no-proto").into())).await.unwrap();
+    assert_eq!(next_binary(&mut ws).await, [0x20, 2, 0, 0]);
+    // An abandoned upgrade does not hold the listener: others still connect.
+    let _idle = tokio::net::TcpStream::connect(broker.ws.unwrap()).await.unwrap();
+    drop(v4::connect_with(ws_v4(&broker, "after-idle")).await);
+}
