@@ -375,6 +375,22 @@ impl Users {
         Users { users: Arc::new(RwLock::new(users)), throttle: Arc::new(throttle) }
     }
 
+    /// Replaces the users a password file gave before (`previous`, by name) with those it
+    /// gives now: a user gone from the file goes, a changed one gets its new hash, a new
+    /// one is added. Returns the names the file gives now.
+    pub fn reload_file(&self, previous: &[String], now: Vec<User>) -> Vec<String> {
+        let names: Vec<String> = now.iter().map(|u| u.name.clone()).collect();
+        let kept: std::collections::HashSet<&str> = names.iter().map(String::as_str).collect();
+        let mut users = self.users.write();
+        for gone in previous.iter().filter(|n| !kept.contains(n.as_str())) {
+            users.shift_remove(gone);
+        }
+        for u in now {
+            users.insert(u.name.clone(), u);
+        }
+        names
+    }
+
     /// A login attempt from `peer`: waits first if the address failed too often
     /// ([`LoginThrottle`]), then checks as [`Users::authenticate`] and counts the outcome.
     pub async fn login(

@@ -73,6 +73,8 @@ pub struct Server {
     amqp: Arc<AmqpContext>,
     alarm: Arc<ResourceAlarm>,
     connections: Arc<Semaphore>,
+    /// The users `auth.mosquitto_password_file` gave (replaced when SIGHUP reads it again).
+    file_users: parking_lot::Mutex<Vec<String>>,
     max_connections: u32,
     stop_accepting: watch::Sender<bool>,
     grace: Duration,
@@ -115,7 +117,8 @@ impl Server {
         // first periodic check (a start-up race seen in CI under load).
         alarm.check();
         tokio::spawn(alarm.clone().run());
-        let users = Users::new(configured_users(&config)?, login_throttle(&config));
+        let (configured, from_file) = configured_users(&config)?;
+        let users = Users::new(configured, login_throttle(&config));
         let stored_access = restore_access(&broker, &config, &users);
         let authz = authorizer(&config, &stored_access)?;
         let logins = MqttLogins {
@@ -153,6 +156,7 @@ impl Server {
             amqp,
             alarm,
             connections,
+            file_users: parking_lot::Mutex::new(from_file),
             max_connections,
             stop_accepting,
             grace: Duration::from_secs(config.broker.shutdown_grace_secs),
@@ -301,9 +305,9 @@ impl Server {
     }
 
     /// Applies what a reloaded configuration may change at runtime (SIGHUP): the memory
-    /// high watermark and the disk free limit, and the MQTT rules (`[[auth.rules]]` unless
-    /// the API has set its own, and the ACL files, read again; a bad file keeps the rules
-    /// in force).
+    /// high watermark and the disk free limit, the MQTT rules (`[[auth.rules]]` unless
+    /// the API has set its own, and the ACL files, read again) and the users of the
+    /// Mosquitto password file (as Mosquitto re-reads it); a bad file keeps what is in force.
     pub fn reload(&self, config: &Config) {
         let (memory_limit, disk_free_limit) = alarm_limits(config);
         info!(memory_limit, disk_free_limit, "configuration reloaded");
@@ -322,6 +326,17 @@ impl Server {
                 info!(mqtt_rules = n, "MQTT rules reloaded");
             }
             Err(e) => warn!(error = %e, "MQTT rules not reloaded; the rules in force stay"),
+        }
+        let file = &config.auth.mosquitto_password_file;
+        if !file.is_empty() {
+            match crate::auth::read_mosquitto_password_file(std::path::Path::new(file)) {
+                Ok(now) => {
+                    let mut names = self.file_users.lock();
+                    *names = self.mqtt.logins.users.reload_file(&names, now);
+                    info!(file = %file, users = names.len(), "Mosquitto password file reloaded");
+                }
+                Err(e) => warn!(error = %e, "password file not reloaded; the users in force stay"),
+            }
         }
     }
 
@@ -541,19 +556,21 @@ async fn accept_loop(
 /// The configured users (their passwords hashed), then those of
 /// `auth.mosquitto_password_file` (which [`Users::new`] lets replace a configured user of
 /// the same name); a bad file stops start-up.
-fn configured_users(config: &Config) -> anyhow::Result<Vec<User>> {
+fn configured_users(config: &Config) -> anyhow::Result<(Vec<User>, Vec<String>)> {
     let mut users = Vec::new();
+    let mut from_file = Vec::new();
     for entry in config.auth.all_users() {
         users.push(User::from_entry(&entry).map_err(|e| anyhow::anyhow!("auth.users: user `{}`: {e}", entry.name))?);
     }
     let file = &config.auth.mosquitto_password_file;
     if !file.is_empty() {
-        let from_file = crate::auth::read_mosquitto_password_file(std::path::Path::new(file))
+        let read = crate::auth::read_mosquitto_password_file(std::path::Path::new(file))
             .map_err(|e| anyhow::anyhow!("auth.mosquitto_password_file: {e}"))?;
-        info!(file = %file, users = from_file.len(), "Mosquitto password file loaded; MQTT passwords are checked");
-        users.extend(from_file);
+        info!(file = %file, users = read.len(), "Mosquitto password file loaded; MQTT passwords are checked");
+        from_file = read.iter().map(|u| u.name.clone()).collect();
+        users.extend(read);
     }
-    Ok(users)
+    Ok((users, from_file))
 }
 
 /// The failed-login throttle of `[auth]`.

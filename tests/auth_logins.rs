@@ -110,6 +110,41 @@ async fn a_mosquitto_password_file_turns_on_mqtt_passwords() {
     assert!(e.contains("BadUserNamePassword"), "{e}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reads_the_password_file_again() {
+    let lines: Vec<String> =
+        std::fs::read_to_string(fixture("mosquitto_passwd")).unwrap().lines().map(str::to_owned).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("passwd");
+    std::fs::write(&file, format!("{}\n", lines[0])).unwrap(); // device-1 only
+    let config = format!("[auth]\nmosquitto_password_file = \"{}\"\n", file.display());
+    let broker = Broker::start_with(Opts::default().config(&config));
+    drop(v4::connect_with(v4_options(&broker, "d", Some(("device-1", "d3vice-secret")))).await);
+    let e = v4::connect_refused(v4_options(&broker, "b", Some(("backend", "back end pw")))).await;
+    assert!(e.contains("BadUserNamePassword"), "{e}");
+    // As `mosquitto_passwd` rewrites it: device-1 removed, backend added.
+    std::fs::write(&file, format!("{}\n", lines[1])).unwrap();
+    let pid = broker.pid().unwrap().to_string();
+    assert!(std::process::Command::new("kill").args(["-HUP", &pid]).status().unwrap().success());
+    common::eventually("the reloaded password file", common::WAIT, || {
+        let log = broker.log();
+        async move { log.contains("Mosquitto password file reloaded").then_some(()) }
+    })
+    .await;
+    drop(v4::connect_with(v4_options(&broker, "b", Some(("backend", "back end pw")))).await);
+    let e = v4::connect_refused(v4_options(&broker, "d", Some(("device-1", "d3vice-secret")))).await;
+    assert!(e.contains("BadUserNamePassword"), "{e}");
+    // A bad file keeps the users in force.
+    std::fs::write(&file, "backend:clear-text\n").unwrap();
+    assert!(std::process::Command::new("kill").args(["-HUP", &pid]).status().unwrap().success());
+    common::eventually("the refused reload", common::WAIT, || {
+        let log = broker.log();
+        async move { log.contains("password file not reloaded").then_some(()) }
+    })
+    .await;
+    drop(v4::connect_with(v4_options(&broker, "b2", Some(("backend", "back end pw")))).await);
+}
+
 #[test]
 fn a_bad_password_file_stops_start_up_naming_the_file_and_line() {
     let dir = tempfile::tempdir().unwrap();
