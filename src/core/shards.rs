@@ -560,7 +560,15 @@ impl Shard {
                 let _ = reply.send(None);
             }
             ShardCmd::Attach { queue, consumer } => {
-                self.queue(queue).attach(consumer);
+                // Delivered to at once, as RabbitMQ's queue does at basic.consume: what is
+                // ready goes out before a publish later in this turn is appended (which
+                // could otherwise push it out of a max-length queue first).
+                let journal = self.journal.clone();
+                let mut fx = std::mem::take(&mut self.fx);
+                let q = self.queue(queue);
+                q.attach(consumer);
+                q.pump(&journal, &mut fx);
+                self.fx = fx;
                 self.touched.insert(queue);
             }
             ShardCmd::Detach { queue, consumer } => {
