@@ -120,6 +120,31 @@ async fn amqp_permissions_refuse_with_rabbitmq_codes_and_texts() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_publishes_and_gets_with_the_callers_permissions() {
+    let config = r#"
+[auth]
+authorization = true
+users = [{ name = "ops", password = "pw", tags = ["management"] }]
+permissions = [{ vhost = "/", user = "ops", configure = ".*", write = "^ops\\.", read = "^ops\\." }]
+"#;
+    let broker = Broker::start_with(Opts::default().config(config));
+    let api = Api::of(&broker).as_user("ops", "pw");
+    let (status, _) = api.put("/api/queues/%2f/ops.q", json!({"durable": false})).await;
+    assert_eq!(status, 201);
+    let (status, _) = api.put("/api/exchanges/%2f/ops.x", json!({"type": "fanout"})).await;
+    assert_eq!(status, 201);
+    let body = json!({"routing_key": "ops.q", "payload": "x", "payload_encoding": "string", "properties": {}});
+    let (status, e) = api.post("/api/exchanges/%2f/amq.default/publish", body.clone()).await;
+    assert_eq!(status, 401, "{e}");
+    assert_eq!(e["reason"], "write access to exchange 'amq.default' in vhost '/' refused for user 'ops'");
+    let (status, _) = api.post("/api/exchanges/%2f/ops.x/publish", body).await;
+    assert_eq!(status, 200);
+    let get = json!({"count": 1, "ackmode": "ack_requeue_false", "encoding": "auto"});
+    let (status, _) = api.post("/api/queues/%2f/ops.q/get", get).await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn permission_changes_through_the_api_apply_to_open_connections() {
     let broker = Broker::start_with(Opts::default().config(AMQP_POLICY));
     let api = Api::of(&broker);

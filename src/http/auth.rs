@@ -59,6 +59,25 @@ pub struct Caller {
 }
 
 impl Caller {
+    /// RabbitMQ's resource check for a call that acts as an AMQP client would (publish,
+    /// get): with authorization on, 401 with RabbitMQ's text unless the caller's
+    /// permissions in `vhost` allow `perm` on `name`.
+    pub fn permitted(
+        &self,
+        authz: &std::sync::Arc<crate::authz::Authorizer>,
+        vhost: &str,
+        kind: crate::authz::ResourceKind,
+        name: &str,
+        perm: crate::authz::Permission,
+    ) -> Result<(), ApiError> {
+        if !authz.amqp_enabled() {
+            return Ok(());
+        }
+        let id =
+            crate::authz::Identity { user: Some(self.name.clone()), groups: self.tags.clone(), ..Default::default() };
+        authz.access(id, vhost).resource(kind, name, perm).map_err(|r| ApiError::unauthorized_because(&r.0))
+    }
+
     /// Refuses with 403 unless the caller has at least `need`.
     pub fn require(&self, need: Access) -> Result<(), ApiError> {
         if self.access >= need {

@@ -2,6 +2,7 @@
 //! delete, publish (answering `{"routed": bool}`), and bindings with their
 //! `properties_key`.
 
+use crate::authz::{Permission, ResourceKind};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -235,6 +236,7 @@ pub async fn publish(
 ) -> Answer {
     caller.require(Access::Management)?;
     let name = default_exchange(name);
+    caller.permitted(&ctx.authz, &vhost, ResourceKind::Exchange, &name, Permission::Write)?;
     let payload = match body.payload_encoding.as_str() {
         "string" => body.payload.into_bytes(),
         "base64" => base64::engine::general_purpose::STANDARD

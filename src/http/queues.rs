@@ -1,6 +1,7 @@
 //! `/api/queues`: the AMQP queues (and streams) with RabbitMQ's fields, paged lists,
 //! declare, delete (`if-empty`, `if-unused`), purge and get.
 
+use crate::authz::{Permission, ResourceKind};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -422,6 +423,7 @@ pub async fn get_messages(
 ) -> Result<Response, ApiError> {
     caller.require(Access::Management)?;
     let entity = find(&ctx, &vhost, &name)?;
+    caller.permitted(&ctx.authz, &vhost, ResourceKind::Queue, &name, Permission::Read)?;
     if entity.is_stream() {
         return Err(ApiError::bad_request("basic.get is not supported on streams"));
     }
