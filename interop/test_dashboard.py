@@ -2,7 +2,8 @@
 through Debian's chromedriver (``.ci/run`` installs both).  The tests log in, see a queue
 made over AMQP with its depth, publish a test message from the page and get it back,
 close a connection from the page and see the client disconnected, see an MQTT client,
-export the definitions, and check that no page logs a console error.  Screenshots of
+export the definitions, use the MQTT client page (MQTT.js over the WebSocket listener) with
+paho TCP clients on the other side, and check that no page logs a console error.  Screenshots of
 every page go to ``interop/artifacts/screenshots/`` (not committed).
 
 FerryMQ-only: the page is FerryMQ's."""
@@ -184,4 +185,60 @@ def test_the_dashboard_shows_queues_publishes_gets_closes_and_exports(broker, br
         wait_for(f"the {page} page to finish", lambda: browser.find_element(By.ID, "main").get_attribute("data-ready") == page)
         assert not browser.find_elements(By.CSS_SELECTOR, "[role=alert]"), f"{page}: an error on the page"
         shot(browser, page)
+    assert errors(browser) == [], "console errors"
+
+
+def test_the_mqtt_client_page_subscribes_and_publishes_over_websocket(broker, browser, mqtt):
+    """The MQTT client page: MQTT.js (vendored) over the WebSocket listener named in
+    /api/overview (http/web-mqtt), logged in as the dashboard user; paho TCP clients on the
+    other side."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    def fill(element_id: str, text: str) -> None:
+        e = browser.find_element(By.ID, element_id)
+        e.clear()
+        e.send_keys(text)
+
+    def rows():
+        return [[td.text for td in r.find_elements(By.TAG_NAME, "td")]
+                for r in browser.find_elements(By.CSS_SELECTOR, "#ws-messages tbody tr")]
+
+    device = mqtt(client_id="dash-paho")
+    device.publish("dash/r", b"retained before", qos=1, retain=True)
+    log_in(browser, broker)
+    go(browser, "websocket")
+    assert browser.find_element(By.ID, "ws-url").get_attribute("value") == f"ws://127.0.0.1:{broker.listeners['ws'][1]}/mqtt"
+    browser.find_element(By.ID, "ws-connect").click()
+    wait_for("the page's MQTT connection", lambda: browser.find_element(By.ID, "ws-status").text.startswith("connected"))
+
+    fill("ws-filter", "dash/#")
+    Select(browser.find_element(By.ID, "ws-subscribe-qos")).select_by_value("1")
+    browser.find_element(By.ID, "ws-subscribe").click()
+    wait_for("the SUBACK", lambda: browser.find_element(By.ID, "ws-status").text == "subscribed to dash/# (QoS 1)")
+    assert browser.find_element(By.CSS_SELECTOR, '#ws-subscriptions li[data-name="dash/#"]')
+    retained = wait_for("the retained message", lambda: [r for r in rows() if r[0] == "dash/r"])
+    assert retained[0][1:4] == ["retained before", "1", "yes"], retained
+
+    device.publish("dash/x", "from paho ✓".encode(), qos=1)
+    got = wait_for("paho's message on the page", lambda: [r for r in rows() if r[0] == "dash/x"])
+    assert got[0][1:4] == ["from paho ✓", "1", "no"], got
+    assert rows()[0][0] == "dash/x", "newest first"
+
+    listener = mqtt(client_id="dash-listener")
+    listener.subscribe("dash/y", qos=2)
+    fill("ws-topic", "dash/y")
+    fill("ws-payload", "from the page")
+    Select(browser.find_element(By.ID, "ws-publish-qos")).select_by_value("2")
+    browser.find_element(By.ID, "ws-publish").click()
+    m = listener.get()
+    assert (m.topic, m.payload, m.qos, m.retain) == ("dash/y", b"from the page", 2, False)
+    wait_for("the PUBCOMP", lambda: browser.find_element(By.ID, "ws-status").text == "published to dash/y")
+    # The page's own message comes back to it through its dash/# subscription.
+    wait_for("the page's message echoed", lambda: [r for r in rows() if r[0] == "dash/y"])
+    shot(browser, "mqtt-client")
+
+    browser.find_element(By.ID, "ws-disconnect").click()
+    wait_for("disconnected", lambda: browser.find_element(By.ID, "ws-status").text == "disconnected")
+    assert not browser.find_elements(By.CSS_SELECTOR, "[role=alert]")
     assert errors(browser) == [], "console errors"

@@ -30,15 +30,16 @@ pub enum WsError {
     Handshake(#[from] tokio_tungstenite::tungstenite::Error),
 }
 
-/// The subprotocol to answer with: the first one offered that FerryMQ speaks (`Ok(None)`
-/// when none was offered; `Err` when only others were).
-fn negotiate(offered: Option<&HeaderValue>) -> Result<Option<&'static str>, ()> {
+/// The subprotocol to answer with, spelled exactly as offered (a browser refuses any other
+/// spelling): the first one offered that FerryMQ speaks (`Ok(None)` when none was
+/// offered; `Err` when only others were).
+fn negotiate(offered: Option<&HeaderValue>) -> Result<Option<&str>, ()> {
     let Some(offered) = offered.and_then(|v| v.to_str().ok()) else { return Ok(None) };
     let offered: Vec<&str> = offered.split(',').map(str::trim).filter(|p| !p.is_empty()).collect();
     if offered.is_empty() {
         return Ok(None);
     }
-    offered.iter().find_map(|o| SUBPROTOCOLS.iter().find(|s| s.eq_ignore_ascii_case(o)).copied()).map(Some).ok_or(())
+    offered.into_iter().find(|o| SUBPROTOCOLS.iter().any(|s| s.eq_ignore_ascii_case(o))).map(Some).ok_or(())
 }
 
 fn refusal(status: StatusCode, why: &str) -> ErrorResponse {
@@ -62,7 +63,8 @@ where
         }
         match negotiate(req.headers().get("sec-websocket-protocol")) {
             Ok(Some(p)) => {
-                resp.headers_mut().insert("sec-websocket-protocol", HeaderValue::from_static(p));
+                let p = HeaderValue::from_str(p).map_err(|_| refusal(StatusCode::BAD_REQUEST, "bad subprotocol"))?;
+                resp.headers_mut().insert("sec-websocket-protocol", p);
                 Ok(resp)
             }
             Ok(None) => Ok(resp),
@@ -172,7 +174,7 @@ mod tests {
         assert_eq!(negotiate(None), Ok(None));
         assert_eq!(negotiate(Some(&h("mqtt"))), Ok(Some("mqtt")));
         assert_eq!(negotiate(Some(&h("mqttv3.1"))), Ok(Some("mqttv3.1")));
-        assert_eq!(negotiate(Some(&h("chat, MQTT"))), Ok(Some("mqtt")));
+        assert_eq!(negotiate(Some(&h("chat, MQTT"))), Ok(Some("MQTT")), "echoed as offered");
         assert_eq!(negotiate(Some(&h("chat"))), Err(()));
     }
 }

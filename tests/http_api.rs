@@ -516,6 +516,8 @@ async fn the_dashboard_is_served_from_the_binary_without_credentials() {
         ("/", "text/html", "<script src=\"app.js\"></script>"),
         ("/app.js", "text/javascript", "async function api("),
         ("/style.css", "text/css", "table {"),
+        // MQTT.js's browser build, vendored, for the MQTT client page.
+        ("/vendor/mqtt.min.js", "text/javascript", "mqtt"),
     ] {
         let resp = reqwest::get(format!("{base}{path}")).await.unwrap();
         assert_eq!(resp.status(), StatusCode::OK, "{path}");

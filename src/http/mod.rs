@@ -206,6 +206,7 @@ pub fn router(ctx: Arc<HttpContext>) -> Router {
         .route("/index.html", get(dashboard::index))
         .route("/app.js", get(dashboard::app))
         .route("/style.css", get(dashboard::style))
+        .route("/vendor/mqtt.min.js", get(dashboard::mqtt_js))
         .fallback(error::not_found)
         .with_state(ctx)
 }

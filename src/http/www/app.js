@@ -3,7 +3,7 @@
 "use strict";
 
 const AUTH_KEY = "ferrymq.auth";
-const state = { rates: [], timer: null };
+const state = { rates: [], timer: null, mqtt: null, scripts: {} };
 
 function el(tag, attrs, ...children) {
   const e = document.createElement(tag);
@@ -340,9 +340,116 @@ async function lookup() {
   page("Message lookup by key", form, results);
 }
 
+// ----- MQTT client: MQTT.js (vendor/mqtt.min.js) over the MQTT WebSocket listener -----------
+
+/** Loads a script of this listener once (MQTT.js is only fetched when its page is opened). */
+function script(src) {
+  state.scripts[src] = state.scripts[src] || new Promise((resolve, reject) => {
+    const tag = el("script", { src });
+    tag.onload = resolve;
+    tag.onerror = () => { delete state.scripts[src]; reject(new Error("cannot load " + src)); };
+    document.head.append(tag);
+  });
+  return state.scripts[src];
+}
+
+/** The dashboard user's name and password: the Basic credentials the page keeps for the API. */
+function credentials() {
+  const text = decodeURIComponent(escape(atob((sessionStorage.getItem(AUTH_KEY) || "").replace(/^Basic /, ""))));
+  const colon = text.indexOf(":");
+  return { username: text.slice(0, colon), password: text.slice(colon + 1) };
+}
+
+/** A payload for a table cell: UTF-8 text (else hex), long ones cut. */
+function shown(payload) {
+  let text;
+  try { text = new TextDecoder("utf-8", { fatal: true }).decode(payload); } catch (_) {
+    text = "0x" + Array.from(payload.subarray(0, 500), b => b.toString(16).padStart(2, "0")).join("");
+  }
+  return text.length > 1000 ? `${text.slice(0, 1000)}… (${fmt(payload.length)} bytes)` : text;
+}
+
+function endMqtt() {
+  if (state.mqtt) state.mqtt.end(true);
+  state.mqtt = null;
+}
+
 async function websocket() {
-  page("MQTT over WebSocket", el("p", { class: "muted" },
-    "A test client for MQTT over WebSocket comes with the WebSocket listener (not yet available)."));
+  const o = await api("GET", "/overview");
+  const secure = location.protocol === "https:";
+  const listener = o.listeners.find(l => l.protocol === (secure ? "https/web-mqtt" : "http/web-mqtt"));
+  if (!listener) {
+    page("MQTT client", el("p", { class: "muted", id: "ws-none" },
+      `No MQTT ${secure ? "WebSocket over TLS (mqtt.wss_listen)" : "WebSocket (mqtt.ws_listen)"} listener is configured.`));
+    return;
+  }
+  await script("vendor/mqtt.min.js");
+  const status = el("p", { id: "ws-status" }, "not connected");
+  const subscriptions = el("ul", { id: "ws-subscriptions" });
+  const received = el("tbody", {});
+  const qos = (name, id) => el("select", { name, id }, [0, 1, 2].map(q => el("option", { value: q }, "QoS " + q)));
+  const client = () => {
+    if (!state.mqtt || !state.mqtt.connected) throw new Error("not connected");
+    return state.mqtt;
+  };
+  const connect = el("form", { class: "card", id: "ws-connect-form", onsubmit: ev => {
+    ev.preventDefault();
+    endMqtt();
+    subscriptions.replaceChildren();
+    const f = ev.target;
+    note(status, "connecting to " + f.url.value, true);
+    // Native timers: MQTT.js's default keep-alive timer is a Web Worker made from a blob: URL,
+    // which the dashboard's Content-Security-Policy does not allow.
+    const c = mqtt.connect(f.url.value, Object.assign(credentials(), { protocolVersion: Number(f.version.value),
+      clientId: "ferrymq-dashboard-" + Math.random().toString(16).slice(2, 10), reconnectPeriod: 0, connectTimeout: 10000,
+      timerVariant: "native" }));
+    state.mqtt = c;
+    let failed = false, opened = false; // an error stays shown when the connection then closes
+    c.on("connect", () => { opened = true; note(status, `connected to ${f.url.value} as ${c.options.clientId}`, true); });
+    c.on("error", e => { failed = true; note(status, "error: " + e.message, false); });
+    c.on("close", () => {
+      if (state.mqtt === c && !failed) note(status, opened ? "disconnected" : `could not connect to ${f.url.value}`, false);
+    });
+    c.on("message", (topic, payload, packet) => {
+      received.prepend(el("tr", {}, el("td", {}, topic), el("td", {}, shown(payload)),
+        el("td", { class: "num" }, packet.qos), el("td", {}, packet.retain ? "yes" : "no"), el("td", {}, when(Date.now()))));
+      while (received.children.length > 200) received.lastChild.remove();
+    });
+  } }, el("h2", {}, "Connection"),
+    el("label", {}, "URL ", el("input", { name: "url", id: "ws-url", size: 40, required: true,
+      value: `${secure ? "wss" : "ws"}://${location.hostname}:${listener.port}/mqtt` })),
+    el("label", {}, "version ", el("select", { name: "version", id: "ws-version" },
+      el("option", { value: 5 }, "MQTT 5.0"), el("option", { value: 4 }, "MQTT 3.1.1"))),
+    el("button", { type: "submit", id: "ws-connect" }, "Connect"), " ",
+    el("button", { type: "button", id: "ws-disconnect", onclick: () => { endMqtt(); note(status, "disconnected", true); } }, "Disconnect"),
+    el("p", { class: "muted" }, "Logs in as the dashboard user; the path is the broker's mqtt.ws_path."));
+  const subscribe = el("form", { class: "card", id: "ws-subscribe-form", onsubmit: guard(async ev => {
+    ev.preventDefault();
+    const f = ev.target, filter = f.filter.value;
+    const [granted] = await client().subscribeAsync(filter, { qos: Number(f.qos.value) });
+    if (granted.qos >= 0x80) return note(status, `subscription to ${filter} refused (reason code 0x${granted.qos.toString(16)})`, false);
+    note(status, `subscribed to ${filter} (QoS ${granted.qos})`, true);
+    const item = el("li", { "data-name": filter }, `${filter} (QoS ${granted.qos}) `, el("button", { type: "button", onclick: guard(async () => {
+      await client().unsubscribeAsync(filter); item.remove(); note(status, "unsubscribed from " + filter, true);
+    }) }, "Unsubscribe"));
+    subscriptions.append(item);
+  }) }, el("h2", {}, "Subscribe"),
+    el("label", {}, "filter ", el("input", { name: "filter", id: "ws-filter", required: true, value: "#" })),
+    el("label", {}, "QoS ", qos("qos", "ws-subscribe-qos")),
+    el("button", { type: "submit", id: "ws-subscribe" }, "Subscribe"), subscriptions);
+  const publish = el("form", { class: "card", id: "ws-publish-form", onsubmit: guard(async ev => {
+    ev.preventDefault();
+    const f = ev.target;
+    await client().publishAsync(f.topic.value, f.payload.value, { qos: Number(f.qos.value), retain: f.retain.checked });
+    note(status, "published to " + f.topic.value, true);
+  }) }, el("h2", {}, "Publish"),
+    el("label", {}, "topic ", el("input", { name: "topic", id: "ws-topic", required: true })),
+    el("label", {}, "payload ", el("input", { name: "payload", id: "ws-payload", size: 40 })),
+    el("label", {}, "QoS ", qos("qos", "ws-publish-qos")),
+    el("label", {}, el("input", { name: "retain", id: "ws-retain", type: "checkbox" }), " retain"),
+    el("button", { type: "submit", id: "ws-publish" }, "Publish"));
+  page("MQTT client", status, connect, subscribe, publish, el("div", { class: "card" }, el("h2", {}, "Received messages (newest first)"),
+    el("table", { id: "ws-messages" }, el("thead", {}, el("tr", {}, ["topic", "payload", "QoS", "retain", "received"].map(t => el("th", {}, t)))), received)));
 }
 
 // ----- routing and login -------------------------------------------------------------------
@@ -354,6 +461,7 @@ async function route() {
   const [name, ...rest] = (location.hash.replace(/^#/, "") || "overview").split("/");
   for (const a of document.querySelectorAll("#nav a")) a.classList.toggle("active", a.getAttribute("href") === "#" + name);
   clearInterval(state.timer);
+  endMqtt();
   const main = document.getElementById("main");
   delete main.dataset.ready;
   const show = name === "queue" ? () => queue(decodeURIComponent(rest[0]), decodeURIComponent(rest.slice(1).join("/")))
@@ -375,6 +483,7 @@ function showLogin() {
 function logout() {
   sessionStorage.removeItem(AUTH_KEY);
   clearInterval(state.timer);
+  endMqtt();
   location.hash = "";
   location.reload();
 }
