@@ -44,6 +44,18 @@ impl Broker {
     }
 }
 
+impl Broker {
+    /// CPU seconds the broker process has used (user + system, from /proc).
+    fn cpu_s(&self) -> f64 {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
+        // Fields after the command's closing parenthesis: utime and stime are the 12th and 13th.
+        let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+        let f: Vec<f64> = rest.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+        let ticks = 100.0; // USER_HZ on Linux
+        f.get(11).zip(f.get(12)).map(|(u, s)| (u + s) / ticks).unwrap_or(0.0)
+    }
+}
+
 impl Drop for Broker {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -88,13 +100,15 @@ async fn connections_per_s(broker: &Broker, ws: bool, n: usize) -> f64 {
     n as f64 / t0.elapsed().as_secs_f64()
 }
 
-async fn qos1_msgs_per_s(broker: &Broker, ws: bool, n: usize) -> f64 {
+/// (messages per second, broker core-microseconds per message).
+async fn qos1_msgs_per_s(broker: &Broker, ws: bool, n: usize) -> (f64, f64) {
     let topic = format!("bench/{}", if ws { "ws" } else { "tcp" });
     let (sub, mut sub_el) = AsyncClient::new(options(broker, &format!("sub-{ws}"), ws), 1000);
     sub.subscribe(&topic, QoS::AtLeastOnce).await.unwrap();
     drive(&mut sub_el, |p| matches!(p, Packet::SubAck(_))).await;
     let (publisher, mut pub_el) = AsyncClient::new(options(broker, &format!("pub-{ws}"), ws), 1000);
     let t0 = Instant::now();
+    let cpu0 = broker.cpu_s();
     let sender = tokio::spawn({
         let topic = topic.clone();
         async move {
@@ -119,9 +133,10 @@ async fn qos1_msgs_per_s(broker: &Broker, ws: bool, n: usize) -> f64 {
     })
     .await;
     let rate = n as f64 / t0.elapsed().as_secs_f64();
+    let us_per_msg = (broker.cpu_s() - cpu0) * 1e6 / n as f64;
     acks.await.unwrap();
     drop(sender.await.unwrap());
-    rate
+    (rate, us_per_msg)
 }
 
 fn main() {
@@ -135,12 +150,13 @@ fn main() {
         // Alternated, so that drift hits both.
         let tcp_c = connections_per_s(&broker, false, conns).await;
         let ws_c = connections_per_s(&broker, true, conns).await;
-        let ws_t = qos1_msgs_per_s(&broker, true, msgs).await;
-        let tcp_t = qos1_msgs_per_s(&broker, false, msgs).await;
+        let (ws_t, ws_us) = qos1_msgs_per_s(&broker, true, msgs).await;
+        let (tcp_t, tcp_us) = qos1_msgs_per_s(&broker, false, msgs).await;
         println!(
             "{{\"connections\": {conns}, \"tcp_connections_per_s\": {tcp_c:.0}, \"ws_connections_per_s\": {ws_c:.0}, \
              \"ws_over_tcp_connections\": {:.3}, \"messages\": {msgs}, \"tcp_qos1_msgs_per_s\": {tcp_t:.0}, \
-             \"ws_qos1_msgs_per_s\": {ws_t:.0}, \"ws_over_tcp_qos1\": {:.3}}}",
+             \"ws_qos1_msgs_per_s\": {ws_t:.0}, \"ws_over_tcp_qos1\": {:.3}, \"tcp_broker_core_us_per_msg\": {tcp_us:.2}, \
+             \"ws_broker_core_us_per_msg\": {ws_us:.2}}}",
             ws_c / tcp_c,
             ws_t / tcp_t
         );

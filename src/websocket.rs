@@ -113,20 +113,37 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for WsStream<S> {
         if let Poll::Ready(Err(e)) = self.poll_pending_flush(cx) {
             return Poll::Ready(Err(e));
         }
+        // As many frames as are already here, up to the buffer's room: a client sends a
+        // packet per frame, and the connection code should see a batch per read, as on TCP.
+        let mut filled = false;
         loop {
             if !self.pending.is_empty() {
                 let n = self.pending.len().min(buf.remaining());
                 buf.put_slice(&self.pending[..n]);
                 self.pending.advance(n);
-                return Poll::Ready(Ok(()));
+                filled = true;
+                if buf.remaining() == 0 {
+                    return Poll::Ready(Ok(()));
+                }
+                continue;
             }
             if self.ended {
                 return Poll::Ready(Ok(()));
             }
-            match ready!(Pin::new(&mut self.inner).poll_next(cx)) {
+            let next = match Pin::new(&mut self.inner).poll_next(cx) {
+                Poll::Ready(next) => next,
+                Poll::Pending if filled => return Poll::Ready(Ok(())),
+                Poll::Pending => return Poll::Pending,
+            };
+            match next {
                 Some(Ok(Message::Binary(b))) => self.pending = b,
                 // tungstenite queues the pong itself; it goes out with the next write or flush.
                 Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => {}
+                Some(Ok(Message::Text(_))) if filled => {
+                    // Hand over what came before it; the next read reports the text frame.
+                    self.ended = true;
+                    return Poll::Ready(Ok(()));
+                }
                 Some(Ok(Message::Text(_))) => {
                     return Poll::Ready(Err(io::Error::new(
                         io::ErrorKind::InvalidData,
@@ -134,6 +151,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for WsStream<S> {
                     )))
                 }
                 Some(Ok(Message::Close(_))) | None => self.ended = true,
+                Some(Err(_)) if filled => {
+                    // Likewise: the error ends the stream after what was read.
+                    self.ended = true;
+                    return Poll::Ready(Ok(()));
+                }
                 Some(Err(e)) => return Poll::Ready(Err(io_error(e))),
             }
         }

@@ -52,16 +52,26 @@ def main():
     rounds = int(os.environ.get("ROUNDS", "3"))
     for qos in [int(q) for q in os.environ.get("QOS", "0 1").split()]:
         rates = {"off": [], "rules": []}
+        cost = {"off": [], "rules": []}
         for r in range(rounds):
             for mode in (["off", "rules"] if r % 2 == 0 else ["rules", "off"]):
                 report = run(binary, mqload, mode, qos, duration)
                 m = report["mqload"]
-                rates[mode].append(float(m["delivered_msgs_per_s"]))
-                print(json.dumps({"mode": mode, "qos": qos, "delivered_msgs_per_s": m["delivered_msgs_per_s"],
-                                  "lost": m.get("lost"), "duplicates": m.get("duplicates")}), flush=True)
+                rate = float(m["delivered_msgs_per_s"])
+                rates[mode].append(rate)
+                # Broker CPU per delivered message (core-microseconds): steadier than the rate
+                # on a shared machine.
+                pct = float(m["cpu"]["brokers"][0]["cpu_pct_of_core"])
+                cost[mode].append(round(pct / 100 * 1e6 / rate, 3) if rate else None)
+                print(json.dumps({"mode": mode, "qos": qos, "delivered_msgs_per_s": rate, "broker_cpu_pct": pct,
+                                  "broker_core_us_per_msg": cost[mode][-1], "lost": m.get("lost"),
+                                  "duplicates": m.get("duplicates")}), flush=True)
         off, on = statistics.median(rates["off"]), statistics.median(rates["rules"])
+        off_us, on_us = statistics.median(cost["off"]), statistics.median(cost["rules"])
         print(json.dumps({"summary": True, "qos": qos, "off_msgs_per_s": off, "rules_msgs_per_s": on,
-                          "rules_over_off": round(on / off, 3), "runs": rates}), flush=True)
+                          "rules_over_off": round(on / off, 3), "off_core_us_per_msg": off_us,
+                          "rules_core_us_per_msg": on_us, "cpu_rules_over_off": round(on_us / off_us, 3),
+                          "runs": rates, "core_us_per_msg": cost}), flush=True)
 
 
 if __name__ == "__main__":
