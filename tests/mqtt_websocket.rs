@@ -167,3 +167,49 @@ async fn the_wrong_path_or_subprotocol_is_refused_at_the_upgrade() {
     let _idle = tokio::net::TcpStream::connect(broker.ws.unwrap()).await.unwrap();
     drop(v4::connect_with(ws_v4(&broker, "after-idle")).await);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secure_websocket_with_a_client_certificate() {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let tmp = tempfile::tempdir().unwrap();
+    let pki = common::make_pki(tmp.path(), &[("browser-1", "fleet")]);
+    let config = format!(
+        "[tls]\ncert = \"{}\"\nkey = \"{}\"\nclient_ca = \"{}\"\nverify_client = \"required\"\n\
+         [mqtt]\nuse_identity_as_username = true\n[auth]\nmqtt = true\nauthorization = true\n\
+         rules = [{{ permission = \"allow\", action = \"all\", topics = [\"%u/#\"] }}]\n",
+        pki.server_cert.display(),
+        pki.server_key.display(),
+        pki.ca_file.display()
+    );
+    let broker = Broker::start_with(Opts::default().config(&config).args(&["--mqtt-wss-listen", "127.0.0.1:0"]));
+    let wss = broker.wss.expect("wss= in the READY line");
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from_pem_slice(pki.ca_pem.as_bytes()).unwrap()).unwrap();
+    let (cert, key) = &pki.clients[0];
+    let tls =
+        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_client_auth_cert(
+                vec![CertificateDer::from_pem_slice(cert.as_bytes()).unwrap()],
+                PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
+            )
+            .unwrap();
+    let mut o = v4::MqttOptions::new("b1", format!("wss://localhost:{}/mqtt", wss.port()), wss.port());
+    o.set_transport(rumqttc::Transport::wss_with_config(rumqttc::TlsConfiguration::Rustls(std::sync::Arc::new(tls))));
+    let mut c = v4::connect_with(o).await;
+    // The certificate's CN is the user the rules name.
+    assert_eq!(
+        c.subscribe("browser-1/#", v4::QoS::AtLeastOnce).await,
+        vec![rumqttc::SubscribeReasonCode::Success(v4::QoS::AtLeastOnce)]
+    );
+    assert_eq!(c.subscribe("other/#", v4::QoS::AtLeastOnce).await, vec![rumqttc::SubscribeReasonCode::Failure]);
+    // use_identity_as_username holds on every listener: a TCP client without a certificate
+    // is refused; the wss client's own publish comes back to it.
+    let e = v4::connect_refused(v4::options(&broker, "tcp")).await;
+    assert!(e.contains("NotAuthorized"), "{e}");
+    c.client.publish("browser-1/cmd", v4::QoS::AtLeastOnce, false, "over wss").await.unwrap();
+    assert_eq!(&c.next_publish().await.payload[..], b"over wss");
+}
