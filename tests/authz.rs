@@ -139,6 +139,19 @@ permissions = [{ vhost = "/", user = "ops", configure = ".*", write = "^ops\\.",
     assert_eq!(e["reason"], "write access to exchange 'amq.default' in vhost '/' refused for user 'ops'");
     let (status, _) = api.post("/api/exchanges/%2f/ops.x/publish", body).await;
     assert_eq!(status, 200);
+    // Topic permissions hold through the API too.
+    let (status, _) = api.put("/api/exchanges/%2f/ops.t", json!({"type": "topic"})).await;
+    assert_eq!(status, 201);
+    let (status, _) = Api::of(&broker)
+        .put("/api/topic-permissions/%2f/ops", json!({"exchange": "ops.t", "write": "^mine\\.", "read": ".*"}))
+        .await;
+    assert_eq!(status, 201);
+    let topic = |key: &str| json!({"routing_key": key, "payload": "x", "payload_encoding": "string", "properties": {}});
+    let (status, _) = api.post("/api/exchanges/%2f/ops.t/publish", topic("mine.a")).await;
+    assert_eq!(status, 200);
+    let (status, e) = api.post("/api/exchanges/%2f/ops.t/publish", topic("theirs.a")).await;
+    assert_eq!(status, 401, "{e}");
+    assert_eq!(e["reason"], "write access to topic 'theirs.a' in exchange 'ops.t' in vhost '/' refused for user 'ops'");
     let get = json!({"count": 1, "ackmode": "ack_requeue_false", "encoding": "auto"});
     let (status, _) = api.post("/api/queues/%2f/ops.q/get", get).await;
     assert_eq!(status, 200);
@@ -266,6 +279,20 @@ async fn a_will_is_published_only_where_its_topic_is_writable() {
     let p = watcher.next_publish().await;
     assert_eq!(p.topic, b"bob/will".as_ref(), "only the writable will is published");
     watcher.expect_no_publish(Duration::from_millis(300)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_will_on_a_reserved_topic_is_not_published() {
+    let broker = Broker::start();
+    let mut watcher = v4::connect(&broker, "watcher").await;
+    watcher.subscribe("$SYS/fake", v4::QoS::AtLeastOnce).await;
+    watcher.subscribe("fence", v4::QoS::AtLeastOnce).await;
+    for (id, topic) in [("spoof", "$SYS/fake"), ("fence-will", "fence")] {
+        let mut o = v4::options(&broker, id);
+        o.set_last_will(rumqttc::LastWill::new(topic, "x", v4::QoS::AtLeastOnce, true));
+        drop(v4::connect_with(o).await);
+    }
+    assert_eq!(watcher.next_publish().await.topic, "fence", "the $SYS will was dropped");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -191,17 +191,34 @@ impl TopicPattern {
             None if names_user => return None,
             None => "",
         };
-        // A placeholder must not smuggle wildcards or levels in (a user named `#`).
+        // One pass over the pattern: an inserted value is never read for placeholders
+        // again (a user named `%c`), and must not smuggle wildcards or levels in (`#`).
         let bad = |v: &str| v.contains(['+', '#', '/']);
-        if (names_user && bad(user)) || ((s.contains("%c") || s.contains("${clientid}")) && bad(&id.client_id)) {
-            return None;
+        let mut out = String::with_capacity(s.len() + 32);
+        let mut rest = s.as_str();
+        while let Some(at) = rest.find(['%', '$']) {
+            out.push_str(&rest[..at]);
+            rest = &rest[at..];
+            let (value, len) = if rest.starts_with("%u") {
+                (Some(user), 2)
+            } else if rest.starts_with("${username}") {
+                (Some(user), 11)
+            } else if rest.starts_with("%c") {
+                (Some(id.client_id.as_str()), 2)
+            } else if rest.starts_with("${clientid}") {
+                (Some(id.client_id.as_str()), 11)
+            } else {
+                (None, 1)
+            };
+            match value {
+                Some(v) if bad(v) => return None,
+                Some(v) => out.push_str(v),
+                None => out.push_str(&rest[..len]),
+            }
+            rest = &rest[len..];
         }
-        Some(
-            s.replace("%u", user)
-                .replace("${username}", user)
-                .replace("%c", &id.client_id)
-                .replace("${clientid}", &id.client_id),
-        )
+        out.push_str(rest);
+        Some(out)
     }
 
     /// True when a message on `topic` is covered.
@@ -275,19 +292,34 @@ pub fn filter_within(inner: &str, outer: &str) -> bool {
 }
 
 /// `*` matches any run of characters, `?` one character.
+/// Iterative (the client id is the client's: no recursion, O(glob x id) at worst).
 pub fn glob_matches(glob: &str, s: &str) -> bool {
-    fn go(g: &[char], s: &[char]) -> bool {
-        match (g.first(), s.first()) {
-            (None, None) => true,
-            (Some('*'), _) => go(&g[1..], s) || (!s.is_empty() && go(g, &s[1..])),
-            (Some('?'), Some(_)) => go(&g[1..], &s[1..]),
-            (Some(a), Some(b)) if a == b => go(&g[1..], &s[1..]),
-            _ => false,
-        }
-    }
     let g: Vec<char> = glob.chars().collect();
     let s: Vec<char> = s.chars().collect();
-    go(&g, &s)
+    let (mut gi, mut si) = (0, 0);
+    // Where the last `*` was, and the position in `s` it has taken up to.
+    let mut star: Option<(usize, usize)> = None;
+    while si < s.len() {
+        match g.get(gi) {
+            Some('*') => {
+                star = Some((gi, si));
+                gi += 1;
+            }
+            Some(&c) if c == '?' || c == s[si] => {
+                gi += 1;
+                si += 1;
+            }
+            _ => match star {
+                Some((sg, ss)) => {
+                    gi = sg + 1;
+                    si = ss + 1;
+                    star = Some((sg, ss + 1));
+                }
+                None => return false,
+            },
+        }
+    }
+    g[gi..].iter().all(|&c| c == '*')
 }
 
 /// One MQTT topic rule.
@@ -465,6 +497,12 @@ mod tests {
     #[test]
     fn globs() {
         assert!(glob_matches("sensor-*", "sensor-17"));
+        assert!(glob_matches("*-*-x", "a-b-c-x"));
+        assert!(!glob_matches("*-*-x", "a-b-c-y"));
+        assert!(glob_matches("a*", "a"));
+        // A long client id against stars: no recursion, no time.
+        let long = format!("sensor-{}", "a".repeat(60_000));
+        assert!(!glob_matches("sensor-*b*c*d", &long));
         assert!(glob_matches("*", ""));
         assert!(glob_matches("a?c", "abc"));
         assert!(!glob_matches("sensor-*", "actuator-1"));
@@ -491,6 +529,10 @@ mod tests {
         assert_eq!(r.decide(&id(None, "c1"), Request::Publish("devices//c1/temp")), None);
         // A user name holding a wildcard does not widen the rule.
         assert_eq!(r.decide(&id(Some("#"), "c1"), Request::Publish("devices/x/c1/t")), None);
+        // Nor does one holding a placeholder: it is inserted as it is, never expanded.
+        let p = rule(Permit::Allow, Who::All, Actions::ALL, "devices/%u/#");
+        assert_eq!(p.decide(&id(Some("%c"), "+"), Request::Publish("devices/bob/t")), None);
+        assert_eq!(p.decide(&id(Some("%c"), "+"), Request::Publish("devices/%c/t")), Some(Permit::Allow));
     }
 
     #[test]

@@ -78,6 +78,23 @@ impl Caller {
         authz.access(id, vhost).resource(kind, name, perm).map_err(|r| ApiError::unauthorized_because(&r.0))
     }
 
+    /// The topic check of a publish through the API on a topic exchange: RabbitMQ's topic
+    /// permissions and, on the MQTT exchange, the MQTT rules (401 with RabbitMQ's text).
+    pub fn topic_permitted(
+        &self,
+        authz: &std::sync::Arc<crate::authz::Authorizer>,
+        vhost: &str,
+        exchange: &str,
+        routing_key: &str,
+    ) -> Result<(), ApiError> {
+        let id =
+            crate::authz::Identity { user: Some(self.name.clone()), groups: self.tags.clone(), ..Default::default() };
+        authz
+            .access(id, vhost)
+            .topic(exchange, routing_key, crate::authz::Permission::Write)
+            .map_err(|r| ApiError::unauthorized_because(&r.0))
+    }
+
     /// Refuses with 403 unless the caller has at least `need`.
     pub fn require(&self, need: Access) -> Result<(), ApiError> {
         if self.access >= need {

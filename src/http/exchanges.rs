@@ -237,6 +237,9 @@ pub async fn publish(
     caller.require(Access::Management)?;
     let name = default_exchange(name);
     caller.permitted(&ctx.authz, &vhost, ResourceKind::Exchange, &name, Permission::Write)?;
+    if ctx.broker.router.exchange(&vhost, &name).is_some_and(|x| x.kind == ExchangeKind::Topic) {
+        caller.topic_permitted(&ctx.authz, &vhost, &name, &body.routing_key)?;
+    }
     let payload = match body.payload_encoding.as_str() {
         "string" => body.payload.into_bytes(),
         "base64" => base64::engine::general_purpose::STANDARD

@@ -50,6 +50,11 @@ impl Task {
             }
         }
         let mut will = if self.publish_will { self.will.take().map(|w| *w) } else { None };
+        if will.as_ref().is_some_and(|w| super::publish::is_reserved(&w.topic)) {
+            // As a PUBLISH there: `$SYS/...` and `$share/...` belong to the broker.
+            conn_log!(info, self, "will not published: its topic is reserved for the broker");
+            will = None;
+        }
         if will.as_ref().is_some_and(|w| !self.permitted(Request::Publish(&w.topic))) {
             // A will is published only where its topic is writable (as Mosquitto).
             conn_log!(info, self, "will not published: its topic is not writable by this client");

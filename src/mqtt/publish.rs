@@ -184,7 +184,7 @@ fn parse_delayed(rest: &str, max_topic_levels: usize) -> Option<(u64, &str)> {
 }
 
 /// Topics reserved for the broker: clients cannot publish to them.
-fn is_reserved(topic: &str) -> bool {
+pub(super) fn is_reserved(topic: &str) -> bool {
     topic.starts_with("$SYS") || topic.starts_with("$share/")
 }
 
