@@ -345,6 +345,40 @@ rules = [{ permission = "deny", action = "all", topics = ["plant/secret/#"] }]
     .expect_err("the MQTT rule denies the filter plant/secret/+");
     assert_eq!(amqp_error(&e).map(|e| e.0), Some(403));
     m.expect_no_publish(Duration::from_millis(200)).await;
+
+    // Routes into the MQTT exchange that would carry messages past the MQTT rules (an
+    // exchange binding, an alternate or a dead-letter exchange) are refused.
+    let ch = open_channel(&conn).await;
+    bounded(
+        "exchange.declare",
+        ch.exchange_declare("mine".into(), lapin::ExchangeKind::Topic, Default::default(), FieldTable::default()),
+    )
+    .await
+    .unwrap();
+    let e = bounded(
+        "exchange.bind",
+        ch.exchange_bind("amq.topic".into(), "mine".into(), "#".into(), Default::default(), FieldTable::default()),
+    )
+    .await
+    .expect_err("no exchange binding into amq.topic");
+    assert_eq!(amqp_error(&e).map(|e| e.0), Some(403));
+    let ch = open_channel(&conn).await;
+    let mut ae = FieldTable::default();
+    ae.insert("alternate-exchange".into(), lapin::types::AMQPValue::LongString("amq.topic".into()));
+    let e = bounded(
+        "exchange.declare",
+        ch.exchange_declare("mine-ae".into(), lapin::ExchangeKind::Direct, Default::default(), ae),
+    )
+    .await
+    .expect_err("no alternate exchange into amq.topic");
+    assert_eq!(amqp_error(&e).map(|e| e.0), Some(403));
+    let ch = open_channel(&conn).await;
+    let mut dlx = FieldTable::default();
+    dlx.insert("x-dead-letter-exchange".into(), lapin::types::AMQPValue::LongString("amq.topic".into()));
+    let e = bounded("queue.declare", ch.queue_declare("mine-dlx".into(), QueueDeclareOptions::default(), dlx))
+        .await
+        .expect_err("no dead-letter exchange into amq.topic");
+    assert_eq!(amqp_error(&e).map(|e| e.0), Some(403));
 }
 
 fn write(dir: &std::path::Path, name: &str, text: &str) -> String {

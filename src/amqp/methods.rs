@@ -15,7 +15,7 @@ use super::connection::{PendingConfirm, Task, NO_ACK_CREDIT};
 use super::convert::{properties_in, properties_out, qos_of, short, table_in};
 use super::entities::{forget_exchange, persist_binding, queue_config, store_exchange, QueueEntity};
 use super::streams::{consumer_group, is_stream, partitions_of, sharing, stream_config, stream_offset, Sharing};
-use crate::authz::{Permission, Refused, ResourceKind};
+use crate::authz::{Permission, Refused, ResourceKind, MQTT_VHOST};
 use crate::core::broker::RetainMode;
 use crate::core::connections::ConsumerInfo;
 use crate::core::message::{now_ms, Message, SharedMessage};
@@ -100,7 +100,8 @@ impl Task {
 
     async fn on_exchange(&mut self, m: exchange::AMQPMethod) -> Result<Option<AMQPClass>, Fail> {
         let vhost = self.vhost.clone();
-        let router = &self.ctx.broker.router;
+        let ctx = self.ctx.clone();
+        let router = &ctx.broker.router;
         match m {
             exchange::AMQPMethod::Declare(d) => {
                 let name = d.exchange.as_str().to_owned();
@@ -149,6 +150,9 @@ impl Task {
                         "PRECONDITION_FAILED - Invalid argument, 'x-delayed-type' must be an existing exchange type"
                             .into(),
                     ));
+                }
+                if let Some(ae) = def.alternate() {
+                    self.route_into_permitted(ae)?;
                 }
                 if let Some(current) = existing {
                     check_equivalent_exchange(&current, &def, &vhost)?;
@@ -224,7 +228,8 @@ impl Task {
         bind: bool,
     ) -> Result<(), Fail> {
         let vhost = self.vhost.clone();
-        let router = &self.ctx.broker.router;
+        let ctx = self.ctx.clone();
+        let router = &ctx.broker.router;
         if source.is_empty() || dest.is_empty() {
             return Err(channel_fail(403, "ACCESS_REFUSED - operation not permitted on the default exchange".into()));
         }
@@ -235,7 +240,12 @@ impl Task {
             (None, _) => return Err(not_found("exchange", source, &vhost)),
             (_, None) => return Err(not_found("exchange", dest, &vhost)),
         };
-        self.access.resource(ResourceKind::Exchange, dest, Permission::Write).map_err(refused)?;
+        if bind {
+            self.route_into_permitted(dest)?;
+        } else {
+            // An unbind removes a route: it needs what RabbitMQ asks, nothing more.
+            self.access.resource(ResourceKind::Exchange, dest, Permission::Write).map_err(refused)?;
+        }
         self.access.resource(ResourceKind::Exchange, source, Permission::Read).map_err(refused)?;
         if src.kind == ExchangeKind::Topic {
             self.access.topic(source, key, Permission::Read).map_err(refused)?;
@@ -269,6 +279,26 @@ impl Task {
         Ok(q)
     }
 
+    /// A route into `exchange` the client sets up (an exchange binding's destination, an
+    /// alternate or dead-letter exchange): write on it, as RabbitMQ checks; and, while MQTT
+    /// authorization is on, none into the MQTT exchange, since the MQTT rules are checked
+    /// where a message is published, not where it is routed on.
+    fn route_into_permitted(&mut self, exchange: &str) -> Result<(), Fail> {
+        self.access.resource(ResourceKind::Exchange, exchange, Permission::Write).map_err(refused)?;
+        let router = &self.ctx.broker.router;
+        if self.ctx.authz.mqtt_enabled() && self.vhost == MQTT_VHOST && exchange == router.mqtt_exchange() {
+            return Err(channel_fail(
+                403,
+                format!(
+                    "ACCESS_REFUSED - exchange '{exchange}' in vhost '{}' takes MQTT-checked publishes only \
+                     while MQTT authorization is on; publish to it directly",
+                    self.vhost
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// RabbitMQ's checks for binding a queue: write on the queue, read on the exchange,
     /// and on a topic exchange read on the binding key.
     fn binding_permitted(&mut self, queue: &str, exchange: &str, kind: ExchangeKind, key: &str) -> Result<(), Fail> {
@@ -300,6 +330,10 @@ impl Task {
                 }
                 self.access.resource(ResourceKind::Queue, &name, Permission::Configure).map_err(refused)?;
                 let arguments = table_in(&d.arguments);
+                let dlx = arguments.iter().find(|(k, _)| k == "x-dead-letter-exchange").and_then(|(_, v)| v.as_str());
+                if let Some(dlx) = dlx.map(str::to_owned) {
+                    self.route_into_permitted(&dlx)?;
+                }
                 if let Some(existing) = self.ctx.entities.queue(&vhost, &name) {
                     let q = self.usable_queue(&name)?;
                     check_equivalent_queue(&existing, d.durable, d.exclusive, d.auto_delete, &arguments)?;
