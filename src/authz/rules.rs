@@ -179,7 +179,9 @@ impl TopicPattern {
     /// anonymous client).
     fn expand(&self, id: &Identity) -> Option<String> {
         let s = match self {
-            TopicPattern::Filter(s) | TopicPattern::Eq(s) => s,
+            TopicPattern::Filter(s) => s,
+            // EMQX's `{eq, ...}` is the string as written, placeholders included.
+            TopicPattern::Eq(s) => return Some(s.clone()),
             TopicPattern::Any => return Some(String::new()),
         };
         if !s.contains('%') && !s.contains("${") {
@@ -533,6 +535,18 @@ mod tests {
         let p = rule(Permit::Allow, Who::All, Actions::ALL, "devices/%u/#");
         assert_eq!(p.decide(&id(Some("%c"), "+"), Request::Publish("devices/bob/t")), None);
         assert_eq!(p.decide(&id(Some("%c"), "+"), Request::Publish("devices/%c/t")), Some(Permit::Allow));
+    }
+
+    #[test]
+    fn eq_topics_are_taken_literally() {
+        let r = Rule {
+            permit: Permit::Deny,
+            who: Who::All,
+            actions: Actions::ALL,
+            topics: vec![TopicPattern::Eq("t/%u".into())],
+        };
+        assert_eq!(r.decide(&id(Some("u"), "c"), Request::Subscribe("t/%u")), Some(Permit::Deny));
+        assert_eq!(r.decide(&id(Some("u"), "c"), Request::Subscribe("t/u")), None);
     }
 
     #[test]
