@@ -232,12 +232,18 @@ pub enum FileError {
     },
 }
 
+/// A configuration file's text and the name errors give it (its path as shown).
+pub fn read_file(path: &Path) -> Result<(String, String), FileError> {
+    let shown = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| FileError::Read { path: shown.clone(), source })?;
+    Ok((shown, text))
+}
+
 /// Reads a Mosquitto password file (`mosquitto_passwd`'s `user:$7$...` lines; blank lines
 /// and `#` comments skipped): its users, without tags (no management access). Any bad line
 /// fails the whole file, so nothing is half-applied.
 pub fn read_mosquitto_password_file(path: &Path) -> Result<Vec<User>, FileError> {
-    let shown = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| FileError::Read { path: shown.clone(), source })?;
+    let (shown, text) = read_file(path)?;
     let mut users: Vec<User> = Vec::new();
     let mut names = std::collections::HashSet::new();
     for (i, raw) in text.lines().enumerate() {

@@ -279,8 +279,7 @@ pub fn parse(path: &str, text: &str) -> Result<Vec<Rule>, FileError> {
 
 /// Reads and parses an `acl.conf`.
 pub fn read(path: &Path) -> Result<Vec<Rule>, FileError> {
-    let shown = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| FileError::Read { path: shown.clone(), source })?;
+    let (shown, text) = crate::auth::read_file(path)?;
     parse(&shown, &text)
 }
 

@@ -333,8 +333,9 @@ const CACHE_LIMIT: usize = 4096;
 /// A connection's cached decisions, looked up by `&str` (no allocation on a hit).
 #[derive(Debug, Default)]
 struct Cache {
-    /// MQTT publish / subscribe / receive by topic or filter, and receive by routing key.
-    mqtt: [HashMap<String, bool>; 4],
+    /// MQTT publish / subscribe / receive / bind by topic or filter, and receive by
+    /// routing key.
+    mqtt: [HashMap<String, bool>; 5],
     /// Resource checks by (permission, kind), by name.
     resources: [HashMap<String, bool>; 6],
     /// Topic checks by permission (write, read), by exchange, by routing key.
@@ -398,8 +399,9 @@ impl Access {
         self.refresh();
         let (i, s) = match request {
             Request::Publish(s) => (0, s),
-            Request::Subscribe(s) | Request::Bind(s) => (1, s),
+            Request::Subscribe(s) => (1, s),
             Request::Receive(s) => (2, s),
+            Request::Bind(s) => (4, s),
         };
         if let Some(&d) = self.cache.mqtt[i].get(s) {
             return d;

@@ -76,8 +76,7 @@ pub fn every_subscription() -> Rule {
 
 /// Reads and parses an ACL file.
 pub fn read(path: &Path) -> Result<Vec<Rule>, FileError> {
-    let shown = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| FileError::Read { path: shown.clone(), source })?;
+    let (shown, text) = crate::auth::read_file(path)?;
     parse(&shown, &text)
 }
 

@@ -96,11 +96,8 @@ pub fn export(ctx: &HttpContext, vhost: Option<&str>) -> Json_ {
             .iter()
             .map(|p| json!({ "user": p.user, "vhost": p.vhost, "configure": p.configure, "write": p.write, "read": p.read }))
             .collect();
-        let topic_permissions: Vec<Json_> = policy
-            .topic_permission_records()
-            .iter()
-            .map(|p| json!({ "user": p.user, "vhost": p.vhost, "exchange": p.exchange, "write": p.write, "read": p.read }))
-            .collect();
+        let topic_permissions: Vec<Json_> =
+            policy.topic_permission_records().iter().map(super::rules::topic_permission_json).collect();
         let o = out.as_object_mut().expect("an object");
         o.insert("users".into(), Json_::Array(users));
         o.insert("vhosts".into(), Json_::Array(vhost_rows));

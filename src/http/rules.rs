@@ -22,7 +22,8 @@ use crate::core::store::TopicPermissionRecord;
 
 type Answer = Result<Json<Json_>, ApiError>;
 
-fn topic_permission_json(p: &TopicPermissionRecord) -> Json_ {
+/// A topic permission as RabbitMQ's API and definitions show it.
+pub fn topic_permission_json(p: &TopicPermissionRecord) -> Json_ {
     json!({ "user": p.user, "vhost": p.vhost, "exchange": p.exchange, "write": p.write, "read": p.read })
 }
 
