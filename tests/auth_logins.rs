@@ -86,7 +86,7 @@ async fn configured_passwords_and_rabbitmq_and_mosquitto_hashes_log_in_over_both
 async fn a_mosquitto_password_file_turns_on_mqtt_passwords() {
     let file = fixture("mosquitto_passwd");
     let broker = Broker::start_with(Opts::default().config(&format!("[auth]\nmosquitto_password_file = \"{file}\"\n")));
-    assert!(broker.log().contains("Mosquitto password file loaded"), "{}", broker.log());
+    assert!(broker.wait_log("Mosquitto password file loaded"), "{}", broker.log());
     let mut sub = v4::connect_with(v4_options(&broker, "backend", Some(("backend", "back end pw")))).await;
     sub.subscribe("fleet/#", v4::QoS::AtLeastOnce).await;
     let mut device = v5::connect_with(v5_options(&broker, "device-1", Some(("device-1", "d3vice-secret")))).await;
@@ -186,7 +186,7 @@ fn a_bad_password_file_stops_start_up_naming_the_file_and_line() {
 async fn anonymous_mqtt_clients_are_refused_on_a_listener_that_is_not_loopback() {
     // Bound to every address (still reached over loopback here): Mosquitto 2.0's rule.
     let broker = Broker::start_with(Opts::default().args(&["--mqtt-listen", "0.0.0.0:0"]));
-    assert!(broker.log().contains("anonymous clients refused"), "the decision is logged: {}", broker.log());
+    assert!(broker.wait_log("anonymous clients refused"), "the decision is logged: {}", broker.log());
     let e = v4::connect_refused(v4_options(&broker, "anon4", None)).await;
     assert!(e.contains("NotAuthorized"), "{e}");
     let e = v5::connect_refused(v5_options(&broker, "anon5", None)).await;
@@ -202,7 +202,7 @@ async fn anonymous_mqtt_clients_are_refused_on_a_listener_that_is_not_loopback()
     drop(v4::connect_with(v4_options(&open, "anon4", None)).await);
     // The default loopback listener keeps today's behaviour: anyone, names not checked.
     let local = Broker::start();
-    assert!(local.log().contains("anonymous clients allowed, user names not checked"), "{}", local.log());
+    assert!(local.wait_log("anonymous clients allowed, user names not checked"), "{}", local.log());
     drop(v4::connect_with(v4_options(&local, "anon4", None)).await);
     drop(v4::connect_with(v4_options(&local, "any", Some(("any", "thing")))).await);
 }

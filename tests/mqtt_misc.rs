@@ -203,7 +203,7 @@ async fn the_open_files_limit_is_raised_so_connections_past_the_soft_limit_are_s
     let broker = Broker::start_with(Opts::default().open_files(128));
     let (soft_now, hard_now) = open_files_limits(&broker.pid().unwrap().to_string());
     assert_eq!(soft_now, hard_now, "raised to the hard limit");
-    assert!(broker.log().contains("raised the open-files limit"), "and logged: {}", broker.log());
+    assert!(broker.wait_log("raised the open-files limit"), "and logged: {}", broker.log());
     // More connections than the soft limit the broker was started with.
     let mut conns = Vec::new();
     for i in 0..300 {

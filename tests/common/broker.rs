@@ -11,11 +11,18 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc as std_mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// `--log` filter of a test broker unless [`Opts::log`] says otherwise.
 pub const DEFAULT_LOG: &str = "ferrymq=debug,info";
+
+/// The broker's stderr as read so far, and a signal when it grows.
+#[derive(Default)]
+struct LogBuf {
+    text: Mutex<String>,
+    grew: Condvar,
+}
 
 /// A running broker process.
 pub struct Broker {
@@ -43,7 +50,7 @@ pub struct Broker {
     /// From spawning the process to its READY line.
     pub started_in: Duration,
     _tmp: Option<Arc<tempfile::TempDir>>,
-    log: Arc<Mutex<String>>,
+    log: Arc<LogBuf>,
     opts: Opts,
 }
 
@@ -150,14 +157,15 @@ impl Broker {
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::null());
         let spawned = Instant::now();
         let mut child = cmd.spawn().expect("spawn ferrymq");
-        let log = Arc::new(Mutex::new(String::new()));
+        let log = Arc::new(LogBuf::default());
         let stderr = child.stderr.take().unwrap();
         let log2 = log.clone();
         std::thread::spawn(move || {
             let mut r = BufReader::new(stderr);
             let mut line = String::new();
             while r.read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
-                log2.lock().unwrap().push_str(&line);
+                log2.text.lock().unwrap().push_str(&line);
+                log2.grew.notify_all();
                 line.clear();
             }
         });
@@ -179,7 +187,7 @@ impl Broker {
                 // Not a poll: gives the stderr thread a moment to take in the last lines the
                 // broker wrote before it died, so that the panic shows them.
                 std::thread::sleep(Duration::from_millis(100));
-                panic!("broker did not become ready; log:\n{}", log.lock().unwrap());
+                panic!("broker did not become ready; log:\n{}", log.text.lock().unwrap());
             }
         };
         let started_in = spawned.elapsed();
@@ -255,13 +263,22 @@ impl Broker {
         let opts = self.opts.clone();
         let old_log = self.log();
         let b = Self::spawn(dir, tmp, opts);
-        b.log.lock().unwrap().insert_str(0, &format!("--- previous run ---\n{old_log}--- restarted ---\n"));
+        b.log.text.lock().unwrap().insert_str(0, &format!("--- previous run ---\n{old_log}--- restarted ---\n"));
         b
     }
 
     /// The broker's log so far.
     pub fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
+        self.log.text.lock().unwrap().clone()
+    }
+
+    /// Waits (at most 10 s) until the broker's log contains `needle`; whether it did. The
+    /// log is read by its own thread, so a line written before `READY` may arrive after it.
+    pub fn wait_log(&self, needle: &str) -> bool {
+        let text = self.log.text.lock().unwrap();
+        let (text, _) =
+            self.log.grew.wait_timeout_while(text, Duration::from_secs(10), |t| !t.contains(needle)).unwrap();
+        text.contains(needle)
     }
 
     /// Host and port for clients.
