@@ -78,6 +78,9 @@ pub struct Config {
     pub storage: StorageSection,
     /// `[auth]`.
     pub auth: AuthSection,
+    /// `[bridge]`: links to other brokers.
+    #[serde(default)]
+    pub bridge: crate::bridge::BridgeSection,
 }
 
 /// `[broker]`: process-wide settings.
@@ -470,6 +473,15 @@ impl Config {
         ] {
             if !addr.is_empty() && addr.parse::<SocketAddr>().is_err() {
                 return invalid(key, format!("`{addr}` is not an address like 127.0.0.1:1883"));
+            }
+        }
+        let mut bridges = std::collections::HashSet::new();
+        for b in &self.bridge.mqtt {
+            if !bridges.insert(b.connection.as_str()) {
+                return invalid("bridge.mqtt", format!("two bridges are named `{}`", b.connection));
+            }
+            if let Err(e) = b.rules() {
+                return invalid("bridge.mqtt", format!("bridge `{}`: {e}", b.connection));
             }
         }
         if !self.mqtt.tls_listen.is_empty() && (self.tls.cert.is_empty() || self.tls.key.is_empty()) {

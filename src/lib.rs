@@ -30,6 +30,7 @@
 //! - [`auth`] — the user store both front-ends check logins against.
 //! - [`authz`] — what a logged-in client may do: RabbitMQ permissions and MQTT topic
 //!   rules in one policy, decided per connection with a cache.
+//! - [`bridge`] — MQTT bridges to other brokers, Mosquitto's settings.
 //! - [`tls`] — rustls acceptor from PEM files, client certificates.
 //! - [`websocket`] — MQTT over WebSocket: the upgrade and a byte-stream adapter.
 //! - [`ctl`] — `ferrymq ctl`, the admin CLI over the management API.
@@ -40,6 +41,7 @@
 pub mod amqp;
 pub mod auth;
 pub mod authz;
+pub mod bridge;
 pub mod config;
 pub mod core;
 pub mod ctl;

@@ -207,7 +207,19 @@ impl Server {
             let acceptor = if is_tls { Some(tls()?) } else { None };
             tokio::spawn(accept_loop(listener, acceptor, front, server.connections.clone(), stop_rx.clone()));
         }
+        let bridges = Arc::new(crate::bridge::Bridges::default());
+        for b in &config.bridge.mqtt {
+            let rules = b.rules().map_err(|e| anyhow::anyhow!("bridge `{}`: {e}", b.connection))?;
+            if !b.bridge_cafile.is_empty() {
+                // A file that cannot be read is a configuration error, not a link failure.
+                crate::tls::connector(&b.bridge_cafile, &b.bridge_certfile, &b.bridge_keyfile)
+                    .with_context(|| format!("bridge `{}`", b.connection))?;
+            }
+            let status = bridges.add(&b.connection, &b.address);
+            tokio::spawn(crate::bridge::mqtt::run(server.mqtt.clone(), b.clone(), rules, status, stop_rx.clone()));
+        }
         let ctx = Arc::new(HttpContext {
+            bridges,
             broker: server.broker.clone(),
             amqp: server.amqp.clone(),
             mqtt: server.mqtt.clone(),
@@ -530,6 +542,7 @@ async fn accept_loop(
             addr: stream.local_addr().unwrap_or(bound),
             tls: tls.is_some(),
             local_only: bound.ip().is_loopback(),
+            internal: false,
         };
         // Each kind of connection is spawned as a future of its own, so that an MQTT one
         // carries neither the AMQP connection's state nor the TLS handshake's.

@@ -162,3 +162,50 @@ mod tests {
         assert_eq!(VerifyClient::parse("none"), VerifyClient::None);
     }
 }
+
+/// Why a bridge's TLS client could not be set up.
+#[derive(Debug, thiserror::Error)]
+#[error("{what} `{path}`: {reason}")]
+pub struct ClientTlsError {
+    /// The setting (`bridge_cafile`, ...).
+    pub what: &'static str,
+    /// The path it names.
+    pub path: String,
+    /// What went wrong.
+    pub reason: String,
+}
+
+/// A TLS client (ring provider) that trusts the CA certificates in `ca_file` and, when
+/// `cert_file` and `key_file` are given, presents that certificate (a bridge's
+/// `bridge_cafile`, `bridge_certfile`, `bridge_keyfile`).
+pub fn connector(ca_file: &str, cert_file: &str, key_file: &str) -> Result<tokio_rustls::TlsConnector, ClientTlsError> {
+    let bad = |what: &'static str, path: &str| {
+        let path = path.to_owned();
+        move |e: String| ClientTlsError { what, path: path.clone(), reason: e }
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    let ca = bad("bridge_cafile", ca_file);
+    for c in CertificateDer::pem_file_iter(ca_file).map_err(|e| ca(e.to_string()))? {
+        roots.add(c.map_err(|e| ca(e.to_string()))?).map_err(|e| ca(e.to_string()))?;
+    }
+    if roots.is_empty() {
+        return Err(ca("no certificate found".into()));
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ca(e.to_string()))?
+        .with_root_certificates(roots);
+    let config = if cert_file.is_empty() {
+        builder.with_no_client_auth()
+    } else {
+        let cert = bad("bridge_certfile", cert_file);
+        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert_file)
+            .map_err(|e| cert(e.to_string()))?
+            .collect::<Result<_, _>>()
+            .map_err(|e| cert(e.to_string()))?;
+        let key = PrivateKeyDer::from_pem_file(key_file).map_err(|e| bad("bridge_keyfile", key_file)(e.to_string()))?;
+        builder.with_client_auth_cert(chain, key).map_err(|e| cert(e.to_string()))?
+    };
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+}

@@ -22,6 +22,9 @@ pub struct Listener {
     pub tls: bool,
     /// The listener is bound to a loopback address: only local clients reach it.
     pub local_only: bool,
+    /// A connection the broker made to itself (a bridge's local side): its user name is
+    /// taken as given, no password is checked.
+    pub internal: bool,
 }
 
 /// The protocol a client speaks, as the management API names it.
@@ -298,7 +301,7 @@ mod tests {
             7,
             Protocol::Amqp091,
             "127.0.0.1:40000".parse().unwrap(),
-            Listener { addr: "127.0.0.1:5672".parse().unwrap(), tls: false, local_only: true },
+            Listener { addr: "127.0.0.1:5672".parse().unwrap(), tls: false, local_only: true, internal: false },
             "guest".into(),
             "/".into(),
             ClientDetails::Amqp { properties: vec![] },

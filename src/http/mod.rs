@@ -6,6 +6,7 @@
 //! - [`access`] — virtual hosts, users and permissions (read and write, durable).
 //! - [`auth`] — HTTP Basic against the user store, and what each user tag may call.
 //! - [`rules`] — topic permissions and the MQTT topic rules.
+//! - [`bridges`] — the bridges' state.
 //! - [`dashboard`] — the web dashboard's static files at `/`.
 //! - [`definitions`] — `/api/definitions`: RabbitMQ's definitions export and import.
 //! - [`error`] — errors as RabbitMQ answers them (`{"error": ..., "reason": ...}`).
@@ -23,6 +24,7 @@
 
 pub mod access;
 pub mod auth;
+pub mod bridges;
 pub mod connections;
 pub mod dashboard;
 pub mod definitions;
@@ -73,6 +75,8 @@ pub struct ListenerInfo {
 pub struct HttpContext {
     /// The core.
     pub broker: Arc<Broker>,
+    /// The bridges' status.
+    pub bridges: Arc<crate::bridge::Bridges>,
     /// The AMQP front-end (its queue registry).
     pub amqp: Arc<AmqpContext>,
     /// The MQTT front-end (its sessions).
@@ -186,6 +190,7 @@ pub fn router(ctx: Arc<HttpContext>) -> Router {
             post(streams::reset_super_stream_group),
         )
         .route("/ferrymq/messages", get(streams::lookup))
+        .route("/ferrymq/bridges", get(bridges::list))
         .route("/ferrymq/mqtt/clients", get(mqtt::clients))
         .route("/ferrymq/mqtt/clients/{clientid}", delete(mqtt::kick))
         .route("/ferrymq/mqtt/sessions", get(mqtt::sessions))

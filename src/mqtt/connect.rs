@@ -44,6 +44,9 @@ impl Task {
             c.password = None;
             return Ok(());
         }
+        if self.listener.internal {
+            return Ok(());
+        }
         let LoginRule::Checked { anonymous } = self.ctx.logins.rule(self.listener.local_only) else { return Ok(()) };
         let Some(username) = c.username.as_deref() else {
             if anonymous {
@@ -72,6 +75,7 @@ impl Task {
     /// CONNACK is queued, and the session's queues are attached.
     pub(super) async fn on_connect(&mut self, mut c: Connect) {
         self.level = c.level;
+        self.bridge = c.bridge;
         let cfg = &self.ctx.cfg;
         let mut assigned = None;
         let client_id: Arc<str> = if c.client_id.is_empty() {

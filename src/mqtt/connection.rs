@@ -147,6 +147,8 @@ pub(super) struct Task {
     /// Credit granted to each attached queue.
     pub(super) window: u32,
     pub(super) level: ProtocolLevel,
+    /// The client is a Mosquitto bridge (`try_private`).
+    pub(super) bridge: bool,
     /// The client has published (flow control applies to it).
     pub(super) publishing: bool,
     /// Publishes dropped without telling the client (for the log).
@@ -213,6 +215,7 @@ impl Task {
             signals: Arc::default(),
             window: 1,
             level: ProtocolLevel::V3_1_1,
+            bridge: false,
             publishing: false,
             dropped_publishes: 0,
             stalled_since: None,

@@ -60,10 +60,13 @@ impl Task {
                 continue;
             }
             let granted = qos_u8(f.qos).min(2);
+            // A Mosquitto bridge (its CONNECT's bridge bit) is not sent its own publishes
+            // back and sees retain flags as published, as Mosquitto treats one.
+            let bridge = self.bridge && parsed.share_group.is_none();
             let opts = SubOptions {
                 qos: granted,
-                no_local: f.no_local,
-                retain_as_published: f.retain_as_published,
+                no_local: f.no_local || bridge,
+                retain_as_published: f.retain_as_published || bridge,
                 subscription_id: s.subscription_identifier,
                 tag_filter: tag_filter.as_ref().map(|(expr, _)| expr.clone()),
             };

@@ -257,6 +257,12 @@ impl Broker {
         self.respawn()
     }
 
+    /// Starts again on the same data directory and options (same ports only where the
+    /// options name them) after [`Broker::stop`] or [`Broker::kill`].
+    pub fn start_again(self) -> Broker {
+        self.respawn()
+    }
+
     fn respawn(mut self) -> Broker {
         let tmp = self._tmp.take();
         let dir = self.dir.clone();

@@ -244,5 +244,20 @@ pub fn encode(packet: &Packet, level: ProtocolLevel, out: &mut BytesMut) -> Resu
     Ok(total)
 }
 
+/// Moves encoded bytes waiting in `pending` to the end of `out` (a swap when `out` is
+/// empty); true when there were any. Both connection sides hand their output on with it.
+pub(crate) fn move_output(pending: &mut BytesMut, out: &mut BytesMut) -> bool {
+    if pending.is_empty() {
+        return false;
+    }
+    if out.is_empty() {
+        std::mem::swap(out, pending);
+    } else {
+        out.extend_from_slice(pending);
+        pending.clear();
+    }
+    true
+}
+
 #[cfg(test)]
 mod tests;

@@ -370,16 +370,7 @@ impl Connection {
 
     /// Moves pending output bytes into `out`; returns true if any were added.
     pub fn poll_transmit(&mut self, out: &mut BytesMut) -> bool {
-        if self.out.is_empty() {
-            return false;
-        }
-        if out.is_empty() {
-            std::mem::swap(out, &mut self.out);
-        } else {
-            out.extend_from_slice(&self.out);
-            self.out.clear();
-        }
-        true
+        crate::codec::move_output(&mut self.out, out)
     }
 
     /// Gives back the memory of emptied internal buffers (call when the connection is

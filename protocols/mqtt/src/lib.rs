@@ -60,12 +60,14 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod client;
 pub mod codec;
 pub mod connection;
 pub mod packet;
 pub mod reason;
 pub mod topic;
 
+pub use client::{Client, ClientError, ClientEvent, ClientOptions};
 pub use connection::idmap::IdMap;
 pub use connection::{Accept, Config, Connection, Event, Outgoing, ProtocolError, SendError};
 pub use packet::*;

@@ -147,6 +147,10 @@ pub struct Connect {
     pub will: Option<Will>,
     /// CONNECT properties (MQTT 5; none are read or written for 3.x).
     pub properties: ConnectProperties,
+    /// Mosquitto's bridge bit (`try_private`): 0x80 on a 3.x protocol level byte, sent by a
+    /// broker bridging in, which asks not to be sent its own publishes back and to see
+    /// retain flags as published.
+    pub bridge: bool,
 }
 
 /// CONNACK properties (MQTT 5).

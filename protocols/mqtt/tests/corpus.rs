@@ -16,6 +16,7 @@ fn corpus_dir() -> PathBuf {
 fn connect(level: ProtocolLevel) -> Packet {
     Packet::Connect(Box::new(Connect {
         level,
+        bridge: false,
         client_id: "seed".into(),
         clean_start: true,
         keep_alive: 30,

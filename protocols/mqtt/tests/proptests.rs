@@ -119,7 +119,17 @@ fn connect(level: ProtocolLevel) -> impl Strategy<Value = Connect> {
         .prop_map(move |(client_id, clean_start, keep_alive, username, password, will, properties)| {
             // 3.x: a password needs a user name.
             let username = if !v5 && password.is_some() && username.is_none() { Some(String::new()) } else { username };
-            Connect { level, client_id, clean_start, keep_alive, username, password, will, properties }
+            Connect {
+                level,
+                client_id,
+                clean_start,
+                keep_alive,
+                username,
+                password,
+                will,
+                properties,
+                bridge: !v5 && keep_alive % 2 == 1,
+            }
         })
 }
 
@@ -313,7 +323,7 @@ proptest! {
         if with_connect {
             let c = Connect {
                 level: lvl, client_id: "c".into(), clean_start: true, keep_alive: 5,
-                username: None, password: None, will: None, properties: ConnectProperties::default(),
+                username: None, password: None, will: None, bridge: false, properties: ConnectProperties::default(),
             };
             encode(&Packet::Connect(Box::new(c)), lvl, &mut all).unwrap();
         }
@@ -366,7 +376,7 @@ proptest! {
         let mut bytes = BytesMut::new();
         let c = Connect {
             level: lvl, client_id: "c".into(), clean_start: true, keep_alive: 5,
-            username: None, password: None, will: None, properties: ConnectProperties {
+            username: None, password: None, will: None, bridge: false, properties: ConnectProperties {
                 topic_alias_maximum: if lvl.is_v5() { Some(2) } else { None },
                 receive_maximum: if lvl.is_v5() { Some(3) } else { None },
                 ..ConnectProperties::default()

@@ -27,7 +27,10 @@ pub(crate) fn peek_protocol(body: &[u8]) -> Option<(&[u8], u8)> {
 
 pub(crate) fn read_connect(r: &mut Reader) -> Result<Connect, DecodeError> {
     let name = r.binary()?;
-    let level = protocol(&name, r.u8()?)?;
+    let raw = r.u8()?;
+    // Mosquitto's bridges set the top bit of a 3.x level (never of 5).
+    let bridge = raw & 0x80 != 0 && matches!(raw & 0x7F, 3 | 4);
+    let level = protocol(&name, if bridge { raw & 0x7F } else { raw })?;
     let flags = r.u8()?;
     if flags & 0x01 != 0 {
         return Err(DecodeError::Malformed("reserved CONNECT flag set"));
@@ -90,6 +93,7 @@ pub(crate) fn read_connect(r: &mut Reader) -> Result<Connect, DecodeError> {
         username,
         password,
         will,
+        bridge,
         properties: ConnectProperties {
             session_expiry_interval: p.session_expiry_interval,
             receive_maximum: p.receive_maximum,
@@ -131,15 +135,24 @@ impl PropSet for Will {
     }
 }
 
+/// The level byte's bridge bit.
+fn bridge_bit(c: &Connect) -> u8 {
+    if c.bridge {
+        0x80
+    } else {
+        0
+    }
+}
+
 pub(crate) fn put_connect<S: Sink>(c: &Connect, level: ProtocolLevel, s: &mut S) {
     match level {
         ProtocolLevel::V3_1 => {
             s.put_str("MQIsdp");
-            s.put_u8(3);
+            s.put_u8(3 | bridge_bit(c));
         }
         ProtocolLevel::V3_1_1 => {
             s.put_str("MQTT");
-            s.put_u8(4);
+            s.put_u8(4 | bridge_bit(c));
         }
         ProtocolLevel::V5 => {
             s.put_str("MQTT");

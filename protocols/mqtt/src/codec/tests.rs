@@ -57,6 +57,7 @@ fn connect(level: ProtocolLevel) -> Connect {
     let v5 = level.is_v5();
     Connect {
         level,
+        bridge: false,
         client_id: s("a-client-id-longer-than-23-characters"),
         clean_start: true,
         keep_alive: 30,
@@ -99,6 +100,7 @@ fn all_packets(level: ProtocolLevel) -> Vec<Packet> {
         Packet::Connect(Box::new(connect(level))),
         Packet::Connect(Box::new(Connect {
             level,
+            bridge: false,
             client_id: String::new(),
             clean_start: false,
             keep_alive: 0,
@@ -365,6 +367,18 @@ fn connect_bytes(name: &[u8], level: u8, flags: u8, tail: &[u8]) -> Vec<u8> {
     let mut v = vec![0x10, body.len() as u8];
     v.extend(body);
     v
+}
+
+#[test]
+fn mosquitto_bridges_set_the_top_bit_of_a_3x_level() {
+    for (name, level, want) in [(&b"MQTT"[..], 0x84, ProtocolLevel::V3_1_1), (b"MQIsdp", 0x83, ProtocolLevel::V3_1)] {
+        let Some(Packet::Connect(c)) = dec(&connect_bytes(name, level, 0x02, &[]), None).unwrap() else { panic!() };
+        assert_eq!((c.level, c.bridge), (want, true));
+        let mut out = BytesMut::new();
+        encode(&Packet::Connect(c.clone()), want, &mut out).unwrap();
+        assert_eq!(out[4 + name.len()], level, "written back with the bit");
+    }
+    assert_eq!(dec(&connect_bytes(b"MQTT", 0x85, 0x02, &[]), None), Err(DecodeError::UnsupportedProtocol), "not on 5");
 }
 
 #[test]

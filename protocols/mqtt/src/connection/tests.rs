@@ -21,6 +21,7 @@ struct Client {
 fn connect_packet(level: ProtocolLevel, props: ConnectProperties) -> Packet {
     Packet::Connect(Box::new(Connect {
         level,
+        bridge: false,
         client_id: "client".into(),
         clean_start: true,
         keep_alive: 10,

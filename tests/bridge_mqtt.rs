@@ -1,0 +1,428 @@
+//! MQTT bridges (`[[bridge.mqtt]]`), as an operator who replaces a Mosquitto bridge sees
+//! them: topics carried out and in with Mosquitto's topic lines, nothing sent back where it
+//! came from, no acknowledged message lost while the remote broker is away or restarts,
+//! nor when FerryMQ itself is killed mid-stream. The remote is another FerryMQ and a real
+//! Mosquitto (Debian's `mosquitto`, which `.ci/run` installs).
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::{eventually, v4, v5, Broker, Opts, WAIT};
+
+/// A loopback port free now (bound and released), for a remote broker that must come back
+/// on the same address.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A broker whose MQTT listener is on `port` (so that it restarts on it).
+fn remote_on(port: u16) -> Broker {
+    Broker::start_with(Opts::default().args(&["--mqtt-listen", &format!("127.0.0.1:{port}")]))
+}
+
+/// An edge broker with one bridge to `address`.
+fn edge(address: &str, protocol: &str, topics: &[&str]) -> Broker {
+    Broker::start_with(Opts::default().config(&bridge_toml(address, protocol, topics)))
+}
+
+fn bridge_toml(address: &str, protocol: &str, topics: &[&str]) -> String {
+    let topics: Vec<String> = topics.iter().map(|t| format!("{t:?}")).collect();
+    format!(
+        "[[bridge.mqtt]]\nconnection = \"cloud\"\naddress = \"{address}\"\nbridge_protocol_version = \"{protocol}\"\n\
+         restart_timeout = [0.2, 1.0]\nkeepalive_interval = 5\ntopic = [{}]\n",
+        topics.join(", ")
+    )
+}
+
+/// Waits until the edge says its bridge is connected.
+fn bridged(edge: &Broker) {
+    assert!(edge.wait_log("bridge connected"), "the bridge did not connect: {}", edge.log());
+}
+
+/// Payloads of the next `n` publishes.
+async fn payloads_v4(c: &mut v4::Client, n: usize) -> Vec<String> {
+    let mut got = Vec::new();
+    while got.len() < n {
+        got.push(String::from_utf8_lossy(&c.next_publish().await.payload).into_owned());
+    }
+    got
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bridge_carries_topics_out_and_in_as_its_topic_lines_say() {
+    let cloud = Broker::start();
+    let (h, p) = cloud.host_port();
+    let edge = edge(
+        &format!("{h}:{p}"),
+        "mqttv50",
+        &["sensors/# out 1", "cmd/+ in 1 edge/ site-1/", "sync/# both 1", "\"\" out 0 status/edge uplinks/site-1"],
+    );
+    bridged(&edge);
+    let mut at_cloud = v4::connect(&cloud, "cloud-app").await;
+    for f in ["sensors/#", "sync/#", "uplinks/#", "cmd/#"] {
+        at_cloud.subscribe(f, v4::QoS::AtLeastOnce).await;
+    }
+    let mut at_edge = v5::connect(&edge, "edge-app").await;
+    for f in ["edge/#", "sync/#", "site-1/#"] {
+        at_edge.subscribe(f, v5::QoS::AtLeastOnce).await;
+    }
+    let mut device = v5::connect(&edge, "device").await;
+    let mut operator = v4::connect(&cloud, "operator").await;
+
+    // Out: the subscription at the remote was made by the bridge; QoS 1 arrives as QoS 1.
+    device.publish_acked("sensors/1/temp", v5::QoS::AtLeastOnce, false, "21.5").await;
+    let m = at_cloud.next_publish().await;
+    assert_eq!((m.topic.as_str(), &m.payload[..], m.qos), ("sensors/1/temp", &b"21.5"[..], v4::QoS::AtLeastOnce));
+    // An empty pattern carries one topic, renamed by the prefixes.
+    device.publish_acked("status/edge", v5::QoS::AtLeastOnce, false, "up").await;
+    let m = at_cloud.next_publish().await;
+    assert_eq!((m.topic.as_str(), m.qos), ("uplinks/site-1", v4::QoS::AtMostOnce), "QoS at most the line's 0");
+
+    // In, with prefixes: site-1/cmd/reboot at the remote is edge/cmd/reboot here.
+    operator.publish_acked("site-1/cmd/reboot", v4::QoS::AtLeastOnce, false, "now").await;
+    let m = at_edge.next_publish().await;
+    assert_eq!((m.topic.as_ref(), &m.payload[..]), (&b"edge/cmd/reboot"[..], &b"now"[..]));
+    // An in line carries nothing out: edge/cmd/x published here stays here.
+    device.publish_acked("edge/cmd/local", v5::QoS::AtLeastOnce, false, "local").await;
+    assert_eq!(&at_edge.next_publish().await.payload[..], b"local");
+
+    // Both ways, and nothing comes back: one copy on each side.
+    device.publish_acked("sync/a", v5::QoS::AtLeastOnce, false, "from-edge").await;
+    assert_eq!(&at_edge.next_publish().await.payload[..], b"from-edge");
+    assert_eq!(&at_cloud.next_publish().await.payload[..], b"from-edge");
+    operator.publish_acked("sync/b", v4::QoS::AtLeastOnce, false, "from-cloud").await;
+    assert_eq!(&at_cloud.next_publish().await.payload[..], b"from-cloud");
+    assert_eq!(&at_edge.next_publish().await.payload[..], b"from-cloud");
+    at_edge.expect_no_publish(Duration::from_millis(500)).await;
+    at_cloud.expect_no_publish(Duration::from_millis(300)).await;
+
+    // The bridge shows in the management API.
+    let api = common::http::Api::of(&edge);
+    let b = api.ok("/api/ferrymq/bridges").await;
+    assert_eq!((b[0]["name"].as_str(), b[0]["state"].as_str()), (Some("cloud"), Some("running")), "{b}");
+    assert!(b[0]["sent"].as_u64() >= Some(3) && b[0]["received"].as_u64() >= Some(2), "{b}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_wait_in_the_journal_while_the_remote_is_away_even_across_a_crash_of_ferrymq() {
+    let port = free_port();
+    let mut cloud = remote_on(port);
+    // A persistent subscriber at the remote, then the remote goes away.
+    let mut sink = v4::connect_persistent(&cloud, "sink").await;
+    sink.subscribe("data/#", v4::QoS::AtLeastOnce).await;
+    drop(sink);
+    let edge = edge(&format!("127.0.0.1:{port}"), "mqttv311", &["data/# out 1"]);
+    bridged(&edge);
+    cloud.stop();
+
+    let mut device = v4::connect(&edge, "device").await;
+    for i in 0..100 {
+        device.publish_acked(&format!("data/{i}"), v4::QoS::AtLeastOnce, false, format!("m{i}")).await;
+    }
+    drop(device);
+    // FerryMQ is killed with the 100 messages acked to the device and not yet sent on.
+    let edge = edge.crash_restart();
+    let cloud = cloud.start_again();
+    bridged(&edge);
+    let mut sink = v4::connect_persistent(&cloud, "sink").await;
+    let got: BTreeSet<String> = payloads_v4(&mut sink, 100).await.into_iter().collect();
+    let want: BTreeSet<String> = (0..100).map(|i| format!("m{i}")).collect();
+    assert_eq!(got, want, "every acknowledged message arrives");
+}
+
+// ----- against a real Mosquitto ---------------------------------------------------------
+
+/// A Mosquitto broker on a fixed loopback port, with persistence in its own directory.
+struct Mosquitto {
+    child: Option<Child>,
+    port: u16,
+    dir: PathBuf,
+    extra: String,
+    _tmp: tempfile::TempDir,
+}
+
+impl Mosquitto {
+    /// Starts Mosquitto, or `None` (the test is skipped, and says so) where it is not
+    /// installed; `.ci/run` installs it, so CI always runs these tests.
+    async fn start() -> Option<Mosquitto> {
+        Self::start_with("").await
+    }
+
+    /// [`Mosquitto::start`] with more lines of mosquitto.conf (a bridge).
+    async fn start_with(extra: &str) -> Option<Mosquitto> {
+        let bin = ["/usr/sbin/mosquitto", "/usr/bin/mosquitto"].into_iter().find(|p| Path::new(p).exists());
+        if bin.is_none() {
+            eprintln!("skipped: mosquitto is not installed (apt-get install mosquitto)");
+            return None;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().to_path_buf();
+        let mut m = Mosquitto { child: None, port: free_port(), dir, extra: extra.to_owned(), _tmp: tmp };
+        m.spawn().await;
+        Some(m)
+    }
+
+    async fn spawn(&mut self) {
+        let conf = self.dir.join("mosquitto.conf");
+        let root = running_as_root();
+        std::fs::write(
+            &conf,
+            format!(
+                "listener {} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {}/\n\
+                 log_dest stderr\nlog_type all\n{}{}\n",
+                self.port,
+                self.dir.display(),
+                if root { "user root\n" } else { "" },
+                self.extra
+            ),
+        )
+        .unwrap();
+        let bin = ["/usr/sbin/mosquitto", "/usr/bin/mosquitto"].into_iter().find(|p| Path::new(p).exists()).unwrap();
+        let child = Command::new(bin)
+            .arg("-c")
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(self.dir.join("mosquitto.log")).unwrap())
+            .spawn()
+            .expect("spawn mosquitto");
+        self.child = Some(child);
+        let port = self.port;
+        eventually("mosquitto listening", WAIT, || async move {
+            tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok().map(drop)
+        })
+        .await;
+    }
+
+    /// Stops it with SIGTERM (it saves its persistence file) and waits.
+    fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill").arg("-TERM").arg(c.id().to_string()).status();
+            let _ = c.wait();
+        }
+    }
+
+    fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    fn options_v4(&self, id: &str) -> v4::MqttOptions {
+        let mut o = v4::MqttOptions::new(id, "127.0.0.1", self.port);
+        o.set_keep_alive(Duration::from_secs(30));
+        o.set_clean_session(false);
+        o
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("mosquitto.log")).unwrap_or_default()
+    }
+}
+
+/// Mosquitto run as root drops to user `mosquitto` unless told `user root`.
+fn running_as_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).map(|l| l.split_whitespace().nth(1) == Some("0")))
+        .unwrap_or(false)
+}
+
+impl Drop for Mosquitto {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("----- mosquitto log -----\n{}", self.log());
+        }
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bridge_to_mosquitto_loses_nothing_when_mosquitto_restarts_mid_stream() {
+    let Some(mut mosquitto) = Mosquitto::start().await else { return };
+    let mut sink = v4::connect_with(mosquitto.options_v4("sink")).await;
+    sink.subscribe("fleet/#", v4::QoS::AtLeastOnce).await;
+    let edge = edge(&mosquitto.address(), "mqttv311", &["fleet/# out 1", "cmd/# in 1"]);
+    bridged(&edge);
+
+    let mut device = v4::connect(&edge, "device").await;
+    for i in 0..20 {
+        device.publish_acked(&format!("fleet/{i}"), v4::QoS::AtLeastOnce, false, format!("m{i}")).await;
+    }
+    let got: BTreeSet<String> = payloads_v4(&mut sink, 20).await.into_iter().collect();
+    assert_eq!(got.len(), 20);
+    // The sink goes offline (Mosquitto queues for its session); the device publishes 200
+    // more, and Mosquitto is stopped while they stream through the bridge.
+    drop(sink);
+    let publisher = tokio::spawn(async move {
+        for i in 20..220 {
+            device.publish_acked(&format!("fleet/{i}"), v4::QoS::AtLeastOnce, false, format!("m{i}")).await;
+        }
+    });
+    let api = common::http::Api::of(&edge);
+    eventually("the bridge carried some of the stream", WAIT, || async {
+        (api.ok("/api/ferrymq/bridges").await[0]["sent"].as_u64() >= Some(60)).then_some(())
+    })
+    .await;
+    mosquitto.stop();
+    tokio::time::timeout(WAIT * 3, publisher).await.expect("publishes acked by FerryMQ").unwrap();
+    mosquitto.spawn().await;
+    let mut sink = v4::connect_with(mosquitto.options_v4("sink")).await;
+    let mut got = BTreeSet::new();
+    let want: BTreeSet<String> = (20..220).map(|i| format!("m{i}")).collect();
+    while got != want {
+        let p = sink.next_publish().await;
+        got.insert(String::from_utf8_lossy(&p.payload).into_owned());
+    }
+
+    // And Mosquitto's publishes come in.
+    let mut app = v4::connect(&edge, "app").await;
+    app.subscribe("cmd/#", v4::QoS::AtLeastOnce).await;
+    // The bridge is connected again (the messages above came through it), and its
+    // subscription at Mosquitto outlived the restart (a persistent session).
+    let mut operator = v4::connect_with(mosquitto.options_v4("operator")).await;
+    operator.publish_acked("cmd/1", v4::QoS::AtLeastOnce, false, "reboot").await;
+    let got = app.next_publish().await;
+    assert_eq!((got.topic.as_str(), &got.payload[..]), ("cmd/1", &b"reboot"[..]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mqtt5_bridge_to_mosquitto_sends_nothing_back_both_ways() {
+    let Some(mosquitto) = Mosquitto::start().await else { return };
+    let edge = edge(&mosquitto.address(), "mqttv50", &["room/# both 2"]);
+    bridged(&edge);
+    let mut there = v4::connect_with(mosquitto.options_v4("there")).await;
+    there.subscribe("room/#", v4::QoS::ExactlyOnce).await;
+    let mut here = v5::connect(&edge, "here").await;
+    here.subscribe("room/#", v5::QoS::ExactlyOnce).await;
+
+    let mut here_pub = v5::connect(&edge, "here-pub").await;
+    let mut there_pub = v4::connect_with(mosquitto.options_v4("there-pub")).await;
+    here_pub.publish_acked("room/1", v5::QoS::ExactlyOnce, false, "hello from here").await;
+    let m = there.next_publish().await;
+    assert_eq!((&m.payload[..], m.qos), (&b"hello from here"[..], v4::QoS::ExactlyOnce), "QoS 2 end to end");
+    assert_eq!(&here.next_publish().await.payload[..], b"hello from here");
+    there_pub.publish_acked("room/2", v4::QoS::ExactlyOnce, false, "hello from there").await;
+    assert_eq!(&there.next_publish().await.payload[..], b"hello from there");
+    assert_eq!(&here.next_publish().await.payload[..], b"hello from there");
+    // No echo either way: Mosquitto does not send the bridge its own publishes (no-local),
+    // nor FerryMQ the local side its own.
+    here.expect_no_publish(Duration::from_millis(500)).await;
+    there.expect_no_publish(Duration::from_millis(300)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_3_1_1_bridge_is_not_sent_its_own_publishes_back() {
+    // The bridge bit (try_private, on by default) asks the remote FerryMQ for no-local.
+    let cloud = Broker::start();
+    let (h, p) = cloud.host_port();
+    let edge = edge(&format!("{h}:{p}"), "mqttv311", &["chat/# both 1"]);
+    bridged(&edge);
+    let mut here = v4::connect(&edge, "here").await;
+    here.subscribe("chat/#", v4::QoS::AtLeastOnce).await;
+    let mut there = v4::connect(&cloud, "there").await;
+    there.subscribe("chat/#", v4::QoS::AtLeastOnce).await;
+    let mut speaker = v4::connect(&edge, "speaker").await;
+    speaker.publish_acked("chat/1", v4::QoS::AtLeastOnce, false, "once").await;
+    assert_eq!(&there.next_publish().await.payload[..], b"once");
+    assert_eq!(&here.next_publish().await.payload[..], b"once");
+    here.expect_no_publish(Duration::from_millis(500)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mosquitto_bridge_connects_into_ferrymq_unchanged() {
+    // An edge Mosquitto with a bridge block as written for a Mosquitto hub: its defaults
+    // (MQTT 3.1.1 with try_private) included.
+    let hub = Broker::start();
+    let (h, p) = hub.host_port();
+    let conf = format!(
+        "connection hub\naddress {h}:{p}\ntopic telemetry/# out 1\ntopic ota/# in 1\ntopic talk/# both 1\n\
+         restart_timeout 1 2\n"
+    );
+    let Some(edge) = Mosquitto::start_with(&conf).await else { return };
+    let mut at_hub = v5::connect(&hub, "hub-app").await;
+    at_hub.subscribe("telemetry/#", v5::QoS::AtLeastOnce).await;
+    at_hub.subscribe("talk/#", v5::QoS::AtLeastOnce).await;
+    let mut at_edge = v4::connect_with(edge.options_v4("edge-app")).await;
+    at_edge.subscribe("ota/#", v4::QoS::AtLeastOnce).await;
+    at_edge.subscribe("talk/#", v4::QoS::AtLeastOnce).await;
+    // The bridge subscribes at FerryMQ once it is up: wait for its session.
+    let api = common::http::Api::of(&hub);
+    eventually("Mosquitto's bridge subscribed at FerryMQ", WAIT, || async {
+        let subs = api.ok("/api/ferrymq/mqtt/subscriptions").await;
+        (subs.as_array().map(|a| a.len()).unwrap_or(0) >= 4).then_some(())
+    })
+    .await;
+
+    let mut sensor = v4::connect_with(edge.options_v4("sensor")).await;
+    sensor.publish_acked("telemetry/t1", v4::QoS::AtLeastOnce, false, "7").await;
+    let m = at_hub.next_publish().await;
+    assert_eq!((&m.topic[..], &m.payload[..]), (&b"telemetry/t1"[..], &b"7"[..]));
+    let mut ops = v5::connect(&hub, "ops").await;
+    ops.publish_acked("ota/fw", v5::QoS::AtLeastOnce, false, "v2").await;
+    let m = at_edge.next_publish().await;
+    assert_eq!((m.topic.as_str(), &m.payload[..]), ("ota/fw", &b"v2"[..]));
+    // Both ways and no echo: FerryMQ sends the bridge none of its own publishes back.
+    sensor.publish_acked("talk/1", v4::QoS::AtLeastOnce, false, "hi").await;
+    assert_eq!(&at_edge.next_publish().await.payload[..], b"hi");
+    assert_eq!(&at_hub.next_publish().await.payload[..], b"hi");
+    at_edge.expect_no_publish(Duration::from_millis(500)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bridge_over_tls_presents_its_client_certificate() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pki = common::make_pki(tmp.path(), &[("edge-7", "fleet")]);
+    let (cert, key) = (tmp.path().join("edge.pem"), tmp.path().join("edge.key"));
+    std::fs::write(&cert, &pki.clients[0].0).unwrap();
+    std::fs::write(&key, &pki.clients[0].1).unwrap();
+    // The remote asks every TLS client for a certificate.
+    let cloud = Broker::start_with(
+        Opts::default()
+            .config(&format!(
+                "[tls]\ncert = \"{}\"\nkey = \"{}\"\nclient_ca = \"{}\"\nverify_client = \"required\"\n",
+                pki.server_cert.display(),
+                pki.server_key.display(),
+                pki.ca_file.display()
+            ))
+            .args(&["--mqtts-listen", "127.0.0.1:0"]),
+    );
+    let tls = format!(
+        "bridge_cafile = \"{}\"\nbridge_certfile = \"{}\"\nbridge_keyfile = \"{}\"\n",
+        pki.ca_file.display(),
+        cert.display(),
+        key.display()
+    );
+    let address = format!("localhost:{}", cloud.mqtts.unwrap().port());
+    let edge = Broker::start_with(Opts::default().config(&(bridge_toml(&address, "mqttv50", &["up/# out 1"]) + &tls)));
+    bridged(&edge);
+    let mut at_cloud = v4::connect(&cloud, "cloud-app").await;
+    at_cloud.subscribe("up/#", v4::QoS::AtLeastOnce).await;
+    let mut device = v4::connect(&edge, "device").await;
+    device.publish_acked("up/1", v4::QoS::AtLeastOnce, false, "sealed").await;
+    assert_eq!(&at_cloud.next_publish().await.payload[..], b"sealed");
+
+    // Without the certificate the remote refuses the handshake; the bridge says why.
+    let no_cert = format!("bridge_cafile = \"{}\"\n", pki.ca_file.display());
+    let lone =
+        Broker::start_with(Opts::default().config(&(bridge_toml(&address, "mqttv50", &["up/# out 1"]) + &no_cert)));
+    assert!(lone.wait_log("bridge down; reconnecting with backoff"), "{}", lone.log());
+}
+
+#[test]
+fn a_bad_topic_line_is_refused_before_anything_starts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (conf, data) = (tmp.path().join("f.toml"), tmp.path().join("data"));
+    for (line, why) in [("sensors/# sideways 1", "out, in or both"), ("a/# out 3", "QoS is 0, 1 or 2")] {
+        std::fs::write(&conf, bridge_toml("127.0.0.1:1", "mqttv311", &[line])).unwrap();
+        let (code, err) =
+            common::run_binary(&["--config", conf.to_str().unwrap(), "--data-dir", data.to_str().unwrap()], &[]);
+        assert_ne!(code, 0, "{err}");
+        assert!(err.contains("bridge `cloud`") && err.contains(why), "{err}");
+    }
+}
