@@ -302,19 +302,27 @@ async fn link(
     let mut local = Side::new("local", local_opts, connect_local(ctx))?;
     local.connected().await?;
     let now = Instant::now();
+    // The bridge counts as connected once both sides answered their SUBSCRIBE: from then
+    // on, whatever is published on either side crosses.
+    let mut awaiting_subacks = 0;
     for (side, is_local) in [(&mut remote, false), (&mut local, true)] {
         let f = filters(rules, is_local);
         if !f.is_empty() {
             side.client.subscribe(f, now).map_err(|e| side.fail(e))?;
+            awaiting_subacks += 1;
         }
     }
-    {
-        let mut s = status.lock();
-        s.connected = true;
-        s.connects += 1;
-        s.last_error = None;
-    }
-    info!(bridge = %cfg.connection, address = %cfg.address, "bridge connected");
+    let on_subscribed = |awaiting: &mut i32| {
+        *awaiting -= 1;
+        if *awaiting == 0 {
+            let mut s = status.lock();
+            s.connected = true;
+            s.connects += 1;
+            s.last_error = None;
+            drop(s);
+            info!(bridge = %cfg.connection, address = %cfg.address, "bridge connected");
+        }
+    };
     let mut out = Leg::default(); // local -> remote
     let mut inbound = Leg::default(); // remote -> local
     let mut warned_refusal = false;
@@ -354,6 +362,7 @@ async fn link(
                         remote.client.ack(from, now).map_err(|e| remote.fail(e))?;
                     }
                 }
+                ClientEvent::SubAck { .. } => on_subscribed(&mut awaiting_subacks),
                 ev => closed(&local, ev)?,
             }
         }
@@ -377,10 +386,12 @@ async fn link(
                         local.client.ack(from, now).map_err(|e| local.fail(e))?;
                     }
                 }
-                ClientEvent::SubAck { reasons, .. } if reasons.iter().any(|r| r.is_error()) => {
-                    warn!(bridge = %cfg.connection, ?reasons, "the remote broker refused a subscription");
+                ClientEvent::SubAck { reasons, .. } => {
+                    if reasons.iter().any(|r| r.is_error()) {
+                        warn!(bridge = %cfg.connection, ?reasons, "the remote broker refused a subscription");
+                    }
+                    on_subscribed(&mut awaiting_subacks);
                 }
-                ClientEvent::SubAck { .. } => {}
                 ev => closed(&remote, ev)?,
             }
         }
