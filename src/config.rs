@@ -81,6 +81,9 @@ pub struct Config {
     /// `[bridge]`: links to other brokers.
     #[serde(default)]
     pub bridge: crate::bridge::BridgeSection,
+    /// `[[shovel]]`: AMQP shovels (RabbitMQ's keys).
+    #[serde(default)]
+    pub shovel: Vec<crate::bridge::shovel::ShovelEntry>,
 }
 
 /// `[broker]`: process-wide settings.
@@ -482,6 +485,11 @@ impl Config {
             }
             if let Err(e) = b.rules() {
                 return invalid("bridge.mqtt", format!("bridge `{}`: {e}", b.connection));
+            }
+        }
+        for s in &self.shovel {
+            if let Err(e) = s.definition.check() {
+                return invalid("shovel", format!("shovel `{}`: {e}", s.name));
             }
         }
         if !self.mqtt.tls_listen.is_empty() && (self.tls.cert.is_empty() || self.tls.key.is_empty()) {

@@ -78,6 +78,8 @@ pub struct Server {
     max_connections: u32,
     stop_accepting: watch::Sender<bool>,
     grace: Duration,
+    /// The shovels (stopped first at shutdown: their connections are clients of ours).
+    shovels: Arc<crate::bridge::shovel::Shovels>,
 }
 
 impl Server {
@@ -160,6 +162,7 @@ impl Server {
             max_connections,
             stop_accepting,
             grace: Duration::from_secs(config.broker.shutdown_grace_secs),
+            shovels: Arc::new(crate::bridge::shovel::Shovels::new(None)),
         };
         let verify = crate::tls::VerifyClient::parse(&config.tls.verify_client);
         let tls = || crate::tls::acceptor(&config.tls.cert, &config.tls.key, &config.tls.client_ca, verify);
@@ -218,7 +221,29 @@ impl Server {
             let status = bridges.add(&b.connection, &b.address);
             tokio::spawn(crate::bridge::mqtt::run(server.mqtt.clone(), b.clone(), rules, status, stop_rx.clone()));
         }
+        // Shovels start once the AMQP listener is bound: `amqp://` without a host is it.
+        let local = server.amqp_addr.map(|a| {
+            let ip = if a.ip().is_unspecified() { std::net::Ipv4Addr::LOCALHOST.into() } else { a.ip() };
+            let addr = SocketAddr::new(ip, a.port());
+            (addr, config.auth.default_user.clone(), config.auth.default_pass.clone())
+        });
+        server.shovels = Arc::new(crate::bridge::shovel::Shovels::new(local));
+        for s in &config.shovel {
+            server
+                .shovels
+                .start(&s.vhost, &s.name, s.definition.clone(), false)
+                .map_err(|e| anyhow::anyhow!("shovel `{}`: {e}", s.name))?;
+        }
+        for p in stored_access.parameters.iter().filter(|p| p.component == "shovel") {
+            let started = serde_json::from_str(&p.value)
+                .map_err(|e| e.to_string())
+                .and_then(|def| server.shovels.start(&p.vhost, &p.name, def, true));
+            if let Err(e) = started {
+                warn!(shovel = %p.name, vhost = %p.vhost, error = %e, "stored shovel not started");
+            }
+        }
         let ctx = Arc::new(HttpContext {
+            shovels: server.shovels.clone(),
             bridges,
             broker: server.broker.clone(),
             amqp: server.amqp.clone(),
@@ -355,6 +380,7 @@ impl Server {
     /// Stops accepting, asks every connection to close (MQTT 5: DISCONNECT 0x8B), waits for
     /// them up to the grace period, then flushes and closes the journal.
     pub async fn shutdown(self) {
+        self.shovels.stop_all();
         let _ = self.stop_accepting.send(true);
         self.mqtt.sessions.tell_online(|| Control::Shutdown);
         self.amqp.shutdown();

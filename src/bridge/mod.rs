@@ -18,8 +18,10 @@
 //!
 //! - [`topic`] — the `topic` lines and how topics cross the bridge.
 //! - [`mqtt`] — the bridge task.
+//! - [`shovel`] — AMQP shovels (RabbitMQ's dynamic shovels): definitions and workers.
 
 pub mod mqtt;
+pub mod shovel;
 pub mod topic;
 
 use std::sync::Arc;

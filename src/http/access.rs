@@ -60,7 +60,7 @@ impl AccessState {
     }
 }
 
-async fn commit(ctx: &HttpContext, write: StoreWrite) -> Result<(), ApiError> {
+pub(crate) async fn commit(ctx: &HttpContext, write: StoreWrite) -> Result<(), ApiError> {
     ctx.broker.commit(write, Commit::Durable).await.map_err(|e| ApiError::internal(e.to_string()))
 }
 

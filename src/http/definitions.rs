@@ -64,7 +64,7 @@ pub fn export(ctx: &HttpContext, vhost: Option<&str>) -> Json_ {
         "rabbitmq_version": RABBITMQ_API_VERSION,
         "product_name": "FerryMQ",
         "product_version": env!("CARGO_PKG_VERSION"),
-        "parameters": [],
+        "parameters": super::shovels::parameters(ctx, vhost),
         "policies": [],
         "queues": qs,
         "exchanges": xs,
@@ -244,9 +244,6 @@ pub async fn import(ctx: &HttpContext, defs: &Json_, only_vhost: Option<&str>) -
     for p in items(defs, "policies") {
         report.skip("policies", p, "policies are not applied; declare the arguments on the queues instead");
     }
-    for p in items(defs, "parameters") {
-        report.skip("parameters", p, "runtime parameters (shovels, federation, ...) are not supported");
-    }
     for x in items(defs, "exchanges") {
         let vhost = vhost_of(x);
         super::queues::known_vhost(ctx, &vhost)?;
@@ -306,6 +303,18 @@ pub async fn import(ctx: &HttpContext, defs: &Json_, only_vhost: Option<&str>) -
             ApiError::bad_request(format!("binding {} -> {}: {}", text(b, "source"), text(b, "destination"), e.reason))
         })?;
         report.count("bindings");
+    }
+    // Shovels last: their queues and exchanges exist by now.
+    for p in items(defs, "parameters") {
+        if text(p, "component") != "shovel" {
+            report.skip("parameters", p, "only shovel parameters are supported (not federation, ...)");
+            continue;
+        }
+        let value = p.get("value").cloned().unwrap_or_default();
+        match super::shovels::put_shovel(ctx, &vhost_of(p), text(p, "name"), value).await {
+            Ok(_) => report.count("parameters"),
+            Err(e) => report.skip("parameters", p, &e.reason),
+        }
     }
     Ok(report)
 }

@@ -6,6 +6,7 @@
 //! - [`access`] — virtual hosts, users and permissions (read and write, durable).
 //! - [`auth`] — HTTP Basic against the user store, and what each user tag may call.
 //! - [`rules`] — topic permissions and the MQTT topic rules.
+//! - [`shovels`] — shovels as runtime parameters, and their status.
 //! - [`bridges`] — the bridges' state.
 //! - [`dashboard`] — the web dashboard's static files at `/`.
 //! - [`definitions`] — `/api/definitions`: RabbitMQ's definitions export and import.
@@ -39,6 +40,7 @@ pub mod overview;
 pub mod queues;
 pub mod rates;
 pub mod rules;
+pub mod shovels;
 pub mod streams;
 
 use std::net::SocketAddr;
@@ -77,6 +79,8 @@ pub struct HttpContext {
     pub broker: Arc<Broker>,
     /// The bridges' status.
     pub bridges: Arc<crate::bridge::Bridges>,
+    /// The shovels.
+    pub shovels: Arc<crate::bridge::shovel::Shovels>,
     /// The AMQP front-end (its queue registry).
     pub amqp: Arc<AmqpContext>,
     /// The MQTT front-end (its sessions).
@@ -191,6 +195,11 @@ pub fn router(ctx: Arc<HttpContext>) -> Router {
         )
         .route("/ferrymq/messages", get(streams::lookup))
         .route("/ferrymq/bridges", get(bridges::list))
+        .route("/parameters/shovel", get(shovels::list_all))
+        .route("/parameters/shovel/{vhost}", get(shovels::list_vhost))
+        .route("/parameters/shovel/{vhost}/{name}", get(shovels::get).put(shovels::put).delete(shovels::delete))
+        .route("/shovels", get(shovels::status_all))
+        .route("/shovels/{vhost}", get(shovels::status_vhost))
         .route("/ferrymq/mqtt/clients", get(mqtt::clients))
         .route("/ferrymq/mqtt/clients/{clientid}", delete(mqtt::kick))
         .route("/ferrymq/mqtt/sessions", get(mqtt::sessions))

@@ -73,6 +73,20 @@ pub struct TopicPermissionRecord {
     pub read: String,
 }
 
+/// A runtime parameter (RabbitMQ's `/api/parameters/{component}/{vhost}/{name}`), such as
+/// a shovel's definition.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ParameterRecord {
+    /// Component (`shovel`).
+    pub component: String,
+    /// Virtual host.
+    pub vhost: String,
+    /// Name.
+    pub name: String,
+    /// The value, JSON.
+    pub value: String,
+}
+
 /// Everything stored.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AccessRecords {
@@ -86,6 +100,8 @@ pub struct AccessRecords {
     pub topic_permissions: Vec<TopicPermissionRecord>,
     /// The MQTT rules set through the management API (JSON), if ever set.
     pub mqtt_rules: Option<String>,
+    /// Runtime parameters.
+    pub parameters: Vec<ParameterRecord>,
 }
 
 /// Users, virtual hosts and permissions, durable.
@@ -110,6 +126,10 @@ pub trait AccessStore: fmt::Debug + Send + Sync {
     fn remove_topic_permission(&self, vhost: &str, user: &str, exchange: &str) -> StoreWrite;
     /// Stores the MQTT rules (JSON) that replace the configured ones.
     fn put_mqtt_rules(&self, json: &str) -> StoreWrite;
+    /// Stores a runtime parameter.
+    fn put_parameter(&self, p: &ParameterRecord) -> StoreWrite;
+    /// Removes a runtime parameter.
+    fn remove_parameter(&self, component: &str, vhost: &str, name: &str) -> StoreWrite;
 }
 
 fn key(kind: u8, parts: &[&str]) -> Bytes {
@@ -166,7 +186,7 @@ fn delete(key: Bytes) -> StoreWrite {
 impl AccessStore for JournalStore {
     fn load(&self) -> Result<AccessRecords, StoreError> {
         let mut found = AccessRecords::default();
-        for kind in [b'u', b'v', b'p', b't', b'r'] {
+        for kind in [b'u', b'v', b'p', b't', b'r', b'a'] {
             for (_, value) in self.journal.scan(Space::Meta, &[kind, 0])? {
                 let Some(f) = Fields::read(&value) else { continue };
                 match kind {
@@ -191,6 +211,12 @@ impl AccessStore for JournalStore {
                         read: f.text("read"),
                     }),
                     b'r' => found.mqtt_rules = Some(f.text("rules")),
+                    b'a' => found.parameters.push(ParameterRecord {
+                        component: f.text("component"),
+                        vhost: f.text("vhost"),
+                        name: f.text("name"),
+                        value: f.text("value"),
+                    }),
                     _ => found.permissions.push(PermissionRecord {
                         vhost: f.text("vhost"),
                         user: f.text("user"),
@@ -265,5 +291,19 @@ impl AccessStore for JournalStore {
 
     fn put_mqtt_rules(&self, json: &str) -> StoreWrite {
         put(key(b'r', &["mqtt"]), table(vec![("rules", Value::Str(json.to_owned()))]))
+    }
+
+    fn put_parameter(&self, p: &ParameterRecord) -> StoreWrite {
+        let value = table(vec![
+            ("component", Value::Str(p.component.clone())),
+            ("vhost", Value::Str(p.vhost.clone())),
+            ("name", Value::Str(p.name.clone())),
+            ("value", Value::Str(p.value.clone())),
+        ]);
+        put(key(b'a', &[&p.component, &p.vhost, &p.name]), value)
+    }
+
+    fn remove_parameter(&self, component: &str, vhost: &str, name: &str) -> StoreWrite {
+        delete(key(b'a', &[component, vhost, name]))
     }
 }

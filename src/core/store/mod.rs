@@ -24,7 +24,9 @@ use std::sync::Arc;
 
 use ferrymq_storage::{Journal, JournalError, Op};
 
-pub use access::{AccessRecords, AccessStore, PermissionRecord, TopicPermissionRecord, UserRecord, VhostRecord};
+pub use access::{
+    AccessRecords, AccessStore, ParameterRecord, PermissionRecord, TopicPermissionRecord, UserRecord, VhostRecord,
+};
 pub use dedup::DedupStore;
 pub use entities::{BindingRecord, EntityRecords, EntityStore, ExchangeRecord, QueueRecord};
 pub use ferrymq_storage::QueueId;

@@ -1,0 +1,516 @@
+//! AMQP shovels, as RabbitMQ's dynamic shovels: a definition (the JSON of
+//! `/api/parameters/shovel/{vhost}/{name}`, or a `[[shovel]]` table) names a source queue
+//! (or an exchange and routing key) and a destination exchange or queue, each on FerryMQ
+//! (`amqp://` without a host) or on another AMQP 0-9-1 broker; a worker consumes from the
+//! source and publishes to the destination, acknowledging the source as `ack-mode` says
+//! (`on-confirm`: only once the destination confirmed), and reconnects after
+//! `reconnect-delay` when either side fails.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_lite::StreamExt;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions,
+    QueueBindOptions, QueueDeclareOptions,
+};
+
+use lapin::types::FieldTable;
+use lapin::{Channel, Confirmation, Connection, ConnectionProperties, PublisherConfirm};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+/// Longest wait for a connection to either side.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One URI or several (RabbitMQ accepts both; several are tried in turn).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum Uris {
+    /// One URI.
+    One(String),
+    /// Several, tried in turn.
+    Many(Vec<String>),
+}
+
+impl Uris {
+    fn list(&self) -> Vec<String> {
+        match self {
+            Uris::One(u) => vec![u.clone()],
+            Uris::Many(v) => v.clone(),
+        }
+    }
+}
+
+/// A shovel's definition, in RabbitMQ's keys (`src-uri`, `src-queue`, ...).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct ShovelDefinition {
+    /// Where messages come from.
+    pub src_uri: Uris,
+    /// The source queue (declared durable when missing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub src_queue: Option<String>,
+    /// Or a source exchange: a private queue is bound to it with `src-exchange-key`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub src_exchange: Option<String>,
+    /// The routing key of that binding (default `#`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub src_exchange_key: Option<String>,
+    /// Unacknowledged messages at once (default 1000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub src_prefetch_count: Option<u16>,
+    /// `amqp091` (the only one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub src_protocol: Option<String>,
+    /// `never` (the only one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub src_delete_after: Option<Value>,
+    /// Where messages go.
+    pub dest_uri: Uris,
+    /// The destination queue (declared durable when missing; published to through the
+    /// default exchange).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dest_queue: Option<String>,
+    /// Or a destination exchange.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dest_exchange: Option<String>,
+    /// The routing key at the destination exchange (default: the message's own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dest_exchange_key: Option<String>,
+    /// `amqp091` (the only one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dest_protocol: Option<String>,
+    /// `on-confirm` (default), `on-publish` or `no-ack`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ack_mode: Option<String>,
+    /// Seconds between reconnects (default 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reconnect_delay: Option<f64>,
+    /// Add `x-shovelled` headers naming the shovel and both sides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub add_forward_headers: Option<bool>,
+    /// Keys FerryMQ does not know: refused by [`ShovelDefinition::check`], never dropped.
+    #[serde(flatten, skip_serializing)]
+    pub unknown: BTreeMap<String, Value>,
+}
+
+/// How the source is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AckMode {
+    /// After the destination confirmed the message (no loss).
+    OnConfirm,
+    /// After the message was sent to the destination.
+    OnPublish,
+    /// Consumed without acknowledgements.
+    NoAck,
+}
+
+impl ShovelDefinition {
+    /// Checks what serde cannot: one source and one destination, known values; the ack
+    /// mode.
+    pub fn check(&self) -> Result<AckMode, String> {
+        if let Some(k) = self.unknown.keys().next() {
+            return Err(format!("`{k}` is not a shovel setting FerryMQ supports"));
+        }
+        if self.src_queue.is_some() == self.src_exchange.is_some() {
+            return Err("give one of src-queue and src-exchange".into());
+        }
+        if self.dest_queue.is_some() && self.dest_exchange.is_some() {
+            return Err("give at most one of dest-queue and dest-exchange".into());
+        }
+        for (key, p) in [("src-protocol", &self.src_protocol), ("dest-protocol", &self.dest_protocol)] {
+            if p.as_deref().is_some_and(|p| p != "amqp091") {
+                return Err(format!("{key}: only amqp091 is supported"));
+            }
+        }
+        if self.src_delete_after.as_ref().is_some_and(|v| v.as_str() != Some("never")) {
+            return Err("src-delete-after: only \"never\" is supported".into());
+        }
+        for (key, uris) in [("src-uri", &self.src_uri), ("dest-uri", &self.dest_uri)] {
+            let list = uris.list();
+            if list.is_empty() || list.iter().any(|u| !u.starts_with("amqp://")) {
+                return Err(format!("{key}: amqp:// URIs (amqps:// is not supported yet)"));
+            }
+        }
+        if self.reconnect_delay.is_some_and(|d| !(d.is_finite() && d > 0.0)) {
+            return Err("reconnect-delay: seconds above 0".into());
+        }
+        match self.ack_mode.as_deref().unwrap_or("on-confirm") {
+            "on-confirm" => Ok(AckMode::OnConfirm),
+            "on-publish" => Ok(AckMode::OnPublish),
+            "no-ack" => Ok(AckMode::NoAck),
+            other => Err(format!("ack-mode `{other}`: on-confirm, on-publish or no-ack")),
+        }
+    }
+}
+
+/// `[[shovel]]`: a shovel from the configuration (RabbitMQ's static shovels), in the
+/// definition's keys.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ShovelEntry {
+    /// Its name.
+    pub name: String,
+    /// Its virtual host (default `/`).
+    #[serde(default = "slash")]
+    pub vhost: String,
+    /// The definition.
+    #[serde(flatten)]
+    pub definition: ShovelDefinition,
+}
+
+fn slash() -> String {
+    "/".into()
+}
+
+/// A shovel's state, as RabbitMQ's `/api/shovels` shows it.
+#[derive(Debug, Clone, Default)]
+pub struct ShovelStatus {
+    /// Consuming and publishing.
+    pub running: bool,
+    /// Why the last attempt failed.
+    pub reason: Option<String>,
+    /// Messages moved.
+    pub moved: u64,
+}
+
+struct Running {
+    definition: ShovelDefinition,
+    dynamic: bool,
+    status: Arc<Mutex<ShovelStatus>>,
+    stop: watch::Sender<bool>,
+}
+
+/// Every shovel, and how to reach FerryMQ itself (`amqp://` without a host).
+pub struct Shovels {
+    running: Mutex<HashMap<(String, String), Running>>,
+    /// FerryMQ's AMQP listener and the user local URIs log in as.
+    local: Option<(SocketAddr, String, String)>,
+}
+
+impl std::fmt::Debug for Shovels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shovels").field("count", &self.running.lock().len()).finish()
+    }
+}
+
+/// One shovel as listed.
+#[derive(Debug, Clone)]
+pub struct ShovelView {
+    /// Virtual host.
+    pub vhost: String,
+    /// Name.
+    pub name: String,
+    /// Defined through the API (`dynamic`) or the configuration (`static`).
+    pub dynamic: bool,
+    /// The definition.
+    pub definition: ShovelDefinition,
+    /// Its state.
+    pub status: ShovelStatus,
+}
+
+impl Shovels {
+    /// No shovels yet; `local` is FerryMQ's AMQP address and the user (name, password)
+    /// that `amqp://` URIs without a host log in as.
+    pub fn new(local: Option<(SocketAddr, String, String)>) -> Shovels {
+        Shovels { running: Mutex::new(HashMap::new()), local }
+    }
+
+    /// Starts (or restarts with a new definition) a shovel.
+    pub fn start(&self, vhost: &str, name: &str, definition: ShovelDefinition, dynamic: bool) -> Result<(), String> {
+        let ack = definition.check()?;
+        let resolve = |uris: &Uris| -> Result<Vec<String>, String> {
+            uris.list().iter().map(|u| self.resolve(u, vhost)).collect()
+        };
+        let (src, dest) = (resolve(&definition.src_uri)?, resolve(&definition.dest_uri)?);
+        let (stop, stop_rx) = watch::channel(false);
+        let status = Arc::new(Mutex::new(ShovelStatus::default()));
+        let worker = Worker { name: name.to_owned(), def: definition.clone(), ack, src, dest, status: status.clone() };
+        tokio::spawn(worker.run(stop_rx));
+        let old = self
+            .running
+            .lock()
+            .insert((vhost.to_owned(), name.to_owned()), Running { definition, dynamic, status, stop });
+        if let Some(old) = old {
+            let _ = old.stop.send(true);
+        }
+        Ok(())
+    }
+
+    /// Stops and forgets a shovel; whether there was one.
+    pub fn remove(&self, vhost: &str, name: &str) -> bool {
+        match self.running.lock().remove(&(vhost.to_owned(), name.to_owned())) {
+            Some(r) => {
+                let _ = r.stop.send(true);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Every shovel, by virtual host and name.
+    pub fn list(&self) -> Vec<ShovelView> {
+        let mut all: Vec<ShovelView> = self
+            .running
+            .lock()
+            .iter()
+            .map(|((vhost, name), r)| ShovelView {
+                vhost: vhost.clone(),
+                name: name.clone(),
+                dynamic: r.dynamic,
+                definition: r.definition.clone(),
+                status: r.status.lock().clone(),
+            })
+            .collect();
+        all.sort_by(|a, b| (&a.vhost, &a.name).cmp(&(&b.vhost, &b.name)));
+        all
+    }
+
+    /// Stops every shovel.
+    pub fn stop_all(&self) {
+        for (_, r) in self.running.lock().drain() {
+            let _ = r.stop.send(true);
+        }
+    }
+
+    /// A URI as lapin takes it: one without a host is FerryMQ itself, in its path's
+    /// virtual host or else the shovel's.
+    fn resolve(&self, uri: &str, vhost: &str) -> Result<String, String> {
+        let rest = uri.strip_prefix("amqp://").unwrap_or(uri);
+        let (authority, path) = rest.split_once('/').map(|(a, p)| (a, Some(p))).unwrap_or((rest, None));
+        if !authority.is_empty() {
+            return Ok(uri.to_owned());
+        }
+        let Some((addr, user, pass)) = &self.local else {
+            return Err("amqp:// names FerryMQ itself, whose AMQP listener is off".into());
+        };
+        if user.is_empty() {
+            return Err("amqp:// logs in as auth.default_user, which is not set: give a user in the URI".into());
+        }
+        let vhost = match path {
+            Some(p) if !p.is_empty() => p.to_owned(),
+            _ => percent_encode(vhost),
+        };
+        Ok(format!("amqp://{}:{}@{addr}/{vhost}", percent_encode(user), percent_encode(pass)))
+    }
+}
+
+/// Percent-encodes what a URI's user, password or path segment cannot hold.
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// One shovel's worker.
+struct Worker {
+    name: String,
+    def: ShovelDefinition,
+    ack: AckMode,
+    src: Vec<String>,
+    dest: Vec<String>,
+    status: Arc<Mutex<ShovelStatus>>,
+}
+
+/// Why a shovel's link failed.
+#[derive(Debug, thiserror::Error)]
+enum ShovelError {
+    #[error("{0}: {1}")]
+    Amqp(&'static str, lapin::Error),
+    #[error("{0}: timed out")]
+    Timeout(&'static str),
+    #[error("the source cancelled the consumer")]
+    Cancelled,
+    #[error("the destination refused a message (nack)")]
+    Nacked,
+}
+
+fn amqp(side: &'static str) -> impl Fn(lapin::Error) -> ShovelError {
+    move |e| ShovelError::Amqp(side, e)
+}
+
+impl Worker {
+    async fn run(self, mut stop: watch::Receiver<bool>) {
+        let delay = Duration::from_secs_f64(self.def.reconnect_delay.unwrap_or(5.0));
+        let mut last_error = String::new();
+        let mut attempt = 0usize;
+        while !*stop.borrow() {
+            let (src, dest) = (&self.src[attempt % self.src.len()], &self.dest[attempt % self.dest.len()]);
+            attempt += 1;
+            let mut link_stop = stop.clone();
+            let outcome = self.link(src, dest, &mut link_stop).await;
+            self.status.lock().running = false;
+            match outcome {
+                Ok(()) => return,
+                Err(e) => {
+                    let e = e.to_string();
+                    if e != last_error {
+                        warn!(shovel = %self.name, error = %e, "shovel down; reconnecting");
+                    } else {
+                        debug!(shovel = %self.name, error = %e, "shovel still down");
+                    }
+                    self.status.lock().reason = Some(e.clone());
+                    last_error = e;
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = stop.changed() => return,
+            }
+        }
+    }
+
+    /// One life: connect both sides, then move messages until one fails or `stop`.
+    async fn link(&self, src: &str, dest: &str, stop: &mut watch::Receiver<bool>) -> Result<(), ShovelError> {
+        let src_conn = connect(src, "source").await?;
+        let dest_conn = connect(dest, "destination").await?;
+        let sch = src_conn.create_channel().await.map_err(amqp("source"))?;
+        let dch = dest_conn.create_channel().await.map_err(amqp("destination"))?;
+        let queue = match (&self.def.src_queue, &self.def.src_exchange) {
+            (Some(q), _) => ensure_queue(&src_conn, sch.clone(), q, "source").await?,
+            (None, Some(x)) => {
+                let opts = QueueDeclareOptions { exclusive: true, auto_delete: true, ..Default::default() };
+                let q = sch.queue_declare("".into(), opts, FieldTable::default()).await.map_err(amqp("source"))?;
+                let key = self.def.src_exchange_key.as_deref().unwrap_or("#");
+                sch.queue_bind(
+                    q.name().clone(),
+                    x.as_str().into(),
+                    key.into(),
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(amqp("source"))?;
+                q.name().to_string()
+            }
+            (None, None) => unreachable!("checked: one source"),
+        };
+        let sch =
+            if self.def.src_queue.is_some() { src_conn.create_channel().await.map_err(amqp("source"))? } else { sch };
+        if let Some(q) = &self.def.dest_queue {
+            ensure_queue(&dest_conn, dch.clone(), q, "destination").await?;
+        }
+        let dch = if self.def.dest_queue.is_some() {
+            dest_conn.create_channel().await.map_err(amqp("destination"))?
+        } else {
+            dch
+        };
+        if self.ack == AckMode::OnConfirm {
+            dch.confirm_select(ConfirmSelectOptions::default()).await.map_err(amqp("destination"))?;
+        }
+        let prefetch = self.def.src_prefetch_count.unwrap_or(1000);
+        sch.basic_qos(prefetch, BasicQosOptions::default()).await.map_err(amqp("source"))?;
+        let no_ack = self.ack == AckMode::NoAck;
+        let mut consumer = sch
+            .basic_consume(
+                queue.as_str().into(),
+                "".into(),
+                BasicConsumeOptions { no_ack, ..Default::default() },
+                FieldTable::default(),
+            )
+            .await
+            .map_err(amqp("source"))?;
+        {
+            let mut s = self.status.lock();
+            s.running = true;
+            s.reason = None;
+        }
+        info!(shovel = %self.name, "shovel running");
+        let mut confirms: VecDeque<(u64, PublisherConfirm)> = VecDeque::new();
+        loop {
+            tokio::select! {
+                biased;
+                _ = stop.changed() => {
+                    let _ = src_conn.close(200, "shovel stopped".into()).await;
+                    let _ = dest_conn.close(200, "shovel stopped".into()).await;
+                    return Ok(());
+                }
+                confirmed = front(&mut confirms) => {
+                    let (tag, _) = confirms.pop_front().expect("a confirm was waited for");
+                    match confirmed.map_err(amqp("destination"))? {
+                        Confirmation::Nack(_) => {
+                            sch.basic_nack(tag, BasicNackOptions { requeue: true, ..Default::default() }).await.map_err(amqp("source"))?;
+                            return Err(ShovelError::Nacked);
+                        }
+                        _ => sch.basic_ack(tag, BasicAckOptions::default()).await.map_err(amqp("source"))?,
+                    }
+                    self.status.lock().moved += 1;
+                }
+                delivery = consumer.next() => {
+                    let d = match delivery {
+                        Some(d) => d.map_err(amqp("source"))?,
+                        None => return Err(ShovelError::Cancelled),
+                    };
+                    let (exchange, key) = match (&self.def.dest_queue, &self.def.dest_exchange) {
+                        (Some(q), _) => (String::new(), q.clone()),
+                        (None, Some(x)) => (x.clone(), self.def.dest_exchange_key.clone().unwrap_or_else(|| d.routing_key.to_string())),
+                        (None, None) => (d.exchange.to_string(), d.routing_key.to_string()),
+                    };
+                    let mut props = d.properties.clone();
+                    if self.def.add_forward_headers == Some(true) {
+                        props = with_forward_headers(props, &self.name);
+                    }
+                    let confirm = dch
+                        .basic_publish(exchange.as_str().into(), key.as_str().into(), BasicPublishOptions::default(), &d.data, props)
+                        .await
+                        .map_err(amqp("destination"))?;
+                    match self.ack {
+                        AckMode::OnConfirm => confirms.push_back((d.delivery_tag, confirm)),
+                        AckMode::OnPublish => {
+                            sch.basic_ack(d.delivery_tag, BasicAckOptions::default()).await.map_err(amqp("source"))?;
+                            self.status.lock().moved += 1;
+                        }
+                        AckMode::NoAck => self.status.lock().moved += 1,
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The front confirm's outcome; never resolves while none waits.
+async fn front(confirms: &mut VecDeque<(u64, PublisherConfirm)>) -> lapin::Result<Confirmation> {
+    match confirms.front_mut() {
+        Some((_, c)) => c.await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn connect(uri: &str, side: &'static str) -> Result<Connection, ShovelError> {
+    tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(uri, ConnectionProperties::default()))
+        .await
+        .map_err(|_| ShovelError::Timeout(side))?
+        .map_err(amqp(side))
+}
+
+/// Makes sure `queue` exists: a passive declare, and a durable declare when it is missing
+/// (the failed passive declare closed `ch`; a new channel is used).
+async fn ensure_queue(conn: &Connection, ch: Channel, queue: &str, side: &'static str) -> Result<String, ShovelError> {
+    let passive = QueueDeclareOptions { passive: true, ..Default::default() };
+    if ch.queue_declare(queue.into(), passive, FieldTable::default()).await.is_ok() {
+        return Ok(queue.to_owned());
+    }
+    let ch = conn.create_channel().await.map_err(amqp(side))?;
+    let durable = QueueDeclareOptions { durable: true, ..Default::default() };
+    ch.queue_declare(queue.into(), durable, FieldTable::default()).await.map_err(amqp(side))?;
+    Ok(queue.to_owned())
+}
+
+/// Adds the `x-shovelled` header (the shovel's name), as RabbitMQ's forward headers.
+fn with_forward_headers(props: lapin::BasicProperties, name: &str) -> lapin::BasicProperties {
+    use lapin::types::{AMQPValue, LongString};
+    let mut headers = props.headers().clone().unwrap_or_default();
+    headers.insert("x-shovelled".into(), AMQPValue::LongString(LongString::from(name.as_bytes().to_vec())));
+    props.with_headers(headers)
+}

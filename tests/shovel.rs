@@ -1,0 +1,197 @@
+//! AMQP shovels, as a RabbitMQ operator defines and watches them: the runtime parameter
+//! `/api/parameters/shovel/{vhost}/{name}` (kept across restarts, in the definitions
+//! export), `[[shovel]]` tables, the status at `/api/shovels`; messages move in order and
+//! none is lost when the destination broker goes away mid-stream or FerryMQ is killed.
+
+mod common;
+
+use std::net::TcpListener;
+
+use common::amqp::*;
+use common::http::Api;
+use common::{eventually, v4, Broker, Opts, WAIT};
+use lapin::options::{BasicAckOptions, BasicConsumeOptions};
+use lapin::types::FieldTable;
+use serde_json::json;
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A broker whose AMQP listener is on `port`, so that it comes back there.
+fn broker_on(port: u16) -> Broker {
+    Broker::start_with(Opts::default().args(&["--amqp-listen", &format!("127.0.0.1:{port}")]))
+}
+
+fn uri_of(broker: &Broker) -> String {
+    format!("amqp://guest:guest@{}/%2F", amqp_addr(broker))
+}
+
+async fn channel_of(broker: &Broker) -> (lapin::Connection, lapin::Channel) {
+    let c = connect_uri(&uri_of(broker)).await.unwrap();
+    let ch = open_channel(&c).await;
+    (c, ch)
+}
+
+async fn running(api: &Api, name: &str) {
+    eventually(&format!("shovel {name} running"), WAIT, || async {
+        let all = api.ok("/api/shovels").await;
+        all.as_array()?.iter().any(|s| s["name"] == name && s["state"] == "running").then_some(())
+    })
+    .await;
+}
+
+/// Publishes persistent messages `range` to `queue` with confirms.
+async fn publish_range(broker: &Broker, queue: &str, range: std::ops::Range<u32>) {
+    let (_c, ch) = channel_of(broker).await;
+    confirm_select(&ch).await;
+    for i in range {
+        publish_confirmed(&ch, "", queue, format!("m{i}").as_bytes(), persistent()).await;
+    }
+}
+
+/// Consumes until every message of `want` arrived (at least once); returns the first
+/// arrivals in order.
+async fn consume_until(broker: &Broker, queue: &str, want: std::ops::Range<u32>) -> Vec<u32> {
+    let (_c, ch) = channel_of(broker).await;
+    let mut consumer = consume(&ch, queue, BasicConsumeOptions::default(), FieldTable::default()).await;
+    let mut seen = std::collections::BTreeSet::new();
+    let mut order = Vec::new();
+    while !want.clone().all(|i| seen.contains(&i)) {
+        let d = next_delivery(&mut consumer).await;
+        let i: u32 = std::str::from_utf8(&d.data).unwrap()[1..].parse().unwrap();
+        if seen.insert(i) {
+            order.push(i);
+        }
+        ch.basic_ack(d.delivery_tag, BasicAckOptions::default()).await.unwrap();
+    }
+    order
+}
+
+fn in_order(v: &[u32]) -> bool {
+    v.windows(2).all(|w| w[0] < w[1])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dynamic_shovel_moves_a_queue_in_order_through_outages_and_restarts() {
+    let port = free_port();
+    let mut dest = broker_on(port);
+    let source = Broker::start();
+    let api = Api::of(&source);
+    let def = json!({ "value": {
+        "src-uri": "amqp://", "src-queue": "outbox",
+        "dest-uri": format!("amqp://guest:guest@127.0.0.1:{port}/%2F"), "dest-queue": "inbox",
+        "reconnect-delay": 0.2,
+    }});
+    let (code, body) = api.put("/api/parameters/shovel/%2F/move", def.clone()).await;
+    assert_eq!(code.as_u16(), 201, "{body}");
+    running(&api, "move").await;
+    // Both queues were declared durable by the shovel.
+    let q = api.ok("/api/queues/%2F/outbox").await;
+    assert_eq!(q["durable"], true, "{q}");
+
+    publish_range(&source, "outbox", 0..50).await;
+    assert_eq!(consume_until(&dest, "inbox", 0..50).await, (0..50).collect::<Vec<_>>());
+
+    // The destination goes away mid-stream: messages wait in the source queue.
+    let feeder = {
+        let uri = uri_of(&source);
+        tokio::spawn(async move {
+            let c = connect_uri(&uri).await.unwrap();
+            let ch = open_channel(&c).await;
+            confirm_select(&ch).await;
+            for i in 50..250u32 {
+                publish_confirmed(&ch, "", "outbox", format!("m{i}").as_bytes(), persistent()).await;
+            }
+        })
+    };
+    eventually("some of the stream moved", WAIT, || async {
+        let s = api.ok("/api/shovels").await;
+        (s[0]["messages_moved"].as_u64() >= Some(100)).then_some(())
+    })
+    .await;
+    dest.stop();
+    tokio::time::timeout(WAIT * 3, feeder).await.expect("publishes confirmed by the source").unwrap();
+    let dest = dest.start_again();
+    let order = consume_until(&dest, "inbox", 50..250).await;
+    assert!(in_order(&order), "order kept: {order:?}");
+
+    // FerryMQ (the source) is killed: the shovel was kept and comes back with it.
+    let source = source.crash_restart();
+    let api = Api::of(&source);
+    running(&api, "move").await;
+    publish_range(&source, "outbox", 250..260).await;
+    assert_eq!(consume_until(&dest, "inbox", 250..260).await, (250..260).collect::<Vec<_>>());
+
+    // It is in the definitions export, as RabbitMQ writes parameters; another broker
+    // imports it and runs it too.
+    let defs = api.ok("/api/definitions").await;
+    let p = &defs["parameters"][0];
+    assert_eq!(
+        (p["component"].as_str(), p["name"].as_str(), p["vhost"].as_str()),
+        (Some("shovel"), Some("move"), Some("/"))
+    );
+    assert_eq!(p["value"]["src-queue"], "outbox", "{p}");
+    let listed = api.ok("/api/parameters/shovel/%2F/move").await;
+    assert_eq!(listed["value"]["dest-queue"], "inbox", "{listed}");
+
+    let (code, _) = api.delete("/api/parameters/shovel/%2F/move").await;
+    assert_eq!(code.as_u16(), 204);
+    assert_eq!(api.ok("/api/shovels").await, json!([]));
+    let (code, _) = api.delete("/api/parameters/shovel/%2F/move").await;
+    assert_eq!(code.as_u16(), 404);
+
+    let other = Broker::start();
+    let (code, body) = Api::of(&other).post("/api/definitions", defs).await;
+    assert!(code.is_success(), "{body}");
+    running(&Api::of(&other), "move").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shovel_from_the_configuration_carries_an_exchange_across_protocols() {
+    let dest = Broker::start();
+    let (h, p) = (amqp_addr(&dest).ip(), amqp_addr(&dest).port());
+    let source = Broker::start_with(Opts::default().config(&format!(
+        "[[shovel]]\nname = \"telemetry\"\nsrc-uri = \"amqp://\"\nsrc-exchange = \"amq.topic\"\n\
+         src-exchange-key = \"sensors.#\"\ndest-uri = \"amqp://guest:guest@{h}:{p}/%2F\"\n\
+         dest-exchange = \"amq.topic\"\nack-mode = \"on-publish\"\nreconnect-delay = 0.2\n"
+    )));
+    let api = Api::of(&source);
+    running(&api, "telemetry").await;
+    assert_eq!(api.ok("/api/shovels").await[0]["type"], "static");
+    assert_eq!(api.ok("/api/parameters/shovel").await, json!([]), "a static shovel is no parameter");
+
+    // An MQTT publish at the source reaches an MQTT subscriber at the destination.
+    let mut sub = v4::connect(&dest, "dashboard").await;
+    sub.subscribe("sensors/#", v4::QoS::AtLeastOnce).await;
+    let mut sensor = v4::connect(&source, "sensor").await;
+    sensor.publish_acked("sensors/7/temp", v4::QoS::AtLeastOnce, false, "19.5").await;
+    let m = sub.next_publish().await;
+    assert_eq!((m.topic.as_str(), &m.payload[..]), ("sensors/7/temp", &b"19.5"[..]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_shovel_definitions_are_refused_with_the_reason() {
+    let broker = Broker::start();
+    let api = Api::of(&broker);
+    let base = json!({ "src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://", "dest-queue": "b" });
+    for (change, why) in [
+        (json!({ "src-exchange": "x" }), "one of src-queue and src-exchange"),
+        (json!({ "ack-mode": "sometimes" }), "ack-mode"),
+        (json!({ "src-uri": "amqps://remote" }), "amqps"),
+        (json!({ "dest-add-timestamp-header": true }), "dest-add-timestamp-header"),
+        (json!({ "src-delete-after": 10 }), "src-delete-after"),
+    ] {
+        let mut value = base.clone();
+        for (k, v) in change.as_object().unwrap() {
+            value[k] = v.clone();
+        }
+        let (code, body) = api.put("/api/parameters/shovel/%2F/bad", json!({ "value": value })).await;
+        assert_eq!(code.as_u16(), 400, "{change}: {body}");
+        assert!(body["reason"].as_str().unwrap_or_default().contains(why), "{change}: {body}");
+    }
+    assert_eq!(api.ok("/api/shovels").await, json!([]), "nothing was started");
+    // Monitoring users read the status; only administrators define shovels.
+    let (code, _) = api.anonymous().put("/api/parameters/shovel/%2F/x", json!({ "value": base })).await;
+    assert_eq!(code.as_u16(), 401);
+}
