@@ -497,3 +497,38 @@ fn bad_acl_files_and_rules_stop_start_up_naming_file_line_and_problem() {
     assert_ne!(code, 0, "{out}");
     assert!(out.contains("auth.rules") && out.contains("rule 1") && out.contains("a/#/b"), "{out}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_session_keeps_only_the_subscriptions_its_new_user_may_make() {
+    let broker = Broker::start_with(Opts::default().config(MQTT_RULES));
+    let api = Api::of(&broker);
+    let subs_of = |all: serde_json::Value| -> Vec<String> {
+        all.as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["clientid"] == "handover")
+            .map(|s| s["topic"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    // ops (may subscribe to anything) makes a persistent session and leaves.
+    let mut o = mqtt_v4(&broker, "handover", "ops");
+    o.set_clean_session(false);
+    let mut ops = v4::connect_with(o).await;
+    ops.subscribe("ops/#", v4::QoS::AtLeastOnce).await;
+    ops.subscribe("public/#", v4::QoS::AtLeastOnce).await;
+    drop(ops);
+    let mut seen = subs_of(api.ok("/api/ferrymq/mqtt/subscriptions").await);
+    seen.sort();
+    assert_eq!(seen, ["ops/#", "public/#"]);
+    // alice resumes the client id: the subscription she could not make is gone.
+    let mut o = mqtt_v4(&broker, "handover", "alice");
+    o.set_clean_session(false);
+    let mut alice = v4::connect_with(o).await;
+    assert!(alice.connack.session_present);
+    assert_eq!(subs_of(api.ok("/api/ferrymq/mqtt/subscriptions").await), ["public/#"]);
+    let mut publisher = v4::connect_with(mqtt_v4(&broker, "pub", "ops")).await;
+    publisher.publish_acked("ops/1", v4::QoS::AtLeastOnce, false, "not for alice").await;
+    let mut alice_pub = v4::connect_with(mqtt_v4(&broker, "alice-pub", "alice")).await;
+    alice_pub.publish_acked("public/1", v4::QoS::AtLeastOnce, false, "for all").await;
+    assert_eq!(&alice.next_publish().await.payload[..], b"for all");
+}

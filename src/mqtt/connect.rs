@@ -13,9 +13,10 @@ use super::deliver::OFFSET_PKIDS;
 use super::session::{Control, Online, Persistent, Subscriptions};
 use super::{split_share, LoginRule, SESSION_QUEUE_PREFIX};
 use crate::auth::AuthError;
-use crate::authz::{Identity, MQTT_VHOST};
+use crate::authz::{Identity, Request, MQTT_VHOST};
 use crate::core::broker::Commit;
 use crate::core::connections::{ClientDetails, ConnectionInfo, Protocol};
+use crate::core::router::Destination;
 use crate::core::store::{StoredSession, NEVER};
 
 /// Longest wait for a taken-over connection to clean up.
@@ -146,6 +147,7 @@ impl Task {
         };
         match existing {
             Some(mut p) => {
+                self.revoke_denied_subscriptions(&mut p);
                 session.subs = p.stored.subscriptions.iter().map(|(f, o)| (f.clone(), o.clone())).collect();
                 p.stored.expiry_secs = expiry;
                 p.stored.disconnected_at_ms = None;
@@ -186,7 +188,7 @@ impl Task {
                 return;
             }
         }
-        self.window = delivery_window(cfg.max_inflight, c.properties.receive_maximum);
+        self.window = delivery_window(self.ctx.cfg.max_inflight, c.properties.receive_maximum);
         self.register_connection(&c, &client_id, expiry);
         self.will = c.will.map(Box::new);
         self.ctx.broker.stats.connected();
@@ -220,6 +222,30 @@ impl Task {
                     self.consuming().group_filters.insert(q, filter.clone());
                     self.attach(q, qos);
                 }
+            }
+        }
+    }
+
+    /// Checks a resumed session's subscriptions against this connection's permissions (the
+    /// client id may be resumed by another user, or the rules narrowed since): those no
+    /// longer allowed are dropped, as if unsubscribed, before anything is delivered.
+    /// Shared subscriptions are left to the delivery checks.
+    fn revoke_denied_subscriptions(&mut self, p: &mut Persistent) {
+        if self.access.is_none() {
+            return;
+        }
+        let max_levels = self.ctx.cfg.max_topic_levels;
+        let filters: Vec<String> =
+            p.stored.subscriptions.keys().filter(|f| !f.starts_with("$share/")).cloned().collect();
+        for f in filters {
+            let allowed = match ferrymq_mqtt::topic::parse_filter(&f, max_levels) {
+                Ok(parsed) => self.permitted(Request::Subscribe(parsed.filter)),
+                Err(_) => false,
+            };
+            if !allowed {
+                conn_log!(info, self, filter = %f, "stored subscription no longer allowed; dropped");
+                self.ctx.broker.router.unsubscribe(&f, &Destination::Queue(p.queue));
+                p.stored.subscriptions.remove(&f);
             }
         }
     }
