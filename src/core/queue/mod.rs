@@ -180,6 +180,10 @@ pub struct Queue {
     config: Arc<QueueConfig>,
     /// One past the highest offset appended.
     next_offset: u64,
+    /// One past the highest offset the load found in storage: those entries were counted
+    /// then, so their completions (still on their way to the shard) must not count them
+    /// again.
+    counted_upto: u64,
     /// Entries with offset below this are in memory (ready or unacked) or gone.
     loaded_upto: u64,
     /// Entries below this offset may have been delivered before the queue was loaded (the
@@ -281,6 +285,8 @@ impl Queue {
             expiring: config.message_ttl.is_some(),
             config,
             next_offset,
+            // The scan may see entries the counters did not show yet.
+            counted_upto: next_offset.max(from),
             loaded_upto: first.unwrap_or(next_offset),
             recovered_upto: watermark,
             delivered_upto: watermark,
@@ -305,6 +311,9 @@ impl Queue {
         };
         if q.config.dedup {
             q.dedup = dedup_index(id, journal);
+            // Entries stored since the count are indexed by their own completion.
+            let counted_upto = q.counted_upto;
+            q.dedup.retain(|o| o < counted_upto);
         }
         q.publish_gauge();
         q
@@ -415,6 +424,10 @@ impl Queue {
             // goes) when the gauge is next published.
             self.reservations_used.0 += 1;
             self.reservations_used.1 += ptr.body_len as u64;
+        }
+        if offset < self.counted_upto {
+            // Already counted when the queue was loaded (the append raced the load).
+            return Admission::Accepted;
         }
         let dedup_key = if self.config.dedup { message_key(&msg.props.headers) } else { None };
         if let Some(key) = &dedup_key {
@@ -1192,6 +1205,12 @@ mod tests {
     impl Fixture {
         /// Stores a message in the queue, as the publish path does.
         fn publish_msg(&mut self, msg: SharedMessage) -> Admission {
+            let (offset, ptr) = self.store(&msg);
+            self.complete(offset, ptr, &msg)
+        }
+
+        /// Writes a message to the journal only: its completion is yet to reach the queue.
+        fn store(&mut self, msg: &SharedMessage) -> (u64, Pointer) {
             let target = QueueTarget { queue: self.queue.id(), tag_hash: 0, flags: msg.qos };
             let receipt = self
                 .journal
@@ -1206,7 +1225,12 @@ mod tests {
             let a = &receipt.appended[0];
             let ptr =
                 Pointer { pos: a.pos, size: a.size, body_len: msg.payload.len() as u32, tag_hash: 0, flags: msg.qos };
-            let admission = self.queue.appended(a.offsets[0].1, ptr, &msg, &self.journal, &mut self.fx);
+            (a.offsets[0].1, ptr)
+        }
+
+        /// The journal's completion of a stored message reaches the queue.
+        fn complete(&mut self, offset: u64, ptr: Pointer, msg: &SharedMessage) -> Admission {
+            let admission = self.queue.appended(offset, ptr, msg, &self.journal, &mut self.fx);
             // As the shard does at the end of each turn.
             self.queue.publish_gauge();
             self.flush();
@@ -1342,6 +1366,47 @@ mod tests {
         let mut rx = f.consumer(1, 10);
         assert_eq!(numbers(&drain(&mut rx)), vec![1, 3, 5, 6]);
         assert_eq!(f.queue.len(), 4);
+    }
+
+    #[test]
+    fn an_append_that_raced_the_load_is_counted_once() {
+        let mut f = fixture(|c| {
+            c.max_len = 5;
+            c.overflow = Overflow::DropQos0First;
+        });
+        // Stored, but its completion is still on its way when the shard loads the queue
+        // (for a consumer that attaches and detaches at once).
+        let first = message(0, 0, now_ms());
+        let (offset, ptr) = f.store(&first);
+        let config = f.queue.config().clone();
+        f.queue = Queue::load(f.queue.id(), config, &f.journal);
+        drop(f.consumer(1, 10));
+        f.queue.detach(1, &mut f.fx);
+        assert_eq!(f.complete(offset, ptr, &first), Admission::Accepted);
+        assert_eq!(f.queue.len(), 1, "counted by the load only");
+        for n in 1..3 {
+            f.publish(n, 0);
+        }
+        let admitted: Vec<Admission> = (10..16).map(|n| f.publish(n, 1)).collect();
+        assert_eq!(admitted[5], Admission::Dropped, "the sixth QoS 1 message finds no QoS 0 left to evict");
+        assert_eq!(f.queue.len(), 5);
+        let mut rx = f.consumer(2, 10);
+        assert_eq!(numbers(&drain(&mut rx)), (10..15).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_deduplicated_append_that_raced_the_load_is_no_duplicate_of_itself() {
+        let mut f = fixture(|c| c.dedup = true);
+        let mut msg = message(0, 1, now_ms());
+        let header = (crate::core::dedup::HEADER.to_owned(), crate::core::value::Value::Str("k".into()));
+        Arc::make_mut(&mut msg).props.headers.push(header);
+        let (offset, ptr) = f.store(&msg);
+        // Loaded (and its index read) before the completion arrives.
+        let config = f.queue.config().clone();
+        f.queue = Queue::load(f.queue.id(), config, &f.journal);
+        assert_eq!(f.complete(offset, ptr, &msg), Admission::Accepted);
+        assert_eq!(f.publish_msg(msg.clone()), Admission::Duplicate, "its value is in the queue");
+        assert_eq!(f.queue.len(), 1);
     }
 
     #[test]
