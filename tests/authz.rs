@@ -532,3 +532,35 @@ async fn a_resumed_session_keeps_only_the_subscriptions_its_new_user_may_make() 
     alice_pub.publish_acked("public/1", v4::QoS::AtLeastOnce, false, "for all").await;
     assert_eq!(&alice.next_publish().await.payload[..], b"for all");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_empty_permissions_open_the_vhost_and_nothing_else_and_survive_a_restart() {
+    let broker = Broker::start_with(Opts::default().config(AMQP_POLICY));
+    let api = Api::of(&broker);
+    // rabbitmqctl set_permissions stranger "" "" "": the vhost opens, nothing in it is usable.
+    let (status, body) =
+        api.put("/api/permissions/%2f/stranger", json!({"configure": "", "write": "", "read": ""})).await;
+    assert!(status.is_success(), "{body}");
+    let check = |broker: &Broker| {
+        let u = uri(broker, "stranger");
+        async move {
+            let conn = connect_uri(&u).await.expect("the vhost opens");
+            let ch = open_channel(&conn).await;
+            let opts = QueueDeclareOptions::default();
+            let e = bounded("queue.declare", ch.queue_declare("q".into(), opts, FieldTable::default()))
+                .await
+                .expect_err("configure is refused");
+            assert_eq!(amqp_error(&e).map(|e| e.0), Some(403), "{e}");
+        }
+    };
+    check(&broker).await;
+    let broker = broker.restart();
+    check(&broker).await;
+    assert_eq!(Api::of(&broker).ok("/api/permissions/%2f/stranger").await["configure"], "");
+    // DELETE takes the vhost away again, also across a restart.
+    let (status, _) = Api::of(&broker).delete("/api/permissions/%2f/stranger").await;
+    assert_eq!(status, 204);
+    let broker = broker.restart();
+    let e = connect_uri(&uri(&broker, "stranger")).await.expect_err("no permissions in /");
+    assert_eq!(amqp_error(&e).map(|e| e.0), Some(530), "{e}");
+}

@@ -127,6 +127,7 @@ impl Policy {
             configure: e.configure.clone(),
             write: e.write.clone(),
             read: e.read.clone(),
+            cleared: false,
         });
         for r in records.chain(stored.permissions.iter().cloned()) {
             p.set_permission(&r).map_err(anyhow::Error::msg)?;
@@ -157,11 +158,11 @@ impl Policy {
         Ok(p)
     }
 
-    /// Sets a user's permissions in a vhost (all three empty: none, RabbitMQ's
-    /// `clear_permissions` as FerryMQ stores it).
+    /// Sets a user's permissions in a vhost, or clears them (a tombstone, RabbitMQ's
+    /// `clear_permissions`). Three empty expressions still open the vhost, as RabbitMQ's.
     pub fn set_permission(&mut self, r: &PermissionRecord) -> Result<(), String> {
         let key = (r.vhost.clone(), r.user.clone());
-        if r.configure.is_empty() && r.write.is_empty() && r.read.is_empty() {
+        if r.cleared {
             self.permissions.remove(&key);
         } else {
             self.permissions.insert(key, VhostPermissions::new(&r.configure, &r.write, &r.read)?);
@@ -186,6 +187,7 @@ impl Policy {
                 configure: p.source[0].clone(),
                 write: p.source[1].clone(),
                 read: p.source[2].clone(),
+                cleared: false,
             })
             .collect()
     }

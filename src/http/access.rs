@@ -433,12 +433,12 @@ pub async fn set_permission(
     Body(b): Body<PermissionBody>,
 ) -> Result<StatusCode, ApiError> {
     caller.require(Access::Administrator)?;
-    let p = PermissionRecord { vhost, user, configure: b.configure, write: b.write, read: b.read };
+    let p = PermissionRecord { vhost, user, configure: b.configure, write: b.write, read: b.read, cleared: false };
     Ok(created(put_permission(&ctx, p).await?))
 }
 
-/// `DELETE /api/permissions/{vhost}/{user}`: the user keeps no permission there (an
-/// empty record, so a configured default does not come back at restart).
+/// `DELETE /api/permissions/{vhost}/{user}`: the user keeps no permission there (a
+/// tombstone, so a configured default does not come back at restart).
 pub async fn clear_permission(
     State(ctx): State<Arc<HttpContext>>,
     Extension(caller): Extension<Caller>,
@@ -448,7 +448,14 @@ pub async fn clear_permission(
     if !ctx.authz.policy().permissions.contains_key(&(vhost.clone(), user.clone())) {
         return Err(ApiError::not_found());
     }
-    let none = PermissionRecord { vhost, user, configure: String::new(), write: String::new(), read: String::new() };
+    let none = PermissionRecord {
+        vhost,
+        user,
+        configure: String::new(),
+        write: String::new(),
+        read: String::new(),
+        cleared: true,
+    };
     commit(&ctx, ctx.broker.stores.access.put_permission(&none)).await?;
     ctx.authz.update(|p| p.set_permission(&none)).map_err(ApiError::bad_request)?;
     Ok(StatusCode::NO_CONTENT)

@@ -220,6 +220,7 @@ pub async fn import(ctx: &HttpContext, defs: &Json_, only_vhost: Option<&str>) -
                 configure: text(p, "configure").into(),
                 write: text(p, "write").into(),
                 read: text(p, "read").into(),
+                cleared: false,
             };
             put_permission(ctx, record).await?;
             report.count("permissions");

@@ -56,6 +56,10 @@ pub struct PermissionRecord {
     pub write: String,
     /// Resources the user may consume from.
     pub read: String,
+    /// A tombstone (`DELETE /api/permissions`): no permissions, so that a configured
+    /// default does not come back at restart. Three empty expressions are permissions
+    /// too, as RabbitMQ's: the vhost may be opened, nothing in it used.
+    pub cleared: bool,
 }
 
 /// A user's topic permissions on one exchange (regular expressions over routing keys).
@@ -217,13 +221,21 @@ impl AccessStore for JournalStore {
                         name: f.text("name"),
                         value: f.text("value"),
                     }),
-                    _ => found.permissions.push(PermissionRecord {
-                        vhost: f.text("vhost"),
-                        user: f.text("user"),
-                        configure: f.text("configure"),
-                        write: f.text("write"),
-                        read: f.text("read"),
-                    }),
+                    _ => {
+                        let (configure, write, read) = (f.text("configure"), f.text("write"), f.text("read"));
+                        // Records written before tombstones had a flag marked one as three
+                        // empty expressions.
+                        let legacy =
+                            f.get("cleared").is_none() && configure.is_empty() && write.is_empty() && read.is_empty();
+                        found.permissions.push(PermissionRecord {
+                            vhost: f.text("vhost"),
+                            user: f.text("user"),
+                            configure,
+                            write,
+                            read,
+                            cleared: f.flag("cleared") || legacy,
+                        })
+                    }
                 }
             }
         }
@@ -266,6 +278,7 @@ impl AccessStore for JournalStore {
             ("configure", Value::Str(p.configure.clone())),
             ("write", Value::Str(p.write.clone())),
             ("read", Value::Str(p.read.clone())),
+            ("cleared", Value::Bool(p.cleared)),
         ]);
         put(key(b'p', &[&p.vhost, &p.user]), value)
     }
