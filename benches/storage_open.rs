@@ -19,7 +19,7 @@ fn main() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = JournalConfig::new(dir.path());
     c.fsync = FsyncPolicy::Never;
-    let j = Journal::open(c.clone()).unwrap();
+    let j = when_unlocked(|| Journal::open(c.clone()));
     let body = Bytes::from(vec![7u8; 256]);
     let batch = |chunk: u64, count: u64| -> Vec<Op> {
         (0..count)
@@ -41,10 +41,10 @@ fn main() {
     drop(j);
     let db_dir = dir.path().join("db");
     let t = Instant::now();
-    drop(sled::Config::new().path(&db_dir).cache_capacity(c.cache_bytes).open().unwrap());
+    drop(when_unlocked(|| sled::Config::new().path(&db_dir).cache_capacity(c.cache_bytes).open()));
     println!("sled open alone: {:?}", t.elapsed());
     let t = Instant::now();
-    let j = Journal::open(c.clone()).unwrap();
+    let j = when_unlocked(|| Journal::open(c.clone()));
     println!("journal open after a clean close: {:?} (index scanned: {})", t.elapsed(), j.stats().index_scanned);
     // Two checkpoint intervals of writes (bounded in count too), then a crash.
     let t = Instant::now();
@@ -57,7 +57,7 @@ fn main() {
     j.crash();
     drop(j);
     let t = Instant::now();
-    let j = Journal::open(c.clone()).unwrap();
+    let j = when_unlocked(|| Journal::open(c.clone()));
     println!(
         "journal open after a crash, {written} records written in the last two checkpoint intervals: {:?} (index scanned: {})",
         t.elapsed(),
@@ -66,11 +66,27 @@ fn main() {
     j.close().unwrap();
     drop(j);
     // Remove the checkpoint, as if there never was one: the index is scanned.
-    let db = sled::Config::new().path(&db_dir).open().unwrap();
+    let db = when_unlocked(|| sled::Config::new().path(&db_dir).open());
     db.remove(b"ferrymq:checkpoint:v2").unwrap();
     db.flush().unwrap();
     drop(db);
     let t = Instant::now();
-    let j = Journal::open(c).unwrap();
+    let j = when_unlocked(|| Journal::open(c.clone()));
     println!("journal open with an index scan: {:?} (index scanned: {})", t.elapsed(), j.stats().index_scanned);
+}
+
+/// Opens with `open`, retrying (bounded, 10 s) while the database's file lock is still
+/// held: sled's background threads let go of a dropped database's files a moment after
+/// the drop, so an open right after a close may find the lock taken.
+fn when_unlocked<T, E: std::fmt::Debug>(mut open: impl FnMut() -> Result<T, E>) -> T {
+    let deadline = Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match open() {
+            Ok(t) => return t,
+            Err(e) if format!("{e:?}").contains("could not acquire lock") && Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(e) => panic!("open failed: {e:?}"),
+        }
+    }
 }
