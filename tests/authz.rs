@@ -564,3 +564,31 @@ async fn three_empty_permissions_open_the_vhost_and_nothing_else_and_survive_a_r
     let e = connect_uri(&uri(&broker, "stranger")).await.expect_err("no permissions in /");
     assert_eq!(amqp_error(&e).map(|e| e.0), Some(530), "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_sets_up_no_route_into_the_mqtt_exchange_while_mqtt_rules_are_on() {
+    // As over AMQP: an alternate or dead-letter exchange, or an exchange binding, into
+    // amq.topic would carry messages past the MQTT rules.
+    let broker = Broker::start_with(Opts::default().config(MQTT_RULES));
+    let api = Api::of(&broker);
+    let refusals = [
+        api.put("/api/queues/%2f/dlq-in", json!({"arguments": {"x-dead-letter-exchange": "amq.topic"}})).await,
+        api.put(
+            "/api/exchanges/%2f/ae-in",
+            json!({"type": "fanout", "arguments": {"alternate-exchange": "amq.topic"}}),
+        )
+        .await,
+        api.post("/api/bindings/%2f/e/amq.fanout/e/amq.topic", json!({"routing_key": "x"})).await,
+    ];
+    for (status, body) in refusals {
+        assert_eq!(status, 403, "{body}");
+        assert!(body["reason"].as_str().unwrap_or_default().contains("MQTT-checked"), "{body}");
+    }
+    assert_eq!(api.get("/api/queues/%2f/dlq-in").await.0, 404, "nothing was made");
+    // Other routes are made as before.
+    let (status, body) =
+        api.put("/api/queues/%2f/dlq-ok", json!({"arguments": {"x-dead-letter-exchange": "amq.direct"}})).await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = api.post("/api/bindings/%2f/e/amq.fanout/e/amq.direct", json!({"routing_key": "x"})).await;
+    assert_eq!(status, 201, "{body}");
+}

@@ -78,6 +78,28 @@ impl Caller {
         authz.access(id, vhost).resource(kind, name, perm).map_err(|r| ApiError::unauthorized_because(&r.0))
     }
 
+    /// A route into `exchange` the caller sets up (a binding's destination exchange, an
+    /// alternate or dead-letter exchange): write on it; and, while MQTT authorization is
+    /// on, none into the MQTT exchange (`mqtt_exchange` of vhost `/`), as over AMQP, since
+    /// the MQTT rules are checked where a message is published, not where it is routed on.
+    pub fn route_into_permitted(
+        &self,
+        authz: &std::sync::Arc<crate::authz::Authorizer>,
+        vhost: &str,
+        exchange: &str,
+        mqtt_exchange: &str,
+    ) -> Result<(), ApiError> {
+        use crate::authz::{Permission, ResourceKind, MQTT_VHOST};
+        self.permitted(authz, vhost, ResourceKind::Exchange, exchange, Permission::Write)?;
+        if authz.mqtt_enabled() && vhost == MQTT_VHOST && exchange == mqtt_exchange {
+            return Err(ApiError::forbidden(format!(
+                "exchange '{exchange}' in vhost '{vhost}' takes MQTT-checked publishes only while MQTT \
+                 authorization is on; publish to it directly"
+            )));
+        }
+        Ok(())
+    }
+
     /// The topic check of a publish through the API on a topic exchange: RabbitMQ's topic
     /// permissions and, on the MQTT exchange, the MQTT rules (401 with RabbitMQ's text).
     pub fn topic_permitted(

@@ -138,6 +138,10 @@ pub async fn declare(
         arguments: json_table(&body.arguments),
     };
     let router = &ctx.broker.router;
+    caller.permitted(&ctx.authz, &vhost, ResourceKind::Exchange, &name, Permission::Configure)?;
+    if let Some(ae) = def.arguments.iter().find(|(k, _)| k == "alternate-exchange").and_then(|(_, v)| v.as_str()) {
+        caller.route_into_permitted(&ctx.authz, &vhost, ae, router.mqtt_exchange())?;
+    }
     if let Some(current) = router.exchange(&vhost, &name) {
         check_equivalent_exchange(&current, &def, &vhost).map_err(ApiError::from)?;
         return Ok(StatusCode::NO_CONTENT);
@@ -452,6 +456,13 @@ pub async fn create_binding(
 ) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
     caller.require(Access::Management)?;
+    // RabbitMQ's checks: read on the source, write on the destination.
+    caller.permitted(&ctx.authz, &vhost, ResourceKind::Exchange, &source, Permission::Read)?;
+    if kind == "e" {
+        caller.route_into_permitted(&ctx.authz, &vhost, &dest, ctx.broker.router.mqtt_exchange())?;
+    } else {
+        caller.permitted(&ctx.authz, &vhost, ResourceKind::Queue, &dest, Permission::Write)?;
+    }
     let args = json_table(&body.arguments);
     let props = properties_key(&body.routing_key, &args);
     let spec = BindingSpec { source: &source, dest_type: &kind, dest: &dest, key: &body.routing_key, args };

@@ -291,6 +291,11 @@ pub async fn declare(
     if name.is_empty() || name.starts_with("amq.") {
         return Err(ApiError::bad_request(format!("queue name '{name}' contains reserved prefix 'amq.*'")));
     }
+    caller.permitted(&ctx.authz, &vhost, ResourceKind::Queue, &name, Permission::Configure)?;
+    let dlx = arguments.iter().find(|(k, _)| k == "x-dead-letter-exchange").and_then(|(_, v)| v.as_str());
+    if let Some(dlx) = dlx {
+        caller.route_into_permitted(&ctx.authz, &vhost, dlx, ctx.broker.router.mqtt_exchange())?;
+    }
     if let Some(existing) = ctx.amqp.entities.queue(&vhost, &name) {
         check_equivalent_queue(&existing, body.durable, false, body.auto_delete, &arguments).map_err(ApiError::from)?;
         return Ok(StatusCode::NO_CONTENT);
