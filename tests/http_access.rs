@@ -51,8 +51,14 @@ async fn users_vhosts_and_permissions_made_over_http_are_used_and_survive_a_rest
     );
     drop(conn);
 
-    // A configured user deleted over HTTP stays deleted.
+    // A configured user deleted over HTTP stays deleted; its open connection is closed,
+    // as RabbitMQ closes a deleted user's connections.
+    let old_conn = connect_uri(&amqp_uri(&broker, "old", "o", "/")).await.expect("old logs in");
+    let mut ev = events(&old_conn);
     assert_eq!(api.delete("/api/users/old").await.0, StatusCode::NO_CONTENT);
+    let (code, text) = server_closed(&mut ev).await;
+    assert_eq!(code, 320, "{text}");
+    assert!(text.contains("user deleted"), "{text}");
     assert_eq!(api.delete("/api/users/old").await.0, StatusCode::NOT_FOUND);
     assert!(connect_uri(&amqp_uri(&broker, "old", "o", "/")).await.is_err());
 

@@ -180,6 +180,10 @@ pub async fn delete_user(ctx: &HttpContext, name: &str) -> Result<(), ApiError> 
     commit(ctx, write).await?;
     forget_permissions(ctx, |_, user| user == name).await?;
     ctx.users.remove(name);
+    // As RabbitMQ: a deleted user's open connections are closed (AMQP 320, MQTT 5 0x98).
+    for c in ctx.broker.connections.list().into_iter().filter(|c| c.user == name) {
+        c.close("user deleted");
+    }
     Ok(())
 }
 
@@ -355,7 +359,7 @@ pub async fn create_user(
     Ok(created(put_user(&ctx, &name, secret, tag_list(&body.tags)).await?))
 }
 
-/// `DELETE /api/users/{name}`.
+/// `DELETE /api/users/{name}` (its open connections are closed).
 pub async fn remove_user(
     State(ctx): State<Arc<HttpContext>>,
     Extension(caller): Extension<Caller>,
