@@ -106,6 +106,10 @@ async fn a_bridge_carries_topics_out_and_in_as_its_topic_lines_say() {
     let b = api.ok("/api/ferrymq/bridges").await;
     assert_eq!((b[0]["name"].as_str(), b[0]["state"].as_str()), (Some("cloud"), Some("running")), "{b}");
     assert!(b[0]["sent"].as_u64() >= Some(3) && b[0]["received"].as_u64() >= Some(2), "{b}");
+    // And in Prometheus' /metrics.
+    let metrics = reqwest::get(format!("{}/metrics", api.base)).await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("ferrymq_bridge_up{bridge=\"cloud\"} 1"), "{metrics}");
+    assert!(metrics.contains("ferrymq_bridge_messages_total{bridge=\"cloud\",direction=\"out\"}"), "{metrics}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -159,6 +159,8 @@ async fn a_shovel_from_the_configuration_carries_an_exchange_across_protocols() 
     let api = Api::of(&source);
     running(&api, "telemetry").await;
     assert_eq!(api.ok("/api/shovels").await[0]["type"], "static");
+    let metrics = reqwest::get(format!("{}/metrics", api.base)).await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("ferrymq_shovel_up{vhost=\"/\",shovel=\"telemetry\"} 1"), "{metrics}");
     assert_eq!(api.ok("/api/parameters/shovel").await, json!([]), "a static shovel is no parameter");
 
     // An MQTT publish at the source reaches an MQTT subscriber at the destination.

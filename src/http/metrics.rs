@@ -234,9 +234,35 @@ pub fn render(ctx: &HttpContext) -> String {
         "Disk alarm raised (1)",
         u64::from(raised.contains(&crate::core::alarm::Resource::Disk)),
     );
+    links(ctx, &mut r);
     let mut out = String::new();
     let _ = encode(&mut out, &r);
     out
+}
+
+/// Bridges and shovels, one series each (few by nature): up (1) or not, messages carried.
+fn links(ctx: &HttpContext, r: &mut Registry) {
+    let up = Family::<Labels, Gauge>::default();
+    let moved = Family::<Labels, Counter>::default();
+    for b in ctx.bridges.list() {
+        let l = vec![("bridge".to_string(), b.name.clone())];
+        up.get_or_create(&l).set(i64::from(b.connected));
+        let out = [l[0].clone(), ("direction".to_string(), "out".to_string())].to_vec();
+        moved.get_or_create(&out).inc_by(b.sent);
+        let inbound = [l[0].clone(), ("direction".to_string(), "in".to_string())].to_vec();
+        moved.get_or_create(&inbound).inc_by(b.received);
+    }
+    r.register("ferrymq_bridge_up", "MQTT bridge connected (1) or reconnecting (0)", up);
+    r.register("ferrymq_bridge_messages", "Messages an MQTT bridge carried, by direction", moved);
+    let up = Family::<Labels, Gauge>::default();
+    let moved = Family::<Labels, Counter>::default();
+    for s in ctx.shovels.list() {
+        let l = vec![("vhost".to_string(), s.vhost.clone()), ("shovel".to_string(), s.name.clone())];
+        up.get_or_create(&l).set(i64::from(s.status.running));
+        moved.get_or_create(&l).inc_by(s.status.moved);
+    }
+    r.register("ferrymq_shovel_up", "Shovel running (1) or not (0)", up);
+    r.register("ferrymq_shovel_messages", "Messages a shovel moved", moved);
 }
 
 /// The per-object series: per queue (RabbitMQ's `rabbitmq_detailed_queue_*` names, labels
