@@ -103,7 +103,23 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WsStream<S> {
 fn io_error(e: tokio_tungstenite::tungstenite::Error) -> io::Error {
     match e {
         tokio_tungstenite::tungstenite::Error::Io(e) => e,
+        tokio_tungstenite::tungstenite::Error::Capacity(c) => {
+            io::Error::new(io::ErrorKind::InvalidData, FrameTooLarge(c))
+        }
         other => io::Error::other(other),
+    }
+}
+
+/// A frame (or message) above the limit: the MQTT connection answers it as a packet too
+/// large (MQTT 5 DISCONNECT 0x95) before it closes.
+#[derive(Debug, thiserror::Error)]
+#[error("WebSocket frame too large: {0}")]
+pub struct FrameTooLarge(tokio_tungstenite::tungstenite::error::CapacityError);
+
+impl FrameTooLarge {
+    /// True when `e` is one.
+    pub fn is(e: &io::Error) -> bool {
+        e.get_ref().is_some_and(|inner| inner.is::<FrameTooLarge>())
     }
 }
 

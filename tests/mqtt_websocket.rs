@@ -213,3 +213,16 @@ async fn secure_websocket_with_a_client_certificate() {
     c.client.publish("browser-1/cmd", v4::QoS::AtLeastOnce, false, "over wss").await.unwrap();
     assert_eq!(&c.next_publish().await.payload[..], b"over wss");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frame_too_large_is_answered_as_a_packet_too_large() {
+    // max_packet_size 1 KiB: frames are allowed that plus 64 KiB; one above is refused the
+    // way an MQTT 5 client understands, DISCONNECT 0x95.
+    let broker = Broker::start_with(Opts::default().env("FERRYMQ_MQTT__MAX_PACKET_SIZE", "1024"));
+    let (mut ws, _) = raw(&broker, "/mqtt", Some("mqtt")).await.unwrap();
+    ws.send(Message::Binary(common::connect_v5_bytes("big-frame").into())).await.unwrap();
+    assert_eq!(next_binary(&mut ws).await[0], 0x20, "CONNACK");
+    ws.send(Message::Binary(vec![0x30; 70 * 1024].into())).await.unwrap();
+    let disconnect = next_binary(&mut ws).await;
+    assert_eq!((disconnect[0], disconnect[2]), (0xE0, 0x95), "{disconnect:?}");
+}

@@ -316,6 +316,12 @@ impl Task {
                         self.proto.handle_input(rbuf.bytes(), Instant::now());
                             Then::HandleEvents { read: n, full }
                     }
+                    Io::Read(Err(e)) if crate::websocket::FrameTooLarge::is(&e) => {
+                        // Over WebSocket a packet too large shows as a frame too large.
+                        conn_log!(debug, self, error = %e, "packet too large");
+                        self.proto.disconnect(ReasonCode::PACKET_TOO_LARGE, Some("packet too large"));
+                        Then::Loop
+                    }
                     Io::Read(Err(e)) => { conn_log!(debug, self, error = %e, "read failed"); eof = true; Then::Loop }
                 },
                 stored = front_stored(&mut self.pending_acks, PendingAck::signal), if ack_ready => {
