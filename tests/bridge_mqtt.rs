@@ -110,6 +110,12 @@ async fn a_bridge_carries_topics_out_and_in_as_its_topic_lines_say() {
     let metrics = reqwest::get(format!("{}/metrics", api.base)).await.unwrap().text().await.unwrap();
     assert!(metrics.contains("ferrymq_bridge_up{bridge=\"cloud\"} 1"), "{metrics}");
     assert!(metrics.contains("ferrymq_bridge_messages_total{bridge=\"cloud\",direction=\"out\"}"), "{metrics}");
+    let out = std::process::Command::new(common::binary())
+        .args(["ctl", "--url", &format!("http://{}", edge.http.unwrap()), "list", "bridges"])
+        .output()
+        .expect("run ferrymq ctl");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && table.lines().nth(1).is_some_and(|l| l.contains("running")), "{table}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -161,6 +161,15 @@ async fn a_shovel_from_the_configuration_carries_an_exchange_across_protocols() 
     assert_eq!(api.ok("/api/shovels").await[0]["type"], "static");
     let metrics = reqwest::get(format!("{}/metrics", api.base)).await.unwrap().text().await.unwrap();
     assert!(metrics.contains("ferrymq_shovel_up{vhost=\"/\",shovel=\"telemetry\"} 1"), "{metrics}");
+    // `ferrymq ctl list shovels`, for people.
+    let out = std::process::Command::new(common::binary())
+        .args(["ctl", "--url", &format!("http://{}", source.http.unwrap()), "list", "shovels"])
+        .output()
+        .expect("run ferrymq ctl");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{table}");
+    let row: Vec<&str> = table.lines().nth(1).unwrap_or_default().split_whitespace().collect();
+    assert_eq!(row[..4], ["/", "telemetry", "static", "running"], "{table}");
     assert_eq!(api.ok("/api/parameters/shovel").await, json!([]), "a static shovel is no parameter");
 
     // An MQTT publish at the source reaches an MQTT subscriber at the destination.

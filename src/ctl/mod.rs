@@ -71,6 +71,10 @@ pub enum Listing {
     Users,
     /// Virtual hosts.
     Vhosts,
+    /// MQTT bridges to other brokers.
+    Bridges,
+    /// AMQP shovels.
+    Shovels,
 }
 
 /// The commands.
@@ -354,6 +358,28 @@ fn listing(what: Listing) -> (&'static str, Vec<Column>) {
             ],
         ),
         Listing::Users => ("/users", vec![col("name", "name", Plain), col("tags", "tags", Plain)]),
+        Listing::Bridges => (
+            "/ferrymq/bridges",
+            vec![
+                col("name", "name", Plain),
+                col("address", "address", Plain),
+                col("state", "state", Plain),
+                col("sent", "sent", Count),
+                col("received", "received", Count),
+                col("reason", "reason", Plain),
+            ],
+        ),
+        Listing::Shovels => (
+            "/shovels",
+            vec![
+                col("vhost", "vhost", Plain),
+                col("name", "name", Plain),
+                col("type", "type", Plain),
+                col("state", "state", Plain),
+                col("moved", "messages_moved", Count),
+                col("reason", "reason", Plain),
+            ],
+        ),
         Listing::Vhosts => (
             "/vhosts",
             vec![
