@@ -7,18 +7,11 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{eventually, v4, v5, Broker, Opts, WAIT};
-
-/// A loopback port free now (bound and released), for a remote broker that must come back
-/// on the same address.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+use common::{eventually, free_port, v4, v5, Broker, Opts, WAIT};
 
 /// A broker whose MQTT listener is on `port` (so that it restarts on it).
 fn remote_on(port: u16) -> Broker {
@@ -149,6 +142,7 @@ async fn messages_wait_in_the_journal_while_the_remote_is_away_even_across_a_cra
 
 /// A Mosquitto broker on a fixed loopback port, with persistence in its own directory.
 struct Mosquitto {
+    bin: &'static str,
     child: Option<Child>,
     port: u16,
     dir: PathBuf,
@@ -165,14 +159,14 @@ impl Mosquitto {
 
     /// [`Mosquitto::start`] with more lines of mosquitto.conf (a bridge).
     async fn start_with(extra: &str) -> Option<Mosquitto> {
-        let bin = ["/usr/sbin/mosquitto", "/usr/bin/mosquitto"].into_iter().find(|p| Path::new(p).exists());
-        if bin.is_none() {
+        let Some(bin) = ["/usr/sbin/mosquitto", "/usr/bin/mosquitto"].into_iter().find(|p| Path::new(p).exists())
+        else {
             eprintln!("skipped: mosquitto is not installed (apt-get install mosquitto)");
             return None;
-        }
+        };
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().to_path_buf();
-        let mut m = Mosquitto { child: None, port: free_port(), dir, extra: extra.to_owned(), _tmp: tmp };
+        let mut m = Mosquitto { bin, child: None, port: free_port(), dir, extra: extra.to_owned(), _tmp: tmp };
         m.spawn().await;
         Some(m)
     }
@@ -192,8 +186,7 @@ impl Mosquitto {
             ),
         )
         .unwrap();
-        let bin = ["/usr/sbin/mosquitto", "/usr/bin/mosquitto"].into_iter().find(|p| Path::new(p).exists()).unwrap();
-        let child = Command::new(bin)
+        let child = Command::new(self.bin)
             .arg("-c")
             .arg(&conf)
             .stdout(Stdio::null())

@@ -187,7 +187,7 @@ pub async fn run(
             backoff = base;
         }
         // Jitter spreads the reconnects of many edge brokers after an outage of the remote.
-        let jitter = 0.75 + 0.5 * f64::from(rand_u8()) / 255.0;
+        let jitter = 0.75 + 0.5 * unit_random();
         let wait = backoff.mul_f64(jitter);
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
@@ -197,9 +197,11 @@ pub async fn run(
     }
 }
 
-fn rand_u8() -> u8 {
-    (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0) >> 8)
-        as u8
+/// A number in [0, 1], from the random keys std's hash maps are seeded with.
+fn unit_random() -> f64 {
+    use std::hash::BuildHasher;
+    let r = std::collections::hash_map::RandomState::new().hash_one(0u8);
+    (r >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// Connects to the remote broker over TCP or TLS.

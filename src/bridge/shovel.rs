@@ -186,6 +186,18 @@ struct Running {
     stop: watch::Sender<bool>,
 }
 
+impl Running {
+    fn view(&self, vhost: &str, name: &str) -> ShovelView {
+        ShovelView {
+            vhost: vhost.to_owned(),
+            name: name.to_owned(),
+            dynamic: self.dynamic,
+            definition: self.definition.clone(),
+            status: self.status.lock().clone(),
+        }
+    }
+}
+
 /// Every shovel, and how to reach FerryMQ itself (`amqp://` without a host).
 pub struct Shovels {
     running: Mutex<HashMap<(String, String), Running>>,
@@ -255,20 +267,15 @@ impl Shovels {
 
     /// Every shovel, by virtual host and name.
     pub fn list(&self) -> Vec<ShovelView> {
-        let mut all: Vec<ShovelView> = self
-            .running
-            .lock()
-            .iter()
-            .map(|((vhost, name), r)| ShovelView {
-                vhost: vhost.clone(),
-                name: name.clone(),
-                dynamic: r.dynamic,
-                definition: r.definition.clone(),
-                status: r.status.lock().clone(),
-            })
-            .collect();
+        let mut all: Vec<ShovelView> =
+            self.running.lock().iter().map(|((vhost, name), r)| r.view(vhost, name)).collect();
         all.sort_by(|a, b| (&a.vhost, &a.name).cmp(&(&b.vhost, &b.name)));
         all
+    }
+
+    /// One shovel.
+    pub fn get(&self, vhost: &str, name: &str) -> Option<ShovelView> {
+        self.running.lock().get(&(vhost.to_owned(), name.to_owned())).map(|r| r.view(vhost, name))
     }
 
     /// Stops every shovel.
@@ -375,10 +382,13 @@ impl Worker {
     async fn link(&self, src: &str, dest: &str, stop: &mut watch::Receiver<bool>) -> Result<(), ShovelError> {
         let src_conn = connect(src, "source").await?;
         let dest_conn = connect(dest, "destination").await?;
-        let sch = src_conn.create_channel().await.map_err(amqp("source"))?;
-        let dch = dest_conn.create_channel().await.map_err(amqp("destination"))?;
+        let mut sch = src_conn.create_channel().await.map_err(amqp("source"))?;
+        let mut dch = dest_conn.create_channel().await.map_err(amqp("destination"))?;
         let queue = match (&self.def.src_queue, &self.def.src_exchange) {
-            (Some(q), _) => ensure_queue(&src_conn, sch.clone(), q, "source").await?,
+            (Some(q), _) => {
+                sch = ensure_queue(&src_conn, sch, q, "source").await?;
+                q.clone()
+            }
             (None, Some(x)) => {
                 let opts = QueueDeclareOptions { exclusive: true, auto_delete: true, ..Default::default() };
                 let q = sch.queue_declare("".into(), opts, FieldTable::default()).await.map_err(amqp("source"))?;
@@ -396,16 +406,9 @@ impl Worker {
             }
             (None, None) => unreachable!("checked: one source"),
         };
-        let sch =
-            if self.def.src_queue.is_some() { src_conn.create_channel().await.map_err(amqp("source"))? } else { sch };
         if let Some(q) = &self.def.dest_queue {
-            ensure_queue(&dest_conn, dch.clone(), q, "destination").await?;
+            dch = ensure_queue(&dest_conn, dch, q, "destination").await?;
         }
-        let dch = if self.def.dest_queue.is_some() {
-            dest_conn.create_channel().await.map_err(amqp("destination"))?
-        } else {
-            dch
-        };
         if self.ack == AckMode::OnConfirm {
             dch.confirm_select(ConfirmSelectOptions::default()).await.map_err(amqp("destination"))?;
         }
@@ -452,17 +455,17 @@ impl Worker {
                         Some(d) => d.map_err(amqp("source"))?,
                         None => return Err(ShovelError::Cancelled),
                     };
-                    let (exchange, key) = match (&self.def.dest_queue, &self.def.dest_exchange) {
-                        (Some(q), _) => (String::new(), q.clone()),
-                        (None, Some(x)) => (x.clone(), self.def.dest_exchange_key.clone().unwrap_or_else(|| d.routing_key.to_string())),
-                        (None, None) => (d.exchange.to_string(), d.routing_key.to_string()),
+                    let (exchange, key): (&str, &str) = match (&self.def.dest_queue, &self.def.dest_exchange) {
+                        (Some(q), _) => ("", q),
+                        (None, Some(x)) => (x, self.def.dest_exchange_key.as_deref().unwrap_or(d.routing_key.as_str())),
+                        (None, None) => (d.exchange.as_str(), d.routing_key.as_str()),
                     };
-                    let mut props = d.properties.clone();
-                    if self.def.add_forward_headers == Some(true) {
-                        props = with_forward_headers(props, &self.name);
-                    }
+                    let props = match self.def.add_forward_headers {
+                        Some(true) => with_forward_headers(d.properties, &self.name),
+                        _ => d.properties,
+                    };
                     let confirm = dch
-                        .basic_publish(exchange.as_str().into(), key.as_str().into(), BasicPublishOptions::default(), &d.data, props)
+                        .basic_publish(exchange.into(), key.into(), BasicPublishOptions::default(), &d.data, props)
                         .await
                         .map_err(amqp("destination"))?;
                     match self.ack {
@@ -494,17 +497,18 @@ async fn connect(uri: &str, side: &'static str) -> Result<Connection, ShovelErro
         .map_err(amqp(side))
 }
 
-/// Makes sure `queue` exists: a passive declare, and a durable declare when it is missing
-/// (the failed passive declare closed `ch`; a new channel is used).
-async fn ensure_queue(conn: &Connection, ch: Channel, queue: &str, side: &'static str) -> Result<String, ShovelError> {
+/// Makes sure `queue` exists: a passive declare, and a durable declare when it is missing;
+/// returns the channel to go on with (`ch`, or a new one when the failed passive declare
+/// closed it).
+async fn ensure_queue(conn: &Connection, ch: Channel, queue: &str, side: &'static str) -> Result<Channel, ShovelError> {
     let passive = QueueDeclareOptions { passive: true, ..Default::default() };
     if ch.queue_declare(queue.into(), passive, FieldTable::default()).await.is_ok() {
-        return Ok(queue.to_owned());
+        return Ok(ch);
     }
     let ch = conn.create_channel().await.map_err(amqp(side))?;
     let durable = QueueDeclareOptions { durable: true, ..Default::default() };
     ch.queue_declare(queue.into(), durable, FieldTable::default()).await.map_err(amqp(side))?;
-    Ok(queue.to_owned())
+    Ok(ch)
 }
 
 /// Adds the `x-shovelled` header (the shovel's name), as RabbitMQ's forward headers.

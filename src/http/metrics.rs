@@ -245,12 +245,11 @@ fn links(ctx: &HttpContext, r: &mut Registry) {
     let up = Family::<Labels, Gauge>::default();
     let moved = Family::<Labels, Counter>::default();
     for b in ctx.bridges.list() {
-        let l = vec![("bridge".to_string(), b.name.clone())];
-        up.get_or_create(&l).set(i64::from(b.connected));
-        let out = [l[0].clone(), ("direction".to_string(), "out".to_string())].to_vec();
-        moved.get_or_create(&out).inc_by(b.sent);
-        let inbound = [l[0].clone(), ("direction".to_string(), "in".to_string())].to_vec();
-        moved.get_or_create(&inbound).inc_by(b.received);
+        let bridge = ("bridge".to_string(), b.name.clone());
+        up.get_or_create(&vec![bridge.clone()]).set(i64::from(b.connected));
+        for (direction, n) in [("out", b.sent), ("in", b.received)] {
+            moved.get_or_create(&vec![bridge.clone(), ("direction".to_string(), direction.to_string())]).inc_by(n);
+        }
     }
     r.register("ferrymq_bridge_up", "MQTT bridge connected (1) or reconnecting (0)", up);
     r.register("ferrymq_bridge_messages", "Messages an MQTT bridge carried, by direction", moved);

@@ -45,7 +45,7 @@ pub async fn put_shovel(ctx: &HttpContext, vhost: &str, name: &str, value: Value
         value: serde_json::to_string(&def).map_err(|e| ApiError::internal(e.to_string()))?,
     };
     commit(ctx, ctx.broker.stores.access.put_parameter(&record)).await?;
-    let existed = ctx.shovels.list().iter().any(|s| s.vhost == vhost && s.name == name);
+    let existed = ctx.shovels.get(vhost, name).is_some();
     ctx.shovels.start(vhost, name, def, true).map_err(|e| ApiError::bad_request(format!("shovel `{name}`: {e}")))?;
     Ok(!existed)
 }
@@ -74,9 +74,8 @@ pub async fn get(
     Path((vhost, name)): Path<(String, String)>,
 ) -> Answer {
     caller.require(Access::Management)?;
-    let all = ctx.shovels.list();
-    let s = all.iter().find(|s| s.dynamic && s.vhost == vhost && s.name == name).ok_or_else(ApiError::not_found)?;
-    Ok(Json(parameter_json(s)))
+    let s = ctx.shovels.get(&vhost, &name).filter(|s| s.dynamic).ok_or_else(ApiError::not_found)?;
+    Ok(Json(parameter_json(&s)))
 }
 
 /// `PUT /api/parameters/shovel/{vhost}/{name}` with `{"value": {...}}`: 201 when new, 204
@@ -102,8 +101,7 @@ pub async fn delete(
     Path((vhost, name)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     caller.require(Access::Administrator)?;
-    let dynamic = ctx.shovels.list().iter().any(|s| s.dynamic && s.vhost == vhost && s.name == name);
-    if !dynamic {
+    if !ctx.shovels.get(&vhost, &name).is_some_and(|s| s.dynamic) {
         return Err(ApiError::not_found());
     }
     commit(&ctx, ctx.broker.stores.access.remove_parameter(SHOVEL, &vhost, &name)).await?;

@@ -17,6 +17,9 @@ use std::time::{Duration, Instant};
 /// `--log` filter of a test broker unless [`Opts::log`] says otherwise.
 pub const DEFAULT_LOG: &str = "ferrymq=debug,info";
 
+/// Where the log of a restarted broker's new run begins.
+const RESTARTED: &str = "--- restarted ---\n";
+
 /// The broker's stderr as read so far, and a signal when it grows.
 #[derive(Default)]
 struct LogBuf {
@@ -269,7 +272,7 @@ impl Broker {
         let opts = self.opts.clone();
         let old_log = self.log();
         let b = Self::spawn(dir, tmp, opts);
-        b.log.text.lock().unwrap().insert_str(0, &format!("--- previous run ---\n{old_log}--- restarted ---\n"));
+        b.log.text.lock().unwrap().insert_str(0, &format!("--- previous run ---\n{old_log}{RESTARTED}"));
         b
     }
 
@@ -278,13 +281,14 @@ impl Broker {
         self.log.text.lock().unwrap().clone()
     }
 
-    /// Waits (at most 10 s) until the broker's log contains `needle`; whether it did. The
-    /// log is read by its own thread, so a line written before `READY` may arrive after it.
+    /// Waits (at most 10 s) until the log of the broker's current run (not of one before
+    /// a restart) contains `needle`; whether it did. The log is read by its own thread, so
+    /// a line written before `READY` may arrive after it.
     pub fn wait_log(&self, needle: &str) -> bool {
+        let seen = |t: &String| t.rsplit_once(RESTARTED).map_or(t.as_str(), |(_, run)| run).contains(needle);
         let text = self.log.text.lock().unwrap();
-        let (text, _) =
-            self.log.grew.wait_timeout_while(text, Duration::from_secs(10), |t| !t.contains(needle)).unwrap();
-        text.contains(needle)
+        let (text, _) = self.log.grew.wait_timeout_while(text, Duration::from_secs(10), |t| !seen(t)).unwrap();
+        seen(&text)
     }
 
     /// Host and port for clients.

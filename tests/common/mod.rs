@@ -17,6 +17,12 @@ pub mod http;
 
 pub use broker::{binary, run_binary, Broker, Opts};
 
+/// A loopback port free now (bound and released), for a broker that must come back on
+/// the same address after a restart.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
 /// Default bound for waiting on one event.
 pub const WAIT: Duration = Duration::from_secs(10);
 

@@ -312,18 +312,17 @@ impl Client {
             QoS::AtMostOnce => 0,
             _ => self.take_pkid()?,
         };
+        let (pkid, awaits) = match p.qos {
+            QoS::AtMostOnce => (0, None),
+            QoS::AtLeastOnce => (p.pkid, Some(Outbound::Ack)),
+            QoS::ExactlyOnce => (p.pkid, Some(Outbound::Rec)),
+        };
         // A 3.x connection carries no properties; the codec leaves them out.
-        self.send(&Packet::Publish(p.clone()), now)?;
-        match p.qos {
-            QoS::AtMostOnce => {}
-            QoS::AtLeastOnce => {
-                self.outbound.insert(p.pkid, Outbound::Ack);
-            }
-            QoS::ExactlyOnce => {
-                self.outbound.insert(p.pkid, Outbound::Rec);
-            }
+        self.send(&Packet::Publish(p), now)?;
+        if let Some(awaits) = awaits {
+            self.outbound.insert(pkid, awaits);
         }
-        Ok(p.pkid)
+        Ok(pkid)
     }
 
     /// Acknowledges the inbound QoS 1/2 publish `pkid` (PUBACK, or PUBREC for QoS 2);
