@@ -215,10 +215,10 @@ impl Server {
             let rules = b.rules().map_err(|e| anyhow::anyhow!("bridge `{}`: {e}", b.connection))?;
             if !b.bridge_cafile.is_empty() {
                 // A file that cannot be read is a configuration error, not a link failure.
-                crate::tls::connector(&b.bridge_cafile, &b.bridge_certfile, &b.bridge_keyfile)
+                crate::tls::connector(&b.bridge_cafile, &b.bridge_certfile, &b.bridge_keyfile, b.bridge_insecure)
                     .with_context(|| format!("bridge `{}`", b.connection))?;
             }
-            let status = bridges.add(&b.connection, &b.address);
+            let status = bridges.add(&b.connection, &b.address[0]);
             tokio::spawn(crate::bridge::mqtt::run(server.mqtt.clone(), b.clone(), rules, status, stop_rx.clone()));
         }
         // Shovels start once the AMQP listener is bound: `amqp://` without a host is it.

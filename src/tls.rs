@@ -177,8 +177,15 @@ pub struct ClientTlsError {
 
 /// A TLS client (ring provider) that trusts the CA certificates in `ca_file` and, when
 /// `cert_file` and `key_file` are given, presents that certificate (a bridge's
-/// `bridge_cafile`, `bridge_certfile`, `bridge_keyfile`).
-pub fn connector(ca_file: &str, cert_file: &str, key_file: &str) -> Result<tokio_rustls::TlsConnector, ClientTlsError> {
+/// `bridge_cafile`, `bridge_certfile`, `bridge_keyfile`). `any_name` accepts a server
+/// certificate that does not name the host (the chain is still checked: Mosquitto's
+/// `bridge_insecure`).
+pub fn connector(
+    ca_file: &str,
+    cert_file: &str,
+    key_file: &str,
+    any_name: bool,
+) -> Result<tokio_rustls::TlsConnector, ClientTlsError> {
     let bad = |what: &'static str, path: &str| {
         let path = path.to_owned();
         move |e: String| ClientTlsError { what, path: path.clone(), reason: e }
@@ -192,10 +199,17 @@ pub fn connector(ca_file: &str, cert_file: &str, key_file: &str) -> Result<tokio
         return Err(ca("no certificate found".into()));
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
+    let versions = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| ca(e.to_string()))?
-        .with_root_certificates(roots);
+        .map_err(|e| ca(e.to_string()))?;
+    let builder = if any_name {
+        let chain = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
+            .build()
+            .map_err(|e| ca(e.to_string()))?;
+        versions.dangerous().with_custom_certificate_verifier(Arc::new(AnyName(chain)))
+    } else {
+        versions.with_root_certificates(roots)
+    };
     let config = if cert_file.is_empty() {
         builder.with_no_client_auth()
     } else {
@@ -208,4 +222,50 @@ pub fn connector(ca_file: &str, cert_file: &str, key_file: &str) -> Result<tokio
         builder.with_client_auth_cert(chain, key).map_err(|e| cert(e.to_string()))?
     };
     Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+}
+
+/// Checks a server's certificate chain as WebPKI does, but not that it names the host.
+#[derive(Debug)]
+struct AnyName(Arc<rustls::client::WebPkiServerVerifier>);
+
+impl rustls::client::danger::ServerCertVerifier for AnyName {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &rustls_pki_types::ServerName<'_>,
+        ocsp: &[u8],
+        now: rustls_pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        use rustls::CertificateError::{NotValidForName, NotValidForNameContext};
+        // The name is checked after the chain: a name error means the chain was good.
+        match self.0.verify_server_cert(end_entity, intermediates, server_name, ocsp, now) {
+            Err(rustls::Error::InvalidCertificate(NotValidForName | NotValidForNameContext { .. })) => {
+                Ok(rustls::client::danger::ServerCertVerified::assertion())
+            }
+            r => r,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
 }

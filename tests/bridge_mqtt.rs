@@ -421,6 +421,26 @@ async fn a_bridge_over_tls_presents_its_client_certificate() {
     let lone =
         Broker::start_with(Opts::default().config(&(bridge_toml(&address, "mqttv50", &["up/# out 1"]) + &no_cert)));
     assert!(lone.wait_log("bridge down; reconnecting with backoff"), "{}", lone.log());
+
+    // A remote reached at an address its certificate does not name (127.0.0.2; it names
+    // localhost and 127.0.0.1) is refused, unless `bridge_insecure` is set; the chain is
+    // checked either way.
+    let other = Broker::start_with(
+        Opts::default()
+            .config(&format!(
+                "[tls]\ncert = \"{}\"\nkey = \"{}\"\n",
+                pki.server_cert.display(),
+                pki.server_key.display()
+            ))
+            .args(&["--mqtts-listen", "127.0.0.2:0"]),
+    );
+    let address = format!("127.0.0.2:{}", other.mqtts.unwrap().port());
+    let bridge = bridge_toml(&address, "mqttv311", &["up/# out 1"]) + &no_cert;
+    let strict = Broker::start_with(Opts::default().config(&bridge));
+    assert!(strict.wait_log("bridge down; reconnecting with backoff"), "{}", strict.log());
+    assert!(strict.log().contains("not valid for name \"127.0.0.2\""), "refused for the name: {}", strict.log());
+    let insecure = Broker::start_with(Opts::default().config(&(bridge + "bridge_insecure = true\n")));
+    bridged(&insecure);
 }
 
 #[test]
@@ -434,4 +454,201 @@ fn a_bad_topic_line_is_refused_before_anything_starts() {
         assert_ne!(code, 0, "{err}");
         assert!(err.contains("bridge `cloud`") && err.contains(why), "{err}");
     }
+}
+
+// ----- QoS 2 exactly once across a crash of FerryMQ -------------------------------------
+
+/// The remote broker played by the test, one connection at a time, in FerryMQ's own
+/// codec: it decides when acks go back, so the crash can fall between two of them.
+struct ScriptedRemote {
+    stream: tokio::net::TcpStream,
+    buf: bytes::BytesMut,
+}
+
+impl ScriptedRemote {
+    const LEVEL: ferrymq_mqtt::ProtocolLevel = ferrymq_mqtt::ProtocolLevel::V3_1_1;
+
+    /// Accepts the bridge: CONNECT (a persistent session), CONNACK with the session
+    /// present, SUBSCRIBE, SUBACK.
+    async fn accept(listener: &tokio::net::TcpListener) -> ScriptedRemote {
+        use ferrymq_mqtt::{ConnAckProperties, Packet, ReasonCode};
+        let (stream, _) = tokio::time::timeout(WAIT, listener.accept()).await.expect("the bridge connects").unwrap();
+        let mut r = ScriptedRemote { stream, buf: bytes::BytesMut::new() };
+        let Packet::Connect(c) = r.read(None).await else { panic!("CONNECT first") };
+        assert!(!c.clean_start, "the bridge keeps its session at the remote");
+        let connack = Packet::ConnAck {
+            session_present: true,
+            reason: ReasonCode::SUCCESS,
+            properties: Box::<ConnAckProperties>::default(),
+        };
+        r.send(connack).await;
+        let Packet::Subscribe(s) = r.next().await else { panic!("SUBSCRIBE") };
+        r.send(Packet::SubAck { pkid: s.pkid, reasons: vec![ReasonCode(2)], reason_string: None }).await;
+        // The bridge's state, as Mosquitto's bridges publish it (`notifications`).
+        let state = r.next_publish().await;
+        assert_eq!(
+            (state.topic.as_str(), &state.payload[..], state.retain),
+            ("$SYS/broker/connection/ferrymq.cloud/state", &b"1"[..], true)
+        );
+        r.send(Packet::PubAck { pkid: state.pkid, reason: ReasonCode::SUCCESS, reason_string: None }).await;
+        r
+    }
+
+    async fn read(&mut self, level: Option<ferrymq_mqtt::ProtocolLevel>) -> ferrymq_mqtt::Packet {
+        use tokio::io::AsyncReadExt;
+        loop {
+            if let Some(p) = ferrymq_mqtt::codec::decode(&mut self.buf, level, 1 << 20).unwrap() {
+                return p;
+            }
+            let n = tokio::time::timeout(WAIT, self.stream.read_buf(&mut self.buf)).await.expect("a packet").unwrap();
+            assert!(n > 0, "the bridge closed the connection");
+        }
+    }
+
+    /// The next packet other than PINGREQ (answered).
+    async fn next(&mut self) -> ferrymq_mqtt::Packet {
+        loop {
+            match self.read(Some(Self::LEVEL)).await {
+                ferrymq_mqtt::Packet::PingReq => self.send(ferrymq_mqtt::Packet::PingResp).await,
+                p => return p,
+            }
+        }
+    }
+
+    async fn send(&mut self, p: ferrymq_mqtt::Packet) {
+        use tokio::io::AsyncWriteExt;
+        let mut b = bytes::BytesMut::new();
+        ferrymq_mqtt::codec::encode(&p, Self::LEVEL, &mut b).unwrap();
+        self.stream.write_all(&b).await.unwrap();
+    }
+
+    /// Sends a QoS 2 PUBLISH and plays the exchange to its end, as a remote that did (or,
+    /// `dup`, did not) see the PUBREC of an earlier try.
+    async fn publish_qos2(&mut self, pkid: u16, topic: &str, payload: &'static str, dup: bool) {
+        use ferrymq_mqtt::{Packet, Publish, PublishProperties, QoS, ReasonCode};
+        let p = Publish {
+            dup,
+            qos: QoS::ExactlyOnce,
+            retain: false,
+            topic: topic.into(),
+            pkid,
+            payload: bytes::Bytes::from_static(payload.as_bytes()),
+            properties: PublishProperties::default(),
+        };
+        self.send(Packet::Publish(p)).await;
+        assert!(matches!(self.next().await, Packet::PubRec { pkid: id, .. } if id == pkid));
+        self.send(Packet::PubRel { pkid, reason: ReasonCode::SUCCESS }).await;
+        assert!(matches!(self.next().await, Packet::PubComp { pkid: id, .. } if id == pkid));
+    }
+
+    /// The next PUBLISH the bridge sends.
+    async fn next_publish(&mut self) -> ferrymq_mqtt::Publish {
+        match self.next().await {
+            ferrymq_mqtt::Packet::Publish(p) => p,
+            other => panic!("expected PUBLISH, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qos2_crosses_a_bridge_exactly_once_when_ferrymq_is_killed_between_the_acks() {
+    use ferrymq_mqtt::{Packet, Publish, PublishProperties, QoS, ReasonCode};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let edge = edge(&address, "mqttv311", &["cmd/# in 2", "up/# out 2"]);
+    let mut app = v4::connect_persistent(&edge, "app").await;
+    app.subscribe("cmd/#", v4::QoS::ExactlyOnce).await;
+    drop(app);
+
+    // In: the remote's PUBLISH is stored at FerryMQ (PUBREC) when FerryMQ is killed.
+    let mut remote = ScriptedRemote::accept(&listener).await;
+    let first = Publish {
+        dup: false,
+        qos: QoS::ExactlyOnce,
+        retain: false,
+        topic: "cmd/a".into(),
+        pkid: 7,
+        payload: bytes::Bytes::from_static(b"first"),
+        properties: PublishProperties::default(),
+    };
+    remote.send(Packet::Publish(first)).await;
+    assert!(matches!(remote.next().await, Packet::PubRec { pkid: 7, .. }));
+    let edge = edge.crash_restart();
+    // The remote did not see that PUBREC: it sends the PUBLISH again, then the rest.
+    let mut remote = ScriptedRemote::accept(&listener).await;
+    remote.publish_qos2(7, "cmd/a", "first", true).await;
+    // Id 7 is free again at FerryMQ: a new message under it is a new message.
+    remote.publish_qos2(7, "cmd/a", "second", false).await;
+    remote.publish_qos2(8, "cmd/a", "end", false).await;
+    let mut app = v4::connect_persistent(&edge, "app").await;
+    assert_eq!(payloads_v4(&mut app, 3).await, ["first", "second", "end"], "one copy of each");
+
+    // Out: FerryMQ's PUBLISH reaches the remote, which has not answered when FerryMQ is
+    // killed; after the restart the same message comes again under the same packet id,
+    // marked DUP, so a remote that kept its session recognises it.
+    let mut device = v4::connect(&edge, "device").await;
+    device.publish_acked("up/x", v4::QoS::ExactlyOnce, false, "u1").await;
+    let sent = remote.next_publish().await;
+    assert_eq!((&sent.payload[..], sent.qos, sent.dup), (&b"u1"[..], QoS::ExactlyOnce, false));
+    drop(device);
+    let edge = edge.crash_restart();
+    let mut remote = ScriptedRemote::accept(&listener).await;
+    let again = remote.next_publish().await;
+    assert_eq!((&again.payload[..], again.pkid, again.dup), (&b"u1"[..], sent.pkid, true), "re-sent as a DUP");
+    remote.send(Packet::PubRec { pkid: sent.pkid, reason: ReasonCode::SUCCESS, reason_string: None }).await;
+    assert!(matches!(remote.next().await, Packet::PubRel { pkid, .. } if pkid == sent.pkid));
+    remote.send(Packet::PubComp { pkid: sent.pkid, reason: ReasonCode::SUCCESS }).await;
+    // The exchange is over at FerryMQ too: the next message goes, and u1 is not sent again.
+    let mut device = v4::connect(&edge, "device").await;
+    device.publish_acked("up/x", v4::QoS::ExactlyOnce, false, "u2").await;
+    assert_eq!(&remote.next_publish().await.payload[..], b"u2");
+}
+
+/// The next state the bridge published on `$SYS/broker/connection/+/state`.
+async fn next_state(watch: &mut v4::Client) -> String {
+    let m = watch.next_publish().await;
+    assert_eq!(m.topic, "$SYS/broker/connection/ferrymq.cloud/state");
+    String::from_utf8_lossy(&m.payload).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bridge_fails_over_to_the_next_address_returns_to_the_main_one_and_reports_its_state() {
+    let port = free_port();
+    let mut main = remote_on(port);
+    let spare = Broker::start();
+    let (h, p) = spare.host_port();
+    // Mosquitto's spelling: the addresses in one string, separated by spaces.
+    let edge = edge(&format!("127.0.0.1:{port} {h}:{p}"), "mqttv311", &["up/# out 1"]);
+    let mut watch = v4::connect(&edge, "watch").await;
+    watch.subscribe("$SYS/broker/connection/+/state", v4::QoS::AtLeastOnce).await;
+    assert_eq!(next_state(&mut watch).await, "1", "connected to the main address");
+    // The remote sees the state too, retained.
+    let mut at_main = v4::connect(&main, "main-watch").await;
+    at_main.subscribe("$SYS/broker/connection/+/state", v4::QoS::AtLeastOnce).await;
+    let m = at_main.next_publish().await;
+    assert_eq!((&m.payload[..], m.retain), (&b"1"[..], true));
+    drop(at_main);
+
+    // The main broker goes away: the bridge goes down, then up at the spare address.
+    main.stop();
+    assert_eq!(next_state(&mut watch).await, "0");
+    assert_eq!(next_state(&mut watch).await, "1", "connected to the spare address");
+    let mut at_spare = v4::connect(&spare, "spare-app").await;
+    at_spare.subscribe("up/#", v4::QoS::AtLeastOnce).await;
+    at_spare.subscribe("$SYS/broker/connection/+/state", v4::QoS::AtLeastOnce).await;
+    assert_eq!(&at_spare.next_publish().await.payload[..], b"1");
+    let mut device = v4::connect(&edge, "device").await;
+    device.publish_acked("up/1", v4::QoS::AtLeastOnce, false, "via-spare").await;
+    assert_eq!(&at_spare.next_publish().await.payload[..], b"via-spare");
+
+    // The main broker is back: the bridge leaves the spare (which is told `0`) for it.
+    let main = main.start_again();
+    assert_eq!(&at_spare.next_publish().await.payload[..], b"0", "the spare is told the bridge left");
+    assert_eq!(next_state(&mut watch).await, "0");
+    assert_eq!(next_state(&mut watch).await, "1", "back on the main address");
+    assert!(edge.wait_log("the main address is back"), "{}", edge.log());
+    let mut at_main = v4::connect(&main, "main-app").await;
+    at_main.subscribe("up/#", v4::QoS::AtLeastOnce).await;
+    device.publish_acked("up/2", v4::QoS::AtLeastOnce, false, "via-main").await;
+    assert_eq!(&at_main.next_publish().await.payload[..], b"via-main");
 }

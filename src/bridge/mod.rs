@@ -37,8 +37,25 @@ use topic::TopicRule;
 pub struct MqttBridgeEntry {
     /// The bridge's name (Mosquitto's `connection`).
     pub connection: String,
-    /// The remote broker, `host:port`.
-    pub address: String,
+    /// The remote broker, `host[:port]` (port 1883 when left out). Several (a list, or
+    /// separated by spaces as in mosquitto.conf; `addresses` is the same key) are tried in
+    /// turn when one fails.
+    #[serde(alias = "addresses", deserialize_with = "addresses")]
+    pub address: Vec<String>,
+    /// With several addresses: `false` treats the first as the main one and returns to it
+    /// once it accepts connections again; `true` stays on whichever works.
+    #[serde(default)]
+    pub round_robin: bool,
+    /// Publish the bridge's state, retained: `1` when it connects, `0` when it goes down
+    /// (at the remote through its will), on FerryMQ and at the remote broker.
+    #[serde(default = "yes")]
+    pub notifications: bool,
+    /// Publish the state on FerryMQ only.
+    #[serde(default)]
+    pub notifications_local_only: bool,
+    /// Where the state goes (default `$SYS/broker/connection/{remote_clientid}/state`).
+    #[serde(default)]
+    pub notification_topic: String,
     /// Topic lines: `pattern [[[out|in|both] qos] local-prefix remote-prefix]`.
     pub topic: Vec<String>,
     /// `mqttv311` or `mqttv50`.
@@ -87,13 +104,53 @@ pub struct MqttBridgeEntry {
     /// Its private key (PEM).
     #[serde(default)]
     pub bridge_keyfile: String,
+    /// Accept a remote certificate that does not name the host it is reached at (the
+    /// chain is still checked against `bridge_cafile`).
+    #[serde(default)]
+    pub bridge_insecure: bool,
+}
+
+/// `address` as one string (addresses separated by spaces) or a list; each gets port 1883
+/// when it names none.
+fn addresses<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    let list = match OneOrMany::deserialize(d)? {
+        OneOrMany::One(s) => s.split_whitespace().map(str::to_owned).collect(),
+        OneOrMany::Many(v) => v,
+    };
+    Ok(list.into_iter().map(|a| with_port(a.trim())).collect())
+}
+
+/// `host` or `[v6]` without a port gets Mosquitto's default, 1883.
+fn with_port(a: &str) -> String {
+    let has_port = match a.strip_prefix('[') {
+        Some(v6) => v6.contains("]:"),
+        None => a.contains(':'),
+    };
+    if has_port {
+        a.to_owned()
+    } else {
+        format!("{a}:1883")
+    }
 }
 
 impl MqttBridgeEntry {
     /// The topic lines parsed, after the other settings were checked.
     pub fn rules(&self) -> Result<Vec<TopicRule>, String> {
-        if self.connection.is_empty() || self.address.rsplit_once(':').is_none() {
-            return Err("a bridge needs a `connection` name and an `address` host:port".into());
+        if self.connection.is_empty() || self.address.is_empty() {
+            return Err("a bridge needs a `connection` name and an `address`".into());
+        }
+        if let Some(a) = self
+            .address
+            .iter()
+            .find(|a| a.rsplit_once(':').is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err()))
+        {
+            return Err(format!("address `{a}` is not host[:port]"));
         }
         if !matches!(self.bridge_protocol_version.as_str(), "mqttv311" | "mqttv50") {
             return Err("bridge_protocol_version is mqttv311 or mqttv50".into());
@@ -145,7 +202,7 @@ pub struct BridgeSection {
 pub struct BridgeStatus {
     /// The bridge's name.
     pub name: String,
-    /// The remote address.
+    /// The remote address in use (or tried last).
     pub address: String,
     /// Both links are up.
     pub connected: bool,
@@ -180,5 +237,29 @@ impl Bridges {
     /// A snapshot of every bridge.
     pub fn list(&self) -> Vec<BridgeStatus> {
         self.status.lock().iter().map(|s| s.lock().clone()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(address: &str) -> Result<MqttBridgeEntry, config::ConfigError> {
+        let toml = format!("connection = \"c\"\ntopic = [\"# out 1\"]\n{address}");
+        config::Config::builder()
+            .add_source(config::File::from_str(&toml, config::FileFormat::Toml))
+            .build()?
+            .try_deserialize()
+    }
+
+    #[test]
+    fn addresses_are_one_string_or_a_list_and_get_the_default_port() {
+        let e = entry("address = \"a.example b.example:8883 [::1]\"").unwrap();
+        assert_eq!(e.address, ["a.example:1883", "b.example:8883", "[::1]:1883"]);
+        let e = entry("addresses = [\"10.0.0.1\", \"[::1]:1884\"]").unwrap();
+        assert_eq!(e.address, ["10.0.0.1:1883", "[::1]:1884"]);
+        assert!(e.rules().is_ok() && e.notifications && !e.round_robin && !e.bridge_insecure);
+        assert!(entry("address = \"\"").unwrap().rules().unwrap_err().contains("address"));
+        assert!(entry("address = \"h:port\"").unwrap().rules().unwrap_err().contains("h:port"));
     }
 }

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use ferrymq_mqtt::{
     Client, ClientError, ClientEvent, ClientOptions, ProtocolLevel, Publish, PublishProperties, QoS, SubscribeFilter,
+    Will,
 };
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -73,6 +74,9 @@ pub enum BridgeError {
     /// TLS could not be set up or the name is not one TLS can check.
     #[error("remote: TLS: {0}")]
     Tls(String),
+    /// The main address accepts connections again: the bridge leaves the fail-over one.
+    #[error("the main address is back")]
+    MainBack,
 }
 
 /// A byte stream the bridge reads and writes (TCP, TLS, the in-process pipe).
@@ -157,27 +161,45 @@ pub async fn run(
 ) {
     let base = Duration::from_secs_f64(cfg.restart_timeout.first().copied().unwrap_or(5.0));
     let cap = Duration::from_secs_f64(cfg.restart_timeout.get(1).copied().unwrap_or(30.0)).max(base);
+    let state_topic = notification_topic(&cfg);
     let mut backoff = base;
     let mut last_error = String::new();
+    // The address tried next, and failed attempts since the bridge was last up.
+    let (mut at, mut failures) = (0usize, 0usize);
     while !*stop.borrow() {
         let started = Instant::now();
+        let address = cfg.address[at].clone();
+        status.lock().address = address.clone();
+        // On a fail-over address the main one is probed, unless all are equals.
+        let main = (at != 0 && !cfg.round_robin).then(|| (cfg.address[0].as_str(), base));
         let mut link_stop = stop.clone();
         let outcome = tokio::select! {
             biased;
-            r = link(&ctx, &cfg, &rules, &status, &mut link_stop) => r,
+            r = link(&ctx, &cfg, &rules, &status, &mut link_stop, &address, main) => r,
             _ = stop.changed() => Ok(()),
         };
-        status.lock().connected = false;
+        let was_up = std::mem::replace(&mut status.lock().connected, false);
+        if was_up {
+            failures = 0;
+            if cfg.notifications {
+                crate::mqtt::sys::publish(&ctx, &state_topic, "0".into()).await;
+            }
+        }
         match outcome {
             Ok(()) => return,
+            Err(BridgeError::MainBack) => {
+                info!(bridge = %cfg.connection, address = %cfg.address[0], "the main address is back; the bridge moves to it");
+                (at, failures, backoff) = (0, 0, base);
+                continue;
+            }
             Err(e) => {
                 let e = e.to_string();
                 // Logged once per kind of failure: a remote that stays away must not
                 // flood the log.
                 if e != last_error {
-                    warn!(bridge = %cfg.connection, address = %cfg.address, error = %e, "bridge down; reconnecting with backoff");
+                    warn!(bridge = %cfg.connection, address = %address, error = %e, "bridge down; reconnecting with backoff");
                 } else {
-                    debug!(bridge = %cfg.connection, error = %e, "bridge still down");
+                    debug!(bridge = %cfg.connection, address = %address, error = %e, "bridge still down");
                 }
                 status.lock().last_error = Some(e.clone());
                 last_error = e;
@@ -186,14 +208,57 @@ pub async fn run(
         if started.elapsed() > STABLE {
             backoff = base;
         }
+        // The next address at once (after the base wait); the backoff grows only when
+        // every address failed in turn.
+        failures += 1;
+        at = (at + 1) % cfg.address.len();
+        let wait = if failures % cfg.address.len() != 0 {
+            base
+        } else {
+            let w = backoff;
+            backoff = (backoff * 2).min(cap);
+            w
+        };
         // Jitter spreads the reconnects of many edge brokers after an outage of the remote.
         let jitter = 0.75 + 0.5 * unit_random();
-        let wait = backoff.mul_f64(jitter);
         tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
+            _ = tokio::time::sleep(wait.mul_f64(jitter)) => {}
             _ = stop.changed() => return,
         }
-        backoff = (backoff * 2).min(cap);
+    }
+}
+
+/// The bridge's client id at the remote broker.
+fn remote_clientid(cfg: &MqttBridgeEntry) -> String {
+    or(&cfg.remote_clientid, || format!("ferrymq.{}", cfg.connection))
+}
+
+/// Where the bridge's state is published (Mosquitto's default topic).
+fn notification_topic(cfg: &MqttBridgeEntry) -> String {
+    or(&cfg.notification_topic, || format!("$SYS/broker/connection/{}/state", remote_clientid(cfg)))
+}
+
+/// The bridge's state as a retained QoS 1 message.
+fn state_message(topic: &str, up: bool, qos: QoS) -> Publish {
+    Publish {
+        dup: false,
+        qos,
+        retain: true,
+        topic: topic.to_owned(),
+        pkid: 0,
+        payload: Bytes::from_static(if up { b"1" } else { b"0" }),
+        properties: PublishProperties::default(),
+    }
+}
+
+/// Resolves once `main` accepts a TCP connection again, probed every `every`.
+async fn main_back(main: Option<(&str, Duration)>) {
+    let Some((address, every)) = main else { return std::future::pending().await };
+    loop {
+        tokio::time::sleep(every).await;
+        if let Ok(Ok(_)) = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(address)).await {
+            return;
+        }
     }
 }
 
@@ -204,9 +269,9 @@ fn unit_random() -> f64 {
     (r >> 11) as f64 / (1u64 << 53) as f64
 }
 
-/// Connects to the remote broker over TCP or TLS.
-async fn connect_remote(cfg: &MqttBridgeEntry) -> Result<Box<dyn Stream>, BridgeError> {
-    let tcp = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&cfg.address))
+/// Connects to the remote broker at `address` over TCP or TLS.
+async fn connect_remote(cfg: &MqttBridgeEntry, address: &str) -> Result<Box<dyn Stream>, BridgeError> {
+    let tcp = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(address))
         .await
         .map_err(|_| BridgeError::Timeout("remote"))?
         .map_err(|error| BridgeError::Io { side: "remote", error })?;
@@ -214,9 +279,10 @@ async fn connect_remote(cfg: &MqttBridgeEntry) -> Result<Box<dyn Stream>, Bridge
     if cfg.bridge_cafile.is_empty() {
         return Ok(Box::new(tcp));
     }
-    let connector = crate::tls::connector(&cfg.bridge_cafile, &cfg.bridge_certfile, &cfg.bridge_keyfile)
-        .map_err(|e| BridgeError::Tls(e.to_string()))?;
-    let host = cfg.address.rsplit_once(':').map(|(h, _)| h).unwrap_or(&cfg.address);
+    let connector =
+        crate::tls::connector(&cfg.bridge_cafile, &cfg.bridge_certfile, &cfg.bridge_keyfile, cfg.bridge_insecure)
+            .map_err(|e| BridgeError::Tls(e.to_string()))?;
+    let host = address.rsplit_once(':').map(|(h, _)| h).unwrap_or(address);
     let host = host.trim_start_matches('[').trim_end_matches(']');
     let name = rustls_pki_types::ServerName::try_from(host.to_owned()).map_err(|e| BridgeError::Tls(e.to_string()))?;
     let tls = tokio::time::timeout(CONNECT_TIMEOUT, connector.connect(name, tcp))
@@ -251,19 +317,138 @@ fn filters(rules: &[TopicRule], local: bool) -> Vec<SubscribeFilter> {
         .collect()
 }
 
-/// A message waiting for room in flight on the side it goes to, with the id to ack on
-/// the side it came from (`None`: nothing to ack).
+/// A message waiting for room in flight on the side it goes to, with the QoS it came in
+/// at (its packet id is the one it had on the side it came from).
 struct Waiting {
     publish: Publish,
-    from_pkid: Option<u16>,
+    from_qos: QoS,
 }
 
-/// What is in flight one way: the id on the side a message went to -> the id to ack on
-/// the side it came from.
+/// Where a relayed QoS 1/2 message is. It keeps its packet id on both sides, so after a
+/// crash of FerryMQ the sessions on either side hold the same id and a re-sent PUBLISH or
+/// PUBREL is recognised as one by the side it goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// Sent on at QoS 1: its PUBACK there acks it here (`from_qos2`: with PUBREC).
+    AwaitAck { from_qos2: bool },
+    /// Sent on at QoS 2: its PUBREC there is passed back here.
+    AwaitRec,
+    /// PUBREC'd on both sides: PUBREL here is passed on there.
+    AwaitRel,
+    /// PUBREL passed on: PUBCOMP there is passed back here.
+    AwaitComp,
+    /// A QoS 2 message acked here with nothing left in flight there (sent on at QoS 0 or
+    /// 1, or refused): PUBREL here is completed at once.
+    Settled,
+}
+
+/// One direction of the bridge: messages waiting for room, and the stage of each one in
+/// flight by its packet id.
 #[derive(Default)]
 struct Leg {
-    in_flight: HashMap<u16, u16>,
+    stages: HashMap<u16, Stage>,
     waiting: VecDeque<Waiting>,
+}
+
+impl Leg {
+    /// A PUBLISH from the source side: queued to go on (routed by a topic line), or acked
+    /// at once.
+    fn take(
+        &mut self,
+        p: Publish,
+        route: Option<(&TopicRule, String)>,
+        from: &mut Side,
+        now: Instant,
+    ) -> Result<(), BridgeError> {
+        let from_qos = p.qos;
+        match route {
+            Some((rule, topic)) => self.waiting.push_back(Waiting { publish: crossing(p, topic, rule.qos), from_qos }),
+            // Subscribed by a rule, so always routed; acked anyway.
+            None => self.settle(p.pkid, from_qos, from, now)?,
+        }
+        Ok(())
+    }
+
+    /// Acks a message on the source side that has nothing in flight on the other.
+    fn settle(&mut self, pkid: u16, from_qos: QoS, from: &mut Side, now: Instant) -> Result<(), BridgeError> {
+        if from_qos == QoS::AtMostOnce {
+            return Ok(());
+        }
+        from.client.ack(pkid, now).map_err(|e| from.fail(e))?;
+        if from_qos == QoS::ExactlyOnce {
+            self.stages.insert(pkid, Stage::Settled);
+        }
+        Ok(())
+    }
+
+    /// Publishes what waits on `to` as far as its room in flight allows. Returns how many
+    /// were sent.
+    fn send_waiting(&mut self, to: &mut Side, from: &mut Side, now: Instant) -> Result<u64, BridgeError> {
+        let mut sent = 0;
+        while let Some(w) = self.waiting.front() {
+            if w.publish.qos != QoS::AtMostOnce && to.client.send_capacity() == 0 {
+                break;
+            }
+            let Some(Waiting { publish, from_qos }) = self.waiting.pop_front() else { break };
+            let (pkid, qos) = (publish.pkid, publish.qos);
+            to.client.publish_with_id(publish, now).map_err(|e| to.fail(e))?;
+            match qos {
+                QoS::AtMostOnce => self.settle(pkid, from_qos, from, now)?,
+                QoS::AtLeastOnce => {
+                    self.stages.insert(pkid, Stage::AwaitAck { from_qos2: from_qos == QoS::ExactlyOnce });
+                }
+                QoS::ExactlyOnce => {
+                    self.stages.insert(pkid, Stage::AwaitRec);
+                }
+            }
+            sent += 1;
+        }
+        Ok(sent)
+    }
+
+    /// The destination's PUBACK, PUBCOMP or failing PUBREC.
+    fn delivered(&mut self, pkid: u16, from: &mut Side, now: Instant) -> Result<(), BridgeError> {
+        match self.stages.remove(&pkid) {
+            Some(Stage::AwaitAck { from_qos2 }) => {
+                let qos = if from_qos2 { QoS::ExactlyOnce } else { QoS::AtLeastOnce };
+                self.settle(pkid, qos, from, now)
+            }
+            Some(Stage::AwaitRec) => self.settle(pkid, QoS::ExactlyOnce, from, now),
+            Some(Stage::AwaitComp) => from.client.complete(pkid, now).map_err(|e| from.fail(e)),
+            Some(stage) => {
+                self.stages.insert(pkid, stage);
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// The destination's PUBREC: passed back to the source.
+    fn received(&mut self, pkid: u16, from: &mut Side, now: Instant) -> Result<(), BridgeError> {
+        if self.stages.get(&pkid) == Some(&Stage::AwaitRec) {
+            self.stages.insert(pkid, Stage::AwaitRel);
+            from.client.ack(pkid, now).map_err(|e| from.fail(e))?;
+        }
+        Ok(())
+    }
+
+    /// The source's PUBREL: passed on, or completed when nothing is in flight there. An
+    /// id this link does not know is from before a reconnect: passed on too (the far side
+    /// completes an id it no longer knows).
+    fn released(&mut self, pkid: u16, from: &mut Side, to: &mut Side, now: Instant) -> Result<(), BridgeError> {
+        match self.stages.get(&pkid) {
+            Some(Stage::Settled) => {
+                self.stages.remove(&pkid);
+                from.client.complete(pkid, now).map_err(|e| from.fail(e))
+            }
+            Some(Stage::AwaitRel) | None => {
+                self.stages.insert(pkid, Stage::AwaitComp);
+                to.client.release(pkid, now).map_err(|e| to.fail(e))
+            }
+            // Out of order (PUBREL before PUBREC): nothing to pass on yet.
+            Some(_) => Ok(()),
+        }
+    }
 }
 
 /// One life of the bridge: connect both links, then carry messages until one fails.
@@ -273,11 +458,15 @@ async fn link(
     rules: &[TopicRule],
     status: &Arc<Mutex<BridgeStatus>>,
     stop: &mut watch::Receiver<bool>,
+    address: &str,
+    main: Option<(&str, Duration)>,
 ) -> Result<(), BridgeError> {
+    // The state at the remote: `1` published below, `0` by the will if the link drops.
+    let notify_remote = (cfg.notifications && !cfg.notifications_local_only).then(|| notification_topic(cfg));
     let level = if cfg.bridge_protocol_version == "mqttv50" { ProtocolLevel::V5 } else { ProtocolLevel::V3_1_1 };
     let remote_opts = ClientOptions {
         level,
-        client_id: or(&cfg.remote_clientid, || format!("ferrymq.{}", cfg.connection)),
+        client_id: remote_clientid(cfg),
         clean_start: cfg.cleansession,
         keep_alive: cfg.keepalive_interval,
         username: (!cfg.remote_username.is_empty()).then(|| cfg.remote_username.clone()),
@@ -286,8 +475,20 @@ async fn link(
         receive_maximum: cfg.max_inflight,
         max_packet_size: MAX_PACKET,
         bridge: cfg.try_private,
+        owner_releases: true,
+        will: notify_remote.as_deref().map(|t| {
+            let m = state_message(t, false, QoS::AtLeastOnce);
+            Will {
+                topic: m.topic,
+                payload: m.payload,
+                qos: m.qos,
+                retain: true,
+                delay_interval: None,
+                properties: m.properties,
+            }
+        }),
     };
-    let mut remote = Side::new("remote", remote_opts, connect_remote(cfg).await?)?;
+    let mut remote = Side::new("remote", remote_opts, connect_remote(cfg, address).await?)?;
     remote.connected().await?;
     let local_opts = ClientOptions {
         level: ProtocolLevel::V5,
@@ -300,6 +501,8 @@ async fn link(
         receive_maximum: cfg.max_inflight,
         max_packet_size: MAX_PACKET,
         bridge: false,
+        owner_releases: true,
+        will: None,
     };
     let mut local = Side::new("local", local_opts, connect_local(ctx))?;
     local.connected().await?;
@@ -314,6 +517,15 @@ async fn link(
             awaiting_subacks += 1;
         }
     }
+    // The remote's PUBACK of the state counts as one more answer to wait for.
+    let mut notify_pkid = match &notify_remote {
+        Some(t) => {
+            awaiting_subacks += 1;
+            Some(remote.client.publish(state_message(t, true, QoS::AtLeastOnce), now).map_err(|e| remote.fail(e))?)
+        }
+        None => None,
+    };
+    let state_topic = notification_topic(cfg);
     let on_subscribed = |awaiting: &mut i32| {
         *awaiting -= 1;
         if *awaiting == 0 {
@@ -322,13 +534,20 @@ async fn link(
             s.connects += 1;
             s.last_error = None;
             drop(s);
-            info!(bridge = %cfg.connection, address = %cfg.address, "bridge connected");
+            info!(bridge = %cfg.connection, address = %address, "bridge connected");
+            return true;
         }
+        false
     };
     let mut out = Leg::default(); // local -> remote
     let mut inbound = Leg::default(); // remote -> local
     let mut warned_refusal = false;
+    let mut just_up = false;
+    let mut main_back = std::pin::pin!(main_back(main));
     loop {
+        if std::mem::take(&mut just_up) && cfg.notifications {
+            crate::mqtt::sys::publish(ctx, &state_topic, "1".into()).await;
+        }
         remote.flush().await?;
         local.flush().await?;
         let deadline = remote.client.poll_timeout();
@@ -339,66 +558,63 @@ async fn link(
                 remote.client.handle_timeout(Instant::now()).map_err(|e| remote.fail(e))?;
             }
             _ = stop.changed() => {
-                remote.client.disconnect(Instant::now());
-                local.client.disconnect(Instant::now());
-                let _ = remote.flush().await;
-                let _ = local.flush().await;
+                leave(&mut remote, &mut local, notify_remote.as_deref()).await;
                 return Ok(());
+            }
+            _ = &mut main_back => {
+                leave(&mut remote, &mut local, notify_remote.as_deref()).await;
+                return Err(BridgeError::MainBack);
             }
         }
         let now = Instant::now();
         while let Some(ev) = local.client.poll_event() {
             match ev {
                 ClientEvent::Publish(p) => {
-                    let from = (p.qos != QoS::AtMostOnce).then_some(p.pkid);
-                    match route_out(rules, &p.topic) {
-                        Some((rule, topic)) => {
-                            out.waiting.push_back(Waiting { publish: crossing(p, topic, rule.qos), from_pkid: from })
-                        }
-                        // Subscribed by a rule, so always routed; acked anyway.
-                        None => ack(&mut local, from, now)?,
-                    }
+                    let route = route_out(rules, &p.topic);
+                    out.take(p, route, &mut local, now)?
                 }
-                ClientEvent::Delivered { pkid, .. } => {
-                    if let Some(from) = inbound.in_flight.remove(&pkid) {
-                        remote.client.ack(from, now).map_err(|e| remote.fail(e))?;
-                    }
-                }
-                ClientEvent::SubAck { .. } => on_subscribed(&mut awaiting_subacks),
+                ClientEvent::Released { pkid } => out.released(pkid, &mut local, &mut remote, now)?,
+                ClientEvent::Received { pkid } => inbound.received(pkid, &mut remote, now)?,
+                ClientEvent::Delivered { pkid, .. } => inbound.delivered(pkid, &mut remote, now)?,
+                ClientEvent::SubAck { .. } => just_up |= on_subscribed(&mut awaiting_subacks),
                 ev => closed(&local, ev)?,
             }
         }
         while let Some(ev) = remote.client.poll_event() {
             match ev {
                 ClientEvent::Publish(p) => {
-                    let from = (p.qos != QoS::AtMostOnce).then_some(p.pkid);
-                    match route_in(rules, &p.topic) {
-                        Some((rule, topic)) => inbound
-                            .waiting
-                            .push_back(Waiting { publish: crossing(p, topic, rule.qos), from_pkid: from }),
-                        None => ack(&mut remote, from, now)?,
-                    }
+                    let route = route_in(rules, &p.topic);
+                    inbound.take(p, route, &mut remote, now)?
+                }
+                ClientEvent::Released { pkid } => inbound.released(pkid, &mut remote, &mut local, now)?,
+                ClientEvent::Received { pkid } => out.received(pkid, &mut local, now)?,
+                ClientEvent::Delivered { pkid, .. } if notify_pkid == Some(pkid) => {
+                    notify_pkid = None;
+                    just_up |= on_subscribed(&mut awaiting_subacks);
                 }
                 ClientEvent::Delivered { pkid, reason } => {
                     if reason.is_error() && !warned_refusal {
                         warned_refusal = true;
                         warn!(bridge = %cfg.connection, reason = reason.0, "the remote broker refused a message (later refusals are not logged)");
                     }
-                    if let Some(from) = out.in_flight.remove(&pkid) {
-                        local.client.ack(from, now).map_err(|e| local.fail(e))?;
-                    }
+                    out.delivered(pkid, &mut local, now)?
                 }
                 ClientEvent::SubAck { reasons, .. } => {
                     if reasons.iter().any(|r| r.is_error()) {
                         warn!(bridge = %cfg.connection, ?reasons, "the remote broker refused a subscription");
                     }
-                    on_subscribed(&mut awaiting_subacks);
+                    just_up |= on_subscribed(&mut awaiting_subacks);
                 }
                 ev => closed(&remote, ev)?,
             }
         }
-        let sent = send_waiting(&mut out, &mut remote, &mut local, now)?;
-        let received = send_waiting(&mut inbound, &mut local, &mut remote, now)?;
+        // Nothing goes on before both SUBACKs: a relayed packet id must not meet the
+        // SUBSCRIBE's on either side.
+        if awaiting_subacks > 0 {
+            continue;
+        }
+        let sent = out.send_waiting(&mut remote, &mut local, now)?;
+        let received = inbound.send_waiting(&mut local, &mut remote, now)?;
         if sent + received > 0 {
             let mut s = status.lock();
             s.sent += sent;
@@ -416,34 +632,17 @@ fn crossing(mut p: Publish, topic: String, max: QoS) -> Publish {
     p
 }
 
-/// Publishes what waits on `to` as far as its room in flight allows; messages sent at
-/// QoS 0 are acked on `from` at once. Returns how many were sent.
-fn send_waiting(leg: &mut Leg, to: &mut Side, from: &mut Side, now: Instant) -> Result<u64, BridgeError> {
-    let mut sent = 0;
-    while let Some(w) = leg.waiting.front() {
-        let qos0 = w.publish.qos == QoS::AtMostOnce;
-        if !qos0 && to.client.send_capacity() == 0 {
-            break;
-        }
-        let Some(w) = leg.waiting.pop_front() else { break };
-        let pkid = to.client.publish(w.publish, now).map_err(|e| to.fail(e))?;
-        match (qos0, w.from_pkid) {
-            (true, from_pkid) => ack(from, from_pkid, now)?,
-            (false, Some(from_pkid)) => {
-                leg.in_flight.insert(pkid, from_pkid);
-            }
-            (false, None) => {}
-        }
-        sent += 1;
+/// Ends the link cleanly: the state `0` at the remote (DISCONNECT does not publish the
+/// will), then DISCONNECT on both sides.
+async fn leave(remote: &mut Side, local: &mut Side, notify_remote: Option<&str>) {
+    let now = Instant::now();
+    if let Some(topic) = notify_remote {
+        let _ = remote.client.publish(state_message(topic, false, QoS::AtMostOnce), now);
     }
-    Ok(sent)
-}
-
-fn ack(side: &mut Side, pkid: Option<u16>, now: Instant) -> Result<(), BridgeError> {
-    match pkid {
-        Some(id) => side.client.ack(id, now).map_err(|e| side.fail(e)),
-        None => Ok(()),
-    }
+    remote.client.disconnect(now);
+    local.client.disconnect(now);
+    let _ = remote.flush().await;
+    let _ = local.flush().await;
 }
 
 /// An event that ends the link (DISCONNECT), or one out of place.

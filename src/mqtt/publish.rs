@@ -183,8 +183,12 @@ fn parse_delayed(rest: &str, max_topic_levels: usize) -> Option<(u64, &str)> {
     (!topic.starts_with('$')).then_some((secs, topic))
 }
 
-/// Topics reserved for the broker: clients cannot publish to them.
+/// Topics reserved for the broker: clients cannot publish to them, except a bridge's
+/// state (`$SYS/broker/connection/{client id}/state`), as Mosquitto allows.
 pub(super) fn is_reserved(topic: &str) -> bool {
+    if let Some(rest) = topic.strip_prefix("$SYS/broker/connection/") {
+        return !rest.strip_suffix("/state").is_some_and(|id| !id.is_empty() && !id.contains('/'));
+    }
     topic.starts_with("$SYS") || topic.starts_with("$share/")
 }
 
@@ -223,6 +227,9 @@ mod tests {
         assert!(is_reserved("$share/g/a"));
         assert!(!is_reserved("$delayed-not/a"));
         assert!(!is_reserved("a/$SYS"));
+        assert!(!is_reserved("$SYS/broker/connection/edge-1/state"), "a bridge's state");
+        assert!(is_reserved("$SYS/broker/connection/a/b/state"));
+        assert!(is_reserved("$SYS/broker/connection/edge-1/other"));
     }
 
     #[test]

@@ -109,7 +109,8 @@ pub async fn run(ctx: Arc<MqttContext>, interval: Duration) {
     }
 }
 
-async fn publish(ctx: &MqttContext, topic: &str, value: String) {
+/// Publishes `value` on the broker's own `$SYS` topic `topic`: retained in memory, QoS 0.
+pub async fn publish(ctx: &MqttContext, topic: &str, value: String) {
     let msg = Arc::new(Message {
         exchange: ctx.broker.router.mqtt_exchange().to_owned(),
         routing_key: mqtt_to_key(topic),

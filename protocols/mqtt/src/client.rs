@@ -13,6 +13,14 @@
 //! id is remembered from the PUBLISH until PUBREL: a re-sent PUBLISH with that id is not
 //! handed on twice. Outbound QoS 1/2 publishes end in [`ClientEvent::Delivered`] (PUBACK,
 //! or PUBCOMP after the PUBREC/PUBREL exchange).
+//!
+//! With [`ClientOptions::owner_releases`] the second half of QoS 2 is the owner's too, so
+//! a relay can chain it hop by hop with the same packet ids on both sides: PUBREC raises
+//! [`ClientEvent::Received`] (the owner answers with [`Client::release`]), PUBREL raises
+//! [`ClientEvent::Released`] (the owner answers with [`Client::complete`]), and
+//! [`Client::publish_with_id`] sends under the id the previous hop used. A relay that
+//! crashes then leaves both hops' sessions holding the same id, and a re-send is
+//! recognised as one on the far side.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -21,7 +29,7 @@ use bytes::{Bytes, BytesMut};
 
 use crate::codec::{self, DecodeError, EncodeError};
 use crate::packet::{
-    Connect, ConnectProperties, Disconnect, Packet, ProtocolLevel, Publish, QoS, Subscribe, SubscribeFilter,
+    Connect, ConnectProperties, Disconnect, Packet, ProtocolLevel, Publish, QoS, Subscribe, SubscribeFilter, Will,
 };
 use crate::reason::ReasonCode;
 
@@ -48,6 +56,10 @@ pub struct ClientOptions {
     pub max_packet_size: usize,
     /// Announce a bridge (Mosquitto's `try_private`; 3.x only).
     pub bridge: bool,
+    /// PUBREC and PUBREL are answered by the owner (see the module doc), not at once.
+    pub owner_releases: bool,
+    /// The will the server publishes if the connection ends without DISCONNECT.
+    pub will: Option<Will>,
 }
 
 /// What the client tells its owner.
@@ -68,6 +80,19 @@ pub enum ClientEvent {
         pkid: u16,
         /// The server's reason (an error code: the server did not take the message).
         reason: ReasonCode,
+    },
+    /// With [`ClientOptions::owner_releases`]: a successful PUBREC of an outbound QoS 2
+    /// publish, waiting for [`Client::release`].
+    Received {
+        /// Its packet id.
+        pkid: u16,
+    },
+    /// With [`ClientOptions::owner_releases`]: PUBREL of an inbound QoS 2 publish (one
+    /// this connection saw or one from before a reconnect), waiting for
+    /// [`Client::complete`].
+    Released {
+        /// Its packet id.
+        pkid: u16,
     },
     /// SUBACK: one reason per filter (an error code: refused).
     SubAck {
@@ -107,6 +132,8 @@ enum Outbound {
     Ack,
     /// Sent at QoS 2, waiting for PUBREC.
     Rec,
+    /// PUBREC arrived; the owner has not released it yet.
+    Received,
     /// PUBREL sent, waiting for PUBCOMP.
     Comp,
 }
@@ -140,7 +167,7 @@ impl Client {
             keep_alive: opts.keep_alive,
             username: opts.username.clone(),
             password: opts.password.clone(),
-            will: None,
+            will: opts.will.clone(),
             bridge: opts.bridge && !opts.level.is_v5(),
             properties: ConnectProperties {
                 session_expiry_interval: opts.session_expiry.filter(|_| opts.level.is_v5()),
@@ -227,6 +254,12 @@ impl Client {
                     self.outbound.remove(&pkid);
                     self.events.push_back(ClientEvent::Delivered { pkid, reason });
                 }
+                Some(Outbound::Rec) if self.opts.owner_releases => {
+                    self.outbound.insert(pkid, Outbound::Received);
+                    self.events.push_back(ClientEvent::Received { pkid });
+                }
+                // A PUBREC again: the owner is still to release it.
+                Some(Outbound::Received) => {}
                 Some(Outbound::Rec | Outbound::Comp) => {
                     self.outbound.insert(pkid, Outbound::Comp);
                     self.send(&Packet::PubRel { pkid, reason: ReasonCode::SUCCESS }, now)?;
@@ -244,7 +277,11 @@ impl Client {
                 // Answered whether or not the id is known: the server may re-send PUBREL
                 // after a reconnect of a session whose PUBCOMP was lost.
                 self.awaiting_rel.remove(&pkid);
-                self.send(&Packet::PubComp { pkid, reason: ReasonCode::SUCCESS }, now)?;
+                if self.opts.owner_releases {
+                    self.events.push_back(ClientEvent::Released { pkid });
+                } else {
+                    self.send(&Packet::PubComp { pkid, reason: ReasonCode::SUCCESS }, now)?;
+                }
             }
             Packet::SubAck { pkid, reasons, .. } => self.events.push_back(ClientEvent::SubAck { pkid, reasons }),
             Packet::UnsubAck { .. } => {}
@@ -312,6 +349,19 @@ impl Client {
             QoS::AtMostOnce => 0,
             _ => self.take_pkid()?,
         };
+        self.send_publish(p, now)
+    }
+
+    /// Publishes `p` under its own packet id and DUP flag (a relay passing on the id the
+    /// previous hop used); fails when a QoS 1/2 id is 0 or already in flight.
+    pub fn publish_with_id(&mut self, p: Publish, now: Instant) -> Result<u16, ClientError> {
+        if p.qos != QoS::AtMostOnce && (p.pkid == 0 || self.outbound.contains_key(&p.pkid)) {
+            return Err(ClientError::Protocol("a packet id already in flight"));
+        }
+        self.send_publish(p, now)
+    }
+
+    fn send_publish(&mut self, p: Publish, now: Instant) -> Result<u16, ClientError> {
         let (pkid, awaits) = match p.qos {
             QoS::AtMostOnce => (0, None),
             QoS::AtLeastOnce => (p.pkid, Some(Outbound::Ack)),
@@ -338,6 +388,18 @@ impl Client {
             }
             _ => Ok(()),
         }
+    }
+
+    /// Sends PUBREL for the outbound QoS 2 publish `pkid` ([`ClientEvent::Received`], or
+    /// one from before a reconnect); it ends in [`ClientEvent::Delivered`] at PUBCOMP.
+    pub fn release(&mut self, pkid: u16, now: Instant) -> Result<(), ClientError> {
+        self.outbound.insert(pkid, Outbound::Comp);
+        self.send(&Packet::PubRel { pkid, reason: ReasonCode::SUCCESS }, now)
+    }
+
+    /// Sends PUBCOMP for the inbound QoS 2 publish `pkid` ([`ClientEvent::Released`]).
+    pub fn complete(&mut self, pkid: u16, now: Instant) -> Result<(), ClientError> {
+        self.send(&Packet::PubComp { pkid, reason: ReasonCode::SUCCESS }, now)
     }
 
     /// Queues DISCONNECT (normal disconnection: a will is not published).

@@ -27,14 +27,21 @@ fn options(level: ProtocolLevel) -> ClientOptions {
         receive_maximum: 4,
         max_packet_size: 1 << 20,
         bridge: false,
+        owner_releases: false,
+        will: None,
     }
 }
 
 impl Pair {
     /// Connected: the server saw CONNECT and accepted it.
     fn connected(level: ProtocolLevel) -> Pair {
+        Pair::connected_with(options(level))
+    }
+
+    fn connected_with(opts: ClientOptions) -> Pair {
+        let level = opts.level;
         let t0 = Instant::now();
-        let client = Client::new(options(level), t0).unwrap();
+        let client = Client::new(opts, t0).unwrap();
         let server = Connection::new(Config::default(), t0);
         let mut p = Pair { client, server, t0 };
         p.deliver_to_server();
@@ -179,6 +186,53 @@ fn a_resent_qos2_publish_is_handed_on_once() {
         n += 1;
     }
     assert_eq!(n, 2);
+}
+
+#[test]
+fn the_owner_releases_qos2_hop_by_hop_under_the_previous_hops_id() {
+    let opts = ClientOptions { owner_releases: true, ..options(ProtocolLevel::V5) };
+    let mut p = Pair::connected_with(opts);
+    // Outbound under the id (and DUP flag) the previous hop used.
+    let mut m = message(QoS::ExactlyOnce, "a/2");
+    m.pkid = 42;
+    assert_eq!(p.client.publish_with_id(m.clone(), p.t0), Ok(42));
+    assert!(p.client.publish_with_id(m.clone(), p.t0).is_err(), "id 42 is in flight");
+    assert!(p.client.publish_with_id(Publish { pkid: 0, ..m.clone() }, p.t0).is_err(), "id 0");
+    p.deliver_to_server();
+    let events = p.server_events();
+    let Event::Publish(seen) = &events[0] else { panic!("{events:?}") };
+    assert_eq!((seen.pkid, seen.dup), (42, true));
+    p.server.ack_publish(42, ReasonCode::SUCCESS);
+    p.deliver_to_client();
+    assert_eq!(p.client.poll_event(), Some(ClientEvent::Received { pkid: 42 }));
+    p.deliver_to_server();
+    assert!(p.server_events().is_empty(), "no PUBREL before the owner releases");
+    p.client.release(42, p.t0).unwrap();
+    p.deliver_to_server();
+    assert_eq!(p.server_events(), vec![Event::PubRel { pkid: 42 }]);
+    p.deliver_to_client();
+    assert_eq!(p.client.poll_event(), Some(ClientEvent::Delivered { pkid: 42, reason: ReasonCode::SUCCESS }));
+
+    // Inbound: PUBREL is handed to the owner, who completes it.
+    let id = p.server.send_publish(outgoing(QoS::ExactlyOnce)).unwrap();
+    p.deliver_to_client();
+    assert!(matches!(p.client.poll_event(), Some(ClientEvent::Publish(_))));
+    p.client.ack(id, p.t0).unwrap();
+    p.deliver_to_server();
+    assert_eq!(p.server_events(), vec![Event::PubRec { pkid: id }]);
+    p.deliver_to_client(); // the server's PUBREL
+    assert_eq!(p.client.poll_event(), Some(ClientEvent::Released { pkid: id }));
+    p.deliver_to_server();
+    assert!(p.server_events().is_empty(), "no PUBCOMP before the owner completes");
+    p.client.complete(id, p.t0).unwrap();
+    p.deliver_to_server();
+    assert_eq!(p.server_events(), vec![Event::PubComp { pkid: id }]);
+
+    // A PUBREL of an id from before a reconnect reaches the owner too.
+    let mut b = BytesMut::new();
+    codec::encode(&Packet::PubRel { pkid: 9, reason: ReasonCode::SUCCESS }, ProtocolLevel::V5, &mut b).unwrap();
+    p.client.handle_input(&mut b, p.t0).unwrap();
+    assert_eq!(p.client.poll_event(), Some(ClientEvent::Released { pkid: 9 }));
 }
 
 #[test]
