@@ -162,7 +162,7 @@ impl Server {
             max_connections,
             stop_accepting,
             grace: Duration::from_secs(config.broker.shutdown_grace_secs),
-            shovels: Arc::new(crate::bridge::shovel::Shovels::new(None)),
+            shovels: Arc::new(crate::bridge::shovel::Shovels::new(None, None)),
         };
         let verify = crate::tls::VerifyClient::parse(&config.tls.verify_client);
         let tls = || crate::tls::acceptor(&config.tls.cert, &config.tls.key, &config.tls.client_ca, verify);
@@ -227,7 +227,7 @@ impl Server {
             let addr = SocketAddr::new(ip, a.port());
             (addr, config.auth.default_user.clone(), config.auth.default_pass.clone())
         });
-        server.shovels = Arc::new(crate::bridge::shovel::Shovels::new(local));
+        server.shovels = Arc::new(crate::bridge::shovel::Shovels::new(local, Some(server.broker.clone())));
         for s in &config.shovel {
             server
                 .shovels

@@ -186,7 +186,8 @@ async fn bad_shovel_definitions_are_refused_with_the_reason() {
         (json!({ "ack-mode": "sometimes" }), "ack-mode"),
         (json!({ "src-uri": "amqps://remote" }), "amqps"),
         (json!({ "dest-add-timestamp-header": true }), "dest-add-timestamp-header"),
-        (json!({ "src-delete-after": 10 }), "src-delete-after"),
+        (json!({ "src-delete-after": "sometime" }), "src-delete-after"),
+        (json!({ "src-exchange": "x", "src-queue": null, "src-delete-after": "queue-length" }), "needs a src-queue"),
     ] {
         let mut value = base.clone();
         for (k, v) in change.as_object().unwrap() {
@@ -200,4 +201,48 @@ async fn bad_shovel_definitions_are_refused_with_the_reason() {
     // Monitoring users read the status; only administrators define shovels.
     let (code, _) = api.anonymous().put("/api/parameters/shovel/%2F/x", json!({ "value": base })).await;
     assert_eq!(code.as_u16(), 401);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shovel_with_src_delete_after_moves_that_many_and_deletes_itself() {
+    let broker = Broker::start();
+    let api = Api::of(&broker);
+    let (_c, ch) = channel_of(&broker).await;
+    let durable = lapin::options::QueueDeclareOptions { durable: true, ..Default::default() };
+    declare_queue_with(&ch, "batch.out", durable, FieldTable::default()).await;
+    publish_range(&broker, "batch.out", 0..8).await;
+    // A number: five messages move, in order, then the shovel and its definition are gone;
+    // the rest stays at the source, in order.
+    let five = json!({ "value": {
+        "src-uri": "amqp://", "src-queue": "batch.out", "dest-uri": "amqp://", "dest-queue": "batch.in",
+        "src-delete-after": 5,
+    }});
+    let (code, body) = api.put("/api/parameters/shovel/%2F/five", five).await;
+    assert_eq!(code.as_u16(), 201, "{body}");
+    eventually("the shovel deleted itself", WAIT, || async {
+        let (code, _) = api.get("/api/parameters/shovel/%2F/five").await;
+        (code.as_u16() == 404 && api.ok("/api/shovels").await == json!([])).then_some(())
+    })
+    .await;
+    assert_eq!(drain(&ch, "batch.in").await, ["m0", "m1", "m2", "m3", "m4"]);
+    assert_eq!(drain(&ch, "batch.out").await, ["m5", "m6", "m7"]);
+
+    // `queue-length`: as many as the source queue held when the shovel started.
+    publish_range(&broker, "batch.out", 10..14).await;
+    let length = json!({ "value": {
+        "src-uri": "amqp://", "src-queue": "batch.out", "dest-uri": "amqp://", "dest-queue": "batch.in",
+        "src-delete-after": "queue-length",
+    }});
+    let (code, body) = api.put("/api/parameters/shovel/%2F/length", length).await;
+    assert_eq!(code.as_u16(), 201, "{body}");
+    eventually("the queue-length shovel deleted itself", WAIT, || async {
+        (api.ok("/api/shovels").await == json!([])).then_some(())
+    })
+    .await;
+    assert_eq!(drain(&ch, "batch.in").await, ["m10", "m11", "m12", "m13"]);
+    // Gone for good: not started again after a restart.
+    drop((ch, _c));
+    let broker = broker.restart();
+    let api = Api::of(&broker);
+    assert_eq!(api.ok("/api/shovels").await, json!([]));
 }

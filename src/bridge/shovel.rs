@@ -4,17 +4,19 @@
 //! (`amqp://` without a host) or on another AMQP 0-9-1 broker; a worker consumes from the
 //! source and publishes to the destination, acknowledging the source as `ack-mode` says
 //! (`on-confirm`: only once the destination confirmed), and reconnects after
-//! `reconnect-delay` when either side fails.
+//! `reconnect-delay` when either side fails. With `src-delete-after` a shovel moves that
+//! many messages (or the source queue's length when it started) and then deletes itself.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use futures_lite::StreamExt;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions,
-    QueueBindOptions, QueueDeclareOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions, BasicRejectOptions,
+    ConfirmSelectOptions, QueueBindOptions, QueueDeclareOptions,
 };
 
 use lapin::types::FieldTable;
@@ -24,6 +26,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
+
+use crate::core::broker::{Broker, Commit};
 
 /// Longest wait for a connection to either side.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -68,7 +72,8 @@ pub struct ShovelDefinition {
     /// `amqp091` (the only one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub src_protocol: Option<String>,
-    /// `never` (the only one).
+    /// `never` (default), `queue-length` (the source queue's length when the shovel
+    /// starts) or a number of messages: moved that many, the shovel deletes itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub src_delete_after: Option<Value>,
     /// Where messages go.
@@ -100,6 +105,17 @@ pub struct ShovelDefinition {
     pub unknown: BTreeMap<String, Value>,
 }
 
+/// When a shovel deletes itself (`src-delete-after`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeleteAfter {
+    /// It runs until deleted.
+    Never,
+    /// After as many messages as the source queue held when the shovel started.
+    QueueLength,
+    /// After this many messages.
+    Messages(u64),
+}
+
 /// How the source is acknowledged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AckMode {
@@ -129,8 +145,8 @@ impl ShovelDefinition {
                 return Err(format!("{key}: only amqp091 is supported"));
             }
         }
-        if self.src_delete_after.as_ref().is_some_and(|v| v.as_str() != Some("never")) {
-            return Err("src-delete-after: only \"never\" is supported".into());
+        if self.delete_after()? == DeleteAfter::QueueLength && self.src_queue.is_none() {
+            return Err("src-delete-after: queue-length needs a src-queue".into());
         }
         for (key, uris) in [("src-uri", &self.src_uri), ("dest-uri", &self.dest_uri)] {
             let list = uris.list();
@@ -146,6 +162,19 @@ impl ShovelDefinition {
             "on-publish" => Ok(AckMode::OnPublish),
             "no-ack" => Ok(AckMode::NoAck),
             other => Err(format!("ack-mode `{other}`: on-confirm, on-publish or no-ack")),
+        }
+    }
+
+    /// `src-delete-after`.
+    pub fn delete_after(&self) -> Result<DeleteAfter, String> {
+        match &self.src_delete_after {
+            None => Ok(DeleteAfter::Never),
+            Some(Value::String(s)) if s == "never" => Ok(DeleteAfter::Never),
+            Some(Value::String(s)) if s == "queue-length" => Ok(DeleteAfter::QueueLength),
+            Some(v) => match v.as_u64().or_else(|| v.as_str().and_then(|s| s.parse().ok())) {
+                Some(n) => Ok(DeleteAfter::Messages(n)),
+                None => Err(format!("src-delete-after `{v}`: never, queue-length or a number of messages")),
+            },
         }
     }
 }
@@ -180,6 +209,8 @@ pub struct ShovelStatus {
 }
 
 struct Running {
+    /// Tells this run from a later one of the same name.
+    run: u64,
     definition: ShovelDefinition,
     dynamic: bool,
     status: Arc<Mutex<ShovelStatus>>,
@@ -203,6 +234,10 @@ pub struct Shovels {
     running: Mutex<HashMap<(String, String), Running>>,
     /// FerryMQ's AMQP listener and the user local URIs log in as.
     local: Option<(SocketAddr, String, String)>,
+    /// Where dynamic shovels' definitions are stored (a shovel that deletes itself
+    /// removes its own).
+    broker: Option<Arc<Broker>>,
+    runs: AtomicU64,
 }
 
 impl std::fmt::Debug for Shovels {
@@ -229,25 +264,45 @@ pub struct ShovelView {
 impl Shovels {
     /// No shovels yet; `local` is FerryMQ's AMQP address and the user (name, password)
     /// that `amqp://` URIs without a host log in as.
-    pub fn new(local: Option<(SocketAddr, String, String)>) -> Shovels {
-        Shovels { running: Mutex::new(HashMap::new()), local }
+    /// `broker` holds the stored definitions of dynamic shovels.
+    pub fn new(local: Option<(SocketAddr, String, String)>, broker: Option<Arc<Broker>>) -> Shovels {
+        Shovels { running: Mutex::new(HashMap::new()), local, broker, runs: AtomicU64::new(0) }
     }
 
     /// Starts (or restarts with a new definition) a shovel.
-    pub fn start(&self, vhost: &str, name: &str, definition: ShovelDefinition, dynamic: bool) -> Result<(), String> {
+    pub fn start(
+        self: &Arc<Self>,
+        vhost: &str,
+        name: &str,
+        definition: ShovelDefinition,
+        dynamic: bool,
+    ) -> Result<(), String> {
         let ack = definition.check()?;
+        let delete_after = definition.delete_after()?;
         let resolve = |uris: &Uris| -> Result<Vec<String>, String> {
             uris.list().iter().map(|u| self.resolve(u, vhost)).collect()
         };
         let (src, dest) = (resolve(&definition.src_uri)?, resolve(&definition.dest_uri)?);
         let (stop, stop_rx) = watch::channel(false);
         let status = Arc::new(Mutex::new(ShovelStatus::default()));
-        let worker = Worker { name: name.to_owned(), def: definition.clone(), ack, src, dest, status: status.clone() };
+        let run = self.runs.fetch_add(1, Ordering::Relaxed);
+        let worker = Worker {
+            vhost: vhost.to_owned(),
+            name: name.to_owned(),
+            def: definition.clone(),
+            ack,
+            delete_after,
+            src,
+            dest,
+            status: status.clone(),
+            home: Arc::downgrade(self),
+            run,
+        };
         tokio::spawn(worker.run(stop_rx));
         let old = self
             .running
             .lock()
-            .insert((vhost.to_owned(), name.to_owned()), Running { definition, dynamic, status, stop });
+            .insert((vhost.to_owned(), name.to_owned()), Running { run, definition, dynamic, status, stop });
         if let Some(old) = old {
             let _ = old.stop.send(true);
         }
@@ -276,6 +331,25 @@ impl Shovels {
     /// One shovel.
     pub fn get(&self, vhost: &str, name: &str) -> Option<ShovelView> {
         self.running.lock().get(&(vhost.to_owned(), name.to_owned())).map(|r| r.view(vhost, name))
+    }
+
+    /// A shovel moved what `src-delete-after` asked for: it is forgotten, and a dynamic
+    /// one's stored definition removed (unless it was redefined meanwhile).
+    async fn finished(&self, vhost: &str, name: &str, run: u64) {
+        let key = (vhost.to_owned(), name.to_owned());
+        let dynamic = {
+            let mut running = self.running.lock();
+            match running.get(&key) {
+                Some(r) if r.run == run => running.remove(&key).is_some_and(|r| r.dynamic),
+                _ => return,
+            }
+        };
+        if let (true, Some(broker)) = (dynamic, &self.broker) {
+            let write = broker.stores.access.remove_parameter("shovel", vhost, name);
+            if let Err(e) = broker.commit(write, Commit::Durable).await {
+                warn!(shovel = %name, vhost = %vhost, error = %e, "cannot remove the finished shovel's definition");
+            }
+        }
     }
 
     /// Stops every shovel.
@@ -322,12 +396,24 @@ fn percent_encode(s: &str) -> String {
 
 /// One shovel's worker.
 struct Worker {
+    vhost: String,
     name: String,
     def: ShovelDefinition,
     ack: AckMode,
+    delete_after: DeleteAfter,
     src: Vec<String>,
     dest: Vec<String>,
     status: Arc<Mutex<ShovelStatus>>,
+    home: Weak<Shovels>,
+    run: u64,
+}
+
+/// How a link ended without failing.
+enum LinkEnd {
+    /// Told to stop.
+    Stopped,
+    /// Moved what `src-delete-after` asked for.
+    Done,
 }
 
 /// Why a shovel's link failed.
@@ -352,14 +438,26 @@ impl Worker {
         let delay = Duration::from_secs_f64(self.def.reconnect_delay.unwrap_or(5.0));
         let mut last_error = String::new();
         let mut attempt = 0usize;
+        // How many messages the shovel moves before it deletes itself, once known.
+        let mut limit = match self.delete_after {
+            DeleteAfter::Messages(n) => Some(n),
+            _ => None,
+        };
         while !*stop.borrow() {
             let (src, dest) = (&self.src[attempt % self.src.len()], &self.dest[attempt % self.dest.len()]);
             attempt += 1;
             let mut link_stop = stop.clone();
-            let outcome = self.link(src, dest, &mut link_stop).await;
+            let outcome = self.link(src, dest, &mut limit, &mut link_stop).await;
             self.status.lock().running = false;
             match outcome {
-                Ok(()) => return,
+                Ok(LinkEnd::Stopped) => return,
+                Ok(LinkEnd::Done) => {
+                    info!(shovel = %self.name, moved = self.status.lock().moved, "shovel moved what src-delete-after asked for; deleting it");
+                    if let Some(home) = self.home.upgrade() {
+                        home.finished(&self.vhost, &self.name, self.run).await;
+                    }
+                    return;
+                }
                 Err(e) => {
                     let e = e.to_string();
                     if e != last_error {
@@ -378,15 +476,27 @@ impl Worker {
         }
     }
 
-    /// One life: connect both sides, then move messages until one fails or `stop`.
-    async fn link(&self, src: &str, dest: &str, stop: &mut watch::Receiver<bool>) -> Result<(), ShovelError> {
+    /// One life: connect both sides, then move messages until one fails, `stop`, or the
+    /// `limit` is reached (set from the source queue's length on the first link when
+    /// `src-delete-after` is `queue-length`).
+    async fn link(
+        &self,
+        src: &str,
+        dest: &str,
+        limit: &mut Option<u64>,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Result<LinkEnd, ShovelError> {
         let src_conn = connect(src, "source").await?;
         let dest_conn = connect(dest, "destination").await?;
         let mut sch = src_conn.create_channel().await.map_err(amqp("source"))?;
         let mut dch = dest_conn.create_channel().await.map_err(amqp("destination"))?;
         let queue = match (&self.def.src_queue, &self.def.src_exchange) {
             (Some(q), _) => {
-                sch = ensure_queue(&src_conn, sch, q, "source").await?;
+                let length;
+                (sch, length) = ensure_queue(&src_conn, sch, q, "source").await?;
+                if self.delete_after == DeleteAfter::QueueLength && limit.is_none() {
+                    *limit = Some(u64::from(length));
+                }
                 q.clone()
             }
             (None, Some(x)) => {
@@ -407,12 +517,23 @@ impl Worker {
             (None, None) => unreachable!("checked: one source"),
         };
         if let Some(q) = &self.def.dest_queue {
-            dch = ensure_queue(&dest_conn, dch, q, "destination").await?;
+            (dch, _) = ensure_queue(&dest_conn, dch, q, "destination").await?;
+        }
+        let close = |why: &'static str| async move {
+            let _ = src_conn.close(200, why.into()).await;
+            let _ = dest_conn.close(200, why.into()).await;
+        };
+        let moved = || self.status.lock().moved;
+        if limit.is_some_and(|l| moved() >= l) {
+            close("shovel finished").await;
+            return Ok(LinkEnd::Done);
         }
         if self.ack == AckMode::OnConfirm {
             dch.confirm_select(ConfirmSelectOptions::default()).await.map_err(amqp("destination"))?;
         }
-        let prefetch = self.def.src_prefetch_count.unwrap_or(1000);
+        // No more unacknowledged at once than the limit leaves to move.
+        let left = limit.map_or(u64::MAX, |l| l - moved());
+        let prefetch = self.def.src_prefetch_count.unwrap_or(1000).min(u16::try_from(left).unwrap_or(u16::MAX));
         sch.basic_qos(prefetch, BasicQosOptions::default()).await.map_err(amqp("source"))?;
         let no_ack = self.ack == AckMode::NoAck;
         let mut consumer = sch
@@ -431,13 +552,18 @@ impl Worker {
         }
         info!(shovel = %self.name, "shovel running");
         let mut confirms: VecDeque<(u64, PublisherConfirm)> = VecDeque::new();
+        // Messages published and not yet counted as moved (waiting for their confirm).
+        let mut sent_uncounted = 0u64;
         loop {
+            if limit.is_some_and(|l| moved() >= l) {
+                close("shovel finished").await;
+                return Ok(LinkEnd::Done);
+            }
             tokio::select! {
                 biased;
                 _ = stop.changed() => {
-                    let _ = src_conn.close(200, "shovel stopped".into()).await;
-                    let _ = dest_conn.close(200, "shovel stopped".into()).await;
-                    return Ok(());
+                    close("shovel stopped").await;
+                    return Ok(LinkEnd::Stopped);
                 }
                 confirmed = front(&mut confirms) => {
                     let (tag, _) = confirms.pop_front().expect("a confirm was waited for");
@@ -448,6 +574,7 @@ impl Worker {
                         }
                         _ => sch.basic_ack(tag, BasicAckOptions::default()).await.map_err(amqp("source"))?,
                     }
+                    sent_uncounted -= 1;
                     self.status.lock().moved += 1;
                 }
                 delivery = consumer.next() => {
@@ -455,6 +582,13 @@ impl Worker {
                         Some(d) => d.map_err(amqp("source"))?,
                         None => return Err(ShovelError::Cancelled),
                     };
+                    // Past the limit: back to the source, for whoever consumes next (a
+                    // no-ack delivery is the shovel's alone: it is moved, not dropped).
+                    if !no_ack && limit.is_some_and(|l| moved() + sent_uncounted >= l) {
+                        let requeue = BasicRejectOptions { requeue: true };
+                        sch.basic_reject(d.delivery_tag, requeue).await.map_err(amqp("source"))?;
+                        continue;
+                    }
                     let (exchange, key): (&str, &str) = match (&self.def.dest_queue, &self.def.dest_exchange) {
                         (Some(q), _) => ("", q),
                         (None, Some(x)) => (x, self.def.dest_exchange_key.as_deref().unwrap_or(d.routing_key.as_str())),
@@ -469,7 +603,10 @@ impl Worker {
                         .await
                         .map_err(amqp("destination"))?;
                     match self.ack {
-                        AckMode::OnConfirm => confirms.push_back((d.delivery_tag, confirm)),
+                        AckMode::OnConfirm => {
+                            sent_uncounted += 1;
+                            confirms.push_back((d.delivery_tag, confirm));
+                        }
                         AckMode::OnPublish => {
                             sch.basic_ack(d.delivery_tag, BasicAckOptions::default()).await.map_err(amqp("source"))?;
                             self.status.lock().moved += 1;
@@ -499,16 +636,21 @@ async fn connect(uri: &str, side: &'static str) -> Result<Connection, ShovelErro
 
 /// Makes sure `queue` exists: a passive declare, and a durable declare when it is missing;
 /// returns the channel to go on with (`ch`, or a new one when the failed passive declare
-/// closed it).
-async fn ensure_queue(conn: &Connection, ch: Channel, queue: &str, side: &'static str) -> Result<Channel, ShovelError> {
+/// closed it) and the queue's length.
+async fn ensure_queue(
+    conn: &Connection,
+    ch: Channel,
+    queue: &str,
+    side: &'static str,
+) -> Result<(Channel, u32), ShovelError> {
     let passive = QueueDeclareOptions { passive: true, ..Default::default() };
-    if ch.queue_declare(queue.into(), passive, FieldTable::default()).await.is_ok() {
-        return Ok(ch);
+    if let Ok(q) = ch.queue_declare(queue.into(), passive, FieldTable::default()).await {
+        return Ok((ch, q.message_count()));
     }
     let ch = conn.create_channel().await.map_err(amqp(side))?;
     let durable = QueueDeclareOptions { durable: true, ..Default::default() };
-    ch.queue_declare(queue.into(), durable, FieldTable::default()).await.map_err(amqp(side))?;
-    Ok(ch)
+    let q = ch.queue_declare(queue.into(), durable, FieldTable::default()).await.map_err(amqp(side))?;
+    Ok((ch, q.message_count()))
 }
 
 /// Adds the `x-shovelled` header (the shovel's name), as RabbitMQ's forward headers.
