@@ -184,7 +184,10 @@ async fn bad_shovel_definitions_are_refused_with_the_reason() {
     for (change, why) in [
         (json!({ "src-exchange": "x" }), "one of src-queue and src-exchange"),
         (json!({ "ack-mode": "sometimes" }), "ack-mode"),
-        (json!({ "src-uri": "amqps://remote" }), "amqps"),
+        (json!({ "src-uri": "amqps://remote?cacertfile=/nonexistent/ca.pem" }), "/nonexistent/ca.pem"),
+        (json!({ "src-uri": "amqps://remote?verify=verify_none" }), "verify=verify_none"),
+        (json!({ "src-uri": "amqps:///%2F" }), "needs a host"),
+        (json!({ "src-uri": "http://remote" }), "amqp:// or amqps://"),
         (json!({ "dest-add-timestamp-header": true }), "dest-add-timestamp-header"),
         (json!({ "src-delete-after": "sometime" }), "src-delete-after"),
         (json!({ "src-exchange": "x", "src-queue": null, "src-delete-after": "queue-length" }), "needs a src-queue"),
@@ -245,4 +248,40 @@ async fn a_shovel_with_src_delete_after_moves_that_many_and_deletes_itself() {
     let broker = broker.restart();
     let api = Api::of(&broker);
     assert_eq!(api.ok("/api/shovels").await, json!([]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shovel_reaches_a_broker_over_amqps_trusting_the_ca_its_uri_names() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pki = common::make_pki(tmp.path(), &[]);
+    let tls = format!("[tls]\ncert = \"{}\"\nkey = \"{}\"\n", pki.server_cert.display(), pki.server_key.display());
+    let central = Broker::start_with(Opts::default().config(&tls).args(&["--amqps-listen", "127.0.0.1:0"]));
+    let port = central.amqps.unwrap().port();
+    let edge = Broker::start();
+    let api = Api::of(&edge);
+    // RabbitMQ's spelling: the CA file as a query parameter of the amqps:// URI.
+    let dest = format!("amqps://guest:guest@localhost:{port}/%2F?cacertfile={}&heartbeat=10", pki.ca_file.display());
+    let value = json!({ "value": {
+        "src-uri": "amqp://", "src-queue": "tls.out", "dest-uri": dest, "dest-queue": "tls.in",
+        "reconnect-delay": 0.2,
+    }});
+    let (code, body) = api.put("/api/parameters/shovel/%2F/sealed", value).await;
+    assert_eq!(code.as_u16(), 201, "{body}");
+    running(&api, "sealed").await;
+    publish_range(&edge, "tls.out", 0..20).await;
+    assert_eq!(consume_until(&central, "tls.in", 0..20).await, (0..20).collect::<Vec<_>>());
+
+    // Without the CA the certificate is not trusted: the shovel says why and stays down.
+    let value = json!({ "value": {
+        "src-uri": "amqp://", "src-queue": "tls.out", "dest-uri": format!("amqps://guest:guest@localhost:{port}/%2F"),
+        "dest-queue": "tls.in", "reconnect-delay": 0.2,
+    }});
+    let (code, _) = api.put("/api/parameters/shovel/%2F/untrusted", value).await;
+    assert_eq!(code.as_u16(), 201);
+    eventually("the untrusted shovel's reason", WAIT, || async {
+        let all = api.ok("/api/shovels").await;
+        let s = all.as_array()?.iter().find(|s| s["name"] == "untrusted")?.clone();
+        (s["state"] != "running" && s["reason"].as_str()?.to_lowercase().contains("certificate")).then_some(())
+    })
+    .await;
 }

@@ -150,8 +150,11 @@ impl ShovelDefinition {
         }
         for (key, uris) in [("src-uri", &self.src_uri), ("dest-uri", &self.dest_uri)] {
             let list = uris.list();
-            if list.is_empty() || list.iter().any(|u| !u.starts_with("amqp://")) {
-                return Err(format!("{key}: amqp:// URIs (amqps:// is not supported yet)"));
+            if list.is_empty() || list.iter().any(|u| !(u.starts_with("amqp://") || u.starts_with("amqps://"))) {
+                return Err(format!("{key}: amqp:// or amqps:// URIs"));
+            }
+            for u in &list {
+                tls_config(u).map_err(|e| format!("{key}: {e}"))?;
             }
         }
         if self.reconnect_delay.is_some_and(|d| !(d.is_finite() && d > 0.0)) {
@@ -362,10 +365,16 @@ impl Shovels {
     /// A URI as lapin takes it: one without a host is FerryMQ itself, in its path's
     /// virtual host or else the shovel's.
     fn resolve(&self, uri: &str, vhost: &str) -> Result<String, String> {
-        let rest = uri.strip_prefix("amqp://").unwrap_or(uri);
+        let (tls, rest) = match uri.strip_prefix("amqps://") {
+            Some(rest) => (true, rest),
+            None => (false, uri.strip_prefix("amqp://").unwrap_or(uri)),
+        };
         let (authority, path) = rest.split_once('/').map(|(a, p)| (a, Some(p))).unwrap_or((rest, None));
         if !authority.is_empty() {
             return Ok(uri.to_owned());
+        }
+        if tls {
+            return Err("amqps:// needs a host (amqp:// without one is FerryMQ itself)".into());
         }
         let Some((addr, user, pass)) = &self.local else {
             return Err("amqp:// names FerryMQ itself, whose AMQP listener is off".into());
@@ -427,6 +436,8 @@ enum ShovelError {
     Cancelled,
     #[error("the destination refused a message (nack)")]
     Nacked,
+    #[error("{0}: {1}")]
+    Tls(&'static str, String),
 }
 
 fn amqp(side: &'static str) -> impl Fn(lapin::Error) -> ShovelError {
@@ -628,10 +639,46 @@ async fn front(confirms: &mut VecDeque<(u64, PublisherConfirm)>) -> lapin::Resul
 }
 
 async fn connect(uri: &str, side: &'static str) -> Result<Connection, ShovelError> {
-    tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(uri, ConnectionProperties::default()))
-        .await
-        .map_err(|_| ShovelError::Timeout(side))?
-        .map_err(amqp(side))
+    let (uri, tls) = tls_config(uri).map_err(|e| ShovelError::Tls(side, e))?;
+    let runtime = lapin::runtime::default_runtime().map_err(amqp(side))?;
+    let connect = Connection::connect_with_config(&uri, ConnectionProperties::default(), tls, runtime);
+    tokio::time::timeout(CONNECT_TIMEOUT, connect).await.map_err(|_| ShovelError::Timeout(side))?.map_err(amqp(side))
+}
+
+/// An `amqps://` URI's TLS files, RabbitMQ's query parameters `cacertfile` (PEM: CA
+/// certificates trusted besides the system's), `certfile` and `keyfile` (PEM: a client
+/// certificate and its key), read and taken out of the URI lapin is given.
+fn tls_config(uri: &str) -> Result<(String, lapin::tcp::OwnedTLSConfig), String> {
+    let mut tls = lapin::tcp::OwnedTLSConfig::default();
+    let Some((base, query)) = uri.split_once('?') else { return Ok((uri.to_owned(), tls)) };
+    let read = |key: &str, path: &str| std::fs::read(path).map_err(|e| format!("{key} `{path}`: {e}"));
+    let (mut cert, mut key, mut kept) = (None, None, Vec::new());
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        match k {
+            "cacertfile" => {
+                let pem = String::from_utf8(read(k, v)?).map_err(|_| format!("cacertfile `{v}` is not PEM text"))?;
+                tls.cert_chain = Some(pem);
+            }
+            "certfile" => cert = Some(read(k, v)?),
+            "keyfile" => key = Some(read(k, v)?),
+            "verify" if v == "verify_peer" => {}
+            "verify" | "fail_if_no_peer_cert" | "server_name_indication" => {
+                return Err(format!("`{k}={v}` is not supported (the server's certificate is always checked)"));
+            }
+            _ => kept.push(pair),
+        }
+    }
+    match (cert, key) {
+        (Some(pem), Some(key)) => tls.identity = Some(lapin::tcp::OwnedIdentity::PKCS8 { pem, key }),
+        (None, None) => {}
+        _ => return Err("certfile and keyfile go together".into()),
+    }
+    if !uri.starts_with("amqps://") && (tls.cert_chain.is_some() || tls.identity.is_some()) {
+        return Err("TLS files in an amqp:// URI: use amqps://".into());
+    }
+    let uri = if kept.is_empty() { base.to_owned() } else { format!("{base}?{}", kept.join("&")) };
+    Ok((uri, tls))
 }
 
 /// Makes sure `queue` exists: a passive declare, and a durable declare when it is missing;
