@@ -235,6 +235,10 @@ impl Server {
                 .map_err(|e| anyhow::anyhow!("shovel `{}`: {e}", s.name))?;
         }
         for p in stored_access.parameters.iter().filter(|p| p.component == "shovel") {
+            if server.shovels.get(&p.vhost, &p.name).is_some() {
+                warn!(shovel = %p.name, vhost = %p.vhost, "stored shovel not started: the configuration defines one of that name");
+                continue;
+            }
             let started = serde_json::from_str(&p.value)
                 .map_err(|e| e.to_string())
                 .and_then(|def| server.shovels.start(&p.vhost, &p.name, def, true));

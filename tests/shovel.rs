@@ -166,6 +166,12 @@ async fn a_shovel_from_the_configuration_carries_an_exchange_across_protocols() 
     let row: Vec<&str> = table.lines().nth(1).unwrap_or_default().split_whitespace().collect();
     assert_eq!(row[..4], ["/", "telemetry", "static", "running"], "{table}");
     assert_eq!(api.ok("/api/parameters/shovel").await, json!([]), "a static shovel is no parameter");
+    // Nor can a dynamic one take its name.
+    let value = json!({ "value": { "src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://", "dest-queue": "b" }});
+    let (code, body) = api.put("/api/parameters/shovel/%2F/telemetry", value).await;
+    assert_eq!(code.as_u16(), 400, "{body}");
+    assert!(body["reason"].as_str().unwrap_or_default().contains("defined in the configuration"), "{body}");
+    assert_eq!(api.ok("/api/shovels").await[0]["type"], "static", "still the configuration's");
 
     // An MQTT publish at the source reaches an MQTT subscriber at the destination.
     let mut sub = v4::connect(&dest, "dashboard").await;

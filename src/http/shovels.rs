@@ -38,6 +38,9 @@ pub async fn put_shovel(ctx: &HttpContext, vhost: &str, name: &str, value: Value
     let def: ShovelDefinition =
         serde_json::from_value(value).map_err(|e| ApiError::bad_request(format!("shovel `{name}`: {e}")))?;
     def.check().map_err(|e| ApiError::bad_request(format!("shovel `{name}`: {e}")))?;
+    if ctx.shovels.get(vhost, name).is_some_and(|s| !s.dynamic) {
+        return Err(ApiError::bad_request(format!("shovel `{name}` is defined in the configuration ([[shovel]])")));
+    }
     let record = ParameterRecord {
         component: SHOVEL.into(),
         vhost: vhost.into(),
