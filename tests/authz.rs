@@ -591,4 +591,23 @@ async fn the_api_sets_up_no_route_into_the_mqtt_exchange_while_mqtt_rules_are_on
     assert_eq!(status, 201, "{body}");
     let (status, body) = api.post("/api/bindings/%2f/e/amq.fanout/e/amq.direct", json!({"routing_key": "x"})).await;
     assert_eq!(status, 201, "{body}");
+
+    // A definitions import is held to the same rule, each kind of route, and refused
+    // before anything of it is applied.
+    let routes = [
+        json!({"queues": [{"name": "imp-dlq", "vhost": "/", "durable": true, "arguments": {"x-dead-letter-exchange": "amq.topic"}}]}),
+        json!({"exchanges": [{"name": "imp-ae", "vhost": "/", "type": "fanout", "arguments": {"alternate-exchange": "amq.topic"}}]}),
+        json!({"bindings": [{"source": "amq.fanout", "vhost": "/", "destination": "amq.topic", "destination_type": "exchange", "routing_key": "x", "arguments": {}}]}),
+    ];
+    for mut defs in routes {
+        // Each also declares a plain queue, to show nothing is half-applied.
+        if defs.get("queues").is_none() {
+            defs["queues"] = json!([{"name": "imp-plain", "vhost": "/", "durable": true}]);
+        }
+        let (status, body) = api.post("/api/definitions", defs.clone()).await;
+        assert_eq!(status, 400, "{defs}: {body}");
+        assert!(body["reason"].as_str().unwrap_or_default().contains("MQTT-checked"), "{body}");
+    }
+    assert_eq!(api.get("/api/queues/%2f/imp-plain").await.0, 404, "nothing of a refused import was applied");
+    assert_eq!(api.get("/api/queues/%2f/imp-dlq").await.0, 404);
 }

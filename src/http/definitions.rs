@@ -167,6 +167,44 @@ fn args(item: &Json_) -> Vec<(String, crate::core::value::Value)> {
     item.get("arguments").and_then(Json_::as_object).map(json_table).unwrap_or_default()
 }
 
+/// While MQTT authorization is on, no route into the MQTT exchange may be set up (an
+/// alternate or dead-letter exchange, an exchange-to-exchange binding), as over AMQP and
+/// the API's own calls: the MQTT rules are checked where a message is published. Checked
+/// before anything is applied.
+fn mqtt_routes_refused(ctx: &HttpContext, defs: &Json_, vhost_of: &dyn Fn(&Json_) -> String) -> Result<(), ApiError> {
+    use crate::authz::MQTT_VHOST;
+    if !ctx.authz.mqtt_enabled() {
+        return Ok(());
+    }
+    let mqtt = ctx.broker.router.mqtt_exchange();
+    let into_mqtt = |item: &Json_, target: Option<&str>| vhost_of(item) == MQTT_VHOST && target == Some(mqtt);
+    let argument = |item: &Json_, key: &str| {
+        item.get("arguments").and_then(|a| a.get(key)).and_then(Json_::as_str).map(str::to_owned)
+    };
+    let refuse = |what: String| {
+        ApiError::bad_request(format!(
+            "{what} routes into exchange '{mqtt}' of vhost '{MQTT_VHOST}', which takes MQTT-checked publishes only \
+             while MQTT authorization is on; nothing was imported"
+        ))
+    };
+    for x in items(defs, "exchanges") {
+        if into_mqtt(x, argument(x, "alternate-exchange").as_deref()) {
+            return Err(refuse(format!("exchange '{}' (alternate-exchange)", text(x, "name"))));
+        }
+    }
+    for q in items(defs, "queues") {
+        if into_mqtt(q, argument(q, "x-dead-letter-exchange").as_deref()) {
+            return Err(refuse(format!("queue '{}' (x-dead-letter-exchange)", text(q, "name"))));
+        }
+    }
+    for b in items(defs, "bindings") {
+        if text(b, "destination_type") == "exchange" && into_mqtt(b, Some(text(b, "destination"))) {
+            return Err(refuse(format!("the binding from exchange '{}'", text(b, "source"))));
+        }
+    }
+    Ok(())
+}
+
 /// Imports definitions; `only_vhost` makes every item belong to that virtual host (the
 /// per-vhost import). Stops at the first item that cannot be applied (400, as RabbitMQ).
 pub async fn import(ctx: &HttpContext, defs: &Json_, only_vhost: Option<&str>) -> Result<ImportReport, ApiError> {
@@ -184,6 +222,7 @@ pub async fn import(ctx: &HttpContext, defs: &Json_, only_vhost: Option<&str>) -
     }
     let mut report = ImportReport::default();
     let vhost_of = |item: &Json_| only_vhost.map(str::to_owned).unwrap_or_else(|| text(item, "vhost").to_owned());
+    mqtt_routes_refused(ctx, defs, &vhost_of)?;
     if only_vhost.is_none() {
         for v in items(defs, "vhosts") {
             let meta = v.get("metadata");
