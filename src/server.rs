@@ -123,6 +123,7 @@ impl Server {
         let users = Users::new(configured, login_throttle(&config));
         let stored_access = restore_access(&broker, &config, &users);
         let authz = authorizer(&config, &stored_access)?;
+        authz.update(|p| p.user_tags = users.all().into_iter().map(|u| (u.name, u.tags)).collect());
         let logins = MqttLogins {
             users: users.clone(),
             check_passwords: config.auth.mqtt || !config.auth.mosquitto_password_file.is_empty(),

@@ -516,21 +516,35 @@ async fn a_resumed_session_keeps_only_the_subscriptions_its_new_user_may_make() 
     let mut ops = v4::connect_with(o).await;
     ops.subscribe("ops/#", v4::QoS::AtLeastOnce).await;
     ops.subscribe("public/#", v4::QoS::AtLeastOnce).await;
+    ops.subscribe("$share/team/ops/#", v4::QoS::AtLeastOnce).await;
     drop(ops);
     let mut seen = subs_of(api.ok("/api/ferrymq/mqtt/subscriptions").await);
     seen.sort();
     assert_eq!(seen, ["ops/#", "public/#"]);
-    // alice resumes the client id: the subscription she could not make is gone.
+    // Another member of the shared group, allowed to be one.
+    let mut mate = v4::connect_with(mqtt_v4(&broker, "mate", "ops")).await;
+    mate.subscribe("$share/team/ops/#", v4::QoS::AtLeastOnce).await;
+    // alice resumes the client id: the subscriptions she could not make are gone, the
+    // shared one too (the session left the group).
     let mut o = mqtt_v4(&broker, "handover", "alice");
     o.set_clean_session(false);
     let mut alice = v4::connect_with(o).await;
     assert!(alice.connack.session_present);
     assert_eq!(subs_of(api.ok("/api/ferrymq/mqtt/subscriptions").await), ["public/#"]);
     let mut publisher = v4::connect_with(mqtt_v4(&broker, "pub", "ops")).await;
-    publisher.publish_acked("ops/1", v4::QoS::AtLeastOnce, false, "not for alice").await;
+    for i in 1..=4 {
+        publisher.publish_acked(&format!("ops/{i}"), v4::QoS::AtLeastOnce, false, format!("ops-{i}")).await;
+    }
     let mut alice_pub = v4::connect_with(mqtt_v4(&broker, "alice-pub", "alice")).await;
     alice_pub.publish_acked("public/1", v4::QoS::AtLeastOnce, false, "for all").await;
     assert_eq!(&alice.next_publish().await.payload[..], b"for all");
+    // The group's messages all go to the member left in it: alice's session takes no
+    // turns (which it could not receive).
+    let mut got = Vec::new();
+    for _ in 0..4 {
+        got.push(String::from_utf8_lossy(&mate.next_publish().await.payload).into_owned());
+    }
+    assert_eq!(got, ["ops-1", "ops-2", "ops-3", "ops-4"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -610,4 +624,22 @@ async fn the_api_sets_up_no_route_into_the_mqtt_exchange_while_mqtt_rules_are_on
     }
     assert_eq!(api.get("/api/queues/%2f/imp-plain").await.0, 404, "nothing of a refused import was applied");
     assert_eq!(api.get("/api/queues/%2f/imp-dlq").await.0, 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_of_a_users_tags_reaches_its_open_connections_as_a_rule_change_does() {
+    // Rules name groups by tag ("ops" may subscribe to everything): bob's open
+    // connection is judged by his tags as they are now, with no reconnect.
+    let broker = Broker::start_with(Opts::default().config(MQTT_RULES));
+    let api = Api::of(&broker);
+    let mut bob = v4::connect_with(mqtt_v4(&broker, "bob-1", "bob")).await;
+    assert_eq!(bob.subscribe("#", v4::QoS::AtLeastOnce).await, vec![rumqttc::SubscribeReasonCode::Failure]);
+    let (status, body) = api.put("/api/users/bob", json!({"password": "pw", "tags": "ops"})).await;
+    assert!(status.is_success(), "{body}");
+    let granted = vec![rumqttc::SubscribeReasonCode::Success(v4::QoS::AtLeastOnce)];
+    assert_eq!(bob.subscribe("#", v4::QoS::AtLeastOnce).await, granted, "bob is in group ops now");
+    let (status, body) = api.put("/api/users/bob", json!({"password": "pw", "tags": ""})).await;
+    assert!(status.is_success(), "{body}");
+    let codes = bob.subscribe("$SYS/#", v4::QoS::AtLeastOnce).await;
+    assert_eq!(codes, vec![rumqttc::SubscribeReasonCode::Failure], "and out of it again");
 }

@@ -57,6 +57,9 @@ pub struct Identity {
 /// Everything decisions are made from; replaced as a whole when anything changes.
 #[derive(Debug, Clone, Default)]
 pub struct Policy {
+    /// The tags of the users FerryMQ knows, the groups rules name: kept here so that a
+    /// change of a user's tags reaches the open connections as a rule change does.
+    pub user_tags: BTreeMap<String, Vec<String>>,
     /// RabbitMQ permissions by (vhost, user).
     pub permissions: BTreeMap<(String, String), VhostPermissions>,
     /// RabbitMQ topic permissions by (vhost, user, exchange).
@@ -317,14 +320,16 @@ impl Authorizer {
 
     /// A connection's view, deciding for `id` in `vhost`.
     pub fn access(self: &Arc<Self>, id: Identity, vhost: &str) -> Access {
-        Access {
+        let mut access = Access {
             authz: self.clone(),
             generation: self.generation.load(Ordering::Acquire),
             policy: self.policy(),
             id,
             vhost: vhost.to_owned(),
             cache: Cache::default(),
-        }
+        };
+        access.take_groups();
+        access
     }
 }
 
@@ -390,6 +395,14 @@ impl Access {
             self.generation = now;
             self.policy = self.authz.policy();
             self.cache = Cache::default();
+            self.take_groups();
+        }
+    }
+
+    /// The user's groups as the policy knows them now (its tags).
+    fn take_groups(&mut self) {
+        if let Some(tags) = self.id.user.as_ref().and_then(|u| self.policy.user_tags.get(u)) {
+            self.id.groups.clone_from(tags);
         }
     }
 

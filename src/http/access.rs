@@ -156,6 +156,8 @@ pub async fn put_user(ctx: &HttpContext, name: &str, secret: Secret, tags: Vec<S
     commit(ctx, ctx.broker.stores.access.put_user(&record)).await?;
     let user = crate::auth::user_from_record(&record, &ctx.loopback_users)
         .ok_or_else(|| ApiError::bad_request("unknown hashing algorithm"))?;
+    // Rules naming a group (a tag) see the new tags on open connections too.
+    ctx.authz.update(|p| p.user_tags.insert(name.to_owned(), tags));
     Ok(ctx.users.put(user))
 }
 
@@ -180,6 +182,7 @@ pub async fn delete_user(ctx: &HttpContext, name: &str) -> Result<(), ApiError> 
     commit(ctx, write).await?;
     forget_permissions(ctx, |_, user| user == name).await?;
     ctx.users.remove(name);
+    ctx.authz.update(|p| p.user_tags.remove(name));
     // As RabbitMQ: a deleted user's open connections are closed (AMQP 320, MQTT 5 0x98).
     for c in ctx.broker.connections.list().into_iter().filter(|c| c.user == name) {
         c.close("user deleted");

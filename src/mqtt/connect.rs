@@ -147,7 +147,7 @@ impl Task {
         };
         match existing {
             Some(mut p) => {
-                self.revoke_denied_subscriptions(&mut p);
+                self.revoke_denied_subscriptions(&client_id, &mut p).await;
                 session.subs = p.stored.subscriptions.iter().map(|(f, o)| (f.clone(), o.clone())).collect();
                 p.stored.expiry_secs = expiry;
                 p.stored.disconnected_at_ms = None;
@@ -228,25 +228,34 @@ impl Task {
 
     /// Checks a resumed session's subscriptions against this connection's permissions (the
     /// client id may be resumed by another user, or the rules narrowed since): those no
-    /// longer allowed are dropped, as if unsubscribed, before anything is delivered.
-    /// Shared subscriptions are left to the delivery checks.
-    fn revoke_denied_subscriptions(&mut self, p: &mut Persistent) {
+    /// longer allowed are dropped, as if unsubscribed, before anything is delivered; a
+    /// shared one leaves its group (whose queue goes with its last member).
+    async fn revoke_denied_subscriptions(&mut self, client_id: &str, p: &mut Persistent) {
         if self.access.is_none() {
             return;
         }
         let max_levels = self.ctx.cfg.max_topic_levels;
-        let filters: Vec<String> =
-            p.stored.subscriptions.keys().filter(|f| !f.starts_with("$share/")).cloned().collect();
+        let filters: Vec<String> = p.stored.subscriptions.keys().cloned().collect();
         for f in filters {
             let allowed = match ferrymq_mqtt::topic::parse_filter(&f, max_levels) {
                 Ok(parsed) => self.permitted(Request::Subscribe(parsed.filter)),
                 Err(_) => false,
             };
-            if !allowed {
-                conn_log!(info, self, filter = %f, "stored subscription no longer allowed; dropped");
-                self.ctx.broker.router.unsubscribe(&f, &Destination::Queue(p.queue));
-                p.stored.subscriptions.remove(&f);
+            if allowed {
+                continue;
             }
+            conn_log!(info, self, filter = %f, "stored subscription no longer allowed; dropped");
+            match super::split_share(&f) {
+                Some((group, inner)) => {
+                    if let Some(q) = self.ctx.groups.leave(&self.ctx.broker, group, inner, client_id) {
+                        self.ctx.broker.shards.delete(q).await;
+                    }
+                }
+                None => {
+                    self.ctx.broker.router.unsubscribe(&f, &Destination::Queue(p.queue));
+                }
+            }
+            p.stored.subscriptions.remove(&f);
         }
     }
 
