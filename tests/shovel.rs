@@ -88,6 +88,17 @@ async fn a_dynamic_shovel_moves_a_queue_in_order_through_outages_and_restarts() 
     publish_range(&source, "outbox", 0..50).await;
     assert_eq!(consume_until(&dest, "inbox", 0..50).await, (0..50).collect::<Vec<_>>());
 
+    // The destination goes away while nothing moves: the state says so at once, not at
+    // the next message.
+    dest.stop();
+    eventually("the shovel down with a reason", WAIT, || async {
+        let s = api.ok("/api/shovels").await;
+        (s[0]["state"] != "running" && s[0]["reason"].is_string()).then_some(())
+    })
+    .await;
+    let mut dest = dest.start_again();
+    running(&api, "move").await;
+
     // The destination goes away mid-stream: messages wait in the source queue.
     let feeder = {
         let uri = uri_of(&source);

@@ -530,9 +530,12 @@ impl Worker {
         if let Some(q) = &self.def.dest_queue {
             (dch, _) = ensure_queue(&dest_conn, dch, q, "destination").await?;
         }
-        let close = |why: &'static str| async move {
-            let _ = src_conn.close(200, why.into()).await;
-            let _ = dest_conn.close(200, why.into()).await;
+        let close = |why: &'static str| {
+            let (src_conn, dest_conn) = (&src_conn, &dest_conn);
+            async move {
+                let _ = src_conn.close(200, why.into()).await;
+                let _ = dest_conn.close(200, why.into()).await;
+            }
         };
         let moved = || self.status.lock().moved;
         if limit.is_some_and(|l| moved() >= l) {
@@ -562,6 +565,10 @@ impl Worker {
             s.reason = None;
         }
         info!(shovel = %self.name, "shovel running");
+        // A side that goes away while nothing moves is noticed at once, not at the next
+        // message (the state would say running meanwhile).
+        let mut src_events = Box::pin(src_conn.events_listener());
+        let mut dest_events = Box::pin(dest_conn.events_listener());
         let mut confirms: VecDeque<(u64, PublisherConfirm)> = VecDeque::new();
         // Messages published and not yet counted as moved (waiting for their confirm).
         let mut sent_uncounted = 0u64;
@@ -576,6 +583,8 @@ impl Worker {
                     close("shovel stopped").await;
                     return Ok(LinkEnd::Stopped);
                 }
+                ev = src_events.next() => connection_event(ev, "source")?,
+                ev = dest_events.next() => connection_event(ev, "destination")?,
                 confirmed = front(&mut confirms) => {
                     let (tag, _) = confirms.pop_front().expect("a confirm was waited for");
                     match confirmed.map_err(amqp("destination"))? {
@@ -627,6 +636,15 @@ impl Worker {
                 }
             }
         }
+    }
+}
+
+/// A connection event of one side: an error (or the end of the events) ends the link.
+fn connection_event(ev: Option<lapin::Event>, side: &'static str) -> Result<(), ShovelError> {
+    match ev {
+        Some(lapin::Event::Error(e)) => Err(ShovelError::Amqp(side, e)),
+        None => Err(ShovelError::Timeout(side)),
+        Some(_) => Ok(()),
     }
 }
 
