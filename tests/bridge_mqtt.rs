@@ -601,7 +601,22 @@ async fn qos2_crosses_a_bridge_exactly_once_when_ferrymq_is_killed_between_the_a
     // The exchange is over at FerryMQ too: the next message goes, and u1 is not sent again.
     let mut device = v4::connect(&edge, "device").await;
     device.publish_acked("up/x", v4::QoS::ExactlyOnce, false, "u2").await;
-    assert_eq!(&remote.next_publish().await.payload[..], b"u2");
+    let u2 = remote.next_publish().await;
+    assert_eq!(&u2.payload[..], b"u2");
+    // This time the remote's PUBREC went through and FerryMQ's PUBREL arrived when
+    // FerryMQ is killed. After the restart FerryMQ's session sends the PUBREL again; it
+    // waits until the bridge is up (after its SUBSCRIBE and state message, whose ids it
+    // would otherwise meet) and reaches the remote under the same id.
+    remote.send(Packet::PubRec { pkid: u2.pkid, reason: ReasonCode::SUCCESS, reason_string: None }).await;
+    assert!(matches!(remote.next().await, Packet::PubRel { pkid, .. } if pkid == u2.pkid));
+    drop(device);
+    let edge = edge.crash_restart();
+    let mut remote = ScriptedRemote::accept(&listener).await;
+    assert!(matches!(remote.next().await, Packet::PubRel { pkid, .. } if pkid == u2.pkid));
+    remote.send(Packet::PubComp { pkid: u2.pkid, reason: ReasonCode::SUCCESS }).await;
+    let mut device = v4::connect(&edge, "device").await;
+    device.publish_acked("up/x", v4::QoS::ExactlyOnce, false, "u3").await;
+    assert_eq!(&remote.next_publish().await.payload[..], b"u3", "the bridge stayed up");
 }
 
 /// The next state the bridge published on `$SYS/broker/connection/+/state`.
@@ -699,4 +714,36 @@ async fn nothing_acknowledged_is_lost_nor_reordered_when_either_broker_is_killed
     // Every acknowledged message arrived (at least once); a copy sent again after a crash
     // never comes ahead of its turn.
     assert_eq!(first_seen, (0..300).collect::<Vec<_>>());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bridge_that_fails_over_takes_the_next_brokers_qos2_ids_as_new_messages() {
+    use ferrymq_mqtt::{Packet, Publish, PublishProperties, QoS};
+    let main = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let spare = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addresses = format!("{} {}", main.local_addr().unwrap(), spare.local_addr().unwrap());
+    let edge = edge(&addresses, "mqttv311", &["cmd/# in 2"]);
+    let mut app = v4::connect_persistent(&edge, "app").await;
+    app.subscribe("cmd/#", v4::QoS::ExactlyOnce).await;
+    drop(app);
+    // The main broker's QoS 2 message 7 is stored at FerryMQ (PUBREC), then that broker
+    // goes away before its PUBREL.
+    let mut at_main = ScriptedRemote::accept(&main).await;
+    let m = Publish {
+        dup: false,
+        qos: QoS::ExactlyOnce,
+        retain: false,
+        topic: "cmd/a".into(),
+        pkid: 7,
+        payload: bytes::Bytes::from_static(b"from-main"),
+        properties: PublishProperties::default(),
+    };
+    at_main.send(Packet::Publish(m)).await;
+    assert!(matches!(at_main.next().await, Packet::PubRec { pkid: 7, .. }));
+    drop((at_main, main));
+    // The spare's own message 7 is another message, not a re-send of the main's.
+    let mut at_spare = ScriptedRemote::accept(&spare).await;
+    at_spare.publish_qos2(7, "cmd/a", "from-spare", false).await;
+    let mut app = v4::connect_persistent(&edge, "app").await;
+    assert_eq!(payloads_v4(&mut app, 2).await, ["from-main", "from-spare"]);
 }

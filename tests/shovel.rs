@@ -198,7 +198,13 @@ async fn bad_shovel_definitions_are_refused_with_the_reason() {
     let broker = Broker::start();
     let api = Api::of(&broker);
     let base = json!({ "src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://", "dest-queue": "b" });
+    let tmp = tempfile::tempdir().unwrap();
+    let no_cert = tmp.path().join("empty.pem");
+    std::fs::write(&no_cert, "not a certificate\n").unwrap();
+    let empty_ca = format!("amqps://remote?cacertfile={}", no_cert.display());
     for (change, why) in [
+        (json!({ "ack-mode": "no-ack", "src-delete-after": 5 }), "src-delete-after needs ack-mode"),
+        (json!({ "dest-uri": empty_ca }), "holds no certificate"),
         (json!({ "src-exchange": "x" }), "one of src-queue and src-exchange"),
         (json!({ "ack-mode": "sometimes" }), "ack-mode"),
         (json!({ "src-uri": "amqps://remote?cacertfile=/nonexistent/ca.pem" }), "/nonexistent/ca.pem"),

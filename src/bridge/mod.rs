@@ -168,6 +168,9 @@ impl MqttBridgeEntry {
         if self.topic.is_empty() {
             return Err("a bridge needs at least one `topic` line".into());
         }
+        if self.notification_topic.contains(['+', '#']) {
+            return Err("notification_topic is a topic name, without wildcards".into());
+        }
         self.topic.iter().map(|l| TopicRule::parse(l).map_err(|e| e.to_string())).collect()
     }
 }

@@ -21,7 +21,9 @@ use tracing::{debug, info, warn};
 
 use super::topic::{route_in, route_out, TopicRule};
 use super::{BridgeStatus, MqttBridgeEntry};
+use crate::core::broker::Commit;
 use crate::core::connections::Listener;
+use crate::core::store::StoreWrite;
 use crate::mqtt::MqttContext;
 
 /// Longest wait for a TCP connect, a TLS handshake or a CONNACK.
@@ -166,21 +168,26 @@ pub async fn run(
     let mut last_error = String::new();
     // The address tried next, and failed attempts since the bridge was last up.
     let (mut at, mut failures) = (0usize, 0usize);
+    // The remote the last link that came up relayed from.
+    let mut last_up: Option<String> = None;
     while !*stop.borrow() {
         let started = Instant::now();
         let address = cfg.address[at].clone();
         status.lock().address = address.clone();
         // On a fail-over address the main one is probed, unless all are equals.
         let main = (at != 0 && !cfg.round_robin).then(|| (cfg.address[0].as_str(), base));
+        let new_remote = last_up.as_ref().is_some_and(|a| *a != address);
+        let attempt = Attempt { address: &address, main, new_remote };
         let mut link_stop = stop.clone();
         let outcome = tokio::select! {
             biased;
-            r = link(&ctx, &cfg, &rules, &status, &mut link_stop, &address, main) => r,
+            r = link(&ctx, &cfg, &rules, &status, &mut link_stop, attempt) => r,
             _ = stop.changed() => Ok(()),
         };
         let was_up = std::mem::replace(&mut status.lock().connected, false);
         if was_up {
             failures = 0;
+            last_up = Some(address.clone());
             if cfg.notifications {
                 crate::mqtt::sys::publish(&ctx, &state_topic, "0".into()).await;
             }
@@ -292,6 +299,23 @@ async fn connect_remote(cfg: &MqttBridgeEntry, address: &str) -> Result<Box<dyn 
     Ok(Box::new(tls))
 }
 
+/// The bridge moved to another remote broker: the QoS 2 packet ids FerryMQ's session
+/// still holds from the previous one (stored, waiting for a PUBREL that broker will send
+/// when the bridge is back there, and that is then completed as unknown) would make this
+/// broker's messages under the same ids look like re-sends. They are released.
+async fn forget_inbound_qos2(ctx: &MqttContext, local_id: &str) {
+    let qos2 = &ctx.broker.stores.inbound_qos2;
+    let pending = qos2.pending(local_id).unwrap_or_default();
+    if pending.is_empty() {
+        return;
+    }
+    let write = pending.iter().fold(StoreWrite::none(), |w, &id| w.and(qos2.released(local_id, id)));
+    // Durable: applied before the session's ids are read at its CONNECT below.
+    if let Err(e) = ctx.broker.commit(write, Commit::Durable).await {
+        warn!(error = %e, "cannot release the previous remote's QoS 2 ids");
+    }
+}
+
 /// Opens the in-process link to FerryMQ: its far end is served as a client connection.
 fn connect_local(ctx: &Arc<MqttContext>) -> Box<dyn Stream> {
     let (near, far) = tokio::io::duplex(PIPE);
@@ -348,6 +372,10 @@ enum Stage {
 struct Leg {
     stages: HashMap<u16, Stage>,
     waiting: VecDeque<Waiting>,
+    /// PUBRELs from the source (a resumed session's) that came before the link was up:
+    /// passed on once it is, so that none meets the bridge's own SUBSCRIBE or state
+    /// message under the same id.
+    held_releases: Vec<u16>,
 }
 
 impl Leg {
@@ -451,6 +479,17 @@ impl Leg {
     }
 }
 
+/// Where one life of the bridge connects.
+#[derive(Clone, Copy)]
+struct Attempt<'a> {
+    /// The remote address.
+    address: &'a str,
+    /// On a fail-over address: the main one, probed this often.
+    main: Option<(&'a str, Duration)>,
+    /// Another remote than the last link that came up relayed from.
+    new_remote: bool,
+}
+
 /// One life of the bridge: connect both links, then carry messages until one fails.
 async fn link(
     ctx: &Arc<MqttContext>,
@@ -458,9 +497,9 @@ async fn link(
     rules: &[TopicRule],
     status: &Arc<Mutex<BridgeStatus>>,
     stop: &mut watch::Receiver<bool>,
-    address: &str,
-    main: Option<(&str, Duration)>,
+    attempt: Attempt<'_>,
 ) -> Result<(), BridgeError> {
+    let Attempt { address, main, new_remote } = attempt;
     // The state at the remote: `1` published below, `0` by the will if the link drops.
     let notify_remote = (cfg.notifications && !cfg.notifications_local_only).then(|| notification_topic(cfg));
     let level = if cfg.bridge_protocol_version == "mqttv50" { ProtocolLevel::V5 } else { ProtocolLevel::V3_1_1 };
@@ -504,6 +543,9 @@ async fn link(
         owner_releases: true,
         will: None,
     };
+    if new_remote {
+        forget_inbound_qos2(ctx, &local_opts.client_id).await;
+    }
     let mut local = Side::new("local", local_opts, connect_local(ctx))?;
     local.connected().await?;
     let now = Instant::now();
@@ -544,6 +586,9 @@ async fn link(
     let mut warned_refusal = false;
     let mut just_up = false;
     let mut main_back = std::pin::pin!(main_back(main));
+    // Leaving for the main address: nothing new is sent, and what is in flight is
+    // finished first (up to a deadline), so no QoS 2 exchange is left half done here.
+    let mut draining: Option<Instant> = None;
     loop {
         if std::mem::take(&mut just_up) && cfg.notifications {
             crate::mqtt::sys::publish(ctx, &state_topic, "1".into()).await;
@@ -561,10 +606,10 @@ async fn link(
                 leave(&mut remote, &mut local, notify_remote.as_deref()).await;
                 return Ok(());
             }
-            _ = &mut main_back => {
-                leave(&mut remote, &mut local, notify_remote.as_deref()).await;
-                return Err(BridgeError::MainBack);
+            _ = &mut main_back, if draining.is_none() => {
+                draining = Some(Instant::now() + CONNECT_TIMEOUT);
             }
+            _ = crate::socket::sleep_until(draining), if draining.is_some() => {}
         }
         let now = Instant::now();
         while let Some(ev) = local.client.poll_event() {
@@ -573,6 +618,7 @@ async fn link(
                     let route = route_out(rules, &p.topic);
                     out.take(p, route, &mut local, now)?
                 }
+                ClientEvent::Released { pkid } if awaiting_subacks > 0 => out.held_releases.push(pkid),
                 ClientEvent::Released { pkid } => out.released(pkid, &mut local, &mut remote, now)?,
                 ClientEvent::Received { pkid } => inbound.received(pkid, &mut remote, now)?,
                 ClientEvent::Delivered { pkid, .. } => inbound.delivered(pkid, &mut remote, now)?,
@@ -586,6 +632,7 @@ async fn link(
                     let route = route_in(rules, &p.topic);
                     inbound.take(p, route, &mut remote, now)?
                 }
+                ClientEvent::Released { pkid } if awaiting_subacks > 0 => inbound.held_releases.push(pkid),
                 ClientEvent::Released { pkid } => inbound.released(pkid, &mut remote, &mut local, now)?,
                 ClientEvent::Received { pkid } => out.received(pkid, &mut local, now)?,
                 ClientEvent::Delivered { pkid, .. } if notify_pkid == Some(pkid) => {
@@ -611,6 +658,19 @@ async fn link(
         // Nothing goes on before both SUBACKs: a relayed packet id must not meet the
         // SUBSCRIBE's on either side.
         if awaiting_subacks > 0 {
+            continue;
+        }
+        for pkid in std::mem::take(&mut out.held_releases) {
+            out.released(pkid, &mut local, &mut remote, now)?;
+        }
+        for pkid in std::mem::take(&mut inbound.held_releases) {
+            inbound.released(pkid, &mut remote, &mut local, now)?;
+        }
+        if let Some(deadline) = draining {
+            if (out.stages.is_empty() && inbound.stages.is_empty()) || now >= deadline {
+                leave(&mut remote, &mut local, notify_remote.as_deref()).await;
+                return Err(BridgeError::MainBack);
+            }
             continue;
         }
         let sent = out.send_waiting(&mut remote, &mut local, now)?;

@@ -160,12 +160,17 @@ impl ShovelDefinition {
         if self.reconnect_delay.is_some_and(|d| !(d.is_finite() && d > 0.0)) {
             return Err("reconnect-delay: seconds above 0".into());
         }
-        match self.ack_mode.as_deref().unwrap_or("on-confirm") {
-            "on-confirm" => Ok(AckMode::OnConfirm),
-            "on-publish" => Ok(AckMode::OnPublish),
-            "no-ack" => Ok(AckMode::NoAck),
-            other => Err(format!("ack-mode `{other}`: on-confirm, on-publish or no-ack")),
+        let ack = match self.ack_mode.as_deref().unwrap_or("on-confirm") {
+            "on-confirm" => AckMode::OnConfirm,
+            "on-publish" => AckMode::OnPublish,
+            "no-ack" => AckMode::NoAck,
+            other => return Err(format!("ack-mode `{other}`: on-confirm, on-publish or no-ack")),
+        };
+        if ack == AckMode::NoAck && self.delete_after()? != DeleteAfter::Never {
+            // A no-ack consumer is sent the whole queue: past the count it would be lost.
+            return Err("src-delete-after needs ack-mode on-confirm or on-publish".into());
         }
+        Ok(ack)
     }
 
     /// `src-delete-after`.
@@ -351,6 +356,19 @@ impl Shovels {
             let write = broker.stores.access.remove_parameter("shovel", vhost, name);
             if let Err(e) = broker.commit(write, Commit::Durable).await {
                 warn!(shovel = %name, vhost = %vhost, error = %e, "cannot remove the finished shovel's definition");
+            }
+            // Redefined meanwhile: the new definition is the one kept.
+            let redefined = self.running.lock().get(&key).filter(|r| r.dynamic).map(|r| r.definition.clone());
+            if let Some(def) = redefined {
+                let record = crate::core::store::ParameterRecord {
+                    component: "shovel".into(),
+                    vhost: vhost.into(),
+                    name: name.into(),
+                    value: serde_json::to_string(&def).unwrap_or_default(),
+                };
+                if let Err(e) = broker.commit(broker.stores.access.put_parameter(&record), Commit::Durable).await {
+                    warn!(shovel = %name, vhost = %vhost, error = %e, "cannot store the redefined shovel");
+                }
             }
         }
     }
@@ -603,8 +621,8 @@ impl Worker {
                         None => return Err(ShovelError::Cancelled),
                     };
                     // Past the limit: back to the source, for whoever consumes next (a
-                    // no-ack delivery is the shovel's alone: it is moved, not dropped).
-                    if !no_ack && limit.is_some_and(|l| moved() + sent_uncounted >= l) {
+                    // limit never comes with no-ack: checked).
+                    if limit.is_some_and(|l| moved() + sent_uncounted >= l) {
                         let requeue = BasicRejectOptions { requeue: true };
                         sch.basic_reject(d.delivery_tag, requeue).await.map_err(amqp("source"))?;
                         continue;
@@ -676,6 +694,11 @@ fn tls_config(uri: &str) -> Result<(String, lapin::tcp::OwnedTLSConfig), String>
         match k {
             "cacertfile" => {
                 let pem = String::from_utf8(read(k, v)?).map_err(|_| format!("cacertfile `{v}` is not PEM text"))?;
+                use rustls_pki_types::pem::PemObject;
+                let certs = rustls_pki_types::CertificateDer::pem_slice_iter(pem.as_bytes()).filter(Result::is_ok);
+                if certs.count() == 0 {
+                    return Err(format!("cacertfile `{v}` holds no certificate"));
+                }
                 tls.cert_chain = Some(pem);
             }
             "certfile" => cert = Some(read(k, v)?),

@@ -50,7 +50,7 @@ impl Task {
             }
         }
         let mut will = if self.publish_will { self.will.take().map(|w| *w) } else { None };
-        if will.as_ref().is_some_and(|w| super::publish::is_reserved(&w.topic)) {
+        if will.as_ref().is_some_and(|w| super::publish::is_reserved(&w.topic, &client_id)) {
             // As a PUBLISH there: `$SYS/...` and `$share/...` belong to the broker.
             conn_log!(info, self, "will not published: its topic is reserved for the broker");
             will = None;

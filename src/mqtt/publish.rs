@@ -91,7 +91,7 @@ impl Task {
             self.push_ack(pkid, qos, Some(signal), ReasonCode::SUCCESS);
             return;
         }
-        if is_reserved(&p.topic) {
+        if is_reserved(&p.topic, &client_id) {
             // Reserved for the broker: an MQTT 5 client is told (0x87, as Mosquitto), a 3.x
             // one gets its ack; the message is dropped and counted either way.
             Stats::add(&self.ctx.broker.stats.publish_dropped, 1);
@@ -184,10 +184,11 @@ fn parse_delayed(rest: &str, max_topic_levels: usize) -> Option<(u64, &str)> {
 }
 
 /// Topics reserved for the broker: clients cannot publish to them, except a bridge's
-/// state (`$SYS/broker/connection/{client id}/state`), as Mosquitto allows.
-pub(super) fn is_reserved(topic: &str) -> bool {
+/// state under its own client id (`$SYS/broker/connection/{client id}/state`, as
+/// Mosquitto's bridges publish it), so that no client fakes another's.
+pub(super) fn is_reserved(topic: &str, client_id: &str) -> bool {
     if let Some(rest) = topic.strip_prefix("$SYS/broker/connection/") {
-        return !rest.strip_suffix("/state").is_some_and(|id| !id.is_empty() && !id.contains('/'));
+        return rest.strip_suffix("/state") != Some(client_id) || client_id.contains('/');
     }
     topic.starts_with("$SYS") || topic.starts_with("$share/")
 }
@@ -223,13 +224,15 @@ mod tests {
 
     #[test]
     fn reserved_topics() {
-        assert!(is_reserved("$SYS/broker/uptime"));
-        assert!(is_reserved("$share/g/a"));
-        assert!(!is_reserved("$delayed-not/a"));
-        assert!(!is_reserved("a/$SYS"));
-        assert!(!is_reserved("$SYS/broker/connection/edge-1/state"), "a bridge's state");
-        assert!(is_reserved("$SYS/broker/connection/a/b/state"));
-        assert!(is_reserved("$SYS/broker/connection/edge-1/other"));
+        let r = |t: &str| is_reserved(t, "edge-1");
+        assert!(r("$SYS/broker/uptime"));
+        assert!(r("$share/g/a"));
+        assert!(!r("$delayed-not/a"));
+        assert!(!r("a/$SYS"));
+        assert!(!r("$SYS/broker/connection/edge-1/state"), "a bridge's own state");
+        assert!(r("$SYS/broker/connection/edge-2/state"), "not another's");
+        assert!(r("$SYS/broker/connection/edge-1/other"));
+        assert!(is_reserved("$SYS/broker/connection/a/b/state", "a/b"));
     }
 
     #[test]

@@ -393,6 +393,9 @@ impl Client {
     /// Sends PUBREL for the outbound QoS 2 publish `pkid` ([`ClientEvent::Received`], or
     /// one from before a reconnect); it ends in [`ClientEvent::Delivered`] at PUBCOMP.
     pub fn release(&mut self, pkid: u16, now: Instant) -> Result<(), ClientError> {
+        if matches!(self.outbound.get(&pkid), Some(Outbound::Ack | Outbound::Rec)) {
+            return Err(ClientError::Protocol("PUBREL for a packet id in flight otherwise"));
+        }
         self.outbound.insert(pkid, Outbound::Comp);
         self.send(&Packet::PubRel { pkid, reason: ReasonCode::SUCCESS }, now)
     }

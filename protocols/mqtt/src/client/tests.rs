@@ -228,6 +228,10 @@ fn the_owner_releases_qos2_hop_by_hop_under_the_previous_hops_id() {
     p.deliver_to_server();
     assert_eq!(p.server_events(), vec![Event::PubComp { pkid: id }]);
 
+    // No PUBREL for an id in flight at QoS 1 (or waiting for its PUBREC).
+    let one = p.client.publish(message(QoS::AtLeastOnce, "a/1"), p.t0).unwrap();
+    assert!(p.client.release(one, p.t0).is_err());
+
     // A PUBREL of an id from before a reconnect reaches the owner too.
     let mut b = BytesMut::new();
     codec::encode(&Packet::PubRel { pkid: 9, reason: ReasonCode::SUCCESS }, ProtocolLevel::V5, &mut b).unwrap();
