@@ -358,3 +358,43 @@ async fn full_offline_queue_drops_qos0_first() {
     assert_eq!(got, want, "QoS 0 entries were evicted for QoS 1 ones; the sixth QoS 1 was dropped");
     s.expect_no_publish(Duration::from_millis(300)).await;
 }
+
+/// A QoS 2 PUBLISH (3.1.1) with packet id `pkid`.
+fn qos2_publish(pkid: u16, topic: &str, payload: &str) -> Vec<u8> {
+    let mut body = Vec::new();
+    body.extend_from_slice(&(topic.len() as u16).to_be_bytes());
+    body.extend_from_slice(topic.as_bytes());
+    body.extend_from_slice(&pkid.to_be_bytes());
+    body.extend_from_slice(payload.as_bytes());
+    packet(0x34, &body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_qos2_id_released_just_before_a_reconnect_is_free_for_the_next_message() {
+    // A persistent session's PUBREL is followed at once by a reconnect: the resumed
+    // session must not still hold the id, or the client's next message under it would be
+    // taken for a re-send and dropped.
+    let broker = Broker::start();
+    let mut watch = v4::connect(&broker, "watch").await;
+    watch.subscribe("q2/#", v4::QoS::AtMostOnce).await;
+    for round in 0..10 {
+        let mut raw = Raw::connect(&broker).await;
+        raw.send(&connect_bytes(4, "q2-client", 0x00, 60, &[])).await;
+        assert_eq!(raw.read_at_least(4).await[..2], [0x20, 0x02], "CONNACK");
+        raw.send(&qos2_publish(1, "q2/a", &format!("r{round}"))).await;
+        assert_eq!(raw.read_at_least(4).await, [0x50, 0x02, 0x00, 0x01], "PUBREC");
+        raw.send(&[0x62, 0x02, 0x00, 0x01]).await; // PUBREL, and gone without its PUBCOMP
+        let mut again = Raw::connect(&broker).await;
+        again.send(&connect_bytes(4, "q2-client", 0x00, 60, &[])).await;
+        drop(raw);
+        assert_eq!(again.read_at_least(4).await[..2], [0x20, 0x02], "CONNACK");
+        again.send(&qos2_publish(1, "q2/a", &format!("r{round}-next"))).await;
+        assert_eq!(String::from_utf8_lossy(&watch.next_publish().await.payload), format!("r{round}"));
+        let next = watch.next_publish().await;
+        assert_eq!(String::from_utf8_lossy(&next.payload), format!("r{round}-next"), "round {round}");
+        // This one's exchange is finished before the next round reuses the id.
+        assert_eq!(again.read_at_least(4).await, [0x50, 0x02, 0x00, 0x01], "PUBREC");
+        again.send(&[0x62, 0x02, 0x00, 0x01]).await;
+        assert_eq!(again.read_at_least(4).await, [0x70, 0x02, 0x00, 0x01], "PUBCOMP");
+    }
+}

@@ -310,8 +310,8 @@ async fn forget_inbound_qos2(ctx: &MqttContext, local_id: &str) {
         return;
     }
     let write = pending.iter().fold(StoreWrite::none(), |w, &id| w.and(qos2.released(local_id, id)));
-    // Durable: applied before the session's ids are read at its CONNECT below.
-    if let Err(e) = ctx.broker.commit(write, Commit::Durable).await {
+    // The session's ids are read at its CONNECT below once this is applied.
+    if let Err(e) = ctx.broker.commit(write, Commit::Queued).await {
         warn!(error = %e, "cannot release the previous remote's QoS 2 ids");
     }
 }

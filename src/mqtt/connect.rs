@@ -151,7 +151,7 @@ impl Task {
                 session.subs = p.stored.subscriptions.iter().map(|(f, o)| (f.clone(), o.clone())).collect();
                 p.stored.expiry_secs = expiry;
                 p.stored.disconnected_at_ms = None;
-                inbound_qos2 = self.load_inbound_qos2(&client_id);
+                inbound_qos2 = self.load_inbound_qos2(&client_id).await;
                 session.persistent = Some(p);
             }
             None if expiry > 0 => {
@@ -259,8 +259,12 @@ impl Task {
         }
     }
 
-    /// The inbound QoS 2 ids a resumed persistent session still waits to have released.
-    fn load_inbound_qos2(&self, client_id: &str) -> Vec<u16> {
+    /// The inbound QoS 2 ids a resumed persistent session still waits to have released,
+    /// read once every earlier submission is applied: a PUBREL the previous connection
+    /// queued just before it went must not leave its id looking pending (the client's
+    /// next message under it would be taken for a re-send).
+    async fn load_inbound_qos2(&self, client_id: &str) -> Vec<u16> {
+        self.ctx.broker.barrier().await;
         self.ctx.broker.stores.inbound_qos2.pending(client_id).unwrap_or_else(|e| {
             conn_log!(warn, self, error = %e, "cannot read inbound QoS 2 state");
             Vec::new()
