@@ -616,7 +616,7 @@ async fn qos2_crosses_a_bridge_exactly_once_when_ferrymq_is_killed_between_the_a
     let mut remote = ScriptedRemote::accept(&listener).await;
     // FerryMQ sends PUBREL before the PUBREC's effect on its session is durable: killed in
     // that window, the session sends the PUBLISH again instead, under the same id (a remote
-    // still holding the id takes it as a re-send; README: "QoS 2 stays exactly once").
+    // still holding the id takes it as a re-send; README: "QoS 2 re-sends are recognised").
     match remote.next().await {
         Packet::PubRel { pkid, .. } if pkid == u2.pkid => {}
         Packet::Publish(p) if p.pkid == u2.pkid && &p.payload[..] == b"u2" => {
