@@ -169,6 +169,9 @@ pub enum ShardCmd {
         queue: QueueId,
         /// Offset of the entry in the queue.
         offset: u64,
+        /// Told once the release is durable (the PUBREL may go then: a crash before it
+        /// leaves the session sending the PUBLISH again, which the client recognises).
+        done: Option<oneshot::Sender<()>>,
     },
     /// Give a consumer more credit.
     Credit {
@@ -302,6 +305,7 @@ impl Shards {
                     replies: Vec::new(),
                     count_replies: Vec::new(),
                     barriers: Vec::new(),
+                    released: Vec::new(),
                 };
                 std::thread::Builder::new()
                     .name(format!("ferrymq-shard-{i}"))
@@ -446,6 +450,8 @@ struct Shard {
     replies: Vec<(oneshot::Sender<u64>, u64)>,
     count_replies: Vec<CountsReply>,
     barriers: Vec<oneshot::Sender<()>>,
+    /// Waiting for this turn's releases to be durable.
+    released: Vec<oneshot::Sender<()>>,
 }
 
 impl Shard {
@@ -611,10 +617,11 @@ impl Shard {
                 self.fx = fx;
                 self.touched.insert(queue);
             }
-            ShardCmd::Release { queue, offset } => {
+            ShardCmd::Release { queue, offset, done } => {
                 let mut fx = std::mem::take(&mut self.fx);
                 self.queue(queue).release(offset, &mut fx.ops);
                 self.fx = fx;
+                self.released.extend(done);
             }
             ShardCmd::Credit { queue, consumer, n } => {
                 self.queue(queue).credit(consumer, n);
@@ -746,11 +753,22 @@ impl Shard {
         for d in fx.dead {
             let _ = self.dead.send(d);
         }
+        let mut released = Some(std::mem::take(&mut self.released));
         if !fx.ops.is_empty() {
             // A deletion is waited for, so that whoever asked can reuse the queue's name
             // at once (a new name mapping, never the deleted id); so is a retry wait, whose
             // record and timer must be durable before the next turn.
-            let result = if self.replies.is_empty() && !fx.durable {
+            let waiting = released.as_ref().is_some_and(|r| !r.is_empty());
+            let result = if self.replies.is_empty() && !fx.durable && waiting {
+                // PUBRELs wait for their releases to be durable; the shard does not.
+                let senders = released.take().unwrap_or_default();
+                let done: ferrymq_storage::Completion = Box::new(move |_| {
+                    for r in senders {
+                        let _ = r.send(());
+                    }
+                });
+                self.journal.submit(fx.ops, Some(done)).await
+            } else if self.replies.is_empty() && !fx.durable {
                 // Acks and drops: losing one to a power cut means a redelivery, never a loss.
                 self.journal.submit_relaxed(fx.ops, None).await
             } else {
@@ -771,6 +789,10 @@ impl Shard {
         }
         for reply in self.barriers.drain(..) {
             let _ = reply.send(());
+        }
+        // Written (and durable) above, or nothing to write: those left are told now.
+        for r in released.into_iter().flatten() {
+            let _ = r.send(());
         }
     }
 }

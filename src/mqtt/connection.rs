@@ -137,6 +137,8 @@ pub(super) struct Task {
     pub(super) inflight: IdMap<Origin>,
     pub(super) pending_out: VecDeque<Pending>,
     pub(super) pending_acks: VecDeque<PendingAck>,
+    /// PUBRELs waiting for their PUBREC's release to be durable, in PUBREC order.
+    pub(super) pending_releases: VecDeque<(u16, tokio::sync::oneshot::Receiver<()>)>,
     /// A clean session's fast path (made at CONNECT).
     pub(super) direct: Option<LinkReceiver>,
     /// The queues consumed and their deliveries; made at the first attach (boxed: most
@@ -175,6 +177,8 @@ pub(super) struct Task {
 /// The protocol settings every connection of the front-end shares.
 pub(super) fn protocol_config(cfg: &MqttSection) -> ProtoConfig {
     ProtoConfig {
+        // PUBREL once the PUBREC's release is durable (deliver.rs `on_pubrec`).
+        release_when_told: true,
         max_packet_size: cfg.max_packet_size,
         receive_maximum: cfg.receive_maximum,
         topic_alias_maximum: cfg.topic_alias_maximum,
@@ -210,6 +214,7 @@ impl Task {
             inflight: IdMap::default(),
             pending_out: VecDeque::new(),
             pending_acks: VecDeque::new(),
+            pending_releases: VecDeque::new(),
             direct: None,
             consuming: None,
             signals: Arc::default(),
@@ -326,6 +331,13 @@ impl Task {
                 },
                 stored = front_stored(&mut self.pending_acks, PendingAck::signal), if ack_ready => {
                     self.on_front_stored(stored);
+                    Then::Loop
+                }
+                _ = front_release(&mut self.pending_releases), if !self.pending_releases.is_empty() => {
+                    // Durable (or the queue is gone, when the sender was dropped): PUBREL.
+                    if let Some((pkid, _)) = self.pending_releases.pop_front() {
+                        self.proto.release(pkid);
+                    }
                     Then::Loop
                 }
                 q = recv_queued(&mut self.consuming), if can_pull => {
@@ -634,6 +646,16 @@ enum Signal {
 /// Waits for the doorbell until a control message was told, the `armed` deadline passed,
 /// or the clean session's fast path has deliveries to take (if `take`) or a change of
 /// its spill state. (A poll function: no state of its own beyond its arguments.)
+/// Resolves when the front PUBREL may go.
+async fn front_release(pending: &mut VecDeque<(u16, tokio::sync::oneshot::Receiver<()>)>) {
+    match pending.front_mut() {
+        Some((_, rx)) => {
+            let _ = rx.await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
 fn next_signal<'a>(
     signals: &'a ConnectionSignals,
     direct: &'a Option<LinkReceiver>,

@@ -112,19 +112,24 @@ impl Task {
     }
 
     /// PUBREC: the client has the QoS 2 message; the session's own queue marks the entry
-    /// released (a resumed session sends PUBREL, not the message again).
+    /// released (a resumed session sends PUBREL, not the message again), and the PUBREL
+    /// goes once that is durable: a crash before it makes the resumed session send the
+    /// PUBLISH again, which the client, still holding the id, recognises.
     pub(super) fn on_pubrec(&mut self, pkid: u16) {
         self.progress = true;
         if let Some(Origin::Queue(queue, offset)) = self.inflight.get(&pkid).copied() {
             if self.own_queue() == Some(queue) {
-                self.ctx.broker.shards.send(ShardCmd::Release { queue, offset });
-            } else {
-                // Shared group: the member has the message; only the PUBREL/PUBCOMP
-                // exchange is left, which belongs to this connection.
-                self.inflight.insert(pkid, Origin::Direct);
-                self.ctx.broker.shards.send(ShardCmd::Ack { queue, offset });
+                let (done, durable) = tokio::sync::oneshot::channel();
+                self.ctx.broker.shards.send(ShardCmd::Release { queue, offset, done: Some(done) });
+                self.pending_releases.push_back((pkid, durable));
+                return;
             }
+            // Shared group: the member has the message; only the PUBREL/PUBCOMP exchange
+            // is left, which belongs to this connection.
+            self.inflight.insert(pkid, Origin::Direct);
+            self.ctx.broker.shards.send(ShardCmd::Ack { queue, offset });
         }
+        self.proto.release(pkid);
     }
 
     /// Counts a delivery that was not sent, broker-wide by reason and for this client.

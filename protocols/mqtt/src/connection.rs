@@ -62,6 +62,9 @@ pub struct Config {
     /// Most outbound QoS 1/2 publishes in flight, whatever the client's receive maximum
     /// allows (the smaller of the two applies).
     pub max_inflight: u16,
+    /// The PUBREL answering a PUBREC waits for [`Connection::release`] (the broker sends
+    /// it once what the PUBREC changes is durable), instead of going at once.
+    pub release_when_told: bool,
 }
 
 impl Default for Config {
@@ -79,6 +82,7 @@ impl Default for Config {
             outbound_topic_aliases: true,
             pkid_range: 1..=u16::MAX,
             max_inflight: u16::MAX,
+            release_when_told: false,
         }
     }
 }
@@ -647,6 +651,15 @@ impl Connection {
             QoS::ExactlyOnce => self.outbound.set(pkid, OutState::Rec),
         }
         Ok(pkid)
+    }
+
+    /// Sends the PUBREL of an outbound QoS 2 message whose PUBREC arrived on this
+    /// connection ([`Config::release_when_told`]); other ids are ignored.
+    pub fn release(&mut self, pkid: u16) {
+        if self.state == State::Connected && self.outbound.get(pkid) == Some(OutState::Received) {
+            self.outbound.set(pkid, OutState::Comp);
+            self.queue(Packet::PubRel { pkid, reason: ReasonCode::SUCCESS });
+        }
     }
 
     /// Resends PUBREL for an outbound QoS 2 message whose PUBREC arrived on an earlier

@@ -12,6 +12,12 @@ pub(crate) enum OutState {
     Ack,
     /// QoS 2 sent, awaiting PUBREC.
     Rec,
+    /// PUBREC arrived; PUBREL waits for [`Connection::release`] (with
+    /// [`Config::release_when_told`]).
+    ///
+    /// [`Connection::release`]: super::Connection::release
+    /// [`Config::release_when_told`]: super::Config::release_when_told
+    Received,
     /// PUBREL sent, awaiting PUBCOMP.
     Comp,
 }

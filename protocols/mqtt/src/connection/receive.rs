@@ -141,7 +141,9 @@ impl Connection {
                     self.outbound.remove(pkid);
                     self.events.push_back(Event::PubAck { pkid });
                 }
-                Some(OutState::Rec | OutState::Comp) => self.wrong_ack("PUBACK for a QoS 2 message"),
+                Some(OutState::Rec | OutState::Received | OutState::Comp) => {
+                    self.wrong_ack("PUBACK for a QoS 2 message")
+                }
                 None => {}
             },
             Packet::PubRec { pkid, reason, .. } => self.on_pubrec(pkid, reason),
@@ -153,6 +155,7 @@ impl Connection {
                 }
                 Some(OutState::Ack) => self.wrong_ack("PUBCOMP for a QoS 1 message"),
                 Some(OutState::Rec) => self.wrong_ack("PUBCOMP before PUBREC"),
+                Some(OutState::Received) => self.wrong_ack("PUBCOMP before PUBREL"),
                 None => {}
             },
             Packet::Subscribe(s) => {
@@ -270,12 +273,17 @@ impl Connection {
                     // The client refused the message: the flow ends here.
                     self.outbound.remove(pkid);
                     self.events.push_back(Event::PubComp { pkid });
+                } else if self.config.release_when_told {
+                    self.outbound.set(pkid, OutState::Received);
+                    self.events.push_back(Event::PubRec { pkid });
                 } else {
                     self.outbound.set(pkid, OutState::Comp);
                     self.queue(Packet::PubRel { pkid, reason: ReasonCode::SUCCESS });
                     self.events.push_back(Event::PubRec { pkid });
                 }
             }
+            // PUBREC again: its PUBREL is on its way once the broker releases it.
+            Some(OutState::Received) => {}
             Some(OutState::Comp) => self.queue(Packet::PubRel { pkid, reason: ReasonCode::SUCCESS }),
             Some(OutState::Ack) => self.wrong_ack("PUBREC for a QoS 1 message"),
             None => {

@@ -547,6 +547,36 @@ fn outbound_qos1_and_qos2() {
 }
 
 #[test]
+fn pubrel_waits_for_the_broker_when_told_to() {
+    let mut c = Client::connected(V4, config_released(), ConnectProperties::default());
+    assert_eq!(c.conn.send_publish(outgoing(QoS::ExactlyOnce, "t")), Ok(1));
+    c.out();
+    c.send(&Packet::PubRec { pkid: 1, reason: ReasonCode::SUCCESS, reason_string: None });
+    assert_eq!(c.events(), vec![Event::PubRec { pkid: 1 }]);
+    assert!(c.out().is_empty(), "no PUBREL before the broker releases it");
+    c.send(&Packet::PubRec { pkid: 1, reason: ReasonCode::SUCCESS, reason_string: None });
+    assert!(c.out().is_empty() && c.events().is_empty(), "a second PUBREC waits too");
+    c.send(&Packet::PubComp { pkid: 1, reason: ReasonCode::SUCCESS });
+    assert!(c.conn.is_closed(), "PUBCOMP before PUBREL is a protocol error");
+
+    let mut c = Client::connected(V4, config_released(), ConnectProperties::default());
+    assert_eq!(c.conn.send_publish(outgoing(QoS::ExactlyOnce, "t")), Ok(1));
+    c.out();
+    c.send(&Packet::PubRec { pkid: 1, reason: ReasonCode::SUCCESS, reason_string: None });
+    c.events();
+    c.conn.release(1);
+    assert_eq!(c.out(), vec![pubrel(1)]);
+    c.conn.release(1);
+    assert!(c.out().is_empty(), "released once");
+    c.send(&Packet::PubComp { pkid: 1, reason: ReasonCode::SUCCESS });
+    assert_eq!(c.events(), vec![Event::PubComp { pkid: 1 }]);
+}
+
+fn config_released() -> Config {
+    Config { release_when_told: true, ..Config::default() }
+}
+
+#[test]
 fn outbound_receive_maximum_and_ids() {
     let props = ConnectProperties { receive_maximum: Some(2), ..ConnectProperties::default() };
     let config = Config { pkid_range: 1..=1000, ..Config::default() };
