@@ -458,6 +458,19 @@ fn a_bad_topic_line_is_refused_before_anything_starts() {
 
 // ----- QoS 2 exactly once across a crash of FerryMQ -------------------------------------
 
+/// A QoS 2 PUBLISH as the scripted remote sends it.
+fn qos2_message(pkid: u16, topic: &str, payload: &'static str, dup: bool) -> ferrymq_mqtt::Publish {
+    ferrymq_mqtt::Publish {
+        dup,
+        qos: ferrymq_mqtt::QoS::ExactlyOnce,
+        retain: false,
+        topic: topic.into(),
+        pkid,
+        payload: bytes::Bytes::from_static(payload.as_bytes()),
+        properties: ferrymq_mqtt::PublishProperties::default(),
+    }
+}
+
 /// The remote broker played by the test, one connection at a time, in FerryMQ's own
 /// codec: it decides when acks go back, so the crash can fall between two of them.
 struct ScriptedRemote {
@@ -525,17 +538,8 @@ impl ScriptedRemote {
     /// Sends a QoS 2 PUBLISH and plays the exchange to its end, as a remote that did (or,
     /// `dup`, did not) see the PUBREC of an earlier try.
     async fn publish_qos2(&mut self, pkid: u16, topic: &str, payload: &'static str, dup: bool) {
-        use ferrymq_mqtt::{Packet, Publish, PublishProperties, QoS, ReasonCode};
-        let p = Publish {
-            dup,
-            qos: QoS::ExactlyOnce,
-            retain: false,
-            topic: topic.into(),
-            pkid,
-            payload: bytes::Bytes::from_static(payload.as_bytes()),
-            properties: PublishProperties::default(),
-        };
-        self.send(Packet::Publish(p)).await;
+        use ferrymq_mqtt::{Packet, ReasonCode};
+        self.send(Packet::Publish(qos2_message(pkid, topic, payload, dup))).await;
         assert!(matches!(self.next().await, Packet::PubRec { pkid: id, .. } if id == pkid));
         self.send(Packet::PubRel { pkid, reason: ReasonCode::SUCCESS }).await;
         assert!(matches!(self.next().await, Packet::PubComp { pkid: id, .. } if id == pkid));
@@ -552,7 +556,7 @@ impl ScriptedRemote {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn qos2_crosses_a_bridge_exactly_once_when_ferrymq_is_killed_between_the_acks() {
-    use ferrymq_mqtt::{Packet, Publish, PublishProperties, QoS, ReasonCode};
+    use ferrymq_mqtt::{Packet, QoS, ReasonCode};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap().to_string();
     let edge = edge(&address, "mqttv311", &["cmd/# in 2", "up/# out 2"]);
@@ -562,16 +566,7 @@ async fn qos2_crosses_a_bridge_exactly_once_when_ferrymq_is_killed_between_the_a
 
     // In: the remote's PUBLISH is stored at FerryMQ (PUBREC) when FerryMQ is killed.
     let mut remote = ScriptedRemote::accept(&listener).await;
-    let first = Publish {
-        dup: false,
-        qos: QoS::ExactlyOnce,
-        retain: false,
-        topic: "cmd/a".into(),
-        pkid: 7,
-        payload: bytes::Bytes::from_static(b"first"),
-        properties: PublishProperties::default(),
-    };
-    remote.send(Packet::Publish(first)).await;
+    remote.send(Packet::Publish(qos2_message(7, "cmd/a", "first", false))).await;
     assert!(matches!(remote.next().await, Packet::PubRec { pkid: 7, .. }));
     let edge = edge.crash_restart();
     // The remote did not see that PUBREC: it sends the PUBLISH again, then the rest.
@@ -726,7 +721,7 @@ async fn nothing_acknowledged_is_lost_nor_reordered_when_either_broker_is_killed
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bridge_that_fails_over_takes_the_next_brokers_qos2_ids_as_new_messages() {
-    use ferrymq_mqtt::{Packet, Publish, PublishProperties, QoS};
+    use ferrymq_mqtt::Packet;
     let main = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let spare = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addresses = format!("{} {}", main.local_addr().unwrap(), spare.local_addr().unwrap());
@@ -737,16 +732,7 @@ async fn a_bridge_that_fails_over_takes_the_next_brokers_qos2_ids_as_new_message
     // The main broker's QoS 2 message 7 is stored at FerryMQ (PUBREC), then that broker
     // goes away before its PUBREL.
     let mut at_main = ScriptedRemote::accept(&main).await;
-    let m = Publish {
-        dup: false,
-        qos: QoS::ExactlyOnce,
-        retain: false,
-        topic: "cmd/a".into(),
-        pkid: 7,
-        payload: bytes::Bytes::from_static(b"from-main"),
-        properties: PublishProperties::default(),
-    };
-    at_main.send(Packet::Publish(m)).await;
+    at_main.send(Packet::Publish(qos2_message(7, "cmd/a", "from-main", false))).await;
     assert!(matches!(at_main.next().await, Packet::PubRec { pkid: 7, .. }));
     drop((at_main, main));
     // The spare's own message 7 is another message, not a re-send of the main's.
