@@ -176,7 +176,12 @@ def test_the_dashboard_shows_queues_publishes_gets_closes_and_exports(broker, br
     browser.find_element(By.ID, "export-button").click()
     text = wait_for("the export", lambda: browser.find_element(By.ID, "definitions-json").get_attribute("value"))
     assert '"dash-q"' in text and '"rabbit_version"' in text
-    assert browser.find_element(By.ID, "definitions-download").is_displayed()
+    download = browser.find_element(By.ID, "definitions-download")
+    # The connections page's refresh after the close (300 ms) must not render this page again
+    # under the user: the exported text and its link stay where they are.
+    time.sleep(0.6)
+    assert download.is_displayed()
+    assert browser.find_element(By.ID, "definitions-json").get_attribute("value") == text
     shot(browser, "definitions")
 
     for page in PAGES:

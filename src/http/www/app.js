@@ -128,7 +128,7 @@ async function connections() {
   const close = c => el("button", { class: "danger", "data-close": c.name, onclick: guard(async () => {
     await api("DELETE", "/connections/" + enc(c.name), undefined, { "x-reason": "Closed from the FerryMQ dashboard" });
     note(status, "closed " + c.name, true);
-    setTimeout(route, 300);
+    refreshSoon();
   }) }, "Close");
   page("Connections", status, table("connections-table", [
     { title: "name", cell: c => c.name }, { title: "protocol", cell: c => c.protocol },
@@ -259,7 +259,7 @@ async function mqtt() {
     api("GET", "/ferrymq/mqtt/sessions"), api("GET", "/ferrymq/mqtt/subscriptions"), api("GET", "/ferrymq/mqtt/retained")]);
   const status = el("p", { id: "mqtt-status" });
   const action = (label, method, path, done) => el("button", { class: "danger", onclick: guard(async () => {
-    await api(method, path); note(status, done, true); setTimeout(route, 300);
+    await api(method, path); note(status, done, true); refreshSoon();
   }) }, label);
   page("MQTT", status,
     el("h2", {}, "Clients"), table("clients-table", [{ title: "client id", cell: c => c.clientid }, { title: "version", cell: c => c.proto_ver },
@@ -456,7 +456,23 @@ async function websocket() {
 
 const routes = { overview, connections, queues, exchanges, mqtt, admin, definitions, lookup, websocket };
 
+// One render at a time: a navigation or refresh that comes while a page is rendering runs once
+// after it, so an older page's answer never lands over a newer page.
+let rendering = null, renderAgain = false;
+
 async function route() {
+  if (rendering) { renderAgain = true; return rendering; }
+  rendering = (async () => { do { renderAgain = false; await render(); } while (renderAgain); })();
+  try { await rendering; } finally { rendering = null; }
+}
+
+// Renders the current page again shortly after an action, unless the user has moved on.
+function refreshSoon() {
+  const at = location.hash;
+  setTimeout(() => { if (location.hash === at) route(); }, 300);
+}
+
+async function render() {
   if (!sessionStorage.getItem(AUTH_KEY)) return showLogin();
   const [name, ...rest] = (location.hash.replace(/^#/, "") || "overview").split("/");
   for (const a of document.querySelectorAll("#nav a")) a.classList.toggle("active", a.getAttribute("href") === "#" + name);
@@ -468,7 +484,7 @@ async function route() {
     : (routes[name] || overview);
   await guard(show)();
   main.dataset.ready = name;
-  if (name === "overview" || !routes[name]) state.timer = setInterval(guard(overview), 5000);
+  if (name === "overview" || !routes[name]) state.timer = setInterval(route, 5000);
 }
 
 function showLogin() {
