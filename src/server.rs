@@ -94,6 +94,7 @@ impl Server {
         let journal = tokio::task::spawn_blocking(move || Journal::open(jcfg))
             .await?
             .with_context(|| format!("cannot open the data directory {}", dir.display()))?;
+        mark_watermarks_complete(&journal).await?;
         // Queues nobody configured are MQTT session and group queues.
         let mut session_queues = QueueConfig::new("mqtt-session", crate::core::router::MQTT_VHOST);
         session_queues.max_len = config.mqtt.max_queued_messages;
@@ -415,6 +416,22 @@ impl Server {
             "stopped"
         );
     }
+}
+
+/// A new data directory (an empty commit log) gets the marker that its queues store their
+/// delivery watermarks from the start (see `core::retry`): a queue that never delivered
+/// then sends its entries as first deliveries after a restart, or when its first load
+/// comes after its first append.
+async fn mark_watermarks_complete(journal: &Journal) -> anyhow::Result<()> {
+    use ferrymq_storage::{Op, Space};
+    let key = crate::core::retry::WATERMARKS_COMPLETE;
+    if journal.stats().log_end > 0 || journal.get(Space::Retry, key)?.is_some() {
+        return Ok(());
+    }
+    let ops = vec![Op::Put { space: Space::Retry, key: bytes::Bytes::from_static(key), value: bytes::Bytes::new() }];
+    let journal = journal.clone();
+    tokio::task::spawn_blocking(move || journal.write_blocking(ops)).await??;
+    Ok(())
 }
 
 /// Binds a listener; an address in use is reported with the key and flag that set it.

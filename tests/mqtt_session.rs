@@ -90,6 +90,23 @@ async fn acknowledged_messages_survive_sigkill() {
 }
 
 #[tokio::test]
+async fn messages_never_delivered_go_out_without_dup_after_a_restart_or_a_crash() {
+    let broker = Broker::start_with(Opts::default().env("FERRYMQ_STORAGE__FSYNC", "always"));
+    offline_subscriber(&broker, "never-sent", "n/#").await;
+    publish_n(&broker, "n/1", 3, v4::QoS::AtLeastOnce).await;
+    let broker = broker.restart();
+    publish_n(&broker, "n/1", 3, v4::QoS::AtLeastOnce).await;
+    let broker = broker.crash_restart();
+    let mut s = v4::connect_persistent(&broker, "never-sent").await;
+    assert!(s.connack.session_present);
+    for i in 0..6u32 {
+        let p = s.next_publish().await;
+        assert_eq!(seq(&p), i % 3, "in order");
+        assert!(!p.dup, "message {i} was never sent before: no DUP");
+    }
+}
+
+#[tokio::test]
 async fn clean_session_discards_the_stored_one() {
     let broker = Broker::start();
     offline_subscriber(&broker, "dev-3", "d").await;

@@ -23,6 +23,11 @@
 //! (u64 BE). Entries below it that are still there after a restart may have been
 //! delivered: they go out as redeliveries (AMQP `redelivered`, MQTT DUP); entries above
 //! it were never sent and go out as first deliveries.
+//!
+//! Key `0xFF "watermarks"` (value empty): written when the data directory is new, so every
+//! queue in it has stored its watermark since it was created, and a queue without one
+//! has delivered nothing. Without the key (a directory from before watermarks existed) a
+//! queue without a watermark counts every entry as possibly delivered.
 
 use bytes::Bytes;
 use ferrymq_storage::{Op, QueueId, TimerEntry};
@@ -81,6 +86,10 @@ pub fn watermark_key(queue: QueueId) -> Bytes {
     k.push(b'w');
     Bytes::from(k)
 }
+
+/// Key of the marker that every queue of the directory stores its delivery watermark
+/// (see the module doc); eleven bytes, so it is neither a record nor a watermark.
+pub const WATERMARKS_COMPLETE: &[u8] = b"\xffwatermarks";
 
 /// Value of a retry record.
 pub fn encode_record(due_ms: u64, deliveries: u32) -> Bytes {

@@ -268,10 +268,12 @@ impl Queue {
                 }
             }
         }
-        // Entries that may have been delivered before: below the stored watermark (data
-        // written before it existed: every entry).
+        // Entries that may have been delivered before: below the stored watermark. None
+        // stored: nothing was delivered, unless the directory predates watermarks (then
+        // every entry may have been).
         let watermark = match journal.get(Space::Retry, &retry::watermark_key(id)) {
             Ok(Some(v)) => <[u8; 8]>::try_from(&v[..]).map(u64::from_be_bytes).unwrap_or(next_offset),
+            Ok(None) if matches!(journal.get(Space::Retry, retry::WATERMARKS_COMPLETE), Ok(Some(_))) => 0,
             _ => next_offset,
         }
         .min(next_offset);
