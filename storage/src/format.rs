@@ -17,6 +17,10 @@
 //!   `queue` tree. A layout-1 or layout-2 directory is migrated in place at open (the
 //!   entries are moved to the files, then the directory is stamped 3 and the tree
 //!   emptied). Earlier builds refuse a layout-3 directory.
+//! - 4: as 3, but effects records are written in their version 2 encoding (consume-queue
+//!   entries and settlements as runs: about 7 bytes per message instead of 60). This build
+//!   reads version 1 too, so a layout-3 directory is upgraded by stamping it at open; layout-3
+//!   builds refuse a layout-4 directory, as they cannot read version 2.
 
 use std::fs;
 use std::io::{self, Write};
@@ -25,7 +29,7 @@ use std::path::{Path, PathBuf};
 use crate::JournalError;
 
 /// The layout this build reads and writes.
-pub const LAYOUT: u32 = 3;
+pub const LAYOUT: u32 = 4;
 
 /// Key in sled's default tree written, last, by a migration to [`LAYOUT`] before the
 /// directory is stamped: an open that finds the older stamp with this key knows that the
@@ -67,6 +71,12 @@ pub(crate) fn check_or_stamp(dir: &Path) -> Result<Found, JournalError> {
     let version = text.trim().strip_prefix(MAGIC).and_then(|v| v.trim().parse::<u32>().ok());
     match version {
         Some(LAYOUT) => Ok(Found::Current),
+        Some(3) => {
+            // Layout 4 only adds an encoding of effects records; this build reads layout 3's.
+            stamp(dir)?;
+            tracing::info!(dir = ?dir, "upgraded the data directory from layout 3 to {LAYOUT} (a new stamp only)");
+            Ok(Found::Current)
+        }
         Some(1) => Ok(Found::Layout1),
         Some(2) => Ok(Found::Layout2),
         Some(v) if v > LAYOUT => Err(JournalError::Layout(format!(
@@ -117,6 +127,9 @@ mod tests {
         assert_eq!(check_or_stamp(dir.path()).unwrap(), Found::Layout1);
         fs::write(path(dir.path()), "ferrymq-journal 2\n").unwrap();
         assert_eq!(check_or_stamp(dir.path()).unwrap(), Found::Layout2);
+        fs::write(path(dir.path()), "ferrymq-journal 3\n").unwrap();
+        assert_eq!(check_or_stamp(dir.path()).unwrap(), Found::Current, "layout 3 needs a new stamp only");
+        assert_eq!(fs::read_to_string(path(dir.path())).unwrap(), format!("ferrymq-journal {LAYOUT}\n"));
         let old = tempfile::tempdir().unwrap();
         fs::create_dir(old.path().join("db")).unwrap();
         assert_eq!(check_or_stamp(old.path()).unwrap(), Found::Layout1, "data without a format file");

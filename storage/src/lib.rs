@@ -42,7 +42,7 @@
 //! # On-disk layout (`dir/`)
 //!
 //! ```text
-//! dir/format                         `ferrymq-journal 3`: the layout version ([`LAYOUT`])
+//! dir/format                         `ferrymq-journal 4`: the layout version ([`LAYOUT`])
 //! dir/log/00000000000000000000.seg   commit-log segments, named by base position (20 digits)
 //! dir/log/00000000000134217728.seg   ...
 //! dir/cq/00000000000000000007/00000000000000000000.cq   queue 7's entries 0..262,144
@@ -73,11 +73,18 @@
 //! A record in a segment: `len: u32 BE` (of everything after the crc) | `crc32: u32 BE` (of
 //! everything after itself) | `header_len: u32 BE` | `header` | `body`. An effects record
 //! has bit 31 of `header_len` set, no header, and the encoded changes as its body
-//! (`version u8`, then per change `tree u8 | key_len varint | key | 0` for a removal or
+//! (`version u8` (2), then per change `tree u8 | key_len varint | key | 0` for a removal or
 //! `... | 1 | value_len varint | value` for a set; trees numbered as in the table below,
 //! top to bottom, `kv:*` in the order listed, `counters` last, `settled` not at all).
 //! Tree 0 (`queue`) names consume-queue entries: a set writes the entry at its offset, a
-//! removal settles it. A `len` of 0 marks
+//! removal settles it; consecutive offsets of one queue go as one run instead
+//! (`0xfe | queue varint | first varint | count varint` settled, or `0xff | ...` added, each
+//! entry then as `pos delta zigzag varint | size varint | body length varint | tag hash
+//! varint | flags u8`): about 7 bytes per message. Version 1 (layouts 2 and 3) has no runs
+//! and is still read. A **padding record** (`header_len` 0, a body of zeros) ends every
+//! synced group commit that does not end on a 4 KiB page boundary, so that the next commit
+//! starts on a fresh page (the device does not write the last, partly filled page again);
+//! nothing points at it and replay skips it. A `len` of 0 marks
 //! the end of the used part of a segment. Records never span segments; a record larger
 //! than the segment size gets a segment of its own. A log position ([`LogPos`]) is the byte
 //! offset of a record from the start of the whole log, so `segment = the last segment whose

@@ -71,6 +71,24 @@ pub(crate) fn encode_effects(buf: &mut Vec<u8>, payload: &[u8]) -> u32 {
     encode_framed(buf, EFFECTS_FLAG, b"", payload)
 }
 
+/// Appends a **padding record** of exactly `size` bytes (at least [`RECORD_OVERHEAD`]): no
+/// header and a body of zeros. Nothing points at it and replay skips it, as a message
+/// record nobody refers to; it only fills a segment up to a page boundary (see
+/// `LogWriter::pad_to_page`).
+pub(crate) fn encode_padding(buf: &mut Vec<u8>, size: usize) {
+    const ZEROS: [u8; PAGE as usize] = [0; PAGE as usize];
+    let body = size - RECORD_OVERHEAD as usize;
+    if body <= ZEROS.len() {
+        encode_framed(buf, 0, b"", &ZEROS[..body]);
+    } else {
+        encode_framed(buf, 0, b"", &vec![0; body]);
+    }
+}
+
+/// The page size the commit log pads synced writes to (the page cache's unit: a partly
+/// written page is written to the device again by every sync that covers it).
+pub(crate) const PAGE: u64 = 4096;
+
 fn encode_framed(buf: &mut Vec<u8>, header_word: u32, header: &[u8], body: &[u8]) -> u32 {
     let start = buf.len();
     let len = 4 + header.len() + body.len();

@@ -806,6 +806,10 @@ impl Writer {
             self.log.append_effects(&self.shared.log, &self.effects).map_err(log_write_failed)?;
         }
         let applied = self.log.next_pos();
+        let sync = self.sync_due(force_sync, durable_wanted);
+        if sync {
+            self.log.pad_to_page(&self.shared.log);
+        }
         self.log.write_out(&self.shared.log).map_err(log_write_failed)?;
         self.out_of_space = false;
         #[cfg(test)]
@@ -870,14 +874,6 @@ impl Writer {
         if submissions {
             self.shared.batches.fetch_add(1, Ordering::Relaxed);
         }
-        let sync = force_sync
-            || match self.shared.config.fsync {
-                // A batch of relaxed submissions only leaves its data for the next durable
-                // batch (or the OS) to sync.
-                FsyncPolicy::Always => durable_wanted && self.is_dirty(),
-                FsyncPolicy::Interval(d) => self.is_dirty() && self.last_sync.elapsed() >= d,
-                FsyncPolicy::Never => false,
-            };
         if sync {
             self.sync()?;
         }
@@ -887,6 +883,20 @@ impl Writer {
             db.db.flush().map_err(|e| sled_failed("sled flush", e))?;
         }
         Ok(())
+    }
+
+    /// Whether the batch being committed ends with a sync of the log: always for a flush
+    /// or close (`force_sync`), else as the policy says for what is written or assembled.
+    fn sync_due(&self, force_sync: bool, durable_wanted: bool) -> bool {
+        let dirty = self.is_dirty() || self.log.has_assembled();
+        force_sync
+            || match self.shared.config.fsync {
+                // A batch of relaxed submissions only leaves its data for the next durable
+                // batch (or the OS) to sync.
+                FsyncPolicy::Always => durable_wanted && dirty,
+                FsyncPolicy::Interval(d) => dirty && self.last_sync.elapsed() >= d,
+                FsyncPolicy::Never => false,
+            }
     }
 
     /// Stages the counters of the queues and segments this batch touched (`counters` tree).
