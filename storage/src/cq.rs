@@ -7,13 +7,16 @@
 //! ```
 //!
 //! An entry is [`Pointer`]'s 21-byte encoding, a presence byte ([`PRESENT`]) and two zero
-//! bytes: a hole in a sparse file (an offset added and settled in the same group commit,
-//! never written) reads as no entry. Entries are written by the writer thread when their
-//! group commit is applied (one `pwrite` per run of offsets per queue), never fsynced on
-//! that path: the checkpointer syncs the files written since its last round
-//! ([`ConsumeQueues::sync`]) before it flushes sled, and recovery rewrites every entry the
-//! effects records after the checkpoint add. So nothing in a file is trusted past the
-//! checkpoint; what lies past a queue's next offset after recovery is cut off.
+//! bytes: a hole in a sparse file (an offset settled before its entry was written) reads
+//! as no entry. A group commit's new entries wait in memory, visible to readers, until the
+//! writer's next drain ([`ConsumeQueues::flush_pending`], every checkpoint interval):
+//! those still live then are written (one `pwrite` per run of offsets per queue), those
+//! settled meanwhile never are, so a queue whose consumers keep up writes next to nothing
+//! to its files. Nothing is fsynced on that path: the checkpointer syncs the files
+//! written since its last round ([`ConsumeQueues::sync`]) before it flushes sled, and
+//! recovery rewrites every entry the effects records after the checkpoint add. So nothing
+//! in a file is trusted past the checkpoint; what lies past a queue's next offset after
+//! recovery is cut off.
 //!
 //! Settling (ack, reject, purge) touches no file: it moves the queue's `low` mark or adds a
 //! range ([`Offsets`]); the writer stores the changed queues' offsets in sled's `settled`
@@ -168,6 +171,10 @@ struct QueueFiles {
     /// Files by first offset; `None`: exists, not opened yet.
     files: Mutex<BTreeMap<u64, Option<Arc<File>>>>,
     offsets: RwLock<Offsets>,
+    /// Entries not written to the files yet (the writer's, until its next drain). Held
+    /// across a read of the files, and across the drain's write and removal, so that a
+    /// reader finds each entry in one place or the other.
+    pending: RwLock<BTreeMap<u64, Pointer>>,
 }
 
 impl QueueFiles {
@@ -211,9 +218,45 @@ impl QueueFiles {
         Ok(Some(file))
     }
 
-    /// Appends the entries of `from..to` present in the files to `out` (missing files and
-    /// holes are skipped).
+    /// Appends the entries of `from..to` present in the files or waiting to be written to
+    /// `out`, in offset order (missing files and holes are skipped).
     fn read_run(&self, from: u64, to: u64, out: &mut Vec<(u64, Pointer)>, nf: &Handles) -> io::Result<()> {
+        let pending = self.pending.read();
+        let start = out.len();
+        self.read_files(from, to, out, nf)?;
+        let mut waiting = pending.range(from..to).peekable();
+        if waiting.peek().is_none() {
+            return Ok(());
+        }
+        if out.len() == start {
+            out.extend(waiting.map(|(&off, &p)| (off, p)));
+            return Ok(());
+        }
+        // Merge: an entry waiting to be written replaces the file's at its offset (its flags
+        // changed since the file's was written).
+        let written: Vec<(u64, Pointer)> = out.drain(start..).collect();
+        let mut written = written.into_iter().peekable();
+        loop {
+            let next = match (written.peek(), waiting.peek()) {
+                (Some(&(a, _)), Some(&(&b, _))) if a < b => written.next(),
+                (Some(&(a, _)), Some(&(&b, &p))) => {
+                    if a == b {
+                        written.next();
+                    }
+                    waiting.next();
+                    Some((b, p))
+                }
+                (Some(_), None) => written.next(),
+                (None, Some(_)) => waiting.next().map(|(&off, &p)| (off, p)),
+                (None, None) => break,
+            };
+            out.extend(next);
+        }
+        Ok(())
+    }
+
+    /// [`QueueFiles::read_run`] for the files alone.
+    fn read_files(&self, from: u64, to: u64, out: &mut Vec<(u64, Pointer)>, nf: &Handles) -> io::Result<()> {
         let mut at = from;
         let mut buf = Vec::new();
         while at < to {
@@ -294,6 +337,8 @@ pub(crate) struct ConsumeQueues {
     gate: RwLock<()>,
     /// Queues whose offsets changed since the last drain (writer only).
     dirty: Mutex<HashSet<u64>>,
+    /// Queues with entries waiting to be written ([`QueueFiles::pending`]).
+    unwritten: Mutex<HashSet<u64>>,
 }
 
 impl ConsumeQueues {
@@ -319,7 +364,12 @@ impl ConsumeQueues {
                     None => tracing::warn!(path = ?f.path(), "ignoring unexpected file in a consume-queue directory"),
                 }
             }
-            let q = QueueFiles { dir: entry.path(), files: Mutex::new(files), offsets: RwLock::default() };
+            let q = QueueFiles {
+                dir: entry.path(),
+                files: Mutex::new(files),
+                offsets: RwLock::default(),
+                pending: RwLock::default(),
+            };
             queues.insert(id, Arc::new(q));
         }
         Ok(ConsumeQueues {
@@ -329,6 +379,7 @@ impl ConsumeQueues {
             doomed: Mutex::default(),
             gate: RwLock::default(),
             dirty: Mutex::default(),
+            unwritten: Mutex::default(),
         })
     }
 
@@ -348,6 +399,7 @@ impl ConsumeQueues {
                     dir: self.root.join(format!("{queue:020}")),
                     files: Mutex::default(),
                     offsets: RwLock::default(),
+                    pending: RwLock::default(),
                 })
             })
             .clone()
@@ -431,8 +483,8 @@ impl ConsumeQueues {
         self.get(queue).is_some_and(|q| q.offsets.read().is_live(offset))
     }
 
-    /// The entries present in the files in `from..to`, live or not (a block for the
-    /// writer's cache; recovery's scan).
+    /// The entries present in the files or waiting to be written in `from..to`, live or
+    /// not (a block for the writer's cache; recovery's scan).
     pub(crate) fn read_block(&self, queue: u64, from: u64, to: u64) -> io::Result<Vec<(u64, Pointer)>> {
         let Some(q) = self.get(queue) else { return Ok(Vec::new()) };
         let mut out = Vec::new();
@@ -475,17 +527,27 @@ impl ConsumeQueues {
     /// Writes the entries that changes of the effects records' `queue` tree (key: queue
     /// id, offset; value: an encoded [`Pointer`], `None`: settled) set, in key order (one
     /// write per run of consecutive offsets), without making anything visible: readers see
-    /// neither the entries nor the settlements until [`ConsumeQueues::publish`].
+    /// neither the entries nor the settlements until [`ConsumeQueues::publish`]. With
+    /// `defer` (the writer's group commits) the entries are kept in memory instead, for
+    /// the next [`ConsumeQueues::flush_pending`].
     pub(crate) fn stage(
         &self,
         changes: impl IntoIterator<Item = (sled::IVec, Option<sled::IVec>)>,
+        defer: bool,
     ) -> io::Result<Staged> {
         let mut staged = Staged::default();
         let mut run: Option<(u64, u64, Vec<Pointer>)> = None;
         let flush = |run: &mut Option<(u64, u64, Vec<Pointer>)>, staged: &mut Staged| -> io::Result<()> {
             if let Some((q, first, entries)) = run.take() {
-                self.write_entries(q, first, &entries)?;
-                staged.written.push((q, first + entries.len() as u64));
+                let end = first + entries.len() as u64;
+                if defer {
+                    let queue = self.get_or_add(q);
+                    queue.pending.write().extend((first..end).zip(entries));
+                    self.unwritten.lock().insert(q);
+                } else {
+                    self.write_entries(q, first, &entries)?;
+                }
+                staged.written.push((q, end));
             }
             Ok(())
         };
@@ -538,8 +600,51 @@ impl ConsumeQueues {
         &self,
         changes: impl IntoIterator<Item = (sled::IVec, Option<sled::IVec>)>,
     ) -> io::Result<Vec<u64>> {
-        let staged = self.stage(changes)?;
+        let staged = self.stage(changes, false)?;
         Ok(self.publish(staged))
+    }
+
+    /// Whether some entries wait to be written ([`ConsumeQueues::flush_pending`]).
+    pub(crate) fn has_pending(&self) -> bool {
+        !self.unwritten.lock().is_empty()
+    }
+
+    /// Writes the entries waiting in memory that are still live, one `pwrite` per run of
+    /// consecutive offsets, and forgets the rest (settled since: never written, they read
+    /// as holes). The writer calls it at each drain, before the position the checkpoint
+    /// may claim moves on; an entry that fails to be written stays waiting.
+    pub(crate) fn flush_pending(&self) -> io::Result<()> {
+        let ids: Vec<u64> = self.unwritten.lock().drain().collect();
+        for (i, &id) in ids.iter().enumerate() {
+            let Some(q) = self.get(id) else { continue };
+            let mut pending = q.pending.write();
+            let live: Vec<(u64, Pointer)> = {
+                let o = q.offsets.read();
+                pending.iter().filter(|(&off, _)| o.is_live(off)).map(|(&off, &p)| (off, p)).collect()
+            };
+            let mut rest = &live[..];
+            while let Some(&(first, _)) = rest.first() {
+                let n = rest.iter().enumerate().take_while(|&(k, &(off, _))| off == first + k as u64).count();
+                let run: Vec<Pointer> = rest[..n].iter().map(|&(_, p)| p).collect();
+                if let Err(e) = self.write_entries(id, first, &run) {
+                    self.unwritten.lock().extend(&ids[i..]);
+                    return Err(e);
+                }
+                rest = &rest[n..];
+            }
+            pending.clear();
+        }
+        Ok(())
+    }
+
+    /// Forgets every entry waiting to be written (sled was opened again: the replay from
+    /// the checkpoint wrote them to the files).
+    pub(crate) fn forget_pending(&self) {
+        for id in std::mem::take(&mut *self.unwritten.lock()) {
+            if let Some(q) = self.get(id) {
+                q.pending.write().clear();
+            }
+        }
     }
 
     /// Settles `from..to` of `queue`.
@@ -793,5 +898,48 @@ mod tests {
         assert!(cq.entries(5, 0, 100).unwrap().is_empty(), "a dead queue is gone at once");
         cq.delete_doomed(0);
         assert!(!dir.path().join(format!("{:020}", 5)).exists(), "and its files once checkpointed");
+    }
+
+    /// The change of one group commit's `queue` tree: entry `off` of queue `q` set to
+    /// `p`, or settled (`None`).
+    fn change(q: u64, off: u64, p: Option<Pointer>) -> (sled::IVec, Option<sled::IVec>) {
+        (codec::queue_key(q, off)[..].into(), p.map(|p| codec::encode_pointer(&p)[..].into()))
+    }
+
+    #[test]
+    fn deferred_entries_are_read_from_memory_and_only_the_live_ones_are_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let cq = ConsumeQueues::open(dir.path()).unwrap();
+        let staged = cq.stage((0..6).map(|off| change(7, off, Some(p(off)))).collect::<Vec<_>>(), true).unwrap();
+        assert!(cq.entries(7, 0, 10).unwrap().is_empty(), "not visible before publish");
+        cq.publish(staged);
+        let file = dir.path().join(format!("{:020}/{:020}.cq", 7, 0));
+        assert!(!file.exists(), "nothing written by a group commit");
+        assert_eq!(cq.entries(7, 0, 10).unwrap(), (0..6).map(|o| (o, p(o))).collect::<Vec<_>>());
+        // Offsets 0-2 and 4 are settled before the drain; 3 and 5 are live, and 5's flags change.
+        cq.settle(7, 0, 3);
+        cq.settle(7, 4, 5);
+        let mut flagged = p(5);
+        flagged.flags = 9;
+        cq.publish(cq.stage(vec![change(7, 5, Some(flagged))], true).unwrap());
+        assert!(cq.has_pending());
+        cq.flush_pending().unwrap();
+        assert!(!cq.has_pending());
+        let len = fs::metadata(&file).unwrap().len();
+        assert_eq!(len, 6 * ENTRY_BYTES, "written up to the last live entry");
+        let expect = vec![(3, p(3)), (5, flagged)];
+        assert_eq!(cq.entries(7, 0, 10).unwrap(), expect);
+        // From the files alone: the settled offsets are holes.
+        let mut from_files = Vec::new();
+        cq.get(7).unwrap().read_files(0, 6, &mut from_files, &cq.handles).unwrap();
+        assert_eq!(from_files, expect);
+        // A flag change of a written entry waits in memory and replaces the file's for readers.
+        let mut again = flagged;
+        again.flags = 3;
+        cq.publish(cq.stage(vec![change(7, 5, Some(again))], true).unwrap());
+        assert_eq!(cq.entries(7, 0, 10).unwrap(), vec![(3, p(3)), (5, again)]);
+        assert_eq!(cq.read_block(7, 0, 8).unwrap(), vec![(3, p(3)), (5, again)]);
+        cq.forget_pending();
+        assert_eq!(cq.entries(7, 0, 10).unwrap(), expect, "forgotten: the file's again");
     }
 }

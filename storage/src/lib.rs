@@ -10,8 +10,9 @@
 //! The commit log is the truth and the only synchronous write (RocketMQ's model): each
 //! group commit appends, after its message records, one **effects record** holding the
 //! batch's changes resolved to blind writes, and one `fdatasync` of the segment makes the
-//! whole batch durable. Consume-queue entries are then written to their files, neither
-//! synced; settling an entry (ack) only changes the queue's settled offsets in memory, and
+//! whole batch durable. Consume-queue entries wait in memory (readers see them there) and
+//! are written to their files at the next drain if still live, never synced on that path;
+//! settling an entry (ack) only changes the queue's settled offsets in memory, and
 //! the keyspaces' changes (sessions, QoS 2 state, retry state, cursors, metadata) and the
 //! counters wait in memory too (readers look there first): all of it is stored in sled
 //! once per checkpoint interval (the drain). Only the trees read by range on their own
@@ -26,9 +27,9 @@
 //!  async callers ──submit(ops, completion)──▶ bounded channel ──▶ journal writer thread
 //!                                                                 │ drain a batch
 //!                                                                 │ 1. append records + one effects record
-//!                                                                 │ 2. pwrite queue entries to their files;
-//!                                                                 │    settlements, keyspaces, counters in
-//!                                                                 │    memory until the drain; one sled
+//!                                                                 │ 2. queue entries, settlements, keyspaces,
+//!                                                                 │    counters in memory until the drain
+//!                                                                 │    (live entries pwritten then); one sled
 //!                                                                 │    batch per other tree, unflushed
 //!                                                                 │ 3. fdatasync the segment (policy `Always`)
 //!                                                                 └ 4. run completions in submission order

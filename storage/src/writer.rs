@@ -461,9 +461,10 @@ impl Writer {
         }
     }
 
-    /// Whether consume-queue offsets or counter changes wait for a drain.
+    /// Whether consume-queue entries or offsets, or counter changes, wait for a drain.
     fn has_undrained(&self) -> bool {
         self.shared.cq.has_dirty()
+            || self.shared.cq.has_pending()
             || !self.counters.is_empty()
             || self.shared.kv_deferred.read().iter().any(|o| !o.is_empty())
     }
@@ -474,6 +475,9 @@ impl Writer {
         let end = self.log.next_pos();
         if self.has_undrained() {
             self.shared.drains.fetch_add(1, Ordering::Relaxed);
+            // The entries still live go to their files (unsynced: the checkpointer syncs
+            // them before it claims this drain's position).
+            self.shared.cq.flush_pending().map_err(cq_write_failed)?;
             db.db.insert(checkpoint::APPLIED, &codec::encode_u64(end)).map_err(|e| sled_failed("sled drain", e))?;
             self.shared.cq.drain(&db.settled, end).map_err(|e| sled_failed("sled drain", e))?;
             self.counters.apply(&db.counters).map_err(|e| sled_failed("sled drain", e))?;
@@ -592,6 +596,7 @@ impl Writer {
         self.live.clear();
         self.pending.clear();
         // The replay put them into sled and the consume queues.
+        shared.cq.forget_pending();
         self.read_cache.clear();
         self.counters.clear();
         for overlay in shared.kv_deferred.write().iter_mut() {
@@ -817,11 +822,11 @@ impl Writer {
             return Err(Fail::StoreFull("sled batch: injected: No space left on device".into()));
         }
         if has_effects {
-            // Consume-queue entries are written to their files first (unsynced: the
-            // checkpointer syncs them), not visible yet; then the trees read by range on
-            // their own go to sled (unflushed). Either running out of space leaves nothing
-            // of the batch visible.
-            let staged = self.shared.cq.stage(self.pending.queue.take()).map_err(cq_write_failed)?;
+            // Consume-queue entries are staged first (kept in memory until the next drain
+            // writes those still live), not visible yet; then the trees read by range on
+            // their own go to sled (unflushed). Running out of space leaves nothing of the
+            // batch visible.
+            let staged = self.shared.cq.stage(self.pending.queue.take(), true).map_err(cq_write_failed)?;
             let counters = self.pending.counters.take();
             let kv: Vec<_> = self.pending.kv.iter_mut().map(|o| o.take()).collect();
             let rest: Vec<_> =
