@@ -400,6 +400,9 @@ pub struct StorageSection {
     /// A checkpoint is also taken once the commit log grew by this many bytes, whatever the
     /// interval (0 = by time only).
     pub checkpoint_bytes: u64,
+    /// Pad each synced group commit to a 4 KiB page boundary (fewer bytes written, up to a
+    /// page of log space per sync).
+    pub page_aligned_syncs: bool,
     /// Segment size in bytes.
     pub segment_size: u64,
     /// Unreferenced commit-log segments older than this are deleted, seconds (0 = keep).
@@ -655,6 +658,7 @@ impl Config {
         j.segment_size = self.storage.segment_size;
         j.checkpoint_interval = Duration::from_millis(self.storage.checkpoint_interval_ms);
         j.checkpoint_bytes = self.storage.checkpoint_bytes;
+        j.page_aligned_syncs = self.storage.page_aligned_syncs;
         j.cache_bytes = self.storage.cache_bytes;
         j.ballast_bytes = self.storage.ballast_bytes;
         // Half the disk free limit (the server sets it from the effective limit, which may

@@ -63,6 +63,11 @@ pub struct JournalConfig {
     /// the last one (0 = by time only), which bounds the replay after a crash in bytes
     /// when publishers write faster than an interval's worth.
     pub checkpoint_bytes: u64,
+    /// Whether a synced group commit is padded to the next 4 KiB page boundary, so that the
+    /// next sync does not write the last, partly filled page again: fewer bytes written,
+    /// at the cost of up to a page of log space per sync (with small group commits the log
+    /// of a backlog grows by about half again).
+    pub page_aligned_syncs: bool,
 }
 
 impl JournalConfig {
@@ -81,6 +86,7 @@ impl JournalConfig {
             max_batch: 1024,
             checkpoint_interval: Duration::from_millis(100),
             checkpoint_bytes: 64 * 1024 * 1024,
+            page_aligned_syncs: true,
         }
     }
 }

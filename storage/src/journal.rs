@@ -466,6 +466,21 @@ mod tests {
     }
 
     #[test]
+    fn without_page_aligned_syncs_no_commit_is_padded() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = JournalConfig { page_aligned_syncs: false, ..JournalConfig::new(dir.path()) };
+        let j = Journal::open(config).unwrap();
+        let q = j.queue_id("q").unwrap();
+        let start = j.stats().log_end;
+        for n in 0..40u8 {
+            j.write_blocking(append(q, n)).unwrap();
+        }
+        // 40 commits of ~130 bytes: padded they would take 40 pages.
+        let used = j.stats().log_end - start;
+        assert!(used < 2 * crate::segment::PAGE, "40 synced commits took {used} bytes");
+    }
+
+    #[test]
     fn io_failure_poisons_the_journal() {
         let dir = tempfile::tempdir().unwrap();
         let j = Journal::open(JournalConfig::new(dir.path())).unwrap();

@@ -812,7 +812,7 @@ impl Writer {
         }
         let applied = self.log.next_pos();
         let sync = self.sync_due(force_sync, durable_wanted);
-        if sync {
+        if sync && self.shared.config.page_aligned_syncs {
             self.log.pad_to_page(&self.shared.log);
         }
         self.log.write_out(&self.shared.log).map_err(log_write_failed)?;
