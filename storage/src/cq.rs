@@ -224,33 +224,15 @@ impl QueueFiles {
         let pending = self.pending.read();
         let start = out.len();
         self.read_files(from, to, out, nf)?;
-        let mut waiting = pending.range(from..to).peekable();
-        if waiting.peek().is_none() {
-            return Ok(());
-        }
+        let waiting = pending.range(from..to).map(|(&off, &p)| (off, p));
         if out.len() == start {
-            out.extend(waiting.map(|(&off, &p)| (off, p)));
-            return Ok(());
-        }
-        // Merge: an entry waiting to be written replaces the file's at its offset (its flags
-        // changed since the file's was written).
-        let written: Vec<(u64, Pointer)> = out.drain(start..).collect();
-        let mut written = written.into_iter().peekable();
-        loop {
-            let next = match (written.peek(), waiting.peek()) {
-                (Some(&(a, _)), Some(&(&b, _))) if a < b => written.next(),
-                (Some(&(a, _)), Some(&(&b, &p))) => {
-                    if a == b {
-                        written.next();
-                    }
-                    waiting.next();
-                    Some((b, p))
-                }
-                (Some(_), None) => written.next(),
-                (None, Some(_)) => waiting.next().map(|(&off, &p)| (off, p)),
-                (None, None) => break,
-            };
-            out.extend(next);
+            out.extend(waiting);
+        } else if pending.range(from..to).next().is_some() {
+            // An entry waiting to be written replaces the file's at its offset (its flags
+            // changed since the file's was written).
+            let mut merged: BTreeMap<u64, Pointer> = out.drain(start..).collect();
+            merged.extend(waiting);
+            out.extend(merged);
         }
         Ok(())
     }

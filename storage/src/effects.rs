@@ -27,9 +27,6 @@ use crate::types::{LogPos, Pointer};
 const VERSION: u8 = 2;
 /// Version byte of the encoding of layouts 2 and 3 (single changes only).
 const VERSION_1: u8 = 1;
-/// Tests: write version 1, as layout 3 did.
-#[cfg(test)]
-pub(crate) static WRITE_VERSION_1: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 /// Item tag: a run of consume-queue settlements.
 const RUN_REMOVALS: u8 = 0xfe;
 /// Item tag: a run of consume-queue entries added.
@@ -70,13 +67,10 @@ fn take_bytes<'a>(b: &mut &'a [u8]) -> Option<&'a [u8]> {
 }
 
 /// Encodes the changes of `overlays` (in tree order) into `buf` (cleared first); false
-/// when there is none. Tree 0's (`queue`) changes go as runs where they can.
-pub(crate) fn encode<'a>(buf: &mut Vec<u8>, overlays: impl IntoIterator<Item = &'a Overlay>) -> bool {
+/// when there is none. Tree 0's (`queue`) changes go as runs where they can, unless `v1`
+/// (tests: version 1, as layout 3 wrote).
+pub(crate) fn encode<'a>(buf: &mut Vec<u8>, overlays: impl IntoIterator<Item = &'a Overlay>, v1: bool) -> bool {
     buf.clear();
-    #[cfg(test)]
-    let v1 = WRITE_VERSION_1.load(std::sync::atomic::Ordering::Relaxed);
-    #[cfg(not(test))]
-    let v1 = false;
     buf.push(if v1 { VERSION_1 } else { VERSION });
     for (tree, overlay) in overlays.into_iter().enumerate() {
         if tree == 0 && !v1 {
@@ -107,12 +101,12 @@ fn put_change(buf: &mut Vec<u8>, tree: usize, key: &[u8], value: Option<&[u8]>) 
 /// One change of tree 0 in the form a run holds: queue, offset, entry (`None`: settled).
 fn queue_change(key: &[u8], value: Option<&[u8]>) -> Option<(u64, u64, Option<Pointer>)> {
     let Some(codec::QueueKey::Entry(queue, offset)) = codec::decode_queue_key(key) else { return None };
-    match value {
-        None => Some((queue, offset, None)),
-        // Only the current 21-byte form round-trips through a run.
-        Some(v) if v.len() == 21 => Some((queue, offset, Some(codec::decode_pointer(v)?))),
-        Some(_) => None,
-    }
+    let entry = match value {
+        None => None,
+        // Only a value that decodes as a pointer round-trips through a run.
+        Some(v) => Some(codec::decode_pointer(v)?),
+    };
+    Some((queue, offset, entry))
 }
 
 /// Tree 0's changes (in key order: by queue, then offset) as runs of consecutive offsets
@@ -221,18 +215,18 @@ mod tests {
         let mut c = Overlay::default();
         c.insert(&b""[..], &b""[..]);
         let mut buf = Vec::new();
-        assert!(encode(&mut buf, [&a, &b, &c]));
+        assert!(encode(&mut buf, [&a, &b, &c], false));
         let mut seen = Vec::new();
         decode(&buf, 3, |(t, k, v)| seen.push((t, k.to_vec(), v.map(<[u8]>::to_vec)))).unwrap();
         assert_eq!(
             seen,
             vec![(0, b"k0".to_vec(), None), (0, b"k1".to_vec(), Some(vec![7u8; 300])), (2, vec![], Some(vec![]))]
         );
-        assert!(!encode(&mut buf, [&b]));
+        assert!(!encode(&mut buf, [&b], false));
         for cut in 1..buf.len() {
             let _ = decode(&buf[..cut], 3, |_| {});
         }
-        assert!(encode(&mut buf, [&a, &b, &c]));
+        assert!(encode(&mut buf, [&a, &b, &c], false));
         assert_eq!(decode(&buf, 2, |_| {}), None, "a tree this build does not have");
         let n = buf.len();
         assert_eq!(decode(&buf[..n - 1], 3, |_| {}), None, "a cut value");
@@ -267,7 +261,7 @@ mod tests {
         let mut other = Overlay::default();
         other.insert(&b"session"[..], &b"state"[..]);
         let mut buf = Vec::new();
-        assert!(encode(&mut buf, [&queue, &other]));
+        assert!(encode(&mut buf, [&queue, &other], false));
         let expected: Vec<_> = queue
             .changes()
             .map(|(k, v)| (0, k.to_vec(), v.as_ref().map(|v| v.to_vec())))

@@ -783,18 +783,25 @@ mod tests {
 
     #[test]
     fn a_layout_3_directory_is_stamped_and_its_effects_records_replayed() {
+        // Unpadded, so that the log's length shows the records' encoding.
+        let unpadded = |dir: &std::path::Path| JournalConfig { page_aligned_syncs: false, ..JournalConfig::new(dir) };
+        let writes = |j: &Journal, q: QueueId| {
+            j.write_blocking((0..5).flat_map(|n| append(q, n)).collect()).unwrap();
+            j.write_blocking(vec![Op::Remove { queue: q, offset: 1 }, Op::Remove { queue: q, offset: 2 }]).unwrap();
+        };
         let dir = tempfile::tempdir().unwrap();
-        let config = JournalConfig::new(dir.path());
-        crate::effects::WRITE_VERSION_1.store(true, std::sync::atomic::Ordering::Relaxed);
-        let j = Journal::open(config.clone()).unwrap();
+        let config = unpadded(dir.path());
+        let j = Journal::open(JournalConfig { write_effects_v1: true, ..config.clone() }).unwrap();
         let q = j.queue_id("q").unwrap();
-        j.write_blocking((0..5).flat_map(|n| append(q, n)).collect()).unwrap();
-        j.write_blocking(vec![Op::Remove { queue: q, offset: 1 }, Op::Remove { queue: q, offset: 2 }]).unwrap();
+        writes(&j, q);
         let live = j.queue_entries(q, 0, 10).unwrap();
+        let v2 = tempfile::tempdir().unwrap();
+        let current = Journal::open(unpadded(v2.path())).unwrap();
+        writes(&current, current.queue_id("q").unwrap());
+        assert!(current.stats().log_end < j.stats().log_end, "the records above are version 1");
         // Killed: only the version-1 effects records after the checkpoint hold the entries.
         j.crash();
         drop(j);
-        crate::effects::WRITE_VERSION_1.store(false, std::sync::atomic::Ordering::Relaxed);
         std::fs::write(dir.path().join("format"), "ferrymq-journal 3\n").unwrap();
         let j = Journal::open(config).unwrap();
         assert!(!j.stats().index_scanned, "recovered by replaying the version-1 records");

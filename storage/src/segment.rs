@@ -71,18 +71,13 @@ pub(crate) fn encode_effects(buf: &mut Vec<u8>, payload: &[u8]) -> u32 {
     encode_framed(buf, EFFECTS_FLAG, b"", payload)
 }
 
-/// Appends a **padding record** of exactly `size` bytes (at least [`RECORD_OVERHEAD`]): no
-/// header and a body of zeros. Nothing points at it and replay skips it, as a message
-/// record nobody refers to; it only fills a segment up to a page boundary (see
-/// `LogWriter::pad_to_page`).
+/// Appends a **padding record** of exactly `size` bytes (from [`RECORD_OVERHEAD`] to a
+/// page plus it): no header and a body of zeros. Nothing points at it and replay skips it,
+/// as a message record nobody refers to; it only fills a segment up to a page boundary
+/// (see `LogWriter::pad_to_page`).
 pub(crate) fn encode_padding(buf: &mut Vec<u8>, size: usize) {
     const ZEROS: [u8; PAGE as usize] = [0; PAGE as usize];
-    let body = size - RECORD_OVERHEAD as usize;
-    if body <= ZEROS.len() {
-        encode_framed(buf, 0, b"", &ZEROS[..body]);
-    } else {
-        encode_framed(buf, 0, b"", &vec![0; body]);
-    }
+    encode_framed(buf, 0, b"", &ZEROS[..size - RECORD_OVERHEAD as usize]);
 }
 
 /// The page size the commit log pads synced writes to (the page cache's unit: a partly

@@ -806,7 +806,11 @@ impl Writer {
     /// records, recovery sees sled's applied mark past the end of the log and scans.
     fn commit(&mut self, db: &Db, force_sync: bool, submissions: bool, durable_wanted: bool) -> Result<(), Fail> {
         self.stage_counters();
-        let has_effects = effects::encode(&mut self.effects, self.pending.overlays().map(|o| &*o));
+        #[cfg(test)]
+        let v1 = self.shared.config.write_effects_v1;
+        #[cfg(not(test))]
+        let v1 = false;
+        let has_effects = effects::encode(&mut self.effects, self.pending.overlays().map(|o| &*o), v1);
         if has_effects {
             self.log.append_effects(&self.shared.log, &self.effects).map_err(log_write_failed)?;
         }
