@@ -42,6 +42,17 @@ async fn bound_consumer(ch: &Channel, exchange: &str, key: &str) -> Consumer {
     consume(ch, &q, BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default()).await
 }
 
+/// Asserts that a delivery `waited` after its publish was sent did not come before its
+/// delay. The broker keeps due times in whole milliseconds of the wall clock and the test
+/// measures on the monotonic clock, so the two may be up to ~2 ms apart over a delay
+/// (truncation to the millisecond, clock slew).
+fn assert_not_before(waited: Duration, delay_ms: u64) {
+    assert!(
+        waited + Duration::from_millis(2) >= Duration::from_millis(delay_ms),
+        "delivered after {waited:?}, before its {delay_ms} ms delay"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delayed_message_is_confirmed_at_once_and_routed_after_its_delay() {
     if skip_on_rabbitmq("x-delayed-message is a plugin there") {
@@ -67,7 +78,7 @@ async fn a_delayed_message_is_confirmed_at_once_and_routed_after_its_delay() {
     let d = next_delivery(&mut c).await;
     let waited = sent.elapsed();
     assert_eq!(text(&d), "in 1.5 s");
-    assert!(waited >= Duration::from_millis(1500), "delivered after {waited:?}, before its delay");
+    assert_not_before(waited, 1500);
     // The x-delay header is delivered as published.
     assert_eq!(field(&headers(&d.properties), "x-delay").and_then(as_i64), Some(1500));
     // Routing by the exchange's x-delayed-type (direct): the other key matched nothing.
@@ -179,11 +190,11 @@ async fn pending_delayed_messages_survive_a_crash() {
     let mut c = consume(&ch, "delayed-kept", BasicConsumeOptions::default(), FieldTable::default()).await;
     let d = next_delivery(&mut c).await;
     assert_eq!(text(&d), "soon");
-    assert!(sent.elapsed() >= Duration::from_millis(2500), "early: {:?}", sent.elapsed());
+    assert_not_before(sent.elapsed(), 2500);
     bounded("ack", d.ack(BasicAckOptions::default())).await.unwrap();
     let d = next_delivery(&mut c).await;
     assert_eq!(text(&d), "later");
-    assert!(sent.elapsed() >= Duration::from_millis(3500), "early: {:?}", sent.elapsed());
+    assert_not_before(sent.elapsed(), 3500);
     bounded("ack", d.ack(BasicAckOptions::default())).await.unwrap();
 }
 
@@ -215,5 +226,5 @@ async fn an_mqtt_subscriber_gets_a_delayed_amqp_publish_through_amq_topic() {
     assert!(publish_confirmed(&ch, "later-mqtt", "sensors.s1.cmd", b"reboot", delay(700)).await.is_ack());
     let m = s.next_publish().await;
     assert_eq!((m.topic.as_str(), &m.payload[..]), ("sensors/s1/cmd", &b"reboot"[..]));
-    assert!(sent.elapsed() >= Duration::from_millis(700), "early: {:?}", sent.elapsed());
+    assert_not_before(sent.elapsed(), 700);
 }
