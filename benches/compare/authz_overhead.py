@@ -3,7 +3,7 @@
 on the same binary in one run (issue 12: "no measurable cost on the publish path").
 
 Usage: benches/compare/authz_overhead.py [FERRYMQ_BIN] [MQLOAD]
-(defaults target/release/ferrymq and /tmp/mqload-target/release/mqload; DURATION seconds
+(defaults target/release/ferrymq and target/mqload/release/mqload; DURATION seconds
 per run, default 8; ROUNDS, default 3; QOS, default "0 1").
 
 Each run is a fresh broker and one mqload MQTT run, 1 publisher -> 1 subscriber, 64-byte
@@ -47,7 +47,7 @@ def run(binary, mqload, mode, qos, duration):
 
 def main():
     binary = sys.argv[1] if len(sys.argv) > 1 else "target/release/ferrymq"
-    mqload = sys.argv[2] if len(sys.argv) > 2 else "/tmp/mqload-target/release/mqload"
+    mqload = sys.argv[2] if len(sys.argv) > 2 else "target/mqload/release/mqload"
     duration = int(os.environ.get("DURATION", "8"))
     rounds = int(os.environ.get("ROUNDS", "3"))
     for qos in [int(q) for q in os.environ.get("QOS", "0 1").split()]:

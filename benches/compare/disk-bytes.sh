@@ -10,7 +10,7 @@
 # sectors written to the data directory's block device from /proc/diskstats over the run
 # (the whole device: it includes the ext4 journal, and anything else writing at the time).
 set -uo pipefail
-M=${M:-/tmp/mqload-target/release/mqload}
+M=${M:-target/mqload/release/mqload}
 ROUNDS=${ROUNDS:-2}
 DEV=$(basename "$(df --output=source /tmp | tail -1)")
 

@@ -3,7 +3,7 @@
 without, on the same binary in one run.
 
 Usage: benches/compare/http_overhead.py [FERRYMQ_BIN] [MQLOAD]
-(defaults target/release/ferrymq and /tmp/mqload-target/release/mqload; DURATION seconds
+(defaults target/release/ferrymq and target/mqload/release/mqload; DURATION seconds
 per run, default 8; ROUNDS, default 3; QUEUES, default 1000).
 
 Each run is a fresh broker with QUEUES durable queues (so the polled calls have something to
@@ -66,7 +66,7 @@ def throughput(report):
 
 def main():
     binary = sys.argv[1] if len(sys.argv) > 1 else "target/release/ferrymq"
-    mqload = sys.argv[2] if len(sys.argv) > 2 else "/tmp/mqload-target/release/mqload"
+    mqload = sys.argv[2] if len(sys.argv) > 2 else "target/mqload/release/mqload"
     duration = int(os.environ.get("DURATION", "8"))
     rounds = int(os.environ.get("ROUNDS", "3"))
     queues = int(os.environ.get("QUEUES", "1000"))

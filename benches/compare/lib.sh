@@ -5,7 +5,7 @@
 #
 # Environment (both scripts):
 #   FERRYMQ_BIN   ferrymq binary (default: $CARGO_TARGET_DIR/release/ferrymq, else <repo>/target/release/ferrymq)
-#   MQLOAD        mqload binary  (default /tmp/mqload-target/release/mqload)
+#   MQLOAD        mqload binary  (default target/mqload/release/mqload, built from benches/mqload when missing)
 #   DURATION      publishing seconds per run (default 8)
 #   QUIET_BUSY    machine-busy % (of all cores, 1 s sample) under which a run may start (default 15)
 #   QUIET_MAX     longest wait for a quiet machine before each run, seconds (default 120; the run
@@ -32,7 +32,7 @@ LIB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$LIB_DIR/../.." && pwd)
 D=${DURATION:-8}
 DRAIN=10
-M=${MQLOAD:-/tmp/mqload-target/release/mqload}
+M=${MQLOAD:-$REPO/target/mqload/release/mqload}
 FQ=${FERRYMQ_BIN:-${CARGO_TARGET_DIR:-$REPO/target}/release/ferrymq}
 QUIET_BUSY=${QUIET_BUSY:-15}
 QUIET_MAX=${QUIET_MAX:-120}
@@ -47,6 +47,10 @@ bench_init() {
   OUT=${1:-$LIB_DIR/raw/$KIND-$(date +%Y%m%d-%H%M%S)}
   shift
   local b
+  if [ -z "${MQLOAD:-}" ] && [ ! -x "$M" ]; then
+    echo "building mqload (benches/mqload) into $REPO/target/mqload" >&2
+    cargo build --release --quiet --manifest-path "$REPO/benches/mqload/Cargo.toml" --target-dir "$REPO/target/mqload" || exit 2
+  fi
   for b in "$M" "$FQ" "$@"; do
     [ -x "$b" ] || { echo "missing binary: $b" >&2; exit 2; }
   done

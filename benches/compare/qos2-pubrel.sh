@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Usage: benches/compare/qos2-pubrel.sh (needs /tmp/mqload-target/release/mqload, the old binary in /tmp/old-target and the new in /tmp/ci-check/target; edit the paths).
+# Usage: benches/compare/qos2-pubrel.sh (needs target/mqload/release/mqload, the old binary in /tmp/old-target and the new in /tmp/ci-check/target; edit the paths).
 # QoS 2 to a persistent-session subscriber, 1 -> 1: the binary before (b26532a) and after (757906d) PUBREL-after-durable, alternating.
-M=/tmp/mqload-target/release/mqload
+M=target/mqload/release/mqload
 for round in 1 2; do
   for which in old new; do
     if [ $which = old ]; then BIN=/tmp/old-target/release/ferrymq; else BIN=/tmp/ci-check/target/release/ferrymq; fi
