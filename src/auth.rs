@@ -6,15 +6,16 @@
 //! clear one in the configuration is hashed at load; hashes are verified as RabbitMQ makes
 //! them (salted SHA-256 / SHA-512 / MD5) and as `mosquitto_passwd` makes them (`$7$`
 //! PBKDF2-SHA512, `$6$` SHA-512), so users move over from either broker as they are.
-//! Failed logins are counted per source address; past a limit the address waits before
-//! its next attempt is answered ([`LoginThrottle`]). Every clone of a [`Users`] sees the
+//! Failed logins are counted per source address and user name and per address; past a
+//! limit the next attempts wait before they are answered, and the logins one address may
+//! have under way at once are limited ([`LoginThrottle`]). Every clone of a [`Users`] sees the
 //! same users.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::num::NonZeroU32;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -39,6 +40,9 @@ pub enum AuthError {
     /// The user may only connect from loopback.
     #[error("ACCESS_REFUSED - user '{0}' can only connect via localhost")]
     LoopbackOnly(String),
+    /// Too many logins from the client's address are under way; refused unchecked.
+    #[error("ACCESS_REFUSED - too many logins from this address at once; try again later")]
+    TooManyPending,
 }
 
 /// The password hashing algorithms FerryMQ verifies.
@@ -294,72 +298,226 @@ impl User {
     }
 }
 
-/// Failed logins per source address (`auth.max_login_failures` within
-/// `auth.login_failure_window_secs`): once an address is past the limit, each of its next
-/// attempts is answered only after `auth.login_failure_delay_ms`, until a window passes
-/// without failures or it logs in. Only the connection trying waits; a lock is taken per
-/// login, never per message.
-#[derive(Debug)]
-pub struct LoginThrottle {
-    limit: u32,
-    window: Duration,
-    delay: Duration,
-    failures: Mutex<HashMap<IpAddr, (u32, Instant)>>,
-    /// The table was full once (logged once).
-    overflowed: AtomicBool,
+/// The limits of a [`LoginThrottle`] (`[auth]`'s `max_login_failures`,
+/// `max_login_failures_per_address`, `login_failure_window_secs`, `login_failure_delay_ms`,
+/// `max_pending_logins_per_address`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoginLimits {
+    /// Failed logins with one user name from one address within `window` after which that
+    /// pair's next attempts wait `delay` (0 = not counted).
+    pub max_failures: u32,
+    /// Failed logins from one address, whatever the user names, within `window` after which
+    /// all its attempts wait `delay` (0 = not counted).
+    pub max_failures_per_address: u32,
+    /// The window failures are counted in, from the first one.
+    pub window: Duration,
+    /// How long an attempt held back waits before it is checked and answered.
+    pub delay: Duration,
+    /// Logins from one address under way at once (waiting or being checked); the attempts
+    /// past it are refused at once, unchecked (0 = no limit).
+    pub max_pending_per_address: u32,
 }
 
-/// Source addresses [`LoginThrottle`] tracks at most.
+impl LoginLimits {
+    /// No counting and no limit.
+    pub const OFF: LoginLimits = LoginLimits {
+        max_failures: 0,
+        max_failures_per_address: 0,
+        window: Duration::ZERO,
+        delay: Duration::ZERO,
+        max_pending_per_address: 0,
+    };
+}
+
+/// Failures counted since `since` (a window starts with its first failure).
+#[derive(Debug, Clone, Copy)]
+struct Failures {
+    count: u32,
+    since: Instant,
+}
+
+/// What [`LoginThrottle`] keeps, under one lock taken a few times per login (never per message).
+#[derive(Debug, Default)]
+struct Tables {
+    /// Failures per (address, keyed hash of the user name).
+    pairs: HashMap<(IpAddr, u64), Failures>,
+    /// Failures per address.
+    addresses: HashMap<IpAddr, Failures>,
+    /// Logins under way per address (entries at zero are removed).
+    pending: HashMap<IpAddr, u32>,
+}
+
+/// Failed logins per (source address, user name) and per source address: once a pair is
+/// past `max_failures`, or its address past `max_failures_per_address`, within the window,
+/// each next attempt waits `delay` before it is checked and answered; a successful login
+/// forgets the failures of its own pair only (an attacker's own account resets nothing of
+/// another user's), and the address's count runs out with its window. At most
+/// `max_pending_per_address` attempts from one address are under way at once, so that
+/// parallel connections cannot multiply the guesses a delay allows: the others are refused
+/// at once, without their password being looked at ([`AuthError::TooManyPending`]). User
+/// names are kept as keyed hashes, so what clients send does not grow the tables.
+#[derive(Debug)]
+pub struct LoginThrottle {
+    limits: LoginLimits,
+    hasher: std::collections::hash_map::RandomState,
+    tables: Mutex<Tables>,
+    /// A table was full once (logged once).
+    overflowed: AtomicBool,
+    /// Attempts refused at once as too many pending.
+    refused_pending: AtomicU64,
+}
+
+/// Addresses and (address, user) pairs [`LoginThrottle`] tracks at most, each.
 const THROTTLE_TRACKED: usize = 100_000;
 
-impl LoginThrottle {
-    /// Past `limit` failures within `window`, attempts wait `delay` (`limit` 0: off).
-    pub fn new(limit: u32, window: Duration, delay: Duration) -> LoginThrottle {
-        LoginThrottle { limit, window, delay, failures: Mutex::default(), overflowed: AtomicBool::new(false) }
-    }
+/// A login under way from an address, counted until it is dropped.
+#[derive(Debug)]
+pub struct PendingLogin<'a> {
+    throttle: &'a LoginThrottle,
+    ip: IpAddr,
+    counted: bool,
+    /// How long it waits before it is checked.
+    pub wait: Option<Duration>,
+}
 
-    /// How long an attempt from `ip` waits before it is answered.
-    pub fn delay_for(&self, ip: IpAddr) -> Option<Duration> {
-        if self.limit == 0 {
-            return None;
-        }
-        let failures = self.failures.lock();
-        let (count, since) = failures.get(&ip)?;
-        (*count >= self.limit && since.elapsed() < self.window).then_some(self.delay)
-    }
-
-    /// Counts a login's outcome: a success forgets the address's failures.
-    pub fn record(&self, ip: IpAddr, ok: bool) {
-        if self.limit == 0 {
+impl Drop for PendingLogin<'_> {
+    fn drop(&mut self) {
+        if !self.counted {
             return;
         }
-        let mut failures = self.failures.lock();
+        let mut tables = self.throttle.tables.lock();
+        if let std::collections::hash_map::Entry::Occupied(mut e) = tables.pending.entry(self.ip) {
+            *e.get_mut() -= 1;
+            if *e.get() == 0 {
+                e.remove();
+            }
+        }
+    }
+}
+
+impl LoginThrottle {
+    /// A throttle with `limits`.
+    pub fn new(limits: LoginLimits) -> LoginThrottle {
+        LoginThrottle {
+            limits,
+            hasher: Default::default(),
+            tables: Mutex::default(),
+            overflowed: AtomicBool::new(false),
+            refused_pending: AtomicU64::new(0),
+        }
+    }
+
+    fn key(&self, ip: IpAddr, user: &str) -> (IpAddr, u64) {
+        use std::hash::BuildHasher;
+        (ip, self.hasher.hash_one(user))
+    }
+
+    /// Whether `f` holds back: at least `limit` failures (limit > 0) in a window still open.
+    fn past(&self, f: Option<&Failures>, limit: u32, now: Instant) -> bool {
+        limit > 0 && f.is_some_and(|f| f.count >= limit && now.duration_since(f.since) < self.limits.window)
+    }
+
+    fn delay_in(&self, tables: &Tables, ip: IpAddr, user: &str, now: Instant) -> Option<Duration> {
+        let pair = self.past(tables.pairs.get(&self.key(ip, user)), self.limits.max_failures, now);
+        let address = self.past(tables.addresses.get(&ip), self.limits.max_failures_per_address, now);
+        (pair || address).then_some(self.limits.delay)
+    }
+
+    /// How long an attempt from `ip` as `user` waits before it is checked.
+    pub fn delay_for(&self, ip: IpAddr, user: &str) -> Option<Duration> {
+        self.delay_in(&self.tables.lock(), ip, user, Instant::now())
+    }
+
+    /// Admits an attempt from `ip` as `user`: how long it waits, counted as pending until
+    /// dropped; `None` when the address has `max_pending_per_address` under way already.
+    pub fn admit(&self, ip: IpAddr, user: &str) -> Option<PendingLogin<'_>> {
+        let l = &self.limits;
+        if l.max_failures == 0 && l.max_failures_per_address == 0 && l.max_pending_per_address == 0 {
+            return Some(PendingLogin { throttle: self, ip, counted: false, wait: None });
+        }
+        let mut tables = self.tables.lock();
+        let wait = self.delay_in(&tables, ip, user, Instant::now());
+        let cap = self.limits.max_pending_per_address;
+        if cap > 0 {
+            let pending = tables.pending.entry(ip).or_insert(0);
+            if *pending >= cap {
+                if self.refused_pending.fetch_add(1, Ordering::Relaxed) == 0 {
+                    tracing::warn!(
+                        peer = %ip,
+                        max_pending_logins_per_address = cap,
+                        "too many logins under way from one address: the others are refused at once \
+                         (counted in ferrymq_logins_refused_pending; logged once)"
+                    );
+                }
+                return None;
+            }
+            *pending += 1;
+        }
+        Some(PendingLogin { throttle: self, ip, counted: cap > 0, wait })
+    }
+
+    /// How long an attempt held back waits (`auth.login_failure_delay_ms`).
+    pub fn delay(&self) -> Duration {
+        self.limits.delay
+    }
+
+    /// Attempts refused at once as too many pending, since start.
+    pub fn refused_pending(&self) -> u64 {
+        self.refused_pending.load(Ordering::Relaxed)
+    }
+
+    /// Counts a checked login's outcome: a success forgets its own pair's failures only, a
+    /// failure counts for its pair and its address.
+    pub fn record(&self, ip: IpAddr, user: &str, ok: bool) {
+        let LoginLimits { max_failures, max_failures_per_address, window, .. } = self.limits;
+        if max_failures == 0 && max_failures_per_address == 0 {
+            return;
+        }
+        let key = self.key(ip, user);
+        let mut tables = self.tables.lock();
         if ok {
-            failures.remove(&ip);
+            tables.pairs.remove(&key);
             return;
         }
         let now = Instant::now();
-        if failures.len() >= THROTTLE_TRACKED && !failures.contains_key(&ip) {
-            failures.retain(|_, (_, since)| now.duration_since(*since) < self.window);
-            if failures.len() >= THROTTLE_TRACKED {
+        if max_failures > 0 {
+            self.count(&mut tables.pairs, key, now, window);
+        }
+        if max_failures_per_address > 0 {
+            self.count(&mut tables.addresses, ip, now, window);
+        }
+    }
+
+    /// One more failure for `key` in `table` (a window past starts again; a full table is
+    /// pruned of closed windows first, and what still finds no room is not counted).
+    fn count<K: std::hash::Hash + Eq + Copy>(
+        &self,
+        table: &mut HashMap<K, Failures>,
+        key: K,
+        now: Instant,
+        window: Duration,
+    ) {
+        if table.len() >= THROTTLE_TRACKED && !table.contains_key(&key) {
+            table.retain(|_, f| now.duration_since(f.since) < window);
+            if table.len() >= THROTTLE_TRACKED {
                 if !self.overflowed.swap(true, Ordering::Relaxed) {
                     tracing::warn!(tracked = THROTTLE_TRACKED, "too many addresses failing logins to track them all");
                 }
                 return;
             }
         }
-        let entry = failures.entry(ip).or_insert((0, now));
-        if now.duration_since(entry.1) >= self.window {
-            *entry = (0, now);
+        let f = table.entry(key).or_insert(Failures { count: 0, since: now });
+        if now.duration_since(f.since) >= window {
+            *f = Failures { count: 0, since: now };
         }
-        entry.0 += 1;
+        f.count += 1;
     }
 }
 
 impl Default for LoginThrottle {
     /// Off.
     fn default() -> LoginThrottle {
-        LoginThrottle::new(0, Duration::ZERO, Duration::ZERO)
+        LoginThrottle::new(LoginLimits::OFF)
     }
 }
 
@@ -397,7 +555,8 @@ impl Users {
         names
     }
 
-    /// A login attempt from `peer`: waits first if the address failed too often
+    /// A login attempt from `peer`: waits first if the address or this user name from it
+    /// failed too often, is refused at once when too many from the address are under way
     /// ([`LoginThrottle`]), then checks as [`Users::authenticate`] and counts the outcome.
     pub async fn login(
         &self,
@@ -406,26 +565,36 @@ impl Users {
         peer: IpAddr,
         mechanism: &str,
     ) -> Result<User, AuthError> {
-        self.throttled(peer, || self.verify(username, Some(password), peer, mechanism)).await
+        self.throttled(peer, username, || self.verify(username, Some(password), peer, mechanism)).await
     }
 
     /// A login whose identity a verified TLS client certificate vouches for (AMQP SASL
     /// EXTERNAL, MQTT `use_identity_as_username`): the user must exist; no password.
     pub async fn login_external(&self, username: &str, peer: IpAddr) -> Result<User, AuthError> {
-        self.throttled(peer, || self.verify(username, None, peer, "EXTERNAL")).await
+        self.throttled(peer, username, || self.verify(username, None, peer, "EXTERNAL")).await
     }
 
     async fn throttled(
         &self,
         peer: IpAddr,
+        username: &str,
         check: impl FnOnce() -> Result<User, AuthError>,
     ) -> Result<User, AuthError> {
-        if let Some(wait) = self.throttle.delay_for(peer) {
+        let Some(pending) = self.throttle.admit(peer, username) else {
+            return Err(AuthError::TooManyPending);
+        };
+        if let Some(wait) = pending.wait {
             tokio::time::sleep(wait).await;
         }
         let outcome = check();
-        self.throttle.record(peer, outcome.is_ok());
+        self.throttle.record(peer, username, outcome.is_ok());
+        drop(pending);
         outcome
+    }
+
+    /// The failed-login throttle (its counters for `/metrics`).
+    pub fn throttle(&self) -> &LoginThrottle {
+        &self.throttle
     }
 
     /// Checks a login from `peer` with `mechanism` (for the refusal's text) and returns
@@ -629,26 +798,69 @@ mod tests {
         assert!(e.contains("missing"), "{e}");
     }
 
+    fn limits(pair: u32, address: u32, pending: u32) -> LoginLimits {
+        LoginLimits {
+            max_failures: pair,
+            max_failures_per_address: address,
+            window: Duration::from_secs(60),
+            delay: Duration::from_millis(500),
+            max_pending_per_address: pending,
+        }
+    }
+
     #[test]
-    fn an_address_past_the_failure_limit_waits_until_it_logs_in() {
-        let t = LoginThrottle::new(3, Duration::from_secs(60), Duration::from_millis(500));
+    fn a_user_name_past_the_failure_limit_waits_until_it_logs_in() {
+        let t = LoginThrottle::new(limits(3, 0, 0));
         let a: IpAddr = "10.0.0.1".parse().unwrap();
         let b: IpAddr = "10.0.0.2".parse().unwrap();
         for _ in 0..2 {
-            t.record(a, false);
+            t.record(a, "victim", false);
         }
-        assert_eq!(t.delay_for(a), None, "under the limit");
-        t.record(a, false);
-        assert_eq!(t.delay_for(a), Some(Duration::from_millis(500)));
-        assert_eq!(t.delay_for(b), None, "other addresses are not held back");
-        t.record(a, true);
-        assert_eq!(t.delay_for(a), None, "a login forgets the failures");
-        let short = LoginThrottle::new(1, Duration::ZERO, Duration::from_millis(1));
-        short.record(a, false);
-        assert_eq!(short.delay_for(a), None, "failures older than the window do not count");
+        assert_eq!(t.delay_for(a, "victim"), None, "under the limit");
+        t.record(a, "victim", false);
+        assert_eq!(t.delay_for(a, "victim"), Some(Duration::from_millis(500)));
+        assert_eq!(t.delay_for(b, "victim"), None, "other addresses are not held back");
+        assert_eq!(t.delay_for(a, "other"), None, "nor other user names (no address limit here)");
+        t.record(a, "attacker", true);
+        assert_eq!(t.delay_for(a, "victim"), Some(Duration::from_millis(500)), "another user's login resets nothing");
+        t.record(a, "victim", true);
+        assert_eq!(t.delay_for(a, "victim"), None, "its own login forgets the failures");
+        let short = LoginThrottle::new(LoginLimits { window: Duration::ZERO, ..limits(1, 1, 0) });
+        short.record(a, "u", false);
+        assert_eq!(short.delay_for(a, "u"), None, "failures older than the window do not count");
         let off = LoginThrottle::default();
-        off.record(a, false);
-        assert_eq!(off.delay_for(a), None);
+        off.record(a, "u", false);
+        assert_eq!(off.delay_for(a, "u"), None);
+    }
+
+    #[test]
+    fn an_address_past_its_budget_waits_whatever_the_user_name_and_logins_do_not_reset_it() {
+        let t = LoginThrottle::new(limits(3, 5, 0));
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        for i in 0..5 {
+            assert_eq!(t.delay_for(a, "fresh"), None, "after {i} failures");
+            t.record(a, &format!("user-{i}"), false);
+        }
+        assert_eq!(t.delay_for(a, "fresh"), Some(Duration::from_millis(500)), "sprayed over user names");
+        t.record(a, "attacker", true);
+        assert_eq!(t.delay_for(a, "fresh"), Some(Duration::from_millis(500)));
+    }
+
+    #[test]
+    fn logins_under_way_per_address_are_limited() {
+        let t = LoginThrottle::new(limits(3, 0, 2));
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
+        let first = t.admit(a, "u").unwrap();
+        let second = t.admit(a, "v").unwrap();
+        assert!(t.admit(a, "w").is_none(), "a third at once is refused");
+        assert_eq!(t.refused_pending(), 1);
+        let other = t.admit(b, "u").expect("another address has its own limit");
+        drop(first);
+        let third = t.admit(a, "w").expect("room again once one is answered");
+        drop((second, third, other));
+        assert!(t.tables.lock().pending.is_empty(), "nothing left counted");
+        assert!(LoginThrottle::new(limits(3, 0, 0)).admit(a, "u").is_some());
     }
 
     #[test]

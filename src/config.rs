@@ -117,6 +117,20 @@ pub struct MqttSection {
     /// The HTTP path WebSocket clients connect to (`/mqtt`, as EMQX and Mosquitto's
     /// examples; "" accepts any path).
     pub ws_path: String,
+    /// Whether a WebSocket upgrade's browser `Origin` is checked (EMQX's
+    /// `check_origin_enable`). Unset: on the listeners that admit anonymous clients, where
+    /// any web page the user opens could otherwise connect. An origin passes when it is
+    /// listed in `ws_check_origins` or names the host the client connected to (any port:
+    /// the dashboard's own page), unless that listener is bound to loopback and the host
+    /// is not a loopback name (DNS rebinding); others are refused with 403.
+    #[serde(default)]
+    pub ws_check_origin_enable: Option<bool>,
+    /// Origins allowed besides the listener's own host, `scheme://host[:port]` (EMQX's
+    /// `check_origins`), e.g. `["https://app.example.com"]`.
+    pub ws_check_origins: Vec<String>,
+    /// Whether an upgrade without `Origin` (not a browser: paho, rumqttc, MQTT.js in
+    /// Node) passes the origin check (EMQX's `allow_origin_absence`).
+    pub ws_allow_origin_absence: bool,
     /// The client certificate's common name is the user name (Mosquitto's
     /// `use_identity_as_username`; the password is not checked).
     pub use_identity_as_username: bool,
@@ -259,13 +273,23 @@ pub struct AuthSection {
     /// A Mosquitto password file (`mosquitto_passwd`'s format) whose users are added; when
     /// set, MQTT logins are checked as with `mqtt = true` ("" = none).
     pub mosquitto_password_file: String,
-    /// Failed logins from one address within `login_failure_window_secs` after which its
-    /// next attempts wait `login_failure_delay_ms` before they are answered (0 = off).
+    /// Failed logins with one user name from one address within `login_failure_window_secs`
+    /// after which that user name's next attempts from there wait `login_failure_delay_ms`
+    /// before they are answered; its own successful login clears the count (0 = off).
     pub max_login_failures: u32,
+    /// Failed logins from one address, whatever the user names, within the window after
+    /// which every attempt from it waits (unset: 4 x `max_login_failures`; 0 = off). A
+    /// successful login does not clear it: the window runs out.
+    #[serde(default)]
+    pub max_login_failures_per_address: Option<u32>,
     /// The window failed logins are counted in, seconds.
     pub login_failure_window_secs: u64,
-    /// How long an attempt from an address past the limit waits, ms.
+    /// How long an attempt past either limit waits, ms.
     pub login_failure_delay_ms: u64,
+    /// Logins from one address under way at once (waiting their delay or being checked);
+    /// more are refused at once without being checked (AMQP 403, MQTT CONNACK 0x9F /
+    /// not authorized, HTTP 429) (0 = no limit).
+    pub max_pending_logins_per_address: u32,
     /// Check what logged-in clients do: RabbitMQ's permissions for AMQP, the MQTT rules for
     /// MQTT, refusing what nothing grants (off: everything allowed).
     pub authorization: bool,
@@ -280,6 +304,13 @@ pub struct AuthSection {
     pub mosquitto_acl_file: String,
     /// An EMQX `acl.conf` whose rules follow those; turns MQTT authorization on.
     pub emqx_acl_file: String,
+}
+
+impl AuthSection {
+    /// `max_login_failures_per_address`, or 4 x `max_login_failures` when unset.
+    pub fn login_failures_per_address(&self) -> u32 {
+        self.max_login_failures_per_address.unwrap_or(self.max_login_failures.saturating_mul(4))
+    }
 }
 
 /// `auth.permissions[]`: a user's permissions in a virtual host (regular expressions).
@@ -564,6 +595,11 @@ impl Config {
         }
         if self.auth.vhosts.is_empty() {
             return invalid("auth.vhosts", "at least one virtual host is needed".into());
+        }
+        for o in &self.mqtt.ws_check_origins {
+            if crate::origin::Origin::parse(o).is_none() {
+                return invalid("mqtt.ws_check_origins", format!("`{o}` is not an origin (scheme://host[:port])"));
+            }
         }
         if !matches!(self.mqtt.qos0_when_full.as_str(), "" | "wait" | "drop") {
             return invalid("mqtt.qos0_when_full", format!("`{}` is not one of wait, drop", self.mqtt.qos0_when_full));

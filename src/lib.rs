@@ -33,6 +33,8 @@
 //! - [`bridge`] — MQTT bridges to other brokers, Mosquitto's settings.
 //! - [`tls`] — rustls acceptor from PEM files, client certificates.
 //! - [`websocket`] — MQTT over WebSocket: the upgrade and a byte-stream adapter.
+//! - [`origin`] — browser origins, as the API's cross-site check and the WebSocket
+//!   listener's origin check compare them.
 //! - [`ctl`] — `ferrymq ctl`, the admin CLI over the management API.
 //! - [`http`] — the management HTTP API (RabbitMQ's paths) and Prometheus `/metrics`.
 #![forbid(unsafe_code)]
@@ -47,6 +49,7 @@ pub mod core;
 pub mod ctl;
 pub mod http;
 pub mod mqtt;
+pub mod origin;
 pub mod server;
 pub mod socket;
 pub mod tls;

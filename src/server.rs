@@ -204,6 +204,17 @@ impl Server {
                     ),
                 }
             }
+            if let (MqttWs, Some(addr)) = (kind, bound) {
+                let origins = ws_origin_policy(&server.mqtt, addr.ip().is_loopback());
+                match origins.check {
+                    true => info!(
+                        listener = %addr,
+                        allowed = ?config.mqtt.ws_check_origins,
+                        "MQTT WebSocket: browser origins checked (its own host and mqtt.ws_check_origins pass)"
+                    ),
+                    false => info!(listener = %addr, "MQTT WebSocket: browser origins not checked"),
+                }
+            }
             let front = match kind {
                 Amqp => Front::Amqp(server.amqp.clone()),
                 Mqtt => Front::Mqtt(server.mqtt.clone()),
@@ -637,11 +648,13 @@ fn configured_users(config: &Config) -> anyhow::Result<(Vec<User>, Vec<String>)>
 /// The failed-login throttle of `[auth]`.
 fn login_throttle(config: &Config) -> LoginThrottle {
     let a = &config.auth;
-    LoginThrottle::new(
-        a.max_login_failures,
-        Duration::from_secs(a.login_failure_window_secs),
-        Duration::from_millis(a.login_failure_delay_ms),
-    )
+    LoginThrottle::new(crate::auth::LoginLimits {
+        max_failures: a.max_login_failures,
+        max_failures_per_address: a.login_failures_per_address(),
+        window: Duration::from_secs(a.login_failure_window_secs),
+        delay: Duration::from_millis(a.login_failure_delay_ms),
+        max_pending_per_address: a.max_pending_logins_per_address,
+    })
 }
 
 /// The memory high watermark and the disk free limit, bytes, from `config`.
@@ -688,6 +701,16 @@ async fn serve_tls(
     }
 }
 
+/// The origin check of a WebSocket listener (`loopback`: bound to a loopback address): by
+/// default where it admits anonymous clients, whom a page of any site could connect as
+/// with nothing but the user's browser.
+fn ws_origin_policy(ctx: &MqttContext, loopback: bool) -> crate::websocket::OriginPolicy {
+    let cfg = &ctx.cfg;
+    let anonymous = !(cfg.use_identity_as_username || cfg.use_subject_as_username)
+        && matches!(ctx.logins.rule(loopback), LoginRule::Open | LoginRule::Checked { anonymous: true });
+    crate::websocket::OriginPolicy::of(cfg, anonymous, loopback)
+}
+
 /// Upgrades an accepted connection to WebSocket (bounded like a TLS handshake), then serves
 /// it as an MQTT connection over the frames' byte stream.
 async fn serve_ws<S>(
@@ -703,9 +726,19 @@ async fn serve_ws<S>(
     // A frame may hold a whole packet and then some: the MQTT limit plus headroom.
     let max_frame = ctx.cfg.max_packet_size as usize + 64 * 1024;
     let path = ctx.cfg.ws_path.clone();
-    let upgrade = Box::pin(crate::websocket::accept(stream, &path, max_frame));
+    let origins = ws_origin_policy(&ctx, local.local_only);
+    let upgrade = Box::pin(crate::websocket::accept(stream, &path, &origins, max_frame));
     match tokio::time::timeout(Duration::from_secs(10), upgrade).await {
         Ok(Ok(ws)) => mqtt::connection::serve(ctx, ws, peer, local, cert, permit).await,
+        Ok(Err(crate::websocket::WsError::Origin(why))) => {
+            let refused = &ctx.broker.stats.ws_origin_refused;
+            if refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0 {
+                warn!(peer = %peer, reason = %why, "MQTT WebSocket upgrade refused (403; later ones at debug, \
+                      counted in ferrymq_mqtt_ws_origin_refused_total)");
+            } else {
+                debug!(peer = %peer, reason = %why, "MQTT WebSocket upgrade refused (403)");
+            }
+        }
         Ok(Err(e)) => debug!(peer = %peer, error = %e, "WebSocket upgrade failed"),
         Err(_) => debug!(peer = %peer, "WebSocket upgrade timed out"),
     }

@@ -1,5 +1,5 @@
-//! MQTT over WebSocket: the server handshake (the path, the `mqtt` / `mqttv3.1`
-//! subprotocols) and [`WsStream`], which turns the binary frames into the byte stream the
+//! MQTT over WebSocket: the server handshake (the path, the browser's origin
+//! ([`OriginPolicy`]), the `mqtt` / `mqttv3.1` subprotocols) and [`WsStream`], which turns the binary frames into the byte stream the
 //! MQTT connection code reads and writes, so a WebSocket client is served by the same
 //! sans-IO state machine as a TCP one. One MQTT packet may span frames and one frame may
 //! hold several packets; pings are answered by tungstenite, a close is the end of the
@@ -18,6 +18,8 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
+use crate::origin::Origin;
+
 /// Subprotocols accepted, in the order of preference when a client offers several: the
 /// standard `mqtt` (MQTT 3.1.1 and 5.0), `mqttv3.1` (MQTT 3.1 clients), and EMQX's spellings.
 const SUBPROTOCOLS: [&str; 5] = ["mqtt", "mqttv3.1", "mqtt-v5", "mqtt-v3.1.1", "mqtt-v3"];
@@ -28,6 +30,65 @@ pub enum WsError {
     /// The handshake failed (not an upgrade, wrong path or subprotocol, I/O).
     #[error("WebSocket handshake: {0}")]
     Handshake(#[from] tokio_tungstenite::tungstenite::Error),
+    /// The browser's `Origin` is not allowed ([`OriginPolicy`]); answered 403.
+    #[error("WebSocket upgrade refused: {0}")]
+    Origin(String),
+}
+
+/// Which browser pages may open an MQTT WebSocket (`mqtt.ws_check_origin_enable`,
+/// `ws_check_origins`, `ws_allow_origin_absence`, as EMQX's listener options). A browser
+/// always sends the page's `Origin` with an upgrade and a page cannot change it; other
+/// clients send none.
+#[derive(Debug, Clone, Default)]
+pub struct OriginPolicy {
+    /// Origins are checked at all.
+    pub check: bool,
+    /// Origins allowed besides the listener's own host.
+    pub allowed: Vec<Origin>,
+    /// An upgrade without `Origin` (not a browser) passes.
+    pub allow_absence: bool,
+    /// The listener is bound to loopback: a page of its own host must name it with a
+    /// loopback name (another name pointing at 127.0.0.1 is DNS rebinding).
+    pub loopback_listener: bool,
+}
+
+impl OriginPolicy {
+    /// The policy of `[mqtt]` on a listener (`loopback`: bound to a loopback address) that
+    /// does or does not admit anonymous clients (`anonymous`): checked where
+    /// `ws_check_origin_enable` says, unset = where anonymous clients are admitted.
+    pub fn of(cfg: &crate::config::MqttSection, anonymous: bool, loopback: bool) -> OriginPolicy {
+        OriginPolicy {
+            check: cfg.ws_check_origin_enable.unwrap_or(anonymous),
+            allowed: cfg.ws_check_origins.iter().filter_map(|o| Origin::parse(o)).collect(),
+            allow_absence: cfg.ws_allow_origin_absence,
+            loopback_listener: loopback,
+        }
+    }
+
+    /// Whether an upgrade with `origin` (its `Origin` header) sent to `host` (its `Host`
+    /// header) may go on; `Err` says why not.
+    pub fn verdict(&self, origin: Option<&str>, host: Option<&str>) -> Result<(), String> {
+        if !self.check {
+            return Ok(());
+        }
+        let Some(origin) = origin else {
+            return match self.allow_absence {
+                true => Ok(()),
+                false => Err("no Origin header (mqtt.ws_allow_origin_absence = false)".into()),
+            };
+        };
+        let Some(parsed) = Origin::parse(origin) else {
+            return Err(format!("origin `{origin}` is opaque or unreadable"));
+        };
+        if self.allowed.contains(&parsed) {
+            return Ok(());
+        }
+        let own_host = host.is_some_and(|h| parsed.same_host(h));
+        if own_host && (!self.loopback_listener || crate::origin::is_loopback_host(&parsed.host)) {
+            return Ok(());
+        }
+        Err(format!("origin {parsed} is not this listener's host nor in mqtt.ws_check_origins"))
+    }
 }
 
 /// The subprotocol to answer with, spelled exactly as offered (a browser refuses any other
@@ -49,17 +110,23 @@ fn refusal(status: StatusCode, why: &str) -> ErrorResponse {
 }
 
 /// Completes the server handshake on `stream`: the request must ask for `path` (any path
-/// when empty) and, if it names subprotocols, one of MQTT's; frames are limited to
-/// `max_frame` bytes.
-pub async fn accept<S>(stream: S, path: &str, max_frame: usize) -> Result<WsStream<S>, WsError>
+/// when empty), come from an origin `origins` allows and, if it names subprotocols, offer
+/// one of MQTT's; frames are limited to `max_frame` bytes.
+pub async fn accept<S>(stream: S, path: &str, origins: &OriginPolicy, max_frame: usize) -> Result<WsStream<S>, WsError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
+    let refused_origin = std::sync::OnceLock::new();
     // The callback's signature is tungstenite's (its error is the HTTP refusal).
     #[allow(clippy::result_large_err)]
     let check = |req: &Request, mut resp: Response| -> Result<Response, ErrorResponse> {
         if !path.is_empty() && req.uri().path() != path {
             return Err(refusal(StatusCode::NOT_FOUND, "MQTT over WebSocket is served at another path"));
+        }
+        let header = |name: &str| req.headers().get(name).map(|v| v.to_str().unwrap_or("?"));
+        if let Err(why) = origins.verdict(header("origin"), header("host")) {
+            let _ = refused_origin.set(why);
+            return Err(refusal(StatusCode::FORBIDDEN, "this origin may not open an MQTT WebSocket here"));
         }
         match negotiate(req.headers().get("sec-websocket-protocol")) {
             Ok(Some(p)) => {
@@ -72,7 +139,15 @@ where
         }
     };
     let config = WebSocketConfig::default().max_frame_size(Some(max_frame)).max_message_size(Some(max_frame));
-    let ws = tokio_tungstenite::accept_hdr_async_with_config(stream, check, Some(config)).await?;
+    let ws = match tokio_tungstenite::accept_hdr_async_with_config(stream, check, Some(config)).await {
+        Ok(ws) => ws,
+        Err(e) => {
+            return Err(match refused_origin.into_inner() {
+                Some(why) => WsError::Origin(why),
+                None => WsError::Handshake(e),
+            })
+        }
+    };
     Ok(WsStream { inner: ws, pending: Bytes::new(), ended: false, unflushed: false })
 }
 
@@ -205,6 +280,31 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for WsStream<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn origins_are_checked_as_the_policy_says() {
+        let policy = OriginPolicy {
+            check: true,
+            allowed: vec![Origin::parse("https://app.example.com").unwrap()],
+            allow_absence: true,
+            loopback_listener: true,
+        };
+        let host = Some("127.0.0.1:8083");
+        assert_eq!(policy.verdict(None, host), Ok(()), "not a browser");
+        assert_eq!(policy.verdict(Some("http://127.0.0.1:15672"), host), Ok(()), "the dashboard's page");
+        assert_eq!(policy.verdict(Some("https://app.example.com"), host), Ok(()), "listed");
+        assert!(policy.verdict(Some("http://evil.example"), host).is_err());
+        assert!(policy.verdict(Some("http://localhost:3000"), host).is_err(), "another name is another site");
+        assert!(policy.verdict(Some("null"), host).is_err());
+        let rebound = Some("evil.example:8083");
+        assert!(policy.verdict(Some("http://evil.example"), rebound).is_err(), "DNS rebinding onto loopback");
+        let public = OriginPolicy { loopback_listener: false, ..policy.clone() };
+        assert_eq!(public.verdict(Some("https://mq.example.com"), Some("mq.example.com:8084")), Ok(()));
+        let strict = OriginPolicy { allow_absence: false, ..policy.clone() };
+        assert!(strict.verdict(None, host).is_err());
+        let off = OriginPolicy { check: false, ..policy };
+        assert_eq!(off.verdict(Some("http://evil.example"), host), Ok(()));
+    }
 
     #[test]
     fn subprotocols_are_negotiated_as_mqtt_clients_offer_them() {

@@ -264,3 +264,128 @@ async fn an_address_that_keeps_failing_waits_and_others_do_not() {
     assert_eq!(code, 0);
     assert!(cleared_at < held_at, "127.0.0.1 is no longer held back");
 }
+
+/// The return codes of `n` raw MQTT 3.1.1 logins as `user` / `pass` from `source`, sent at once.
+async fn parallel_connects(source: &'static str, broker: SocketAddr, n: usize, user: &str, pass: &str) -> Vec<u8> {
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let (user, pass) = (user.to_owned(), pass.to_owned());
+            tokio::spawn(async move { connect_from(source, broker, &user, &pass).await })
+        })
+        .collect();
+    let mut codes = Vec::new();
+    for t in tasks {
+        codes.push(t.await.unwrap());
+    }
+    codes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_guesses_from_a_held_back_address_are_refused_at_once_past_a_few() {
+    // Only the keys of before: max_pending_logins_per_address keeps its default (10).
+    let broker = Broker::start_with(Opts::default().config(
+        "[auth]\nmqtt = true\nmax_login_failures = 3\nlogin_failure_window_secs = 60\nlogin_failure_delay_ms = 5000\n",
+    ));
+    let api = Api::of(&broker).as_user("guest", "wrong");
+    for _ in 0..3 {
+        assert_eq!(api.get("/api/whoami").await.0, reqwest::StatusCode::UNAUTHORIZED);
+    }
+    // 200 guesses at once over HTTP: a few wait their turn and are checked, the rest are
+    // refused at once, unchecked (429), instead of all 200 being checked after one delay.
+    let guesses: Vec<_> = (0..200)
+        .map(|_| {
+            let req = api.http.get(format!("{}/api/whoami", api.base)).basic_auth("guest", Some("wrong"));
+            tokio::spawn(async move {
+                let resp = tokio::time::timeout(WAIT, req.send()).await.expect("answered in time").unwrap();
+                (resp.status(), resp.headers().get("retry-after").map(|v| v.to_str().unwrap().to_owned()))
+            })
+        })
+        .collect();
+    let (mut checked, mut refused) = (0, 0);
+    for g in guesses {
+        match g.await.unwrap() {
+            (reqwest::StatusCode::UNAUTHORIZED, _) => checked += 1,
+            (reqwest::StatusCode::TOO_MANY_REQUESTS, retry) => {
+                assert_eq!(retry.as_deref(), Some("5"), "Retry-After: the login delay");
+                refused += 1;
+            }
+            (other, _) => panic!("a guess answered {other}"),
+        }
+    }
+    assert!(refused >= 100, "most of the parallel guesses refused at once: {refused} refused, {checked} checked");
+
+    // The same address over MQTT (the limit is per address, whatever the protocol): a
+    // refused login is CONNACK 5 (not authorized), a checked one 4 (bad user name or password).
+    let codes = parallel_connects("127.0.0.1", broker.mqtt, 50, "guest", "wrong").await;
+    assert!(codes.iter().all(|c| *c == 4 || *c == 5), "{codes:?}");
+    let busy = codes.iter().filter(|c| **c == 5).count();
+    assert!(busy >= 25, "most refused at once: {codes:?}");
+    // MQTT 5 names the reason: connection rate exceeded (0x9F).
+    let held: Vec<_> = (0..12)
+        .map(|i| {
+            let o = v5_options(&broker, &format!("g{i}"), Some(("guest", "wrong")));
+            tokio::spawn(async move { v5::connect_refused(o).await })
+        })
+        .collect();
+    let mut texts = Vec::new();
+    for h in held {
+        texts.push(h.await.unwrap());
+    }
+    assert!(texts.iter().any(|e| e.contains("ConnectionRateExceeded")), "{texts:?}");
+
+    // AMQP: 403 ACCESS_REFUSED, saying why.
+    let uri = amqp_uri(&broker, "guest", "wrong");
+    let attempts: Vec<_> = (0..20).map(|_| tokio::spawn(connect_uri_owned(uri.clone()))).collect();
+    let mut too_many = 0;
+    for a in attempts {
+        let e = a.await.unwrap().expect_err("a wrong password never logs in");
+        let (code, text) = amqp_error(&e).unwrap_or_else(|| panic!("{e}"));
+        assert_eq!(code, 403, "{text}");
+        too_many += text.contains("too many logins") as usize;
+    }
+    assert!(too_many >= 5, "{too_many} of 20 refused as too many at once");
+    let metrics = reqwest::get(format!("{}/metrics", api.base)).await.unwrap().text().await.unwrap();
+    let refused_total = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("ferrymq_logins_refused_pending_total "))
+        .and_then(|v| v.parse::<u64>().ok());
+    assert!(refused_total.is_some_and(|n| n >= (refused + busy + too_many) as u64), "{metrics}");
+    assert!(broker.log().contains("too many logins under way from one address"), "logged once");
+}
+
+async fn connect_uri_owned(uri: String) -> lapin::Result<lapin::Connection> {
+    connect_uri(&uri).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attackers_own_login_does_not_reset_the_victims_delay() {
+    let broker = Broker::start_with(Opts::default().config(
+        "[auth]\nmqtt = true\nmax_login_failures = 3\nlogin_failure_window_secs = 60\nlogin_failure_delay_ms = 1500\n\
+         users = [{ name = \"victim\", password = \"v\" }, { name = \"attacker\", password = \"a\" }]\n",
+    ));
+    let addr = broker.mqtt;
+    for _ in 0..3 {
+        assert_eq!(connect_from("127.0.0.1", addr, "victim", "guess").await, 4);
+    }
+    // The attacker logs in with its own account from the same address...
+    assert_eq!(connect_from("127.0.0.1", addr, "attacker", "a").await, 0);
+    // ...and the victim's next guess still waits, while another user name from the same
+    // address (below the address's own budget) is answered meanwhile.
+    let started = Instant::now();
+    let guess = tokio::spawn(async move { (connect_from("127.0.0.1", addr, "victim", "guess").await, Instant::now()) });
+    assert_eq!(connect_from("127.0.0.1", addr, "someone", "else").await, 4);
+    let other_at = Instant::now();
+    let (code, guessed_at) = guess.await.unwrap();
+    assert_eq!(code, 4);
+    assert!(guessed_at - started >= Duration::from_millis(1400), "the guess waited only {:?}", guessed_at - started);
+    assert!(other_at < guessed_at, "another user name from the address is not held back");
+
+    // Spraying one password over many user names from one address: past 4 x
+    // max_login_failures failures (12) every user name from it waits, even a fresh one.
+    for i in 0..12 {
+        assert_eq!(connect_from("127.0.0.4", addr, &format!("user-{i}"), "spray").await, 4);
+    }
+    let started = Instant::now();
+    assert_eq!(connect_from("127.0.0.4", addr, "attacker", "a").await, 0, "the right password, after the wait");
+    assert!(started.elapsed() >= Duration::from_millis(1400), "waited only {:?}", started.elapsed());
+}

@@ -226,3 +226,100 @@ async fn a_frame_too_large_is_answered_as_a_packet_too_large() {
     let disconnect = next_binary(&mut ws).await;
     assert_eq!((disconnect[0], disconnect[2]), (0xE0, 0x95), "{disconnect:?}");
 }
+
+/// A raw upgrade to `/mqtt` (subprotocol `mqtt`) with extra `headers` (`Origin`, `Host`).
+async fn upgrade_with(
+    broker: &Broker,
+    headers: &[(&str, &str)],
+) -> Result<tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>, tokio_tungstenite::tungstenite::Error> {
+    let addr = broker.ws.unwrap();
+    let mut req = format!("ws://{addr}/mqtt").into_client_request().unwrap();
+    req.headers_mut().insert("sec-websocket-protocol", HeaderValue::from_static("mqtt"));
+    for (k, v) in headers {
+        let name = tokio_tungstenite::tungstenite::http::HeaderName::from_bytes(k.as_bytes()).unwrap();
+        req.headers_mut().insert(name, HeaderValue::from_str(v).unwrap());
+    }
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let upgraded = tokio::time::timeout(WAIT, tokio_tungstenite::client_async(req, tcp)).await;
+    upgraded.expect("handshake timed out").map(|(ws, _)| ws)
+}
+
+/// The HTTP status of a refused upgrade.
+fn refused_status(e: &tokio_tungstenite::tungstenite::Error) -> u16 {
+    match e {
+        tokio_tungstenite::tungstenite::Error::Http(resp) => resp.status().as_u16(),
+        other => panic!("not an HTTP refusal: {other}"),
+    }
+}
+
+/// Upgrades with `headers`, then CONNECTs without a user name: the CONNACK's code.
+async fn anonymous_connack(broker: &Broker, headers: &[(&str, &str)], id: &str) -> u8 {
+    let mut ws = upgrade_with(broker, headers).await.unwrap_or_else(|e| panic!("{headers:?}: {e}"));
+    ws.send(Message::Binary(common::connect_v4_bytes(id).into())).await.unwrap();
+    next_binary(&mut ws).await[3]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_of_other_sites_cannot_use_the_anonymous_websocket_listener() {
+    // The default: a loopback WebSocket listener that admits anonymous clients.
+    let broker = Broker::start();
+    for origin in ["http://evil.example", "http://localhost:3000", "null"] {
+        let e = upgrade_with(&broker, &[("origin", origin)]).await.expect_err(origin);
+        assert_eq!(refused_status(&e), 403, "{origin}");
+    }
+    assert!(broker.wait_log("MQTT WebSocket: browser origins checked"), "logged at start: {}", broker.log());
+    // DNS rebinding: a name of the attacker's that resolves to 127.0.0.1.
+    let ws_port = broker.ws.unwrap().port();
+    let rebound = format!("evil.example:{ws_port}");
+    let e = upgrade_with(&broker, &[("origin", "http://evil.example"), ("host", &rebound)]).await.expect_err("rebound");
+    assert_eq!(refused_status(&e), 403);
+    // The dashboard's own page (the HTTP listener: same host, another port) and clients
+    // that are not browsers (no Origin) connect as before.
+    let dashboard = format!("http://{}", broker.http.unwrap());
+    assert_eq!(anonymous_connack(&broker, &[("origin", &dashboard)], "dashboard").await, 0);
+    assert_eq!(anonymous_connack(&broker, &[], "paho").await, 0);
+    let page_on_same_host = format!("http://127.0.0.1:{}", ws_port + 1);
+    assert_eq!(anonymous_connack(&broker, &[("origin", &page_on_same_host)], "same-host").await, 0);
+    let metrics = reqwest::get(format!("{dashboard}/metrics")).await.unwrap().text().await.unwrap();
+    assert!(metrics.lines().any(|l| l == "ferrymq_mqtt_ws_origin_refused_total 4"), "{metrics}");
+    assert!(broker.log().contains("MQTT WebSocket upgrade refused"), "logged");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ws_check_origins_and_its_switches_work_as_emqxs() {
+    // Listed origins pass besides the listener's host.
+    let listed =
+        Broker::start_with(Opts::default().config("[mqtt]\nws_check_origins = [\"https://app.example.com\"]\n"));
+    assert_eq!(anonymous_connack(&listed, &[("origin", "https://app.example.com")], "app").await, 0);
+    assert_eq!(anonymous_connack(&listed, &[("origin", "https://APP.example.com:443")], "app2").await, 0);
+    let e = upgrade_with(&listed, &[("origin", "https://other.example.com")]).await.expect_err("not listed");
+    assert_eq!(refused_status(&e), 403);
+
+    // Where logins are checked, origins are not checked unless asked: a page must know a
+    // password either way.
+    let checked = Broker::start_with(Opts::default().config("[auth]\nmqtt = true\n"));
+    assert!(checked.wait_log("MQTT WebSocket: browser origins not checked"), "{}", checked.log());
+    assert_eq!(anonymous_connack(&checked, &[("origin", "http://evil.example")], "e").await, 5, "not authorized");
+    let strict = Broker::start_with(
+        Opts::default()
+            .config("[mqtt]\nws_check_origin_enable = true\nws_allow_origin_absence = false\n[auth]\nmqtt = true\n"),
+    );
+    let e = upgrade_with(&strict, &[("origin", "http://evil.example")]).await.expect_err("checked when asked");
+    assert_eq!(refused_status(&e), 403);
+    let e = upgrade_with(&strict, &[]).await.expect_err("no Origin refused when asked");
+    assert_eq!(refused_status(&e), 403);
+
+    // And turned off on an anonymous listener: any page may connect, as before.
+    let off = Broker::start_with(Opts::default().config("[mqtt]\nws_check_origin_enable = false\n"));
+    assert_eq!(anonymous_connack(&off, &[("origin", "http://evil.example")], "any").await, 0);
+
+    // A configured origin that is not one stops start-up, naming the key.
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("ferrymq.toml");
+    std::fs::write(&conf, "[mqtt]\nws_check_origins = [\"app.example.com\"]\n").unwrap();
+    let data = dir.path().join("data");
+    let (code, err) =
+        common::run_binary(&["--config", conf.to_str().unwrap(), "--data-dir", data.to_str().unwrap()], &[]);
+    assert_ne!(code, 0, "{err}");
+    assert!(err.contains("mqtt.ws_check_origins") && err.contains("app.example.com"), "{err}");
+}

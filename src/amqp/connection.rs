@@ -353,6 +353,11 @@ impl Task {
                             self.client_properties = super::convert::table_in(&client_properties);
                             self.proto.accept_login();
                         }
+                        Err(crate::auth::AuthError::TooManyPending) => {
+                            // Logged once by the throttle, counted in /metrics.
+                            tracing::debug!(user = %username, "login refused: too many under way from the address");
+                            self.proto.refuse_login(&crate::auth::AuthError::TooManyPending.to_string());
+                        }
                         Err(e) => {
                             warn!(user = %username, error = %e, "login refused");
                             self.proto.refuse_login(&e.to_string());

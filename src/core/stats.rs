@@ -51,6 +51,12 @@ pub struct Stats {
     pub bytes_sent: AtomicU64,
     /// AMQP counters (the management API's `message_stats`).
     pub amqp: AmqpCounters,
+    /// State-changing API requests refused as cross-site (403).
+    pub http_cross_site_refused: AtomicU64,
+    /// API requests refused for a body that is not JSON (415).
+    pub http_not_json_refused: AtomicU64,
+    /// MQTT WebSocket upgrades refused for their browser `Origin` (403).
+    pub ws_origin_refused: AtomicU64,
 }
 
 /// What AMQP connections counted, in the management API's terms.

@@ -142,7 +142,8 @@ pub fn basic_credentials(header: &str) -> Option<(String, String)> {
 
 /// Middleware: authenticates the request and puts its [`Caller`] into the extensions.
 /// A script's request (`X-Requested-With`, as the dashboard sends) is refused without
-/// `WWW-Authenticate`, so that the browser shows the page's own login, not its dialog.
+/// `WWW-Authenticate`, so that the browser shows the page's own login, not its dialog; one
+/// login too many from an address gets 429 with `Retry-After`.
 pub async fn require_login(
     State(ctx): State<Arc<HttpContext>>,
     ConnectInfo(Peer(peer)): ConnectInfo<Peer>,
@@ -155,7 +156,11 @@ pub async fn require_login(
             next.run(req).await
         }
         Err(e) => {
+            let busy = e.status == axum::http::StatusCode::TOO_MANY_REQUESTS;
             let mut response = e.into_response();
+            if busy {
+                response.headers_mut().insert(axum::http::header::RETRY_AFTER, retry_after(&ctx).into());
+            }
             if req.headers().contains_key("x-requested-with") {
                 response.headers_mut().remove(axum::http::header::WWW_AUTHENTICATE);
             }
@@ -164,13 +169,22 @@ pub async fn require_login(
     }
 }
 
-/// Checks a request's credentials (an address that failed too often waits first).
+/// Seconds a client refused as one login too many should wait: the login delay, rounded up.
+fn retry_after(ctx: &HttpContext) -> u64 {
+    ctx.users.throttle().delay().as_millis().div_ceil(1000).max(1) as u64
+}
+
+/// Checks a request's credentials (an address, or a user name from it, that failed too
+/// often waits first; an address with too many logins under way gets 429 at once).
 pub async fn authenticate(ctx: &HttpContext, headers: &HeaderMap, peer: SocketAddr) -> Result<Caller, ApiError> {
     let header = headers.get(AUTHORIZATION).and_then(|h| h.to_str().ok());
     let Some((user, pass)) = header.and_then(basic_credentials) else {
         return Err(ApiError::unauthorized());
     };
-    let entry = ctx.users.login(&user, &pass, peer.ip(), "HTTP Basic").await.map_err(|_| ApiError::unauthorized())?;
+    let entry = ctx.users.login(&user, &pass, peer.ip(), "HTTP Basic").await.map_err(|e| match e {
+        crate::auth::AuthError::TooManyPending => ApiError::too_many_logins(retry_after(ctx)),
+        _ => ApiError::unauthorized(),
+    })?;
     let access = Access::of(&entry.tags);
     if access == Access::None {
         return Err(ApiError::unauthorized_because("Not management user"));

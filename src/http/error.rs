@@ -43,6 +43,17 @@ impl ApiError {
         ApiError { status: StatusCode::FORBIDDEN, error: "not_authorised", reason: reason.into() }
     }
 
+    /// 429: too many logins from the client's address are under way; refused unchecked,
+    /// to be tried again after `secs` ([`auth::require_login`](super::auth::require_login)
+    /// says so in `Retry-After`).
+    pub fn too_many_logins(secs: u64) -> ApiError {
+        ApiError {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            error: "too_many_requests",
+            reason: format!("too many logins from this address at once; retry after {secs} s"),
+        }
+    }
+
     /// 500 with a reason (storage failed).
     pub fn internal(reason: impl Into<String>) -> ApiError {
         ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, error: "internal_error", reason: reason.into() }

@@ -175,6 +175,27 @@ pub fn render(ctx: &HttpContext) -> String {
         "Subscribers disconnected as slow consumers",
         Stats::get(&s.slow_consumers),
     );
+    let refused = Family::<Labels, Counter>::default();
+    for (reason, v) in [("cross_site", &s.http_cross_site_refused), ("not_json", &s.http_not_json_refused)] {
+        refused.get_or_create(&vec![("reason".to_string(), reason.to_string())]).inc_by(Stats::get(v));
+    }
+    r.register(
+        "ferrymq_http_requests_refused",
+        "Management API requests refused before the login: cross-site state changes (403), bodies not JSON (415)",
+        refused,
+    );
+    counter(
+        &mut r,
+        "ferrymq_logins_refused_pending",
+        "Logins refused at once, unchecked, as too many from one address were under way (auth.max_pending_logins_per_address)",
+        ctx.users.throttle().refused_pending(),
+    );
+    counter(
+        &mut r,
+        "ferrymq_mqtt_ws_origin_refused",
+        "MQTT WebSocket upgrades refused for their browser Origin (403)",
+        Stats::get(&s.ws_origin_refused),
+    );
     counter(&mut r, "ferrymq_mqtt_bytes_received", "Bytes read from MQTT connections", Stats::get(&s.bytes_received));
     counter(&mut r, "ferrymq_mqtt_bytes_sent", "Bytes written to MQTT connections", Stats::get(&s.bytes_sent));
     gauge(&mut r, "ferrymq_mqtt_retained_messages", "Retained messages", b.retained.len() as u64);

@@ -5,6 +5,7 @@
 //!
 //! - [`access`] — virtual hosts, users and permissions (read and write, durable).
 //! - [`auth`] — HTTP Basic against the user store, and what each user tag may call.
+//! - [`csrf`] — cross-site requests refused (`Origin`, `Sec-Fetch-Site`), JSON bodies only.
 //! - [`rules`] — topic permissions and the MQTT topic rules.
 //! - [`shovels`] — shovels as runtime parameters, and their status.
 //! - [`bridges`] — the bridges' state.
@@ -27,6 +28,7 @@ pub mod access;
 pub mod auth;
 pub mod bridges;
 pub mod connections;
+pub mod csrf;
 pub mod dashboard;
 pub mod definitions;
 pub mod error;
@@ -210,7 +212,8 @@ pub fn router(ctx: Arc<HttpContext>) -> Router {
         .route("/ferrymq/mqtt/retained/{*topic}", delete(mqtt::delete_retained))
         .fallback(error::not_found)
         .method_not_allowed_fallback(error::method_not_allowed)
-        .layer(axum::middleware::from_fn_with_state(ctx.clone(), auth::require_login));
+        .layer(axum::middleware::from_fn_with_state(ctx.clone(), auth::require_login))
+        .layer(axum::middleware::from_fn_with_state(ctx.clone(), csrf::refuse_cross_site));
     let body_limit = axum::extract::DefaultBodyLimit::max(ctx.cfg.max_body_size);
     Router::new()
         .nest("/api", api.layer(body_limit))

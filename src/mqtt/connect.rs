@@ -26,7 +26,9 @@ impl Task {
     /// Checks CONNECT's user name and password as the listener's [`LoginRule`] asks: no
     /// user name where anonymous clients are refused is NOT_AUTHORIZED (Mosquitto), a
     /// wrong one BAD_USER_NAME_OR_PASSWORD, a loopback-only user from afar NOT_AUTHORIZED.
-    /// An address that failed too often waits before it is answered. With
+    /// An address (or user name from it) that failed too often waits before it is
+    /// answered; one with too many logins under way is refused at once with
+    /// CONNECTION_RATE_EXCEEDED (3.x: not authorized). With
     /// `mqtt.use_identity_as_username` (or `use_subject_as_username`) the user is the
     /// verified client certificate's common name (subject) instead, as Mosquitto; a client
     /// without one is NOT_AUTHORIZED; `c.username` becomes that name.
@@ -63,10 +65,17 @@ impl Task {
         };
         let login = self.ctx.logins.users.login(username, password, self.peer.ip(), "MQTT").await;
         login.map(drop).map_err(|e| {
-            conn_log!(info, self, username, error = %e, "connection refused");
+            if e == AuthError::TooManyPending {
+                // Logged once by the throttle, counted in /metrics.
+                conn_log!(debug, self, username, error = %e, "connection refused");
+            } else {
+                conn_log!(info, self, username, error = %e, "connection refused");
+            }
             match e {
                 AuthError::BadCredentials(_) => ReasonCode::BAD_USER_NAME_OR_PASSWORD,
                 AuthError::LoopbackOnly(_) => ReasonCode::NOT_AUTHORIZED,
+                // MQTT 3.x: 5, not authorized.
+                AuthError::TooManyPending => ReasonCode::CONNECTION_RATE_EXCEEDED,
             }
         })
     }
