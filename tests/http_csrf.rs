@@ -2,8 +2,9 @@
 //! another site once its user answered the Basic login prompt: the credentials ride along,
 //! so a state-changing call is refused when the browser says it comes from elsewhere
 //! (`Sec-Fetch-Site`, `Origin`), and a body an HTML form can send without asking the server
-//! first (`text/plain`, form encodings) is refused with 415. The dashboard's own calls
-//! (same origin, JSON) and clients without browser headers (curl, rabbitmqadmin) pass.
+//! first (`text/plain`, form encodings) is refused with 415 when a browser sends it (and on
+//! RabbitMQ's JSON-only routes from anyone). The dashboard's own calls (same origin, JSON)
+//! and clients without browser headers (curl, rabbitmqadmin) pass.
 //! Real broker, reqwest with the headers browsers set.
 
 mod common;
@@ -118,4 +119,12 @@ async fn state_changes_from_other_origins_are_refused_and_the_dashboards_own_cal
     assert_eq!(status, StatusCode::CREATED);
     let (status, body) = send(&api, Method::PUT, "/api/vhosts/v2", &[], "{}").await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
+    // A script's `curl -d` (form type, no browser headers) is read as JSON, as RabbitMQ
+    // reads it; the same body from a page of the API's own origin must be declared JSON.
+    let curl = [("content-type", "application/x-www-form-urlencoded")];
+    let (status, body) = send(&api, Method::PUT, "/api/queues/%2F/from-curl", &curl, r#"{"durable":true}"#).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let page = [("content-type", "application/x-www-form-urlencoded"), ("origin", own.as_str())];
+    let (status, body) = send(&api, Method::PUT, "/api/queues/%2F/from-page", &page, r#"{"durable":true}"#).await;
+    assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{body}");
 }

@@ -3,11 +3,13 @@
 //! so a state-changing call (POST, PUT, DELETE, PATCH) is refused with 403 when the browser
 //! says it comes from another site (`Sec-Fetch-Site: cross-site`) or, without that header,
 //! when its `Origin` is not the API's own (`Host`, or `X-Forwarded-Host` behind a proxy);
-//! and a body must be JSON (`Content-Type: application/json`, or no type at all), else 415,
-//! since the bodies an HTML form can send without the browser asking the server first are
-//! `text/plain`, `application/x-www-form-urlencoded` and `multipart/form-data`. Requests
-//! with neither header (curl, `rabbitmqadmin`, `ferrymq ctl`, client libraries) pass, as
-//! do GET, HEAD and OPTIONS. Runs before the login, so a refused request costs no login.
+//! and a body a browser sends must be JSON (`Content-Type: application/json`, or no type
+//! at all), else 415, since the bodies an HTML form can send without the browser asking the
+//! server first are `text/plain`, `application/x-www-form-urlencoded` and
+//! `multipart/form-data`. Requests with neither header (curl, `rabbitmqadmin`,
+//! `ferrymq ctl`, client libraries) pass with any type, as RabbitMQ takes them, except on
+//! the routes where RabbitMQ itself answers 415 ([`JSON_ONLY_ROUTES`]). GET, HEAD and
+//! OPTIONS always pass. Runs before the login, so a refused request costs no login.
 
 use std::sync::Arc;
 
@@ -73,13 +75,30 @@ pub fn cross_site(headers: &HeaderMap, uri_authority: Option<&str>) -> Option<St
     }
 }
 
+/// Routes (under `/api`) where RabbitMQ answers 415 to any body not declared JSON, from
+/// any client.
+pub const JSON_ONLY_ROUTES: &[&str] =
+    &["/definitions", "/vhost-limits", "/user-limits", "/operator-policies", "/feature-flags"];
+
+/// Whether the request carries what only browsers send (`Origin`, `Sec-Fetch-*`).
+fn from_browser(headers: &HeaderMap) -> bool {
+    headers.contains_key(ORIGIN) || headers.contains_key("sec-fetch-site") || headers.contains_key("sec-fetch-mode")
+}
+
+/// Whether `path` (with or without the `/api` prefix) is one of [`JSON_ONLY_ROUTES`].
+fn json_only(path: &str) -> bool {
+    let path = path.strip_prefix("/api").filter(|p| p.starts_with('/')).unwrap_or(path);
+    JSON_ONLY_ROUTES.iter().any(|r| path == *r || path.strip_prefix(r).is_some_and(|rest| rest.starts_with('/')))
+}
+
 /// Whether `content_type` is JSON's media type (`application/json`, any parameters).
 fn is_json(content_type: &str) -> bool {
     let media = content_type.split(';').next().unwrap_or("").trim();
     media.eq_ignore_ascii_case("application/json")
 }
 
-/// Checks a state-changing request: not cross-site, and a body (if any) declared as JSON.
+/// Checks a state-changing request: not cross-site, and a body (if any) declared as JSON
+/// when a browser sends it or the route is one of [`JSON_ONLY_ROUTES`].
 pub fn check(req: &Request) -> Result<(), Refusal> {
     if !state_changing(req.method()) {
         return Ok(());
@@ -91,7 +110,7 @@ pub fn check(req: &Request) -> Result<(), Refusal> {
     let has_body = !body.is_end_stream() && body.size_hint().exact() != Some(0);
     let declared = req.headers().get(CONTENT_TYPE).map(|v| v.to_str().unwrap_or("?"));
     match declared {
-        Some(ct) if has_body && !is_json(ct) => {
+        Some(ct) if has_body && !is_json(ct) && (from_browser(req.headers()) || json_only(req.uri().path())) => {
             Err(Refusal::NotJson(format!("the API takes JSON bodies (Content-Type: application/json), not `{ct}`")))
         }
         _ => Ok(()),
@@ -153,8 +172,11 @@ mod tests {
 
     #[test]
     fn bodies_must_be_declared_json() {
-        let not_json =
-            |ct: &str, body| matches!(check(&request("PUT", &[("content-type", ct)], body)), Err(Refusal::NotJson(_)));
+        let origin = ("origin", "http://127.0.0.1:15672");
+        let host = ("host", "127.0.0.1:15672");
+        let not_json = |ct: &str, body| {
+            matches!(check(&request("PUT", &[host, origin, ("content-type", ct)], body)), Err(Refusal::NotJson(_)))
+        };
         assert!(not_json("text/plain", "{}"));
         assert!(not_json("application/x-www-form-urlencoded", "a=b"));
         assert!(not_json("multipart/form-data; boundary=x", "--x"));
@@ -162,5 +184,25 @@ mod tests {
         assert!(!not_json("Application/JSON; charset=utf-8", "{}"));
         assert!(!not_json("text/plain", ""), "no body, no type needed");
         assert!(check(&request("PUT", &[], "{}")).is_ok(), "an undeclared body is read as JSON");
+    }
+
+    #[test]
+    fn scripts_keep_rabbitmqs_leniency_except_where_rabbitmq_is_strict() {
+        let put = |uri: &str, ct: &str| {
+            let req = axum::http::Request::builder()
+                .method("PUT")
+                .uri(uri)
+                .header("content-type", ct)
+                .body(Body::from("{}"))
+                .unwrap();
+            check(&req)
+        };
+        let form = "application/x-www-form-urlencoded";
+        assert!(put("/api/queues/%2F/q", form).is_ok(), "curl -d without a type, as RabbitMQ takes it");
+        assert!(put("/queues/%2F/q", "text/plain").is_ok());
+        assert!(matches!(put("/api/definitions", form), Err(Refusal::NotJson(_))));
+        assert!(matches!(put("/definitions/%2F", form), Err(Refusal::NotJson(_))));
+        assert!(matches!(put("/api/vhost-limits/%2F/max-queues", "text/plain"), Err(Refusal::NotJson(_))));
+        assert!(put("/api/definitionsx", form).is_ok(), "a prefix of a route is not the route");
     }
 }
