@@ -8,7 +8,8 @@
 //!   refuses it when the route is registered), and `State<Gate>` yields nothing usable.
 //! - The login middleware ([`super::auth::require_login`]) files the caller under a type
 //!   private to this module ([`admit`]); [`Caller`] is not `Clone`, so `Extension<Caller>`
-//!   is no extractor either.
+//!   is no extractor either (an `Extension<Arc<Caller>>` compiles but is never filled: it
+//!   fails closed with 500).
 //! - The one way to the context and the caller is the extractor [`Permitted<C>`], which
 //!   runs the check `C` on the caller and the route's path parameters before the handler
 //!   is called and answers the refusal itself. A handler therefore names its check in its
@@ -17,6 +18,40 @@
 //!   of a proof that already holds the virtual host ([`InVhost`]); making a binding takes a
 //!   [`BindingGrant`], which only [`Permitted::grant_binding`] (or an administrator's
 //!   definitions import) creates.
+//!
+//! So this is no `/api` handler (it would reach the context unchecked):
+//!
+//! ```compile_fail
+//! # use std::sync::Arc;
+//! # use axum::{extract::State, routing::get, Router};
+//! # use ferrymq::http::{permit::Gate, HttpContext};
+//! async fn unchecked(State(ctx): State<Arc<HttpContext>>) {
+//!     let _ = ctx.vhosts();
+//! }
+//! let _api: Router<Gate> = Router::new().route("/queues", get(unchecked));
+//! ```
+//!
+//! nor is one that takes the caller without a check:
+//!
+//! ```compile_fail
+//! # use axum::{routing::get, Extension, Router};
+//! # use ferrymq::http::{auth::Caller, permit::Gate};
+//! async fn unchecked(Extension(caller): Extension<Caller>) {
+//!     let _ = caller.name;
+//! }
+//! let _api: Router<Gate> = Router::new().route("/whoami", get(unchecked));
+//! ```
+//!
+//! while this one is:
+//!
+//! ```
+//! # use axum::{routing::get, Router};
+//! # use ferrymq::http::permit::{Gate, Monitoring, Permitted};
+//! async fn checked(p: Permitted<Monitoring>) {
+//!     let _ = p.ctx().vhosts();
+//! }
+//! let _api: Router<Gate> = Router::new().route("/nodes", get(checked));
+//! ```
 //!
 //! A new route takes the proof of what it touches: a tag ([`Management`], [`Monitoring`],
 //! [`Policymaker`], [`Administrator`]), a virtual host ([`Vhost`], [`VisibleVhost`]), or a
