@@ -15,7 +15,7 @@ use super::connection::{PendingConfirm, Task, NO_ACK_CREDIT};
 use super::convert::{properties_in, properties_out, qos_of, short, table_in};
 use super::entities::{forget_exchange, persist_binding, queue_config, store_exchange, QueueEntity};
 use super::streams::{consumer_group, is_stream, partitions_of, sharing, stream_config, stream_offset, Sharing};
-use crate::authz::{Permission, Refused, ResourceKind, MQTT_VHOST};
+use crate::authz::{BindingRequest, BoundTo, Permission, Refused, ResourceKind, RouteRefused};
 use crate::core::broker::RetainMode;
 use crate::core::connections::ConsumerInfo;
 use crate::core::message::{now_ms, Message, SharedMessage};
@@ -50,6 +50,10 @@ fn not_found(what: &str, name: &str, vhost: &str) -> Fail {
 
 fn refused(r: Refused) -> Fail {
     channel_fail(403, format!("ACCESS_REFUSED - {}", r.0))
+}
+
+fn route_refused(r: RouteRefused) -> Fail {
+    channel_fail(403, format!("ACCESS_REFUSED - {}", r.text()))
 }
 
 fn reply(method: AMQPClass) -> Result<Option<AMQPClass>, Fail> {
@@ -240,16 +244,14 @@ impl Task {
             (None, _) => return Err(not_found("exchange", source, &vhost)),
             (_, None) => return Err(not_found("exchange", dest, &vhost)),
         };
-        if bind {
-            self.route_into_permitted(dest)?;
-        } else {
-            // An unbind removes a route: it needs what RabbitMQ asks, nothing more.
-            self.access.resource(ResourceKind::Exchange, dest, Permission::Write).map_err(refused)?;
-        }
-        self.access.resource(ResourceKind::Exchange, source, Permission::Read).map_err(refused)?;
-        if src.kind == ExchangeKind::Topic {
-            self.access.topic(source, key, Permission::Read).map_err(refused)?;
-        }
+        let request = BindingRequest {
+            source,
+            topic: src.kind == ExchangeKind::Topic,
+            destination: BoundTo::Exchange(dest),
+            key,
+            bind,
+        };
+        self.access.binding(&request).map_err(route_refused)?;
         let binding = Binding::exchange(dest, key, args);
         if bind {
             router.bind(&vhost, source, binding.clone()).map_err(|e| route_fail(e, &vhost))?;
@@ -279,35 +281,30 @@ impl Task {
         Ok(q)
     }
 
-    /// A route into `exchange` the client sets up (an exchange binding's destination, an
-    /// alternate or dead-letter exchange): write on it, as RabbitMQ checks; and, while MQTT
-    /// authorization is on, none into the MQTT exchange, since the MQTT rules are checked
-    /// where a message is published, not where it is routed on.
+    /// A route into `exchange` the client sets up (an alternate or dead-letter exchange):
+    /// the check the management API makes too ([`crate::authz::Access::route_into`]).
     fn route_into_permitted(&mut self, exchange: &str) -> Result<(), Fail> {
-        self.access.resource(ResourceKind::Exchange, exchange, Permission::Write).map_err(refused)?;
-        let router = &self.ctx.broker.router;
-        if self.ctx.authz.mqtt_enabled() && self.vhost == MQTT_VHOST && exchange == router.mqtt_exchange() {
-            return Err(channel_fail(
-                403,
-                format!(
-                    "ACCESS_REFUSED - exchange '{exchange}' in vhost '{}' takes MQTT-checked publishes only \
-                     while MQTT authorization is on; publish to it directly",
-                    self.vhost
-                ),
-            ));
-        }
-        Ok(())
+        self.access.route_into(exchange).map_err(route_refused)
     }
 
-    /// RabbitMQ's checks for binding a queue: write on the queue, read on the exchange,
-    /// and on a topic exchange read on the binding key.
-    fn binding_permitted(&mut self, queue: &str, exchange: &str, kind: ExchangeKind, key: &str) -> Result<(), Fail> {
-        self.access.resource(ResourceKind::Queue, queue, Permission::Write).map_err(refused)?;
-        self.access.resource(ResourceKind::Exchange, exchange, Permission::Read).map_err(refused)?;
-        if kind == ExchangeKind::Topic {
-            self.access.topic(exchange, key, Permission::Read).map_err(refused)?;
-        }
-        Ok(())
+    /// The checks for binding a queue (or unbinding it), the management API's too
+    /// ([`crate::authz::Access::binding`]).
+    fn binding_permitted(
+        &mut self,
+        queue: &str,
+        exchange: &str,
+        kind: ExchangeKind,
+        key: &str,
+        bind: bool,
+    ) -> Result<(), Fail> {
+        let request = BindingRequest {
+            source: exchange,
+            topic: kind == ExchangeKind::Topic,
+            destination: BoundTo::Queue(queue),
+            key,
+            bind,
+        };
+        self.access.binding(&request).map_err(route_refused)
     }
 
     async fn on_queue(&mut self, channel: u16, m: queue::AMQPMethod) -> Result<Option<AMQPClass>, Fail> {
@@ -360,7 +357,7 @@ impl Task {
                         "ACCESS_REFUSED - operation not permitted on the default exchange".into(),
                     ));
                 }
-                self.binding_permitted(&q.name, exchange, x.kind, b.routing_key.as_str())?;
+                self.binding_permitted(&q.name, exchange, x.kind, b.routing_key.as_str(), true)?;
                 let binding = Binding::queue(q.id, b.routing_key.as_str(), table_in(&b.arguments));
                 self.ctx.broker.router.bind(&vhost, exchange, binding.clone()).map_err(|e| route_fail(e, &vhost))?;
                 if x.durable && q.durable {
@@ -384,7 +381,7 @@ impl Task {
                 }
                 let q = self.usable_queue(b.queue.as_str())?;
                 let Some(x) = self.ctx.broker.router.exchange(&vhost, exchange) else { return reply(unbind_ok) };
-                self.binding_permitted(&q.name, exchange, x.kind, b.routing_key.as_str())?;
+                self.binding_permitted(&q.name, exchange, x.kind, b.routing_key.as_str(), false)?;
                 let binding = Binding::queue(q.id, b.routing_key.as_str(), table_in(&b.arguments));
                 self.ctx
                     .broker
@@ -834,11 +831,7 @@ impl Task {
             self.proto.channel_error(channel, 403, &text, class_id, method_id);
             return;
         }
-        let mut permitted = self.access.resource(ResourceKind::Exchange, exchange, Permission::Write);
-        if permitted.is_ok() && kind == ExchangeKind::Topic {
-            permitted = self.access.topic(exchange, p.routing_key.as_str(), Permission::Write);
-        }
-        if let Err(r) = permitted {
+        if let Err(r) = self.access.publish(exchange, kind == ExchangeKind::Topic, p.routing_key.as_str()) {
             let f = refused(r);
             self.proto.channel_error(channel, f.code, &f.text, class_id, method_id);
             return;

@@ -12,10 +12,14 @@
 //! AMQP publish or binding on the MQTT exchange must also pass the MQTT rules that match it.
 //! With authorization off for a protocol everything is allowed there, as before.
 //!
+//! The checks that combine several of these (a binding, a route into an exchange, a
+//! publish, reading a stored message) are [`checks`], shared by AMQP and the management API.
+//!
 //! Each connection keeps an [`Access`]: the policy snapshot it decides with and a cache of
 //! its decisions, dropped when the policy changes (a generation counter), so a publish
 //! costs one hash lookup however many rules there are.
 
+pub mod checks;
 pub mod emqx_acl;
 pub mod mosquitto_acl;
 pub mod permissions;
@@ -33,6 +37,7 @@ use crate::auth::FileError;
 use crate::config::AuthSection;
 use crate::core::message::mqtt_to_key;
 use crate::core::store::{AccessRecords, PermissionRecord, TopicPermissionRecord};
+pub use checks::{BindingRequest, BoundTo, RouteRefused};
 pub use permissions::{Permission, ResourceKind, TopicPermissions, VhostPermissions};
 pub use rules::{Permit, Request, Rule, RuleEntry};
 

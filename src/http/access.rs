@@ -5,18 +5,17 @@
 //! their next request.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::Path;
 use axum::http::StatusCode;
-use axum::{Extension, Json};
+use axum::Json;
 use parking_lot::RwLock;
 use serde::Deserialize;
 use serde_json::{json, Value as Json_};
 
-use super::auth::{Access, Caller};
 use super::error::ApiError;
 use super::json::Body;
+use super::permit::{Administrator, Management, Permitted, Vhost, VisibleVhost};
 use super::queues::QueueTotals;
 use super::HttpContext;
 use crate::auth::{Secret, User};
@@ -236,21 +235,16 @@ pub async fn put_topic_permission(ctx: &HttpContext, p: TopicPermissionRecord) -
     Ok(new)
 }
 
-/// `GET /api/vhosts`.
-pub async fn vhosts(State(ctx): State<Arc<HttpContext>>, Extension(caller): Extension<Caller>) -> Answer {
-    caller.require(Access::Management)?;
-    Ok(Json(Json_::Array(ctx.vhosts().iter().map(|v| vhost_json(&ctx, v)).collect())))
+/// `GET /api/vhosts`: the virtual hosts the caller may open (every one to monitoring
+/// users and administrators, as RabbitMQ).
+pub async fn vhosts(p: Permitted<Management>) -> Answer {
+    let ctx = p.ctx();
+    Ok(Json(Json_::Array(ctx.vhosts().iter().filter(|v| p.sees_vhost(v)).map(|v| vhost_json(ctx, v)).collect())))
 }
 
 /// `GET /api/vhosts/{name}`.
-pub async fn vhost(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path(name): Path<String>,
-) -> Answer {
-    caller.require(Access::Management)?;
-    super::queues::known_vhost(&ctx, &name)?;
-    Ok(Json(vhost_json(&ctx, &name)))
+pub async fn vhost(p: Permitted<VisibleVhost>) -> Answer {
+    Ok(Json(vhost_json(p.ctx(), &p.name)))
 }
 
 /// The body of `PUT /api/vhosts/{name}`.
@@ -289,42 +283,33 @@ fn created(new: bool) -> StatusCode {
 
 /// `PUT /api/vhosts/{name}`.
 pub async fn create_vhost(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
+    p: Permitted<Administrator>,
     Path(name): Path<String>,
     Body(body): Body<VhostBody>,
 ) -> Result<StatusCode, ApiError> {
-    caller.require(Access::Administrator)?;
+    let ctx = p.ctx();
     let (description, tags) = ctx.access.vhost_meta(&name);
     let description = body.description.unwrap_or(description);
     let tags = if body.tags.is_some() { tag_list(&body.tags) } else { tags };
-    Ok(created(put_vhost(&ctx, &name, description, tags).await?))
+    Ok(created(put_vhost(ctx, &name, description, tags).await?))
 }
 
 /// `DELETE /api/vhosts/{name}`.
-pub async fn remove_vhost(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path(name): Path<String>,
-) -> Result<StatusCode, ApiError> {
-    caller.require(Access::Administrator)?;
-    delete_vhost(&ctx, &name).await?;
+pub async fn remove_vhost(p: Permitted<Administrator>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
+    let ctx = p.ctx();
+    delete_vhost(ctx, &name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 /// `GET /api/users`.
-pub async fn users(State(ctx): State<Arc<HttpContext>>, Extension(caller): Extension<Caller>) -> Answer {
-    caller.require(Access::Administrator)?;
+pub async fn users(p: Permitted<Administrator>) -> Answer {
+    let ctx = p.ctx();
     Ok(Json(Json_::Array(ctx.users.all().iter().map(user_json).collect())))
 }
 
 /// `GET /api/users/{name}`.
-pub async fn user(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path(name): Path<String>,
-) -> Answer {
-    caller.require(Access::Administrator)?;
+pub async fn user(p: Permitted<Administrator>, Path(name): Path<String>) -> Answer {
+    let ctx = p.ctx();
     let u = ctx.users.get(&name).ok_or_else(ApiError::not_found)?;
     Ok(Json(user_json(&u)))
 }
@@ -352,24 +337,19 @@ pub fn secret_of(password: Option<String>, hash: Option<String>, algorithm: Opti
 
 /// `PUT /api/users/{name}`.
 pub async fn create_user(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
+    p: Permitted<Administrator>,
     Path(name): Path<String>,
     Body(body): Body<UserBody>,
 ) -> Result<StatusCode, ApiError> {
-    caller.require(Access::Administrator)?;
+    let ctx = p.ctx();
     let secret = secret_of(body.password, body.password_hash, body.hashing_algorithm.as_deref())?;
-    Ok(created(put_user(&ctx, &name, secret, tag_list(&body.tags)).await?))
+    Ok(created(put_user(ctx, &name, secret, tag_list(&body.tags)).await?))
 }
 
 /// `DELETE /api/users/{name}` (its open connections are closed).
-pub async fn remove_user(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path(name): Path<String>,
-) -> Result<StatusCode, ApiError> {
-    caller.require(Access::Administrator)?;
-    delete_user(&ctx, &name).await?;
+pub async fn remove_user(p: Permitted<Administrator>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
+    let ctx = p.ctx();
+    delete_user(ctx, &name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -378,44 +358,29 @@ fn permission_json(p: &PermissionRecord) -> Json_ {
 }
 
 /// `GET /api/permissions`.
-pub async fn permissions(State(ctx): State<Arc<HttpContext>>, Extension(caller): Extension<Caller>) -> Answer {
-    caller.require(Access::Administrator)?;
+pub async fn permissions(p: Permitted<Administrator>) -> Answer {
+    let ctx = p.ctx();
     Ok(Json(Json_::Array(ctx.authz.policy().permission_records().iter().map(permission_json).collect())))
 }
 
 /// `GET /api/vhosts/{vhost}/permissions`.
-pub async fn vhost_permissions(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path(vhost): Path<String>,
-) -> Answer {
-    caller.require(Access::Administrator)?;
-    super::queues::known_vhost(&ctx, &vhost)?;
-    let all = ctx.authz.policy().permission_records().into_iter().filter(|p| p.vhost == vhost);
+pub async fn vhost_permissions(p: Permitted<Vhost<Administrator>>) -> Answer {
+    let all = p.ctx().authz.policy().permission_records().into_iter().filter(|r| r.vhost == p.name);
     Ok(Json(Json_::Array(all.map(|p| permission_json(&p)).collect())))
 }
 
 /// `GET /api/users/{user}/permissions`.
-pub async fn user_permissions(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path(user): Path<String>,
-) -> Answer {
-    caller.require(Access::Administrator)?;
+pub async fn user_permissions(p: Permitted<Administrator>, Path(user): Path<String>) -> Answer {
+    let ctx = p.ctx();
     ctx.users.get(&user).ok_or_else(ApiError::not_found)?;
     let all = ctx.authz.policy().permission_records().into_iter().filter(|p| p.user == user);
     Ok(Json(Json_::Array(all.map(|p| permission_json(&p)).collect())))
 }
 
 /// `GET /api/permissions/{vhost}/{user}`.
-pub async fn permission(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path((vhost, user)): Path<(String, String)>,
-) -> Answer {
-    caller.require(Access::Administrator)?;
-    let p = ctx.authz.policy().permission_records().into_iter().find(|p| p.vhost == vhost && p.user == user);
-    Ok(Json(permission_json(&p.ok_or_else(ApiError::not_found)?)))
+pub async fn permission(p: Permitted<Administrator>, Path((vhost, user)): Path<(String, String)>) -> Answer {
+    let found = p.ctx().authz.policy().permission_records().into_iter().find(|r| r.vhost == vhost && r.user == user);
+    Ok(Json(permission_json(&found.ok_or_else(ApiError::not_found)?)))
 }
 
 /// The body of `PUT /api/permissions/{vhost}/{user}`.
@@ -434,24 +399,21 @@ pub struct PermissionBody {
 
 /// `PUT /api/permissions/{vhost}/{user}`.
 pub async fn set_permission(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
+    p: Permitted<Administrator>,
     Path((vhost, user)): Path<(String, String)>,
     Body(b): Body<PermissionBody>,
 ) -> Result<StatusCode, ApiError> {
-    caller.require(Access::Administrator)?;
-    let p = PermissionRecord { vhost, user, configure: b.configure, write: b.write, read: b.read, cleared: false };
-    Ok(created(put_permission(&ctx, p).await?))
+    let record = PermissionRecord { vhost, user, configure: b.configure, write: b.write, read: b.read, cleared: false };
+    Ok(created(put_permission(p.ctx(), record).await?))
 }
 
 /// `DELETE /api/permissions/{vhost}/{user}`: the user keeps no permission there (a
 /// tombstone, so a configured default does not come back at restart).
 pub async fn clear_permission(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
+    p: Permitted<Administrator>,
     Path((vhost, user)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
-    caller.require(Access::Administrator)?;
+    let ctx = p.ctx();
     if !ctx.authz.policy().permissions.contains_key(&(vhost.clone(), user.clone())) {
         return Err(ApiError::not_found());
     }
@@ -463,7 +425,7 @@ pub async fn clear_permission(
         read: String::new(),
         cleared: true,
     };
-    commit(&ctx, ctx.broker.stores.access.put_permission(&none)).await?;
+    commit(ctx, ctx.broker.stores.access.put_permission(&none)).await?;
     ctx.authz.update(|p| p.set_permission(&none)).map_err(ApiError::bad_request)?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -1,8 +1,10 @@
 //! HTTP Basic authentication against the broker's user store, and RabbitMQ's user tags:
-//! `administrator` may call everything, `monitoring` may read everything, `management`
-//! and `policymaker` may read and change queues, exchanges and bindings (permissions per
-//! virtual host are stored and shown; the security issue enforces them). A request
-//! without valid credentials gets 401, a user whose tags do not allow the call 403.
+//! `administrator` may call everything, `monitoring` may also read other users'
+//! connections and the node, `management` and `policymaker` may read and change queues,
+//! exchanges and bindings of the virtual hosts they may open, within their permissions.
+//! A request without valid credentials gets 401, a user whose tags do not allow the call
+//! 403. What each route demands is checked by [`super::permit`], which alone hands a
+//! handler its caller.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -47,8 +49,9 @@ impl Access {
     }
 }
 
-/// The authenticated caller of a request.
-#[derive(Debug, Clone)]
+/// The authenticated caller of a request (not `Clone`, so that no handler takes it as an
+/// `Extension`: handlers get it from a [`super::permit::Permitted`] proof).
+#[derive(Debug)]
 pub struct Caller {
     /// User name.
     pub name: String,
@@ -59,64 +62,6 @@ pub struct Caller {
 }
 
 impl Caller {
-    /// RabbitMQ's resource check for a call that acts as an AMQP client would (publish,
-    /// get): with authorization on, 401 with RabbitMQ's text unless the caller's
-    /// permissions in `vhost` allow `perm` on `name`.
-    pub fn permitted(
-        &self,
-        authz: &std::sync::Arc<crate::authz::Authorizer>,
-        vhost: &str,
-        kind: crate::authz::ResourceKind,
-        name: &str,
-        perm: crate::authz::Permission,
-    ) -> Result<(), ApiError> {
-        if !authz.amqp_enabled() {
-            return Ok(());
-        }
-        let id =
-            crate::authz::Identity { user: Some(self.name.clone()), groups: self.tags.clone(), ..Default::default() };
-        authz.access(id, vhost).resource(kind, name, perm).map_err(|r| ApiError::unauthorized_because(&r.0))
-    }
-
-    /// A route into `exchange` the caller sets up (a binding's destination exchange, an
-    /// alternate or dead-letter exchange): write on it; and, while MQTT authorization is
-    /// on, none into the MQTT exchange (`mqtt_exchange` of vhost `/`), as over AMQP, since
-    /// the MQTT rules are checked where a message is published, not where it is routed on.
-    pub fn route_into_permitted(
-        &self,
-        authz: &std::sync::Arc<crate::authz::Authorizer>,
-        vhost: &str,
-        exchange: &str,
-        mqtt_exchange: &str,
-    ) -> Result<(), ApiError> {
-        use crate::authz::{Permission, ResourceKind, MQTT_VHOST};
-        self.permitted(authz, vhost, ResourceKind::Exchange, exchange, Permission::Write)?;
-        if authz.mqtt_enabled() && vhost == MQTT_VHOST && exchange == mqtt_exchange {
-            return Err(ApiError::forbidden(format!(
-                "exchange '{exchange}' in vhost '{vhost}' takes MQTT-checked publishes only while MQTT \
-                 authorization is on; publish to it directly"
-            )));
-        }
-        Ok(())
-    }
-
-    /// The topic check of a publish through the API on a topic exchange: RabbitMQ's topic
-    /// permissions and, on the MQTT exchange, the MQTT rules (401 with RabbitMQ's text).
-    pub fn topic_permitted(
-        &self,
-        authz: &std::sync::Arc<crate::authz::Authorizer>,
-        vhost: &str,
-        exchange: &str,
-        routing_key: &str,
-    ) -> Result<(), ApiError> {
-        let id =
-            crate::authz::Identity { user: Some(self.name.clone()), groups: self.tags.clone(), ..Default::default() };
-        authz
-            .access(id, vhost)
-            .topic(exchange, routing_key, crate::authz::Permission::Write)
-            .map_err(|r| ApiError::unauthorized_because(&r.0))
-    }
-
     /// Refuses with 403 unless the caller has at least `need`.
     pub fn require(&self, need: Access) -> Result<(), ApiError> {
         if self.access >= need {
@@ -152,7 +97,7 @@ pub async fn require_login(
 ) -> Response {
     match authenticate(&ctx, req.headers(), peer).await {
         Ok(caller) => {
-            req.extensions_mut().insert(caller);
+            super::permit::admit(&mut req, caller);
             next.run(req).await
         }
         Err(e) => {

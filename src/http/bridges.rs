@@ -1,23 +1,16 @@
 //! `GET /api/ferrymq/bridges`: each bridge's state, as RabbitMQ's shovel status shows a
 //! shovel (`running`, `starting`), with FerryMQ's `reconnecting` for one that was up.
 
-use std::sync::Arc;
-
-use axum::extract::State;
-use axum::{Extension, Json};
+use axum::Json;
 use serde_json::{json, Value};
 
-use super::auth::{Access, Caller};
 use super::error::ApiError;
-use super::HttpContext;
+use super::permit::{Monitoring, Permitted};
 
 /// `GET /api/ferrymq/bridges`.
-pub async fn list(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-) -> Result<Json<Value>, ApiError> {
-    caller.require(Access::Monitoring)?;
-    let rows: Vec<Value> = ctx
+pub async fn list(p: Permitted<Monitoring>) -> Result<Json<Value>, ApiError> {
+    let rows: Vec<Value> = p
+        .ctx()
         .bridges
         .list()
         .into_iter()

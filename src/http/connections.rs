@@ -3,14 +3,15 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::Path;
 use axum::http::{HeaderMap, StatusCode};
-use axum::{Extension, Json};
+use axum::Json;
 use serde_json::{json, Value as Json_};
 
 use super::auth::{Access, Caller};
 use super::error::ApiError;
 use super::json::{rate, table_json};
+use super::permit::{Management, Permitted, Vhost};
 use super::HttpContext;
 use crate::core::connections::{ClientDetails, ConnectionInfo};
 use crate::core::stats::Stats;
@@ -56,22 +57,17 @@ fn connection_json(ctx: &HttpContext, c: &ConnectionInfo) -> Json_ {
 }
 
 /// `GET /api/connections`.
-pub async fn list(State(ctx): State<Arc<HttpContext>>, Extension(caller): Extension<Caller>) -> Answer {
-    caller.require(Access::Management)?;
-    let all = visible(&ctx, &caller, None);
-    Ok(Json(Json_::Array(all.iter().map(|c| connection_json(&ctx, c)).collect())))
+pub async fn list(p: Permitted<Management>) -> Answer {
+    let ctx = p.ctx();
+    let all = visible(ctx, p.caller(), None);
+    Ok(Json(Json_::Array(all.iter().map(|c| connection_json(ctx, c)).collect())))
 }
 
 /// `GET /api/vhosts/{vhost}/connections`.
-pub async fn list_vhost(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path(vhost): Path<String>,
-) -> Answer {
-    caller.require(Access::Management)?;
-    super::queues::known_vhost(&ctx, &vhost)?;
-    let all = visible(&ctx, &caller, Some(&vhost));
-    Ok(Json(Json_::Array(all.iter().map(|c| connection_json(&ctx, c)).collect())))
+pub async fn list_vhost(p: Permitted<Vhost>) -> Answer {
+    let ctx = p.ctx();
+    let all = visible(ctx, p.caller(), Some(&p.name));
+    Ok(Json(Json_::Array(all.iter().map(|c| connection_json(ctx, c)).collect())))
 }
 
 /// The connections `caller` may see: all with monitoring, its own otherwise (RabbitMQ's rule).
@@ -94,26 +90,20 @@ fn find(ctx: &HttpContext, caller: &Caller, name: &str) -> Result<Arc<Connection
 }
 
 /// `GET /api/connections/{name}`.
-pub async fn show(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path(name): Path<String>,
-) -> Answer {
-    caller.require(Access::Management)?;
-    let c = find(&ctx, &caller, &name)?;
-    Ok(Json(connection_json(&ctx, &c)))
+pub async fn show(p: Permitted<Management>, Path(name): Path<String>) -> Answer {
+    let c = find(p.ctx(), p.caller(), &name)?;
+    Ok(Json(connection_json(p.ctx(), &c)))
 }
 
 /// `DELETE /api/connections/{name}`: AMQP Connection.Close 320 with the `X-Reason`
 /// header's text (RabbitMQ's), MQTT 5 DISCONNECT 0x98.
 pub async fn close(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
+    p: Permitted<Management>,
     Path(name): Path<String>,
     headers: HeaderMap,
 ) -> Result<StatusCode, ApiError> {
-    caller.require(Access::Management)?;
-    let c = find(&ctx, &caller, &name)?;
+    let caller = p.caller();
+    let c = find(p.ctx(), caller, &name)?;
     if caller.access < Access::Administrator && c.user != caller.name {
         return Err(ApiError::forbidden("Not administrator user"));
     }
@@ -124,24 +114,18 @@ pub async fn close(
 
 /// `GET /api/channels`: every open AMQP channel (`{connection name} ({number})`), and
 /// one per MQTT connection as RabbitMQ's MQTT plugin shows it.
-pub async fn channels(State(ctx): State<Arc<HttpContext>>, Extension(caller): Extension<Caller>) -> Answer {
-    caller.require(Access::Management)?;
+pub async fn channels(p: Permitted<Management>) -> Answer {
     let mut all = Vec::new();
-    for c in visible(&ctx, &caller, None) {
-        all.extend(channels_of(&ctx, &c));
+    for c in visible(p.ctx(), p.caller(), None) {
+        all.extend(channels_of(p.ctx(), &c));
     }
     Ok(Json(Json_::Array(all)))
 }
 
 /// `GET /api/connections/{name}/channels`.
-pub async fn connection_channels(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path(name): Path<String>,
-) -> Answer {
-    caller.require(Access::Management)?;
-    let c = find(&ctx, &caller, &name)?;
-    Ok(Json(Json_::Array(channels_of(&ctx, &c))))
+pub async fn connection_channels(p: Permitted<Management>, Path(name): Path<String>) -> Answer {
+    let c = find(p.ctx(), p.caller(), &name)?;
+    Ok(Json(Json_::Array(channels_of(p.ctx(), &c))))
 }
 
 fn channels_of(ctx: &HttpContext, c: &ConnectionInfo) -> Vec<Json_> {
@@ -165,17 +149,21 @@ fn channels_of(ctx: &HttpContext, c: &ConnectionInfo) -> Vec<Json_> {
         .collect()
 }
 
-/// `GET /api/consumers[/{vhost}]`: the AMQP consumers with their tag, queue, channel,
-/// acknowledgement mode, exclusivity, prefetch and arguments.
-pub async fn consumers(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    vhost: Option<Path<String>>,
-) -> Answer {
-    caller.require(Access::Management)?;
-    let vhost = vhost.map(|v| v.0);
+/// `GET /api/consumers`: the AMQP consumers with their tag, queue, channel,
+/// acknowledgement mode, exclusivity, prefetch and arguments, in the virtual hosts the
+/// caller may open.
+pub async fn consumers(p: Permitted<Management>) -> Answer {
+    Ok(Json(consumers_of(p.ctx(), p.caller(), None, &|v| p.lists(v))))
+}
+
+/// `GET /api/consumers/{vhost}`.
+pub async fn consumers_vhost(p: Permitted<Vhost>) -> Answer {
+    Ok(Json(consumers_of(p.ctx(), p.caller(), Some(&p.name), &|_| true)))
+}
+
+fn consumers_of(ctx: &HttpContext, caller: &Caller, vhost: Option<&str>, listed: &dyn Fn(&str) -> bool) -> Json_ {
     let mut all = Vec::new();
-    for c in visible(&ctx, &caller, vhost.as_deref()) {
+    for c in visible(ctx, caller, vhost).into_iter().filter(|c| listed(&c.vhost)) {
         for x in &c.details.lock().consumers {
             all.push(json!({
                 "consumer_tag": x.tag,
@@ -197,5 +185,5 @@ pub async fn consumers(
             }));
         }
     }
-    Ok(Json(Json_::Array(all)))
+    Json_::Array(all)
 }

@@ -6,18 +6,15 @@
 //! import's answer under `unsupported`, never dropped silently. The same import runs at
 //! start for `--definitions FILE` / `http.load_definitions`.
 
-use std::sync::Arc;
-
-use axum::extract::{Path, State};
-use axum::{Extension, Json};
+use axum::Json;
 use serde_json::{json, Map, Value as Json_};
 
 use super::access::{put_permission, put_topic_permission, put_user, put_vhost, secret_of, tag_list, user_json};
-use super::auth::{Access, Caller};
 use super::error::ApiError;
 use super::exchanges::{set_binding, user_bindings, user_exchanges, BindingSpec};
 use super::json::{json_table, table_json, Body};
 use super::overview::RABBITMQ_API_VERSION;
+use super::permit::{Administrator, BindingGrant, Permitted, Vhost};
 use super::HttpContext;
 use crate::amqp::methods::{check_equivalent_exchange, check_equivalent_queue, create_queue, route_fail};
 use crate::core::router::{ExchangeDef, ExchangeKind};
@@ -109,20 +106,13 @@ pub fn export(ctx: &HttpContext, vhost: Option<&str>) -> Json_ {
 }
 
 /// `GET /api/definitions`.
-pub async fn export_all(State(ctx): State<Arc<HttpContext>>, Extension(caller): Extension<Caller>) -> Answer {
-    caller.require(Access::Administrator)?;
-    Ok(Json(export(&ctx, None)))
+pub async fn export_all(p: Permitted<Administrator>) -> Answer {
+    Ok(Json(export(p.ctx(), None)))
 }
 
 /// `GET /api/definitions/{vhost}`.
-pub async fn export_vhost(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path(vhost): Path<String>,
-) -> Answer {
-    caller.require(Access::Administrator)?;
-    super::queues::known_vhost(&ctx, &vhost)?;
-    Ok(Json(export(&ctx, Some(&vhost))))
+pub async fn export_vhost(p: Permitted<Vhost<Administrator>>) -> Answer {
+    Ok(Json(export(p.ctx(), Some(&p.name))))
 }
 
 /// What an import did.
@@ -339,7 +329,7 @@ pub async fn import(ctx: &HttpContext, defs: &Json_, only_vhost: Option<&str>) -
             key: text(b, "routing_key"),
             args: args(b),
         };
-        set_binding(ctx, &vhost, spec, true).await.map_err(|e| {
+        set_binding(ctx, &vhost, spec, true, BindingGrant::imported()).await.map_err(|e| {
             ApiError::bad_request(format!("binding {} -> {}: {}", text(b, "source"), text(b, "destination"), e.reason))
         })?;
         report.count("bindings");
@@ -380,23 +370,11 @@ async fn import_queue(ctx: &HttpContext, vhost: &str, q: &Json_) -> Result<(), A
 }
 
 /// `POST /api/definitions`: 200 with `{"imported": {...}, "unsupported": [...]}`.
-pub async fn import_all(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Body(defs): Body<Json_>,
-) -> Answer {
-    caller.require(Access::Administrator)?;
-    Ok(Json(import(&ctx, &defs, None).await?.json()))
+pub async fn import_all(p: Permitted<Administrator>, Body(defs): Body<Json_>) -> Answer {
+    Ok(Json(import(p.ctx(), &defs, None).await?.json()))
 }
 
 /// `POST /api/definitions/{vhost}`.
-pub async fn import_vhost(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path(vhost): Path<String>,
-    Body(defs): Body<Json_>,
-) -> Answer {
-    caller.require(Access::Administrator)?;
-    super::queues::known_vhost(&ctx, &vhost)?;
-    Ok(Json(import(&ctx, &defs, Some(&vhost)).await?.json()))
+pub async fn import_vhost(p: Permitted<Vhost<Administrator>>, Body(defs): Body<Json_>) -> Answer {
+    Ok(Json(import(p.ctx(), &defs, Some(&p.name)).await?.json()))
 }

@@ -38,6 +38,12 @@ impl ApiError {
         ApiError { status: StatusCode::UNAUTHORIZED, error: "not_authorized", reason: reason.into() }
     }
 
+    /// 401 `not_authorised` (RabbitMQ's spelling for a logged-in user refused): the
+    /// user's permissions, or its access to the virtual host, do not allow the call.
+    pub fn access_refused(reason: impl Into<String>) -> ApiError {
+        ApiError { status: StatusCode::UNAUTHORIZED, error: "not_authorised", reason: reason.into() }
+    }
+
     /// 403: the user's tags do not allow the call.
     pub fn forbidden(reason: impl Into<String>) -> ApiError {
         ApiError { status: StatusCode::FORBIDDEN, error: "not_authorised", reason: reason.into() }

@@ -2,21 +2,22 @@
 //! delete, publish (answering `{"routed": bool}`), and bindings with their
 //! `properties_key`.
 
-use crate::authz::{Permission, ResourceKind};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query};
 use axum::http::StatusCode;
-use axum::{Extension, Json};
+use axum::Json;
 use base64::Engine;
 use serde::Deserialize;
 use serde_json::{json, Map, Value as Json_};
 
-use super::auth::{Access, Caller};
 use super::error::ApiError;
 use super::json::{flag, json_table, lenient, list, table_json, Body, ListQuery};
-use super::queues::known_vhost;
+use super::permit::{
+    BindingDestination, BindingGrant, BindingPath, Configure, Management, OnExchange, OnQueue, Permitted, Vhost, View,
+    Write,
+};
 use super::HttpContext;
 use crate::amqp::entities::{forget_exchange, store_exchange};
 use crate::amqp::methods::{check_equivalent_exchange, route_fail};
@@ -41,9 +42,9 @@ fn exchange_json(vhost: &str, x: &ExchangeDef) -> Json_ {
     })
 }
 
-fn sorted_exchanges(ctx: &HttpContext, vhost: Option<&str>) -> Vec<(String, (String, ExchangeDef))> {
+fn sorted_exchanges(ctx: &HttpContext, listed: &dyn Fn(&str) -> bool) -> Vec<(String, (String, ExchangeDef))> {
     let mut all = Vec::new();
-    for v in ctx.vhosts().iter().filter(|v| vhost.is_none_or(|only| only == v.as_str())) {
+    for v in ctx.vhosts().iter().filter(|v| listed(v)) {
         let mut xs = ctx.broker.router.exchanges(v);
         xs.sort_by(|a, b| a.name.cmp(&b.name));
         all.extend(xs.into_iter().map(|x| (x.name.clone(), (v.clone(), x))));
@@ -51,38 +52,20 @@ fn sorted_exchanges(ctx: &HttpContext, vhost: Option<&str>) -> Vec<(String, (Str
     all
 }
 
-/// `GET /api/exchanges`.
-pub async fn list_all(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Query(q): Query<ListQuery>,
-) -> Answer {
-    caller.require(Access::Management)?;
-    list(sorted_exchanges(&ctx, None), &q, |(v, x)| exchange_json(v, x))
+/// `GET /api/exchanges`: the exchanges of the virtual hosts the caller may open.
+pub async fn list_all(p: Permitted<Management>, Query(q): Query<ListQuery>) -> Answer {
+    list(sorted_exchanges(p.ctx(), &|v| p.lists(v)), &q, |(v, x)| exchange_json(v, x))
 }
 
 /// `GET /api/exchanges/{vhost}`.
-pub async fn list_vhost(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path(vhost): Path<String>,
-    Query(q): Query<ListQuery>,
-) -> Answer {
-    caller.require(Access::Management)?;
-    known_vhost(&ctx, &vhost)?;
-    list(sorted_exchanges(&ctx, Some(&vhost)), &q, |(v, x)| exchange_json(v, x))
+pub async fn list_vhost(p: Permitted<Vhost>, Query(q): Query<ListQuery>) -> Answer {
+    list(sorted_exchanges(p.ctx(), &|v| v == p.name), &q, |(v, x)| exchange_json(v, x))
 }
 
 /// `GET /api/exchanges/{vhost}/{name}`.
-pub async fn show(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path((vhost, name)): Path<(String, String)>,
-) -> Answer {
-    caller.require(Access::Management)?;
-    let name = default_exchange(name);
-    let x = ctx.broker.router.exchange(&vhost, &name).ok_or_else(ApiError::not_found)?;
-    Ok(Json(exchange_json(&vhost, &x)))
+pub async fn show(p: Permitted<OnExchange<View>>) -> Answer {
+    let x = p.ctx().broker.router.exchange(&p.vhost, &p.name).ok_or_else(ApiError::not_found)?;
+    Ok(Json(exchange_json(&p.vhost, &x)))
 }
 
 /// The body of `PUT /api/exchanges/{vhost}/{name}`.
@@ -105,32 +88,20 @@ pub struct DeclareBody {
     pub arguments: Map<String, Json_>,
 }
 
-/// `amq.default`, the management API's name of the default exchange, as `""`.
-fn default_exchange(name: String) -> String {
-    if name == "amq.default" {
-        String::new()
-    } else {
-        name
-    }
-}
-
 fn yes() -> bool {
     true
 }
 
 /// `PUT /api/exchanges/{vhost}/{name}`: 201 created, 204 when an equivalent one exists.
 pub async fn declare(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path((vhost, name)): Path<(String, String)>,
+    p: Permitted<OnExchange<Configure>>,
     Body(body): Body<DeclareBody>,
 ) -> Result<StatusCode, ApiError> {
-    caller.require(Access::Management)?;
-    known_vhost(&ctx, &vhost)?;
+    let (ctx, vhost, name) = (p.ctx(), p.vhost.as_str(), p.name.as_str());
     let kind = ExchangeKind::parse(&body.kind)
         .ok_or_else(|| ApiError::bad_request(format!("unknown exchange type '{}'", body.kind)))?;
     let def = ExchangeDef {
-        name: name.clone(),
+        name: name.to_owned(),
         kind,
         durable: body.durable,
         auto_delete: body.auto_delete,
@@ -138,12 +109,11 @@ pub async fn declare(
         arguments: json_table(&body.arguments),
     };
     let router = &ctx.broker.router;
-    caller.permitted(&ctx.authz, &vhost, ResourceKind::Exchange, &name, Permission::Configure)?;
     if let Some(ae) = def.arguments.iter().find(|(k, _)| k == "alternate-exchange").and_then(|(_, v)| v.as_str()) {
-        caller.route_into_permitted(&ctx.authz, &vhost, ae, router.mqtt_exchange())?;
+        p.route_into(ae)?;
     }
-    if let Some(current) = router.exchange(&vhost, &name) {
-        check_equivalent_exchange(&current, &def, &vhost).map_err(ApiError::from)?;
+    if let Some(current) = router.exchange(vhost, name) {
+        check_equivalent_exchange(&current, &def, vhost).map_err(ApiError::from)?;
         return Ok(StatusCode::NO_CONTENT);
     }
     if name.is_empty() || name.starts_with("amq.") {
@@ -152,9 +122,9 @@ pub async fn declare(
     if kind == ExchangeKind::DelayedMessage && def.delayed_type().is_none() {
         return Err(ApiError::bad_request("Invalid argument, 'x-delayed-type' must be an existing exchange type"));
     }
-    router.declare_exchange(&vhost, def.clone()).map_err(|e| ApiError::from(route_fail(e, &vhost)))?;
+    router.declare_exchange(vhost, def.clone()).map_err(|e| ApiError::from(route_fail(e, vhost)))?;
     if def.durable {
-        store_exchange(&ctx.broker, &vhost, &def).await;
+        store_exchange(&ctx.broker, vhost, &def).await;
     }
     Ok(StatusCode::CREATED)
 }
@@ -167,22 +137,17 @@ pub struct DeleteQuery {
     pub if_unused: Option<String>,
 }
 
-/// `DELETE /api/exchanges/{vhost}/{name}`.
-pub async fn remove(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path((vhost, name)): Path<(String, String)>,
-    Query(q): Query<DeleteQuery>,
-) -> Result<StatusCode, ApiError> {
-    caller.require(Access::Management)?;
+/// `DELETE /api/exchanges/{vhost}/{name}`: configure permission on the exchange.
+pub async fn remove(p: Permitted<OnExchange<Configure>>, Query(q): Query<DeleteQuery>) -> Result<StatusCode, ApiError> {
+    let (ctx, vhost, name) = (p.ctx(), p.vhost.as_str(), p.name.as_str());
     if name.is_empty() || name.starts_with("amq.") {
         return Err(ApiError::bad_request(format!("operation not permitted on exchange '{name}' in vhost '{vhost}'")));
     }
-    match ctx.broker.router.delete_exchange(&vhost, &name, flag(&q.if_unused)) {
-        Ok(true) => forget_exchange(&ctx.broker, &vhost, &name).await,
+    match ctx.broker.router.delete_exchange(vhost, name, flag(&q.if_unused)) {
+        Ok(true) => forget_exchange(&ctx.broker, vhost, name).await,
         Ok(false) => return Err(ApiError::bad_request(format!("exchange '{name}' in vhost '{vhost}' in use"))),
         Err(RouteError::NoExchange(..)) | Err(RouteError::NoVhost(..)) => return Err(ApiError::not_found()),
-        Err(e) => return Err(ApiError::from(route_fail(e, &vhost))),
+        Err(e) => return Err(ApiError::from(route_fail(e, vhost))),
     }
     Ok(StatusCode::NO_CONTENT)
 }
@@ -232,18 +197,10 @@ fn properties_from(p: &Map<String, Json_>, now: u64) -> Properties {
 
 /// `POST /api/exchanges/{vhost}/{name}/publish`: routed and stored as an AMQP publish
 /// with confirms would be; answers once the message is durable.
-pub async fn publish(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path((vhost, name)): Path<(String, String)>,
-    Body(body): Body<PublishBody>,
-) -> Answer {
-    caller.require(Access::Management)?;
-    let name = default_exchange(name);
-    caller.permitted(&ctx.authz, &vhost, ResourceKind::Exchange, &name, Permission::Write)?;
-    if ctx.broker.router.exchange(&vhost, &name).is_some_and(|x| x.kind == ExchangeKind::Topic) {
-        caller.topic_permitted(&ctx.authz, &vhost, &name, &body.routing_key)?;
-    }
+pub async fn publish(p: Permitted<OnExchange<Write>>, Body(body): Body<PublishBody>) -> Answer {
+    let (ctx, vhost, name) = (p.ctx(), p.vhost.as_str(), p.name.clone());
+    let topic = ctx.broker.router.exchange(vhost, &name).is_some_and(|x| x.kind == ExchangeKind::Topic);
+    p.publish(&name, topic, &body.routing_key)?;
     let payload = match body.payload_encoding.as_str() {
         "string" => body.payload.into_bytes(),
         "base64" => base64::engine::general_purpose::STANDARD
@@ -263,7 +220,7 @@ pub async fn publish(
         props,
         timestamp_ms: now,
     });
-    let (routes, _) = ctx.broker.router.route(&vhost, &name, &msg, "").map_err(|e| match e {
+    let (routes, _) = ctx.broker.router.route(vhost, &name, &msg, "").map_err(|e| match e {
         RouteError::NoExchange(..) | RouteError::NoVhost(..) => ApiError::not_found(),
         e => ApiError::bad_request(e.to_string()),
     })?;
@@ -320,12 +277,12 @@ fn binding_json(vhost: &str, source: &str, b: &Binding, names: &HashMap<QueueId,
     }))
 }
 
-/// Every binding of the vhosts (`None`: all) to an AMQP queue or an exchange, the default
-/// exchange's included, in RabbitMQ's order (source, destination).
-fn bindings(ctx: &HttpContext, vhost: Option<&str>) -> Vec<Json_> {
+/// Every binding of the vhosts `listed` picks to an AMQP queue or an exchange, the
+/// default exchange's included, in RabbitMQ's order (source, destination).
+fn bindings(ctx: &HttpContext, listed: &dyn Fn(&str) -> bool) -> Vec<Json_> {
     let names = queue_names(ctx);
     let mut all = Vec::new();
-    for v in ctx.vhosts().iter().filter(|v| vhost.is_none_or(|only| only == v.as_str())) {
+    for v in ctx.vhosts().iter().filter(|v| listed(v)) {
         let mut rows: Vec<Json_> =
             ctx.broker.router.bindings(v).iter().filter_map(|(source, b)| binding_json(v, source, b, &names)).collect();
         rows.sort_by_key(|r| (r["source"].to_string(), r["destination"].to_string(), r["routing_key"].to_string()));
@@ -334,34 +291,28 @@ fn bindings(ctx: &HttpContext, vhost: Option<&str>) -> Vec<Json_> {
     all
 }
 
-/// `GET /api/bindings`.
-pub async fn bindings_all(State(ctx): State<Arc<HttpContext>>, Extension(caller): Extension<Caller>) -> Answer {
-    caller.require(Access::Management)?;
-    Ok(Json(Json_::Array(bindings(&ctx, None))))
+/// The bindings of one virtual host.
+fn bindings_of(ctx: &HttpContext, vhost: &str) -> Vec<Json_> {
+    bindings(ctx, &|v| v == vhost)
+}
+
+/// `GET /api/bindings`: the bindings of the virtual hosts the caller may open.
+pub async fn bindings_all(p: Permitted<Management>) -> Answer {
+    Ok(Json(Json_::Array(bindings(p.ctx(), &|v| p.lists(v)))))
 }
 
 /// `GET /api/bindings/{vhost}`.
-pub async fn bindings_vhost(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path(vhost): Path<String>,
-) -> Answer {
-    caller.require(Access::Management)?;
-    known_vhost(&ctx, &vhost)?;
-    Ok(Json(Json_::Array(bindings(&ctx, Some(&vhost)))))
+pub async fn bindings_vhost(p: Permitted<Vhost>) -> Answer {
+    Ok(Json(Json_::Array(bindings_of(p.ctx(), &p.name))))
 }
 
 /// `GET /api/queues/{vhost}/{name}/bindings`.
-pub async fn queue_bindings(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path((vhost, name)): Path<(String, String)>,
-) -> Answer {
-    caller.require(Access::Management)?;
-    ctx.amqp.entities.queue(&vhost, &name).ok_or_else(ApiError::not_found)?;
-    let rows = bindings(&ctx, Some(&vhost))
+pub async fn queue_bindings(p: Permitted<OnQueue<View>>) -> Answer {
+    let ctx = p.ctx();
+    ctx.amqp.entities.queue(&p.vhost, &p.name).ok_or_else(ApiError::not_found)?;
+    let rows = bindings_of(ctx, &p.vhost)
         .into_iter()
-        .filter(|r| r["destination_type"] == "queue" && r["destination"] == name.as_str())
+        .filter(|r| r["destination_type"] == "queue" && r["destination"] == p.name.as_str())
         .collect();
     Ok(Json(Json_::Array(rows)))
 }
@@ -382,8 +333,14 @@ pub struct BindingSpec<'a> {
 }
 
 /// Binds as `spec` says in `vhost`, durable when both ends are; `bind = false` removes
-/// the binding.
-pub async fn set_binding(ctx: &HttpContext, vhost: &str, spec: BindingSpec<'_>, bind: bool) -> Result<(), ApiError> {
+/// the binding. The grant is the proof that the binding was checked.
+pub async fn set_binding(
+    ctx: &HttpContext,
+    vhost: &str,
+    spec: BindingSpec<'_>,
+    bind: bool,
+    _checked: BindingGrant,
+) -> Result<(), ApiError> {
     let BindingSpec { source, dest_type, dest, key, args } = spec;
     if source.is_empty() {
         return Err(ApiError::bad_request("operation not permitted on the default exchange"));
@@ -414,25 +371,21 @@ pub async fn set_binding(ctx: &HttpContext, vhost: &str, spec: BindingSpec<'_>, 
     Ok(())
 }
 
-/// `GET /api/bindings/{vhost}/e/{source}/{q|e}/{destination}`.
-pub async fn bindings_between(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path((vhost, source, kind, dest)): Path<(String, String, String, String)>,
-) -> Answer {
-    caller.require(Access::Management)?;
-    let kind = match kind.as_str() {
-        "q" => "queue",
-        "e" => "exchange",
-        _ => return Err(ApiError::not_found()),
+/// The rows of the bindings from `source` to `destination` in `vhost`.
+fn rows_between(ctx: &HttpContext, vhost: &str, source: &str, destination: &BindingDestination) -> Vec<Json_> {
+    let (kind, dest) = match destination {
+        BindingDestination::Queue(q) => ("queue", q),
+        BindingDestination::Exchange(x) => ("exchange", x),
     };
-    let rows = bindings(&ctx, Some(&vhost))
+    bindings_of(ctx, vhost)
         .into_iter()
-        .filter(|r| {
-            r["source"] == source.as_str() && r["destination"] == dest.as_str() && r["destination_type"] == kind
-        })
-        .collect();
-    Ok(Json(Json_::Array(rows)))
+        .filter(|r| r["source"] == source && r["destination"] == dest.as_str() && r["destination_type"] == kind)
+        .collect()
+}
+
+/// `GET /api/bindings/{vhost}/e/{source}/{q|e}/{destination}`.
+pub async fn bindings_between(p: Permitted<BindingPath>) -> Answer {
+    Ok(Json(Json_::Array(rows_between(p.ctx(), &p.vhost, &p.source, &p.destination))))
 }
 
 /// The body of `POST /api/bindings/{vhost}/e/{source}/{q|e}/{destination}`.
@@ -446,59 +399,61 @@ pub struct BindBody {
     pub arguments: Map<String, Json_>,
 }
 
+/// The spec of the binding `p` names, with `key` and `args`.
+fn spec_of<'a>(p: &'a BindingPath, key: &'a str, args: Vec<(String, crate::core::value::Value)>) -> BindingSpec<'a> {
+    let (dest_type, dest) = match &p.destination {
+        BindingDestination::Queue(q) => ("q", q.as_str()),
+        BindingDestination::Exchange(x) => ("e", x.as_str()),
+    };
+    BindingSpec { source: &p.source, dest_type, dest, key, args }
+}
+
 /// `POST /api/bindings/{vhost}/e/{source}/{q|e}/{destination}`: 201 with the new
-/// binding's path in `Location`, as RabbitMQ.
+/// binding's path in `Location`, as RabbitMQ. Checked as AMQP's `queue.bind` /
+/// `exchange.bind`: write on the destination, read on the source and, on a topic
+/// source, on the key (topic permissions and MQTT rules).
 pub async fn create_binding(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path((vhost, source, kind, dest)): Path<(String, String, String, String)>,
+    p: Permitted<BindingPath>,
     Body(body): Body<BindBody>,
 ) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
-    caller.require(Access::Management)?;
-    // RabbitMQ's checks: read on the source, write on the destination.
-    caller.permitted(&ctx.authz, &vhost, ResourceKind::Exchange, &source, Permission::Read)?;
-    if kind == "e" {
-        caller.route_into_permitted(&ctx.authz, &vhost, &dest, ctx.broker.router.mqtt_exchange())?;
-    } else {
-        caller.permitted(&ctx.authz, &vhost, ResourceKind::Queue, &dest, Permission::Write)?;
-    }
+    let grant = p.grant_binding(&body.routing_key, true)?;
     let args = json_table(&body.arguments);
     let props = properties_key(&body.routing_key, &args);
-    let spec = BindingSpec { source: &source, dest_type: &kind, dest: &dest, key: &body.routing_key, args };
-    set_binding(&ctx, &vhost, spec, true).await?;
+    set_binding(p.ctx(), &p.vhost, spec_of(&p, &body.routing_key, args), true, grant).await?;
     Ok((StatusCode::CREATED, [(axum::http::header::LOCATION, props)]).into_response())
 }
 
-/// `DELETE /api/bindings/{vhost}/e/{source}/{q|e}/{destination}/{properties_key}`.
+/// `DELETE /api/bindings/{vhost}/e/{source}/{q|e}/{destination}/{properties_key}`: the
+/// checks of creating it, as RabbitMQ's `queue.unbind`.
 pub async fn remove_binding(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path((vhost, source, kind, dest, props)): Path<(String, String, String, String, String)>,
+    p: Permitted<BindingPath>,
+    Path(params): Path<HashMap<String, String>>,
 ) -> Result<StatusCode, ApiError> {
-    caller.require(Access::Management)?;
-    let names = queue_names(&ctx);
-    let wanted = if kind == "q" { "queue" } else { "exchange" };
-    let found = ctx.broker.router.bindings(&vhost).into_iter().find(|(s, b)| {
-        s == &source
-            && binding_json(&vhost, s, b, &names)
+    let props = params.get("props").ok_or_else(ApiError::not_found)?;
+    let (ctx, vhost) = (p.ctx(), p.vhost.as_str());
+    let names = queue_names(ctx);
+    let (wanted, dest) = match &p.destination {
+        BindingDestination::Queue(q) => ("queue", q),
+        BindingDestination::Exchange(x) => ("exchange", x),
+    };
+    let found = ctx.broker.router.bindings(vhost).into_iter().find(|(s, b)| {
+        *s == p.source
+            && binding_json(vhost, s, b, &names)
                 .is_some_and(|r| r["destination"] == dest.as_str() && r["destination_type"] == wanted)
-            && properties_key(&b.key, &b.args) == props
+            && properties_key(&b.key, &b.args) == *props
     });
     let Some((_, b)) = found else { return Err(ApiError::not_found()) };
-    let spec = BindingSpec { source: &source, dest_type: &kind, dest: &dest, key: &b.key, args: b.args.clone() };
-    set_binding(&ctx, &vhost, spec, false).await?;
+    let grant = p.grant_binding(&b.key, false)?;
+    set_binding(ctx, vhost, spec_of(&p, &b.key, b.args.clone()), false, grant).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 /// `GET /api/bindings/{vhost}/e/{source}/{q|e}/{destination}/{properties_key}`.
-pub async fn binding(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path((vhost, source, kind, dest, props)): Path<(String, String, String, String, String)>,
-) -> Answer {
-    let Json(all) = bindings_between(State(ctx), Extension(caller), Path((vhost, source, kind, dest))).await?;
-    let found = all.as_array().into_iter().flatten().find(|r| r["properties_key"] == props.as_str()).cloned();
+pub async fn binding(p: Permitted<BindingPath>, Path(params): Path<HashMap<String, String>>) -> Answer {
+    let props = params.get("props").ok_or_else(ApiError::not_found)?;
+    let all = rows_between(p.ctx(), &p.vhost, &p.source, &p.destination);
+    let found = all.into_iter().find(|r| r["properties_key"] == props.as_str());
     Ok(Json(found.ok_or_else(ApiError::not_found)?))
 }
 
@@ -517,5 +472,5 @@ pub fn user_exchanges(ctx: &HttpContext, vhost: &str) -> Vec<Json_> {
 
 /// Bindings of `vhost` a definitions export lists: not those of the default exchange.
 pub fn user_bindings(ctx: &HttpContext, vhost: &str) -> Vec<Json_> {
-    bindings(ctx, Some(vhost)).into_iter().filter(|b| b["source"] != "").collect()
+    bindings_of(ctx, vhost).into_iter().filter(|b| b["source"] != "").collect()
 }

@@ -2,17 +2,15 @@
 //! 200 `{"status":"ok"}`, or 503 `{"status":"failed","reason":...}` — what Kubernetes
 //! probes and monitoring scripts call.
 
-use std::sync::Arc;
-
-use axum::extract::{Path, State};
+use axum::extract::Path;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
+use axum::Json;
 use serde_json::json;
 
-use super::auth::{Access, Caller};
 use super::error::ApiError;
-use super::HttpContext;
+use super::permit::{Monitoring, Permitted, Vhost};
+use crate::authz::{Permission, ResourceKind};
 use crate::core::alarm::Resource;
 
 fn ok() -> Response {
@@ -24,17 +22,13 @@ fn failed(body: serde_json::Value) -> Response {
 }
 
 /// Checks that always pass on a single node (`node-is-quorum-critical`, ...).
-pub async fn ok_check(Extension(caller): Extension<Caller>) -> Result<Response, ApiError> {
-    caller.require(Access::Monitoring)?;
+pub async fn ok_check(_: Permitted<Monitoring>) -> Result<Response, ApiError> {
     Ok(ok())
 }
 
 /// `GET /api/health/checks/alarms` and `local-alarms`.
-pub async fn alarms(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-) -> Result<Response, ApiError> {
-    caller.require(Access::Monitoring)?;
+pub async fn alarms(p: Permitted<Monitoring>) -> Result<Response, ApiError> {
+    let ctx = p.ctx();
     let raised = ctx.alarm.raised();
     if raised.is_empty() {
         return Ok(ok());
@@ -53,18 +47,13 @@ pub async fn alarms(
 }
 
 /// `GET /api/health/checks/virtual-hosts`: every virtual host is running.
-pub async fn virtual_hosts(Extension(caller): Extension<Caller>) -> Result<Response, ApiError> {
-    caller.require(Access::Monitoring)?;
+pub async fn virtual_hosts(_: Permitted<Monitoring>) -> Result<Response, ApiError> {
     Ok(ok())
 }
 
 /// `GET /api/health/checks/port-listener/{port}`.
-pub async fn port_listener(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path(port): Path<String>,
-) -> Result<Response, ApiError> {
-    caller.require(Access::Monitoring)?;
+pub async fn port_listener(p: Permitted<Monitoring>, Path(port): Path<String>) -> Result<Response, ApiError> {
+    let ctx = p.ctx();
     let port: u16 = port.parse().map_err(|_| ApiError::bad_request(format!("{port} is not a port number")))?;
     let ports: Vec<u16> = ctx.listeners.read().iter().map(|l| l.addr.port()).collect();
     if ports.contains(&port) {
@@ -75,12 +64,8 @@ pub async fn port_listener(
 
 /// `GET /api/health/checks/protocol-listener/{protocol}` (`amqp`, `amqp/ssl`, `mqtt`,
 /// `mqtt/ssl`, `http`; RabbitMQ's aliases `amqp091`, `amqp0.9.1`, `mqtts`, `amqps`, `https` too).
-pub async fn protocol_listener(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path(protocol): Path<String>,
-) -> Result<Response, ApiError> {
-    caller.require(Access::Monitoring)?;
+pub async fn protocol_listener(p: Permitted<Monitoring>, Path(protocol): Path<String>) -> Result<Response, ApiError> {
+    let ctx = p.ctx();
     let wanted = match protocol.as_str() {
         "amqp091" | "amqp0.9.1" | "amqp0-9-1" | "amqp" => "amqp",
         "amqps" | "amqp/ssl" => "amqp/ssl",
@@ -96,15 +81,14 @@ pub async fn protocol_listener(
 }
 
 /// `GET /api/aliveness-test/{vhost}`: publishes a message to the vhost's `aliveness-test`
-/// queue and takes it back, as RabbitMQ does.
-pub async fn aliveness(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path(vhost): Path<String>,
-) -> Result<Response, ApiError> {
-    caller.require(Access::Management)?;
-    super::queues::known_vhost(&ctx, &vhost)?;
-    match super::queues::round_trip(&ctx, &vhost, "aliveness-test").await {
+/// queue and takes it back, as RabbitMQ does (with the caller's permissions: configure
+/// and read on the queue, write on the default exchange).
+pub async fn aliveness(p: Permitted<Vhost>) -> Result<Response, ApiError> {
+    const QUEUE: &str = "aliveness-test";
+    p.resource(ResourceKind::Queue, QUEUE, Permission::Configure)?;
+    p.resource(ResourceKind::Exchange, "", Permission::Write)?;
+    p.resource(ResourceKind::Queue, QUEUE, Permission::Read)?;
+    match super::queues::round_trip(p.ctx(), &p.name, QUEUE).await {
         Ok(()) => Ok(ok()),
         Err(reason) => Ok(failed(json!({ "status": "failed", "reason": reason }))),
     }

@@ -6,6 +6,9 @@
 //! - [`access`] — virtual hosts, users and permissions (read and write, durable).
 //! - [`auth`] — HTTP Basic against the user store, and what each user tag may call.
 //! - [`csrf`] — cross-site requests refused (`Origin`, `Sec-Fetch-Site`), JSON bodies only.
+//! - [`permit`] — the proof every `/api` handler takes: the tag, virtual host and
+//!   permissions its route demands, checked before it runs (a handler without one does
+//!   not compile).
 //! - [`rules`] — topic permissions and the MQTT topic rules.
 //! - [`shovels`] — shovels as runtime parameters, and their status.
 //! - [`bridges`] — the bridges' state.
@@ -39,6 +42,7 @@ pub mod listener;
 pub mod metrics;
 pub mod mqtt;
 pub mod overview;
+pub mod permit;
 pub mod queues;
 pub mod rates;
 pub mod rules;
@@ -127,9 +131,10 @@ impl HttpContext {
 /// Most stored timers a sample counts (the delayed-message count stops there).
 pub const DELAYED_SCAN_LIMIT: usize = 1_000_000;
 
-/// The routes of the API.
+/// The routes of the API. The `/api` routes have a [`permit::Gate`] for state: their
+/// handlers reach the context only through a [`permit::Permitted`] proof.
 pub fn router(ctx: Arc<HttpContext>) -> Router {
-    let api = Router::new()
+    let api: Router<permit::Gate> = Router::new()
         .route("/overview", get(overview::overview))
         .route("/whoami", get(overview::whoami))
         .route("/nodes", get(overview::nodes))
@@ -179,7 +184,7 @@ pub fn router(ctx: Arc<HttpContext>) -> Router {
         .route("/connections/{name}/channels", get(connections::connection_channels))
         .route("/channels", get(connections::channels))
         .route("/consumers", get(connections::consumers))
-        .route("/consumers/{vhost}", get(connections::consumers))
+        .route("/consumers/{vhost}", get(connections::consumers_vhost))
         .route("/health/checks/alarms", get(health::alarms))
         .route("/health/checks/local-alarms", get(health::alarms))
         .route("/health/checks/virtual-hosts", get(health::virtual_hosts))
@@ -216,7 +221,7 @@ pub fn router(ctx: Arc<HttpContext>) -> Router {
         .layer(axum::middleware::from_fn_with_state(ctx.clone(), csrf::refuse_cross_site));
     let body_limit = axum::extract::DefaultBodyLimit::max(ctx.cfg.max_body_size);
     Router::new()
-        .nest("/api", api.layer(body_limit))
+        .nest("/api", api.layer(body_limit).with_state(permit::Gate::new(ctx.clone())))
         .route("/metrics", get(metrics::metrics))
         .route("/metrics/per-object", get(metrics::per_object))
         .route("/", get(dashboard::index))

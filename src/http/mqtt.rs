@@ -2,16 +2,14 @@
 //! (connected), sessions (offline persistent ones included), subscriptions, retained
 //! messages; kicking a client, deleting a session or a retained message.
 
-use std::sync::Arc;
-
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query};
 use axum::http::StatusCode;
-use axum::{Extension, Json};
+use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value as Json_};
 
-use super::auth::{Access, Caller};
 use super::error::ApiError;
+use super::permit::{Administrator, Monitoring, Permitted};
 use super::queues::payload_json;
 use super::HttpContext;
 use crate::core::connections::ClientDetails;
@@ -52,9 +50,9 @@ fn subscriptions(ctx: &HttpContext) -> Vec<(String, String, u8, bool, bool, Opti
 }
 
 /// `GET /api/ferrymq/mqtt/clients`: connected MQTT clients.
-pub async fn clients(State(ctx): State<Arc<HttpContext>>, Extension(caller): Extension<Caller>) -> Answer {
-    caller.require(Access::Monitoring)?;
-    let subs = subscriptions(&ctx);
+pub async fn clients(p: Permitted<Monitoring>) -> Answer {
+    let ctx = p.ctx();
+    let subs = subscriptions(ctx);
     let mut all = Vec::new();
     for c in ctx.broker.connections.list().into_iter().filter(|c| c.protocol.is_mqtt()) {
         let ClientDetails::Mqtt { client_id, keep_alive, clean_start, expiry_secs } = &c.client else { continue };
@@ -90,20 +88,16 @@ pub async fn clients(State(ctx): State<Arc<HttpContext>>, Extension(caller): Ext
 
 /// `GET /api/ferrymq/mqtt/delayed`: how many delayed messages wait for their time (EMQX's
 /// delayed-publish count; AMQP delayed publishes included), as of the last rates sample.
-pub async fn delayed(State(ctx): State<Arc<HttpContext>>, Extension(caller): Extension<Caller>) -> Answer {
-    caller.require(Access::Monitoring)?;
+pub async fn delayed(p: Permitted<Monitoring>) -> Answer {
+    let ctx = p.ctx();
     let pending = ctx.delayed_pending.load(std::sync::atomic::Ordering::Relaxed);
     let limit = super::DELAYED_SCAN_LIMIT as u64;
     Ok(Json(json!({ "pending": pending, "scan_limit": limit, "at_limit": pending >= limit })))
 }
 
 /// `DELETE /api/ferrymq/mqtt/clients/{clientid}`: kick (MQTT 5 DISCONNECT 0x98).
-pub async fn kick(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path(client_id): Path<String>,
-) -> Result<StatusCode, ApiError> {
-    caller.require(Access::Administrator)?;
+pub async fn kick(p: Permitted<Administrator>, Path(client_id): Path<String>) -> Result<StatusCode, ApiError> {
+    let ctx = p.ctx();
     match ctx.mqtt.sessions.kick(&client_id) {
         Some(_) => Ok(StatusCode::NO_CONTENT),
         None => Err(ApiError::not_found()),
@@ -112,9 +106,9 @@ pub async fn kick(
 
 /// `GET /api/ferrymq/mqtt/sessions`: every session, offline persistent ones included,
 /// with its subscriptions and (persistent) queued messages.
-pub async fn sessions(State(ctx): State<Arc<HttpContext>>, Extension(caller): Extension<Caller>) -> Answer {
-    caller.require(Access::Monitoring)?;
-    let subs = subscriptions(&ctx);
+pub async fn sessions(p: Permitted<Monitoring>) -> Answer {
+    let ctx = p.ctx();
+    let subs = subscriptions(ctx);
     let mut all = Vec::new();
     for s in ctx.mqtt.sessions.list() {
         let queued = match &s.persistent {
@@ -146,11 +140,10 @@ pub async fn sessions(State(ctx): State<Arc<HttpContext>>, Extension(caller): Ex
 /// `DELETE /api/ferrymq/mqtt/sessions/{clientid}`: kicks the client if it is connected,
 /// then discards its persistent session (subscriptions, queued messages, stored state).
 pub async fn delete_session(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
+    p: Permitted<Administrator>,
     Path(client_id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    caller.require(Access::Administrator)?;
+    let ctx = p.ctx();
     // A connected client is told to go; its cleanup releases the session (awaited, not polled).
     let kicked = ctx.mqtt.sessions.kick(&client_id);
     if let Some(signals) = &kicked {
@@ -168,9 +161,9 @@ pub async fn delete_session(
 }
 
 /// `GET /api/ferrymq/mqtt/subscriptions`.
-pub async fn subscriptions_list(State(ctx): State<Arc<HttpContext>>, Extension(caller): Extension<Caller>) -> Answer {
-    caller.require(Access::Monitoring)?;
-    let rows = subscriptions(&ctx)
+pub async fn subscriptions_list(p: Permitted<Monitoring>) -> Answer {
+    let ctx = p.ctx();
+    let rows = subscriptions(ctx)
         .into_iter()
         .map(|(client, topic, qos, nl, rap, id)| {
             json!({ "clientid": client, "topic": topic, "qos": qos, "nl": nl, "rap": rap, "subid": id, "node": ctx.node() })
@@ -188,18 +181,19 @@ pub struct RetainedQuery {
     pub truncate: Option<u64>,
 }
 
-/// `GET /api/ferrymq/mqtt/retained?topic=FILTER`.
-pub async fn retained(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Query(q): Query<RetainedQuery>,
-) -> Answer {
-    caller.require(Access::Monitoring)?;
+/// `GET /api/ferrymq/mqtt/retained?topic=FILTER`: the retained messages the caller could
+/// receive as an MQTT client (the MQTT rules; with RabbitMQ's permissions, read on the
+/// MQTT exchange and its topic permissions), administrators included.
+pub async fn retained(p: Permitted<Monitoring>, Query(q): Query<RetainedQuery>) -> Answer {
+    let ctx = p.ctx();
     let filter = q.topic.unwrap_or_else(|| "#".into());
     let mut msgs = ctx.broker.retained.matching(&mqtt_filter_to_pattern(&filter));
     msgs.sort_by(|a, b| a.routing_key.cmp(&b.routing_key));
+    let mut reader = p.message_reader();
+    let exchange = ctx.broker.router.mqtt_exchange();
     let rows = msgs
         .iter()
+        .filter(|m| reader.may_read(MQTT_VHOST, exchange, &m.routing_key))
         .map(|m| {
             let (payload, encoding) = payload_json(&m.payload, "auto", Some(q.truncate.unwrap_or(256)));
             json!({
@@ -217,12 +211,8 @@ pub async fn retained(
 
 /// `DELETE /api/ferrymq/mqtt/retained/{topic}` (the topic URL-encoded): clears it durably,
 /// without publishing anything to subscribers.
-pub async fn delete_retained(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path(topic): Path<String>,
-) -> Result<StatusCode, ApiError> {
-    caller.require(Access::Administrator)?;
+pub async fn delete_retained(p: Permitted<Administrator>, Path(topic): Path<String>) -> Result<StatusCode, ApiError> {
+    let ctx = p.ctx();
     let key = crate::core::message::mqtt_to_key(&topic);
     if ctx.broker.retained.matching(&key).is_empty() {
         return Err(ApiError::not_found());

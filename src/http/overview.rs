@@ -1,14 +1,13 @@
 //! `/api/overview`, `/api/nodes`, `/api/whoami` and `/api/extensions`.
 
-use std::sync::Arc;
-
-use axum::extract::{Path, State};
-use axum::{Extension, Json};
+use axum::extract::Path;
+use axum::Json;
 use serde_json::{json, Value as Json_};
 
-use super::auth::{Access, Caller};
+use super::auth::Access;
 use super::error::ApiError;
 use super::json::rate;
+use super::permit::{Management, Monitoring, Permitted};
 use super::queues::QueueTotals;
 use super::HttpContext;
 use crate::core::alarm::{resident_memory, Resource};
@@ -19,14 +18,19 @@ pub const RABBITMQ_API_VERSION: &str = "3.13.7";
 
 type Answer = Result<Json<Json_>, ApiError>;
 
-/// `GET /api/overview`.
-pub async fn overview(State(ctx): State<Arc<HttpContext>>, Extension(caller): Extension<Caller>) -> Answer {
-    caller.require(Access::Management)?;
+/// `GET /api/overview`: queue and object totals over the virtual hosts the caller may
+/// open (every one to monitoring users and administrators), its own connections unless
+/// it is a monitoring user, as RabbitMQ.
+pub async fn overview(p: Permitted<Management>) -> Answer {
+    let ctx = p.ctx();
     let r = ctx.rates.current();
     let t = super::rates::Totals::now(&ctx.broker);
-    let q = QueueTotals::of(&ctx);
-    let exchanges: usize = ctx.vhosts().iter().map(|v| ctx.broker.router.exchanges(v).len()).sum();
-    let conns = ctx.broker.connections.list();
+    let q = QueueTotals::of_vhosts(ctx, |v| p.sees_vhost(v));
+    let exchanges: usize =
+        ctx.vhosts().iter().filter(|v| p.sees_vhost(v)).map(|v| ctx.broker.router.exchanges(v).len()).sum();
+    let caller = p.caller();
+    let mut conns = ctx.broker.connections.list();
+    conns.retain(|c| caller.access >= Access::Monitoring || c.user == caller.name);
     let channels: u64 = conns.iter().map(|c| Stats::get(&c.channels)).sum();
     let churn = ctx.broker.connections.churn();
     Ok(Json(json!({
@@ -71,7 +75,7 @@ pub async fn overview(State(ctx): State<Arc<HttpContext>>, Extension(caller): Ex
             "port": l.addr.port(),
             "socket_opts": {},
         })).collect::<Vec<_>>(),
-        "contexts": [{ "node": ctx.node(), "description": "FerryMQ Management", "path": "/", "port": http_port(&ctx) }],
+        "contexts": [{ "node": ctx.node(), "description": "FerryMQ Management", "path": "/", "port": http_port(ctx) }],
     })))
 }
 
@@ -94,13 +98,13 @@ fn exchange_types() -> Json_ {
 }
 
 /// `GET /api/whoami`.
-pub async fn whoami(Extension(caller): Extension<Caller>) -> Json<Json_> {
+pub async fn whoami(p: Permitted<Management>) -> Json<Json_> {
+    let caller = p.caller();
     Json(json!({ "name": caller.name, "tags": caller.tags, "is_internal_user": true }))
 }
 
 /// `GET /api/extensions` (the dashboard's plugins: none).
-pub async fn extensions(Extension(caller): Extension<Caller>) -> Answer {
-    caller.require(Access::Management)?;
+pub async fn extensions(_: Permitted<Management>) -> Answer {
     Ok(Json(json!([])))
 }
 
@@ -146,22 +150,16 @@ fn node_json(ctx: &HttpContext) -> Json_ {
 }
 
 /// `GET /api/nodes`.
-pub async fn nodes(State(ctx): State<Arc<HttpContext>>, Extension(caller): Extension<Caller>) -> Answer {
-    caller.require(Access::Monitoring)?;
-    Ok(Json(json!([node_json(&ctx)])))
+pub async fn nodes(p: Permitted<Monitoring>) -> Answer {
+    Ok(Json(json!([node_json(p.ctx())])))
 }
 
 /// `GET /api/nodes/{name}`.
-pub async fn node(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path(name): Path<String>,
-) -> Answer {
-    caller.require(Access::Monitoring)?;
-    if name != ctx.node() {
+pub async fn node(p: Permitted<Monitoring>, Path(name): Path<String>) -> Answer {
+    if name != p.ctx().node() {
         return Err(ApiError::not_found());
     }
-    Ok(Json(node_json(&ctx)))
+    Ok(Json(node_json(p.ctx())))
 }
 
 /// The soft limit on open files, from `/proc/self/limits`.

@@ -1,21 +1,20 @@
 //! `/api/queues`: the AMQP queues (and streams) with RabbitMQ's fields, paged lists,
 //! declare, delete (`if-empty`, `if-unused`), purge and get.
 
-use crate::authz::{Permission, ResourceKind};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::Query;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
+use axum::Json;
 use base64::Engine;
 use serde::Deserialize;
 use serde_json::{json, Map, Value as Json_};
 
-use super::auth::{Access, Caller};
 use super::error::ApiError;
 use super::json::{flag, json_table, lenient, list, rate, table_json, Body, ListQuery};
+use super::permit::{Configure, Management, OnQueue, Permitted, Read, Vhost, View};
 use super::rates::{QueuePerSecond, QueueSample};
 use super::HttpContext;
 use crate::amqp::entities::QueueEntity;
@@ -48,10 +47,15 @@ impl QueueTotals {
 
     /// Over the queues of `vhost` (all with `None`).
     pub fn of_vhost(ctx: &HttpContext, vhost: Option<&str>) -> QueueTotals {
+        Self::of_vhosts(ctx, |v| vhost.is_none_or(|only| only == v))
+    }
+
+    /// Over the queues of the virtual hosts `counted` picks.
+    pub fn of_vhosts(ctx: &HttpContext, counted: impl Fn(&str) -> bool) -> QueueTotals {
         let mut t = QueueTotals::default();
         ctx.queue_rates.with(|rates| {
             for q in ctx.amqp.entities.all() {
-                if vhost.is_some_and(|v| v != q.vhost) {
+                if !counted(&q.vhost) {
                     continue;
                 }
                 let c = Counts::of(&q);
@@ -199,38 +203,25 @@ fn queue_json(ctx: &HttpContext, q: &QueueEntity, detail: Detail, rates: &dyn Fn
     Json_::Object(o)
 }
 
-fn sorted_queues(ctx: &HttpContext, vhost: Option<&str>) -> Vec<(String, Arc<QueueEntity>)> {
-    let mut all: Vec<Arc<QueueEntity>> =
-        ctx.amqp.entities.all().into_iter().filter(|q| vhost.is_none_or(|v| v == q.vhost)).collect();
+fn sorted_queues(ctx: &HttpContext, listed: &dyn Fn(&str) -> bool) -> Vec<(String, Arc<QueueEntity>)> {
+    let mut all: Vec<Arc<QueueEntity>> = ctx.amqp.entities.all().into_iter().filter(|q| listed(&q.vhost)).collect();
     all.sort_unstable_by(|a, b| (&a.vhost, &a.name).cmp(&(&b.vhost, &b.name)));
     all.into_iter().map(|q| (q.name.clone(), q)).collect()
 }
 
-fn answer_list(ctx: &HttpContext, vhost: Option<&str>, q: &ListQuery) -> Result<Json<Json_>, ApiError> {
+fn answer_list(ctx: &HttpContext, listed: &dyn Fn(&str) -> bool, q: &ListQuery) -> Result<Json<Json_>, ApiError> {
     let detail = Detail::of(q);
-    ctx.queue_rates.with(|rates| list(sorted_queues(ctx, vhost), q, |e| queue_json(ctx, e, detail, rates)))
+    ctx.queue_rates.with(|rates| list(sorted_queues(ctx, listed), q, |e| queue_json(ctx, e, detail, rates)))
 }
 
-/// `GET /api/queues`.
-pub async fn list_all(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Query(q): Query<ListQuery>,
-) -> Result<Json<Json_>, ApiError> {
-    caller.require(Access::Management)?;
-    answer_list(&ctx, None, &q)
+/// `GET /api/queues`: the queues of the virtual hosts the caller may open.
+pub async fn list_all(p: Permitted<Management>, Query(q): Query<ListQuery>) -> Result<Json<Json_>, ApiError> {
+    answer_list(p.ctx(), &|v| p.lists(v), &q)
 }
 
 /// `GET /api/queues/{vhost}`.
-pub async fn list_vhost(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path(vhost): Path<String>,
-    Query(q): Query<ListQuery>,
-) -> Result<Json<Json_>, ApiError> {
-    caller.require(Access::Management)?;
-    known_vhost(&ctx, &vhost)?;
-    answer_list(&ctx, Some(&vhost), &q)
+pub async fn list_vhost(p: Permitted<Vhost>, Query(q): Query<ListQuery>) -> Result<Json<Json_>, ApiError> {
+    answer_list(p.ctx(), &|v| v == p.name, &q)
 }
 
 /// 404 unless `vhost` exists.
@@ -246,14 +237,10 @@ fn find(ctx: &HttpContext, vhost: &str, name: &str) -> Result<Arc<QueueEntity>, 
 }
 
 /// `GET /api/queues/{vhost}/{name}`.
-pub async fn show(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path((vhost, name)): Path<(String, String)>,
-) -> Result<Json<Json_>, ApiError> {
-    caller.require(Access::Management)?;
-    let q = find(&ctx, &vhost, &name)?;
-    Ok(Json(ctx.queue_rates.with(|rates| queue_json(&ctx, &q, Detail::Full, rates))))
+pub async fn show(p: Permitted<OnQueue<View>>) -> Result<Json<Json_>, ApiError> {
+    let ctx = p.ctx();
+    let q = find(ctx, &p.vhost, &p.name)?;
+    Ok(Json(ctx.queue_rates.with(|rates| queue_json(ctx, &q, Detail::Full, rates))))
 }
 
 /// The body of `PUT /api/queues/{vhost}/{name}`.
@@ -279,28 +266,21 @@ fn yes() -> bool {
 
 /// `PUT /api/queues/{vhost}/{name}`: 201 when created, 204 when an equivalent one exists,
 /// 400 with RabbitMQ's `inequivalent arg` text otherwise.
-pub async fn declare(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path((vhost, name)): Path<(String, String)>,
-    Body(body): Body<DeclareBody>,
-) -> Result<StatusCode, ApiError> {
-    caller.require(Access::Management)?;
-    known_vhost(&ctx, &vhost)?;
+pub async fn declare(p: Permitted<OnQueue<Configure>>, Body(body): Body<DeclareBody>) -> Result<StatusCode, ApiError> {
+    let (ctx, vhost, name) = (p.ctx(), &p.vhost, &p.name);
     let arguments = json_table(&body.arguments);
     if name.is_empty() || name.starts_with("amq.") {
         return Err(ApiError::bad_request(format!("queue name '{name}' contains reserved prefix 'amq.*'")));
     }
-    caller.permitted(&ctx.authz, &vhost, ResourceKind::Queue, &name, Permission::Configure)?;
     let dlx = arguments.iter().find(|(k, _)| k == "x-dead-letter-exchange").and_then(|(_, v)| v.as_str());
     if let Some(dlx) = dlx {
-        caller.route_into_permitted(&ctx.authz, &vhost, dlx, ctx.broker.router.mqtt_exchange())?;
+        p.route_into(dlx)?;
     }
-    if let Some(existing) = ctx.amqp.entities.queue(&vhost, &name) {
+    if let Some(existing) = ctx.amqp.entities.queue(vhost, name) {
         check_equivalent_queue(&existing, body.durable, false, body.auto_delete, &arguments).map_err(ApiError::from)?;
         return Ok(StatusCode::NO_CONTENT);
     }
-    create_queue(&ctx.amqp, &vhost, &name, body.durable, None, body.auto_delete, arguments)
+    create_queue(&ctx.amqp, vhost, name, body.durable, None, body.auto_delete, arguments)
         .await
         .map_err(ApiError::from)?;
     Ok(StatusCode::CREATED)
@@ -317,15 +297,10 @@ pub struct DeleteQuery {
     pub if_unused: Option<String>,
 }
 
-/// `DELETE /api/queues/{vhost}/{name}`.
-pub async fn remove(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path((vhost, name)): Path<(String, String)>,
-    Query(q): Query<DeleteQuery>,
-) -> Result<StatusCode, ApiError> {
-    caller.require(Access::Management)?;
-    let entity = find(&ctx, &vhost, &name)?;
+/// `DELETE /api/queues/{vhost}/{name}`: configure permission on the queue.
+pub async fn remove(p: Permitted<OnQueue<Configure>>, Query(q): Query<DeleteQuery>) -> Result<StatusCode, ApiError> {
+    let (ctx, vhost, name) = (p.ctx(), &p.vhost, &p.name);
+    let entity = find(ctx, vhost, name)?;
     let c = Counts::of(&entity);
     if flag(&q.if_empty) && ctx.broker.shards.len(entity.id).await > 0 {
         return Err(ApiError::bad_request(format!(
@@ -339,14 +314,10 @@ pub async fn remove(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// `DELETE /api/queues/{vhost}/{name}/contents`: purge.
-pub async fn purge(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path((vhost, name)): Path<(String, String)>,
-) -> Result<StatusCode, ApiError> {
-    caller.require(Access::Management)?;
-    let entity = find(&ctx, &vhost, &name)?;
+/// `DELETE /api/queues/{vhost}/{name}/contents`: purge (read permission on the queue).
+pub async fn purge(p: Permitted<OnQueue<Read>>) -> Result<StatusCode, ApiError> {
+    let ctx = p.ctx();
+    let entity = find(ctx, &p.vhost, &p.name)?;
     if entity.is_stream() {
         return Err(ApiError::bad_request("a stream cannot be purged"));
     }
@@ -419,16 +390,10 @@ pub fn payload_json(body: &[u8], encoding: &str, truncate: Option<u64>) -> (Stri
     }
 }
 
-/// `POST /api/queues/{vhost}/{name}/get`.
-pub async fn get_messages(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path((vhost, name)): Path<(String, String)>,
-    Body(body): Body<GetBody>,
-) -> Result<Response, ApiError> {
-    caller.require(Access::Management)?;
-    let entity = find(&ctx, &vhost, &name)?;
-    caller.permitted(&ctx.authz, &vhost, ResourceKind::Queue, &name, Permission::Read)?;
+/// `POST /api/queues/{vhost}/{name}/get`: read permission on the queue.
+pub async fn get_messages(p: Permitted<OnQueue<Read>>, Body(body): Body<GetBody>) -> Result<Response, ApiError> {
+    let ctx = p.ctx();
+    let entity = find(ctx, &p.vhost, &p.name)?;
     if entity.is_stream() {
         return Err(ApiError::bad_request("basic.get is not supported on streams"));
     }

@@ -3,18 +3,16 @@
 //! topic rules, first match wins, replacing `[[auth.rules]]` once set). Both are stored,
 //! and apply to open connections at their next request.
 
-use std::sync::Arc;
-
-use axum::extract::{Path, State};
+use axum::extract::Path;
 use axum::http::StatusCode;
-use axum::{Extension, Json};
+use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value as Json_};
 
 use super::access::put_topic_permission;
-use super::auth::{Access, Caller};
 use super::error::ApiError;
 use super::json::Body;
+use super::permit::{Administrator, Permitted, Vhost};
 use super::HttpContext;
 use crate::authz::{rules_of, RuleEntry};
 use crate::core::broker::Commit;
@@ -33,41 +31,27 @@ fn listed(ctx: &HttpContext, keep: impl Fn(&TopicPermissionRecord) -> bool) -> J
 }
 
 /// `GET /api/topic-permissions`.
-pub async fn all(State(ctx): State<Arc<HttpContext>>, Extension(caller): Extension<Caller>) -> Answer {
-    caller.require(Access::Administrator)?;
-    Ok(Json(listed(&ctx, |_| true)))
+pub async fn all(p: Permitted<Administrator>) -> Answer {
+    let ctx = p.ctx();
+    Ok(Json(listed(ctx, |_| true)))
 }
 
 /// `GET /api/vhosts/{vhost}/topic-permissions`.
-pub async fn of_vhost(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path(vhost): Path<String>,
-) -> Answer {
-    caller.require(Access::Administrator)?;
-    super::queues::known_vhost(&ctx, &vhost)?;
-    Ok(Json(listed(&ctx, |p| p.vhost == vhost)))
+pub async fn of_vhost(p: Permitted<Vhost<Administrator>>) -> Answer {
+    Ok(Json(listed(p.ctx(), |r| r.vhost == p.name)))
 }
 
 /// `GET /api/users/{user}/topic-permissions`.
-pub async fn of_user(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path(user): Path<String>,
-) -> Answer {
-    caller.require(Access::Administrator)?;
+pub async fn of_user(p: Permitted<Administrator>, Path(user): Path<String>) -> Answer {
+    let ctx = p.ctx();
     ctx.users.get(&user).ok_or_else(ApiError::not_found)?;
-    Ok(Json(listed(&ctx, |p| p.user == user)))
+    Ok(Json(listed(ctx, |p| p.user == user)))
 }
 
 /// `GET /api/topic-permissions/{vhost}/{user}`: one entry per exchange (404 when none).
-pub async fn of_pair(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path((vhost, user)): Path<(String, String)>,
-) -> Answer {
-    caller.require(Access::Administrator)?;
-    let found = listed(&ctx, |p| p.vhost == vhost && p.user == user);
+pub async fn of_pair(p: Permitted<Administrator>, Path((vhost, user)): Path<(String, String)>) -> Answer {
+    let ctx = p.ctx();
+    let found = listed(ctx, |p| p.vhost == vhost && p.user == user);
     if found.as_array().is_some_and(Vec::is_empty) {
         return Err(ApiError::not_found());
     }
@@ -89,24 +73,22 @@ pub struct TopicPermissionBody {
 
 /// `PUT /api/topic-permissions/{vhost}/{user}`.
 pub async fn set(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
+    p: Permitted<Administrator>,
     Path((vhost, user)): Path<(String, String)>,
     Body(b): Body<TopicPermissionBody>,
 ) -> Result<StatusCode, ApiError> {
-    caller.require(Access::Administrator)?;
-    let p = TopicPermissionRecord { vhost, user, exchange: b.exchange, write: b.write, read: b.read };
-    let new = put_topic_permission(&ctx, p).await?;
+    let ctx = p.ctx();
+    let record = TopicPermissionRecord { vhost, user, exchange: b.exchange, write: b.write, read: b.read };
+    let new = put_topic_permission(ctx, record).await?;
     Ok(if new { StatusCode::CREATED } else { StatusCode::NO_CONTENT })
 }
 
 /// `DELETE /api/topic-permissions/{vhost}/{user}`: every exchange's.
 pub async fn clear(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
+    p: Permitted<Administrator>,
     Path((vhost, user)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
-    caller.require(Access::Administrator)?;
+    let ctx = p.ctx();
     let doomed: Vec<String> = ctx
         .authz
         .policy()
@@ -128,8 +110,8 @@ pub async fn clear(
 
 /// `GET /api/mqtt/rules`: the rules `PUT` sets (or `[[auth.rules]]`), then the ACL
 /// files' (shown, not changed here), and whether MQTT authorization is on.
-pub async fn mqtt_rules(State(ctx): State<Arc<HttpContext>>, Extension(caller): Extension<Caller>) -> Answer {
-    caller.require(Access::Administrator)?;
+pub async fn mqtt_rules(p: Permitted<Administrator>) -> Answer {
+    let ctx = p.ctx();
     let policy = ctx.authz.policy();
     Ok(Json(json!({
         "enabled": ctx.authz.mqtt_enabled(),
@@ -142,11 +124,10 @@ pub async fn mqtt_rules(State(ctx): State<Arc<HttpContext>>, Extension(caller): 
 /// `PUT /api/mqtt/rules`: replaces the rules (a JSON array of rules as `[[auth.rules]]`
 /// spells them); checked whole first, so a bad rule changes nothing.
 pub async fn set_mqtt_rules(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
+    p: Permitted<Administrator>,
     Body(entries): Body<Vec<RuleEntry>>,
 ) -> Result<StatusCode, ApiError> {
-    caller.require(Access::Administrator)?;
+    let ctx = p.ctx();
     let rules = rules_of(&entries).map_err(ApiError::bad_request)?;
     let text = serde_json::to_string(&entries).map_err(|e| ApiError::internal(e.to_string()))?;
     let write = ctx.broker.stores.access.put_mqtt_rules(&text);

@@ -4,17 +4,18 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, Query, State};
-use axum::{Extension, Json};
+use axum::extract::{Path, Query};
+use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value as Json_};
 
-use super::auth::{Access, Caller};
 use super::error::ApiError;
 use super::json::{lenient, table_json, Body};
+use super::permit::{Monitoring, OnQueue, Permitted, Read, Vhost, View};
 use super::queues::{payload_json, properties_json};
 use super::HttpContext;
 use crate::amqp::entities::QueueEntity;
+use crate::authz::{Permission, ResourceKind};
 use crate::core::router::Destination;
 use crate::core::stream::{StreamOffset, StreamStatus};
 
@@ -84,30 +85,21 @@ fn stream_json(q: &QueueEntity, s: &StreamStatus, group: Option<&str>) -> Json_ 
 }
 
 /// `GET /api/ferrymq/streams/{vhost}/{name}/groups`.
-pub async fn stream_groups(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path((vhost, name)): Path<(String, String)>,
-) -> Answer {
-    caller.require(Access::Management)?;
-    let q = stream(&ctx, &vhost, &name)?;
-    let s = status(&ctx, &q).await?;
+pub async fn stream_groups(p: Permitted<OnQueue<View>>) -> Answer {
+    let q = stream(p.ctx(), &p.vhost, &p.name)?;
+    let s = status(p.ctx(), &q).await?;
     Ok(Json(stream_json(&q, &s, None)))
 }
 
 /// `GET /api/ferrymq/super-streams/{vhost}/{exchange}/groups`: each partition's groups,
 /// and each group's lag summed over the partitions.
-pub async fn super_stream_groups(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path((vhost, exchange)): Path<(String, String)>,
-) -> Answer {
-    caller.require(Access::Management)?;
+pub async fn super_stream_groups(p: Permitted<Vhost>, Path(params): Path<Params>) -> Answer {
+    let (ctx, vhost, exchange) = (p.ctx(), &p.name, param(&params, "exchange")?);
     let mut parts = Vec::new();
     let mut totals: std::collections::BTreeMap<String, u64> = Default::default();
-    for p in partitions(&ctx, &vhost, &exchange)? {
-        let s = status(&ctx, &p).await?;
-        let row = stream_json(&p, &s, None);
+    for part in partitions(ctx, vhost, exchange)? {
+        let s = status(ctx, &part).await?;
+        let row = stream_json(&part, &s, None);
         for g in row["groups"].as_array().into_iter().flatten() {
             *totals.entry(g["name"].as_str().unwrap_or_default().to_owned()).or_default() +=
                 g["lag"].as_u64().unwrap_or(0);
@@ -146,35 +138,47 @@ impl ResetBody {
     }
 }
 
+/// The route's path parameters by name (beyond what the proof holds).
+type Params = std::collections::HashMap<String, String>;
+
+fn param<'a>(params: &'a Params, name: &str) -> Result<&'a str, ApiError> {
+    params.get(name).map(String::as_str).ok_or_else(ApiError::not_found)
+}
+
 /// `POST /api/ferrymq/streams/{vhost}/{name}/groups/{group}/reset`: moves the group's
-/// committed offset; its members continue from there. Answers the new offset.
+/// committed offset; its members continue from there. Answers the new offset. Read
+/// permission on the stream, as consuming from it.
 pub async fn reset_stream_group(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path((vhost, name, group)): Path<(String, String, String)>,
+    p: Permitted<OnQueue<Read>>,
+    Path(params): Path<Params>,
     Body(body): Body<ResetBody>,
 ) -> Answer {
-    caller.require(Access::Management)?;
+    let (ctx, name, group) = (p.ctx(), &p.name, param(&params, "group")?);
     let to = body.target()?;
-    let q = stream(&ctx, &vhost, &name)?;
-    let offset = ctx.broker.shards.reset_group(q.id, &group, to).await.ok_or_else(ApiError::not_found)?;
+    let q = stream(ctx, &p.vhost, name)?;
+    let offset = ctx.broker.shards.reset_group(q.id, group, to).await.ok_or_else(ApiError::not_found)?;
     Ok(Json(json!({ "stream": name, "group": group, "committed_offset": offset })))
 }
 
 /// `POST /api/ferrymq/super-streams/{vhost}/{exchange}/groups/{group}/reset`: every
 /// partition (an offset applies to each partition alike; a timestamp is the usual choice).
+/// Read permission on every partition, checked before any moves.
 pub async fn reset_super_stream_group(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Path((vhost, exchange, group)): Path<(String, String, String)>,
+    p: Permitted<Vhost>,
+    Path(params): Path<Params>,
     Body(body): Body<ResetBody>,
 ) -> Answer {
-    caller.require(Access::Management)?;
+    let (ctx, vhost) = (p.ctx(), &p.name);
+    let (exchange, group) = (param(&params, "exchange")?, param(&params, "group")?);
     let to = body.target()?;
+    let parts = partitions(ctx, vhost, exchange)?;
+    for part in &parts {
+        p.resource(ResourceKind::Queue, &part.name, Permission::Read)?;
+    }
     let mut rows = Vec::new();
-    for p in partitions(&ctx, &vhost, &exchange)? {
-        let offset = ctx.broker.shards.reset_group(p.id, &group, to).await.ok_or_else(ApiError::not_found)?;
-        rows.push(json!({ "stream": p.name, "committed_offset": offset }));
+    for part in parts {
+        let offset = ctx.broker.shards.reset_group(part.id, group, to).await.ok_or_else(ApiError::not_found)?;
+        rows.push(json!({ "stream": part.name, "committed_offset": offset }));
     }
     Ok(Json(json!({ "super_stream": exchange, "group": group, "partitions": rows })))
 }
@@ -196,13 +200,11 @@ pub struct LookupQuery {
 
 /// `GET /api/ferrymq/messages?key=K[&from=&to=&limit=]`: the messages stored under a
 /// key in a time range, oldest first, with their properties, a body preview and where
-/// they are in the commit log.
-pub async fn lookup(
-    State(ctx): State<Arc<HttpContext>>,
-    Extension(caller): Extension<Caller>,
-    Query(q): Query<LookupQuery>,
-) -> Answer {
-    caller.require(Access::Monitoring)?;
+/// they are in the commit log. Only messages the caller could read as a client are
+/// listed; a stored message does not record its virtual host, so that holds in every
+/// virtual host with an exchange of its name ([`super::permit::MessageReader`]).
+pub async fn lookup(p: Permitted<Monitoring>, Query(q): Query<LookupQuery>) -> Answer {
+    let ctx = p.ctx();
     if q.key.is_empty() {
         return Err(ApiError::bad_request("key is required"));
     }
@@ -212,8 +214,10 @@ pub async fn lookup(
         .broker
         .messages_by_key(&q.key, q.from.unwrap_or(0), to, limit)
         .map_err(|e| ApiError::internal(e.to_string()))?;
+    let mut reader = p.message_reader();
     let rows = found
         .iter()
+        .filter(|(_, _, m)| reader.may_read_anywhere(&m.exchange, &m.routing_key))
         .map(|(pos, at, m)| {
             let (payload, encoding) = payload_json(&m.payload, "auto", Some(q.truncate.unwrap_or(1024)));
             json!({

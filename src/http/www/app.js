@@ -302,7 +302,7 @@ async function admin() {
       { title: "messages", cell: v => fmt(v.messages), num: true }], vhosts, v => v.name), addVhost,
     table("permissions-table", [{ title: "user", cell: p => p.user }, { title: "vhost", cell: p => p.vhost },
       { title: "configure", cell: p => p.configure }, { title: "write", cell: p => p.write }, { title: "read", cell: p => p.read }], perms),
-    el("p", { class: "muted" }, "Permissions are stored and shown; enforcing them comes with the security work."));
+    el("p", { class: "muted" }, "With auth.authorization on, permissions apply to AMQP, MQTT and the management API alike."));
 }
 
 async function definitions() {
