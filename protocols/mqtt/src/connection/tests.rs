@@ -414,6 +414,34 @@ fn qos2_inbound_dedup() {
     }
 }
 
+/// MQTT 3.1 retransmissions carry DUP on PUBREL, SUBSCRIBE and UNSUBSCRIBE; they are
+/// answered as the first sending would be, not refused as malformed.
+#[test]
+fn v3_1_retransmissions_with_dup_are_served() {
+    let mut c = Client::connected(V3, Config::default(), ConnectProperties::default());
+    c.send(&publish(QoS::ExactlyOnce, 1, "t"));
+    assert_eq!(c.events().len(), 1);
+    c.conn.ack_publish(1, ReasonCode::SUCCESS);
+    assert!(matches!(c.out().as_slice(), [Packet::PubRec { pkid: 1, .. }]));
+    c.raw(&[0x6A, 0x02, 0x00, 0x01]);
+    assert_eq!(c.events(), vec![Event::PubRel { pkid: 1 }]);
+    assert_eq!(c.out(), vec![Packet::PubComp { pkid: 1, reason: ReasonCode::SUCCESS }]);
+    // The PUBCOMP was lost: the client sends PUBREL again.
+    c.raw(&[0x6A, 0x02, 0x00, 0x01]);
+    assert_eq!(c.out(), vec![Packet::PubComp { pkid: 1, reason: ReasonCode::SUCCESS }]);
+    c.raw(&[0x8A, 0x06, 0x00, 0x02, 0x00, 0x01, b'a', 0x01]);
+    assert!(matches!(c.events().as_slice(), [Event::Subscribe(s)] if s.pkid == 2));
+    c.conn.ack_subscribe(2, vec![ReasonCode::GRANTED_QOS_1]);
+    assert!(matches!(c.out().as_slice(), [Packet::SubAck { pkid: 2, .. }]));
+    c.raw(&[0xAA, 0x05, 0x00, 0x03, 0x00, 0x01, b'a']);
+    assert!(matches!(c.events().as_slice(), [Event::Unsubscribe(u)] if u.pkid == 3));
+    assert!(!c.conn.is_closed());
+    // The same bytes on 3.1.1 are malformed.
+    let mut c = Client::connected(V4, Config::default(), ConnectProperties::default());
+    c.raw(&[0x8A, 0x06, 0x00, 0x02, 0x00, 0x01, b'a', 0x01]);
+    assert!(c.conn.is_closed());
+}
+
 #[test]
 fn qos2_inbound_error_releases_id() {
     let mut c = Client::connected(V5, Config::default(), ConnectProperties::default());
