@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 
 use super::*;
-use crate::codec::{decode, encode};
+use crate::codec::{decode, encode, encoded_len};
 
 const V3: ProtocolLevel = ProtocolLevel::V3_1;
 const V4: ProtocolLevel = ProtocolLevel::V3_1_1;
@@ -697,6 +697,37 @@ fn a_connack_sheds_optional_properties_to_fit_the_client_maximum_packet_size() {
         assert_eq!(&bytes[..4], &[0x20, bytes.len() as u8 - 2, 0, 0][..], "max {max}: a successful CONNACK first");
         assert!(!c.conn.is_closed());
     }
+}
+
+/// Trimming drops first what carries no information: a session expiry equal to the
+/// client's (0 when its CONNECT had none), a keep alive equal to its own, default limits;
+/// the topic alias maximum, which says something, stays.
+#[test]
+fn a_trimmed_connack_drops_restated_properties_before_informative_ones() {
+    let config = Config { topic_alias_maximum: 10, receive_maximum: u16::MAX, ..Config::default() };
+    let connack = |max: Option<u32>| {
+        let mut c = Client::new(V5, config.clone());
+        let props = ConnectProperties { maximum_packet_size: max, ..ConnectProperties::default() };
+        c.send(&connect_packet(V5, props));
+        c.events();
+        c.conn.accept(Accept {
+            session_expiry_interval: Some(0),
+            properties: ConnAckProperties { server_keep_alive: Some(10), ..ConnAckProperties::default() },
+            ..Accept::default()
+        });
+        c.out()
+    };
+    let full = connack(None);
+    let full_len = encoded_len(&full[0], V5).unwrap();
+    // Short by the four "available" flags (2 bytes each, absent means true) and the
+    // session expiry interval (1 + 4 bytes).
+    let out = connack(Some(full_len as u32 - 8 - 5));
+    let [Packet::ConnAck { reason: ReasonCode::SUCCESS, properties, .. }] = out.as_slice() else { panic!("{out:?}") };
+    assert_eq!(properties.topic_alias_maximum, Some(10), "informative: kept");
+    assert_eq!(properties.maximum_packet_size, Some(Config::default().max_packet_size), "kept");
+    assert_eq!(properties.session_expiry_interval, None, "0, as the client asked: dropped");
+    assert_eq!(properties.server_keep_alive, None, "the client's own keep alive: dropped");
+    assert_eq!(properties.receive_maximum, None, "65,535 is the default: dropped");
 }
 
 #[test]
