@@ -21,6 +21,8 @@
 //! ```
 //!
 //! - [`config`] — embedded default + environment + file + flags.
+//! - [`preflight`] — start-up checks before anything starts (data directory lock, TLS
+//!   files, rules, every listener bound).
 //! - [`server`] — listeners, connection limit, start-up restore, shutdown.
 //! - [`core`] — message, routing table, queues, streams, scheduler, retained, stores,
 //!   counters: everything both protocols share. Only the core calls the journal.
@@ -50,7 +52,16 @@ pub mod ctl;
 pub mod http;
 pub mod mqtt;
 pub mod origin;
+pub mod preflight;
 pub mod server;
 pub mod socket;
 pub mod tls;
 pub mod websocket;
+
+/// The commit this build is from (`git rev-parse --short HEAD` at build time; `unknown`
+/// when built without git).
+pub const COMMIT: &str = env!("FERRY_BUILD_COMMIT");
+
+/// The version with its commit, as `ferrymq --version` and the start-up log say it:
+/// `0.1.0 (abc1234)`.
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("FERRY_BUILD_COMMIT"), ")");

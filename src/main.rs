@@ -17,7 +17,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// FerryMQ: an MQTT 3.1.1/5.0 and AMQP 0-9-1 broker on one durable commit log.
 #[derive(Debug, Parser)]
-#[command(version, about, args_override_self = true)]
+#[command(version = ferrymq::VERSION, about, args_override_self = true)]
 struct Cli {
     /// Configuration file (TOML, same layout as conf/ferrymq.toml; any subset of keys).
     #[arg(long, value_name = "FILE")]
@@ -99,7 +99,7 @@ fn main() -> anyhow::Result<()> {
         definitions: cli.definitions,
         log: cli.log,
     };
-    let config = match Config::load(&overrides, std::env::vars()) {
+    let mut config = match Config::load(&overrides, std::env::vars()) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("ferrymq: {e}");
@@ -107,24 +107,79 @@ fn main() -> anyhow::Result<()> {
         }
     };
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::new(&config.broker.log))
+        .with_env_filter(EnvFilter::new(log_filter(&config.broker.log)))
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    raise_open_files_limit(config.mqtt.max_connections);
+    log_start(&config, &overrides);
+    fit_connections_to_open_files(&mut config);
     let runtime =
         tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the runtime")?;
     runtime.block_on(run(config, overrides))
 }
 
-/// Raises the soft limit on open files to the hard limit, so that `mqtt.max_connections`
-/// can be reached (the usual soft limit, 1,024, is far below it); logs what it did.
-fn raise_open_files_limit(max_connections: usize) {
+/// The `--log` filter, with the AMQP client library the shovels use (`lapin`) silenced
+/// unless the filter names it: it logs every channel or connection the other side closes
+/// as an ERROR (a queue a shovel looks for before declaring it, a broker shutting down),
+/// and the shovels log what matters to them themselves.
+fn log_filter(filter: &str) -> String {
+    if filter.contains("lapin") {
+        filter.to_owned()
+    } else {
+        format!("{filter},lapin=off")
+    }
+}
+
+/// Logs the version, the data directory and the configuration read, first thing.
+fn log_start(config: &Config, overrides: &Overrides) {
+    tracing::info!("ferrymq {} starting", ferrymq::VERSION);
+    match &overrides.config_file {
+        Some(path) => tracing::info!(file = %path.display(), "configuration read"),
+        None => tracing::info!("no configuration file: built-in defaults"),
+    }
+    let env: Vec<String> = std::env::vars().map(|(k, _)| k).filter(|k| k.starts_with("FERRYMQ_")).collect();
+    if !env.is_empty() {
+        tracing::info!(variables = %env.join(" "), "configuration from the environment");
+    }
+    tracing::info!(dir = %config.data_dir().display(), "data directory");
+}
+
+/// Raises the soft limit on open files to the hard limit and fits `mqtt.max_connections`
+/// to it: left at its default, the limit is lowered to what the open files allow (said
+/// once, at info); set higher than that, a warning says connections past it will fail.
+fn fit_connections_to_open_files(config: &mut Config) {
+    let Some(limit) = raise_open_files_limit() else { return };
+    // Files beyond the connections: the journal's segments, sled, listeners.
+    let fits = usize::try_from(limit.saturating_sub(256)).unwrap_or(usize::MAX).max(1);
+    let max_connections = config.mqtt.max_connections;
+    if max_connections <= fits {
+        return;
+    }
+    let default = Config::load(&Overrides::default(), std::iter::empty()).map(|c| c.mqtt.max_connections).ok();
+    if default == Some(max_connections) {
+        config.mqtt.max_connections = fits;
+        tracing::info!(
+            limit,
+            max_connections = fits,
+            "mqtt.max_connections set to what the open-files limit allows (the default, {max_connections}, is above it)"
+        );
+    } else {
+        tracing::warn!(
+            limit,
+            max_connections,
+            "the open-files limit is below mqtt.max_connections: connections past it will be refused (raise the hard limit, e.g. LimitNOFILE= in systemd)"
+        );
+    }
+}
+
+/// Raises the soft limit on open files to the hard limit (the usual soft limit, 1,024, is
+/// far below what a broker needs); logs what it did and returns the limit in force.
+fn raise_open_files_limit() -> Option<u64> {
     let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit/setrlimit only read and write the struct passed to them.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
         tracing::warn!(error = %std::io::Error::last_os_error(), "cannot read the open-files limit");
-        return;
+        return None;
     }
     let soft = lim.rlim_cur;
     if lim.rlim_cur < lim.rlim_max {
@@ -137,15 +192,7 @@ fn raise_open_files_limit(max_connections: usize) {
             tracing::info!(from = soft, to = lim.rlim_cur, "raised the open-files limit to its hard limit");
         }
     }
-    // Files beyond the connections: the journal's segments, sled, listeners.
-    let needed = max_connections as u64 + 256;
-    if lim.rlim_cur < needed {
-        tracing::warn!(
-            limit = lim.rlim_cur,
-            max_connections,
-            "the open-files limit is below mqtt.max_connections: connections past it will be refused (raise the hard limit, e.g. LimitNOFILE= in systemd)"
-        );
-    }
+    Some(lim.rlim_cur)
 }
 
 async fn run(config: Config, overrides: Overrides) -> anyhow::Result<()> {
@@ -157,7 +204,7 @@ async fn run(config: Config, overrides: Overrides) -> anyhow::Result<()> {
     let server = match Server::start(config).await {
         Ok(s) => s,
         Err(e)
-            if e.downcast_ref::<ferrymq::server::ListenError>().is_some()
+            if e.downcast_ref::<ferrymq::server::StartError>().is_some()
                 || matches!(e.downcast_ref(), Some(ferrymq_storage::JournalError::Layout(_))) =>
         {
             eprintln!("ferrymq: {e:#}");

@@ -28,25 +28,9 @@ use crate::core::store::AccessRecords;
 use crate::http::{HttpContext, ListenerInfo};
 use crate::mqtt::session::Control;
 use crate::mqtt::{self, LoginRule, MqttContext, MqttLogins};
+use crate::preflight::Preflight;
 
-/// A listener that cannot be opened because of its configuration (the process exits with
-/// code 2, like other configuration errors).
-#[derive(Debug, thiserror::Error)]
-pub enum ListenError {
-    /// Another process holds the address.
-    #[error(
-        "cannot listen on {key} {addr}: the address is in use (is another broker already listening on {addr}? \
-         use {flag} to choose another address)"
-    )]
-    InUse {
-        /// The configuration key of the listener.
-        key: &'static str,
-        /// The command-line flag that sets it.
-        flag: &'static str,
-        /// The address asked for.
-        addr: std::net::SocketAddr,
-    },
-}
+pub use crate::preflight::{ListenError, StartError};
 
 /// A started broker: state restored, listeners bound; [`Server::shutdown`] stops it.
 pub struct Server {
@@ -80,11 +64,17 @@ pub struct Server {
     grace: Duration,
     /// The shovels (stopped first at shutdown: their connections are clients of ours).
     shovels: Arc<crate::bridge::shovel::Shovels>,
+    /// The data directory's lock, held while the broker runs.
+    _data_dir_lock: std::fs::File,
 }
 
 impl Server {
-    /// Opens the data directory, restores state and starts listening.
+    /// Checks the configuration, the data directory and the listeners ([`Preflight`]:
+    /// a [`StartError`] then), opens the data directory, restores state and starts
+    /// listening. A start that fails once the journal is open closes it cleanly, so that
+    /// the next start has no commit log to replay.
     pub async fn start(config: Config) -> anyhow::Result<Server> {
+        let pre = Preflight::check(&config).await?;
         let mut jcfg = config.journal();
         // The alarm blocks publishers at the disk free limit (bytes, or relative to the
         // memory watermark); should they outrun it, the journal refuses appends at half of
@@ -94,6 +84,17 @@ impl Server {
         let journal = tokio::task::spawn_blocking(move || Journal::open(jcfg))
             .await?
             .with_context(|| format!("cannot open the data directory {}", dir.display()))?;
+        match Self::start_on(config, pre, journal.clone()).await {
+            Ok(server) => Ok(server),
+            Err(e) => {
+                close_after_failed_start(&journal).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// The start once the journal is open.
+    async fn start_on(config: Config, mut pre: Preflight, journal: Journal) -> anyhow::Result<Server> {
         mark_watermarks_complete(&journal).await?;
         // Queues nobody configured are MQTT session and group queues.
         let mut session_queues = QueueConfig::new("mqtt-session", crate::core::router::MQTT_VHOST);
@@ -120,7 +121,7 @@ impl Server {
         // first periodic check (a start-up race seen in CI under load).
         alarm.check();
         tokio::spawn(alarm.clone().run());
-        let (configured, from_file) = configured_users(&config)?;
+        let (configured, from_file) = std::mem::take(&mut pre.users);
         let users = Users::new(configured, login_throttle(&config));
         let stored_access = restore_access(&broker, &config, &users);
         let authz = authorizer(&config, &stored_access)?;
@@ -165,21 +166,20 @@ impl Server {
             stop_accepting,
             grace: Duration::from_secs(config.broker.shutdown_grace_secs),
             shovels: Arc::new(crate::bridge::shovel::Shovels::new(None, None)),
+            _data_dir_lock: pre.data_dir_lock,
         };
-        let verify = crate::tls::VerifyClient::parse(&config.tls.verify_client);
-        let tls = || crate::tls::acceptor(&config.tls.cert, &config.tls.key, &config.tls.client_ca, verify);
+        let tls = pre.tls.clone();
         use Kind::{Amqp, Mqtt, MqttWs};
         let listeners = [
-            ("mqtt.listen", "--mqtt-listen", config.mqtt_listen(), Mqtt, false),
-            ("mqtt.tls_listen", "--mqtts-listen", config.mqtts_listen(), Mqtt, true),
-            ("mqtt.ws_listen", "--mqtt-ws-listen", config.mqtt_ws_listen(), MqttWs, false),
-            ("mqtt.wss_listen", "--mqtt-wss-listen", config.mqtt_wss_listen(), MqttWs, true),
-            ("amqp.listen", "--amqp-listen", config.amqp_listen(), Amqp, false),
-            ("amqp.tls_listen", "--amqps-listen", config.amqps_listen(), Amqp, true),
+            ("mqtt.listen", Mqtt, false),
+            ("mqtt.tls_listen", Mqtt, true),
+            ("mqtt.ws_listen", MqttWs, false),
+            ("mqtt.wss_listen", MqttWs, true),
+            ("amqp.listen", Amqp, false),
+            ("amqp.tls_listen", Amqp, true),
         ];
-        for (key, flag, addr, kind, is_tls) in listeners {
-            let Some(addr) = addr else { continue };
-            let listener = bind(key, flag, addr).await?;
+        for (key, kind, is_tls) in listeners {
+            let Some(listener) = pre.listeners.take(key) else { continue };
             let bound = Some(listener.local_addr()?);
             match (kind, is_tls) {
                 (Mqtt, false) => server.mqtt_addr = bound,
@@ -190,19 +190,7 @@ impl Server {
                 (Amqp, true) => server.amqps_addr = bound,
             }
             if let (Mqtt | MqttWs, Some(addr)) = (kind, bound) {
-                match server.mqtt.logins.rule(addr.ip().is_loopback()) {
-                    LoginRule::Open => {
-                        info!(listener = %addr, "MQTT: anonymous clients allowed, user names not checked")
-                    }
-                    LoginRule::Checked { anonymous: true } => {
-                        info!(listener = %addr, "MQTT: anonymous clients allowed, user names and passwords checked")
-                    }
-                    LoginRule::Checked { anonymous: false } => info!(
-                        listener = %addr,
-                        "MQTT: anonymous clients refused (set mqtt.allow_anonymous = true to allow), \
-                         user names and passwords checked"
-                    ),
-                }
+                log_login_rule(&server.mqtt, addr, is_tls);
             }
             if let (MqttWs, Some(addr)) = (kind, bound) {
                 let origins = ws_origin_policy(&server.mqtt, addr.ip().is_loopback());
@@ -220,17 +208,13 @@ impl Server {
                 Mqtt => Front::Mqtt(server.mqtt.clone()),
                 MqttWs => Front::MqttWs(server.mqtt.clone()),
             };
-            let acceptor = if is_tls { Some(tls()?) } else { None };
+            let acceptor = if is_tls { tls.clone() } else { None };
             tokio::spawn(accept_loop(listener, acceptor, front, server.connections.clone(), stop_rx.clone()));
         }
         let bridges = Arc::new(crate::bridge::Bridges::default());
         for b in &config.bridge.mqtt {
             let rules = b.rules().map_err(|e| anyhow::anyhow!("bridge `{}`: {e}", b.connection))?;
-            if !b.bridge_cafile.is_empty() {
-                // A file that cannot be read is a configuration error, not a link failure.
-                crate::tls::connector(&b.bridge_cafile, &b.bridge_certfile, &b.bridge_keyfile, b.bridge_insecure)
-                    .with_context(|| format!("bridge `{}`", b.connection))?;
-            }
+            // Its TLS files were checked before anything started.
             let status = bridges.add(&b.connection, &b.address[0]);
             tokio::spawn(crate::bridge::mqtt::run(server.mqtt.clone(), b.clone(), rules, status, stop_rx.clone()));
         }
@@ -245,7 +229,7 @@ impl Server {
             server
                 .shovels
                 .start(&s.vhost, &s.name, s.definition.clone(), false)
-                .map_err(|e| anyhow::anyhow!("shovel `{}`: {e}", s.name))?;
+                .map_err(|e| StartError::Config(anyhow::anyhow!("shovel `{}`: {e}", s.name)))?;
         }
         for p in stored_access.parameters.iter().filter(|p| p.component == "shovel") {
             if server.shovels.get(&p.vhost, &p.name).is_some() {
@@ -278,21 +262,18 @@ impl Server {
             delayed_pending: Default::default(),
         });
         if !config.http.load_definitions.is_empty() {
-            load_definitions(&ctx, &config.http.load_definitions).await?;
+            load_definitions(&ctx, &config.http.load_definitions).await.map_err(StartError::Config)?;
         }
         let mut http = crate::http::Listeners::default();
-        if let Some(addr) = config.http_listen() {
-            let listener = bind("http.listen", "--http-listen", addr).await?;
+        if let Some(listener) = pre.listeners.take("http.listen") {
             server.http_addr = Some(listener.local_addr()?);
             http.http = Some(listener);
         }
-        if let Some(addr) = config.https_listen() {
-            let listener = bind("http.tls_listen", "--https-listen", addr).await?;
+        if let (Some(listener), Some(tls)) = (pre.listeners.take("http.tls_listen"), tls) {
             server.https_addr = Some(listener.local_addr()?);
-            http.https = Some(crate::http::listener::TlsListener::new(listener, tls()?)?);
+            http.https = Some(crate::http::listener::TlsListener::new(listener, tls)?);
         }
-        if let Some(addr) = config.prometheus_listen() {
-            let listener = bind("prometheus.listen", "--prometheus-listen", addr).await?;
+        if let Some(listener) = pre.listeners.take("prometheus.listen") {
             server.prometheus_addr = Some(listener.local_addr()?);
             http.prometheus = Some(listener);
         }
@@ -445,12 +426,51 @@ async fn mark_watermarks_complete(journal: &Journal) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Binds a listener; an address in use is reported with the key and flag that set it.
-async fn bind(key: &'static str, flag: &'static str, addr: SocketAddr) -> anyhow::Result<TcpListener> {
-    TcpListener::bind(addr).await.map_err(|e| match e.kind() {
-        std::io::ErrorKind::AddrInUse => anyhow::Error::new(ListenError::InUse { key, flag, addr }),
-        _ => anyhow::Error::new(e).context(format!("cannot listen on {key} {addr}")),
-    })
+/// Closes the journal of a start that failed, flushed and checkpointed as at a shutdown.
+async fn close_after_failed_start(journal: &Journal) {
+    if let Err(e) = journal.flush().await {
+        warn!(error = %e, "journal flush after a failed start failed");
+    }
+    let journal = journal.clone();
+    match tokio::task::spawn_blocking(move || journal.close()).await {
+        Ok(Err(e)) => warn!(error = %e, "closing the journal after a failed start failed"),
+        Ok(Ok(())) => info!("start failed: the data directory was closed cleanly"),
+        Err(_) => {}
+    }
+}
+
+/// Logs who an MQTT listener lets in. With `mqtt.use_identity_as_username` (or
+/// `use_subject_as_username`) the user is the client certificate's, so a listener without
+/// TLS lets nobody in.
+fn log_login_rule(mqtt: &MqttContext, addr: SocketAddr, is_tls: bool) {
+    if mqtt.cfg.use_identity_as_username || mqtt.cfg.use_subject_as_username {
+        let setting = if mqtt.cfg.use_subject_as_username {
+            "mqtt.use_subject_as_username"
+        } else {
+            "mqtt.use_identity_as_username"
+        };
+        if is_tls {
+            info!(listener = %addr, "MQTT: user names from client certificates ({setting}); clients without one refused");
+        } else {
+            info!(
+                listener = %addr,
+                "MQTT: every client refused: {setting} takes user names from client certificates, which this \
+                 listener (no TLS) never has"
+            );
+        }
+        return;
+    }
+    match mqtt.logins.rule(addr.ip().is_loopback()) {
+        LoginRule::Open => info!(listener = %addr, "MQTT: anonymous clients allowed, user names not checked"),
+        LoginRule::Checked { anonymous: true } => {
+            info!(listener = %addr, "MQTT: anonymous clients allowed, user names and passwords checked")
+        }
+        LoginRule::Checked { anonymous: false } => info!(
+            listener = %addr,
+            "MQTT: anonymous clients refused (set mqtt.allow_anonymous = true to allow), \
+             user names and passwords checked"
+        ),
+    }
 }
 
 /// Imports a RabbitMQ definitions file (`http.load_definitions`); what cannot be applied
@@ -628,7 +648,7 @@ async fn accept_loop(
 /// The configured users (their passwords hashed), then those of
 /// `auth.mosquitto_password_file` (which [`Users::new`] lets replace a configured user of
 /// the same name); a bad file stops start-up.
-fn configured_users(config: &Config) -> anyhow::Result<(Vec<User>, Vec<String>)> {
+pub(crate) fn configured_users(config: &Config) -> anyhow::Result<(Vec<User>, Vec<String>)> {
     let mut users = Vec::new();
     let mut from_file = Vec::new();
     for entry in config.auth.all_users() {

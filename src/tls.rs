@@ -35,7 +35,17 @@ pub enum TlsError {
         /// What went wrong.
         reason: String,
     },
-    /// rustls refused the pair.
+    /// The private key does not go with the certificate, or rustls refused the pair.
+    #[error("tls.key `{key}` and tls.cert `{cert}`: {reason}")]
+    Pair {
+        /// The configured `tls.cert` path.
+        cert: String,
+        /// The configured `tls.key` path.
+        key: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// rustls refused the configuration.
     #[error("TLS configuration: {0}")]
     Rustls(#[from] rustls::Error),
 }
@@ -145,7 +155,14 @@ pub fn acceptor(
             builder.with_client_cert_verifier(verifier.build().map_err(|e| bad(e.to_string()))?)
         }
     };
-    let config = builder.with_single_cert(certs, key)?;
+    let config = builder.with_single_cert(certs, key).map_err(|e| TlsError::Pair {
+        cert: cert_path.into(),
+        key: key_path.into(),
+        reason: match e {
+            rustls::Error::InconsistentKeys(_) => "the private key is not the certificate's".into(),
+            e => e.to_string(),
+        },
+    })?;
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 

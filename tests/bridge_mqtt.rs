@@ -209,6 +209,14 @@ impl Mosquitto {
         }
     }
 
+    /// Kills it with SIGKILL (its connections end without DISCONNECT).
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
     fn address(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
@@ -381,6 +389,58 @@ async fn a_mosquitto_bridge_connects_into_ferrymq_unchanged() {
     assert_eq!(&at_edge.next_publish().await.payload[..], b"hi");
     assert_eq!(&at_hub.next_publish().await.payload[..], b"hi");
     at_edge.expect_no_publish(Duration::from_millis(500)).await;
+}
+
+/// A Mosquitto bridge connected into FerryMQ publishes its state on
+/// `$SYS/broker/connection/{its client id}/state` (its `notifications`, on by default):
+/// `1` retained once up, `0` through its will when it goes away. FerryMQ keeps it retained
+/// as Mosquitto does, at every protocol version the bridge may speak, and lists the remote
+/// bridge in `/api/ferrymq/bridges`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mosquitto_bridge_connected_into_ferrymq_reports_its_state_there() {
+    for version in ["mqttv31", "mqttv311", "mqttv50"] {
+        let hub = Broker::start();
+        let (h, p) = hub.host_port();
+        let mut watch = v4::connect(&hub, "watch").await;
+        watch.subscribe("$SYS/broker/connection/+/state", v4::QoS::AtLeastOnce).await;
+        let conf = format!(
+            "connection hub\naddress {h}:{p}\nremote_clientid edge-7\nbridge_protocol_version {version}\n\
+             topic telemetry/# out 1\nrestart_timeout 1 2\n"
+        );
+        let Some(mut edge) = Mosquitto::start_with(&conf).await else { return };
+        let m = watch.next_publish().await;
+        assert_eq!((m.topic.as_str(), &m.payload[..]), ("$SYS/broker/connection/edge-7/state", &b"1"[..]), "{version}");
+        // Retained: a client that subscribes later gets it.
+        let mut late = v5::connect(&hub, "late").await;
+        late.subscribe("$SYS/broker/connection/edge-7/state", v5::QoS::AtLeastOnce).await;
+        let m = late.next_publish().await;
+        assert_eq!((&m.payload[..], m.retain), (&b"1"[..], true), "{version}: retained");
+        drop(late);
+        // The bridges view lists the remote bridge beside FerryMQ's own.
+        let api = common::http::Api::of(&hub);
+        let rows = api.ok("/api/ferrymq/bridges").await;
+        let row = rows.as_array().and_then(|a| a.iter().find(|b| b["name"] == "edge-7")).cloned();
+        let row = row.unwrap_or_else(|| panic!("{version}: edge-7 not in {rows}"));
+        assert_eq!((row["state"].as_str(), row["remote"].as_bool()), (Some("running"), Some(true)), "{version}: {row}");
+        assert!(row["address"].as_str().is_some_and(|a| a.starts_with("127.0.0.1:")), "{version}: {row}");
+        // Mosquitto dies: its will says `0`, and so does the view.
+        edge.kill();
+        let m = watch.next_publish().await;
+        assert_eq!((m.topic.as_str(), &m.payload[..]), ("$SYS/broker/connection/edge-7/state", &b"0"[..]), "{version}");
+        let rows = api.ok("/api/ferrymq/bridges").await;
+        let row = rows.as_array().and_then(|a| a.iter().find(|b| b["name"] == "edge-7")).cloned();
+        assert_eq!(row.as_ref().and_then(|r| r["state"].as_str()), Some("down"), "{version}: {rows}");
+        // Kept across a restart of FerryMQ, as Mosquitto keeps retained messages.
+        drop(watch);
+        let hub = hub.restart();
+        let mut late = v4::connect(&hub, "after-restart").await;
+        late.subscribe("$SYS/broker/connection/edge-7/state", v4::QoS::AtLeastOnce).await;
+        let m = late.next_publish().await;
+        assert_eq!((&m.payload[..], m.retain), (&b"0"[..], true), "{version}: retained across a restart");
+        let rows = common::http::Api::of(&hub).ok("/api/ferrymq/bridges").await;
+        let row = rows.as_array().and_then(|a| a.iter().find(|b| b["name"] == "edge-7")).cloned();
+        assert_eq!(row.as_ref().and_then(|r| r["state"].as_str()), Some("down"), "{version}: {rows}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

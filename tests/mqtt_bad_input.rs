@@ -96,6 +96,36 @@ async fn mqtt_3_1_clients_are_accepted() {
     assert_eq!(raw.read_at_least(4).await, vec![0x20, 0x02, 0x00, 0x00]);
 }
 
+/// MQTT 3.1 sets DUP on a retransmitted PUBREL, SUBSCRIBE and UNSUBSCRIBE (the 3.1.1 rule
+/// that those flags must be 0010 does not apply): each is answered, the connection stays.
+#[tokio::test]
+async fn mqtt_3_1_retransmissions_with_dup_are_answered() {
+    let broker = Broker::start();
+    let mut sub = v4::connect(&broker, "watcher").await;
+    sub.subscribe("old/#", v4::QoS::ExactlyOnce).await;
+    let mut raw = Raw::connect(&broker).await;
+    let mut body = vec![0, 6, b'M', b'Q', b'I', b's', b'd', b'p', 3, 0x02, 0, 60];
+    body.extend_from_slice(&[0, 4, b'o', b'l', b'd', b'y']);
+    raw.send(&packet(0x10, &body)).await;
+    assert_eq!(raw.read_at_least(4).await, vec![0x20, 0x02, 0x00, 0x00]);
+    // QoS 2 PUBLISH id 1, then its PUBREL sent twice, the second time with DUP (0x6A).
+    raw.send(&packet(0x34, &[0, 5, b'o', b'l', b'd', b'/', b'a', 0, 1, b'x'])).await;
+    assert_eq!(raw.read_at_least(4).await, vec![0x50, 0x02, 0x00, 0x01], "PUBREC");
+    raw.send(&[0x6A, 0x02, 0x00, 0x01]).await;
+    assert_eq!(raw.read_at_least(4).await, vec![0x70, 0x02, 0x00, 0x01], "PUBCOMP for a PUBREL with DUP");
+    raw.send(&[0x6A, 0x02, 0x00, 0x01]).await;
+    assert_eq!(raw.read_at_least(4).await, vec![0x70, 0x02, 0x00, 0x01], "PUBCOMP for a repeated PUBREL");
+    assert_eq!(&sub.next_publish().await.payload[..], b"x");
+    // SUBSCRIBE (0x8A) and UNSUBSCRIBE (0xAA) with DUP.
+    raw.send(&packet(0x8A, &[0, 2, 0, 5, b'o', b'l', b'd', b'/', b'b', 1])).await;
+    assert_eq!(raw.read_at_least(5).await, vec![0x90, 0x03, 0x00, 0x02, 0x01], "SUBACK");
+    raw.send(&packet(0xAA, &[0, 3, 0, 5, b'o', b'l', b'd', b'/', b'b'])).await;
+    assert_eq!(raw.read_at_least(4).await, vec![0xB0, 0x02, 0x00, 0x03], "UNSUBACK");
+    // Still connected: a PINGREQ is answered.
+    raw.send(&[0xC0, 0x00]).await;
+    assert_eq!(raw.read_at_least(2).await, vec![0xD0, 0x00]);
+}
+
 #[tokio::test]
 async fn oversize_packet_is_refused_before_its_body() {
     let broker = Broker::start_with(Opts::default().env("FERRYMQ_MQTT__MAX_PACKET_SIZE", "1024"));

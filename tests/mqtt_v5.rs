@@ -404,6 +404,41 @@ async fn the_connack_fits_a_small_maximum_packet_size() {
     assert_eq!(raw.read_at_least(2).await, vec![0xD0, 0], "the connection works");
 }
 
+/// A CONNACK trimmed to a client's Maximum Packet Size drops first what carries no
+/// information: the Session Expiry Interval 0 of a client that asked for none (absent means
+/// the same), not the Topic Alias Maximum, which tells the client it may use aliases.
+#[tokio::test]
+async fn a_trimmed_connack_keeps_the_topic_alias_maximum_and_drops_a_restated_session_expiry() {
+    let broker = Broker::start();
+    let mut raw = Raw::connect(&broker).await;
+    raw.send(&connect_bytes(5, "small", 0x02, 60, &[5, 0x27, 0, 0, 0, 20])).await;
+    let got = raw.read_at_least(2).await;
+    let len = 2 + got[1] as usize;
+    let got = if got.len() < len { [got.clone(), raw.read_at_least(len - got.len()).await].concat() } else { got };
+    assert!(got[0] == 0x20 && len <= 20 && got[3] == 0, "a successful CONNACK of at most 20 bytes: {got:02x?}");
+    let ids = connack_property_ids(&got[..len]);
+    assert!(ids.contains(&0x22), "Topic Alias Maximum kept: {ids:02x?} in {got:02x?}");
+    assert!(!ids.contains(&0x11), "Session Expiry Interval 0 dropped: {ids:02x?} in {got:02x?}");
+}
+
+/// Identifiers of the properties of a 5.0 CONNACK (those a broker sends without strings).
+fn connack_property_ids(connack: &[u8]) -> Vec<u8> {
+    let props = &connack[5..5 + connack[4] as usize];
+    let mut ids = Vec::new();
+    let mut i = 0;
+    while i < props.len() {
+        let width = match props[i] {
+            0x11 | 0x27 => 4,
+            0x13 | 0x21 | 0x22 => 2,
+            0x24 | 0x25 | 0x28 | 0x29 | 0x2A => 1,
+            id => panic!("unexpected property {id:#04x} in {connack:02x?}"),
+        };
+        ids.push(props[i]);
+        i += 1 + width;
+    }
+    ids
+}
+
 /// A SUBSCRIBE takes effect for every publish the broker reads after it: client B
 /// subscribes and client A publishes right after, without waiting for B's SUBACK (as
 /// Eclipse Paho's `test_subscribe_options` and `test_request_response` do). The two

@@ -193,6 +193,25 @@ async fn a_shovel_from_the_configuration_carries_an_exchange_across_protocols() 
     assert_eq!((m.topic.as_str(), &m.payload[..]), ("sensors/7/temp", &b"19.5"[..]));
 }
 
+/// A shovel whose queues do not exist yet declares them and runs; the log of that normal
+/// start (and of the stop that follows) holds no ERROR: the AMQP client library logs each
+/// channel the broker closes as one (the passive declare of a missing queue, the broker
+/// shutting down), and the shovel reports what matters itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shovel_starts_and_stops_without_an_error_in_the_log() {
+    let mut broker = Broker::start_with(Opts::default().log("info").config(
+        "[[shovel]]\nname = \"local\"\nsrc-uri = \"amqp://\"\nsrc-queue = \"in\"\n\
+         dest-uri = \"amqp://\"\ndest-queue = \"out\"\n",
+    ));
+    running(&Api::of(&broker), "local").await;
+    publish_range(&broker, "in", 0..3).await;
+    assert_eq!(consume_until(&broker, "out", 0..3).await, vec![0, 1, 2]);
+    broker.stop();
+    let log = broker.log();
+    let errors: Vec<&str> = log.lines().filter(|l| l.contains(" ERROR ")).collect();
+    assert!(errors.is_empty(), "{errors:#?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_shovel_definitions_are_refused_with_the_reason() {
     let broker = Broker::start();

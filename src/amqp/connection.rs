@@ -94,6 +94,11 @@ pub async fn serve<S>(
         let mut task = Task::new(ctx.clone(), id, peer, control_rx, cert);
         task.listener = Some((listener, control_tx));
         task.run(stream).await;
+        if task.info.is_some() {
+            // As RabbitMQ and Mosquitto log every disconnect, with its reason.
+            let reason = task.end.as_deref().unwrap_or("closed by the server");
+            info!(reason = %reason, "client disconnected");
+        }
         Box::pin(task.cleanup()).await;
         ctx.unregister(id);
         ctx.broker.connections.unregister(id);
@@ -141,6 +146,8 @@ pub(super) struct Task {
     pub access: Access,
     /// The verified client certificate of a TLS connection that presented one.
     cert: Option<Arc<ClientCert>>,
+    /// Why the connection ended (the first reason seen), logged when it has.
+    pub end: Option<String>,
 }
 
 impl Task {
@@ -197,7 +204,20 @@ impl Task {
             client_properties: Vec::new(),
             info: None,
             counts: AmqpCounts::default(),
+            end: None,
         }
+    }
+
+    /// Records why the connection ends, unless a reason was recorded already.
+    fn ended(&mut self, why: impl Into<String>) {
+        self.end.get_or_insert_with(|| why.into());
+    }
+
+    /// Closes the connection with `connection.close` (`code`, `text`), the reason logged
+    /// when it has closed.
+    pub(super) fn close_connection(&mut self, code: u16, text: &str, class_id: u16, method_id: u16) {
+        self.ended(text);
+        self.proto.connection_error(code, text, class_id, method_id);
     }
 
     async fn run<S>(&mut self, stream: S)
@@ -230,10 +250,10 @@ impl Task {
                 ctrl = self.control_rx.recv() => {
                     match ctrl {
                         Some(Control::Shutdown) => {
-                            self.proto.connection_error(320, "CONNECTION_FORCED - broker shutdown", 0, 0);
+                            self.close_connection(320, "CONNECTION_FORCED - broker shutdown", 0, 0);
                         }
                         Some(Control::Close(reason)) => {
-                            info!(reason, "closed by an operator");
+                            self.ended(format!("closed by an operator: {reason}"));
                             self.proto.connection_error(320, &format!("CONNECTION_FORCED - {reason}"), 0, 0);
                         }
                         None => {}
@@ -244,10 +264,10 @@ impl Task {
                         if let Some(info) = &self.info { info.sent(n); }
                         trim_drained(&mut wbuf, n)
                     }
-                    Err(e) => { debug!(error = %e, "write failed"); eof = true; }
+                    Err(e) => { self.ended(format!("socket error: {e}")); eof = true; }
                 },
                 res = rbuf.read_from(&mut reader), if may_read => match res {
-                    Ok(0) => { debug!("peer closed the connection"); eof = true; }
+                    Ok(0) => { self.ended("client closed the TCP connection without closing the AMQP connection"); eof = true; }
                     Ok(n) => {
                         if let Some(info) = &self.info { info.received(n); }
                         let full = rbuf.is_full();
@@ -256,7 +276,7 @@ impl Task {
                         rbuf.resize(n, full);
                         Stats::add(&self.ctx.broker.stats.route_lookups, self.route_cache.take_lookups());
                     }
-                    Err(e) => { debug!(error = %e, "read failed"); eof = true; }
+                    Err(e) => { self.ended(format!("socket error: {e}")); eof = true; }
                 },
                 stored = front_stored(&mut self.confirms, PendingConfirm::signal), if confirm_ready => {
                     if let Some(front) = self.confirms.front_mut() {
@@ -367,11 +387,11 @@ impl Task {
                 Event::Open { vhost } => {
                     if !self.ctx.broker.router.has_vhost(&vhost) {
                         let text = format!("NOT_ALLOWED - vhost {vhost} not found");
-                        self.proto.connection_error(530, &text, 10, 40);
+                        self.close_connection(530, &text, 10, 40);
                     } else if !self.ctx.authz.vhost_access(&self.user, &vhost) {
                         warn!(user = %self.user, vhost = %vhost, "access to vhost refused");
                         let text = format!("NOT_ALLOWED - access to vhost '{vhost}' refused for user '{}'", self.user);
-                        self.proto.connection_error(530, &text, 10, 40);
+                        self.close_connection(530, &text, 10, 40);
                     } else {
                         tracing::Span::current().record("vhost", vhost.as_str());
                         info!("client connected");
@@ -406,7 +426,14 @@ impl Task {
                 Event::Publish(p) => self.on_publish(*p).await,
                 Event::Closed(reason) => {
                     self.client_closed = matches!(reason, CloseReason::ClientClosed { .. });
-                    debug!(?reason, "connection closed");
+                    match reason {
+                        CloseReason::ClientClosed { code: 200, .. } => self.ended("client closed the connection"),
+                        CloseReason::ClientClosed { code, text } => {
+                            self.ended(format!("client closed the connection: {code} {text}"))
+                        }
+                        CloseReason::ServerClosed { code } => self.ended(format!("closed by the server ({code})")),
+                        CloseReason::Error(e) => self.ended(format!("protocol error: {e}")),
+                    }
                 }
             }
         }

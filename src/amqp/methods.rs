@@ -93,7 +93,7 @@ impl Task {
         match outcome {
             Ok(Some(answer)) => self.proto.reply(channel, answer),
             Ok(None) => {}
-            Err(f) if f.connection => self.proto.connection_error(f.code, &f.text, class_id, method_id),
+            Err(f) if f.connection => self.close_connection(f.code, &f.text, class_id, method_id),
             Err(f) => {
                 self.proto.channel_error(channel, f.code, &f.text, class_id, method_id);
             }
@@ -818,7 +818,7 @@ impl Task {
         let vhost = self.vhost.clone();
         let exchange = p.exchange.as_str();
         if p.immediate {
-            self.proto.connection_error(540, "NOT_IMPLEMENTED - immediate=true", class_id, method_id);
+            self.close_connection(540, "NOT_IMPLEMENTED - immediate=true", class_id, method_id);
             return;
         }
         let Some((kind, internal)) = self.route_cache.exchange(&self.ctx.broker.router, &vhost, exchange) else {

@@ -217,6 +217,9 @@ pub struct BridgeStatus {
     pub sent: u64,
     /// Messages carried in from the remote broker.
     pub received: u64,
+    /// The topic the bridge publishes its state on locally (`notifications`), so that the
+    /// bridges view does not take it for a remote broker's bridge.
+    pub state_topic: Option<String>,
 }
 
 /// Every bridge's status.

@@ -164,6 +164,7 @@ pub async fn run(
     let base = Duration::from_secs_f64(cfg.restart_timeout.first().copied().unwrap_or(5.0));
     let cap = Duration::from_secs_f64(cfg.restart_timeout.get(1).copied().unwrap_or(30.0)).max(base);
     let state_topic = notification_topic(&cfg);
+    status.lock().state_topic = cfg.notifications.then(|| state_topic.clone());
     let mut backoff = base;
     let mut last_error = String::new();
     // The address tried next, and failed attempts since the bridge was last up.

@@ -362,6 +362,7 @@ fn listing(what: Listing) -> (&'static str, Vec<Column>) {
             "/ferrymq/bridges",
             vec![
                 col("name", "name", Plain),
+                col("remote", "remote", Plain),
                 col("address", "address", Plain),
                 col("state", "state", Plain),
                 col("sent", "sent", Count),

@@ -23,6 +23,9 @@ use crate::core::store::{StoreWrite, NEVER};
 impl Task {
     /// Ends the connection's part in its session once the socket is closed.
     pub(super) async fn cleanup(&mut self) {
+        if self.session.is_some() {
+            self.log_end();
+        }
         let Some(session) = self.session.take() else {
             self.signals.finish();
             return;

@@ -172,6 +172,15 @@ pub(super) struct Task {
     /// Deliveries dropped for this client (not sent: expired, too large), since connect.
     pub(super) dropped: u64,
     pub(super) publishes_out: u64,
+    /// Why the connection ended (the first reason seen), logged once when it has.
+    pub(super) end: Option<End>,
+}
+
+/// Why a connection ended, as its last log line says it.
+pub(super) struct End {
+    why: std::borrow::Cow<'static, str>,
+    /// Logged at warn (the client misbehaved), else at info.
+    warn: bool,
 }
 
 /// The protocol settings every connection of the front-end shares.
@@ -232,6 +241,27 @@ impl Task {
             publishes_unrouted: 0,
             dropped: 0,
             publishes_out: 0,
+            end: None,
+        }
+    }
+
+    /// Records why the connection ends, unless a reason was recorded already.
+    pub(super) fn ended(&mut self, why: impl Into<std::borrow::Cow<'static, str>>) {
+        self.end.get_or_insert_with(|| End { why: why.into(), warn: false });
+    }
+
+    /// [`Task::ended`] for a client that misbehaved (logged at warn).
+    pub(super) fn ended_badly(&mut self, why: impl Into<std::borrow::Cow<'static, str>>) {
+        self.end.get_or_insert_with(|| End { why: why.into(), warn: true });
+    }
+
+    /// The connection's last line: the client disconnected, and why (as Mosquitto logs
+    /// each disconnect).
+    pub(super) fn log_end(&self) {
+        match &self.end {
+            Some(End { why, warn: true }) => conn_log!(warn, self, reason = %why, "client disconnected"),
+            Some(End { why, warn: false }) => conn_log!(info, self, reason = %why, "client disconnected"),
+            None => conn_log!(info, self, reason = "closed by the server", "client disconnected"),
         }
     }
 
@@ -284,11 +314,12 @@ impl Task {
                     }
                     Signal::Told(Control::TakenOver) => Then::TakenOver,
                     Signal::Told(Control::Kicked) => {
-                        conn_log!(info, self, "closed by an operator");
+                        self.ended("closed by an operator");
                         self.proto.disconnect(ReasonCode::ADMINISTRATIVE_ACTION, Some("closed by an administrator"));
                         Then::Loop
                     }
                     Signal::Told(Control::Shutdown) => {
+                        self.ended("server shutting down");
                         self.publish_will = false;
                         self.shutting_down = true;
                         self.proto.disconnect(ReasonCode::SERVER_SHUTTING_DOWN, Some("server shutting down"));
@@ -312,8 +343,8 @@ impl Task {
                         self.progress |= n > 0;
                         Then::Loop
                     }
-                    Io::Wrote(Err(e)) => { conn_log!(debug, self, error = %e, "write failed"); eof = true; Then::Loop }
-                    Io::Read(Ok(0)) => { conn_log!(debug, self, "peer closed the connection"); eof = true; Then::Loop }
+                    Io::Wrote(Err(e)) => { self.ended(format!("socket error: {e}")); eof = true; Then::Loop }
+                    Io::Read(Ok(0)) => { self.ended("connection closed by the client"); eof = true; Then::Loop }
                     Io::Read(Ok(n)) => {
                         Stats::add(&self.ctx.broker.stats.bytes_received, n as u64);
                         if let Some(info) = &self.info { info.received(n); }
@@ -323,11 +354,11 @@ impl Task {
                     }
                     Io::Read(Err(e)) if crate::websocket::FrameTooLarge::is(&e) => {
                         // Over WebSocket a packet too large shows as a frame too large.
-                        conn_log!(debug, self, error = %e, "packet too large");
+                        self.ended_badly(format!("packet too large: {e}"));
                         self.proto.disconnect(ReasonCode::PACKET_TOO_LARGE, Some("packet too large"));
                         Then::Loop
                     }
-                    Io::Read(Err(e)) => { conn_log!(debug, self, error = %e, "read failed"); eof = true; Then::Loop }
+                    Io::Read(Err(e)) => { self.ended(format!("socket error: {e}")); eof = true; Then::Loop }
                 },
                 stored = front_stored(&mut self.pending_acks, PendingAck::signal), if ack_ready => {
                     self.on_front_stored(stored);
@@ -364,7 +395,7 @@ impl Task {
                     // still end the session the new connection would otherwise resume.
                     eof |= self.read_what_is_there(stream, &mut rbuf).await;
                     if !self.proto.is_closed() {
-                        conn_log!(info, self, "session taken over by a new connection");
+                        self.ended("session taken over by a new connection");
                         self.proto.disconnect(
                             ReasonCode::SESSION_TAKEN_OVER,
                             Some("session taken over by another connection"),
@@ -555,20 +586,19 @@ impl Task {
                 Event::Subscribe(s) => Box::pin(self.on_subscribe(s)).await,
                 Event::Unsubscribe(u) => Box::pin(self.on_unsubscribe(u)).await,
                 Event::Disconnect(d) => {
-                    conn_log!(debug, self, reason = d.reason.0, "client disconnected");
+                    match d.reason {
+                        ReasonCode::SUCCESS => self.ended("client sent DISCONNECT"),
+                        r => self.ended(format!("client sent DISCONNECT with reason {:#04x}", r.0)),
+                    }
                     self.publish_will = d.reason == ReasonCode::DISCONNECT_WITH_WILL;
                     if let (Some(expiry), Some(s)) = (d.session_expiry_interval, self.session.as_mut()) {
                         s.expiry_secs = expiry.min(self.ctx.cfg.max_session_expiry_secs);
                     }
                 }
-                Event::Error(e) => {
-                    let level_warn = !matches!(e, ferrymq_mqtt::ProtocolError::KeepAliveTimeout);
-                    if level_warn {
-                        conn_log!(warn, self, error = %e, "closing connection: protocol error");
-                    } else {
-                        conn_log!(info, self, error = %e, "closing connection");
-                    }
-                }
+                Event::Error(e) => match e {
+                    ferrymq_mqtt::ProtocolError::KeepAliveTimeout => self.ended(e.to_string()),
+                    e => self.ended_badly(format!("protocol error: {e}")),
+                },
             }
         }
         let stats = &self.ctx.broker.stats;

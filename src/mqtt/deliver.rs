@@ -65,13 +65,13 @@ impl Task {
         }
     }
 
-    /// Disconnects a subscriber that does not keep up (MQTT 5 reason 0x97); logged and
-    /// counted once.
+    /// Disconnects a subscriber that does not keep up (MQTT 5 reason 0x97); counted once,
+    /// and logged with the disconnect.
     pub(super) fn slow_consumer(&mut self, why: &str) {
         if std::mem::replace(&mut self.slow, true) {
             return;
         }
-        conn_log!(warn, self, why, "slow consumer: disconnecting");
+        self.ended_badly(format!("slow consumer: {why}"));
         Stats::add(&self.ctx.broker.stats.slow_consumers, 1);
         self.proto.disconnect(ReasonCode::QUOTA_EXCEEDED, Some("slow consumer"));
     }

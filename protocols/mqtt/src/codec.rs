@@ -89,7 +89,7 @@ pub fn decode(
     let Some(h) = header::parse(buf)? else {
         return Ok(None);
     };
-    header::check_flags(h.byte1)?;
+    header::check_flags(h.byte1, level)?;
     if h.total() > max_packet_size {
         return Err(DecodeError::TooLarge { size: h.total(), max: max_packet_size });
     }

@@ -258,8 +258,10 @@ struct Peer {
     /// Reason strings / user properties allowed on packets other than PUBLISH, CONNACK
     /// and DISCONNECT.
     problem_information: bool,
-    /// Session expiry interval in CONNECT was 0 (or absent).
-    session_expiry_zero: bool,
+    /// Session expiry interval in CONNECT (absent: 0).
+    session_expiry: u32,
+    /// Keep alive in CONNECT, seconds.
+    keep_alive: u16,
 }
 
 /// State machine of one MQTT connection (server side).
@@ -327,7 +329,8 @@ impl Connection {
                 receive_maximum: u16::MAX,
                 maximum_packet_size: None,
                 problem_information: true,
-                session_expiry_zero: true,
+                session_expiry: 0,
+                keep_alive: 0,
             },
             max_qos: 2,
             inbound: IdMap::default(),
@@ -492,7 +495,7 @@ impl Connection {
             // Packet Size: optional properties go until it does; if it cannot, the client
             // is refused with 0x95 Packet too large (sent if even that fits).
             if let Some(max) = self.peer.maximum_packet_size {
-                if !shrink_connack_to(&mut packet, max as usize) {
+                if !shrink_connack_to(&mut packet, max as usize, &self.peer) {
                     self.refuse(ReasonCode::PACKET_TOO_LARGE);
                     return;
                 }
@@ -769,16 +772,20 @@ impl Connection {
 }
 
 /// Drops a 5.0 CONNACK's optional properties, least needed first, until it encodes in
-/// `max` bytes: the problem information and properties that only restate a default, then
-/// the limits a client may do without (topic aliases are then not used; the broker still
-/// enforces its packet size and receive maximum, with the reason codes the client would
-/// see), then the assigned client identifier. False when even the bare CONNACK is larger.
-fn shrink_connack_to(packet: &mut Packet, max: usize) -> bool {
+/// `max` bytes: the problem information and the properties that carry no information
+/// (they restate a default or what the client's CONNECT said), then the limits a client
+/// may do without (topic aliases are then not used; the broker still enforces its packet
+/// size and receive maximum, with the reason codes the client would see), then the
+/// assigned client identifier. False when even the bare CONNACK is larger.
+fn shrink_connack_to(packet: &mut Packet, max: usize, peer: &Peer) -> bool {
     let fits = |p: &Packet| codec::encoded_len(p, ProtocolLevel::V5).is_ok_and(|n| n <= max);
     if fits(packet) {
         return true;
     }
     strip_problem_info(packet, true);
+    if let Packet::ConnAck { properties, .. } = packet {
+        drop_restated(properties, peer);
+    }
     let steps: [fn(&mut ConnAckProperties); 6] = [
         |p| p.response_information = None,
         |p| p.server_reference = None,
@@ -796,6 +803,24 @@ fn shrink_connack_to(packet: &mut Packet, max: usize) -> bool {
         }
     }
     fits(packet)
+}
+
+/// Removes the CONNACK properties whose absence means the same (MQTT 5 §3.2.2.3): a
+/// session expiry or keep alive equal to the client's own, a receive maximum of 65,535,
+/// a topic alias maximum of 0.
+fn drop_restated(p: &mut ConnAckProperties, peer: &Peer) {
+    if p.session_expiry_interval == Some(peer.session_expiry) {
+        p.session_expiry_interval = None;
+    }
+    if p.server_keep_alive == Some(peer.keep_alive) {
+        p.server_keep_alive = None;
+    }
+    if p.receive_maximum == Some(u16::MAX) {
+        p.receive_maximum = None;
+    }
+    if p.topic_alias_maximum == Some(0) {
+        p.topic_alias_maximum = None;
+    }
 }
 
 /// Removes reason strings and user properties from a packet the server sends; CONNACK

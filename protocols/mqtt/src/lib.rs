@@ -57,6 +57,10 @@
 //! trailing bytes, and PING/3.x DISCONNECT bodies are all refused with
 //! [`codec::DecodeError`]. Encoding is two-pass (count, then write), never writes a
 //! partial packet, and writes a PUBLISH payload with a single copy into the output.
+//!
+//! The reserved fixed-header flags are a 3.1.1 rule: MQTT 3.1 sets DUP on retransmitted
+//! PUBREL, SUBSCRIBE and UNSUBSCRIBE (`0x6A`, `0x8A`, `0xAA`) and leaves the flags of other
+//! packets unused, so at level 3 only PUBLISH flags are checked (as Mosquitto does).
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 

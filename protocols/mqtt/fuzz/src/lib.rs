@@ -56,7 +56,7 @@ pub fn decode_and_drive(data: &[u8]) {
     conn.handle_timeout(t0 + Duration::from_secs(3600));
     drive(&mut conn);
     // The codec alone, at every level, on the same bytes.
-    for level in [None, Some(ProtocolLevel::V3_1_1), Some(ProtocolLevel::V5)] {
+    for level in [None, Some(ProtocolLevel::V3_1), Some(ProtocolLevel::V3_1_1), Some(ProtocolLevel::V5)] {
         let mut b = BytesMut::from(rest);
         while let Ok(Some(p)) = codec::decode(&mut b, level, 64 * 1024) {
             let mut out = BytesMut::new();

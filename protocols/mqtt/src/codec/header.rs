@@ -2,6 +2,7 @@
 //! the body is buffered so oversized packets are refused early.
 
 use super::DecodeError;
+use crate::packet::ProtocolLevel;
 
 /// Packet type numbers.
 pub(crate) const CONNECT: u8 = 1;
@@ -64,7 +65,12 @@ pub(crate) fn parse(buf: &[u8]) -> Result<Option<FixedHeader>, DecodeError> {
 
 /// Checks the reserved flag bits of the first byte (MQTT-2.1.3-1), the reserved packet
 /// type 0, and QoS 3 / DUP on QoS 0 for PUBLISH.
-pub(crate) fn check_flags(byte1: u8) -> Result<(), DecodeError> {
+///
+/// `level` is the connection's protocol level (`None` before CONNECT). MQTT 3.1 has no
+/// reserved flags: its fixed header carries DUP, QoS and RETAIN on every packet, set on
+/// retransmission (DUP on PUBREL, SUBSCRIBE and UNSUBSCRIBE) and "not used" elsewhere, so
+/// a 3.1 connection's flags are checked on PUBLISH only, as Mosquitto does.
+pub(crate) fn check_flags(byte1: u8, level: Option<ProtocolLevel>) -> Result<(), DecodeError> {
     let flags = byte1 & 0x0F;
     match byte1 >> 4 {
         0 => Err(DecodeError::Protocol("reserved packet type 0")),
@@ -78,6 +84,7 @@ pub(crate) fn check_flags(byte1: u8) -> Result<(), DecodeError> {
             }
             Ok(())
         }
+        _ if level == Some(ProtocolLevel::V3_1) => Ok(()),
         PUBREL | SUBSCRIBE | UNSUBSCRIBE => {
             if flags != 0b0010 {
                 return Err(DecodeError::Malformed("reserved fixed header flags must be 0010"));
@@ -108,8 +115,25 @@ mod tests {
         assert!(parse(&[0x30, 0xFF, 0xFF, 0xFF, 0xFF, 0x01]).is_err());
     }
 
+    /// MQTT 3.1 retransmits PUBREL, SUBSCRIBE and UNSUBSCRIBE with DUP set (0x6A, 0x8A,
+    /// 0xAA); 3.1.1 and 5.0 reserve those flags.
+    #[test]
+    fn v3_1_has_no_reserved_flags() {
+        for byte1 in [0x6A, 0x8A, 0xAA, 0x62, 0x41, 0xC1] {
+            assert_eq!(check_flags(byte1, Some(ProtocolLevel::V3_1)), Ok(()), "{byte1:#04x}");
+            for level in [None, Some(ProtocolLevel::V3_1_1), Some(ProtocolLevel::V5)] {
+                assert_eq!(check_flags(byte1, level).is_ok(), byte1 == 0x62, "{byte1:#04x} at {level:?}");
+            }
+        }
+        // PUBLISH keeps its rules at 3.1.
+        assert!(check_flags(0x36, Some(ProtocolLevel::V3_1)).is_err());
+        assert!(check_flags(0x38, Some(ProtocolLevel::V3_1)).is_err());
+        assert!(check_flags(0x00, Some(ProtocolLevel::V3_1)).is_err());
+    }
+
     #[test]
     fn flags() {
+        let check_flags = |b| check_flags(b, Some(ProtocolLevel::V3_1_1));
         assert!(check_flags(0x00).is_err());
         assert!(check_flags(0x10).is_ok());
         assert!(check_flags(0x11).is_err());

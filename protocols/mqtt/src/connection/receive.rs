@@ -100,7 +100,8 @@ impl Connection {
                 receive_maximum: p.receive_maximum.unwrap_or(u16::MAX),
                 maximum_packet_size: p.maximum_packet_size,
                 problem_information: p.request_problem_information != Some(0),
-                session_expiry_zero: p.session_expiry_interval.unwrap_or(0) == 0,
+                session_expiry: p.session_expiry_interval.unwrap_or(0),
+                keep_alive: c.keep_alive,
             };
             let max = p.topic_alias_maximum.unwrap_or(0);
             if self.config.outbound_topic_aliases && max > 0 {
@@ -178,7 +179,7 @@ impl Connection {
             Packet::PingReq => self.queue(Packet::PingResp),
             Packet::Disconnect(d) => {
                 let expiry_set = d.session_expiry_interval.is_some_and(|e| e != 0);
-                if self.is_v5() && self.peer.session_expiry_zero && expiry_set {
+                if self.is_v5() && self.peer.session_expiry == 0 && expiry_set {
                     self.fail(ProtocolError::Violation(
                         ReasonCode::PROTOCOL_ERROR,
                         "session expiry set on DISCONNECT after 0 in CONNECT",

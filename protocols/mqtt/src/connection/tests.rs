@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 
 use super::*;
-use crate::codec::{decode, encode};
+use crate::codec::{decode, encode, encoded_len};
 
 const V3: ProtocolLevel = ProtocolLevel::V3_1;
 const V4: ProtocolLevel = ProtocolLevel::V3_1_1;
@@ -414,6 +414,34 @@ fn qos2_inbound_dedup() {
     }
 }
 
+/// MQTT 3.1 retransmissions carry DUP on PUBREL, SUBSCRIBE and UNSUBSCRIBE; they are
+/// answered as the first sending would be, not refused as malformed.
+#[test]
+fn v3_1_retransmissions_with_dup_are_served() {
+    let mut c = Client::connected(V3, Config::default(), ConnectProperties::default());
+    c.send(&publish(QoS::ExactlyOnce, 1, "t"));
+    assert_eq!(c.events().len(), 1);
+    c.conn.ack_publish(1, ReasonCode::SUCCESS);
+    assert!(matches!(c.out().as_slice(), [Packet::PubRec { pkid: 1, .. }]));
+    c.raw(&[0x6A, 0x02, 0x00, 0x01]);
+    assert_eq!(c.events(), vec![Event::PubRel { pkid: 1 }]);
+    assert_eq!(c.out(), vec![Packet::PubComp { pkid: 1, reason: ReasonCode::SUCCESS }]);
+    // The PUBCOMP was lost: the client sends PUBREL again.
+    c.raw(&[0x6A, 0x02, 0x00, 0x01]);
+    assert_eq!(c.out(), vec![Packet::PubComp { pkid: 1, reason: ReasonCode::SUCCESS }]);
+    c.raw(&[0x8A, 0x06, 0x00, 0x02, 0x00, 0x01, b'a', 0x01]);
+    assert!(matches!(c.events().as_slice(), [Event::Subscribe(s)] if s.pkid == 2));
+    c.conn.ack_subscribe(2, vec![ReasonCode::GRANTED_QOS_1]);
+    assert!(matches!(c.out().as_slice(), [Packet::SubAck { pkid: 2, .. }]));
+    c.raw(&[0xAA, 0x05, 0x00, 0x03, 0x00, 0x01, b'a']);
+    assert!(matches!(c.events().as_slice(), [Event::Unsubscribe(u)] if u.pkid == 3));
+    assert!(!c.conn.is_closed());
+    // The same bytes on 3.1.1 are malformed.
+    let mut c = Client::connected(V4, Config::default(), ConnectProperties::default());
+    c.raw(&[0x8A, 0x06, 0x00, 0x02, 0x00, 0x01, b'a', 0x01]);
+    assert!(c.conn.is_closed());
+}
+
 #[test]
 fn qos2_inbound_error_releases_id() {
     let mut c = Client::connected(V5, Config::default(), ConnectProperties::default());
@@ -669,6 +697,37 @@ fn a_connack_sheds_optional_properties_to_fit_the_client_maximum_packet_size() {
         assert_eq!(&bytes[..4], &[0x20, bytes.len() as u8 - 2, 0, 0][..], "max {max}: a successful CONNACK first");
         assert!(!c.conn.is_closed());
     }
+}
+
+/// Trimming drops first what carries no information: a session expiry equal to the
+/// client's (0 when its CONNECT had none), a keep alive equal to its own, default limits;
+/// the topic alias maximum, which says something, stays.
+#[test]
+fn a_trimmed_connack_drops_restated_properties_before_informative_ones() {
+    let config = Config { topic_alias_maximum: 10, receive_maximum: u16::MAX, ..Config::default() };
+    let connack = |max: Option<u32>| {
+        let mut c = Client::new(V5, config.clone());
+        let props = ConnectProperties { maximum_packet_size: max, ..ConnectProperties::default() };
+        c.send(&connect_packet(V5, props));
+        c.events();
+        c.conn.accept(Accept {
+            session_expiry_interval: Some(0),
+            properties: ConnAckProperties { server_keep_alive: Some(10), ..ConnAckProperties::default() },
+            ..Accept::default()
+        });
+        c.out()
+    };
+    let full = connack(None);
+    let full_len = encoded_len(&full[0], V5).unwrap();
+    // Short by the four "available" flags (2 bytes each, absent means true) and the
+    // session expiry interval (1 + 4 bytes).
+    let out = connack(Some(full_len as u32 - 8 - 5));
+    let [Packet::ConnAck { reason: ReasonCode::SUCCESS, properties, .. }] = out.as_slice() else { panic!("{out:?}") };
+    assert_eq!(properties.topic_alias_maximum, Some(10), "informative: kept");
+    assert_eq!(properties.maximum_packet_size, Some(Config::default().max_packet_size), "kept");
+    assert_eq!(properties.session_expiry_interval, None, "0, as the client asked: dropped");
+    assert_eq!(properties.server_keep_alive, None, "the client's own keep alive: dropped");
+    assert_eq!(properties.receive_maximum, None, "65,535 is the default: dropped");
 }
 
 #[test]
