@@ -1495,7 +1495,10 @@ impl Writer {
                 rolled
             }
             Err(Fail::NoSpace(reason)) => {
-                tracing::warn!(%reason, "commit log: could not roll the active segment over for retention");
+                // Tried again at every run while short of space: said once a time.
+                if !self.stuck_short_of_space {
+                    tracing::warn!(%reason, "commit log: could not roll the active segment over for retention");
+                }
                 false
             }
             Err(f) => {
