@@ -9,7 +9,10 @@
 //! space returns. A file system filled by another process while the broker runs is
 //! survived too: with the alarm, publishers are blocked and consumers drain; without it, a
 //! write that runs out of space is refused and taken back, sled running out of space is
-//! opened again in place, and publishes are confirmed again once space returns.
+//! opened again in place, and publishes are confirmed again once space returns. A small
+//! volume configured as shipped (128 MiB segments, more than the disk) comes back after a
+//! drain as well: segments are capped at an eighth of the file system, and an active
+//! segment holding all the drained data is rolled over and deleted.
 
 mod common;
 
