@@ -206,9 +206,11 @@ pub(crate) struct Writer {
     last_retention: Instant,
     /// Queue ids known to have a name mapping (cache of `queue_ids`).
     live: HashSet<u64>,
-    /// Short of disk space (past the disk-use ratio or below the free minimum) with nothing
-    /// deletable, and said so (logged once a time).
-    stuck_short_of_space: bool,
+    /// Retention was left short of disk space (past the disk-use ratio or below the free
+    /// minimum) at its last run.
+    short_of_space: bool,
+    /// ... with a log worth deleting, and said so (logged once a time).
+    stuck_said: bool,
     /// The ballast file exists (see [`crate::ballast`]).
     ballast: bool,
     /// Free space of the file system when last looked at, and when.
@@ -261,7 +263,8 @@ impl Writer {
             last_sync: now,
             last_retention: now,
             live: HashSet::new(),
-            stuck_short_of_space: false,
+            short_of_space: false,
+            stuck_said: false,
             ballast,
             free_space: None,
             last_space_watch: now,
@@ -1391,13 +1394,19 @@ impl Writer {
             let (need, freed) = self.retention_pass();
             short = need > freed;
         }
-        if short && !self.stuck_short_of_space {
+        // Said when the log holds something worth deleting (a log smaller than a roll is not
+        // what fills the disk).
+        let (_, log_bytes) = self.shared.log.size();
+        let stuck = short && log_bytes >= ROLL_FOR_SPACE_MIN;
+        if stuck && !self.stuck_said {
             tracing::warn!(
                 need,
+                log_bytes,
                 "the data file system is short of space (past storage.retention_max_disk_used_ratio or below the disk free limit) and retention cannot free enough yet (the commit-log segments left are still referenced)"
             );
         }
-        self.stuck_short_of_space = short;
+        self.stuck_said = stuck;
+        self.short_of_space = short;
     }
 
     /// One round of [`Writer::run_retention`]: deletes what the limits select; returns the
@@ -1496,7 +1505,7 @@ impl Writer {
             }
             Err(Fail::NoSpace(reason)) => {
                 // Tried again at every run while short of space: said once a time.
-                if !self.stuck_short_of_space {
+                if !self.short_of_space {
                     tracing::warn!(%reason, "commit log: could not roll the active segment over for retention");
                 }
                 false
