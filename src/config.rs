@@ -706,6 +706,9 @@ impl Config {
             max_bytes: (self.storage.retention_max_bytes > 0).then_some(self.storage.retention_max_bytes),
             max_disk_used_ratio: (self.storage.retention_max_disk_used_ratio > 0.0)
                 .then_some(self.storage.retention_max_disk_used_ratio),
+            // The disk alarm's limit (the server sets the effective one, which may be
+            // relative to the memory watermark).
+            min_disk_free_bytes: (self.storage.disk_free_limit_bytes > 0).then_some(self.storage.disk_free_limit_bytes),
         };
         j
     }

@@ -78,8 +78,12 @@ impl Server {
         let mut jcfg = config.journal();
         // The alarm blocks publishers at the disk free limit (bytes, or relative to the
         // memory watermark); should they outrun it, the journal refuses appends at half of
-        // it, before a write could fail.
-        jcfg.min_free_bytes = alarm_limits(&config).1 / 2;
+        // it, before a write could fail. Below the limit, retention deletes what nothing
+        // refers to any more, whatever its age (rolling the active segment over if need
+        // be), so that a drained broker comes back.
+        let disk_free_limit = alarm_limits(&config).1;
+        jcfg.min_free_bytes = disk_free_limit / 2;
+        jcfg.retention.min_disk_free_bytes = (disk_free_limit > 0).then_some(disk_free_limit);
         let dir = jcfg.dir.clone();
         let journal = tokio::task::spawn_blocking(move || Journal::open(jcfg))
             .await?

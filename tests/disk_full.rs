@@ -9,7 +9,10 @@
 //! space returns. A file system filled by another process while the broker runs is
 //! survived too: with the alarm, publishers are blocked and consumers drain; without it, a
 //! write that runs out of space is refused and taken back, sled running out of space is
-//! opened again in place, and publishes are confirmed again once space returns.
+//! opened again in place, and publishes are confirmed again once space returns. A small
+//! volume configured as shipped (128 MiB segments, more than the disk) comes back after a
+//! drain as well: segments are capped at an eighth of the file system, and an active
+//! segment holding all the drained data is rolled over and deleted.
 
 mod common;
 
@@ -108,7 +111,16 @@ async fn drain_count(ch: &Channel, queue: &str) -> usize {
 /// the durable queue `queue`; `None` (the test is skipped, saying so) where mounting is not
 /// allowed.
 async fn start_on_tmpfs(config: &str, queue: &str) -> Option<(Tmpfs, Target, Connection, Channel, String)> {
-    let Some(fs) = Tmpfs::mount(48) else {
+    start_on_tmpfs_of(48, config, queue).await
+}
+
+/// [`start_on_tmpfs`] on a tmpfs of `size_mib`.
+async fn start_on_tmpfs_of(
+    size_mib: u32,
+    config: &str,
+    queue: &str,
+) -> Option<(Tmpfs, Target, Connection, Channel, String)> {
+    let Some(fs) = Tmpfs::mount(size_mib) else {
         eprintln!("SKIPPED: cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN)");
         return None;
     };
@@ -327,6 +339,131 @@ async fn a_file_system_filled_by_another_process_blocks_publishers_and_consumers
     assert_eq!(publish_confirmed(&ch, "", &q, &[b'z'; BODY], persistent()).await, Confirmation::Ack(None));
     eventually("the ballast made again", WAIT, || async { ballast.exists().then_some(()) }).await;
     assert_eq!(drain_count(&consumer, &q).await, 2);
+}
+
+/// The disk free limit of the two small-disk runs below: 8 MiB of a 48 MiB file system.
+const SMALL_DISK_LIMIT: u64 = 8 << 20;
+
+/// A small volume at the edge, configured as shipped but for the alarm: `storage.segment_size`
+/// is left at 128 MiB, more than the whole 48 MiB file system, and the 16 MiB ballast at its
+/// default. Publishers fill it until the alarm blocks them for good (the ballast's space
+/// lifted the alarm once and is spent); the queue is drained; the alarm clears and the
+/// publish left waiting is confirmed, without a restart, within the test's bound. The
+/// segment size was capped at an eighth of the file system, so the drained segments are
+/// closed ones that retention deletes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_disk_with_the_default_segment_size_comes_back_after_a_drain() {
+    let config = format!("[storage]\ndisk_free_limit_bytes = {SMALL_DISK_LIMIT}\n");
+    let Some((fs, t, conn, ch, q)) = start_on_tmpfs(&config, "small").await else { return };
+    let broker = t.broker.as_ref().unwrap();
+    let ballast = broker.dir.join("ballast");
+    assert!(ballast.exists(), "the default ballast is kept while there is room");
+    let mut ev = events(&conn);
+
+    // Full until the alarm holds for good: a block while the ballast exists gives it up
+    // (free space below half its size), which lifts the alarm once.
+    let mut confirmed = 0;
+    let mut rounds = 0;
+    let waiting = loop {
+        rounds += 1;
+        assert!(rounds <= 3, "the alarm never held with the ballast spent");
+        let (n, waiting) = fill(&conn, &ch, &q).await;
+        confirmed += n;
+        match next_event(&mut ev).await {
+            Event::ConnectionBlocked(reason) => assert_eq!(reason.as_str(), "low on disk"),
+            other => panic!("expected connection.blocked, got {other:?}"),
+        }
+        eventually("the ballast given up", WAIT, || async { (!ballast.exists()).then_some(()) }).await;
+        if fs2::available_space(fs.path()).unwrap() < SMALL_DISK_LIMIT {
+            break waiting;
+        }
+        match next_event(&mut ev).await {
+            Event::ConnectionUnblocked => {}
+            other => panic!("expected connection.unblocked once the ballast was given up, got {other:?}"),
+        }
+        let c = bounded("the waiting publish, after the ballast", waiting).await.unwrap().expect("publish");
+        assert_eq!(c, Confirmation::Ack(None));
+        confirmed += 1;
+    };
+    eprintln!("{confirmed} messages of 64 KiB confirmed in {rounds} rounds, then blocked with the ballast spent");
+    assert!(!broker.log().contains("journal poisoned"), "the disk never filled up");
+
+    let (_c2, consumer) = t.channel().await;
+    let drained = drain_count(&consumer, &q).await;
+    assert!(drained == confirmed || drained == confirmed + 1, "{drained} consumed, {confirmed} confirmed");
+    match next_event(&mut ev).await {
+        Event::ConnectionUnblocked => {}
+        other => panic!("expected connection.unblocked once the drained segments are deleted, got {other:?}"),
+    }
+    let c = bounded("the waiting publish, confirmed after the drain", waiting).await.unwrap().expect("publish");
+    assert_eq!(c, Confirmation::Ack(None));
+    assert_eq!(publish_confirmed(&ch, "", &q, &[b'z'; BODY], persistent()).await, Confirmation::Ack(None));
+    let log = broker.log();
+    assert!(log.contains("commit-log segments capped"), "the cap is said at start: {log}");
+    assert!(log.contains("configured=134217728") && log.contains("effective=6291456"), "{log}");
+}
+
+/// Another program leaves the broker 14 MiB on a 96 MiB file system with an 8 MiB alarm
+/// and no ballast: what the broker writes before the alarm (or, should publishes outrun
+/// its look, the journal's floor at half of it) stops it, at most 10 MiB, stays in its
+/// active segment, below even the capped segment size (12 MiB), so once the queue is
+/// drained retention has no closed segment to delete. It rolls the active segment over and
+/// deletes it: the alarm clears and the waiting publish is confirmed, without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_active_segment_is_rolled_over_and_deleted_when_the_disk_is_short() {
+    let config = format!("[storage]\ndisk_free_limit_bytes = {SMALL_DISK_LIMIT}\nballast_bytes = 0\n");
+    let Some((fs, t, conn, ch, q)) = start_on_tmpfs_of(96, &config, "active").await else { return };
+    let broker = t.broker.as_ref().unwrap();
+    leave_free(&fs.path().join("junk"), SMALL_DISK_LIMIT + (6 << 20));
+    let mut ev = events(&conn);
+
+    let (confirmed, waiting) = fill(&conn, &ch, &q).await;
+    match next_event(&mut ev).await {
+        Event::ConnectionBlocked(reason) => assert_eq!(reason.as_str(), "low on disk"),
+        other => panic!("expected connection.blocked, got {other:?}"),
+    }
+    assert!(confirmed >= 10, "only {confirmed} of 64 KiB confirmed in 6 MiB");
+    let segments = segment_files(&broker.dir);
+    assert_eq!(segments.len(), 1, "everything is in the active segment: {segments:?}");
+
+    let (_c2, consumer) = t.channel().await;
+    let drained = drain_count(&consumer, &q).await;
+    assert!(drained == confirmed || drained == confirmed + 1, "{drained} consumed, {confirmed} confirmed");
+    match next_event(&mut ev).await {
+        Event::ConnectionUnblocked => {}
+        other => panic!("expected connection.unblocked once the drained active segment is deleted, got {other:?}"),
+    }
+    let c = bounded("the waiting publish, confirmed after the drain", waiting).await.unwrap().expect("publish");
+    assert_eq!(c, Confirmation::Ack(None));
+    assert_eq!(publish_confirmed(&ch, "", &q, &[b'z'; BODY], persistent()).await, Confirmation::Ack(None));
+    assert!(!segments[0].exists(), "the drained segment is gone");
+    let log = broker.log();
+    assert!(log.contains("rolled the active segment over for retention"), "{log}");
+    assert!(!log.contains("journal poisoned"), "{log}");
+    let kept = drain_count(&consumer, &q).await;
+    assert_eq!(kept, 1 + usize::from(drained == confirmed), "the waiting publish (unless drained before) and the last");
+}
+
+/// The commit-log segment files of the data directory `dir`, oldest first.
+fn segment_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut v: Vec<_> = std::fs::read_dir(dir.join("log"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Writes `path` (allocated, not sparse) until its file system has about `free` bytes free.
+fn leave_free(path: &Path, free: u64) {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).unwrap();
+    let chunk = vec![0u8; 64 * 1024];
+    while fs2::available_space(path).unwrap() > free + chunk.len() as u64 {
+        f.write_all(&chunk).unwrap();
+    }
+    f.sync_all().unwrap();
 }
 
 /// Writes `path` until the file system is full (ENOSPC).

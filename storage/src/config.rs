@@ -29,6 +29,26 @@ pub struct Retention {
     /// directory's file system is fuller than this fraction (RocketMQ's
     /// `diskMaxUsedSpaceRatio`).
     pub max_disk_used_ratio: Option<f64>,
+    /// Delete the oldest unreferenced closed segments, whatever their age, while the data
+    /// directory's file system has less free space than this many bytes (the broker passes
+    /// its disk alarm's limit: publishers wait for that space).
+    pub min_disk_free_bytes: Option<u64>,
+}
+
+/// A segment is at most this fraction (1/n) of the data directory's file system...
+pub(crate) const SEGMENT_SHARE_OF_FS: u64 = 8;
+
+/// ...unless that is less than this: the cap never goes below 1 MiB.
+pub(crate) const MIN_SEGMENT_CAP: u64 = 1 << 20;
+
+/// The segment size a journal uses: `configured`, capped at [`SEGMENT_SHARE_OF_FS`] of a
+/// file system of `fs_total` bytes, never capped below [`MIN_SEGMENT_CAP`] (a configured
+/// size below that stays). Unknown or zero size: `configured`.
+pub(crate) fn capped_segment_size(configured: u64, fs_total: Option<u64>) -> u64 {
+    match fs_total {
+        Some(total) if total > 0 => configured.min((total / SEGMENT_SHARE_OF_FS).max(MIN_SEGMENT_CAP)),
+        _ => configured,
+    }
 }
 
 /// Settings of a [`Journal`](crate::Journal).
@@ -36,7 +56,13 @@ pub struct Retention {
 pub struct JournalConfig {
     /// Directory holding `log/` and `db/`; created if missing.
     pub dir: PathBuf,
-    /// Target size of a commit-log segment in bytes.
+    /// Target size of a commit-log segment in bytes. [`Journal::open`] caps it at an eighth
+    /// of the data directory's file system (never below 1 MiB; see
+    /// [`Journal::segment_size`]), so that a small volume holds several segments and
+    /// retention has closed ones to delete.
+    ///
+    /// [`Journal::open`]: crate::Journal::open
+    /// [`Journal::segment_size`]: crate::Journal::segment_size
     pub segment_size: u64,
     /// What a completion waits for: fsync, the OS, or nothing (see [`FsyncPolicy`]).
     pub fsync: FsyncPolicy,
@@ -93,5 +119,22 @@ impl JournalConfig {
             #[cfg(test)]
             write_effects_v1: false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_are_capped_at_an_eighth_of_the_file_system_never_below_a_mebibyte() {
+        const MIB: u64 = 1 << 20;
+        // The volume: 48 MiB, with 128 MiB segments configured.
+        assert_eq!(capped_segment_size(128 * MIB, Some(48 * MIB)), 6 * MIB);
+        assert_eq!(capped_segment_size(128 * MIB, Some(1024 * MIB)), 128 * MIB, "an eighth is more: as configured");
+        assert_eq!(capped_segment_size(128 * MIB, Some(4 * MIB)), MIB, "the floor");
+        assert_eq!(capped_segment_size(4096, Some(4 * MIB)), 4096, "a smaller size stays");
+        assert_eq!(capped_segment_size(128 * MIB, None), 128 * MIB, "size unknown: as configured");
+        assert_eq!(capped_segment_size(128 * MIB, Some(0)), 128 * MIB);
     }
 }

@@ -73,18 +73,37 @@ impl Drop for Inner {
     }
 }
 
+/// Caps `config.segment_size` for the file system of `config.dir` (see
+/// [`JournalConfig::segment_size`]), saying so when it does.
+fn cap_segment_size(config: &mut JournalConfig) {
+    let fs_total = fs2::total_space(&config.dir).ok();
+    let effective = crate::config::capped_segment_size(config.segment_size, fs_total);
+    if effective < config.segment_size {
+        tracing::info!(
+            configured = config.segment_size,
+            effective,
+            file_system_bytes = fs_total.unwrap_or(0),
+            "commit-log segments capped at an eighth of the data file system (storage.segment_size is larger)"
+        );
+        config.segment_size = effective;
+    }
+}
+
 /// Takes the ops and completion back out of a message that could not be sent.
 fn unsent(msg: Msg) -> (Vec<Op>, Option<Completion>) {
     match msg {
         Msg::Submit { ops, done, .. } => (ops, done),
-        Msg::Flush(_) | Msg::Close | Msg::Verify(_) | Msg::Abandon | Msg::Named { .. } => (Vec::new(), None),
+        Msg::Flush(_) | Msg::Close | Msg::Verify(_) | Msg::Abandon | Msg::Named { .. } | Msg::Roll(_) => {
+            (Vec::new(), None)
+        }
     }
 }
 
 impl Journal {
     /// Opens (or creates) the journal in `config.dir`, recovers it and starts the writer thread.
-    pub fn open(config: JournalConfig) -> Result<Journal, JournalError> {
+    pub fn open(mut config: JournalConfig) -> Result<Journal, JournalError> {
         std::fs::create_dir_all(&config.dir).map_err(log::io_err)?;
+        cap_segment_size(&mut config);
         let found = crate::format::check_or_stamp(&config.dir)?;
         let log_dir = config.dir.join("log");
         std::fs::create_dir_all(&log_dir).map_err(log::io_err)?;
@@ -165,6 +184,27 @@ impl Journal {
 
     fn shared(&self) -> &Shared {
         &self.inner.shared
+    }
+
+    /// The target size of a commit-log segment in bytes: [`JournalConfig::segment_size`] as
+    /// capped at open for the data directory's file system.
+    pub fn segment_size(&self) -> u64 {
+        self.shared().config.segment_size
+    }
+
+    /// Closes the active commit-log segment now, if it holds any record, and starts a new
+    /// one: retention may then delete it once nothing refers into it. Waits for everything
+    /// submitted before; returns whether a segment was closed. The writer does this by
+    /// itself when retention is short of disk space and only the active segment holds what
+    /// nothing refers to any more (see [`Retention`](crate::Retention)).
+    ///
+    /// Blocking, like [`Journal::write_blocking`]: not from an async runtime thread or a
+    /// completion. [`JournalError::Full`] if the file system has no room for the new
+    /// segment's file (nothing changes then).
+    pub fn roll_segment(&self) -> Result<bool, JournalError> {
+        let (tx, rx) = oneshot::channel();
+        self.inner.tx.blocking_send(Msg::Roll(tx)).map_err(|_| JournalError::Closed)?;
+        rx.blocking_recv().unwrap_or(Err(JournalError::Closed))
     }
 
     /// Queues a submission, waiting for channel capacity (back-pressure). `done` runs on the

@@ -182,9 +182,18 @@
 //! On the writer thread, after batches and when idle, at most once a second: a closed
 //! segment (never the active one) is deleted only when no pointer, retained entry or timer
 //! refers into it, it holds no effects record past the durable checkpoint (a crash would
-//! replay it), and it is older than `max_age` (file modification time) or the log is
-//! larger than `max_bytes` (oldest first). Reading a record of a deleted segment returns
-//! [`JournalError::NotFound`].
+//! replay it), and it is older than `max_age` (file modification time), or the log is
+//! larger than `max_bytes`, or the file system is fuller than `max_disk_used_ratio` or has
+//! less free space than `min_disk_free_bytes` (oldest first, until enough is freed).
+//! Reading a record of a deleted segment returns [`JournalError::NotFound`].
+//!
+//! Still short of space after that, retention rolls the active segment over (the end
+//! marker after its last record, synced; a new segment at the same position) once nothing
+//! refers into it and it holds what is missing or at least 1 MiB, and deletes it as soon as
+//! the checkpoint covers it: on a small file system the whole log may sit in the active
+//! segment. [`Journal::roll_segment`] rolls over on request. For the same reason
+//! [`JournalConfig::segment_size`] is capped at open at an eighth of the file system (never
+//! below 1 MiB).
 //!
 //! # Modules
 //!

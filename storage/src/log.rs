@@ -227,7 +227,12 @@ impl Log {
     fn create_segment(&self, base: u64) -> io::Result<(Arc<Segment>, Arc<File>)> {
         let seg = Arc::new(Segment::new(&self.dir, base, 0));
         let file = Arc::new(OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&seg.path)?);
-        sync_dir(&self.dir)?;
+        if let Err(e) = sync_dir(&self.dir) {
+            // Not left behind: after a crash a stray file here would cut the segment that
+            // stays active at its base.
+            let _ = fs::remove_file(&seg.path);
+            return Err(e);
+        }
         self.install_handle(&seg, file.clone());
         self.segments.write().insert(base, seg.clone());
         Ok((seg, file))
@@ -384,6 +389,24 @@ impl LogWriter {
             self.buf.clear();
         }
         Ok(())
+    }
+
+    /// Closes the active segment now if it holds any record, whatever its size (see
+    /// [`LogWriter::roll`]), so that retention may delete it; true if it did. Between
+    /// batches (nothing is assembled then).
+    pub(crate) fn seal(&mut self, log: &Log) -> io::Result<bool> {
+        self.write_out(log)?;
+        if self.written == 0 {
+            // A new segment would take this one's base (and file).
+            return Ok(false);
+        }
+        self.roll(log)?;
+        Ok(true)
+    }
+
+    /// Bytes written to the active segment.
+    pub(crate) fn active_len(&self) -> u64 {
+        self.written
     }
 
     /// Closes the active segment (writing the end marker after its last record, which
@@ -557,6 +580,41 @@ mod tests {
         assert!(matches!(log.read(0), Err(JournalError::NotFound(0))));
         assert!(!log.delete_segment(after).unwrap(), "the active segment is never deleted");
         assert_eq!(log.read(after).unwrap().body, &b"x"[..]);
+    }
+
+    #[test]
+    fn sealing_closes_the_active_segment_at_its_end_and_recovery_keeps_both() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, mut w) = Log::open(dir.path(), 1 << 20, &[]).unwrap();
+        assert!(!w.seal(&log).unwrap(), "an empty active segment stays");
+        let (a, _) = w.append(&log, b"a", &[1; 30]).unwrap();
+        let (b, _) = w.append(&log, b"b", &[2; 30]).unwrap();
+        assert!(w.seal(&log).unwrap(), "assembled records are written out, then the segment closed");
+        assert_eq!(log.size(), (2, 86));
+        assert_eq!(w.active_base(), 86, "the new segment starts at the end: positions stay contiguous");
+        assert_eq!(w.active_len(), 0);
+        assert!(!w.seal(&log).unwrap(), "nothing written since: no empty segment is closed");
+        assert_eq!(log.closed_segments().iter().map(|c| (c.base, c.len)).collect::<Vec<_>>(), vec![(0, 86)]);
+        let (c, _) = w.append(&log, b"c", &[3; 30]).unwrap();
+        w.write_out(&log).unwrap();
+        assert_eq!(c, 86);
+        assert!(w.is_dirty());
+        w.sync().unwrap();
+        for (pos, h) in [(a, b"a"), (b, b"b"), (c, b"c")] {
+            assert_eq!(&log.read(pos).unwrap().header[..], h);
+        }
+        // The closed segment has its end marker; a crash now finds both segments whole.
+        let first = dir.path().join(segment::file_name(0));
+        assert_eq!(fs::metadata(&first).unwrap().len(), 86 + segment::END_MARKER.len() as u64);
+        drop((log, w));
+        let recovered = crate::recovery::recover_log(dir.path()).unwrap();
+        assert_eq!(recovered, vec![(0, 86), (86, 43)]);
+        let (log, _w) = Log::open(dir.path(), 1 << 20, &recovered).unwrap();
+        for (pos, h) in [(a, b"a"), (b, b"b"), (c, b"c")] {
+            assert_eq!(&log.read(pos).unwrap().header[..], h);
+        }
+        assert!(log.delete_segment(0).unwrap(), "a sealed segment can be deleted");
+        assert_eq!(log.read(a), Err(JournalError::NotFound(a)));
     }
 
     #[test]

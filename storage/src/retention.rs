@@ -19,17 +19,18 @@ pub(crate) struct Candidate {
 }
 
 /// Bases of the segments to delete. `closed` holds only closed segments (never the
-/// active one), oldest first; `total_bytes` is the size of the whole log; `disk_excess`
-/// how many bytes the file system holds beyond `max_disk_used_ratio` (see
-/// [`disk_excess`]). A segment is chosen only if nothing refers into it and it is older
-/// than `max_age`, or the log (after the deletions chosen so far) is still larger than
-/// `max_bytes`, or the deletions chosen so far free less than `disk_excess`.
+/// active one), oldest first; `total_bytes` is the size of the whole log; `disk_need`
+/// how many bytes the file system should give back: the larger of what it holds beyond
+/// `max_disk_used_ratio` ([`disk_excess`]) and what it lacks to `min_disk_free_bytes`
+/// ([`disk_shortfall`]). A segment is chosen only if nothing refers into it and it is
+/// older than `max_age`, or the log (after the deletions chosen so far) is still larger
+/// than `max_bytes`, or the deletions chosen so far free less than `disk_need`.
 pub(crate) fn select(
     closed: &[Candidate],
     total_bytes: u64,
     retention: &Retention,
     now: SystemTime,
-    disk_excess: u64,
+    disk_need: u64,
 ) -> Vec<u64> {
     let mut total = total_bytes;
     let mut freed = 0;
@@ -40,7 +41,7 @@ pub(crate) fn select(
             _ => false,
         };
         let too_big = retention.max_bytes.is_some_and(|max| total > max);
-        if too_old || too_big || freed < disk_excess {
+        if too_old || too_big || freed < disk_need {
             chosen.push(c.base);
             total = total.saturating_sub(c.len);
             freed += c.len;
@@ -55,6 +56,21 @@ pub(crate) fn disk_excess(dir: &std::path::Path, ratio: f64) -> u64 {
     let (Ok(total), Ok(free)) = (fs2::total_space(dir), fs2::available_space(dir)) else { return 0 };
     let used = total.saturating_sub(free);
     used.saturating_sub((total as f64 * ratio) as u64)
+}
+
+/// Bytes the file system of `dir` lacks to have `min_free` bytes free (0 when it has them,
+/// or its free space cannot be read).
+pub(crate) fn disk_shortfall(dir: &std::path::Path, min_free: u64) -> u64 {
+    fs2::available_space(dir).map_or(0, |free| min_free.saturating_sub(free))
+}
+
+/// Whether a closed segment `base..end` may go as far as recovery is concerned: every
+/// effects record in it (the last of all ends at `effects_end`) is covered by the durable
+/// checkpoint, so a crash would not replay it. A segment that ends in padding after its
+/// last effects record (a segment rolled over while idle) qualifies once that record is
+/// covered.
+pub(crate) fn checkpoint_covers(base: u64, end: u64, checkpointed: u64, effects_end: u64) -> bool {
+    base >= effects_end || end.min(effects_end) <= checkpointed
 }
 
 #[cfg(test)]
@@ -98,5 +114,24 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         assert_eq!(disk_excess(dir.path(), 1.0), 0, "no file system is fuller than full");
         assert!(disk_excess(dir.path(), 0.0) > 0, "the test's file system holds something");
+    }
+
+    #[test]
+    fn the_shortfall_of_a_file_system_is_what_it_lacks_to_the_free_minimum() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(disk_shortfall(dir.path(), 0), 0);
+        let free = fs2::available_space(dir.path()).unwrap();
+        assert!(disk_shortfall(dir.path(), u64::MAX) >= u64::MAX - free, "no file system has that much free");
+    }
+
+    #[test]
+    fn a_segment_goes_once_the_checkpoint_covers_its_effects_records() {
+        // Effects records up to 500; the checkpoint at 300.
+        assert!(checkpoint_covers(0, 300, 300, 500), "wholly before the checkpoint");
+        assert!(!checkpoint_covers(200, 400, 300, 500), "an effects record past the checkpoint may be in it");
+        assert!(checkpoint_covers(500, 600, 300, 500), "after the last effects record: none in it");
+        // Rolled over while idle: it ends in padding after the last effects record (500).
+        assert!(!checkpoint_covers(400, 512, 300, 500));
+        assert!(checkpoint_covers(400, 512, 500, 500), "its last effects record is covered");
     }
 }

@@ -31,6 +31,9 @@ use crate::{Appended, Completion, FsyncPolicy, JournalError, LogPos, Op, Pointer
 
 /// How often retention is checked (after batches and when idle).
 const RETENTION_INTERVAL: Duration = Duration::from_secs(1);
+/// Retention short of disk space rolls an unreferenced active segment over once it holds
+/// this much, or what is missing if that is less (bounds how often it rolls).
+const ROLL_FOR_SPACE_MIN: u64 = 1 << 20;
 /// How long a look at the file system's free space serves appends.
 const FREE_SPACE_RECHECK: Duration = Duration::from_millis(100);
 /// How often opening sled again is tried while it is out of space.
@@ -62,6 +65,8 @@ pub(crate) enum Msg {
     Verify(oneshot::Sender<Result<(), String>>),
     /// Tests: stop at once, as a crash would — no sync, no checkpoint.
     Abandon,
+    /// Close the active segment after everything submitted before (`Journal::roll_segment`).
+    Roll(oneshot::Sender<Result<bool, JournalError>>),
     /// `queue_id` allocated this id for this name: log the mapping with the next batch.
     Named {
         /// The new queue id.
@@ -133,6 +138,7 @@ enum Outcome {
     Submit(Option<Completion>, Result<Receipt, JournalError>),
     Flush(oneshot::Sender<Result<(), JournalError>>),
     Verify(oneshot::Sender<Result<(), String>>),
+    Roll(oneshot::Sender<Result<bool, JournalError>>),
 }
 
 /// The pending changes of one group commit.
@@ -200,8 +206,11 @@ pub(crate) struct Writer {
     last_retention: Instant,
     /// Queue ids known to have a name mapping (cache of `queue_ids`).
     live: HashSet<u64>,
-    /// Past the disk-use ratio with nothing deletable, and said so (logged once a time).
-    stuck_over_ratio: bool,
+    /// Retention was left short of disk space (past the disk-use ratio or below the free
+    /// minimum) at its last run.
+    short_of_space: bool,
+    /// ... with a log worth deleting, and said so (logged once a time).
+    stuck_said: bool,
     /// The ballast file exists (see [`crate::ballast`]).
     ballast: bool,
     /// Free space of the file system when last looked at, and when.
@@ -254,7 +263,8 @@ impl Writer {
             last_sync: now,
             last_retention: now,
             live: HashSet::new(),
-            stuck_over_ratio: false,
+            short_of_space: false,
+            stuck_said: false,
             ballast,
             free_space: None,
             last_space_watch: now,
@@ -379,6 +389,7 @@ impl Writer {
             match msg {
                 Msg::Submit { done: Some(done), .. } => complete(done, Err(JournalError::Closed)),
                 Msg::Flush(tx) => drop(tx.send(Err(JournalError::Closed))),
+                Msg::Roll(tx) => drop(tx.send(Err(JournalError::Closed))),
                 Msg::Submit { done: None, .. } | Msg::Close | Msg::Verify(_) | Msg::Abandon | Msg::Named { .. } => {}
             }
         }
@@ -669,6 +680,7 @@ impl Writer {
     fn process(&mut self, batch: Vec<Msg>) {
         let mut outcomes = Vec::with_capacity(batch.len());
         let mut force_sync = false;
+        let mut roll = false;
         let mut submissions = false;
         let mut submitted = 0u64;
         let mut durable_wanted = false;
@@ -713,6 +725,10 @@ impl Writer {
                 }
                 Msg::Close => force_sync = true,
                 Msg::Verify(tx) => outcomes.push(Outcome::Verify(tx)),
+                Msg::Roll(tx) => {
+                    roll = true;
+                    outcomes.push(Outcome::Roll(tx));
+                }
                 // Never in a batch (see `run`).
                 Msg::Abandon => {}
                 Msg::Named { id, name } => {
@@ -757,6 +773,8 @@ impl Writer {
             (None, None, Some(reason)) => Some(JournalError::Full(reason)),
             (None, None, None) => None,
         };
+        // After the batch's records: they stay in the segment closed.
+        let rolled = if roll && failed.is_none() { self.roll_on_request() } else { Ok(false) };
         for outcome in outcomes {
             match outcome {
                 Outcome::Submit(done, result) => {
@@ -769,6 +787,9 @@ impl Writer {
                 }
                 Outcome::Verify(tx) => {
                     let _ = tx.send(self.verify());
+                }
+                Outcome::Roll(tx) => {
+                    let _ = tx.send(failed.clone().map_or(rolled.clone(), Err));
                 }
             }
         }
@@ -1349,7 +1370,10 @@ impl Writer {
             }
         }
         let r = &self.shared.config.retention;
-        let limited = r.max_age.is_some() || r.max_bytes.is_some() || r.max_disk_used_ratio.is_some();
+        let limited = r.max_age.is_some()
+            || r.max_bytes.is_some()
+            || r.max_disk_used_ratio.is_some()
+            || r.min_disk_free_bytes.is_some();
         if !limited || self.last_retention.elapsed() < RETENTION_INTERVAL {
             return;
         }
@@ -1357,22 +1381,55 @@ impl Writer {
         self.run_retention();
     }
 
-    /// Deletes the closed, unreferenced segments the limits select.
+    /// Deletes the closed, unreferenced segments the limits select. If the file system is
+    /// still short of space (past the disk-use ratio, or below the free minimum) and nothing
+    /// refers into the active segment, which holds what is missing (or at least
+    /// [`ROLL_FOR_SPACE_MIN`]), rolls it over so that it can go too: at once if the
+    /// checkpoint covers it, else at a later run. A small file system whose whole log fits
+    /// in one segment thus comes back once its queues are drained.
     pub(crate) fn run_retention(&mut self) {
+        let (need, freed) = self.retention_pass();
+        let mut short = need > freed;
+        if short && self.roll_for_space(need - freed) {
+            let (need, freed) = self.retention_pass();
+            short = need > freed;
+        }
+        // Said when the log holds something worth deleting (a log smaller than a roll is not
+        // what fills the disk).
+        let (_, log_bytes) = self.shared.log.size();
+        let stuck = short && log_bytes >= ROLL_FOR_SPACE_MIN;
+        if stuck && !self.stuck_said {
+            tracing::warn!(
+                need,
+                log_bytes,
+                "the data file system is short of space (past storage.retention_max_disk_used_ratio or below the disk free limit) and retention cannot free enough yet (the commit-log segments left are still referenced)"
+            );
+        }
+        self.stuck_said = stuck;
+        self.short_of_space = short;
+    }
+
+    /// One round of [`Writer::run_retention`]: deletes what the limits select; returns the
+    /// bytes the file system should give back and the bytes deleted.
+    fn retention_pass(&mut self) -> (u64, u64) {
         let shared = self.shared.clone();
         let retention = &shared.config.retention;
         // A segment holding effects records past the durable checkpoint is kept: a crash
-        // would replay them (the last one ends at `effects_end`).
+        // would replay them.
         let checkpointed = shared.checkpointed.load(Ordering::Acquire);
         let effects_end = shared.effects_end.load(Ordering::Acquire);
         let closed: Vec<_> = shared
             .log
             .closed_segments()
             .into_iter()
-            .filter(|c| c.base + c.len <= checkpointed || c.base >= effects_end)
+            .filter(|c| retention::checkpoint_covers(c.base, c.base + c.len, checkpointed, effects_end))
             .collect();
+        let dir = &shared.config.dir;
+        let excess = retention.max_disk_used_ratio.map_or(0, |ratio| retention::disk_excess(dir, ratio));
+        let shortfall = retention.min_disk_free_bytes.map_or(0, |min| retention::disk_shortfall(dir, min));
+        let need = excess.max(shortfall);
         if closed.is_empty() {
-            return;
+            return (need, 0);
         }
         let (_, total) = shared.log.size();
         let candidates: Vec<Candidate> = closed
@@ -1387,24 +1444,21 @@ impl Writer {
                 Candidate { base: c.base, len: c.len, refs, modified }
             })
             .collect();
-        let excess = retention.max_disk_used_ratio.map_or(0, |ratio| retention::disk_excess(&shared.config.dir, ratio));
-        let chosen = retention::select(&candidates, total, retention, SystemTime::now(), excess);
-        let stuck = excess > 0 && chosen.is_empty();
-        if stuck && !self.stuck_over_ratio {
-            tracing::warn!(excess, "the data file system is past storage.retention_max_disk_used_ratio and no segment can be deleted (every old one is still referenced)");
-        }
-        self.stuck_over_ratio = stuck;
+        let chosen = retention::select(&candidates, total, retention, SystemTime::now(), need);
+        let mut freed = 0;
         for base in chosen {
             match shared.log.delete_segment(base) {
                 Ok(true) => {
                     self.refs.forget(base);
                     let end = closed.iter().find(|c| c.base == base).map_or(base, |c| c.base + c.len);
+                    freed += end - base;
                     if let Err(e) = shared.db().and_then(|db| crate::recovery::drop_keys(&db, base..end)) {
                         tracing::warn!(segment = base, error = %e, "key index: could not drop the entries of a deleted segment");
                     }
                     tracing::info!(
                         segment = base,
                         disk_excess = excess,
+                        disk_shortfall = shortfall,
                         "commit log: deleted an unreferenced segment (retention)"
                     );
                 }
@@ -1412,6 +1466,81 @@ impl Writer {
                 Err(e) => tracing::warn!(segment = base, error = %e, "commit log: could not delete a segment"),
             }
         }
+        (need, freed)
+    }
+
+    /// Rolls the active segment over for retention short of `missing` bytes, if nothing
+    /// refers into it, it holds at least `missing` or [`ROLL_FOR_SPACE_MIN`] bytes, and no
+    /// closed segment free of references is still waiting for the checkpoint (one rolled
+    /// over before, say: it goes first). True if it rolled.
+    fn roll_for_space(&mut self, missing: u64) -> bool {
+        if self.poisoned.is_some() || self.store_full.is_some() {
+            return false;
+        }
+        let base = self.log.active_base();
+        let len = self.log.active_len();
+        if self.refs.get(base) > 0 || len < missing.min(ROLL_FOR_SPACE_MIN) {
+            return false;
+        }
+        let checkpointed = self.shared.checkpointed.load(Ordering::Acquire);
+        let effects_end = self.shared.effects_end.load(Ordering::Acquire);
+        let waiting = self.shared.log.closed_segments().iter().any(|c| {
+            self.refs.get(c.base) == 0
+                && !retention::checkpoint_covers(c.base, c.base + c.len, checkpointed, effects_end)
+        });
+        if waiting {
+            return false;
+        }
+        match self.roll_active() {
+            Ok(rolled) => {
+                if rolled {
+                    tracing::info!(
+                        segment = base,
+                        bytes = len,
+                        missing,
+                        "commit log: rolled the active segment over for retention (the data file system is short of space and nothing refers into it)"
+                    );
+                }
+                rolled
+            }
+            Err(Fail::NoSpace(reason)) => {
+                // Tried again at every run while short of space: said once a time.
+                if !self.short_of_space {
+                    tracing::warn!(%reason, "commit log: could not roll the active segment over for retention");
+                }
+                false
+            }
+            Err(f) => {
+                self.fail(f);
+                false
+            }
+        }
+    }
+
+    /// [`Journal::roll_segment`](crate::Journal::roll_segment), after its batch: the
+    /// answer, poisoning on a failure other than a full file system.
+    fn roll_on_request(&mut self) -> Result<bool, JournalError> {
+        match self.roll_active() {
+            Ok(rolled) => Ok(rolled),
+            Err(Fail::NoSpace(reason)) => Err(JournalError::Full(reason)),
+            Err(f) => {
+                let reason = f.reason().to_string();
+                self.fail(f);
+                Err(JournalError::Poisoned(reason))
+            }
+        }
+    }
+
+    /// Closes the active segment if it holds any record and starts a new one (between
+    /// batches), then syncs the closed one with its end marker, so that nothing written to
+    /// the new segment can reach the disk before what the closed one holds. True if it
+    /// rolled.
+    fn roll_active(&mut self) -> Result<bool, Fail> {
+        let rolled = self.log.seal(&self.shared.log).map_err(log_write_failed)?;
+        if rolled {
+            self.sync()?;
+        }
+        Ok(rolled)
     }
 }
 

@@ -1,6 +1,7 @@
 //! Model-based property test: random sequences of submissions (appends, enqueues,
-//! removals, flag changes, queue deletion, retained, timers, KV), restarts and crashes are applied
-//! to the journal and to an in-memory model; after every step both must agree.
+//! removals, flag changes, queue deletion, retained, timers, KV), segment rolls, restarts
+//! and crashes are applied to the journal and to an in-memory model; after every step both
+//! must agree.
 
 mod common;
 
@@ -46,6 +47,9 @@ enum Step {
     CrashTorn(bool, u64),
     /// `queue_id` of the queue's name (a new id if the queue was deleted).
     Name(u8),
+    /// Close the active segment whatever its size (`roll_segment`): changes nothing the
+    /// model sees, before or after a crash.
+    Roll,
 }
 
 fn op_spec() -> impl Strategy<Value = OpSpec> {
@@ -74,6 +78,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => Just(Step::Crash),
         1 => (any::<bool>(), any::<u64>()).prop_map(|(cut, seed)| Step::CrashTorn(cut, seed)),
         1 => (0u8..QUEUES as u8).prop_map(Step::Name),
+        1 => Just(Step::Roll),
     ]
 }
 
@@ -409,6 +414,15 @@ fn run(policy: FsyncPolicy, checkpoints: bool, steps: Vec<Step>) {
                 j = Journal::open(config(dir.path())).unwrap();
                 at_open = cq_files(dir.path());
                 assert!(!j.stats().index_scanned, "replayed, not scanned");
+            }
+            Step::Roll => {
+                // Behind whatever is still to be logged (a queue's name mapping).
+                j.write_blocking(vec![]).unwrap();
+                let before = j.stats();
+                let rolled = j.roll_segment().unwrap();
+                let after = j.stats();
+                assert_eq!(after.log_end, before.log_end, "positions stay contiguous");
+                assert_eq!(after.segments, before.segments + u64::from(rolled));
             }
             Step::Name(q) => {
                 let id = j.queue_id(&format!("q{q}")).unwrap();
