@@ -459,7 +459,8 @@ async fn load_definitions(ctx: &HttpContext, path: &str) -> anyhow::Result<()> {
 }
 
 /// The virtual hosts (configured, then made at runtime, less those deleted at runtime) into
-/// the router, and the users made or deleted at runtime into `users`.
+/// the router, their and the users' limits into the core, and the users made or deleted
+/// at runtime into `users`.
 fn restore_access(broker: &Broker, config: &Config, users: &Users) -> AccessRecords {
     let records = broker.stores.access.load().unwrap_or_else(|e| {
         warn!(error = %e, "cannot read stored users and virtual hosts");
@@ -471,6 +472,9 @@ fn restore_access(broker: &Broker, config: &Config, users: &Users) -> AccessReco
     }
     for v in records.vhosts.iter().filter(|v| !v.deleted) {
         broker.router.add_vhost(&v.name);
+    }
+    for l in &records.limits {
+        broker.limits.replace(l.scope, &l.owner, l.values.clone());
     }
     for u in &records.users {
         if u.deleted {

@@ -5,6 +5,7 @@
 //!
 //! - [`access`] — virtual hosts, users and permissions (read and write, durable).
 //! - [`auth`] — HTTP Basic against the user store, and what each user tag may call.
+//! - [`limits`] — per-virtual-host and per-user limits (`/api/vhost-limits`, `/api/user-limits`).
 //! - [`rules`] — topic permissions and the MQTT topic rules.
 //! - [`shovels`] — shovels as runtime parameters, and their status.
 //! - [`bridges`] — the bridges' state.
@@ -33,6 +34,7 @@ pub mod error;
 pub mod exchanges;
 pub mod health;
 pub mod json;
+pub mod limits;
 pub mod listener;
 pub mod metrics;
 pub mod mqtt;
@@ -47,7 +49,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::extract::connect_info::Connected;
-use axum::routing::{delete, get, post};
+use axum::routing::{delete, get, post, put};
 use axum::serve::{IncomingStream, Listener};
 use axum::Router;
 use listener::{Peer, TlsListener};
@@ -139,6 +141,12 @@ pub fn router(ctx: Arc<HttpContext>) -> Router {
         .route("/users", get(access::users))
         .route("/users/{name}", get(access::user).put(access::create_user).delete(access::remove_user))
         .route("/users/{name}/permissions", get(access::user_permissions))
+        .route("/vhost-limits", get(limits::vhost_limits))
+        .route("/vhost-limits/{vhost}", get(limits::vhost_limits_of))
+        .route("/vhost-limits/{vhost}/{name}", put(limits::set_vhost_limit).delete(limits::clear_vhost_limit))
+        .route("/user-limits", get(limits::user_limits))
+        .route("/user-limits/{user}", get(limits::user_limits_of))
+        .route("/user-limits/{user}/{name}", put(limits::set_user_limit).delete(limits::clear_user_limit))
         .route("/permissions", get(access::permissions))
         .route("/topic-permissions", get(rules::all))
         .route("/topic-permissions/{vhost}/{user}", get(rules::of_pair).put(rules::set).delete(rules::clear))
