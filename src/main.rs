@@ -111,15 +111,17 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    raise_open_files_limit(config.mqtt.max_connections);
+    raise_open_files_limit();
     let runtime =
         tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the runtime")?;
     runtime.block_on(run(config, overrides))
 }
 
-/// Raises the soft limit on open files to the hard limit, so that `mqtt.max_connections`
-/// can be reached (the usual soft limit, 1,024, is far below it); logs what it did.
-fn raise_open_files_limit(max_connections: usize) {
+/// Raises the soft limit on open files to the hard limit, so that the connection caps can
+/// be reached (the usual soft limit, 1,024, is far below them); logs what it did. What the
+/// limit leaves for client sockets is shared out at start (`ferrymq::accept`), which logs
+/// it once.
+fn raise_open_files_limit() {
     let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit/setrlimit only read and write the struct passed to them.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
@@ -132,19 +134,9 @@ fn raise_open_files_limit(max_connections: usize) {
         // SAFETY: as above.
         if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
             tracing::warn!(error = %std::io::Error::last_os_error(), soft, "cannot raise the open-files limit");
-            lim.rlim_cur = soft;
         } else {
             tracing::info!(from = soft, to = lim.rlim_cur, "raised the open-files limit to its hard limit");
         }
-    }
-    // Files beyond the connections: the journal's segments, sled, listeners.
-    let needed = max_connections as u64 + 256;
-    if lim.rlim_cur < needed {
-        tracing::warn!(
-            limit = lim.rlim_cur,
-            max_connections,
-            "the open-files limit is below mqtt.max_connections: connections past it will be refused (raise the hard limit, e.g. LimitNOFILE= in systemd)"
-        );
     }
 }
 

@@ -22,7 +22,8 @@
 //! - [`streams`] — stream and super-stream consumer groups (lag, reset), message lookup by key.
 //! - [`metrics`] — `/metrics` (OpenMetrics text).
 //! - [`json`] — the JSON shapes shared by several calls (header values, pagination).
-//! - [`listener`] — the listeners' sockets: plain, TLS (`http.tls_listen`), the peer address.
+//! - [`listener`] — the listeners' sockets and connections: admission at accept, TLS
+//!   (`http.tls_listen`), the header-read and idle timeouts, the peer address.
 
 pub mod access;
 pub mod auth;
@@ -48,14 +49,11 @@ pub mod streams;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::extract::connect_info::Connected;
 use axum::routing::{delete, get, post, put};
-use axum::serve::{IncomingStream, Listener};
 use axum::Router;
-use listener::{Peer, TlsListener};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tracing::warn;
+use tokio_rustls::TlsAcceptor;
 
 use crate::amqp::AmqpContext;
 use crate::auth::Users;
@@ -99,6 +97,8 @@ pub struct HttpContext {
     pub loopback_users: Vec<String>,
     /// The memory and disk alarms.
     pub alarm: Arc<ResourceAlarm>,
+    /// Client sockets per kind of listener, within the open-files limit (HTTP's own too).
+    pub sockets: Arc<crate::accept::SocketBudget>,
     /// Every listener the broker opened (filled in once they are bound).
     pub listeners: parking_lot::RwLock<Vec<ListenerInfo>>,
     /// Message rates, sampled every 5 s.
@@ -244,12 +244,12 @@ pub fn metrics_router(ctx: Arc<HttpContext>) -> Router {
 }
 
 /// The bound HTTP listeners, each optional.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Listeners {
     /// `http.listen`: the API, `/metrics` and the dashboard.
     pub http: Option<TcpListener>,
     /// `http.tls_listen`: the same over TLS.
-    pub https: Option<TlsListener>,
+    pub https: Option<(TcpListener, TlsAcceptor)>,
     /// `prometheus.listen`: `/metrics` only.
     pub prometheus: Option<TcpListener>,
 }
@@ -257,30 +257,19 @@ pub struct Listeners {
 /// Serves every listener until `stop` turns true, and samples the rates.
 pub fn start(ctx: Arc<HttpContext>, listeners: Listeners, stop: watch::Receiver<bool>) {
     tokio::spawn(ctx.clone().sample_rates());
+    let served = |app: Router| listener::Served {
+        app,
+        sockets: ctx.sockets.clone(),
+        timeouts: listener::Timeouts::of(&ctx.cfg),
+    };
     if let Some(l) = listeners.http {
-        tokio::spawn(serve(l, router(ctx.clone()), stop.clone()));
+        tokio::spawn(listener::serve(l, None, served(router(ctx.clone())), stop.clone()));
     }
-    if let Some(l) = listeners.https {
-        tokio::spawn(serve(l, router(ctx.clone()), stop.clone()));
+    if let Some((l, tls)) = listeners.https {
+        tokio::spawn(listener::serve(l, Some(tls), served(router(ctx.clone())), stop.clone()));
     }
     if let Some(l) = listeners.prometheus {
-        tokio::spawn(serve(l, metrics_router(ctx), stop));
-    }
-}
-
-/// Serves `app` on `listener` until `stop` turns true.
-async fn serve<L>(listener: L, app: Router, mut stop: watch::Receiver<bool>)
-where
-    L: Listener,
-    L::Addr: std::fmt::Debug,
-    Peer: for<'a> Connected<IncomingStream<'a, L>>,
-{
-    let app = app.into_make_service_with_connect_info::<Peer>();
-    let stopped = async move {
-        let _ = stop.wait_for(|s| *s).await;
-    };
-    if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stopped).await {
-        warn!(error = %e, "an HTTP listener failed");
+        tokio::spawn(listener::serve(l, None, served(metrics_router(ctx.clone())), stop));
     }
 }
 
