@@ -379,7 +379,7 @@ mod tests {
         drop(http);
         assert!(b.admit(SocketClass::Amqp).is_ok(), "freed descriptors go to whoever asks");
         let s = b.stats();
-        assert_eq!(s[SocketClass::Http.index()].refused_descriptors, 1);
+        assert_eq!(s[SocketClass::Http.index()].refused_descriptors, 2, "the flood's end and the one after");
     }
 
     #[test]

@@ -151,6 +151,23 @@ async fn sockets_that_send_nothing_dribble_headers_or_stall_a_body_are_closed() 
     // ...and the connection is closed once it idles past the timeout.
     closed_by_broker(&mut keep, "an idle keep-alive connection").await;
 
+    // A handler that works longer than the idle timeout on a request it has read is not
+    // idle: a definitions import of 12,000 queues (seconds of work in a debug build).
+    let queues: Vec<serde_json::Value> = (0..12_000)
+        .map(|i| serde_json::json!({"name": format!("imported-{i}"), "vhost": "/", "durable": true, "auto_delete": false, "arguments": {}}))
+        .collect();
+    let body = serde_json::json!({ "queues": queues }).to_string();
+    let mut import = TcpStream::connect(http).await.unwrap();
+    let head = format!(
+        "POST /api/definitions HTTP/1.1\r\nHost: localhost\r\nAuthorization: Basic Z3Vlc3Q6Z3Vlc3Q=\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    import.write_all(head.as_bytes()).await.unwrap();
+    import.write_all(body.as_bytes()).await.unwrap();
+    let (status, answer) = response(&mut import).await;
+    assert!(status.starts_with("HTTP/1.1 200"), "{status} {answer}");
+
     // A body that stops coming (an authenticated client: its handler reads the body).
     let mut stall = TcpStream::connect(http).await.unwrap();
     let head = "POST /api/definitions HTTP/1.1\r\nHost: localhost\r\nAuthorization: Basic Z3Vlc3Q6Z3Vlc3Q=\r\n\
