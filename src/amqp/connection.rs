@@ -373,6 +373,7 @@ impl Task {
                         let text = limit_text(limit, &vhost, &self.user);
                         self.proto.connection_error(530, &text, 10, 40);
                     } else if !self.ctx.authz.vhost_access(&self.user, &vhost) {
+                        self.admission = None;
                         warn!(user = %self.user, vhost = %vhost, "access to vhost refused");
                         let text = format!("NOT_ALLOWED - access to vhost '{vhost}' refused for user '{}'", self.user);
                         self.proto.connection_error(530, &text, 10, 40);
