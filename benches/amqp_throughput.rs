@@ -49,7 +49,11 @@ fn open_connection() -> Connection {
         AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
     )));
     conn.handle_input(&mut buf, t0);
-    while conn.poll_event().is_some() {}
+    while let Some(ev) = conn.poll_event() {
+        if let Event::ChannelOpened { channel } = ev {
+            conn.channel_open_ok(channel);
+        }
+    }
     let mut out = BytesMut::new();
     conn.poll_transmit(&mut out);
     conn

@@ -144,7 +144,8 @@ pub struct MqttSection {
     pub allow_anonymous: Option<bool>,
     /// Topic exchange of virtual host `/` that MQTT publishes and subscriptions use.
     pub exchange: String,
-    /// Most concurrent connections over all listeners (MQTT and AMQP, plain and TLS); more are closed at accept.
+    /// Most concurrent MQTT connections over TCP, TLS and WebSocket together; more are
+    /// closed at accept (AMQP has `amqp.max_connections`).
     pub max_connections: usize,
     /// Largest inbound packet, bytes; a packet announcing more is refused before its body is read.
     pub max_packet_size: u32,
@@ -204,6 +205,8 @@ pub struct AmqpSection {
     pub listen: String,
     /// TLS listener address ("" = off).
     pub tls_listen: String,
+    /// Most concurrent AMQP connections (plain and TLS together); more are closed at accept.
+    pub max_connections: usize,
     /// frame_max proposed in Tune.
     pub frame_max: u32,
     /// channel_max proposed in Tune.
@@ -391,6 +394,16 @@ pub struct HttpSection {
     pub listen: String,
     /// The same over TLS with `[tls]`'s certificate ("" = off), as RabbitMQ's 15671.
     pub tls_listen: String,
+    /// Most concurrent HTTP connections over `listen`, `tls_listen` and `prometheus.listen`
+    /// together; more are closed at accept.
+    pub max_connections: usize,
+    /// Seconds a connection has to send a complete request head, from its accept or from
+    /// the end of its previous response (so also how long a keep-alive connection may
+    /// idle between requests).
+    pub header_read_timeout_secs: u64,
+    /// Seconds a connection may go without a byte moving either way while a request body
+    /// is read or a response written; then it is closed.
+    pub idle_timeout_secs: u64,
     /// `/metrics` needs no credentials (RabbitMQ's Prometheus plugin default).
     pub metrics_without_auth: bool,
     /// Name of this node in the API (`node`), as RabbitMQ's `rabbit@host`.
@@ -625,8 +638,20 @@ impl Config {
         if self.mqtt.max_inflight == 0 {
             return invalid("mqtt.max_inflight", "must be > 0".into());
         }
-        if self.mqtt.max_connections == 0 {
-            return invalid("mqtt.max_connections", "must be > 0".into());
+        for (key, n) in [
+            ("mqtt.max_connections", self.mqtt.max_connections),
+            ("amqp.max_connections", self.amqp.max_connections),
+            ("http.max_connections", self.http.max_connections),
+        ] {
+            if n == 0 {
+                return invalid(key, "must be > 0".into());
+            }
+        }
+        if self.http.header_read_timeout_secs == 0 {
+            return invalid("http.header_read_timeout_secs", "must be > 0".into());
+        }
+        if self.http.idle_timeout_secs == 0 {
+            return invalid("http.idle_timeout_secs", "must be > 0".into());
         }
         if self.mqtt.max_online_queue == 0 {
             return invalid("mqtt.max_online_queue", "must be > 0".into());

@@ -23,7 +23,8 @@
 //! - [`config`] — embedded default + environment + file + flags.
 //! - [`preflight`] — start-up checks before anything starts (data directory lock, TLS
 //!   files, rules, every listener bound).
-//! - [`server`] — listeners, connection limit, start-up restore, shutdown.
+//! - [`server`] — listeners, start-up restore, shutdown.
+//! - [`accept`] — what the accept loops may take: connection caps and the open-files budget.
 //! - [`core`] — message, routing table, queues, streams, scheduler, retained, stores,
 //!   counters: everything both protocols share. Only the core calls the journal.
 //! - [`mqtt`] — the MQTT front-end (connections, sessions, shared groups, `$SYS`).
@@ -42,6 +43,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod accept;
 pub mod amqp;
 pub mod auth;
 pub mod authz;

@@ -99,7 +99,7 @@ fn main() -> anyhow::Result<()> {
         definitions: cli.definitions,
         log: cli.log,
     };
-    let mut config = match Config::load(&overrides, std::env::vars()) {
+    let config = match Config::load(&overrides, std::env::vars()) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("ferrymq: {e}");
@@ -112,7 +112,7 @@ fn main() -> anyhow::Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     log_start(&config, &overrides);
-    fit_connections_to_open_files(&mut config);
+    raise_open_files_limit();
     let runtime =
         tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the runtime")?;
     runtime.block_on(run(config, overrides))
@@ -144,42 +144,16 @@ fn log_start(config: &Config, overrides: &Overrides) {
     tracing::info!(dir = %config.data_dir().display(), "data directory");
 }
 
-/// Raises the soft limit on open files to the hard limit and fits `mqtt.max_connections`
-/// to it: left at its default, the limit is lowered to what the open files allow (said
-/// once, at info); set higher than that, a warning says connections past it will fail.
-fn fit_connections_to_open_files(config: &mut Config) {
-    let Some(limit) = raise_open_files_limit() else { return };
-    // Files beyond the connections: the journal's segments, sled, listeners.
-    let fits = usize::try_from(limit.saturating_sub(256)).unwrap_or(usize::MAX).max(1);
-    let max_connections = config.mqtt.max_connections;
-    if max_connections <= fits {
-        return;
-    }
-    let default = Config::load(&Overrides::default(), std::iter::empty()).map(|c| c.mqtt.max_connections).ok();
-    if default == Some(max_connections) {
-        config.mqtt.max_connections = fits;
-        tracing::info!(
-            limit,
-            max_connections = fits,
-            "mqtt.max_connections set to what the open-files limit allows (the default, {max_connections}, is above it)"
-        );
-    } else {
-        tracing::warn!(
-            limit,
-            max_connections,
-            "the open-files limit is below mqtt.max_connections: connections past it will be refused (raise the hard limit, e.g. LimitNOFILE= in systemd)"
-        );
-    }
-}
-
-/// Raises the soft limit on open files to the hard limit (the usual soft limit, 1,024, is
-/// far below what a broker needs); logs what it did and returns the limit in force.
-fn raise_open_files_limit() -> Option<u64> {
+/// Raises the soft limit on open files to the hard limit, so that the connection caps can
+/// be reached (the usual soft limit, 1,024, is far below them); logs what it did. What the
+/// limit leaves for client sockets is shared out at start (`ferrymq::accept`), which logs
+/// it once.
+fn raise_open_files_limit() {
     let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit/setrlimit only read and write the struct passed to them.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
         tracing::warn!(error = %std::io::Error::last_os_error(), "cannot read the open-files limit");
-        return None;
+        return;
     }
     let soft = lim.rlim_cur;
     if lim.rlim_cur < lim.rlim_max {
@@ -187,12 +161,10 @@ fn raise_open_files_limit() -> Option<u64> {
         // SAFETY: as above.
         if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
             tracing::warn!(error = %std::io::Error::last_os_error(), soft, "cannot raise the open-files limit");
-            lim.rlim_cur = soft;
         } else {
             tracing::info!(from = soft, to = lim.rlim_cur, "raised the open-files limit to its hard limit");
         }
     }
-    Some(lim.rlim_cur)
 }
 
 async fn run(config: Config, overrides: Overrides) -> anyhow::Result<()> {

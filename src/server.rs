@@ -9,10 +9,11 @@ use std::time::Duration;
 use anyhow::Context;
 use ferrymq_storage::Journal;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
+use crate::accept::{BudgetConfig, SocketBudget, SocketClass, SocketPermit};
 use crate::amqp::AmqpContext;
 use crate::auth::{LoginThrottle, User, Users};
 use crate::authz::{Authorizer, Policy};
@@ -56,10 +57,10 @@ pub struct Server {
     mqtt: Arc<MqttContext>,
     amqp: Arc<AmqpContext>,
     alarm: Arc<ResourceAlarm>,
-    connections: Arc<Semaphore>,
+    /// Client sockets per kind of listener, within the open-files limit.
+    sockets: Arc<SocketBudget>,
     /// The users `auth.mosquitto_password_file` gave (replaced when SIGHUP reads it again).
     file_users: parking_lot::Mutex<Vec<String>>,
-    max_connections: u32,
     stop_accepting: watch::Sender<bool>,
     grace: Duration,
     /// The shovels (stopped first at shutdown: their connections are clients of ours).
@@ -147,8 +148,15 @@ impl Server {
             tokio::spawn(mqtt::sys::run(mqtt.clone(), Duration::from_secs(config.mqtt.sys_interval_secs)));
         }
 
-        let max_connections = config.mqtt.max_connections.min(Semaphore::MAX_PERMITS).min(u32::MAX as usize) as u32;
-        let connections = Arc::new(Semaphore::new(max_connections as usize));
+        let sockets = SocketBudget::new(
+            BudgetConfig {
+                mqtt: config.mqtt.max_connections,
+                amqp: config.amqp.max_connections,
+                http: config.http.max_connections,
+                descriptors: BudgetConfig::descriptors_now(),
+            },
+            &active_socket_classes(&config),
+        );
         let (stop_accepting, stop_rx) = watch::channel(false);
         let mut server = Server {
             mqtt_addr: None,
@@ -164,9 +172,8 @@ impl Server {
             mqtt,
             amqp,
             alarm,
-            connections,
+            sockets,
             file_users: parking_lot::Mutex::new(from_file),
-            max_connections,
             stop_accepting,
             grace: Duration::from_secs(config.broker.shutdown_grace_secs),
             shovels: Arc::new(crate::bridge::shovel::Shovels::new(None, None)),
@@ -213,7 +220,13 @@ impl Server {
                 MqttWs => Front::MqttWs(server.mqtt.clone()),
             };
             let acceptor = if is_tls { tls.clone() } else { None };
-            tokio::spawn(accept_loop(listener, acceptor, front, server.connections.clone(), stop_rx.clone()));
+            let class = match kind {
+                Amqp => SocketClass::Amqp,
+                Mqtt => SocketClass::Mqtt,
+                MqttWs => SocketClass::MqttWs,
+            };
+            let sockets = server.sockets.clone();
+            tokio::spawn(accept_loop(listener, acceptor, front, sockets, class, stop_rx.clone()));
         }
         let bridges = Arc::new(crate::bridge::Bridges::default());
         for b in &config.bridge.mqtt {
@@ -259,6 +272,7 @@ impl Server {
             authz: authz.clone(),
             loopback_users: config.auth.loopback_users.clone(),
             alarm: server.alarm.clone(),
+            sockets: server.sockets.clone(),
             listeners: Default::default(),
             rates: Default::default(),
             queue_rates: Default::default(),
@@ -275,7 +289,7 @@ impl Server {
         }
         if let (Some(listener), Some(tls)) = (pre.listeners.take("http.tls_listen"), tls) {
             server.https_addr = Some(listener.local_addr()?);
-            http.https = Some(crate::http::listener::TlsListener::new(listener, tls)?);
+            http.https = Some((listener, tls));
         }
         if let Some(listener) = pre.listeners.take("prometheus.listen") {
             server.prometheus_addr = Some(listener.local_addr()?);
@@ -386,7 +400,7 @@ impl Server {
         let _ = self.stop_accepting.send(true);
         self.mqtt.sessions.tell_online(|| Control::Shutdown);
         self.amqp.shutdown();
-        let all = self.connections.acquire_many(self.max_connections);
+        let all = self.sockets.drained(&[SocketClass::Mqtt, SocketClass::MqttWs, SocketClass::Amqp]);
         if tokio::time::timeout(self.grace, all).await.is_err() {
             warn!("connections still open after the grace period");
         }
@@ -494,7 +508,8 @@ async fn load_definitions(ctx: &HttpContext, path: &str) -> anyhow::Result<()> {
 }
 
 /// The virtual hosts (configured, then made at runtime, less those deleted at runtime) into
-/// the router, and the users made or deleted at runtime into `users`.
+/// the router, their and the users' limits into the core, and the users made or deleted
+/// at runtime into `users`.
 fn restore_access(broker: &Broker, config: &Config, users: &Users) -> AccessRecords {
     let records = broker.stores.access.load().unwrap_or_else(|e| {
         warn!(error = %e, "cannot read stored users and virtual hosts");
@@ -506,6 +521,9 @@ fn restore_access(broker: &Broker, config: &Config, users: &Users) -> AccessReco
     }
     for v in records.vhosts.iter().filter(|v| !v.deleted) {
         broker.router.add_vhost(&v.name);
+    }
+    for l in &records.limits {
+        broker.limits.replace(l.scope, &l.owner, l.values.clone());
     }
     for u in &records.users {
         if u.deleted {
@@ -595,11 +613,30 @@ enum Front {
     Amqp(Arc<AmqpContext>),
 }
 
+/// The classes of listener the configuration opens (each keeps a reserve of descriptors).
+fn active_socket_classes(config: &Config) -> Vec<SocketClass> {
+    let mut active = Vec::new();
+    if config.mqtt_listen().is_some() || config.mqtts_listen().is_some() {
+        active.push(SocketClass::Mqtt);
+    }
+    if config.mqtt_ws_listen().is_some() || config.mqtt_wss_listen().is_some() {
+        active.push(SocketClass::MqttWs);
+    }
+    if config.amqp_listen().is_some() || config.amqps_listen().is_some() {
+        active.push(SocketClass::Amqp);
+    }
+    if config.http_listen().is_some() || config.https_listen().is_some() || config.prometheus_listen().is_some() {
+        active.push(SocketClass::Http);
+    }
+    active
+}
+
 async fn accept_loop(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
     front: Front,
-    connections: Arc<Semaphore>,
+    sockets: Arc<SocketBudget>,
+    class: SocketClass,
     mut stop: watch::Receiver<bool>,
 ) {
     let bound = listener.local_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
@@ -608,15 +645,14 @@ async fn accept_loop(
             r = listener.accept() => match r {
                 Ok(s) => s,
                 Err(e) => {
-                    warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    tokio::time::sleep(sockets.accept_failed(class, &e)).await;
                     continue;
                 }
             },
             _ = stop.changed() => return,
         };
-        let Ok(permit) = connections.clone().try_acquire_owned() else {
-            warn!(peer = %peer, "connection limit reached; closing new connection");
+        let Ok(permit) = sockets.admit(class) else {
+            debug!(peer = %peer, "connection closed at accept");
             drop(stream);
             continue;
         };
@@ -697,7 +733,7 @@ async fn serve_tls(
     peer: SocketAddr,
     local: Listener,
     acceptor: TlsAcceptor,
-    permit: OwnedSemaphorePermit,
+    permit: SocketPermit,
 ) {
     let handshake = Duration::from_secs(10);
     // Boxed: the handshake's state is large and lives only until the session is set up.
@@ -743,7 +779,7 @@ async fn serve_ws<S>(
     peer: SocketAddr,
     local: Listener,
     cert: Option<Arc<crate::tls::ClientCert>>,
-    permit: OwnedSemaphorePermit,
+    permit: SocketPermit,
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send,
 {

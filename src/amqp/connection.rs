@@ -25,8 +25,9 @@ use super::AmqpContext;
 use crate::authz::{Access, Identity};
 use crate::core::alarm::Resource;
 use crate::core::broker::DurableSignal;
-use crate::core::connections::{ClientDetails, ConnectionInfo, Listener, Protocol};
+use crate::core::connections::{Admission, ClientDetails, ConnectionInfo, LimitReached, Listener, Protocol};
 use crate::core::delivery::QueueDelivery;
+use crate::core::limits::{LimitScope, MAX_CHANNELS};
 use crate::core::message::now_ms;
 use crate::core::queue::{ConsumerEvent, ConsumerId, RequeueCause};
 use crate::core::router::RouteCache;
@@ -140,6 +141,9 @@ pub(super) struct Task {
     client_properties: Vec<(String, Value)>,
     /// The connection as the management API sees it (registered at Open).
     pub info: Option<Arc<ConnectionInfo>>,
+    /// The connection counted against its vhost's and user's limits (from Open), with its
+    /// channels against the user's `max-channels`.
+    admission: Option<Admission>,
     /// Messages published, delivered, acknowledged since the last turn.
     pub counts: AmqpCounts,
     /// What the user may do in the open virtual host (decisions cached).
@@ -203,6 +207,7 @@ impl Task {
             listener: None,
             client_properties: Vec::new(),
             info: None,
+            admission: None,
             counts: AmqpCounts::default(),
             end: None,
         }
@@ -388,7 +393,12 @@ impl Task {
                     if !self.ctx.broker.router.has_vhost(&vhost) {
                         let text = format!("NOT_ALLOWED - vhost {vhost} not found");
                         self.close_connection(530, &text, 10, 40);
+                    } else if let Err(limit) = self.admit(&vhost) {
+                        warn!(user = %self.user, vhost = %vhost, ?limit, "connection refused at a limit");
+                        let text = limit_text(limit, &vhost, &self.user);
+                        self.close_connection(530, &text, 10, 40);
                     } else if !self.ctx.authz.vhost_access(&self.user, &vhost) {
+                        self.admission = None;
                         warn!(user = %self.user, vhost = %vhost, "access to vhost refused");
                         let text = format!("NOT_ALLOWED - access to vhost '{vhost}' refused for user '{}'", self.user);
                         self.close_connection(530, &text, 10, 40);
@@ -402,11 +412,19 @@ impl Task {
                     }
                 }
                 Event::ChannelOpened { channel } => {
+                    let limit = self.ctx.broker.limits.get(LimitScope::User, &self.user, MAX_CHANNELS);
+                    if let Some(Err(limit)) = self.admission.as_mut().map(|a| a.open_channel(limit)) {
+                        warn!(user = %self.user, ?limit, "channel refused at a limit");
+                        let text = limit_text(limit, &self.vhost, &self.user);
+                        self.proto.connection_error(530, &text, 0, 0);
+                        continue;
+                    }
                     if let Some(info) = &self.info {
                         info.channel(channel, true);
                     }
                     let get_id = self.ctx.broker.next_id();
                     self.channels.insert(channel, Channel::new(get_id));
+                    self.proto.channel_open_ok(channel);
                 }
                 Event::ChannelClosed { channel } => self.close_channel(channel),
                 Event::ChannelFlow { channel, active } => {
@@ -659,8 +677,17 @@ impl Task {
         self.info = Some(info);
     }
 
+    /// Counts the connection against the `max-connections` of `vhost` and of its user.
+    fn admit(&mut self, vhost: &str) -> Result<(), LimitReached> {
+        self.admission = Some(self.ctx.broker.admit(vhost, Some(&self.user))?);
+        Ok(())
+    }
+
     pub(super) fn close_channel(&mut self, channel: u16) {
         let Some(ch) = self.channels.remove(&channel) else { return };
+        if let Some(a) = &mut self.admission {
+            a.close_channel();
+        }
         if let Some(info) = &self.info {
             info.channel(channel, false);
         }
@@ -741,5 +768,20 @@ pub(super) fn delivery_headers(d: &QueueDelivery) -> Vec<(String, Value)> {
     match d.delivery_count {
         Some(n) => vec![("x-delivery-count".to_owned(), Value::Int(n as i64))],
         None => Vec::new(),
+    }
+}
+
+/// RabbitMQ's Connection.Close text (530 NOT_ALLOWED) for a refusal at a limit.
+fn limit_text(limit: LimitReached, vhost: &str, user: &str) -> String {
+    match limit {
+        LimitReached::VhostConnections(n) => {
+            format!("NOT_ALLOWED - access to vhost '{vhost}' refused for user '{user}': connection limit ({n}) is reached")
+        }
+        LimitReached::UserConnections(n) => {
+            format!("NOT_ALLOWED - connection refused for user '{user}': user connection limit ({n}) is reached")
+        }
+        LimitReached::UserChannels(n) => format!(
+            "NOT_ALLOWED - number of channels opened for user '{user}' has reached the maximum allowed user limit of {n}"
+        ),
     }
 }

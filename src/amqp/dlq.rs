@@ -27,9 +27,11 @@ impl DeadLetterQueues for AmqpContext {
             }
             let durable = self.entities.queue(vhost, source).is_some_and(|q| q.durable);
             let config = queue_config(vhost, &name, durable, &[]).ok()?;
+            // Made by the broker, not a client: counted, never refused at `max-queues`.
+            let slot = self.entities.reserve(vhost, None).ok()?;
             match self
                 .entities
-                .create_queue(&self.broker, vhost, &name, durable, None, false, Vec::new(), config, None)
+                .create_queue(slot, &self.broker, vhost, &name, durable, None, false, Vec::new(), config, None)
                 .await
             {
                 Ok(q) => {

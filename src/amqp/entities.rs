@@ -191,6 +191,25 @@ pub struct Entities {
     /// them before storing).
     rejecting: RwLock<HashMap<QueueId, Arc<QueueConfig>>>,
     any_rejecting: AtomicBool,
+    /// Queues per virtual host, those being created included (for `max-queues`).
+    counts: Mutex<HashMap<String, u64>>,
+}
+
+/// A queue counted against its virtual host's `max-queues` while it is being created
+/// ([`Entities::reserve`]); uncounted when dropped unless the queue was made.
+#[derive(Debug)]
+pub struct QueueSlot<'a> {
+    entities: &'a Entities,
+    vhost: String,
+    made: bool,
+}
+
+impl Drop for QueueSlot<'_> {
+    fn drop(&mut self) {
+        if !self.made {
+            self.entities.uncount(&self.vhost);
+        }
+    }
 }
 
 impl Entities {
@@ -206,6 +225,33 @@ impl Entities {
         configs.iter().any(Option::is_some).then_some(configs)
     }
 
+    /// Counts a queue about to be created in `vhost`, unless `vhost` has `limit` queues
+    /// already (then `Err(limit)`).
+    pub fn reserve(&self, vhost: &str, limit: Option<u64>) -> Result<QueueSlot<'_>, u64> {
+        let mut counts = self.counts.lock();
+        let n = counts.entry(vhost.to_owned()).or_default();
+        if let Some(max) = limit.filter(|max| *n >= *max) {
+            return Err(max);
+        }
+        *n += 1;
+        Ok(QueueSlot { entities: self, vhost: vhost.to_owned(), made: false })
+    }
+
+    /// Queues of `vhost` (those being created included).
+    pub fn count(&self, vhost: &str) -> u64 {
+        self.counts.lock().get(vhost).copied().unwrap_or(0)
+    }
+
+    fn uncount(&self, vhost: &str) {
+        let mut counts = self.counts.lock();
+        if let Some(n) = counts.get_mut(vhost) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                counts.remove(vhost);
+            }
+        }
+    }
+
     /// The queue `name` of `vhost`.
     pub fn queue(&self, vhost: &str, name: &str) -> Option<Arc<QueueEntity>> {
         self.queues.read().get(&(vhost.to_owned(), name.to_owned())).cloned()
@@ -217,10 +263,12 @@ impl Entities {
     }
 
     /// Creates a queue (its consume queue, configuration, default-exchange binding and,
-    /// when durable, its meta record). The caller checked it does not exist.
+    /// when durable, its meta record) in the place `slot` counted for it. The caller
+    /// checked it does not exist.
     #[allow(clippy::too_many_arguments)]
     pub async fn create_queue(
         &self,
+        mut slot: QueueSlot<'_>,
         broker: &Broker,
         vhost: &str,
         name: &str,
@@ -247,6 +295,7 @@ impl Entities {
             consumers: AtomicU64::new(0),
             last_used_ms: AtomicU64::new(now_ms()),
         });
+        slot.made = true;
         self.install(broker, entity.clone());
         if durable {
             let record = QueueRecord {
@@ -274,12 +323,18 @@ impl Entities {
             self.any_rejecting.store(true, Ordering::Relaxed);
         }
         let _ = broker.router.bind(&entity.vhost, "", Binding::queue(entity.id, &entity.name, Vec::new()));
-        self.queues.write().insert((entity.vhost.clone(), entity.name.clone()), entity);
+        let vhost = entity.vhost.clone();
+        if self.queues.write().insert((vhost.clone(), entity.name.clone()), entity).is_some() {
+            // Two declarations of one name raced: the queue is counted once.
+            self.uncount(&vhost);
+        }
     }
 
     /// Deletes a queue: bindings, consume queue, meta records. Returns the message count.
     pub async fn delete_queue(&self, broker: &Broker, entity: &QueueEntity) -> u64 {
-        self.queues.write().remove(&(entity.vhost.clone(), entity.name.clone()));
+        if self.queues.write().remove(&(entity.vhost.clone(), entity.name.clone())).is_some() {
+            self.uncount(&entity.vhost);
+        }
         self.rejecting.write().remove(&entity.id);
         broker.router.unbind_all(&entity.vhost, &Destination::Queue(entity.id));
         let count = broker.shards.delete(entity.id).await;
@@ -311,6 +366,7 @@ impl Entities {
         }
         for entity in records.queues.into_iter().filter_map(queue_from_record) {
             broker.router.add_vhost(&entity.vhost);
+            *self.counts.lock().entry(entity.vhost.clone()).or_default() += 1;
             self.install(broker, Arc::new(entity));
             queues += 1;
         }

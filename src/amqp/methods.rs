@@ -18,6 +18,7 @@ use super::streams::{consumer_group, is_stream, partitions_of, sharing, stream_c
 use crate::authz::{BindingRequest, BoundTo, Permission, Refused, ResourceKind, RouteRefused};
 use crate::core::broker::RetainMode;
 use crate::core::connections::ConsumerInfo;
+use crate::core::limits::{LimitScope, MAX_QUEUES};
 use crate::core::message::{now_ms, Message, SharedMessage};
 use crate::core::queue::{Consumer, QueueConfig};
 use crate::core::router::{Binding, ExchangeDef, ExchangeKind, RouteError};
@@ -1010,6 +1011,15 @@ pub async fn create_queue(
     arguments: Vec<(String, Value)>,
 ) -> Result<Arc<QueueEntity>, Fail> {
     let exclusive = exclusive_owner.is_some();
+    let limit = ctx.broker.limits.get(LimitScope::Vhost, vhost, MAX_QUEUES);
+    let slot = ctx.entities.reserve(vhost, limit).map_err(|n| {
+        channel_fail(
+            406,
+            format!(
+                "PRECONDITION_FAILED - cannot declare queue '{name}': queue limit in vhost '{vhost}' ({n}) is reached"
+            ),
+        )
+    })?;
     let stream = match is_stream(&arguments) {
         true => Some(
             stream_config(vhost, name, durable, exclusive, auto_delete, &arguments)
@@ -1029,6 +1039,7 @@ pub async fn create_queue(
     }
     ctx.entities
         .create_queue(
+            slot,
             &ctx.broker,
             vhost,
             name,

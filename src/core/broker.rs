@@ -100,6 +100,8 @@ pub struct Broker {
     pub stats: Stats,
     /// The client connections of both protocols (the management API lists and closes them).
     pub connections: super::connections::Connections,
+    /// Per-virtual-host and per-user limits in force.
+    pub limits: super::limits::Limits,
     /// When the core was built; `$SYS/broker/uptime` counts from it.
     pub started: Instant,
     /// Woken when a timer earlier than the scheduler's next one is added (by a publish or
@@ -131,12 +133,28 @@ impl Broker {
             retained: RetainedStore::new(),
             stats: Stats::default(),
             connections: Default::default(),
+            limits: Default::default(),
             started: Instant::now(),
             timers_changed,
             dead_letter_queues: DeadLetterQueuesHook::new(),
             assignments: crate::core::stream::assignment::Assignments::new(),
             next_id: AtomicU64::new(1),
         }
+    }
+
+    /// Counts a new connection to `vhost` by `user` (`None`: anonymous) against the
+    /// `max-connections` limits of both; refused past either.
+    pub fn admit(
+        &self,
+        vhost: &str,
+        user: Option<&str>,
+    ) -> Result<super::connections::Admission, super::connections::LimitReached> {
+        use super::limits::{LimitScope, MAX_CONNECTIONS};
+        let limits = super::connections::AdmissionLimits {
+            vhost_connections: self.limits.get(LimitScope::Vhost, vhost, MAX_CONNECTIONS),
+            user_connections: user.and_then(|u| self.limits.get(LimitScope::User, u, MAX_CONNECTIONS)),
+        };
+        self.connections.admit(vhost, user, limits)
     }
 
     /// Clears the retained message of routing key `key`, durably, without publishing

@@ -3,6 +3,12 @@
 //! management API's `/api/connections`). A front-end registers a connection once its login
 //! is accepted and unregisters it when it closes; its byte counters are added per socket
 //! read or write, never per message.
+//!
+//! Before a front-end accepts a login it asks for an [`Admission`]
+//! ([`Connections::admit`]): the connection is counted against its virtual host's and its
+//! user's `max-connections` ([`crate::core::limits`]) atomically with the check, and its
+//! AMQP channels against the user's `max-channels`. The admission is held by the
+//! connection's task and counts nothing once dropped.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -245,9 +251,125 @@ pub struct Connections {
     all: Mutex<HashMap<u64, Arc<ConnectionInfo>>>,
     opened: AtomicU64,
     closed: AtomicU64,
+    admitted: Arc<Mutex<Tallies>>,
+}
+
+/// Admitted connections per virtual host and per user.
+#[derive(Debug, Default)]
+struct Tallies {
+    vhosts: HashMap<String, u64>,
+    users: HashMap<String, UserTally>,
+}
+
+/// One user's admitted connections and the channels open on them.
+#[derive(Debug, Default)]
+struct UserTally {
+    connections: u64,
+    channels: Arc<AtomicU64>,
+}
+
+/// A limit that refused a connection or a channel, with the limit's value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitReached {
+    /// The virtual host's `max-connections`.
+    VhostConnections(u64),
+    /// The user's `max-connections`.
+    UserConnections(u64),
+    /// The user's `max-channels`.
+    UserChannels(u64),
+}
+
+/// The limits an admission is checked against (`None`: no limit).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AdmissionLimits {
+    /// The virtual host's `max-connections`.
+    pub vhost_connections: Option<u64>,
+    /// The user's `max-connections`.
+    pub user_connections: Option<u64>,
+}
+
+/// A connection counted against its virtual host's and user's limits, with the AMQP
+/// channels it opened counted against the user's; dropping it uncounts all of them.
+#[derive(Debug)]
+pub struct Admission {
+    tallies: Arc<Mutex<Tallies>>,
+    vhost: String,
+    /// The user and its channel count (none for an anonymous MQTT client).
+    user: Option<(String, Arc<AtomicU64>)>,
+    /// Channels this connection holds in the user's count.
+    channels: u64,
+}
+
+impl Admission {
+    /// Counts a channel against the user's `max-channels` (`limit`), unless that would pass it.
+    pub fn open_channel(&mut self, limit: Option<u64>) -> Result<(), LimitReached> {
+        let Some((_, count)) = &self.user else { return Ok(()) };
+        let max = limit.unwrap_or(u64::MAX);
+        count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
+            .map_err(|_| LimitReached::UserChannels(max))?;
+        self.channels += 1;
+        Ok(())
+    }
+
+    /// Uncounts a channel [`Admission::open_channel`] counted.
+    pub fn close_channel(&mut self) {
+        if let (Some((_, count)), true) = (&self.user, self.channels > 0) {
+            count.fetch_sub(1, Ordering::AcqRel);
+            self.channels -= 1;
+        }
+    }
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        while self.channels > 0 {
+            self.close_channel();
+        }
+        let mut t = self.tallies.lock();
+        if let Some(n) = t.vhosts.get_mut(&self.vhost) {
+            *n -= 1;
+            if *n == 0 {
+                t.vhosts.remove(&self.vhost);
+            }
+        }
+        if let Some((user, _)) = &self.user {
+            if let Some(u) = t.users.get_mut(user) {
+                u.connections -= 1;
+                if u.connections == 0 {
+                    t.users.remove(user);
+                }
+            }
+        }
+    }
 }
 
 impl Connections {
+    /// Counts a connection to `vhost` by `user` (`None`: anonymous) unless that passes
+    /// one of `limits` (the virtual host's limit is checked first, as RabbitMQ does).
+    pub fn admit(&self, vhost: &str, user: Option<&str>, limits: AdmissionLimits) -> Result<Admission, LimitReached> {
+        let mut t = self.admitted.lock();
+        let in_vhost = t.vhosts.get(vhost).copied().unwrap_or(0);
+        if let Some(max) = limits.vhost_connections.filter(|max| in_vhost >= *max) {
+            return Err(LimitReached::VhostConnections(max));
+        }
+        let user = match user {
+            Some(name) => {
+                let tally = t.users.get(name);
+                let by_user = tally.map_or(0, |u| u.connections);
+                if let Some(max) = limits.user_connections.filter(|max| by_user >= *max) {
+                    return Err(LimitReached::UserConnections(max));
+                }
+                let tally = t.users.entry(name.to_owned()).or_default();
+                tally.connections += 1;
+                Some((name.to_owned(), tally.channels.clone()))
+            }
+            None => None,
+        };
+        *t.vhosts.entry(vhost.to_owned()).or_default() += 1;
+        Ok(Admission { tallies: self.admitted.clone(), vhost: vhost.to_owned(), user, channels: 0 })
+    }
+
     /// Adds a connection (its login was accepted).
     pub fn register(&self, info: Arc<ConnectionInfo>) {
         self.all.lock().insert(info.id, info);
@@ -315,5 +437,24 @@ mod tests {
         assert_eq!(info.channels.load(Ordering::Relaxed), 0, "AMQP starts with no channel");
         all.unregister(7);
         assert!(all.is_empty());
+    }
+
+    #[test]
+    fn admissions_count_per_vhost_and_user_until_dropped() {
+        let all = Connections::default();
+        let limits = AdmissionLimits { vhost_connections: Some(2), user_connections: Some(1) };
+        let mut a = all.admit("/", Some("u"), limits).expect("first");
+        assert_eq!(all.admit("/", Some("u"), limits).unwrap_err(), LimitReached::UserConnections(1));
+        let anon = all.admit("/", None, limits).expect("anonymous: the vhost's limit only");
+        assert_eq!(all.admit("/", Some("v"), limits).unwrap_err(), LimitReached::VhostConnections(2));
+        assert!(all.admit("/other", Some("v"), limits).is_ok(), "another vhost");
+        a.open_channel(Some(1)).expect("one channel");
+        assert_eq!(a.open_channel(Some(1)), Err(LimitReached::UserChannels(1)));
+        a.close_channel();
+        a.open_channel(Some(1)).expect("given back");
+        drop(a);
+        drop(anon);
+        let mut b = all.admit("/", Some("u"), limits).expect("the dropped one's place");
+        b.open_channel(Some(1)).expect("its channels went with it");
     }
 }

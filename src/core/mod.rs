@@ -33,6 +33,7 @@
 //! - [`retry`] — retry timers and records of entries waiting for a delayed retry.
 //! - [`stats`] — counters.
 //! - [`connections`] — the client connections of both protocols, as operations see them.
+//! - [`limits`] — per-virtual-host and per-user limits (connections, channels, queues).
 //! - [`value`] — typed header values (AMQP field tables).
 //! - [`duration`] — durations written as a number and a unit (`30s`, `7D`).
 
@@ -44,6 +45,7 @@ pub mod dedup;
 pub mod delivery;
 pub mod duration;
 pub mod hash_ring;
+pub mod limits;
 pub mod message;
 pub mod queue;
 pub mod retained;

@@ -21,6 +21,7 @@ use super::HttpContext;
 use crate::auth::{Secret, User};
 use crate::config::Config;
 use crate::core::broker::Commit;
+use crate::core::limits::LimitScope;
 use crate::core::store::{AccessRecords, PermissionRecord, StoreWrite, TopicPermissionRecord, UserRecord, VhostRecord};
 
 type Answer = Result<Json<Json_>, ApiError>;
@@ -128,15 +129,17 @@ pub async fn delete_vhost(ctx: &HttpContext, name: &str) -> Result<(), ApiError>
     };
     commit(ctx, write).await?;
     forget_permissions(ctx, |vhost, _| vhost == name).await?;
+    super::limits::replace_limits(ctx, LimitScope::Vhost, name, Default::default()).await?;
     ctx.broker.router.remove_vhost(name);
     ctx.access.vhost_meta.write().remove(name);
     Ok(())
 }
 
-/// A user as RabbitMQ's API shows it.
-pub fn user_json(u: &User) -> Json_ {
+/// A user as RabbitMQ's API shows it, with its limits.
+pub fn user_json(ctx: &HttpContext, u: &User) -> Json_ {
     let (hash, algorithm) = u.secret.exported();
-    json!({ "name": u.name, "tags": u.tags, "password_hash": hash, "hashing_algorithm": algorithm, "limits": {} })
+    let limits = ctx.broker.limits.of(LimitScope::User, &u.name);
+    json!({ "name": u.name, "tags": u.tags, "password_hash": hash, "hashing_algorithm": algorithm, "limits": limits })
 }
 
 /// Creates or replaces a user; true when it is new.
@@ -180,6 +183,7 @@ pub async fn delete_user(ctx: &HttpContext, name: &str) -> Result<(), ApiError> 
     };
     commit(ctx, write).await?;
     forget_permissions(ctx, |_, user| user == name).await?;
+    super::limits::replace_limits(ctx, LimitScope::User, name, Default::default()).await?;
     ctx.users.remove(name);
     ctx.authz.update(|p| p.user_tags.remove(name));
     // As RabbitMQ: a deleted user's open connections are closed (AMQP 320, MQTT 5 0x98).
@@ -304,14 +308,14 @@ pub async fn remove_vhost(p: Permitted<Administrator>, Path(name): Path<String>)
 /// `GET /api/users`.
 pub async fn users(p: Permitted<Administrator>) -> Answer {
     let ctx = p.ctx();
-    Ok(Json(Json_::Array(ctx.users.all().iter().map(user_json).collect())))
+    Ok(Json(Json_::Array(ctx.users.all().iter().map(|u| user_json(ctx, u)).collect())))
 }
 
 /// `GET /api/users/{name}`.
 pub async fn user(p: Permitted<Administrator>, Path(name): Path<String>) -> Answer {
     let ctx = p.ctx();
     let u = ctx.users.get(&name).ok_or_else(ApiError::not_found)?;
-    Ok(Json(user_json(&u)))
+    Ok(Json(user_json(&ctx, &u)))
 }
 
 /// The body of `PUT /api/users/{name}`.

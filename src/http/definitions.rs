@@ -2,7 +2,7 @@
 //! vhosts, permissions, topic_permissions, parameters, global_parameters, policies,
 //! queues, exchanges, bindings`), exported and imported, so `rabbitmqadmin export` of a
 //! RabbitMQ node imports into FerryMQ and back. What FerryMQ does not apply (policies,
-//! runtime parameters, topic permissions, limits, password hashes of an algorithm FerryMQ cannot verify) is listed in the
+//! runtime parameters other than shovels and `vhost-limits`, password hashes of an algorithm FerryMQ cannot verify) is listed in the
 //! import's answer under `unsupported`, never dropped silently. The same import runs at
 //! start for `--definitions FILE` / `http.load_definitions`.
 
@@ -13,10 +13,12 @@ use super::access::{put_permission, put_topic_permission, put_user, put_vhost, s
 use super::error::ApiError;
 use super::exchanges::{set_binding, user_bindings, user_exchanges, BindingSpec};
 use super::json::{json_table, table_json, Body};
+use super::limits::{definitions_json, from_definitions, replace_limits};
 use super::overview::RABBITMQ_API_VERSION;
 use super::permit::{Administrator, BindingGrant, Permitted, Vhost};
 use super::HttpContext;
 use crate::amqp::methods::{check_equivalent_exchange, check_equivalent_queue, create_queue, route_fail};
+use crate::core::limits::LimitScope;
 use crate::core::router::{ExchangeDef, ExchangeKind};
 use crate::core::store::{PermissionRecord, TopicPermissionRecord};
 
@@ -61,7 +63,7 @@ pub fn export(ctx: &HttpContext, vhost: Option<&str>) -> Json_ {
         "rabbitmq_version": RABBITMQ_API_VERSION,
         "product_name": "FerryMQ",
         "product_version": env!("CARGO_PKG_VERSION"),
-        "parameters": super::shovels::parameters(ctx, vhost),
+        "parameters": parameters(ctx, vhost),
         "policies": [],
         "queues": qs,
         "exchanges": xs,
@@ -74,7 +76,8 @@ pub fn export(ctx: &HttpContext, vhost: Option<&str>) -> Json_ {
             .iter()
             .map(|u| {
                 let (hash, algorithm) = u.secret.exported();
-                let mut j = user_json(u);
+                let mut j = user_json(ctx, u);
+                j["limits"] = definitions_json(&ctx.broker.limits.of(LimitScope::User, &u.name));
                 j["password_hash"] = json!(hash);
                 j["hashing_algorithm"] = json!(algorithm);
                 j
@@ -84,7 +87,8 @@ pub fn export(ctx: &HttpContext, vhost: Option<&str>) -> Json_ {
             .iter()
             .map(|v| {
                 let (description, tags) = ctx.access.vhost_meta(v);
-                json!({ "name": v, "limits": [], "metadata": { "description": description, "tags": tags } })
+                let limits = definitions_json(&ctx.broker.limits.of(LimitScope::Vhost, v));
+                json!({ "name": v, "limits": limits, "metadata": { "description": description, "tags": tags } })
             })
             .collect();
         let policy = ctx.authz.policy();
@@ -104,6 +108,21 @@ pub fn export(ctx: &HttpContext, vhost: Option<&str>) -> Json_ {
     }
     out
 }
+
+/// The runtime parameters: shovels, and each virtual host's limits as RabbitMQ keeps them
+/// (component `vhost-limits`, name `limits`).
+fn parameters(ctx: &HttpContext, vhost: Option<&str>) -> Json_ {
+    let mut all = super::shovels::parameters(ctx, vhost);
+    for (owner, values) in ctx.broker.limits.all(LimitScope::Vhost) {
+        if vhost.is_none_or(|v| v == owner) {
+            all.push(json!({ "vhost": owner, "component": VHOST_LIMITS, "name": "limits", "value": values }));
+        }
+    }
+    Json_::Array(all)
+}
+
+/// The runtime-parameter component of virtual host limits.
+const VHOST_LIMITS: &str = "vhost-limits";
 
 /// `GET /api/definitions`.
 pub async fn export_all(p: Permitted<Administrator>) -> Answer {
@@ -210,8 +229,28 @@ pub async fn import(ctx: &HttpContext, defs: &Json_, only_vhost: Option<&str>) -
         crate::authz::TopicPermissions::new(text(p, "write"), text(p, "read"))
             .map_err(|e| ApiError::bad_request(format!("topic permissions of user '{}': {e}", text(p, "user"))))?;
     }
-    let mut report = ImportReport::default();
     let vhost_of = |item: &Json_| only_vhost.map(str::to_owned).unwrap_or_else(|| text(item, "vhost").to_owned());
+    // Limits likewise: every one is read before anything is applied. A vhost's limits may
+    // come twice (its `limits` and RabbitMQ's `vhost-limits` parameter): one set each.
+    let mut vhost_limits = std::collections::BTreeMap::new();
+    if only_vhost.is_none() {
+        for v in items(defs, "vhosts") {
+            vhost_limits.insert(text(v, "name").to_owned(), from_definitions(LimitScope::Vhost, v.get("limits"))?);
+        }
+    }
+    for p in items(defs, "parameters").filter(|p| text(p, "component") == VHOST_LIMITS) {
+        let values = from_definitions(LimitScope::Vhost, p.get("value"))?;
+        if !values.is_empty() {
+            vhost_limits.insert(vhost_of(p), values);
+        }
+    }
+    let mut user_limits = Vec::new();
+    if only_vhost.is_none() {
+        for u in items(defs, "users") {
+            user_limits.push((text(u, "name").to_owned(), from_definitions(LimitScope::User, u.get("limits"))?));
+        }
+    }
+    let mut report = ImportReport::default();
     mqtt_routes_refused(ctx, defs, &vhost_of)?;
     if only_vhost.is_none() {
         for v in items(defs, "vhosts") {
@@ -221,11 +260,6 @@ pub async fn import(ctx: &HttpContext, defs: &Json_, only_vhost: Option<&str>) -
             put_vhost(ctx, text(v, "name"), description.and_then(Json_::as_str).unwrap_or("").into(), tag_list(&tags))
                 .await?;
             report.count("vhosts");
-            if v.get("limits").is_some_and(|l| {
-                l.as_object().is_some_and(|o| !o.is_empty()) || l.as_array().is_some_and(|a| !a.is_empty())
-            }) {
-                report.skip("vhost_limits", v, "virtual host limits are not applied");
-            }
         }
         for u in items(defs, "users") {
             let algorithm = u.get("hashing_algorithm").and_then(Json_::as_str);
@@ -238,8 +272,11 @@ pub async fn import(ctx: &HttpContext, defs: &Json_, only_vhost: Option<&str>) -
                 }
                 Err(e) => report.skip("users", u, &e.reason),
             }
-            if u.get("limits").and_then(Json_::as_object).is_some_and(|l| !l.is_empty()) {
-                report.skip("user_limits", u, "user limits are not applied");
+        }
+        for (user, values) in user_limits.into_iter().filter(|(_, v)| !v.is_empty()) {
+            if ctx.users.get(&user).is_some() {
+                replace_limits(ctx, LimitScope::User, &user, values).await?;
+                report.count("user_limits");
             }
         }
         for p in items(defs, "permissions") {
@@ -270,6 +307,11 @@ pub async fn import(ctx: &HttpContext, defs: &Json_, only_vhost: Option<&str>) -
                 report.skip("global_parameters", p, "global runtime parameters are not supported");
             }
         }
+    }
+    for (vhost, values) in vhost_limits.into_iter().filter(|(_, v)| !v.is_empty()) {
+        super::queues::known_vhost(ctx, &vhost)?;
+        replace_limits(ctx, LimitScope::Vhost, &vhost, values).await?;
+        report.count("vhost_limits");
     }
     for p in items(defs, "policies") {
         report.skip("policies", p, "policies are not applied; declare the arguments on the queues instead");
@@ -336,8 +378,11 @@ pub async fn import(ctx: &HttpContext, defs: &Json_, only_vhost: Option<&str>) -
     }
     // Shovels last: their queues and exchanges exist by now.
     for p in items(defs, "parameters") {
+        if text(p, "component") == VHOST_LIMITS {
+            continue;
+        }
         if text(p, "component") != "shovel" {
-            report.skip("parameters", p, "only shovel parameters are supported (not federation, ...)");
+            report.skip("parameters", p, "only shovel and vhost-limits parameters are supported (not federation, ...)");
             continue;
         }
         let value = p.get("value").cloned().unwrap_or_default();

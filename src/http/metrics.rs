@@ -20,6 +20,7 @@ use super::auth::{authenticate, Access};
 use super::error::ApiError;
 use super::queues::QueueTotals;
 use super::HttpContext;
+use crate::accept::Refusal;
 use crate::core::stats::Stats;
 
 /// OpenMetrics' content type.
@@ -256,9 +257,50 @@ pub fn render(ctx: &HttpContext) -> String {
         u64::from(raised.contains(&crate::core::alarm::Resource::Disk)),
     );
     links(ctx, &mut r);
+    sockets(ctx, &mut r);
     let mut out = String::new();
     let _ = encode(&mut out, &r);
     out
+}
+
+/// Client sockets per kind of listener: open, cap, reserve, refused at accept (by
+/// reason: the cap, or the descriptors kept for the other listeners), failed accepts.
+fn sockets(ctx: &HttpContext, r: &mut Registry) {
+    let open = Family::<Labels, Gauge>::default();
+    let cap = Family::<Labels, Gauge>::default();
+    let reserve = Family::<Labels, Gauge>::default();
+    let refused = Family::<Labels, Counter>::default();
+    let errors = Family::<Labels, Counter>::default();
+    let as_i64 = |v: usize| v.min(i64::MAX as usize) as i64;
+    for s in ctx.sockets.stats() {
+        let l = vec![("listener".to_string(), s.class.name().to_string())];
+        open.get_or_create(&l).set(as_i64(s.open));
+        cap.get_or_create(&l).set(as_i64(s.cap));
+        reserve.get_or_create(&l).set(as_i64(s.reserve));
+        errors.get_or_create(&l).inc_by(s.accept_errors);
+        for (reason, n) in [(Refusal::Cap, s.refused_cap), (Refusal::Descriptors, s.refused_descriptors)] {
+            let mut l = l.clone();
+            l.push(("reason".to_string(), reason.name().to_string()));
+            refused.get_or_create(&l).inc_by(n);
+        }
+    }
+    r.register("ferrymq_listener_sockets", "Client sockets open, per kind of listener", open);
+    r.register("ferrymq_listener_socket_cap", "Most client sockets a kind of listener may hold", cap);
+    r.register(
+        "ferrymq_listener_socket_reserve",
+        "Descriptors kept for a kind of listener that the others cannot take",
+        reserve,
+    );
+    r.register(
+        "ferrymq_connections_refused",
+        "Sockets closed at accept: at the listener's cap, or for the descriptors kept for the other listeners",
+        refused,
+    );
+    r.register("ferrymq_accept_errors", "Accepts that failed (e.g. out of file descriptors)", errors);
+    let budget = ctx.sockets.descriptors();
+    if budget != usize::MAX {
+        gauge(r, "ferrymq_client_socket_budget", "Client sockets the open-files limit leaves", budget as u64);
+    }
 }
 
 /// Bridges and shovels, one series each (few by nature): up (1) or not, messages carried.

@@ -9,6 +9,7 @@
 //! - [`permit`] — the proof every `/api` handler takes: the tag, virtual host and
 //!   permissions its route demands, checked before it runs (a handler without one does
 //!   not compile).
+//! - [`limits`] — per-virtual-host and per-user limits (`/api/vhost-limits`, `/api/user-limits`).
 //! - [`rules`] — topic permissions and the MQTT topic rules.
 //! - [`shovels`] — shovels as runtime parameters, and their status.
 //! - [`bridges`] — the bridges' state.
@@ -25,7 +26,8 @@
 //! - [`streams`] — stream and super-stream consumer groups (lag, reset), message lookup by key.
 //! - [`metrics`] — `/metrics` (OpenMetrics text).
 //! - [`json`] — the JSON shapes shared by several calls (header values, pagination).
-//! - [`listener`] — the listeners' sockets: plain, TLS (`http.tls_listen`), the peer address.
+//! - [`listener`] — the listeners' sockets and connections: admission at accept, TLS
+//!   (`http.tls_listen`), the header-read and idle timeouts, the peer address.
 
 pub mod access;
 pub mod auth;
@@ -38,6 +40,7 @@ pub mod error;
 pub mod exchanges;
 pub mod health;
 pub mod json;
+pub mod limits;
 pub mod listener;
 pub mod metrics;
 pub mod mqtt;
@@ -52,14 +55,11 @@ pub mod streams;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::extract::connect_info::Connected;
-use axum::routing::{delete, get, post};
-use axum::serve::{IncomingStream, Listener};
+use axum::routing::{delete, get, post, put};
 use axum::Router;
-use listener::{Peer, TlsListener};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tracing::warn;
+use tokio_rustls::TlsAcceptor;
 
 use crate::amqp::AmqpContext;
 use crate::auth::Users;
@@ -103,6 +103,8 @@ pub struct HttpContext {
     pub loopback_users: Vec<String>,
     /// The memory and disk alarms.
     pub alarm: Arc<ResourceAlarm>,
+    /// Client sockets per kind of listener, within the open-files limit (HTTP's own too).
+    pub sockets: Arc<crate::accept::SocketBudget>,
     /// Every listener the broker opened (filled in once they are bound).
     pub listeners: parking_lot::RwLock<Vec<ListenerInfo>>,
     /// Message rates, sampled every 5 s.
@@ -146,6 +148,12 @@ pub fn router(ctx: Arc<HttpContext>) -> Router {
         .route("/users", get(access::users))
         .route("/users/{name}", get(access::user).put(access::create_user).delete(access::remove_user))
         .route("/users/{name}/permissions", get(access::user_permissions))
+        .route("/vhost-limits", get(limits::vhost_limits))
+        .route("/vhost-limits/{vhost}", get(limits::vhost_limits_of))
+        .route("/vhost-limits/{vhost}/{name}", put(limits::set_vhost_limit).delete(limits::clear_vhost_limit))
+        .route("/user-limits", get(limits::user_limits))
+        .route("/user-limits/{user}", get(limits::user_limits_of))
+        .route("/user-limits/{user}/{name}", put(limits::set_user_limit).delete(limits::clear_user_limit))
         .route("/permissions", get(access::permissions))
         .route("/topic-permissions", get(rules::all))
         .route("/topic-permissions/{vhost}/{user}", get(rules::of_pair).put(rules::set).delete(rules::clear))
@@ -244,12 +252,12 @@ pub fn metrics_router(ctx: Arc<HttpContext>) -> Router {
 }
 
 /// The bound HTTP listeners, each optional.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Listeners {
     /// `http.listen`: the API, `/metrics` and the dashboard.
     pub http: Option<TcpListener>,
     /// `http.tls_listen`: the same over TLS.
-    pub https: Option<TlsListener>,
+    pub https: Option<(TcpListener, TlsAcceptor)>,
     /// `prometheus.listen`: `/metrics` only.
     pub prometheus: Option<TcpListener>,
 }
@@ -257,30 +265,19 @@ pub struct Listeners {
 /// Serves every listener until `stop` turns true, and samples the rates.
 pub fn start(ctx: Arc<HttpContext>, listeners: Listeners, stop: watch::Receiver<bool>) {
     tokio::spawn(ctx.clone().sample_rates());
+    let served = |app: Router| listener::Served {
+        app,
+        sockets: ctx.sockets.clone(),
+        timeouts: listener::Timeouts::of(&ctx.cfg),
+    };
     if let Some(l) = listeners.http {
-        tokio::spawn(serve(l, router(ctx.clone()), stop.clone()));
+        tokio::spawn(listener::serve(l, None, served(router(ctx.clone())), stop.clone()));
     }
-    if let Some(l) = listeners.https {
-        tokio::spawn(serve(l, router(ctx.clone()), stop.clone()));
+    if let Some((l, tls)) = listeners.https {
+        tokio::spawn(listener::serve(l, Some(tls), served(router(ctx.clone())), stop.clone()));
     }
     if let Some(l) = listeners.prometheus {
-        tokio::spawn(serve(l, metrics_router(ctx), stop));
-    }
-}
-
-/// Serves `app` on `listener` until `stop` turns true.
-async fn serve<L>(listener: L, app: Router, mut stop: watch::Receiver<bool>)
-where
-    L: Listener,
-    L::Addr: std::fmt::Debug,
-    Peer: for<'a> Connected<IncomingStream<'a, L>>,
-{
-    let app = app.into_make_service_with_connect_info::<Peer>();
-    let stopped = async move {
-        let _ = stop.wait_for(|s| *s).await;
-    };
-    if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stopped).await {
-        warn!(error = %e, "an HTTP listener failed");
+        tokio::spawn(listener::serve(l, None, served(metrics_router(ctx.clone())), stop));
     }
 }
 

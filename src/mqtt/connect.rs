@@ -111,6 +111,17 @@ impl Task {
             self.proto.refuse(reason);
             return;
         }
+        if !self.listener.internal {
+            // As RabbitMQ's MQTT plugin: 5.0 QUOTA_EXCEEDED, 3.x NOT_AUTHORIZED.
+            match self.ctx.broker.admit(MQTT_VHOST, c.username.as_deref()) {
+                Ok(admission) => self.admission = Some(Box::new(admission)),
+                Err(limit) => {
+                    conn_log!(info, self, ?limit, "connection refused at a limit");
+                    self.proto.refuse(ReasonCode::QUOTA_EXCEEDED);
+                    return;
+                }
+            }
+        }
         if self.ctx.authz.mqtt_enabled() {
             let user = c.username.clone();
             let identity = Identity {

@@ -123,6 +123,9 @@ pub(super) struct Task {
     pub(super) cert: Option<Arc<ClientCert>>,
     /// The connection as the management API sees it (registered at CONNECT).
     pub(super) info: Option<Arc<ConnectionInfo>>,
+    /// The connection counted against the `max-connections` of `/` and of its user (from
+    /// CONNECT; boxed: most of a fleet's connections are idle and this is rarely read).
+    pub(super) admission: Option<Box<crate::core::connections::Admission>>,
     pub(super) proto: Connection,
     pub(super) session: Option<SessionState>,
     /// Boxed: most connections have none, and it is large.
@@ -214,6 +217,7 @@ impl Task {
             listener,
             cert: None,
             info: None,
+            admission: None,
             proto,
             session: None,
             will: None,

@@ -70,6 +70,8 @@ pub struct Opts {
     pub log: Option<String>,
     /// Soft limit on open files the process starts with (`ulimit -S -n`).
     pub open_files: Option<u64>,
+    /// Soft and hard limit on open files (`ulimit -n`: the broker cannot raise it).
+    pub open_files_hard: Option<u64>,
 }
 
 impl Opts {
@@ -91,6 +93,12 @@ impl Opts {
     /// Starts the process with this soft limit on open files.
     pub fn open_files(mut self, soft: u64) -> Self {
         self.open_files = Some(soft);
+        self
+    }
+    /// Starts the process with this soft and hard limit on open files (only the broker's
+    /// process has it, never the test's).
+    pub fn open_files_hard(mut self, limit: u64) -> Self {
+        self.open_files_hard = Some(limit);
         self
     }
     /// Sets the `--log` filter (e.g. `warn` for a benchmark).
@@ -126,11 +134,16 @@ impl Broker {
     }
 
     fn spawn(dir: PathBuf, tmp: Option<Arc<tempfile::TempDir>>, opts: Opts) -> Broker {
-        let mut cmd = match opts.open_files {
-            // The shell lowers its soft limit, then becomes the broker (same pid).
-            Some(soft) => {
+        let ulimit = match (opts.open_files_hard, opts.open_files) {
+            (Some(limit), _) => Some(format!("ulimit -n {limit}")),
+            (None, Some(soft)) => Some(format!("ulimit -S -n {soft}")),
+            (None, None) => None,
+        };
+        let mut cmd = match ulimit {
+            // The shell lowers its limit, then becomes the broker (same pid).
+            Some(ulimit) => {
                 let mut c = Command::new("sh");
-                c.arg("-c").arg(format!("ulimit -S -n {soft} && exec \"$0\" \"$@\"")).arg(binary());
+                c.arg("-c").arg(format!("{ulimit} && exec \"$0\" \"$@\"")).arg(binary());
                 c
             }
             None => Command::new(binary()),

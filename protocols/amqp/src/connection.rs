@@ -171,7 +171,9 @@ pub enum Event {
         /// Virtual host named in Connection.Open, as the client sent it (e.g. `/`).
         vhost: String,
     },
-    /// A channel was opened (Open-Ok already sent).
+    /// Channel.Open: call [`Connection::channel_open_ok`] or
+    /// [`Connection::connection_error`] (530 NOT_ALLOWED past a channel limit); input is
+    /// held until then.
     ChannelOpened {
         /// Number of the channel just opened (1..=negotiated channel_max).
         channel: u16,
@@ -327,7 +329,8 @@ const PUBLISH_IDS: (u16, u16) = (60, 40);
 /// State machine of one AMQP connection (server side).
 ///
 /// Between [`Event::Login`] and [`Connection::accept_login`] / [`Connection::refuse_login`],
-/// and between [`Event::Open`] and [`Connection::open_ok`] /
+/// between [`Event::Open`] and [`Connection::open_ok`] / [`Connection::connection_error`],
+/// and between [`Event::ChannelOpened`] and [`Connection::channel_open_ok`] /
 /// [`Connection::connection_error`], input is held (up to four frames of `frame_max`;
 /// more is a 505 connection error) and processed by the answer, so pipelined frames are
 /// handled after it, as RabbitMQ does. Events produced then are polled as usual.
@@ -362,6 +365,8 @@ pub struct Connection {
     cap_blocked: bool,
     blocked: Blocked,
     closing: Option<Closing>,
+    /// A channel whose Channel.Open waits for the broker's answer (input is held).
+    opening: Option<u16>,
 }
 
 impl Connection {
@@ -386,6 +391,7 @@ impl Connection {
             cap_blocked: false,
             blocked: Blocked::No,
             closing: None,
+            opening: None,
         }
     }
 
@@ -409,7 +415,7 @@ impl Connection {
             std::mem::swap(buf, &mut self.held);
         }
         self.process(buf);
-        if self.phase.holds_input() && !buf.is_empty() {
+        if self.holds_input() && !buf.is_empty() {
             if buf.len() > self.hold_limit() {
                 self.fail(Fault::unexpected("too much input before the handshake completed", (0, 0)));
                 buf.clear();
@@ -545,6 +551,26 @@ impl Connection {
         );
     }
 
+    /// Answers the Channel.Open reported as [`Event::ChannelOpened`] with Open-Ok; held
+    /// input is then processed.
+    pub fn channel_open_ok(&mut self, channel: u16) {
+        if self.opening != Some(channel) || self.phase != Phase::Running {
+            return;
+        }
+        self.opening = None;
+        wire::put_method_frame(
+            self.output(),
+            channel,
+            &AMQPClass::Channel(channel::AMQPMethod::OpenOk(channel::OpenOk {})),
+        );
+        self.resume();
+    }
+
+    /// Input waits for the broker's answer to an event.
+    fn holds_input(&self) -> bool {
+        self.phase.holds_input() || self.opening.is_some()
+    }
+
     /// Answers Connection.Open with Open-Ok.
     pub fn open_ok(&mut self) {
         if self.phase != Phase::OpenOk {
@@ -674,6 +700,11 @@ impl Connection {
         ch.closing = true;
         ch.content = Assembly::Idle;
         wire::put_close(self.output(), channel, code, text, class_id, method_id);
+        if self.opening == Some(channel) {
+            // Refused instead of Open-Ok: what the client sent after Channel.Open goes on.
+            self.opening = None;
+            self.resume();
+        }
     }
 
     /// Closes the connection with a connection exception (320, 501, 502, 503, 504, 505,
@@ -776,6 +807,7 @@ impl Connection {
         wire::put_close(self.output(), 0, code, text, ids.0, ids.1);
         self.phase = Phase::Closing;
         self.held = BytesMut::new();
+        self.opening = None;
         self.closing = Some(Closing { deadline: self.clock + CLOSE_TIMEOUT, reason, lost_sync });
     }
 
@@ -803,6 +835,7 @@ impl Connection {
         loop {
             match self.phase {
                 Phase::Closed | Phase::Login | Phase::OpenOk => return,
+                _ if self.opening.is_some() => return,
                 Phase::Header => {
                     if !self.read_protocol_header(buf) {
                         return;
@@ -1069,11 +1102,7 @@ impl Connection {
             return self.fail(Fault::channel("channel number out of range", (20, 10)));
         }
         self.channels.insert(channel, Channel::new());
-        wire::put_method_frame(
-            self.output(),
-            channel,
-            &AMQPClass::Channel(channel::AMQPMethod::OpenOk(channel::OpenOk {})),
-        );
+        self.opening = Some(channel);
         self.events.push_back(Event::ChannelOpened { channel });
     }
 

@@ -308,6 +308,7 @@ fn replay_corpus() {
                     Event::Open { .. } if mode & 2 == 2 => conn.connection_error(530, "NOT_ALLOWED - seed", 10, 40),
                     Event::Open { .. } => conn.open_ok(),
                     Event::Method { channel, .. } if mode & 4 == 4 => conn.channel_error(channel, 404, "x", 50, 10),
+                    Event::ChannelOpened { channel } => conn.channel_open_ok(channel),
                     Event::Closed(_) => closed += 1,
                     _ => {}
                 }

@@ -105,6 +105,10 @@ impl Broker {
                 Event::ChannelOpened { channel } if salt.is_multiple_of(7) => {
                     conn.channel_error(channel, 406, "x", 0, 0)
                 }
+                Event::ChannelOpened { .. } if salt.is_multiple_of(17) => {
+                    conn.connection_error(530, "NOT_ALLOWED - x", 0, 0)
+                }
+                Event::ChannelOpened { channel } => conn.channel_open_ok(channel),
                 Event::Closed(_) => {
                     self.closed_events += 1;
                     assert!(conn.is_closed());

@@ -4,7 +4,7 @@
 //! Layout of the local implementation: typed tables in `Space::Meta` keyed `u\0name`
 //! (users), `v\0name` (virtual hosts), `p\0vhost\0user` (permissions),
 //! `t\0vhost\0user\0exchange` (topic permissions) and `r\0mqtt` (the MQTT rules set
-//! through the API, JSON). Deleting a user or a virtual host that the configuration
+//! through the API, JSON), `l\0v\0vhost` and `l\0u\0user` (limits). Deleting a user or a virtual host that the configuration
 //! names leaves a record with `deleted` set, so it stays deleted after a restart.
 
 use std::fmt;
@@ -91,6 +91,17 @@ pub struct ParameterRecord {
     pub value: String,
 }
 
+/// The limits of a virtual host or a user (RabbitMQ's `vhost-limits` / user `limits`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitsRecord {
+    /// Whose limits.
+    pub scope: crate::core::limits::LimitScope,
+    /// The virtual host or user.
+    pub owner: String,
+    /// The limits by name, negative values kept as given.
+    pub values: crate::core::limits::LimitValues,
+}
+
 /// Everything stored.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AccessRecords {
@@ -106,6 +117,8 @@ pub struct AccessRecords {
     pub mqtt_rules: Option<String>,
     /// Runtime parameters.
     pub parameters: Vec<ParameterRecord>,
+    /// Limits of virtual hosts and users.
+    pub limits: Vec<LimitsRecord>,
 }
 
 /// Users, virtual hosts and permissions, durable.
@@ -134,6 +147,16 @@ pub trait AccessStore: fmt::Debug + Send + Sync {
     fn put_parameter(&self, p: &ParameterRecord) -> StoreWrite;
     /// Removes a runtime parameter.
     fn remove_parameter(&self, component: &str, vhost: &str, name: &str) -> StoreWrite;
+    /// Stores the limits of a virtual host or a user (an empty set removes them).
+    fn put_limits(&self, limits: &LimitsRecord) -> StoreWrite;
+}
+
+fn limits_key(scope: crate::core::limits::LimitScope, owner: &str) -> Bytes {
+    let tag = match scope {
+        crate::core::limits::LimitScope::Vhost => "v",
+        crate::core::limits::LimitScope::User => "u",
+    };
+    key(b'l', &[tag, owner])
 }
 
 fn key(kind: u8, parts: &[&str]) -> Bytes {
@@ -190,7 +213,7 @@ fn delete(key: Bytes) -> StoreWrite {
 impl AccessStore for JournalStore {
     fn load(&self) -> Result<AccessRecords, StoreError> {
         let mut found = AccessRecords::default();
-        for kind in [b'u', b'v', b'p', b't', b'r', b'a'] {
+        for kind in [b'u', b'v', b'p', b't', b'r', b'a', b'l'] {
             for (_, value) in self.journal.scan(Space::Meta, &[kind, 0])? {
                 let Some(f) = Fields::read(&value) else { continue };
                 match kind {
@@ -215,6 +238,17 @@ impl AccessStore for JournalStore {
                         read: f.text("read"),
                     }),
                     b'r' => found.mqtt_rules = Some(f.text("rules")),
+                    b'l' => {
+                        use crate::core::limits::LimitScope;
+                        let scope = if f.text("scope") == "user" { LimitScope::User } else { LimitScope::Vhost };
+                        let values = match f.get("limits") {
+                            Some(Value::Table(t)) => {
+                                t.iter().filter_map(|(k, v)| Some((k.clone(), v.as_i64()?))).collect()
+                            }
+                            _ => Default::default(),
+                        };
+                        found.limits.push(LimitsRecord { scope, owner: f.text("owner"), values })
+                    }
                     b'a' => found.parameters.push(ParameterRecord {
                         component: f.text("component"),
                         vhost: f.text("vhost"),
@@ -318,5 +352,19 @@ impl AccessStore for JournalStore {
 
     fn remove_parameter(&self, component: &str, vhost: &str, name: &str) -> StoreWrite {
         delete(key(b'a', &[component, vhost, name]))
+    }
+
+    fn put_limits(&self, l: &LimitsRecord) -> StoreWrite {
+        let key = limits_key(l.scope, &l.owner);
+        if l.values.is_empty() {
+            return delete(key);
+        }
+        let values = l.values.iter().map(|(k, v)| (k.clone(), Value::Int(*v))).collect();
+        let value = table(vec![
+            ("scope", Value::Str(l.scope.label().to_owned())),
+            ("owner", Value::Str(l.owner.clone())),
+            ("limits", Value::Table(values)),
+        ]);
+        put(key, value)
     }
 }

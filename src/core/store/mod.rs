@@ -25,7 +25,8 @@ use std::sync::Arc;
 use ferrymq_storage::{Journal, JournalError, Op};
 
 pub use access::{
-    AccessRecords, AccessStore, ParameterRecord, PermissionRecord, TopicPermissionRecord, UserRecord, VhostRecord,
+    AccessRecords, AccessStore, LimitsRecord, ParameterRecord, PermissionRecord, TopicPermissionRecord, UserRecord,
+    VhostRecord,
 };
 pub use dedup::DedupStore;
 pub use entities::{BindingRecord, EntityRecords, EntityStore, ExchangeRecord, QueueRecord};

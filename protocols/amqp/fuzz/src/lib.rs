@@ -25,6 +25,8 @@ fn drive(conn: &mut Connection, mode: u8, step: u8) {
             Event::Login { .. } => conn.accept_login(),
             Event::Open { .. } if mode & 2 == 2 => conn.connection_error(530, "NOT_ALLOWED - fuzz", 10, 40),
             Event::Open { .. } => conn.open_ok(),
+            Event::ChannelOpened { .. } if mode & 32 == 32 => conn.connection_error(530, "NOT_ALLOWED - fuzz", 0, 0),
+            Event::ChannelOpened { channel } => conn.channel_open_ok(channel),
             Event::Method { channel, method } => {
                 if mode & 4 == 4 && step % 3 == 0 {
                     conn.channel_error(channel, 404, "NOT_FOUND - fuzz", 50, 10);

@@ -171,11 +171,13 @@ impl Client {
 
     pub fn open_channel(&mut self, ch: u16) {
         self.method(ch, AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})));
+        assert!(self.recv().is_empty(), "Open-Ok waits for the broker");
+        assert_eq!(self.events(), vec![Event::ChannelOpened { channel: ch }]);
+        self.conn.channel_open_ok(ch);
         assert_eq!(
             self.recv_methods(),
             vec![(ch, AMQPClass::Channel(channel::AMQPMethod::OpenOk(channel::OpenOk {})))]
         );
-        assert_eq!(self.events(), vec![Event::ChannelOpened { channel: ch }]);
     }
 
     pub fn publish_method(&mut self, ch: u16, routing_key: &str) {
