@@ -452,9 +452,14 @@ async fn load_definitions(ctx: &HttpContext, path: &str) -> anyhow::Result<()> {
         .await
         .map_err(|e| anyhow::anyhow!("cannot import the definitions file {path}: {}", e.reason))?;
     for item in &report.unsupported {
-        warn!(%item, "definition not applied");
+        warn!(path, %item, "definition not applied");
     }
-    info!(path, imported = %serde_json::Value::Object(report.imported.clone()), "definitions imported");
+    info!(
+        path,
+        imported = %serde_json::Value::Object(report.imported.clone()),
+        not_applied = report.unsupported.len(),
+        "definitions imported"
+    );
     Ok(())
 }
 

@@ -3,8 +3,9 @@
 //!
 //! Layout of the local implementation: typed tables in `Space::Meta` keyed `u\0name`
 //! (users), `v\0name` (virtual hosts), `p\0vhost\0user` (permissions),
-//! `t\0vhost\0user\0exchange` (topic permissions) and `r\0mqtt` (the MQTT rules set
-//! through the API, JSON). Deleting a user or a virtual host that the configuration
+//! `t\0vhost\0user\0exchange` (topic permissions), `r\0mqtt` (the MQTT rules set
+//! through the API, JSON), `a\0component\0vhost\0name` (runtime parameters) and
+//! `g\0name` (global parameters, JSON values). Deleting a user or a virtual host that the configuration
 //! names leaves a record with `deleted` set, so it stays deleted after a restart.
 
 use std::fmt;
@@ -106,6 +107,8 @@ pub struct AccessRecords {
     pub mqtt_rules: Option<String>,
     /// Runtime parameters.
     pub parameters: Vec<ParameterRecord>,
+    /// Global parameters (RabbitMQ's `global_parameters`: `cluster_name`): name and JSON value.
+    pub global_parameters: Vec<(String, String)>,
 }
 
 /// Users, virtual hosts and permissions, durable.
@@ -134,6 +137,8 @@ pub trait AccessStore: fmt::Debug + Send + Sync {
     fn put_parameter(&self, p: &ParameterRecord) -> StoreWrite;
     /// Removes a runtime parameter.
     fn remove_parameter(&self, component: &str, vhost: &str, name: &str) -> StoreWrite;
+    /// Stores a global parameter (its value as JSON).
+    fn put_global_parameter(&self, name: &str, value: &str) -> StoreWrite;
 }
 
 fn key(kind: u8, parts: &[&str]) -> Bytes {
@@ -190,7 +195,7 @@ fn delete(key: Bytes) -> StoreWrite {
 impl AccessStore for JournalStore {
     fn load(&self) -> Result<AccessRecords, StoreError> {
         let mut found = AccessRecords::default();
-        for kind in [b'u', b'v', b'p', b't', b'r', b'a'] {
+        for kind in [b'u', b'v', b'p', b't', b'r', b'a', b'g'] {
             for (_, value) in self.journal.scan(Space::Meta, &[kind, 0])? {
                 let Some(f) = Fields::read(&value) else { continue };
                 match kind {
@@ -215,6 +220,7 @@ impl AccessStore for JournalStore {
                         read: f.text("read"),
                     }),
                     b'r' => found.mqtt_rules = Some(f.text("rules")),
+                    b'g' => found.global_parameters.push((f.text("name"), f.text("value"))),
                     b'a' => found.parameters.push(ParameterRecord {
                         component: f.text("component"),
                         vhost: f.text("vhost"),
@@ -318,5 +324,10 @@ impl AccessStore for JournalStore {
 
     fn remove_parameter(&self, component: &str, vhost: &str, name: &str) -> StoreWrite {
         delete(key(b'a', &[component, vhost, name]))
+    }
+
+    fn put_global_parameter(&self, name: &str, value: &str) -> StoreWrite {
+        let value = table(vec![("name", Value::Str(name.to_owned())), ("value", Value::Str(value.to_owned()))]);
+        put(key(b'g', &[name]), value)
     }
 }
