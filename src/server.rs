@@ -220,8 +220,13 @@ impl Server {
                 crate::tls::connector(&b.bridge_cafile, &b.bridge_certfile, &b.bridge_keyfile, b.bridge_insecure)
                     .with_context(|| format!("bridge `{}`", b.connection))?;
             }
-            let status = bridges.add(&b.connection, &b.address[0]);
-            tokio::spawn(crate::bridge::mqtt::run(server.mqtt.clone(), b.clone(), rules, status, stop_rx.clone()));
+            let bridge = bridges.add(b, &rules);
+            // A bridge whose local side the rules let do nothing would say `running` and drop
+            // everything it carries: named before it starts.
+            for warning in bridge.warnings(&authz) {
+                warn!(bridge = %b.connection, "{warning}");
+            }
+            tokio::spawn(crate::bridge::mqtt::run(server.mqtt.clone(), b.clone(), rules, bridge, stop_rx.clone()));
         }
         // Shovels start once the AMQP listener is bound: `amqp://` without a host is it.
         let local = server.amqp_addr.map(|a| {

@@ -1,5 +1,8 @@
 //! `GET /api/ferrymq/bridges`: each bridge's state, as RabbitMQ's shovel status shows a
-//! shovel (`running`, `starting`), with FerryMQ's `reconnecting` for one that was up.
+//! shovel (`running`, `starting`), with FerryMQ's `reconnecting` for one that was up; what
+//! the rules refused its local side (`refused_in`, `refused_out`), and `warnings` naming
+//! the topic lines whose local topics that side may not publish or receive under the
+//! rules in force.
 
 use std::sync::Arc;
 
@@ -21,7 +24,8 @@ pub async fn list(
         .bridges
         .list()
         .into_iter()
-        .map(|b| {
+        .map(|bridge| {
+            let b = bridge.status.lock().clone();
             let state = match (b.connected, b.connects) {
                 (true, _) => "running",
                 (false, 0) => "starting",
@@ -36,6 +40,9 @@ pub async fn list(
                 "connects": b.connects,
                 "sent": b.sent,
                 "received": b.received,
+                "refused_in": bridge.refusals.publishes(),
+                "refused_out": bridge.refusals.deliveries(),
+                "warnings": bridge.warnings(&ctx.authz),
             })
         })
         .collect();

@@ -244,15 +244,26 @@ pub fn render(ctx: &HttpContext) -> String {
 fn links(ctx: &HttpContext, r: &mut Registry) {
     let up = Family::<Labels, Gauge>::default();
     let moved = Family::<Labels, Counter>::default();
-    for b in ctx.bridges.list() {
+    let refused = Family::<Labels, Counter>::default();
+    for link in ctx.bridges.list() {
+        let b = link.status.lock().clone();
         let bridge = ("bridge".to_string(), b.name.clone());
         up.get_or_create(&vec![bridge.clone()]).set(i64::from(b.connected));
-        for (direction, n) in [("out", b.sent), ("in", b.received)] {
-            moved.get_or_create(&vec![bridge.clone(), ("direction".to_string(), direction.to_string())]).inc_by(n);
+        let direction = |d: &str| vec![bridge.clone(), ("direction".to_string(), d.to_string())];
+        for (d, n) in [("out", b.sent), ("in", b.received)] {
+            moved.get_or_create(&direction(d)).inc_by(n);
+        }
+        for (d, n) in [("out", link.refusals.deliveries()), ("in", link.refusals.publishes())] {
+            refused.get_or_create(&direction(d)).inc_by(n);
         }
     }
     r.register("ferrymq_bridge_up", "MQTT bridge connected (1) or reconnecting (0)", up);
     r.register("ferrymq_bridge_messages", "Messages an MQTT bridge carried, by direction", moved);
+    r.register(
+        "ferrymq_bridge_refused",
+        "Messages an MQTT bridge dropped because the rules refused its local side, by direction",
+        refused,
+    );
     let up = Family::<Labels, Gauge>::default();
     let moved = Family::<Labels, Counter>::default();
     for s in ctx.shovels.list() {
