@@ -109,7 +109,7 @@ async fn drain_count(ch: &Channel, queue: &str) -> usize {
 /// allowed.
 async fn start_on_tmpfs(config: &str, queue: &str) -> Option<(Tmpfs, Target, Connection, Channel, String)> {
     let Some(fs) = Tmpfs::mount(48) else {
-        eprintln!("SKIPPED: cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN)");
+        common::skipped("cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN)");
         return None;
     };
     let t = Target::ferrymq(Broker::start_in(fs.path().join("data"), Opts::default().config(config)));

@@ -19,7 +19,7 @@ pub use broker::{binary, run_binary, Broker, Opts};
 
 /// Environment variable naming a file where [`skipped`] appends one line per skipped test
 /// (`.ci/run` sets it, and fails on a skip it does not expect).
-pub const SKIP_LOG_ENV: &str = "FERRYMQ_SKIP_LOG";
+pub const SKIP_LOG_ENV: &str = "CI_SKIP_LOG";
 
 /// Says that the running test is skipped and why, where it cannot be missed: a line
 /// `SKIPPED: <test binary>::<test>: <reason>` on the terminal, written past the test
