@@ -31,6 +31,13 @@ Markers (declared in pytest.ini):
 * ``rabbitmq_specific``: checks how RabbitMQ 3.10 does something FerryMQ does
   differently on purpose (or that only RabbitMQ has); skipped against FerryMQ
   unless INTEROP_STRICT=1.
+
+Skips: those markers skip by design against one broker or another.  Any other skip
+(a tool or a browser missing) is a test that did not run where it was meant to:
+every skip is listed with its reason in the summary (``-ra``), and with
+INTEROP_FAIL_ON_SKIP=1 (``.ci/run`` sets it) a skip the markers did not decide fails
+the run, unless its test id contains one of the space-separated words of
+INTEROP_EXPECTED_SKIPS.
 """
 
 from __future__ import annotations
@@ -72,24 +79,60 @@ def _why(m) -> str:
     return m.kwargs.get("reason") or (m.args[0] if m.args else "")
 
 
+# Test ids the markers skip by design against this broker (see the module doc), and the
+# skips seen while running that were not among them.
+SKIPPED_BY_DESIGN: set[str] = set()
+UNEXPECTED_SKIPS: list[tuple[str, str]] = []
+
+
 def pytest_collection_modifyitems(config, items):
     strict = os.environ.get("INTEROP_STRICT") == "1"
     for item in items:
-        amqp = item.get_closest_marker("amqp") is not None
-        if KIND == "mosquitto" and amqp:
-            item.add_marker(pytest.mark.skip(reason="amqp: Mosquitto has no AMQP 0-9-1"))
-        if KIND == "rabbitmq" and not amqp and "broker" in item.fixturenames:
-            item.add_marker(pytest.mark.skip(
-                reason="MQTT-only test: its reference broker is Mosquitto (INTEROP_BROKER=mosquitto); "
-                       "rabbitmq mode runs the AMQP and cross-protocol tests"))
-        if KIND != "ferrymq" and item.get_closest_marker("ferrymq_only"):
-            item.add_marker(pytest.mark.skip(reason=f"ferrymq_only: {_why(item.get_closest_marker('ferrymq_only'))}"))
-        if KIND == "ferrymq" and item.get_closest_marker("mosquitto_specific") and not strict:
-            m = item.get_closest_marker("mosquitto_specific")
-            item.add_marker(pytest.mark.skip(reason=f"mosquitto_specific (INTEROP_STRICT=1 runs it): {_why(m)}"))
-        if KIND == "ferrymq" and item.get_closest_marker("rabbitmq_specific") and not strict:
-            m = item.get_closest_marker("rabbitmq_specific")
-            item.add_marker(pytest.mark.skip(reason=f"rabbitmq_specific (INTEROP_STRICT=1 runs it): {_why(m)}"))
+        _mark_skips_by_design(item, strict)
+        if item.get_closest_marker("skip"):
+            SKIPPED_BY_DESIGN.add(item.nodeid)
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and report.when in ("setup", "call") and report.nodeid not in SKIPPED_BY_DESIGN:
+        allowed = os.environ.get("INTEROP_EXPECTED_SKIPS", "").split()
+        if not any(word in report.nodeid for word in allowed):
+            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+            reason = reason.removeprefix("Skipped: ")
+            UNEXPECTED_SKIPS.append((report.nodeid, reason))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if UNEXPECTED_SKIPS:
+        terminalreporter.section("skipped, though meant to run here")
+        for nodeid, reason in UNEXPECTED_SKIPS:
+            terminalreporter.write_line(f"SKIPPED: {nodeid}: {reason}")
+        if os.environ.get("INTEROP_FAIL_ON_SKIP") == "1":
+            terminalreporter.write_line("INTEROP_FAIL_ON_SKIP=1: these skips fail the run")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if UNEXPECTED_SKIPS and os.environ.get("INTEROP_FAIL_ON_SKIP") == "1" and exitstatus == 0:
+        session.exitstatus = 1
+
+
+def _mark_skips_by_design(item, strict: bool) -> None:
+    """The markers' skips (see the module doc)."""
+    amqp = item.get_closest_marker("amqp") is not None
+    if KIND == "mosquitto" and amqp:
+        item.add_marker(pytest.mark.skip(reason="amqp: Mosquitto has no AMQP 0-9-1"))
+    if KIND == "rabbitmq" and not amqp and "broker" in item.fixturenames:
+        item.add_marker(pytest.mark.skip(
+            reason="MQTT-only test: its reference broker is Mosquitto (INTEROP_BROKER=mosquitto); "
+                   "rabbitmq mode runs the AMQP and cross-protocol tests"))
+    if KIND != "ferrymq" and item.get_closest_marker("ferrymq_only"):
+        item.add_marker(pytest.mark.skip(reason=f"ferrymq_only: {_why(item.get_closest_marker('ferrymq_only'))}"))
+    if KIND == "ferrymq" and item.get_closest_marker("mosquitto_specific") and not strict:
+        m = item.get_closest_marker("mosquitto_specific")
+        item.add_marker(pytest.mark.skip(reason=f"mosquitto_specific (INTEROP_STRICT=1 runs it): {_why(m)}"))
+    if KIND == "ferrymq" and item.get_closest_marker("rabbitmq_specific") and not strict:
+        m = item.get_closest_marker("rabbitmq_specific")
+        item.add_marker(pytest.mark.skip(reason=f"rabbitmq_specific (INTEROP_STRICT=1 runs it): {_why(m)}"))
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

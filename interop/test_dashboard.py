@@ -10,13 +10,19 @@ FerryMQ-only: the page is FerryMQ's."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pika
 import pytest
+
+from brokers import Broker, free_port
+from mqttclient import V5, connect_props
 
 pytestmark = [pytest.mark.amqp, pytest.mark.ferrymq_only(reason="FerryMQ's dashboard")]
 
@@ -247,3 +253,140 @@ def test_the_mqtt_client_page_subscribes_and_publishes_over_websocket(broker, br
     wait_for("disconnected", lambda: browser.find_element(By.ID, "ws-status").text == "disconnected")
     assert not browser.find_elements(By.CSS_SELECTOR, "[role=alert]")
     assert errors(browser) == [], "console errors"
+
+
+def api_get(broker, path: str):
+    """(status, JSON) of a management API GET as guest."""
+    req = urllib.request.Request(http_base(broker) + "api" + path)
+    req.add_header("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, None
+
+
+def cells(row) -> list[str]:
+    from selenium.webdriver.common.by import By
+
+    return [td.text for td in row.find_elements(By.TAG_NAME, "td")]
+
+
+def test_a_session_that_never_expires_shows_never(broker, browser, mqtt):
+    """Issue 30: the MQTT page showed 4294967295 as the expiry of a session that never
+    expires (MQTT 5's 0xFFFFFFFF)."""
+    from selenium.webdriver.common.by import By
+
+    mqtt(version=V5, client_id="dash-forever", clean=False,
+         properties=connect_props(SessionExpiryInterval=0xFFFFFFFF))
+    mqtt(version=V5, client_id="dash-hour", clean=False, properties=connect_props(SessionExpiryInterval=3600))
+    log_in(browser, broker)
+    go(browser, "mqtt")
+    header = [th.text for th in browser.find_elements(By.CSS_SELECTOR, "#clients-table thead th")]
+    at = next(i for i, h in enumerate(header) if "expiry" in h)
+    forever = wait_for("the client", lambda: browser.find_element(By.CSS_SELECTOR, '#clients-table tr[data-name="dash-forever"]'))
+    assert cells(forever)[at] == "never", cells(forever)
+    hour = browser.find_element(By.CSS_SELECTOR, '#clients-table tr[data-name="dash-hour"]')
+    assert cells(hour)[at] == "3,600 s", cells(hour)
+    session = browser.find_element(By.CSS_SELECTOR, '#sessions-table tr[data-name="dash-forever"]')
+    assert "never" in cells(session), cells(session)
+    assert "4294967295" not in browser.find_element(By.ID, "main").text
+    assert errors(browser) == [], "console errors"
+
+
+def test_the_rate_chart_draws_no_caption_across_its_lines(broker, browser):
+    """Issue 30: the rate chart's caption was drawn on the chart, across its lines. The
+    chart is drawn with a peak at the top (the page's own drawing function, fed two
+    samples) while every text drawn on a canvas is recorded: none is, and the scale and
+    legend are in the caption under the chart."""
+    from selenium.webdriver.common.by import By
+
+    log_in(browser, broker)
+    wait_for("the overview", lambda: browser.find_element(By.ID, "main").get_attribute("data-ready") == "overview")
+    drawn = browser.execute_script("""
+        const texts = [];
+        const fillText = CanvasRenderingContext2D.prototype.fillText;
+        CanvasRenderingContext2D.prototype.fillText = function (...a) { texts.push(a[0]); return fillText.apply(this, a); };
+        const chart = document.getElementById("rates"), caption = document.getElementById("rates-caption");
+        try {
+            state.rates = [{ t: 1, publish: 2, deliver: 1 }, { t: 2, publish: 10, deliver: 4 }];
+            drawRates(chart, caption);
+        } finally {
+            CanvasRenderingContext2D.prototype.fillText = fillText;
+        }
+        return { texts, caption: caption && caption.textContent,
+                 below: !!caption && caption.getBoundingClientRect().top >= chart.getBoundingClientRect().bottom };
+    """)
+    assert drawn["texts"] == [], f"text drawn on the chart: {drawn}"
+    assert drawn["caption"] == "max 10.0/s — publish, deliver", drawn
+    assert drawn["below"], f"the caption is under the chart: {drawn}"
+    assert errors(browser) == [], "console errors"
+
+
+def test_permissions_are_set_and_cleared_from_the_admin_page(broker, browser):
+    """Issue 30: the README says permissions can be added on the Admin page; the page had
+    no way to. A user made on the page gets permissions in `/` from the page (PUT
+    /api/permissions/%2F/{user}), which the API then answers, and loses them again."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    def fill(form: str, name: str, text: str) -> None:
+        e = browser.find_element(By.CSS_SELECTOR, f'#{form} [name="{name}"]')
+        e.clear()
+        e.send_keys(text)
+
+    log_in(browser, broker)
+    go(browser, "admin")
+    fill("add-user", "name", "dash-user")
+    fill("add-user", "password", "dash-pw")
+    browser.find_element(By.CSS_SELECTOR, "#add-user button").click()
+    wait_for("the user", lambda: browser.find_element(By.CSS_SELECTOR, '#users-table tr[data-name="dash-user"]'))
+    wait_for("the page again", lambda: browser.find_element(By.ID, "main").get_attribute("data-ready") == "admin")
+    Select(browser.find_element(By.CSS_SELECTOR, '#add-permission [name="user"]')).select_by_visible_text("dash-user")
+    Select(browser.find_element(By.CSS_SELECTOR, '#add-permission [name="vhost"]')).select_by_visible_text("/")
+    fill("add-permission", "configure", "^dash-")
+    fill("add-permission", "write", "^(dash-.*|amq\\.topic)$")
+    fill("add-permission", "read", ".*")
+    browser.find_element(By.CSS_SELECTOR, "#add-permission button[type=submit]").click()
+    row = wait_for("the permissions row", lambda: browser.find_element(By.CSS_SELECTOR, '#permissions-table tr[data-name="//dash-user"]'))
+    assert cells(row)[:5] == ["dash-user", "/", "^dash-", "^(dash-.*|amq\\.topic)$", ".*"], cells(row)
+    status, perms = api_get(broker, "/permissions/%2F/dash-user")
+    assert status == 200 and perms["configure"] == "^dash-", (status, perms)
+    shot(browser, "admin-permissions")
+
+    row.find_element(By.CSS_SELECTOR, "button[data-clear]").click()
+    wait_for("the row gone", lambda: not browser.find_elements(By.CSS_SELECTOR, '#permissions-table tr[data-name="//dash-user"]'))
+    assert api_get(broker, "/permissions/%2F/dash-user")[0] == 404
+    assert not browser.find_elements(By.CSS_SELECTOR, "[role=alert]")
+    assert errors(browser) == [], "console errors"
+
+
+def test_the_mqtt_page_names_a_bridge_the_rules_let_do_nothing(request, tmp_path, browser):
+    """Issue 30: a bridge whose local side an acl_file lets do nothing showed `running` and
+    lost everything. The MQTT page lists the bridges with what /api/ferrymq/bridges says:
+    its state, the refused counts and the warning of each topic line."""
+    from selenium.webdriver.common.by import By
+
+    acl = tmp_path / "acl"
+    acl.write_text("user device\ntopic readwrite #\n")
+    conf = tmp_path / "ferrymq.toml"
+    conf.write_text(
+        f'[auth]\nmosquitto_acl_file = "{acl}"\n\n'
+        f'[[bridge.mqtt]]\nconnection = "old"\naddress = "127.0.0.1:{free_port()}"\n'
+        'topic = ["# both 1"]\nrestart_timeout = [5]\n')
+    b = Broker("ferrymq", tmp_path / "broker", config=conf)
+    request.node._interop_brokers = getattr(request.node, "_interop_brokers", []) + [(b, None)]
+    b.start()
+    try:
+        log_in(browser, b)
+        go(browser, "mqtt")
+        row = wait_for("the bridge", lambda: browser.find_element(By.CSS_SELECTOR, '#bridges-table tr[data-name="old"]'))
+        warnings = [w.text for w in row.find_elements(By.CSS_SELECTOR, "td .error")]
+        assert len(warnings) == 2, warnings
+        assert any("may publish none of these topics" in w for w in warnings), warnings
+        assert any("may receive none of these topics" in w for w in warnings), warnings
+        assert all("anonymous" in w for w in warnings), warnings
+        shot(browser, "mqtt-bridges")
+        assert errors(browser) == [], "console errors"
+    finally:
+        b.stop()

@@ -232,8 +232,13 @@ impl Server {
         for b in &config.bridge.mqtt {
             let rules = b.rules().map_err(|e| anyhow::anyhow!("bridge `{}`: {e}", b.connection))?;
             // Its TLS files were checked before anything started.
-            let status = bridges.add(&b.connection, &b.address[0]);
-            tokio::spawn(crate::bridge::mqtt::run(server.mqtt.clone(), b.clone(), rules, status, stop_rx.clone()));
+            let bridge = bridges.add(b, &rules);
+            // A bridge whose local side the rules let do nothing would say `running` and drop
+            // everything it carries: named before it starts.
+            for warning in bridge.warnings(&authz) {
+                warn!(bridge = %b.connection, "{warning}");
+            }
+            tokio::spawn(crate::bridge::mqtt::run(server.mqtt.clone(), b.clone(), rules, bridge, stop_rx.clone()));
         }
         // Shovels start once the AMQP listener is bound: `amqp://` without a host is it.
         let local = server.amqp_addr.map(|a| {
@@ -501,9 +506,14 @@ async fn load_definitions(ctx: &HttpContext, path: &str) -> anyhow::Result<()> {
         .await
         .map_err(|e| anyhow::anyhow!("cannot import the definitions file {path}: {}", e.reason))?;
     for item in &report.unsupported {
-        warn!(%item, "definition not applied");
+        warn!(path, %item, "definition not applied");
     }
-    info!(path, imported = %serde_json::Value::Object(report.imported.clone()), "definitions imported");
+    info!(
+        path,
+        imported = %serde_json::Value::Object(report.imported.clone()),
+        not_applied = report.unsupported.len(),
+        "definitions imported"
+    );
     Ok(())
 }
 

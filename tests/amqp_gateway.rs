@@ -14,9 +14,9 @@ use common::{v4, v5};
 /// The MQTT address, or None (after printing why) when the reference node has none.
 fn mqtt_addr(t: &Target) -> Option<std::net::SocketAddr> {
     if t.mqtt.is_none() {
-        eprintln!(
-            "SKIPPED against RabbitMQ: set {RABBITMQ_MQTT_ENV}=HOST:PORT (rabbitmq_mqtt) to run the gateway tests"
-        );
+        common::skipped(&format!(
+            "against RabbitMQ: set {RABBITMQ_MQTT_ENV}=HOST:PORT (rabbitmq_mqtt) to run the gateway tests"
+        ));
     }
     t.mqtt
 }

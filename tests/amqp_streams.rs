@@ -315,7 +315,7 @@ async fn contents_offsets_and_retention_survive_a_restart() {
 async fn mqtt_devices_feed_a_stream_bound_to_amq_topic() {
     let t = Target::start();
     let Some(addr) = t.mqtt else {
-        eprintln!("SKIPPED against RabbitMQ: set {RABBITMQ_MQTT_ENV}=HOST:PORT to run the gateway tests");
+        common::skipped(&format!("against RabbitMQ: set {RABBITMQ_MQTT_ENV}=HOST:PORT to run the gateway tests"));
         return;
     };
     let conn = t.connect().await;

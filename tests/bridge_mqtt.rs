@@ -12,6 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::{eventually, free_port, v4, v5, Broker, Opts, WAIT};
+use serde_json::json;
 
 /// A broker whose MQTT listener is on `port` (so that it restarts on it).
 fn remote_on(port: u16) -> Broker {
@@ -161,7 +162,7 @@ impl Mosquitto {
     async fn start_with(extra: &str) -> Option<Mosquitto> {
         let Some(bin) = ["/usr/sbin/mosquitto", "/usr/bin/mosquitto"].into_iter().find(|p| Path::new(p).exists())
         else {
-            eprintln!("skipped: mosquitto is not installed (apt-get install mosquitto)");
+            common::skipped("mosquitto is not installed (apt-get install mosquitto)");
             return None;
         };
         let tmp = tempfile::tempdir().unwrap();
@@ -800,4 +801,175 @@ async fn a_bridge_that_fails_over_takes_the_next_brokers_qos2_ids_as_new_message
     at_spare.publish_qos2(7, "cmd/a", "from-spare", false).await;
     let mut app = v4::connect_persistent(&edge, "app").await;
     assert_eq!(payloads_v4(&mut app, 2).await, ["from-main", "from-spare"]);
+}
+
+// ----- the Mosquitto migration walk-through, and a bridge the rules let do nothing ------
+
+/// A fenced block of the README's "Migrating from a running Mosquitto" walk-through
+/// (`fence` is its opening, such as "```toml"), without the list's indentation.
+fn walk_through_block(fence: &str) -> String {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let at = readme.find("**Migrating from a running Mosquitto").expect("the walk-through in README.md");
+    let rest = &readme[at..];
+    let start = rest.find(&format!("{fence}\n")).unwrap_or_else(|| panic!("a {fence} block in the walk-through"));
+    let body = &rest[start + fence.len() + 1..];
+    let body = &body[..body.find("```").expect("the block's end")];
+    body.lines().map(|l| l.strip_prefix("   ").unwrap_or(l)).collect::<Vec<_>>().join("\n")
+}
+
+/// A `mosquitto_passwd` file with these users, or `None` (skipped, saying so) without the tool.
+fn password_file(dir: &Path, users: &[(&str, &str)]) -> Option<PathBuf> {
+    let Some(tool) =
+        ["/usr/bin/mosquitto_passwd", "/usr/sbin/mosquitto_passwd"].into_iter().find(|p| Path::new(p).exists())
+    else {
+        common::skipped("mosquitto_passwd is not installed (apt-get install mosquitto)");
+        return None;
+    };
+    let file = dir.join("passwd");
+    for (i, (user, pass)) in users.iter().enumerate() {
+        let mut cmd = Command::new(tool);
+        if i == 0 {
+            cmd.arg("-c");
+        }
+        let status = cmd.arg("-b").arg(&file).arg(user).arg(pass).stdout(Stdio::null()).status().unwrap();
+        assert!(status.success(), "mosquitto_passwd {user}");
+    }
+    Some(file)
+}
+
+/// Issue 30: following the README's Mosquitto migration walk-through lost every bridged
+/// message both ways, silently (under the `acl_file` the bridge's local side was anonymous
+/// and could do nothing). The walk-through's configuration and ACL lines, as README.md has
+/// them, with Mosquitto and FerryMQ reading the same password and ACL files: devices on
+/// either broker see each other's messages, and the bridge reports nothing refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_mosquitto_migration_walk_through_carries_messages_both_ways() {
+    let tmp = tempfile::tempdir().unwrap();
+    let users = [("bridge", "bridge-pw"), ("alice", "alice-pw"), ("bob", "bob-pw")];
+    let Some(passwd) = password_file(tmp.path(), &users) else { return };
+    // The devices' own lines, then the walk-through's.
+    let acl = tmp.path().join("acl");
+    let devices = "user alice\ntopic readwrite fleet/#\ntopic readwrite cmd/#\n\
+                   user bob\ntopic readwrite fleet/#\ntopic readwrite cmd/#\n";
+    std::fs::write(&acl, format!("{devices}{}\n", walk_through_block("```text"))).unwrap();
+    let files = format!("password_file {}\nacl_file {}\n", passwd.display(), acl.display());
+    let Some(mosquitto) = Mosquitto::start_with(&files).await else { return };
+
+    let bridge = walk_through_block("```toml");
+    for placeholder in ["address = \"mosquitto-host:1883\"", "remote_password = \"...\""] {
+        assert!(bridge.contains(placeholder), "the walk-through's block has {placeholder}:\n{bridge}");
+    }
+    let bridge = bridge
+        .replace("mosquitto-host:1883", &mosquitto.address())
+        .replace("remote_password = \"...\"", "remote_password = \"bridge-pw\"");
+    let config = format!(
+        "[auth]\nmosquitto_password_file = \"{}\"\nmosquitto_acl_file = \"{}\"\n\n{bridge}\n",
+        passwd.display(),
+        acl.display()
+    );
+    let ferrymq = Broker::start_with(Opts::default().config(&config));
+    bridged(&ferrymq);
+
+    let mut on_ferrymq = v4::options(&ferrymq, "alice-device");
+    on_ferrymq.set_credentials("alice", "alice-pw");
+    let mut alice = v4::connect_with(on_ferrymq).await;
+    alice.subscribe("cmd/#", v4::QoS::AtLeastOnce).await;
+    let mut on_mosquitto = mosquitto.options_v4("bob-device");
+    on_mosquitto.set_credentials("bob", "bob-pw");
+    let mut bob = v4::connect_with(on_mosquitto).await;
+    bob.subscribe("fleet/#", v4::QoS::AtLeastOnce).await;
+
+    alice.publish_acked("fleet/truck-1", v4::QoS::AtLeastOnce, false, "from FerryMQ").await;
+    let m = bob.next_publish().await;
+    assert_eq!((m.topic.as_str(), &m.payload[..]), ("fleet/truck-1", &b"from FerryMQ"[..]), "out to Mosquitto");
+    bob.publish_acked("cmd/truck-1", v4::QoS::AtLeastOnce, false, "from Mosquitto").await;
+    let m = alice.next_publish().await;
+    assert_eq!((m.topic.as_str(), &m.payload[..]), ("cmd/truck-1", &b"from Mosquitto"[..]), "in to FerryMQ");
+    alice.expect_no_publish(Duration::from_millis(300)).await;
+
+    let b = common::http::Api::of(&ferrymq).ok("/api/ferrymq/bridges").await;
+    assert_eq!(b[0]["state"], "running", "{b}");
+    assert_eq!(
+        (&b[0]["warnings"], &b[0]["refused_in"], &b[0]["refused_out"]),
+        (&json!([]), &json!(0), &json!(0)),
+        "{b}"
+    );
+    assert!(!ferrymq.log().contains("may publish none"), "{}", ferrymq.log());
+}
+
+/// Issue 30: a bridge whose local side the rules let do nothing said `running` and dropped
+/// everything. It is named at start and in `/api/ferrymq/bridges` (`warnings`), what it
+/// drops is counted per direction there and in `/metrics` and logged once, and a rule that
+/// grants the local side its topics clears the warning and lets messages through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bridge_whose_local_side_may_do_nothing_is_named_and_counts_what_it_drops() {
+    let cloud = Broker::start();
+    let (h, p) = cloud.host_port();
+    let tmp = tempfile::tempdir().unwrap();
+    let acl = tmp.path().join("acl");
+    // The ACL grants the device, not the bridge (no local_username: anonymous).
+    std::fs::write(&acl, "user device\ntopic readwrite data/#\n").unwrap();
+    let config = format!(
+        "[auth]\nmosquitto_acl_file = \"{}\"\n\n{}",
+        acl.display(),
+        bridge_toml(&format!("{h}:{p}"), "mqttv311", &["data/# both 1"])
+    );
+    let edge = Broker::start_with(Opts::default().config(&config));
+    bridged(&edge);
+    let log = edge.log();
+    let warned = |what: &str| log.lines().any(|l| l.contains("WARN") && l.contains(what) && l.contains("anonymous"));
+    assert!(warned("may publish none of these topics"), "named at start:\n{log}");
+    assert!(warned("may receive none of these topics"), "named at start:\n{log}");
+    let api = common::http::Api::of(&edge);
+    let b = api.ok("/api/ferrymq/bridges").await;
+    assert_eq!(b[0]["state"], "running", "{b}");
+    assert_eq!(b[0]["warnings"].as_array().map(Vec::len), Some(2), "{b}");
+
+    let mut at_cloud = v4::connect(&cloud, "cloud-app").await;
+    at_cloud.subscribe("data/#", v4::QoS::AtLeastOnce).await;
+    let device_options = |id: &str| {
+        let mut o = v4::options(&edge, id);
+        o.set_credentials("device", "");
+        o
+    };
+    let mut device = v4::connect_with(device_options("device-1")).await;
+    let mut at_edge = v4::connect_with(device_options("device-2")).await;
+    at_edge.subscribe("data/in/#", v4::QoS::AtLeastOnce).await;
+    for i in 0..3 {
+        device.publish_acked(&format!("data/out/{i}"), v4::QoS::AtLeastOnce, false, "lost").await;
+    }
+    let mut cloud_app = v4::connect(&cloud, "cloud-pub").await;
+    for i in 0..2 {
+        cloud_app.publish_acked(&format!("data/in/{i}"), v4::QoS::AtLeastOnce, false, "lost too").await;
+    }
+    let b = eventually("the refusals counted", WAIT, || async {
+        let b = api.ok("/api/ferrymq/bridges").await;
+        (b[0]["refused_out"] == 3 && b[0]["refused_in"] == 2).then_some(b)
+    })
+    .await;
+    assert_eq!((&b[0]["sent"], &b[0]["received"]), (&json!(0), &json!(2)), "taken from the remote, then refused: {b}");
+    at_edge.expect_no_publish(Duration::from_millis(300)).await;
+    // The cloud's subscriber sees only its own side's messages.
+    for _ in 0..2 {
+        assert_eq!(&at_cloud.next_publish().await.payload[..], b"lost too");
+    }
+    at_cloud.expect_no_publish(Duration::from_millis(300)).await;
+    let metrics = reqwest::get(format!("{}/metrics", api.base)).await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("ferrymq_bridge_refused_total{bridge=\"cloud\",direction=\"in\"} 2"), "{metrics}");
+    assert!(metrics.contains("ferrymq_bridge_refused_total{bridge=\"cloud\",direction=\"out\"} 3"), "{metrics}");
+    let log = edge.log();
+    assert_eq!(log.matches("may not publish this topic").count(), 1, "logged once:\n{log}");
+    assert_eq!(log.matches("may not receive this topic").count(), 1, "logged once:\n{log}");
+
+    // Granting the anonymous local side its topics clears the warnings, and messages cross.
+    let grant = json!([{"permission": "allow", "action": "all", "topics": ["data/#"], "anonymous": true}]);
+    let (status, body) = api.put("/api/mqtt/rules", grant).await;
+    assert!(status.is_success(), "{status} {body}");
+    assert_eq!(api.ok("/api/ferrymq/bridges").await[0]["warnings"], json!([]));
+    device.publish_acked("data/out/ok", v4::QoS::AtLeastOnce, false, "carried").await;
+    let m = at_cloud.next_publish().await;
+    assert_eq!((m.topic.as_str(), &m.payload[..]), ("data/out/ok", &b"carried"[..]));
+    cloud_app.publish_acked("data/in/ok", v4::QoS::AtLeastOnce, false, "carried in").await;
+    let m = at_edge.next_publish().await;
+    assert_eq!((m.topic.as_str(), &m.payload[..]), ("data/in/ok", &b"carried in"[..]));
 }

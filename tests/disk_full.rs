@@ -121,7 +121,7 @@ async fn start_on_tmpfs_of(
     queue: &str,
 ) -> Option<(Tmpfs, Target, Connection, Channel, String)> {
     let Some(fs) = Tmpfs::mount(size_mib) else {
-        eprintln!("SKIPPED: cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN)");
+        common::skipped("cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN)");
         return None;
     };
     let t = Target::ferrymq(Broker::start_in(fs.path().join("data"), Opts::default().config(config)));

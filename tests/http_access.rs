@@ -133,7 +133,7 @@ async fn rabbitmq_definitions_import_report_what_is_not_applied_and_export_again
     assert_eq!(status, StatusCode::OK, "{report}");
     assert_eq!(
         report["imported"],
-        json!({"vhosts": 2, "users": 1, "permissions": 1, "topic_permissions": 1, "exchanges": 2, "queues": 2, "bindings": 3})
+        json!({"vhosts": 2, "users": 1, "permissions": 1, "topic_permissions": 1, "global_parameters": 1, "exchanges": 2, "queues": 2, "bindings": 3})
     );
     let kinds: Vec<&str> =
         report["unsupported"].as_array().unwrap().iter().map(|u| u["kind"].as_str().unwrap()).collect();
@@ -186,6 +186,83 @@ async fn rabbitmq_definitions_import_report_what_is_not_applied_and_export_again
     let (status, body) = api.post("/api/definitions", bad.take()).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(body["reason"].as_str().unwrap().contains("inequivalent arg 'durable'"), "{body}");
+}
+
+/// A RabbitMQ 3.13 export holds global parameters, and files written by hand or by other
+/// tools hold sections and keys FerryMQ does not read: what it supports is applied
+/// (`cluster_name`, kept across restarts and exported again), everything else is named in
+/// the answer, and at start in the log (issue 30: `global_parameters` were dropped silently).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn global_parameters_are_applied_and_whatever_is_not_is_reported_never_dropped_silently() {
+    let defs = json!({
+        "rabbit_version": "3.13.7",
+        "rabbitmq_version": "3.13.7",
+        "global_parameters": [
+            {"name": "cluster_name", "value": "rabbit@shop-prod"},
+            {"name": "internal_cluster_id", "value": "rabbitmq-cluster-id-Hq1hR3MNc0hHQ9dHYtk5qQ"},
+            {"name": "mqtt_port_to_vhost_mapping", "value": {"1883": "shop"}}
+        ],
+        "vhosts": [{"name": "shop", "metadata": {"description": "", "tags": [], "default_queue_type": "quorum"}}],
+        "federation_upstreams": [{"name": "dc2", "uri": "amqp://dc2"}],
+        "queues": [
+            {"name": "ledger", "vhost": "shop", "durable": true, "auto_delete": false, "arguments": {}, "type": "stream"},
+            {"name": "jobs", "vhost": "shop", "durable": true, "auto_delete": false, "arguments": {}, "node": "rabbit@a"},
+            {"name": "mail", "vhost": "shop", "durable": true, "auto_delete": false, "arguments": {}, "node": "rabbit@b"}
+        ]
+    });
+    let broker = Broker::start();
+    let api = Api::of(&broker);
+    let (status, report) = api.post("/api/definitions", defs.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{report}");
+    assert_eq!(report["imported"], json!({"vhosts": 1, "global_parameters": 1, "queues": 3}), "{report}");
+    let named: Vec<(String, String)> = report["unsupported"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| (u["kind"].as_str().unwrap().to_owned(), u["name"].as_str().unwrap_or_default().to_owned()))
+        .collect();
+    for want in [
+        ("section", "federation_upstreams"),
+        ("key", "queues[].node"),
+        ("vhosts", "shop"),
+        ("global_parameters", "internal_cluster_id"),
+        ("global_parameters", "mqtt_port_to_vhost_mapping"),
+    ] {
+        assert!(named.contains(&(want.0.to_owned(), want.1.to_owned())), "{want:?} reported: {report}");
+    }
+    assert_eq!(named.len(), 5, "{report}");
+    let node_key = report["unsupported"].as_array().unwrap().iter().find(|u| u["kind"] == "key").unwrap();
+    assert_eq!(node_key["items"], 2, "one entry per key, with how many items had it: {node_key}");
+
+    assert_eq!(api.ok("/api/overview").await["cluster_name"], "rabbit@shop-prod");
+    assert_eq!(api.ok("/api/cluster-name").await, json!({"name": "rabbit@shop-prod"}));
+    assert_eq!(api.ok("/api/queues/shop/ledger").await["type"], "stream", "the queue type beside the arguments");
+    let exported = api.ok("/api/definitions").await;
+    assert_eq!(exported["global_parameters"], json!([{"name": "cluster_name", "value": "rabbit@shop-prod"}]));
+
+    // A virtual host's import takes that vhost's items only, and says so.
+    let (status, report) = api.post("/api/definitions/shop", json!({"users": [{"name": "x", "password": "y"}]})).await;
+    assert_eq!(status, StatusCode::OK, "{report}");
+    assert_eq!(report["unsupported"][0]["kind"], "section", "{report}");
+    assert_eq!(report["unsupported"][0]["name"], "users", "{report}");
+    assert_eq!(api.get("/api/users/x").await.0, StatusCode::NOT_FOUND);
+    let (status, _) = api.put("/api/cluster-name", json!({"name": ""})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+
+    let broker = broker.restart();
+    assert_eq!(Api::of(&broker).ok("/api/overview").await["cluster_name"], "rabbit@shop-prod", "kept");
+
+    // At start (`--definitions`), the same is logged.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("definitions.json");
+    std::fs::write(&file, defs.to_string()).unwrap();
+    let at_start = Broker::start_with(Opts::default().args(&["--definitions", file.to_str().unwrap()]));
+    assert!(at_start.wait_log("definitions imported"), "{}", at_start.log());
+    let log = at_start.log();
+    for name in ["internal_cluster_id", "mqtt_port_to_vhost_mapping", "federation_upstreams", "queues[].node"] {
+        assert!(log.lines().any(|l| l.contains("definition not applied") && l.contains(name)), "{name} logged:\n{log}");
+    }
+    assert_eq!(Api::of(&at_start).ok("/api/overview").await["cluster_name"], "rabbit@shop-prod");
 }
 
 /// `count` durable queues named `{prefix}{i}` in vhost `/`, as definitions.

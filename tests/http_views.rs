@@ -284,3 +284,114 @@ async fn mqtt_clients_show_inflight_and_drops_and_metrics_count_them_by_reason()
     assert!(text.contains("\nferrymq_delayed_messages 1\n"), "the gauge follows the sample");
     drop(raw);
 }
+
+/// A stream is counted where a queue is (issue 30: a stream holding 13,000 entries showed 0
+/// messages and 0 rates): its entries, bytes and offsets in `/api/queues`, its rates,
+/// `/metrics/per-object` and `ferrymq ctl list queues`; after a restart too, where the
+/// bytes of what it held are counted in the background.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_reports_its_length_bytes_offsets_and_rates_where_a_queue_does() {
+    let opts = common::Opts::default().env("FERRYMQ_HTTP__COLLECT_STATISTICS_INTERVAL", "100");
+    let broker = Broker::start_with(opts);
+    let api = Api::of(&broker);
+    let conn = connect_uri(&amqp_uri(&broker)).await.unwrap();
+    let ch = open_channel(&conn).await;
+    declare_stream(&ch, "ledger", &[]).await;
+    confirm_select(&ch).await;
+    for i in 0..300 {
+        publish_confirmed(&ch, "", "ledger", format!("{i:0100}").as_bytes(), persistent()).await;
+    }
+    let (reader_ch, mut reader) =
+        stream_consumer(&conn, 20, "ledger", table(&[("x-stream-offset", string("first"))])).await;
+    for _ in 0..10 {
+        let d = next_delivery(&mut reader).await;
+        bounded("ack", d.ack(BasicAckOptions::default())).await.unwrap();
+    }
+    let q = common::eventually("the stream's counters", WAIT, || async {
+        let q = api.ok("/api/queues/%2F/ledger").await;
+        (q["message_stats"]["ack"] == 10).then_some(q)
+    })
+    .await;
+    assert_eq!(q["type"], "stream");
+    assert_eq!(
+        [&q["messages"], &q["messages_ready"], &q["messages_unacknowledged"], &q["message_bytes"]],
+        [&json!(300), &json!(300), &json!(0), &json!(30_000)],
+        "entries are what a stream holds; reading removes none: {q}"
+    );
+    assert_eq!(
+        [&q["first_offset"], &q["last_offset"], &q["committed_offset"]],
+        [&json!(0), &json!(299), &json!(299)],
+        "{q}"
+    );
+    assert_eq!(q["message_stats"]["publish"], 300, "{q}");
+    assert!(q["message_stats"]["deliver"].as_u64() >= Some(20), "a prefetch of 20, then one per ack: {q}");
+    let listed = api.ok("/api/queues").await;
+    let row = find(&listed, "name", "ledger").unwrap();
+    assert_eq!((row["messages"].as_u64(), row["last_offset"].as_u64()), (Some(300), Some(299)), "{row}");
+    drop((reader, reader_ch));
+
+    // Rates: while a publisher keeps going, the stream's publish rate and depth rate move.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let publisher = tokio::spawn({
+        let (ch, stop) = (ch.clone(), stop.clone());
+        async move {
+            let mut n = 0u64;
+            while n < 400 && !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                publish_confirmed(&ch, "", "ledger", format!("r{n}").as_bytes(), persistent()).await;
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            n
+        }
+    });
+    common::eventually("the stream's publish and depth rates", WAIT, || async {
+        let q = api.ok("/api/queues/%2F/ledger").await;
+        let publish = q["message_stats"]["publish_details"]["rate"].as_f64().unwrap_or(0.0);
+        let depth = q["messages_details"]["rate"].as_f64().unwrap_or(0.0);
+        (publish > 0.0 && depth > 0.0).then_some(())
+    })
+    .await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let end = 300 + publisher.await.unwrap();
+    common::eventually("the gauge after the last publish", WAIT, || async {
+        (api.ok("/api/queues/%2F/ledger").await["messages"] == end).then_some(())
+    })
+    .await;
+    let text = reqwest::get(format!("http://{}/metrics/per-object", broker.http.unwrap()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let label = "queue=\"ledger\"";
+    assert_eq!(series(&text, "rabbitmq_detailed_queue_messages", label), end as f64, "{text}");
+    assert_eq!(series(&text, "rabbitmq_detailed_queue_messages_ready", label), end as f64);
+    assert!(series(&text, "rabbitmq_detailed_queue_messages_bytes", label) >= 30_000.0);
+    assert_eq!(series(&text, "rabbitmq_detailed_queue_messages_published_total", label), end as f64);
+    assert_eq!(series(&text, "ferrymq_stream_first_offset", label), 0.0);
+    assert_eq!(series(&text, "ferrymq_stream_last_offset", label), (end - 1) as f64);
+    drop((ch, conn));
+
+    let broker = broker.restart();
+    let api = Api::of(&broker);
+    let bytes = common::eventually("the bytes held at start, counted in the background", WAIT, || async {
+        let q = api.ok("/api/queues/%2F/ledger").await;
+        let bytes = q["message_bytes"].as_u64()?;
+        (q["messages"] == end && bytes >= 30_000).then_some(bytes)
+    })
+    .await;
+    let out = std::process::Command::new(common::binary())
+        .args(["ctl", "--url", &format!("http://{}", broker.http.unwrap()), "list", "queues", "--json"])
+        .output()
+        .expect("run ferrymq ctl");
+    let rows: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let row = find(&rows, "name", "ledger").unwrap();
+    assert_eq!((row["messages"].as_u64(), row["message_bytes"].as_u64()), (Some(end), Some(bytes)), "{row}");
+    let table = std::process::Command::new(common::binary())
+        .args(["ctl", "--url", &format!("http://{}", broker.http.unwrap()), "list", "queues"])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&table.stdout).into_owned();
+    let line = table.lines().find(|l| l.contains("ledger")).unwrap_or_else(|| panic!("{table}"));
+    assert!(line.split_whitespace().any(|w| w == end.to_string()), "the table counts the entries: {table}");
+}

@@ -288,8 +288,8 @@ impl Entities {
             exclusive_owner,
             auto_delete,
             arguments,
+            stream: stream.map(|s| counted_with(s, &config)),
             config: Arc::new(config),
-            stream: stream.map(Arc::new),
             had_consumer: AtomicBool::new(false),
             exclusive_consumer: Mutex::new(None),
             consumers: AtomicU64::new(0),
@@ -442,6 +442,13 @@ pub async fn persist_binding(broker: &Broker, vhost: &str, exchange: &str, bindi
     }
 }
 
+/// A stream's configuration writing its counters to the entity's gauge, where the
+/// operations views read every queue's.
+fn counted_with(mut stream: StreamConfig, config: &QueueConfig) -> Arc<StreamConfig> {
+    stream.gauge = config.gauge.clone();
+    Arc::new(stream)
+}
+
 fn storage_name(vhost: &str, name: &str) -> String {
     format!("{QUEUE_PREFIX}{vhost}/{name}")
 }
@@ -451,7 +458,9 @@ fn storage_name(vhost: &str, name: &str) -> String {
 fn queue_from_record(r: QueueRecord) -> Option<QueueEntity> {
     let (config, stream) = if is_stream(&r.arguments) {
         let stream = stream_config(&r.vhost, &r.name, true, false, r.auto_delete, &r.arguments).ok()?;
-        (QueueConfig::new(&r.name, &r.vhost), Some(Arc::new(stream)))
+        let config = QueueConfig::new(&r.name, &r.vhost);
+        let stream = counted_with(stream, &config);
+        (config, Some(stream))
     } else {
         (queue_config(&r.vhost, &r.name, true, &r.arguments).ok()?, None)
     };

@@ -39,7 +39,7 @@ use crate::core::message::mqtt_to_key;
 use crate::core::store::{AccessRecords, PermissionRecord, TopicPermissionRecord};
 pub use checks::{BindingRequest, BoundTo, RouteRefused};
 pub use permissions::{Permission, ResourceKind, TopicPermissions, VhostPermissions};
-pub use rules::{Permit, Request, Rule, RuleEntry};
+pub use rules::{Actions, Permit, Request, Rule, RuleEntry};
 
 /// The virtual host MQTT clients live in.
 pub const MQTT_VHOST: &str = "/";
@@ -263,6 +263,49 @@ impl Policy {
     }
 }
 
+/// How many of the topics a filter matches a client may publish or receive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reach {
+    /// Every one.
+    All,
+    /// Some, not all.
+    Part,
+    /// None.
+    Nothing,
+}
+
+impl Policy {
+    /// How many of the topics `filter` matches `id` may publish (`action` [`Actions::PUBLISH`])
+    /// or receive ([`Actions::RECEIVE`]): the rules in order (the first that decides a topic
+    /// wins), then, for the topics no rule decides, the user's RabbitMQ permissions on the
+    /// MQTT exchange, as [`Policy::mqtt`] decides one topic.
+    fn reach(&self, id: &Identity, action: Actions, filter: &str) -> Reach {
+        let (mut some_allowed, mut some_denied) = (false, false);
+        for rule in self.mqtt_rules() {
+            match rule.reach(id, action, filter) {
+                None => {}
+                Some((Permit::Allow, true)) => return if some_denied { Reach::Part } else { Reach::All },
+                Some((Permit::Deny, true)) => return if some_allowed { Reach::Part } else { Reach::Nothing },
+                Some((Permit::Allow, false)) => some_allowed = true,
+                Some((Permit::Deny, false)) => some_denied = true,
+            }
+        }
+        let rest_allowed = match id.user.as_deref().filter(|_| self.permissions_enforced) {
+            None => false,
+            Some(user) => {
+                let (x, key) = (&self.mqtt_exchange, filter_to_key(filter));
+                let perm = if action == Actions::PUBLISH { Permission::Write } else { Permission::Read };
+                self.resource(user, MQTT_VHOST, x, perm) && self.topic(id, MQTT_VHOST, x, &key, perm)
+            }
+        };
+        match (rest_allowed, some_allowed, some_denied) {
+            (true, _, false) => Reach::All,
+            (false, false, _) => Reach::Nothing,
+            _ => Reach::Part,
+        }
+    }
+}
+
 /// An MQTT filter as a binding key (`+` is `*`).
 pub fn filter_to_key(filter: &str) -> String {
     mqtt_to_key(filter).split('.').map(|w| if w == "+" { "*" } else { w }).collect::<Vec<_>>().join(".")
@@ -316,6 +359,26 @@ impl Authorizer {
         *guard = Arc::new(next);
         self.generation.fetch_add(1, Ordering::Release);
         out
+    }
+
+    /// How many of the topics of `filter` the MQTT client `id` may publish (`publish`) or
+    /// subscribe to and receive (always all with MQTT authorization off): what a bridge's
+    /// local side is checked with at start.
+    pub fn mqtt_reach(&self, mut id: Identity, publish: bool, filter: &str) -> Reach {
+        if !self.mqtt {
+            return Reach::All;
+        }
+        let policy = self.policy();
+        if let Some(tags) = id.user.as_ref().and_then(|u| policy.user_tags.get(u)) {
+            id.groups.clone_from(tags);
+        }
+        if publish {
+            return policy.reach(&id, Actions::PUBLISH, filter);
+        }
+        if !policy.mqtt(&id, Request::Subscribe(filter)) {
+            return Reach::Nothing;
+        }
+        policy.reach(&id, Actions::RECEIVE, filter)
     }
 
     /// True when `user` may open `vhost` (always, with AMQP authorization off).
@@ -633,6 +696,33 @@ mod tests {
         assert!(alice.topic("amq.topic", "sensors.#", Permission::Read).is_err());
         assert!(alice.topic("amq.topic", "sensors.secret", Permission::Read).is_err());
         assert_eq!(alice.topic("amq.topic", "sensors.room1", Permission::Read), Ok(()));
+    }
+
+    #[test]
+    fn the_reach_of_a_filter_under_an_acl_file() {
+        let acl = "user bridge\ntopic readwrite #\ntopic deny secret/#\nuser partial\ntopic read a/#\n";
+        let mut p = Policy { mqtt_exchange: "amq.topic".into(), ..Policy::default() };
+        p.file_rules = mosquitto_acl::parse("acl", acl).unwrap();
+        p.file_rules.push(mosquitto_acl::every_subscription());
+        let a = Authorizer::new(false, true, p);
+        let id = |user: Option<&str>| Identity { user: user.map(str::to_owned), ..Identity::default() };
+        // Anonymous: subscribing is granted (Mosquitto's way), receiving and publishing nothing.
+        assert_eq!(a.mqtt_reach(id(None), true, "#"), Reach::Nothing);
+        assert_eq!(a.mqtt_reach(id(None), false, "#"), Reach::Nothing);
+        // The bridge's user: everything but what a deny line takes out.
+        assert_eq!(a.mqtt_reach(id(Some("bridge")), true, "#"), Reach::Part);
+        assert_eq!(a.mqtt_reach(id(Some("bridge")), false, "sensors/#"), Reach::All);
+        assert_eq!(a.mqtt_reach(id(Some("bridge")), true, "secret/+"), Reach::Nothing);
+        assert_eq!(a.mqtt_reach(id(Some("partial")), false, "#"), Reach::Part);
+        assert_eq!(a.mqtt_reach(id(Some("partial")), false, "a/b/#"), Reach::All);
+        assert_eq!(a.mqtt_reach(id(Some("partial")), true, "a/#"), Reach::Nothing);
+        // MQTT authorization off: all.
+        assert_eq!(Authorizer::off().mqtt_reach(id(None), true, "#"), Reach::All);
+        // Without rules deciding, the user's permissions on the MQTT exchange (topic keys).
+        let a = Authorizer::new(true, true, policy());
+        assert_eq!(a.mqtt_reach(app(), true, "devices/app/#"), Reach::All);
+        assert_eq!(a.mqtt_reach(app(), true, "devices/bob/#"), Reach::Nothing);
+        assert_eq!(a.mqtt_reach(app(), false, "devices/#"), Reach::Nothing, "no read permission on amq.topic");
     }
 
     #[test]

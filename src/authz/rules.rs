@@ -371,6 +371,21 @@ impl Rule {
     }
 }
 
+impl Rule {
+    /// How the rule touches the topics of `filter` for an `action` (`PUBLISH` or
+    /// `RECEIVE`) of `id`: `None` when it decides none of them, else its permit and
+    /// whether it decides all of them.
+    pub fn reach(&self, id: &Identity, action: Actions, filter: &str) -> Option<(Permit, bool)> {
+        if !self.actions.contains(action) || !self.who.covers(id) {
+            return None;
+        }
+        if !self.topics.iter().any(|p| p.overlaps_filter(id, filter)) {
+            return None;
+        }
+        Some((self.permit, self.topics.iter().any(|p| p.covers_filter(id, filter))))
+    }
+}
+
 /// First match wins; `None` when no rule matches.
 pub fn decide(rules: &[Rule], id: &Identity, request: Request<'_>) -> Option<Permit> {
     rules.iter().find_map(|r| r.decide(id, request))

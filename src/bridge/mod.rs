@@ -24,11 +24,14 @@ pub mod mqtt;
 pub mod shovel;
 pub mod topic;
 
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use serde::Deserialize;
 
+use crate::authz::{Authorizer, Identity, Reach};
+use crate::mqtt::refused::Refusals;
 use topic::TopicRule;
 
 /// `[[bridge.mqtt]]`: one bridge to another MQTT broker; the names are Mosquitto's.
@@ -222,27 +225,115 @@ pub struct BridgeStatus {
     pub state_topic: Option<String>,
 }
 
-/// Every bridge's status.
+/// The client id of a bridge's session on FerryMQ (`local_clientid`, default `local.{connection}`).
+pub fn local_clientid(cfg: &MqttBridgeEntry) -> String {
+    match cfg.local_clientid.as_str() {
+        "" => format!("local.{}", cfg.connection),
+        id => id.to_owned(),
+    }
+}
+
+/// One bridge as the broker keeps it: where it is, what the rules refused its local side,
+/// and who that side is.
+#[derive(Debug)]
+pub struct Bridge {
+    /// Where it is (written by its task).
+    pub status: Mutex<BridgeStatus>,
+    /// What the rules refused its local side (counted by that side's connection).
+    pub refusals: Arc<Refusals>,
+    /// The local side's user (`local_username`; `None`: anonymous).
+    local_user: Option<String>,
+    /// The local side's client id.
+    local_clientid: String,
+    /// The topic lines.
+    rules: Vec<TopicRule>,
+}
+
+impl Bridge {
+    /// The bridge's name.
+    pub fn name(&self) -> String {
+        self.status.lock().name.clone()
+    }
+
+    /// The topic lines whose local topics the local side may not publish (`in`) or
+    /// subscribe to and receive (`out`) under the rules in force now, one sentence each:
+    /// a bridge that says `running` while the rules drop what it carries is named at
+    /// start and in `/api/ferrymq/bridges`.
+    pub fn warnings(&self, authz: &Authorizer) -> Vec<String> {
+        let id = Identity {
+            user: self.local_user.clone(),
+            client_id: self.local_clientid.clone(),
+            peer: Some(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+            ..Identity::default()
+        };
+        let who = match &self.local_user {
+            Some(u) => format!("user `{u}`, client id `{}`", self.local_clientid),
+            None => format!("anonymous (no local_username), client id `{}`", self.local_clientid),
+        };
+        let mut out = Vec::new();
+        for (i, rule) in self.rules.iter().enumerate() {
+            let filter = rule.local_filter();
+            let line = format!("topic line {} (`{filter}`, {})", i + 1, rule.direction.name());
+            let mut check = |publish: bool, what: &str, lost: [&str; 2]| {
+                let (reach, lost) = match authz.mqtt_reach(id.clone(), publish, &filter) {
+                    Reach::All => return,
+                    Reach::Part => ("only some of", lost[0]),
+                    Reach::Nothing => ("none of", lost[1]),
+                };
+                out.push(format!("{line}: the local side ({who}) may {what} {reach} these topics on FerryMQ: {lost}"));
+            };
+            if rule.direction.inbound() {
+                check(
+                    true,
+                    "publish",
+                    [
+                        "messages from the remote broker on the others are refused",
+                        "every message from the remote broker is refused",
+                    ],
+                );
+            }
+            if rule.direction.out() {
+                check(
+                    false,
+                    "receive",
+                    [
+                        "local messages on the others are not carried to the remote broker",
+                        "no local message is carried to the remote broker",
+                    ],
+                );
+            }
+        }
+        out
+    }
+}
+
+/// Every bridge.
 #[derive(Debug, Default)]
 pub struct Bridges {
-    status: Mutex<Vec<Arc<Mutex<BridgeStatus>>>>,
+    all: Mutex<Vec<Arc<Bridge>>>,
 }
 
 impl Bridges {
-    /// A slot for one more bridge.
-    pub fn add(&self, name: &str, address: &str) -> Arc<Mutex<BridgeStatus>> {
-        let s = Arc::new(Mutex::new(BridgeStatus {
-            name: name.to_owned(),
-            address: address.to_owned(),
-            ..BridgeStatus::default()
-        }));
-        self.status.lock().push(s.clone());
-        s
+    /// Registers a bridge (its topic lines already parsed).
+    pub fn add(&self, cfg: &MqttBridgeEntry, rules: &[TopicRule]) -> Arc<Bridge> {
+        let b = Arc::new(Bridge {
+            status: Mutex::new(BridgeStatus {
+                name: cfg.connection.clone(),
+                address: cfg.address.first().cloned().unwrap_or_default(),
+                ..BridgeStatus::default()
+            }),
+            refusals: Arc::new(Refusals::new(&cfg.connection)),
+            local_user: (!cfg.local_username.is_empty()).then(|| cfg.local_username.clone()),
+            local_clientid: local_clientid(cfg),
+            rules: rules.to_vec(),
+        });
+        self.all.lock().push(b.clone());
+        b
     }
 
-    /// A snapshot of every bridge.
-    pub fn list(&self) -> Vec<BridgeStatus> {
-        self.status.lock().iter().map(|s| s.lock().clone()).collect()
+    /// Every bridge.
+    pub fn list(&self) -> Vec<Arc<Bridge>> {
+        self.all.lock().clone()
     }
 }
 

@@ -13,14 +13,13 @@ use ferrymq_mqtt::{
     Client, ClientError, ClientEvent, ClientOptions, ProtocolLevel, Publish, PublishProperties, QoS, SubscribeFilter,
     Will,
 };
-use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use super::topic::{route_in, route_out, TopicRule};
-use super::{BridgeStatus, MqttBridgeEntry};
+use super::{local_clientid, Bridge, MqttBridgeEntry};
 use crate::core::broker::Commit;
 use crate::core::connections::Listener;
 use crate::core::store::StoreWrite;
@@ -158,9 +157,10 @@ pub async fn run(
     ctx: Arc<MqttContext>,
     cfg: MqttBridgeEntry,
     rules: Vec<TopicRule>,
-    status: Arc<Mutex<BridgeStatus>>,
+    bridge: Arc<Bridge>,
     mut stop: watch::Receiver<bool>,
 ) {
+    let status = &bridge.status;
     let base = Duration::from_secs_f64(cfg.restart_timeout.first().copied().unwrap_or(5.0));
     let cap = Duration::from_secs_f64(cfg.restart_timeout.get(1).copied().unwrap_or(30.0)).max(base);
     let state_topic = notification_topic(&cfg);
@@ -182,7 +182,7 @@ pub async fn run(
         let mut link_stop = stop.clone();
         let outcome = tokio::select! {
             biased;
-            r = link(&ctx, &cfg, &rules, &status, &mut link_stop, attempt) => r,
+            r = link(&ctx, &cfg, &rules, &bridge, &mut link_stop, attempt) => r,
             _ = stop.changed() => Ok(()),
         };
         let was_up = std::mem::replace(&mut status.lock().connected, false);
@@ -317,12 +317,14 @@ async fn forget_inbound_qos2(ctx: &MqttContext, local_id: &str) {
     }
 }
 
-/// Opens the in-process link to FerryMQ: its far end is served as a client connection.
-fn connect_local(ctx: &Arc<MqttContext>) -> Box<dyn Stream> {
+/// Opens the in-process link to FerryMQ: its far end is served as a client connection
+/// whose refusals count for the bridge.
+fn connect_local(ctx: &Arc<MqttContext>, bridge: &Bridge) -> Box<dyn Stream> {
     let (near, far) = tokio::io::duplex(PIPE);
     let addr = SocketAddr::from(([127, 0, 0, 1], 0));
     let listener = Listener { addr, tls: false, local_only: true, internal: true };
-    tokio::spawn(crate::mqtt::connection::serve(ctx.clone(), far, addr, listener, None, ()));
+    let refusals = bridge.refusals.clone();
+    tokio::spawn(crate::mqtt::connection::serve_internal(ctx.clone(), far, addr, listener, refusals));
     Box::new(near)
 }
 
@@ -496,10 +498,11 @@ async fn link(
     ctx: &Arc<MqttContext>,
     cfg: &MqttBridgeEntry,
     rules: &[TopicRule],
-    status: &Arc<Mutex<BridgeStatus>>,
+    bridge: &Arc<Bridge>,
     stop: &mut watch::Receiver<bool>,
     attempt: Attempt<'_>,
 ) -> Result<(), BridgeError> {
+    let status = &bridge.status;
     let Attempt { address, main, new_remote } = attempt;
     // The state at the remote: `1` published below, `0` by the will if the link drops.
     let notify_remote = (cfg.notifications && !cfg.notifications_local_only).then(|| notification_topic(cfg));
@@ -532,7 +535,7 @@ async fn link(
     remote.connected().await?;
     let local_opts = ClientOptions {
         level: ProtocolLevel::V5,
-        client_id: or(&cfg.local_clientid, || format!("local.{}", cfg.connection)),
+        client_id: local_clientid(cfg),
         clean_start: false,
         keep_alive: 0,
         username: (!cfg.local_username.is_empty()).then(|| cfg.local_username.clone()),
@@ -547,7 +550,7 @@ async fn link(
     if new_remote {
         forget_inbound_qos2(ctx, &local_opts.client_id).await;
     }
-    let mut local = Side::new("local", local_opts, connect_local(ctx))?;
+    let mut local = Side::new("local", local_opts, connect_local(ctx, bridge))?;
     local.connected().await?;
     let now = Instant::now();
     // The bridge counts as connected once both sides answered their SUBSCRIBE: from then
@@ -623,7 +626,12 @@ async fn link(
                 ClientEvent::Released { pkid } => out.released(pkid, &mut local, &mut remote, now)?,
                 ClientEvent::Received { pkid } => inbound.received(pkid, &mut remote, now)?,
                 ClientEvent::Delivered { pkid, .. } => inbound.delivered(pkid, &mut remote, now)?,
-                ClientEvent::SubAck { .. } => just_up |= on_subscribed(&mut awaiting_subacks),
+                ClientEvent::SubAck { reasons, .. } => {
+                    if reasons.iter().any(|r| r.is_error()) && !bridge.refusals.subscription_refused() {
+                        warn!(bridge = %cfg.connection, ?reasons, "FerryMQ refused the bridge's subscription: local messages on its out topics are not carried (give local_username the right to read them)");
+                    }
+                    just_up |= on_subscribed(&mut awaiting_subacks)
+                }
                 ev => closed(&local, ev)?,
             }
         }

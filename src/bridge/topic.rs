@@ -26,6 +26,15 @@ impl Direction {
     pub fn inbound(self) -> bool {
         matches!(self, Direction::In | Direction::Both)
     }
+
+    /// As a topic line spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Direction::Out => "out",
+            Direction::In => "in",
+            Direction::Both => "both",
+        }
+    }
 }
 
 /// One `topic` line.

@@ -367,6 +367,8 @@ fn listing(what: Listing) -> (&'static str, Vec<Column>) {
                 col("state", "state", Plain),
                 col("sent", "sent", Count),
                 col("received", "received", Count),
+                col("refused_in", "refused_in", Count),
+                col("refused_out", "refused_out", Count),
                 col("reason", "reason", Plain),
             ],
         ),

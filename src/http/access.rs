@@ -35,6 +35,9 @@ pub struct AccessState {
     /// Users and virtual hosts the configuration names (deleting one leaves a tombstone).
     configured_users: Vec<String>,
     configured_vhosts: Vec<String>,
+    /// The cluster name `/api/overview` reports: set through the API or an imported
+    /// definitions file (kept), else `http.cluster_name`.
+    cluster_name: RwLock<String>,
 }
 
 impl AccessState {
@@ -47,11 +50,27 @@ impl AccessState {
             .filter(|v| !v.deleted)
             .map(|v| (v.name.clone(), (v.description.clone(), v.tags.clone())))
             .collect();
+        let stored_name = records
+            .global_parameters
+            .iter()
+            .find(|(name, _)| name == super::cluster::CLUSTER_NAME)
+            .and_then(|(_, value)| serde_json::from_str::<String>(value).ok());
         AccessState {
             vhost_meta: RwLock::new(vhost_meta),
             configured_users,
             configured_vhosts: config.auth.vhosts.clone(),
+            cluster_name: RwLock::new(stored_name.unwrap_or_else(|| config.http.cluster_name.clone())),
         }
+    }
+
+    /// The cluster name.
+    pub fn cluster_name(&self) -> String {
+        self.cluster_name.read().clone()
+    }
+
+    /// Changes the cluster name (the caller stored it).
+    pub fn set_cluster_name(&self, name: &str) {
+        *self.cluster_name.write() = name.to_owned();
     }
 
     /// Description and tags of a virtual host.

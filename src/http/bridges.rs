@@ -1,5 +1,8 @@
 //! `GET /api/ferrymq/bridges`: each bridge's state, as RabbitMQ's shovel status shows a
-//! shovel (`running`, `starting`), with FerryMQ's `reconnecting` for one that was up.
+//! shovel (`running`, `starting`), with FerryMQ's `reconnecting` for one that was up; what
+//! the rules refused its local side (`refused_in`, `refused_out`), and `warnings` naming
+//! the topic lines whose local topics that side may not publish or receive under the
+//! rules in force.
 //!
 //! Besides FerryMQ's own bridges (`"remote": false`), the view lists the bridges of other
 //! brokers connected into FerryMQ (`"remote": true`): a Mosquitto bridge publishes its state
@@ -26,10 +29,11 @@ const STATE_TOPICS: &str = "$SYS/broker/connection/+/state";
 pub async fn list(p: Permitted<Monitoring>) -> Result<Json<Value>, ApiError> {
     let ctx = p.ctx();
     let own = ctx.bridges.list();
-    let own_topics: HashSet<String> = own.iter().filter_map(|b| b.state_topic.clone()).collect();
+    let own_topics: HashSet<String> = own.iter().filter_map(|b| b.status.lock().state_topic.clone()).collect();
     let mut rows: Vec<Value> = own
         .into_iter()
-        .map(|b| {
+        .map(|bridge| {
+            let b = bridge.status.lock().clone();
             let state = match (b.connected, b.connects) {
                 (true, _) => "running",
                 (false, 0) => "starting",
@@ -45,6 +49,9 @@ pub async fn list(p: Permitted<Monitoring>) -> Result<Json<Value>, ApiError> {
                 "connects": b.connects,
                 "sent": b.sent,
                 "received": b.received,
+                "refused_in": bridge.refusals.publishes(),
+                "refused_out": bridge.refusals.deliveries(),
+                "warnings": bridge.warnings(&ctx.authz),
             })
         })
         .collect();

@@ -2,9 +2,11 @@
 //! vhosts, permissions, topic_permissions, parameters, global_parameters, policies,
 //! queues, exchanges, bindings`), exported and imported, so `rabbitmqadmin export` of a
 //! RabbitMQ node imports into FerryMQ and back. What FerryMQ does not apply (policies,
-//! runtime parameters other than shovels and `vhost-limits`, password hashes of an algorithm FerryMQ cannot verify) is listed in the
-//! import's answer under `unsupported`, never dropped silently. The same import runs at
-//! start for `--definitions FILE` / `http.load_definitions`.
+//! runtime parameters other than shovels and `vhost-limits`, global parameters other than `cluster_name`,
+//! password hashes of an algorithm FerryMQ cannot verify, sections and keys it
+//! does not know) is listed in the import's answer under `unsupported`, never dropped
+//! silently. The same import runs at start for `--definitions FILE` /
+//! `http.load_definitions`, which logs each.
 
 use axum::Json;
 use serde_json::{json, Map, Value as Json_};
@@ -104,7 +106,7 @@ pub fn export(ctx: &HttpContext, vhost: Option<&str>) -> Json_ {
         o.insert("vhosts".into(), Json_::Array(vhost_rows));
         o.insert("permissions".into(), Json_::Array(permissions));
         o.insert("topic_permissions".into(), Json_::Array(topic_permissions));
-        o.insert("global_parameters".into(), json!([]));
+        o.insert("global_parameters".into(), Json_::Array(super::cluster::global_parameters(ctx)));
     }
     out
 }
@@ -134,6 +136,27 @@ pub async fn export_vhost(p: Permitted<Vhost<Administrator>>) -> Answer {
     Ok(Json(export(p.ctx(), Some(&p.name))))
 }
 
+/// The sections of a definitions file, with the keys of their items the import reads.
+const SECTIONS: [(&str, &[&str]); 10] = [
+    ("users", &["name", "password", "password_hash", "hashing_algorithm", "tags", "limits"]),
+    ("vhosts", &["name", "description", "tags", "metadata", "limits", "default_queue_type"]),
+    ("permissions", &["user", "vhost", "configure", "write", "read"]),
+    ("topic_permissions", &["user", "vhost", "exchange", "write", "read"]),
+    ("parameters", &["value", "vhost", "component", "name"]),
+    ("global_parameters", &["name", "value"]),
+    // Reported whole, item by item.
+    ("policies", &[]),
+    ("queues", &["name", "vhost", "durable", "auto_delete", "arguments", "type"]),
+    ("exchanges", &["name", "vhost", "type", "durable", "auto_delete", "internal", "arguments"]),
+    ("bindings", &["source", "vhost", "destination", "destination_type", "routing_key", "arguments"]),
+];
+
+/// Keys that describe the file rather than the broker.
+const METADATA: [&str; 4] = ["rabbit_version", "rabbitmq_version", "product_name", "product_version"];
+
+/// Sections of the node as a whole, which a virtual host's import does not take.
+const NODE_SECTIONS: [&str; 5] = ["users", "vhosts", "permissions", "topic_permissions", "global_parameters"];
+
 /// What an import did.
 #[derive(Debug, Default)]
 pub struct ImportReport {
@@ -144,6 +167,46 @@ pub struct ImportReport {
 }
 
 impl ImportReport {
+    /// Reports what the file holds that the import will not read: sections it does not
+    /// know (or, for a virtual host's import, sections of the node), and keys of items it
+    /// does not read (once per section and key, with how many items had it).
+    fn unknown(&mut self, defs: &Json_, only_vhost: Option<&str>) {
+        let Some(top) = defs.as_object() else { return };
+        for (key, value) in top {
+            let empty = value.is_null() || value.as_array().is_some_and(Vec::is_empty);
+            if METADATA.contains(&key.as_str()) || empty {
+                continue;
+            }
+            let Some(&(_, keys)) = SECTIONS.iter().find(|(name, _)| name == key) else {
+                self.section(key, "not a definitions section FerryMQ knows; ignored");
+                continue;
+            };
+            if only_vhost.is_some() && NODE_SECTIONS.contains(&key.as_str()) {
+                self.section(
+                    key,
+                    "a virtual host's import takes queues, exchanges, bindings, parameters and policies only",
+                );
+                continue;
+            }
+            let mut extra: std::collections::BTreeMap<&str, u64> = Default::default();
+            for item in value.as_array().into_iter().flatten().filter_map(Json_::as_object) {
+                for k in item.keys().filter(|k| !keys.is_empty() && !keys.contains(&k.as_str())) {
+                    *extra.entry(k).or_default() += 1;
+                }
+            }
+            for (k, items) in extra {
+                self.unsupported.push(json!({
+                    "kind": "key", "name": format!("{key}[].{k}"), "items": items,
+                    "reason": format!("FerryMQ does not read `{k}` of {key}; ignored"),
+                }));
+            }
+        }
+    }
+
+    fn section(&mut self, name: &str, reason: &str) {
+        self.unsupported.push(json!({ "kind": "section", "name": name, "reason": reason }));
+    }
+
     fn count(&mut self, kind: &str) {
         let n = self.imported.entry(kind.to_string()).or_insert(json!(0));
         *n = json!(n.as_u64().unwrap_or(0) + 1);
@@ -252,9 +315,34 @@ pub async fn import(ctx: &HttpContext, defs: &Json_, only_vhost: Option<&str>) -
     }
     let mut report = ImportReport::default();
     mqtt_routes_refused(ctx, defs, &vhost_of)?;
+    let global = |p: &Json_| match super::cluster::unsupported(text(p, "name")) {
+        None => Ok(p.get("value").cloned().unwrap_or_default()),
+        Some(why) => Err(why),
+    };
+    // Checked before anything is applied, as the expressions are.
+    if only_vhost.is_none() {
+        for p in items(defs, "global_parameters") {
+            if let Ok(value) = global(p) {
+                if value.as_str().is_none_or(|n| n.trim().is_empty()) {
+                    return Err(ApiError::bad_request(
+                        "global parameter 'cluster_name': the value is a non-empty string",
+                    ));
+                }
+            }
+        }
+    }
+    report.unknown(defs, only_vhost);
     if only_vhost.is_none() {
         for v in items(defs, "vhosts") {
             let meta = v.get("metadata");
+            let queue_type = meta.and_then(|m| m.get("default_queue_type")).or(v.get("default_queue_type"));
+            if let Some(t) = queue_type.and_then(Json_::as_str).filter(|t| *t != "classic") {
+                report.skip(
+                    "vhosts",
+                    v,
+                    &format!("default_queue_type '{t}' is not applied: queues are classic unless declared otherwise"),
+                );
+            }
             let description = meta.and_then(|m| m.get("description")).or(v.get("description"));
             let tags = meta.and_then(|m| m.get("tags")).or(v.get("tags")).cloned();
             put_vhost(ctx, text(v, "name"), description.and_then(Json_::as_str).unwrap_or("").into(), tag_list(&tags))
@@ -303,8 +391,12 @@ pub async fn import(ctx: &HttpContext, defs: &Json_, only_vhost: Option<&str>) -
             report.count("topic_permissions");
         }
         for p in items(defs, "global_parameters") {
-            if text(p, "name") != "cluster_name" && text(p, "name") != "internal_cluster_id" {
-                report.skip("global_parameters", p, "global runtime parameters are not supported");
+            match global(p) {
+                Ok(value) => {
+                    super::cluster::set_cluster_name(ctx, &value).await?;
+                    report.count("global_parameters");
+                }
+                Err(why) => report.skip("global_parameters", p, &why),
             }
         }
     }
@@ -402,7 +494,12 @@ const QUEUE_BATCH: usize = 256;
 async fn import_queue(ctx: &HttpContext, vhost: &str, q: &Json_) -> Result<(), ApiError> {
     super::queues::known_vhost(ctx, vhost)?;
     let (name, durable, auto_delete) = (text(q, "name"), flag(q, "durable", true), flag(q, "auto_delete", false));
-    let arguments = args(q);
+    let mut arguments = args(q);
+    // Newer RabbitMQ exports name the queue type beside the arguments too.
+    let kind = text(q, "type");
+    if !kind.is_empty() && kind != "classic" && !arguments.iter().any(|(k, _)| k == "x-queue-type") {
+        arguments.push(("x-queue-type".into(), crate::core::value::Value::Str(kind.into())));
+    }
     match ctx.amqp.entities.queue(vhost, name) {
         Some(existing) => {
             check_equivalent_queue(&existing, durable, false, auto_delete, &arguments).map_err(ApiError::from)

@@ -307,15 +307,26 @@ fn sockets(ctx: &HttpContext, r: &mut Registry) {
 fn links(ctx: &HttpContext, r: &mut Registry) {
     let up = Family::<Labels, Gauge>::default();
     let moved = Family::<Labels, Counter>::default();
-    for b in ctx.bridges.list() {
+    let refused = Family::<Labels, Counter>::default();
+    for link in ctx.bridges.list() {
+        let b = link.status.lock().clone();
         let bridge = ("bridge".to_string(), b.name.clone());
         up.get_or_create(&vec![bridge.clone()]).set(i64::from(b.connected));
-        for (direction, n) in [("out", b.sent), ("in", b.received)] {
-            moved.get_or_create(&vec![bridge.clone(), ("direction".to_string(), direction.to_string())]).inc_by(n);
+        let direction = |d: &str| vec![bridge.clone(), ("direction".to_string(), d.to_string())];
+        for (d, n) in [("out", b.sent), ("in", b.received)] {
+            moved.get_or_create(&direction(d)).inc_by(n);
+        }
+        for (d, n) in [("out", link.refusals.deliveries()), ("in", link.refusals.publishes())] {
+            refused.get_or_create(&direction(d)).inc_by(n);
         }
     }
     r.register("ferrymq_bridge_up", "MQTT bridge connected (1) or reconnecting (0)", up);
     r.register("ferrymq_bridge_messages", "Messages an MQTT bridge carried, by direction", moved);
+    r.register(
+        "ferrymq_bridge_refused",
+        "Messages an MQTT bridge dropped because the rules refused its local side, by direction",
+        refused,
+    );
     let up = Family::<Labels, Gauge>::default();
     let moved = Family::<Labels, Counter>::default();
     for s in ctx.shovels.list() {
@@ -327,8 +338,9 @@ fn links(ctx: &HttpContext, r: &mut Registry) {
     r.register("ferrymq_shovel_messages", "Messages a shovel moved", moved);
 }
 
-/// The per-object series: per queue (RabbitMQ's `rabbitmq_detailed_queue_*` names, labels
-/// `vhost`, `queue`) and per stream consumer group (`ferrymq_stream_group_lag`,
+/// The per-object series: per queue and stream (RabbitMQ's `rabbitmq_detailed_queue_*`
+/// names, labels `vhost`, `queue`; a stream's `ferrymq_stream_first_offset` and
+/// `ferrymq_stream_last_offset`) and per stream consumer group (`ferrymq_stream_group_lag`,
 /// `ferrymq_stream_group_committed_offset`, labels `vhost`, `stream`, `group`).
 pub async fn render_per_object(ctx: &HttpContext) -> String {
     let mut r = Registry::default();
@@ -339,6 +351,8 @@ pub async fn render_per_object(ctx: &HttpContext) -> String {
     let consumers = Family::<Labels, Gauge>::default();
     let lag = Family::<Labels, Gauge>::default();
     let committed = Family::<Labels, Gauge>::default();
+    let first_offset = Family::<Labels, Gauge>::default();
+    let last_offset = Family::<Labels, Gauge>::default();
     let published = Family::<Labels, Counter>::default();
     let delivered = Family::<Labels, Counter>::default();
     let fetched = Family::<Labels, Counter>::default();
@@ -365,7 +379,12 @@ pub async fn render_per_object(ctx: &HttpContext) -> String {
         ] {
             family.get_or_create(&labels).inc_by(n);
         }
-        if q.is_stream() {
+        if let Some(stream) = &q.stream {
+            let e = &stream.extent;
+            first_offset.get_or_create(&labels).set(as_i64(e.first()));
+            if let Some(last) = e.last() {
+                last_offset.get_or_create(&labels).set(as_i64(last));
+            }
             if let Some(s) = ctx.broker.shards.stream_status(q.id).await {
                 for gr in &s.groups {
                     let mut l = vec![("vhost".to_string(), q.vhost.clone()), ("stream".to_string(), q.name.clone())];
@@ -390,6 +409,12 @@ pub async fn render_per_object(ctx: &HttpContext) -> String {
     r.register("rabbitmq_detailed_queue_get", "Messages fetched with basic.get, per queue", fetched);
     r.register("rabbitmq_detailed_queue_messages_redelivered", "Messages redelivered, per queue", redelivered);
     r.register("rabbitmq_detailed_queue_messages_acked", "Messages acknowledged, per queue", acked);
+    r.register("ferrymq_stream_first_offset", "Oldest offset a stream keeps, per stream (label queue)", first_offset);
+    r.register(
+        "ferrymq_stream_last_offset",
+        "Newest offset of a stream, per non-empty stream (label queue)",
+        last_offset,
+    );
     r.register("ferrymq_stream_group_lag", "Messages a stream consumer group has not acknowledged yet", lag);
     r.register(
         "ferrymq_stream_group_committed_offset",

@@ -15,6 +15,7 @@
 //! - [`bridges`] — the bridges' state.
 //! - [`dashboard`] — the web dashboard's static files at `/`.
 //! - [`definitions`] — `/api/definitions`: RabbitMQ's definitions export and import.
+//! - [`cluster`] — `/api/cluster-name` and `/api/global-parameters`.
 //! - [`error`] — errors as RabbitMQ answers them (`{"error": ..., "reason": ...}`).
 //! - [`rates`] — counters sampled every 5 s into RabbitMQ's `*_details.rate`.
 //! - [`overview`] — `/api/overview`, `/api/nodes`, `/api/whoami`.
@@ -32,6 +33,7 @@
 pub mod access;
 pub mod auth;
 pub mod bridges;
+pub mod cluster;
 pub mod connections;
 pub mod csrf;
 pub mod dashboard;
@@ -185,6 +187,9 @@ pub fn router(ctx: Arc<HttpContext>) -> Router {
             get(exchanges::binding).delete(exchanges::remove_binding),
         )
         .route("/definitions", get(definitions::export_all).post(definitions::import_all))
+        .route("/cluster-name", get(cluster::cluster_name).put(cluster::put_cluster_name))
+        .route("/global-parameters", get(cluster::list))
+        .route("/global-parameters/{name}", get(cluster::get).put(cluster::put))
         .route("/definitions/{vhost}", get(definitions::export_vhost).post(definitions::import_vhost))
         .route("/connections", get(connections::list))
         .route("/connections/{name}", get(connections::show).delete(connections::close))

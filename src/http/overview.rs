@@ -67,7 +67,7 @@ pub async fn overview(p: Permitted<Management>) -> Answer {
         },
         "statistics_db_event_queue": 0,
         "node": ctx.node(),
-        "cluster_name": ctx.cfg.cluster_name,
+        "cluster_name": ctx.access.cluster_name(),
         "listeners": ctx.listeners.read().iter().map(|l| json!({
             "node": ctx.node(),
             "protocol": l.protocol,

@@ -174,6 +174,13 @@ fn queue_json(ctx: &HttpContext, q: &QueueEntity, detail: Detail, rates: &dyn Fn
     o.insert("exclusive_consumer_tag".into(), Json_::Null);
     let c = Counts::of(q);
     o.insert("consumers".into(), json!(c.consumers));
+    if let (Some(s), false) = (&q.stream, detail == Detail::Definition) {
+        // RabbitMQ's `committed_offset` (the newest entry), and FerryMQ's extent.
+        let e = &s.extent;
+        o.insert("committed_offset".into(), json!(e.last()));
+        o.insert("first_offset".into(), json!(e.first()));
+        o.insert("last_offset".into(), json!(e.last()));
+    }
     if detail == Detail::Totals {
         o.insert("messages".into(), json!(c.messages));
         o.insert("messages_ready".into(), json!(c.ready));

@@ -21,6 +21,7 @@ use tokio::sync::mpsc;
 
 use super::deliver::{Origin, Pending, OFFSET_PKIDS};
 use super::publish::PendingAck;
+use super::refused::Refusals;
 use super::session::{ConnectionSignals, Control, Persistent, Subscriptions};
 use super::MqttContext;
 use crate::authz::{Access, Request};
@@ -83,7 +84,7 @@ impl SessionState {
 /// future twice (once before it is polled, once as its awaitee).
 pub fn serve<S, G>(
     ctx: Arc<MqttContext>,
-    mut stream: S,
+    stream: S,
     peer: SocketAddr,
     listener: Listener,
     cert: Option<Arc<ClientCert>>,
@@ -97,19 +98,44 @@ where
     let conn_id = ctx.broker.next_id();
     let mut task = Task::new(ctx, conn_id, peer, listener);
     task.cert = cert;
-    async move {
-        let unfinished = task.run(&mut stream).await;
-        // Boxed: a rare, large future that every idle connection would otherwise carry.
-        Box::pin(task.cleanup()).await;
-        // The broker closed while the client may still be writing: read and drop what it
-        // sends (bounded), so that it reads the DISCONNECT instead of a reset. The session
-        // is released first, so a take-over does not wait for this.
-        // Boxed, like the cleanup: it is rare.
-        if unfinished {
-            let _ = Box::pin(tokio::time::timeout(CLOSE_FLUSH, discard_until_eof(&mut stream))).await;
-        }
-        drop(guard);
+    run(task, stream, guard)
+}
+
+/// Serves a connection the broker made to itself (`listener.internal`: a bridge's local
+/// side), counting what the rules refuse it in `refusals`.
+pub fn serve_internal<S>(
+    ctx: Arc<MqttContext>,
+    stream: S,
+    peer: SocketAddr,
+    listener: Listener,
+    refusals: Arc<Refusals>,
+) -> impl Future<Output = ()> + Send
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let conn_id = ctx.broker.next_id();
+    let mut task = Task::new(ctx, conn_id, peer, listener);
+    task.refusals = Some(refusals);
+    run(task, stream, ())
+}
+
+/// The connection's life: the socket loop, then the clean-up.
+async fn run<S, G>(mut task: Task, mut stream: S, guard: G)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+    G: Send,
+{
+    let unfinished = task.run(&mut stream).await;
+    // Boxed: a rare, large future that every idle connection would otherwise carry.
+    Box::pin(task.cleanup()).await;
+    // The broker closed while the client may still be writing: read and drop what it
+    // sends (bounded), so that it reads the DISCONNECT instead of a reset. The session
+    // is released first, so a take-over does not wait for this.
+    // Boxed, like the cleanup: it is rare.
+    if unfinished {
+        let _ = Box::pin(tokio::time::timeout(CLOSE_FLUSH, discard_until_eof(&mut stream))).await;
     }
+    drop(guard);
 }
 
 /// A connection's state: the protocol machine, its session, what is in flight both ways.
@@ -175,6 +201,8 @@ pub(super) struct Task {
     /// Deliveries dropped for this client (not sent: expired, too large), since connect.
     pub(super) dropped: u64,
     pub(super) publishes_out: u64,
+    /// A bridge's local side: what the rules refuse it is counted for the bridge.
+    pub(super) refusals: Option<Arc<Refusals>>,
     /// Why the connection ended (the first reason seen), logged once when it has.
     pub(super) end: Option<End>,
 }
@@ -245,6 +273,7 @@ impl Task {
             publishes_unrouted: 0,
             dropped: 0,
             publishes_out: 0,
+            refusals: None,
             end: None,
         }
     }

@@ -151,6 +151,13 @@ impl Task {
         self.access.as_mut().is_none_or(|a| a.mqtt_receive(&msg.routing_key))
     }
 
+    /// A delivery the rules refused a bridge's local side: counted for the bridge.
+    pub(super) fn note_refused(&self, msg: &Message) {
+        if let Some(r) = &self.refusals {
+            r.delivery_refused(&msg.topic());
+        }
+    }
+
     /// The persistent session's own queue.
     fn own_queue(&self) -> Option<QueueId> {
         self.session.as_ref().and_then(|s| s.persistent.as_ref()).map(|p| p.queue)
@@ -180,6 +187,7 @@ impl Task {
                 }
                 if !self.may_receive(&d.msg) {
                     self.count_drop(Dropped::NotAuthorized);
+                    self.note_refused(&d.msg);
                     return Ok(());
                 }
                 let qos = d.msg.qos.min(d.qos);
@@ -218,6 +226,7 @@ impl Task {
                 }
                 if !q.released && !self.may_receive(&q.msg) {
                     self.count_drop(Dropped::NotAuthorized);
+                    self.note_refused(&q.msg);
                     self.ack_queue(q.queue, q.offset);
                     return Ok(());
                 }

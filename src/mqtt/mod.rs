@@ -13,6 +13,7 @@
 //! - [`session`] — client ids, take-over, persistent sessions and their storage, expiry.
 //! - [`shared`] — `$share/{group}/{filter}` groups as consume queues.
 //! - [`sys`] — the `$SYS/broker/...` topics.
+//! - [`refused`] — what the rules refused a bridge's local side, counted and logged once.
 //! - [`convert`] — MQTT publish <-> core message.
 
 /// Logs an event of a connection task (`$task`) with the connection's peer address and
@@ -30,6 +31,7 @@ pub mod connection;
 pub mod convert;
 mod deliver;
 mod publish;
+pub mod refused;
 pub mod session;
 pub mod shared;
 mod subscribe;

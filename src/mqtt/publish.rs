@@ -83,7 +83,7 @@ impl Task {
                 return;
             };
             if !self.permitted(Request::Publish(&topic)) {
-                self.refuse_unauthorized(pkid, qos);
+                self.refuse_unauthorized(pkid, qos, &topic);
                 return;
             }
             let msg: SharedMessage = Arc::new(message_in(p, &topic, self.ctx.broker.router.mqtt_exchange(), now));
@@ -96,11 +96,14 @@ impl Task {
             // one gets its ack; the message is dropped and counted either way.
             Stats::add(&self.ctx.broker.stats.publish_dropped, 1);
             Stats::add(&self.ctx.broker.stats.dropped_not_authorized, 1);
+            if let Some(r) = &self.refusals {
+                r.publish_refused(&p.topic);
+            }
             self.refuse_publish(pkid, qos, ReasonCode::NOT_AUTHORIZED, "publish to a topic reserved for the broker");
             return;
         }
         if !self.permitted(Request::Publish(&p.topic)) {
-            self.refuse_unauthorized(pkid, qos);
+            self.refuse_unauthorized(pkid, qos, &p.topic);
             return;
         }
         let retain = if p.retain { RetainMode::Persist } else { RetainMode::None };
@@ -123,11 +126,14 @@ impl Task {
         self.push_ack(pkid, qos, signal, reason);
     }
 
-    /// Refuses a publish the client may not make: 5.0 PUBACK/PUBREC 0x87, 3.x acked and
-    /// dropped (as Mosquitto); counted.
-    fn refuse_unauthorized(&mut self, pkid: u16, qos: QoS) {
+    /// Refuses a publish to `topic` the client may not make: 5.0 PUBACK/PUBREC 0x87, 3.x
+    /// acked and dropped (as Mosquitto); counted (for a bridge's local side, for the bridge too).
+    fn refuse_unauthorized(&mut self, pkid: u16, qos: QoS, topic: &str) {
         Stats::add(&self.ctx.broker.stats.publish_dropped, 1);
         Stats::add(&self.ctx.broker.stats.dropped_not_authorized, 1);
+        if let Some(r) = &self.refusals {
+            r.publish_refused(topic);
+        }
         self.refuse_publish(pkid, qos, ReasonCode::NOT_AUTHORIZED, "publish not authorized");
     }
 

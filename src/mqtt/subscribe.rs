@@ -105,6 +105,7 @@ impl Task {
                             continue;
                         }
                         if !self.permitted(Request::Receive(&msg.topic())) {
+                            self.note_refused(&msg);
                             continue;
                         }
                         retained.push(Direct {

@@ -50,7 +50,7 @@ pub fn against_rabbitmq() -> bool {
 /// `return` (it then counts as passed, with the reason in its output).
 pub fn skip_on_rabbitmq(why: &str) -> bool {
     if against_rabbitmq() {
-        eprintln!("SKIPPED against RabbitMQ (FerryMQ-only): {why}");
+        super::skipped(&format!("against RabbitMQ (FerryMQ-only): {why}"));
         true
     } else {
         false

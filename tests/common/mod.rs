@@ -17,6 +17,29 @@ pub mod http;
 
 pub use broker::{binary, run_binary, Broker, Opts};
 
+/// Environment variable naming a file where [`skipped`] appends one line per skipped test
+/// (`.ci/run` sets it, and fails on a skip it does not expect).
+pub const SKIP_LOG_ENV: &str = "CI_SKIP_LOG";
+
+/// Says that the running test is skipped and why, where it cannot be missed: a line
+/// `SKIPPED: <test binary>::<test>: <reason>` on the terminal, written past the test
+/// harness's output capture (so it shows among the test results, not only on failure),
+/// and in the file [`SKIP_LOG_ENV`] names. The test then returns (and counts as passed).
+pub fn skipped(reason: &str) {
+    use std::io::Write as _;
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("?");
+    let line = format!("SKIPPED: {}::{test}: {reason}\n", env!("CARGO_CRATE_NAME"));
+    // Straight to the process's stderr: print macros would be captured with the test's output.
+    let _ = std::io::stderr().write_all(line.as_bytes());
+    if let Some(path) = std::env::var_os(SKIP_LOG_ENV) {
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(&path);
+        if let Err(e) = file.and_then(|mut f| f.write_all(line.as_bytes())) {
+            panic!("cannot record the skip in {}: {e}", path.to_string_lossy());
+        }
+    }
+}
+
 /// A loopback port free now (bound and released), for a broker that must come back on
 /// the same address after a restart.
 pub fn free_port() -> u16 {

@@ -3,8 +3,10 @@
 //!
 //! Layout of the local implementation: typed tables in `Space::Meta` keyed `u\0name`
 //! (users), `v\0name` (virtual hosts), `p\0vhost\0user` (permissions),
-//! `t\0vhost\0user\0exchange` (topic permissions) and `r\0mqtt` (the MQTT rules set
-//! through the API, JSON), `l\0v\0vhost` and `l\0u\0user` (limits). Deleting a user or a virtual host that the configuration
+//! `t\0vhost\0user\0exchange` (topic permissions), `r\0mqtt` (the MQTT rules set
+//! through the API, JSON), `a\0component\0vhost\0name` (runtime parameters),
+//! `g\0name` (global parameters, JSON values) and `l\0v\0vhost` / `l\0u\0user` (limits).
+//! Deleting a user or a virtual host that the configuration
 //! names leaves a record with `deleted` set, so it stays deleted after a restart.
 
 use std::fmt;
@@ -119,6 +121,8 @@ pub struct AccessRecords {
     pub parameters: Vec<ParameterRecord>,
     /// Limits of virtual hosts and users.
     pub limits: Vec<LimitsRecord>,
+    /// Global parameters (RabbitMQ's `global_parameters`: `cluster_name`): name and JSON value.
+    pub global_parameters: Vec<(String, String)>,
 }
 
 /// Users, virtual hosts and permissions, durable.
@@ -149,6 +153,8 @@ pub trait AccessStore: fmt::Debug + Send + Sync {
     fn remove_parameter(&self, component: &str, vhost: &str, name: &str) -> StoreWrite;
     /// Stores the limits of a virtual host or a user (an empty set removes them).
     fn put_limits(&self, limits: &LimitsRecord) -> StoreWrite;
+    /// Stores a global parameter (its value as JSON).
+    fn put_global_parameter(&self, name: &str, value: &str) -> StoreWrite;
 }
 
 fn limits_key(scope: crate::core::limits::LimitScope, owner: &str) -> Bytes {
@@ -213,7 +219,7 @@ fn delete(key: Bytes) -> StoreWrite {
 impl AccessStore for JournalStore {
     fn load(&self) -> Result<AccessRecords, StoreError> {
         let mut found = AccessRecords::default();
-        for kind in [b'u', b'v', b'p', b't', b'r', b'a', b'l'] {
+        for kind in [b'u', b'v', b'p', b't', b'r', b'a', b'l', b'g'] {
             for (_, value) in self.journal.scan(Space::Meta, &[kind, 0])? {
                 let Some(f) = Fields::read(&value) else { continue };
                 match kind {
@@ -249,6 +255,7 @@ impl AccessStore for JournalStore {
                         };
                         found.limits.push(LimitsRecord { scope, owner: f.text("owner"), values })
                     }
+                    b'g' => found.global_parameters.push((f.text("name"), f.text("value"))),
                     b'a' => found.parameters.push(ParameterRecord {
                         component: f.text("component"),
                         vhost: f.text("vhost"),
@@ -366,5 +373,10 @@ impl AccessStore for JournalStore {
             ("limits", Value::Table(values)),
         ]);
         put(key, value)
+    }
+
+    fn put_global_parameter(&self, name: &str, value: &str) -> StoreWrite {
+        let value = table(vec![("name", Value::Str(name.to_owned())), ("value", Value::Str(value.to_owned()))]);
+        put(key(b'g', &[name]), value)
     }
 }

@@ -2,6 +2,7 @@
 //! (`x-max-age`, `x-max-length-bytes`) and the start position (`x-stream-offset`), in
 //! RabbitMQ's vocabulary but free of any protocol's types.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::core::queue::QueueGauge;
@@ -19,8 +20,53 @@ pub struct StreamConfig {
     /// The oldest entries are trimmed while the bodies total more than this
     /// (`x-max-length-bytes`).
     pub max_bytes: Option<u64>,
-    /// Live counters (entries, bytes, consumers), written by the owner shard.
+    /// Live counters (entries, bytes, consumers), written by the owner shard; the
+    /// queue entity's own, so that a stream is counted where a queue is.
     pub gauge: Arc<QueueGauge>,
+    /// The offsets kept, written by the owner shard.
+    pub extent: Arc<StreamExtent>,
+}
+
+/// A stream's live offsets as the operations views read them (written by the owner shard
+/// once per turn, never per message).
+#[derive(Debug, Default)]
+pub struct StreamExtent {
+    first: AtomicU64,
+    end: AtomicU64,
+    /// Every live entry's bytes are in the gauge (a stream loaded at start counts the
+    /// bytes of what it held a page at a time, in the background).
+    bytes_counted: AtomicBool,
+}
+
+impl StreamExtent {
+    /// Stores the oldest live offset, the next one to be written, and whether the gauge's
+    /// bytes cover every live entry.
+    pub fn set(&self, first: u64, end: u64, bytes_counted: bool) {
+        self.first.store(first, Ordering::Relaxed);
+        self.end.store(end, Ordering::Relaxed);
+        self.bytes_counted.store(bytes_counted, Ordering::Relaxed);
+    }
+
+    /// Oldest live offset (the end when empty).
+    pub fn first(&self) -> u64 {
+        self.first.load(Ordering::Relaxed)
+    }
+
+    /// The next offset to be written.
+    pub fn end(&self) -> u64 {
+        self.end.load(Ordering::Relaxed)
+    }
+
+    /// The newest live offset (RabbitMQ's `committed_offset`); `None` when empty.
+    pub fn last(&self) -> Option<u64> {
+        let (first, end) = (self.first(), self.end());
+        (end > first).then(|| end - 1)
+    }
+
+    /// The gauge's bytes cover every live entry.
+    pub fn bytes_counted(&self) -> bool {
+        self.bytes_counted.load(Ordering::Relaxed)
+    }
 }
 
 impl StreamConfig {
@@ -32,6 +78,7 @@ impl StreamConfig {
             max_age_ms: None,
             max_bytes: None,
             gauge: Arc::default(),
+            extent: Arc::default(),
         }
     }
 

@@ -40,7 +40,7 @@ impl GroupCursor {
 
     /// Decodes [`GroupCursor::encode`]'s output; `None` when malformed.
     pub fn decode(b: &[u8]) -> Option<GroupCursor> {
-        if b.len() < 8 || b.len() % 8 != 0 {
+        if b.len() < 8 || !b.len().is_multiple_of(8) {
             return None;
         }
         let mut words = b.chunks_exact(8).map(|c| u64::from_be_bytes(c.try_into().unwrap_or_default()));

@@ -19,10 +19,11 @@ pub mod retention;
 mod seek;
 
 use std::collections::{HashMap, VecDeque};
+use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-pub use config::{parse_age, StreamConfig, StreamOffset};
+pub use config::{parse_age, StreamConfig, StreamExtent, StreamOffset};
 pub use cursor::StreamConsumer;
 use ferrymq_storage::{Journal, Op, Pointer, QueueId};
 pub use group::{Group, GroupCursor};
@@ -40,6 +41,8 @@ use retention::Extent;
 const TAIL_ENTRIES: usize = 1024;
 /// Most body bytes kept in the in-memory tail.
 const TAIL_BYTES: u64 = 4 * 1024 * 1024;
+/// Pointers read per index page when counting bytes.
+const COUNT_PAGE: usize = 4096;
 
 /// A stream's extent and its consumer groups, as operations see them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,11 +91,12 @@ pub struct Stream {
     first: u64,
     /// Next offset the journal assigns.
     next: u64,
-    /// Body bytes of live entries (of those appended since the load unless
-    /// `bytes_counted`).
+    /// Body bytes of the live entries, except those in `uncounted`.
     bytes: u64,
-    /// `bytes` covers every live entry (counted at load or when a byte limit came).
-    bytes_counted: bool,
+    /// Entries held at load whose bytes are not in `bytes` yet: counted a page at a time
+    /// by [`Stream::count_bytes`] (at once when a byte limit needs them), so that a huge
+    /// stream starts in constant time.
+    uncounted: Option<Range<u64>>,
     /// Recent entries with their messages, contiguous or not, in offset order.
     tail: VecDeque<TailEntry>,
     tail_bytes: u64,
@@ -120,7 +124,7 @@ impl Stream {
             first,
             next,
             bytes: 0,
-            bytes_counted: false,
+            uncounted: (first < next).then_some(first..next),
             tail: VecDeque::new(),
             tail_bytes: 0,
             consumers: Vec::new(),
@@ -158,7 +162,38 @@ impl Stream {
         }
         self.first = first.unwrap_or(self.next);
         self.bytes = bytes;
-        self.bytes_counted = true;
+        self.uncounted = None;
+    }
+
+    /// Counts the bytes of up to `budget` entries held at load that are not counted yet.
+    /// Returns true when it counted some (the gauge changes).
+    pub fn count_bytes(&mut self, journal: &Journal, budget: usize) -> bool {
+        let Some(range) = self.uncounted.clone() else { return false };
+        let mut from = range.start.max(self.first);
+        let mut read = 0;
+        while from < range.end && read < budget {
+            let page = match journal.queue_entries(self.id, from, COUNT_PAGE.min(budget - read)) {
+                Ok(page) => page,
+                Err(e) => {
+                    warn!(stream = %self.config.name, error = %e, "cannot count stream bytes");
+                    return false;
+                }
+            };
+            let Some(&(last, _)) = page.last() else {
+                from = range.end;
+                break;
+            };
+            read += page.len();
+            self.bytes += page.iter().filter(|(o, _)| *o < range.end).map(|(_, p)| p.body_len as u64).sum::<u64>();
+            from = last + 1;
+        }
+        self.uncounted = (from < range.end).then_some(from..range.end);
+        true
+    }
+
+    /// True while bytes of entries held at load are not counted yet.
+    pub fn counting_bytes(&self) -> bool {
+        self.uncounted.is_some()
     }
 
     /// The stream's id.
@@ -169,7 +204,7 @@ impl Stream {
     /// Replaces the retention settings (keeps the contents).
     pub fn set_config(&mut self, config: Arc<StreamConfig>, journal: &Journal) {
         self.config = config;
-        if self.config.max_bytes.is_some() && !self.bytes_counted {
+        if self.config.max_bytes.is_some() && self.uncounted.is_some() {
             self.scan(journal);
         }
         self.publish_gauge();
@@ -203,6 +238,7 @@ impl Stream {
         g.bytes.store(self.bytes, Ordering::Relaxed);
         g.ready.store(self.len(), Ordering::Relaxed);
         g.consumers.store(self.consumers.len() as u64, Ordering::Relaxed);
+        self.config.extent.set(self.first, self.next, self.uncounted.is_none());
     }
 
     /// A freshly appended entry (journal completion order = offset order).
@@ -565,7 +601,16 @@ impl Stream {
         debug!(stream = %self.config.name, from = trim.from, to = trim.to, bytes = trim.bytes, "stream trimmed");
         ops.push(Op::RemoveRange { queue: self.id, from: trim.from, to: trim.to });
         self.first = trim.to;
-        self.bytes = self.bytes.saturating_sub(trim.bytes);
+        // Entries not counted yet leave without having been added.
+        let uncounted = match self.uncounted.clone() {
+            Some(r) if r.start < trim.to => {
+                let gone = r.start..trim.to.min(r.end);
+                self.uncounted = (trim.to < r.end).then_some(trim.to..r.end);
+                retention::body_bytes(journal, self.id, gone)
+            }
+            _ => 0,
+        };
+        self.bytes = self.bytes.saturating_sub(trim.bytes.saturating_sub(uncounted));
         while self.tail.front().is_some_and(|e| e.offset < trim.to) {
             if let Some(e) = self.tail.pop_front() {
                 self.tail_bytes -= e.ptr.body_len as u64;
@@ -591,7 +636,7 @@ impl Stream {
         self.tail_bytes = 0;
         self.first = self.next;
         self.bytes = 0;
-        self.bytes_counted = true;
+        self.uncounted = None;
         ops.push(Op::DeleteQueue { queue: self.id });
         ops.push(group::forget_cursors(self.id));
         self.groups.clear();

@@ -75,3 +75,17 @@ pub fn plan(journal: &Journal, queue: QueueId, extent: Extent, config: &StreamCo
     }
     (to > extent.first).then_some(Trim { from: extent.first, to, bytes })
 }
+
+/// Body bytes of the entries at offsets in `range` (a pointer scan, no body reads).
+pub fn body_bytes(journal: &Journal, queue: QueueId, range: std::ops::Range<u64>) -> u64 {
+    let (mut from, mut bytes) = (range.start, 0u64);
+    while from < range.end {
+        let page = match journal.queue_entries(queue, from, PAGE) {
+            Ok(p) if !p.is_empty() => p,
+            _ => break,
+        };
+        bytes += page.iter().filter(|(o, _)| *o < range.end).map(|(_, p)| p.body_len as u64).sum::<u64>();
+        from = page[page.len() - 1].0 + 1;
+    }
+    bytes
+}

@@ -236,9 +236,9 @@ fn a_reloaded_stream_knows_its_extent_without_reading_its_entries() {
     let (f, _) = trimmed_to_the_last_two();
     let mut f = f.restart();
     assert_eq!(
-        (f.stream.first_offset(), f.stream.len(), f.stream.bytes_counted),
-        (4, 2, false),
-        "no scan without a byte limit"
+        (f.stream.first_offset(), f.stream.len(), f.stream.counting_bytes()),
+        (4, 2, true),
+        "no scan at load without a byte limit"
     );
     let mut c = f.attach(1, 10, StreamOffset::First, None);
     assert_eq!(offsets(&drain(&mut c)), vec![4, 5]);
@@ -246,7 +246,46 @@ fn a_reloaded_stream_knows_its_extent_without_reading_its_entries() {
     let mut config = StreamConfig::new("s", "/");
     config.max_bytes = Some(1 << 20);
     f.stream.set_config(Arc::new(config), &f.journal);
-    assert_eq!((f.stream.bytes, f.stream.bytes_counted), (8, true));
+    assert_eq!((f.stream.bytes, f.stream.counting_bytes()), (8, false));
+}
+
+#[test]
+fn a_reloaded_stream_counts_the_bytes_it_held_a_page_at_a_time() {
+    let mut f = fixture();
+    f.publish(0..10);
+    let mut f = f.restart();
+    f.publish(10..12);
+    assert_eq!(f.stream.bytes, 8, "only what came after the load");
+    assert!(f.stream.count_bytes(&f.journal, 3));
+    assert_eq!((f.stream.bytes, f.stream.counting_bytes()), (20, true), "three more entries");
+    while f.stream.count_bytes(&f.journal, 3) {}
+    assert_eq!((f.stream.bytes, f.stream.counting_bytes()), (48, false), "12 entries of 4 bytes");
+    f.stream.publish_gauge();
+    let extent = &f.stream.config.extent;
+    assert_eq!((extent.first(), extent.last(), extent.end(), extent.bytes_counted()), (0, Some(11), 12, true));
+    assert_eq!(f.stream.config.gauge.bytes.load(Ordering::Relaxed), 48);
+}
+
+#[test]
+fn retention_during_the_count_subtracts_only_what_was_counted() {
+    let mut f = fixture();
+    let now = crate::core::message::now_ms();
+    for n in 0..6 {
+        f.publish_at(n, now - 10_000);
+    }
+    f.publish(6..8);
+    let mut f = f.restart();
+    f.publish(8..10);
+    assert!(f.stream.count_bytes(&f.journal, 2), "offsets 0 and 1 counted");
+    let mut config = StreamConfig::new("s", "/");
+    config.max_age_ms = Some(5_000);
+    f.stream.set_config(Arc::new(config), &f.journal);
+    let mut ops = Vec::new();
+    assert!(f.stream.enforce_retention(&f.journal, now, &mut ops), "offsets 0..6 are too old");
+    f.journal.write_blocking(ops).unwrap();
+    assert_eq!(f.stream.bytes, 8, "the two appended since the load; 2..6 were never counted");
+    while f.stream.count_bytes(&f.journal, 100) {}
+    assert_eq!((f.stream.first_offset(), f.stream.len(), f.stream.bytes), (6, 4, 16));
 }
 
 #[test]

@@ -78,6 +78,7 @@ async function overview() {
   const stat = (label, value, id) => el("div", { class: "card stat", id }, el("div", { class: "value" }, value), el("div", { class: "label" }, label));
   const alarms = [n.mem_alarm ? "memory" : null, n.disk_free_alarm ? "disk" : null].filter(Boolean);
   const canvas = el("canvas", { id: "rates", width: 900, height: 180 });
+  const caption = el("p", { id: "rates-caption", class: "muted" });
   page("Overview",
     el("div", { class: "cards" },
       stat("connections", fmt(o.object_totals.connections), "stat-connections"),
@@ -86,7 +87,7 @@ async function overview() {
       stat("consumers", fmt(o.object_totals.consumers), "stat-consumers"),
       stat("publish / s", (o.message_stats.publish_details.rate || 0).toFixed(1), "stat-publish-rate"),
       stat("deliver / s", (o.message_stats.deliver_get_details.rate || 0).toFixed(1), "stat-deliver-rate")),
-    el("div", { class: "card" }, el("h2", {}, "Message rates (sampled every 5 s)"), canvas),
+    el("div", { class: "card" }, el("h2", {}, "Message rates (sampled every 5 s)"), canvas, caption),
     el("div", { class: "card", id: "alarms" }, el("h2", {}, "Alarms"),
       alarms.length ? el("p", { class: "error" }, "raised: " + alarms.join(", ")) : el("p", { class: "ok" }, "none")),
     el("div", { class: "card" }, el("h2", {}, "Listeners"), table("listeners-table", [
@@ -101,25 +102,29 @@ async function overview() {
     el("p", { class: "muted" }, `${o.product_name} ${o.product_version} — RabbitMQ management API ${o.management_version} — ${o.node}`));
   state.rates.push({ t: Date.now(), publish: o.message_stats.publish_details.rate || 0, deliver: o.message_stats.deliver_get_details.rate || 0 });
   state.rates = state.rates.slice(-120);
-  drawRates(canvas);
+  drawRates(canvas, caption);
 }
 
-function drawRates(canvas) {
+/** The rates as two lines inside the canvas's frame; the scale and legend go in `caption`,
+ *  under the chart, where no line can cross them. */
+function drawRates(canvas, caption) {
   const ctx = canvas.getContext("2d");
-  const w = canvas.width, h = canvas.height, pts = state.rates;
+  const w = canvas.width, h = canvas.height, pts = state.rates, pad = 4;
   ctx.clearRect(0, 0, w, h);
   const max = Math.max(1, ...pts.map(p => Math.max(p.publish, p.deliver)));
   ctx.strokeStyle = "#d9dde5"; ctx.strokeRect(0, 0, w, h);
   const line = (key, color) => {
     ctx.strokeStyle = color; ctx.beginPath();
     pts.forEach((p, i) => {
-      const x = pts.length < 2 ? w : (i / (pts.length - 1)) * w, y = h - (p[key] / max) * (h - 10);
+      const x = pts.length < 2 ? w - pad : pad + (i / (pts.length - 1)) * (w - 2 * pad);
+      const y = h - pad - (p[key] / max) * (h - 2 * pad);
       i ? ctx.lineTo(x, y) : ctx.moveTo(x, y);
     });
     ctx.stroke();
   };
   line("publish", "#0b6e99"); line("deliver", "#067647");
-  ctx.fillStyle = "#6b7280"; ctx.fillText(`max ${max.toFixed(1)}/s — publish (blue), deliver (green)`, 8, 14);
+  caption.replaceChildren(`max ${max.toFixed(1)}/s — `, el("span", { class: "publish" }, "publish"), ", ",
+    el("span", { class: "deliver" }, "deliver"));
 }
 
 async function connections() {
@@ -216,6 +221,8 @@ async function queue(vhost, name) {
     { title: "type", cell: x => x.type }, { title: "durable", cell: x => x.durable ? "yes" : "no" },
     { title: "arguments", cell: x => JSON.stringify(x.arguments) },
     { title: "ready", cell: x => fmt(x.messages_ready), num: true }, { title: "unacked", cell: x => fmt(x.messages_unacknowledged), num: true },
+    { title: "bytes", cell: x => bytes(x.message_bytes), num: true },
+    ...(x => x.type === "stream" ? [{ title: "offsets", cell: x => x.last_offset === null ? "empty" : `${fmt(x.first_offset)}–${fmt(x.last_offset)}` }] : [])(q),
     { title: "consumers", cell: x => x.consumers, num: true },
     { title: "published", cell: x => fmt((x.message_stats || {}).publish || 0), num: true },
     { title: "delivered / got", cell: x => fmt((x.message_stats || {}).deliver_get || 0), num: true },
@@ -254,9 +261,16 @@ async function exchanges() {
       { title: "arguments", cell: b => JSON.stringify(b.arguments) }], bs));
 }
 
+/** An MQTT session expiry interval in seconds; 4294967295 (0xFFFFFFFF) is "never expires". */
+function expiry(secs) {
+  if (secs === undefined || secs === null) return "";
+  return secs >= 4294967295 ? "never" : fmt(secs) + " s";
+}
+
 async function mqtt() {
-  const [clients, sessions, subs, retained] = await Promise.all([api("GET", "/ferrymq/mqtt/clients"),
-    api("GET", "/ferrymq/mqtt/sessions"), api("GET", "/ferrymq/mqtt/subscriptions"), api("GET", "/ferrymq/mqtt/retained")]);
+  const [clients, sessions, subs, retained, bridges] = await Promise.all([api("GET", "/ferrymq/mqtt/clients"),
+    api("GET", "/ferrymq/mqtt/sessions"), api("GET", "/ferrymq/mqtt/subscriptions"), api("GET", "/ferrymq/mqtt/retained"),
+    api("GET", "/ferrymq/bridges")]);
   const status = el("p", { id: "mqtt-status" });
   const action = (label, method, path, done) => el("button", { class: "danger", onclick: guard(async () => {
     await api(method, path); note(status, done, true); refreshSoon();
@@ -265,10 +279,11 @@ async function mqtt() {
     el("h2", {}, "Clients"), table("clients-table", [{ title: "client id", cell: c => c.clientid }, { title: "version", cell: c => c.proto_ver },
       { title: "user", cell: c => c.username }, { title: "peer", cell: c => `${c.ip_address}:${c.port}` },
       { title: "keep-alive", cell: c => c.keepalive, num: true }, { title: "clean start", cell: c => c.clean_start ? "yes" : "no" },
-      { title: "expiry", cell: c => c.expiry_interval, num: true }, { title: "subscriptions", cell: c => c.subscriptions_cnt, num: true },
+      { title: "session expiry", cell: c => expiry(c.expiry_interval), num: true }, { title: "subscriptions", cell: c => c.subscriptions_cnt, num: true },
       { title: "", cell: c => action("Kick", "DELETE", "/ferrymq/mqtt/clients/" + enc(c.clientid), "kicked " + c.clientid) }], clients, c => c.clientid),
     el("h2", {}, "Sessions"), table("sessions-table", [{ title: "client id", cell: s => s.clientid },
       { title: "connected", cell: s => s.connected ? "yes" : "no" }, { title: "persistent", cell: s => s.persistent ? "yes" : "no" },
+      { title: "expiry", cell: s => expiry(s.expiry_interval), num: true },
       { title: "queued", cell: s => s.mqueue_len === null ? "" : fmt(s.mqueue_len), num: true },
       { title: "subscriptions", cell: s => s.subscriptions.map(x => `${x.topic} (QoS ${x.qos})`).join(", ") },
       { title: "", cell: s => action("Delete", "DELETE", "/ferrymq/mqtt/sessions/" + enc(s.clientid), "deleted session " + s.clientid) }], sessions, s => s.clientid),
@@ -276,7 +291,14 @@ async function mqtt() {
       { title: "filter", cell: s => s.topic }, { title: "QoS", cell: s => s.qos, num: true }], subs),
     el("h2", {}, "Retained messages"), table("retained-table", [{ title: "topic", cell: r => r.topic },
       { title: "payload", cell: r => r.payload }, { title: "bytes", cell: r => r.payload_bytes, num: true },
-      { title: "", cell: r => action("Delete", "DELETE", "/ferrymq/mqtt/retained/" + r.topic.split("/").map(enc).join("/"), "deleted " + r.topic) }], retained, r => r.topic));
+      { title: "", cell: r => action("Delete", "DELETE", "/ferrymq/mqtt/retained/" + r.topic.split("/").map(enc).join("/"), "deleted " + r.topic) }], retained, r => r.topic),
+    el("h2", {}, "Bridges"), bridges.length ? table("bridges-table", [{ title: "bridge", cell: b => b.name },
+      { title: "address", cell: b => b.address }, { title: "state", cell: b => b.state },
+      { title: "sent", cell: b => fmt(b.sent), num: true }, { title: "received", cell: b => fmt(b.received), num: true },
+      { title: "refused in", cell: b => fmt(b.refused_in), num: true }, { title: "refused out", cell: b => fmt(b.refused_out), num: true },
+      { title: "warnings", cell: b => (b.warnings || []).map(w => el("div", { class: "error" }, w)) },
+      { title: "last error", cell: b => b.reason || "" }], bridges, b => b.name)
+      : el("p", { class: "muted", id: "no-bridges" }, "No [[bridge.mqtt]] is configured."));
 }
 
 async function admin() {
@@ -296,12 +318,31 @@ async function admin() {
     note(status, "vhost " + ev.target.name.value + " saved", true); route();
   }) }, el("h2", {}, "Add a virtual host"), el("label", {}, "name ", el("input", { name: "name", required: true })),
     el("label", {}, "description ", el("input", { name: "description" })), el("button", { type: "submit" }, "Save"));
+  const addPermission = el("form", { class: "card", id: "add-permission", onsubmit: guard(async ev => {
+    ev.preventDefault();
+    const f = ev.target;
+    await api("PUT", `/permissions/${enc(f.vhost.value)}/${enc(f.user.value)}`,
+      { configure: f.configure.value, write: f.write.value, read: f.read.value });
+    note(status, `permissions of ${f.user.value} in ${f.vhost.value} saved`, true); route();
+  }) }, el("h2", {}, "Set a user's permissions in a virtual host"),
+    el("label", {}, "user ", el("select", { name: "user", required: true }, users.map(u => el("option", {}, u.name)))),
+    el("label", {}, "vhost ", el("select", { name: "vhost", required: true }, vhosts.map(v => el("option", {}, v.name)))),
+    el("label", {}, "configure ", el("input", { name: "configure", value: ".*", size: 12 })),
+    el("label", {}, "write ", el("input", { name: "write", value: ".*", size: 12 })),
+    el("label", {}, "read ", el("input", { name: "read", value: ".*", size: 12 })),
+    el("button", { type: "submit" }, "Save"),
+    el("p", { class: "muted" }, "Regular expressions over exchange and queue names, as RabbitMQ's; enforced for AMQP, and for MQTT on the MQTT exchange, when auth.authorization is on."));
+  const clear = p => el("button", { class: "danger", "data-clear": `${p.vhost}/${p.user}`, onclick: guard(async () => {
+    await api("DELETE", `/permissions/${enc(p.vhost)}/${enc(p.user)}`);
+    note(status, `permissions of ${p.user} in ${p.vhost} cleared`, true); route();
+  }) }, "Clear");
   page("Users, virtual hosts and permissions", status,
     table("users-table", [{ title: "user", cell: u => u.name }, { title: "tags", cell: u => u.tags.join(", ") }], users, u => u.name), addUser,
     table("vhosts-table", [{ title: "virtual host", cell: v => v.name }, { title: "description", cell: v => v.description },
       { title: "messages", cell: v => fmt(v.messages), num: true }], vhosts, v => v.name), addVhost,
     table("permissions-table", [{ title: "user", cell: p => p.user }, { title: "vhost", cell: p => p.vhost },
-      { title: "configure", cell: p => p.configure }, { title: "write", cell: p => p.write }, { title: "read", cell: p => p.read }], perms),
+      { title: "configure", cell: p => p.configure }, { title: "write", cell: p => p.write }, { title: "read", cell: p => p.read },
+      { title: "", cell: clear }], perms, p => `${p.vhost}/${p.user}`), addPermission,
     el("p", { class: "muted" }, "With auth.authorization on, permissions apply to AMQP, MQTT and the management API alike."));
 }
 

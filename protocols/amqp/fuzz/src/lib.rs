@@ -28,7 +28,7 @@ fn drive(conn: &mut Connection, mode: u8, step: u8) {
             Event::ChannelOpened { .. } if mode & 32 == 32 => conn.connection_error(530, "NOT_ALLOWED - fuzz", 0, 0),
             Event::ChannelOpened { channel } => conn.channel_open_ok(channel),
             Event::Method { channel, method } => {
-                if mode & 4 == 4 && step % 3 == 0 {
+                if mode & 4 == 4 && step.is_multiple_of(3) {
                     conn.channel_error(channel, 404, "NOT_FOUND - fuzz", 50, 10);
                 } else if let AMQPClass::Basic(basic::AMQPMethod::Consume(c)) = *method {
                     conn.reply(
@@ -43,7 +43,7 @@ fn drive(conn: &mut Connection, mode: u8, step: u8) {
             }
             Event::Publish(p) => {
                 if let Some(tag) = p.confirm_tag {
-                    conn.confirm(p.channel, tag, mode & 8 == 8, step % 2 == 0);
+                    conn.confirm(p.channel, tag, mode & 8 == 8, step.is_multiple_of(2));
                 }
                 let content = Content {
                     exchange: p.exchange.as_str(),
@@ -61,7 +61,7 @@ fn drive(conn: &mut Connection, mode: u8, step: u8) {
         }
     }
     if mode & 16 == 16 {
-        if step % 2 == 0 {
+        if step.is_multiple_of(2) {
             conn.blocked("fuzz");
         } else {
             conn.unblocked();

@@ -1,0 +1,79 @@
+//! The cluster name (`/api/cluster-name`) and the global parameters it is one of
+//! (`/api/global-parameters`, RabbitMQ's `global_parameters` in definitions): FerryMQ has
+//! `cluster_name` only; a name set here or by an import is kept across restarts and
+//! takes the place of `http.cluster_name`.
+
+use axum::extract::Path;
+use axum::http::StatusCode;
+use axum::Json;
+use serde_json::{json, Value as Json_};
+
+use super::access::commit;
+use super::error::ApiError;
+use super::json::Body;
+use super::permit::{Administrator, Management, Permitted};
+use super::HttpContext;
+
+/// The one global parameter FerryMQ keeps.
+pub const CLUSTER_NAME: &str = "cluster_name";
+
+/// Why a global parameter of a definitions file or a call is not applied; `None` for
+/// the ones FerryMQ applies.
+pub fn unsupported(name: &str) -> Option<String> {
+    match name {
+        CLUSTER_NAME => None,
+        "internal_cluster_id" => Some("FerryMQ is one node and keeps no cluster id (RabbitMQ makes its own)".into()),
+        other => Some(format!("global parameter '{other}' is not supported")),
+    }
+}
+
+/// Sets and stores the cluster name.
+pub async fn set_cluster_name(ctx: &HttpContext, value: &Json_) -> Result<(), ApiError> {
+    let name = value
+        .as_str()
+        .filter(|n| !n.trim().is_empty())
+        .ok_or_else(|| ApiError::bad_request("the cluster name is a non-empty string"))?;
+    let stored = serde_json::to_string(name).map_err(|e| ApiError::internal(e.to_string()))?;
+    commit(ctx, ctx.broker.stores.access.put_global_parameter(CLUSTER_NAME, &stored)).await?;
+    ctx.access.set_cluster_name(name);
+    Ok(())
+}
+
+/// The global parameters as RabbitMQ lists them (and exports them).
+pub fn global_parameters(ctx: &HttpContext) -> Vec<Json_> {
+    vec![json!({ "name": CLUSTER_NAME, "value": ctx.access.cluster_name() })]
+}
+
+/// `GET /api/cluster-name`.
+pub async fn cluster_name(p: Permitted<Management>) -> Result<Json<Json_>, ApiError> {
+    Ok(Json(json!({ "name": p.ctx().access.cluster_name() })))
+}
+
+/// `PUT /api/cluster-name` with `{"name": ...}`.
+pub async fn put_cluster_name(p: Permitted<Administrator>, Body(body): Body<Json_>) -> Result<StatusCode, ApiError> {
+    set_cluster_name(p.ctx(), body.get("name").unwrap_or(&Json_::Null)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /api/global-parameters`.
+pub async fn list(p: Permitted<Administrator>) -> Result<Json<Json_>, ApiError> {
+    Ok(Json(Json_::Array(global_parameters(p.ctx()))))
+}
+
+/// `GET /api/global-parameters/{name}`.
+pub async fn get(p: Permitted<Administrator>, Path(name): Path<String>) -> Result<Json<Json_>, ApiError> {
+    global_parameters(p.ctx()).into_iter().find(|g| g["name"] == name).map(Json).ok_or_else(ApiError::not_found)
+}
+
+/// `PUT /api/global-parameters/{name}` with `{"value": ...}`: `cluster_name` only.
+pub async fn put(
+    p: Permitted<Administrator>,
+    Path(name): Path<String>,
+    Body(body): Body<Json_>,
+) -> Result<StatusCode, ApiError> {
+    if let Some(why) = unsupported(&name) {
+        return Err(ApiError::bad_request(why));
+    }
+    set_cluster_name(p.ctx(), body.get("value").unwrap_or(&Json_::Null)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
