@@ -334,7 +334,7 @@ pub async fn users(p: Permitted<Administrator>) -> Answer {
 pub async fn user(p: Permitted<Administrator>, Path(name): Path<String>) -> Answer {
     let ctx = p.ctx();
     let u = ctx.users.get(&name).ok_or_else(ApiError::not_found)?;
-    Ok(Json(user_json(&ctx, &u)))
+    Ok(Json(user_json(ctx, &u)))
 }
 
 /// The body of `PUT /api/users/{name}`.
