@@ -138,7 +138,7 @@ impl Bindings {
             Bindings::Topic(root) => {
                 // The empty key has no words (`#` matches it, `*` does not).
                 let words: Vec<&str> = if key.is_empty() { Vec::new() } else { key.split('.').collect() };
-                root.collect(&words, 0, key.starts_with('$'), out);
+                root.collect(&words, key.starts_with('$'), out);
             }
             Bindings::Headers(list) => out.extend(list.iter().filter(|b| headers_match(&b.args, headers))),
             Bindings::ConsistentHash(h) => {

@@ -190,6 +190,28 @@ pub enum RouteError {
     /// A message-deduplication exchange's `x-cache-*` arguments are invalid.
     #[error("{0}")]
     DedupArgument(#[from] DedupArgError),
+    /// A routing key of more than [`MAX_KEY_WORDS`] words (how many it has).
+    #[error("routing key of {0} words: at most {MAX_KEY_WORDS} are routed")]
+    RoutingKeyTooLong(usize),
+    /// A topic binding key of more than [`MAX_KEY_WORDS`] words (how many it has).
+    #[error("binding key of {0} words: a topic exchange takes at most {MAX_KEY_WORDS}")]
+    BindingKeyTooLong(usize),
+}
+
+/// The most words (`.`-separated) a routing key, and a topic exchange's binding key, may
+/// have: as many as an AMQP short string (255 bytes) can hold, so no AMQP client meets the
+/// limit, and MQTT topics and filters are held below it by `mqtt.max_topic_levels`. Longer
+/// keys are refused, which bounds what one route costs (see `topic_trie.rs`) and how deep
+/// the trie's walks go.
+pub const MAX_KEY_WORDS: usize = 256;
+
+/// The words of a routing or binding key, as the router splits it (the empty key has none).
+pub fn key_words(key: &str) -> usize {
+    if key.is_empty() {
+        0
+    } else {
+        key.bytes().filter(|&b| b == b'.').count() + 1
+    }
 }
 
 /// The exchanges of one virtual host, by name.
@@ -387,8 +409,9 @@ impl Router {
     }
 
     /// Adds (or replaces) a binding on an exchange; true if it is new. Compiles its tag
-    /// filter; refuses an invalid one, and a binding key that is not a weight on an
-    /// `x-consistent-hash` exchange.
+    /// filter; refuses an invalid one, a binding key that is not a weight on an
+    /// `x-consistent-hash` exchange, and one of more than [`MAX_KEY_WORDS`] words on a
+    /// topic exchange.
     pub fn bind(&self, vhost: &str, exchange: &str, mut binding: Binding) -> Result<bool, RouteError> {
         binding.compile_filter()?;
         let mut vhosts = self.vhosts.write();
@@ -397,6 +420,12 @@ impl Router {
             .exchanges
             .get_mut(exchange)
             .ok_or_else(|| RouteError::NoExchange(exchange.to_owned(), vhost.to_owned()))?;
+        if x.def.routing_kind() == ExchangeKind::Topic {
+            let words = key_words(&binding.key);
+            if words > MAX_KEY_WORDS {
+                return Err(RouteError::BindingKeyTooLong(words));
+            }
+        }
         if let Bindings::ConsistentHash(h) = &x.bindings {
             let weight = parse_weight(&binding.key)?;
             let others: u64 = h
@@ -525,7 +554,8 @@ impl Router {
     /// Every target of a publish of `msg` (its routing key, headers, properties and tag) to
     /// `exchange` by `publisher` (an MQTT client id, for no-local; "" otherwise). Follows
     /// exchange-to-exchange bindings and alternate exchanges. The flag says whether the
-    /// result depends only on (exchange, routing key, tag) and may be cached.
+    /// result depends only on (exchange, routing key, tag) and may be cached. A routing key
+    /// of more than [`MAX_KEY_WORDS`] words is refused.
     pub fn route(
         &self,
         vhost: &str,
@@ -544,6 +574,10 @@ impl Router {
         msg: &Message,
         publisher: &str,
     ) -> Result<(Routes, bool, Vec<Box<str>>), RouteError> {
+        let words = key_words(&msg.routing_key);
+        if words > MAX_KEY_WORDS {
+            return Err(RouteError::RoutingKeyTooLong(words));
+        }
         let vhosts = self.vhosts.read();
         let v = vhosts.get(vhost).ok_or_else(|| RouteError::NoVhost(vhost.to_owned()))?;
         if !v.exchanges.contains_key(exchange) {

@@ -90,29 +90,71 @@ impl Node {
         }
     }
 
-    /// Collects bindings matching `words[idx..]`. `dollar`: the key starts with `$`, which
-    /// a wildcard in the first position does not match (MQTT's rule for `$SYS` topics).
-    pub(super) fn collect<'a>(&'a self, words: &[&str], idx: usize, dollar: bool, out: &mut Vec<&'a Binding>) {
-        let wild_ok = !(idx == 0 && dollar);
+    /// Collects every binding whose pattern matches `words`, each once, in the order of a
+    /// depth-first walk. `dollar`: the key starts with `$`, which a wildcard in the first
+    /// position does not match (MQTT's rule for `$SYS` topics).
+    ///
+    /// A `#` swallows zero or more words, so with several `#` in a pattern the same
+    /// (node, position) pair is reached along many paths — exponentially many in the number
+    /// of `#` (`#.#.#.#.x` against 100 words never finished). The walk explores each pair
+    /// once: a node reached without a `#` above it is reached at one position only, and a
+    /// `#` node below another one remembers the first position it was explored from (it
+    /// was then explored from every later one too). So a route costs at most one step per
+    /// (node, position) pair: the exchange's pattern words times the key's words plus one.
+    /// Returns the steps taken (nodes visited).
+    pub(super) fn collect<'a>(&'a self, words: &[&str], dollar: bool, out: &mut Vec<&'a Binding>) -> usize {
+        let mut walk = Walk { words, dollar, explored: HashMap::new(), out, steps: 0 };
+        walk.node(self, 0, false);
+        walk.steps
+    }
+}
+
+/// One match of a routing key's words against the trie.
+struct Walk<'a, 'w, 'o> {
+    words: &'w [&'w str],
+    dollar: bool,
+    /// For each `#` node below another `#`: the first position it was explored from.
+    explored: HashMap<*const Node, usize>,
+    out: &'o mut Vec<&'a Binding>,
+    steps: usize,
+}
+
+impl<'a> Walk<'a, '_, '_> {
+    /// Matches `words[at..]` below `node`; `below_hash`: a `#` is on the way to it.
+    fn node(&mut self, node: &'a Node, at: usize, below_hash: bool) {
+        self.steps += 1;
+        let wild_ok = !(at == 0 && self.dollar);
         if wild_ok {
-            if let Some(hash) = &self.hash {
-                // `#` swallows zero or more words.
-                for k in idx..=words.len() {
-                    hash.collect(words, k, false, out);
-                }
+            if let Some(hash) = &node.hash {
+                self.hash(hash, at, below_hash);
             }
         }
-        let Some(word) = words.get(idx) else {
-            out.extend(self.here.iter());
+        let Some(word) = self.words.get(at) else {
+            self.out.extend(node.here.iter());
             return;
         };
-        if let Some(child) = self.children.get(*word) {
-            child.collect(words, idx + 1, dollar, out);
+        if let Some(child) = node.children.get(*word) {
+            self.node(child, at + 1, below_hash);
         }
         if wild_ok {
-            if let Some(star) = &self.star {
-                star.collect(words, idx + 1, dollar, out);
+            if let Some(star) = &node.star {
+                self.node(star, at + 1, below_hash);
             }
+        }
+    }
+
+    /// A `#` entered at `from`: it swallows the words up to each later position.
+    fn hash(&mut self, hash: &'a Node, from: usize, below_hash: bool) {
+        let mut end = self.words.len() + 1;
+        if below_hash {
+            // Explored from `first` means explored from every position after it as well
+            // (a node is never re-entered while its own walk is under way).
+            let first = self.explored.entry(hash as *const Node).or_insert(end);
+            end = (*first).max(from);
+            *first = (*first).min(from);
+        }
+        for k in from..end {
+            self.node(hash, k, true);
         }
     }
 }
@@ -121,6 +163,9 @@ impl Node {
 mod tests {
     use ferrymq_storage::QueueId;
 
+    use proptest::prelude::*;
+
+    use super::Node;
     use crate::core::router::tests::{amqp_hits, declare, mqtt_hits, opts, q};
     use crate::core::router::{Binding, ExchangeKind, Router};
 
@@ -157,5 +202,150 @@ mod tests {
         assert_eq!(amqp_hits(&r, "t", "a.x.y.b", &[]), vec![1, 3]);
         assert_eq!(amqp_hits(&r, "t", "a", &[]), vec![3]);
         assert_eq!(amqp_hits(&r, "t", "a.b.c.d", &[]), vec![3, 5]);
+    }
+
+    fn trie(patterns: &[String]) -> Node {
+        let mut root = Node::default();
+        for (n, p) in patterns.iter().enumerate() {
+            let words: Vec<String> = p.split('.').map(str::to_owned).collect();
+            root.insert(&words, Binding::queue(QueueId(n as u64), p, vec![]));
+        }
+        root
+    }
+
+    fn key_words(key: &str) -> Vec<&str> {
+        if key.is_empty() {
+            Vec::new()
+        } else {
+            key.split('.').collect()
+        }
+    }
+
+    fn ids(found: &[&Binding]) -> Vec<u64> {
+        found
+            .iter()
+            .map(|b| match &b.dest {
+                crate::core::router::Destination::Queue(q) => q.0,
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    }
+
+    /// The definition, by dynamic programming over (pattern word, key word): `*` is one
+    /// word, `#` zero or more, any other word itself; the empty key has no words; no
+    /// wildcard takes the first word of a key that starts with `$`.
+    fn reference(pattern: &str, key: &str) -> bool {
+        let p: Vec<&str> = pattern.split('.').collect();
+        let k = key_words(key);
+        let dollar = key.starts_with('$');
+        // m[i][j]: p[i..] matches k[j..].
+        let mut m = vec![vec![false; k.len() + 1]; p.len() + 1];
+        m[p.len()][k.len()] = true;
+        for i in (0..p.len()).rev() {
+            for j in (0..=k.len()).rev() {
+                let wild_ok = !(j == 0 && dollar);
+                m[i][j] = match p[i] {
+                    "#" => wild_ok && (m[i + 1][j] || (j < k.len() && m[i][j + 1])),
+                    "*" => wild_ok && j < k.len() && m[i + 1][j + 1],
+                    w => j < k.len() && k[j] == w && m[i + 1][j + 1],
+                };
+            }
+        }
+        m[0][0]
+    }
+
+    /// The walk before it remembered what it explored: every path, so a binding comes out
+    /// once per path that reaches it (exponentially many with several `#`).
+    fn every_path<'a>(node: &'a Node, words: &[&str], idx: usize, dollar: bool, out: &mut Vec<&'a Binding>) {
+        let wild_ok = !(idx == 0 && dollar);
+        if wild_ok {
+            if let Some(hash) = &node.hash {
+                for k in idx..=words.len() {
+                    every_path(hash, words, k, false, out);
+                }
+            }
+        }
+        let Some(word) = words.get(idx) else {
+            out.extend(node.here.iter());
+            return;
+        };
+        if let Some(child) = node.children.get(*word) {
+            every_path(child, words, idx + 1, dollar, out);
+        }
+        if wild_ok {
+            if let Some(star) = &node.star {
+                every_path(star, words, idx + 1, dollar, out);
+            }
+        }
+    }
+
+    fn pattern_word() -> impl Strategy<Value = &'static str> {
+        prop_oneof![3 => Just("#"), 2 => Just("*"), 2 => Just("a"), 1 => Just("b"), 1 => Just(""), 1 => Just("$s")]
+    }
+
+    fn key_word() -> impl Strategy<Value = &'static str> {
+        prop_oneof![4 => Just("a"), 2 => Just("b"), 1 => Just(""), 1 => Just("$s")]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+        /// The trie finds exactly the bindings the definition matches, each once, in the
+        /// order the exhaustive walk first found them.
+        #[test]
+        fn the_trie_matches_as_the_definition(
+            patterns in prop::collection::vec(prop::collection::vec(pattern_word(), 1..8), 1..8),
+            keys in prop::collection::vec(prop::collection::vec(key_word(), 0..10), 1..6),
+        ) {
+            let patterns: Vec<String> = patterns.iter().map(|p| p.join(".")).collect();
+            let root = trie(&patterns);
+            for key in keys.iter().map(|k| k.join(".")) {
+                let words = key_words(&key);
+                let dollar = key.starts_with('$');
+                let mut found = Vec::new();
+                root.collect(&words, dollar, &mut found);
+                let found = ids(&found);
+                let mut expected: Vec<u64> =
+                    (0..patterns.len()).filter(|&n| reference(&patterns[n], &key)).map(|n| n as u64).collect();
+                let mut sorted = found.clone();
+                sorted.sort_unstable();
+                expected.sort_unstable();
+                prop_assert_eq!(&sorted, &expected, "patterns {:?}, key {:?}", patterns, key);
+                let mut before = Vec::new();
+                every_path(&root, &words, 0, dollar, &mut before);
+                let mut first_seen = Vec::new();
+                for n in ids(&before) {
+                    if !first_seen.contains(&n) {
+                        first_seen.push(n);
+                    }
+                }
+                prop_assert_eq!(found, first_seen, "patterns {:?}, key {:?}", patterns, key);
+            }
+        }
+    }
+
+    /// `#` words over a 127-word key: the walk takes at most one step per (node, position)
+    /// pair (the exhaustive walk takes C(127 + n, n) paths: 10^17 for n = 12).
+    #[test]
+    fn many_hash_words_take_polynomial_steps() {
+        let key: Vec<String> = (0..127).map(|i| format!("w{}", i % 7)).collect();
+        let key = key.join(".");
+        let words = key_words(&key);
+        for hashes in [1, 3, 6, 12, 64, 127] {
+            for tail in ["x", "w6", "#", "*"] {
+                let pattern = format!("{}.{tail}", vec!["#"; hashes].join("."));
+                let root = trie(std::slice::from_ref(&pattern));
+                let mut found = Vec::new();
+                let steps = root.collect(&words, false, &mut found);
+                let nodes = hashes + 2;
+                assert!(steps <= nodes * (words.len() + 1), "{pattern}: {steps} steps");
+                assert_eq!(found.len(), usize::from(reference(&pattern, &key)), "{pattern}");
+            }
+        }
+        // Interleaved words and a star: still one step per pair at most.
+        let pattern = "#.w1.#.*.#.w3.#.w5.#.*.#.x";
+        let root = trie(&[pattern.to_owned()]);
+        let steps = root.collect(&words, false, &mut Vec::new());
+        assert!(steps <= 14 * 128, "{steps} steps");
     }
 }
