@@ -187,6 +187,21 @@ pub async fn remove(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// The longest routing or binding key the API takes: what AMQP carries (a short string,
+/// 255 bytes), so that the API publishes and binds what an AMQP client could.
+pub const MAX_KEY_BYTES: usize = 255;
+
+/// 400 for a key longer than [`MAX_KEY_BYTES`].
+fn check_key(field: &str, key: &str) -> Result<(), ApiError> {
+    if key.len() > MAX_KEY_BYTES {
+        return Err(ApiError::bad_request(format!(
+            "{field} is {} bytes long; at most {MAX_KEY_BYTES} (an AMQP short string)",
+            key.len()
+        )));
+    }
+    Ok(())
+}
+
 /// The body of `POST /api/exchanges/{vhost}/{name}/publish`.
 #[derive(Debug, Deserialize)]
 pub struct PublishBody {
@@ -239,6 +254,7 @@ pub async fn publish(
     Body(body): Body<PublishBody>,
 ) -> Answer {
     caller.require(Access::Management)?;
+    check_key("routing_key", &body.routing_key)?;
     let name = default_exchange(name);
     caller.permitted(&ctx.authz, &vhost, ResourceKind::Exchange, &name, Permission::Write)?;
     if ctx.broker.router.exchange(&vhost, &name).is_some_and(|x| x.kind == ExchangeKind::Topic) {
@@ -385,6 +401,9 @@ pub struct BindingSpec<'a> {
 /// the binding.
 pub async fn set_binding(ctx: &HttpContext, vhost: &str, spec: BindingSpec<'_>, bind: bool) -> Result<(), ApiError> {
     let BindingSpec { source, dest_type, dest, key, args } = spec;
+    if bind {
+        check_key("routing_key", key)?;
+    }
     if source.is_empty() {
         return Err(ApiError::bad_request("operation not permitted on the default exchange"));
     }

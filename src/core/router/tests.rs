@@ -92,3 +92,21 @@ fn auto_delete_and_unbind_all() {
     assert!(r.exchange("/", "amq.topic").is_some());
     assert_eq!(r.delete_exchange("/", "missing", false), Err(RouteError::NoExchange("missing".into(), "/".into())));
 }
+
+#[test]
+fn keys_of_more_than_256_words_are_refused() {
+    let r = Router::new();
+    declare(&r, "t", ExchangeKind::Topic, false, vec![]);
+    let words = |n: usize| vec!["#"; n].join(".");
+    r.bind("/", "t", Binding::queue(QueueId(1), &words(MAX_KEY_WORDS), vec![])).unwrap();
+    let e = r.bind("/", "t", Binding::queue(QueueId(2), &words(MAX_KEY_WORDS + 1), vec![]));
+    assert_eq!(e, Err(RouteError::BindingKeyTooLong(257)));
+    // A direct exchange compares keys whole: any length binds.
+    r.bind("/", "amq.direct", Binding::queue(QueueId(3), &words(1000), vec![])).unwrap();
+    let key = |n: usize| vec!["a"; n].join(".");
+    assert_eq!(amqp_hits(&r, "t", &key(MAX_KEY_WORDS), &[]), vec![1]);
+    let e = r.route("/", "t", &msg(&key(MAX_KEY_WORDS + 1), &[]), "").map(|_| ());
+    assert_eq!(e, Err(RouteError::RoutingKeyTooLong(257)));
+    assert_eq!(key_words(""), 0);
+    assert_eq!(key_words("."), 2);
+}
