@@ -22,6 +22,8 @@
 //!
 //! - [`config`] — embedded default + environment + file + flags.
 //! - [`server`] — listeners, connection limit, start-up restore, shutdown.
+//! - [`shutdown`] — signals on a thread of their own; the shutdown deadline, and what a
+//!   forced exit logs.
 //! - [`core`] — message, routing table, queues, streams, scheduler, retained, stores,
 //!   counters: everything both protocols share. Only the core calls the journal.
 //! - [`mqtt`] — the MQTT front-end (connections, sessions, shared groups, `$SYS`).
@@ -48,6 +50,7 @@ pub mod ctl;
 pub mod http;
 pub mod mqtt;
 pub mod server;
+pub mod shutdown;
 pub mod socket;
 pub mod tls;
 pub mod websocket;

@@ -28,6 +28,7 @@ use crate::core::store::AccessRecords;
 use crate::http::{HttpContext, ListenerInfo};
 use crate::mqtt::session::Control;
 use crate::mqtt::{self, LoginRule, MqttContext, MqttLogins};
+use crate::shutdown::Progress;
 
 /// A listener that cannot be opened because of its configuration (the process exits with
 /// code 2, like other configuration errors).
@@ -80,6 +81,8 @@ pub struct Server {
     grace: Duration,
     /// The shovels (stopped first at shutdown: their connections are clients of ours).
     shovels: Arc<crate::bridge::shovel::Shovels>,
+    /// How far a shutdown got (what a forced exit logs).
+    progress: Arc<Progress>,
 }
 
 impl Server {
@@ -145,6 +148,7 @@ impl Server {
         let max_connections = config.mqtt.max_connections.min(Semaphore::MAX_PERMITS).min(u32::MAX as usize) as u32;
         let connections = Arc::new(Semaphore::new(max_connections as usize));
         let (stop_accepting, stop_rx) = watch::channel(false);
+        let progress = Arc::new(Progress::new(broker.clone()));
         let mut server = Server {
             mqtt_addr: None,
             mqtts_addr: None,
@@ -165,6 +169,7 @@ impl Server {
             stop_accepting,
             grace: Duration::from_secs(config.broker.shutdown_grace_secs),
             shovels: Arc::new(crate::bridge::shovel::Shovels::new(None, None)),
+            progress,
         };
         let verify = crate::tls::VerifyClient::parse(&config.tls.verify_client);
         let tls = || crate::tls::acceptor(&config.tls.cert, &config.tls.key, &config.tls.client_ca, verify);
@@ -383,17 +388,31 @@ impl Server {
         }
     }
 
+    /// How far a shutdown got: what a forced exit logs (see [`crate::shutdown`]).
+    pub fn progress(&self) -> Arc<Progress> {
+        self.progress.clone()
+    }
+
     /// Stops accepting, asks every connection to close (MQTT 5: DISCONNECT 0x8B), waits for
-    /// them up to the grace period, then flushes and closes the journal.
+    /// them up to the grace period less the time kept for the final flush (a fifth of it, at
+    /// most a second), then flushes and closes the journal. The signal thread exits the
+    /// process should this not be done by the end of the grace period.
     pub async fn shutdown(self) {
+        let began = tokio::time::Instant::now();
+        self.progress.phase("stopping shovels and listeners");
         self.shovels.stop_all();
         let _ = self.stop_accepting.send(true);
         self.mqtt.sessions.tell_online(|| Control::Shutdown);
         self.amqp.shutdown();
-        let all = self.connections.acquire_many(self.max_connections);
-        if tokio::time::timeout(self.grace, all).await.is_err() {
-            warn!("connections still open after the grace period");
+        self.progress.phase("waiting for connections to close");
+        let until = began + self.grace - (self.grace / 5).min(Duration::from_secs(1));
+        if tokio::time::timeout_at(until, self.connections_closed()).await.is_err() {
+            warn!(
+                still_running = %self.progress.describe(),
+                "connections still open at the end of the grace period; stopping without them"
+            );
         }
+        self.progress.phase("settling and flushing the journal");
         // Settlements the closed connections sent without waiting (PUBREC, acks) reach the
         // journal before its last flush.
         self.broker.shards.barrier().await;
@@ -401,6 +420,7 @@ impl Server {
         if let Err(e) = journal.flush().await {
             warn!(error = %e, "final journal flush failed");
         }
+        self.progress.phase("closing the journal");
         let _ = tokio::task::spawn_blocking({
             let journal = journal.clone();
             move || journal.close()
@@ -415,6 +435,35 @@ impl Server {
             log_bytes = stats.log_bytes,
             "stopped"
         );
+    }
+}
+
+impl Server {
+    /// Takes the connection permits back as connections close (for good: nothing is
+    /// accepted any more), keeping count of those still open.
+    async fn connections_closed(&self) {
+        let all = u64::from(self.max_connections);
+        let mut closed = 0u64;
+        loop {
+            let free = u32::try_from(self.connections.available_permits()).unwrap_or(u32::MAX);
+            if free > 0 {
+                if let Ok(permits) = self.connections.try_acquire_many(free) {
+                    permits.forget();
+                    closed += u64::from(free);
+                }
+            }
+            self.progress.open(all.saturating_sub(closed));
+            if closed >= all {
+                return;
+            }
+            match self.connections.acquire().await {
+                Ok(permit) => {
+                    permit.forget();
+                    closed += 1;
+                }
+                Err(_) => return,
+            }
+        }
     }
 }
 
