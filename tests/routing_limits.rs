@@ -97,7 +97,8 @@ async fn the_http_api_takes_the_routing_and_binding_keys_amqp_could_carry() {
     assert!(status.is_success(), "{status}: {body}");
     // A routing key of 5,000 words: 400, as no AMQP client could send it.
     let huge = vec!["a"; 5000].join(".");
-    let publish = |key: &str| json!({"routing_key": key, "payload": "x", "payload_encoding": "string", "properties": {}});
+    let publish =
+        |key: &str| json!({"routing_key": key, "payload": "x", "payload_encoding": "string", "properties": {}});
     let (status, body) = api.post("/api/exchanges/%2f/amq.topic/publish", publish(&huge)).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     assert!(body["reason"].as_str().is_some_and(|r| r.contains("255")), "{body}");
