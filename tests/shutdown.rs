@@ -45,39 +45,44 @@ async fn sigterm_stops_the_broker_while_publishes_route_through_many_hash_words(
         let pattern = format!("{}.x", vec!["#"; n].join("."));
         bind(&ch, "sink", "hostile", &pattern, FieldTable::default()).await;
     }
-    // One publisher more than the broker has runtime workers, each publishing keys of 127
-    // words as fast as its confirms come back (bounded in count).
+    // One publisher more than the broker has runtime workers, all connected first; each
+    // then publishes keys of 127 words as fast as its confirms come back (bounded).
     let workers = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
     let key = vec!["a"; 127].join(".");
-    let mut first = Vec::new();
-    let mut publishers = Vec::new();
+    let mut channels = Vec::new();
     for _ in 0..=workers {
         let conn = connect_uri(&uri).await.expect("connect");
         let ch = open_channel(&conn).await;
         confirm_select(&ch).await;
-        let c = publish_opts(&ch, "hostile", &key, Default::default(), b"first", BasicProperties::default()).await;
-        first.push(c);
+        channels.push((conn, ch));
+    }
+    let mut publishers = Vec::new();
+    let (sent_tx, mut sent) = tokio::sync::mpsc::unbounded_channel();
+    for (conn, ch) in channels {
         let key = key.clone();
+        let sent_tx = sent_tx.clone();
         publishers.push(tokio::spawn(async move {
             let _conn = conn;
-            for _ in 0..10_000 {
-                let props = BasicProperties::default();
-                let Ok(Ok(c)) = tokio::time::timeout(
-                    WAIT,
-                    ch.basic_publish("hostile".into(), key.as_str().into(), Default::default(), b"more", props),
-                )
-                .await
-                else {
-                    return;
-                };
-                if !matches!(tokio::time::timeout(WAIT, c).await, Ok(Ok(_))) {
+            for i in 0..10_000 {
+                let publish = ch.basic_publish(
+                    "hostile".into(),
+                    key.as_str().into(),
+                    Default::default(),
+                    b"hostile",
+                    BasicProperties::default(),
+                );
+                let Ok(Ok(confirm)) = tokio::time::timeout(WAIT, publish).await else { return };
+                if i == 0 {
+                    let _ = sent_tx.send(());
+                }
+                if !matches!(tokio::time::timeout(WAIT, confirm).await, Ok(Ok(_))) {
                     return;
                 }
             }
         }));
     }
-    for c in first {
-        bounded("publisher confirm", c).await.expect("confirm");
+    for _ in 0..=workers {
+        bounded("a first publish written", sent.recv()).await.expect("a publisher ended");
     }
     // The publishers are still at it: SIGTERM stops the broker cleanly within its grace.
     b.signal("TERM");
