@@ -70,6 +70,11 @@ async fn other_clients_are_served_while_publishes_route_through_many_hash_words(
     }
     assert_eq!(queue_counts(&ch, "hit").await.expect("hit").0, 8);
     assert_eq!(queue_counts(&ch, "sink").await.expect("sink").0, 0);
+    // One binding key of 12 `#` routes on the publisher's worker: nothing went off them.
+    let (status, metrics) = api.get("/metrics").await;
+    assert_eq!(status, StatusCode::OK);
+    let metrics = metrics.as_str().unwrap_or_default().to_owned();
+    assert!(metrics.lines().any(|l| l == "ferrymq_routes_off_worker_total 0"), "{metrics}");
 }
 
 /// The longest key AMQP carries (255 bytes, 256 words: all empty) against a binding key of

@@ -175,6 +175,12 @@ pub fn render(ctx: &HttpContext) -> String {
         "Subscribers disconnected as slow consumers",
         Stats::get(&s.slow_consumers),
     );
+    counter(
+        &mut r,
+        "ferrymq_routes_off_worker",
+        "Routes whose walk of a topic exchange was long (bindings of many wildcards) and finished off the runtime's workers",
+        b.router.long_routes(),
+    );
     counter(&mut r, "ferrymq_mqtt_bytes_received", "Bytes read from MQTT connections", Stats::get(&s.bytes_received));
     counter(&mut r, "ferrymq_mqtt_bytes_sent", "Bytes written to MQTT connections", Stats::get(&s.bytes_sent));
     gauge(&mut r, "ferrymq_mqtt_retained_messages", "Retained messages", b.retained.len() as u64);

@@ -110,3 +110,30 @@ fn keys_of_more_than_256_words_are_refused() {
     assert_eq!(key_words(""), 0);
     assert_eq!(key_words("."), 2);
 }
+
+/// Bindings of many wildcards, distinct, against a long key: the route passes the steps it
+/// may take on a runtime worker, ends off the workers and is counted; it finds the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_route_is_counted_and_routed_all_the_same() {
+    let r = Router::new();
+    declare(&r, "t", ExchangeKind::Topic, false, vec![]);
+    let mut seed = 0x9E37_79B9_7F4A_7C15_u64;
+    for n in 0..600 {
+        let words: Vec<&str> = (0..20)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                ["#", "*", "a", "a"][(seed % 4) as usize]
+            })
+            .chain(["x"])
+            .collect();
+        r.bind("/", "t", Binding::queue(QueueId(n), &words.join("."), vec![])).unwrap();
+    }
+    r.bind("/", "t", Binding::queue(QueueId(1000), "#.a.#.x", vec![])).unwrap();
+    assert_eq!(r.long_routes(), 0);
+    let key = format!("{}.x", vec!["a"; 126].join("."));
+    let hits = amqp_hits(&r, "t", &key, &[]);
+    assert!(hits.contains(&1000), "{hits:?}");
+    assert_eq!(r.long_routes(), 1);
+}
