@@ -14,9 +14,10 @@
 //! (min, median, p99, max). A publish not confirmed within TIMEOUT_SECS ends the run: the
 //! broker is stuck (the exponential matcher), and is killed.
 //!
-//! Part 2, in process: the same patterns in a [`Router`] (n up to 127 `#` words), and
-//! 1,000 distinct bindings of 32 `#`/`*` words each on one exchange, routed with 127-word
-//! keys (the linear-in-bindings worst case), median and max per route.
+//! Part 2, in process: the same patterns in a [`Router`] (n up to 126 `#` words, stored as
+//! one), the costliest single binding key (`#.a.#.a. ... .x`, 127 words), and 1,000
+//! distinct bindings of 32 `#`/`*`/`a` words each on one exchange (the cost grows with the
+//! bindings; such a walk ends off the runtime's workers), routed with 127-word keys.
 //!
 //! `BENCH_FERRYMQ_BINARY=/path/to/ferrymq` runs part 1 against another build (e.g. one of
 //! main before the matcher was fixed), for a side-by-side comparison.
@@ -169,6 +170,13 @@ fn router_part(routes: usize) {
         let [min, median, p99, max] = route_times(&router, &name, routes);
         println!("| one: `#` x {n} | {} | {} | {} | {} |", show(min), show(median), show(p99), show(max));
     }
+    // The costliest single binding key: `#` separated by words the key has, so that each
+    // of its 127 words can be live at each of the key's positions.
+    topic_exchange(&router, "spaced");
+    let spaced = format!("{}x", "#.a.".repeat(63));
+    router.bind("/", "spaced", Binding::queue(ferrymq_storage::QueueId(1), &spaced, vec![])).unwrap();
+    let [min, median, p99, max] = route_times(&router, "spaced", routes);
+    println!("| one: `#.a.` x 63 then `x` | {} | {} | {} | {} |", show(min), show(median), show(p99), show(max));
     // Many distinct patterns, each of 32 words drawn from `#`, `*` and `a`, ending in a word
     // no key has: every node of every pattern can be live at many key positions.
     topic_exchange(&router, "many");
