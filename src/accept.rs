@@ -317,13 +317,16 @@ impl SocketBudget {
         self.counts.lock().used[class.index()]
     }
 
-    /// Waits until none of `classes` holds a socket.
-    pub async fn drained(&self, classes: &[SocketClass]) {
+    /// Waits until none of `classes` holds a socket, telling `open` how many they still
+    /// hold each time one is released.
+    pub async fn drained(&self, classes: &[SocketClass], mut open: impl FnMut(usize)) {
         loop {
             let released = self.released.notified();
             tokio::pin!(released);
             released.as_mut().enable();
-            if classes.iter().all(|c| self.open(*c) == 0) {
+            let now: usize = classes.iter().map(|c| self.open(*c)).sum();
+            open(now);
+            if now == 0 {
                 return;
             }
             released.await;
@@ -400,7 +403,7 @@ mod tests {
         let p = b.admit(SocketClass::Amqp).unwrap();
         let waiter = tokio::spawn({
             let b = b.clone();
-            async move { b.drained(&[SocketClass::Amqp, SocketClass::Mqtt]).await }
+            async move { b.drained(&[SocketClass::Amqp, SocketClass::Mqtt], |_| ()).await }
         });
         tokio::task::yield_now().await;
         assert!(!waiter.is_finished());

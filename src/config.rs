@@ -166,7 +166,10 @@ pub struct MqttSection {
     /// clean session's buffer is always dropped for that subscriber ("wait" is warned about).
     #[serde(default)]
     pub qos0_when_full: String,
-    /// Topic level limit (0 = none).
+    /// Most levels in a topic name or filter, at most [`MAX_KEY_WORDS`] (0 is read as that
+    /// ceiling: a topic of more levels could not be routed).
+    ///
+    /// [`MAX_KEY_WORDS`]: crate::core::router::MAX_KEY_WORDS
     pub max_topic_levels: usize,
     /// Topic Alias Maximum granted to clients.
     pub topic_alias_maximum: u16,
@@ -502,8 +505,12 @@ impl Config {
         builder = set(builder, "prometheus.listen", &overrides.prometheus_listen)?;
         builder = set(builder, "http.load_definitions", &overrides.definitions)?;
         builder = set(builder, "broker.log", &overrides.log)?;
-        let cfg: Config = builder.build()?.try_deserialize()?;
+        let mut cfg: Config = builder.build()?.try_deserialize()?;
         cfg.validate()?;
+        if cfg.mqtt.max_topic_levels == 0 {
+            // "Unlimited" in older files: as many as the router takes.
+            cfg.mqtt.max_topic_levels = crate::core::router::MAX_KEY_WORDS;
+        }
         Ok(cfg)
     }
 
@@ -653,6 +660,16 @@ impl Config {
         if self.http.idle_timeout_secs == 0 {
             return invalid("http.idle_timeout_secs", "must be > 0".into());
         }
+        if self.mqtt.max_topic_levels > crate::core::router::MAX_KEY_WORDS {
+            return invalid(
+                "mqtt.max_topic_levels",
+                format!(
+                    "{} is more than {}, the most words a routing key has (0 means {1})",
+                    self.mqtt.max_topic_levels,
+                    crate::core::router::MAX_KEY_WORDS
+                ),
+            );
+        }
         if self.mqtt.max_online_queue == 0 {
             return invalid("mqtt.max_online_queue", "must be > 0".into());
         }
@@ -792,6 +809,15 @@ mod tests {
         let o = Overrides { config_file: Some(file), mqtt_listen: Some("127.0.0.1:3000".into()), ..Default::default() };
         let c = load(&o, &env).unwrap();
         assert_eq!(c.mqtt.listen, "127.0.0.1:3000");
+    }
+
+    #[test]
+    fn topic_levels_are_bounded_by_what_the_router_takes() {
+        let levels = |v: &str| load(&Overrides::default(), &[("FERRYMQ_MQTT__MAX_TOPIC_LEVELS", v)]);
+        assert_eq!(levels("0").unwrap().mqtt.max_topic_levels, 256, "0 (once: unlimited) is the ceiling");
+        assert_eq!(levels("256").unwrap().mqtt.max_topic_levels, 256);
+        let err = levels("257").unwrap_err().to_string();
+        assert!(err.contains("mqtt.max_topic_levels") && err.contains("256"), "{err}");
     }
 
     #[test]

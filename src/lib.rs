@@ -25,6 +25,8 @@
 //!   files, rules, every listener bound).
 //! - [`server`] — listeners, start-up restore, shutdown.
 //! - [`accept`] — what the accept loops may take: connection caps and the open-files budget.
+//! - [`shutdown`] — signals on a thread of their own; the shutdown deadline, and what a
+//!   forced exit logs.
 //! - [`core`] — message, routing table, queues, streams, scheduler, retained, stores,
 //!   counters: everything both protocols share. Only the core calls the journal.
 //! - [`mqtt`] — the MQTT front-end (connections, sessions, shared groups, `$SYS`).
@@ -56,6 +58,7 @@ pub mod mqtt;
 pub mod origin;
 pub mod preflight;
 pub mod server;
+pub mod shutdown;
 pub mod socket;
 pub mod tls;
 pub mod websocket;

@@ -1,5 +1,7 @@
 //! The `ferrymq` binary: parse flags, load the configuration, run the broker until SIGINT
-//! or SIGTERM, then shut down cleanly (exit 0). `ferrymq ctl ...` is the admin CLI instead.
+//! or SIGTERM, then shut down cleanly (exit 0); a second signal, or a shutdown still under
+//! way at the end of `broker.shutdown_grace_secs`, exits at once (code 1, see
+//! [`ferrymq::shutdown`]). `ferrymq ctl ...` is the admin CLI instead.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -8,6 +10,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use ferrymq::config::{Config, Overrides};
 use ferrymq::server::Server;
+use ferrymq::shutdown::{Signal, Signals};
 use tracing_subscriber::EnvFilter;
 
 /// mimalloc rather than glibc malloc: the broker allocates and frees small buffers on every
@@ -113,9 +116,13 @@ fn main() -> anyhow::Result<()> {
         .init();
     log_start(&config, &overrides);
     raise_open_files_limit();
+    // Before the runtime: a SIGTERM sent as soon as READY is read must stop the broker, and
+    // one the runtime is too busy to take must still stop the process.
+    let signals = Signals::start(std::time::Duration::from_secs(config.broker.shutdown_grace_secs))
+        .context("cannot install the signal handlers")?;
     let runtime =
         tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the runtime")?;
-    runtime.block_on(run(config, overrides))
+    runtime.block_on(run(config, overrides, signals))
 }
 
 /// The `--log` filter, with the AMQP client library the shovels use (`lapin`) silenced
@@ -167,12 +174,8 @@ fn raise_open_files_limit() {
     }
 }
 
-async fn run(config: Config, overrides: Overrides) -> anyhow::Result<()> {
-    // Handlers first: a SIGTERM sent as soon as READY is read must stop the broker cleanly.
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    let mut hup = signal(SignalKind::hangup())?;
+async fn run(config: Config, overrides: Overrides, mut signals: Signals) -> anyhow::Result<()> {
+    let grace_secs = config.broker.shutdown_grace_secs;
     let server = match Server::start(config).await {
         Ok(s) => s,
         Err(e)
@@ -184,23 +187,23 @@ async fn run(config: Config, overrides: Overrides) -> anyhow::Result<()> {
         }
         Err(e) => return Err(e),
     };
+    signals.watch(server.progress());
     tracing::info!("{}", server.ready_line());
     {
         let mut out = std::io::stdout().lock();
         writeln!(out, "{}", server.ready_line())?;
         out.flush()?;
     }
-    loop {
-        tokio::select! {
-            _ = term.recv() => break,
-            _ = int.recv() => break,
-            _ = hup.recv() => match Config::load(&overrides, std::env::vars()) {
-                Ok(config) => server.reload(&config),
-                Err(e) => tracing::warn!(error = %e, "SIGHUP: configuration not reloaded"),
-            },
+    while signals.recv().await == Signal::Reload {
+        match Config::load(&overrides, std::env::vars()) {
+            Ok(config) => server.reload(&config),
+            Err(e) => tracing::warn!(error = %e, "SIGHUP: configuration not reloaded"),
         }
     }
-    tracing::info!("shutting down");
+    tracing::info!(
+        grace_secs,
+        "shutting down (a second SIGTERM or SIGINT exits at once, logging what is still running)"
+    );
     server.shutdown().await;
     Ok(())
 }

@@ -30,6 +30,7 @@ use crate::http::{HttpContext, ListenerInfo};
 use crate::mqtt::session::Control;
 use crate::mqtt::{self, LoginRule, MqttContext, MqttLogins};
 use crate::preflight::Preflight;
+use crate::shutdown::Progress;
 
 pub use crate::preflight::{ListenError, StartError};
 
@@ -67,6 +68,8 @@ pub struct Server {
     shovels: Arc<crate::bridge::shovel::Shovels>,
     /// The data directory's lock, held while the broker runs.
     _data_dir_lock: std::fs::File,
+    /// How far a shutdown got (what a forced exit logs).
+    progress: Arc<Progress>,
 }
 
 impl Server {
@@ -158,6 +161,7 @@ impl Server {
             &active_socket_classes(&config),
         );
         let (stop_accepting, stop_rx) = watch::channel(false);
+        let progress = Arc::new(Progress::new(broker.clone()));
         let mut server = Server {
             mqtt_addr: None,
             mqtts_addr: None,
@@ -178,6 +182,7 @@ impl Server {
             grace: Duration::from_secs(config.broker.shutdown_grace_secs),
             shovels: Arc::new(crate::bridge::shovel::Shovels::new(None, None)),
             _data_dir_lock: pre.data_dir_lock,
+            progress,
         };
         let tls = pre.tls.clone();
         use Kind::{Amqp, Mqtt, MqttWs};
@@ -398,17 +403,35 @@ impl Server {
         }
     }
 
+    /// How far a shutdown got: what a forced exit logs (see [`crate::shutdown`]).
+    pub fn progress(&self) -> Arc<Progress> {
+        self.progress.clone()
+    }
+
     /// Stops accepting, asks every connection to close (MQTT 5: DISCONNECT 0x8B), waits for
-    /// them up to the grace period, then flushes and closes the journal.
+    /// them up to the grace period less the time kept for the final flush (a fifth of it, at
+    /// most a second), then flushes and closes the journal. The signal thread exits the
+    /// process should this not be done by the end of the grace period.
     pub async fn shutdown(self) {
+        let began = tokio::time::Instant::now();
+        self.progress.phase("stopping shovels and listeners");
         self.shovels.stop_all();
         let _ = self.stop_accepting.send(true);
         self.mqtt.sessions.tell_online(|| Control::Shutdown);
         self.amqp.shutdown();
-        let all = self.sockets.drained(&[SocketClass::Mqtt, SocketClass::MqttWs, SocketClass::Amqp]);
-        if tokio::time::timeout(self.grace, all).await.is_err() {
-            warn!("connections still open after the grace period");
+        self.progress.phase("waiting for connections to close");
+        let until = began + self.grace - (self.grace / 5).min(Duration::from_secs(1));
+        let progress = &self.progress;
+        let all = self
+            .sockets
+            .drained(&[SocketClass::Mqtt, SocketClass::MqttWs, SocketClass::Amqp], |n| progress.open(n as u64));
+        if tokio::time::timeout_at(until, all).await.is_err() {
+            warn!(
+                still_running = %self.progress.describe(),
+                "connections still open at the end of the grace period; stopping without them"
+            );
         }
+        self.progress.phase("settling and flushing the journal");
         // Settlements the closed connections sent without waiting (PUBREC, acks) reach the
         // journal before its last flush.
         self.broker.shards.barrier().await;
@@ -416,6 +439,7 @@ impl Server {
         if let Err(e) = journal.flush().await {
             warn!(error = %e, "final journal flush failed");
         }
+        self.progress.phase("closing the journal");
         let _ = tokio::task::spawn_blocking({
             let journal = journal.clone();
             move || journal.close()

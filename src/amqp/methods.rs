@@ -943,9 +943,11 @@ pub fn route_fail(e: RouteError, vhost: &str) -> Fail {
         RouteError::NoVhost(v) => {
             Fail { code: 530, text: format!("NOT_ALLOWED - vhost {v} not found"), connection: true }
         }
-        e @ (RouteError::TagFilter(_) | RouteError::HashArgument(_) | RouteError::DedupArgument(_)) => {
-            channel_fail(406, format!("PRECONDITION_FAILED - {e}"))
-        }
+        e @ (RouteError::TagFilter(_)
+        | RouteError::HashArgument(_)
+        | RouteError::DedupArgument(_)
+        | RouteError::RoutingKeyTooLong(_)
+        | RouteError::BindingKeyTooLong(_)) => channel_fail(406, format!("PRECONDITION_FAILED - {e}")),
     }
 }
 

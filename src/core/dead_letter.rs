@@ -99,7 +99,7 @@ async fn to_exchange(broker: &Broker, d: &DeadLetter, target: &DeadLetterTarget,
             Vec::new()
         }
         Err(e) => {
-            warn!(queue = %d.config.name, error = %e, "dead-letter exchange missing; message dropped");
+            warn!(queue = %d.config.name, error = %e, "cannot route to the dead-letter exchange (gone, or the key is too long); message dropped");
             removal
         }
     }

@@ -152,6 +152,21 @@ pub async fn remove(p: Permitted<OnExchange<Configure>>, Query(q): Query<DeleteQ
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// The longest routing or binding key the API takes: what AMQP carries (a short string,
+/// 255 bytes), so that the API publishes and binds what an AMQP client could.
+pub const MAX_KEY_BYTES: usize = 255;
+
+/// 400 for a key longer than [`MAX_KEY_BYTES`].
+fn check_key(field: &str, key: &str) -> Result<(), ApiError> {
+    if key.len() > MAX_KEY_BYTES {
+        return Err(ApiError::bad_request(format!(
+            "{field} is {} bytes long; at most {MAX_KEY_BYTES} (an AMQP short string)",
+            key.len()
+        )));
+    }
+    Ok(())
+}
+
 /// The body of `POST /api/exchanges/{vhost}/{name}/publish`.
 #[derive(Debug, Deserialize)]
 pub struct PublishBody {
@@ -198,6 +213,7 @@ fn properties_from(p: &Map<String, Json_>, now: u64) -> Properties {
 /// `POST /api/exchanges/{vhost}/{name}/publish`: routed and stored as an AMQP publish
 /// with confirms would be; answers once the message is durable.
 pub async fn publish(p: Permitted<OnExchange<Write>>, Body(body): Body<PublishBody>) -> Answer {
+    check_key("routing_key", &body.routing_key)?;
     let (ctx, vhost, name) = (p.ctx(), p.vhost.as_str(), p.name.clone());
     let topic = ctx.broker.router.exchange(vhost, &name).is_some_and(|x| x.kind == ExchangeKind::Topic);
     p.publish(&name, topic, &body.routing_key)?;
@@ -342,6 +358,9 @@ pub async fn set_binding(
     _checked: BindingGrant,
 ) -> Result<(), ApiError> {
     let BindingSpec { source, dest_type, dest, key, args } = spec;
+    if bind {
+        check_key("routing_key", key)?;
+    }
     if source.is_empty() {
         return Err(ApiError::bad_request("operation not permitted on the default exchange"));
     }

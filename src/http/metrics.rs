@@ -197,6 +197,12 @@ pub fn render(ctx: &HttpContext) -> String {
         "MQTT WebSocket upgrades refused for their browser Origin (403)",
         Stats::get(&s.ws_origin_refused),
     );
+    counter(
+        &mut r,
+        "ferrymq_routes_off_worker",
+        "Routes whose walk of a topic exchange was long (bindings of many wildcards) and finished off the runtime's workers",
+        b.router.long_routes(),
+    );
     counter(&mut r, "ferrymq_mqtt_bytes_received", "Bytes read from MQTT connections", Stats::get(&s.bytes_received));
     counter(&mut r, "ferrymq_mqtt_bytes_sent", "Bytes written to MQTT connections", Stats::get(&s.bytes_sent));
     gauge(&mut r, "ferrymq_mqtt_retained_messages", "Retained messages", b.retained.len() as u64);

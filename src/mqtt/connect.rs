@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferrymq_mqtt::topic::validate_topic_name;
 use ferrymq_mqtt::{Accept, Connect, ProtocolLevel, ReasonCode};
 
 use super::connection::{SessionState, Task};
@@ -103,6 +104,12 @@ impl Task {
         };
         if c.properties.authentication_method.is_some() {
             self.proto.refuse(ReasonCode::BAD_AUTHENTICATION_METHOD);
+            return;
+        }
+        // The will is published as any topic is: no more levels than a PUBLISH may have.
+        if c.will.as_ref().is_some_and(|w| validate_topic_name(&w.topic, cfg.max_topic_levels).is_err()) {
+            conn_log!(info, self, "connection refused: invalid will topic (too many levels?)");
+            self.proto.refuse(ReasonCode::TOPIC_NAME_INVALID);
             return;
         }
         let login = self.authenticate(&mut c).await;

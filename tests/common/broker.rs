@@ -253,6 +253,21 @@ impl Broker {
         }
     }
 
+    /// Sends the running broker a signal (`TERM`, `INT`, `HUP`, ...).
+    pub fn signal(&self, sig: &str) {
+        if let Some(child) = &self.child {
+            signal(child, sig);
+        }
+    }
+
+    /// Waits at most `limit` for the broker to exit, whatever its status; `None` if it is
+    /// still running (it is killed on drop).
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let status = wait_timeout(self.child.as_mut()?, limit)?;
+        self.child = None;
+        Some(status)
+    }
+
     /// Kills the broker with SIGKILL (a crash).
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use super::exchange::{Binding, ExchangeDef, ExchangeKind};
-use super::topic_trie::Node;
+use super::topic_trie::{stored_words, Node, Walked};
 use crate::core::hash_ring::{HashOn, Ring};
 use crate::core::message::Message;
 use crate::core::value::Value;
@@ -60,10 +60,7 @@ impl Bindings {
         match self {
             Bindings::Direct(map) => upsert(map.entry(b.key.clone()).or_default(), b),
             Bindings::Fanout(list) | Bindings::Headers(list) => upsert(list, b),
-            Bindings::Topic(root) => {
-                let words: Vec<String> = b.key.split('.').map(str::to_owned).collect();
-                root.insert(&words, b)
-            }
+            Bindings::Topic(root) => root.insert(&stored_words(&b.key), b),
             Bindings::ConsistentHash(h) => {
                 let added = upsert(&mut h.list, b);
                 h.ring = std::sync::OnceLock::new();
@@ -99,10 +96,7 @@ impl Bindings {
                 n
             }
             Bindings::Topic(root) => match key {
-                Some(k) => {
-                    let words: Vec<String> = k.split('.').map(str::to_owned).collect();
-                    root.remove(&words, pred)
-                }
+                Some(k) => root.remove(&stored_words(k), pred),
                 None => root.remove_all(pred),
             },
         }
@@ -130,7 +124,8 @@ impl Bindings {
         }
     }
 
-    pub(super) fn matching<'a>(&'a self, msg: &Message, out: &mut Vec<&'a Binding>) {
+    /// Adds the bindings `msg` takes to `out`; says what a topic exchange's walk took.
+    pub(super) fn matching<'a>(&'a self, msg: &Message, out: &mut Vec<&'a Binding>) -> Walked {
         let (key, headers) = (msg.routing_key.as_str(), msg.props.headers.as_slice());
         match self {
             Bindings::Direct(map) => out.extend(map.get(key).into_iter().flatten()),
@@ -138,7 +133,7 @@ impl Bindings {
             Bindings::Topic(root) => {
                 // The empty key has no words (`#` matches it, `*` does not).
                 let words: Vec<&str> = if key.is_empty() { Vec::new() } else { key.split('.').collect() };
-                root.collect(&words, 0, key.starts_with('$'), out);
+                return root.collect(&words, key.starts_with('$'), out);
             }
             Bindings::Headers(list) => out.extend(list.iter().filter(|b| headers_match(&b.args, headers))),
             Bindings::ConsistentHash(h) => {
@@ -149,6 +144,7 @@ impl Bindings {
                 }
             }
         }
+        Walked::default()
     }
 }
 

@@ -19,6 +19,8 @@ pub struct RouteCache {
     map: HashMap<u64, Vec<CachedRoute>>,
     /// Entries in `map`.
     cached: usize,
+    /// Bytes of the routing keys and tags of the entries in `map`.
+    cached_bytes: usize,
     /// Kind and `internal` flag of exchanges looked up (`None`: no such exchange), valid
     /// while [`Router::exchanges_generation`] is `exchanges_generation`.
     exchanges: HashMap<String, Option<(ExchangeKind, bool)>>,
@@ -42,10 +44,18 @@ impl CachedRoute {
     fn is(&self, exchange: &str, key: &str, tag: Option<&str>) -> bool {
         &*self.exchange == exchange && &*self.key == key && self.tag.as_deref() == tag
     }
+
+    /// What the entry's strings take.
+    fn bytes(&self) -> usize {
+        self.exchange.len() + self.key.len() + self.tag.as_ref().map_or(0, |t| t.len())
+    }
 }
 
 /// Most (exchange, key) pairs one connection caches before the cache is cleared.
 const ROUTE_CACHE_KEYS: usize = 1024;
+/// Most bytes of routing keys one connection caches before the cache is cleared (an MQTT
+/// topic may be 64 KiB long: 1,024 of them would be 64 MiB per connection).
+const ROUTE_CACHE_KEY_BYTES: usize = 256 * 1024;
 
 impl RouteCache {
     /// Kind and `internal` flag of an exchange, from the cache when no exchange was
@@ -85,8 +95,9 @@ impl RouteCache {
                 if router.snapshot(hit.dependency) == hit.snapshot {
                     return Ok(hit.routes.clone());
                 }
-                entries.swap_remove(i);
+                let gone = entries.swap_remove(i);
                 self.cached -= 1;
+                self.cached_bytes -= gone.bytes();
             }
         }
         // Counters read before routing: a change made meanwhile shows up as a new value.
@@ -98,18 +109,21 @@ impl RouteCache {
             if visited.len() <= 1 { (single, single_snapshot) } else { (Dependency::Table, table_snapshot) };
         let routes = Arc::new(routes);
         if cacheable {
-            if self.cached >= ROUTE_CACHE_KEYS {
-                self.map.clear();
-                self.cached = 0;
-            }
-            self.map.entry(hash).or_default().push(CachedRoute {
+            let entry = CachedRoute {
                 exchange: exchange.into(),
                 key: key.into(),
                 tag: tag.map(Into::into),
                 routes: routes.clone(),
                 dependency,
                 snapshot,
-            });
+            };
+            if self.cached >= ROUTE_CACHE_KEYS || self.cached_bytes + entry.bytes() > ROUTE_CACHE_KEY_BYTES {
+                self.map.clear();
+                self.cached = 0;
+                self.cached_bytes = 0;
+            }
+            self.cached_bytes += entry.bytes();
+            self.map.entry(hash).or_default().push(entry);
             self.cached += 1;
         }
         Ok(routes)
@@ -214,5 +228,19 @@ mod tests {
         r.subscribe("t/#", q(5), o);
         assert_eq!(mqtt_hits(&r, "t/x"), Vec::<u64>::new());
         assert_eq!(queues(&r.resolve(&tagged("t.x", "A"), "")), vec![5]);
+    }
+
+    #[test]
+    fn long_keys_are_cached_within_a_byte_bound() {
+        let r = Router::new();
+        r.subscribe("big/#", q(1), opts(1));
+        let mut cache = RouteCache::default();
+        let word = "x".repeat(60 * 1024);
+        for i in 0..40 {
+            let key = format!("big.{i}.{word}");
+            assert_eq!(cache.resolve(&r, &msg(&key, &[]), "pub").queues.len(), 1);
+            assert!(cache.cached_bytes <= super::ROUTE_CACHE_KEY_BYTES, "round {i}: {} bytes", cache.cached_bytes);
+            assert_eq!(cache.cached_bytes, cache.map.values().flatten().map(|c| c.bytes()).sum::<usize>());
+        }
     }
 }

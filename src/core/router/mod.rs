@@ -60,14 +60,15 @@ mod topic_trie;
 
 pub use cache::RouteCache;
 pub use exchange::{Binding, Destination, ExchangeDef, ExchangeKind, MqttOptions, STANDARD_EXCHANGES};
+pub use topic_trie::INLINE_STEPS;
 
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use ferrymq_storage::QueueId;
-use parking_lot::RwLock;
+use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use self::bindings::Bindings;
 use self::generations::{Change, Dependency, Generations};
@@ -190,6 +191,28 @@ pub enum RouteError {
     /// A message-deduplication exchange's `x-cache-*` arguments are invalid.
     #[error("{0}")]
     DedupArgument(#[from] DedupArgError),
+    /// A routing key of more than [`MAX_KEY_WORDS`] words (how many it has).
+    #[error("routing key of {0} words: at most {MAX_KEY_WORDS} are routed")]
+    RoutingKeyTooLong(usize),
+    /// A topic binding key of more than [`MAX_KEY_WORDS`] words (how many it has).
+    #[error("binding key of {0} words: a topic exchange takes at most {MAX_KEY_WORDS}")]
+    BindingKeyTooLong(usize),
+}
+
+/// The most words (`.`-separated) a routing key, and a topic exchange's binding key, may
+/// have: as many as an AMQP short string (255 bytes) can hold, so no AMQP client meets the
+/// limit, and MQTT topics and filters are held below it by `mqtt.max_topic_levels`. Longer
+/// keys are refused, which bounds what one route costs (see `topic_trie.rs`) and how deep
+/// the trie's walks go.
+pub const MAX_KEY_WORDS: usize = 256;
+
+/// The words of a routing or binding key, as the router splits it (the empty key has none).
+pub fn key_words(key: &str) -> usize {
+    if key.is_empty() {
+        0
+    } else {
+        key.bytes().filter(|&b| b == b'.').count() + 1
+    }
 }
 
 /// The exchanges of one virtual host, by name.
@@ -206,6 +229,8 @@ pub struct Router {
     mqtt_subscriptions: AtomicUsize,
     /// The topic exchange of virtual host `/` that MQTT publishes and subscriptions use.
     mqtt_exchange: String,
+    /// Routes whose walk of a topic exchange passed [`INLINE_STEPS`].
+    long_routes: AtomicU64,
 }
 
 /// The virtual host MQTT clients use.
@@ -213,7 +238,34 @@ pub const MQTT_VHOST: &str = "/";
 /// The exchange MQTT publishes and subscriptions use by default (`mqtt.exchange`).
 pub const MQTT_EXCHANGE: &str = "amq.topic";
 
+/// Runs `f`, work that may be long, without holding a runtime worker: on a worker of a
+/// multi-thread runtime the worker's other tasks move to another thread while `f` runs
+/// (`block_in_place`); elsewhere (a current-thread runtime, no runtime) `f` just runs.
+pub(super) fn off_worker<R>(f: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
 impl Router {
+    /// The table for reading; a wait for it (a change waiting for a long route to end)
+    /// happens off the runtime's workers.
+    fn read(&self) -> RwLockReadGuard<'_, HashMap<String, Vhost>> {
+        self.vhosts.try_read().unwrap_or_else(|| off_worker(|| self.vhosts.read()))
+    }
+
+    /// The table for a change; waits happen off the runtime's workers, as in [`Router::read`].
+    fn write(&self) -> RwLockWriteGuard<'_, HashMap<String, Vhost>> {
+        self.vhosts.try_write().unwrap_or_else(|| off_worker(|| self.vhosts.write()))
+    }
+
+    /// Routes whose walk of a topic exchange took more than [`INLINE_STEPS`] steps and
+    /// finished off the runtime's workers (`ferrymq_routes_off_worker` in `/metrics`).
+    pub fn long_routes(&self) -> u64 {
+        self.long_routes.load(Ordering::Relaxed)
+    }
+
     /// A table with the default virtual host `/` and its standard exchanges; MQTT uses
     /// `amq.topic`.
     pub fn new() -> Self {
@@ -253,7 +305,7 @@ impl Router {
 
     /// Records a change of the bindings with `key` on `exchange` of `vhost`.
     fn binding_changed(&self, vhost: &str, exchange: &str, key: &str) {
-        let kind = self.vhosts.read().get(vhost).and_then(|v| v.exchanges.get(exchange)).map(|x| x.def.routing_kind());
+        let kind = self.read().get(vhost).and_then(|v| v.exchanges.get(exchange)).map(|x| x.def.routing_kind());
         match kind {
             Some(kind) => self.record(Change::Binding { exchange: exchange.to_owned(), kind, key: key.to_owned() }),
             // The exchange went with its last binding (auto-delete).
@@ -263,7 +315,7 @@ impl Router {
 
     /// Adds a virtual host with the standard exchanges (no-op if it exists).
     pub fn add_vhost(&self, name: &str) {
-        let mut vhosts = self.vhosts.write();
+        let mut vhosts = self.write();
         let vhost = vhosts.entry(name.to_owned()).or_default();
         for (x, kind) in STANDARD_EXCHANGES {
             vhost.exchanges.entry(x.to_owned()).or_insert_with(|| {
@@ -285,7 +337,7 @@ impl Router {
     /// Removes a virtual host with its exchanges and bindings; true if it existed. (Its
     /// queues are the front-end's to delete first.)
     pub fn remove_vhost(&self, name: &str) -> bool {
-        let removed = self.vhosts.write().remove(name).is_some();
+        let removed = self.write().remove(name).is_some();
         if removed {
             self.changed();
         }
@@ -294,14 +346,14 @@ impl Router {
 
     /// Every virtual host, by name.
     pub fn vhosts(&self) -> Vec<String> {
-        let mut all: Vec<String> = self.vhosts.read().keys().cloned().collect();
+        let mut all: Vec<String> = self.read().keys().cloned().collect();
         all.sort();
         all
     }
 
     /// True when the virtual host exists.
     pub fn has_vhost(&self, name: &str) -> bool {
-        self.vhosts.read().contains_key(name)
+        self.read().contains_key(name)
     }
 
     /// Current generation; changes on every modification.
@@ -337,12 +389,12 @@ impl Router {
 
     /// A copy of exchange `name`'s definition; `None` if it or `vhost` does not exist.
     pub fn exchange(&self, vhost: &str, name: &str) -> Option<ExchangeDef> {
-        self.vhosts.read().get(vhost)?.exchanges.get(name).map(|x| x.def.clone())
+        self.read().get(vhost)?.exchanges.get(name).map(|x| x.def.clone())
     }
 
     /// Every exchange of a virtual host.
     pub fn exchanges(&self, vhost: &str) -> Vec<ExchangeDef> {
-        self.vhosts.read().get(vhost).map(|v| v.exchanges.values().map(|x| x.def.clone()).collect()).unwrap_or_default()
+        self.read().get(vhost).map(|v| v.exchanges.values().map(|x| x.def.clone()).collect()).unwrap_or_default()
     }
 
     /// Creates an exchange; returns the existing definition if one of that name exists
@@ -354,7 +406,7 @@ impl Router {
         if def.kind == ExchangeKind::MessageDeduplication {
             CacheSettings::from_arguments(&def.arguments)?;
         }
-        let mut vhosts = self.vhosts.write();
+        let mut vhosts = self.write();
         let v = vhosts.get_mut(vhost).ok_or_else(|| RouteError::NoVhost(vhost.to_owned()))?;
         if let Some(x) = v.exchanges.get(&def.name) {
             return Ok(Some(x.def.clone()));
@@ -368,7 +420,7 @@ impl Router {
     /// Deletes an exchange, its bindings and the bindings that lead to it. `if_unused`:
     /// refuse (`Ok(false)`) when it has bindings.
     pub fn delete_exchange(&self, vhost: &str, name: &str, if_unused: bool) -> Result<bool, RouteError> {
-        let mut vhosts = self.vhosts.write();
+        let mut vhosts = self.write();
         let v = vhosts.get_mut(vhost).ok_or_else(|| RouteError::NoVhost(vhost.to_owned()))?;
         let Some(x) = v.exchanges.get(name) else {
             return Err(RouteError::NoExchange(name.to_owned(), vhost.to_owned()));
@@ -387,16 +439,23 @@ impl Router {
     }
 
     /// Adds (or replaces) a binding on an exchange; true if it is new. Compiles its tag
-    /// filter; refuses an invalid one, and a binding key that is not a weight on an
-    /// `x-consistent-hash` exchange.
+    /// filter; refuses an invalid one, a binding key that is not a weight on an
+    /// `x-consistent-hash` exchange, and one of more than [`MAX_KEY_WORDS`] words on a
+    /// topic exchange.
     pub fn bind(&self, vhost: &str, exchange: &str, mut binding: Binding) -> Result<bool, RouteError> {
         binding.compile_filter()?;
-        let mut vhosts = self.vhosts.write();
+        let mut vhosts = self.write();
         let v = vhosts.get_mut(vhost).ok_or_else(|| RouteError::NoVhost(vhost.to_owned()))?;
         let x = v
             .exchanges
             .get_mut(exchange)
             .ok_or_else(|| RouteError::NoExchange(exchange.to_owned(), vhost.to_owned()))?;
+        if x.def.routing_kind() == ExchangeKind::Topic {
+            let words = key_words(&binding.key);
+            if words > MAX_KEY_WORDS {
+                return Err(RouteError::BindingKeyTooLong(words));
+            }
+        }
         if let Bindings::ConsistentHash(h) = &x.bindings {
             let weight = parse_weight(&binding.key)?;
             let others: u64 = h
@@ -430,7 +489,7 @@ impl Router {
         key: &str,
         args: &[(String, Value)],
     ) -> Result<bool, RouteError> {
-        let mut vhosts = self.vhosts.write();
+        let mut vhosts = self.write();
         let v = vhosts.get_mut(vhost).ok_or_else(|| RouteError::NoVhost(vhost.to_owned()))?;
         let x = v
             .exchanges
@@ -460,7 +519,7 @@ impl Router {
     /// Removes every binding leading to `dest` in a virtual host (a deleted queue);
     /// auto-delete exchanges left without bindings are deleted. Returns how many.
     pub fn unbind_all(&self, vhost: &str, dest: &Destination) -> usize {
-        let mut vhosts = self.vhosts.write();
+        let mut vhosts = self.write();
         let Some(v) = vhosts.get_mut(vhost) else { return 0 };
         let mqtt = Cell::new(0usize);
         let mut n = 0;
@@ -497,14 +556,14 @@ impl Router {
 
     /// Every binding of a virtual host: (exchange, binding).
     pub fn bindings(&self, vhost: &str) -> Vec<(String, Binding)> {
-        let vhosts = self.vhosts.read();
+        let vhosts = self.read();
         let Some(v) = vhosts.get(vhost) else { return Vec::new() };
         v.exchanges.iter().flat_map(|(name, x)| x.bindings.all().into_iter().map(move |b| (name.clone(), b))).collect()
     }
 
     /// The bindings of one exchange (empty when it does not exist).
     pub fn bindings_of(&self, vhost: &str, exchange: &str) -> Vec<Binding> {
-        let vhosts = self.vhosts.read();
+        let vhosts = self.read();
         vhosts.get(vhost).and_then(|v| v.exchanges.get(exchange)).map(|x| x.bindings.all()).unwrap_or_default()
     }
 
@@ -525,7 +584,8 @@ impl Router {
     /// Every target of a publish of `msg` (its routing key, headers, properties and tag) to
     /// `exchange` by `publisher` (an MQTT client id, for no-local; "" otherwise). Follows
     /// exchange-to-exchange bindings and alternate exchanges. The flag says whether the
-    /// result depends only on (exchange, routing key, tag) and may be cached.
+    /// result depends only on (exchange, routing key, tag) and may be cached. A routing key
+    /// of more than [`MAX_KEY_WORDS`] words is refused.
     pub fn route(
         &self,
         vhost: &str,
@@ -544,7 +604,11 @@ impl Router {
         msg: &Message,
         publisher: &str,
     ) -> Result<(Routes, bool, Vec<Box<str>>), RouteError> {
-        let vhosts = self.vhosts.read();
+        let words = key_words(&msg.routing_key);
+        if words > MAX_KEY_WORDS {
+            return Err(RouteError::RoutingKeyTooLong(words));
+        }
+        let vhosts = self.read();
         let v = vhosts.get(vhost).ok_or_else(|| RouteError::NoVhost(vhost.to_owned()))?;
         if !v.exchanges.contains_key(exchange) {
             return Err(RouteError::NoExchange(exchange.to_owned(), vhost.to_owned()));
@@ -552,19 +616,33 @@ impl Router {
         let mut routes = Routes::default();
         let mut cacheable = true;
         let mut visited = HashSet::new();
-        let input = RouteInput { msg, tag: msg.tag(), publisher };
+        let input = RouteInput { msg, tag: msg.tag(), publisher, long: Cell::new(None) };
         route_into(v, exchange, &input, &mut routes, &mut cacheable, &mut visited);
+        drop(vhosts);
+        if let Some((through, steps)) = input.long.take() {
+            if self.long_routes.fetch_add(1, Ordering::Relaxed) == 0 {
+                tracing::warn!(
+                    vhost,
+                    exchange = %through,
+                    steps,
+                    routing_key_words = words,
+                    "a route's walk of a topic exchange passed {INLINE_STEPS} steps (bindings of many wildcards \
+                     against a long key) and finished off the runtime's workers; such routes are counted in \
+                     ferrymq_routes_off_worker (logged once)"
+                );
+            }
+        }
         Ok((routes, cacheable, visited.into_iter().map(String::into_boxed_str).collect()))
     }
 
     /// The cache of an `x-message-deduplication` exchange.
     pub fn dedup_cache(&self, vhost: &str, name: &str) -> Option<Arc<DedupCache>> {
-        self.vhosts.read().get(vhost)?.exchanges.get(name)?.dedup.clone()
+        self.read().get(vhost)?.exchanges.get(name)?.dedup.clone()
     }
 
     /// The caches of every `x-message-deduplication` exchange (for expiry).
     pub fn dedup_caches(&self) -> Vec<Arc<DedupCache>> {
-        let vhosts = self.vhosts.read();
+        let vhosts = self.read();
         vhosts.values().flat_map(|v| v.exchanges.values().filter_map(|x| x.dedup.clone())).collect()
     }
 
@@ -579,6 +657,8 @@ struct RouteInput<'a> {
     msg: &'a Message,
     tag: Option<&'a str>,
     publisher: &'a str,
+    /// A walk that passed [`INLINE_STEPS`]: its exchange and steps.
+    long: Cell<Option<(String, usize)>>,
 }
 
 fn route_into(
@@ -605,7 +685,10 @@ fn route_into(
         }
     }
     let mut matched = Vec::new();
-    x.bindings.matching(input.msg, &mut matched);
+    let walked = x.bindings.matching(input.msg, &mut matched);
+    if walked.off_worker {
+        input.long.set(Some((exchange.to_owned(), walked.steps)));
+    }
     let before = (routes.sessions.len(), routes.queues.len());
     let mut onward = Vec::new();
     for b in matched {

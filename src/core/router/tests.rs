@@ -92,3 +92,48 @@ fn auto_delete_and_unbind_all() {
     assert!(r.exchange("/", "amq.topic").is_some());
     assert_eq!(r.delete_exchange("/", "missing", false), Err(RouteError::NoExchange("missing".into(), "/".into())));
 }
+
+#[test]
+fn keys_of_more_than_256_words_are_refused() {
+    let r = Router::new();
+    declare(&r, "t", ExchangeKind::Topic, false, vec![]);
+    let words = |n: usize| vec!["#"; n].join(".");
+    r.bind("/", "t", Binding::queue(QueueId(1), &words(MAX_KEY_WORDS), vec![])).unwrap();
+    let e = r.bind("/", "t", Binding::queue(QueueId(2), &words(MAX_KEY_WORDS + 1), vec![]));
+    assert_eq!(e, Err(RouteError::BindingKeyTooLong(257)));
+    // A direct exchange compares keys whole: any length binds.
+    r.bind("/", "amq.direct", Binding::queue(QueueId(3), &words(1000), vec![])).unwrap();
+    let key = |n: usize| vec!["a"; n].join(".");
+    assert_eq!(amqp_hits(&r, "t", &key(MAX_KEY_WORDS), &[]), vec![1]);
+    let e = r.route("/", "t", &msg(&key(MAX_KEY_WORDS + 1), &[]), "").map(|_| ());
+    assert_eq!(e, Err(RouteError::RoutingKeyTooLong(257)));
+    assert_eq!(key_words(""), 0);
+    assert_eq!(key_words("."), 2);
+}
+
+/// Bindings of many wildcards, distinct, against a long key: the route passes the steps it
+/// may take on a runtime worker, ends off the workers and is counted; it finds the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_route_is_counted_and_routed_all_the_same() {
+    let r = Router::new();
+    declare(&r, "t", ExchangeKind::Topic, false, vec![]);
+    let mut seed = 0x9E37_79B9_7F4A_7C15_u64;
+    for n in 0..600 {
+        let words: Vec<&str> = (0..20)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                ["#", "*", "a", "a"][(seed % 4) as usize]
+            })
+            .chain(["x"])
+            .collect();
+        r.bind("/", "t", Binding::queue(QueueId(n), &words.join("."), vec![])).unwrap();
+    }
+    r.bind("/", "t", Binding::queue(QueueId(1000), "#.a.#.x", vec![])).unwrap();
+    assert_eq!(r.long_routes(), 0);
+    let key = format!("{}.x", vec!["a"; 126].join("."));
+    let hits = amqp_hits(&r, "t", &key, &[]);
+    assert!(hits.contains(&1000), "{hits:?}");
+    assert_eq!(r.long_routes(), 1);
+}
