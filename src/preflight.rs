@@ -12,7 +12,6 @@ use std::fs::File;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use fs2::FileExt;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
@@ -152,10 +151,11 @@ fn lock_data_dir(path: &Path) -> Result<File, StartError> {
         Err(e) => return Err(io(e)),
     }
     let dir = File::open(path).map_err(io)?;
-    match dir.try_lock_exclusive() {
+    // Spelled out: from Rust 1.89 `File` has a `try_lock` of its own.
+    match fs4::FileExt::try_lock(&dir) {
         Ok(()) => Ok(dir),
-        Err(e) if e.kind() == fs2::lock_contended_error().kind() => Err(StartError::DataDirLocked(path.to_owned())),
-        Err(e) => Err(io(e)),
+        Err(fs4::TryLockError::WouldBlock) => Err(StartError::DataDirLocked(path.to_owned())),
+        Err(fs4::TryLockError::Error(e)) => Err(io(e)),
     }
 }
 
