@@ -201,13 +201,13 @@ pub struct Stored {
     pub entities: EntityRecords,
     /// De-duplication values: scope, id, expiry (ms).
     pub dedup: Vec<(String, String, u64)>,
-    /// Retained messages by topic.
+    /// Retained messages by topic (as its routing key).
     pub retained: Vec<(String, Message)>,
 }
 
 /// Reads and decodes everything start-up restores, and checks the keyspaces the queue
-/// and stream owners read later; writes nothing. Blocking: sled and the commit log are
-/// read in full (run it off the runtime's workers).
+/// and stream owners read later; writes nothing. Blocking: every keyspace it checks is
+/// read in full, and each retained message's record (run it off the runtime's workers).
 pub fn load(journal: &Journal) -> Result<Stored, RestoreError> {
     let stores = Stores::local(journal);
     let stored = Stored {
