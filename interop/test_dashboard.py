@@ -324,9 +324,10 @@ def test_the_rate_chart_draws_no_caption_across_its_lines(broker, browser):
 
 
 def test_permissions_are_set_and_cleared_from_the_admin_page(broker, browser):
-    """Issue 30: the README says permissions can be added on the Admin page; the page had
-    no way to. A user made on the page gets permissions in `/` from the page (PUT
-    /api/permissions/%2F/{user}), which the API then answers, and loses them again."""
+    """Issue 30: the README (now docs/operations.md) says permissions can be added on the
+    Admin page; the page had no way to. A user made on the page gets permissions in `/`
+    from the page (PUT /api/permissions/%2F/{user}), which the API then answers, and loses
+    them again."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
 

@@ -108,9 +108,8 @@ impl BudgetConfig {
     /// the descriptors open now and [`FILES_RESERVE`], at least half of the limit
     /// (Linux: `/proc/self/limits`, `/proc/self/fd`; elsewhere unknown).
     pub fn descriptors_now() -> Option<usize> {
-        let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
-        let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
-        let soft: usize = line.split_whitespace().nth(3)?.parse().ok()?;
+        let (soft, _) = rlimit::Resource::NOFILE.get().ok()?;
+        let soft = usize::try_from(soft).unwrap_or(usize::MAX);
         let open = std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0);
         let kept = (open + FILES_RESERVE).min(soft / 2);
         Some(soft - kept)

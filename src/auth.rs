@@ -669,10 +669,8 @@ pub fn user_from_record(u: &crate::core::store::UserRecord, loopback_users: &[St
 
 /// Compares without stopping at the first difference (no timing hint about the password).
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    use subtle::ConstantTimeEq;
+    a.ct_eq(b).into()
 }
 
 #[cfg(test)]

@@ -156,20 +156,17 @@ fn log_start(config: &Config, overrides: &Overrides) {
 /// limit leaves for client sockets is shared out at start (`ferrymq::accept`), which logs
 /// it once.
 fn raise_open_files_limit() {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit/setrlimit only read and write the struct passed to them.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        tracing::warn!(error = %std::io::Error::last_os_error(), "cannot read the open-files limit");
-        return;
-    }
-    let soft = lim.rlim_cur;
-    if lim.rlim_cur < lim.rlim_max {
-        lim.rlim_cur = lim.rlim_max;
-        // SAFETY: as above.
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
-            tracing::warn!(error = %std::io::Error::last_os_error(), soft, "cannot raise the open-files limit");
-        } else {
-            tracing::info!(from = soft, to = lim.rlim_cur, "raised the open-files limit to its hard limit");
+    let (soft, hard) = match rlimit::Resource::NOFILE.get() {
+        Ok(limits) => limits,
+        Err(error) => {
+            tracing::warn!(%error, "cannot read the open-files limit");
+            return;
+        }
+    };
+    if soft < hard {
+        match rlimit::Resource::NOFILE.set(hard, hard) {
+            Ok(()) => tracing::info!(from = soft, to = hard, "raised the open-files limit to its hard limit"),
+            Err(error) => tracing::warn!(%error, soft, "cannot raise the open-files limit"),
         }
     }
 }

@@ -13,7 +13,6 @@ use std::fs::File;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use fs2::FileExt;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
@@ -61,7 +60,7 @@ pub enum StartError {
     #[error(
         "cannot restore the state stored in the data directory {}: {error}. The broker did not start and \
          changed nothing stored in the directory: restore it from a backup (see \"Backing up a data \
-         directory\" in the README), or start on another --data-dir",
+         directory\" in docs/durability.md), or start on another --data-dir",
         path.display()
     )]
     Restore {
@@ -167,10 +166,11 @@ fn lock_data_dir(path: &Path) -> Result<File, StartError> {
         Err(e) => return Err(io(e)),
     }
     let dir = File::open(path).map_err(io)?;
-    match dir.try_lock_exclusive() {
+    // Spelled out: from Rust 1.89 `File` has a `try_lock` of its own.
+    match fs4::FileExt::try_lock(&dir) {
         Ok(()) => Ok(dir),
-        Err(e) if e.kind() == fs2::lock_contended_error().kind() => Err(StartError::DataDirLocked(path.to_owned())),
-        Err(e) => Err(io(e)),
+        Err(fs4::TryLockError::WouldBlock) => Err(StartError::DataDirLocked(path.to_owned())),
+        Err(fs4::TryLockError::Error(e)) => Err(io(e)),
     }
 }
 

@@ -87,8 +87,8 @@ async fn global_prefetch_is_shared_by_the_channels_consumers() {
     let deadline = tokio::time::Instant::now() + QUIET * 2;
     loop {
         tokio::select! {
-            Some(Ok(d)) = futures_lite::StreamExt::next(&mut a) => got.push(d),
-            Some(Ok(d)) = futures_lite::StreamExt::next(&mut b) => got.push(d),
+            Some(Ok(d)) = futures_util::StreamExt::next(&mut a) => got.push(d),
+            Some(Ok(d)) = futures_util::StreamExt::next(&mut b) => got.push(d),
             _ = tokio::time::sleep_until(deadline) => break,
         }
     }
@@ -101,8 +101,8 @@ async fn global_prefetch_is_shared_by_the_channels_consumers() {
     let deadline = tokio::time::Instant::now() + QUIET * 2;
     loop {
         tokio::select! {
-            Some(Ok(_)) = futures_lite::StreamExt::next(&mut a) => more += 1,
-            Some(Ok(_)) = futures_lite::StreamExt::next(&mut b) => more += 1,
+            Some(Ok(_)) = futures_util::StreamExt::next(&mut a) => more += 1,
+            Some(Ok(_)) = futures_util::StreamExt::next(&mut b) => more += 1,
             _ = tokio::time::sleep_until(deadline) => break,
         }
     }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::amqp::*;
 use common::{v4, Broker};
-use futures_lite::StreamExt;
+use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
 const PARTITIONS: usize = 4;

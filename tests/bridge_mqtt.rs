@@ -805,12 +805,12 @@ async fn a_bridge_that_fails_over_takes_the_next_brokers_qos2_ids_as_new_message
 
 // ----- the Mosquitto migration walk-through, and a bridge the rules let do nothing ------
 
-/// A fenced block of the README's "Migrating from a running Mosquitto" walk-through
-/// (`fence` is its opening, such as "```toml"), without the list's indentation.
+/// A fenced block of the "Migrating from a running Mosquitto" walk-through in
+/// docs/mqtt.md (`fence` is its opening, such as "```toml"), without the list's indentation.
 fn walk_through_block(fence: &str) -> String {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let at = readme.find("**Migrating from a running Mosquitto").expect("the walk-through in README.md");
-    let rest = &readme[at..];
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/mqtt.md")).unwrap();
+    let at = doc.find("**Migrating from a running Mosquitto").expect("the walk-through in docs/mqtt.md");
+    let rest = &doc[at..];
     let start = rest.find(&format!("{fence}\n")).unwrap_or_else(|| panic!("a {fence} block in the walk-through"));
     let body = &rest[start + fence.len() + 1..];
     let body = &body[..body.find("```").expect("the block's end")];
@@ -837,11 +837,12 @@ fn password_file(dir: &Path, users: &[(&str, &str)]) -> Option<PathBuf> {
     Some(file)
 }
 
-/// Issue 30: following the README's Mosquitto migration walk-through lost every bridged
-/// message both ways, silently (under the `acl_file` the bridge's local side was anonymous
-/// and could do nothing). The walk-through's configuration and ACL lines, as README.md has
-/// them, with Mosquitto and FerryMQ reading the same password and ACL files: devices on
-/// either broker see each other's messages, and the bridge reports nothing refused.
+/// Issue 30: following the Mosquitto migration walk-through (then in the README, now in
+/// docs/mqtt.md) lost every bridged message both ways, silently (under the `acl_file` the
+/// bridge's local side was anonymous and could do nothing). The walk-through's
+/// configuration and ACL lines, as docs/mqtt.md has them, with Mosquitto and FerryMQ
+/// reading the same password and ACL files: devices on either broker see each other's
+/// messages, and the bridge reports nothing refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_readme_mosquitto_migration_walk_through_carries_messages_both_ways() {
     let tmp = tempfile::tempdir().unwrap();

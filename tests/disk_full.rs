@@ -374,7 +374,7 @@ async fn a_small_disk_with_the_default_segment_size_comes_back_after_a_drain() {
             other => panic!("expected connection.blocked, got {other:?}"),
         }
         eventually("the ballast given up", WAIT, || async { (!ballast.exists()).then_some(()) }).await;
-        if fs2::available_space(fs.path()).unwrap() < SMALL_DISK_LIMIT {
+        if fs4::available_space(fs.path()).unwrap() < SMALL_DISK_LIMIT {
             break waiting;
         }
         match next_event(&mut ev).await {
@@ -460,7 +460,7 @@ fn leave_free(path: &Path, free: u64) {
     use std::io::Write;
     let mut f = std::fs::File::create(path).unwrap();
     let chunk = vec![0u8; 64 * 1024];
-    while fs2::available_space(path).unwrap() > free + chunk.len() as u64 {
+    while fs4::available_space(path).unwrap() > free + chunk.len() as u64 {
         f.write_all(&chunk).unwrap();
     }
     f.sync_all().unwrap();

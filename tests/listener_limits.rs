@@ -195,8 +195,11 @@ async fn http_sockets_past_the_cap_are_closed_at_accept_logged_once_and_counted(
     // AMQP and MQTT are not counted against the HTTP cap.
     connect_uri(&format!("amqp://guest:guest@{}/%2f", broker.amqp.unwrap())).await.expect("AMQP");
     v4::connect(&broker, "not-http").await;
-    drop(held);
-    let text = metrics(http).await;
+    // Read over a socket the broker holds (a new one could be refused once more while the
+    // broker has not yet seen the dropped ones close).
+    held[2].write_all(get("/metrics").as_bytes()).await.unwrap();
+    let (status, text) = response(&mut held[2]).await;
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
     assert_eq!(series(&text, "ferrymq_connections_refused_total{listener=\"http\",reason=\"cap\"}"), 4, "{text}");
     assert_eq!(series(&text, "ferrymq_listener_socket_cap{listener=\"http\"}"), 3, "{text}");
     let log = broker.log();

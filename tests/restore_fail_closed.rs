@@ -411,7 +411,7 @@ fn a_record_that_cannot_be_restored_stops_the_start_with_code_2_and_changes_noth
         for needle in [
             case.says,
             &format!("cannot restore the state stored in the data directory {}", data.display()),
-            "restore it from a backup (see \"Backing up a data directory\" in the README)",
+            "restore it from a backup (see \"Backing up a data directory\" in docs/durability.md)",
         ] {
             if !err.contains(needle) {
                 wrong.push(format!("the message does not say {needle:?}"));

@@ -115,7 +115,7 @@ impl ResourceAlarm {
 
     /// Free space of the watched file system, bytes (`None` without a directory).
     pub fn disk_free(&self) -> Option<u64> {
-        self.data_dir.as_ref().and_then(|d| fs2::available_space(d).ok())
+        self.data_dir.as_ref().and_then(|d| fs4::available_space(d).ok())
     }
 
     /// A receiver that sees the alarm (either) change.
@@ -136,7 +136,7 @@ impl ResourceAlarm {
             }
         }
         let limit = self.disk_free_limit.load(Ordering::Relaxed);
-        let free = self.data_dir.as_ref().filter(|_| limit > 0).and_then(|d| fs2::available_space(d).ok());
+        let free = self.data_dir.as_ref().filter(|_| limit > 0).and_then(|d| fs4::available_space(d).ok());
         let disk = free.is_some_and(|free| free < limit);
         if disk != self.disk_raised.swap(disk, Ordering::AcqRel) {
             if disk {

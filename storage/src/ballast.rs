@@ -13,7 +13,7 @@ use std::fs::OpenOptions;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use fs2::FileExt;
+use fs4::FileExt;
 
 /// The ballast file of the data directory `dir`.
 pub(crate) fn path(dir: &Path) -> PathBuf {
@@ -24,7 +24,7 @@ pub(crate) fn path(dir: &Path) -> PathBuf {
 /// free; true if it did.
 pub(crate) fn release_if_full(dir: &Path, size: u64) -> bool {
     let file = path(dir);
-    if size == 0 || !file.exists() || fs2::available_space(dir).is_ok_and(|free| free >= size) {
+    if size == 0 || !file.exists() || fs4::available_space(dir).is_ok_and(|free| free >= size) {
         return false;
     }
     match std::fs::remove_file(&file) {
@@ -59,7 +59,7 @@ pub(crate) fn ensure(dir: &Path, size: u64, spare: u64) -> bool {
         }
         Err(_) => {}
     }
-    if !fs2::available_space(dir).is_ok_and(|free| free >= size.saturating_add(spare)) {
+    if !fs4::available_space(dir).is_ok_and(|free| free >= size.saturating_add(spare)) {
         return false;
     }
     let made = (|| -> io::Result<()> {

@@ -76,7 +76,7 @@ impl Drop for Inner {
 /// Caps `config.segment_size` for the file system of `config.dir` (see
 /// [`JournalConfig::segment_size`]), saying so when it does.
 fn cap_segment_size(config: &mut JournalConfig) {
-    let fs_total = fs2::total_space(&config.dir).ok();
+    let fs_total = fs4::total_space(&config.dir).ok();
     let effective = crate::config::capped_segment_size(config.segment_size, fs_total);
     if effective < config.segment_size {
         tracing::info!(

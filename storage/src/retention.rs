@@ -53,7 +53,7 @@ pub(crate) fn select(
 /// Bytes the file system of `dir` uses beyond `ratio` of its size (0 when it is under
 /// it, or its size cannot be read).
 pub(crate) fn disk_excess(dir: &std::path::Path, ratio: f64) -> u64 {
-    let (Ok(total), Ok(free)) = (fs2::total_space(dir), fs2::available_space(dir)) else { return 0 };
+    let (Ok(total), Ok(free)) = (fs4::total_space(dir), fs4::available_space(dir)) else { return 0 };
     let used = total.saturating_sub(free);
     used.saturating_sub((total as f64 * ratio) as u64)
 }
@@ -61,7 +61,7 @@ pub(crate) fn disk_excess(dir: &std::path::Path, ratio: f64) -> u64 {
 /// Bytes the file system of `dir` lacks to have `min_free` bytes free (0 when it has them,
 /// or its free space cannot be read).
 pub(crate) fn disk_shortfall(dir: &std::path::Path, min_free: u64) -> u64 {
-    fs2::available_space(dir).map_or(0, |free| min_free.saturating_sub(free))
+    fs4::available_space(dir).map_or(0, |free| min_free.saturating_sub(free))
 }
 
 /// Whether a closed segment `base..end` may go as far as recovery is concerned: every
@@ -120,7 +120,7 @@ mod tests {
     fn the_shortfall_of_a_file_system_is_what_it_lacks_to_the_free_minimum() {
         let dir = tempfile::tempdir().unwrap();
         assert_eq!(disk_shortfall(dir.path(), 0), 0);
-        let free = fs2::available_space(dir.path()).unwrap();
+        let free = fs4::available_space(dir.path()).unwrap();
         assert!(disk_shortfall(dir.path(), u64::MAX) >= u64::MAX - free, "no file system has that much free");
     }
 

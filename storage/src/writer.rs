@@ -547,7 +547,7 @@ impl Writer {
         self.last_reopen = Instant::now();
         let config = &self.shared.config;
         let room = config.min_free_bytes.max(config.ballast_bytes).max(REOPEN_MIN_FREE);
-        if fs2::available_space(&config.dir).is_ok_and(|free| free >= room) {
+        if fs4::available_space(&config.dir).is_ok_and(|free| free >= room) {
             self.reopen_store();
         }
     }
@@ -671,7 +671,7 @@ impl Writer {
         }
         self.last_space_watch = Instant::now();
         let size = self.shared.config.ballast_bytes;
-        if fs2::available_space(&self.shared.config.dir).is_ok_and(|free| free < size / 2) {
+        if fs4::available_space(&self.shared.config.dir).is_ok_and(|free| free < size / 2) {
             self.release_ballast();
         }
     }
@@ -1005,7 +1005,7 @@ impl Writer {
         // look again on every submission).
         let (free, at) = match self.free_space {
             Some((free, at)) if at.elapsed() < FREE_SPACE_RECHECK => (free, at),
-            _ => (fs2::available_space(&self.shared.config.dir).unwrap_or(u64::MAX), Instant::now()),
+            _ => (fs4::available_space(&self.shared.config.dir).unwrap_or(u64::MAX), Instant::now()),
         };
         if free < floor.saturating_add(bytes) {
             self.free_space = None;

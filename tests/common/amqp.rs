@@ -18,7 +18,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use futures_lite::StreamExt;
+use futures_util::StreamExt;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -201,7 +201,7 @@ pub fn expect_code<T: std::fmt::Debug>(r: lapin::Result<T>, code: u16) -> String
 /// A connection's event stream (`connection.blocked` / `unblocked`, channel and connection
 /// errors). lapin only queues events for listeners that exist when the event happens:
 /// create it before the action whose outcome it should see.
-pub type Events = std::pin::Pin<Box<dyn futures_lite::Stream<Item = Event> + Send>>;
+pub type Events = std::pin::Pin<Box<dyn futures_util::Stream<Item = Event> + Send>>;
 
 /// Starts listening to a connection's events.
 pub fn events(conn: &Connection) -> Events {
