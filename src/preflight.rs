@@ -5,8 +5,9 @@
 //!
 //! Nothing is opened in the data directory and no task is started before these pass: a
 //! refused start leaves no commit log to replay and logs no listener that never served.
-//! Every [`StartError`] is a problem of the configuration or of the host the operator can
-//! fix; the binary exits with code 2 for it, as for other configuration errors.
+//! Every [`StartError`] is a problem of the configuration, of the host or of the data
+//! directory ([`StartError::Restore`], found once it is open) the operator can fix; the
+//! binary exits with code 2 for it, as for other configuration errors.
 
 use std::fs::File;
 use std::net::SocketAddr;
@@ -54,6 +55,20 @@ pub enum StartError {
     /// Listeners that cannot be opened.
     #[error(transparent)]
     Listen(#[from] ListenError),
+    /// State stored in the data directory cannot be restored: a record that cannot be read
+    /// or decoded, named by kind and key. Nothing stored in the directory was changed.
+    #[error(
+        "cannot restore the state stored in the data directory {}: {error}. The broker did not start and \
+         changed nothing stored in the directory: restore it from a backup (see \"Backing up a data \
+         directory\" in docs/durability.md), or start on another --data-dir",
+        path.display()
+    )]
+    Restore {
+        /// The data directory.
+        path: PathBuf,
+        /// The record and what is wrong with it.
+        error: crate::core::restore::RestoreError,
+    },
     /// Another problem of the configuration (users, rules, ACL files, definitions).
     #[error("{0:#}")]
     Config(anyhow::Error),

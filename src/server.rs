@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use ferrymq_storage::Journal;
+use ferrymq_storage::{Journal, JournalError};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
@@ -23,6 +23,7 @@ use crate::core::broker::Broker;
 use crate::core::connections::Listener;
 use crate::core::message::Message;
 use crate::core::queue::{Overflow, QueueConfig};
+use crate::core::restore::{self, RestoreError, Stored};
 use crate::core::scheduler;
 use crate::core::shards::Shards;
 use crate::core::store::AccessRecords;
@@ -89,10 +90,31 @@ impl Server {
         jcfg.min_free_bytes = disk_free_limit / 2;
         jcfg.retention.min_disk_free_bytes = (disk_free_limit > 0).then_some(disk_free_limit);
         let dir = jcfg.dir.clone();
-        let journal = tokio::task::spawn_blocking(move || Journal::open(jcfg))
-            .await?
-            .with_context(|| format!("cannot open the data directory {}", dir.display()))?;
-        match Self::start_on(config, pre, journal.clone()).await {
+        let restore_error = |error| StartError::Restore { path: dir.clone(), error };
+        let journal = match tokio::task::spawn_blocking(move || Journal::open(jcfg)).await? {
+            Ok(journal) => journal,
+            Err(JournalError::Malformed { tree, key }) => {
+                return Err(restore_error(RestoreError::malformed_index(tree, &key)).into())
+            }
+            Err(e) => {
+                return Err(anyhow::Error::new(e).context(format!("cannot open the data directory {}", dir.display())))
+            }
+        };
+        // Everything restored is read first, before anything is applied or cleaned up: a
+        // record that cannot be read or decoded stops the start with nothing written.
+        let loaded = tokio::task::spawn_blocking({
+            let journal = journal.clone();
+            move || restore::load(&journal)
+        })
+        .await?;
+        let stored = match loaded {
+            Ok(stored) => stored,
+            Err(error) => {
+                close_after_failed_start(&journal).await;
+                return Err(restore_error(error).into());
+            }
+        };
+        match Self::start_on(config, pre, journal.clone(), stored).await {
             Ok(server) => Ok(server),
             Err(e) => {
                 close_after_failed_start(&journal).await;
@@ -101,8 +123,11 @@ impl Server {
         }
     }
 
-    /// The start once the journal is open.
-    async fn start_on(config: Config, mut pre: Preflight, journal: Journal) -> anyhow::Result<Server> {
+    /// The start once the journal is open and what it stores is read (`stored`).
+    async fn start_on(config: Config, mut pre: Preflight, journal: Journal, stored: Stored) -> anyhow::Result<Server> {
+        let restore_error = |error| StartError::Restore { path: config.data_dir().to_path_buf(), error };
+        // What only the front-ends decode, checked before anything is applied.
+        check_stored_access(&stored.access).map_err(restore_error)?;
         mark_watermarks_complete(&journal).await?;
         // Queues nobody configured are MQTT session and group queues.
         let mut session_queues = QueueConfig::new("mqtt-session", crate::core::router::MQTT_VHOST);
@@ -122,7 +147,7 @@ impl Server {
         }
         let broker = Arc::new(Broker::new(journal, shards, &config.mqtt.exchange));
         tokio::spawn(crate::core::dead_letter::run(broker.clone(), dead_rx));
-        restore_retained(&broker);
+        restore_retained(&broker, stored.retained);
         let (memory_limit, disk_free_limit) = alarm_limits(&config);
         let alarm = ResourceAlarm::new(memory_limit, disk_free_limit, Some(config.data_dir().to_path_buf()));
         // Checked once before any listener opens: a client must never slip in before the
@@ -131,7 +156,8 @@ impl Server {
         tokio::spawn(alarm.clone().run());
         let (configured, from_file) = std::mem::take(&mut pre.users);
         let users = Users::new(configured, login_throttle(&config));
-        let stored_access = restore_access(&broker, &config, &users);
+        let stored_access = stored.access;
+        restore_access(&broker, &config, &users, &stored_access);
         let authz = authorizer(&config, &stored_access)?;
         authz.update(|p| p.user_tags = users.all().into_iter().map(|u| (u.name, u.tags)).collect());
         let logins = MqttLogins {
@@ -139,10 +165,23 @@ impl Server {
             check_passwords: config.auth.mqtt || !config.auth.mosquitto_password_file.is_empty(),
             allow_anonymous: config.mqtt.allow_anonymous,
         };
-        let mqtt = MqttContext::restore(broker.clone(), config.mqtt.clone(), logins, authz.clone(), alarm.clone());
+        let mqtt = MqttContext::restore(
+            broker.clone(),
+            config.mqtt.clone(),
+            logins,
+            authz.clone(),
+            alarm.clone(),
+            stored.sessions,
+        )
+        .map_err(restore_error)?;
+        let amqp =
+            AmqpContext::start(broker.clone(), &config, users.clone(), authz.clone(), alarm.clone(), stored.entities)
+                .await
+                .map_err(restore_error)?;
+        // Everything stored is restored: only now is what nothing refers to deleted.
+        amqp.entities.drop_orphan_queues(&broker).await;
         mqtt.drop_orphan_queues().await;
-
-        let amqp = AmqpContext::start(broker.clone(), &config, users.clone(), authz.clone(), alarm.clone()).await;
+        crate::core::dedup::restore_caches(&broker, stored.dedup).await;
 
         tokio::spawn(scheduler::run(broker.clone()));
         tokio::spawn(mqtt.clone().run_expiry());
@@ -263,6 +302,7 @@ impl Server {
                 warn!(shovel = %p.name, vhost = %p.vhost, "stored shovel not started: the configuration defines one of that name");
                 continue;
             }
+            // Its definition decodes: checked before anything started.
             let started = serde_json::from_str(&p.value)
                 .map_err(|e| e.to_string())
                 .and_then(|def| server.shovels.start(&p.vhost, &p.name, def, true));
@@ -543,12 +583,8 @@ async fn load_definitions(ctx: &HttpContext, path: &str) -> anyhow::Result<()> {
 
 /// The virtual hosts (configured, then made at runtime, less those deleted at runtime) into
 /// the router, their and the users' limits into the core, and the users made or deleted
-/// at runtime into `users`.
-fn restore_access(broker: &Broker, config: &Config, users: &Users) -> AccessRecords {
-    let records = broker.stores.access.load().unwrap_or_else(|e| {
-        warn!(error = %e, "cannot read stored users and virtual hosts");
-        Default::default()
-    });
+/// at runtime into `users` (their password hashes checked by [`check_stored_access`]).
+fn restore_access(broker: &Broker, config: &Config, users: &Users, records: &AccessRecords) {
     let deleted = |name: &str| records.vhosts.iter().any(|v| v.deleted && v.name == name);
     for vhost in config.auth.vhosts.iter().filter(|v| !deleted(v)) {
         broker.router.add_vhost(vhost);
@@ -564,16 +600,62 @@ fn restore_access(broker: &Broker, config: &Config, users: &Users) -> AccessReco
             users.remove(&u.name);
             continue;
         }
-        match crate::auth::user_from_record(u, &config.auth.loopback_users) {
-            Some(user) => {
-                users.put(user);
-            }
-            None => {
-                warn!(user = %u.name, algorithm = %u.hashing_algorithm, "stored user has a password hash this build cannot verify")
-            }
+        if let Some(user) = crate::auth::user_from_record(u, &config.auth.loopback_users) {
+            users.put(user);
         }
     }
-    records
+}
+
+/// The stored access records as only the access layer decodes them: every user's password
+/// hash is one this build verifies, the permissions' and MQTT rules' expressions compile,
+/// runtime and global parameters are JSON (a shovel's a shovel definition, the cluster
+/// name a string). A record that does not is the error: leaving it out would let the
+/// configuration's user, permissions or rules of that name come back.
+fn check_stored_access(records: &AccessRecords) -> Result<(), RestoreError> {
+    use crate::core::restore::{RecordKey, RecordKind};
+    let bad = |kind, key: String, reason: String| RestoreError::undecodable(kind, RecordKey::text(key), reason);
+    for u in records.users.iter().filter(|u| !u.deleted) {
+        crate::auth::Secret::from_hash(&u.password_hash, Some(&u.hashing_algorithm))
+            .map_err(|e| bad(RecordKind::User, u.name.clone(), format!("its password hash cannot be verified: {e}")))?;
+    }
+    let mut policy = Policy::default();
+    for p in &records.permissions {
+        let key = format!("vhost={} user={}", p.vhost, p.user);
+        policy.set_permission(p).map_err(|e| bad(RecordKind::Permission, key, e))?;
+    }
+    for p in &records.topic_permissions {
+        let key = format!("vhost={} user={} exchange={}", p.vhost, p.user, p.exchange);
+        policy.set_topic_permission(p).map_err(|e| bad(RecordKind::TopicPermission, key, e))?;
+    }
+    if let Some(json) = &records.mqtt_rules {
+        let entries: Vec<crate::authz::RuleEntry> =
+            serde_json::from_str(json).map_err(|e| bad(RecordKind::MqttRules, "mqtt".into(), e.to_string()))?;
+        crate::authz::rules_of(&entries).map_err(|e| bad(RecordKind::MqttRules, "mqtt".into(), e))?;
+    }
+    for p in &records.parameters {
+        let key = format!("component={} vhost={} name={}", p.component, p.vhost, p.name);
+        let decoded = match p.component.as_str() {
+            "shovel" => serde_json::from_str::<crate::bridge::shovel::ShovelDefinition>(&p.value)
+                .map(drop)
+                .map_err(|e| format!("its value is not a shovel definition: {e}")),
+            _ => serde_json::from_str::<serde_json::Value>(&p.value)
+                .map(drop)
+                .map_err(|e| format!("its value is not JSON: {e}")),
+        };
+        decoded.map_err(|reason| bad(RecordKind::Parameter, key, reason))?;
+    }
+    for (name, value) in &records.global_parameters {
+        let decoded = match name.as_str() {
+            crate::http::cluster::CLUSTER_NAME => serde_json::from_str::<String>(value)
+                .map(drop)
+                .map_err(|e| format!("its value is not a JSON string: {e}")),
+            _ => serde_json::from_str::<serde_json::Value>(value)
+                .map(drop)
+                .map_err(|e| format!("its value is not JSON: {e}")),
+        };
+        decoded.map_err(|reason| bad(RecordKind::GlobalParameter, name.clone(), reason))?;
+    }
+    Ok(())
 }
 
 /// The authorizer: where it is on, and the policy from the configuration, the stored
@@ -602,28 +684,11 @@ fn authorizer(config: &Config, stored: &AccessRecords) -> anyhow::Result<Arc<Aut
     Ok(Authorizer::new(amqp, mqtt, policy))
 }
 
-fn restore_retained(broker: &Broker) {
-    let retained = match broker.journal.retained() {
-        Ok(r) => r,
-        Err(e) => {
-            warn!(error = %e, "cannot read retained messages");
-            return;
-        }
-    };
-    let mut n = 0;
-    for (topic, pos) in retained {
-        match broker
-            .journal
-            .read(pos)
-            .map_err(|e| e.to_string())
-            .and_then(|r| Message::decode(r.header, r.body).map_err(|e| e.to_string()))
-        {
-            Ok(msg) => {
-                broker.retained.set(&topic, Some(Arc::new(msg)));
-                n += 1;
-            }
-            Err(e) => warn!(topic, error = %e, "cannot restore retained message"),
-        }
+/// The retained messages start-up read, into the broker's retained store.
+fn restore_retained(broker: &Broker, retained: Vec<(String, Message)>) {
+    let n = retained.len();
+    for (topic, msg) in retained {
+        broker.retained.set(&topic, Some(Arc::new(msg)));
     }
     if n > 0 {
         info!(retained = n, "restored retained messages");

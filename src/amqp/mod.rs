@@ -40,7 +40,9 @@ use crate::config::Config;
 use crate::core::alarm::ResourceAlarm;
 use crate::core::broker::{Broker, Commit};
 use crate::core::message::{now_ms, Message};
+use crate::core::restore::RestoreError;
 use crate::core::router::Routes;
+use crate::core::store::EntityRecords;
 use connection::Control;
 use entities::Entities;
 
@@ -64,15 +66,18 @@ pub struct AmqpContext {
 }
 
 impl AmqpContext {
-    /// Builds the context: restored entities and de-duplication table (the virtual hosts
-    /// are in the router already).
+    /// Builds the context with the durable entities start-up read (`entities`; the
+    /// virtual hosts are in the router already). The orphaned consume queues and the
+    /// de-duplication caches are the caller's, once everything is restored
+    /// ([`Entities::drop_orphan_queues`], [`crate::core::dedup::restore_caches`]).
     pub async fn start(
         broker: Arc<Broker>,
         config: &Config,
         users: Users,
         authz: Arc<Authorizer>,
         alarm: Arc<ResourceAlarm>,
-    ) -> Arc<AmqpContext> {
+        entities: EntityRecords,
+    ) -> Result<Arc<AmqpContext>, RestoreError> {
         if config.amqp.dedup_window_secs > 0 {
             warn!(
                 "amqp.dedup_window_secs is ignored: message ids are never compared unless an exchange or queue \
@@ -88,11 +93,10 @@ impl AmqpContext {
             alarm,
             connections: Mutex::new(HashMap::new()),
         });
-        ctx.entities.restore(&ctx.broker).await;
-        crate::core::dedup::restore_caches(&ctx.broker).await;
+        ctx.entities.restore(&ctx.broker, entities)?;
         dlq::register(&ctx);
         tokio::spawn(ctx.clone().housekeeping());
-        ctx
+        Ok(ctx)
     }
 
     /// Reserves room in the routed queues that refuse publishes when full (reject-publish)

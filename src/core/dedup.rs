@@ -242,17 +242,11 @@ impl DedupCache {
     }
 }
 
-/// Fills the caches of disk-persistent exchanges from the store (at start-up, after the
-/// exchanges are restored) and forgets stored values no such exchange owns any more
-/// (expired, evicted, or of an exchange that is gone).
-pub async fn restore_caches(broker: &Broker) {
-    let stored = match broker.stores.dedup.load() {
-        Ok(v) => v,
-        Err(e) => {
-            warn!(error = %e, "cannot read stored de-duplication values");
-            return;
-        }
-    };
+/// Fills the caches of disk-persistent exchanges with the values start-up read (`stored`:
+/// scope, id, expiry) and forgets stored values no such exchange owns any more (expired,
+/// evicted, or of an exchange that is gone). Run once everything stored was restored, so
+/// that an exchange that could not be read never has its values forgotten.
+pub async fn restore_caches(broker: &Broker, stored: Vec<(String, String, u64)>) {
     let caches: HashMap<String, Arc<DedupCache>> =
         broker.router.dedup_caches().into_iter().filter(|c| c.settings.disk).map(|c| (c.scope.clone(), c)).collect();
     let mut by_scope: HashMap<String, Vec<(String, u64)>> = HashMap::new();

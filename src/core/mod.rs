@@ -27,6 +27,8 @@
 //! - [`alarm`] — the memory and disk alarms (publishers wait while one is raised).
 //! - [`timer_wheel`] — a shared wheel of coarse deadlines that wake connections.
 //! - [`broker`] — the shared core and its publish path.
+//! - [`restore`] — what start-up reads back, all before anything is applied, and why it
+//!   refuses to start (the record's kind and key).
 //! - [`store`] — typed stores of the front-ends' durable state, and their local implementation.
 //! - [`dedup`] — publisher de-duplication within a time window.
 //! - [`dead_letter`] — republishing dead letters with `x-death`.
@@ -48,6 +50,7 @@ pub mod hash_ring;
 pub mod limits;
 pub mod message;
 pub mod queue;
+pub mod restore;
 pub mod retained;
 pub mod retry;
 pub mod router;

@@ -57,6 +57,9 @@ pub struct Stats {
     pub http_not_json_refused: AtomicU64,
     /// MQTT WebSocket upgrades refused for their browser `Origin` (403).
     pub ws_origin_refused: AtomicU64,
+    /// MQTT CONNECTs refused (Server unavailable) as the session's inbound QoS 2 state
+    /// could not be read.
+    pub mqtt_state_unreadable: AtomicU64,
 }
 
 /// What AMQP connections counted, in the management API's terms.

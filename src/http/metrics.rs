@@ -199,6 +199,12 @@ pub fn render(ctx: &HttpContext) -> String {
     );
     counter(
         &mut r,
+        "ferrymq_mqtt_connect_state_unreadable",
+        "MQTT CONNECTs refused with Server unavailable as the session's inbound QoS 2 state could not be read",
+        Stats::get(&s.mqtt_state_unreadable),
+    );
+    counter(
+        &mut r,
         "ferrymq_routes_off_worker",
         "Routes whose walk of a topic exchange was long (bindings of many wildcards) and finished off the runtime's workers",
         b.router.long_routes(),

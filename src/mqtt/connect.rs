@@ -17,8 +17,9 @@ use crate::auth::AuthError;
 use crate::authz::{Identity, Request, MQTT_VHOST};
 use crate::core::broker::Commit;
 use crate::core::connections::{ClientDetails, ConnectionInfo, Protocol};
+use crate::core::message::now_ms;
 use crate::core::router::Destination;
-use crate::core::store::{StoredSession, NEVER};
+use crate::core::store::{StoreError, StoredSession, NEVER};
 
 /// Longest wait for a taken-over connection to clean up.
 const TAKEOVER_WAIT: Duration = Duration::from_secs(5);
@@ -174,11 +175,18 @@ impl Task {
         };
         match existing {
             Some(mut p) => {
+                // Read before the session changes: refused, it stays as it was.
+                match self.load_inbound_qos2(&client_id).await {
+                    Ok(ids) => inbound_qos2 = ids,
+                    Err(e) => {
+                        self.refuse_unreadable_state(&client_id, &p, &e);
+                        return;
+                    }
+                }
                 self.revoke_denied_subscriptions(&client_id, &mut p).await;
                 session.subs = p.stored.subscriptions.iter().map(|(f, o)| (f.clone(), o.clone())).collect();
                 p.stored.expiry_secs = expiry;
                 p.stored.disconnected_at_ms = None;
-                inbound_qos2 = self.load_inbound_qos2(&client_id).await;
                 session.persistent = Some(p);
             }
             None if expiry > 0 => {
@@ -290,12 +298,34 @@ impl Task {
     /// read once every earlier submission is applied: a PUBREL the previous connection
     /// queued just before it went must not leave its id looking pending (the client's
     /// next message under it would be taken for a re-send).
-    async fn load_inbound_qos2(&self, client_id: &str) -> Vec<u16> {
+    async fn load_inbound_qos2(&self, client_id: &str) -> Result<Vec<u16>, StoreError> {
         self.ctx.broker.barrier().await;
-        self.ctx.broker.stores.inbound_qos2.pending(client_id).unwrap_or_else(|e| {
-            conn_log!(warn, self, error = %e, "cannot read inbound QoS 2 state");
-            Vec::new()
-        })
+        self.ctx.broker.stores.inbound_qos2.pending(client_id)
+    }
+
+    /// Refuses a CONNECT whose session's inbound QoS 2 state cannot be read, with
+    /// Server unavailable (5.0: 0x88, 3.1.1: 3): taken for "no pending ids", a message the
+    /// client sends again would be delivered twice. The session stays as stored, its expiry
+    /// clock running again. Counted in `ferrymq_mqtt_connect_state_unreadable_total`;
+    /// the first is logged at warn, later ones at debug.
+    fn refuse_unreadable_state(&mut self, client_id: &Arc<str>, p: &Persistent, error: &StoreError) {
+        let refused = &self.ctx.broker.stats.mqtt_state_unreadable;
+        let why = "connection refused (Server unavailable): the session's inbound QoS 2 state cannot be read";
+        if refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0 {
+            tracing::warn!(
+                peer = %self.peer,
+                client_id = &**client_id,
+                %error,
+                "{why} (later ones at debug, counted in ferrymq_mqtt_connect_state_unreadable_total)"
+            );
+        } else {
+            tracing::debug!(peer = %self.peer, client_id = &**client_id, %error, "{why}");
+        }
+        self.proto.refuse(ReasonCode::SERVER_UNAVAILABLE);
+        let s = &p.stored;
+        let expires =
+            (s.expiry_secs != NEVER).then(|| s.disconnected_at_ms.unwrap_or_else(now_ms) + s.expiry_secs as u64 * 1000);
+        self.ctx.sessions.release(client_id, self.conn_id, expires, None);
     }
 }
 

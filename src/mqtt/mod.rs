@@ -48,8 +48,10 @@ use crate::config::MqttSection;
 use crate::core::alarm::ResourceAlarm;
 use crate::core::broker::{Broker, Commit};
 use crate::core::message::now_ms;
+use crate::core::restore::{RecordKey, RecordKind, RestoreError};
 use crate::core::router::Destination;
-use crate::core::store::{QueueId, NEVER};
+use crate::core::store::{QueueId, StoredSession, NEVER};
+use crate::core::tag_filter::TagFilter;
 use crate::core::timer_wheel::TimerWheel;
 use session::{ConnectionSignals, Persistent, Sessions};
 use shared::SharedGroups;
@@ -123,15 +125,22 @@ pub struct MqttContext {
 }
 
 impl MqttContext {
-    /// Builds the context and restores persistent sessions from the session store: their
-    /// bindings go back into the routing table and their expiry clocks restart.
+    /// Builds the context and restores the persistent sessions start-up read (`stored`):
+    /// their bindings go back into the routing table and their expiry clocks restart.
+    /// Every session is checked before any is applied: a shared subscription that does
+    /// not name a group and a filter, or a tag filter that does not parse, is the error
+    /// (never left out, which would leave its group's queue looking orphaned).
     pub fn restore(
         broker: Arc<Broker>,
         cfg: MqttSection,
         logins: MqttLogins,
         authz: Arc<Authorizer>,
         alarm: Arc<ResourceAlarm>,
-    ) -> Arc<MqttContext> {
+        stored: Vec<(String, StoredSession)>,
+    ) -> Result<Arc<MqttContext>, RestoreError> {
+        for (client_id, s) in &stored {
+            check_stored_subscriptions(client_id, s)?;
+        }
         let ctx = Arc::new(MqttContext {
             broker,
             protocol: Arc::new(connection::protocol_config(&cfg)),
@@ -144,21 +153,21 @@ impl MqttContext {
             timers: Arc::new(TimerWheel::new(TIMER_TICK)),
         });
         let now = now_ms();
-        let stored = match ctx.broker.stores.sessions.load() {
-            Ok(v) => v,
-            Err(e) => {
-                warn!(error = %e, "cannot read stored sessions");
-                Vec::new()
-            }
-        };
         let mut restored = 0usize;
         for (client_id, s) in stored {
             let client_id: Arc<str> = Arc::from(client_id);
             let queue = QueueId(s.queue);
             for (filter, opts) in &s.subscriptions {
                 if let Some((group, f)) = split_share(filter) {
-                    if let Err(e) = ctx.groups.join(&ctx.broker, group, f, &client_id, opts.tag_filter.as_deref()) {
-                        warn!(error = %e, "cannot restore shared subscription");
+                    match ctx.groups.join(&ctx.broker, group, f, &client_id, opts.tag_filter.as_deref()) {
+                        Ok(_) => {}
+                        Err(shared::JoinError::Storage(e)) => {
+                            let key = RecordKey::text(format!("client_id={client_id} filter={filter}"));
+                            return Err(e.restoring(RecordKind::SharedSubscription, key));
+                        }
+                        // Members that disagree: this one stays out of the group (as a
+                        // SUBSCRIBE would be refused); the group and its queue stay.
+                        Err(e) => warn!(client_id = %client_id, filter, error = %e, "shared subscription not restored"),
                     }
                     continue;
                 }
@@ -172,13 +181,20 @@ impl MqttContext {
         if restored > 0 {
             info!(sessions = restored, "restored persistent MQTT sessions");
         }
-        ctx
+        Ok(ctx)
     }
 
     /// Deletes queues left behind by sessions or groups that no longer exist (e.g. the
-    /// groups of clean sessions before a restart).
+    /// groups of clean sessions before a restart). Run once everything stored was
+    /// restored: a session or group that could not be read stops start-up before this.
     pub async fn drop_orphan_queues(&self) {
-        let Ok(queues) = self.broker.stores.catalog.queues() else { return };
+        let queues = match self.broker.stores.catalog.queues() {
+            Ok(q) => q,
+            Err(e) => {
+                warn!(error = %e, "cannot list queues; none deleted as orphaned");
+                return;
+            }
+        };
         let live_groups = self.groups.queue_names();
         for (name, id) in queues {
             let orphan = if let Some(client) = name.strip_prefix(SESSION_QUEUE_PREFIX) {
@@ -230,6 +246,25 @@ impl MqttContext {
             self.expire_sessions().await;
         }
     }
+}
+
+/// A stored session's subscriptions as a SUBSCRIBE made them: a `$share/` filter names a
+/// group and a filter, a tag filter parses.
+fn check_stored_subscriptions(client_id: &str, s: &StoredSession) -> Result<(), RestoreError> {
+    for (filter, opts) in &s.subscriptions {
+        let shared = filter.starts_with("$share/");
+        let kind = if shared { RecordKind::SharedSubscription } else { RecordKind::MqttSession };
+        let undecodable = |reason: String| {
+            RestoreError::undecodable(kind, RecordKey::text(format!("client_id={client_id} filter={filter}")), reason)
+        };
+        if shared && !split_share(filter).is_some_and(|(g, f)| !g.is_empty() && !f.is_empty()) {
+            return Err(undecodable("a shared subscription without a group name and a topic filter".into()));
+        }
+        if let Some(Err(e)) = opts.tag_filter.as_deref().map(TagFilter::parse) {
+            return Err(undecodable(format!("its tag filter does not parse: {e}")));
+        }
+    }
+    Ok(())
 }
 
 /// Splits `$share/{group}/{filter}` into group and filter.

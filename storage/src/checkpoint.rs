@@ -51,8 +51,11 @@ pub(crate) fn position(db: &Db, key: &[u8]) -> Result<Option<u64>, JournalError>
 /// Stores the checkpoint position `pos` and the applied mark with it, and flushes sled:
 /// sled holds every change up to `pos` (the caller applied them all).
 pub(crate) fn write(db: &Db, pos: u64) -> Result<(), JournalError> {
-    db.db.insert(APPLIED, &codec::encode_u64(pos)).map_err(db_err)?;
-    db.db.insert(CHECKPOINT, &codec::encode_u64(pos)).map_err(db_err)?;
+    // Written only when they change: an open and a close that changed nothing write nothing.
+    if position(db, APPLIED)? != Some(pos) || position(db, CHECKPOINT)? != Some(pos) {
+        db.db.insert(APPLIED, &codec::encode_u64(pos)).map_err(db_err)?;
+        db.db.insert(CHECKPOINT, &codec::encode_u64(pos)).map_err(db_err)?;
+    }
     db.db.flush().map_err(db_err)?;
     Ok(())
 }
@@ -84,7 +87,7 @@ pub(crate) fn read_counters(db: &Db) -> Result<Index, JournalError> {
                 queues.insert(q, QueueState { next, len });
             }
             Some(Counter::Segment(base, n)) => refs.push((base, n)),
-            None => return Err(JournalError::Db("malformed entry in tree `counters`".into())),
+            None => return Err(JournalError::Malformed { tree: codec::TREE_COUNTERS, key: k.to_vec() }),
         }
     }
     Ok(Index { refs: RefCounts::from_pairs(refs), queues })

@@ -685,6 +685,9 @@ impl ConsumeQueues {
     /// log position `at` (the drain's).
     pub(crate) fn drain(&self, settled: &sled::Tree, at: u64) -> sled::Result<()> {
         let dirty: Vec<u64> = self.dirty.lock().drain().collect();
+        if dirty.is_empty() {
+            return Ok(());
+        }
         let mut batch = sled::Batch::default();
         for id in dirty {
             let key = codec::encode_u64(id);

@@ -17,8 +17,16 @@ pub(crate) fn db_err(e: sled::Error) -> JournalError {
     JournalError::Db(e.to_string())
 }
 
-fn malformed(tree: &str) -> JournalError {
-    JournalError::Db(format!("malformed entry in tree `{tree}`"))
+fn malformed(tree: &'static str, key: &[u8]) -> JournalError {
+    JournalError::Malformed { tree, key: key.to_vec() }
+}
+
+/// A timer as the `timer` tree holds it.
+fn timer_entry(kv: sled::Result<(sled::IVec, sled::IVec)>) -> Result<TimerEntry, JournalError> {
+    let (k, v) = kv.map_err(db_err)?;
+    let (due_ms, pos) = codec::decode_timer_key(&k).ok_or_else(|| malformed("timer", &k))?;
+    let (size, target) = codec::decode_timer_value(&v).ok_or_else(|| malformed("timer", &k))?;
+    Ok(TimerEntry { due_ms, pos: LogPos(pos), size, target: Bytes::copy_from_slice(target) })
 }
 
 /// The sled database and its trees.
@@ -128,7 +136,7 @@ impl Db {
     pub(crate) fn queue_id(&self, name: &str) -> Result<(QueueId, bool), JournalError> {
         loop {
             if let Some(v) = self.queue_names.get(name).map_err(db_err)? {
-                let id = codec::decode_u64(&v).map(QueueId).ok_or_else(|| malformed("queue_names"))?;
+                let id = codec::decode_u64(&v).map(QueueId).ok_or_else(|| malformed("queue_names", name.as_bytes()))?;
                 return Ok((id, false));
             }
             let id = self.db.generate_id().map_err(db_err)?;
@@ -152,8 +160,8 @@ impl Db {
             .iter()
             .map(|kv| {
                 let (k, v) = kv.map_err(db_err)?;
-                let name = String::from_utf8(k.to_vec()).map_err(|_| malformed("queue_names"))?;
-                let id = codec::decode_u64(&v).ok_or_else(|| malformed("queue_names"))?;
+                let name = String::from_utf8(k.to_vec()).map_err(|_| malformed("queue_names", &k))?;
+                let id = codec::decode_u64(&v).ok_or_else(|| malformed("queue_names", &k))?;
                 Ok((name, QueueId(id)))
             })
             .collect()
@@ -165,8 +173,8 @@ impl Db {
             .iter()
             .map(|kv| {
                 let (k, v) = kv.map_err(db_err)?;
-                let topic = String::from_utf8(k.to_vec()).map_err(|_| malformed("retained"))?;
-                let (pos, _) = codec::decode_retained(&v).ok_or_else(|| malformed("retained"))?;
+                let topic = String::from_utf8(k.to_vec()).map_err(|_| malformed("retained", &k))?;
+                let (pos, _) = codec::decode_retained(&v).ok_or_else(|| malformed("retained", &k))?;
                 Ok((topic, LogPos(pos)))
             })
             .collect()
@@ -176,8 +184,8 @@ impl Db {
     pub(crate) fn count_timers(&self, limit: usize, keep: &dyn Fn(&[u8]) -> bool) -> Result<u64, JournalError> {
         let mut n = 0;
         for kv in self.timer.iter().take(limit) {
-            let (_, v) = kv.map_err(db_err)?;
-            let (_, target) = codec::decode_timer_value(&v).ok_or_else(|| malformed("timer"))?;
+            let (k, v) = kv.map_err(db_err)?;
+            let (_, target) = codec::decode_timer_value(&v).ok_or_else(|| malformed("timer", &k))?;
             n += keep(target) as u64;
         }
         Ok(n)
@@ -185,16 +193,22 @@ impl Db {
 
     /// Up to `limit` timers due at or before `until_ms`, earliest first.
     pub(crate) fn timers_due(&self, until_ms: u64, limit: usize) -> Result<Vec<TimerEntry>, JournalError> {
-        self.timer
-            .range(..=codec::timer_key(until_ms, u64::MAX))
-            .take(limit)
-            .map(|kv| {
-                let (k, v) = kv.map_err(db_err)?;
-                let (due_ms, pos) = codec::decode_timer_key(&k).ok_or_else(|| malformed("timer"))?;
-                let (size, target) = codec::decode_timer_value(&v).ok_or_else(|| malformed("timer"))?;
-                Ok(TimerEntry { due_ms, pos: LogPos(pos), size, target: Bytes::copy_from_slice(target) })
-            })
-            .collect()
+        self.timer.range(..=codec::timer_key(until_ms, u64::MAX)).take(limit).map(timer_entry).collect()
+    }
+
+    /// Up to `limit` timers after the timer `after` (from the first when `None`), in order.
+    pub(crate) fn timers_after(
+        &self,
+        after: Option<(u64, u64)>,
+        limit: usize,
+    ) -> Result<Vec<TimerEntry>, JournalError> {
+        let range = match after {
+            Some((due_ms, pos)) => {
+                self.timer.range((std::ops::Bound::Excluded(codec::timer_key(due_ms, pos)), std::ops::Bound::Unbounded))
+            }
+            None => self.timer.iter(),
+        };
+        range.take(limit).map(timer_entry).collect()
     }
 
     /// Up to `limit` key-index entries of exactly `key` with `from_ms <= timestamp <= to_ms`,
@@ -217,8 +231,8 @@ impl Db {
                 break;
             }
             let (k, v) = kv.map_err(db_err)?;
-            let (_, timestamp_ms, pos) = codec::decode_key_index_key(&k).ok_or_else(|| malformed("key"))?;
-            let (size, stored) = codec::decode_key_value(&v).ok_or_else(|| malformed("key"))?;
+            let (_, timestamp_ms, pos) = codec::decode_key_index_key(&k).ok_or_else(|| malformed("key", &k))?;
+            let (size, stored) = codec::decode_key_value(&v).ok_or_else(|| malformed("key", &k))?;
             if stored == key && live(pos, size) {
                 hits.push(KeyHit { pos: LogPos(pos), size, timestamp_ms });
             }
@@ -230,7 +244,7 @@ impl Db {
     pub(crate) fn next_timer(&self) -> Result<Option<u64>, JournalError> {
         match self.timer.first().map_err(db_err)? {
             None => Ok(None),
-            Some((k, _)) => codec::decode_timer_key(&k).map(|(due, _)| Some(due)).ok_or_else(|| malformed("timer")),
+            Some((k, _)) => codec::decode_timer_key(&k).map(|(due, _)| Some(due)).ok_or_else(|| malformed("timer", &k)),
         }
     }
 

@@ -15,6 +15,15 @@ pub enum JournalError {
     /// A position does not refer to a live record (deleted segment, past the end).
     #[error("no record at log position {0}")]
     NotFound(u64),
+    /// An entry of one of the journal's indexes (`retained`, `timer`, `queue_names`, ...)
+    /// that does not decode.
+    #[error("malformed entry in tree `{tree}` under key \"{}\"", .key.escape_ascii())]
+    Malformed {
+        /// The sled tree.
+        tree: &'static str,
+        /// The entry's key.
+        key: Vec<u8>,
+    },
     /// sled reported an error.
     #[error("sled error: {0}")]
     Db(String),

@@ -353,6 +353,12 @@ impl Journal {
         self.shared().db()?.timers_due(until_ms, limit)
     }
 
+    /// Up to `limit` timers after the timer `after` (`due_ms`, position), from the first
+    /// when `None`, earliest first: every timer, a page at a time (start-up checks them).
+    pub fn timers_after(&self, after: Option<(u64, LogPos)>, limit: usize) -> Result<Vec<TimerEntry>, JournalError> {
+        self.shared().db()?.timers_after(after.map(|(due, pos)| (due, pos.0)), limit)
+    }
+
     /// How many of the first `limit` stored timers (earliest first) have a target `keep`
     /// accepts: a scan, for a sampler off the runtime's workers, not for a hot path.
     pub fn count_timers(&self, limit: usize, keep: &dyn Fn(&[u8]) -> bool) -> Result<u64, JournalError> {

@@ -194,7 +194,8 @@ fn restore_offsets(db: &Db, cq: &ConsumeQueues) -> Result<(), JournalError> {
     let mut settled = HashMap::new();
     for kv in db.settled.iter() {
         let (k, v) = kv.map_err(db_err)?;
-        let q = codec::decode_u64(&k).ok_or_else(|| JournalError::Db("malformed key in tree `settled`".into()))?;
+        let q = codec::decode_u64(&k)
+            .ok_or_else(|| JournalError::Malformed { tree: codec::TREE_SETTLED, key: k.to_vec() })?;
         settled.insert(q, v.to_vec());
     }
     cq.restore(&next, settled).map_err(JournalError::Db)
@@ -297,7 +298,7 @@ fn replay(db: &Db, log: &Log, cq: &ConsumeQueues, from: u64) -> Result<bool, Jou
     Ok(true)
 }
 
-/// Scans the consume queues and the `retained` and `timer` trees: drops (settles) malformed
+/// Scans the consume queues and the `retained` and `timer` trees: drops (settles) missing
 /// entries and entries that do not point inside a live segment — in particular every entry at or past the
 /// valid end of the log — flushing sled if any were dropped, so that they cannot resurface
 /// once new records occupy those positions; counts the rest.
@@ -357,8 +358,10 @@ pub(crate) fn recover_index(db: &Db, log: &Log, cq: &ConsumeQueues) -> Result<In
     let mut removals = Batch::default();
     for kv in db.retained.iter() {
         let (k, v) = kv.map_err(db_err)?;
-        match codec::decode_retained(&v) {
-            Some((pos, size)) if live(pos, size) && std::str::from_utf8(&k).is_ok() => count(pos),
+        // An entry that does not decode is not one the journal wrote: nothing is guessed.
+        let decoded = codec::decode_retained(&v).filter(|_| std::str::from_utf8(&k).is_ok());
+        match decoded.ok_or_else(|| JournalError::Malformed { tree: codec::TREE_RETAINED, key: k.to_vec() })? {
+            (pos, size) if live(pos, size) => count(pos),
             _ => {
                 removals.remove(k);
                 dropped += 1;
@@ -370,10 +373,12 @@ pub(crate) fn recover_index(db: &Db, log: &Log, cq: &ConsumeQueues) -> Result<In
     let mut removals = Batch::default();
     for kv in db.timer.iter() {
         let (k, v) = kv.map_err(db_err)?;
-        let key = codec::decode_timer_key(&k);
-        match (key, codec::decode_timer_value(&v)) {
-            (Some((_, pos)), Some((size, _))) if live(pos, size) => count(pos),
-            _ => {
+        let malformed = || JournalError::Malformed { tree: codec::TREE_TIMER, key: k.to_vec() };
+        let (_, pos) = codec::decode_timer_key(&k).ok_or_else(malformed)?;
+        let (size, _) = codec::decode_timer_value(&v).ok_or_else(malformed)?;
+        match live(pos, size) {
+            true => count(pos),
+            false => {
                 removals.remove(k);
                 dropped += 1;
             }
@@ -461,6 +466,9 @@ pub(crate) fn drop_keys(db: &Db, range: std::ops::Range<u64>) -> Result<u64, Jou
         }
         by_pos.remove(k);
         n += 1;
+    }
+    if n == 0 {
+        return Ok(0);
     }
     apply(&db.key, by_key)?;
     apply(&db.key_pos, by_pos)?;

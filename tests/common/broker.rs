@@ -370,15 +370,15 @@ pub fn run_binary(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
     }
     let mut child = cmd.spawn().unwrap();
     let status = wait_timeout(&mut child, Duration::from_secs(20));
+    if status.is_none() {
+        // Still running (a start that should have been refused): stopped before its stderr
+        // is read to the end, which comes only when it exits.
+        let _ = child.kill();
+        let _ = child.wait();
+    }
     let mut out = String::new();
     if let Some(mut e) = child.stderr.take() {
         let _ = e.read_to_string(&mut out);
     }
-    match status {
-        Some(s) => (s.code().unwrap_or(-1), out),
-        None => {
-            let _ = child.kill();
-            (-1, out)
-        }
-    }
+    (status.and_then(|s| s.code()).unwrap_or(-1), out)
 }

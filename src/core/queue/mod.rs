@@ -236,6 +236,7 @@ impl Queue {
         let mut records = load_retry_records(id, journal);
         let (mut waiting, mut recorded) = (BTreeMap::new(), HashMap::new());
         let now = now_ms();
+        let mut scanned = true;
         loop {
             match journal.queue_entries(id, from, 4096) {
                 Ok(page) if !page.is_empty() => {
@@ -264,6 +265,7 @@ impl Queue {
                 Ok(_) => break,
                 Err(e) => {
                     warn!(queue = id.0, error = %e, "cannot scan queue");
+                    scanned = false;
                     break;
                 }
             }
@@ -277,8 +279,9 @@ impl Queue {
             _ => next_offset,
         }
         .min(next_offset);
-        // Records whose entry is gone.
-        for offset in records.into_keys() {
+        // Records whose entry is gone (known only once every entry was read: a record is
+        // never deleted because the entries after a failed read were not seen).
+        for offset in records.into_keys().filter(|_| scanned) {
             load_ops.push(Op::Delete { space: Space::Retry, key: retry::record_key(id, offset) });
         }
         let ready = Ready::new(config.max_priority.is_some());

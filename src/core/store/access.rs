@@ -14,7 +14,8 @@ use std::fmt;
 use bytes::{Bytes, BytesMut};
 use ferrymq_storage::{Op, Space};
 
-use super::{JournalStore, StoreError, StoreWrite};
+use super::{JournalStore, StoreWrite};
+use crate::core::restore::{RecordKey, RecordKind, RestoreError};
 use crate::core::value::{decode_table, encode_table, Value};
 
 /// A stored user.
@@ -127,8 +128,9 @@ pub struct AccessRecords {
 
 /// Users, virtual hosts and permissions, durable.
 pub trait AccessStore: fmt::Debug + Send + Sync {
-    /// Every record.
-    fn load(&self) -> Result<AccessRecords, StoreError>;
+    /// Every record; the first that cannot be read or decoded is the error (none is left
+    /// out: a deleted or re-passworded user would come back from the configuration).
+    fn load(&self) -> Result<AccessRecords, RestoreError>;
     /// Stores a user (or its tombstone).
     fn put_user(&self, user: &UserRecord) -> StoreWrite;
     /// Stores a virtual host (or its tombstone).
@@ -185,27 +187,133 @@ fn strings(v: &[String]) -> Value {
     Value::Array(v.iter().map(|s| Value::Str(s.clone())).collect())
 }
 
+/// A stored record's fields; reading one that is there with another type is an error.
 struct Fields(Vec<(String, Value)>);
 
 impl Fields {
-    fn read(bytes: &Bytes) -> Option<Fields> {
-        decode_table(&mut bytes.clone(), 0).ok().map(Fields)
+    fn read(bytes: &Bytes) -> Result<Fields, String> {
+        decode_table(&mut bytes.clone(), 0).map(Fields).map_err(|e| format!("not a field table: {e}"))
     }
     fn get(&self, name: &str) -> Option<&Value> {
         self.0.iter().find(|(k, _)| k == name).map(|(_, v)| v)
     }
-    fn text(&self, name: &str) -> String {
-        self.get(name).and_then(Value::as_str).unwrap_or_default().to_owned()
-    }
-    fn flag(&self, name: &str) -> bool {
-        matches!(self.get(name), Some(Value::Bool(true)))
-    }
-    fn list(&self, name: &str) -> Vec<String> {
+    /// A text field that must be there.
+    fn required(&self, name: &str) -> Result<String, String> {
         match self.get(name) {
-            Some(Value::Array(a)) => a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect(),
-            _ => Vec::new(),
+            Some(v) => v.as_str().map(str::to_owned).ok_or_else(|| format!("field `{name}` is not text")),
+            None => Err(format!("field `{name}` is missing")),
         }
     }
+    /// A text field, empty when it is not there.
+    fn text(&self, name: &str) -> Result<String, String> {
+        match self.get(name) {
+            Some(_) => self.required(name),
+            None => Ok(String::new()),
+        }
+    }
+    fn flag(&self, name: &str) -> Result<bool, String> {
+        match self.get(name) {
+            None => Ok(false),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(_) => Err(format!("field `{name}` is not a boolean")),
+        }
+    }
+    fn list(&self, name: &str) -> Result<Vec<String>, String> {
+        match self.get(name) {
+            None => Ok(Vec::new()),
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|v| {
+                    v.as_str()
+                        .map(str::to_owned)
+                        .ok_or_else(|| format!("field `{name}` holds a value that is not text"))
+                })
+                .collect(),
+            Some(_) => Err(format!("field `{name}` is not a list")),
+        }
+    }
+}
+
+/// The kind of record a `Space::Meta` key prefix of this store holds.
+fn kind_of(prefix: u8) -> RecordKind {
+    match prefix {
+        b'u' => RecordKind::User,
+        b'v' => RecordKind::Vhost,
+        b'p' => RecordKind::Permission,
+        b't' => RecordKind::TopicPermission,
+        b'r' => RecordKind::MqttRules,
+        b'a' => RecordKind::Parameter,
+        b'l' => RecordKind::Limits,
+        _ => RecordKind::GlobalParameter,
+    }
+}
+
+/// Decodes one record of kind `prefix` into `found`.
+fn decode_into(found: &mut AccessRecords, prefix: u8, value: &Bytes) -> Result<(), String> {
+    use crate::core::limits::LimitScope;
+    let f = Fields::read(value)?;
+    match prefix {
+        b'u' => found.users.push(UserRecord {
+            name: f.required("name")?,
+            password_hash: f.text("password_hash")?,
+            hashing_algorithm: f.text("hashing_algorithm")?,
+            tags: f.list("tags")?,
+            deleted: f.flag("deleted")?,
+        }),
+        b'v' => found.vhosts.push(VhostRecord {
+            name: f.required("name")?,
+            description: f.text("description")?,
+            tags: f.list("tags")?,
+            deleted: f.flag("deleted")?,
+        }),
+        b't' => found.topic_permissions.push(TopicPermissionRecord {
+            vhost: f.required("vhost")?,
+            user: f.required("user")?,
+            exchange: f.required("exchange")?,
+            write: f.text("write")?,
+            read: f.text("read")?,
+        }),
+        b'r' => found.mqtt_rules = Some(f.required("rules")?),
+        b'l' => {
+            let scope = match f.required("scope")?.as_str() {
+                "user" => LimitScope::User,
+                "vhost" => LimitScope::Vhost,
+                other => return Err(format!("`{other}` is not a scope of limits")),
+            };
+            let values = match f.get("limits") {
+                Some(Value::Table(t)) => t
+                    .iter()
+                    .map(|(k, v)| {
+                        v.as_i64().map(|n| (k.clone(), n)).ok_or_else(|| format!("limit `{k}` is not a number"))
+                    })
+                    .collect::<Result<_, _>>()?,
+                _ => return Err("field `limits` is not a table".into()),
+            };
+            found.limits.push(LimitsRecord { scope, owner: f.required("owner")?, values })
+        }
+        b'g' => found.global_parameters.push((f.required("name")?, f.required("value")?)),
+        b'a' => found.parameters.push(ParameterRecord {
+            component: f.required("component")?,
+            vhost: f.required("vhost")?,
+            name: f.required("name")?,
+            value: f.required("value")?,
+        }),
+        _ => {
+            let (configure, write, read) = (f.text("configure")?, f.text("write")?, f.text("read")?);
+            // Records written before tombstones had a flag marked one as three empty
+            // expressions.
+            let legacy = f.get("cleared").is_none() && configure.is_empty() && write.is_empty() && read.is_empty();
+            found.permissions.push(PermissionRecord {
+                vhost: f.required("vhost")?,
+                user: f.required("user")?,
+                configure,
+                write,
+                read,
+                cleared: f.flag("cleared")? || legacy,
+            })
+        }
+    }
+    Ok(())
 }
 
 fn put(key: Bytes, value: Bytes) -> StoreWrite {
@@ -217,67 +325,17 @@ fn delete(key: Bytes) -> StoreWrite {
 }
 
 impl AccessStore for JournalStore {
-    fn load(&self) -> Result<AccessRecords, StoreError> {
+    fn load(&self) -> Result<AccessRecords, RestoreError> {
         let mut found = AccessRecords::default();
-        for kind in [b'u', b'v', b'p', b't', b'r', b'a', b'l', b'g'] {
-            for (_, value) in self.journal.scan(Space::Meta, &[kind, 0])? {
-                let Some(f) = Fields::read(&value) else { continue };
-                match kind {
-                    b'u' => found.users.push(UserRecord {
-                        name: f.text("name"),
-                        password_hash: f.text("password_hash"),
-                        hashing_algorithm: f.text("hashing_algorithm"),
-                        tags: f.list("tags"),
-                        deleted: f.flag("deleted"),
-                    }),
-                    b'v' => found.vhosts.push(VhostRecord {
-                        name: f.text("name"),
-                        description: f.text("description"),
-                        tags: f.list("tags"),
-                        deleted: f.flag("deleted"),
-                    }),
-                    b't' => found.topic_permissions.push(TopicPermissionRecord {
-                        vhost: f.text("vhost"),
-                        user: f.text("user"),
-                        exchange: f.text("exchange"),
-                        write: f.text("write"),
-                        read: f.text("read"),
-                    }),
-                    b'r' => found.mqtt_rules = Some(f.text("rules")),
-                    b'l' => {
-                        use crate::core::limits::LimitScope;
-                        let scope = if f.text("scope") == "user" { LimitScope::User } else { LimitScope::Vhost };
-                        let values = match f.get("limits") {
-                            Some(Value::Table(t)) => {
-                                t.iter().filter_map(|(k, v)| Some((k.clone(), v.as_i64()?))).collect()
-                            }
-                            _ => Default::default(),
-                        };
-                        found.limits.push(LimitsRecord { scope, owner: f.text("owner"), values })
-                    }
-                    b'g' => found.global_parameters.push((f.text("name"), f.text("value"))),
-                    b'a' => found.parameters.push(ParameterRecord {
-                        component: f.text("component"),
-                        vhost: f.text("vhost"),
-                        name: f.text("name"),
-                        value: f.text("value"),
-                    }),
-                    _ => {
-                        let (configure, write, read) = (f.text("configure"), f.text("write"), f.text("read"));
-                        // Records written before tombstones had a flag marked one as three
-                        // empty expressions.
-                        let legacy =
-                            f.get("cleared").is_none() && configure.is_empty() && write.is_empty() && read.is_empty();
-                        found.permissions.push(PermissionRecord {
-                            vhost: f.text("vhost"),
-                            user: f.text("user"),
-                            configure,
-                            write,
-                            read,
-                            cleared: f.flag("cleared") || legacy,
-                        })
-                    }
-                }
+        for prefix in [b'u', b'v', b'p', b't', b'r', b'a', b'l', b'g'] {
+            let kind = kind_of(prefix);
+            let records = self
+                .journal
+                .scan(Space::Meta, &[prefix, 0])
+                .map_err(|e| RestoreError::unreadable(kind, &[prefix], e))?;
+            for (key, value) in records {
+                decode_into(&mut found, prefix, &value)
+                    .map_err(|reason| RestoreError::undecodable(kind, RecordKey::bytes(&key), reason))?;
             }
         }
         Ok(found)

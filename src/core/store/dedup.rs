@@ -9,15 +9,17 @@ use std::fmt;
 use bytes::Bytes;
 use ferrymq_storage::{Op, Space};
 
-use super::{JournalStore, StoreError, StoreWrite};
+use super::{JournalStore, StoreWrite};
+use crate::core::restore::{RecordKey, RecordKind, RestoreError};
 
 /// Key prefix of de-duplication records in the `meta` keyspace.
 const PREFIX: u8 = b'd';
 
 /// De-duplication values by scope (the scope says whose they are: one exchange).
 pub trait DedupStore: fmt::Debug + Send + Sync {
-    /// Every stored `(scope, id, expiry ms)`, expired or not.
-    fn load(&self) -> Result<Vec<(String, String, u64)>, StoreError>;
+    /// Every stored `(scope, id, expiry ms)`, expired or not; a record that cannot be read
+    /// or decoded is the error.
+    fn load(&self) -> Result<Vec<(String, String, u64)>, RestoreError>;
 
     /// Records `id` of `scope` as seen until `expiry_ms`.
     fn record(&self, scope: &str, id: &str, expiry_ms: u64) -> StoreWrite;
@@ -38,13 +40,20 @@ fn key(scope: &str, id: &str) -> Bytes {
 }
 
 impl DedupStore for JournalStore {
-    fn load(&self) -> Result<Vec<(String, String, u64)>, StoreError> {
-        let mut ids = Vec::new();
-        for (k, v) in self.journal.scan(Space::Meta, &[PREFIX, 0])? {
-            let Some(rest) = k.get(2..) else { continue };
-            let mut parts = rest.splitn(2, |b| *b == 0);
-            let (Some(scope), Some(id)) = (parts.next(), parts.next()) else { continue };
-            let Ok(expiry) = <[u8; 8]>::try_from(&v[..]).map(u64::from_be_bytes) else { continue };
+    fn load(&self) -> Result<Vec<(String, String, u64)>, RestoreError> {
+        let kind = RecordKind::DedupValue;
+        let records =
+            self.journal.scan(Space::Meta, &[PREFIX, 0]).map_err(|e| RestoreError::unreadable(kind, &[PREFIX], e))?;
+        let mut ids = Vec::with_capacity(records.len());
+        for (k, v) in records {
+            let undecodable = |reason: &str| RestoreError::undecodable(kind, RecordKey::bytes(&k), reason);
+            let mut parts = k[2..].splitn(2, |b| *b == 0);
+            let (Some(scope), Some(id)) = (parts.next(), parts.next()) else {
+                return Err(undecodable("the key is not a scope and a value"));
+            };
+            let expiry = <[u8; 8]>::try_from(&v[..])
+                .map(u64::from_be_bytes)
+                .map_err(|_| undecodable("the expiry is not 8 bytes"))?;
             ids.push((String::from_utf8_lossy(scope).into_owned(), String::from_utf8_lossy(id).into_owned(), expiry));
         }
         Ok(ids)

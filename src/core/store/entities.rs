@@ -11,7 +11,8 @@ use bytes::{Bytes, BytesMut};
 use ferrymq_storage::{Op, QueueId, Space};
 use tracing::warn;
 
-use super::{JournalStore, StoreError, StoreWrite};
+use super::{JournalStore, StoreWrite};
+use crate::core::restore::{RecordKey, RecordKind, RestoreError};
 use crate::core::router::{Binding, Destination, ExchangeDef, ExchangeKind};
 use crate::core::value::{decode_table, encode_table, Value};
 
@@ -63,8 +64,9 @@ pub struct EntityRecords {
 
 /// Durable exchanges, queues and bindings.
 pub trait EntityStore: fmt::Debug + Send + Sync {
-    /// Every stored entity (undecodable records are left out).
-    fn load(&self) -> Result<EntityRecords, StoreError>;
+    /// Every stored entity; the first record that cannot be read or decoded is the error
+    /// (none is left out: its queue's messages would be deleted as an orphan's).
+    fn load(&self) -> Result<EntityRecords, RestoreError>;
 
     /// Stores a durable queue.
     fn put_queue(&self, queue: &QueueRecord) -> StoreWrite;
@@ -217,14 +219,24 @@ impl JournalStore {
 }
 
 impl EntityStore for JournalStore {
-    fn load(&self) -> Result<EntityRecords, StoreError> {
+    fn load(&self) -> Result<EntityRecords, RestoreError> {
         let mut found = EntityRecords::default();
-        for (key, value) in self.journal.scan(Space::Meta, b"")? {
-            match key.first() {
-                Some(b'x') => found.exchanges.extend(exchange_from_record(&value)),
-                Some(b'q') => found.queues.extend(queue_from_record(&value)),
-                Some(b'b') => found.bindings.extend(binding_from_record(&value)),
-                _ => {}
+        for (prefix, kind) in [(b'x', RecordKind::Exchange), (b'q', RecordKind::Queue), (b'b', RecordKind::Binding)] {
+            let records = self
+                .journal
+                .scan(Space::Meta, &[prefix, 0])
+                .map_err(|e| RestoreError::unreadable(kind, &[prefix], e))?;
+            for (key, value) in records {
+                let undecodable = |reason: &str| RestoreError::undecodable(kind, RecordKey::bytes(&key), reason);
+                if let Err(e) = decode_table(&mut value.clone(), 0) {
+                    return Err(undecodable(&format!("not a field table: {e}")));
+                }
+                let missing = "a field is missing or of the wrong type";
+                match prefix {
+                    b'x' => found.exchanges.push(exchange_from_record(&value).ok_or_else(|| undecodable(missing))?),
+                    b'q' => found.queues.push(queue_from_record(&value).ok_or_else(|| undecodable(missing))?),
+                    _ => found.bindings.push(binding_from_record(&value).ok_or_else(|| undecodable(missing))?),
+                }
             }
         }
         Ok(found)

@@ -24,6 +24,8 @@ use std::sync::Arc;
 
 use ferrymq_storage::{Journal, JournalError, Op};
 
+use crate::core::restore::{RecordKey, RecordKind, RestoreError};
+
 pub use access::{
     AccessRecords, AccessStore, LimitsRecord, ParameterRecord, PermissionRecord, TopicPermissionRecord, UserRecord,
     VhostRecord,
@@ -39,6 +41,19 @@ pub enum StoreError {
     /// The journal refused or failed the read or write.
     #[error(transparent)]
     Journal(#[from] JournalError),
+    /// A stored record that cannot be decoded (named with its kind and key).
+    #[error(transparent)]
+    Record(#[from] RestoreError),
+}
+
+impl StoreError {
+    /// The error as a restore error about the record of `kind` under `key`.
+    pub fn restoring(self, kind: RecordKind, key: RecordKey) -> RestoreError {
+        match self {
+            StoreError::Journal(error) => RestoreError::Unreadable { kind, key, error },
+            StoreError::Record(e) => e,
+        }
+    }
 }
 
 /// A batch of changes to durable state, made by a store's methods and applied in one

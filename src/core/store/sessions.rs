@@ -11,9 +11,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use ferrymq_storage::{Op, Space};
 use serde::{Deserialize, Serialize};
-use tracing::warn;
 
 use super::{JournalStore, StoreError, StoreWrite};
+use crate::core::restore::{RecordKey, RecordKind, RestoreError};
 use crate::core::router::MqttOptions;
 use crate::core::tag_filter::TagFilter;
 
@@ -65,8 +65,9 @@ pub struct StoredSession {
 
 /// Persistent MQTT sessions by client id.
 pub trait SessionStore: fmt::Debug + Send + Sync {
-    /// Every stored session (undecodable ones are logged and left out).
-    fn load(&self) -> Result<Vec<(String, StoredSession)>, StoreError>;
+    /// Every stored session; the first that cannot be read or decoded is the error
+    /// (none is left out: its queues would look orphaned).
+    fn load(&self) -> Result<Vec<(String, StoredSession)>, RestoreError>;
 
     /// True when a session is stored for `client_id`.
     fn exists(&self, client_id: &str) -> Result<bool, StoreError>;
@@ -81,7 +82,8 @@ pub trait SessionStore: fmt::Debug + Send + Sync {
 /// Inbound QoS 2 packet ids a persistent session received (PUBREC sent) and awaits the
 /// PUBREL of: a resent PUBLISH with such an id is acknowledged, not routed again.
 pub trait InboundQos2Store: fmt::Debug + Send + Sync {
-    /// The ids `client_id` holds.
+    /// The ids `client_id` holds; an id that does not decode is an error, never left out
+    /// (a re-sent message under it would be delivered twice).
     fn pending(&self, client_id: &str) -> Result<Vec<u16>, StoreError>;
 
     /// Records `pkid` as received (committed with the message it came with).
@@ -107,14 +109,15 @@ fn qos2_prefix(client_id: &str) -> Bytes {
 }
 
 impl SessionStore for JournalStore {
-    fn load(&self) -> Result<Vec<(String, StoredSession)>, StoreError> {
-        let mut sessions = Vec::new();
-        for (key, value) in self.journal.scan(Space::Session, b"")? {
-            let Ok(client_id) = std::str::from_utf8(&key) else { continue };
-            match serde_json::from_slice::<StoredSession>(&value) {
-                Ok(s) => sessions.push((client_id.to_owned(), s)),
-                Err(e) => warn!(client_id, error = %e, "undecodable stored session; ignored"),
-            }
+    fn load(&self) -> Result<Vec<(String, StoredSession)>, RestoreError> {
+        let kind = RecordKind::MqttSession;
+        let all = self.journal.scan(Space::Session, b"").map_err(|e| RestoreError::unreadable(kind, b"", e))?;
+        let mut sessions = Vec::with_capacity(all.len());
+        for (key, value) in all {
+            let undecodable = |reason: String| RestoreError::undecodable(kind, RecordKey::bytes(&key), reason);
+            let client_id = std::str::from_utf8(&key).map_err(|_| undecodable("the client id is not UTF-8".into()))?;
+            let session = serde_json::from_slice::<StoredSession>(&value).map_err(|e| undecodable(e.to_string()))?;
+            sessions.push((client_id.to_owned(), session));
         }
         Ok(sessions)
     }
@@ -142,15 +145,16 @@ impl SessionStore for JournalStore {
 impl InboundQos2Store for JournalStore {
     fn pending(&self, client_id: &str) -> Result<Vec<u16>, StoreError> {
         let prefix = qos2_prefix(client_id);
-        let ids = self
-            .journal
-            .scan(Space::InboundQos2, &prefix)?
-            .into_iter()
-            .filter_map(|(k, _)| {
-                let tail = k.get(prefix.len()..)?;
-                Some(u16::from_be_bytes(tail.try_into().ok()?))
-            })
-            .collect();
+        let mut ids = Vec::new();
+        for (k, _) in self.journal.scan(Space::InboundQos2, &prefix)? {
+            match <[u8; 2]>::try_from(&k[prefix.len()..]) {
+                Ok(id) => ids.push(u16::from_be_bytes(id)),
+                Err(_) => {
+                    let reason = format!("{} bytes after the client id, not a packet id", k.len() - prefix.len());
+                    return Err(RestoreError::undecodable(RecordKind::InboundQos2, RecordKey::bytes(&k), reason).into());
+                }
+            }
+        }
         Ok(ids)
     }
 
@@ -204,10 +208,24 @@ mod tests {
     }
 
     #[test]
-    fn an_undecodable_session_is_left_out() {
+    fn an_undecodable_session_is_named_not_left_out() {
         let (_dir, journal, stores) = open();
         let bad = Op::Put { space: Space::Session, key: Bytes::from_static(b"bad"), value: Bytes::from_static(b"{") };
         apply(&journal, StoreWrite::of(vec![bad]).and(stores.sessions.save("good", &session(3))));
-        assert_eq!(stores.sessions.load().unwrap(), vec![("good".to_owned(), session(3))]);
+        let e = stores.sessions.load().unwrap_err();
+        assert_eq!(e.kind(), RecordKind::MqttSession);
+        assert!(e.to_string().starts_with("the MQTT session record \"bad\" cannot be decoded"), "{e}");
+    }
+
+    #[test]
+    fn an_undecodable_inbound_qos2_id_is_an_error_not_a_missing_id() {
+        let (_dir, journal, stores) = open();
+        apply(&journal, stores.inbound_qos2.received("c", 7));
+        let bad =
+            Op::Put { space: Space::InboundQos2, key: Bytes::from_static(b"c\0\x01\x02\x03"), value: Bytes::new() };
+        apply(&journal, StoreWrite::of(vec![bad]));
+        let e = stores.inbound_qos2.pending("c").unwrap_err();
+        assert!(e.to_string().contains("inbound QoS 2 packet id record \"c\\x00\\x01\\x02\\x03\""), "{e}");
+        assert_eq!(stores.inbound_qos2.pending("d").unwrap(), Vec::<u16>::new());
     }
 }
