@@ -89,7 +89,7 @@ impl Server {
         jcfg.min_free_bytes = disk_free_limit / 2;
         jcfg.retention.min_disk_free_bytes = (disk_free_limit > 0).then_some(disk_free_limit);
         let dir = jcfg.dir.clone();
-        let journal = tokio::task::spawn_blocking(move || Journal::open(jcfg))
+        let journal = crate::core::blocking::spawn(move || Journal::open(jcfg))
             .await?
             .with_context(|| format!("cannot open the data directory {}", dir.display()))?;
         match Self::start_on(config, pre, journal.clone()).await {
@@ -440,7 +440,7 @@ impl Server {
             warn!(error = %e, "final journal flush failed");
         }
         self.progress.phase("closing the journal");
-        let _ = tokio::task::spawn_blocking({
+        let _ = crate::core::blocking::spawn({
             let journal = journal.clone();
             move || journal.close()
         })
@@ -469,7 +469,7 @@ async fn mark_watermarks_complete(journal: &Journal) -> anyhow::Result<()> {
     }
     let ops = vec![Op::Put { space: Space::Retry, key: bytes::Bytes::from_static(key), value: bytes::Bytes::new() }];
     let journal = journal.clone();
-    tokio::task::spawn_blocking(move || journal.write_blocking(ops)).await??;
+    crate::core::blocking::spawn(move || journal.write_blocking(ops)).await??;
     Ok(())
 }
 
@@ -479,7 +479,7 @@ async fn close_after_failed_start(journal: &Journal) {
         warn!(error = %e, "journal flush after a failed start failed");
     }
     let journal = journal.clone();
-    match tokio::task::spawn_blocking(move || journal.close()).await {
+    match crate::core::blocking::spawn(move || journal.close()).await {
         Ok(Err(e)) => warn!(error = %e, "closing the journal after a failed start failed"),
         Ok(Ok(())) => info!("start failed: the data directory was closed cleanly"),
         Err(_) => {}

@@ -27,6 +27,7 @@
 //! - [`alarm`] — the memory and disk alarms (publishers wait while one is raised).
 //! - [`timer_wheel`] — a shared wheel of coarse deadlines that wake connections.
 //! - [`broker`] — the shared core and its publish path.
+//! - [`blocking`] — blocking work kept off the runtime's workers.
 //! - [`store`] — typed stores of the front-ends' durable state, and their local implementation.
 //! - [`dedup`] — publisher de-duplication within a time window.
 //! - [`dead_letter`] — republishing dead letters with `x-death`.
@@ -38,6 +39,7 @@
 //! - [`duration`] — durations written as a number and a unit (`30s`, `7D`).
 
 pub mod alarm;
+pub mod blocking;
 pub mod broker;
 pub mod connections;
 pub mod dead_letter;

@@ -182,7 +182,7 @@ impl Task {
                 session.persistent = Some(p);
             }
             None if expiry > 0 => {
-                match self.ctx.broker.stores.catalog.queue_id(&format!("{SESSION_QUEUE_PREFIX}{client_id}")) {
+                match self.ctx.broker.stores.catalog.queue_id(&format!("{SESSION_QUEUE_PREFIX}{client_id}")).await {
                     Ok(queue) => {
                         session.persistent = Some(Persistent {
                             queue,
@@ -292,7 +292,7 @@ impl Task {
     /// next message under it would be taken for a re-send).
     async fn load_inbound_qos2(&self, client_id: &str) -> Vec<u16> {
         self.ctx.broker.barrier().await;
-        self.ctx.broker.stores.inbound_qos2.pending(client_id).unwrap_or_else(|e| {
+        self.ctx.broker.stores.inbound_qos2.pending(client_id).await.unwrap_or_else(|e| {
             conn_log!(warn, self, error = %e, "cannot read inbound QoS 2 state");
             Vec::new()
         })

@@ -157,7 +157,7 @@ impl MqttContext {
             let queue = QueueId(s.queue);
             for (filter, opts) in &s.subscriptions {
                 if let Some((group, f)) = split_share(filter) {
-                    if let Err(e) = ctx.groups.join(&ctx.broker, group, f, &client_id, opts.tag_filter.as_deref()) {
+                    if let Err(e) = ctx.groups.rejoin(&ctx.broker, group, f, &client_id, opts.tag_filter.as_deref()) {
                         warn!(error = %e, "cannot restore shared subscription");
                     }
                     continue;

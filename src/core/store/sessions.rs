@@ -9,7 +9,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use ferrymq_storage::{Op, Space};
+use ferrymq_storage::{JournalError, Op, Space};
+use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
@@ -81,8 +82,8 @@ pub trait SessionStore: fmt::Debug + Send + Sync {
 /// Inbound QoS 2 packet ids a persistent session received (PUBREC sent) and awaits the
 /// PUBREL of: a resent PUBLISH with such an id is acknowledged, not routed again.
 pub trait InboundQos2Store: fmt::Debug + Send + Sync {
-    /// The ids `client_id` holds.
-    fn pending(&self, client_id: &str) -> Result<Vec<u16>, StoreError>;
+    /// The ids `client_id` holds (read without blocking the calling thread: at CONNECT).
+    fn pending<'a>(&'a self, client_id: &'a str) -> BoxFuture<'a, Result<Vec<u16>, StoreError>>;
 
     /// Records `pkid` as received (committed with the message it came with).
     fn received(&self, client_id: &str, pkid: u16) -> StoreWrite;
@@ -140,18 +141,24 @@ impl SessionStore for JournalStore {
 }
 
 impl InboundQos2Store for JournalStore {
-    fn pending(&self, client_id: &str) -> Result<Vec<u16>, StoreError> {
+    fn pending<'a>(&'a self, client_id: &'a str) -> BoxFuture<'a, Result<Vec<u16>, StoreError>> {
+        let journal = self.journal.clone();
         let prefix = qos2_prefix(client_id);
-        let ids = self
-            .journal
-            .scan(Space::InboundQos2, &prefix)?
-            .into_iter()
-            .filter_map(|(k, _)| {
-                let tail = k.get(prefix.len()..)?;
-                Some(u16::from_be_bytes(tail.try_into().ok()?))
-            })
-            .collect();
-        Ok(ids)
+        let skip = prefix.len();
+        Box::pin(async move {
+            // A scan of sled: on the blocking pool.
+            let stored = crate::core::blocking::spawn(move || journal.scan(Space::InboundQos2, &prefix))
+                .await
+                .map_err(|e| JournalError::Io(format!("reading inbound QoS 2 state failed: {e}")))??;
+            let ids = stored
+                .into_iter()
+                .filter_map(|(k, _)| {
+                    let tail = k.get(skip..)?;
+                    Some(u16::from_be_bytes(tail.try_into().ok()?))
+                })
+                .collect();
+            Ok(ids)
+        })
     }
 
     fn received(&self, client_id: &str, pkid: u16) -> StoreWrite {
@@ -181,6 +188,12 @@ mod tests {
         StoredSession { queue, expiry_secs: 60, subscriptions, disconnected_at_ms: Some(5) }
     }
 
+    /// The inbound QoS 2 ids of `client_id`, read as a connection does.
+    fn pending(stores: &super::super::Stores, client_id: &str) -> Vec<u16> {
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        rt.block_on(stores.inbound_qos2.pending(client_id)).unwrap()
+    }
+
     #[test]
     fn sessions_round_trip_and_are_removed_with_their_qos2_ids() {
         let (_dir, journal, stores) = open();
@@ -191,16 +204,16 @@ mod tests {
         loaded.sort_by(|a, b| a.0.cmp(&b.0));
         assert_eq!(loaded, vec![("c1".to_owned(), session(1)), ("c2".to_owned(), session(2))]);
         assert!(stores.sessions.exists("c1").unwrap());
-        let mut ids = stores.inbound_qos2.pending("c1").unwrap();
+        let mut ids = pending(&stores, "c1");
         ids.sort();
         assert_eq!(ids, vec![1, 300], "a client's ids only (c10 shares no prefix with c1)");
 
         apply(&journal, stores.inbound_qos2.released("c1", 1));
-        assert_eq!(stores.inbound_qos2.pending("c1").unwrap(), vec![300]);
+        assert_eq!(pending(&stores, "c1"), vec![300]);
         apply(&journal, stores.sessions.remove("c1"));
         assert!(!stores.sessions.exists("c1").unwrap());
-        assert!(stores.inbound_qos2.pending("c1").unwrap().is_empty(), "ids leave with the session");
-        assert_eq!(stores.inbound_qos2.pending("c10").unwrap(), vec![9]);
+        assert!(pending(&stores, "c1").is_empty(), "ids leave with the session");
+        assert_eq!(pending(&stores, "c10"), vec![9]);
     }
 
     #[test]
