@@ -27,7 +27,7 @@
 //! - [`alarm`] — the memory and disk alarms (publishers wait while one is raised).
 //! - [`timer_wheel`] — a shared wheel of coarse deadlines that wake connections.
 //! - [`broker`] — the shared core and its publish path.
-//! - [`blocking`] — blocking work kept off the runtime's workers.
+//! - [`blocking`] — the runtime the broker runs on, and blocking work kept off its workers.
 //! - [`store`] — typed stores of the front-ends' durable state, and their local implementation.
 //! - [`dedup`] — publisher de-duplication within a time window.
 //! - [`dead_letter`] — republishing dead letters with `x-death`.
