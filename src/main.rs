@@ -120,8 +120,8 @@ fn main() -> anyhow::Result<()> {
     // one the runtime is too busy to take must still stop the process.
     let signals = Signals::start(std::time::Duration::from_secs(config.broker.shutdown_grace_secs))
         .context("cannot install the signal handlers")?;
-    let runtime =
-        tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the runtime")?;
+    // Its workers are marked: a blocking journal call on one panics in debug builds.
+    let runtime = ferrymq::core::blocking::runtime_builder().build().context("cannot start the runtime")?;
     runtime.block_on(run(config, overrides, signals))
 }
 

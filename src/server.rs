@@ -91,7 +91,7 @@ impl Server {
         jcfg.retention.min_disk_free_bytes = (disk_free_limit > 0).then_some(disk_free_limit);
         let dir = jcfg.dir.clone();
         let restore_error = |error| StartError::Restore { path: dir.clone(), error };
-        let journal = match tokio::task::spawn_blocking(move || Journal::open(jcfg)).await? {
+        let journal = match crate::core::blocking::spawn(move || Journal::open(jcfg)).await? {
             Ok(journal) => journal,
             Err(JournalError::Malformed { tree, key }) => {
                 return Err(restore_error(RestoreError::malformed_index(tree, &key)).into())
@@ -102,7 +102,7 @@ impl Server {
         };
         // Everything restored is read first, before anything is applied or cleaned up: a
         // record that cannot be read or decoded stops the start with nothing written.
-        let loaded = tokio::task::spawn_blocking({
+        let loaded = crate::core::blocking::spawn({
             let journal = journal.clone();
             move || restore::load(&journal)
         })
@@ -480,7 +480,7 @@ impl Server {
             warn!(error = %e, "final journal flush failed");
         }
         self.progress.phase("closing the journal");
-        let _ = tokio::task::spawn_blocking({
+        let _ = crate::core::blocking::spawn({
             let journal = journal.clone();
             move || journal.close()
         })
@@ -509,7 +509,7 @@ async fn mark_watermarks_complete(journal: &Journal) -> anyhow::Result<()> {
     }
     let ops = vec![Op::Put { space: Space::Retry, key: bytes::Bytes::from_static(key), value: bytes::Bytes::new() }];
     let journal = journal.clone();
-    tokio::task::spawn_blocking(move || journal.write_blocking(ops)).await??;
+    crate::core::blocking::spawn(move || journal.write_blocking(ops)).await??;
     Ok(())
 }
 
@@ -519,7 +519,7 @@ async fn close_after_failed_start(journal: &Journal) {
         warn!(error = %e, "journal flush after a failed start failed");
     }
     let journal = journal.clone();
-    match tokio::task::spawn_blocking(move || journal.close()).await {
+    match crate::core::blocking::spawn(move || journal.close()).await {
         Ok(Err(e)) => warn!(error = %e, "closing the journal after a failed start failed"),
         Ok(Ok(())) => info!("start failed: the data directory was closed cleanly"),
         Err(_) => {}

@@ -280,7 +280,7 @@ impl Entities {
         config: QueueConfig,
         stream: Option<StreamConfig>,
     ) -> Result<Arc<QueueEntity>, String> {
-        let id = broker.stores.catalog.queue_id(&storage_name(vhost, name)).map_err(|e| e.to_string())?;
+        let id = broker.stores.catalog.queue_id(&storage_name(vhost, name)).await.map_err(|e| e.to_string())?;
         let entity = Arc::new(QueueEntity {
             vhost: vhost.to_owned(),
             name: name.to_owned(),
@@ -340,7 +340,7 @@ impl Entities {
         broker.router.unbind_all(&entity.vhost, &Destination::Queue(entity.id));
         let count = broker.shards.delete(entity.id).await;
         if entity.durable {
-            let write = broker.stores.entities.remove_queue(&entity.vhost, &entity.name, entity.id);
+            let write = broker.stores.entities.remove_queue(&entity.vhost, &entity.name, entity.id).await;
             if let Err(e) = broker.commit(write, Commit::Durable).await {
                 warn!(error = %e, "cannot delete queue metadata");
             }
@@ -454,6 +454,7 @@ pub async fn forget_exchange(broker: &Broker, vhost: &str, name: &str) {
         .stores
         .entities
         .remove_exchange(vhost, name)
+        .await
         .and(broker.stores.dedup.forget_scope(&crate::core::dedup::scope(vhost, name)));
     if let Err(e) = broker.commit(write, Commit::Durable).await {
         warn!(error = %e, "cannot delete exchange metadata");

@@ -166,23 +166,30 @@ impl Broker {
 
     /// Up to `limit` stored messages with key `key` (their `message_id`, `x-key` or MQTT
     /// `key`) stored in `from_ms..=to_ms`, oldest first: (commit-log position, the time
-    /// indexed, the message). A lookup in the key index, not a scan of the log.
-    pub fn messages_by_key(
+    /// indexed, the message). A lookup in the key index, not a scan of the log; the index
+    /// and the records are read on the blocking pool.
+    pub async fn messages_by_key(
         &self,
         key: &str,
         from_ms: u64,
         to_ms: u64,
         limit: usize,
     ) -> Result<Vec<(u64, u64, Message)>, JournalError> {
-        let hits = self.journal.lookup_key(key.as_bytes(), from_ms, to_ms, limit)?;
-        let mut found = Vec::with_capacity(hits.len());
-        for hit in hits {
-            let record = self.journal.read(hit.pos)?;
-            if let Ok(msg) = Message::decode(record.header, record.body) {
-                found.push((hit.pos.0, hit.timestamp_ms, msg));
+        let journal = self.journal.clone();
+        let key = key.to_owned();
+        super::blocking::spawn(move || {
+            let hits = journal.lookup_key(key.as_bytes(), from_ms, to_ms, limit)?;
+            let mut found = Vec::with_capacity(hits.len());
+            for hit in hits {
+                let record = journal.read(hit.pos)?;
+                if let Ok(msg) = Message::decode(record.header, record.body) {
+                    found.push((hit.pos.0, hit.timestamp_ms, msg));
+                }
             }
-        }
-        Ok(found)
+            Ok(found)
+        })
+        .await
+        .unwrap_or_else(|e| Err(JournalError::Io(format!("the key lookup failed: {e}"))))
     }
 
     /// Bytes the commit log's live segments hold on disk.
@@ -209,9 +216,10 @@ impl Broker {
         Ok(())
     }
 
-    /// The spill queue of the clean session `link_id` (made on its first spill).
-    fn spill_queue(&self, link_id: u64) -> Option<QueueId> {
-        match self.stores.catalog.queue_id(&format!("{SPILL_QUEUE_PREFIX}{link_id}")) {
+    /// The spill queue of the clean session `link_id` (made on its first spill, without
+    /// blocking: by the journal's writer thread).
+    async fn spill_queue(&self, link_id: u64) -> Option<QueueId> {
+        match self.stores.catalog.queue_id(&format!("{SPILL_QUEUE_PREFIX}{link_id}")).await {
             Ok(q) => Some(q),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot make a spill queue; deliveries to a full session are dropped");
@@ -249,15 +257,27 @@ impl Broker {
         let mut dropped = 0u64;
         let mut spilled: Vec<QueueRoute> = Vec::new();
         for r in &routes.sessions {
-            let direct = Direct {
+            let direct = || Direct {
                 msg: msg.clone(),
                 qos: r.qos,
                 retain_as_published: r.retain_as_published,
                 subscription_ids: r.subscription_ids.clone(),
             };
-            match r.link.deliver(direct, || self.spill_queue(r.link.id)) {
+            let mut handoff = r.link.deliver(direct(), || None);
+            if handoff == Handoff::NeedsSpillQueue {
+                // The session's first spill (once per connection): its queue is made
+                // without holding the link's lock, then the delivery is handed over again.
+                handoff = match self.spill_queue(r.link.id).await {
+                    Some(queue) => r.link.deliver(direct(), || Some(queue)),
+                    None => {
+                        r.link.spill_queue_failed();
+                        Handoff::Dropped
+                    }
+                };
+            }
+            match handoff {
                 Handoff::Sent | Handoff::Gone => {}
-                Handoff::Dropped => dropped += 1,
+                Handoff::Dropped | Handoff::NeedsSpillQueue => dropped += 1,
                 Handoff::Spill(queue) => spilled.push(QueueRoute { queue, qos: r.qos, reserved: false }),
             }
         }

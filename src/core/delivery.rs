@@ -151,6 +151,10 @@ pub enum Handoff {
     Spill(QueueId),
     /// Dropped for this subscriber (QoS 0 on a full buffer, or a slow subscriber).
     Dropped,
+    /// Must spill, and the session has no spill queue yet: nothing was taken or counted.
+    /// Make the queue (without holding anything up) and deliver again with it, or count
+    /// the delivery dropped with [`SessionLink::spill_queue_failed`].
+    NeedsSpillQueue,
     /// The session is gone.
     Gone,
 }
@@ -172,9 +176,10 @@ impl SessionLink {
         }
     }
 
-    /// Hands over a delivery without waiting. `spill_queue` makes the session's spill
-    /// queue the first time one is needed (`None`: it cannot be made; the delivery is
-    /// dropped).
+    /// Hands over a delivery without waiting. `spill_queue` gives the session's spill
+    /// queue the first time one is needed, if it is at hand (`None`: the delivery comes back
+    /// as [`Handoff::NeedsSpillQueue`]; making the queue may wait on storage, which this
+    /// lock-holding call never does).
     pub fn deliver(&self, msg: Direct, spill_queue: impl FnOnce() -> Option<QueueId>) -> Handoff {
         let qos = msg.msg.qos.min(msg.qos);
         let bytes = msg.msg.payload.len() as u64;
@@ -220,16 +225,19 @@ impl SessionLink {
                     self.signal_changed();
                     q
                 }
-                None => {
-                    self.dropped.fetch_add(1, Ordering::Relaxed);
-                    return Handoff::Dropped;
-                }
+                None => return Handoff::NeedsSpillQueue,
             },
         };
         s.messages += 1;
         s.bytes += bytes;
         self.spilling.store(true, Ordering::Release);
         Handoff::Spill(queue)
+    }
+
+    /// Counts a delivery dropped because the spill queue it needed could not be made
+    /// (after [`Handoff::NeedsSpillQueue`]).
+    pub fn spill_queue_failed(&self) {
+        self.dropped.fetch_add(1, Ordering::Relaxed);
     }
 
     fn signal_changed(&self) {
@@ -391,11 +399,14 @@ mod tests {
     }
 
     #[test]
-    fn a_closed_session_or_no_spill_queue_takes_nothing() {
+    fn a_closed_session_or_a_missing_spill_queue_takes_nothing() {
         let l = link(1, 10, 10);
         let rx = LinkReceiver(l.clone());
         assert_eq!(l.deliver(direct(1, b"a"), || None), Handoff::Sent);
-        assert_eq!(l.deliver(direct(1, b"b"), || None), Handoff::Dropped, "no spill queue could be made");
+        assert_eq!(l.deliver(direct(1, b"b"), || None), Handoff::NeedsSpillQueue, "no spill queue at hand");
+        assert_eq!(l.dropped(), 0, "nothing counted yet");
+        l.spill_queue_failed();
+        assert_eq!(l.dropped(), 1, "it could not be made");
         drop(rx);
         assert_eq!(l.deliver(direct(1, b"c"), || None), Handoff::Gone);
         assert_eq!(take_one(&l), None, "what was buffered went with the connection");

@@ -29,6 +29,7 @@
 //! - [`broker`] — the shared core and its publish path.
 //! - [`restore`] — what start-up reads back, all before anything is applied, and why it
 //!   refuses to start (the record's kind and key).
+//! - [`blocking`] — the runtime the broker runs on, and blocking work kept off its workers.
 //! - [`store`] — typed stores of the front-ends' durable state, and their local implementation.
 //! - [`dedup`] — publisher de-duplication within a time window.
 //! - [`dead_letter`] — republishing dead letters with `x-death`.
@@ -40,6 +41,7 @@
 //! - [`duration`] — durations written as a number and a unit (`30s`, `7D`).
 
 pub mod alarm;
+pub mod blocking;
 pub mod broker;
 pub mod connections;
 pub mod dead_letter;

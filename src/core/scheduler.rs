@@ -29,25 +29,30 @@ pub async fn run(broker: Arc<Broker>) {
     loop {
         let now = now_ms();
         // sled and the commit log are read off the runtime's workers (a slow disk must not
-        // stall connections).
+        // stall connections): the due timers, and the earliest one left when none is due.
         let journal = broker.journal.clone();
-        let due = tokio::task::spawn_blocking(move || journal.timers_due(now, BATCH))
-            .await
-            .unwrap_or_else(|e| Err(ferrymq_storage::JournalError::Io(e.to_string())));
-        match due {
-            Ok(due) if !due.is_empty() => {
-                let full = due.len() == BATCH;
+        let read = super::blocking::spawn(move || {
+            let due = journal.timers_due(now, BATCH)?;
+            let next = if due.is_empty() { journal.next_timer()? } else { None };
+            Ok((due, next))
+        })
+        .await
+        .unwrap_or_else(|e| Err(ferrymq_storage::JournalError::Io(e.to_string())));
+        let next = match read {
+            Ok((due, _)) if !due.is_empty() => {
+                // Then at once again: more may be due, and the next timer is read there.
                 fire(&broker, due).await;
-                if full {
-                    continue;
-                }
+                continue;
             }
-            Ok(_) => {}
-            Err(e) => warn!(error = %e, "cannot read timers"),
-        }
-        let sleep = match broker.journal.next_timer() {
-            Ok(Some(at)) => Duration::from_millis(at.saturating_sub(now_ms())).min(MAX_SLEEP),
-            _ => MAX_SLEEP,
+            Ok((_, next)) => next,
+            Err(e) => {
+                warn!(error = %e, "cannot read timers");
+                None
+            }
+        };
+        let sleep = match next {
+            Some(at) => Duration::from_millis(at.saturating_sub(now_ms())).min(MAX_SLEEP),
+            None => MAX_SLEEP,
         };
         tokio::select! {
             _ = tokio::time::sleep(sleep) => {}
@@ -65,7 +70,7 @@ async fn fire(broker: &Broker, due: Vec<ferrymq_storage::TimerEntry>) {
     let mut ops = Vec::with_capacity(due.len() * 2);
     let mut items = Vec::new();
     let journal = broker.journal.clone();
-    let read = tokio::task::spawn_blocking(move || {
+    let read = super::blocking::spawn(move || {
         due.into_iter()
             .map(|t| {
                 let ptr = ferrymq_storage::Pointer { pos: t.pos, size: t.size, body_len: 0, tag_hash: 0, flags: 0 };

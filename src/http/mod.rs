@@ -296,7 +296,7 @@ impl HttpContext {
             self.rates.sample(&rates::Totals::now(&self.broker));
             self.queue_rates.sample(self.amqp.entities.all().iter().map(|q| (q.id, queues::sample(q).values())));
             let journal = self.broker.journal.clone();
-            let delayed = tokio::task::spawn_blocking(move || {
+            let delayed = crate::core::blocking::spawn(move || {
                 journal.count_timers(DELAYED_SCAN_LIMIT, &|target| !crate::core::retry::is_tagged(target))
             });
             if let Ok(Ok(n)) = delayed.await {

@@ -108,11 +108,20 @@ pub async fn extensions(_: Permitted<Management>) -> Answer {
     Ok(Json(json!([])))
 }
 
-fn node_json(ctx: &HttpContext) -> Json_ {
+/// Open file descriptors and the soft limit on them, read from `/proc` on the blocking
+/// pool: with many connections, `/proc/self/fd` is a long directory to list.
+async fn descriptors() -> (usize, u64) {
+    crate::core::blocking::spawn(|| {
+        let used = std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0);
+        (used, open_files_limit().unwrap_or(0))
+    })
+    .await
+    .unwrap_or((0, 0))
+}
+
+fn node_json(ctx: &HttpContext, (fd_used, fd_total): (usize, u64)) -> Json_ {
     let (mem_limit, disk_free_limit) = ctx.alarm.limits();
     let raised = ctx.alarm.raised();
-    let fd_used = std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0);
-    let fd_total = open_files_limit().unwrap_or(0);
     let journal = ctx.broker.journal.stats();
     json!({
         "name": ctx.node(),
@@ -151,7 +160,7 @@ fn node_json(ctx: &HttpContext) -> Json_ {
 
 /// `GET /api/nodes`.
 pub async fn nodes(p: Permitted<Monitoring>) -> Answer {
-    Ok(Json(json!([node_json(p.ctx())])))
+    Ok(Json(json!([node_json(p.ctx(), descriptors().await)])))
 }
 
 /// `GET /api/nodes/{name}`.
@@ -159,7 +168,7 @@ pub async fn node(p: Permitted<Monitoring>, Path(name): Path<String>) -> Answer 
     if name != p.ctx().node() {
         return Err(ApiError::not_found());
     }
-    Ok(Json(node_json(p.ctx())))
+    Ok(Json(node_json(p.ctx(), descriptors().await)))
 }
 
 /// The soft limit on open files, from `/proc/self/limits`.

@@ -213,6 +213,7 @@ pub async fn lookup(p: Permitted<Monitoring>, Query(q): Query<LookupQuery>) -> A
     let found = ctx
         .broker
         .messages_by_key(&q.key, q.from.unwrap_or(0), to, limit)
+        .await
         .map_err(|e| ApiError::internal(e.to_string()))?;
     let mut reader = p.message_reader();
     let rows = found

@@ -190,7 +190,7 @@ impl Task {
                 session.persistent = Some(p);
             }
             None if expiry > 0 => {
-                match self.ctx.broker.stores.catalog.queue_id(&format!("{SESSION_QUEUE_PREFIX}{client_id}")) {
+                match self.ctx.broker.stores.catalog.queue_id(&format!("{SESSION_QUEUE_PREFIX}{client_id}")).await {
                     Ok(queue) => {
                         session.persistent = Some(Persistent {
                             queue,
@@ -300,7 +300,7 @@ impl Task {
     /// next message under it would be taken for a re-send).
     async fn load_inbound_qos2(&self, client_id: &str) -> Result<Vec<u16>, StoreError> {
         self.ctx.broker.barrier().await;
-        self.ctx.broker.stores.inbound_qos2.pending(client_id)
+        self.ctx.broker.stores.inbound_qos2.pending(client_id).await
     }
 
     /// Refuses a CONNECT whose session's inbound QoS 2 state cannot be read, with

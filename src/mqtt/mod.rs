@@ -159,7 +159,7 @@ impl MqttContext {
             let queue = QueueId(s.queue);
             for (filter, opts) in &s.subscriptions {
                 if let Some((group, f)) = split_share(filter) {
-                    match ctx.groups.join(&ctx.broker, group, f, &client_id, opts.tag_filter.as_deref()) {
+                    match ctx.groups.rejoin(&ctx.broker, group, f, &client_id, opts.tag_filter.as_deref()) {
                         Ok(_) => {}
                         Err(shared::JoinError::Storage(e)) => {
                             let key = RecordKey::text(format!("client_id={client_id} filter={filter}"));

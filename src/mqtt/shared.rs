@@ -5,6 +5,7 @@
 //! `tag-filter`) on its binding: messages it rejects never reach the group's queue. Its
 //! members must agree on it, as the consumers of a RocketMQ group must subscribe alike.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
@@ -66,6 +67,32 @@ fn binding(tag_filter: Option<&str>) -> MqttOptions {
     }
 }
 
+/// Adds `member` to an existing group: with the group's tag filter, or — alone in it —
+/// with a new one.
+fn add_member(
+    g: &mut Group,
+    broker: &Broker,
+    filter: &str,
+    member: &Arc<str>,
+    tag_filter: Option<&str>,
+) -> Result<QueueId, JoinError> {
+    if !same_filter(g.tag_filter.as_deref(), tag_filter) {
+        let alone = g.members.len() == 1 && g.members.contains(member);
+        if !alone {
+            return Err(JoinError::TagFilterMismatch {
+                group: g.tag_filter.clone(),
+                asked: tag_filter.map(str::to_owned),
+            });
+        }
+        // Replaces the group's binding in place (same destination and key): no moment
+        // without one, so no publish misses the group.
+        broker.router.subscribe(filter, Destination::Queue(g.queue), binding(tag_filter));
+        g.tag_filter = tag_filter.map(str::to_owned);
+    }
+    g.members.insert(member.clone());
+    Ok(g.queue)
+}
+
 /// Every shared-subscription group.
 #[derive(Debug, Default)]
 pub struct SharedGroups {
@@ -75,8 +102,9 @@ pub struct SharedGroups {
 impl SharedGroups {
     /// Adds `member` to the group (creating it and its binding if new), with the tag filter
     /// `tag_filter` (validated); returns the group's queue. A member alone in its group may
-    /// change the filter; otherwise every member must give the group's.
-    pub fn join(
+    /// change the filter; otherwise every member must give the group's. A new group's
+    /// queue id is resolved without blocking and without holding the groups' lock.
+    pub async fn join(
         &self,
         broker: &Broker,
         group: &str,
@@ -84,32 +112,66 @@ impl SharedGroups {
         member: &Arc<str>,
         tag_filter: Option<&str>,
     ) -> Result<QueueId, JoinError> {
-        let mut groups = self.groups.lock();
-        let key = (group.to_owned(), filter.to_owned());
-        if let Some(g) = groups.get_mut(&key) {
-            if !same_filter(g.tag_filter.as_deref(), tag_filter) {
-                let alone = g.members.len() == 1 && g.members.contains(member);
-                if !alone {
-                    return Err(JoinError::TagFilterMismatch {
-                        group: g.tag_filter.clone(),
-                        asked: tag_filter.map(str::to_owned),
-                    });
-                }
-                // Replaces the group's binding in place (same destination and key): no
-                // moment without one, so no publish misses the group.
-                broker.router.subscribe(filter, Destination::Queue(g.queue), binding(tag_filter));
-                g.tag_filter = tag_filter.map(str::to_owned);
-            }
-            g.members.insert(member.clone());
-            return Ok(g.queue);
+        if let Some(joined) = self.join_existing(broker, group, filter, member, tag_filter) {
+            return joined;
         }
-        let queue = broker.stores.catalog.queue_id(&queue_name(group, filter))?;
-        broker.router.subscribe(filter, Destination::Queue(queue), binding(tag_filter));
-        groups.insert(
-            key,
-            Group { queue, members: HashSet::from([member.clone()]), tag_filter: tag_filter.map(str::to_owned) },
-        );
-        Ok(queue)
+        let queue = broker.stores.catalog.queue_id(&queue_name(group, filter)).await?;
+        self.join_or_create(broker, (group, filter), member, tag_filter, queue)
+    }
+
+    /// [`SharedGroups::join`] for the start-up restore, which may block (it runs before
+    /// any client connects, off the runtime's workers).
+    pub fn rejoin(
+        &self,
+        broker: &Broker,
+        group: &str,
+        filter: &str,
+        member: &Arc<str>,
+        tag_filter: Option<&str>,
+    ) -> Result<QueueId, JoinError> {
+        if let Some(joined) = self.join_existing(broker, group, filter, member, tag_filter) {
+            return joined;
+        }
+        let queue = broker.stores.catalog.queue_id_blocking(&queue_name(group, filter))?;
+        self.join_or_create(broker, (group, filter), member, tag_filter, queue)
+    }
+
+    /// Adds `member` to the group if it exists (`None`: it does not).
+    fn join_existing(
+        &self,
+        broker: &Broker,
+        group: &str,
+        filter: &str,
+        member: &Arc<str>,
+        tag_filter: Option<&str>,
+    ) -> Option<Result<QueueId, JoinError>> {
+        let mut groups = self.groups.lock();
+        let g = groups.get_mut(&(group.to_owned(), filter.to_owned()))?;
+        Some(add_member(g, broker, filter, member, tag_filter))
+    }
+
+    /// Adds `member` to the group, creating it on `queue` unless another member did
+    /// meanwhile.
+    fn join_or_create(
+        &self,
+        broker: &Broker,
+        (group, filter): (&str, &str),
+        member: &Arc<str>,
+        tag_filter: Option<&str>,
+        queue: QueueId,
+    ) -> Result<QueueId, JoinError> {
+        match self.groups.lock().entry((group.to_owned(), filter.to_owned())) {
+            Entry::Occupied(mut g) => add_member(g.get_mut(), broker, filter, member, tag_filter),
+            Entry::Vacant(slot) => {
+                broker.router.subscribe(filter, Destination::Queue(queue), binding(tag_filter));
+                slot.insert(Group {
+                    queue,
+                    members: HashSet::from([member.clone()]),
+                    tag_filter: tag_filter.map(str::to_owned),
+                });
+                Ok(queue)
+            }
+        }
     }
 
     /// Removes `member`; when it was the last one the group's binding is removed and its

@@ -73,7 +73,7 @@ impl Task {
             let existed = self.session.as_ref().is_some_and(|s| s.subs.contains_key(&f.filter));
             if let Some(group) = parsed.share_group {
                 let expr = tag_filter.as_ref().map(|(expr, _)| expr.as_str());
-                match self.ctx.groups.join(&self.ctx.broker, group, parsed.filter, &client_id, expr) {
+                match self.ctx.groups.join(&self.ctx.broker, group, parsed.filter, &client_id, expr).await {
                     Ok(queue) => {
                         if !existed {
                             self.consuming().group_filters.insert(queue, f.filter.clone());

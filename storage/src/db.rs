@@ -132,26 +132,19 @@ impl Db {
         &self.kv[codec::space_index(space)]
     }
 
-    /// The id of `name`, allocating one (never reused) if the name is new; true if it was.
-    pub(crate) fn queue_id(&self, name: &str) -> Result<(QueueId, bool), JournalError> {
-        loop {
-            if let Some(v) = self.queue_names.get(name).map_err(db_err)? {
-                let id = codec::decode_u64(&v).map(QueueId).ok_or_else(|| malformed("queue_names", name.as_bytes()))?;
-                return Ok((id, false));
-            }
-            let id = self.db.generate_id().map_err(db_err)?;
-            let id_bytes = codec::encode_u64(id);
-            self.queue_ids.insert(id_bytes, name.as_bytes()).map_err(db_err)?;
-            let cas =
-                self.queue_names.compare_and_swap(name, None as Option<&[u8]>, Some(&id_bytes[..])).map_err(db_err)?;
-            match cas {
-                Ok(()) => return Ok((QueueId(id), true)),
-                Err(_) => {
-                    // Another thread named the queue first: use its id.
-                    self.queue_ids.remove(id_bytes).map_err(db_err)?;
-                }
-            }
-        }
+    /// A new id (never reused) for `name`, written to both name trees at once (unflushed).
+    /// Only the writer thread allocates, after finding no mapping for `name`.
+    pub(crate) fn allocate_queue_id(&self, name: &str) -> Result<u64, JournalError> {
+        let id = self.db.generate_id().map_err(db_err)?;
+        let id_bytes = codec::encode_u64(id);
+        self.queue_ids.insert(id_bytes, name.as_bytes()).map_err(db_err)?;
+        self.queue_names.insert(name.as_bytes(), &id_bytes[..]).map_err(db_err)?;
+        Ok(id)
+    }
+
+    /// The queue id the `queue_names` value of `name` holds.
+    pub(crate) fn decode_queue_id(name: &str, value: &[u8]) -> Result<u64, JournalError> {
+        codec::decode_u64(value).ok_or_else(|| malformed("queue_names", name.as_bytes()))
     }
 
     /// Every queue name with its id, in name order.

@@ -15,8 +15,8 @@ use crate::cq::ConsumeQueues;
 use crate::db::Db;
 use crate::log::{self, Log};
 use crate::state::Shared;
-use crate::writer::{Msg, Writer};
-use crate::{checkpoint, recovery, segment};
+use crate::writer::{Msg, ResolveReply, Writer};
+use crate::{checkpoint, guard, recovery, segment};
 use crate::{
     Completion, JournalConfig, JournalError, JournalStats, KeyHit, LogPos, Op, Pointer, QueueId, Receipt, Record,
     Space, TimerEntry,
@@ -93,7 +93,7 @@ fn cap_segment_size(config: &mut JournalConfig) {
 fn unsent(msg: Msg) -> (Vec<Op>, Option<Completion>) {
     match msg {
         Msg::Submit { ops, done, .. } => (ops, done),
-        Msg::Flush(_) | Msg::Close | Msg::Verify(_) | Msg::Abandon | Msg::Named { .. } | Msg::Roll(_) => {
+        Msg::Flush(_) | Msg::Close | Msg::Verify(_) | Msg::Abandon | Msg::Resolve { .. } | Msg::Roll(_) => {
             (Vec::new(), None)
         }
     }
@@ -102,6 +102,7 @@ fn unsent(msg: Msg) -> (Vec<Op>, Option<Completion>) {
 impl Journal {
     /// Opens (or creates) the journal in `config.dir`, recovers it and starts the writer thread.
     pub fn open(mut config: JournalConfig) -> Result<Journal, JournalError> {
+        guard::check("open");
         std::fs::create_dir_all(&config.dir).map_err(log::io_err)?;
         cap_segment_size(&mut config);
         let found = crate::format::check_or_stamp(&config.dir)?;
@@ -161,6 +162,7 @@ impl Journal {
             drains: AtomicU64::new(0),
             out_of_space: AtomicU64::new(0),
             index_scanned,
+            names: Default::default(),
         });
         let checkpointer = checkpoint::Checkpointer::start(shared.clone()).map_err(log::io_err)?;
         let writer = Writer::new(shared.clone(), rx, rt, log_writer, index.refs, ballast, checkpointer);
@@ -202,6 +204,7 @@ impl Journal {
     /// completion. [`JournalError::Full`] if the file system has no room for the new
     /// segment's file (nothing changes then).
     pub fn roll_segment(&self) -> Result<bool, JournalError> {
+        guard::check("roll_segment");
         let (tx, rx) = oneshot::channel();
         self.inner.tx.blocking_send(Msg::Roll(tx)).map_err(|_| JournalError::Closed)?;
         rx.blocking_recv().unwrap_or(Err(JournalError::Closed))
@@ -265,6 +268,7 @@ impl Journal {
     ///
     /// Must not be called from an async runtime thread or from a completion.
     pub fn write_blocking(&self, ops: Vec<Op>) -> Result<Receipt, JournalError> {
+        guard::check("write_blocking");
         let (tx, rx) = oneshot::channel();
         let done: Completion = Box::new(move |r| drop(tx.send(r)));
         self.inner
@@ -274,28 +278,61 @@ impl Journal {
         rx.blocking_recv().unwrap_or(Err(JournalError::Closed))
     }
 
-    /// Returns the id of the named queue, creating the mapping if needed.
+    /// Returns the id of the named queue, creating the mapping if needed. Blocking: a
+    /// name not in memory yet waits for the writer thread (see
+    /// [`Journal::resolve_queue_id`], the form for async callers); not from an async
+    /// runtime worker or from a completion.
     ///
     /// Ids are never handed out twice, not even after [`Op::DeleteQueue`]. A new mapping
-    /// is in sled at once and goes into the commit log with the next group commit, so it
-    /// is as durable as any write submitted after this call.
+    /// is in sled at once and goes into the commit log with the group commit the writer is
+    /// working on, so it is as durable as any write submitted after this call.
     pub fn queue_id(&self, name: &str) -> Result<QueueId, JournalError> {
-        let db = self.shared().db()?;
-        let (id, new) = db.queue_id(name)?;
-        if new {
-            match self.inner.tx.try_send(Msg::Named { id: id.0, name: name.to_owned() }) {
-                Ok(()) | Err(TrySendError::Closed(_)) => {}
-                // Rare (the channel is full): make it durable here instead.
-                Err(TrySendError::Full(_)) => {
-                    db.db.flush().map_err(crate::db::db_err)?;
+        guard::check("queue_id");
+        if let Some(id) = self.cached_queue_id(name) {
+            return Ok(id);
+        }
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let reply: ResolveReply = Box::new(move |r| drop(tx.send(r)));
+        let mut msg = Msg::Resolve { name: name.to_owned(), reply };
+        // `try_send`, not `blocking_send`: this may run inside a runtime's `block_on` (the
+        // broker's start-up, a queue owner), where tokio's blocking waits panic.
+        loop {
+            match self.inner.tx.try_send(msg) {
+                Ok(()) => break,
+                Err(TrySendError::Closed(_)) => return Err(JournalError::Closed),
+                Err(TrySendError::Full(m)) => {
+                    msg = m;
+                    std::thread::sleep(Duration::from_micros(200));
                 }
             }
         }
-        Ok(id)
+        rx.recv().unwrap_or(Err(JournalError::Closed))
+    }
+
+    /// Returns the id of the named queue, creating the mapping if needed, without blocking
+    /// the calling thread: from memory when the name was resolved before (a read lock and
+    /// a hash lookup), else the writer thread looks it up in sled or allocates the id.
+    /// Otherwise as [`Journal::queue_id`].
+    pub async fn resolve_queue_id(&self, name: &str) -> Result<QueueId, JournalError> {
+        if let Some(id) = self.cached_queue_id(name) {
+            return Ok(id);
+        }
+        let (tx, rx) = oneshot::channel();
+        let reply: ResolveReply = Box::new(move |r| drop(tx.send(r)));
+        self.inner.tx.send(Msg::Resolve { name: name.to_owned(), reply }).await.map_err(|_| JournalError::Closed)?;
+        rx.await.unwrap_or(Err(JournalError::Closed))
+    }
+
+    /// The id of the named queue if it is in memory (resolved since open and not deleted
+    /// since); never blocks on I/O. `None` says nothing about sled: ask
+    /// [`Journal::resolve_queue_id`].
+    pub fn cached_queue_id(&self, name: &str) -> Option<QueueId> {
+        self.shared().names.read().get(name).copied()
     }
 
     /// Every known queue name with its id.
     pub fn queues(&self) -> Result<Vec<(String, QueueId)>, JournalError> {
+        guard::check("queues");
         self.shared().db()?.queues()
     }
 
@@ -304,6 +341,7 @@ impl Journal {
     /// [`JournalError::NotFound`] if no live segment holds `pos` (deleted by retention, past
     /// the end); [`JournalError::Corrupt`] if the bytes there fail the framing or crc check.
     pub fn read(&self, pos: LogPos) -> Result<Record, JournalError> {
+        guard::check("read");
         self.shared().log.read(pos.0)
     }
 
@@ -313,6 +351,7 @@ impl Journal {
     ///
     /// [`MessageKeys`]: crate::MessageKeys
     pub fn lookup_key(&self, key: &[u8], from_ms: u64, to_ms: u64, limit: usize) -> Result<Vec<KeyHit>, JournalError> {
+        guard::check("lookup_key");
         let shared = self.shared();
         shared.db()?.lookup_key(key, from_ms, to_ms, limit, |pos, size| {
             size as u64 >= segment::RECORD_OVERHEAD && shared.log.contains(pos, size)
@@ -321,11 +360,13 @@ impl Journal {
 
     /// Number of entries in the key index (diagnostics; counts the whole tree).
     pub fn key_index_len(&self) -> usize {
+        guard::check("key_index_len");
         self.shared().db().map_or(0, |db| db.key.len())
     }
 
     /// Up to `limit` entries of `queue` with offset >= `from`, in offset order.
     pub fn queue_entries(&self, queue: QueueId, from: u64, limit: usize) -> Result<Vec<(u64, Pointer)>, JournalError> {
+        guard::check("queue_entries");
         let shared = self.shared();
         shared.cq.entries(queue.0, from, limit).map_err(log::io_err)
     }
@@ -345,11 +386,13 @@ impl Journal {
 
     /// Every retained message: topic and record position.
     pub fn retained(&self) -> Result<Vec<(String, LogPos)>, JournalError> {
+        guard::check("retained");
         self.shared().db()?.retained()
     }
 
     /// Up to `limit` timers due at or before `until_ms`, earliest first.
     pub fn timers_due(&self, until_ms: u64, limit: usize) -> Result<Vec<TimerEntry>, JournalError> {
+        guard::check("timers_due");
         self.shared().db()?.timers_due(until_ms, limit)
     }
 
@@ -362,21 +405,25 @@ impl Journal {
     /// How many of the first `limit` stored timers (earliest first) have a target `keep`
     /// accepts: a scan, for a sampler off the runtime's workers, not for a hot path.
     pub fn count_timers(&self, limit: usize, keep: &dyn Fn(&[u8]) -> bool) -> Result<u64, JournalError> {
+        guard::check("count_timers");
         self.shared().db()?.count_timers(limit, keep)
     }
 
     /// Due time of the earliest timer (`None` when there is none).
     pub fn next_timer(&self) -> Result<Option<u64>, JournalError> {
+        guard::check("next_timer");
         self.shared().db()?.next_timer()
     }
 
     /// The value of `key` in a keyspace, if it is set.
     pub fn get(&self, space: Space, key: &[u8]) -> Result<Option<Bytes>, JournalError> {
+        guard::check("get");
         self.shared().kv_get(space, key)
     }
 
     /// Every key/value with this prefix, in key order.
     pub fn scan(&self, space: Space, prefix: &[u8]) -> Result<Vec<(Bytes, Bytes)>, JournalError> {
+        guard::check("scan");
         self.shared().kv_scan(space, prefix)
     }
 
@@ -413,6 +460,7 @@ impl Journal {
     /// Later submissions fail with [`JournalError::Closed`]; reads keep working until the
     /// last handle is dropped. Closing twice is a no-op.
     pub fn close(&self) -> Result<(), JournalError> {
+        guard::check("close");
         self.inner.shutdown()
     }
 
@@ -421,6 +469,7 @@ impl Journal {
     /// compares them with the in-memory counters. Blocking; a full scan of the index.
     #[doc(hidden)]
     pub fn verify_counters(&self) -> Result<(), String> {
+        guard::check("verify_counters");
         let (tx, rx) = oneshot::channel();
         self.inner.tx.blocking_send(Msg::Verify(tx)).map_err(|_| "journal is closed".to_string())?;
         rx.blocking_recv().unwrap_or_else(|_| Err("journal is closed".into()))
@@ -432,6 +481,7 @@ impl Journal {
     /// submissions fail with [`JournalError::Closed`]. Reopen to recover.
     #[doc(hidden)]
     pub fn crash(&self) {
+        guard::check("crash");
         let _ = self.inner.tx.blocking_send(Msg::Abandon);
         if let Some(handle) = self.inner.thread.lock().take() {
             let _ = handle.join();
@@ -708,6 +758,76 @@ mod tests {
         let results = submit_fifty(&j, q);
         assert!(results.iter().all(|r| matches!(r, Err(JournalError::Poisoned(_)))));
         assert_eq!(j.queue_len(q).unwrap(), 0);
+    }
+
+    /// A runtime whose worker (and blocking-pool) threads are marked, as the broker's are.
+    fn marked_runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .on_thread_start(crate::forbid_blocking)
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    fn a_blocking_call_on_a_runtime_worker_panics_with_its_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(JournalConfig::new(dir.path())).unwrap();
+        let rt = marked_runtime();
+        let (j1, j2, j3) = (j.clone(), j.clone(), j.clone());
+        let on_worker = rt.block_on(rt.spawn(async move { j1.queue_id("q") }));
+        let panic = on_worker.expect_err("the guard fires").into_panic();
+        let message = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(message.contains("Journal::queue_id"), "{message}");
+        assert!(message.contains("async runtime worker"), "{message}");
+        let scan = rt.block_on(rt.spawn(async move { j2.scan(Space::Session, b"") }));
+        assert!(scan.expect_err("every blocking read is guarded").is_panic());
+        // The blocking pool, inside `allow_blocking`, may block; so may this unmarked thread.
+        #[allow(clippy::disallowed_methods)] // what the broker's helper does
+        let pooled = rt.block_on(rt.spawn_blocking(move || crate::allow_blocking(|| j3.queue_id("q"))));
+        let q = pooled.unwrap().unwrap();
+        assert_eq!(j.queue_id("q").unwrap(), q);
+    }
+
+    #[test]
+    fn names_resolve_without_blocking_a_worker_and_follow_deletions() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(JournalConfig::new(dir.path())).unwrap();
+        let rt = marked_runtime();
+        let j1 = j.clone();
+        let a = rt.block_on(rt.spawn(async move { j1.resolve_queue_id("q").await })).unwrap().unwrap();
+        assert_eq!(j.cached_queue_id("q"), Some(a));
+        assert_eq!(j.queue_id("q").unwrap(), a);
+        j.write_blocking(append(a, 1)).unwrap();
+        j.write_blocking(vec![Op::DeleteQueue { queue: a }]).unwrap();
+        assert_eq!(j.cached_queue_id("q"), None, "a deleted queue's name is forgotten");
+        let j1 = j.clone();
+        let b = rt.block_on(async move { j1.resolve_queue_id("q").await }).unwrap();
+        assert_ne!(a, b, "ids are never handed out twice");
+        // Many resolving one new name at once get one id.
+        let ids: Vec<QueueId> = rt.block_on(async {
+            let tasks: Vec<_> = (0..16)
+                .map(|_| {
+                    let j = j.clone();
+                    tokio::spawn(async move { j.resolve_queue_id("new").await.unwrap() })
+                })
+                .collect();
+            let mut ids = Vec::new();
+            for t in tasks {
+                ids.push(t.await.unwrap());
+            }
+            ids
+        });
+        assert!(ids.iter().all(|id| *id == ids[0]), "{ids:?}");
+        drop(rt);
+        j.crash();
+        drop(j);
+        let j = Journal::open(JournalConfig::new(dir.path())).unwrap();
+        assert_eq!(j.cached_queue_id("q"), None, "the cache starts empty");
+        assert_eq!(j.queue_id("q").unwrap(), b, "the mapping was in the commit log");
+        assert_eq!(j.queue_id("new").unwrap(), ids[0]);
+        j.verify_counters().unwrap();
     }
 
     #[test]

@@ -35,7 +35,13 @@
 //!                                                                 └ 4. run completions in submission order
 //!  checkpointer thread, every interval ──▶ sync queue files, flush sled, record the position
 //!  any thread ──read(pos) / queue_entries(..) / get(..)──▶ segment and queue files (pread), sled
+//!  async callers ──resolve_queue_id(name)──▶ names in memory, else the writer thread (sled)
 //! ```
+//!
+//! Every method that reads sled or a file, or waits for the writer, blocks the calling
+//! thread: async code calls it off its runtime's workers. A runtime that marks its worker
+//! threads ([`forbid_blocking`]) gets a panic naming the method in debug builds (the
+//! `guard` module).
 //!
 //! Completions run on the writer thread, in the order the batches were submitted; a caller
 //! that dispatches from its completion therefore sees appends in log order.
@@ -118,9 +124,11 @@
 //! The counters are written in the same group commit as the entries they count, so offsets
 //! are never reused, not even after every entry of a queue was removed and the journal
 //! reopened, and an open reads them instead of counting entries. Queue ids come from
-//! sled's `generate_id` and are never handed out twice; a queue's name mapping (written by
-//! [`Journal::queue_id`] without a flush) goes into the effects record of the first batch
-//! that writes to the queue in a run.
+//! sled's `generate_id` and are never handed out twice. Only the writer thread looks names
+//! up in sled or allocates ids ([`Journal::queue_id`], [`Journal::resolve_queue_id`]), so
+//! names and deletions apply in one order and the in-memory map of resolved names is never
+//! stale; a new mapping is written to sled at once, without a flush, and goes into the
+//! effects record of the batch the writer is working on.
 //!
 //! # Durability
 //!
@@ -212,7 +220,8 @@
 //! `retention` (which segments to delete), `recovery` (log replay and index recovery at
 //! open), `checkpoint` (the checkpointer thread, checkpoint positions, the counters tree),
 //! `format` (the layout version), `ballast` (reserved space), `state` (what handles and the
-//! writer share), `writer` (the writer thread).
+//! writer share), `writer` (the writer thread), `guard` (the check that keeps blocking
+//! calls off async runtime workers).
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
@@ -225,6 +234,7 @@ mod db;
 mod effects;
 mod error;
 mod format;
+mod guard;
 mod hash;
 mod histogram;
 mod journal;
@@ -242,6 +252,7 @@ mod writer;
 pub use config::{FsyncPolicy, JournalConfig, Retention};
 pub use error::JournalError;
 pub use format::LAYOUT;
+pub use guard::{allow_blocking, blocking_forbidden, forbid_blocking};
 pub use hash::fnv1a;
 pub use histogram::{HistogramSnapshot, BATCH_SUBMISSIONS, FSYNC_MICROS};
 pub use journal::Journal;

@@ -67,6 +67,10 @@ pub(crate) struct Shared {
     pub(crate) out_of_space: AtomicU64,
     /// The index counters came from a full scan at open (not the checkpoint and the log).
     pub(crate) index_scanned: bool,
+    /// Queue names resolved since open, with their ids: only the writer thread adds and
+    /// removes entries (as it allocates ids and applies deletions), so an entry is never
+    /// stale; readers take the read lock only.
+    pub(crate) names: RwLock<HashMap<String, crate::QueueId>>,
 }
 
 impl Shared {

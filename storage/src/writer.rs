@@ -27,7 +27,7 @@ use crate::refs::RefCounts;
 use crate::retention::{self, Candidate};
 use crate::segment;
 use crate::state::{QueueState, Shared};
-use crate::{Appended, Completion, FsyncPolicy, JournalError, LogPos, Op, Pointer, QueueTarget, Receipt};
+use crate::{Appended, Completion, FsyncPolicy, JournalError, LogPos, Op, Pointer, QueueId, QueueTarget, Receipt};
 
 /// How often retention is checked (after batches and when idle).
 const RETENTION_INTERVAL: Duration = Duration::from_secs(1);
@@ -67,14 +67,18 @@ pub(crate) enum Msg {
     Abandon,
     /// Close the active segment after everything submitted before (`Journal::roll_segment`).
     Roll(oneshot::Sender<Result<bool, JournalError>>),
-    /// `queue_id` allocated this id for this name: log the mapping with the next batch.
-    Named {
-        /// The new queue id.
-        id: u64,
-        /// Its name.
+    /// The id of a queue name (`Journal::queue_id`, `Journal::resolve_queue_id`): looked
+    /// up, or allocated, here so that names and deletions are applied in one order.
+    Resolve {
+        /// The queue's name.
         name: String,
+        /// Gets the id (or why there is none).
+        reply: ResolveReply,
     },
 }
+
+/// Where the writer answers a [`Msg::Resolve`].
+pub(crate) type ResolveReply = Box<dyn FnOnce(Result<QueueId, JournalError>) + Send>;
 
 /// Why a submission could not be applied.
 enum Fail {
@@ -390,7 +394,8 @@ impl Writer {
                 Msg::Submit { done: Some(done), .. } => complete(done, Err(JournalError::Closed)),
                 Msg::Flush(tx) => drop(tx.send(Err(JournalError::Closed))),
                 Msg::Roll(tx) => drop(tx.send(Err(JournalError::Closed))),
-                Msg::Submit { done: None, .. } | Msg::Close | Msg::Verify(_) | Msg::Abandon | Msg::Named { .. } => {}
+                Msg::Resolve { reply, .. } => reply(Err(JournalError::Closed)),
+                Msg::Submit { done: None, .. } | Msg::Close | Msg::Verify(_) | Msg::Abandon => {}
             }
         }
     }
@@ -619,6 +624,8 @@ impl Writer {
         shared.checkpointed.store(end, Ordering::Release);
         self.free_space = None;
         self.store_full = None;
+        // A name allocated in a batch that was taken back may be missing from the new sled.
+        shared.names.write().clear();
         tracing::info!("sled is open again after running out of space: writes go on");
     }
 
@@ -731,10 +738,12 @@ impl Writer {
                 }
                 // Never in a batch (see `run`).
                 Msg::Abandon => {}
-                Msg::Named { id, name } => {
-                    if let Ok(db) = &db {
-                        self.log_name(db, id, name);
-                    }
+                Msg::Resolve { name, reply } => {
+                    let resolved = match &db {
+                        Ok(db) => self.resolve_name(db, name),
+                        Err(e) => Err(e.clone()),
+                    };
+                    reply(resolved);
                 }
             }
         }
@@ -1067,15 +1076,25 @@ impl Writer {
         live
     }
 
-    /// Puts a name mapping that `queue_id` wrote to sled (unflushed) into this batch's
-    /// effects record, if it still stands (not deleted since).
-    fn log_name(&mut self, db: &Db, id: u64, name: String) {
-        let key = codec::encode_u64(id);
-        let mapped = self.pending.queue_names.get(&db.queue_names, name.as_bytes());
-        if matches!(mapped, Ok(Some(v)) if v[..] == key[..]) {
-            self.pending.queue_ids.insert(&key[..], name.as_bytes());
-            self.pending.queue_names.insert(name.into_bytes(), &key[..]);
-        }
+    /// The id of queue `name` as this batch sees it (a deletion earlier in the batch
+    /// unmapped it), else a new one: written to sled at once, unflushed, and to this
+    /// batch's effects record. Either way remembered in [`Shared::names`], which only this
+    /// thread changes.
+    fn resolve_name(&mut self, db: &Db, name: String) -> Result<QueueId, JournalError> {
+        let mapped = self.pending.queue_names.get(&db.queue_names, name.as_bytes()).map_err(crate::db::db_err)?;
+        let id = match mapped {
+            Some(v) => Db::decode_queue_id(&name, &v)?,
+            None => {
+                let id = db.allocate_queue_id(&name)?;
+                let key = codec::encode_u64(id);
+                self.pending.queue_ids.insert(&key[..], name.as_bytes());
+                self.pending.queue_names.insert(name.as_bytes(), &key[..]);
+                self.live.insert(id);
+                id
+            }
+        };
+        self.shared.names.write().insert(name, QueueId(id));
+        Ok(QueueId(id))
     }
 
     /// The live entry at `offset` of `queue`: this batch's change, else the consume queue's.
@@ -1255,6 +1274,10 @@ impl Writer {
                 if let Some(name) = self.pending.queue_ids.get(&db.queue_ids, &id).map_err(sled_fatal)? {
                     let mapped = self.pending.queue_names.get(&db.queue_names, &name).map_err(sled_fatal)?;
                     if mapped.as_deref() == Some(&id[..]) {
+                        if let Ok(name) = std::str::from_utf8(&name) {
+                            // Resolving the name again gets a new id from now on.
+                            self.shared.names.write().remove(name);
+                        }
                         self.pending.queue_names.remove(name);
                     }
                     self.pending.queue_ids.remove(&id[..]);

@@ -341,8 +341,17 @@ impl Drop for Broker {
             eprintln!("----- ferrymq log -----\n{}\n-----------------------", self.log());
         }
         self.kill();
+        // A debug build's guard caught a blocking journal call on an async runtime worker:
+        // it panicked in some task, which a client may not have noticed. Every test fails on it.
+        if !std::thread::panicking() && self.log().contains(BLOCKING_ON_WORKER) {
+            panic!("the broker made a blocking journal call on an async runtime worker; log:\n{}", self.log());
+        }
     }
 }
+
+/// What the broker's log says when its guard (debug builds, `ferrymq_storage`'s
+/// `forbid_blocking`) caught a blocking journal call on an async runtime worker.
+pub const BLOCKING_ON_WORKER: &str = "on an async runtime worker thread";
 
 fn signal(child: &Child, sig: &str) {
     let _ = Command::new("kill").arg(format!("-{sig}")).arg(child.id().to_string()).status();

@@ -261,7 +261,12 @@ async fn front(confirms: &mut VecDeque<(u64, PublisherConfirm)>) -> lapin::Resul
 }
 
 async fn connect(uri: &str, side: &'static str) -> Result<Connection, ShovelError> {
-    let (uri, tls) = tls_config(uri).map_err(|e| ShovelError::Tls(side, e))?;
+    // The TLS files are read on the blocking pool.
+    let owned = uri.to_owned();
+    let (uri, tls) = crate::core::blocking::spawn(move || tls_config(&owned))
+        .await
+        .unwrap_or_else(|e| Err(e.to_string()))
+        .map_err(|e| ShovelError::Tls(side, e))?;
     let runtime = lapin::runtime::default_runtime().map_err(amqp(side))?;
     let connect = Connection::connect_with_config(&uri, ConnectionProperties::default(), tls, runtime);
     tokio::time::timeout(CONNECT_TIMEOUT, connect).await.map_err(|_| ShovelError::Timeout(side))?.map_err(amqp(side))

@@ -8,7 +8,8 @@
 use std::fmt;
 
 use bytes::{Bytes, BytesMut};
-use ferrymq_storage::{Op, QueueId, Space};
+use ferrymq_storage::{JournalError, Op, QueueId, Space};
+use futures_util::future::BoxFuture;
 use tracing::warn;
 
 use super::{JournalStore, StoreWrite};
@@ -71,14 +72,16 @@ pub trait EntityStore: fmt::Debug + Send + Sync {
     /// Stores a durable queue.
     fn put_queue(&self, queue: &QueueRecord) -> StoreWrite;
 
-    /// Forgets a durable queue and every binding to it.
-    fn remove_queue(&self, vhost: &str, name: &str, id: QueueId) -> StoreWrite;
+    /// Forgets a durable queue and every binding to it (found without blocking the calling
+    /// thread).
+    fn remove_queue<'a>(&'a self, vhost: &'a str, name: &'a str, id: QueueId) -> BoxFuture<'a, StoreWrite>;
 
     /// Stores a durable exchange.
     fn put_exchange(&self, vhost: &str, def: &ExchangeDef) -> StoreWrite;
 
-    /// Forgets a durable exchange and every binding from or to it.
-    fn remove_exchange(&self, vhost: &str, name: &str) -> StoreWrite;
+    /// Forgets a durable exchange and every binding from or to it (found without blocking
+    /// the calling thread).
+    fn remove_exchange<'a>(&'a self, vhost: &'a str, name: &'a str) -> BoxFuture<'a, StoreWrite>;
 
     /// Stores a binding (nothing for an MQTT session destination, which is never durable).
     fn put_binding(&self, vhost: &str, exchange: &str, binding: &Binding) -> StoreWrite;
@@ -202,9 +205,15 @@ fn binding_from_record(value: &Bytes) -> Option<BindingRecord> {
 }
 
 impl JournalStore {
-    /// Deletes of the binding records of `vhost` that `doomed` picks (by their table).
-    fn remove_bindings_where(&self, vhost: &str, doomed: impl Fn(&[(String, Value)]) -> bool) -> Vec<Op> {
-        match self.journal.scan(Space::Meta, &meta_key(b'b', &[vhost, ""])) {
+    /// Deletes of the binding records of `vhost` that `doomed` picks (by their table). The
+    /// records are scanned on the blocking pool.
+    async fn remove_bindings_where(&self, vhost: &str, doomed: impl Fn(&[(String, Value)]) -> bool) -> Vec<Op> {
+        let journal = self.journal.clone();
+        let prefix = meta_key(b'b', &[vhost, ""]);
+        let scanned = crate::core::blocking::spawn(move || journal.scan(Space::Meta, &prefix))
+            .await
+            .unwrap_or_else(|e| Err(JournalError::Io(e.to_string())));
+        match scanned {
             Ok(records) => records
                 .into_iter()
                 .filter(|(_, value)| read_table(value).is_some_and(|t| doomed(&t)))
@@ -247,11 +256,13 @@ impl EntityStore for JournalStore {
         StoreWrite::of(vec![Op::Put { space: Space::Meta, key, value: queue_record(queue) }])
     }
 
-    fn remove_queue(&self, vhost: &str, name: &str, id: QueueId) -> StoreWrite {
-        let mut ops = vec![Op::Delete { space: Space::Meta, key: meta_key(b'q', &[vhost, name]) }];
-        let dest = format!("q:{}", id.0);
-        ops.extend(self.remove_bindings_where(vhost, |t| field_str(t, "dest").is_some_and(|d| d == dest)));
-        StoreWrite::of(ops)
+    fn remove_queue<'a>(&'a self, vhost: &'a str, name: &'a str, id: QueueId) -> BoxFuture<'a, StoreWrite> {
+        Box::pin(async move {
+            let mut ops = vec![Op::Delete { space: Space::Meta, key: meta_key(b'q', &[vhost, name]) }];
+            let dest = format!("q:{}", id.0);
+            ops.extend(self.remove_bindings_where(vhost, |t| field_str(t, "dest").is_some_and(|d| d == dest)).await);
+            StoreWrite::of(ops)
+        })
     }
 
     fn put_exchange(&self, vhost: &str, def: &ExchangeDef) -> StoreWrite {
@@ -259,13 +270,16 @@ impl EntityStore for JournalStore {
         StoreWrite::of(vec![Op::Put { space: Space::Meta, key, value: exchange_record(vhost, def) }])
     }
 
-    fn remove_exchange(&self, vhost: &str, name: &str) -> StoreWrite {
-        let mut ops = vec![Op::Delete { space: Space::Meta, key: meta_key(b'x', &[vhost, name]) }];
-        let dest = format!("x:{name}");
-        ops.extend(self.remove_bindings_where(vhost, |t| {
-            field_str(t, "exchange").as_deref() == Some(name) || field_str(t, "dest").is_some_and(|d| d == dest)
-        }));
-        StoreWrite::of(ops)
+    fn remove_exchange<'a>(&'a self, vhost: &'a str, name: &'a str) -> BoxFuture<'a, StoreWrite> {
+        Box::pin(async move {
+            let mut ops = vec![Op::Delete { space: Space::Meta, key: meta_key(b'x', &[vhost, name]) }];
+            let dest = format!("x:{name}");
+            let doomed = self.remove_bindings_where(vhost, |t| {
+                field_str(t, "exchange").as_deref() == Some(name) || field_str(t, "dest").is_some_and(|d| d == dest)
+            });
+            ops.extend(doomed.await);
+            StoreWrite::of(ops)
+        })
     }
 
     fn put_binding(&self, vhost: &str, exchange: &str, binding: &Binding) -> StoreWrite {
@@ -365,11 +379,12 @@ mod tests {
             .and(e.put_binding("/", "y", &bound(Destination::Exchange("x".into()), "k3")))
             .and(e.put_binding("/other", "x", &bound(Destination::Queue(QueueId(1)), "k4")));
         apply(&journal, writes);
-        apply(&journal, e.remove_queue("/", "q1", QueueId(1)));
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        apply(&journal, rt.block_on(e.remove_queue("/", "q1", QueueId(1))));
         let left = summary(&e.load().unwrap());
         assert!(!left.iter().any(|s| s.contains("q / q1") || s.contains("k1")), "{left:?}");
         assert!(left.iter().any(|s| s.contains("k4")), "another vhost's binding stays: {left:?}");
-        apply(&journal, e.remove_exchange("/", "x"));
+        apply(&journal, rt.block_on(e.remove_exchange("/", "x")));
         let left = summary(&e.load().unwrap());
         assert_eq!(left, vec!["b /other x Queue(QueueId(1)) k4", "q / q2 2", "x / y"], "from and to x go");
     }

@@ -23,6 +23,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use ferrymq_storage::{Journal, JournalError, Op};
+use futures_util::future::BoxFuture;
 
 use crate::core::restore::{RecordKey, RecordKind, RestoreError};
 
@@ -94,10 +95,16 @@ impl StoreWrite {
 /// all addressed by id).
 pub trait QueueCatalog: fmt::Debug + Send + Sync {
     /// The id of the named consume queue, created on first use; an id is never handed
-    /// out again once its queue is deleted.
-    fn queue_id(&self, name: &str) -> Result<QueueId, StoreError>;
+    /// out again once its queue is deleted. Never blocks the calling thread: a name seen
+    /// before is answered from memory, a new one by whoever allocates ids (the local
+    /// journal's writer thread).
+    fn queue_id<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<QueueId, StoreError>>;
 
-    /// Every consume queue name with its id.
+    /// [`QueueCatalog::queue_id`] for code that may block (start-up restore, tools): never
+    /// on a runtime worker.
+    fn queue_id_blocking(&self, name: &str) -> Result<QueueId, StoreError>;
+
+    /// Every consume queue name with its id (blocking: start-up only).
     fn queues(&self) -> Result<Vec<(String, QueueId)>, StoreError>;
 }
 
@@ -147,7 +154,11 @@ impl fmt::Debug for JournalStore {
 }
 
 impl QueueCatalog for JournalStore {
-    fn queue_id(&self, name: &str) -> Result<QueueId, StoreError> {
+    fn queue_id<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<QueueId, StoreError>> {
+        Box::pin(async move { Ok(self.journal.resolve_queue_id(name).await?) })
+    }
+
+    fn queue_id_blocking(&self, name: &str) -> Result<QueueId, StoreError> {
         Ok(self.journal.queue_id(name)?)
     }
 
@@ -190,9 +201,10 @@ mod tests {
     #[test]
     fn the_catalog_hands_out_stable_ids() {
         let (_dir, _journal, stores) = test_support::open();
-        let a = stores.catalog.queue_id("a").unwrap();
-        assert_eq!(stores.catalog.queue_id("a").unwrap(), a);
-        let b = stores.catalog.queue_id("b").unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let a = rt.block_on(stores.catalog.queue_id("a")).unwrap();
+        assert_eq!(stores.catalog.queue_id_blocking("a").unwrap(), a);
+        let b = rt.block_on(stores.catalog.queue_id("b")).unwrap();
         assert_ne!(a, b);
         let mut all = stores.catalog.queues().unwrap();
         all.sort();

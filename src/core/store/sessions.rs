@@ -9,7 +9,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use ferrymq_storage::{Op, Space};
+use ferrymq_storage::{JournalError, Op, Space};
+use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
 use super::{JournalStore, StoreError, StoreWrite};
@@ -82,9 +83,10 @@ pub trait SessionStore: fmt::Debug + Send + Sync {
 /// Inbound QoS 2 packet ids a persistent session received (PUBREC sent) and awaits the
 /// PUBREL of: a resent PUBLISH with such an id is acknowledged, not routed again.
 pub trait InboundQos2Store: fmt::Debug + Send + Sync {
-    /// The ids `client_id` holds; an id that does not decode is an error, never left out
-    /// (a re-sent message under it would be delivered twice).
-    fn pending(&self, client_id: &str) -> Result<Vec<u16>, StoreError>;
+    /// The ids `client_id` holds, read without blocking the calling thread (at CONNECT);
+    /// an id that does not decode is an error, never left out (a re-sent message under it
+    /// would be delivered twice).
+    fn pending<'a>(&'a self, client_id: &'a str) -> BoxFuture<'a, Result<Vec<u16>, StoreError>>;
 
     /// Records `pkid` as received (committed with the message it came with).
     fn received(&self, client_id: &str, pkid: u16) -> StoreWrite;
@@ -143,19 +145,29 @@ impl SessionStore for JournalStore {
 }
 
 impl InboundQos2Store for JournalStore {
-    fn pending(&self, client_id: &str) -> Result<Vec<u16>, StoreError> {
+    fn pending<'a>(&'a self, client_id: &'a str) -> BoxFuture<'a, Result<Vec<u16>, StoreError>> {
+        let journal = self.journal.clone();
         let prefix = qos2_prefix(client_id);
-        let mut ids = Vec::new();
-        for (k, _) in self.journal.scan(Space::InboundQos2, &prefix)? {
-            match <[u8; 2]>::try_from(&k[prefix.len()..]) {
-                Ok(id) => ids.push(u16::from_be_bytes(id)),
-                Err(_) => {
-                    let reason = format!("{} bytes after the client id, not a packet id", k.len() - prefix.len());
-                    return Err(RestoreError::undecodable(RecordKind::InboundQos2, RecordKey::bytes(&k), reason).into());
+        Box::pin(async move {
+            // A scan of sled: on the blocking pool.
+            let scan_prefix = prefix.clone();
+            let stored = crate::core::blocking::spawn(move || journal.scan(Space::InboundQos2, &scan_prefix))
+                .await
+                .map_err(|e| JournalError::Io(format!("reading inbound QoS 2 state failed: {e}")))??;
+            let mut ids = Vec::with_capacity(stored.len());
+            for (k, _) in stored {
+                match <[u8; 2]>::try_from(&k[prefix.len()..]) {
+                    Ok(id) => ids.push(u16::from_be_bytes(id)),
+                    Err(_) => {
+                        let reason = format!("{} bytes after the client id, not a packet id", k.len() - prefix.len());
+                        return Err(
+                            RestoreError::undecodable(RecordKind::InboundQos2, RecordKey::bytes(&k), reason).into()
+                        );
+                    }
                 }
             }
-        }
-        Ok(ids)
+            Ok(ids)
+        })
     }
 
     fn received(&self, client_id: &str, pkid: u16) -> StoreWrite {
@@ -185,6 +197,17 @@ mod tests {
         StoredSession { queue, expiry_secs: 60, subscriptions, disconnected_at_ms: Some(5) }
     }
 
+    /// The inbound QoS 2 ids of `client_id`, read as a connection does.
+    fn pending(stores: &super::super::Stores, client_id: &str) -> Vec<u16> {
+        try_pending(stores, client_id).unwrap()
+    }
+
+    /// [`pending`], with its error.
+    fn try_pending(stores: &super::super::Stores, client_id: &str) -> Result<Vec<u16>, StoreError> {
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        rt.block_on(stores.inbound_qos2.pending(client_id))
+    }
+
     #[test]
     fn sessions_round_trip_and_are_removed_with_their_qos2_ids() {
         let (_dir, journal, stores) = open();
@@ -195,16 +218,16 @@ mod tests {
         loaded.sort_by(|a, b| a.0.cmp(&b.0));
         assert_eq!(loaded, vec![("c1".to_owned(), session(1)), ("c2".to_owned(), session(2))]);
         assert!(stores.sessions.exists("c1").unwrap());
-        let mut ids = stores.inbound_qos2.pending("c1").unwrap();
+        let mut ids = pending(&stores, "c1");
         ids.sort();
         assert_eq!(ids, vec![1, 300], "a client's ids only (c10 shares no prefix with c1)");
 
         apply(&journal, stores.inbound_qos2.released("c1", 1));
-        assert_eq!(stores.inbound_qos2.pending("c1").unwrap(), vec![300]);
+        assert_eq!(pending(&stores, "c1"), vec![300]);
         apply(&journal, stores.sessions.remove("c1"));
         assert!(!stores.sessions.exists("c1").unwrap());
-        assert!(stores.inbound_qos2.pending("c1").unwrap().is_empty(), "ids leave with the session");
-        assert_eq!(stores.inbound_qos2.pending("c10").unwrap(), vec![9]);
+        assert!(pending(&stores, "c1").is_empty(), "ids leave with the session");
+        assert_eq!(pending(&stores, "c10"), vec![9]);
     }
 
     #[test]
@@ -224,8 +247,8 @@ mod tests {
         let bad =
             Op::Put { space: Space::InboundQos2, key: Bytes::from_static(b"c\0\x01\x02\x03"), value: Bytes::new() };
         apply(&journal, StoreWrite::of(vec![bad]));
-        let e = stores.inbound_qos2.pending("c").unwrap_err();
+        let e = try_pending(&stores, "c").unwrap_err();
         assert!(e.to_string().contains("inbound QoS 2 packet id record \"c\\x00\\x01\\x02\\x03\""), "{e}");
-        assert_eq!(stores.inbound_qos2.pending("d").unwrap(), Vec::<u16>::new());
+        assert!(pending(&stores, "d").is_empty());
     }
 }
