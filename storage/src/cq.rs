@@ -505,6 +505,7 @@ impl ConsumeQueues {
         let Some(q) = self.get(queue) else { return Ok(Vec::new()) };
         let mut out = Vec::new();
         q.read_run(from, to, &mut out, &self.handles)?;
+        self.limit_handles();
         Ok(out)
     }
 
@@ -910,6 +911,26 @@ mod tests {
         for q in 0..queues - 1 {
             assert_eq!(cq.entries(q, 0, 5).unwrap(), vec![(0, p(q))], "queue {q}");
         }
+    }
+
+    #[test]
+    fn the_writers_block_reads_keep_open_handles_bounded() {
+        // Acknowledgements to every session of a wide fan-out make the writer read a block
+        // of each queue (`read_block`): the files stay open only up to MAX_OPEN.
+        let dir = tempfile::tempdir().unwrap();
+        let cq = ConsumeQueues::open(dir.path()).unwrap();
+        let queues = MAX_OPEN as u64 + 200;
+        for q in 0..queues {
+            cq.write(q, 0, &[p(q)]).unwrap();
+        }
+        cq.sync().unwrap();
+        cq.limit_handles();
+        for q in 0..queues {
+            assert_eq!(cq.read_block(q, 0, 8).unwrap(), vec![(0, p(q))]);
+        }
+        let open: usize =
+            cq.queues.read().values().map(|q| q.files.lock().values().filter(|f| f.is_some()).count()).sum();
+        assert!(open <= MAX_OPEN, "{open} consume-queue files open after reading {queues} queues");
     }
 
     #[test]
