@@ -164,8 +164,10 @@ mod tests {
             DispatchItem { msg: message(b"second"), targets: vec![(a, 0x81), (b, 0x0a)], tag_hash: 2 },
         ];
         let batch = AppendedBatch::new(ops, items);
-        let got: Vec<_> =
-            batch.entries().map(|e| (e.queue, e.offset, e.ptr.pos, e.ptr.flags, e.ptr.body_len, e.ptr.tag_hash)).collect();
+        let got: Vec<_> = batch
+            .entries()
+            .map(|e| (e.queue, e.offset, e.ptr.pos, e.ptr.flags, e.ptr.body_len, e.ptr.tag_hash))
+            .collect();
         assert_eq!(
             got,
             vec![(a, 0, LogPos(0), 1, 3, 1), (b, 0, LogPos(0), 2, 3, 1), (b, 1, LogPos(50), 0x0a, 6, 2)],

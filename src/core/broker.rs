@@ -11,8 +11,8 @@ use std::time::Instant;
 use ferrymq_storage::{Append, Journal, JournalError, Op, QueueId, QueueTarget, Record, Timer};
 use tokio::sync::{oneshot, Notify};
 
-pub use super::appended::DispatchItem;
 use super::appended::AppendedBatch;
+pub use super::appended::DispatchItem;
 use super::dead_letter::DeadLetterQueuesHook;
 use super::dedup::DedupChange;
 use super::delivery::{Direct, Handoff};

@@ -239,16 +239,14 @@ mod tests {
         j.write_blocking(deleted.iter().map(|&queue| Op::DeleteQueue { queue }).collect()).unwrap();
         let mut order: Vec<QueueId> = shuffled(ids.len()).into_iter().map(|i| ids[i]).collect();
         order.insert(100, order[10]);
-        let targets: Vec<QueueTarget> =
-            order.iter().enumerate().map(|(i, &queue)| QueueTarget { queue, tag_hash: 7, flags: (i % 256) as u8 }).collect();
+        let targets: Vec<QueueTarget> = order
+            .iter()
+            .enumerate()
+            .map(|(i, &queue)| QueueTarget { queue, tag_hash: 7, flags: (i % 256) as u8 })
+            .collect();
         let record = Record { header: Bytes::new(), body: Bytes::from_static(b"fan-out") };
-        let append = Op::Append(Append {
-            record,
-            queues: targets.clone(),
-            retained_topic: None,
-            timer: None,
-            keys: None,
-        });
+        let append =
+            Op::Append(Append { record, queues: targets.clone(), retained_topic: None, timer: None, keys: None });
         let r = j.write_blocking(vec![append]).unwrap();
         let a = &r.appended[0];
         let expected: Vec<QueueId> = order.iter().copied().filter(|q| !deleted.contains(q)).collect();
@@ -259,7 +257,8 @@ mod tests {
         assert_eq!(offsets_of_twice, vec![0, 1], "a queue listed twice got two pointers, in order");
 
         // The same order for pointers added to an existing record.
-        let enqueue = Op::Enqueue { pos: a.pos, size: a.size, body_len: 7, queues: targets.into_iter().rev().collect() };
+        let enqueue =
+            Op::Enqueue { pos: a.pos, size: a.size, body_len: 7, queues: targets.into_iter().rev().collect() };
         let r = j.write_blocking(vec![enqueue]).unwrap();
         let got: Vec<QueueId> = r.appended[0].offsets.iter().map(|&(q, _)| q).collect();
         let reversed: Vec<QueueId> = expected.into_iter().rev().collect();
