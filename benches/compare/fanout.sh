@@ -5,6 +5,7 @@
 # each, manual acks), FerryMQ vs RabbitMQ. A fresh broker for every row.
 #
 # Usage: benches/compare/fanout.sh [OUTDIR]   (default benches/compare/raw/fanout-<date>-<time>, git-ignored)
+#        benches/compare/fanout.sh --table OUTDIR   (the table of a finished run again, on stdout)
 # Environment: FERRYMQ_BIN, MQLOAD, MOSQUITTO, RABBITMQ_SCRIPTS_DIR, QUIET_BUSY, QUIET_MAX as
 # for compare.sh / compare_amqp.sh (see lib.sh), and
 #   WIDTHS        MQTT subscriber counts, one row each (default "1 100 1000 10000")
@@ -34,6 +35,51 @@
 # `timeout`; brokers are stopped after each row and on exit.
 set -u
 
+table() { # OUTDIR: the run's environment and its table, in markdown
+  echo '```'
+  cat "$1/env.txt"
+  echo '```'
+  echo
+  python3 - "$1" <<'PYEOF'
+
+import csv, json, sys
+out = sys.argv[1]
+rows = [r for r in csv.DictReader(open(f"{out}/manifest.tsv"), delimiter="\t")]
+def load(name):
+    try:
+        return json.loads(open(f"{out}/{name}.json").read().strip().splitlines()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+def fmt(x):
+    return f"{x:,.0f}" if isinstance(x, (int, float)) else str(x)
+print("| row | broker | subscribers / queues | messages | deliveries / expected | lost | deliveries/s (to the last delivery) | per subscriber /s | broker CPU µs per delivery | journal writer CPU s (window / run) | journal µs per delivery | client CPU % | warm-up s |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+for r in rows:
+    v = load(f"{r['row']}_{r['broker']}")
+    if v is None or "fatal" in v:
+        print(f"| {r['row']} | {r['broker']} | | | failed: {v.get('fatal') if v else 'no output'} | | | | | | | | |")
+        continue
+    p = v["params"]
+    width = p.get("subs") or p.get("queues")
+    rate = v["delivered_overall_msgs_per_s"]
+    b = (v["cpu_total_run"]["brokers"] or [{}])[0]
+    bw = (v["cpu"]["brokers"] or [{}])[0]
+    jt = b.get("threads", {}).get("ferrymq-journal", {})
+    jw = bw.get("threads", {}).get("ferrymq-journal", {})
+    j = f"{jw.get('cpu_s', 0):.2f} / {jt['cpu_s']:.2f}" if "cpu_s" in jt else "-"
+    per = f"{jt['cpu_s'] * 1e6 / v['delivered']:.2f}" if "cpu_s" in jt and v["delivered"] else "-"
+    bper = f"{b['cpu_s'] * 1e6 / v['delivered']:.2f}" if "cpu_s" in b and v["delivered"] else "-"
+    warm = p.get("warmup_s")
+    print(f"| {r['row']} | {r['broker']} | {fmt(width)} | {fmt(v['sent'])} | {fmt(v['delivered'])} / {fmt(v['expected_deliveries'])} | {fmt(v['lost'])} "
+          f"| {fmt(rate)} | {rate / width:,.1f} | {bper} | {j} | {per} | {v['cpu_total_run']['client_cpu_pct_of_core']} | {f'{warm:.1f}' if warm else '-'} |")
+PYEOF
+}
+
+if [ "${1:-}" = --table ]; then
+  table "$2"
+  exit 0
+fi
+
 KIND=amqp   # FerryMQ gets both listeners; rows pick the port they need
 OTHER=mosquitto
 # shellcheck source=lib.sh source-path=SCRIPTDIR
@@ -48,6 +94,7 @@ if [ -z "${RABBIT:-}" ]; then
   if [ -x "$RQ_DIR/rabbitmq-server" ] && [ -x "$RQ_DIR/rabbitmqctl" ]; then RABBIT=1; else RABBIT=0; fi
 fi
 ROW_TIMEOUT=$((2 * ROW_MAX + 120))   # window + drain + set-up of 10,000 sessions + slack
+D=$ROW_MAX DRAIN=$ROW_MAX T=$ROW_TIMEOUT   # what env.txt reports
 # Retention's disk-use ratio is about the machine's file system, not the broker's data: off, so
 # that a shared, nearly full disk does not make the writer roll segments during a row.
 FQ_ENV=(FERRYMQ_STORAGE__RETENTION_MAX_DISK_USED_RATIO=0)
@@ -120,36 +167,5 @@ cleanup
 grep -nE 'WARN|ERROR|panic' "$OUT/ferrymq.stderr.log" >"$OUT/ferrymq.warnings.txt" 2>/dev/null
 log "ferrymq WARN/ERROR/panic lines: $(wc -l <"$OUT/ferrymq.warnings.txt")"
 
-python3 - "$OUT" <<'PYEOF' | tee "$OUT/table.md"
-import csv, json, sys
-out = sys.argv[1]
-rows = [r for r in csv.DictReader(open(f"{out}/manifest.tsv"), delimiter="\t")]
-def load(name):
-    try:
-        return json.loads(open(f"{out}/{name}.json").read().strip().splitlines()[-1])
-    except (OSError, ValueError, IndexError):
-        return None
-def fmt(x):
-    return f"{x:,.0f}" if isinstance(x, (int, float)) else str(x)
-print("| row | broker | subscribers / queues | messages | deliveries / expected | lost | deliveries/s (to the last delivery) | per subscriber /s | broker CPU µs per delivery | journal writer CPU s (window / run) | journal µs per delivery | client CPU % | warm-up s |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-for r in rows:
-    v = load(f"{r['row']}_{r['broker']}")
-    if v is None or "fatal" in v:
-        print(f"| {r['row']} | {r['broker']} | | | failed: {v.get('fatal') if v else 'no output'} | | | | | | | | |")
-        continue
-    p = v["params"]
-    width = p.get("subs") or p.get("queues")
-    rate = v["delivered_overall_msgs_per_s"]
-    b = (v["cpu_total_run"]["brokers"] or [{}])[0]
-    bw = (v["cpu"]["brokers"] or [{}])[0]
-    jt = b.get("threads", {}).get("ferrymq-journal", {})
-    jw = bw.get("threads", {}).get("ferrymq-journal", {})
-    j = f"{jw.get('cpu_s', 0):.2f} / {jt['cpu_s']:.2f}" if "cpu_s" in jt else "-"
-    per = f"{jt['cpu_s'] * 1e6 / v['delivered']:.2f}" if "cpu_s" in jt and v["delivered"] else "-"
-    bper = f"{b['cpu_s'] * 1e6 / v['delivered']:.2f}" if "cpu_s" in b and v["delivered"] else "-"
-    warm = p.get("warmup_s")
-    print(f"| {r['row']} | {r['broker']} | {fmt(width)} | {fmt(v['sent'])} | {fmt(v['delivered'])} / {fmt(v['expected_deliveries'])} | {fmt(v['lost'])} "
-          f"| {fmt(rate)} | {rate / width:,.1f} | {bper} | {j} | {per} | {v['cpu_total_run']['client_cpu_pct_of_core']} | {f'{warm:.1f}' if warm else '-'} |")
-PYEOF
+table "$OUT" | tee "$OUT/table.md"
 log "results in $OUT"
