@@ -8,9 +8,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use ferrymq_storage::{Append, Journal, JournalError, Op, Pointer, QueueId, QueueTarget, Record, Timer};
+use ferrymq_storage::{Append, Journal, JournalError, Op, QueueId, QueueTarget, Record, Timer};
 use tokio::sync::{oneshot, Notify};
 
+use super::appended::AppendedBatch;
+pub use super::appended::DispatchItem;
 use super::dead_letter::DeadLetterQueuesHook;
 use super::dedup::DedupChange;
 use super::delivery::{Direct, Handoff};
@@ -18,7 +20,7 @@ use super::message::{Message, SharedMessage};
 use super::queue::flags;
 use super::retained::RetainedStore;
 use super::router::{QueueRoute, Router, Routes};
-use super::shards::{AppendedEntry, Shards};
+use super::shards::Shards;
 use super::stats::Stats;
 use super::store::{StoreError, StoreWrite, Stores};
 
@@ -53,17 +55,6 @@ pub enum Commit {
     Relaxed,
 }
 
-/// Per-message bookkeeping for a journal completion: which queues got which flags.
-#[derive(Debug)]
-pub struct DispatchItem {
-    /// The message the Append/Enqueue op stored or referenced.
-    pub msg: SharedMessage,
-    /// Flags of the pointer per target queue.
-    pub flags: Vec<(QueueId, u8)>,
-    /// The message's tag hash (the same in every pointer).
-    pub tag_hash: u32,
-}
-
 impl DispatchItem {
     /// The pointer targets of `msg` routed to `queues`, and the item that hands the new
     /// pointers to their queue owners; the tag hash is computed once.
@@ -77,8 +68,8 @@ impl DispatchItem {
                 flags: flags::of(msg.qos.min(q.qos), msg.props.priority) | if q.reserved { flags::RESERVED } else { 0 },
             })
             .collect();
-        let flags = targets.iter().map(|q| (q.queue, q.flags)).collect();
-        (targets, DispatchItem { msg: msg.clone(), flags, tag_hash })
+        let kept = targets.iter().map(|q| (q.queue, q.flags)).collect();
+        (targets, DispatchItem { msg: msg.clone(), targets: kept, tag_hash })
     }
 }
 
@@ -365,31 +356,15 @@ impl Broker {
     /// the completion hands the new pointers to their queue owners in log order and then
     /// resolves the returned signal — after the fsync when `durable` (policy `always`),
     /// else once written.
+    ///
+    /// The completion runs on the journal writer thread: it passes the receipt on whole, as
+    /// one [`AppendedBatch`] shared by the shards that own its queues, and the shards build
+    /// the entries (see [`super::appended`]).
     pub async fn submit(&self, ops: Vec<Op>, items: Vec<DispatchItem>, durable: bool) -> DurableSignal {
         let (tx, rx) = oneshot::channel();
         let shards = self.shards.clone();
         let done: ferrymq_storage::Completion = Box::new(move |result| {
-            let result = result.map(|receipt| {
-                let mut entries = Vec::new();
-                for (appended, item) in receipt.appended.iter().zip(items) {
-                    for (queue, offset) in &appended.offsets {
-                        let flags = item.flags.iter().find(|(q, _)| q == queue).map_or(0, |(_, f)| *f);
-                        entries.push(AppendedEntry {
-                            queue: *queue,
-                            offset: *offset,
-                            ptr: Pointer {
-                                pos: appended.pos,
-                                size: appended.size,
-                                body_len: item.msg.payload.len() as u32,
-                                tag_hash: item.tag_hash,
-                                flags,
-                            },
-                            msg: item.msg.clone(),
-                        });
-                    }
-                }
-                shards.dispatch(entries);
-            });
+            let result = result.map(|receipt| shards.dispatch(AppendedBatch::new(receipt.appended, items)));
             let _ = tx.send(result);
         });
         let submitted = if durable {

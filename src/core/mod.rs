@@ -22,6 +22,7 @@
 //! - [`queue`] — a consume queue's state (ready, unacked, credit, limits, paging).
 //! - [`stream`] — append-only streams (per-consumer cursors, retention).
 //! - [`shards`] — the queue-owner tasks.
+//! - [`appended`] — pointers a journal submission appended, on their way to the queue owners.
 //! - [`retained`] — retained messages in memory.
 //! - [`scheduler`] — delayed delivery from the journal's timer index.
 //! - [`alarm`] — the memory and disk alarms (publishers wait while one is raised).
@@ -41,6 +42,7 @@
 //! - [`duration`] — durations written as a number and a unit (`30s`, `7D`).
 
 pub mod alarm;
+pub mod appended;
 pub mod blocking;
 pub mod broker;
 pub mod connections;

@@ -11,12 +11,12 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferrymq_storage::{Journal, Pointer, QueueId};
+use ferrymq_storage::{Journal, QueueId};
 use tokio::sync::{mpsc, oneshot, Notify};
 use tracing::warn;
 
+use super::appended::AppendedBatch;
 use super::message::now_ms;
-use super::message::SharedMessage;
 use super::queue::{Consumer, ConsumerId, DeadLetter, Effects, Got, Queue, QueueConfig, RequeueCause};
 use super::stream::{Stream, StreamConfig, StreamOffset};
 
@@ -30,24 +30,12 @@ const RETENTION_PASS: Duration = Duration::from_secs(1);
 /// 10 million entries are counted in about half a minute, a page at a time.
 const BYTES_COUNTED_PER_SWEEP: usize = 65_536;
 
-/// A pointer the journal appended to a queue, with the message still in memory.
-#[derive(Debug, Clone)]
-pub struct AppendedEntry {
-    /// Queue the pointer was appended to.
-    pub queue: QueueId,
-    /// Offset the journal assigned.
-    pub offset: u64,
-    /// Where the record is in the commit log, its size, tag hash and flags.
-    pub ptr: Pointer,
-    /// The message itself, so that the owner delivers it without reading the log.
-    pub msg: SharedMessage,
-}
-
 /// A command for a queue owner, sent to the shard its queue id hashes to.
 #[derive(Debug)]
 pub enum ShardCmd {
-    /// Entries appended by the journal, in log order.
-    Appended(Vec<AppendedEntry>),
+    /// Pointers the journal appended, in log order: a batch shared by every shard that owns
+    /// one of its queues, each taking its own (see [`Shards::dispatch`]).
+    Appended(Arc<AppendedBatch>),
     /// Set (or replace) the behaviour of a queue; queues never configured use the shard's
     /// default (MQTT session limits).
     Configure {
@@ -295,6 +283,8 @@ impl Shards {
                 // a shard, which a bounded inbox would make it do.
                 let (tx, rx) = mpsc::unbounded_channel();
                 let shard = Shard {
+                    index: i,
+                    count: n.max(1),
                     journal: journal.clone(),
                     default: default.clone(),
                     dead: dead.clone(),
@@ -329,37 +319,52 @@ impl Shards {
     }
 
     fn shard_of(&self, queue: QueueId) -> usize {
-        // Fibonacci hashing spreads sequential ids.
-        (queue.0.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize % self.txs.len()
+        shard_of(queue, self.txs.len())
     }
 
-    /// Sends a command to the shard owning its queue.
+    /// Sends a command to the shard owning its queue (a batch of appended pointers to every
+    /// shard owning one of them).
     pub fn send(&self, cmd: ShardCmd) {
-        let idx = match &cmd {
-            ShardCmd::Appended(v) => v.first().map(|e| self.shard_of(e.queue)).unwrap_or(0),
-            other => other.queue().map(|q| self.shard_of(q)).unwrap_or(0),
+        let idx = match cmd {
+            ShardCmd::Appended(batch) => return self.dispatch_shared(batch),
+            ref other => other.queue().map(|q| self.shard_of(q)).unwrap_or(0),
         };
         let _ = self.txs[idx].send(cmd);
     }
 
-    /// Hands appended entries to their shards, one command per shard, keeping log order.
-    /// Called from the journal's completion (writer thread): never blocks.
-    pub fn dispatch(&self, entries: Vec<AppendedEntry>) {
-        if entries.is_empty() {
+    /// Hands the pointers of a journal submission to their queue owners, keeping log order:
+    /// the batch, shared, to every shard that owns one of its queues. Called from the
+    /// journal's completion (writer thread): never blocks, copies nothing per pointer and
+    /// allocates nothing per pointer; the shards build the entries (see
+    /// [`AppendedBatch::entries`]).
+    pub fn dispatch(&self, batch: AppendedBatch) {
+        if !batch.is_empty() {
+            self.dispatch_shared(Arc::new(batch));
+        }
+    }
+
+    fn dispatch_shared(&self, batch: Arc<AppendedBatch>) {
+        let n = self.txs.len();
+        if n > 64 {
+            // Too many shards for the mask: each looks for its own.
+            for tx in &self.txs {
+                let _ = tx.send(ShardCmd::Appended(batch.clone()));
+            }
             return;
         }
-        let first = self.shard_of(entries[0].queue);
-        if self.txs.len() == 1 || entries.iter().all(|e| self.shard_of(e.queue) == first) {
-            let _ = self.txs[first].send(ShardCmd::Appended(entries));
-            return;
+        // Which shards own a queue of the batch: one multiplication per pointer, and the
+        // scan stops once every shard is named (after a few pointers of a wide fan-out).
+        let all = if n == 64 { u64::MAX } else { (1u64 << n) - 1 };
+        let mut mask = 0u64;
+        for q in batch.queues() {
+            mask |= 1 << self.shard_of(q);
+            if mask == all {
+                break;
+            }
         }
-        let mut per: Vec<Vec<AppendedEntry>> = vec![Vec::new(); self.txs.len()];
-        for e in entries {
-            per[self.shard_of(e.queue)].push(e);
-        }
-        for (i, v) in per.into_iter().enumerate() {
-            if !v.is_empty() {
-                let _ = self.txs[i].send(ShardCmd::Appended(v));
+        for (i, tx) in self.txs.iter().enumerate() {
+            if mask & (1 << i) != 0 {
+                let _ = tx.send(ShardCmd::Appended(batch.clone()));
             }
         }
     }
@@ -435,8 +440,18 @@ impl Shards {
 /// A `Counts` answer held until the end of the turn: where to send it, and the counts.
 type CountsReply = (oneshot::Sender<(u64, u64)>, (u64, u64));
 
+/// The shard of `shards` that owns `queue`.
+fn shard_of(queue: QueueId, shards: usize) -> usize {
+    // Fibonacci hashing spreads sequential ids.
+    (queue.0.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize % shards
+}
+
 /// One queue owner.
 struct Shard {
+    /// Which shard this is, of how many: it takes the pointers of its own queues from the
+    /// batches it shares with the others.
+    index: usize,
+    count: usize,
     journal: Journal,
     default: Arc<QueueConfig>,
     dead: mpsc::UnboundedSender<DeadLetter>,
@@ -536,19 +551,19 @@ impl Shard {
             return;
         }
         match cmd {
-            ShardCmd::Appended(entries) => {
-                for e in entries {
-                    if self.deleted.contains(&e.queue) {
+            ShardCmd::Appended(batch) => {
+                let journal = self.journal.clone();
+                for e in batch.entries() {
+                    if shard_of(e.queue, self.count) != self.index || self.deleted.contains(&e.queue) {
                         continue;
                     }
                     if let Some(s) = self.streams.get_mut(&e.queue) {
-                        s.appended(e.offset, e.ptr, &e.msg);
+                        s.appended(e.offset, e.ptr, e.msg);
                         self.touched.insert(e.queue);
                         continue;
                     }
-                    let journal = self.journal.clone();
                     let mut fx = std::mem::take(&mut self.fx);
-                    self.queue(e.queue).appended(e.offset, e.ptr, &e.msg, &journal, &mut fx);
+                    self.queue(e.queue).appended(e.offset, e.ptr, e.msg, &journal, &mut fx);
                     self.fx = fx;
                     self.touched.insert(e.queue);
                 }

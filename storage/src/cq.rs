@@ -276,8 +276,42 @@ fn read_full(file: &File, buf: &mut [u8], pos: u64) -> io::Result<usize> {
 /// Files written and directories changed since the checkpointer's last round.
 #[derive(Default)]
 struct NewFiles {
+    /// Files to sync, held open: at most [`MAX_OPEN`], so that a drain writing to more
+    /// queues than that (a wide fan-out) does not hold a descriptor per queue until the
+    /// next checkpoint.
     files: HashMap<(u64, u64), Arc<File>>,
+    /// Files to sync past those, by path: opened again to be synced (an I/O error of a
+    /// write-back nobody has seen yet is reported to an fsync through a descriptor opened
+    /// after it, since Linux 4.16).
+    paths: HashMap<(u64, u64), PathBuf>,
     dirs: HashSet<PathBuf>,
+}
+
+impl NewFiles {
+    /// Remembers file `key` (queue, first offset) to be synced: its handle while fewer than
+    /// [`MAX_OPEN`] are held, else its path.
+    fn add(&mut self, key: (u64, u64), file: Arc<File>, path: impl FnOnce() -> PathBuf) {
+        if self.files.contains_key(&key) || self.paths.contains_key(&key) {
+            return;
+        }
+        if self.files.len() < MAX_OPEN {
+            self.files.insert(key, file);
+        } else {
+            self.paths.insert(key, path());
+        }
+    }
+
+    /// Forgets file `key` (it is deleted).
+    fn remove(&mut self, key: (u64, u64)) {
+        self.files.remove(&key);
+        self.paths.remove(&key);
+    }
+
+    /// Forgets every file of `queue` (it is deleted).
+    fn forget_queue(&mut self, queue: u64) {
+        self.files.retain(|(id, _), _| *id != queue);
+        self.paths.retain(|(id, _), _| *id != queue);
+    }
 }
 
 /// What every queue's file opening shares.
@@ -471,6 +505,7 @@ impl ConsumeQueues {
         let Some(q) = self.get(queue) else { return Ok(Vec::new()) };
         let mut out = Vec::new();
         q.read_run(from, to, &mut out, &self.handles)?;
+        self.limit_handles();
         Ok(out)
     }
 
@@ -498,7 +533,7 @@ impl ConsumeQueues {
             }
             let file = q.file(at, true, &self.handles)?.ok_or_else(|| io::Error::other("consume-queue file"))?;
             file.write_all_at(&buf, (at - base) * ENTRY_BYTES)?;
-            self.handles.unsynced.lock().files.insert((queue, base), file);
+            self.handles.unsynced.lock().add((queue, base), file, || q.path(base));
             at += n as u64;
             rest = &rest[n..];
         }
@@ -644,7 +679,7 @@ impl ConsumeQueues {
     pub(crate) fn delete_queue(&self, queue: u64, at: u64) {
         let Some(q) = self.queues.write().remove(&queue) else { return };
         self.dirty.lock().insert(queue);
-        self.handles.unsynced.lock().files.retain(|(id, _), _| *id != queue);
+        self.handles.unsynced.lock().forget_queue(queue);
         self.doomed.lock().push((at, Doomed::Queue(q.dir.clone())));
     }
 
@@ -713,7 +748,7 @@ impl ConsumeQueues {
             q.files.lock().range(..low).map(|(&b, _)| b).filter(|&b| b + FILE_ENTRIES <= low).collect();
         for base in done {
             q.files.lock().remove(&base);
-            self.handles.unsynced.lock().files.remove(&(id, base));
+            self.handles.unsynced.lock().remove((id, base));
             self.doomed.lock().push((at, Doomed::File(q.path(base))));
         }
     }
@@ -750,7 +785,7 @@ impl ConsumeQueues {
                     if let Some(f) = q.file(base, false, &self.handles)? {
                         if f.metadata()?.len() > want {
                             f.set_len(want)?;
-                            self.handles.unsynced.lock().files.insert((id, base), f);
+                            self.handles.unsynced.lock().add((id, base), f, || q.path(base));
                         }
                     }
                 }
@@ -772,6 +807,17 @@ impl ConsumeQueues {
                 left.files.insert(key, file);
             }
         }
+        for (key, path) in taken.paths {
+            match File::open(&path).and_then(|f| f.sync_data()) {
+                Ok(()) => {}
+                // Deleted since (a queue deletion or a file dropped at a drain).
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    failed.get_or_insert(e);
+                    left.paths.insert(key, path);
+                }
+            }
+        }
         for dir in taken.dirs {
             let synced = File::open(&dir).and_then(|d| d.sync_all());
             match synced {
@@ -786,6 +832,7 @@ impl ConsumeQueues {
         if failed.is_some() {
             let mut unsynced = self.handles.unsynced.lock();
             unsynced.files.extend(left.files);
+            unsynced.paths.extend(left.paths);
             unsynced.dirs.extend(left.dirs);
         }
         failed.map_or(Ok(()), Err)
@@ -842,6 +889,51 @@ mod tests {
             assert_eq!(cq.entries(q, 0, 5).unwrap(), vec![(0, p(q))], "queue {q}, opened again");
         }
         assert!(cq.handles.open.load(Ordering::Relaxed) <= MAX_OPEN);
+    }
+
+    #[test]
+    fn files_waiting_for_a_sync_hold_a_bounded_number_of_handles() {
+        // A drain after a fan-out to more queues than MAX_OPEN writes a file of each before
+        // the checkpointer syncs any: at most MAX_OPEN of them are held open meanwhile.
+        let dir = tempfile::tempdir().unwrap();
+        let cq = ConsumeQueues::open(dir.path()).unwrap();
+        let queues = MAX_OPEN as u64 + 200;
+        for q in 0..queues {
+            cq.write(q, 0, &[p(q)]).unwrap();
+        }
+        {
+            let unsynced = cq.handles.unsynced.lock();
+            assert!(unsynced.files.len() <= MAX_OPEN, "{} handles held for the sync", unsynced.files.len());
+            assert_eq!(unsynced.files.len() + unsynced.paths.len(), queues as usize, "every file is to be synced");
+        }
+        cq.delete_queue(queues - 1, 0);
+        cq.sync().unwrap();
+        let unsynced = cq.handles.unsynced.lock();
+        assert!(unsynced.files.is_empty() && unsynced.paths.is_empty() && unsynced.dirs.is_empty());
+        drop(unsynced);
+        for q in 0..queues - 1 {
+            assert_eq!(cq.entries(q, 0, 5).unwrap(), vec![(0, p(q))], "queue {q}");
+        }
+    }
+
+    #[test]
+    fn the_writers_block_reads_keep_open_handles_bounded() {
+        // Acknowledgements to every session of a wide fan-out make the writer read a block
+        // of each queue (`read_block`): the files stay open only up to MAX_OPEN.
+        let dir = tempfile::tempdir().unwrap();
+        let cq = ConsumeQueues::open(dir.path()).unwrap();
+        let queues = MAX_OPEN as u64 + 200;
+        for q in 0..queues {
+            cq.write(q, 0, &[p(q)]).unwrap();
+        }
+        cq.sync().unwrap();
+        cq.limit_handles();
+        for q in 0..queues {
+            assert_eq!(cq.read_block(q, 0, 8).unwrap(), vec![(0, p(q))]);
+        }
+        let open: usize =
+            cq.queues.read().values().map(|q| q.files.lock().values().filter(|f| f.is_some()).count()).sum();
+        assert!(open <= MAX_OPEN, "{open} consume-queue files open after reading {queues} queues");
     }
 
     #[test]

@@ -192,7 +192,11 @@ pub struct Appended {
     pub pos: LogPos,
     /// Size of the record on disk.
     pub size: u32,
-    /// The offset each target queue gave the pointer, in the order of `queues`.
+    /// The offset each target queue gave the pointer, **in the order of the op's `queues`**
+    /// (a guarantee: a caller matches them with what it keeps per target in one pass, never
+    /// by searching). A target whose queue was deleted ([`Op::DeleteQueue`]) got no pointer
+    /// and is left out, so this is the targets' sequence with those gaps; a queue listed twice
+    /// appears twice.
     pub offsets: Vec<(QueueId, u64)>,
 }
 
@@ -206,3 +210,59 @@ pub struct Receipt {
 /// Called once per submission on the writer thread, in submission order, when the
 /// submission is durable under the policy (or failed). Must not block.
 pub type Completion = Box<dyn FnOnce(Result<Receipt, JournalError>) + Send + 'static>;
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use crate::{Append, Journal, JournalConfig, Op, QueueId, QueueTarget, Record};
+
+    /// A permutation of `0..n`, the same every run (a linear congruential walk).
+    fn shuffled(n: usize) -> Vec<usize> {
+        let mut v: Vec<usize> = (0..n).collect();
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        for i in (1..n).rev() {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            v.swap(i, (x >> 33) as usize % (i + 1));
+        }
+        v
+    }
+
+    #[test]
+    fn offsets_come_back_in_target_order_without_deleted_queues() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(JournalConfig::new(dir.path())).unwrap();
+        // 200 queues named in order (ids ascending), targeted in a shuffled order, a queue
+        // listed twice, every seventh queue deleted before the append.
+        let ids: Vec<QueueId> = (0..200).map(|i| j.queue_id(&format!("q{i}")).unwrap()).collect();
+        let deleted: Vec<QueueId> = ids.iter().copied().step_by(7).collect();
+        j.write_blocking(deleted.iter().map(|&queue| Op::DeleteQueue { queue }).collect()).unwrap();
+        let mut order: Vec<QueueId> = shuffled(ids.len()).into_iter().map(|i| ids[i]).collect();
+        order.insert(100, order[10]);
+        let targets: Vec<QueueTarget> = order
+            .iter()
+            .enumerate()
+            .map(|(i, &queue)| QueueTarget { queue, tag_hash: 7, flags: (i % 256) as u8 })
+            .collect();
+        let record = Record { header: Bytes::new(), body: Bytes::from_static(b"fan-out") };
+        let append =
+            Op::Append(Append { record, queues: targets.clone(), retained_topic: None, timer: None, keys: None });
+        let r = j.write_blocking(vec![append]).unwrap();
+        let a = &r.appended[0];
+        let expected: Vec<QueueId> = order.iter().copied().filter(|q| !deleted.contains(q)).collect();
+        let got: Vec<QueueId> = a.offsets.iter().map(|&(q, _)| q).collect();
+        assert_eq!(got, expected, "live targets, in target order");
+        let twice = order[10];
+        let offsets_of_twice: Vec<u64> = a.offsets.iter().filter(|(q, _)| *q == twice).map(|&(_, o)| o).collect();
+        assert_eq!(offsets_of_twice, vec![0, 1], "a queue listed twice got two pointers, in order");
+
+        // The same order for pointers added to an existing record.
+        let enqueue =
+            Op::Enqueue { pos: a.pos, size: a.size, body_len: 7, queues: targets.into_iter().rev().collect() };
+        let r = j.write_blocking(vec![enqueue]).unwrap();
+        let got: Vec<QueueId> = r.appended[0].offsets.iter().map(|&(q, _)| q).collect();
+        let reversed: Vec<QueueId> = expected.into_iter().rev().collect();
+        assert_eq!(got, reversed, "Enqueue keeps target order too");
+        j.close().unwrap();
+    }
+}
