@@ -128,7 +128,7 @@ impl Server {
         let restore_error = |error| StartError::Restore { path: config.data_dir().to_path_buf(), error };
         // What only the front-ends decode, checked before anything is applied.
         check_stored_access(&stored.access).map_err(restore_error)?;
-        mark_watermarks_complete(&journal).await?;
+        crate::core::retry::mark_watermarks_complete(&journal).await?;
         // Queues nobody configured are MQTT session and group queues.
         let mut session_queues = QueueConfig::new("mqtt-session", crate::core::router::MQTT_VHOST);
         session_queues.max_len = config.mqtt.max_queued_messages;
@@ -475,7 +475,7 @@ impl Server {
         // Settlements the closed connections sent without waiting (PUBREC, acks) reach the
         // journal before its last flush.
         self.broker.shards.barrier().await;
-        let journal = self.broker.journal.clone();
+        let journal = self.broker.journal_handle();
         if let Err(e) = journal.flush().await {
             warn!(error = %e, "final journal flush failed");
         }
@@ -495,22 +495,6 @@ impl Server {
             "stopped"
         );
     }
-}
-
-/// A new data directory (an empty commit log) gets the marker that its queues store their
-/// delivery watermarks from the start (see `core::retry`): a queue that never delivered
-/// then sends its entries as first deliveries after a restart, or when its first load
-/// comes after its first append.
-async fn mark_watermarks_complete(journal: &Journal) -> anyhow::Result<()> {
-    use ferrymq_storage::{Op, Space};
-    let key = crate::core::retry::WATERMARKS_COMPLETE;
-    if journal.stats().log_end > 0 || journal.get(Space::Retry, key)?.is_some() {
-        return Ok(());
-    }
-    let ops = vec![Op::Put { space: Space::Retry, key: bytes::Bytes::from_static(key), value: bytes::Bytes::new() }];
-    let journal = journal.clone();
-    crate::core::blocking::spawn(move || journal.write_blocking(ops)).await??;
-    Ok(())
 }
 
 /// Closes the journal of a start that failed, flushed and checkpointed as at a shutdown.

@@ -188,7 +188,7 @@ pub async fn discard_until_eof<R: AsyncRead + Unpin>(reader: &mut R) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferrymq_storage::JournalError;
+    use crate::core::JournalError;
     use tokio::sync::oneshot;
 
     #[test]

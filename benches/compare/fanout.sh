@@ -15,6 +15,7 @@
 #   RABBIT        1: RabbitMQ for the AMQP row (default 1 when rabbitmq-server is installed),
 #                 0: FerryMQ alone
 #   ROW_MAX       longest publishing window and longest drain per row, seconds (default 60)
+#   FERRYMQ_EXTRA_ENV  FerryMQ settings added to every FerryMQ row (NAME=value ...)
 #   WARMUP        messages published (and delivered everywhere) before each row's measured
 #                 window, so that a broker's one-time costs of a queue's first message stay out
 #                 of the figures; their time is the table's "warm-up" column (default 2, 0 = none)
@@ -97,7 +98,11 @@ ROW_TIMEOUT=$((2 * ROW_MAX + 120))   # window + drain + set-up of 10,000 session
 D=$ROW_MAX DRAIN=$ROW_MAX T=$ROW_TIMEOUT   # what env.txt reports
 # Retention's disk-use ratio is about the machine's file system, not the broker's data: off, so
 # that a shared, nearly full disk does not make the writer roll segments during a row.
+# FERRYMQ_EXTRA_ENV adds settings (space-separated NAME=value), e.g.
+# FERRYMQ_EXTRA_ENV=FERRYMQ_STORAGE__FSYNC=interval for the ceiling without an fsync per batch.
 FQ_ENV=(FERRYMQ_STORAGE__RETENTION_MAX_DISK_USED_RATIO=0)
+# shellcheck disable=SC2206 # split on spaces on purpose
+[ -n "${FERRYMQ_EXTRA_ENV:-}" ] && FQ_ENV+=(${FERRYMQ_EXTRA_ENV})
 
 # Every broker this script may have started is stopped on exit (lib.sh's trap calls this).
 cleanup() {

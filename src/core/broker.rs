@@ -77,7 +77,7 @@ impl DispatchItem {
 pub struct Broker {
     /// The commit log and keyed state; only the core uses it (front-ends go through
     /// [`Broker::stores`] and [`Broker::commit`]).
-    pub journal: Journal,
+    pub(in crate::core) journal: Journal,
     /// Typed stores of the front-ends' durable state, on the journal.
     pub stores: Stores,
     /// Exchanges, bindings and MQTT subscriptions: where a publish goes.
@@ -112,6 +112,26 @@ impl std::fmt::Debug for Broker {
 }
 
 impl Broker {
+    /// The journal's counters and histograms (for `/metrics` and the overview).
+    pub fn journal_stats(&self) -> ferrymq_storage::JournalStats {
+        self.journal.stats()
+    }
+
+    /// Delayed messages waiting for their time (timers that are not retries), counted up
+    /// to `limit`; the scan of the timer index runs on the blocking pool.
+    pub async fn delayed_pending(&self, limit: usize) -> Result<u64, StoreError> {
+        let journal = self.journal.clone();
+        let counted =
+            super::blocking::spawn(move || journal.count_timers(limit, &|target| !super::retry::is_tagged(target)))
+                .await
+                .map_err(|e| JournalError::Io(format!("counting delayed messages failed: {e}")))?;
+        Ok(counted?)
+    }
+
+    /// A copy of the journal handle for the composition root (start-up and shutdown).
+    pub(crate) fn journal_handle(&self) -> Journal {
+        self.journal.clone()
+    }
     /// Builds the core on an open journal with started shards; MQTT goes through the
     /// topic exchange `mqtt_exchange` of `/`.
     pub fn new(journal: Journal, shards: Shards, mqtt_exchange: &str) -> Broker {

@@ -67,3 +67,8 @@ pub mod stream;
 pub mod tag_filter;
 pub mod timer_wheel;
 pub mod value;
+
+/// Storage's vocabulary that the front-ends speak through the core: a queue's id, the
+/// journal's counters and their histograms. Nothing outside `src/core` (but the composition
+/// root, which opens the journal) names `ferrymq_storage` (`.ci/run`'s layout check).
+pub use ferrymq_storage::{HistogramSnapshot, JournalError, JournalStats, QueueId};

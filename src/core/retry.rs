@@ -91,6 +91,25 @@ pub fn watermark_key(queue: QueueId) -> Bytes {
 /// (see the module doc); eleven bytes, so it is neither a record nor a watermark.
 pub const WATERMARKS_COMPLETE: &[u8] = b"\xffwatermarks";
 
+/// Marks a new data directory (an empty commit log) as one whose queues store their
+/// delivery watermarks from the start ([`WATERMARKS_COMPLETE`]): a queue that never
+/// delivered then sends its entries as first deliveries after a restart, or when its first
+/// load comes after its first append. Start-up calls it once the journal is open; the
+/// sled read and write run on the blocking pool.
+pub async fn mark_watermarks_complete(journal: &ferrymq_storage::Journal) -> Result<(), ferrymq_storage::JournalError> {
+    use ferrymq_storage::{JournalError, Space};
+    let journal = journal.clone();
+    super::blocking::spawn(move || {
+        if journal.stats().log_end > 0 || journal.get(Space::Retry, WATERMARKS_COMPLETE)?.is_some() {
+            return Ok(());
+        }
+        let key = Bytes::from_static(WATERMARKS_COMPLETE);
+        journal.write_blocking(vec![Op::Put { space: Space::Retry, key, value: Bytes::new() }]).map(drop)
+    })
+    .await
+    .map_err(|e| JournalError::Io(format!("marking the data directory failed: {e}")))?
+}
+
 /// Value of a retry record.
 pub fn encode_record(due_ms: u64, deliveries: u32) -> Bytes {
     let mut v = Vec::with_capacity(12);

@@ -39,7 +39,7 @@ struct ConstHistogram {
 
 impl ConstHistogram {
     /// From a journal snapshot, each value multiplied by `scale` (µs to s: 1e-6).
-    fn of(s: &ferrymq_storage::HistogramSnapshot, scale: f64) -> ConstHistogram {
+    fn of(s: &crate::core::HistogramSnapshot, scale: f64) -> ConstHistogram {
         let mut buckets: Vec<(f64, u64)> =
             s.bounds.iter().zip(&s.counts).map(|(b, c)| (*b as f64 * scale, *c)).collect();
         buckets.push((f64::MAX, s.counts.last().copied().unwrap_or(0)));
@@ -212,7 +212,7 @@ pub fn render(ctx: &HttpContext) -> String {
     counter(&mut r, "ferrymq_mqtt_bytes_received", "Bytes read from MQTT connections", Stats::get(&s.bytes_received));
     counter(&mut r, "ferrymq_mqtt_bytes_sent", "Bytes written to MQTT connections", Stats::get(&s.bytes_sent));
     gauge(&mut r, "ferrymq_mqtt_retained_messages", "Retained messages", b.retained.len() as u64);
-    let j = b.journal.stats();
+    let j = b.journal_stats();
     counter(&mut r, "ferrymq_journal_group_commits", "Group commits of the commit log", j.batches);
     counter(&mut r, "ferrymq_journal_fsyncs", "fdatasync calls on commit-log segments", j.fsyncs);
     counter(&mut r, "ferrymq_journal_checkpoints", "Checkpoints taken", j.checkpoints);

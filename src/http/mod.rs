@@ -295,11 +295,7 @@ impl HttpContext {
             tick.tick().await;
             self.rates.sample(&rates::Totals::now(&self.broker));
             self.queue_rates.sample(self.amqp.entities.all().iter().map(|q| (q.id, queues::sample(q).values())));
-            let journal = self.broker.journal.clone();
-            let delayed = crate::core::blocking::spawn(move || {
-                journal.count_timers(DELAYED_SCAN_LIMIT, &|target| !crate::core::retry::is_tagged(target))
-            });
-            if let Ok(Ok(n)) = delayed.await {
+            if let Ok(n) = self.broker.delayed_pending(DELAYED_SCAN_LIMIT).await {
                 self.delayed_pending.store(n, std::sync::atomic::Ordering::Relaxed);
             }
             let connections = self.broker.connections.list();

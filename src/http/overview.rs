@@ -122,7 +122,7 @@ async fn descriptors() -> (usize, u64) {
 fn node_json(ctx: &HttpContext, (fd_used, fd_total): (usize, u64)) -> Json_ {
     let (mem_limit, disk_free_limit) = ctx.alarm.limits();
     let raised = ctx.alarm.raised();
-    let journal = ctx.broker.journal.stats();
+    let journal = ctx.broker.journal_stats();
     json!({
         "name": ctx.node(),
         "type": "disc",

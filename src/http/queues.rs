@@ -22,7 +22,7 @@ use crate::amqp::methods::{check_equivalent_queue, create_queue};
 use crate::core::message::Message;
 use crate::core::queue::{MessageCounts, QueueGauge, RequeueCause};
 use crate::core::shards::ShardCmd;
-use ferrymq_storage::QueueId;
+use crate::core::QueueId;
 
 /// Message and consumer counts over queues.
 #[derive(Debug, Default, Clone, Copy)]

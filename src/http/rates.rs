@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use ferrymq_storage::QueueId;
+use crate::core::QueueId;
 use parking_lot::Mutex;
 
 use crate::core::broker::Broker;
