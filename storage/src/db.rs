@@ -1,5 +1,5 @@
 //! The sled database: opening it, its trees, queue-id allocation and every read query.
-//! Writes other than queue-id allocation go through the writer thread (`writer.rs`).
+//! Writes other than queue-id allocation go through the writer thread (`writer`).
 
 use std::path::Path;
 

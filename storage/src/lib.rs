@@ -220,7 +220,8 @@
 //! `retention` (which segments to delete), `recovery` (log replay and index recovery at
 //! open), `checkpoint` (the checkpointer thread, checkpoint positions, the counters tree),
 //! `format` (the layout version), `ballast` (reserved space), `state` (what handles and the
-//! writer share), `writer` (the writer thread), `guard` (the check that keeps blocking
+//! writer share), `writer` (the writer thread: batching, applying ops, the reads it serves,
+//! the drain, the failure policy and retention, a submodule each), `guard` (the check that keeps blocking
 //! calls off async runtime workers).
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
