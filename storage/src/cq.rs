@@ -511,6 +511,7 @@ impl ConsumeQueues {
 
     /// Writes consecutive entries from offset `first` on and raises the queue's next
     /// offset past them.
+    #[cfg(test)]
     pub(crate) fn write(&self, queue: u64, first: u64, entries: &[Pointer]) -> io::Result<()> {
         self.write_entries(queue, first, entries)?;
         self.raise_next(queue, first + entries.len() as u64);
@@ -569,7 +570,7 @@ impl ConsumeQueues {
             Ok(())
         };
         for (k, v) in changes {
-            let Some(codec::QueueKey::Entry(q, off)) = codec::decode_queue_key(&k) else { continue };
+            let Some((q, off)) = codec::decode_queue_key(&k) else { continue };
             match v.as_deref().and_then(codec::decode_pointer) {
                 Some(p) => match &mut run {
                     Some((rq, first, entries)) if *rq == q && *first + entries.len() as u64 == off => entries.push(p),

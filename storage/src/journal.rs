@@ -105,7 +105,7 @@ impl Journal {
         guard::check("open");
         std::fs::create_dir_all(&config.dir).map_err(log::io_err)?;
         cap_segment_size(&mut config);
-        let found = crate::format::check_or_stamp(&config.dir)?;
+        crate::format::check_or_stamp(&config.dir)?;
         let log_dir = config.dir.join("log");
         std::fs::create_dir_all(&log_dir).map_err(log::io_err)?;
         log::sync_dir(&config.dir).map_err(log::io_err)?;
@@ -116,28 +116,7 @@ impl Journal {
         let segments = recovery::recover_log(&log_dir)?;
         let (log, log_writer) = Log::open(&log_dir, config.segment_size, &segments)?;
         let cq = ConsumeQueues::open(&config.dir.join("cq")).map_err(log::io_err)?;
-        // A migration that stopped after its checkpoint but before the stamp is done.
-        let migrated = db.db.get(crate::format::MIGRATED_KEY).map_err(crate::db::db_err)?;
-        let found = match found {
-            crate::format::Found::Current => found,
-            _ if migrated.is_some_and(|v| v[..] == crate::LAYOUT.to_be_bytes()) => {
-                tracing::info!(dir = ?config.dir, "finishing an interrupted migration to layout {}", crate::LAYOUT);
-                crate::format::stamp(&config.dir)?;
-                crate::format::Found::Current
-            }
-            _ => found,
-        };
-        let (index, index_scanned) = recovery::recover_state(&db, &log, &cq, found)?;
-        if found != crate::format::Found::Current {
-            crate::format::stamp(&config.dir)?;
-            tracing::info!(dir = ?config.dir, from = ?found, "migrated the data directory to layout {}", crate::LAYOUT);
-        }
-        // Layouts 1 and 2 kept the entries in sled (moved to `cq/` by the recovery; left
-        // behind if a migration stopped after stamping).
-        if !db.queue.is_empty() {
-            db.queue.clear().map_err(crate::db::db_err)?;
-            db.db.flush().map_err(crate::db::db_err)?;
-        }
+        let (index, index_scanned) = recovery::recover_state(&db, &log, &cq)?;
         let end = log.end();
         let ballast = ballast::ensure(&config.dir, config.ballast_bytes, config.ballast_bytes);
         let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().map_err(log::io_err)?;

@@ -105,7 +105,7 @@ impl Writer {
         }
         let (lo, hi) = (codec::queue_key(queue, from), codec::queue_key(queue, to - 1));
         for (k, v) in self.pending.queue.changes_in(&lo, &hi) {
-            if let Some(codec::QueueKey::Entry(_, off)) = codec::decode_queue_key(&k) {
+            if let Some((_, off)) = codec::decode_queue_key(&k) {
                 current.insert(off, v.as_deref().and_then(codec::decode_pointer));
             }
         }

@@ -154,11 +154,7 @@ impl Writer {
     /// records, recovery sees sled's applied mark past the end of the log and scans.
     fn commit(&mut self, db: &Db, force_sync: bool, submissions: bool, durable_wanted: bool) -> Result<(), Fail> {
         self.stage_counters();
-        #[cfg(test)]
-        let v1 = self.shared.config.write_effects_v1;
-        #[cfg(not(test))]
-        let v1 = false;
-        let has_effects = effects::encode(&mut self.effects, self.pending.overlays().map(|o| &*o), v1);
+        let has_effects = effects::encode(&mut self.effects, self.pending.overlays().map(|o| &*o));
         if has_effects {
             self.log.append_effects(&self.shared.log, &self.effects).map_err(log_write_failed)?;
         }
@@ -182,7 +178,7 @@ impl Writer {
             let counters = self.pending.counters.take();
             let kv: Vec<_> = self.pending.kv.iter_mut().map(|o| o.take()).collect();
             let rest: Vec<_> =
-                self.pending.overlays().into_iter().zip(db.trees()).filter(|(o, _)| !o.is_empty()).collect();
+                self.pending.overlays().into_iter().skip(1).zip(db.trees()).filter(|(o, _)| !o.is_empty()).collect();
             if !rest.is_empty() {
                 // First: sled holding any change of this batch implies it holds this mark.
                 db.db

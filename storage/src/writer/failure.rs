@@ -149,10 +149,8 @@ impl Writer {
         }
         // Readers wait while the consume queues' offsets are rebuilt.
         let rebuilding = shared.cq.rebuilding();
-        let opened = crate::db::Db::open(&shared.config.dir.join("db"), shared.config.cache_bytes).and_then(|db| {
-            recovery::recover_state(&db, &shared.log, &shared.cq, crate::format::Found::Current)
-                .map(|(index, _)| (db, index))
-        });
+        let opened = crate::db::Db::open(&shared.config.dir.join("db"), shared.config.cache_bytes)
+            .and_then(|db| recovery::recover_state(&db, &shared.log, &shared.cq).map(|(index, _)| (db, index)));
         let (db, index) = match opened {
             Ok(opened) => opened,
             Err(e) => {

@@ -93,7 +93,10 @@ struct Pending {
 }
 
 impl Pending {
-    /// The overlays in [`Db::trees`] order.
+    /// The overlays in the order effects records number the trees: the consume queues'
+    /// (`queue`), then [`Db::trees`]'s.
+    ///
+    /// [`Db::trees`]: crate::db::Db::trees
     fn overlays(&mut self) -> [&mut Overlay; TREES] {
         let [a, b, c, d, e] = &mut self.kv;
         [
