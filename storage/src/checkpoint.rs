@@ -14,9 +14,6 @@
 //! changes whose records were lost (a power loss under `fsync = interval | never`), and
 //! recovery scans the index instead of trusting it.
 //!
-//! Layout 1 left its counters only at a clean close (`ferrymq:clean-shutdown:v1`, read
-//! once by [`take_v1`] when a layout-1 directory is migrated).
-//!
 //! [`JournalConfig::checkpoint_interval`]: crate::JournalConfig::checkpoint_interval
 
 use std::collections::HashMap;
@@ -33,9 +30,6 @@ use crate::recovery::Index;
 use crate::refs::RefCounts;
 use crate::state::{QueueState, Shared};
 use crate::JournalError;
-
-/// Key of layout 1's clean-shutdown counters in sled's default tree.
-pub(crate) const KEY: &[u8] = b"ferrymq:clean-shutdown:v1";
 
 /// Key of the checkpoint position in sled's default tree.
 pub(crate) const CHECKPOINT: &[u8] = b"ferrymq:checkpoint:v2";
@@ -177,99 +171,5 @@ fn checkpoints(shared: &Shared, signals: &mpsc::Receiver<Signal>) {
             stored = Some(target);
         }
         shared.checkpoints.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-/// Layout 1's clean-shutdown counters.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub(crate) struct Checkpoint {
-    /// End of the log at shutdown.
-    pub(crate) log_end: u64,
-    /// References per segment base.
-    pub(crate) refs: Vec<(u64, u64)>,
-    /// Counters per queue id.
-    pub(crate) queues: Vec<(u64, QueueState)>,
-}
-
-impl Checkpoint {
-    #[cfg(test)]
-    pub(crate) fn encode(&self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(24 + self.refs.len() * 16 + self.queues.len() * 24);
-        v.extend_from_slice(&self.log_end.to_be_bytes());
-        v.extend_from_slice(&(self.refs.len() as u64).to_be_bytes());
-        for (base, n) in &self.refs {
-            v.extend_from_slice(&base.to_be_bytes());
-            v.extend_from_slice(&n.to_be_bytes());
-        }
-        v.extend_from_slice(&(self.queues.len() as u64).to_be_bytes());
-        for (id, st) in &self.queues {
-            v.extend_from_slice(&id.to_be_bytes());
-            v.extend_from_slice(&st.next.to_be_bytes());
-            v.extend_from_slice(&st.len.to_be_bytes());
-        }
-        v
-    }
-
-    fn decode(b: &[u8]) -> Option<Checkpoint> {
-        let chunks = b.chunks_exact(8);
-        if !chunks.remainder().is_empty() {
-            return None;
-        }
-        let mut words = chunks.map(|c| u64::from_be_bytes(c.try_into().unwrap_or_default()));
-        let log_end = words.next()?;
-        let n = words.next()?;
-        let mut refs = Vec::new();
-        for _ in 0..n {
-            refs.push((words.next()?, words.next()?));
-        }
-        let n = words.next()?;
-        let mut queues = Vec::new();
-        for _ in 0..n {
-            let id = words.next()?;
-            queues.push((id, QueueState { next: words.next()?, len: words.next()? }));
-        }
-        words.next().is_none().then_some(Checkpoint { log_end, refs, queues })
-    }
-}
-
-/// Takes layout 1's clean-shutdown counters out of sled (removed whether or not they are
-/// usable; the migration's checkpoint flushes) and returns them if the log still ends where
-/// it did at shutdown.
-pub(crate) fn take_v1(db: &Db, log_end: u64) -> Result<Option<Checkpoint>, JournalError> {
-    let Some(v) = db.db.remove(KEY).map_err(db_err)? else { return Ok(None) };
-    match Checkpoint::decode(&v) {
-        Some(cp) if cp.log_end == log_end => Ok(Some(cp)),
-        Some(cp) => {
-            tracing::warn!(
-                checkpoint_end = cp.log_end,
-                log_end,
-                "clean-shutdown checkpoint does not match the log; scanning the index"
-            );
-            Ok(None)
-        }
-        None => {
-            tracing::warn!("malformed clean-shutdown checkpoint; scanning the index");
-            Ok(None)
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn round_trip() {
-        let cp = Checkpoint {
-            log_end: 12345,
-            refs: vec![(0, 3), (4096, 1)],
-            queues: vec![(7, QueueState { next: 10, len: 4 }), (9, QueueState { next: 1, len: 0 })],
-        };
-        assert_eq!(Checkpoint::decode(&cp.encode()), Some(cp));
-        assert_eq!(Checkpoint::decode(&[1, 2, 3]), None);
-        assert_eq!(Checkpoint::decode(&[0; 8]), None);
-        let mut trailing = Checkpoint::default().encode();
-        trailing.extend_from_slice(&[0; 8]);
-        assert_eq!(Checkpoint::decode(&trailing), None);
     }
 }

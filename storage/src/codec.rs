@@ -3,8 +3,6 @@
 
 use crate::{LogPos, Pointer, Space};
 
-/// Tree of consume-queue entries (and per-queue high-water marks).
-pub(crate) const TREE_QUEUE: &str = "queue";
 /// Tree name -> queue id.
 pub(crate) const TREE_QUEUE_NAMES: &str = "queue_names";
 /// Tree queue id -> name (reverse of `queue_names`, used by `DeleteQueue`).
@@ -78,13 +76,6 @@ pub(crate) fn queue_key(queue: u64, offset: u64) -> [u8; 16] {
     k
 }
 
-/// Key of a queue's high-water mark (next offset) in layout 1: the bare 8-byte queue id,
-/// which sorts just before the queue's entries (layout 2 keeps it in `counters`).
-#[cfg(test)]
-pub(crate) fn queue_hwm_key(queue: u64) -> [u8; 8] {
-    queue.to_be_bytes()
-}
-
 /// Key of a queue's counters in the `counters` tree.
 pub(crate) fn queue_counters_key(queue: u64) -> [u8; 9] {
     let mut k = [b'q'; 9];
@@ -129,22 +120,12 @@ pub(crate) fn decode_counter(k: &[u8], v: &[u8]) -> Option<Counter> {
     }
 }
 
-/// A key of the `queue` tree.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum QueueKey {
-    /// An entry: queue, offset.
-    Entry(u64, u64),
-    /// The high-water mark of a queue (layout 1).
-    HighWater(u64),
-}
-
-/// Decodes a key of the `queue` tree.
-pub(crate) fn decode_queue_key(k: &[u8]) -> Option<QueueKey> {
-    match k.len() {
-        16 => Some(QueueKey::Entry(u64_at(k, 0)?, u64_at(k, 8)?)),
-        8 => Some(QueueKey::HighWater(u64_at(k, 0)?)),
-        _ => None,
+/// Decodes the key of a queue entry ([`queue_key`]) into (queue, offset).
+pub(crate) fn decode_queue_key(k: &[u8]) -> Option<(u64, u64)> {
+    if k.len() != 16 {
+        return None;
     }
+    Some((u64_at(k, 0)?, u64_at(k, 8)?))
 }
 
 /// Value of a queue entry: pos u64, size u32, body length u32, tag hash u32, flags u8.
@@ -158,19 +139,8 @@ pub(crate) fn encode_pointer(p: &Pointer) -> [u8; 21] {
     v
 }
 
-/// Decodes a queue entry value. The 17-byte layout of earlier data directories (no body
-/// length) is read too, with the record size standing in for the body length.
+/// Decodes a queue entry value.
 pub(crate) fn decode_pointer(v: &[u8]) -> Option<Pointer> {
-    if v.len() == 17 {
-        let size = u32_at(v, 8)?;
-        return Some(Pointer {
-            pos: LogPos(u64_at(v, 0)?),
-            size,
-            body_len: size,
-            tag_hash: u32_at(v, 12)?,
-            flags: v[16],
-        });
-    }
     if v.len() != 21 {
         return None;
     }
@@ -272,17 +242,10 @@ mod tests {
         let p = Pointer { pos: LogPos(1 << 40), size: 77, body_len: 12, tag_hash: 0xdead_beef, flags: 3 };
         assert_eq!(decode_pointer(&encode_pointer(&p)), Some(p));
         assert_eq!(decode_pointer(&[1, 2, 3]), None);
-        let mut old = Vec::new(); // pos, size, tag hash, flags
-        old.extend_from_slice(&(1u64 << 40).to_be_bytes());
-        old.extend_from_slice(&77u32.to_be_bytes());
-        old.extend_from_slice(&0xdead_beefu32.to_be_bytes());
-        old.push(3);
-        assert_eq!(decode_pointer(&old), Some(Pointer { body_len: 77, ..p }));
-        assert_eq!(decode_queue_key(&queue_key(5, 9)), Some(QueueKey::Entry(5, 9)));
-        assert_eq!(decode_queue_key(&queue_hwm_key(5)), Some(QueueKey::HighWater(5)));
-        assert_eq!(decode_queue_key(&[0; 3]), None);
-        assert!(queue_hwm_key(5).as_slice() < queue_key(5, 0).as_slice());
-        assert!(queue_key(5, u64::MAX).as_slice() < queue_hwm_key(6).as_slice());
+        assert_eq!(decode_pointer(&encode_pointer(&p)[..17]), None, "no body length: not an entry");
+        assert_eq!(decode_queue_key(&queue_key(5, 9)), Some((5, 9)));
+        assert_eq!(decode_queue_key(&[0; 8]), None);
+        assert!(queue_key(5, u64::MAX).as_slice() < queue_key(6, 0).as_slice());
         assert!(queue_key(1, 2).as_slice() < queue_key(1, 256).as_slice());
         assert_eq!(decode_retained(&encode_retained(9, 8)), Some((9, 8)));
         assert_eq!(decode_timer_key(&timer_key(10, 20)), Some((10, 20)));

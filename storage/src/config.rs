@@ -94,9 +94,6 @@ pub struct JournalConfig {
     /// at the cost of up to a page of log space per sync (with small group commits the log
     /// of a backlog grows by about half again).
     pub page_aligned_syncs: bool,
-    /// Tests: write effects records in version 1, as layout 3 did.
-    #[cfg(test)]
-    pub(crate) write_effects_v1: bool,
 }
 
 impl JournalConfig {
@@ -116,8 +113,6 @@ impl JournalConfig {
             checkpoint_interval: Duration::from_millis(100),
             checkpoint_bytes: 64 * 1024 * 1024,
             page_aligned_syncs: true,
-            #[cfg(test)]
-            write_effects_v1: false,
         }
     }
 }

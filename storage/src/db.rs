@@ -1,5 +1,5 @@
 //! The sled database: opening it, its trees, queue-id allocation and every read query.
-//! Writes other than queue-id allocation go through the writer thread (`writer.rs`).
+//! Writes other than queue-id allocation go through the writer thread (`writer`).
 
 use std::path::Path;
 
@@ -33,9 +33,6 @@ fn timer_entry(kv: sled::Result<(sled::IVec, sled::IVec)>) -> Result<TimerEntry,
 pub(crate) struct Db {
     /// The database (its `flush` covers every tree).
     pub(crate) db: sled::Db,
-    /// Queue entries of layouts 1 and 2 (empty since: `cq` holds them), read once by the
-    /// migration.
-    pub(crate) queue: Tree,
     /// Queue name -> id.
     pub(crate) queue_names: Tree,
     /// Queue id -> name.
@@ -57,7 +54,8 @@ pub(crate) struct Db {
     pub(crate) settled: Tree,
 }
 
-/// Number of trees written through effects records ([`Db::trees`]).
+/// Number of trees effects records number: tree 0 is the consume queues (files of their
+/// own, `cq`), trees 1 to `TREES - 1` are [`Db::trees`].
 pub(crate) const TREES: usize = 13;
 
 impl Db {
@@ -87,7 +85,6 @@ impl Db {
         };
         let tree = |name: &str| db.open_tree(name).map_err(db_err);
         Ok(Db {
-            queue: tree(codec::TREE_QUEUE)?,
             queue_names: tree(codec::TREE_QUEUE_NAMES)?,
             queue_ids: tree(codec::TREE_QUEUE_IDS)?,
             retained: tree(codec::TREE_RETAINED)?,
@@ -107,11 +104,10 @@ impl Db {
         })
     }
 
-    /// The trees written by group commits, in the order effects records number them (a
-    /// stable part of the on-disk layout: only append).
-    pub(crate) fn trees(&self) -> [&Tree; TREES] {
+    /// The sled trees written by group commits, in the order effects records number them
+    /// from 1 on (a stable part of the on-disk layout: only append).
+    pub(crate) fn trees(&self) -> [&Tree; TREES - 1] {
         [
-            &self.queue,
             &self.queue_names,
             &self.queue_ids,
             &self.retained,

@@ -16,8 +16,12 @@
 //!   first from 0) `| size: varint | body length: varint | tag hash: varint | flags: u8`.
 //!
 //! A message costs its consume-queue entry about 7 bytes here instead of 41, and its
-//! acknowledgement a share of one run instead of 19. Version 1 (layouts 2 and 3) has only
-//! the first kind of item; it is still read. Varints are LEB128.
+//! acknowledgement a share of one run instead of 19. Varints are LEB128.
+//!
+//! Version 1 (development layouts 2 and 3) has only the first kind of item. It is still
+//! read: earlier builds upgraded a layout-3 directory by stamping it 4, so a layout-4
+//! directory may hold version-1 records, and replays them if that upgrade's first open
+//! stopped before its checkpoint. Nothing writes it any more.
 
 use crate::codec;
 use crate::overlay::Overlay;
@@ -25,7 +29,7 @@ use crate::types::{LogPos, Pointer};
 
 /// Version byte of the encoding written.
 const VERSION: u8 = 2;
-/// Version byte of the encoding of layouts 2 and 3 (single changes only).
+/// Version byte of the encoding of layouts 2 and 3 (single changes only), still read.
 const VERSION_1: u8 = 1;
 /// Item tag: a run of consume-queue settlements.
 const RUN_REMOVALS: u8 = 0xfe;
@@ -67,13 +71,12 @@ fn take_bytes<'a>(b: &mut &'a [u8]) -> Option<&'a [u8]> {
 }
 
 /// Encodes the changes of `overlays` (in tree order) into `buf` (cleared first); false
-/// when there is none. Tree 0's (`queue`) changes go as runs where they can, unless `v1`
-/// (tests: version 1, as layout 3 wrote).
-pub(crate) fn encode<'a>(buf: &mut Vec<u8>, overlays: impl IntoIterator<Item = &'a Overlay>, v1: bool) -> bool {
+/// when there is none. Tree 0's (the consume queues') changes go as runs where they can.
+pub(crate) fn encode<'a>(buf: &mut Vec<u8>, overlays: impl IntoIterator<Item = &'a Overlay>) -> bool {
     buf.clear();
-    buf.push(if v1 { VERSION_1 } else { VERSION });
+    buf.push(VERSION);
     for (tree, overlay) in overlays.into_iter().enumerate() {
-        if tree == 0 && !v1 {
+        if tree == 0 {
             encode_queue_changes(buf, overlay);
             continue;
         }
@@ -100,7 +103,7 @@ fn put_change(buf: &mut Vec<u8>, tree: usize, key: &[u8], value: Option<&[u8]>) 
 
 /// One change of tree 0 in the form a run holds: queue, offset, entry (`None`: settled).
 fn queue_change(key: &[u8], value: Option<&[u8]>) -> Option<(u64, u64, Option<Pointer>)> {
-    let Some(codec::QueueKey::Entry(queue, offset)) = codec::decode_queue_key(key) else { return None };
+    let (queue, offset) = codec::decode_queue_key(key)?;
     let entry = match value {
         None => None,
         // Only a value that decodes as a pointer round-trips through a run.
@@ -215,18 +218,18 @@ mod tests {
         let mut c = Overlay::default();
         c.insert(&b""[..], &b""[..]);
         let mut buf = Vec::new();
-        assert!(encode(&mut buf, [&a, &b, &c], false));
+        assert!(encode(&mut buf, [&a, &b, &c]));
         let mut seen = Vec::new();
         decode(&buf, 3, |(t, k, v)| seen.push((t, k.to_vec(), v.map(<[u8]>::to_vec)))).unwrap();
         assert_eq!(
             seen,
             vec![(0, b"k0".to_vec(), None), (0, b"k1".to_vec(), Some(vec![7u8; 300])), (2, vec![], Some(vec![]))]
         );
-        assert!(!encode(&mut buf, [&b], false));
+        assert!(!encode(&mut buf, [&b]));
         for cut in 1..buf.len() {
             let _ = decode(&buf[..cut], 3, |_| {});
         }
-        assert!(encode(&mut buf, [&a, &b, &c], false));
+        assert!(encode(&mut buf, [&a, &b, &c]));
         assert_eq!(decode(&buf, 2, |_| {}), None, "a tree this build does not have");
         let n = buf.len();
         assert_eq!(decode(&buf[..n - 1], 3, |_| {}), None, "a cut value");
@@ -257,11 +260,11 @@ mod tests {
         }
         queue.insert(&codec::queue_key(9, 0)[..], &codec::encode_pointer(&pointer(u64::MAX - 5, 0xdead_beef))[..]);
         queue.insert(&codec::queue_key(9, 1)[..], &codec::encode_pointer(&pointer(0, 0))[..]);
-        queue.insert(&codec::queue_hwm_key(9)[..], &b"odd"[..]);
+        queue.insert(&9u64.to_be_bytes()[..], &b"odd"[..]);
         let mut other = Overlay::default();
         other.insert(&b"session"[..], &b"state"[..]);
         let mut buf = Vec::new();
-        assert!(encode(&mut buf, [&queue, &other], false));
+        assert!(encode(&mut buf, [&queue, &other]));
         let expected: Vec<_> = queue
             .changes()
             .map(|(k, v)| (0, k.to_vec(), v.as_ref().map(|v| v.to_vec())))

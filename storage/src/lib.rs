@@ -59,36 +59,31 @@
 //! ```
 //!
 //! [`Journal::open`] refuses a directory of another layout ([`JournalError::Layout`]) before
-//! touching it, except layouts 1 and 2 (a directory without `format` but with data predates
-//! the numbering and is layout 1), which it migrates in place: their consume-queue entries
-//! are in sled's `queue` tree, so the migration moves them to the files (offsets below a
-//! queue's next offset missing from the tree were settled), recovers as usual (layout 1:
-//! sled is complete, the `counters` tree is written from its clean-close counters or a
-//! scan; layout 2: the effects records after the checkpoint are replayed), stamps 3 and
-//! then empties the tree (an open that finds entries left there by an interrupted
-//! migration empties it too).
+//! touching it, with a message saying what to do: a newer layout, and the development
+//! layouts 1 to 3, never released (a directory without `format` but with data is layout 1;
+//! see the `format` module).
 //!
 //! A consume-queue file holds 262,144 entries of 24 bytes: the [`Pointer`] (`pos u64 |
 //! size u32 | body length u32 | tag hash u32 | flags u8`, big-endian), a presence byte
 //! `0xCE` and two zero bytes. A hole (an offset added and settled in the same group commit
 //! is never written) reads as no entry. A file is deleted once its queue's consume offset
 //! passed its last entry and a durable checkpoint covers the drain that stored that
-//! offset; a deleted queue's files go once a checkpoint covers the deletion. A migration
-//! writes `ferrymq:migrated` to sled's default tree last, before its checkpoint: an open
-//! that finds it under the older stamp knows the migration finished and only stamps.
+//! offset; a deleted queue's files go once a checkpoint covers the deletion.
 //!
 //! A record in a segment: `len: u32 BE` (of everything after the crc) | `crc32: u32 BE` (of
 //! everything after itself) | `header_len: u32 BE` | `header` | `body`. An effects record
 //! has bit 31 of `header_len` set, no header, and the encoded changes as its body
 //! (`version u8` (2), then per change `tree u8 | key_len varint | key | 0` for a removal or
-//! `... | 1 | value_len varint | value` for a set; trees numbered as in the table below,
-//! top to bottom, `kv:*` in the order listed, `counters` last, `settled` not at all).
-//! Tree 0 (`queue`) names consume-queue entries: a set writes the entry at its offset, a
-//! removal settles it; consecutive offsets of one queue go as one run instead
-//! (`0xfe | queue varint | first varint | count varint` settled, or `0xff | ...` added, each
-//! entry then as `pos delta zigzag varint | size varint | body length varint | tag hash
-//! varint | flags u8`): about 7 bytes per message. Version 1 (layouts 2 and 3) has no runs
-//! and is still read. A **padding record** (`header_len` 0, a body of zeros) ends every
+//! `... | 1 | value_len varint | value` for a set). Tree 0 is the consume queues: its keys
+//! are `queue id u64 | offset u64`, its values [`Pointer`]s as in a consume-queue file; a
+//! set writes the entry at its offset, a removal settles it; consecutive offsets of one
+//! queue go as one run instead (`0xfe | queue varint | first varint | count varint`
+//! settled, or `0xff | ...` added, each entry then as `pos delta zigzag varint | size
+//! varint | body length varint | tag hash varint | flags u8`): about 7 bytes per message.
+//! Trees 1 on are the sled trees of the table below, top to bottom from `queue_names`,
+//! `kv:*` in the order listed, `counters` last, `settled` not at all. Version 1 (written
+//! by development layouts 2 and 3) has no runs and is still read (see the `effects`
+//! module). A **padding record** (`header_len` 0, a body of zeros) ends every
 //! synced group commit that does not end on a 4 KiB page boundary, so that the next commit
 //! starts on a fresh page (the device does not write the last, partly filled page again);
 //! nothing points at it and replay skips it. A `len` of 0 marks
@@ -107,7 +102,6 @@
 //!
 //! | tree | key | value |
 //! |---|---|---|
-//! | `queue` | queue id u64, offset u64 | [`Pointer`] as in a consume-queue file (layouts 1 and 2 only; empty since) |
 //! | `counters` | `q`, queue id u64 | next offset u64 (the high-water mark), length u64 |
 //! | `settled` | queue id u64 | consume offset u64 (every offset below is settled), then `start u64, end u64` per range settled out of order above it |
 //! | `counters` | `s`, segment base u64 | references u64 (pointers + retained + timers) |
@@ -220,7 +214,8 @@
 //! `retention` (which segments to delete), `recovery` (log replay and index recovery at
 //! open), `checkpoint` (the checkpointer thread, checkpoint positions, the counters tree),
 //! `format` (the layout version), `ballast` (reserved space), `state` (what handles and the
-//! writer share), `writer` (the writer thread), `guard` (the check that keeps blocking
+//! writer share), `writer` (the writer thread: batching, applying ops, the reads it serves,
+//! the drain, the failure policy and retention, a submodule each), `guard` (the check that keeps blocking
 //! calls off async runtime workers).
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]

@@ -11,17 +11,16 @@ use std::path::Path;
 
 use sled::{Batch, Tree};
 
-use crate::codec::{self, Counter, QueueKey};
+use crate::codec::{self, Counter};
 use crate::cq::ConsumeQueues;
 use crate::db::{db_err, Db, TREES};
 use crate::effects;
-use crate::format::Found;
 use crate::log::{io_err, Log};
 use crate::overlay::Overlay;
 use crate::refs::RefCounts;
 use crate::segment;
 use crate::state::QueueState;
-use crate::{JournalError, Pointer};
+use crate::JournalError;
 
 /// Finds the segments in `dir`, checks them and cuts the log at the first invalid record.
 /// Returns `(base, valid length)` of every segment in base order.
@@ -91,88 +90,51 @@ pub(crate) struct Index {
 /// Brings sled and the consume queues up to the end of `log` and returns the counters,
 /// and whether they came from a scan of the index.
 ///
-/// - Layouts 1 and 2 (`found`) kept consume-queue entries in sled's `queue` tree: they are
-///   moved to the consume-queue files first ([`import_queue_tree`]); the caller empties
-///   the tree once the directory is stamped with the current layout.
-/// - Layout 1 (sled flushed by every durable batch, counters only from a clean close): the
-///   counters of a clean close if they match, else a scan; then they are written to the
-///   `counters` tree.
-/// - Otherwise, from the checkpoint: the consume queues' offsets are read back (`counters`
-///   and `settled`), every effects record from there to the end is applied again (blind
-///   writes and settlements: applying one that is already applied changes nothing), and
-///   the counters are read from the `counters` tree, which the records write too. If
-///   there is no checkpoint, sled's applied mark lies past the end of the log (it holds
-///   changes of lost records), or an effects record does not read back, the index is
-///   scanned instead.
+/// From the checkpoint: the consume queues' offsets are read back (`counters` and
+/// `settled`), every effects record from there to the end is applied again (blind writes
+/// and settlements: applying one that is already applied changes nothing), and the
+/// counters are read from the `counters` tree, which the records write too. If there is no
+/// checkpoint, sled's applied mark lies past the end of the log (it holds changes of lost
+/// records), or an effects record does not read back, the index is scanned instead.
 ///
 /// Either way the consume-queue files are cut at their queues' next offsets and synced,
 /// and a checkpoint at the end of the log is written and sled flushed.
-pub(crate) fn recover_state(
-    db: &Db,
-    log: &Log,
-    cq: &ConsumeQueues,
-    found: Found,
-) -> Result<(Index, bool), JournalError> {
+pub(crate) fn recover_state(db: &Db, log: &Log, cq: &ConsumeQueues) -> Result<(Index, bool), JournalError> {
     let end = log.end();
-    let mut scanned = false;
-    if found == Found::Current {
-        restore_offsets(db, cq)?;
-    } else {
-        import_queue_tree(db, cq)?;
-    }
-    let index = if found == Found::Layout1 {
-        match crate::checkpoint::take_v1(db, end)? {
-            Some(cp) => {
-                trim_key_index(db, log)?;
-                Index { refs: RefCounts::from_pairs(cp.refs), queues: cp.queues.into_iter().collect() }
-            }
-            None => {
-                scanned = true;
-                recover_index(db, log, cq)?
-            }
+    restore_offsets(db, cq)?;
+    let checkpoint = crate::checkpoint::position(db, crate::checkpoint::CHECKPOINT)?;
+    let applied = crate::checkpoint::position(db, crate::checkpoint::APPLIED)?.unwrap_or(0);
+    let replayed = match checkpoint {
+        Some(from) if from <= end && applied <= end => replay(db, log, cq, from)?,
+        Some(from) => {
+            tracing::warn!(
+                checkpoint = from,
+                applied,
+                log_end = end,
+                "sled holds changes past the end of the commit log (lost in a power loss): scanning the index"
+            );
+            false
         }
-    } else {
-        let checkpoint = crate::checkpoint::position(db, crate::checkpoint::CHECKPOINT)?;
-        let applied = crate::checkpoint::position(db, crate::checkpoint::APPLIED)?.unwrap_or(0);
-        let replayed = match checkpoint {
-            Some(from) if from <= end && applied <= end => replay(db, log, cq, from)?,
-            Some(from) => {
-                tracing::warn!(
-                    checkpoint = from,
-                    applied,
-                    log_end = end,
-                    "sled holds changes past the end of the commit log (lost in a power loss): scanning the index"
-                );
-                false
-            }
-            None => false,
-        };
-        if replayed {
-            trim_key_index(db, log)?;
-            crate::checkpoint::read_counters(db)?
-        } else {
-            scanned = true;
-            recover_index(db, log, cq)?
-        }
+        None => false,
     };
-    if scanned || found == Found::Layout1 {
+    let index = if replayed {
+        trim_key_index(db, log)?;
+        crate::checkpoint::read_counters(db)?
+    } else {
+        let index = recover_index(db, log, cq)?;
         crate::checkpoint::write_counters(db, &index)?;
-    }
+        index
+    };
     for (&q, st) in &index.queues {
         cq.raise_next(q, st.next);
     }
     cq.trim(|q| db.queue_ids.contains_key(codec::encode_u64(q)).unwrap_or(true)).map_err(io_err)?;
     cq.drain(&db.settled, end).map_err(db_err)?;
     cq.sync().map_err(io_err)?;
-    if found != Found::Current {
-        // Last, so that sled holding it implies it holds the whole migration: an open
-        // that finds it under an older `format` stamp finishes by stamping.
-        db.db.insert(crate::format::MIGRATED_KEY, &crate::LAYOUT.to_be_bytes()).map_err(db_err)?;
-    }
     crate::checkpoint::write(db, end)?;
     // Checkpointed: files below their queue's consume offset, and dead queues', can go.
     cq.delete_settled_files();
-    Ok((index, scanned))
+    Ok((index, !replayed))
 }
 
 /// Every queue's next offset as the `counters` tree holds it.
@@ -201,69 +163,6 @@ fn restore_offsets(db: &Db, cq: &ConsumeQueues) -> Result<(), JournalError> {
     cq.restore(&next, settled).map_err(JournalError::Db)
 }
 
-/// Moves the entries of sled's `queue` tree (layouts 1 and 2) to the consume-queue files:
-/// each queue's offsets missing from the tree below its next offset (the `counters` tree's,
-/// layout 1's high-water mark, or past its last entry) were settled; the offsets are
-/// stored in `settled` and the files synced. The tree itself is left as it is.
-pub(crate) fn import_queue_tree(db: &Db, cq: &ConsumeQueues) -> Result<(), JournalError> {
-    let mut next = next_offsets(db)?;
-    let mut expect: HashMap<u64, u64> = HashMap::new();
-    let mut run: Option<(u64, u64, Vec<Pointer>)> = None;
-    let flush = |run: &mut Option<(u64, u64, Vec<Pointer>)>| match run.take() {
-        Some((q, first, entries)) => cq.write(q, first, &entries).map_err(io_err),
-        None => Ok(()),
-    };
-    let mut moved = 0u64;
-    for kv in db.queue.iter() {
-        let (k, v) = kv.map_err(db_err)?;
-        match codec::decode_queue_key(&k) {
-            Some(QueueKey::Entry(q, off)) => {
-                let Some(p) = codec::decode_pointer(&v) else { continue };
-                let e = next.entry(q).or_default();
-                *e = (*e).max(off.saturating_add(1));
-                let expected = expect.get(&q).copied().unwrap_or(0);
-                if off > expected {
-                    cq.settle(q, expected, off);
-                }
-                expect.insert(q, off.saturating_add(1));
-                moved += 1;
-                match &mut run {
-                    Some((rq, first, entries))
-                        if *rq == q && *first + entries.len() as u64 == off && entries.len() < 65_536 =>
-                    {
-                        entries.push(p)
-                    }
-                    _ => {
-                        flush(&mut run)?;
-                        run = Some((q, off, vec![p]));
-                    }
-                }
-            }
-            Some(QueueKey::HighWater(q)) => {
-                if let Some(n) = codec::decode_u64(&v) {
-                    let e = next.entry(q).or_default();
-                    *e = (*e).max(n);
-                }
-            }
-            None => {}
-        }
-    }
-    flush(&mut run)?;
-    for (&q, &n) in &next {
-        let e = expect.get(&q).copied().unwrap_or(0);
-        if n > e {
-            cq.settle(q, e, n);
-        }
-        cq.raise_next(q, n);
-    }
-    cq.drain(&db.settled, 0).map_err(db_err)?;
-    cq.sync().map_err(io_err)?;
-    if moved > 0 {
-        tracing::info!(entries = moved, queues = next.len(), "moved the consume queues from sled to their files");
-    }
-    Ok(())
-}
-
 /// Applies the effects records at `from` or later to sled and the consume queues; false
 /// (after a warning) if one does not read back or decode.
 fn replay(db: &Db, log: &Log, cq: &ConsumeQueues, from: u64) -> Result<bool, JournalError> {
@@ -287,9 +186,9 @@ fn replay(db: &Db, log: &Log, cq: &ConsumeQueues, from: u64) -> Result<bool, Jou
         tracing::warn!(pos, from, "an effects record after the checkpoint does not read back: scanning the index");
         return Ok(false);
     }
-    // Tree 0 (`queue`) is the consume queues' since layout 3.
+    // Tree 0 is the consume queues'.
     cq.apply_changes(pending[0].take()).map_err(io_err)?;
-    for (overlay, tree) in pending.iter_mut().zip(trees).skip(1) {
+    for (overlay, tree) in pending.iter_mut().skip(1).zip(trees) {
         overlay.apply(tree).map_err(db_err)?;
     }
     if records > 0 {

@@ -75,9 +75,10 @@ pub struct JournalStats {
     /// Batches taken back and refused because the file system was full
     /// ([`JournalError::Full`](crate::JournalError::Full)) since open.
     pub out_of_space: u64,
-    /// The last open rebuilt the index counters by scanning every entry (the first open,
-    /// a layout-1 directory not closed cleanly, or sled ahead of a torn log); false when
-    /// they came from the checkpoint and the commit log after it.
+    /// The last open rebuilt the index counters by scanning every entry (the first open of
+    /// a directory, sled ahead of a torn log, or an effects record after the checkpoint
+    /// that does not read back); false when they came from the checkpoint and the commit
+    /// log after it.
     pub index_scanned: bool,
     /// Commit-log sync latency, microseconds (one observation per sync of the log).
     pub fsync_micros: crate::HistogramSnapshot,

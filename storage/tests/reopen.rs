@@ -346,3 +346,34 @@ fn an_open_and_close_that_change_nothing_write_nothing() {
         assert!(files(dir.path()) == settled, "an open and drop changed the data directory");
     }
 }
+
+/// A data directory of a development layout (1 to 3, never released; a directory with data
+/// but no `format` file is layout 1) is refused at open with the layout error, which says
+/// what to do, and left byte for byte as it was: nothing is migrated.
+#[test]
+fn a_directory_of_an_unreleased_layout_is_refused_untouched() {
+    for layout in [None, Some(1), Some(2), Some(3)] {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let j = open(dir.path(), FsyncPolicy::Always);
+            let q = j.queue_id("q").unwrap();
+            j.write_blocking(append_op(1, &[q])).unwrap();
+            j.close().unwrap();
+        }
+        match layout {
+            Some(v) => std::fs::write(dir.path().join("format"), format!("ferrymq-journal {v}\n")).unwrap(),
+            None => std::fs::remove_file(dir.path().join("format")).unwrap(),
+        }
+        let before = files(dir.path());
+        let message = match ferrymq_storage::Journal::open(config(dir.path(), FsyncPolicy::Always)) {
+            Err(JournalError::Layout(message)) => message,
+            Err(e) => panic!("layout {layout:?}: {e}"),
+            Ok(_) => panic!("layout {layout:?} was opened"),
+        };
+        let v = layout.unwrap_or(1);
+        let refused = format!("is layout {v}, a development layout this build no longer reads");
+        assert!(message.contains(&refused), "{message}");
+        assert!(message.contains("git commit 0cd0e68") && message.contains("--data-dir"), "what to do: {message}");
+        assert!(files(dir.path()) == before, "layout {layout:?}: the refused directory was changed");
+    }
+}
