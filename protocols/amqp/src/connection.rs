@@ -8,28 +8,52 @@
 //! code, text and class/method ids, and `connection.blocked`/`unblocked`. The broker
 //! decides what methods mean (exchanges, queues, consumers); this type decides how they
 //! look on the wire.
+//!
+//! This module holds [`Connection`] itself, its [`Config`] and phases, the input loop that
+//! cuts frames and hands each to its handler, and the timers (handshake deadline,
+//! heartbeats). The rest is split by job, each a private module adding to
+//! [`Connection`]:
+//!
+//! - `handshake`: the protocol header, Start/Start-Ok (SASL), Tune/Tune-Ok and Open, and
+//!   the other methods on channel 0;
+//! - `methods`: method dispatch on channels 1 and up: Channel.Open/Close/Flow,
+//!   confirm/tx selection, and the methods forwarded to the broker as [`Event::Method`];
+//! - `content`: content assembly (Basic.Publish, content header, body frames) into one
+//!   [`Publish`], with its confirm sequence number;
+//! - `channels`: the table of open channels and each one's confirm/tx mode;
+//! - `outbound`: what the broker sends: method replies, Basic.Deliver, Get-Ok and Return
+//!   with their [`Content`], publisher confirms, `connection.blocked`/`unblocked`;
+//! - `closing`: channel and connection exceptions and the close handshake;
+//! - `event`: what the connection reports ([`Event`], [`Publish`], [`CloseReason`]);
+//! - `fault`: [`ProtocolError`] and the Connection.Close each error turns into.
 
 mod channels;
+mod closing;
+mod content;
+mod event;
 mod fault;
 mod handshake;
+mod methods;
+mod outbound;
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use amq_protocol::protocol::{access, basic, channel, confirm, connection, tx};
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, BytesMut};
 
-use self::channels::{Assembly, Channel, Channels, Mode, Partial};
+use self::channels::Channels;
+use self::closing::Closing;
 use self::fault::Fault;
+use self::outbound::Blocked;
 use crate::decode::{self, MethodError};
-use crate::frame::{self, FrameError, Kind, FRAME_HEADER_SIZE};
-use crate::{reply, sasl, wire};
-use crate::{AMQPClass, BasicProperties, FieldTable, ShortString};
+use crate::frame::{self, Kind, FRAME_HEADER_SIZE};
+use crate::wire;
+use crate::AMQPClass;
 
-/// How long the server waits for Close-Ok after sending Connection.Close (its own
-/// [`Connection::connection_error`], a login refusal or a protocol error) before the
-/// connection is finished anyway.
-pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+pub use self::closing::CLOSE_TIMEOUT;
+pub use self::event::{CloseReason, Event, Publish};
+pub use self::fault::ProtocolError;
+pub use self::outbound::Content;
 
 /// Server-side limits and identity.
 #[derive(Debug, Clone)]
@@ -68,191 +92,6 @@ impl Default for Config {
             sasl_external: false,
         }
     }
-}
-
-/// Why the connection ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CloseReason {
-    /// The client sent Connection.Close (and got Close-Ok).
-    ClientClosed {
-        /// Reply code the client sent.
-        code: u16,
-        /// Reply text the client sent (free-form, for logs).
-        text: String,
-    },
-    /// The broker closed it ([`Connection::connection_error`] or shutdown) and the
-    /// handshake of the close finished or timed out.
-    ServerClosed {
-        /// Reply code of the broker's Connection.Close.
-        code: u16,
-    },
-    /// A protocol error detected here (bad header, bad frame, heartbeat timeout, ...);
-    /// Connection.Close with the matching code was queued when the protocol allows it.
-    Error(ProtocolError),
-}
-
-/// Protocol violations detected by the connection itself.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ProtocolError {
-    /// Wrong protocol header (the supported header was sent back).
-    #[error("bad protocol header")]
-    BadHeader,
-    /// Frame error (501): a frame that cannot be delimited (unknown type, too large, bad
-    /// frame end), or a payload that does not decode (as RabbitMQ: "cannot decode"), or a
-    /// body frame running past the announced body size.
-    #[error(transparent)]
-    Frame(#[from] FrameError),
-    /// Frame that is not valid now (505 UNEXPECTED_FRAME): content frames out of
-    /// sequence, frames on a channel other than 0 before the connection is open,
-    /// heartbeats on a channel other than 0.
-    #[error("unexpected frame: {0}")]
-    Unexpected(&'static str),
-    /// Channel number out of range or not open, a second Channel.Open, or a method on
-    /// channel 0 that is not valid in the connection's state (504 CHANNEL_ERROR, as
-    /// RabbitMQ).
-    #[error("channel error: {0}")]
-    Channel(&'static str),
-    /// Handshake not completed in time.
-    #[error("handshake timeout")]
-    HandshakeTimeout,
-    /// Nothing received for two heartbeat intervals.
-    #[error("missed heartbeats")]
-    HeartbeatTimeout,
-    /// A method only a server sends, received on a channel (503 COMMAND_INVALID).
-    #[error("command invalid: {0}")]
-    CommandInvalid(&'static str),
-    /// Unsupported SASL mechanism or malformed SASL response in Start-Ok (403
-    /// ACCESS_REFUSED).
-    #[error("access refused: {0}")]
-    AccessRefused(&'static str),
-    /// Tune-Ok outside the limits (530 NOT_ALLOWED, as RabbitMQ).
-    #[error("not allowed: {0}")]
-    NotAllowed(&'static str),
-    /// A class/method id pair AMQP 0-9-1 does not define (540 NOT_IMPLEMENTED).
-    #[error("not implemented: {0}")]
-    NotImplemented(&'static str),
-}
-
-impl ProtocolError {
-    /// AMQP reply code for Connection.Close (0: the connection is dropped without one).
-    pub fn reply_code(&self) -> u16 {
-        match self {
-            ProtocolError::BadHeader => 0,
-            ProtocolError::Frame(_) => reply::FRAME_ERROR,
-            ProtocolError::Unexpected(_) => reply::UNEXPECTED_FRAME,
-            ProtocolError::Channel(_) => reply::CHANNEL_ERROR,
-            ProtocolError::HandshakeTimeout | ProtocolError::HeartbeatTimeout => 0,
-            ProtocolError::CommandInvalid(_) => reply::COMMAND_INVALID,
-            ProtocolError::AccessRefused(_) => reply::ACCESS_REFUSED,
-            ProtocolError::NotAllowed(_) => reply::NOT_ALLOWED,
-            ProtocolError::NotImplemented(_) => reply::NOT_IMPLEMENTED,
-        }
-    }
-}
-
-/// What the connection reports to the broker.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Event {
-    /// Start-Ok arrived: check the credentials, then call [`Connection::accept_login`] or
-    /// [`Connection::refuse_login`]. (An unsupported mechanism is refused here.)
-    Login {
-        /// `PLAIN` or `AMQPLAIN`.
-        mechanism: String,
-        /// User name from the SASL response (PLAIN authcid, AMQPLAIN `LOGIN`).
-        username: String,
-        /// Password from the SASL response, in clear (PLAIN passwd, AMQPLAIN `PASSWORD`).
-        password: String,
-        /// Client properties (capabilities, product, ...).
-        client_properties: FieldTable,
-    },
-    /// Connection.Open: call [`Connection::open_ok`] or [`Connection::connection_error`]
-    /// (530 NOT_ALLOWED for an unknown vhost).
-    Open {
-        /// Virtual host named in Connection.Open, as the client sent it (e.g. `/`).
-        vhost: String,
-    },
-    /// Channel.Open: call [`Connection::channel_open_ok`] or
-    /// [`Connection::connection_error`] (530 NOT_ALLOWED past a channel limit); input is
-    /// held until then.
-    ChannelOpened {
-        /// Number of the channel just opened (1..=negotiated channel_max).
-        channel: u16,
-    },
-    /// A channel ended: the client closed it (Close-Ok sent), or it acknowledged the
-    /// broker's [`Connection::channel_error`]. Its consumers are gone and its unacked
-    /// deliveries must be requeued; its delivery tags and confirm counter restart.
-    ChannelClosed {
-        /// Number of the channel that ended; a new Channel.Open may reuse it.
-        channel: u16,
-    },
-    /// Channel.Flow from the client (Flow-Ok already sent): stop/resume deliveries.
-    ChannelFlow {
-        /// Channel whose deliveries stop or resume.
-        channel: u16,
-        /// True to resume.
-        active: bool,
-    },
-    /// Confirm.Select (Select-Ok already sent unless nowait): from now on every publish on
-    /// the channel carries a confirm sequence number.
-    ConfirmSelected {
-        /// Channel now in confirm mode: its publishes carry [`Publish::confirm_tag`].
-        channel: u16,
-    },
-    /// A method for the broker on an open channel: exchange.*, queue.*, basic.qos/
-    /// consume/cancel/get/ack/nack/reject/recover(-async), tx.*. The broker answers with
-    /// [`Connection::reply`] (unless the method's `nowait` is set) or
-    /// [`Connection::channel_error`]. Also Connection.Update-Secret on channel 0 (answer
-    /// `reply(0, UpdateSecretOk)` or [`Connection::connection_error`]).
-    ///
-    /// Tx.Select is reported here after the connection checked that the channel is not
-    /// in confirm mode; Confirm.Select likewise checks tx mode (406 channel error).
-    Method {
-        /// Channel the method arrived on (0 only for Connection.Update-Secret).
-        channel: u16,
-        /// The decoded method with its arguments.
-        method: Box<AMQPClass>,
-    },
-    /// A complete message: Basic.Publish with its content header and body.
-    Publish(Box<Publish>),
-    /// The connection is finished: flush the output and close the socket. Reported once;
-    /// every channel still open is gone with it (no [`Event::ChannelClosed`] for them).
-    Closed(CloseReason),
-}
-
-/// A published message, assembled.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Publish {
-    /// Channel it was published on: confirms and Basic.Return go back there.
-    pub channel: u16,
-    /// Exchange name ("" = default exchange).
-    pub exchange: ShortString,
-    /// Routing key of Basic.Publish, matched against the exchange's bindings.
-    pub routing_key: ShortString,
-    /// Basic.Publish `mandatory`: an unroutable message comes back as Basic.Return (312 NO_ROUTE).
-    pub mandatory: bool,
-    /// Basic.Publish `immediate`; the broker refuses `true` with 540 NOT_IMPLEMENTED, as RabbitMQ.
-    pub immediate: bool,
-    /// Content header properties (content type, headers, delivery mode, expiration, ...).
-    pub properties: BasicProperties,
-    /// Body: the body frame's payload when it came in one frame (no copy), else the
-    /// frames concatenated once.
-    pub body: Bytes,
-    /// Confirm sequence number (delivery tag of the confirm) when the channel is in
-    /// confirm mode.
-    pub confirm_tag: Option<u64>,
-}
-
-/// A message the broker sends to a consumer or as a Get-Ok / Return.
-#[derive(Debug, Clone)]
-pub struct Content<'a> {
-    /// Exchange it was published to.
-    pub exchange: &'a str,
-    /// Routing key it was published with.
-    pub routing_key: &'a str,
-    /// Content header properties, written into the content header frame.
-    pub properties: &'a BasicProperties,
-    /// Body (written into body frames split at the negotiated frame_max).
-    pub body: &'a Bytes,
 }
 
 /// Where the connection is in its life.
@@ -300,31 +139,6 @@ impl Phase {
         matches!(self, Phase::Open | Phase::OpenOk | Phase::Running)
     }
 }
-
-/// The close handshake in progress.
-#[derive(Debug, Clone)]
-struct Closing {
-    /// Finish at this instant without Close-Ok.
-    deadline: Instant,
-    /// Reported when finished.
-    reason: CloseReason,
-    /// Frame boundaries are lost: discard all input.
-    lost_sync: bool,
-}
-
-/// Connection.Blocked state.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Blocked {
-    /// Not blocked: initially, and after [`Connection::unblocked`].
-    No,
-    /// [`Connection::blocked`] called before Open-Ok: sent then, with this reason.
-    Pending(String),
-    /// Connection.Blocked sent.
-    Sent,
-}
-
-/// Offending class/method ids of Basic.Publish, for content errors.
-const PUBLISH_IDS: (u16, u16) = (60, 40);
 
 /// State machine of one AMQP connection (server side).
 ///
@@ -520,232 +334,13 @@ impl Connection {
         self.phase == Phase::Running && self.channels.is_open(channel)
     }
 
-    /// Accepts the login: sends Connection.Tune.
-    pub fn accept_login(&mut self) {
-        if self.phase != Phase::Login {
-            return;
-        }
-        let tune = connection::Tune {
-            channel_max: handshake::server_channel_max(&self.config),
-            frame_max: handshake::server_frame_max(&self.config),
-            heartbeat: self.config.heartbeat,
-        };
-        wire::put_method_frame(self.output(), 0, &AMQPClass::Connection(connection::AMQPMethod::Tune(tune)));
-        self.phase = Phase::TuneOk;
-        self.resume();
-    }
-
-    /// Refuses the login: Connection.Close 403 ACCESS_REFUSED with `text` (clients that
-    /// announce `authentication_failure_close` expect exactly this), then closes (after
-    /// the client's Close-Ok, or [`CLOSE_TIMEOUT`]).
-    pub fn refuse_login(&mut self, text: &str) {
-        if self.phase != Phase::Login {
-            return;
-        }
-        self.send_close(
-            reply::ACCESS_REFUSED,
-            text,
-            (10, 11),
-            CloseReason::ServerClosed { code: reply::ACCESS_REFUSED },
-            false,
-        );
-    }
-
-    /// Answers the Channel.Open reported as [`Event::ChannelOpened`] with Open-Ok; held
-    /// input is then processed.
-    pub fn channel_open_ok(&mut self, channel: u16) {
-        if self.opening != Some(channel) || self.phase != Phase::Running {
-            return;
-        }
-        self.opening = None;
-        wire::put_method_frame(
-            self.output(),
-            channel,
-            &AMQPClass::Channel(channel::AMQPMethod::OpenOk(channel::OpenOk {})),
-        );
-        self.resume();
-    }
+    // ----------------------------------------------------------------------------------
+    // Internals.
 
     /// Input waits for the broker's answer to an event.
     fn holds_input(&self) -> bool {
         self.phase.holds_input() || self.opening.is_some()
     }
-
-    /// Answers Connection.Open with Open-Ok.
-    pub fn open_ok(&mut self) {
-        if self.phase != Phase::OpenOk {
-            return;
-        }
-        wire::put_method_frame(
-            self.output(),
-            0,
-            &AMQPClass::Connection(connection::AMQPMethod::OpenOk(connection::OpenOk {})),
-        );
-        self.phase = Phase::Running;
-        if let Blocked::Pending(reason) = std::mem::replace(&mut self.blocked, Blocked::No) {
-            self.blocked(&reason);
-        }
-        self.resume();
-    }
-
-    /// Sends a method on an open channel (an -Ok reply, Basic.Cancel from the server, ...),
-    /// or a connection method on channel 0 (Update-Secret-Ok). Channel.Close goes through
-    /// [`Connection::channel_error`] and Connection.Close through
-    /// [`Connection::connection_error`]. Dropped before Open-Ok, once closing, or if the
-    /// channel is not open.
-    pub fn reply(&mut self, channel: u16, method: AMQPClass) {
-        if self.phase != Phase::Running {
-            return;
-        }
-        match &method {
-            AMQPClass::Channel(channel::AMQPMethod::Close(c)) if channel != 0 => {
-                self.channel_error(channel, c.reply_code, c.reply_text.as_str(), c.class_id, c.method_id);
-                return;
-            }
-            AMQPClass::Connection(connection::AMQPMethod::Close(c)) => {
-                self.connection_error(c.reply_code, c.reply_text.as_str(), c.class_id, c.method_id);
-                return;
-            }
-            _ => {}
-        }
-        let allowed =
-            if channel == 0 { matches!(method, AMQPClass::Connection(_)) } else { self.channels.is_open(channel) };
-        if allowed {
-            wire::put_method_frame(self.output(), channel, &method);
-        }
-    }
-
-    /// Sends Basic.Deliver with the content.
-    pub fn deliver(
-        &mut self,
-        channel: u16,
-        consumer_tag: &str,
-        delivery_tag: u64,
-        redelivered: bool,
-        content: Content<'_>,
-    ) {
-        if !self.is_channel_open(channel) {
-            return;
-        }
-        let out = self.output();
-        let at = wire::begin_frame(out, wire::FRAME_METHOD, channel);
-        out.extend_from_slice(&[0, 60, 0, 60]);
-        wire::put_deliver(out, consumer_tag, delivery_tag, redelivered, content.exchange, content.routing_key);
-        wire::end_frame(out, at);
-        self.put_content(channel, &content);
-    }
-
-    /// Sends Basic.Get-Ok with the content.
-    pub fn get_ok(
-        &mut self,
-        channel: u16,
-        delivery_tag: u64,
-        redelivered: bool,
-        message_count: u32,
-        content: Content<'_>,
-    ) {
-        if !self.is_channel_open(channel) {
-            return;
-        }
-        let out = self.output();
-        let at = wire::begin_frame(out, wire::FRAME_METHOD, channel);
-        out.extend_from_slice(&[0, 60, 0, 71]);
-        wire::put_get_ok(out, delivery_tag, redelivered, content.exchange, content.routing_key, message_count);
-        wire::end_frame(out, at);
-        self.put_content(channel, &content);
-    }
-
-    /// Sends Basic.Return (e.g. 312 NO_ROUTE for a mandatory publish) with the content.
-    pub fn basic_return(&mut self, channel: u16, reply_code: u16, reply_text: &str, content: Content<'_>) {
-        if !self.is_channel_open(channel) {
-            return;
-        }
-        let out = self.output();
-        let at = wire::begin_frame(out, wire::FRAME_METHOD, channel);
-        out.extend_from_slice(&[0, 60, 0, 50]);
-        wire::put_return(out, reply_code, reply_text, content.exchange, content.routing_key);
-        wire::end_frame(out, at);
-        self.put_content(channel, &content);
-    }
-
-    fn put_content(&mut self, channel: u16, content: &Content<'_>) {
-        let frame_max = self.frame_max;
-        wire::put_content(self.output(), channel, content.properties, content.body, frame_max);
-    }
-
-    /// Sends a publisher confirm: Basic.Ack (`ack`) or Basic.Nack for `delivery_tag`
-    /// (and every earlier one when `multiple`).
-    pub fn confirm(&mut self, channel: u16, delivery_tag: u64, multiple: bool, ack: bool) {
-        if !self.is_channel_open(channel) {
-            return;
-        }
-        wire::put_confirm(self.output(), channel, delivery_tag, multiple, ack);
-    }
-
-    /// Closes a channel with a channel exception (403, 404, 405, 406, ...): sends
-    /// Channel.Close with code, text and the offending class/method ids; frames for the
-    /// channel are then ignored until Close-Ok, which produces [`Event::ChannelClosed`].
-    /// (A Channel.Close from the client meanwhile is answered with Close-Ok and ends the
-    /// channel the same way.) Does nothing if the channel is not open.
-    pub fn channel_error(&mut self, channel: u16, code: u16, text: &str, class_id: u16, method_id: u16) {
-        if self.phase != Phase::Running {
-            return;
-        }
-        let Some(ch) = self.channels.get_mut(channel) else {
-            return;
-        };
-        if ch.closing {
-            return;
-        }
-        ch.closing = true;
-        ch.content = Assembly::Idle;
-        wire::put_close(self.output(), channel, code, text, class_id, method_id);
-        if self.opening == Some(channel) {
-            // Refused instead of Open-Ok: what the client sent after Channel.Open goes on.
-            self.opening = None;
-            self.resume();
-        }
-    }
-
-    /// Closes the connection with a connection exception (320, 501, 502, 503, 504, 505,
-    /// 530, 540, ...): sends Connection.Close and waits (up to [`CLOSE_TIMEOUT`]) for
-    /// Close-Ok, then reports [`CloseReason::ServerClosed`]. Before the protocol header
-    /// the connection is finished at once.
-    pub fn connection_error(&mut self, code: u16, text: &str, class_id: u16, method_id: u16) {
-        match self.phase {
-            Phase::Closing | Phase::Closed => {}
-            Phase::Header => self.finish(CloseReason::ServerClosed { code }),
-            _ => self.send_close(code, text, (class_id, method_id), CloseReason::ServerClosed { code }, false),
-        }
-    }
-
-    /// Sends Connection.Blocked (memory alarm) if the client announced the capability
-    /// (before Open-Ok: sent right after it).
-    pub fn blocked(&mut self, reason: &str) {
-        match self.phase {
-            Phase::Closing | Phase::Closed => {}
-            Phase::Running => {
-                if self.cap_blocked && self.blocked != Blocked::Sent {
-                    wire::put_blocked(self.output(), reason);
-                    self.blocked = Blocked::Sent;
-                }
-            }
-            _ => self.blocked = Blocked::Pending(reason.to_owned()),
-        }
-    }
-
-    /// Sends Connection.Unblocked if Blocked was sent.
-    pub fn unblocked(&mut self) {
-        if self.blocked == Blocked::Sent && self.phase == Phase::Running {
-            wire::put_unblocked(self.output());
-        }
-        if self.phase != Phase::Closed {
-            self.blocked = Blocked::No;
-        }
-    }
-
-    // ----------------------------------------------------------------------------------
-    // Internals.
 
     /// Advances the clock (never backwards).
     fn tick(&mut self, now: Instant) {
@@ -784,50 +379,6 @@ impl Connection {
         if self.phase != Phase::Closed && self.held.is_empty() {
             self.held = held;
         }
-    }
-
-    /// Reports the end of the connection.
-    fn finish(&mut self, reason: CloseReason) {
-        if self.phase == Phase::Closed {
-            return;
-        }
-        self.phase = Phase::Closed;
-        self.closing = None;
-        self.held = BytesMut::new();
-        self.events.push_back(Event::Closed(reason));
-    }
-
-    /// Ends the connection without Connection.Close (timeouts, bad header).
-    fn drop_connection(&mut self, error: ProtocolError) {
-        self.finish(CloseReason::Error(error));
-    }
-
-    /// Sends Connection.Close and waits for Close-Ok.
-    fn send_close(&mut self, code: u16, text: &str, ids: (u16, u16), reason: CloseReason, lost_sync: bool) {
-        wire::put_close(self.output(), 0, code, text, ids.0, ids.1);
-        self.phase = Phase::Closing;
-        self.held = BytesMut::new();
-        self.opening = None;
-        self.closing = Some(Closing { deadline: self.clock + CLOSE_TIMEOUT, reason, lost_sync });
-    }
-
-    /// Closes the connection for a protocol error.
-    fn fail(&mut self, fault: Fault) {
-        if matches!(self.phase, Phase::Closing | Phase::Closed) {
-            return;
-        }
-        let code = fault.error.reply_code();
-        if code == 0 || self.phase == Phase::Header {
-            self.drop_connection(fault.error);
-            return;
-        }
-        self.send_close(
-            code,
-            &fault.text,
-            (fault.class_id, fault.method_id),
-            CloseReason::Error(fault.error),
-            fault.lost_sync,
-        );
     }
 
     /// Consumes what can be consumed from the front of `buf`.
@@ -877,25 +428,6 @@ impl Connection {
         }
     }
 
-    /// Checks the protocol header; sends Start. False if more bytes are needed or the
-    /// header is wrong (then the supported header is sent and the connection finished).
-    fn read_protocol_header(&mut self, buf: &mut BytesMut) -> bool {
-        let n = buf.len().min(frame::PROTOCOL_HEADER.len());
-        if buf.get(..n) != frame::PROTOCOL_HEADER.get(..n) {
-            self.output().extend_from_slice(frame::PROTOCOL_HEADER);
-            self.drop_connection(ProtocolError::BadHeader);
-            return false;
-        }
-        if n < frame::PROTOCOL_HEADER.len() {
-            return false;
-        }
-        buf.advance(n);
-        let start = handshake::start(&self.config);
-        wire::put_method_frame(self.output(), 0, &AMQPClass::Connection(connection::AMQPMethod::Start(start)));
-        self.phase = Phase::StartOk;
-        true
-    }
-
     /// A method, header or heartbeat frame.
     fn on_frame(&mut self, kind: Kind, channel: u16, payload: &[u8]) {
         if self.phase == Phase::Closing {
@@ -916,29 +448,6 @@ impl Connection {
         }
     }
 
-    /// While closing, only Connection.Close and Close-Ok count.
-    fn on_frame_closing(&mut self, kind: Kind, channel: u16, payload: &[u8]) {
-        if kind != Kind::Method || channel != 0 {
-            return;
-        }
-        let reason = match &self.closing {
-            Some(c) => c.reason.clone(),
-            None => return,
-        };
-        match decode::method_ids(payload) {
-            Some((10, 50)) => {
-                wire::put_method_frame(
-                    self.output(),
-                    0,
-                    &AMQPClass::Connection(connection::AMQPMethod::CloseOk(connection::CloseOk {})),
-                );
-                self.finish(reason);
-            }
-            Some((10, 51)) => self.finish(reason),
-            _ => {}
-        }
-    }
-
     /// Decodes a method payload; a fault closes the connection.
     fn decode(&mut self, payload: &[u8]) -> Option<AMQPClass> {
         match decode::decode_method(payload) {
@@ -956,398 +465,6 @@ impl Connection {
                 None
             }
         }
-    }
-
-    /// A method on channel 0.
-    fn on_connection_method(&mut self, payload: &[u8]) {
-        let Some(method) = self.decode(payload) else {
-            return;
-        };
-        let ids = (method.get_amqp_class_id(), method.get_amqp_method_id());
-        let AMQPClass::Connection(m) = method else {
-            self.fail(self.wrong_state(ids));
-            return;
-        };
-        match (self.phase, m) {
-            (_, connection::AMQPMethod::Close(c)) => {
-                wire::put_method_frame(
-                    self.output(),
-                    0,
-                    &AMQPClass::Connection(connection::AMQPMethod::CloseOk(connection::CloseOk {})),
-                );
-                self.finish(CloseReason::ClientClosed { code: c.reply_code, text: c.reply_text.to_string() });
-            }
-            (Phase::StartOk, connection::AMQPMethod::StartOk(s)) => self.on_start_ok(s),
-            (Phase::TuneOk, connection::AMQPMethod::TuneOk(t)) => self.on_tune_ok(&t),
-            (Phase::Open, connection::AMQPMethod::Open(o)) => {
-                self.phase = Phase::OpenOk;
-                self.events.push_back(Event::Open { vhost: o.virtual_host.to_string() });
-            }
-            (Phase::Running, m @ connection::AMQPMethod::UpdateSecret(_)) => {
-                self.events.push_back(Event::Method { channel: 0, method: Box::new(AMQPClass::Connection(m)) });
-            }
-            _ => self.fail(self.wrong_state(ids)),
-        }
-    }
-
-    /// 504 for a method not valid on channel 0 now (RabbitMQ's wording).
-    fn wrong_state(&self, ids: (u16, u16)) -> Fault {
-        let text = format!("unexpected method in connection state {}", self.phase.name());
-        Fault::new(ProtocolError::Channel("unexpected method on channel 0"), &text, ids)
-    }
-
-    fn on_start_ok(&mut self, start_ok: connection::StartOk) {
-        let mechanism = start_ok.mechanism.as_str();
-        match sasl::credentials(mechanism, start_ok.response.as_bytes(), self.config.sasl_external) {
-            Ok((username, password)) => {
-                self.cap_blocked = handshake::has_capability(&start_ok.client_properties, "connection.blocked");
-                self.phase = Phase::Login;
-                self.events.push_back(Event::Login {
-                    mechanism: mechanism.to_owned(),
-                    username,
-                    password,
-                    client_properties: start_ok.client_properties,
-                });
-            }
-            Err(sasl::SaslError::UnsupportedMechanism) => {
-                let text = format!("unsupported authentication mechanism '{}'", wire::short(mechanism));
-                self.fail(Fault::new(
-                    ProtocolError::AccessRefused("unsupported authentication mechanism"),
-                    &text,
-                    (10, 11),
-                ));
-            }
-            Err(sasl::SaslError::Malformed) => {
-                let text = format!("invalid {mechanism} response");
-                self.fail(Fault::new(ProtocolError::AccessRefused("malformed SASL response"), &text, (10, 11)));
-            }
-        }
-    }
-
-    fn on_tune_ok(&mut self, tune_ok: &connection::TuneOk) {
-        match handshake::negotiate(&self.config, tune_ok) {
-            Ok(t) => {
-                self.frame_max = t.frame_max;
-                self.channel_max = t.channel_max;
-                self.heartbeat = t.heartbeat;
-                self.last_recv = self.clock;
-                self.last_send = self.clock;
-                self.phase = Phase::Open;
-            }
-            Err(text) => {
-                self.fail(Fault::new(ProtocolError::NotAllowed("tune-ok outside the server's limits"), &text, (10, 30)))
-            }
-        }
-    }
-
-    /// A method on channel 1..=65535 of a running connection.
-    fn on_channel_method(&mut self, channel: u16, payload: &[u8]) {
-        let ids = decode::method_ids(payload);
-        let Some(ch) = self.channels.get(channel) else {
-            // Not open: only Channel.Open; a stray Close-Ok (after crossed closes) is
-            // ignored.
-            match ids {
-                Some((20, 41)) => {}
-                Some((20, 10)) => {
-                    if self.decode(payload).is_some() {
-                        self.open_channel(channel);
-                    }
-                }
-                _ => {
-                    if let Some(m) = self.decode(payload) {
-                        let ids = (m.get_amqp_class_id(), m.get_amqp_method_id());
-                        self.fail(Fault::channel("expected 'channel.open'", ids));
-                    }
-                }
-            }
-            return;
-        };
-        if ch.closing {
-            // Waiting for Close-Ok: everything else is discarded.
-            match ids {
-                Some((20, 40)) => {
-                    wire::put_method_frame(
-                        self.output(),
-                        channel,
-                        &AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})),
-                    );
-                    self.close_channel(channel);
-                }
-                Some((20, 41)) => self.close_channel(channel),
-                _ => {}
-            }
-            return;
-        }
-        match ch.content {
-            Assembly::Idle => {}
-            Assembly::Header(_) => {
-                return self.fail(Fault::unexpected(
-                    "expected content header for class 60, got non content header frame instead",
-                    PUBLISH_IDS,
-                ));
-            }
-            Assembly::Body(_) => {
-                return self
-                    .fail(Fault::unexpected("expected content body, got non content body frame instead", PUBLISH_IDS));
-            }
-        }
-        let Some(method) = self.decode(payload) else {
-            return;
-        };
-        self.on_open_channel_method(channel, method);
-    }
-
-    fn open_channel(&mut self, channel: u16) {
-        if channel > self.channel_max {
-            return self.fail(Fault::channel("channel number out of range", (20, 10)));
-        }
-        self.channels.insert(channel, Channel::new());
-        self.opening = Some(channel);
-        self.events.push_back(Event::ChannelOpened { channel });
-    }
-
-    fn close_channel(&mut self, channel: u16) {
-        if self.channels.remove(channel).is_some() {
-            self.events.push_back(Event::ChannelClosed { channel });
-        }
-    }
-
-    /// A decoded method on an open channel with no content pending.
-    fn on_open_channel_method(&mut self, channel: u16, method: AMQPClass) {
-        let ids = (method.get_amqp_class_id(), method.get_amqp_method_id());
-        let mode = self.channels.get(channel).map_or(Mode::Plain, |c| c.mode);
-        match method {
-            AMQPClass::Basic(basic::AMQPMethod::Publish(p)) => {
-                if let Some(ch) = self.channels.get_mut(channel) {
-                    ch.content = Assembly::Header(p);
-                }
-            }
-            AMQPClass::Channel(m) => match m {
-                channel::AMQPMethod::Open(_) => self.fail(Fault::channel("second 'channel.open' seen", ids)),
-                channel::AMQPMethod::Close(_) => {
-                    wire::put_method_frame(
-                        self.output(),
-                        channel,
-                        &AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})),
-                    );
-                    self.close_channel(channel);
-                }
-                channel::AMQPMethod::CloseOk(_) => {}
-                channel::AMQPMethod::Flow(f) => {
-                    wire::put_method_frame(
-                        self.output(),
-                        channel,
-                        &AMQPClass::Channel(channel::AMQPMethod::FlowOk(channel::FlowOk { active: f.active })),
-                    );
-                    self.events.push_back(Event::ChannelFlow { channel, active: f.active });
-                }
-                channel::AMQPMethod::OpenOk(_) | channel::AMQPMethod::FlowOk(_) => self.command_invalid(ids),
-            },
-            AMQPClass::Confirm(confirm::AMQPMethod::Select(s)) => {
-                if mode == Mode::Tx {
-                    let text = reply::text(reply::PRECONDITION_FAILED, "cannot switch from tx to confirm mode");
-                    self.channel_error(channel, reply::PRECONDITION_FAILED, &text, ids.0, ids.1);
-                    return;
-                }
-                if let Some(ch) = self.channels.get_mut(channel) {
-                    if ch.mode == Mode::Plain {
-                        ch.mode = Mode::Confirm { next: 1 };
-                    }
-                }
-                if !s.nowait {
-                    wire::put_method_frame(
-                        self.output(),
-                        channel,
-                        &AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(confirm::SelectOk {})),
-                    );
-                }
-                self.events.push_back(Event::ConfirmSelected { channel });
-            }
-            AMQPClass::Tx(tx::AMQPMethod::Select(s)) => {
-                if matches!(mode, Mode::Confirm { .. }) {
-                    let text = reply::text(reply::PRECONDITION_FAILED, "cannot switch from confirm to tx mode");
-                    self.channel_error(channel, reply::PRECONDITION_FAILED, &text, ids.0, ids.1);
-                    return;
-                }
-                if let Some(ch) = self.channels.get_mut(channel) {
-                    ch.mode = Mode::Tx;
-                }
-                self.forward(channel, AMQPClass::Tx(tx::AMQPMethod::Select(s)));
-            }
-            AMQPClass::Access(access::AMQPMethod::Request(_)) => {
-                // Deprecated in 0-9-1; RabbitMQ answers with ticket 1.
-                wire::put_method_frame(
-                    self.output(),
-                    channel,
-                    &AMQPClass::Access(access::AMQPMethod::RequestOk(access::RequestOk {})),
-                );
-            }
-            m if is_client_method(&m) => self.forward(channel, m),
-            _ => self.command_invalid(ids),
-        }
-    }
-
-    fn forward(&mut self, channel: u16, method: AMQPClass) {
-        self.events.push_back(Event::Method { channel, method: Box::new(method) });
-    }
-
-    /// 503 for a method a client does not send on a channel.
-    fn command_invalid(&mut self, ids: (u16, u16)) {
-        self.fail(Fault::new(ProtocolError::CommandInvalid("unimplemented method"), "unimplemented method", ids));
-    }
-
-    /// A content header frame on a running channel.
-    fn on_header(&mut self, channel: u16, payload: &[u8]) {
-        let max_size = self.config.max_message_size;
-        let Some(ch) = self.channels.get_mut(channel) else {
-            return self.fail(Fault::unexpected("expected method frame, got non method frame instead", (0, 0)));
-        };
-        if ch.closing {
-            return;
-        }
-        let publish = match std::mem::take(&mut ch.content) {
-            Assembly::Header(p) => p,
-            Assembly::Idle => {
-                return self.fail(Fault::unexpected("expected method frame, got non method frame instead", (0, 0)));
-            }
-            Assembly::Body(_) => {
-                return self
-                    .fail(Fault::unexpected("expected content body, got non content body frame instead", PUBLISH_IDS));
-            }
-        };
-        let Some(prefix) = decode::header_prefix(payload) else {
-            return self.fail(Fault::malformed("cannot decode content header".into(), PUBLISH_IDS));
-        };
-        if prefix.class_id != 60 {
-            return self.fail(Fault::unexpected(
-                "expected content header for class 60, got one for another class instead",
-                PUBLISH_IDS,
-            ));
-        }
-        if prefix.body_size > max_size {
-            let text = reply::text(
-                reply::PRECONDITION_FAILED,
-                &format!("message size {} is larger than configured max size {max_size}", prefix.body_size),
-            );
-            self.channel_error(channel, reply::PRECONDITION_FAILED, &text, PUBLISH_IDS.0, PUBLISH_IDS.1);
-            return;
-        }
-        let Some(properties) = decode::decode_properties(payload) else {
-            return self.fail(Fault::malformed("cannot decode content header".into(), PUBLISH_IDS));
-        };
-        let partial = Partial {
-            publish,
-            properties,
-            size: prefix.body_size,
-            remaining: prefix.body_size,
-            parts: Default::default(),
-        };
-        if prefix.body_size == 0 {
-            self.complete(channel, partial);
-        } else if let Some(ch) = self.channels.get_mut(channel) {
-            ch.content = Assembly::Body(Box::new(partial));
-        }
-    }
-
-    /// A content body frame: appended to the channel's message; the last one completes it.
-    fn on_body(&mut self, channel: u16, payload: Bytes) {
-        match self.phase {
-            Phase::Closing | Phase::Closed => return,
-            Phase::Running if channel != 0 => {}
-            _ if channel == 0 => return self.fail(Fault::unexpected("content frame on channel 0", (0, 0))),
-            _ => return self.fail(Fault::unexpected("frame on a channel before the connection is open", (0, 0))),
-        }
-        let Some(ch) = self.channels.get_mut(channel) else {
-            return self.fail(Fault::unexpected("expected method frame, got non method frame instead", (0, 0)));
-        };
-        if ch.closing {
-            return;
-        }
-        let partial = match &mut ch.content {
-            Assembly::Body(p) => p,
-            Assembly::Idle => {
-                return self.fail(Fault::unexpected("expected method frame, got non method frame instead", (0, 0)));
-            }
-            Assembly::Header(_) => {
-                return self.fail(Fault::unexpected(
-                    "expected content header for class 60, got non content header frame instead",
-                    PUBLISH_IDS,
-                ));
-            }
-        };
-        let len = payload.len() as u64;
-        if len > partial.remaining {
-            return self
-                .fail(Fault::malformed("content body frame exceeds remaining content size".into(), PUBLISH_IDS));
-        }
-        partial.remaining -= len;
-        partial.parts.push(payload);
-        if partial.remaining == 0 {
-            if let Assembly::Body(partial) = std::mem::take(&mut ch.content) {
-                self.complete(channel, *partial);
-            }
-        }
-    }
-
-    /// Reports an assembled message.
-    fn complete(&mut self, channel: u16, partial: Partial) {
-        let confirm_tag = match self.channels.get_mut(channel) {
-            Some(Channel { mode: Mode::Confirm { next }, .. }) => {
-                let tag = *next;
-                *next = next.saturating_add(1);
-                Some(tag)
-            }
-            _ => None,
-        };
-        let size = usize::try_from(partial.size).unwrap_or(usize::MAX);
-        self.events.push_back(Event::Publish(Box::new(Publish {
-            channel,
-            exchange: partial.publish.exchange,
-            routing_key: partial.publish.routing_key,
-            mandatory: partial.publish.mandatory,
-            immediate: partial.publish.immediate,
-            properties: partial.properties,
-            body: partial.parts.into_body(size),
-            confirm_tag,
-        })));
-    }
-}
-
-/// Methods a client sends on a channel that are the broker's business.
-fn is_client_method(m: &AMQPClass) -> bool {
-    use amq_protocol::protocol::{exchange, queue};
-    match m {
-        AMQPClass::Exchange(e) => matches!(
-            e,
-            exchange::AMQPMethod::Declare(_)
-                | exchange::AMQPMethod::Delete(_)
-                | exchange::AMQPMethod::Bind(_)
-                | exchange::AMQPMethod::Unbind(_)
-        ),
-        AMQPClass::Queue(q) => matches!(
-            q,
-            queue::AMQPMethod::Declare(_)
-                | queue::AMQPMethod::Bind(_)
-                | queue::AMQPMethod::Purge(_)
-                | queue::AMQPMethod::Delete(_)
-                | queue::AMQPMethod::Unbind(_)
-        ),
-        AMQPClass::Basic(b) => matches!(
-            b,
-            basic::AMQPMethod::Qos(_)
-                | basic::AMQPMethod::Consume(_)
-                | basic::AMQPMethod::Cancel(_)
-                | basic::AMQPMethod::Get(_)
-                | basic::AMQPMethod::Ack(_)
-                | basic::AMQPMethod::Reject(_)
-                | basic::AMQPMethod::RecoverAsync(_)
-                | basic::AMQPMethod::Recover(_)
-                | basic::AMQPMethod::Nack(_)
-        ),
-        AMQPClass::Tx(t) => {
-            matches!(t, tx::AMQPMethod::Select(_) | tx::AMQPMethod::Commit(_) | tx::AMQPMethod::Rollback(_))
-        }
-        _ => false,
     }
 }
 

@@ -1,11 +1,7 @@
-//! The channels of a connection: which numbers are open or closing, each one's
-//! confirm/tx mode and its content assembly (Basic.Publish, then a content header, then
-//! body frames totalling the announced size).
+//! The channels of a connection: which numbers are open or closing, and each one's
+//! confirm/tx mode and content assembly state (the assembly itself is `content`'s).
 
-use amq_protocol::protocol::basic;
-use bytes::{Bytes, BytesMut};
-
-use crate::BasicProperties;
+use super::content::Assembly;
 
 /// Publisher-confirm or transaction mode of a channel (mutually exclusive).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,70 +15,6 @@ pub(super) enum Mode {
     },
     /// Tx.Select seen.
     Tx,
-}
-
-/// Body frames received so far; the body is concatenated once, when complete.
-#[derive(Debug, Default)]
-pub(super) struct Parts {
-    first: Option<Bytes>,
-    rest: Vec<Bytes>,
-}
-
-impl Parts {
-    /// Adds a body frame's payload (empty payloads are dropped).
-    pub(super) fn push(&mut self, payload: Bytes) {
-        if payload.is_empty() {
-            return;
-        }
-        if self.first.is_none() {
-            self.first = Some(payload);
-        } else {
-            self.rest.push(payload);
-        }
-    }
-
-    /// The whole body: the single payload as is, or all of them copied into one buffer.
-    pub(super) fn into_body(self, size: usize) -> Bytes {
-        let Some(first) = self.first else {
-            return Bytes::new();
-        };
-        if self.rest.is_empty() {
-            return first;
-        }
-        let mut body = BytesMut::with_capacity(size);
-        body.extend_from_slice(&first);
-        for part in &self.rest {
-            body.extend_from_slice(part);
-        }
-        body.freeze()
-    }
-}
-
-/// A publish waiting for its body frames.
-#[derive(Debug)]
-pub(super) struct Partial {
-    /// The Basic.Publish method.
-    pub publish: basic::Publish,
-    /// Properties from the content header.
-    pub properties: BasicProperties,
-    /// Announced body size.
-    pub size: u64,
-    /// Bytes still expected.
-    pub remaining: u64,
-    /// Body frame payloads received so far.
-    pub parts: Parts,
-}
-
-/// Content assembly state of a channel.
-#[derive(Debug, Default)]
-pub(super) enum Assembly {
-    /// Expecting a method frame.
-    #[default]
-    Idle,
-    /// Basic.Publish seen: expecting its content header.
-    Header(basic::Publish),
-    /// Header seen: expecting body frames.
-    Body(Box<Partial>),
 }
 
 /// One open (or closing) channel.
@@ -173,20 +105,5 @@ mod tests {
         assert!(t.remove(3).is_some());
         assert!(t.remove(3).is_none());
         assert_eq!(t.list.iter().map(|(n, _)| *n).collect::<Vec<_>>(), vec![1, 5, 65535]);
-    }
-
-    #[test]
-    fn parts_concatenate_once() {
-        let buf = Bytes::from_static(b"hello world");
-        let mut p = Parts::default();
-        p.push(buf.slice(0..11));
-        let one = p.into_body(11);
-        assert_eq!(one.as_ptr(), buf.as_ptr(), "a single part is not copied");
-        let mut p = Parts::default();
-        p.push(buf.slice(0..5));
-        p.push(Bytes::new());
-        p.push(buf.slice(5..11));
-        assert_eq!(&p.into_body(11)[..], b"hello world");
-        assert!(Parts::default().into_body(0).is_empty());
     }
 }

@@ -1,12 +1,20 @@
-//! The handshake's content: Connection.Start's server properties, Tune-Ok negotiation as
-//! RabbitMQ validates it, and the client capabilities announced in Start-Ok.
+//! The handshake and the other methods on channel 0: the protocol header, Connection.Start
+//! with its server properties, Start-Ok (SASL parsed here, the credentials checked by the
+//! broker through [`Connection::accept_login`] / [`Connection::refuse_login`]), Tune and
+//! Tune-Ok negotiation as RabbitMQ validates it, Open / Open-Ok, the client capabilities
+//! announced in Start-Ok, and Connection.Close / Update-Secret once running.
 
 use amq_protocol::protocol::connection;
 use amq_protocol::types::{AMQPValue, FieldTable, LongString, ShortString};
+use bytes::{Buf, BytesMut};
 
-use super::Config;
-use crate::frame::FRAME_MIN_SIZE;
-use crate::sasl;
+use super::fault::Fault;
+use super::outbound::Blocked;
+#[cfg(doc)]
+use super::CLOSE_TIMEOUT;
+use super::{CloseReason, Config, Connection, Event, Phase, ProtocolError};
+use crate::frame::{self, FRAME_MIN_SIZE};
+use crate::{reply, sasl, wire, AMQPClass};
 
 /// Capabilities announced to clients (RabbitMQ's list).
 const CAPABILITIES: [&str; 9] = [
@@ -115,6 +123,157 @@ pub(super) fn has_capability(client_properties: &FieldTable, name: &str) -> bool
     match client_properties.inner().get("capabilities") {
         Some(AMQPValue::FieldTable(caps)) => matches!(caps.inner().get(name), Some(AMQPValue::Boolean(true))),
         _ => false,
+    }
+}
+
+impl Connection {
+    /// Accepts the login: sends Connection.Tune.
+    pub fn accept_login(&mut self) {
+        if self.phase != Phase::Login {
+            return;
+        }
+        let tune = connection::Tune {
+            channel_max: server_channel_max(&self.config),
+            frame_max: server_frame_max(&self.config),
+            heartbeat: self.config.heartbeat,
+        };
+        wire::put_method_frame(self.output(), 0, &AMQPClass::Connection(connection::AMQPMethod::Tune(tune)));
+        self.phase = Phase::TuneOk;
+        self.resume();
+    }
+
+    /// Refuses the login: Connection.Close 403 ACCESS_REFUSED with `text` (clients that
+    /// announce `authentication_failure_close` expect exactly this), then closes (after
+    /// the client's Close-Ok, or [`CLOSE_TIMEOUT`]).
+    pub fn refuse_login(&mut self, text: &str) {
+        if self.phase != Phase::Login {
+            return;
+        }
+        self.send_close(
+            reply::ACCESS_REFUSED,
+            text,
+            (10, 11),
+            CloseReason::ServerClosed { code: reply::ACCESS_REFUSED },
+            false,
+        );
+    }
+
+    /// Answers Connection.Open with Open-Ok.
+    pub fn open_ok(&mut self) {
+        if self.phase != Phase::OpenOk {
+            return;
+        }
+        wire::put_method_frame(
+            self.output(),
+            0,
+            &AMQPClass::Connection(connection::AMQPMethod::OpenOk(connection::OpenOk {})),
+        );
+        self.phase = Phase::Running;
+        if let Blocked::Pending(reason) = std::mem::replace(&mut self.blocked, Blocked::No) {
+            self.blocked(&reason);
+        }
+        self.resume();
+    }
+
+    /// Checks the protocol header; sends Start. False if more bytes are needed or the
+    /// header is wrong (then the supported header is sent and the connection finished).
+    pub(super) fn read_protocol_header(&mut self, buf: &mut BytesMut) -> bool {
+        let n = buf.len().min(frame::PROTOCOL_HEADER.len());
+        if buf.get(..n) != frame::PROTOCOL_HEADER.get(..n) {
+            self.output().extend_from_slice(frame::PROTOCOL_HEADER);
+            self.drop_connection(ProtocolError::BadHeader);
+            return false;
+        }
+        if n < frame::PROTOCOL_HEADER.len() {
+            return false;
+        }
+        buf.advance(n);
+        let start = start(&self.config);
+        wire::put_method_frame(self.output(), 0, &AMQPClass::Connection(connection::AMQPMethod::Start(start)));
+        self.phase = Phase::StartOk;
+        true
+    }
+
+    /// A method on channel 0.
+    pub(super) fn on_connection_method(&mut self, payload: &[u8]) {
+        let Some(method) = self.decode(payload) else {
+            return;
+        };
+        let ids = (method.get_amqp_class_id(), method.get_amqp_method_id());
+        let AMQPClass::Connection(m) = method else {
+            self.fail(self.wrong_state(ids));
+            return;
+        };
+        match (self.phase, m) {
+            (_, connection::AMQPMethod::Close(c)) => {
+                wire::put_method_frame(
+                    self.output(),
+                    0,
+                    &AMQPClass::Connection(connection::AMQPMethod::CloseOk(connection::CloseOk {})),
+                );
+                self.finish(CloseReason::ClientClosed { code: c.reply_code, text: c.reply_text.to_string() });
+            }
+            (Phase::StartOk, connection::AMQPMethod::StartOk(s)) => self.on_start_ok(s),
+            (Phase::TuneOk, connection::AMQPMethod::TuneOk(t)) => self.on_tune_ok(&t),
+            (Phase::Open, connection::AMQPMethod::Open(o)) => {
+                self.phase = Phase::OpenOk;
+                self.events.push_back(Event::Open { vhost: o.virtual_host.to_string() });
+            }
+            (Phase::Running, m @ connection::AMQPMethod::UpdateSecret(_)) => {
+                self.events.push_back(Event::Method { channel: 0, method: Box::new(AMQPClass::Connection(m)) });
+            }
+            _ => self.fail(self.wrong_state(ids)),
+        }
+    }
+
+    /// 504 for a method not valid on channel 0 now (RabbitMQ's wording).
+    fn wrong_state(&self, ids: (u16, u16)) -> Fault {
+        let text = format!("unexpected method in connection state {}", self.phase.name());
+        Fault::new(ProtocolError::Channel("unexpected method on channel 0"), &text, ids)
+    }
+
+    fn on_start_ok(&mut self, start_ok: connection::StartOk) {
+        let mechanism = start_ok.mechanism.as_str();
+        match sasl::credentials(mechanism, start_ok.response.as_bytes(), self.config.sasl_external) {
+            Ok((username, password)) => {
+                self.cap_blocked = has_capability(&start_ok.client_properties, "connection.blocked");
+                self.phase = Phase::Login;
+                self.events.push_back(Event::Login {
+                    mechanism: mechanism.to_owned(),
+                    username,
+                    password,
+                    client_properties: start_ok.client_properties,
+                });
+            }
+            Err(sasl::SaslError::UnsupportedMechanism) => {
+                let text = format!("unsupported authentication mechanism '{}'", wire::short(mechanism));
+                self.fail(Fault::new(
+                    ProtocolError::AccessRefused("unsupported authentication mechanism"),
+                    &text,
+                    (10, 11),
+                ));
+            }
+            Err(sasl::SaslError::Malformed) => {
+                let text = format!("invalid {mechanism} response");
+                self.fail(Fault::new(ProtocolError::AccessRefused("malformed SASL response"), &text, (10, 11)));
+            }
+        }
+    }
+
+    fn on_tune_ok(&mut self, tune_ok: &connection::TuneOk) {
+        match negotiate(&self.config, tune_ok) {
+            Ok(t) => {
+                self.frame_max = t.frame_max;
+                self.channel_max = t.channel_max;
+                self.heartbeat = t.heartbeat;
+                self.last_recv = self.clock;
+                self.last_send = self.clock;
+                self.phase = Phase::Open;
+            }
+            Err(text) => {
+                self.fail(Fault::new(ProtocolError::NotAllowed("tune-ok outside the server's limits"), &text, (10, 30)))
+            }
+        }
     }
 }
 
