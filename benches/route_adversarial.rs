@@ -31,7 +31,9 @@ use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareO
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 
-#[path = "../tests/common/broker.rs"]
+// The bench uses part of the harness.
+#[allow(dead_code)]
+#[path = "../tests/integration/common/broker.rs"]
 mod broker;
 use broker::{Broker, Opts};
 

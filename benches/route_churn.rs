@@ -25,7 +25,9 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-#[path = "../tests/common/broker.rs"]
+// The bench uses part of the harness.
+#[allow(dead_code)]
+#[path = "../tests/integration/common/broker.rs"]
 mod broker;
 use broker::{Broker, Opts};
 
