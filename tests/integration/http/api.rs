@@ -473,7 +473,7 @@ async fn prometheus_metrics_use_rabbitmqs_names_and_move_as_messages_flow() {
 
 /// The same calls against a RabbitMQ node (`FERRYMQ_TEST_RABBITMQ_HTTP`) answer at least
 /// the keys FerryMQ answers for the objects both have. Needs that node, so it is listed as
-/// ignored in the summary and run with `cargo test --test http_api -- --ignored`.
+/// ignored in the summary and run with `cargo test --test integration http::api:: -- --ignored`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "compares with a RabbitMQ node: FERRYMQ_TEST_RABBITMQ_HTTP=http://user:pass@host:15672, run with --ignored"]
 async fn key_sets_match_a_rabbitmq_node_where_one_runs() {
