@@ -24,6 +24,11 @@ const BATCH: usize = 512;
 /// Longest sleep between checks (covers clock jumps and missed notifications).
 const MAX_SLEEP: Duration = Duration::from_secs(1);
 
+/// How long a due delayed message whose record cannot be read (an I/O error, a checksum
+/// that does not match) waits before it is tried again. It is never dropped for it: the
+/// timer moves, the record stays, and an operator who repairs the disk gets it delivered.
+pub const UNREADABLE_RETRY: Duration = Duration::from_secs(5);
+
 /// Runs until the runtime shuts down.
 pub async fn run(broker: Arc<Broker>) {
     loop {
@@ -61,6 +66,21 @@ pub async fn run(broker: Arc<Broker>) {
     }
 }
 
+/// Counts a due delayed message whose record cannot be read; the first is logged at warn,
+/// later ones at debug (`read_message` logged the storage error itself).
+fn unreadable(broker: &Broker, t: &ferrymq_storage::TimerEntry) {
+    let retry = UNREADABLE_RETRY.as_secs();
+    if broker.stats.delayed_unreadable.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0 {
+        warn!(
+            pos = t.pos.0,
+            "a delayed message is due but its record cannot be read; kept, tried again every {retry} s \
+             (later ones at debug, counted in ferrymq_delayed_unreadable_total)"
+        );
+    } else {
+        debug!(pos = t.pos.0, "a delayed message's record still cannot be read; tried again in {retry} s");
+    }
+}
+
 async fn fire(broker: &Broker, due: Vec<ferrymq_storage::TimerEntry>) {
     let (retries, due): (Vec<_>, Vec<_>) = due.into_iter().partition(|t| retry::is_tagged(&t.target));
     retry::fire(broker, retries).await;
@@ -83,7 +103,13 @@ async fn fire(broker: &Broker, due: Vec<ferrymq_storage::TimerEntry>) {
     .unwrap_or_default();
     for (t, msg) in read {
         ops.push(Op::DeleteTimer { due_ms: t.due_ms, pos: t.pos });
-        let Some(msg) = msg else { continue };
+        let Some(msg) = msg else {
+            // Nothing is deleted because it could not be read: due again later.
+            unreadable(broker, &t);
+            let due_ms = now_ms() + UNREADABLE_RETRY.as_millis() as u64;
+            ops.push(Op::AddTimer { due_ms, pos: t.pos, size: t.size, target: t.target.clone() });
+            continue;
+        };
         debug!(exchange = %msg.exchange, key = %msg.routing_key, "delayed message due");
         let vhost = std::str::from_utf8(&t.target).ok().filter(|v| !v.is_empty()).unwrap_or(MQTT_VHOST);
         let routes = match broker.router.route(vhost, &msg.exchange, &msg, "") {

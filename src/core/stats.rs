@@ -60,6 +60,9 @@ pub struct Stats {
     /// MQTT CONNECTs refused (Server unavailable) as the session's inbound QoS 2 state
     /// could not be read.
     pub mqtt_state_unreadable: AtomicU64,
+    /// Delayed messages whose record could not be read when due: kept, and tried again
+    /// [`UNREADABLE_RETRY`](crate::core::scheduler::UNREADABLE_RETRY) later.
+    pub delayed_unreadable: AtomicU64,
 }
 
 /// What AMQP connections counted, in the management API's terms.

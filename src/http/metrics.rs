@@ -205,6 +205,12 @@ pub fn render(ctx: &HttpContext) -> String {
     );
     counter(
         &mut r,
+        "ferrymq_delayed_unreadable",
+        "Delayed messages due whose record could not be read: kept and tried again later, never dropped",
+        Stats::get(&s.delayed_unreadable),
+    );
+    counter(
+        &mut r,
         "ferrymq_routes_off_worker",
         "Routes whose walk of a topic exchange was long (bindings of many wildcards) and finished off the runtime's workers",
         b.router.long_routes(),

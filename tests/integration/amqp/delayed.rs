@@ -226,3 +226,55 @@ async fn an_mqtt_subscriber_gets_a_delayed_amqp_publish_through_amq_topic() {
     assert_eq!((m.topic.as_str(), &m.payload[..]), ("sensors/s1/cmd", &b"reboot"[..]));
     assert_not_before(sent.elapsed(), 700);
 }
+
+/// Flips one bit of the first copy of `marker` in the commit-log segments of `dir`, in
+/// place (the broker keeps appending to the active segment meanwhile): a record there no
+/// longer matches its checksum. Flipping it again repairs it.
+fn flip_in_log(dir: &std::path::Path, marker: &[u8]) {
+    use std::io::{Seek, SeekFrom, Write};
+    for entry in std::fs::read_dir(dir.join("log")).unwrap() {
+        let path = entry.unwrap().path();
+        let bytes = std::fs::read(&path).unwrap();
+        if let Some(at) = bytes.windows(marker.len()).position(|w| w == marker) {
+            let mut file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            file.seek(SeekFrom::Start(at as u64)).unwrap();
+            file.write_all(&[bytes[at] ^ 0x20]).unwrap();
+            return;
+        }
+    }
+    panic!("{} is in no segment", String::from_utf8_lossy(marker));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delayed_message_whose_record_cannot_be_read_when_due_is_kept_until_it_can() {
+    if skip_on_rabbitmq("damages FerryMQ's commit log") {
+        return;
+    }
+    let t = Target::ferrymq(Broker::start());
+    let dir = t.broker.as_ref().unwrap().dir.clone();
+    let (_c, ch) = t.channel().await;
+    confirm_select(&ch).await;
+    delayed_exchange(&ch, "later-damaged", "direct", false).await;
+    let mut c = bound_consumer(&ch, "later-damaged", "k").await;
+    let body = b"delayed-record-that-the-disk-damaged";
+    assert!(publish_confirmed(&ch, "later-damaged", "k", body, delay(1500)).await.is_ack());
+    // Damaged on disk before it is due: at its time the broker cannot read it.
+    flip_in_log(&dir, body);
+    let broker = t.broker.as_ref().unwrap();
+    assert!(broker.wait_log("a delayed message is due but its record cannot be read"), "{}", broker.log());
+    expect_no_delivery(&mut c, Duration::from_millis(300)).await;
+    // The disk repaired (a restored backup, a transient fault gone): the message comes,
+    // whole, at the next try rather than being lost with its timer.
+    flip_in_log(&dir, &{
+        let mut damaged = body.to_vec();
+        damaged[0] ^= 0x20;
+        damaged
+    });
+    let d = next_delivery_within(&mut c, Duration::from_secs(15)).await;
+    assert_eq!(d.data, body);
+    // Counted (once per try that failed), not dropped.
+    let metrics = crate::common::http::Api::of(broker).ok("/metrics").await;
+    let metrics = metrics.as_str().unwrap_or_default();
+    let tries = metrics.lines().find_map(|l| l.strip_prefix("ferrymq_delayed_unreadable_total "));
+    assert!(tries.and_then(|n| n.parse::<u64>().ok()).is_some_and(|n| n >= 1), "{metrics}");
+}
