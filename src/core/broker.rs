@@ -4,6 +4,7 @@
 //! pointer per target queue, and signal durability to the publisher. [`Broker::commit`]
 //! applies the front-ends' [`StoreWrite`]s.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -14,9 +15,9 @@ use tokio::sync::{oneshot, Notify};
 use super::appended::AppendedBatch;
 pub use super::appended::DispatchItem;
 use super::dead_letter::DeadLetterQueuesHook;
-use super::dedup::DedupChange;
+use super::dedup::{DedupCache, DedupChange};
 use super::delivery::{Direct, Handoff};
-use super::message::{Message, SharedMessage};
+use super::message::{now_ms, Message, SharedMessage};
 use super::queue::flags;
 use super::retained::RetainedStore;
 use super::router::{QueueRoute, Router, Routes};
@@ -247,6 +248,43 @@ impl Broker {
                 DedupChange::Forgotten { scope, id } => self.stores.dedup.forget(scope, id),
             })
         })
+    }
+
+    /// Fills the caches of disk-persistent de-duplication exchanges with the values start-up
+    /// read (`stored`: scope, id, expiry) and forgets stored values no such exchange owns any
+    /// more (expired, evicted, or of an exchange that is gone). Run once everything stored
+    /// was restored, so that an exchange that could not be read never has its values
+    /// forgotten.
+    pub async fn restore_dedup_caches(&self, stored: Vec<(String, String, u64)>) {
+        let caches: HashMap<String, Arc<DedupCache>> = self
+            .router
+            .dedup_caches()
+            .into_iter()
+            .filter(|c| c.settings().disk)
+            .map(|c| (c.scope().to_owned(), c))
+            .collect();
+        let mut by_scope: HashMap<String, Vec<(String, u64)>> = HashMap::new();
+        for (scope, id, expiry) in stored {
+            by_scope.entry(scope).or_default().push((id, expiry));
+        }
+        let now = now_ms();
+        let mut write = StoreWrite::none();
+        let mut restored = 0usize;
+        for (scope, values) in by_scope {
+            match caches.get(&scope) {
+                Some(cache) => {
+                    write = write.and(self.dedup_write(&cache.restore(values, now)));
+                    restored += cache.len();
+                }
+                None => write = write.and(self.stores.dedup.forget_scope(&scope)),
+            }
+        }
+        if let Err(e) = self.commit(write, Commit::Queued).await {
+            tracing::warn!(error = %e, "cannot forget stale de-duplication values");
+        }
+        if restored > 0 {
+            tracing::info!(values = restored, "restored de-duplication caches");
+        }
     }
 
     /// Publishes `msg` to `routes`: direct to connected sessions at once, and — when there
