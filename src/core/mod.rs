@@ -14,8 +14,8 @@
 //! reason.
 //!
 //! - [`message`] — the core `Message` and its commit-log header encoding.
-//! - [`router`] — the routing table (MQTT topic filters = bindings of `amq.topic`).
-//! - [`hash_ring`] — the `x-consistent-hash` exchange's ring.
+//! - [`router`] — the routing table (MQTT topic filters = bindings of `amq.topic`) and
+//!   the `x-consistent-hash` exchange's ring.
 //! - [`tag_filter`] — message tags and tag filter expressions.
 //! - [`stable_hash`] — the hash that rings and stored tag hashes rely on.
 //! - [`delivery`] — what flows from the core to connections.
@@ -50,7 +50,6 @@ pub mod dead_letter;
 pub mod dedup;
 pub mod delivery;
 pub mod duration;
-pub mod hash_ring;
 pub mod limits;
 pub mod message;
 pub mod queue;

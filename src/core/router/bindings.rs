@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 
 use super::exchange::{Binding, ExchangeDef, ExchangeKind};
+use super::hash_ring::{HashOn, Ring};
 use super::topic_trie::{stored_words, Node, Walked};
-use crate::core::hash_ring::{HashOn, Ring};
 use crate::core::message::Message;
 use crate::core::value::Value;
 
@@ -195,7 +195,7 @@ mod tests {
 
     use ferrymq_storage::QueueId;
 
-    use crate::core::hash_ring::HashArgError;
+    use crate::core::router::hash_ring::HashArgError;
     use crate::core::router::tests::{amqp_hits, declare, msg, q, queues};
     use crate::core::router::{Binding, ExchangeDef, ExchangeKind, RouteError, Router};
     use crate::core::value::Value;

@@ -47,13 +47,15 @@
 //! - `cache.rs` — the per-publisher [`RouteCache`].
 //! - `generations.rs` — the counters that tell a cache which of its routes a change may
 //!   have affected.
+//! - [`hash_ring`] — the `x-consistent-hash` exchange's ring.
 //!
-//! [`Ring`]: crate::core::hash_ring::Ring
+//! [`Ring`]: hash_ring::Ring
 
 mod bindings;
 mod cache;
 mod exchange;
 mod generations;
+pub mod hash_ring;
 #[cfg(test)]
 mod tests;
 mod topic_trie;
@@ -72,9 +74,9 @@ use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use self::bindings::Bindings;
 use self::generations::{Change, Dependency, Generations};
+use self::hash_ring::{parse_weight, HashArgError, HashOn, MAX_RING_WEIGHT};
 use super::dedup::{CacheSettings, DedupArgError, DedupCache, DedupChange};
 use super::delivery::SessionLink;
-use super::hash_ring::{parse_weight, HashArgError, HashOn, MAX_RING_WEIGHT};
 use super::message::{now_ms, Message};
 use super::tag_filter::TagFilterError;
 use super::value::Value;
