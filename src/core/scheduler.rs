@@ -14,7 +14,8 @@ use std::time::Duration;
 use ferrymq_storage::{Op, TimerEntry};
 use tracing::{debug, warn};
 
-use super::broker::{Broker, DispatchItem, RetainMode};
+use super::appended::MessageTargets;
+use super::broker::{Broker, RetainMode};
 use super::message::now_ms;
 use super::queue::read_message;
 use super::retry;
@@ -71,7 +72,7 @@ async fn fire(broker: &Broker, due: Vec<TimerEntry>) {
         return;
     }
     let mut ops = Vec::with_capacity(due.len() * 2);
-    let mut items = Vec::new();
+    let mut targets = Vec::new();
     let journal = broker.journal.clone();
     let read = super::blocking::spawn(move || {
         due.into_iter()
@@ -105,12 +106,12 @@ async fn fire(broker: &Broker, due: Vec<TimerEntry>) {
         if routes.queues.is_empty() {
             continue;
         }
-        let (queues, item) = DispatchItem::for_queues(&msg, &routes.queues);
-        items.push(item);
+        let (queues, msg_targets) = MessageTargets::for_queues(&msg, &routes.queues);
+        targets.push(msg_targets);
         ops.push(Op::Enqueue { pos: t.pos, size: t.size, body_len: msg.payload.len() as u32, queues });
     }
     // Wait for durability so the next turn does not see the same timers again.
-    let signal = broker.submit(ops, items, true).await;
+    let signal = broker.submit(ops, targets, true).await;
     if let Ok(Err(e)) = signal.await {
         warn!(error = %e, "cannot store fired timers");
     }
