@@ -24,7 +24,7 @@
 //! - [`shards`] — the queue-owner tasks.
 //! - [`appended`] — pointers a journal submission appended, on their way to the queue owners.
 //! - [`retained`] — retained messages in memory.
-//! - [`scheduler`] — delayed delivery from the journal's timer index.
+//! - [`scheduler`] — fires the journal's timers: delayed delivery and due retries.
 //! - [`alarm`] — the memory and disk alarms (publishers wait while one is raised).
 //! - [`timer_wheel`] — a shared wheel of coarse deadlines that wake connections.
 //! - [`broker`] — the shared core and its publish path.
@@ -34,7 +34,8 @@
 //! - [`store`] — typed stores of the front-ends' durable state, and their local implementation.
 //! - [`dedup`] — publisher de-duplication within a time window.
 //! - [`dead_letter`] — republishing dead letters with `x-death`.
-//! - [`retry`] — retry timers and records of entries waiting for a delayed retry.
+//! - [`retry`] — the formats of retry timers and of the records of entries waiting for a
+//!   delayed retry.
 //! - [`stats`] — counters.
 //! - [`connections`] — the client connections of both protocols, as operations see them.
 //! - [`limits`] — per-virtual-host and per-user limits (connections, channels, queues).
