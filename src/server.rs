@@ -181,7 +181,7 @@ impl Server {
         // Everything stored is restored: only now is what nothing refers to deleted.
         amqp.entities.drop_orphan_queues(&broker).await;
         mqtt.drop_orphan_queues().await;
-        crate::core::dedup::restore_caches(&broker, stored.dedup).await;
+        broker.restore_dedup_caches(stored.dedup).await;
 
         tokio::spawn(scheduler::run(broker.clone()));
         tokio::spawn(mqtt.clone().run_expiry());

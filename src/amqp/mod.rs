@@ -69,7 +69,7 @@ impl AmqpContext {
     /// Builds the context with the durable entities start-up read (`entities`; the
     /// virtual hosts are in the router already). The orphaned consume queues and the
     /// de-duplication caches are the caller's, once everything is restored
-    /// ([`Entities::drop_orphan_queues`], [`crate::core::dedup::restore_caches`]).
+    /// ([`Entities::drop_orphan_queues`], [`Broker::restore_dedup_caches`]).
     pub async fn start(
         broker: Arc<Broker>,
         config: &Config,

@@ -3,21 +3,23 @@
 //!
 //! The completion runs on the journal writer thread, which every publisher's group commit
 //! waits for, so it does no work per pointer there: it wraps the receipt and the publish's
-//! bookkeeping into one shared [`AppendedBatch`] and hands it to each shard that owns one of
-//! its queues. Each shard walks the batch once ([`AppendedBatch::entries`]) and takes its own
-//! entries. The walk matches the journal's offsets to the targets' flags in one pass: storage
-//! returns the offsets in target order, leaving out only targets whose queue was deleted
-//! (see [`ferrymq_storage::Appended`]), so a fan-out to N queues costs O(N), never a search
-//! per queue.
+//! [`MessageTargets`] into one shared [`AppendedBatch`] and hands it to each shard that owns
+//! one of its queues ([`Shards::send_appended`]). Each shard walks the batch once
+//! ([`AppendedBatch::entries`]) and takes its own entries. The walk matches the journal's
+//! offsets to the targets' flags in one pass: storage returns the offsets in target order,
+//! leaving out only targets whose queue was deleted (see [`ferrymq_storage::Appended`]), so
+//! a fan-out to N queues costs O(N), never a search per queue.
+//!
+//! [`Shards::send_appended`]: super::shards::Shards::send_appended
 
 use ferrymq_storage::{Appended, Pointer, QueueId};
 
 use super::message::SharedMessage;
 
-/// Per-message bookkeeping for a journal completion: the message and, in the order of the
-/// op's targets, which queue got which flags.
+/// A message and the queues one Append/Enqueue op points at, kept for the op's completion:
+/// in the order of the op's targets, which queue gets which pointer flags.
 #[derive(Debug)]
-pub struct DispatchItem {
+pub struct MessageTargets {
     /// The message the Append/Enqueue op stored or referenced.
     pub msg: SharedMessage,
     /// Queue and pointer flags of every target, in the order of the op's `queues`.
@@ -43,15 +45,16 @@ pub struct AppendedEntry<'a> {
 /// landed, with the bookkeeping of its message.
 #[derive(Debug)]
 pub struct AppendedBatch {
-    ops: Vec<(Appended, DispatchItem)>,
+    ops: Vec<(Appended, MessageTargets)>,
 }
 
 impl AppendedBatch {
     /// The batch of a receipt's `appended` (one per Append/Enqueue op, in op order) and the
-    /// items submitted for the first of those ops, in the same order; results past the last
-    /// item are not the batch's (their submitter hands their pointers on, or nobody waits).
-    pub fn new(appended: Vec<Appended>, items: Vec<DispatchItem>) -> AppendedBatch {
-        AppendedBatch { ops: appended.into_iter().zip(items).collect() }
+    /// targets submitted for the first of those ops, in the same order; results past the
+    /// last targets are not the batch's (their submitter hands their pointers on, or nobody
+    /// waits).
+    pub fn new(appended: Vec<Appended>, targets: Vec<MessageTargets>) -> AppendedBatch {
+        AppendedBatch { ops: appended.into_iter().zip(targets).collect() }
     }
 
     /// Whether the batch holds no pointer.
@@ -120,7 +123,7 @@ mod tests {
             .map(|(i, &(q, _))| (q, 1000 + i as u64))
             .collect();
         let appended = Appended { pos: LogPos(4096), size: 80, offsets };
-        let item = DispatchItem { msg: message(b"wide"), targets: targets.to_vec(), tag_hash: 9 };
+        let item = MessageTargets { msg: message(b"wide"), targets: targets.to_vec(), tag_hash: 9 };
         AppendedBatch::new(vec![appended], vec![item])
     }
 
@@ -160,8 +163,8 @@ mod tests {
             Appended { pos: LogPos(50), size: 60, offsets: vec![(b, 1)] },
         ];
         let items = vec![
-            DispatchItem { msg: message(b"one"), targets: vec![(a, 1), (b, 2)], tag_hash: 1 },
-            DispatchItem { msg: message(b"second"), targets: vec![(a, 0x81), (b, 0x0a)], tag_hash: 2 },
+            MessageTargets { msg: message(b"one"), targets: vec![(a, 1), (b, 2)], tag_hash: 1 },
+            MessageTargets { msg: message(b"second"), targets: vec![(a, 0x81), (b, 0x0a)], tag_hash: 2 },
         ];
         let batch = AppendedBatch::new(ops, items);
         let got: Vec<_> = batch

@@ -11,6 +11,11 @@
 //! [`spawn`] lifts the mark for the closure it runs on the blocking pool (whose threads
 //! the runtime starts, and marks, too); that is why bare `tokio::task::spawn_blocking`
 //! is refused by clippy (`clippy.toml`).
+//!
+//! Work that must finish before its caller goes on, and is only sometimes long (the
+//! router's walk of a large topic trie, a wait for the routing table's lock), runs in
+//! place through `off_worker`, which hands the worker's other tasks to another thread
+//! while it runs.
 
 use tokio::task::JoinError;
 
@@ -31,6 +36,16 @@ where
     R: Send + 'static,
 {
     tokio::task::spawn_blocking(move || ferrymq_storage::allow_blocking(f)).await
+}
+
+/// Runs `f`, work that may be long, without holding a runtime worker: on a worker of a
+/// multi-thread runtime the worker's other tasks move to another thread while `f` runs
+/// (`block_in_place`); elsewhere (a current-thread runtime, no runtime) `f` just runs.
+pub(super) fn off_worker<R>(f: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        _ => f(),
+    }
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 //! pointer per target queue, and signal durability to the publisher. [`Broker::commit`]
 //! applies the front-ends' [`StoreWrite`]s.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -11,12 +12,11 @@ use std::time::Instant;
 use ferrymq_storage::{Append, Journal, JournalError, Op, QueueId, QueueTarget, Record, Timer};
 use tokio::sync::{oneshot, Notify};
 
-use super::appended::AppendedBatch;
-pub use super::appended::DispatchItem;
+use super::appended::{AppendedBatch, MessageTargets};
 use super::dead_letter::DeadLetterQueuesHook;
-use super::dedup::DedupChange;
+use super::dedup::{DedupCache, DedupChange};
 use super::delivery::{Direct, Handoff};
-use super::message::{Message, SharedMessage};
+use super::message::{now_ms, Message, SharedMessage};
 use super::queue::flags;
 use super::retained::RetainedStore;
 use super::router::{QueueRoute, Router, Routes};
@@ -55,10 +55,10 @@ pub enum Commit {
     Relaxed,
 }
 
-impl DispatchItem {
-    /// The pointer targets of `msg` routed to `queues`, and the item that hands the new
-    /// pointers to their queue owners; the tag hash is computed once.
-    pub fn for_queues(msg: &SharedMessage, queues: &[QueueRoute]) -> (Vec<QueueTarget>, DispatchItem) {
+impl MessageTargets {
+    /// The pointer targets of `msg` routed to `queues`, and what the completion needs to
+    /// hand the new pointers to their queue owners; the tag hash is computed once.
+    pub fn for_queues(msg: &SharedMessage, queues: &[QueueRoute]) -> (Vec<QueueTarget>, MessageTargets) {
         let tag_hash = msg.tag_hash();
         let targets: Vec<QueueTarget> = queues
             .iter()
@@ -69,7 +69,7 @@ impl DispatchItem {
             })
             .collect();
         let kept = targets.iter().map(|q| (q.queue, q.flags)).collect();
-        (targets, DispatchItem { msg: msg.clone(), targets: kept, tag_hash })
+        (targets, MessageTargets { msg: msg.clone(), targets: kept, tag_hash })
     }
 }
 
@@ -249,6 +249,43 @@ impl Broker {
         })
     }
 
+    /// Fills the caches of disk-persistent de-duplication exchanges with the values start-up
+    /// read (`stored`: scope, id, expiry) and forgets stored values no such exchange owns any
+    /// more (expired, evicted, or of an exchange that is gone). Run once everything stored
+    /// was restored, so that an exchange that could not be read never has its values
+    /// forgotten.
+    pub async fn restore_dedup_caches(&self, stored: Vec<(String, String, u64)>) {
+        let caches: HashMap<String, Arc<DedupCache>> = self
+            .router
+            .dedup_caches()
+            .into_iter()
+            .filter(|c| c.settings().disk)
+            .map(|c| (c.scope().to_owned(), c))
+            .collect();
+        let mut by_scope: HashMap<String, Vec<(String, u64)>> = HashMap::new();
+        for (scope, id, expiry) in stored {
+            by_scope.entry(scope).or_default().push((id, expiry));
+        }
+        let now = now_ms();
+        let mut write = StoreWrite::none();
+        let mut restored = 0usize;
+        for (scope, values) in by_scope {
+            match caches.get(&scope) {
+                Some(cache) => {
+                    write = write.and(self.dedup_write(&cache.restore(values, now)));
+                    restored += cache.len();
+                }
+                None => write = write.and(self.stores.dedup.forget_scope(&scope)),
+            }
+        }
+        if let Err(e) = self.commit(write, Commit::Queued).await {
+            tracing::warn!(error = %e, "cannot forget stale de-duplication values");
+        }
+        if restored > 0 {
+            tracing::info!(values = restored, "restored de-duplication caches");
+        }
+    }
+
     /// Publishes `msg` to `routes`: direct to connected sessions at once, and — when there
     /// are queue targets, a retained update to persist, or a write `along` — through the
     /// journal (body once, one pointer per queue, `along` in the same submission). Returns
@@ -296,7 +333,7 @@ impl Broker {
         Stats::add(&self.stats.dropped_queue_full, dropped);
 
         let mut ops = along.and(self.dedup_write(&routes.dedup)).into_ops();
-        let mut item = None;
+        let mut append_targets = None;
         let clear = msg.payload.is_empty();
         let retained_topic = match retain {
             RetainMode::None => None,
@@ -320,7 +357,7 @@ impl Broker {
             std::borrow::Cow::Owned([&routes.queues[..], &spilled[..]].concat())
         };
         if !queue_routes.is_empty() || retained_topic.is_some() {
-            let (queues, dispatch) = DispatchItem::for_queues(msg, &queue_routes);
+            let (queues, targets) = MessageTargets::for_queues(msg, &queue_routes);
             ops.insert(
                 0,
                 Op::Append(Append {
@@ -331,13 +368,13 @@ impl Broker {
                     keys: msg.index_keys(),
                 }),
             );
-            item = Some(dispatch);
+            append_targets = Some(targets);
         }
         if ops.is_empty() {
             return None;
         }
         // Only what a publisher waits to hear about needs an fsync before the signal.
-        Some(self.submit(ops, item.into_iter().collect(), msg.qos > 0).await)
+        Some(self.submit(ops, append_targets.into_iter().collect(), msg.qos > 0).await)
     }
 
     /// Stores `msg` to be routed in `vhost` at `due_ms` (delayed publish), with the write
@@ -372,7 +409,7 @@ impl Broker {
         }
     }
 
-    /// Submits journal ops whose Append/Enqueue results (in op order) correspond to `items`;
+    /// Submits journal ops whose Append/Enqueue results (in op order) correspond to `targets`;
     /// the completion hands the new pointers to their queue owners in log order and then
     /// resolves the returned signal — after the fsync when `durable` (policy `always`),
     /// else once written.
@@ -380,11 +417,11 @@ impl Broker {
     /// The completion runs on the journal writer thread: it passes the receipt on whole, as
     /// one [`AppendedBatch`] shared by the shards that own its queues, and the shards build
     /// the entries (see [`super::appended`]).
-    pub async fn submit(&self, ops: Vec<Op>, items: Vec<DispatchItem>, durable: bool) -> DurableSignal {
+    pub async fn submit(&self, ops: Vec<Op>, targets: Vec<MessageTargets>, durable: bool) -> DurableSignal {
         let (tx, rx) = oneshot::channel();
         let shards = self.shards.clone();
         let done: ferrymq_storage::Completion = Box::new(move |result| {
-            let result = result.map(|receipt| shards.dispatch(AppendedBatch::new(receipt.appended, items)));
+            let result = result.map(|receipt| shards.send_appended(AppendedBatch::new(receipt.appended, targets)));
             let _ = tx.send(result);
         });
         let submitted = if durable {

@@ -11,16 +11,19 @@
 //! `x-cache-persistence: disk` the values are kept in the
 //! [`DedupStore`](crate::core::store::DedupStore), written with the message they came
 //! with, so the cache survives restarts; `memory` (the default) starts empty after one.
+//!
+//! This module owns the arguments, the header and the caches themselves, and uses nothing
+//! of the core but header values: the routing table and the queues hold it. The broker
+//! commits the caches' changes ([`Broker::dedup_write`]) and fills them at start-up
+//! ([`Broker::restore_dedup_caches`]).
+//!
+//! [`Broker::dedup_write`]: super::broker::Broker::dedup_write
+//! [`Broker::restore_dedup_caches`]: super::broker::Broker::restore_dedup_caches
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Arc;
 
 use parking_lot::Mutex;
-use tracing::{info, warn};
 
-use super::broker::{Broker, Commit};
-use super::message::now_ms;
-use super::store::StoreWrite;
 use super::value::Value;
 
 /// The exchange type name.
@@ -239,37 +242,6 @@ impl DedupCache {
     /// True when the cache holds no value.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-}
-
-/// Fills the caches of disk-persistent exchanges with the values start-up read (`stored`:
-/// scope, id, expiry) and forgets stored values no such exchange owns any more (expired,
-/// evicted, or of an exchange that is gone). Run once everything stored was restored, so
-/// that an exchange that could not be read never has its values forgotten.
-pub async fn restore_caches(broker: &Broker, stored: Vec<(String, String, u64)>) {
-    let caches: HashMap<String, Arc<DedupCache>> =
-        broker.router.dedup_caches().into_iter().filter(|c| c.settings.disk).map(|c| (c.scope.clone(), c)).collect();
-    let mut by_scope: HashMap<String, Vec<(String, u64)>> = HashMap::new();
-    for (scope, id, expiry) in stored {
-        by_scope.entry(scope).or_default().push((id, expiry));
-    }
-    let now = now_ms();
-    let mut write = StoreWrite::none();
-    let mut restored = 0usize;
-    for (scope, values) in by_scope {
-        match caches.get(&scope) {
-            Some(cache) => {
-                write = write.and(broker.dedup_write(&cache.restore(values, now)));
-                restored += cache.len();
-            }
-            None => write = write.and(broker.stores.dedup.forget_scope(&scope)),
-        }
-    }
-    if let Err(e) = broker.commit(write, Commit::Queued).await {
-        warn!(error = %e, "cannot forget stale de-duplication values");
-    }
-    if restored > 0 {
-        info!(values = restored, "restored de-duplication caches");
     }
 }
 

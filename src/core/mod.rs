@@ -14,8 +14,8 @@
 //! reason.
 //!
 //! - [`message`] — the core `Message` and its commit-log header encoding.
-//! - [`router`] — the routing table (MQTT topic filters = bindings of `amq.topic`).
-//! - [`hash_ring`] — the `x-consistent-hash` exchange's ring.
+//! - [`router`] — the routing table (MQTT topic filters = bindings of `amq.topic`) and
+//!   the `x-consistent-hash` exchange's ring.
 //! - [`tag_filter`] — message tags and tag filter expressions.
 //! - [`stable_hash`] — the hash that rings and stored tag hashes rely on.
 //! - [`delivery`] — what flows from the core to connections.
@@ -24,7 +24,7 @@
 //! - [`shards`] — the queue-owner tasks.
 //! - [`appended`] — pointers a journal submission appended, on their way to the queue owners.
 //! - [`retained`] — retained messages in memory.
-//! - [`scheduler`] — delayed delivery from the journal's timer index.
+//! - [`scheduler`] — fires the journal's timers: delayed delivery and due retries.
 //! - [`alarm`] — the memory and disk alarms (publishers wait while one is raised).
 //! - [`timer_wheel`] — a shared wheel of coarse deadlines that wake connections.
 //! - [`broker`] — the shared core and its publish path.
@@ -34,7 +34,8 @@
 //! - [`store`] — typed stores of the front-ends' durable state, and their local implementation.
 //! - [`dedup`] — publisher de-duplication within a time window.
 //! - [`dead_letter`] — republishing dead letters with `x-death`.
-//! - [`retry`] — retry timers and records of entries waiting for a delayed retry.
+//! - [`retry`] — the formats of retry timers and of the records of entries waiting for a
+//!   delayed retry.
 //! - [`stats`] — counters.
 //! - [`connections`] — the client connections of both protocols, as operations see them.
 //! - [`limits`] — per-virtual-host and per-user limits (connections, channels, queues).
@@ -50,7 +51,6 @@ pub mod dead_letter;
 pub mod dedup;
 pub mod delivery;
 pub mod duration;
-pub mod hash_ring;
 pub mod limits;
 pub mod message;
 pub mod queue;

@@ -1,6 +1,10 @@
-//! Retry timers: a queue entry waiting for its delayed retry has a timer in the journal's
-//! timer index and a retry record in the `kv:retry` keyspace. When the timer fires, the
-//! entry's queue owner makes it deliverable again ([`ShardCmd::RetryDue`]).
+//! Retry timers' targets and retry records: how they are written and read back. A queue
+//! entry waiting for its delayed retry has a timer in the journal's timer index and a retry
+//! record in the `kv:retry` keyspace. When the timer fires (the [scheduler] fires it), the
+//! entry's queue owner makes it deliverable again ([`ShardCmd::RetryDue`]). This module
+//! holds the formats (and marks a new data directory, [`mark_watermarks_complete`]); it
+//! uses no other part of the core but the blocking pool, so the queue owners, start-up and
+//! the broker share it without depending on each other.
 //!
 //! # Timer targets
 //!
@@ -28,13 +32,12 @@
 //! queue in it has stored its watermark since it was created, and a queue without one
 //! has delivered nothing. Without the key (a directory from before watermarks existed) a
 //! queue without a watermark counts every entry as possibly delivered.
+//!
+//! [scheduler]: super::scheduler
+//! [`ShardCmd::RetryDue`]: super::shards::ShardCmd::RetryDue
 
 use bytes::Bytes;
-use ferrymq_storage::{Op, QueueId, TimerEntry};
-use tracing::warn;
-
-use super::broker::Broker;
-use super::shards::ShardCmd;
+use ferrymq_storage::{Op, QueueId};
 
 /// First byte of every non-vhost timer target (never valid UTF-8).
 const TARGET_TAG: u8 = 0xFF;
@@ -127,26 +130,6 @@ pub fn decode_record(key: &[u8], value: &[u8]) -> Option<(u64, u64, u32)> {
     let due = u64::from_be_bytes(value[..8].try_into().ok()?);
     let deliveries = u32::from_be_bytes(value[8..12].try_into().ok()?);
     Some((offset, due, deliveries))
-}
-
-/// Fires due retry timers: tells each entry's queue owner, then removes the timers (and
-/// waits until that is written, so the scheduler's next turn does not see them again).
-/// Timers with an unknown tagged target are removed.
-pub async fn fire(broker: &Broker, due: Vec<TimerEntry>) {
-    if due.is_empty() {
-        return;
-    }
-    let mut ops = Vec::with_capacity(due.len());
-    for t in due {
-        match decode_target(&t.target) {
-            Some((queue, offset)) => broker.shards.send(ShardCmd::RetryDue { queue, offset, due_ms: t.due_ms }),
-            None => warn!(pos = t.pos.0, "timer with an unknown target kind; dropped"),
-        }
-        ops.push(Op::DeleteTimer { due_ms: t.due_ms, pos: t.pos });
-    }
-    if let Ok(Err(e)) = broker.submit(ops, Vec::new(), false).await.await {
-        warn!(error = %e, "cannot remove fired retry timers");
-    }
 }
 
 #[cfg(test)]

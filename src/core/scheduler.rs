@@ -4,19 +4,23 @@
 //!
 //! Firing a timer routes the stored record again without rewriting its body: the new
 //! pointers (`Enqueue`) and the timer's removal go to the journal in one submission.
-//! Timers whose target is tagged (not a vhost name) are retry timers, fired by [`retry`].
+//! Timers whose target is tagged (not a vhost name) are retry timers ([`retry`] writes and
+//! reads their targets): firing one tells the entry's queue owner that its retry is due
+//! ([`ShardCmd::RetryDue`]).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferrymq_storage::Op;
+use ferrymq_storage::{Op, TimerEntry};
 use tracing::{debug, warn};
 
-use super::broker::{Broker, DispatchItem, RetainMode};
+use super::appended::MessageTargets;
+use super::broker::{Broker, RetainMode};
 use super::message::now_ms;
 use super::queue::read_message;
 use super::retry;
 use super::router::{Routes, MQTT_VHOST};
+use super::shards::ShardCmd;
 use super::store::StoreWrite;
 
 /// Timers fired per turn.
@@ -68,7 +72,7 @@ pub async fn run(broker: Arc<Broker>) {
 
 /// Counts a due delayed message whose record cannot be read; the first is logged at warn,
 /// later ones at debug (`read_message` logged the storage error itself).
-fn unreadable(broker: &Broker, t: &ferrymq_storage::TimerEntry) {
+fn unreadable(broker: &Broker, t: &TimerEntry) {
     let retry = UNREADABLE_RETRY.as_secs();
     if broker.stats.delayed_unreadable.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0 {
         warn!(
@@ -81,14 +85,14 @@ fn unreadable(broker: &Broker, t: &ferrymq_storage::TimerEntry) {
     }
 }
 
-async fn fire(broker: &Broker, due: Vec<ferrymq_storage::TimerEntry>) {
+async fn fire(broker: &Broker, due: Vec<TimerEntry>) {
     let (retries, due): (Vec<_>, Vec<_>) = due.into_iter().partition(|t| retry::is_tagged(&t.target));
-    retry::fire(broker, retries).await;
+    fire_retries(broker, retries).await;
     if due.is_empty() {
         return;
     }
     let mut ops = Vec::with_capacity(due.len() * 2);
-    let mut items = Vec::new();
+    let mut targets = Vec::new();
     let journal = broker.journal.clone();
     let read = super::blocking::spawn(move || {
         due.into_iter()
@@ -128,13 +132,33 @@ async fn fire(broker: &Broker, due: Vec<ferrymq_storage::TimerEntry>) {
         if routes.queues.is_empty() {
             continue;
         }
-        let (queues, item) = DispatchItem::for_queues(&msg, &routes.queues);
-        items.push(item);
+        let (queues, msg_targets) = MessageTargets::for_queues(&msg, &routes.queues);
+        targets.push(msg_targets);
         ops.push(Op::Enqueue { pos: t.pos, size: t.size, body_len: msg.payload.len() as u32, queues });
     }
     // Wait for durability so the next turn does not see the same timers again.
-    let signal = broker.submit(ops, items, true).await;
+    let signal = broker.submit(ops, targets, true).await;
     if let Ok(Err(e)) = signal.await {
         warn!(error = %e, "cannot store fired timers");
+    }
+}
+
+/// Fires due retry timers: tells each entry's queue owner, then removes the timers (and
+/// waits until that is written, so the scheduler's next turn does not see them again).
+/// Timers with an unknown tagged target are removed.
+async fn fire_retries(broker: &Broker, due: Vec<TimerEntry>) {
+    if due.is_empty() {
+        return;
+    }
+    let mut ops = Vec::with_capacity(due.len());
+    for t in due {
+        match retry::decode_target(&t.target) {
+            Some((queue, offset)) => broker.shards.send(ShardCmd::RetryDue { queue, offset, due_ms: t.due_ms }),
+            None => warn!(pos = t.pos.0, "timer with an unknown target kind; dropped"),
+        }
+        ops.push(Op::DeleteTimer { due_ms: t.due_ms, pos: t.pos });
+    }
+    if let Ok(Err(e)) = broker.submit(ops, Vec::new(), false).await.await {
+        warn!(error = %e, "cannot remove fired retry timers");
     }
 }

@@ -34,7 +34,7 @@ const BYTES_COUNTED_PER_SWEEP: usize = 65_536;
 #[derive(Debug)]
 pub enum ShardCmd {
     /// Pointers the journal appended, in log order: a batch shared by every shard that owns
-    /// one of its queues, each taking its own (see [`Shards::dispatch`]).
+    /// one of its queues, each taking its own (see [`Shards::send_appended`]).
     Appended(Arc<AppendedBatch>),
     /// Set (or replace) the behaviour of a queue; queues never configured use the shard's
     /// default (MQTT session limits).
@@ -326,7 +326,7 @@ impl Shards {
     /// shard owning one of them).
     pub fn send(&self, cmd: ShardCmd) {
         let idx = match cmd {
-            ShardCmd::Appended(batch) => return self.dispatch_shared(batch),
+            ShardCmd::Appended(batch) => return self.send_shared_batch(batch),
             ref other => other.queue().map(|q| self.shard_of(q)).unwrap_or(0),
         };
         let _ = self.txs[idx].send(cmd);
@@ -337,13 +337,13 @@ impl Shards {
     /// journal's completion (writer thread): never blocks, copies nothing per pointer and
     /// allocates nothing per pointer; the shards build the entries (see
     /// [`AppendedBatch::entries`]).
-    pub fn dispatch(&self, batch: AppendedBatch) {
+    pub fn send_appended(&self, batch: AppendedBatch) {
         if !batch.is_empty() {
-            self.dispatch_shared(Arc::new(batch));
+            self.send_shared_batch(Arc::new(batch));
         }
     }
 
-    fn dispatch_shared(&self, batch: Arc<AppendedBatch>) {
+    fn send_shared_batch(&self, batch: Arc<AppendedBatch>) {
         let n = self.txs.len();
         if n > 64 {
             // Too many shards for the mask: each looks for its own.

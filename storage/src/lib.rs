@@ -44,7 +44,7 @@
 //! `guard` module).
 //!
 //! Completions run on the writer thread, in the order the batches were submitted; a caller
-//! that dispatches from its completion therefore sees appends in log order.
+//! that hands appended pointers on from its completion therefore sees appends in log order.
 //!
 //! # On-disk layout (`dir/`)
 //!

@@ -3,9 +3,9 @@
 
 use std::collections::HashMap;
 
-use super::exchange::{Binding, ExchangeDef, ExchangeKind};
+use super::exchange::{retain_count, upsert, Binding, ExchangeDef, ExchangeKind};
+use super::hash_ring::{HashOn, Ring};
 use super::topic_trie::{stored_words, Node, Walked};
-use crate::core::hash_ring::{HashOn, Ring};
 use crate::core::message::Message;
 use crate::core::value::Value;
 
@@ -148,24 +148,6 @@ impl Bindings {
     }
 }
 
-/// Adds `b`, or replaces the binding of the same identity; true if it is new.
-pub(super) fn upsert(list: &mut Vec<Binding>, b: Binding) -> bool {
-    if let Some(existing) = list.iter_mut().find(|e| e.same(&b.dest, &b.key, &b.args)) {
-        *existing = b;
-        false
-    } else {
-        list.push(b);
-        true
-    }
-}
-
-/// Removes the bindings `pred` selects; returns how many.
-pub(super) fn retain_count(list: &mut Vec<Binding>, pred: &dyn Fn(&Binding) -> bool) -> usize {
-    let before = list.len();
-    list.retain(|b| !pred(b));
-    before - list.len()
-}
-
 /// Headers-exchange matching: `x-match` = `all` (default) / `any`, and the `-with-x`
 /// variants that also compare `x-` arguments.
 fn headers_match(args: &[(String, Value)], headers: &[(String, Value)]) -> bool {
@@ -195,7 +177,7 @@ mod tests {
 
     use ferrymq_storage::QueueId;
 
-    use crate::core::hash_ring::HashArgError;
+    use crate::core::router::hash_ring::HashArgError;
     use crate::core::router::tests::{amqp_hits, declare, msg, q, queues};
     use crate::core::router::{Binding, ExchangeDef, ExchangeKind, RouteError, Router};
     use crate::core::value::Value;

@@ -97,6 +97,24 @@ impl Binding {
     }
 }
 
+/// Adds `b`, or replaces the binding of the same identity; true if it is new.
+pub(super) fn upsert(list: &mut Vec<Binding>, b: Binding) -> bool {
+    if let Some(existing) = list.iter_mut().find(|e| e.same(&b.dest, &b.key, &b.args)) {
+        *existing = b;
+        false
+    } else {
+        list.push(b);
+        true
+    }
+}
+
+/// Removes the bindings `pred` selects; returns how many.
+pub(super) fn retain_count(list: &mut Vec<Binding>, pred: &dyn Fn(&Binding) -> bool) -> usize {
+    let before = list.len();
+    list.retain(|b| !pred(b));
+    before - list.len()
+}
+
 /// The AMQP exchange types: how an exchange picks the bindings a message takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExchangeKind {

@@ -16,7 +16,7 @@
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::ExchangeKind;
+use super::exchange::ExchangeKind;
 
 /// Bucket counters (a power of two).
 const BUCKETS: usize = 16 * 1024;

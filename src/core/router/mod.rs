@@ -41,19 +41,23 @@
 //! - `mod.rs` — the [`Router`] table (virtual hosts, exchanges, bind/unbind, route) and
 //!   what a route yields ([`Routes`]).
 //! - `exchange.rs` — exchange definitions and kinds, [`Binding`], [`Destination`],
-//!   [`MqttOptions`].
+//!   [`MqttOptions`], and the edits of a binding list every kind shares. It imports no
+//!   other file of the router: the others take their types from it, not from `mod.rs`,
+//!   so the router's files import each other in no circle.
 //! - `bindings.rs` — how one exchange stores its bindings, per kind, and headers matching.
 //! - `topic_trie.rs` — the topic exchange's trie of word patterns.
 //! - `cache.rs` — the per-publisher [`RouteCache`].
 //! - `generations.rs` — the counters that tell a cache which of its routes a change may
 //!   have affected.
+//! - [`hash_ring`] — the `x-consistent-hash` exchange's ring.
 //!
-//! [`Ring`]: crate::core::hash_ring::Ring
+//! [`Ring`]: hash_ring::Ring
 
 mod bindings;
 mod cache;
 mod exchange;
 mod generations;
+pub mod hash_ring;
 #[cfg(test)]
 mod tests;
 mod topic_trie;
@@ -72,9 +76,10 @@ use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use self::bindings::Bindings;
 use self::generations::{Change, Dependency, Generations};
+use self::hash_ring::{parse_weight, HashArgError, HashOn, MAX_RING_WEIGHT};
+use super::blocking::off_worker;
 use super::dedup::{CacheSettings, DedupArgError, DedupCache, DedupChange};
 use super::delivery::SessionLink;
-use super::hash_ring::{parse_weight, HashArgError, HashOn, MAX_RING_WEIGHT};
 use super::message::{now_ms, Message};
 use super::tag_filter::TagFilterError;
 use super::value::Value;
@@ -237,16 +242,6 @@ pub struct Router {
 pub const MQTT_VHOST: &str = "/";
 /// The exchange MQTT publishes and subscriptions use by default (`mqtt.exchange`).
 pub const MQTT_EXCHANGE: &str = "amq.topic";
-
-/// Runs `f`, work that may be long, without holding a runtime worker: on a worker of a
-/// multi-thread runtime the worker's other tasks move to another thread while `f` runs
-/// (`block_in_place`); elsewhere (a current-thread runtime, no runtime) `f` just runs.
-pub(super) fn off_worker<R>(f: impl FnOnce() -> R) -> R {
-    match tokio::runtime::Handle::try_current() {
-        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
-        _ => f(),
-    }
-}
 
 impl Router {
     /// The table for reading; a wait for it (a change waiting for a long route to end)

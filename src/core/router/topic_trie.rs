@@ -2,8 +2,8 @@
 
 use std::collections::HashMap;
 
-use super::bindings::{retain_count, upsert};
-use super::exchange::Binding;
+use super::exchange::{retain_count, upsert, Binding};
+use crate::core::blocking::off_worker;
 
 /// A topic-exchange trie node: one level per word; `*` and `#` children.
 #[derive(Debug, Default)]
@@ -103,7 +103,7 @@ impl Node {
     /// (node, position) pair: the exchange's pattern words times the key's words plus one
     /// (and [`stored_words`] keeps runs of wildcards short). The walk keeps its own stack
     /// (no recursion), and one that passes [`INLINE_STEPS`] finishes off the runtime's
-    /// workers (see [`super::off_worker`]).
+    /// workers (see [`off_worker`]).
     pub(super) fn collect<'a>(&'a self, words: &[&str], dollar: bool, out: &mut Vec<&'a Binding>) -> Walked {
         let mut walk = Walk {
             words,
@@ -192,7 +192,7 @@ impl<'a> Walk<'a, '_, '_> {
             }
             if self.walked.steps == INLINE_STEPS && !self.walked.off_worker {
                 self.walked.off_worker = true;
-                return super::off_worker(|| self.run());
+                return off_worker(|| self.run());
             }
         }
     }

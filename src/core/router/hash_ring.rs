@@ -6,15 +6,15 @@
 //!
 //! The ring is built when bindings change: a binding of weight `w` owns
 //! `w x` [`POINTS_PER_WEIGHT`] points (virtual nodes, so that a few bindings of weight 1
-//! still split the keys evenly), placed by a [stable hash](super::stable_hash) of
+//! still split the keys evenly), placed by a [stable hash](crate::core::stable_hash) of
 //! (destination, key, point number): the same key reaches the same destination across
 //! restarts, and adding one of N destinations moves about 1/N of the keys. Routing is one
 //! hash and a binary search.
 
-use super::message::Message;
-use super::router::{Binding, Destination};
-use super::stable_hash::hash64;
-use super::value::Value;
+use super::exchange::{Binding, Destination};
+use crate::core::message::Message;
+use crate::core::stable_hash::hash64;
+use crate::core::value::Value;
 
 /// The exchange argument naming the header to hash.
 pub const HASH_HEADER: &str = "hash-header";
