@@ -20,13 +20,13 @@ use tracing::{debug, field, info, warn, Instrument};
 
 use super::channel::{Channel, Settle};
 use super::convert::properties_out;
-use super::entities::QueueEntity;
 use super::AmqpContext;
 use crate::authz::{Access, Identity};
 use crate::core::alarm::Resource;
 use crate::core::broker::DurableSignal;
 use crate::core::connections::{Admission, ClientDetails, ConnectionInfo, LimitReached, Listener, Protocol};
 use crate::core::delivery::QueueDelivery;
+use crate::core::entities::QueueEntity;
 use crate::core::limits::{LimitScope, MAX_CHANNELS};
 use crate::core::message::now_ms;
 use crate::core::queue::{ConsumerEvent, ConsumerId, RequeueCause};

@@ -9,9 +9,9 @@ use std::sync::Arc;
 
 use tracing::{info, warn};
 
-use super::entities::queue_config;
 use super::AmqpContext;
 use crate::core::dead_letter::{dlq_name, DeadLetterQueues};
+use crate::core::entities::queue_config;
 use crate::core::store::QueueId;
 
 impl DeadLetterQueues for AmqpContext {

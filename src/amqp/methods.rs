@@ -13,11 +13,14 @@ use tracing::info;
 use super::channel::{ChannelConsumer, Settle, TxPublish};
 use super::connection::{PendingConfirm, Task, NO_ACK_CREDIT};
 use super::convert::{properties_in, properties_out, qos_of, short, table_in};
-use super::entities::{forget_exchange, persist_binding, queue_config, store_exchange, QueueEntity};
-use super::streams::{consumer_group, is_stream, partitions_of, sharing, stream_config, stream_offset, Sharing};
+use super::streams::{consumer_group, partitions_of, sharing, stream_offset, Sharing};
 use crate::authz::{BindingRequest, BoundTo, Permission, Refused, ResourceKind, RouteRefused};
 use crate::core::broker::RetainMode;
 use crate::core::connections::ConsumerInfo;
+use crate::core::entities::{
+    forget_exchange, is_stream, persist_binding, queue_config, store_exchange, stream_config, QueueEntity,
+    RETRY_ARGUMENTS,
+};
 use crate::core::limits::{LimitScope, MAX_QUEUES};
 use crate::core::message::{now_ms, Message, SharedMessage};
 use crate::core::queue::{Consumer, QueueConfig};
@@ -1098,7 +1101,7 @@ pub fn check_equivalent_queue(
         "x-max-age",
     ]
     .into_iter()
-    .chain(super::retry_args::RETRY_ARGUMENTS)
+    .chain(RETRY_ARGUMENTS)
     {
         let get = |t: &[(String, Value)]| t.iter().find(|(k, _)| k == key).map(|(_, v)| v.to_text());
         let (wanted, current) = (get(args), get(&q.arguments));

@@ -10,20 +10,16 @@
 //! - [`connection`] — one task per socket: login, channels, deliveries, confirms, cleanup.
 //! - [`methods`] — exchange.*, queue.*, basic.*, tx.* and publishing, with RabbitMQ's checks.
 //! - [`channel`] — per-channel state (consumers, delivery tags, prefetch, modes).
-//! - [`entities`] — the queue registry and durable metadata.
-//! - [`streams`] — stream declarations and `x-stream-offset` (RabbitMQ's stream rules).
+//! - [`streams`] — stream consume arguments (`x-stream-offset`, consumer groups).
 //! - [`convert`] — wire types <-> core values and properties (the gateway mapping).
 //! - the user store lives in [`crate::auth`], shared with MQTT.
-//! - [`retry_args`] — the queue arguments of delayed retries.
 //! - [`dlq`] — `%DLQ%{queue}` queues, created on demand for the core's dead-letter task.
 
 pub mod channel;
 pub mod connection;
 pub mod convert;
 pub mod dlq;
-pub mod entities;
 pub mod methods;
-pub mod retry_args;
 pub mod streams;
 
 use std::collections::HashMap;
@@ -39,12 +35,12 @@ use crate::authz::Authorizer;
 use crate::config::Config;
 use crate::core::alarm::ResourceAlarm;
 use crate::core::broker::{Broker, Commit};
+use crate::core::entities::Entities;
 use crate::core::message::{now_ms, Message};
 use crate::core::restore::RestoreError;
 use crate::core::router::Routes;
 use crate::core::store::EntityRecords;
 use connection::Control;
-use entities::Entities;
 
 /// Everything the AMQP front-end shares between connections.
 #[derive(Debug)]

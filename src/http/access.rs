@@ -137,7 +137,7 @@ pub async fn delete_vhost(ctx: &HttpContext, name: &str) -> Result<(), ApiError>
     }
     for x in ctx.broker.router.exchanges(name) {
         if x.durable {
-            crate::amqp::entities::forget_exchange(&ctx.broker, name, &x.name).await;
+            crate::core::entities::forget_exchange(&ctx.broker, name, &x.name).await;
         }
     }
     let store = &ctx.broker.stores.access;

@@ -430,7 +430,7 @@ pub async fn import(ctx: &HttpContext, defs: &Json_, only_vhost: Option<&str>) -
             None => {
                 router.declare_exchange(&vhost, def.clone()).map_err(|e| ApiError::from(route_fail(e, &vhost)))?;
                 if def.durable {
-                    crate::amqp::entities::store_exchange(&ctx.broker, &vhost, &def).await;
+                    crate::core::entities::store_exchange(&ctx.broker, &vhost, &def).await;
                 }
             }
         }

@@ -19,9 +19,9 @@ use super::permit::{
     Write,
 };
 use super::HttpContext;
-use crate::amqp::entities::{forget_exchange, store_exchange};
 use crate::amqp::methods::{check_equivalent_exchange, route_fail};
 use crate::core::broker::RetainMode;
+use crate::core::entities::{forget_exchange, store_exchange};
 use crate::core::message::{now_ms, Message, Properties};
 use crate::core::router::{Binding, Destination, ExchangeDef, ExchangeKind, RouteError};
 use crate::core::store::{QueueId, StoreWrite};
@@ -385,7 +385,7 @@ pub async fn set_binding(
             .map_err(|e| ApiError::from(route_fail(e, vhost)))?;
     }
     if src.durable && durable {
-        crate::amqp::entities::persist_binding(&ctx.broker, vhost, source, &binding, bind).await;
+        crate::core::entities::persist_binding(&ctx.broker, vhost, source, &binding, bind).await;
     }
     Ok(())
 }

@@ -17,8 +17,8 @@ use super::json::{flag, json_table, lenient, list, rate, table_json, Body, ListQ
 use super::permit::{Configure, Management, OnQueue, Permitted, Read, Vhost, View};
 use super::rates::{QueuePerSecond, QueueSample};
 use super::HttpContext;
-use crate::amqp::entities::QueueEntity;
 use crate::amqp::methods::{check_equivalent_queue, create_queue};
+use crate::core::entities::QueueEntity;
 use crate::core::message::Message;
 use crate::core::queue::{MessageCounts, QueueGauge, RequeueCause};
 use crate::core::shards::ShardCmd;

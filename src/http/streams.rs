@@ -14,8 +14,8 @@ use super::json::{lenient, table_json, Body};
 use super::permit::{Monitoring, OnQueue, Permitted, Read, Vhost, View};
 use super::queues::{payload_json, properties_json};
 use super::HttpContext;
-use crate::amqp::entities::QueueEntity;
 use crate::authz::{Permission, ResourceKind};
+use crate::core::entities::QueueEntity;
 use crate::core::router::Destination;
 use crate::core::stream::{StreamOffset, StreamStatus};
 
