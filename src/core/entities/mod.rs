@@ -1,27 +1,37 @@
 //! Entity management: the queues, exchanges and bindings clients declare, as RabbitMQ
-//! defines them. Every entry point that declares or deletes (AMQP methods, the management
-//! API, definitions import) goes through here, so a check exists once.
+//! defines them. Every entry point that declares, binds or deletes — the AMQP methods, the
+//! management API, definitions import — calls [`Entities`], so each check and each
+//! durable record exists once; the dead-letter task creates `%DLQ%` queues through it too.
+//! Refusals are one typed [`EntityError`] worded as RabbitMQ words them; each front-end
+//! maps it to its own answer (an AMQP reply code, an HTTP status).
 //!
 //! - [`registry`] — the queue registry ([`Entities`]): declared queues by virtual host and
-//!   name, `max-queues` counting, creation and deletion, reject-publish admission.
+//!   name, `max-queues` counting, creation and deletion, `x-expires`, reject-publish
+//!   admission.
 //! - [`queue`] — a declared queue ([`QueueEntity`]).
-//! - [`restore`] — start-up: durable entities applied, orphaned consume queues deleted.
-//! - [`arguments`] — queue arguments checked and turned into a queue configuration.
+//! - [`declare`] — declare and delete queues and exchanges, bind and unbind (queues and
+//!   exchange-to-exchange), and their durable records.
+//! - [`equivalence`] — RabbitMQ's equivalence checks on redeclaration.
+//! - [`arguments`] — queue arguments checked and turned into a queue configuration
+//!   (TTL, limits, overflow, dead-letter exchange, delivery limit, priorities, type).
 //! - [`stream_args`] — which declarations make a stream, and its retention arguments.
 //! - [`retry_args`] — the queue arguments of delayed retries.
-//! - [`declare`] — durable records of exchanges and bindings.
+//! - [`dead_letter_queues`] — `%DLQ%{queue}` queues, made on demand for the dead-letter task.
+//! - [`restore`] — start-up: durable entities applied, orphaned consume queues deleted.
+//! - [`error`] — [`EntityError`].
 
 pub mod arguments;
+pub mod dead_letter_queues;
 pub mod declare;
+pub mod equivalence;
+pub mod error;
 pub mod queue;
 pub mod registry;
 pub mod restore;
 pub mod retry_args;
 pub mod stream_args;
 
-pub use arguments::{arg_u64, queue_config, ArgumentError};
-pub use declare::{forget_exchange, persist_binding, store_exchange};
+pub use equivalence::{check_equivalent_exchange, check_equivalent_queue};
+pub use error::{EntityError, EntityKind};
 pub use queue::QueueEntity;
-pub use registry::{Entities, QueueSlot, QUEUE_PREFIX};
-pub use retry_args::{retry_policy, RETRY_ARGUMENTS};
-pub use stream_args::{is_stream, stream_config};
+pub use registry::Entities;

@@ -1,30 +1,35 @@
 //! The queue registry: every declared queue by virtual host and name, counted against
 //! `max-queues`, created (consume queue, configuration, default-exchange binding, durable
-//! record) and deleted, and the queues that refuse publishes when full.
+//! record) and deleted, `x-expires` expiry, and the admission of publishes to the queues
+//! that refuse them when full (`x-overflow: reject-publish`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
 use tracing::{info, warn};
 
 use super::queue::QueueEntity;
 use crate::core::broker::{Broker, Commit};
-use crate::core::message::now_ms;
+use crate::core::message::{now_ms, Message};
 use crate::core::queue::{Overflow, QueueConfig};
-use crate::core::router::{Binding, Destination};
+use crate::core::router::{Binding, Destination, Routes};
 use crate::core::shards::ShardCmd;
-use crate::core::store::{QueueId, QueueRecord};
+use crate::core::store::{QueueId, QueueRecord, StoreError};
 use crate::core::stream::StreamConfig;
 use crate::core::value::Value;
 
 /// Prefix of the storage names of AMQP queues (`amqp/{vhost}/{name}`).
 pub const QUEUE_PREFIX: &str = "amqp/";
 
-/// Every declared AMQP queue.
-#[derive(Debug, Default)]
+/// Every declared queue, and the broker they live in: the one place queues are created
+/// and deleted, whichever entry point asks (built once at start-up and shared by the AMQP
+/// front-end, the management API and the dead-letter task).
+#[derive(Debug)]
 pub struct Entities {
+    pub(super) broker: Arc<Broker>,
     queues: RwLock<HashMap<(String, String), Arc<QueueEntity>>>,
     /// Configurations of queues that refuse publishes when full, by id (publishers check
     /// them before storing).
@@ -52,6 +57,17 @@ impl Drop for QueueSlot<'_> {
 }
 
 impl Entities {
+    /// An empty registry of queues in `broker` (start-up fills it: [`Entities::start`]).
+    pub fn new(broker: Arc<Broker>) -> Entities {
+        Entities {
+            broker,
+            queues: RwLock::default(),
+            rejecting: RwLock::default(),
+            any_rejecting: AtomicBool::new(false),
+            counts: Mutex::default(),
+        }
+    }
+
     /// The configurations of the queues among `ids` that refuse publishes when full, in
     /// order (`None` for the others); `None` when there is none (one lock, no allocation
     /// while no such queue exists).
@@ -62,6 +78,30 @@ impl Entities {
         let rejecting = self.rejecting.read();
         let configs: Vec<_> = ids.map(|id| rejecting.get(&id).cloned()).collect();
         configs.iter().any(Option::is_some).then_some(configs)
+    }
+
+    /// Reserves room in the routed queues that refuse publishes when full (reject-publish)
+    /// and leaves out those without room; true when one refused (an AMQP publisher gets a
+    /// nack). Done just before storing, so that every reservation is used.
+    pub fn admit(&self, msg: &Message, routes: &Arc<Routes>) -> (Arc<Routes>, bool) {
+        let Some(configs) = self.overflow_configs(routes.queues.iter().map(|r| r.queue)) else {
+            return (routes.clone(), false);
+        };
+        let mut admitted = Routes::clone(routes);
+        let mut refused = false;
+        let mut configs = configs.into_iter();
+        admitted.queues.retain_mut(|r| match configs.next().flatten() {
+            None => true,
+            Some(c) if c.admit(msg.payload.len() as u64) => {
+                r.reserved = true;
+                true
+            }
+            Some(_) => {
+                refused = true;
+                false
+            }
+        });
+        (Arc::new(admitted), refused)
     }
 
     /// Counts a queue about to be created in `vhost`, unless `vhost` has `limit` queues
@@ -101,14 +141,13 @@ impl Entities {
         self.queues.read().values().cloned().collect()
     }
 
-    /// Creates a queue (its consume queue, configuration, default-exchange binding and,
-    /// when durable, its meta record) in the place `slot` counted for it. The caller
-    /// checked it does not exist.
+    /// Makes a queue (its consume queue, configuration, default-exchange binding and,
+    /// when durable, its meta record) in the place `slot` counted for it, from a
+    /// configuration already checked. The caller checked it does not exist.
     #[allow(clippy::too_many_arguments)]
-    pub async fn create_queue(
+    pub(super) async fn make_queue(
         &self,
         mut slot: QueueSlot<'_>,
-        broker: &Broker,
         vhost: &str,
         name: &str,
         durable: bool,
@@ -117,8 +156,9 @@ impl Entities {
         arguments: Vec<(String, Value)>,
         config: QueueConfig,
         stream: Option<StreamConfig>,
-    ) -> Result<Arc<QueueEntity>, String> {
-        let id = broker.stores.catalog.queue_id(&storage_name(vhost, name)).await.map_err(|e| e.to_string())?;
+    ) -> Result<Arc<QueueEntity>, StoreError> {
+        let broker = &self.broker;
+        let id = broker.stores.catalog.queue_id(&storage_name(vhost, name)).await?;
         let entity = Arc::new(QueueEntity {
             vhost: vhost.to_owned(),
             name: name.to_owned(),
@@ -135,7 +175,7 @@ impl Entities {
             last_used_ms: AtomicU64::new(now_ms()),
         });
         slot.made = true;
-        self.install(broker, entity.clone());
+        self.install(entity.clone());
         if durable {
             let record = QueueRecord {
                 vhost: entity.vhost.clone(),
@@ -144,15 +184,13 @@ impl Entities {
                 auto_delete,
                 arguments: entity.arguments.clone(),
             };
-            broker
-                .commit(broker.stores.entities.put_queue(&record), Commit::Durable)
-                .await
-                .map_err(|e| e.to_string())?;
+            broker.commit(broker.stores.entities.put_queue(&record), Commit::Durable).await?;
         }
         Ok(entity)
     }
 
-    pub(super) fn install(&self, broker: &Broker, entity: Arc<QueueEntity>) {
+    pub(super) fn install(&self, entity: Arc<QueueEntity>) {
+        let broker = &self.broker;
         match &entity.stream {
             Some(stream) => broker.shards.send(ShardCmd::ConfigureStream { queue: entity.id, config: stream.clone() }),
             None => broker.shards.send(ShardCmd::Configure { queue: entity.id, config: entity.config.clone() }),
@@ -170,7 +208,8 @@ impl Entities {
     }
 
     /// Deletes a queue: bindings, consume queue, meta records. Returns the message count.
-    pub async fn delete_queue(&self, broker: &Broker, entity: &QueueEntity) -> u64 {
+    pub async fn delete_queue(&self, entity: &QueueEntity) -> u64 {
+        let broker = &self.broker;
         if self.queues.write().remove(&(entity.vhost.clone(), entity.name.clone())).is_some() {
             self.uncount(&entity.vhost);
         }
@@ -186,8 +225,18 @@ impl Entities {
         count
     }
 
+    /// Deletes queues whose `x-expires` passed without use, every 500 ms, for as long as
+    /// the registry lives.
+    pub async fn run_expiry(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        loop {
+            tick.tick().await;
+            self.expire_unused().await;
+        }
+    }
+
     /// Deletes queues whose `x-expires` passed without use.
-    pub async fn expire_unused(&self, broker: &Broker) {
+    pub async fn expire_unused(&self) {
         let now = now_ms();
         let due: Vec<Arc<QueueEntity>> = self
             .all()
@@ -201,7 +250,7 @@ impl Entities {
             .collect();
         for q in due {
             info!(queue = %q.name, vhost = %q.vhost, "queue expired (x-expires)");
-            self.delete_queue(broker, &q).await;
+            self.delete_queue(&q).await;
         }
     }
 }

@@ -1,5 +1,6 @@
-//! Start-up: the durable exchanges, queues and bindings applied to the routing table and
-//! the registry, and afterwards the consume queues of transient queues deleted.
+//! Start-up: the registry built, the durable exchanges, queues and bindings applied to the
+//! routing table and the registry, and afterwards the consume queues of transient queues
+//! deleted.
 
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
@@ -19,13 +20,26 @@ use crate::core::router::{Destination, RouteError};
 use crate::core::store::{EntityRecords, QueueId, QueueRecord};
 
 impl Entities {
+    /// The registry with the durable entities start-up read (`records`) restored
+    /// ([`Entities::restore`]), the source of the dead-letter task's `%DLQ%` queues, and
+    /// its `x-expires` expiry running. The orphaned consume queues are the caller's, once
+    /// everything is restored ([`Entities::drop_orphan_queues`]).
+    pub fn start(broker: Arc<Broker>, records: EntityRecords) -> Result<Arc<Entities>, RestoreError> {
+        let entities = Arc::new(Entities::new(broker));
+        entities.restore(records)?;
+        entities.serve_dead_letter_queues();
+        tokio::spawn(entities.clone().run_expiry());
+        Ok(entities)
+    }
+
     /// Restores the durable exchanges, queues and bindings start-up read (`records`):
     /// exchanges and bindings into the routing table, then every queue checked (its
     /// arguments as a declaration is) before any is installed. A record that cannot be
     /// applied is the error, never left out; a binding from an exchange that is gone (left
     /// behind by a deletion) is skipped with a warning. Deletes nothing: see
     /// [`Entities::drop_orphan_queues`].
-    pub fn restore(&self, broker: &Broker, records: EntityRecords) -> Result<(), RestoreError> {
+    pub fn restore(&self, records: EntityRecords) -> Result<(), RestoreError> {
+        let broker = &self.broker;
         let (mut exchanges, mut queues, mut bindings) = (0, 0, 0);
         for x in records.exchanges {
             broker.router.add_vhost(&x.vhost);
@@ -38,7 +52,9 @@ impl Entities {
         let mut entities = Vec::with_capacity(records.queues.len());
         for r in records.queues {
             let key = RecordKey::text(format!("vhost={} name={}", r.vhost, r.name));
-            entities.push(queue_from_record(r).map_err(|e| RestoreError::undecodable(RecordKind::Queue, key, e.0))?);
+            entities.push(
+                queue_from_record(r).map_err(|e| RestoreError::undecodable(RecordKind::Queue, key, e.to_string()))?,
+            );
         }
         for b in records.bindings {
             let key = || {
@@ -64,7 +80,7 @@ impl Entities {
         for entity in entities {
             broker.router.add_vhost(&entity.vhost);
             *self.counts.lock().entry(entity.vhost.clone()).or_default() += 1;
-            self.install(broker, Arc::new(entity));
+            self.install(Arc::new(entity));
             queues += 1;
         }
         if exchanges + queues + bindings > 0 {
@@ -75,7 +91,8 @@ impl Entities {
 
     /// Deletes the consume queues of AMQP queues that did not survive a restart (transient
     /// ones). Run once everything stored was restored.
-    pub async fn drop_orphan_queues(&self, broker: &Broker) {
+    pub async fn drop_orphan_queues(&self) {
+        let broker = &self.broker;
         let all = match broker.stores.catalog.queues() {
             Ok(all) => all,
             Err(e) => {
