@@ -27,10 +27,11 @@
 //! - [`accept`] — what the accept loops may take: connection caps and the open-files budget.
 //! - [`shutdown`] — signals on a thread of their own; the shutdown deadline, and what a
 //!   forced exit logs.
-//! - [`core`] — message, routing table, queues, streams, scheduler, retained, stores,
-//!   counters: everything both protocols share. Only the core calls the journal.
+//! - [`core`] — message, routing table, entities (declared queues, exchanges, bindings),
+//!   queues, streams, scheduler, retained, stores, counters: everything both protocols
+//!   and the management API share. Only the core calls the journal.
 //! - [`mqtt`] — the MQTT front-end (connections, sessions, shared groups, `$SYS`).
-//! - [`amqp`] — the AMQP 0-9-1 front-end (connections, channels, methods, entities).
+//! - [`amqp`] — the AMQP 0-9-1 front-end (connections, channels, methods).
 //! - [`socket`] — buffer sizing and waits both front-ends' connection tasks share.
 //! - [`auth`] — the user store both front-ends check logins against.
 //! - [`authz`] — what a logged-in client may do: RabbitMQ permissions and MQTT topic

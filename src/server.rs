@@ -21,6 +21,7 @@ use crate::config::Config;
 use crate::core::alarm::ResourceAlarm;
 use crate::core::broker::Broker;
 use crate::core::connections::Listener;
+use crate::core::entities::Entities;
 use crate::core::message::Message;
 use crate::core::queue::{Overflow, QueueConfig};
 use crate::core::restore::{self, RestoreError, Stored};
@@ -174,12 +175,11 @@ impl Server {
             stored.sessions,
         )
         .map_err(restore_error)?;
+        let entities = Entities::start(broker.clone(), stored.entities).map_err(restore_error)?;
         let amqp =
-            AmqpContext::start(broker.clone(), &config, users.clone(), authz.clone(), alarm.clone(), stored.entities)
-                .await
-                .map_err(restore_error)?;
+            AmqpContext::start(broker.clone(), &config, users.clone(), authz.clone(), alarm.clone(), entities.clone());
         // Everything stored is restored: only now is what nothing refers to deleted.
-        amqp.entities.drop_orphan_queues(&broker).await;
+        entities.drop_orphan_queues().await;
         mqtt.drop_orphan_queues().await;
         broker.restore_dedup_caches(stored.dedup).await;
 
@@ -314,7 +314,7 @@ impl Server {
             shovels: server.shovels.clone(),
             bridges,
             broker: server.broker.clone(),
-            amqp: server.amqp.clone(),
+            entities,
             mqtt: server.mqtt.clone(),
             users: users.clone(),
             cfg: config.http.clone(),

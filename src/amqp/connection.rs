@@ -20,13 +20,13 @@ use tracing::{debug, field, info, warn, Instrument};
 
 use super::channel::{Channel, Settle};
 use super::convert::properties_out;
-use super::entities::QueueEntity;
 use super::AmqpContext;
 use crate::authz::{Access, Identity};
 use crate::core::alarm::Resource;
 use crate::core::broker::DurableSignal;
 use crate::core::connections::{Admission, ClientDetails, ConnectionInfo, LimitReached, Listener, Protocol};
 use crate::core::delivery::QueueDelivery;
+use crate::core::entities::QueueEntity;
 use crate::core::limits::{LimitScope, MAX_CHANNELS};
 use crate::core::message::now_ms;
 use crate::core::queue::{ConsumerEvent, ConsumerId, RequeueCause};
@@ -736,7 +736,7 @@ impl Task {
     pub(super) fn consumer_gone(&mut self, queue_name: &str) {
         if let Some(q) = self.orphaned_auto_delete(queue_name) {
             let ctx = self.ctx.clone();
-            tokio::spawn(async move { ctx.entities.delete_queue(&ctx.broker, &q).await });
+            tokio::spawn(async move { ctx.entities.delete_queue(&q).await });
         }
     }
 
@@ -755,7 +755,7 @@ impl Task {
         }
         for q in std::mem::take(&mut self.exclusive) {
             if self.ctx.entities.queue(&q.vhost, &q.name).is_some_and(|e| Arc::ptr_eq(&e, &q)) {
-                self.ctx.entities.delete_queue(&self.ctx.broker, &q).await;
+                self.ctx.entities.delete_queue(&q).await;
             }
         }
         debug!("connection cleaned up");

@@ -13,14 +13,13 @@ use tracing::info;
 use super::channel::{ChannelConsumer, Settle, TxPublish};
 use super::connection::{PendingConfirm, Task, NO_ACK_CREDIT};
 use super::convert::{properties_in, properties_out, qos_of, short, table_in};
-use super::entities::{forget_exchange, persist_binding, queue_config, store_exchange, QueueEntity};
-use super::streams::{consumer_group, is_stream, partitions_of, sharing, stream_config, stream_offset, Sharing};
+use super::streams::{consumer_group, partitions_of, sharing, stream_offset, Sharing};
 use crate::authz::{BindingRequest, BoundTo, Permission, Refused, ResourceKind, RouteRefused};
 use crate::core::broker::RetainMode;
 use crate::core::connections::ConsumerInfo;
-use crate::core::limits::{LimitScope, MAX_QUEUES};
+use crate::core::entities::{check_equivalent_queue, EntityError, QueueEntity};
 use crate::core::message::{now_ms, Message, SharedMessage};
-use crate::core::queue::{Consumer, QueueConfig};
+use crate::core::queue::Consumer;
 use crate::core::router::{Binding, ExchangeDef, ExchangeKind, RouteError};
 use crate::core::shards::ShardCmd;
 use crate::core::store::{QueueId, StoreWrite};
@@ -39,6 +38,25 @@ pub struct Fail {
     pub text: String,
     /// A connection error (else a channel error).
     pub connection: bool,
+}
+
+impl From<EntityError> for Fail {
+    /// A refused entity operation as RabbitMQ answers it: 404 for a missing queue or
+    /// exchange, 530 (connection) for a missing virtual host, 541 (connection) when storage
+    /// failed, 406 for every other refusal; the text is the error's.
+    fn from(e: EntityError) -> Fail {
+        let (code, connection) = match &e {
+            EntityError::NotFound { .. } => (404, false),
+            EntityError::NoVhost(_) => (530, true),
+            EntityError::Storage(_) => (541, true),
+            EntityError::Inequivalent { .. }
+            | EntityError::QueueLimit { .. }
+            | EntityError::InvalidArgument(_)
+            | EntityError::InUse { .. }
+            | EntityError::Route(_) => (406, false),
+        };
+        Fail { code, text: e.to_string(), connection }
+    }
 }
 
 fn channel_fail(code: u16, text: String) -> Fail {
@@ -159,14 +177,7 @@ impl Task {
                 if let Some(ae) = def.alternate() {
                     self.route_into_permitted(ae)?;
                 }
-                if let Some(current) = existing {
-                    check_equivalent_exchange(&current, &def, &vhost)?;
-                } else {
-                    router.declare_exchange(&vhost, def.clone()).map_err(|e| route_fail(e, &vhost))?;
-                    if def.durable {
-                        store_exchange(&self.ctx.broker, &vhost, &def).await;
-                    }
-                }
+                ctx.entities.declare_exchange(&vhost, def).await?;
                 ok_unless(d.nowait, AMQPClass::Exchange(exchange::AMQPMethod::DeclareOk(exchange::DeclareOk {})))
             }
             exchange::AMQPMethod::Delete(d) => {
@@ -184,17 +195,11 @@ impl Task {
                     ));
                 }
                 self.access.resource(ResourceKind::Exchange, name, Permission::Configure).map_err(refused)?;
-                match router.delete_exchange(&vhost, name, d.if_unused) {
-                    Ok(true) => forget_exchange(&self.ctx.broker, &vhost, name).await,
-                    Ok(false) => {
-                        return Err(channel_fail(
-                            406,
-                            format!("PRECONDITION_FAILED - exchange '{name}' in vhost '{vhost}' in use"),
-                        ))
-                    }
+                match ctx.entities.delete_exchange(&vhost, name, d.if_unused).await {
+                    Ok(()) => {}
                     // RabbitMQ 3.x: deleting an exchange that does not exist succeeds.
-                    Err(RouteError::NoExchange(..)) => {}
-                    Err(e) => return Err(route_fail(e, &vhost)),
+                    Err(EntityError::NotFound { .. }) => {}
+                    Err(e) => return Err(e.into()),
                 }
                 ok_unless(d.nowait, AMQPClass::Exchange(exchange::AMQPMethod::DeleteOk(exchange::DeleteOk {})))
             }
@@ -254,13 +259,10 @@ impl Task {
         };
         self.access.binding(&request).map_err(route_refused)?;
         let binding = Binding::exchange(dest, key, args);
-        if bind {
-            router.bind(&vhost, source, binding.clone()).map_err(|e| route_fail(e, &vhost))?;
-        } else {
-            router.unbind(&vhost, source, &binding.dest, key, &binding.args).map_err(|e| route_fail(e, &vhost))?;
-        }
-        if src.durable && dst.durable {
-            persist_binding(&self.ctx.broker, &vhost, source, &binding, bind).await;
+        let durable = src.durable && dst.durable;
+        match bind {
+            true => ctx.entities.bind(&vhost, source, &binding, durable).await?,
+            false => ctx.entities.unbind(&vhost, source, &binding, durable).await?,
         }
         Ok(())
     }
@@ -339,7 +341,8 @@ impl Task {
                     return ok_unless(d.nowait, declare_ok(&self.ctx.broker, &q).await);
                 }
                 let owner = d.exclusive.then_some(self.id);
-                let q = create_queue(&self.ctx, &vhost, &name, d.durable, owner, d.auto_delete, arguments).await?;
+                let q =
+                    self.ctx.entities.create_queue(&vhost, &name, d.durable, owner, d.auto_delete, arguments).await?;
                 if d.exclusive {
                     self.exclusive.push(q.clone());
                 }
@@ -360,10 +363,7 @@ impl Task {
                 }
                 self.binding_permitted(&q.name, exchange, x.kind, b.routing_key.as_str(), true)?;
                 let binding = Binding::queue(q.id, b.routing_key.as_str(), table_in(&b.arguments));
-                self.ctx.broker.router.bind(&vhost, exchange, binding.clone()).map_err(|e| route_fail(e, &vhost))?;
-                if x.durable && q.durable {
-                    persist_binding(&self.ctx.broker, &vhost, exchange, &binding, true).await;
-                }
+                self.ctx.entities.bind(&vhost, exchange, &binding, x.durable && q.durable).await?;
                 ok_unless(b.nowait, AMQPClass::Queue(queue::AMQPMethod::BindOk(queue::BindOk {})))
             }
             queue::AMQPMethod::Unbind(b) => {
@@ -384,14 +384,7 @@ impl Task {
                 let Some(x) = self.ctx.broker.router.exchange(&vhost, exchange) else { return reply(unbind_ok) };
                 self.binding_permitted(&q.name, exchange, x.kind, b.routing_key.as_str(), false)?;
                 let binding = Binding::queue(q.id, b.routing_key.as_str(), table_in(&b.arguments));
-                self.ctx
-                    .broker
-                    .router
-                    .unbind(&vhost, exchange, &binding.dest, &binding.key, &binding.args)
-                    .map_err(|e| route_fail(e, &vhost))?;
-                if x.durable && q.durable {
-                    persist_binding(&self.ctx.broker, &vhost, exchange, &binding, false).await;
-                }
+                self.ctx.entities.unbind(&vhost, exchange, &binding, x.durable && q.durable).await?;
                 reply(unbind_ok)
             }
             queue::AMQPMethod::Purge(p) => {
@@ -431,7 +424,7 @@ impl Task {
                         format!("PRECONDITION_FAILED - queue '{name}' in vhost '{vhost}' not empty"),
                     ));
                 }
-                let n = self.ctx.entities.delete_queue(&self.ctx.broker, &q).await;
+                let n = self.ctx.entities.delete_queue(&q).await;
                 self.exclusive.retain(|e| !Arc::ptr_eq(e, &q));
                 ok_unless(
                     d.nowait,
@@ -576,7 +569,7 @@ impl Task {
                     // Deleted before Cancel-Ok, as RabbitMQ: the client's next method
                     // (a passive declare, an unbind) sees the queue gone.
                     if let Some(q) = self.orphaned_auto_delete(&consumer.queue_name) {
-                        self.ctx.entities.delete_queue(&self.ctx.broker, &q).await;
+                        self.ctx.entities.delete_queue(&q).await;
                     }
                 }
                 ok_unless(
@@ -777,7 +770,7 @@ impl Task {
                         signals.push(self.ctx.broker.schedule(&self.vhost, &p.msg, due_ms, StoreWrite::none()).await);
                         continue;
                     }
-                    let (routes, _) = self.ctx.admit(&p.msg, &p.routes);
+                    let (routes, _) = self.ctx.entities.admit(&p.msg, &p.routes);
                     if let Some(signal) =
                         self.ctx.broker.publish(&p.msg, &routes, RetainMode::None, StoreWrite::none()).await
                     {
@@ -874,7 +867,7 @@ impl Task {
         let routes = match self.route_cache.route(&self.ctx.broker.router, &vhost, exchange, &msg, "") {
             Ok(r) => r,
             Err(e) => {
-                let f = route_fail(e, &vhost);
+                let f = route_fail(e);
                 self.proto.channel_error(channel, f.code, &f.text, class_id, method_id);
                 return;
             }
@@ -895,7 +888,7 @@ impl Task {
             return;
         }
         let confirm = p.confirm_tag;
-        let (routes, refused) = self.ctx.admit(&msg, &routes);
+        let (routes, refused) = self.ctx.entities.admit(&msg, &routes);
         let signal = self.ctx.broker.publish(&msg, &routes, RetainMode::None, StoreWrite::none()).await;
         self.unsettled = true;
         if let Some(tag) = confirm {
@@ -937,185 +930,8 @@ async fn declare_ok(broker: &crate::core::broker::Broker, q: &QueueEntity) -> AM
 }
 
 /// A routing error as the method's failure (404 no exchange, 530 no vhost, 406 bad arguments).
-pub fn route_fail(e: RouteError, vhost: &str) -> Fail {
-    match e {
-        RouteError::NoExchange(name, _) => not_found("exchange", &name, vhost),
-        RouteError::NoVhost(v) => {
-            Fail { code: 530, text: format!("NOT_ALLOWED - vhost {v} not found"), connection: true }
-        }
-        e @ (RouteError::TagFilter(_)
-        | RouteError::HashArgument(_)
-        | RouteError::DedupArgument(_)
-        | RouteError::RoutingKeyTooLong(_)
-        | RouteError::BindingKeyTooLong(_)) => channel_fail(406, format!("PRECONDITION_FAILED - {e}")),
-    }
-}
-
-fn inequivalent(arg: &str, what: &str, name: &str, vhost: &str, received: String, current: String) -> Fail {
-    channel_fail(
-        406,
-        format!("PRECONDITION_FAILED - inequivalent arg '{arg}' for {what} '{name}' in vhost '{vhost}': received '{received}' but current is '{current}'"),
-    )
-}
-
-/// Refuses a redeclaration of an exchange whose type, flags or arguments differ (406).
-pub fn check_equivalent_exchange(current: &ExchangeDef, wanted: &ExchangeDef, vhost: &str) -> Result<(), Fail> {
-    let n = &current.name;
-    if current.kind != wanted.kind {
-        return Err(inequivalent("type", "exchange", n, vhost, wanted.kind.name().into(), current.kind.name().into()));
-    }
-    if current.durable != wanted.durable {
-        return Err(inequivalent(
-            "durable",
-            "exchange",
-            n,
-            vhost,
-            wanted.durable.to_string(),
-            current.durable.to_string(),
-        ));
-    }
-    if current.auto_delete != wanted.auto_delete {
-        return Err(inequivalent(
-            "auto_delete",
-            "exchange",
-            n,
-            vhost,
-            wanted.auto_delete.to_string(),
-            current.auto_delete.to_string(),
-        ));
-    }
-    if current.internal != wanted.internal {
-        return Err(inequivalent(
-            "internal",
-            "exchange",
-            n,
-            vhost,
-            wanted.internal.to_string(),
-            current.internal.to_string(),
-        ));
-    }
-    if current.kind == ExchangeKind::DelayedMessage && current.delayed_type() != wanted.delayed_type() {
-        let name = |d: &ExchangeDef| d.delayed_type().map_or("none", ExchangeKind::name).to_owned();
-        return Err(inequivalent("x-delayed-type", "exchange", n, vhost, name(wanted), name(current)));
-    }
-    Ok(())
-}
-
-/// Creates a queue that does not exist yet (queue.declare, or the management API's PUT):
-/// checks its arguments as RabbitMQ does and makes it a stream or a queue.
-pub async fn create_queue(
-    ctx: &super::AmqpContext,
-    vhost: &str,
-    name: &str,
-    durable: bool,
-    exclusive_owner: Option<u64>,
-    auto_delete: bool,
-    arguments: Vec<(String, Value)>,
-) -> Result<Arc<QueueEntity>, Fail> {
-    let exclusive = exclusive_owner.is_some();
-    let limit = ctx.broker.limits.get(LimitScope::Vhost, vhost, MAX_QUEUES);
-    let slot = ctx.entities.reserve(vhost, limit).map_err(|n| {
-        channel_fail(
-            406,
-            format!(
-                "PRECONDITION_FAILED - cannot declare queue '{name}': queue limit in vhost '{vhost}' ({n}) is reached"
-            ),
-        )
-    })?;
-    let stream = match is_stream(&arguments) {
-        true => Some(
-            stream_config(vhost, name, durable, exclusive, auto_delete, &arguments)
-                .map_err(|e| channel_fail(406, e.0))?,
-        ),
-        false => None,
-    };
-    let config = match stream {
-        Some(_) => QueueConfig::new(name, vhost),
-        None => queue_config(vhost, name, durable, &arguments).map_err(|e| channel_fail(406, e.0))?,
-    };
-    if exclusive && arguments.iter().any(|(k, v)| k == "x-queue-type" && v.as_str() == Some("quorum")) {
-        return Err(channel_fail(
-            406,
-            format!("PRECONDITION_FAILED - invalid property 'exclusive-owner' for queue '{name}' in vhost '{vhost}'"),
-        ));
-    }
-    ctx.entities
-        .create_queue(
-            slot,
-            &ctx.broker,
-            vhost,
-            name,
-            durable && !exclusive,
-            exclusive_owner,
-            auto_delete,
-            arguments,
-            config,
-            stream,
-        )
-        .await
-        .map_err(|e| Fail { code: 541, text: format!("INTERNAL_ERROR - {e}"), connection: true })
-}
-
-/// Refuses a redeclaration whose flags or defining arguments differ (406, RabbitMQ's text).
-pub fn check_equivalent_queue(
-    q: &QueueEntity,
-    durable: bool,
-    exclusive: bool,
-    auto_delete: bool,
-    args: &[(String, Value)],
-) -> Result<(), Fail> {
-    let (n, v) = (&q.name, &q.vhost);
-    let current_durable = q.durable || (q.exclusive_owner.is_some() && durable);
-    if current_durable != durable {
-        return Err(inequivalent("durable", "queue", n, v, durable.to_string(), q.durable.to_string()));
-    }
-    if q.exclusive_owner.is_some() != exclusive {
-        return Err(inequivalent(
-            "exclusive",
-            "queue",
-            n,
-            v,
-            exclusive.to_string(),
-            q.exclusive_owner.is_some().to_string(),
-        ));
-    }
-    if q.auto_delete != auto_delete {
-        return Err(inequivalent("auto_delete", "queue", n, v, auto_delete.to_string(), q.auto_delete.to_string()));
-    }
-    // Arguments that define the queue must match (RabbitMQ compares the x- arguments it knows).
-    for key in [
-        "x-message-ttl",
-        "x-expires",
-        "x-max-length",
-        "x-max-length-bytes",
-        "x-overflow",
-        "x-dead-letter-exchange",
-        "x-dead-letter-routing-key",
-        "x-max-priority",
-        "x-queue-type",
-        "x-single-active-consumer",
-        "x-delivery-limit",
-        "x-max-age",
-    ]
-    .into_iter()
-    .chain(super::retry_args::RETRY_ARGUMENTS)
-    {
-        let get = |t: &[(String, Value)]| t.iter().find(|(k, _)| k == key).map(|(_, v)| v.to_text());
-        let (wanted, current) = (get(args), get(&q.arguments));
-        let defaulted_type =
-            key == "x-queue-type" && wanted.as_deref().unwrap_or("classic") == current.as_deref().unwrap_or("classic");
-        if wanted != current && !defaulted_type {
-            return Err(inequivalent(
-                key,
-                "queue",
-                n,
-                v,
-                wanted.unwrap_or_else(|| "none".into()),
-                current.unwrap_or_else(|| "none".into()),
-            ));
-        }
-    }
-    Ok(())
+fn route_fail(e: RouteError) -> Fail {
+    EntityError::from(e).into()
 }
 
 /// A server-generated name: RabbitMQ's prefix and 22 URL-safe characters.

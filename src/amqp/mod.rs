@@ -10,20 +10,16 @@
 //! - [`connection`] — one task per socket: login, channels, deliveries, confirms, cleanup.
 //! - [`methods`] — exchange.*, queue.*, basic.*, tx.* and publishing, with RabbitMQ's checks.
 //! - [`channel`] — per-channel state (consumers, delivery tags, prefetch, modes).
-//! - [`entities`] — the queue registry and durable metadata.
-//! - [`streams`] — stream declarations and `x-stream-offset` (RabbitMQ's stream rules).
+//! - [`streams`] — stream consume arguments (`x-stream-offset`, consumer groups).
 //! - [`convert`] — wire types <-> core values and properties (the gateway mapping).
-//! - the user store lives in [`crate::auth`], shared with MQTT.
-//! - [`retry_args`] — the queue arguments of delayed retries.
-//! - [`dlq`] — `%DLQ%{queue}` queues, created on demand for the core's dead-letter task.
+//! - the user store lives in [`crate::auth`], shared with MQTT; queues, exchanges and
+//!   bindings are declared and deleted through [`crate::core::entities`], shared with the
+//!   management API.
 
 pub mod channel;
 pub mod connection;
 pub mod convert;
-pub mod dlq;
-pub mod entities;
 pub mod methods;
-pub mod retry_args;
 pub mod streams;
 
 use std::collections::HashMap;
@@ -39,12 +35,9 @@ use crate::authz::Authorizer;
 use crate::config::Config;
 use crate::core::alarm::ResourceAlarm;
 use crate::core::broker::{Broker, Commit};
-use crate::core::message::{now_ms, Message};
-use crate::core::restore::RestoreError;
-use crate::core::router::Routes;
-use crate::core::store::EntityRecords;
+use crate::core::entities::Entities;
+use crate::core::message::now_ms;
 use connection::Control;
-use entities::Entities;
 
 /// Everything the AMQP front-end shares between connections.
 #[derive(Debug)]
@@ -57,8 +50,8 @@ pub struct AmqpContext {
     pub users: Users,
     /// What a logged-in user may open, declare, publish to and consume from.
     pub authz: Arc<Authorizer>,
-    /// Registry of declared queues, by vhost and name.
-    pub entities: Entities,
+    /// The declared queues, exchanges and bindings (the core's, shared with the management API).
+    pub entities: Arc<Entities>,
     /// The memory and disk alarms: publishing connections get connection.blocked while one
     /// is raised.
     pub alarm: Arc<ResourceAlarm>,
@@ -66,18 +59,17 @@ pub struct AmqpContext {
 }
 
 impl AmqpContext {
-    /// Builds the context with the durable entities start-up read (`entities`; the
-    /// virtual hosts are in the router already). The orphaned consume queues and the
-    /// de-duplication caches are the caller's, once everything is restored
-    /// ([`Entities::drop_orphan_queues`], [`Broker::restore_dedup_caches`]).
-    pub async fn start(
+    /// Builds the context on the entities start-up restored ([`Entities::start`]) and
+    /// starts its housekeeping. The de-duplication caches are the caller's, once
+    /// everything is restored ([`Broker::restore_dedup_caches`]).
+    pub fn start(
         broker: Arc<Broker>,
         config: &Config,
         users: Users,
         authz: Arc<Authorizer>,
         alarm: Arc<ResourceAlarm>,
-        entities: EntityRecords,
-    ) -> Result<Arc<AmqpContext>, RestoreError> {
+        entities: Arc<Entities>,
+    ) -> Arc<AmqpContext> {
         if config.amqp.dedup_window_secs > 0 {
             warn!(
                 "amqp.dedup_window_secs is ignored: message ids are never compared unless an exchange or queue \
@@ -89,38 +81,12 @@ impl AmqpContext {
             cfg: config.amqp.clone(),
             users,
             authz,
-            entities: Entities::default(),
+            entities,
             alarm,
             connections: Mutex::new(HashMap::new()),
         });
-        ctx.entities.restore(&ctx.broker, entities)?;
-        dlq::register(&ctx);
         tokio::spawn(ctx.clone().housekeeping());
-        Ok(ctx)
-    }
-
-    /// Reserves room in the routed queues that refuse publishes when full (reject-publish)
-    /// and leaves out those without room; true when one refused (the publisher gets a
-    /// nack). Done just before storing, so that every reservation is used.
-    pub fn admit(&self, msg: &Message, routes: &Arc<Routes>) -> (Arc<Routes>, bool) {
-        let Some(configs) = self.entities.overflow_configs(routes.queues.iter().map(|r| r.queue)) else {
-            return (routes.clone(), false);
-        };
-        let mut admitted = Routes::clone(routes);
-        let mut refused = false;
-        let mut configs = configs.into_iter();
-        admitted.queues.retain_mut(|r| match configs.next().flatten() {
-            None => true,
-            Some(c) if c.admit(msg.payload.len() as u64) => {
-                r.reserved = true;
-                true
-            }
-            Some(_) => {
-                refused = true;
-                false
-            }
-        });
-        (Arc::new(admitted), refused)
+        ctx
     }
 
     fn register(&self, id: u64, control: mpsc::Sender<Control>) {
@@ -138,12 +104,12 @@ impl AmqpContext {
         }
     }
 
-    /// Periodic work: unused queues expire (`x-expires`), de-duplication ids age out.
+    /// Periodic work: de-duplication ids age out (unused queues expire in the core:
+    /// [`Entities::run_expiry`]).
     async fn housekeeping(self: Arc<Self>) {
         let mut tick = tokio::time::interval(Duration::from_millis(500));
         loop {
             tick.tick().await;
-            self.entities.expire_unused(&self.broker).await;
             let now = now_ms();
             for cache in self.broker.router.dedup_caches() {
                 let write = self.broker.dedup_write(&cache.expire(now));

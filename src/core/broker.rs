@@ -98,7 +98,7 @@ pub struct Broker {
     /// Woken when a timer earlier than the scheduler's next one is added (by a publish or
     /// by a shard storing a retry timer).
     pub timers_changed: Arc<Notify>,
-    /// Where `%DLQ%` queues come from (set by the AMQP front-end at start).
+    /// Where `%DLQ%` queues come from (set by the queue registry at start).
     pub dead_letter_queues: DeadLetterQueuesHook,
     /// Which member of each partitioned (or single-active) stream group reads what.
     pub assignments: crate::core::stream::assignment::Assignments,

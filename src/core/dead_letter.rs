@@ -6,8 +6,9 @@
 //! which is removed), plus `x-first-death-queue`, `-reason` and `-exchange`.
 //!
 //! A message past the delivery limit of a queue without a dead-letter exchange goes to the
-//! queue `%DLQ%{queue}` (RocketMQ's naming), created on demand by the front-end that owns
-//! queue declaration ([`DeadLetterQueues`]); it keeps its exchange and routing key.
+//! queue `%DLQ%{queue}` (RocketMQ's naming), created on demand by the queue registry
+//! ([`DeadLetterQueues`], implemented by [`crate::core::entities::Entities`]); it keeps its
+//! exchange and routing key.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -29,8 +30,8 @@ pub fn dlq_name(queue: &str) -> String {
     format!("%DLQ%{queue}")
 }
 
-/// Finds or creates `%DLQ%` queues (implemented by the AMQP front-end, which owns queue
-/// declaration).
+/// Finds or creates `%DLQ%` queues (implemented by the queue registry,
+/// [`crate::core::entities::Entities`], which owns queue declaration).
 pub trait DeadLetterQueues: Send + Sync {
     /// The id of `%DLQ%{source}` in `vhost`, declared if missing (durable when the source
     /// queue is); `None` if it cannot be created.
@@ -41,7 +42,7 @@ pub trait DeadLetterQueues: Send + Sync {
     ) -> Pin<Box<dyn Future<Output = Option<QueueId>> + Send + 'a>>;
 }
 
-/// Where the dead-letter task finds `%DLQ%` queues (set once the front-end started).
+/// Where the dead-letter task finds `%DLQ%` queues (set once the queue registry started).
 pub type DeadLetterQueuesHook = std::sync::OnceLock<Weak<dyn DeadLetterQueues>>;
 
 /// Republishes dead letters until the channel closes.

@@ -34,6 +34,8 @@
 //! - [`store`] — typed stores of the front-ends' durable state, and their local implementation.
 //! - [`dedup`] — publisher de-duplication within a time window.
 //! - [`dead_letter`] — republishing dead letters with `x-death`.
+//! - [`entities`] — entity management: declared queues, exchanges and bindings, their
+//!   arguments and RabbitMQ's checks, shared by every entry point.
 //! - [`retry`] — the formats of retry timers and of the records of entries waiting for a
 //!   delayed retry.
 //! - [`stats`] — counters.
@@ -51,6 +53,7 @@ pub mod dead_letter;
 pub mod dedup;
 pub mod delivery;
 pub mod duration;
+pub mod entities;
 pub mod limits;
 pub mod message;
 pub mod queue;

@@ -132,14 +132,7 @@ pub async fn delete_vhost(ctx: &HttpContext, name: &str) -> Result<(), ApiError>
     for c in ctx.broker.connections.list().into_iter().filter(|c| c.vhost == name) {
         c.close(&format!("vhost '{name}' is deleted"));
     }
-    for q in ctx.amqp.entities.all().into_iter().filter(|q| q.vhost == name) {
-        ctx.amqp.entities.delete_queue(&ctx.broker, &q).await;
-    }
-    for x in ctx.broker.router.exchanges(name) {
-        if x.durable {
-            crate::amqp::entities::forget_exchange(&ctx.broker, name, &x.name).await;
-        }
-    }
+    ctx.entities.delete_vhost_entities(name).await;
     let store = &ctx.broker.stores.access;
     let write = if ctx.access.configured_vhosts.iter().any(|v| v == name) {
         store.put_vhost(&VhostRecord { name: name.into(), description: String::new(), tags: vec![], deleted: true })

@@ -19,7 +19,7 @@ use super::limits::{definitions_json, from_definitions, replace_limits};
 use super::overview::RABBITMQ_API_VERSION;
 use super::permit::{Administrator, BindingGrant, Permitted, Vhost};
 use super::HttpContext;
-use crate::amqp::methods::{check_equivalent_exchange, check_equivalent_queue, create_queue, route_fail};
+use crate::core::entities::check_equivalent_queue;
 use crate::core::limits::LimitScope;
 use crate::core::router::{ExchangeDef, ExchangeKind};
 use crate::core::store::{PermissionRecord, TopicPermissionRecord};
@@ -28,7 +28,7 @@ type Answer = Result<Json<Json_>, ApiError>;
 
 fn queues(ctx: &HttpContext, vhost: &str) -> Vec<Json_> {
     let mut qs: Vec<_> =
-        ctx.amqp.entities.all().into_iter().filter(|q| q.vhost == vhost && q.exclusive_owner.is_none()).collect();
+        ctx.entities.all().into_iter().filter(|q| q.vhost == vhost && q.exclusive_owner.is_none()).collect();
     qs.sort_by(|a, b| a.name.cmp(&b.name));
     qs.iter()
         .map(|q| {
@@ -424,16 +424,7 @@ pub async fn import(ctx: &HttpContext, defs: &Json_, only_vhost: Option<&str>) -
             internal: flag(x, "internal", false),
             arguments: args(x),
         };
-        let router = &ctx.broker.router;
-        match router.exchange(&vhost, &def.name) {
-            Some(current) => check_equivalent_exchange(&current, &def, &vhost).map_err(ApiError::from)?,
-            None => {
-                router.declare_exchange(&vhost, def.clone()).map_err(|e| ApiError::from(route_fail(e, &vhost)))?;
-                if def.durable {
-                    crate::amqp::entities::store_exchange(&ctx.broker, &vhost, &def).await;
-                }
-            }
-        }
+        ctx.entities.declare_exchange(&vhost, def).await?;
         report.count("exchanges");
     }
     let queues: Vec<(String, &Json_)> = items(defs, "queues").map(|q| (vhost_of(q), q)).collect();
@@ -500,11 +491,13 @@ async fn import_queue(ctx: &HttpContext, vhost: &str, q: &Json_) -> Result<(), A
     if !kind.is_empty() && kind != "classic" && !arguments.iter().any(|(k, _)| k == "x-queue-type") {
         arguments.push(("x-queue-type".into(), crate::core::value::Value::Str(kind.into())));
     }
-    match ctx.amqp.entities.queue(vhost, name) {
+    match ctx.entities.queue(vhost, name) {
         Some(existing) => {
             check_equivalent_queue(&existing, durable, false, auto_delete, &arguments).map_err(ApiError::from)
         }
-        None => create_queue(&ctx.amqp, vhost, name, durable, None, auto_delete, arguments)
+        None => ctx
+            .entities
+            .create_queue(vhost, name, durable, None, auto_delete, arguments)
             .await
             .map(drop)
             .map_err(ApiError::from),

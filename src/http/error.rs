@@ -6,6 +6,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
+use crate::core::entities::EntityError;
+
 /// An error answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiError {
@@ -66,14 +68,19 @@ impl ApiError {
     }
 }
 
-impl From<crate::amqp::methods::Fail> for ApiError {
-    /// A refused AMQP method as the API answers it: 404 for a missing object, 500 for a
-    /// storage failure (541), 400 with RabbitMQ's text otherwise.
-    fn from(f: crate::amqp::methods::Fail) -> ApiError {
-        match f.code {
-            404 => ApiError::not_found(),
-            541 => ApiError::internal(f.text),
-            _ => ApiError::bad_request(f.text),
+impl From<EntityError> for ApiError {
+    /// A refused entity operation as the API answers it: 404 for a missing queue or
+    /// exchange, 500 when storage failed, 400 with RabbitMQ's text otherwise.
+    fn from(e: EntityError) -> ApiError {
+        match e {
+            EntityError::NotFound { .. } => ApiError::not_found(),
+            EntityError::Storage(_) => ApiError::internal(e.to_string()),
+            EntityError::Inequivalent { .. }
+            | EntityError::QueueLimit { .. }
+            | EntityError::InvalidArgument(_)
+            | EntityError::InUse { .. }
+            | EntityError::NoVhost(_)
+            | EntityError::Route(_) => ApiError::bad_request(e.to_string()),
         }
     }
 }

@@ -19,9 +19,8 @@ use super::permit::{
     Write,
 };
 use super::HttpContext;
-use crate::amqp::entities::{forget_exchange, store_exchange};
-use crate::amqp::methods::{check_equivalent_exchange, route_fail};
 use crate::core::broker::RetainMode;
+use crate::core::entities::{check_equivalent_exchange, EntityError};
 use crate::core::message::{now_ms, Message, Properties};
 use crate::core::router::{Binding, Destination, ExchangeDef, ExchangeKind, RouteError};
 use crate::core::store::{QueueId, StoreWrite};
@@ -113,7 +112,7 @@ pub async fn declare(
         p.route_into(ae)?;
     }
     if let Some(current) = router.exchange(vhost, name) {
-        check_equivalent_exchange(&current, &def, vhost).map_err(ApiError::from)?;
+        check_equivalent_exchange(&current, &def, vhost)?;
         return Ok(StatusCode::NO_CONTENT);
     }
     if name.is_empty() || name.starts_with("amq.") {
@@ -122,10 +121,7 @@ pub async fn declare(
     if kind == ExchangeKind::DelayedMessage && def.delayed_type().is_none() {
         return Err(ApiError::bad_request("Invalid argument, 'x-delayed-type' must be an existing exchange type"));
     }
-    router.declare_exchange(vhost, def.clone()).map_err(|e| ApiError::from(route_fail(e, vhost)))?;
-    if def.durable {
-        store_exchange(&ctx.broker, vhost, &def).await;
-    }
+    ctx.entities.declare_exchange(vhost, def).await?;
     Ok(StatusCode::CREATED)
 }
 
@@ -143,11 +139,13 @@ pub async fn remove(p: Permitted<OnExchange<Configure>>, Query(q): Query<DeleteQ
     if name.is_empty() || name.starts_with("amq.") {
         return Err(ApiError::bad_request(format!("operation not permitted on exchange '{name}' in vhost '{vhost}'")));
     }
-    match ctx.broker.router.delete_exchange(vhost, name, flag(&q.if_unused)) {
-        Ok(true) => forget_exchange(&ctx.broker, vhost, name).await,
-        Ok(false) => return Err(ApiError::bad_request(format!("exchange '{name}' in vhost '{vhost}' in use"))),
-        Err(RouteError::NoExchange(..)) | Err(RouteError::NoVhost(..)) => return Err(ApiError::not_found()),
-        Err(e) => return Err(ApiError::from(route_fail(e, vhost))),
+    match ctx.entities.delete_exchange(vhost, name, flag(&q.if_unused)).await {
+        Ok(()) => {}
+        Err(EntityError::InUse { .. }) => {
+            return Err(ApiError::bad_request(format!("exchange '{name}' in vhost '{vhost}' in use")))
+        }
+        Err(EntityError::NotFound { .. } | EntityError::NoVhost(_)) => return Err(ApiError::not_found()),
+        Err(e) => return Err(e.into()),
     }
     Ok(StatusCode::NO_CONTENT)
 }
@@ -242,7 +240,7 @@ pub async fn publish(p: Permitted<OnExchange<Write>>, Body(body): Body<PublishBo
     })?;
     let routes = Arc::new(routes);
     let routed = !routes.is_empty();
-    let (routes, _) = ctx.amqp.admit(&msg, &routes);
+    let (routes, _) = ctx.entities.admit(&msg, &routes);
     if let Some(signal) = ctx.broker.publish(&msg, &routes, RetainMode::None, StoreWrite::none()).await {
         match signal.await {
             Ok(Ok(())) => {}
@@ -273,7 +271,7 @@ pub fn properties_key(key: &str, args: &[(String, crate::core::value::Value)]) -
 
 /// The names of the AMQP queues, by id.
 fn queue_names(ctx: &HttpContext) -> HashMap<QueueId, String> {
-    ctx.amqp.entities.all().into_iter().map(|q| (q.id, q.name.clone())).collect()
+    ctx.entities.all().into_iter().map(|q| (q.id, q.name.clone())).collect()
 }
 
 fn binding_json(vhost: &str, source: &str, b: &Binding, names: &HashMap<QueueId, String>) -> Option<Json_> {
@@ -325,7 +323,7 @@ pub async fn bindings_vhost(p: Permitted<Vhost>) -> Answer {
 /// `GET /api/queues/{vhost}/{name}/bindings`.
 pub async fn queue_bindings(p: Permitted<OnQueue<View>>) -> Answer {
     let ctx = p.ctx();
-    ctx.amqp.entities.queue(&p.vhost, &p.name).ok_or_else(ApiError::not_found)?;
+    ctx.entities.queue(&p.vhost, &p.name).ok_or_else(ApiError::not_found)?;
     let rows = bindings_of(ctx, &p.vhost)
         .into_iter()
         .filter(|r| r["destination_type"] == "queue" && r["destination"] == p.name.as_str())
@@ -368,7 +366,7 @@ pub async fn set_binding(
     let src = router.exchange(vhost, source).ok_or_else(ApiError::not_found)?;
     let (binding, durable) = match dest_type {
         "q" | "queue" => {
-            let q = ctx.amqp.entities.queue(vhost, dest).ok_or_else(ApiError::not_found)?;
+            let q = ctx.entities.queue(vhost, dest).ok_or_else(ApiError::not_found)?;
             (Binding::queue(q.id, key, args), q.durable)
         }
         "e" | "exchange" => {
@@ -377,15 +375,10 @@ pub async fn set_binding(
         }
         other => return Err(ApiError::bad_request(format!("unknown destination type '{other}'"))),
     };
-    if bind {
-        router.bind(vhost, source, binding.clone()).map_err(|e| ApiError::from(route_fail(e, vhost)))?;
-    } else {
-        router
-            .unbind(vhost, source, &binding.dest, key, &binding.args)
-            .map_err(|e| ApiError::from(route_fail(e, vhost)))?;
-    }
-    if src.durable && durable {
-        crate::amqp::entities::persist_binding(&ctx.broker, vhost, source, &binding, bind).await;
+    let durable = src.durable && durable;
+    match bind {
+        true => ctx.entities.bind(vhost, source, &binding, durable).await?,
+        false => ctx.entities.unbind(vhost, source, &binding, durable).await?,
     }
     Ok(())
 }

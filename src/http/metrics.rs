@@ -377,7 +377,7 @@ pub async fn render_per_object(ctx: &HttpContext) -> String {
     let redelivered = Family::<Labels, Counter>::default();
     let acked = Family::<Labels, Counter>::default();
     let as_i64 = |v: u64| v.min(i64::MAX as u64) as i64;
-    for q in ctx.amqp.entities.all() {
+    for q in ctx.entities.all() {
         let labels = vec![("vhost".to_string(), q.vhost.clone()), ("queue".to_string(), q.name.clone())];
         let g = &q.config.gauge;
         let len = Stats::get(&g.len);

@@ -63,11 +63,11 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
-use crate::amqp::AmqpContext;
 use crate::auth::Users;
 use crate::config::HttpSection;
 use crate::core::alarm::ResourceAlarm;
 use crate::core::broker::Broker;
+use crate::core::entities::Entities;
 use crate::core::stats::Stats;
 use crate::mqtt::MqttContext;
 
@@ -89,8 +89,8 @@ pub struct HttpContext {
     pub bridges: Arc<crate::bridge::Bridges>,
     /// The shovels.
     pub shovels: Arc<crate::bridge::shovel::Shovels>,
-    /// The AMQP front-end (its queue registry).
-    pub amqp: Arc<AmqpContext>,
+    /// The declared queues, exchanges and bindings (the core's, shared with AMQP).
+    pub entities: Arc<Entities>,
     /// The MQTT front-end (its sessions).
     pub mqtt: Arc<MqttContext>,
     /// Who may call the API.
@@ -294,7 +294,7 @@ impl HttpContext {
         loop {
             tick.tick().await;
             self.rates.sample(&rates::Totals::now(&self.broker));
-            self.queue_rates.sample(self.amqp.entities.all().iter().map(|q| (q.id, queues::sample(q).values())));
+            self.queue_rates.sample(self.entities.all().iter().map(|q| (q.id, queues::sample(q).values())));
             if let Ok(n) = self.broker.delayed_pending(DELAYED_SCAN_LIMIT).await {
                 self.delayed_pending.store(n, std::sync::atomic::Ordering::Relaxed);
             }

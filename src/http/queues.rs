@@ -17,8 +17,7 @@ use super::json::{flag, json_table, lenient, list, rate, table_json, Body, ListQ
 use super::permit::{Configure, Management, OnQueue, Permitted, Read, Vhost, View};
 use super::rates::{QueuePerSecond, QueueSample};
 use super::HttpContext;
-use crate::amqp::entities::QueueEntity;
-use crate::amqp::methods::{check_equivalent_queue, create_queue};
+use crate::core::entities::{check_equivalent_queue, QueueEntity};
 use crate::core::message::Message;
 use crate::core::queue::{MessageCounts, QueueGauge, RequeueCause};
 use crate::core::shards::ShardCmd;
@@ -54,7 +53,7 @@ impl QueueTotals {
     pub fn of_vhosts(ctx: &HttpContext, counted: impl Fn(&str) -> bool) -> QueueTotals {
         let mut t = QueueTotals::default();
         ctx.queue_rates.with(|rates| {
-            for q in ctx.amqp.entities.all() {
+            for q in ctx.entities.all() {
                 if !counted(&q.vhost) {
                     continue;
                 }
@@ -211,7 +210,7 @@ fn queue_json(ctx: &HttpContext, q: &QueueEntity, detail: Detail, rates: &dyn Fn
 }
 
 fn sorted_queues(ctx: &HttpContext, listed: &dyn Fn(&str) -> bool) -> Vec<(String, Arc<QueueEntity>)> {
-    let mut all: Vec<Arc<QueueEntity>> = ctx.amqp.entities.all().into_iter().filter(|q| listed(&q.vhost)).collect();
+    let mut all: Vec<Arc<QueueEntity>> = ctx.entities.all().into_iter().filter(|q| listed(&q.vhost)).collect();
     all.sort_unstable_by(|a, b| (&a.vhost, &a.name).cmp(&(&b.vhost, &b.name)));
     all.into_iter().map(|q| (q.name.clone(), q)).collect()
 }
@@ -240,7 +239,7 @@ pub fn known_vhost(ctx: &HttpContext, vhost: &str) -> Result<(), ApiError> {
 }
 
 fn find(ctx: &HttpContext, vhost: &str, name: &str) -> Result<Arc<QueueEntity>, ApiError> {
-    ctx.amqp.entities.queue(vhost, name).ok_or_else(ApiError::not_found)
+    ctx.entities.queue(vhost, name).ok_or_else(ApiError::not_found)
 }
 
 /// `GET /api/queues/{vhost}/{name}`.
@@ -283,13 +282,11 @@ pub async fn declare(p: Permitted<OnQueue<Configure>>, Body(body): Body<DeclareB
     if let Some(dlx) = dlx {
         p.route_into(dlx)?;
     }
-    if let Some(existing) = ctx.amqp.entities.queue(vhost, name) {
+    if let Some(existing) = ctx.entities.queue(vhost, name) {
         check_equivalent_queue(&existing, body.durable, false, body.auto_delete, &arguments).map_err(ApiError::from)?;
         return Ok(StatusCode::NO_CONTENT);
     }
-    create_queue(&ctx.amqp, vhost, name, body.durable, None, body.auto_delete, arguments)
-        .await
-        .map_err(ApiError::from)?;
+    ctx.entities.create_queue(vhost, name, body.durable, None, body.auto_delete, arguments).await?;
     Ok(StatusCode::CREATED)
 }
 
@@ -317,7 +314,7 @@ pub async fn remove(p: Permitted<OnQueue<Configure>>, Query(q): Query<DeleteQuer
     if flag(&q.if_unused) && c.consumers > 0 {
         return Err(ApiError::bad_request(format!("PRECONDITION_FAILED - queue '{name}' in vhost '{vhost}' in use")));
     }
-    ctx.amqp.entities.delete_queue(&ctx.broker, &entity).await;
+    ctx.entities.delete_queue(&entity).await;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -455,9 +452,11 @@ pub async fn get_messages(p: Permitted<OnQueue<Read>>, Body(body): Body<GetBody>
 /// Publishes a message to queue `name` of `vhost` (declared if missing, not durable) through
 /// the default exchange and takes it back: the aliveness test.
 pub async fn round_trip(ctx: &HttpContext, vhost: &str, name: &str) -> Result<(), String> {
-    let entity = match ctx.amqp.entities.queue(vhost, name) {
+    let entity = match ctx.entities.queue(vhost, name) {
         Some(q) => q,
-        None => create_queue(&ctx.amqp, vhost, name, false, None, false, Vec::new()).await.map_err(|f| f.text)?,
+        None => {
+            ctx.entities.create_queue(vhost, name, false, None, false, Vec::new()).await.map_err(|e| e.to_string())?
+        }
     };
     let now = crate::core::message::now_ms();
     let msg = Arc::new(Message {

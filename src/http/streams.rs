@@ -14,15 +14,15 @@ use super::json::{lenient, table_json, Body};
 use super::permit::{Monitoring, OnQueue, Permitted, Read, Vhost, View};
 use super::queues::{payload_json, properties_json};
 use super::HttpContext;
-use crate::amqp::entities::QueueEntity;
 use crate::authz::{Permission, ResourceKind};
+use crate::core::entities::QueueEntity;
 use crate::core::router::Destination;
 use crate::core::stream::{StreamOffset, StreamStatus};
 
 type Answer = Result<Json<Json_>, ApiError>;
 
 fn stream(ctx: &HttpContext, vhost: &str, name: &str) -> Result<Arc<QueueEntity>, ApiError> {
-    match ctx.amqp.entities.queue(vhost, name) {
+    match ctx.entities.queue(vhost, name) {
         Some(q) if q.is_stream() => Ok(q),
         Some(_) => Err(ApiError::bad_request(format!("queue '{name}' in vhost '{vhost}' is not a stream"))),
         None => Err(ApiError::not_found()),
@@ -33,7 +33,7 @@ fn stream(ctx: &HttpContext, vhost: &str, name: &str) -> Result<Arc<QueueEntity>
 fn partitions(ctx: &HttpContext, vhost: &str, exchange: &str) -> Result<Vec<Arc<QueueEntity>>, ApiError> {
     ctx.broker.router.exchange(vhost, exchange).ok_or_else(ApiError::not_found)?;
     let by_id: std::collections::HashMap<_, _> =
-        ctx.amqp.entities.all().into_iter().filter(|q| q.vhost == vhost && q.is_stream()).map(|q| (q.id, q)).collect();
+        ctx.entities.all().into_iter().filter(|q| q.vhost == vhost && q.is_stream()).map(|q| (q.id, q)).collect();
     let mut parts: Vec<Arc<QueueEntity>> = ctx
         .broker
         .router

@@ -149,7 +149,13 @@ async fn redeclaring_a_queue_with_other_properties_fails_with_406() {
     let r =
         ch.queue_declare(q.as_str().into(), QueueDeclareOptions::default(), table(&[("x-max-length", int(11))])).await;
     let text = expect_code(r, 406);
-    assert!(text.starts_with("PRECONDITION_FAILED - inequivalent arg 'x-max-length' for queue"), "{text:?}");
+    assert_eq!(
+        text,
+        format!(
+            "PRECONDITION_FAILED - inequivalent arg 'x-max-length' for queue '{q}' in vhost '/': \
+             received '11' but current is '10'"
+        )
+    );
     let ch = open_channel(&conn).await;
     let r = ch
         .queue_declare(
@@ -159,7 +165,13 @@ async fn redeclaring_a_queue_with_other_properties_fails_with_406() {
         )
         .await;
     let text = expect_code(r, 406);
-    assert!(text.starts_with("PRECONDITION_FAILED - inequivalent arg 'durable' for queue"), "{text:?}");
+    assert_eq!(
+        text,
+        format!(
+            "PRECONDITION_FAILED - inequivalent arg 'durable' for queue '{q}' in vhost '/': \
+             received 'true' but current is 'false'"
+        )
+    );
     let ch = open_channel(&conn).await;
     delete_queue(&ch, &q).await;
 }

@@ -208,7 +208,12 @@ async fn queues_and_exchanges_are_declared_published_to_read_and_deleted_over_ht
     assert_eq!(api.put("/api/queues/%2F/jobs", json!({"durable": true})).await.0, StatusCode::NO_CONTENT);
     let (status, body) = api.put("/api/queues/%2F/jobs", json!({"durable": false})).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert!(body["reason"].as_str().unwrap().contains("inequivalent arg 'durable'"), "{body}");
+    assert_eq!(
+        body["reason"],
+        "PRECONDITION_FAILED - inequivalent arg 'durable' for queue 'jobs' in vhost '/': \
+         received 'false' but current is 'true'",
+        "{body}"
+    );
     let (status, _) = api.put("/api/exchanges/%2F/work", json!({"type": "topic", "durable": true})).await;
     assert_eq!(status, StatusCode::CREATED);
     let (status, body) = api.put("/api/exchanges/%2F/bad", json!({"type": "nonsense"})).await;

@@ -6,7 +6,7 @@
 use crate::core::queue::{parse_steps, Backoff, RetryOn, RetryPolicy, MAX_DELAY_MS};
 use crate::core::value::Value;
 
-use super::entities::ArgumentError;
+use super::arguments::ArgumentError;
 
 /// Names of the arguments, for equivalence checks on re-declare.
 pub const RETRY_ARGUMENTS: [&str; 4] =

@@ -1,0 +1,37 @@
+//! Entity management: the queues, exchanges and bindings clients declare, as RabbitMQ
+//! defines them. Every entry point that declares, binds or deletes — the AMQP methods, the
+//! management API, definitions import — calls [`Entities`], so each check and each
+//! durable record exists once; the dead-letter task creates `%DLQ%` queues through it too.
+//! Refusals are one typed [`EntityError`] worded as RabbitMQ words them; each front-end
+//! maps it to its own answer (an AMQP reply code, an HTTP status).
+//!
+//! - [`registry`] — the queue registry ([`Entities`]): declared queues by virtual host and
+//!   name, `max-queues` counting, creation and deletion, `x-expires`, reject-publish
+//!   admission.
+//! - [`queue`] — a declared queue ([`QueueEntity`]).
+//! - [`declare`] — declare and delete queues and exchanges, bind and unbind (queues and
+//!   exchange-to-exchange), and their durable records.
+//! - [`equivalence`] — RabbitMQ's equivalence checks on redeclaration.
+//! - [`arguments`] — queue arguments checked and turned into a queue configuration
+//!   (TTL, limits, overflow, dead-letter exchange, delivery limit, priorities, type).
+//! - [`stream_args`] — which declarations make a stream, and its retention arguments.
+//! - [`retry_args`] — the queue arguments of delayed retries.
+//! - [`dead_letter_queues`] — `%DLQ%{queue}` queues, made on demand for the dead-letter task.
+//! - [`restore`] — start-up: durable entities applied, orphaned consume queues deleted.
+//! - [`error`] — [`EntityError`].
+
+pub mod arguments;
+pub mod dead_letter_queues;
+pub mod declare;
+pub mod equivalence;
+pub mod error;
+pub mod queue;
+pub mod registry;
+pub mod restore;
+pub mod retry_args;
+pub mod stream_args;
+
+pub use equivalence::{check_equivalent_exchange, check_equivalent_queue};
+pub use error::{EntityError, EntityKind};
+pub use queue::QueueEntity;
+pub use registry::Entities;

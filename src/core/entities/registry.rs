@@ -1,0 +1,267 @@
+//! The queue registry: every declared queue by virtual host and name, counted against
+//! `max-queues`, created (consume queue, configuration, default-exchange binding, durable
+//! record) and deleted, `x-expires` expiry, and the admission of publishes to the queues
+//! that refuse them when full (`x-overflow: reject-publish`).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Mutex, RwLock};
+use tracing::{info, warn};
+
+use super::queue::QueueEntity;
+use crate::core::broker::{Broker, Commit};
+use crate::core::message::{now_ms, Message};
+use crate::core::queue::{Overflow, QueueConfig};
+use crate::core::router::{Binding, Destination, Routes};
+use crate::core::shards::ShardCmd;
+use crate::core::store::{QueueId, QueueRecord, StoreError};
+use crate::core::stream::StreamConfig;
+use crate::core::value::Value;
+
+/// Prefix of the storage names of AMQP queues (`amqp/{vhost}/{name}`).
+pub const QUEUE_PREFIX: &str = "amqp/";
+
+/// Every declared queue, and the broker they live in: the one place queues are created
+/// and deleted, whichever entry point asks (built once at start-up and shared by the AMQP
+/// front-end, the management API and the dead-letter task).
+#[derive(Debug)]
+pub struct Entities {
+    pub(super) broker: Arc<Broker>,
+    queues: RwLock<HashMap<(String, String), Arc<QueueEntity>>>,
+    /// Configurations of queues that refuse publishes when full, by id (publishers check
+    /// them before storing).
+    rejecting: RwLock<HashMap<QueueId, Arc<QueueConfig>>>,
+    any_rejecting: AtomicBool,
+    /// Queues per virtual host, those being created included (for `max-queues`).
+    pub(super) counts: Mutex<HashMap<String, u64>>,
+}
+
+/// A queue counted against its virtual host's `max-queues` while it is being created
+/// ([`Entities::reserve`]); uncounted when dropped unless the queue was made.
+#[derive(Debug)]
+pub struct QueueSlot<'a> {
+    entities: &'a Entities,
+    vhost: String,
+    made: bool,
+}
+
+impl Drop for QueueSlot<'_> {
+    fn drop(&mut self) {
+        if !self.made {
+            self.entities.uncount(&self.vhost);
+        }
+    }
+}
+
+impl Entities {
+    /// An empty registry of queues in `broker` (start-up fills it: [`Entities::start`]).
+    pub fn new(broker: Arc<Broker>) -> Entities {
+        Entities {
+            broker,
+            queues: RwLock::default(),
+            rejecting: RwLock::default(),
+            any_rejecting: AtomicBool::new(false),
+            counts: Mutex::default(),
+        }
+    }
+
+    /// The configurations of the queues among `ids` that refuse publishes when full, in
+    /// order (`None` for the others); `None` when there is none (one lock, no allocation
+    /// while no such queue exists).
+    pub fn overflow_configs(&self, ids: impl Iterator<Item = QueueId>) -> Option<Vec<Option<Arc<QueueConfig>>>> {
+        if !self.any_rejecting.load(Ordering::Relaxed) {
+            return None;
+        }
+        let rejecting = self.rejecting.read();
+        let configs: Vec<_> = ids.map(|id| rejecting.get(&id).cloned()).collect();
+        configs.iter().any(Option::is_some).then_some(configs)
+    }
+
+    /// Reserves room in the routed queues that refuse publishes when full (reject-publish)
+    /// and leaves out those without room; true when one refused (an AMQP publisher gets a
+    /// nack). Done just before storing, so that every reservation is used.
+    pub fn admit(&self, msg: &Message, routes: &Arc<Routes>) -> (Arc<Routes>, bool) {
+        let Some(configs) = self.overflow_configs(routes.queues.iter().map(|r| r.queue)) else {
+            return (routes.clone(), false);
+        };
+        let mut admitted = Routes::clone(routes);
+        let mut refused = false;
+        let mut configs = configs.into_iter();
+        admitted.queues.retain_mut(|r| match configs.next().flatten() {
+            None => true,
+            Some(c) if c.admit(msg.payload.len() as u64) => {
+                r.reserved = true;
+                true
+            }
+            Some(_) => {
+                refused = true;
+                false
+            }
+        });
+        (Arc::new(admitted), refused)
+    }
+
+    /// Counts a queue about to be created in `vhost`, unless `vhost` has `limit` queues
+    /// already (then `Err(limit)`).
+    pub fn reserve(&self, vhost: &str, limit: Option<u64>) -> Result<QueueSlot<'_>, u64> {
+        let mut counts = self.counts.lock();
+        let n = counts.entry(vhost.to_owned()).or_default();
+        if let Some(max) = limit.filter(|max| *n >= *max) {
+            return Err(max);
+        }
+        *n += 1;
+        Ok(QueueSlot { entities: self, vhost: vhost.to_owned(), made: false })
+    }
+
+    /// Queues of `vhost` (those being created included).
+    pub fn count(&self, vhost: &str) -> u64 {
+        self.counts.lock().get(vhost).copied().unwrap_or(0)
+    }
+
+    fn uncount(&self, vhost: &str) {
+        let mut counts = self.counts.lock();
+        if let Some(n) = counts.get_mut(vhost) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                counts.remove(vhost);
+            }
+        }
+    }
+
+    /// The queue `name` of `vhost`.
+    pub fn queue(&self, vhost: &str, name: &str) -> Option<Arc<QueueEntity>> {
+        self.queues.read().get(&(vhost.to_owned(), name.to_owned())).cloned()
+    }
+
+    /// Every declared queue, of every vhost, in no particular order.
+    pub fn all(&self) -> Vec<Arc<QueueEntity>> {
+        self.queues.read().values().cloned().collect()
+    }
+
+    /// Makes a queue (its consume queue, configuration, default-exchange binding and,
+    /// when durable, its meta record) in the place `slot` counted for it, from a
+    /// configuration already checked. The caller checked it does not exist.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn make_queue(
+        &self,
+        mut slot: QueueSlot<'_>,
+        vhost: &str,
+        name: &str,
+        durable: bool,
+        exclusive_owner: Option<u64>,
+        auto_delete: bool,
+        arguments: Vec<(String, Value)>,
+        config: QueueConfig,
+        stream: Option<StreamConfig>,
+    ) -> Result<Arc<QueueEntity>, StoreError> {
+        let broker = &self.broker;
+        let id = broker.stores.catalog.queue_id(&storage_name(vhost, name)).await?;
+        let entity = Arc::new(QueueEntity {
+            vhost: vhost.to_owned(),
+            name: name.to_owned(),
+            id,
+            durable,
+            exclusive_owner,
+            auto_delete,
+            arguments,
+            stream: stream.map(|s| counted_with(s, &config)),
+            config: Arc::new(config),
+            had_consumer: AtomicBool::new(false),
+            exclusive_consumer: Mutex::new(None),
+            consumers: AtomicU64::new(0),
+            last_used_ms: AtomicU64::new(now_ms()),
+        });
+        slot.made = true;
+        self.install(entity.clone());
+        if durable {
+            let record = QueueRecord {
+                vhost: entity.vhost.clone(),
+                name: entity.name.clone(),
+                id,
+                auto_delete,
+                arguments: entity.arguments.clone(),
+            };
+            broker.commit(broker.stores.entities.put_queue(&record), Commit::Durable).await?;
+        }
+        Ok(entity)
+    }
+
+    pub(super) fn install(&self, entity: Arc<QueueEntity>) {
+        let broker = &self.broker;
+        match &entity.stream {
+            Some(stream) => broker.shards.send(ShardCmd::ConfigureStream { queue: entity.id, config: stream.clone() }),
+            None => broker.shards.send(ShardCmd::Configure { queue: entity.id, config: entity.config.clone() }),
+        }
+        if matches!(entity.config.overflow, Overflow::RejectPublish | Overflow::RejectPublishDlx) {
+            self.rejecting.write().insert(entity.id, entity.config.clone());
+            self.any_rejecting.store(true, Ordering::Relaxed);
+        }
+        let _ = broker.router.bind(&entity.vhost, "", Binding::queue(entity.id, &entity.name, Vec::new()));
+        let vhost = entity.vhost.clone();
+        if self.queues.write().insert((vhost.clone(), entity.name.clone()), entity).is_some() {
+            // Two declarations of one name raced: the queue is counted once.
+            self.uncount(&vhost);
+        }
+    }
+
+    /// Deletes a queue: bindings, consume queue, meta records. Returns the message count.
+    pub async fn delete_queue(&self, entity: &QueueEntity) -> u64 {
+        let broker = &self.broker;
+        if self.queues.write().remove(&(entity.vhost.clone(), entity.name.clone())).is_some() {
+            self.uncount(&entity.vhost);
+        }
+        self.rejecting.write().remove(&entity.id);
+        broker.router.unbind_all(&entity.vhost, &Destination::Queue(entity.id));
+        let count = broker.shards.delete(entity.id).await;
+        if entity.durable {
+            let write = broker.stores.entities.remove_queue(&entity.vhost, &entity.name, entity.id).await;
+            if let Err(e) = broker.commit(write, Commit::Durable).await {
+                warn!(error = %e, "cannot delete queue metadata");
+            }
+        }
+        count
+    }
+
+    /// Deletes queues whose `x-expires` passed without use, every 500 ms, for as long as
+    /// the registry lives.
+    pub async fn run_expiry(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        loop {
+            tick.tick().await;
+            self.expire_unused().await;
+        }
+    }
+
+    /// Deletes queues whose `x-expires` passed without use.
+    pub async fn expire_unused(&self) {
+        let now = now_ms();
+        let due: Vec<Arc<QueueEntity>> = self
+            .all()
+            .into_iter()
+            .filter(|q| {
+                q.expires_ms().is_some_and(|ms| {
+                    q.consumers.load(Ordering::Relaxed) == 0
+                        && q.last_used_ms.load(Ordering::Relaxed).saturating_add(ms) <= now
+                })
+            })
+            .collect();
+        for q in due {
+            info!(queue = %q.name, vhost = %q.vhost, "queue expired (x-expires)");
+            self.delete_queue(&q).await;
+        }
+    }
+}
+
+/// A stream's configuration writing its counters to the entity's gauge, where the
+/// operations views read every queue's.
+pub(super) fn counted_with(mut stream: StreamConfig, config: &QueueConfig) -> Arc<StreamConfig> {
+    stream.gauge = config.gauge.clone();
+    Arc::new(stream)
+}
+
+fn storage_name(vhost: &str, name: &str) -> String {
+    format!("{QUEUE_PREFIX}{vhost}/{name}")
+}
