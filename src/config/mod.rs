@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 /// The default configuration, compiled in.
-pub const DEFAULT_TOML: &str = include_str!("../conf/ferrymq.toml");
+pub const DEFAULT_TOML: &str = include_str!("../../conf/ferrymq.toml");
 
 /// Why the configuration could not be loaded.
 #[derive(Debug, thiserror::Error)]
