@@ -5,19 +5,8 @@
 
 use std::net::IpAddr;
 
-use serde::{Deserialize, Serialize};
-
 use super::Identity;
-
-/// What a rule does when it matches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Permit {
-    /// The action is allowed.
-    Allow,
-    /// The action is refused.
-    Deny,
-}
+pub use crate::config::access::{Permit, RuleEntry};
 
 /// The MQTT actions a rule covers (a set).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -389,36 +378,6 @@ impl Rule {
 /// First match wins; `None` when no rule matches.
 pub fn decide(rules: &[Rule], id: &Identity, request: Request<'_>) -> Option<Permit> {
     rules.iter().find_map(|r| r.decide(id, request))
-}
-
-/// `[[auth.rules]]` in the configuration: one MQTT topic rule.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct RuleEntry {
-    /// `allow` or `deny`.
-    pub permission: Permit,
-    /// `publish`, `subscribe` (and receive), `receive`, or `all`.
-    pub action: String,
-    /// Topic filters (`%u`, `%c`, `${username}`, `${clientid}` name the client).
-    pub topics: Vec<String>,
-    /// Only this user.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub user: Option<String>,
-    /// Only users with this tag.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub group: Option<String>,
-    /// Only client ids matching this glob.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub client_id: Option<String>,
-    /// Only clients from this network (`10.0.0.0/8`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub source: Option<String>,
-    /// Only clients whose certificate has this common name.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cert_cn: Option<String>,
-    /// Only clients without a user name.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub anonymous: bool,
 }
 
 impl RuleEntry {

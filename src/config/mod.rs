@@ -8,6 +8,12 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub mod access;
+pub mod links;
+
+pub use access::{PermissionEntry, RuleEntry, TopicPermissionEntry, UserEntry};
+pub use links::{BridgeSection, MqttBridgeEntry, ShovelDefinition, ShovelEntry};
+
 /// The default configuration, compiled in.
 pub const DEFAULT_TOML: &str = include_str!("../../conf/ferrymq.toml");
 
@@ -80,10 +86,10 @@ pub struct Config {
     pub auth: AuthSection,
     /// `[bridge]`: links to other brokers.
     #[serde(default)]
-    pub bridge: crate::bridge::BridgeSection,
+    pub bridge: BridgeSection,
     /// `[[shovel]]`: AMQP shovels (RabbitMQ's keys).
     #[serde(default)]
-    pub shovel: Vec<crate::bridge::shovel::ShovelEntry>,
+    pub shovel: Vec<ShovelEntry>,
 }
 
 /// `[broker]`: process-wide settings.
@@ -232,32 +238,6 @@ pub struct AmqpSection {
     pub ssl_cert_login_from: String,
 }
 
-/// One user of the user store.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct UserEntry {
-    /// User name, as sent at login (AMQP Start-Ok, MQTT CONNECT).
-    pub name: String,
-    /// Password in clear; hashed at load, never kept (or give `password_hash`).
-    #[serde(default)]
-    pub password: Option<String>,
-    /// A password hash: RabbitMQ's (base64 of salt ++ digest) or `mosquitto_passwd`'s
-    /// (`$7$...`, `$6$...`).
-    #[serde(default)]
-    pub password_hash: Option<String>,
-    /// RabbitMQ's algorithm name of `password_hash` (`rabbit_password_hashing_sha256`,
-    /// `_sha512`, `_md5`); unset: Mosquitto's for a `$` hash, else sha256.
-    #[serde(default)]
-    pub hashing_algorithm: Option<String>,
-    /// Only connections from loopback addresses may use it.
-    #[serde(default)]
-    pub loopback_only: bool,
-    /// RabbitMQ's user tags: `administrator`, `monitoring`, `management`, `policymaker`
-    /// (what the management API lets the user do; none = no management access).
-    #[serde(default)]
-    pub tags: Vec<String>,
-}
-
 /// `[auth]`: users and virtual hosts.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -305,7 +285,7 @@ pub struct AuthSection {
     /// `set_topic_permissions`).
     pub topic_permissions: Vec<TopicPermissionEntry>,
     /// MQTT topic rules, first match wins.
-    pub rules: Vec<crate::authz::rules::RuleEntry>,
+    pub rules: Vec<RuleEntry>,
     /// A Mosquitto `acl_file` whose rules follow `rules`; turns MQTT authorization on.
     pub mosquitto_acl_file: String,
     /// An EMQX `acl.conf` whose rules follow those; turns MQTT authorization on.
@@ -317,49 +297,6 @@ impl AuthSection {
     pub fn login_failures_per_address(&self) -> u32 {
         self.max_login_failures_per_address.unwrap_or(self.max_login_failures.saturating_mul(4))
     }
-}
-
-/// `auth.permissions[]`: a user's permissions in a virtual host (regular expressions).
-#[derive(Debug, Clone, Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct PermissionEntry {
-    /// Virtual host.
-    #[serde(default = "default_vhost")]
-    pub vhost: String,
-    /// User.
-    pub user: String,
-    /// Exchanges and queues the user may declare and delete.
-    #[serde(default)]
-    pub configure: String,
-    /// Exchanges the user may publish to, queues it may bind.
-    #[serde(default)]
-    pub write: String,
-    /// Queues the user may consume from, exchanges it may bind from.
-    #[serde(default)]
-    pub read: String,
-}
-
-/// `auth.topic_permissions[]`: a user's routing keys on a topic exchange.
-#[derive(Debug, Clone, Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct TopicPermissionEntry {
-    /// Virtual host.
-    #[serde(default = "default_vhost")]
-    pub vhost: String,
-    /// User.
-    pub user: String,
-    /// The topic exchange.
-    pub exchange: String,
-    /// Routing keys the user may publish with (`{username}`, `{vhost}`, `{client_id}`).
-    #[serde(default)]
-    pub write: String,
-    /// Routing keys the user may bind with.
-    #[serde(default)]
-    pub read: String,
-}
-
-fn default_vhost() -> String {
-    "/".into()
 }
 
 impl AuthSection {

@@ -10,28 +10,18 @@
 #[cfg(feature = "shovels")]
 mod worker;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::watch;
 use tracing::warn;
 
+pub use crate::config::links::{ShovelDefinition, ShovelEntry, Uris};
 use crate::core::broker::{Broker, Commit};
-
-/// One URI or several (RabbitMQ accepts both; several are tried in turn).
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
-#[serde(untagged)]
-pub enum Uris {
-    /// One URI.
-    One(String),
-    /// Several, tried in turn.
-    Many(Vec<String>),
-}
 
 impl Uris {
     fn list(&self) -> Vec<String> {
@@ -40,60 +30,6 @@ impl Uris {
             Uris::Many(v) => v.clone(),
         }
     }
-}
-
-/// A shovel's definition, in RabbitMQ's keys (`src-uri`, `src-queue`, ...).
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub struct ShovelDefinition {
-    /// Where messages come from.
-    pub src_uri: Uris,
-    /// The source queue (declared durable when missing).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub src_queue: Option<String>,
-    /// Or a source exchange: a private queue is bound to it with `src-exchange-key`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub src_exchange: Option<String>,
-    /// The routing key of that binding (default `#`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub src_exchange_key: Option<String>,
-    /// Unacknowledged messages at once (default 1000).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub src_prefetch_count: Option<u16>,
-    /// `amqp091` (the only one).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub src_protocol: Option<String>,
-    /// `never` (default), `queue-length` (the source queue's length when the shovel
-    /// starts) or a number of messages: moved that many, the shovel deletes itself.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub src_delete_after: Option<Value>,
-    /// Where messages go.
-    pub dest_uri: Uris,
-    /// The destination queue (declared durable when missing; published to through the
-    /// default exchange).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dest_queue: Option<String>,
-    /// Or a destination exchange.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dest_exchange: Option<String>,
-    /// The routing key at the destination exchange (default: the message's own).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dest_exchange_key: Option<String>,
-    /// `amqp091` (the only one).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dest_protocol: Option<String>,
-    /// `on-confirm` (default), `on-publish` or `no-ack`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ack_mode: Option<String>,
-    /// Seconds between reconnects (default 5).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reconnect_delay: Option<f64>,
-    /// Add `x-shovelled` headers naming the shovel and both sides.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub add_forward_headers: Option<bool>,
-    /// Keys FerryMQ does not know: refused by [`ShovelDefinition::check`], never dropped.
-    #[serde(flatten, skip_serializing)]
-    pub unknown: BTreeMap<String, Value>,
 }
 
 /// When a shovel deletes itself (`src-delete-after`).
@@ -176,24 +112,6 @@ impl ShovelDefinition {
             },
         }
     }
-}
-
-/// `[[shovel]]`: a shovel from the configuration (RabbitMQ's static shovels), in the
-/// definition's keys.
-#[derive(Debug, Clone, Deserialize)]
-pub struct ShovelEntry {
-    /// Its name.
-    pub name: String,
-    /// Its virtual host (default `/`).
-    #[serde(default = "slash")]
-    pub vhost: String,
-    /// The definition.
-    #[serde(flatten)]
-    pub definition: ShovelDefinition,
-}
-
-fn slash() -> String {
-    "/".into()
 }
 
 /// A shovel's state, as RabbitMQ's `/api/shovels` shows it.
