@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use ferrymq::config::{Config, Overrides};
+use ferrymq::preflight::load_config;
 use ferrymq::server::Server;
 use ferrymq::shutdown::{Signal, Signals};
 use tracing_subscriber::EnvFilter;
@@ -102,7 +103,7 @@ fn main() -> anyhow::Result<()> {
         definitions: cli.definitions,
         log: cli.log,
     };
-    let config = match Config::load(&overrides, std::env::vars()) {
+    let config = match load_config(&overrides, std::env::vars()) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("ferrymq: {e}");
@@ -192,7 +193,7 @@ async fn run(config: Config, overrides: Overrides, mut signals: Signals) -> anyh
         out.flush()?;
     }
     while signals.recv().await == Signal::Reload {
-        match Config::load(&overrides, std::env::vars()) {
+        match load_config(&overrides, std::env::vars()) {
             Ok(config) => server.reload(&config),
             Err(e) => tracing::warn!(error = %e, "SIGHUP: configuration not reloaded"),
         }

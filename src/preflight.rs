@@ -1,6 +1,7 @@
-//! Start-up checks made before anything starts: the data directory (a directory, and
-//! locked for this process, so that a second FerryMQ on it is told so at once), the TLS
-//! files (each problem naming its file), the users and the authorization rules of the
+//! Start-up checks made before anything starts: the configuration's entries as the
+//! modules that run them check them ([`load_config`]), the data directory (a directory,
+//! and locked for this process, so that a second FerryMQ on it is told so at once), the
+//! TLS files (each problem naming its file), the users and the authorization rules of the
 //! configuration, and every listener bound, all addresses in use reported together.
 //!
 //! Nothing is opened in the data directory and no task is started before these pass: a
@@ -17,7 +18,7 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use crate::auth::User;
-use crate::config::Config;
+use crate::config::{Config, ConfigError, Overrides};
 use crate::tls::{TlsError, VerifyClient};
 
 /// Why the broker refuses to start (exit code 2).
@@ -155,6 +156,22 @@ impl Preflight {
     }
 }
 
+/// Loads the configuration ([`Config::load`]: the settings, read and checked) and checks
+/// the entries it holds for other modules as those modules will take them: users
+/// ([`crate::auth::check_entries`]), permissions and MQTT rules
+/// ([`crate::authz::check_entries`]), bridges and shovels ([`crate::bridge::check_entries`]).
+/// What the broker starts with and what SIGHUP reloads; an error names the key.
+pub fn load_config(
+    overrides: &Overrides,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<Config, ConfigError> {
+    let config = Config::load(overrides, env)?;
+    crate::bridge::check_entries(&config.bridge, &config.shovel)?;
+    crate::auth::check_entries(&config.auth.users)?;
+    crate::authz::check_entries(&config.auth)?;
+    Ok(config)
+}
+
 /// Makes the data directory if needed and locks it (an advisory lock on the directory
 /// itself: nothing is written in it).
 fn lock_data_dir(path: &Path) -> Result<File, StartError> {
@@ -236,6 +253,49 @@ mod tests {
         let file = tmp.path().join("file");
         std::fs::write(&file, "x").unwrap();
         assert!(matches!(lock_data_dir(&file), Err(StartError::DataDirIsFile(_))));
+    }
+
+    /// Each entry config holds for another module loads as plain data and is refused by
+    /// its owner's check, the message naming key and entry.
+    #[test]
+    fn entries_are_refused_by_the_modules_that_take_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let cases = [
+            ("[auth]\nusers = [{ name = \"x\", password_hash = \"$7$nope\" }]\n", "`auth.users`: user `x`: "),
+            (
+                "[auth]\npermissions = [{ user = \"app\", configure = \"(\" }]\n",
+                "`auth.permissions`: user `app` in vhost `/`: invalid regular expression",
+            ),
+            (
+                "[auth]\ntopic_permissions = [{ user = \"app\", exchange = \"amq.topic\", write = \"(\" }]\n",
+                "`auth.topic_permissions`: user `app` on `amq.topic`: invalid regular expression",
+            ),
+            (
+                "[auth]\nrules = [{ permission = \"allow\", action = \"poke\", topics = [\"#\"] }]\n",
+                "`auth.rules`: rule 1: action `poke` is not publish, subscribe, receive or all",
+            ),
+            (
+                "[[bridge.mqtt]]\nconnection = \"c\"\naddress = \"h\"\ntopic = [\"# sideways 1\"]\n",
+                "`bridge.mqtt`: bridge `c`: ",
+            ),
+            (
+                "[[bridge.mqtt]]\nconnection = \"c\"\naddress = \"h\"\ntopic = [\"# out 1\"]\n\
+                 [[bridge.mqtt]]\nconnection = \"c\"\naddress = \"h\"\ntopic = [\"# in 1\"]\n",
+                "`bridge.mqtt`: two bridges are named `c`",
+            ),
+            (
+                "[[shovel]]\nname = \"s\"\nsrc-uri = \"amqp://\"\ndest-uri = \"amqp://\"\n",
+                "`shovel`: shovel `s`: give one of src-queue and src-exchange",
+            ),
+        ];
+        for (i, (toml, refusal)) in cases.into_iter().enumerate() {
+            let file = dir.path().join(format!("{i}.toml"));
+            std::fs::write(&file, toml).unwrap();
+            let o = Overrides { config_file: Some(file), ..Default::default() };
+            Config::load(&o, []).unwrap_or_else(|e| panic!("config reads {toml:?} as data: {e}"));
+            let err = load_config(&o, []).expect_err(toml).to_string();
+            assert!(err.starts_with("configuration error: ") && err.contains(refusal), "{toml:?}: {err}");
+        }
     }
 
     #[test]

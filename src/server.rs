@@ -274,7 +274,7 @@ impl Server {
         }
         let bridges = Arc::new(crate::bridge::Bridges::default());
         for b in &config.bridge.mqtt {
-            let rules = b.rules().map_err(|e| anyhow::anyhow!("bridge `{}`: {e}", b.connection))?;
+            let rules = crate::bridge::topic_rules(b).map_err(|e| anyhow::anyhow!("bridge `{}`: {e}", b.connection))?;
             // Its TLS files were checked before anything started.
             let bridge = bridges.add(b, &rules);
             // A bridge whose local side the rules let do nothing would say `running` and drop

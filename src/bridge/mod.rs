@@ -31,43 +31,59 @@ use parking_lot::Mutex;
 
 use crate::authz::{Authorizer, Identity, Reach};
 pub use crate::config::links::{BridgeSection, MqttBridgeEntry};
+use crate::config::{ConfigError, ShovelEntry};
 use crate::mqtt::refused::Refusals;
 use topic::TopicRule;
 
-impl MqttBridgeEntry {
-    /// The topic lines parsed, after the other settings were checked.
-    pub fn rules(&self) -> Result<Vec<TopicRule>, String> {
-        if self.connection.is_empty() || self.address.is_empty() {
-            return Err("a bridge needs a `connection` name and an `address`".into());
-        }
-        if let Some(a) = self
-            .address
-            .iter()
-            .find(|a| a.rsplit_once(':').is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err()))
-        {
-            return Err(format!("address `{a}` is not host[:port]"));
-        }
-        if !matches!(self.bridge_protocol_version.as_str(), "mqttv311" | "mqttv50") {
-            return Err("bridge_protocol_version is mqttv311 or mqttv50".into());
-        }
-        let t = &self.restart_timeout;
-        if t.is_empty() || t.len() > 2 || t.iter().any(|s| !(s.is_finite() && *s > 0.0)) {
-            return Err("restart_timeout is [base] or [base, cap], seconds above 0".into());
-        }
-        if self.max_inflight == 0 {
-            return Err("max_inflight must be at least 1".into());
-        }
-        if self.bridge_certfile.is_empty() != self.bridge_keyfile.is_empty() {
-            return Err("bridge_certfile and bridge_keyfile go together".into());
-        }
-        if self.topic.is_empty() {
-            return Err("a bridge needs at least one `topic` line".into());
-        }
-        if self.notification_topic.contains(['+', '#']) {
-            return Err("notification_topic is a topic name, without wildcards".into());
-        }
-        self.topic.iter().map(|l| TopicRule::parse(l).map_err(|e| e.to_string())).collect()
+/// A bridge's topic lines parsed, after its other settings were checked; the error says
+/// what is wrong.
+pub fn topic_rules(cfg: &MqttBridgeEntry) -> Result<Vec<TopicRule>, String> {
+    if cfg.connection.is_empty() || cfg.address.is_empty() {
+        return Err("a bridge needs a `connection` name and an `address`".into());
     }
+    if let Some(a) =
+        cfg.address.iter().find(|a| a.rsplit_once(':').is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err()))
+    {
+        return Err(format!("address `{a}` is not host[:port]"));
+    }
+    if !matches!(cfg.bridge_protocol_version.as_str(), "mqttv311" | "mqttv50") {
+        return Err("bridge_protocol_version is mqttv311 or mqttv50".into());
+    }
+    let t = &cfg.restart_timeout;
+    if t.is_empty() || t.len() > 2 || t.iter().any(|s| !(s.is_finite() && *s > 0.0)) {
+        return Err("restart_timeout is [base] or [base, cap], seconds above 0".into());
+    }
+    if cfg.max_inflight == 0 {
+        return Err("max_inflight must be at least 1".into());
+    }
+    if cfg.bridge_certfile.is_empty() != cfg.bridge_keyfile.is_empty() {
+        return Err("bridge_certfile and bridge_keyfile go together".into());
+    }
+    if cfg.topic.is_empty() {
+        return Err("a bridge needs at least one `topic` line".into());
+    }
+    if cfg.notification_topic.contains(['+', '#']) {
+        return Err("notification_topic is a topic name, without wildcards".into());
+    }
+    cfg.topic.iter().map(|l| TopicRule::parse(l).map_err(|e| e.to_string())).collect()
+}
+
+/// Checks `[[bridge.mqtt]]` and `[[shovel]]` as start-up runs them: bridge names are
+/// unique, each bridge's settings and topic lines ([`topic_rules`]), each shovel's
+/// definition ([`shovel::Plan::of`]). The error names the key and the entry.
+pub fn check_entries(bridges: &BridgeSection, shovels: &[ShovelEntry]) -> Result<(), ConfigError> {
+    let mut names = std::collections::HashSet::new();
+    for b in &bridges.mqtt {
+        if !names.insert(b.connection.as_str()) {
+            return Err(ConfigError::invalid("bridge.mqtt", format!("two bridges are named `{}`", b.connection)));
+        }
+        topic_rules(b).map_err(|e| ConfigError::invalid("bridge.mqtt", format!("bridge `{}`: {e}", b.connection)))?;
+    }
+    for s in shovels {
+        shovel::Plan::of(&s.definition)
+            .map_err(|e| ConfigError::invalid("shovel", format!("shovel `{}`: {e}", s.name)))?;
+    }
+    Ok(())
 }
 
 /// Where a bridge is, as the management API shows it.
@@ -222,8 +238,8 @@ mod tests {
         assert_eq!(e.address, ["a.example:1883", "b.example:8883", "[::1]:1883"]);
         let e = entry("addresses = [\"10.0.0.1\", \"[::1]:1884\"]").unwrap();
         assert_eq!(e.address, ["10.0.0.1:1883", "[::1]:1884"]);
-        assert!(e.rules().is_ok() && e.notifications && !e.round_robin && !e.bridge_insecure);
-        assert!(entry("address = \"\"").unwrap().rules().unwrap_err().contains("address"));
-        assert!(entry("address = \"h:port\"").unwrap().rules().unwrap_err().contains("h:port"));
+        assert!(topic_rules(&e).is_ok() && e.notifications && !e.round_robin && !e.bridge_insecure);
+        assert!(topic_rules(&entry("address = \"\"").unwrap()).unwrap_err().contains("address"));
+        assert!(topic_rules(&entry("address = \"h:port\"").unwrap()).unwrap_err().contains("h:port"));
     }
 }

@@ -151,6 +151,16 @@ pub enum Uris {
     Many(Vec<String>),
 }
 
+impl Uris {
+    /// Every URI, in order.
+    pub fn list(&self) -> Vec<String> {
+        match self {
+            Uris::One(u) => vec![u.clone()],
+            Uris::Many(v) => v.clone(),
+        }
+    }
+}
+
 /// A shovel's definition, in RabbitMQ's keys (`src-uri`, `src-queue`, ...).
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -200,7 +210,8 @@ pub struct ShovelDefinition {
     /// Add `x-shovelled` headers naming the shovel and both sides.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub add_forward_headers: Option<bool>,
-    /// Keys FerryMQ does not know: refused by [`ShovelDefinition::check`], never dropped.
+    /// Keys FerryMQ does not know: refused when the shovel is checked
+    /// (`bridge::shovel::Plan`), never dropped.
     #[serde(flatten, skip_serializing)]
     pub unknown: BTreeMap<String, Value>,
 }

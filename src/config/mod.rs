@@ -27,10 +27,17 @@ pub enum ConfigError {
     #[error("configuration error: `{key}`: {reason}")]
     Invalid {
         /// Dotted key, e.g. `mqtt.listen`.
-        key: &'static str,
+        key: String,
         /// What is wrong.
         reason: String,
     },
+}
+
+impl ConfigError {
+    /// The value of `key` is not acceptable, for `reason`.
+    pub fn invalid(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid { key: key.into(), reason: reason.into() }
+    }
 }
 
 /// Command-line overrides (highest precedence).
@@ -451,9 +458,11 @@ impl Config {
         Ok(cfg)
     }
 
-    /// Checks values serde cannot check.
+    /// Checks values serde cannot check. The entries config holds for other modules
+    /// (users, permissions and rules, bridges, shovels) are checked by those modules
+    /// (`preflight::load_config`).
     fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |key, reason: String| Err(ConfigError::Invalid { key, reason });
+        let invalid = |key: &str, reason: String| Err(ConfigError::invalid(key, reason));
         for (key, addr) in [
             ("mqtt.listen", &self.mqtt.listen),
             ("mqtt.tls_listen", &self.mqtt.tls_listen),
@@ -467,20 +476,6 @@ impl Config {
         ] {
             if !addr.is_empty() && addr.parse::<SocketAddr>().is_err() {
                 return invalid(key, format!("`{addr}` is not an address like 127.0.0.1:1883"));
-            }
-        }
-        let mut bridges = std::collections::HashSet::new();
-        for b in &self.bridge.mqtt {
-            if !bridges.insert(b.connection.as_str()) {
-                return invalid("bridge.mqtt", format!("two bridges are named `{}`", b.connection));
-            }
-            if let Err(e) = b.rules() {
-                return invalid("bridge.mqtt", format!("bridge `{}`: {e}", b.connection));
-            }
-        }
-        for s in &self.shovel {
-            if let Err(e) = s.definition.check() {
-                return invalid("shovel", format!("shovel `{}`: {e}", s.name));
             }
         }
         if !self.mqtt.tls_listen.is_empty() && (self.tls.cert.is_empty() || self.tls.key.is_empty()) {
@@ -514,11 +509,6 @@ impl Config {
                 format!("`{x}` is not a topic exchange name (amq.topic or a name of your own)"),
             );
         }
-        for u in &self.auth.users {
-            if let Err(e) = crate::auth::User::from_entry(u) {
-                return invalid("auth.users", format!("user `{}`: {e}", u.name));
-            }
-        }
         match (self.tls.verify_client.as_str(), self.tls.client_ca.is_empty()) {
             ("none", _) | ("optional" | "required", false) => {}
             ("optional" | "required", true) => {
@@ -534,21 +524,6 @@ impl Config {
                 "amqp.ssl_cert_login_from",
                 format!("`{}` is not distinguished_name or common_name", self.amqp.ssl_cert_login_from),
             );
-        }
-        for (i, r) in self.auth.rules.iter().enumerate() {
-            if let Err(e) = r.to_rule() {
-                return invalid("auth.rules", format!("rule {}: {e}", i + 1));
-            }
-        }
-        for p in &self.auth.permissions {
-            if let Err(e) = crate::authz::VhostPermissions::new(&p.configure, &p.write, &p.read) {
-                return invalid("auth.permissions", format!("user `{}` in vhost `{}`: {e}", p.user, p.vhost));
-            }
-        }
-        for p in &self.auth.topic_permissions {
-            if let Err(e) = crate::authz::TopicPermissions::new(&p.write, &p.read) {
-                return invalid("auth.topic_permissions", format!("user `{}` on `{}`: {e}", p.user, p.exchange));
-            }
         }
         if self.auth.vhosts.is_empty() {
             return invalid("auth.vhosts", "at least one virtual host is needed".into());

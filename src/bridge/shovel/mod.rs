@@ -23,15 +23,6 @@ use tracing::warn;
 pub use crate::config::links::{ShovelDefinition, ShovelEntry, Uris};
 use crate::core::broker::{Broker, Commit};
 
-impl Uris {
-    fn list(&self) -> Vec<String> {
-        match self {
-            Uris::One(u) => vec![u.clone()],
-            Uris::Many(v) => v.clone(),
-        }
-    }
-}
-
 /// When a shovel deletes itself (`src-delete-after`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeleteAfter {
@@ -54,28 +45,39 @@ pub enum AckMode {
     NoAck,
 }
 
-impl ShovelDefinition {
-    /// Checks what serde cannot: one source and one destination, known values; the ack
-    /// mode.
-    pub fn check(&self) -> Result<AckMode, String> {
-        if let Some(k) = self.unknown.keys().next() {
+/// What a shovel's definition asks for, checked: how the source is acknowledged and
+/// when the shovel deletes itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    /// `ack-mode`.
+    pub ack: AckMode,
+    /// `src-delete-after`.
+    pub delete_after: DeleteAfter,
+}
+
+impl Plan {
+    /// Checks what serde cannot: one source and one destination, known values, URIs whose
+    /// TLS options read; the error says what is wrong.
+    pub fn of(def: &ShovelDefinition) -> Result<Plan, String> {
+        if let Some(k) = def.unknown.keys().next() {
             return Err(format!("`{k}` is not a shovel setting FerryMQ supports"));
         }
-        if self.src_queue.is_some() == self.src_exchange.is_some() {
+        if def.src_queue.is_some() == def.src_exchange.is_some() {
             return Err("give one of src-queue and src-exchange".into());
         }
-        if self.dest_queue.is_some() && self.dest_exchange.is_some() {
+        if def.dest_queue.is_some() && def.dest_exchange.is_some() {
             return Err("give at most one of dest-queue and dest-exchange".into());
         }
-        for (key, p) in [("src-protocol", &self.src_protocol), ("dest-protocol", &self.dest_protocol)] {
+        for (key, p) in [("src-protocol", &def.src_protocol), ("dest-protocol", &def.dest_protocol)] {
             if p.as_deref().is_some_and(|p| p != "amqp091") {
                 return Err(format!("{key}: only amqp091 is supported"));
             }
         }
-        if self.delete_after()? == DeleteAfter::QueueLength && self.src_queue.is_none() {
+        let delete_after = delete_after(def)?;
+        if delete_after == DeleteAfter::QueueLength && def.src_queue.is_none() {
             return Err("src-delete-after: queue-length needs a src-queue".into());
         }
-        for (key, uris) in [("src-uri", &self.src_uri), ("dest-uri", &self.dest_uri)] {
+        for (key, uris) in [("src-uri", &def.src_uri), ("dest-uri", &def.dest_uri)] {
             let list = uris.list();
             if list.is_empty() || list.iter().any(|u| !(u.starts_with("amqp://") || u.starts_with("amqps://"))) {
                 return Err(format!("{key}: amqp:// or amqps:// URIs"));
@@ -84,33 +86,33 @@ impl ShovelDefinition {
                 UriTls::parse(u).map_err(|e| format!("{key}: {e}"))?;
             }
         }
-        if self.reconnect_delay.is_some_and(|d| !(d.is_finite() && d > 0.0)) {
+        if def.reconnect_delay.is_some_and(|d| !(d.is_finite() && d > 0.0)) {
             return Err("reconnect-delay: seconds above 0".into());
         }
-        let ack = match self.ack_mode.as_deref().unwrap_or("on-confirm") {
+        let ack = match def.ack_mode.as_deref().unwrap_or("on-confirm") {
             "on-confirm" => AckMode::OnConfirm,
             "on-publish" => AckMode::OnPublish,
             "no-ack" => AckMode::NoAck,
             other => return Err(format!("ack-mode `{other}`: on-confirm, on-publish or no-ack")),
         };
-        if ack == AckMode::NoAck && self.delete_after()? != DeleteAfter::Never {
+        if ack == AckMode::NoAck && delete_after != DeleteAfter::Never {
             // A no-ack consumer is sent the whole queue: past the count it would be lost.
             return Err("src-delete-after needs ack-mode on-confirm or on-publish".into());
         }
-        Ok(ack)
+        Ok(Plan { ack, delete_after })
     }
+}
 
-    /// `src-delete-after`.
-    pub fn delete_after(&self) -> Result<DeleteAfter, String> {
-        match &self.src_delete_after {
-            None => Ok(DeleteAfter::Never),
-            Some(Value::String(s)) if s == "never" => Ok(DeleteAfter::Never),
-            Some(Value::String(s)) if s == "queue-length" => Ok(DeleteAfter::QueueLength),
-            Some(v) => match v.as_u64().or_else(|| v.as_str().and_then(|s| s.parse().ok())) {
-                Some(n) => Ok(DeleteAfter::Messages(n)),
-                None => Err(format!("src-delete-after `{v}`: never, queue-length or a number of messages")),
-            },
-        }
+/// `src-delete-after`.
+fn delete_after(def: &ShovelDefinition) -> Result<DeleteAfter, String> {
+    match &def.src_delete_after {
+        None => Ok(DeleteAfter::Never),
+        Some(Value::String(s)) if s == "never" => Ok(DeleteAfter::Never),
+        Some(Value::String(s)) if s == "queue-length" => Ok(DeleteAfter::QueueLength),
+        Some(v) => match v.as_u64().or_else(|| v.as_str().and_then(|s| s.parse().ok())) {
+            Some(n) => Ok(DeleteAfter::Messages(n)),
+            None => Err(format!("src-delete-after `{v}`: never, queue-length or a number of messages")),
+        },
     }
 }
 
@@ -199,8 +201,7 @@ impl Shovels {
         if !cfg!(feature = "shovels") {
             return Err("this FerryMQ was built without shovels (cargo feature `shovels`)".into());
         }
-        let ack = definition.check()?;
-        let delete_after = definition.delete_after()?;
+        let Plan { ack, delete_after } = Plan::of(&definition)?;
         let resolve = |uris: &Uris| -> Result<Vec<String>, String> {
             uris.list().iter().map(|u| self.resolve(u, vhost)).collect()
         };
