@@ -119,8 +119,7 @@ fn main() -> anyhow::Result<()> {
     raise_open_files_limit();
     // Before the runtime: a SIGTERM sent as soon as READY is read must stop the broker, and
     // one the runtime is too busy to take must still stop the process.
-    let signals = Signals::start(std::time::Duration::from_secs(config.broker.shutdown_grace_secs))
-        .context("cannot install the signal handlers")?;
+    let signals = Signals::start(config.broker.shutdown_grace).context("cannot install the signal handlers")?;
     // Its workers are marked: a blocking journal call on one panics in debug builds.
     let runtime = ferrymq::core::blocking::runtime_builder().build().context("cannot start the runtime")?;
     runtime.block_on(run(config, overrides, signals))
@@ -173,7 +172,7 @@ fn raise_open_files_limit() {
 }
 
 async fn run(config: Config, overrides: Overrides, mut signals: Signals) -> anyhow::Result<()> {
-    let grace_secs = config.broker.shutdown_grace_secs;
+    let grace_secs = config.broker.shutdown_grace.as_secs();
     let server = match Server::start(config).await {
         Ok(s) => s,
         Err(e)

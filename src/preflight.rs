@@ -19,7 +19,7 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::auth::User;
 use crate::config::{Config, ConfigError, Overrides};
-use crate::tls::{TlsError, VerifyClient};
+use crate::tls::TlsError;
 
 /// Why the broker refuses to start (exit code 2).
 #[derive(Debug, thiserror::Error)]
@@ -194,28 +194,28 @@ fn lock_data_dir(path: &Path) -> Result<File, StartError> {
 /// The TLS listeners' acceptor, when one is configured: the files are read and checked
 /// here, each problem naming its setting and file.
 fn tls_acceptor(config: &Config) -> Result<Option<TlsAcceptor>, TlsError> {
-    let any = [config.mqtts_listen(), config.mqtt_wss_listen(), config.amqps_listen(), config.https_listen()]
+    let any = [config.mqtt.tls_listen, config.mqtt.wss_listen, config.amqp.tls_listen, config.http.tls_listen]
         .iter()
         .any(Option::is_some);
     if !any {
         return Ok(None);
     }
     let t = &config.tls;
-    crate::tls::acceptor(&t.cert, &t.key, &t.client_ca, VerifyClient::parse(&t.verify_client)).map(Some)
+    crate::tls::acceptor(&t.cert, &t.key, &t.client_ca, t.verify_client).map(Some)
 }
 
 /// Every configured listener, by key and flag.
 fn listeners(config: &Config) -> [(&'static str, &'static str, Option<SocketAddr>); 9] {
     [
-        ("mqtt.listen", "--mqtt-listen", config.mqtt_listen()),
-        ("mqtt.tls_listen", "--mqtts-listen", config.mqtts_listen()),
-        ("mqtt.ws_listen", "--mqtt-ws-listen", config.mqtt_ws_listen()),
-        ("mqtt.wss_listen", "--mqtt-wss-listen", config.mqtt_wss_listen()),
-        ("amqp.listen", "--amqp-listen", config.amqp_listen()),
-        ("amqp.tls_listen", "--amqps-listen", config.amqps_listen()),
-        ("http.listen", "--http-listen", config.http_listen()),
-        ("http.tls_listen", "--https-listen", config.https_listen()),
-        ("prometheus.listen", "--prometheus-listen", config.prometheus_listen()),
+        ("mqtt.listen", "--mqtt-listen", config.mqtt.listen),
+        ("mqtt.tls_listen", "--mqtts-listen", config.mqtt.tls_listen),
+        ("mqtt.ws_listen", "--mqtt-ws-listen", config.mqtt.ws_listen),
+        ("mqtt.wss_listen", "--mqtt-wss-listen", config.mqtt.wss_listen),
+        ("amqp.listen", "--amqp-listen", config.amqp.listen),
+        ("amqp.tls_listen", "--amqps-listen", config.amqp.tls_listen),
+        ("http.listen", "--http-listen", config.http.listen),
+        ("http.tls_listen", "--https-listen", config.http.tls_listen),
+        ("prometheus.listen", "--prometheus-listen", config.prometheus.listen),
     ]
 }
 

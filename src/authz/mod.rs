@@ -27,7 +27,6 @@ pub mod rules;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
-use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -116,13 +115,13 @@ pub fn check_entries(auth: &AuthSection) -> Result<(), ConfigError> {
 /// it is shadowed: an EMQX subscribe deny still refuses).
 pub fn file_rules(auth: &AuthSection) -> Result<Vec<Rule>, FileError> {
     let mut rules = Vec::new();
-    if !auth.mosquitto_acl_file.is_empty() {
-        rules.extend(mosquitto_acl::read(Path::new(&auth.mosquitto_acl_file))?);
+    if let Some(path) = &auth.mosquitto_acl_file {
+        rules.extend(mosquitto_acl::read(path)?);
     }
-    if !auth.emqx_acl_file.is_empty() {
-        rules.extend(emqx_acl::read(Path::new(&auth.emqx_acl_file))?);
+    if let Some(path) = &auth.emqx_acl_file {
+        rules.extend(emqx_acl::read(path)?);
     }
-    if !auth.mosquitto_acl_file.is_empty() {
+    if auth.mosquitto_acl_file.is_some() {
         rules.push(mosquitto_acl::every_subscription());
     }
     Ok(rules)
