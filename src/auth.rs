@@ -25,7 +25,7 @@ use parking_lot::{Mutex, RwLock};
 use ring::digest;
 use ring::rand::{SecureRandom, SystemRandom};
 
-use crate::config::UserEntry;
+use crate::config::{ConfigError, UserEntry};
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
@@ -296,6 +296,15 @@ impl User {
         };
         Ok(User { name: u.name.clone(), secret, loopback_only: u.loopback_only, tags: u.tags.clone() })
     }
+}
+
+/// Checks the users of `auth.users` as start-up makes them ([`User::from_entry`]); the
+/// error names the user.
+pub fn check_entries(entries: &[UserEntry]) -> Result<(), ConfigError> {
+    for u in entries {
+        User::from_entry(u).map_err(|e| ConfigError::invalid("auth.users", format!("user `{}`: {e}", u.name)))?;
+    }
+    Ok(())
 }
 
 /// The limits of a [`LoginThrottle`] (`[auth]`'s `max_login_failures`,

@@ -20,7 +20,7 @@
 //!            └── core::store (sessions, QoS 2 ids, entities, de-dup ids) ──▶ journal
 //! ```
 //!
-//! - [`config`] — embedded default + environment + file + flags.
+//! - [`config`] — embedded default + environment + file + flags, read into typed data.
 //! - [`preflight`] — start-up checks before anything starts (data directory lock, TLS
 //!   files, rules, every listener bound).
 //! - [`server`] — listeners, start-up restore, shutdown.

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use ferrymq::config::{Config, Overrides};
+use ferrymq::preflight::load_config;
 use ferrymq::server::Server;
 use ferrymq::shutdown::{Signal, Signals};
 use tracing_subscriber::EnvFilter;
@@ -102,7 +103,7 @@ fn main() -> anyhow::Result<()> {
         definitions: cli.definitions,
         log: cli.log,
     };
-    let config = match Config::load(&overrides, std::env::vars()) {
+    let config = match load_config(&overrides, std::env::vars()) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("ferrymq: {e}");
@@ -118,8 +119,7 @@ fn main() -> anyhow::Result<()> {
     raise_open_files_limit();
     // Before the runtime: a SIGTERM sent as soon as READY is read must stop the broker, and
     // one the runtime is too busy to take must still stop the process.
-    let signals = Signals::start(std::time::Duration::from_secs(config.broker.shutdown_grace_secs))
-        .context("cannot install the signal handlers")?;
+    let signals = Signals::start(config.broker.shutdown_grace).context("cannot install the signal handlers")?;
     // Its workers are marked: a blocking journal call on one panics in debug builds.
     let runtime = ferrymq::core::blocking::runtime_builder().build().context("cannot start the runtime")?;
     runtime.block_on(run(config, overrides, signals))
@@ -172,7 +172,7 @@ fn raise_open_files_limit() {
 }
 
 async fn run(config: Config, overrides: Overrides, mut signals: Signals) -> anyhow::Result<()> {
-    let grace_secs = config.broker.shutdown_grace_secs;
+    let grace_secs = config.broker.shutdown_grace.as_secs();
     let server = match Server::start(config).await {
         Ok(s) => s,
         Err(e)
@@ -192,7 +192,7 @@ async fn run(config: Config, overrides: Overrides, mut signals: Signals) -> anyh
         out.flush()?;
     }
     while signals.recv().await == Signal::Reload {
-        match Config::load(&overrides, std::env::vars()) {
+        match load_config(&overrides, std::env::vars()) {
             Ok(config) => server.reload(&config),
             Err(e) => tracing::warn!(error = %e, "SIGHUP: configuration not reloaded"),
         }

@@ -1,6 +1,7 @@
-//! Start-up checks made before anything starts: the data directory (a directory, and
-//! locked for this process, so that a second FerryMQ on it is told so at once), the TLS
-//! files (each problem naming its file), the users and the authorization rules of the
+//! Start-up checks made before anything starts: the configuration's entries as the
+//! modules that run them check them ([`load_config`]), the data directory (a directory,
+//! and locked for this process, so that a second FerryMQ on it is told so at once), the
+//! TLS files (each problem naming its file), the users and the authorization rules of the
 //! configuration, and every listener bound, all addresses in use reported together.
 //!
 //! Nothing is opened in the data directory and no task is started before these pass: a
@@ -17,8 +18,8 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use crate::auth::User;
-use crate::config::Config;
-use crate::tls::{TlsError, VerifyClient};
+use crate::config::{Config, ConfigError, Overrides};
+use crate::tls::TlsError;
 
 /// Why the broker refuses to start (exit code 2).
 #[derive(Debug, thiserror::Error)]
@@ -155,6 +156,22 @@ impl Preflight {
     }
 }
 
+/// Loads the configuration ([`Config::load`]: the settings, read and checked) and checks
+/// the entries it holds for other modules as those modules will take them: users
+/// ([`crate::auth::check_entries`]), permissions and MQTT rules
+/// ([`crate::authz::check_entries`]), bridges and shovels ([`crate::bridge::check_entries`]).
+/// What the broker starts with and what SIGHUP reloads; an error names the key.
+pub fn load_config(
+    overrides: &Overrides,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<Config, ConfigError> {
+    let config = Config::load(overrides, env)?;
+    crate::bridge::check_entries(&config.bridge, &config.shovel)?;
+    crate::auth::check_entries(&config.auth.users)?;
+    crate::authz::check_entries(&config.auth)?;
+    Ok(config)
+}
+
 /// Makes the data directory if needed and locks it (an advisory lock on the directory
 /// itself: nothing is written in it).
 fn lock_data_dir(path: &Path) -> Result<File, StartError> {
@@ -177,28 +194,28 @@ fn lock_data_dir(path: &Path) -> Result<File, StartError> {
 /// The TLS listeners' acceptor, when one is configured: the files are read and checked
 /// here, each problem naming its setting and file.
 fn tls_acceptor(config: &Config) -> Result<Option<TlsAcceptor>, TlsError> {
-    let any = [config.mqtts_listen(), config.mqtt_wss_listen(), config.amqps_listen(), config.https_listen()]
+    let any = [config.mqtt.tls_listen, config.mqtt.wss_listen, config.amqp.tls_listen, config.http.tls_listen]
         .iter()
         .any(Option::is_some);
     if !any {
         return Ok(None);
     }
     let t = &config.tls;
-    crate::tls::acceptor(&t.cert, &t.key, &t.client_ca, VerifyClient::parse(&t.verify_client)).map(Some)
+    crate::tls::acceptor(&t.cert, &t.key, &t.client_ca, t.verify_client).map(Some)
 }
 
 /// Every configured listener, by key and flag.
 fn listeners(config: &Config) -> [(&'static str, &'static str, Option<SocketAddr>); 9] {
     [
-        ("mqtt.listen", "--mqtt-listen", config.mqtt_listen()),
-        ("mqtt.tls_listen", "--mqtts-listen", config.mqtts_listen()),
-        ("mqtt.ws_listen", "--mqtt-ws-listen", config.mqtt_ws_listen()),
-        ("mqtt.wss_listen", "--mqtt-wss-listen", config.mqtt_wss_listen()),
-        ("amqp.listen", "--amqp-listen", config.amqp_listen()),
-        ("amqp.tls_listen", "--amqps-listen", config.amqps_listen()),
-        ("http.listen", "--http-listen", config.http_listen()),
-        ("http.tls_listen", "--https-listen", config.https_listen()),
-        ("prometheus.listen", "--prometheus-listen", config.prometheus_listen()),
+        ("mqtt.listen", "--mqtt-listen", config.mqtt.listen),
+        ("mqtt.tls_listen", "--mqtts-listen", config.mqtt.tls_listen),
+        ("mqtt.ws_listen", "--mqtt-ws-listen", config.mqtt.ws_listen),
+        ("mqtt.wss_listen", "--mqtt-wss-listen", config.mqtt.wss_listen),
+        ("amqp.listen", "--amqp-listen", config.amqp.listen),
+        ("amqp.tls_listen", "--amqps-listen", config.amqp.tls_listen),
+        ("http.listen", "--http-listen", config.http.listen),
+        ("http.tls_listen", "--https-listen", config.http.tls_listen),
+        ("prometheus.listen", "--prometheus-listen", config.prometheus.listen),
     ]
 }
 
@@ -236,6 +253,49 @@ mod tests {
         let file = tmp.path().join("file");
         std::fs::write(&file, "x").unwrap();
         assert!(matches!(lock_data_dir(&file), Err(StartError::DataDirIsFile(_))));
+    }
+
+    /// Each entry config holds for another module loads as plain data and is refused by
+    /// its owner's check, the message naming key and entry.
+    #[test]
+    fn entries_are_refused_by_the_modules_that_take_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let cases = [
+            ("[auth]\nusers = [{ name = \"x\", password_hash = \"$7$nope\" }]\n", "`auth.users`: user `x`: "),
+            (
+                "[auth]\npermissions = [{ user = \"app\", configure = \"(\" }]\n",
+                "`auth.permissions`: user `app` in vhost `/`: invalid regular expression",
+            ),
+            (
+                "[auth]\ntopic_permissions = [{ user = \"app\", exchange = \"amq.topic\", write = \"(\" }]\n",
+                "`auth.topic_permissions`: user `app` on `amq.topic`: invalid regular expression",
+            ),
+            (
+                "[auth]\nrules = [{ permission = \"allow\", action = \"poke\", topics = [\"#\"] }]\n",
+                "`auth.rules`: rule 1: action `poke` is not publish, subscribe, receive or all",
+            ),
+            (
+                "[[bridge.mqtt]]\nconnection = \"c\"\naddress = \"h\"\ntopic = [\"# sideways 1\"]\n",
+                "`bridge.mqtt`: bridge `c`: ",
+            ),
+            (
+                "[[bridge.mqtt]]\nconnection = \"c\"\naddress = \"h\"\ntopic = [\"# out 1\"]\n\
+                 [[bridge.mqtt]]\nconnection = \"c\"\naddress = \"h\"\ntopic = [\"# in 1\"]\n",
+                "`bridge.mqtt`: two bridges are named `c`",
+            ),
+            (
+                "[[shovel]]\nname = \"s\"\nsrc-uri = \"amqp://\"\ndest-uri = \"amqp://\"\n",
+                "`shovel`: shovel `s`: give one of src-queue and src-exchange",
+            ),
+        ];
+        for (i, (toml, refusal)) in cases.into_iter().enumerate() {
+            let file = dir.path().join(format!("{i}.toml"));
+            std::fs::write(&file, toml).unwrap();
+            let o = Overrides { config_file: Some(file), ..Default::default() };
+            Config::load(&o, []).unwrap_or_else(|e| panic!("config reads {toml:?} as data: {e}"));
+            let err = load_config(&o, []).expect_err(toml).to_string();
+            assert!(err.starts_with("configuration error: ") && err.contains(refusal), "{toml:?}: {err}");
+        }
     }
 
     #[test]

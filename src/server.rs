@@ -3,6 +3,7 @@
 //! connections; then wait with a deadline and flush the journal last).
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,7 +18,7 @@ use crate::accept::{BudgetConfig, SocketBudget, SocketClass, SocketPermit};
 use crate::amqp::AmqpContext;
 use crate::auth::{LoginThrottle, User, Users};
 use crate::authz::{Authorizer, Policy};
-use crate::config::Config;
+use crate::config::{Config, Qos0WhenFull};
 use crate::core::alarm::ResourceAlarm;
 use crate::core::broker::Broker;
 use crate::core::connections::Listener;
@@ -143,7 +144,7 @@ impl Server {
         // contents, which their limits and the memory alarm bound.
         let (dead_tx, dead_rx) = tokio::sync::mpsc::unbounded_channel();
         let shards = Shards::start(shard_count, journal.clone(), session_queues, dead_tx);
-        if config.mqtt.qos0_when_full == "wait" {
+        if config.mqtt.qos0_when_full == Some(Qos0WhenFull::Wait) {
             warn!("mqtt.qos0_when_full = \"wait\" is ignored: a publisher never waits for one subscriber");
         }
         let broker = Arc::new(Broker::new(journal, shards, &config.mqtt.exchange));
@@ -163,7 +164,7 @@ impl Server {
         authz.update(|p| p.user_tags = users.all().into_iter().map(|u| (u.name, u.tags)).collect());
         let logins = MqttLogins {
             users: users.clone(),
-            check_passwords: config.auth.mqtt || !config.auth.mosquitto_password_file.is_empty(),
+            check_passwords: config.auth.mqtt || config.auth.mosquitto_password_file.is_some(),
             allow_anonymous: config.mqtt.allow_anonymous,
         };
         let mqtt = MqttContext::restore(
@@ -186,8 +187,8 @@ impl Server {
         tokio::spawn(scheduler::run(broker.clone()));
         tokio::spawn(mqtt.clone().run_expiry());
         tokio::spawn(mqtt.timers.clone().run());
-        if config.mqtt.sys_interval_secs > 0 {
-            tokio::spawn(mqtt::sys::run(mqtt.clone(), Duration::from_secs(config.mqtt.sys_interval_secs)));
+        if let Some(every) = config.mqtt.sys_interval {
+            tokio::spawn(mqtt::sys::run(mqtt.clone(), every));
         }
 
         let sockets = SocketBudget::new(
@@ -218,7 +219,7 @@ impl Server {
             sockets,
             file_users: parking_lot::Mutex::new(from_file),
             stop_accepting,
-            grace: Duration::from_secs(config.broker.shutdown_grace_secs),
+            grace: config.broker.shutdown_grace,
             shovels: Arc::new(crate::bridge::shovel::Shovels::new(None, None)),
             _data_dir_lock: pre.data_dir_lock,
             progress,
@@ -252,7 +253,7 @@ impl Server {
                 match origins.check {
                     true => info!(
                         listener = %addr,
-                        allowed = ?config.mqtt.ws_check_origins,
+                        allowed = %origins_text(&config.mqtt.ws_check_origins),
                         "MQTT WebSocket: browser origins checked (its own host and mqtt.ws_check_origins pass)"
                     ),
                     false => info!(listener = %addr, "MQTT WebSocket: browser origins not checked"),
@@ -274,7 +275,7 @@ impl Server {
         }
         let bridges = Arc::new(crate::bridge::Bridges::default());
         for b in &config.bridge.mqtt {
-            let rules = b.rules().map_err(|e| anyhow::anyhow!("bridge `{}`: {e}", b.connection))?;
+            let rules = crate::bridge::topic_rules(b).map_err(|e| anyhow::anyhow!("bridge `{}`: {e}", b.connection))?;
             // Its TLS files were checked before anything started.
             let bridge = bridges.add(b, &rules);
             // A bridge whose local side the rules let do nothing would say `running` and drop
@@ -329,8 +330,8 @@ impl Server {
             connection_rates: Default::default(),
             delayed_pending: Default::default(),
         });
-        if !config.http.load_definitions.is_empty() {
-            load_definitions(&ctx, &config.http.load_definitions).await.map_err(StartError::Config)?;
+        if let Some(path) = &config.http.load_definitions {
+            load_definitions(&ctx, path).await.map_err(StartError::Config)?;
         }
         let mut http = crate::http::Listeners::default();
         if let Some(listener) = pre.listeners.take("http.listen") {
@@ -430,13 +431,12 @@ impl Server {
             }
             Err(e) => warn!(error = %e, "MQTT rules not reloaded; the rules in force stay"),
         }
-        let file = &config.auth.mosquitto_password_file;
-        if !file.is_empty() {
-            match crate::auth::read_mosquitto_password_file(std::path::Path::new(file)) {
+        if let Some(file) = &config.auth.mosquitto_password_file {
+            match crate::auth::read_mosquitto_password_file(file) {
                 Ok(now) => {
                     let mut names = self.file_users.lock();
                     *names = self.mqtt.logins.users.reload_file(&names, now);
-                    info!(file = %file, users = names.len(), "Mosquitto password file reloaded");
+                    info!(file = %file.display(), users = names.len(), "Mosquitto password file reloaded");
                 }
                 Err(e) => warn!(error = %e, "password file not reloaded; the users in force stay"),
             }
@@ -546,18 +546,19 @@ fn log_login_rule(mqtt: &MqttContext, addr: SocketAddr, is_tls: bool) {
 
 /// Imports a RabbitMQ definitions file (`http.load_definitions`); what cannot be applied
 /// stops start-up, what FerryMQ does not support is logged.
-async fn load_definitions(ctx: &HttpContext, path: &str) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read the definitions file {path}"))?;
+async fn load_definitions(ctx: &HttpContext, file: &Path) -> anyhow::Result<()> {
+    let path = file.display();
+    let text = std::fs::read_to_string(file).with_context(|| format!("cannot read the definitions file {path}"))?;
     let defs: serde_json::Value =
         serde_json::from_str(&text).with_context(|| format!("the definitions file {path} is not JSON"))?;
     let report = crate::http::definitions::import(ctx, &defs, None)
         .await
         .map_err(|e| anyhow::anyhow!("cannot import the definitions file {path}: {}", e.reason))?;
     for item in &report.unsupported {
-        warn!(path, %item, "definition not applied");
+        warn!(%path, %item, "definition not applied");
     }
     info!(
-        path,
+        %path,
         imported = %serde_json::Value::Object(report.imported.clone()),
         not_applied = report.unsupported.len(),
         "definitions imported"
@@ -658,7 +659,7 @@ fn authorizer(config: &Config, stored: &AccessRecords) -> anyhow::Result<Arc<Aut
             _ => "on for MQTT (rules); AMQP unchecked",
         }
     );
-    let checked = config.auth.mqtt || !config.auth.mosquitto_password_file.is_empty();
+    let checked = config.auth.mqtt || config.auth.mosquitto_password_file.is_some();
     if mqtt && !checked {
         warn!(
             "MQTT authorization is on but MQTT passwords are not checked: rules naming a user trust the \
@@ -666,6 +667,11 @@ fn authorizer(config: &Config, stored: &AccessRecords) -> anyhow::Result<Arc<Aut
         );
     }
     Ok(Authorizer::new(amqp, mqtt, policy))
+}
+
+/// Configured origins as they are written, for the log.
+fn origins_text(origins: &[crate::origin::Origin]) -> String {
+    origins.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
 }
 
 /// The retained messages start-up read, into the broker's retained store.
@@ -699,16 +705,17 @@ enum Front {
 /// The classes of listener the configuration opens (each keeps a reserve of descriptors).
 fn active_socket_classes(config: &Config) -> Vec<SocketClass> {
     let mut active = Vec::new();
-    if config.mqtt_listen().is_some() || config.mqtts_listen().is_some() {
+    let (mqtt, amqp, http) = (&config.mqtt, &config.amqp, &config.http);
+    if mqtt.listen.is_some() || mqtt.tls_listen.is_some() {
         active.push(SocketClass::Mqtt);
     }
-    if config.mqtt_ws_listen().is_some() || config.mqtt_wss_listen().is_some() {
+    if mqtt.ws_listen.is_some() || mqtt.wss_listen.is_some() {
         active.push(SocketClass::MqttWs);
     }
-    if config.amqp_listen().is_some() || config.amqps_listen().is_some() {
+    if amqp.listen.is_some() || amqp.tls_listen.is_some() {
         active.push(SocketClass::Amqp);
     }
-    if config.http_listen().is_some() || config.https_listen().is_some() || config.prometheus_listen().is_some() {
+    if http.listen.is_some() || http.tls_listen.is_some() || config.prometheus.listen.is_some() {
         active.push(SocketClass::Http);
     }
     active
@@ -777,11 +784,10 @@ pub(crate) fn configured_users(config: &Config) -> anyhow::Result<(Vec<User>, Ve
     for entry in config.auth.all_users() {
         users.push(User::from_entry(&entry).map_err(|e| anyhow::anyhow!("auth.users: user `{}`: {e}", entry.name))?);
     }
-    let file = &config.auth.mosquitto_password_file;
-    if !file.is_empty() {
-        let read = crate::auth::read_mosquitto_password_file(std::path::Path::new(file))
+    if let Some(file) = &config.auth.mosquitto_password_file {
+        let read = crate::auth::read_mosquitto_password_file(file)
             .map_err(|e| anyhow::anyhow!("auth.mosquitto_password_file: {e}"))?;
-        info!(file = %file, users = read.len(), "Mosquitto password file loaded; MQTT passwords are checked");
+        info!(file = %file.display(), users = read.len(), "Mosquitto password file loaded; MQTT passwords are checked");
         from_file = read.iter().map(|u| u.name.clone()).collect();
         users.extend(read);
     }
@@ -794,8 +800,8 @@ fn login_throttle(config: &Config) -> LoginThrottle {
     LoginThrottle::new(crate::auth::LoginLimits {
         max_failures: a.max_login_failures,
         max_failures_per_address: a.login_failures_per_address(),
-        window: Duration::from_secs(a.login_failure_window_secs),
-        delay: Duration::from_millis(a.login_failure_delay_ms),
+        window: a.login_failure_window,
+        delay: a.login_failure_delay,
         max_pending_per_address: a.max_pending_logins_per_address,
     })
 }

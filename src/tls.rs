@@ -8,6 +8,8 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::TlsAcceptor;
 
+pub use crate::config::VerifyClient;
+
 /// Why TLS could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -48,28 +50,6 @@ pub enum TlsError {
     /// rustls refused the configuration.
     #[error("TLS configuration: {0}")]
     Rustls(#[from] rustls::Error),
-}
-
-/// Whether and how client certificates are asked for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum VerifyClient {
-    /// Not asked for.
-    None,
-    /// Verified when presented; a client without one still connects.
-    Optional,
-    /// A client without a valid certificate fails the handshake.
-    Required,
-}
-
-impl VerifyClient {
-    /// Parses `none`, `optional`, `required` (validated with the configuration).
-    pub fn parse(s: &str) -> VerifyClient {
-        match s {
-            "optional" => VerifyClient::Optional,
-            "required" => VerifyClient::Required,
-            _ => VerifyClient::None,
-        }
-    }
 }
 
 /// The identity of a client that presented a verified certificate.
@@ -175,8 +155,6 @@ mod tests {
         assert_eq!(escape_rfc4514("a,b+c"), "a\\,b\\+c");
         assert_eq!(escape_rfc4514("#x y"), "\\#x y");
         assert_eq!(escape_rfc4514(" lead"), "\\ lead");
-        assert_eq!(VerifyClient::parse("required"), VerifyClient::Required);
-        assert_eq!(VerifyClient::parse("none"), VerifyClient::None);
     }
 }
 

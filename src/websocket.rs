@@ -59,7 +59,7 @@ impl OriginPolicy {
     pub fn of(cfg: &crate::config::MqttSection, anonymous: bool, loopback: bool) -> OriginPolicy {
         OriginPolicy {
             check: cfg.ws_check_origin_enable.unwrap_or(anonymous),
-            allowed: cfg.ws_check_origins.iter().filter_map(|o| Origin::parse(o)).collect(),
+            allowed: cfg.ws_check_origins.clone(),
             allow_absence: cfg.ws_allow_origin_absence,
             loopback_listener: loopback,
         }

@@ -22,6 +22,7 @@ use super::channel::{Channel, Settle};
 use super::convert::properties_out;
 use super::AmqpContext;
 use crate::authz::{Access, Identity};
+use crate::config::CertLoginFrom;
 use crate::core::alarm::Resource;
 use crate::core::broker::DurableSignal;
 use crate::core::connections::{Admission, ClientDetails, ConnectionInfo, LimitReached, Listener, Protocol};
@@ -647,9 +648,9 @@ impl Task {
     /// (`amqp.ssl_cert_login_from`).
     fn certificate_user(&self) -> String {
         let Some(cert) = &self.cert else { return String::new() };
-        match self.ctx.cfg.ssl_cert_login_from.as_str() {
-            "common_name" => cert.common_name.clone().unwrap_or_default(),
-            _ => cert.subject.clone(),
+        match self.ctx.cfg.ssl_cert_login_from {
+            CertLoginFrom::CommonName => cert.common_name.clone().unwrap_or_default(),
+            CertLoginFrom::DistinguishedName => cert.subject.clone(),
         }
     }
 

@@ -27,14 +27,13 @@ pub mod rules;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
-use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
 
 use crate::auth::FileError;
-use crate::config::AuthSection;
+use crate::config::{AuthSection, ConfigError};
 use crate::core::message::mqtt_to_key;
 use crate::core::store::{AccessRecords, PermissionRecord, TopicPermissionRecord};
 pub use checks::{BindingRequest, BoundTo, RouteRefused};
@@ -87,7 +86,28 @@ pub struct Policy {
 
 /// The rules of `[[auth.rules]]` entries; the error names the entry.
 pub fn rules_of(entries: &[RuleEntry]) -> Result<Vec<Rule>, String> {
-    entries.iter().enumerate().map(|(i, e)| e.to_rule().map_err(|err| format!("rule {}: {err}", i + 1))).collect()
+    entries
+        .iter()
+        .enumerate()
+        .map(|(i, e)| Rule::from_entry(e).map_err(|err| format!("rule {}: {err}", i + 1)))
+        .collect()
+}
+
+/// Checks the access entries of `[auth]` as the policy compiles them: every MQTT rule,
+/// permission and topic permission. The error names the key and the entry.
+pub fn check_entries(auth: &AuthSection) -> Result<(), ConfigError> {
+    rules_of(&auth.rules).map_err(|e| ConfigError::invalid("auth.rules", e))?;
+    for p in &auth.permissions {
+        VhostPermissions::new(&p.configure, &p.write, &p.read).map_err(|e| {
+            ConfigError::invalid("auth.permissions", format!("user `{}` in vhost `{}`: {e}", p.user, p.vhost))
+        })?;
+    }
+    for p in &auth.topic_permissions {
+        TopicPermissions::new(&p.write, &p.read).map_err(|e| {
+            ConfigError::invalid("auth.topic_permissions", format!("user `{}` on `{}`: {e}", p.user, p.exchange))
+        })?;
+    }
+    Ok(())
 }
 
 /// The rules of `auth.mosquitto_acl_file`, then of `auth.emqx_acl_file`, then, with a
@@ -95,13 +115,13 @@ pub fn rules_of(entries: &[RuleEntry]) -> Result<Vec<Rule>, String> {
 /// it is shadowed: an EMQX subscribe deny still refuses).
 pub fn file_rules(auth: &AuthSection) -> Result<Vec<Rule>, FileError> {
     let mut rules = Vec::new();
-    if !auth.mosquitto_acl_file.is_empty() {
-        rules.extend(mosquitto_acl::read(Path::new(&auth.mosquitto_acl_file))?);
+    if let Some(path) = &auth.mosquitto_acl_file {
+        rules.extend(mosquitto_acl::read(path)?);
     }
-    if !auth.emqx_acl_file.is_empty() {
-        rules.extend(emqx_acl::read(Path::new(&auth.emqx_acl_file))?);
+    if let Some(path) = &auth.emqx_acl_file {
+        rules.extend(emqx_acl::read(path)?);
     }
-    if !auth.mosquitto_acl_file.is_empty() {
+    if auth.mosquitto_acl_file.is_some() {
         rules.push(mosquitto_acl::every_subscription());
     }
     Ok(rules)

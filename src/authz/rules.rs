@@ -5,19 +5,8 @@
 
 use std::net::IpAddr;
 
-use serde::{Deserialize, Serialize};
-
 use super::Identity;
-
-/// What a rule does when it matches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Permit {
-    /// The action is allowed.
-    Allow,
-    /// The action is refused.
-    Deny,
-}
+pub use crate::config::access::{Permit, RuleEntry};
 
 /// The MQTT actions a rule covers (a set).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -391,58 +380,29 @@ pub fn decide(rules: &[Rule], id: &Identity, request: Request<'_>) -> Option<Per
     rules.iter().find_map(|r| r.decide(id, request))
 }
 
-/// `[[auth.rules]]` in the configuration: one MQTT topic rule.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct RuleEntry {
-    /// `allow` or `deny`.
-    pub permission: Permit,
-    /// `publish`, `subscribe` (and receive), `receive`, or `all`.
-    pub action: String,
-    /// Topic filters (`%u`, `%c`, `${username}`, `${clientid}` name the client).
-    pub topics: Vec<String>,
-    /// Only this user.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub user: Option<String>,
-    /// Only users with this tag.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub group: Option<String>,
-    /// Only client ids matching this glob.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub client_id: Option<String>,
-    /// Only clients from this network (`10.0.0.0/8`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub source: Option<String>,
-    /// Only clients whose certificate has this common name.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cert_cn: Option<String>,
-    /// Only clients without a user name.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub anonymous: bool,
-}
-
-impl RuleEntry {
-    /// The rule; the error says what is wrong.
-    pub fn to_rule(&self) -> Result<Rule, String> {
-        let actions = Actions::parse(&self.action)
-            .ok_or_else(|| format!("action `{}` is not publish, subscribe, receive or all", self.action))?;
+impl Rule {
+    /// The rule an `[[auth.rules]]` entry (or one of the API's JSON) describes; the error
+    /// says what is wrong with it.
+    pub fn from_entry(entry: &RuleEntry) -> Result<Rule, String> {
+        let actions = Actions::parse(&entry.action)
+            .ok_or_else(|| format!("action `{}` is not publish, subscribe, receive or all", entry.action))?;
         let mut who = Vec::new();
-        if let Some(u) = &self.user {
+        if let Some(u) = &entry.user {
             who.push(Who::User(u.clone()));
         }
-        if let Some(g) = &self.group {
+        if let Some(g) = &entry.group {
             who.push(Who::Group(g.clone()));
         }
-        if let Some(c) = &self.client_id {
+        if let Some(c) = &entry.client_id {
             who.push(Who::ClientId(c.clone()));
         }
-        if let Some(s) = &self.source {
+        if let Some(s) = &entry.source {
             who.push(Who::Source(Cidr::parse(s).ok_or_else(|| format!("source `{s}` is not an address/prefix"))?));
         }
-        if let Some(cn) = &self.cert_cn {
+        if let Some(cn) = &entry.cert_cn {
             who.push(Who::CertCn(cn.clone()));
         }
-        if self.anonymous {
+        if entry.anonymous {
             who.push(Who::Anonymous);
         }
         let who = match who.len() {
@@ -450,15 +410,15 @@ impl RuleEntry {
             1 => who.pop().unwrap_or(Who::All),
             _ => Who::And(who),
         };
-        if self.topics.is_empty() {
+        if entry.topics.is_empty() {
             return Err("a rule needs at least one topic".into());
         }
         let mut topics = Vec::new();
-        for t in &self.topics {
+        for t in &entry.topics {
             check_filter(t)?;
             topics.push(TopicPattern::Filter(t.clone()));
         }
-        Ok(Rule { permit: self.permission, who, actions, topics })
+        Ok(Rule { permit: entry.permission, who, actions, topics })
     }
 }
 
@@ -595,12 +555,12 @@ mod tests {
             "permission": "allow", "action": "publish", "topics": ["a/#"], "user": "u", "source": "10.0.0.0/8"
         }))
         .unwrap();
-        let r = e.to_rule().unwrap();
+        let r = Rule::from_entry(&e).unwrap();
         assert_eq!(r.actions, Actions::PUBLISH);
         assert!(matches!(r.who, Who::And(ref v) if v.len() == 2));
         let bad = RuleEntry { action: "poke".into(), ..e.clone() };
-        assert!(bad.to_rule().unwrap_err().contains("poke"));
+        assert!(Rule::from_entry(&bad).unwrap_err().contains("poke"));
         let bad = RuleEntry { topics: vec!["a/#/b".into()], ..e };
-        assert!(bad.to_rule().unwrap_err().contains("a/#/b"));
+        assert!(Rule::from_entry(&bad).unwrap_err().contains("a/#/b"));
     }
 }

@@ -28,179 +28,62 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use serde::Deserialize;
 
 use crate::authz::{Authorizer, Identity, Reach};
+pub use crate::config::links::{BridgeSection, MqttBridgeEntry};
+use crate::config::{ConfigError, ShovelEntry};
 use crate::mqtt::refused::Refusals;
 use topic::TopicRule;
 
-/// `[[bridge.mqtt]]`: one bridge to another MQTT broker; the names are Mosquitto's.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MqttBridgeEntry {
-    /// The bridge's name (Mosquitto's `connection`).
-    pub connection: String,
-    /// The remote broker, `host[:port]` (port 1883 when left out). Several (a list, or
-    /// separated by spaces as in mosquitto.conf; `addresses` is the same key) are tried in
-    /// turn when one fails.
-    #[serde(alias = "addresses", deserialize_with = "addresses")]
-    pub address: Vec<String>,
-    /// With several addresses: `false` treats the first as the main one and returns to it
-    /// once it accepts connections again; `true` stays on whichever works.
-    #[serde(default)]
-    pub round_robin: bool,
-    /// Publish the bridge's state, retained: `1` when it connects, `0` when it goes down
-    /// (at the remote through its will), on FerryMQ and at the remote broker.
-    #[serde(default = "yes")]
-    pub notifications: bool,
-    /// Publish the state on FerryMQ only.
-    #[serde(default)]
-    pub notifications_local_only: bool,
-    /// Where the state goes (default `$SYS/broker/connection/{remote_clientid}/state`).
-    #[serde(default)]
-    pub notification_topic: String,
-    /// Topic lines: `pattern [[[out|in|both] qos] local-prefix remote-prefix]`.
-    pub topic: Vec<String>,
-    /// `mqttv311` or `mqttv50`.
-    #[serde(default = "default_protocol")]
-    pub bridge_protocol_version: String,
-    /// Client id at the remote broker (default `ferrymq.{connection}`).
-    #[serde(default)]
-    pub remote_clientid: String,
-    /// User name at the remote broker ("" = none).
-    #[serde(default)]
-    pub remote_username: String,
-    /// Password at the remote broker.
-    #[serde(default)]
-    pub remote_password: String,
-    /// Clean session / clean start at the remote broker (false: the remote keeps what
-    /// arrives for the bridge while it is away).
-    #[serde(default)]
-    pub cleansession: bool,
-    /// Keep-alive towards the remote broker, seconds.
-    #[serde(default = "default_keepalive")]
-    pub keepalive_interval: u16,
-    /// Reconnect backoff `[base, cap]` in seconds: the wait doubles from `base` up to `cap`.
-    #[serde(default = "default_restart")]
-    pub restart_timeout: Vec<f64>,
-    /// Client id of the bridge's session on FerryMQ (default `local.{connection}`).
-    #[serde(default)]
-    pub local_clientid: String,
-    /// User the local side acts as (FerryMQ's topic rules apply to it; "" = none).
-    #[serde(default)]
-    pub local_username: String,
-    /// Tell a 3.1.1 remote that this is a bridge (the protocol level's top bit, as
-    /// Mosquitto): a Mosquitto or FerryMQ remote then sends back none of the bridge's own
-    /// publishes. Turn off for a broker that refuses it.
-    #[serde(default = "yes")]
-    pub try_private: bool,
-    /// QoS 1/2 messages in flight each way.
-    #[serde(default = "default_inflight")]
-    pub max_inflight: u16,
-    /// CA certificates (PEM) the remote broker's certificate is checked against; set, the
-    /// link is TLS.
-    #[serde(default)]
-    pub bridge_cafile: String,
-    /// Client certificate (PEM) presented to the remote broker.
-    #[serde(default)]
-    pub bridge_certfile: String,
-    /// Its private key (PEM).
-    #[serde(default)]
-    pub bridge_keyfile: String,
-    /// Accept a remote certificate that does not name the host it is reached at (the
-    /// chain is still checked against `bridge_cafile`).
-    #[serde(default)]
-    pub bridge_insecure: bool,
-}
-
-/// `address` as one string (addresses separated by spaces) or a list; each gets port 1883
-/// when it names none.
-fn addresses<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum OneOrMany {
-        One(String),
-        Many(Vec<String>),
+/// A bridge's topic lines parsed, after its other settings were checked; the error says
+/// what is wrong.
+pub fn topic_rules(cfg: &MqttBridgeEntry) -> Result<Vec<TopicRule>, String> {
+    if cfg.connection.is_empty() || cfg.address.is_empty() {
+        return Err("a bridge needs a `connection` name and an `address`".into());
     }
-    let list = match OneOrMany::deserialize(d)? {
-        OneOrMany::One(s) => s.split_whitespace().map(str::to_owned).collect(),
-        OneOrMany::Many(v) => v,
-    };
-    Ok(list.into_iter().map(|a| with_port(a.trim())).collect())
-}
-
-/// `host` or `[v6]` without a port gets Mosquitto's default, 1883.
-fn with_port(a: &str) -> String {
-    let has_port = match a.strip_prefix('[') {
-        Some(v6) => v6.contains("]:"),
-        None => a.contains(':'),
-    };
-    if has_port {
-        a.to_owned()
-    } else {
-        format!("{a}:1883")
+    if let Some(a) =
+        cfg.address.iter().find(|a| a.rsplit_once(':').is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err()))
+    {
+        return Err(format!("address `{a}` is not host[:port]"));
     }
-}
-
-impl MqttBridgeEntry {
-    /// The topic lines parsed, after the other settings were checked.
-    pub fn rules(&self) -> Result<Vec<TopicRule>, String> {
-        if self.connection.is_empty() || self.address.is_empty() {
-            return Err("a bridge needs a `connection` name and an `address`".into());
-        }
-        if let Some(a) = self
-            .address
-            .iter()
-            .find(|a| a.rsplit_once(':').is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err()))
-        {
-            return Err(format!("address `{a}` is not host[:port]"));
-        }
-        if !matches!(self.bridge_protocol_version.as_str(), "mqttv311" | "mqttv50") {
-            return Err("bridge_protocol_version is mqttv311 or mqttv50".into());
-        }
-        let t = &self.restart_timeout;
-        if t.is_empty() || t.len() > 2 || t.iter().any(|s| !(s.is_finite() && *s > 0.0)) {
-            return Err("restart_timeout is [base] or [base, cap], seconds above 0".into());
-        }
-        if self.max_inflight == 0 {
-            return Err("max_inflight must be at least 1".into());
-        }
-        if self.bridge_certfile.is_empty() != self.bridge_keyfile.is_empty() {
-            return Err("bridge_certfile and bridge_keyfile go together".into());
-        }
-        if self.topic.is_empty() {
-            return Err("a bridge needs at least one `topic` line".into());
-        }
-        if self.notification_topic.contains(['+', '#']) {
-            return Err("notification_topic is a topic name, without wildcards".into());
-        }
-        self.topic.iter().map(|l| TopicRule::parse(l).map_err(|e| e.to_string())).collect()
+    if !matches!(cfg.bridge_protocol_version.as_str(), "mqttv311" | "mqttv50") {
+        return Err("bridge_protocol_version is mqttv311 or mqttv50".into());
     }
+    let t = &cfg.restart_timeout;
+    if t.is_empty() || t.len() > 2 || t.iter().any(|s| !(s.is_finite() && *s > 0.0)) {
+        return Err("restart_timeout is [base] or [base, cap], seconds above 0".into());
+    }
+    if cfg.max_inflight == 0 {
+        return Err("max_inflight must be at least 1".into());
+    }
+    if cfg.bridge_certfile.is_empty() != cfg.bridge_keyfile.is_empty() {
+        return Err("bridge_certfile and bridge_keyfile go together".into());
+    }
+    if cfg.topic.is_empty() {
+        return Err("a bridge needs at least one `topic` line".into());
+    }
+    if cfg.notification_topic.contains(['+', '#']) {
+        return Err("notification_topic is a topic name, without wildcards".into());
+    }
+    cfg.topic.iter().map(|l| TopicRule::parse(l).map_err(|e| e.to_string())).collect()
 }
 
-fn default_protocol() -> String {
-    "mqttv311".into()
-}
-fn default_keepalive() -> u16 {
-    60
-}
-fn default_restart() -> Vec<f64> {
-    vec![5.0, 30.0]
-}
-fn yes() -> bool {
-    true
-}
-fn default_inflight() -> u16 {
-    20
-}
-
-/// `[bridge]`.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct BridgeSection {
-    /// MQTT bridges.
-    #[serde(default)]
-    pub mqtt: Vec<MqttBridgeEntry>,
+/// Checks `[[bridge.mqtt]]` and `[[shovel]]` as start-up runs them: bridge names are
+/// unique, each bridge's settings and topic lines ([`topic_rules`]), each shovel's
+/// definition ([`shovel::Plan::of`]). The error names the key and the entry.
+pub fn check_entries(bridges: &BridgeSection, shovels: &[ShovelEntry]) -> Result<(), ConfigError> {
+    let mut names = std::collections::HashSet::new();
+    for b in &bridges.mqtt {
+        if !names.insert(b.connection.as_str()) {
+            return Err(ConfigError::invalid("bridge.mqtt", format!("two bridges are named `{}`", b.connection)));
+        }
+        topic_rules(b).map_err(|e| ConfigError::invalid("bridge.mqtt", format!("bridge `{}`: {e}", b.connection)))?;
+    }
+    for s in shovels {
+        shovel::Plan::of(&s.definition)
+            .map_err(|e| ConfigError::invalid("shovel", format!("shovel `{}`: {e}", s.name)))?;
+    }
+    Ok(())
 }
 
 /// Where a bridge is, as the management API shows it.
@@ -355,8 +238,8 @@ mod tests {
         assert_eq!(e.address, ["a.example:1883", "b.example:8883", "[::1]:1883"]);
         let e = entry("addresses = [\"10.0.0.1\", \"[::1]:1884\"]").unwrap();
         assert_eq!(e.address, ["10.0.0.1:1883", "[::1]:1884"]);
-        assert!(e.rules().is_ok() && e.notifications && !e.round_robin && !e.bridge_insecure);
-        assert!(entry("address = \"\"").unwrap().rules().unwrap_err().contains("address"));
-        assert!(entry("address = \"h:port\"").unwrap().rules().unwrap_err().contains("h:port"));
+        assert!(topic_rules(&e).is_ok() && e.notifications && !e.round_robin && !e.bridge_insecure);
+        assert!(topic_rules(&entry("address = \"\"").unwrap()).unwrap_err().contains("address"));
+        assert!(topic_rules(&entry("address = \"h:port\"").unwrap()).unwrap_err().contains("h:port"));
     }
 }

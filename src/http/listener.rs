@@ -58,10 +58,7 @@ pub struct Timeouts {
 impl Timeouts {
     /// The timeouts `[http]` sets.
     pub fn of(cfg: &HttpSection) -> Timeouts {
-        Timeouts {
-            header_read: Duration::from_secs(cfg.header_read_timeout_secs),
-            idle: Duration::from_secs(cfg.idle_timeout_secs),
-        }
+        Timeouts { header_read: cfg.header_read_timeout, idle: cfg.idle_timeout }
     }
 }
 

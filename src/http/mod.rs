@@ -289,7 +289,7 @@ pub fn start(ctx: Arc<HttpContext>, listeners: Listeners, stop: watch::Receiver<
 impl HttpContext {
     /// Samples the counters behind the rates every `http.collect_statistics_interval`.
     async fn sample_rates(self: Arc<Self>) {
-        let every = std::time::Duration::from_millis(self.cfg.collect_statistics_interval.max(10));
+        let every = self.cfg.collect_statistics_interval.max(std::time::Duration::from_millis(10));
         let mut tick = tokio::time::interval(every);
         loop {
             tick.tick().await;

@@ -81,7 +81,7 @@ pub async fn put_shovel(ctx: &HttpContext, vhost: &str, name: &str, value: Value
     super::queues::known_vhost(ctx, vhost)?;
     let def: ShovelDefinition =
         serde_json::from_value(value).map_err(|e| ApiError::bad_request(format!("shovel `{name}`: {e}")))?;
-    def.check().map_err(|e| ApiError::bad_request(format!("shovel `{name}`: {e}")))?;
+    crate::bridge::shovel::Plan::of(&def).map_err(|e| ApiError::bad_request(format!("shovel `{name}`: {e}")))?;
     if ctx.shovels.get(vhost, name).is_some_and(|s| !s.dynamic) {
         return Err(ApiError::bad_request(format!("shovel `{name}` is defined in the configuration ([[shovel]])")));
     }

@@ -225,7 +225,7 @@ pub(super) fn protocol_config(cfg: &MqttSection) -> ProtoConfig {
         max_topic_levels: cfg.max_topic_levels,
         server_keep_alive: None,
         max_keep_alive: (cfg.max_keepalive_secs > 0).then_some(cfg.max_keepalive_secs),
-        connect_timeout: Duration::from_secs(cfg.connect_timeout_secs),
+        connect_timeout: cfg.connect_timeout,
         allow_v3_1: cfg.allow_v3_1,
         retain_available: true,
         outbound_topic_aliases: true,
@@ -574,7 +574,7 @@ impl Task {
     }
 
     fn slow_consumer_timeout(&self) -> Duration {
-        Duration::from_secs(self.ctx.cfg.slow_consumer_timeout_secs.max(1))
+        self.ctx.cfg.slow_consumer_timeout.max(Duration::from_secs(1))
     }
 
     /// Keeps the stall clock: it runs while deliveries wait for this subscriber (bytes

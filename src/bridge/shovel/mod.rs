@@ -10,91 +10,18 @@
 #[cfg(feature = "shovels")]
 mod worker;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::watch;
 use tracing::warn;
 
+pub use crate::config::links::{ShovelDefinition, ShovelEntry, Uris};
 use crate::core::broker::{Broker, Commit};
-
-/// One URI or several (RabbitMQ accepts both; several are tried in turn).
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
-#[serde(untagged)]
-pub enum Uris {
-    /// One URI.
-    One(String),
-    /// Several, tried in turn.
-    Many(Vec<String>),
-}
-
-impl Uris {
-    fn list(&self) -> Vec<String> {
-        match self {
-            Uris::One(u) => vec![u.clone()],
-            Uris::Many(v) => v.clone(),
-        }
-    }
-}
-
-/// A shovel's definition, in RabbitMQ's keys (`src-uri`, `src-queue`, ...).
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub struct ShovelDefinition {
-    /// Where messages come from.
-    pub src_uri: Uris,
-    /// The source queue (declared durable when missing).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub src_queue: Option<String>,
-    /// Or a source exchange: a private queue is bound to it with `src-exchange-key`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub src_exchange: Option<String>,
-    /// The routing key of that binding (default `#`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub src_exchange_key: Option<String>,
-    /// Unacknowledged messages at once (default 1000).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub src_prefetch_count: Option<u16>,
-    /// `amqp091` (the only one).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub src_protocol: Option<String>,
-    /// `never` (default), `queue-length` (the source queue's length when the shovel
-    /// starts) or a number of messages: moved that many, the shovel deletes itself.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub src_delete_after: Option<Value>,
-    /// Where messages go.
-    pub dest_uri: Uris,
-    /// The destination queue (declared durable when missing; published to through the
-    /// default exchange).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dest_queue: Option<String>,
-    /// Or a destination exchange.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dest_exchange: Option<String>,
-    /// The routing key at the destination exchange (default: the message's own).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dest_exchange_key: Option<String>,
-    /// `amqp091` (the only one).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dest_protocol: Option<String>,
-    /// `on-confirm` (default), `on-publish` or `no-ack`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ack_mode: Option<String>,
-    /// Seconds between reconnects (default 5).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reconnect_delay: Option<f64>,
-    /// Add `x-shovelled` headers naming the shovel and both sides.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub add_forward_headers: Option<bool>,
-    /// Keys FerryMQ does not know: refused by [`ShovelDefinition::check`], never dropped.
-    #[serde(flatten, skip_serializing)]
-    pub unknown: BTreeMap<String, Value>,
-}
 
 /// When a shovel deletes itself (`src-delete-after`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,28 +45,39 @@ pub enum AckMode {
     NoAck,
 }
 
-impl ShovelDefinition {
-    /// Checks what serde cannot: one source and one destination, known values; the ack
-    /// mode.
-    pub fn check(&self) -> Result<AckMode, String> {
-        if let Some(k) = self.unknown.keys().next() {
+/// What a shovel's definition asks for, checked: how the source is acknowledged and
+/// when the shovel deletes itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    /// `ack-mode`.
+    pub ack: AckMode,
+    /// `src-delete-after`.
+    pub delete_after: DeleteAfter,
+}
+
+impl Plan {
+    /// Checks what serde cannot: one source and one destination, known values, URIs whose
+    /// TLS options read; the error says what is wrong.
+    pub fn of(def: &ShovelDefinition) -> Result<Plan, String> {
+        if let Some(k) = def.unknown.keys().next() {
             return Err(format!("`{k}` is not a shovel setting FerryMQ supports"));
         }
-        if self.src_queue.is_some() == self.src_exchange.is_some() {
+        if def.src_queue.is_some() == def.src_exchange.is_some() {
             return Err("give one of src-queue and src-exchange".into());
         }
-        if self.dest_queue.is_some() && self.dest_exchange.is_some() {
+        if def.dest_queue.is_some() && def.dest_exchange.is_some() {
             return Err("give at most one of dest-queue and dest-exchange".into());
         }
-        for (key, p) in [("src-protocol", &self.src_protocol), ("dest-protocol", &self.dest_protocol)] {
+        for (key, p) in [("src-protocol", &def.src_protocol), ("dest-protocol", &def.dest_protocol)] {
             if p.as_deref().is_some_and(|p| p != "amqp091") {
                 return Err(format!("{key}: only amqp091 is supported"));
             }
         }
-        if self.delete_after()? == DeleteAfter::QueueLength && self.src_queue.is_none() {
+        let delete_after = delete_after(def)?;
+        if delete_after == DeleteAfter::QueueLength && def.src_queue.is_none() {
             return Err("src-delete-after: queue-length needs a src-queue".into());
         }
-        for (key, uris) in [("src-uri", &self.src_uri), ("dest-uri", &self.dest_uri)] {
+        for (key, uris) in [("src-uri", &def.src_uri), ("dest-uri", &def.dest_uri)] {
             let list = uris.list();
             if list.is_empty() || list.iter().any(|u| !(u.starts_with("amqp://") || u.starts_with("amqps://"))) {
                 return Err(format!("{key}: amqp:// or amqps:// URIs"));
@@ -148,52 +86,34 @@ impl ShovelDefinition {
                 UriTls::parse(u).map_err(|e| format!("{key}: {e}"))?;
             }
         }
-        if self.reconnect_delay.is_some_and(|d| !(d.is_finite() && d > 0.0)) {
+        if def.reconnect_delay.is_some_and(|d| !(d.is_finite() && d > 0.0)) {
             return Err("reconnect-delay: seconds above 0".into());
         }
-        let ack = match self.ack_mode.as_deref().unwrap_or("on-confirm") {
+        let ack = match def.ack_mode.as_deref().unwrap_or("on-confirm") {
             "on-confirm" => AckMode::OnConfirm,
             "on-publish" => AckMode::OnPublish,
             "no-ack" => AckMode::NoAck,
             other => return Err(format!("ack-mode `{other}`: on-confirm, on-publish or no-ack")),
         };
-        if ack == AckMode::NoAck && self.delete_after()? != DeleteAfter::Never {
+        if ack == AckMode::NoAck && delete_after != DeleteAfter::Never {
             // A no-ack consumer is sent the whole queue: past the count it would be lost.
             return Err("src-delete-after needs ack-mode on-confirm or on-publish".into());
         }
-        Ok(ack)
-    }
-
-    /// `src-delete-after`.
-    pub fn delete_after(&self) -> Result<DeleteAfter, String> {
-        match &self.src_delete_after {
-            None => Ok(DeleteAfter::Never),
-            Some(Value::String(s)) if s == "never" => Ok(DeleteAfter::Never),
-            Some(Value::String(s)) if s == "queue-length" => Ok(DeleteAfter::QueueLength),
-            Some(v) => match v.as_u64().or_else(|| v.as_str().and_then(|s| s.parse().ok())) {
-                Some(n) => Ok(DeleteAfter::Messages(n)),
-                None => Err(format!("src-delete-after `{v}`: never, queue-length or a number of messages")),
-            },
-        }
+        Ok(Plan { ack, delete_after })
     }
 }
 
-/// `[[shovel]]`: a shovel from the configuration (RabbitMQ's static shovels), in the
-/// definition's keys.
-#[derive(Debug, Clone, Deserialize)]
-pub struct ShovelEntry {
-    /// Its name.
-    pub name: String,
-    /// Its virtual host (default `/`).
-    #[serde(default = "slash")]
-    pub vhost: String,
-    /// The definition.
-    #[serde(flatten)]
-    pub definition: ShovelDefinition,
-}
-
-fn slash() -> String {
-    "/".into()
+/// `src-delete-after`.
+fn delete_after(def: &ShovelDefinition) -> Result<DeleteAfter, String> {
+    match &def.src_delete_after {
+        None => Ok(DeleteAfter::Never),
+        Some(Value::String(s)) if s == "never" => Ok(DeleteAfter::Never),
+        Some(Value::String(s)) if s == "queue-length" => Ok(DeleteAfter::QueueLength),
+        Some(v) => match v.as_u64().or_else(|| v.as_str().and_then(|s| s.parse().ok())) {
+            Some(n) => Ok(DeleteAfter::Messages(n)),
+            None => Err(format!("src-delete-after `{v}`: never, queue-length or a number of messages")),
+        },
+    }
 }
 
 /// A shovel's state, as RabbitMQ's `/api/shovels` shows it.
@@ -281,8 +201,7 @@ impl Shovels {
         if !cfg!(feature = "shovels") {
             return Err("this FerryMQ was built without shovels (cargo feature `shovels`)".into());
         }
-        let ack = definition.check()?;
-        let delete_after = definition.delete_after()?;
+        let Plan { ack, delete_after } = Plan::of(&definition)?;
         let resolve = |uris: &Uris| -> Result<Vec<String>, String> {
             uris.list().iter().map(|u| self.resolve(u, vhost)).collect()
         };

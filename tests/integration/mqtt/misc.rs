@@ -136,7 +136,8 @@ fn unknown_config_keys_and_bad_values_stop_startup() {
         &[("FERRYMQ_STORAGE__FSYNC", "often")],
     );
     assert_eq!(code, 2);
-    assert!(err.contains("storage.fsync"), "names the key: {err}");
+    let said = "ferrymq: configuration error: `storage.fsync`: `often` is not one of always, interval, never";
+    assert!(err.contains(said), "names the key, the value and what is allowed (docs/configuration.md): {err}");
     let (code, err) = run_binary(&["--mqtt-listen", "not-an-address"], &[]);
     assert_eq!(code, 2);
     assert!(err.contains("mqtt.listen"), "names the key: {err}");

@@ -1,6 +1,12 @@
 //! Configuration: the embedded default (`conf/ferrymq.toml`), `FERRYMQ_*` environment
 //! variables, an optional file and command-line overrides, merged in that order of
 //! increasing precedence and validated once.
+//!
+//! Plain typed data: settings are read into the types they mean (enums spelled as the
+//! documentation spells them, listener addresses, durations, paths: `value`), and the
+//! entries other modules take ([`access`]: users, permissions, rules; [`links`]: bridges,
+//! shovels) are kept as written. Those modules check their entries
+//! (`crate::preflight::load_config`); config imports none of them.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -8,23 +14,55 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::origin::Origin;
+
+pub mod access;
+pub mod links;
+mod value;
+
+pub use access::{PermissionEntry, RuleEntry, TopicPermissionEntry, UserEntry};
+pub use links::{BridgeSection, MqttBridgeEntry, ShovelDefinition, ShovelEntry};
+pub use value::{CertLoginFrom, Fsync, Qos0WhenFull, VerifyClient};
+
 /// The default configuration, compiled in.
-pub const DEFAULT_TOML: &str = include_str!("../conf/ferrymq.toml");
+pub const DEFAULT_TOML: &str = include_str!("../../conf/ferrymq.toml");
 
 /// Why the configuration could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The sources could not be read or merged, or a key is unknown or has a bad type.
     #[error("configuration error: {0}")]
-    Load(#[from] config::ConfigError),
+    Load(config::ConfigError),
     /// A value parsed but is not acceptable.
     #[error("configuration error: `{key}`: {reason}")]
     Invalid {
         /// Dotted key, e.g. `mqtt.listen`.
-        key: &'static str,
+        key: String,
         /// What is wrong.
         reason: String,
     },
+}
+
+impl ConfigError {
+    /// The value of `key` is not acceptable, for `reason`.
+    pub fn invalid(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid { key: key.into(), reason: reason.into() }
+    }
+}
+
+impl From<config::ConfigError> for ConfigError {
+    /// A value a typed setting refused while it was read is [`ConfigError::Invalid`], key
+    /// first, as the checks after reading say it; anything else is [`ConfigError::Load`].
+    fn from(e: config::ConfigError) -> ConfigError {
+        if let config::ConfigError::At { error, key: Some(key), .. } = &e {
+            if let config::ConfigError::Message(reason) = error.as_ref() {
+                if value::is_refusal(reason) {
+                    return ConfigError::invalid(key.as_str(), reason.as_str());
+                }
+            }
+        }
+        ConfigError::Load(e)
+    }
 }
 
 /// Command-line overrides (highest precedence).
@@ -80,10 +118,10 @@ pub struct Config {
     pub auth: AuthSection,
     /// `[bridge]`: links to other brokers.
     #[serde(default)]
-    pub bridge: crate::bridge::BridgeSection,
+    pub bridge: BridgeSection,
     /// `[[shovel]]`: AMQP shovels (RabbitMQ's keys).
     #[serde(default)]
-    pub shovel: Vec<crate::bridge::shovel::ShovelEntry>,
+    pub shovel: Vec<ShovelEntry>,
 }
 
 /// `[broker]`: process-wide settings.
@@ -94,8 +132,9 @@ pub struct BrokerSection {
     pub data_dir: PathBuf,
     /// Tracing filter for the log: `info`, `debug`, or a directive like `ferrymq=debug` (`--log`).
     pub log: String,
-    /// Grace period for connections at shutdown.
-    pub shutdown_grace_secs: u64,
+    /// Grace period for connections at shutdown (`shutdown_grace_secs`).
+    #[serde(rename = "shutdown_grace_secs", deserialize_with = "value::secs")]
+    pub shutdown_grace: Duration,
     /// Memory high watermark as a fraction of the machine's memory.
     pub memory_high_watermark: f64,
     /// Memory high watermark in bytes (0 = use the fraction).
@@ -106,14 +145,19 @@ pub struct BrokerSection {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MqttSection {
-    /// Plain listener address ("" = off).
-    pub listen: String,
-    /// TLS listener address ("" = off).
-    pub tls_listen: String,
-    /// MQTT over WebSocket listener address ("" = off), as EMQX's 8083.
-    pub ws_listen: String,
-    /// MQTT over secure WebSocket (TLS with `[tls]`) listener address ("" = off), as EMQX's 8084.
-    pub wss_listen: String,
+    /// Plain listener address (`None`: "", off).
+    #[serde(deserialize_with = "value::listen")]
+    pub listen: Option<SocketAddr>,
+    /// TLS listener address (`None`: "", off).
+    #[serde(deserialize_with = "value::listen")]
+    pub tls_listen: Option<SocketAddr>,
+    /// MQTT over WebSocket listener address (`None`: "", off), as EMQX's 8083.
+    #[serde(deserialize_with = "value::listen")]
+    pub ws_listen: Option<SocketAddr>,
+    /// MQTT over secure WebSocket (TLS with `[tls]`) listener address (`None`: "", off), as
+    /// EMQX's 8084.
+    #[serde(deserialize_with = "value::listen")]
+    pub wss_listen: Option<SocketAddr>,
     /// The HTTP path WebSocket clients connect to (`/mqtt`, as EMQX and Mosquitto's
     /// examples; "" accepts any path).
     pub ws_path: String,
@@ -127,7 +171,8 @@ pub struct MqttSection {
     pub ws_check_origin_enable: Option<bool>,
     /// Origins allowed besides the listener's own host, `scheme://host[:port]` (EMQX's
     /// `check_origins`), e.g. `["https://app.example.com"]`.
-    pub ws_check_origins: Vec<String>,
+    #[serde(deserialize_with = "value::origins")]
+    pub ws_check_origins: Vec<Origin>,
     /// Whether an upgrade without `Origin` (not a browser: paho, rumqttc, MQTT.js in
     /// Node) passes the origin check (EMQX's `allow_origin_absence`).
     pub ws_allow_origin_absence: bool,
@@ -160,12 +205,14 @@ pub struct MqttSection {
     /// In-memory queue of a connected clean session, messages.
     pub max_online_queue: usize,
     /// Seconds a connected subscriber may leave its socket unread while deliveries wait
-    /// before it is disconnected as a slow consumer (MQTT 5 reason 0x97).
-    pub slow_consumer_timeout_secs: u64,
+    /// before it is disconnected as a slow consumer (MQTT 5 reason 0x97)
+    /// (`slow_consumer_timeout_secs`).
+    #[serde(rename = "slow_consumer_timeout_secs", deserialize_with = "value::secs")]
+    pub slow_consumer_timeout: Duration,
     /// Accepted so that older configuration files still load, and ignored: QoS 0 beyond a
-    /// clean session's buffer is always dropped for that subscriber ("wait" is warned about).
-    #[serde(default)]
-    pub qos0_when_full: String,
+    /// clean session's buffer is always dropped for that subscriber (`wait` is warned about).
+    #[serde(default, deserialize_with = "value::choice_or_unset")]
+    pub qos0_when_full: Option<Qos0WhenFull>,
     /// Most levels in a topic name or filter, at most [`MAX_KEY_WORDS`] (0 is read as that
     /// ceiling: a topic of more levels could not be routed).
     ///
@@ -173,16 +220,18 @@ pub struct MqttSection {
     pub max_topic_levels: usize,
     /// Topic Alias Maximum granted to clients.
     pub topic_alias_maximum: u16,
-    /// Seconds a socket may stay open without a complete CONNECT.
-    pub connect_timeout_secs: u64,
+    /// How long a socket may stay open without a complete CONNECT (`connect_timeout_secs`).
+    #[serde(rename = "connect_timeout_secs", deserialize_with = "value::secs")]
+    pub connect_timeout: Duration,
     /// Keep-alive ceiling (0 = none).
     pub max_keepalive_secs: u16,
     /// Longest session expiry interval granted, seconds (also what 3.1.1 persistent sessions get).
     pub max_session_expiry_secs: u32,
     /// Accept MQTT 3.1 (`MQIsdp`, level 3) clients.
     pub allow_v3_1: bool,
-    /// `$SYS` refresh period (0 = off).
-    pub sys_interval_secs: u64,
+    /// `$SYS` refresh period (`sys_interval_secs`; `None`: 0, off).
+    #[serde(rename = "sys_interval_secs", deserialize_with = "value::secs_or_none")]
+    pub sys_interval: Option<Duration>,
 }
 
 /// `[tls]`: certificate and key for TLS listeners.
@@ -197,17 +246,20 @@ pub struct TlsSection {
     pub client_ca: String,
     /// Client certificates: `none` (not asked for), `optional` (verified when presented),
     /// `required` (a client without a valid one fails the handshake).
-    pub verify_client: String,
+    #[serde(deserialize_with = "value::choice")]
+    pub verify_client: VerifyClient,
 }
 
 /// `[amqp]`: the AMQP 0-9-1 front-end.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AmqpSection {
-    /// Listener address ("" = off).
-    pub listen: String,
-    /// TLS listener address ("" = off).
-    pub tls_listen: String,
+    /// Listener address (`None`: "", off).
+    #[serde(deserialize_with = "value::listen")]
+    pub listen: Option<SocketAddr>,
+    /// TLS listener address (`None`: "", off).
+    #[serde(deserialize_with = "value::listen")]
+    pub tls_listen: Option<SocketAddr>,
     /// Most concurrent AMQP connections (plain and TLS together); more are closed at accept.
     pub max_connections: usize,
     /// frame_max proposed in Tune.
@@ -229,33 +281,8 @@ pub struct AmqpSection {
     /// What a SASL EXTERNAL login takes from the client certificate as the user name:
     /// `distinguished_name` (RFC 4514, e.g. `O=client,CN=app`) or `common_name`
     /// (RabbitMQ's `ssl_cert_login_from`).
-    pub ssl_cert_login_from: String,
-}
-
-/// One user of the user store.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct UserEntry {
-    /// User name, as sent at login (AMQP Start-Ok, MQTT CONNECT).
-    pub name: String,
-    /// Password in clear; hashed at load, never kept (or give `password_hash`).
-    #[serde(default)]
-    pub password: Option<String>,
-    /// A password hash: RabbitMQ's (base64 of salt ++ digest) or `mosquitto_passwd`'s
-    /// (`$7$...`, `$6$...`).
-    #[serde(default)]
-    pub password_hash: Option<String>,
-    /// RabbitMQ's algorithm name of `password_hash` (`rabbit_password_hashing_sha256`,
-    /// `_sha512`, `_md5`); unset: Mosquitto's for a `$` hash, else sha256.
-    #[serde(default)]
-    pub hashing_algorithm: Option<String>,
-    /// Only connections from loopback addresses may use it.
-    #[serde(default)]
-    pub loopback_only: bool,
-    /// RabbitMQ's user tags: `administrator`, `monitoring`, `management`, `policymaker`
-    /// (what the management API lets the user do; none = no management access).
-    #[serde(default)]
-    pub tags: Vec<String>,
+    #[serde(deserialize_with = "value::choice")]
+    pub ssl_cert_login_from: CertLoginFrom,
 }
 
 /// `[auth]`: users and virtual hosts.
@@ -277,8 +304,9 @@ pub struct AuthSection {
     /// Users besides `default_user`.
     pub users: Vec<UserEntry>,
     /// A Mosquitto password file (`mosquitto_passwd`'s format) whose users are added; when
-    /// set, MQTT logins are checked as with `mqtt = true` ("" = none).
-    pub mosquitto_password_file: String,
+    /// set, MQTT logins are checked as with `mqtt = true` (`None`: "").
+    #[serde(deserialize_with = "value::path")]
+    pub mosquitto_password_file: Option<PathBuf>,
     /// Failed logins with one user name from one address within `login_failure_window_secs`
     /// after which that user name's next attempts from there wait `login_failure_delay_ms`
     /// before they are answered; its own successful login clears the count (0 = off).
@@ -288,10 +316,12 @@ pub struct AuthSection {
     /// successful login does not clear it: the window runs out.
     #[serde(default)]
     pub max_login_failures_per_address: Option<u32>,
-    /// The window failed logins are counted in, seconds.
-    pub login_failure_window_secs: u64,
-    /// How long an attempt past either limit waits, ms.
-    pub login_failure_delay_ms: u64,
+    /// The window failed logins are counted in (`login_failure_window_secs`).
+    #[serde(rename = "login_failure_window_secs", deserialize_with = "value::secs")]
+    pub login_failure_window: Duration,
+    /// How long an attempt past either limit waits (`login_failure_delay_ms`).
+    #[serde(rename = "login_failure_delay_ms", deserialize_with = "value::millis")]
+    pub login_failure_delay: Duration,
     /// Logins from one address under way at once (waiting their delay or being checked);
     /// more are refused at once without being checked (AMQP 403, MQTT CONNACK 0x9F /
     /// not authorized, HTTP 429) (0 = no limit).
@@ -305,11 +335,14 @@ pub struct AuthSection {
     /// `set_topic_permissions`).
     pub topic_permissions: Vec<TopicPermissionEntry>,
     /// MQTT topic rules, first match wins.
-    pub rules: Vec<crate::authz::rules::RuleEntry>,
-    /// A Mosquitto `acl_file` whose rules follow `rules`; turns MQTT authorization on.
-    pub mosquitto_acl_file: String,
-    /// An EMQX `acl.conf` whose rules follow those; turns MQTT authorization on.
-    pub emqx_acl_file: String,
+    pub rules: Vec<RuleEntry>,
+    /// A Mosquitto `acl_file` whose rules follow `rules`; turns MQTT authorization on
+    /// (`None`: "").
+    #[serde(deserialize_with = "value::path")]
+    pub mosquitto_acl_file: Option<PathBuf>,
+    /// An EMQX `acl.conf` whose rules follow those; turns MQTT authorization on (`None`: "").
+    #[serde(deserialize_with = "value::path")]
+    pub emqx_acl_file: Option<PathBuf>,
 }
 
 impl AuthSection {
@@ -319,53 +352,10 @@ impl AuthSection {
     }
 }
 
-/// `auth.permissions[]`: a user's permissions in a virtual host (regular expressions).
-#[derive(Debug, Clone, Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct PermissionEntry {
-    /// Virtual host.
-    #[serde(default = "default_vhost")]
-    pub vhost: String,
-    /// User.
-    pub user: String,
-    /// Exchanges and queues the user may declare and delete.
-    #[serde(default)]
-    pub configure: String,
-    /// Exchanges the user may publish to, queues it may bind.
-    #[serde(default)]
-    pub write: String,
-    /// Queues the user may consume from, exchanges it may bind from.
-    #[serde(default)]
-    pub read: String,
-}
-
-/// `auth.topic_permissions[]`: a user's routing keys on a topic exchange.
-#[derive(Debug, Clone, Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct TopicPermissionEntry {
-    /// Virtual host.
-    #[serde(default = "default_vhost")]
-    pub vhost: String,
-    /// User.
-    pub user: String,
-    /// The topic exchange.
-    pub exchange: String,
-    /// Routing keys the user may publish with (`{username}`, `{vhost}`, `{client_id}`).
-    #[serde(default)]
-    pub write: String,
-    /// Routing keys the user may bind with.
-    #[serde(default)]
-    pub read: String,
-}
-
-fn default_vhost() -> String {
-    "/".into()
-}
-
 impl AuthSection {
     /// True when MQTT requests are checked: `authorization`, or an ACL file is given.
     pub fn mqtt_authorization(&self) -> bool {
-        self.authorization || !self.mosquitto_acl_file.is_empty() || !self.emqx_acl_file.is_empty()
+        self.authorization || self.mosquitto_acl_file.is_some() || self.emqx_acl_file.is_some()
     }
 
     /// Every user: the default one and the listed ones, loopback restrictions applied.
@@ -393,27 +383,32 @@ impl AuthSection {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpSection {
-    /// Listener address ("" = off).
-    pub listen: String,
-    /// The same over TLS with `[tls]`'s certificate ("" = off), as RabbitMQ's 15671.
-    pub tls_listen: String,
+    /// Listener address (`None`: "", off).
+    #[serde(deserialize_with = "value::listen")]
+    pub listen: Option<SocketAddr>,
+    /// The same over TLS with `[tls]`'s certificate (`None`: "", off), as RabbitMQ's 15671.
+    #[serde(deserialize_with = "value::listen")]
+    pub tls_listen: Option<SocketAddr>,
     /// Most concurrent HTTP connections over `listen`, `tls_listen` and `prometheus.listen`
     /// together; more are closed at accept.
     pub max_connections: usize,
     /// Seconds a connection has to send a complete request head, from its accept or from
     /// the end of its previous response (so also how long a keep-alive connection may
-    /// idle between requests).
-    pub header_read_timeout_secs: u64,
-    /// Seconds a connection may go without a byte moving either way while a request body
-    /// is read or a response written; then it is closed.
-    pub idle_timeout_secs: u64,
+    /// idle between requests) (`header_read_timeout_secs`).
+    #[serde(rename = "header_read_timeout_secs", deserialize_with = "value::secs")]
+    pub header_read_timeout: Duration,
+    /// How long a connection may go without a byte moving either way while a request body
+    /// is read or a response written; then it is closed (`idle_timeout_secs`).
+    #[serde(rename = "idle_timeout_secs", deserialize_with = "value::secs")]
+    pub idle_timeout: Duration,
     /// `/metrics` needs no credentials (RabbitMQ's Prometheus plugin default).
     pub metrics_without_auth: bool,
     /// Name of this node in the API (`node`), as RabbitMQ's `rabbit@host`.
     pub node_name: String,
-    /// How often the counters behind the API's rates are sampled, ms (RabbitMQ's
-    /// `collect_statistics_interval`).
-    pub collect_statistics_interval: u64,
+    /// How often the counters behind the API's rates are sampled (RabbitMQ's
+    /// `collect_statistics_interval`, ms).
+    #[serde(deserialize_with = "value::millis")]
+    pub collect_statistics_interval: Duration,
     /// Largest request body the API reads, bytes (RabbitMQ's `management.http.max_body_size`,
     /// 20 MiB: a definitions file of 100,000 queues is about 10 MB).
     pub max_body_size: usize,
@@ -421,7 +416,8 @@ pub struct HttpSection {
     pub cluster_name: String,
     /// A RabbitMQ definitions file imported at start (`--definitions`; "" = none), as
     /// RabbitMQ's `load_definitions`.
-    pub load_definitions: String,
+    #[serde(deserialize_with = "value::path")]
+    pub load_definitions: Option<PathBuf>,
 }
 
 /// `[prometheus]`: a listener of its own for `/metrics` (RabbitMQ's Prometheus plugin
@@ -429,21 +425,25 @@ pub struct HttpSection {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PrometheusSection {
-    /// Listener address ("" = off).
-    pub listen: String,
+    /// Listener address (`None`: "", off).
+    #[serde(deserialize_with = "value::listen")]
+    pub listen: Option<SocketAddr>,
 }
 
 /// `[storage]`: the journal.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StorageSection {
-    /// "always" | "interval" | "never".
-    pub fsync: String,
-    /// fsync period in ms when `fsync = "interval"`.
-    pub interval_ms: u64,
-    /// How often sled is flushed and a checkpoint recorded, ms (a crash replays at most two
-    /// intervals of the commit log).
-    pub checkpoint_interval_ms: u64,
+    /// When an acknowledgement is sent: `always`, `interval`, `never`.
+    #[serde(deserialize_with = "value::choice")]
+    pub fsync: Fsync,
+    /// fsync period when `fsync = "interval"` (`interval_ms`).
+    #[serde(rename = "interval_ms", deserialize_with = "value::millis")]
+    pub interval: Duration,
+    /// How often sled is flushed and a checkpoint recorded (a crash replays at most two
+    /// intervals of the commit log) (`checkpoint_interval_ms`).
+    #[serde(rename = "checkpoint_interval_ms", deserialize_with = "value::millis")]
+    pub checkpoint_interval: Duration,
     /// A checkpoint is also taken once the commit log grew by this many bytes, whatever the
     /// interval (0 = by time only).
     pub checkpoint_bytes: u64,
@@ -452,8 +452,10 @@ pub struct StorageSection {
     pub page_aligned_syncs: bool,
     /// Segment size in bytes.
     pub segment_size: u64,
-    /// Unreferenced commit-log segments older than this are deleted, seconds (0 = keep).
-    pub retention_max_age_secs: u64,
+    /// Unreferenced commit-log segments older than this are deleted
+    /// (`retention_max_age_secs`; `None`: 0, keep).
+    #[serde(rename = "retention_max_age_secs", deserialize_with = "value::secs_or_none")]
+    pub retention_max_age: Option<Duration>,
     /// Oldest unreferenced segments are deleted while the log is larger than this, bytes (0 = no limit).
     pub retention_max_bytes: u64,
     /// Oldest unreferenced segments are deleted, whatever their age, while the data file
@@ -514,49 +516,20 @@ impl Config {
         Ok(cfg)
     }
 
-    /// Checks values serde cannot check.
+    /// Checks values serde cannot check. The entries config holds for other modules
+    /// (users, permissions and rules, bridges, shovels) are checked by those modules
+    /// (`preflight::load_config`).
     fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |key, reason: String| Err(ConfigError::Invalid { key, reason });
+        let invalid = |key: &str, reason: String| Err(ConfigError::invalid(key, reason));
         for (key, addr) in [
-            ("mqtt.listen", &self.mqtt.listen),
-            ("mqtt.tls_listen", &self.mqtt.tls_listen),
-            ("mqtt.ws_listen", &self.mqtt.ws_listen),
-            ("mqtt.wss_listen", &self.mqtt.wss_listen),
-            ("amqp.listen", &self.amqp.listen),
-            ("amqp.tls_listen", &self.amqp.tls_listen),
-            ("http.listen", &self.http.listen),
-            ("http.tls_listen", &self.http.tls_listen),
-            ("prometheus.listen", &self.prometheus.listen),
+            ("mqtt.tls_listen", self.mqtt.tls_listen),
+            ("mqtt.wss_listen", self.mqtt.wss_listen),
+            ("amqp.tls_listen", self.amqp.tls_listen),
+            ("http.tls_listen", self.http.tls_listen),
         ] {
-            if !addr.is_empty() && addr.parse::<SocketAddr>().is_err() {
-                return invalid(key, format!("`{addr}` is not an address like 127.0.0.1:1883"));
+            if addr.is_some() && (self.tls.cert.is_empty() || self.tls.key.is_empty()) {
+                return invalid("tls.cert", format!("{key} is set but tls.cert or tls.key is empty"));
             }
-        }
-        let mut bridges = std::collections::HashSet::new();
-        for b in &self.bridge.mqtt {
-            if !bridges.insert(b.connection.as_str()) {
-                return invalid("bridge.mqtt", format!("two bridges are named `{}`", b.connection));
-            }
-            if let Err(e) = b.rules() {
-                return invalid("bridge.mqtt", format!("bridge `{}`: {e}", b.connection));
-            }
-        }
-        for s in &self.shovel {
-            if let Err(e) = s.definition.check() {
-                return invalid("shovel", format!("shovel `{}`: {e}", s.name));
-            }
-        }
-        if !self.mqtt.tls_listen.is_empty() && (self.tls.cert.is_empty() || self.tls.key.is_empty()) {
-            return invalid("tls.cert", "mqtt.tls_listen is set but tls.cert or tls.key is empty".into());
-        }
-        if !self.mqtt.wss_listen.is_empty() && (self.tls.cert.is_empty() || self.tls.key.is_empty()) {
-            return invalid("tls.cert", "mqtt.wss_listen is set but tls.cert or tls.key is empty".into());
-        }
-        if !self.amqp.tls_listen.is_empty() && (self.tls.cert.is_empty() || self.tls.key.is_empty()) {
-            return invalid("tls.cert", "amqp.tls_listen is set but tls.cert or tls.key is empty".into());
-        }
-        if !self.http.tls_listen.is_empty() && (self.tls.cert.is_empty() || self.tls.key.is_empty()) {
-            return invalid("tls.cert", "http.tls_listen is set but tls.cert or tls.key is empty".into());
         }
         if self.amqp.frame_max < 4096 {
             return invalid("amqp.frame_max", "must be at least 4096".into());
@@ -577,60 +550,19 @@ impl Config {
                 format!("`{x}` is not a topic exchange name (amq.topic or a name of your own)"),
             );
         }
-        for u in &self.auth.users {
-            if let Err(e) = crate::auth::User::from_entry(u) {
-                return invalid("auth.users", format!("user `{}`: {e}", u.name));
-            }
-        }
-        match (self.tls.verify_client.as_str(), self.tls.client_ca.is_empty()) {
-            ("none", _) | ("optional" | "required", false) => {}
-            ("optional" | "required", true) => {
-                return invalid(
-                    "tls.client_ca",
-                    "tls.verify_client needs the CA client certificates are checked against".into(),
-                )
-            }
-            (other, _) => return invalid("tls.verify_client", format!("`{other}` is not none, optional or required")),
-        }
-        if !matches!(self.amqp.ssl_cert_login_from.as_str(), "distinguished_name" | "common_name") {
+        if self.tls.verify_client != VerifyClient::None && self.tls.client_ca.is_empty() {
             return invalid(
-                "amqp.ssl_cert_login_from",
-                format!("`{}` is not distinguished_name or common_name", self.amqp.ssl_cert_login_from),
+                "tls.client_ca",
+                "tls.verify_client needs the CA client certificates are checked against".into(),
             );
-        }
-        for (i, r) in self.auth.rules.iter().enumerate() {
-            if let Err(e) = r.to_rule() {
-                return invalid("auth.rules", format!("rule {}: {e}", i + 1));
-            }
-        }
-        for p in &self.auth.permissions {
-            if let Err(e) = crate::authz::VhostPermissions::new(&p.configure, &p.write, &p.read) {
-                return invalid("auth.permissions", format!("user `{}` in vhost `{}`: {e}", p.user, p.vhost));
-            }
-        }
-        for p in &self.auth.topic_permissions {
-            if let Err(e) = crate::authz::TopicPermissions::new(&p.write, &p.read) {
-                return invalid("auth.topic_permissions", format!("user `{}` on `{}`: {e}", p.user, p.exchange));
-            }
         }
         if self.auth.vhosts.is_empty() {
             return invalid("auth.vhosts", "at least one virtual host is needed".into());
         }
-        for o in &self.mqtt.ws_check_origins {
-            if crate::origin::Origin::parse(o).is_none() {
-                return invalid("mqtt.ws_check_origins", format!("`{o}` is not an origin (scheme://host[:port])"));
-            }
-        }
-        if !matches!(self.mqtt.qos0_when_full.as_str(), "" | "wait" | "drop") {
-            return invalid("mqtt.qos0_when_full", format!("`{}` is not one of wait, drop", self.mqtt.qos0_when_full));
-        }
-        if !matches!(self.storage.fsync.as_str(), "always" | "interval" | "never") {
-            return invalid("storage.fsync", format!("`{}` is not one of always, interval, never", self.storage.fsync));
-        }
-        if self.storage.checkpoint_interval_ms == 0 {
+        if self.storage.checkpoint_interval.is_zero() {
             return invalid("storage.checkpoint_interval_ms", "must be > 0".into());
         }
-        if self.storage.fsync == "interval" && self.storage.interval_ms == 0 {
+        if self.storage.fsync == Fsync::Interval && self.storage.interval.is_zero() {
             return invalid("storage.interval_ms", "must be > 0 with fsync = \"interval\"".into());
         }
         if self.storage.segment_size < 4096 {
@@ -654,10 +586,10 @@ impl Config {
                 return invalid(key, "must be > 0".into());
             }
         }
-        if self.http.header_read_timeout_secs == 0 {
+        if self.http.header_read_timeout.is_zero() {
             return invalid("http.header_read_timeout_secs", "must be > 0".into());
         }
-        if self.http.idle_timeout_secs == 0 {
+        if self.http.idle_timeout.is_zero() {
             return invalid("http.idle_timeout_secs", "must be > 0".into());
         }
         if self.mqtt.max_topic_levels > crate::core::router::MAX_KEY_WORDS {
@@ -679,62 +611,17 @@ impl Config {
         Ok(())
     }
 
-    /// Parsed management HTTP listener address.
-    pub fn http_listen(&self) -> Option<SocketAddr> {
-        parse_addr(&self.http.listen)
-    }
-
-    /// Parsed management HTTPS listener address.
-    pub fn https_listen(&self) -> Option<SocketAddr> {
-        parse_addr(&self.http.tls_listen)
-    }
-
-    /// Parsed Prometheus-only listener address.
-    pub fn prometheus_listen(&self) -> Option<SocketAddr> {
-        parse_addr(&self.prometheus.listen)
-    }
-
-    /// Parsed plain MQTT listener address.
-    pub fn mqtt_listen(&self) -> Option<SocketAddr> {
-        parse_addr(&self.mqtt.listen)
-    }
-
-    /// Parsed MQTT-over-TLS listener address.
-    pub fn mqtts_listen(&self) -> Option<SocketAddr> {
-        parse_addr(&self.mqtt.tls_listen)
-    }
-
-    /// Parsed MQTT-over-WebSocket listener address.
-    pub fn mqtt_ws_listen(&self) -> Option<SocketAddr> {
-        parse_addr(&self.mqtt.ws_listen)
-    }
-
-    /// Parsed MQTT-over-secure-WebSocket listener address.
-    pub fn mqtt_wss_listen(&self) -> Option<SocketAddr> {
-        parse_addr(&self.mqtt.wss_listen)
-    }
-
-    /// Parsed AMQP listener address.
-    pub fn amqp_listen(&self) -> Option<SocketAddr> {
-        parse_addr(&self.amqp.listen)
-    }
-
-    /// Parsed AMQP-over-TLS listener address.
-    pub fn amqps_listen(&self) -> Option<SocketAddr> {
-        parse_addr(&self.amqp.tls_listen)
-    }
-
     /// The journal settings derived from `[storage]` and the data directory.
     pub fn journal(&self) -> ferrymq_storage::JournalConfig {
         use ferrymq_storage::{FsyncPolicy, JournalConfig, Retention};
         let mut j = JournalConfig::new(self.broker.data_dir.clone());
-        j.fsync = match self.storage.fsync.as_str() {
-            "always" => FsyncPolicy::Always,
-            "interval" => FsyncPolicy::Interval(Duration::from_millis(self.storage.interval_ms)),
-            _ => FsyncPolicy::Never,
+        j.fsync = match self.storage.fsync {
+            Fsync::Always => FsyncPolicy::Always,
+            Fsync::Interval => FsyncPolicy::Interval(self.storage.interval),
+            Fsync::Never => FsyncPolicy::Never,
         };
         j.segment_size = self.storage.segment_size;
-        j.checkpoint_interval = Duration::from_millis(self.storage.checkpoint_interval_ms);
+        j.checkpoint_interval = self.storage.checkpoint_interval;
         j.checkpoint_bytes = self.storage.checkpoint_bytes;
         j.page_aligned_syncs = self.storage.page_aligned_syncs;
         j.cache_bytes = self.storage.cache_bytes;
@@ -743,8 +630,7 @@ impl Config {
         // be relative to the memory watermark).
         j.min_free_bytes = self.storage.disk_free_limit_bytes / 2;
         j.retention = Retention {
-            max_age: (self.storage.retention_max_age_secs > 0)
-                .then(|| Duration::from_secs(self.storage.retention_max_age_secs)),
+            max_age: self.storage.retention_max_age,
             max_bytes: (self.storage.retention_max_bytes > 0).then_some(self.storage.retention_max_bytes),
             max_disk_used_ratio: (self.storage.retention_max_disk_used_ratio > 0.0)
                 .then_some(self.storage.retention_max_disk_used_ratio),
@@ -761,14 +647,6 @@ impl Config {
     }
 }
 
-fn parse_addr(s: &str) -> Option<SocketAddr> {
-    if s.is_empty() {
-        None
-    } else {
-        s.parse().ok()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -777,10 +655,26 @@ mod tests {
         Config::load(o, env.iter().map(|(k, v)| (k.to_string(), v.to_string())))
     }
 
+    fn addr(s: &str) -> Option<SocketAddr> {
+        Some(s.parse().unwrap())
+    }
+
     #[test]
     fn embedded_default_loads() {
         let c = load(&Overrides::default(), &[]).unwrap();
-        assert_eq!(c.mqtt.listen, "127.0.0.1:1883");
+        assert_eq!(c.mqtt.listen, addr("127.0.0.1:1883"));
+        assert_eq!((c.mqtt.tls_listen, c.prometheus.listen), (None, None), "\"\" is off");
+        assert_eq!(c.storage.fsync, Fsync::Always);
+        assert_eq!(c.tls.verify_client, VerifyClient::None);
+        assert_eq!(c.amqp.ssl_cert_login_from, CertLoginFrom::DistinguishedName);
+        assert_eq!(c.mqtt.qos0_when_full, None);
+        assert_eq!(c.broker.shutdown_grace, Duration::from_secs(5));
+        assert_eq!(c.storage.interval, Duration::from_millis(100));
+        assert_eq!(c.storage.retention_max_age, Some(Duration::from_secs(259_200)));
+        assert_eq!(c.mqtt.sys_interval, Some(Duration::from_secs(5)));
+        assert_eq!(c.auth.login_failure_delay, Duration::from_millis(2000));
+        assert_eq!(c.http.collect_statistics_interval, Duration::from_millis(5000));
+        assert_eq!((c.http.load_definitions.as_ref(), c.auth.mosquitto_acl_file.as_ref()), (None, None));
         assert_eq!(c.broker.data_dir, PathBuf::from("./data"));
         assert_eq!(c.mqtt.max_packet_size, 2 * 1024 * 1024);
     }
@@ -797,18 +691,21 @@ mod tests {
         ];
         // env over default
         let c = load(&Overrides::default(), &env).unwrap();
-        assert_eq!(c.mqtt.listen, "127.0.0.1:1000");
+        assert_eq!(c.mqtt.listen, addr("127.0.0.1:1000"));
         assert_eq!(c.mqtt.receive_maximum, 9);
         // file over env
         let o = Overrides { config_file: Some(file.clone()), ..Default::default() };
         let c = load(&o, &env).unwrap();
-        assert_eq!(c.mqtt.listen, "127.0.0.1:2000");
+        assert_eq!(c.mqtt.listen, addr("127.0.0.1:2000"));
         assert_eq!(c.mqtt.max_inflight, 7);
         assert_eq!(c.mqtt.receive_maximum, 9);
         // flags over file
         let o = Overrides { config_file: Some(file), mqtt_listen: Some("127.0.0.1:3000".into()), ..Default::default() };
         let c = load(&o, &env).unwrap();
-        assert_eq!(c.mqtt.listen, "127.0.0.1:3000");
+        assert_eq!(c.mqtt.listen, addr("127.0.0.1:3000"));
+        // "" turns a listener off, from a flag as from the file.
+        let o = Overrides { mqtt_listen: Some(String::new()), ..Default::default() };
+        assert_eq!(load(&o, &env).unwrap().mqtt.listen, None);
     }
 
     #[test]
@@ -828,6 +725,53 @@ mod tests {
         let o = Overrides { config_file: Some(file), ..Default::default() };
         let err = load(&o, &[]).unwrap_err().to_string();
         assert!(err.contains("listen_port"), "{err}");
+    }
+
+    /// The typed settings read the spellings the documentation gives, and refuse another
+    /// with the key, the value and what is allowed.
+    #[test]
+    fn typed_settings_read_their_spellings_and_name_what_is_allowed() {
+        let one = |k: &str, v: &str| load(&Overrides::default(), &[(k, v)]);
+        let c = one("FERRYMQ_STORAGE__FSYNC", "interval").unwrap();
+        assert_eq!(c.storage.fsync, Fsync::Interval);
+        assert_eq!(one("FERRYMQ_STORAGE__FSYNC", "never").unwrap().storage.fsync, Fsync::Never);
+        let c = one("FERRYMQ_AMQP__SSL_CERT_LOGIN_FROM", "common_name").unwrap();
+        assert_eq!(c.amqp.ssl_cert_login_from, CertLoginFrom::CommonName);
+        assert_eq!(one("FERRYMQ_MQTT__QOS0_WHEN_FULL", "wait").unwrap().mqtt.qos0_when_full, Some(Qos0WhenFull::Wait));
+        assert_eq!(one("FERRYMQ_MQTT__QOS0_WHEN_FULL", "").unwrap().mqtt.qos0_when_full, None);
+        assert_eq!(one("FERRYMQ_MQTT__SYS_INTERVAL_SECS", "0").unwrap().mqtt.sys_interval, None);
+        assert_eq!(one("FERRYMQ_STORAGE__RETENTION_MAX_AGE_SECS", "0").unwrap().storage.retention_max_age, None);
+        let c = one("FERRYMQ_BROKER__SHUTDOWN_GRACE_SECS", "9").unwrap();
+        assert_eq!(c.broker.shutdown_grace, Duration::from_secs(9));
+        let refusals = [
+            (
+                "FERRYMQ_STORAGE__FSYNC",
+                "sometimes",
+                "`storage.fsync`: `sometimes` is not one of always, interval, never",
+            ),
+            (
+                "FERRYMQ_TLS__VERIFY_CLIENT",
+                "maybe",
+                "`tls.verify_client`: `maybe` is not one of none, optional, required",
+            ),
+            (
+                "FERRYMQ_AMQP__SSL_CERT_LOGIN_FROM",
+                "subject",
+                "`amqp.ssl_cert_login_from`: `subject` is not one of distinguished_name, common_name",
+            ),
+            ("FERRYMQ_MQTT__QOS0_WHEN_FULL", "block", "`mqtt.qos0_when_full`: `block` is not one of wait, drop"),
+            ("FERRYMQ_HTTP__LISTEN", "localhost", "`http.listen`: `localhost` is not an address like 127.0.0.1:1883"),
+            ("FERRYMQ_STORAGE__CHECKPOINT_INTERVAL_MS", "0", "`storage.checkpoint_interval_ms`: must be > 0"),
+        ];
+        for (k, v, said) in refusals {
+            let err = one(k, v).unwrap_err().to_string();
+            assert_eq!(err, format!("configuration error: {said}"), "{k}={v}");
+        }
+        // "Always" is not a spelling of `always`: the documented names only.
+        assert!(one("FERRYMQ_STORAGE__FSYNC", "Always").is_err());
+        // A bad type and an unknown key stay config's own messages, naming the key.
+        let err = one("FERRYMQ_BROKER__SHUTDOWN_GRACE_SECS", "soon").unwrap_err().to_string();
+        assert!(err.contains("shutdown_grace_secs") && err.contains("invalid type"), "{err}");
     }
 
     #[test]
