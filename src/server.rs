@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use ferrymq_storage::{Journal, JournalError};
+use ferrymq_storage::{FsyncPolicy, Journal, JournalConfig, JournalError, Retention};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
@@ -18,7 +18,7 @@ use crate::accept::{BudgetConfig, SocketBudget, SocketClass, SocketPermit};
 use crate::amqp::AmqpContext;
 use crate::auth::{LoginThrottle, User, Users};
 use crate::authz::{Authorizer, Policy};
-use crate::config::{Config, Qos0WhenFull};
+use crate::config::{Config, Fsync, Qos0WhenFull};
 use crate::core::alarm::ResourceAlarm;
 use crate::core::broker::Broker;
 use crate::core::connections::Listener;
@@ -82,7 +82,7 @@ impl Server {
     /// the next start has no commit log to replay.
     pub async fn start(config: Config) -> anyhow::Result<Server> {
         let pre = Preflight::check(&config).await?;
-        let mut jcfg = config.journal();
+        let mut jcfg = journal_config(&config);
         // The alarm blocks publishers at the disk free limit (bytes, or relative to the
         // memory watermark); should they outrun it, the journal refuses appends at half of
         // it, before a write could fail. Below the limit, retention deletes what nothing
@@ -495,6 +495,36 @@ impl Server {
             "stopped"
         );
     }
+}
+
+/// The journal settings of `config`'s `[storage]` section and data directory: config
+/// holds plain data, and the composition root alone speaks the storage crate's types.
+fn journal_config(config: &Config) -> JournalConfig {
+    let mut j = JournalConfig::new(config.broker.data_dir.clone());
+    j.fsync = match config.storage.fsync {
+        Fsync::Always => FsyncPolicy::Always,
+        Fsync::Interval => FsyncPolicy::Interval(config.storage.interval),
+        Fsync::Never => FsyncPolicy::Never,
+    };
+    j.segment_size = config.storage.segment_size;
+    j.checkpoint_interval = config.storage.checkpoint_interval;
+    j.checkpoint_bytes = config.storage.checkpoint_bytes;
+    j.page_aligned_syncs = config.storage.page_aligned_syncs;
+    j.cache_bytes = config.storage.cache_bytes;
+    j.ballast_bytes = config.storage.ballast_bytes;
+    // Half the disk free limit (the server sets it from the effective limit, which may
+    // be relative to the memory watermark).
+    j.min_free_bytes = config.storage.disk_free_limit_bytes / 2;
+    j.retention = Retention {
+        max_age: config.storage.retention_max_age,
+        max_bytes: (config.storage.retention_max_bytes > 0).then_some(config.storage.retention_max_bytes),
+        max_disk_used_ratio: (config.storage.retention_max_disk_used_ratio > 0.0)
+            .then_some(config.storage.retention_max_disk_used_ratio),
+        // The disk alarm's limit (the server sets the effective one, which may be
+        // relative to the memory watermark).
+        min_disk_free_bytes: (config.storage.disk_free_limit_bytes > 0).then_some(config.storage.disk_free_limit_bytes),
+    };
+    j
 }
 
 /// Closes the journal of a start that failed, flushed and checkpointed as at a shutdown.

@@ -611,36 +611,6 @@ impl Config {
         Ok(())
     }
 
-    /// The journal settings derived from `[storage]` and the data directory.
-    pub fn journal(&self) -> ferrymq_storage::JournalConfig {
-        use ferrymq_storage::{FsyncPolicy, JournalConfig, Retention};
-        let mut j = JournalConfig::new(self.broker.data_dir.clone());
-        j.fsync = match self.storage.fsync {
-            Fsync::Always => FsyncPolicy::Always,
-            Fsync::Interval => FsyncPolicy::Interval(self.storage.interval),
-            Fsync::Never => FsyncPolicy::Never,
-        };
-        j.segment_size = self.storage.segment_size;
-        j.checkpoint_interval = self.storage.checkpoint_interval;
-        j.checkpoint_bytes = self.storage.checkpoint_bytes;
-        j.page_aligned_syncs = self.storage.page_aligned_syncs;
-        j.cache_bytes = self.storage.cache_bytes;
-        j.ballast_bytes = self.storage.ballast_bytes;
-        // Half the disk free limit (the server sets it from the effective limit, which may
-        // be relative to the memory watermark).
-        j.min_free_bytes = self.storage.disk_free_limit_bytes / 2;
-        j.retention = Retention {
-            max_age: self.storage.retention_max_age,
-            max_bytes: (self.storage.retention_max_bytes > 0).then_some(self.storage.retention_max_bytes),
-            max_disk_used_ratio: (self.storage.retention_max_disk_used_ratio > 0.0)
-                .then_some(self.storage.retention_max_disk_used_ratio),
-            // The disk alarm's limit (the server sets the effective one, which may be
-            // relative to the memory watermark).
-            min_disk_free_bytes: (self.storage.disk_free_limit_bytes > 0).then_some(self.storage.disk_free_limit_bytes),
-        };
-        j
-    }
-
     /// Directory holding the commit log and the sled database (`[broker] data_dir`).
     pub fn data_dir(&self) -> &Path {
         &self.broker.data_dir
