@@ -14,7 +14,7 @@ circles, and the script prints the longest circle of every group it fails. Comme
 literals and `#[cfg(test)] mod ... { }` blocks do not count.
 
 IMPORT_CYCLES_ALLOW (paths separated by spaces or commas, as printed, e.g.
-`src/config.rs`): a group containing one of them is still printed, marked `allowed`, but
+`src/composition/config.rs`): a group containing one of them is still printed, marked `allowed`, but
 does not fail the check. It is for a circle whose untangling is under way elsewhere."""
 import os, re, sys
 

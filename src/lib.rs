@@ -8,7 +8,7 @@
 //! ```text
 //!  ferrymq-mqtt / ferrymq-amqp (sans-IO protocol state machines)
 //!            ▲
-//!  mqtt::connection / amqp::connection      (one task per socket; crate::socket helpers)
+//!  mqtt::connection / amqp::connection      (one task per socket; crate::transport::socket helpers)
 //!            │ publish, subscribe/bind, ack          ▲ deliveries, confirms
 //!            ▼                                       │
 //!  core::broker ──route──▶ core::router ──▶ connected clean sessions (fast path)
@@ -20,49 +20,27 @@
 //!            └── core::store (sessions, QoS 2 ids, entities, de-dup ids) ──▶ journal
 //! ```
 //!
-//! - [`config`] — embedded default + environment + file + flags, read into typed data.
-//! - [`preflight`] — start-up checks before anything starts (data directory lock, TLS
-//!   files, rules, every listener bound).
-//! - [`server`] — listeners, start-up restore, shutdown.
-//! - [`accept`] — what the accept loops may take: connection caps and the open-files budget.
-//! - [`shutdown`] — signals on a thread of their own; the shutdown deadline, and what a
-//!   forced exit logs.
+//! `src/` is grouped by kind, so the path of a publish can be read off `ls src`:
+//!
+//! - [`frontends`] — the MQTT and AMQP front-ends (connection tasks, sessions, channels).
+//! - [`transport`] — accepting sockets, socket buffers, TLS, WebSocket, browser origins.
+//! - [`access`] — logins ([`access::auth`]) and what a client may do ([`access::authz`]).
 //! - [`core`] — message, routing table, entities (declared queues, exchanges, bindings),
 //!   queues, streams, scheduler, retained, stores, counters: everything both protocols
 //!   and the management API share. Only the core calls the journal.
-//! - [`mqtt`] — the MQTT front-end (connections, sessions, shared groups, `$SYS`).
-//! - [`amqp`] — the AMQP 0-9-1 front-end (connections, channels, methods).
-//! - [`socket`] — buffer sizing and waits both front-ends' connection tasks share.
-//! - [`auth`] — the user store both front-ends check logins against.
-//! - [`authz`] — what a logged-in client may do: RabbitMQ permissions and MQTT topic
-//!   rules in one policy, decided per connection with a cache.
-//! - [`bridge`] — MQTT bridges to other brokers, Mosquitto's settings.
-//! - [`tls`] — rustls acceptor from PEM files, client certificates.
-//! - [`websocket`] — MQTT over WebSocket: the upgrade and a byte-stream adapter.
-//! - [`origin`] — browser origins, as the API's cross-site check and the WebSocket
-//!   listener's origin check compare them.
-//! - [`ctl`] — `ferrymq ctl`, the admin CLI over the management API.
-//! - [`http`] — the management HTTP API (RabbitMQ's paths) and Prometheus `/metrics`.
+//! - [`links`] — MQTT bridges to other brokers and AMQP shovels.
+//! - [`operations`] — the management HTTP API, metrics, dashboard, and `ferrymq ctl`.
+//! - [`composition`] — configuration, start-up checks, the server, and shutdown.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
-pub mod accept;
-pub mod amqp;
-pub mod auth;
-pub mod authz;
-pub mod bridge;
-pub mod config;
+pub mod access;
+pub mod composition;
 pub mod core;
-pub mod ctl;
-pub mod http;
-pub mod mqtt;
-pub mod origin;
-pub mod preflight;
-pub mod server;
-pub mod shutdown;
-pub mod socket;
-pub mod tls;
-pub mod websocket;
+pub mod frontends;
+pub mod links;
+pub mod operations;
+pub mod transport;
 
 /// The commit this build is from (`git rev-parse --short HEAD` at build time; `unknown`
 /// when built without git).

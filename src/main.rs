@@ -1,17 +1,17 @@
 //! The `ferrymq` binary: parse flags, load the configuration, run the broker until SIGINT
 //! or SIGTERM, then shut down cleanly (exit 0); a second signal, or a shutdown still under
 //! way at the end of `broker.shutdown_grace_secs`, exits at once (code 1, see
-//! [`ferrymq::shutdown`]). `ferrymq ctl ...` is the admin CLI instead.
+//! [`ferrymq::composition::shutdown`]). `ferrymq ctl ...` is the admin CLI instead.
 
 use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use ferrymq::config::{Config, Overrides};
-use ferrymq::preflight::load_config;
-use ferrymq::server::Server;
-use ferrymq::shutdown::{Signal, Signals};
+use ferrymq::composition::config::{Config, Overrides};
+use ferrymq::composition::preflight::load_config;
+use ferrymq::composition::server::Server;
+use ferrymq::composition::shutdown::{Signal, Signals};
 use tracing_subscriber::EnvFilter;
 
 /// mimalloc rather than glibc malloc: the broker allocates and frees small buffers on every
@@ -71,13 +71,13 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Administer a running broker through its management HTTP API.
-    Ctl(ferrymq::ctl::CtlArgs),
+    Ctl(ferrymq::operations::ctl::CtlArgs),
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     if let Some(Command::Ctl(args)) = &cli.command {
-        match ferrymq::ctl::run(args) {
+        match ferrymq::operations::ctl::run(args) {
             Ok(out) => {
                 print!("{out}");
                 std::process::exit(0);
@@ -153,7 +153,7 @@ fn log_start(config: &Config, overrides: &Overrides) {
 
 /// Raises the soft limit on open files to the hard limit, so that the connection caps can
 /// be reached (the usual soft limit, 1,024, is far below them); logs what it did. What the
-/// limit leaves for client sockets is shared out at start (`ferrymq::accept`), which logs
+/// limit leaves for client sockets is shared out at start (`ferrymq::transport::accept`), which logs
 /// it once.
 fn raise_open_files_limit() {
     let (soft, hard) = match rlimit::Resource::NOFILE.get() {
@@ -176,7 +176,7 @@ async fn run(config: Config, overrides: Overrides, mut signals: Signals) -> anyh
     let server = match Server::start(config).await {
         Ok(s) => s,
         Err(e)
-            if e.downcast_ref::<ferrymq::server::StartError>().is_some()
+            if e.downcast_ref::<ferrymq::composition::server::StartError>().is_some()
                 || matches!(e.downcast_ref(), Some(ferrymq_storage::JournalError::Layout(_))) =>
         {
             eprintln!("ferrymq: {e:#}");

@@ -44,8 +44,8 @@ fn v5_options(broker: &Broker, id: &str, credentials: Option<(&str, &str)>) -> v
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn configured_passwords_and_rabbitmq_and_mosquitto_hashes_log_in_over_both_protocols() {
-    let md5 = ferrymq::auth::hash_password(ferrymq::auth::HashingAlgorithm::Md5, "old-pw");
-    let sha512 = ferrymq::auth::hash_password(ferrymq::auth::HashingAlgorithm::Sha512, "new-pw");
+    let md5 = ferrymq::access::auth::hash_password(ferrymq::access::auth::HashingAlgorithm::Md5, "old-pw");
+    let sha512 = ferrymq::access::auth::hash_password(ferrymq::access::auth::HashingAlgorithm::Sha512, "new-pw");
     // From tests/fixtures/mosquitto_passwd (mosquitto_passwd 2.0.11), password d3vice-secret.
     let mosquitto = std::fs::read_to_string(fixture("mosquitto_passwd")).unwrap();
     let dev_hash = mosquitto.lines().next().unwrap().split_once(':').unwrap().1.to_owned();

@@ -25,7 +25,7 @@ async fn users_vhosts_and_permissions_made_over_http_are_used_and_survive_a_rest
         api.put("/api/users/ops", json!({"password": "pw", "tags": "monitoring,management"})).await.0,
         StatusCode::CREATED
     );
-    let hash = ferrymq::auth::hash_password(ferrymq::auth::HashingAlgorithm::Sha512, "hashed-pw");
+    let hash = ferrymq::access::auth::hash_password(ferrymq::access::auth::HashingAlgorithm::Sha512, "hashed-pw");
     let body = json!({"password_hash": hash, "hashing_algorithm": "rabbit_password_hashing_sha512", "tags": []});
     assert_eq!(api.put("/api/users/svc", body).await.0, StatusCode::CREATED);
     let perm = json!({"configure": "^svc-.*", "write": ".*", "read": ".*"});
@@ -127,7 +127,7 @@ fn rabbitmq_definitions(password_hash: &str) -> Value {
 async fn rabbitmq_definitions_import_report_what_is_not_applied_and_export_again() {
     let broker = Broker::start();
     let api = Api::of(&broker);
-    let hash = ferrymq::auth::hash_password(ferrymq::auth::HashingAlgorithm::Sha256, "shop-pw");
+    let hash = ferrymq::access::auth::hash_password(ferrymq::access::auth::HashingAlgorithm::Sha256, "shop-pw");
     let defs = rabbitmq_definitions(&hash);
     let (status, report) = api.post("/api/definitions", defs.clone()).await;
     assert_eq!(status, StatusCode::OK, "{report}");
@@ -298,7 +298,7 @@ async fn a_large_definitions_import_is_read_up_to_max_body_size() {
 async fn a_definitions_file_loads_at_start() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("definitions.json");
-    let hash = ferrymq::auth::hash_password(ferrymq::auth::HashingAlgorithm::Sha256, "shop-pw");
+    let hash = ferrymq::access::auth::hash_password(ferrymq::access::auth::HashingAlgorithm::Sha256, "shop-pw");
     std::fs::write(&file, rabbitmq_definitions(&hash).to_string()).unwrap();
     let broker = Broker::start_with(Opts::default().args(&["--definitions", file.to_str().unwrap()]));
     common::eventually("the unsupported items are logged", WAIT, || async {
