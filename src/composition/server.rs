@@ -104,11 +104,7 @@ impl Server {
         };
         // Everything restored is read first, before anything is applied or cleaned up: a
         // record that cannot be read or decoded stops the start with nothing written.
-        let loaded = crate::core::blocking::spawn({
-            let journal = journal.clone();
-            move || restore::load(&journal)
-        })
-        .await?;
+        let loaded = restore::load(&journal).await;
         let stored = match loaded {
             Ok(stored) => stored,
             Err(error) => {

@@ -22,10 +22,20 @@ use super::retained::RetainedStore;
 use super::router::{QueueRoute, Router, Routes};
 use super::shards::Shards;
 use super::stats::Stats;
-use super::store::{StoreError, StoreWrite, Stores};
+use super::store::{command_ops, Command, JournalStore, StoreError, StoreWrite, Stores};
 
 /// Resolves once a publish is durable (or failed to be stored).
 pub type DurableSignal = oneshot::Receiver<Result<(), JournalError>>;
+
+/// A signal that already says the write failed with `e`.
+fn failed_signal(e: StoreError) -> DurableSignal {
+    let (tx, rx) = oneshot::channel();
+    let _ = tx.send(Err(match e {
+        StoreError::Journal(e) => e,
+        StoreError::Record(e) => JournalError::Io(e.to_string()),
+    }));
+    rx
+}
 
 /// What to do with the retained store for a publish.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,18 +52,7 @@ pub enum RetainMode {
 /// live as long as their connection; those left by a crash are deleted at start.
 pub const SPILL_QUEUE_PREFIX: &str = "mqtt-spill/";
 
-/// How long [`Broker::commit`] waits for a write.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Commit {
-    /// Until it is durable under the fsync policy.
-    Durable,
-    /// Until it is queued behind every earlier submission: it becomes durable with the
-    /// next group commit, and anything submitted later is applied after it.
-    Queued,
-    /// Until it is queued, without asking for an fsync (state that a power loss may take
-    /// back harmlessly, e.g. forgetting expired ids).
-    Relaxed,
-}
+pub use super::store::Commit;
 
 impl MessageTargets {
     /// The pointer targets of `msg` routed to `queues`, and what the completion needs to
@@ -172,7 +171,7 @@ impl Broker {
     /// anything (an operator's delete).
     pub async fn clear_retained(&self, key: &str) -> Result<(), StoreError> {
         self.retained.set(key, None);
-        self.commit(StoreWrite::of(vec![Op::DeleteRetained { topic: key.to_owned() }]), Commit::Durable).await
+        self.commit(StoreWrite::one(Command::ClearRetained { topic: key.to_owned() }), Commit::Durable).await
     }
 
     /// Up to `limit` stored messages with key `key` (their `message_id`, `x-key` or MQTT
@@ -213,18 +212,12 @@ impl Broker {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Applies a store write, waiting as `wait` says.
+    /// Applies a batch of commands through the state machine, waiting as `wait` says.
     pub async fn commit(&self, write: StoreWrite, wait: Commit) -> Result<(), StoreError> {
-        let ops = write.into_ops();
-        if ops.is_empty() {
+        if write.is_empty() {
             return Ok(());
         }
-        match wait {
-            Commit::Durable => self.journal.write(ops).await.map(drop)?,
-            Commit::Queued => self.journal.submit(ops, None).await?,
-            Commit::Relaxed => self.journal.submit_relaxed(ops, None).await?,
-        }
-        Ok(())
+        self.stores.state.apply(write, wait).await
     }
 
     /// The spill queue of the clean session `link_id` (made on its first spill, without
@@ -298,6 +291,27 @@ impl Broker {
         retain: RetainMode,
         along: StoreWrite,
     ) -> Option<DurableSignal> {
+        // What goes along with a publish reads nothing first (inbound QoS 2 ids,
+        // de-duplication ids); anything else is encoded the long way.
+        let along = match JournalStore::ops_now(&along) {
+            Some(ops) => ops,
+            None => match JournalStore::new(&self.journal).ops(along).await {
+                Ok(ops) => ops,
+                Err(e) => return Some(failed_signal(e)),
+            },
+        };
+        self.publish_with_ops(msg, routes, retain, along).await
+    }
+
+    /// [`Broker::publish`] with journal operations of the core's own (a dead-lettered
+    /// entry's removal) in the same submission.
+    pub(in crate::core) async fn publish_with_ops(
+        &self,
+        msg: &SharedMessage,
+        routes: &Routes,
+        retain: RetainMode,
+        along: Vec<Op>,
+    ) -> Option<DurableSignal> {
         // Only drops are counted here (rare); per-message counters are kept per connection
         // and added in batches, so this path touches no shared cache line per message.
         // No subscriber is waited for: a full buffer drops QoS 0 and spills QoS 1/2 to the
@@ -332,7 +346,10 @@ impl Broker {
         Stats::add(&self.stats.publish_dropped, dropped);
         Stats::add(&self.stats.dropped_queue_full, dropped);
 
-        let mut ops = along.and(self.dedup_write(&routes.dedup)).into_ops();
+        let mut ops = along;
+        for command in self.dedup_write(&routes.dedup).commands() {
+            command_ops(command, &mut ops);
+        }
         let mut append_targets = None;
         let clear = msg.payload.is_empty();
         let retained_topic = match retain {
@@ -344,7 +361,7 @@ impl Broker {
             RetainMode::Persist => {
                 self.retained.set(&msg.routing_key, (!clear).then(|| msg.clone()));
                 if clear {
-                    ops.push(Op::DeleteRetained { topic: msg.routing_key.clone() });
+                    command_ops(&Command::ClearRetained { topic: msg.routing_key.clone() }, &mut ops);
                     None
                 } else {
                     Some(msg.routing_key.clone())
@@ -381,7 +398,10 @@ impl Broker {
     /// `along` in the same submission. The signal resolves when the delayed message is
     /// durable.
     pub async fn schedule(&self, vhost: &str, msg: &SharedMessage, due_ms: u64, along: StoreWrite) -> DurableSignal {
-        let mut ops = along.into_ops();
+        let mut ops = match JournalStore::new(&self.journal).ops(along).await {
+            Ok(ops) => ops,
+            Err(e) => return failed_signal(e),
+        };
         ops.insert(
             0,
             Op::Append(Append {

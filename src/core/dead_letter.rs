@@ -22,7 +22,6 @@ use super::broker::{Broker, RetainMode};
 use super::message::{now_ms, Message, SharedMessage};
 use super::queue::{DeadLetter, DeadLetterTarget, DeathReason};
 use super::router::{QueueRoute, Routes};
-use super::store::StoreWrite;
 use super::value::Value;
 
 /// The name of the dead-letter queue of `queue` (RocketMQ's `%DLQ%` prefix).
@@ -77,7 +76,7 @@ async fn to_dlq(broker: &Broker, d: &DeadLetter, removal: Vec<Op>) -> Vec<Op> {
     debug!(queue = %d.config.name, "delivery limit reached: to the %DLQ% queue");
     let msg = Arc::new(dead_lettered(d));
     let routes = Routes { queues: vec![QueueRoute { queue: id, qos: 2, reserved: false }], ..Routes::default() };
-    if let Some(signal) = broker.publish(&msg, &routes, RetainMode::None, StoreWrite::of(removal)).await {
+    if let Some(signal) = broker.publish_with_ops(&msg, &routes, RetainMode::None, removal).await {
         drop(signal);
     }
     Vec::new()
@@ -94,7 +93,7 @@ async fn to_exchange(broker: &Broker, d: &DeadLetter, target: &DeadLetterTarget,
     debug!(queue = %d.config.name, reason = d.reason.as_str(), exchange = %target.exchange, "dead-lettering");
     match broker.router.route(&d.config.vhost, &target.exchange, &msg, "") {
         Ok((routes, _)) => {
-            if let Some(signal) = broker.publish(&msg, &routes, RetainMode::None, StoreWrite::of(removal)).await {
+            if let Some(signal) = broker.publish_with_ops(&msg, &routes, RetainMode::None, removal).await {
                 drop(signal);
             }
             Vec::new()

@@ -206,22 +206,29 @@ pub struct Stored {
 }
 
 /// Reads and decodes everything start-up restores, and checks the keyspaces the queue
-/// and stream owners read later; writes nothing. Blocking: every keyspace it checks is
-/// read in full, and each retained message's record (run it off the runtime's workers).
-pub fn load(journal: &Journal) -> Result<Stored, RestoreError> {
+/// and stream owners read later; writes nothing. The stores' records are read through
+/// their (asynchronous) reads; the commit-log records of retained messages and the
+/// keyspaces only checked here are read in full on the blocking pool.
+pub async fn load(journal: &Journal) -> Result<Stored, RestoreError> {
     let stores = Stores::local(journal);
-    let stored = Stored {
-        access: stores.access.load()?,
-        sessions: stores.sessions.load()?,
-        entities: stores.entities.load()?,
-        dedup: stores.dedup.load()?,
-        retained: retained(journal)?,
-    };
-    journal.queues().map_err(|e| RestoreError::unreadable(RecordKind::QueueName, b"", e))?;
-    check_retry_space(journal)?;
-    check_cursors(journal)?;
-    check_timers(journal)?;
-    Ok(stored)
+    let access = stores.access.load().await?;
+    let sessions = stores.sessions.load().await?;
+    let entities = stores.entities.load().await?;
+    let dedup = stores.dedup.load().await?;
+    let journal = journal.clone();
+    let checked = crate::core::blocking::spawn(move || {
+        let retained = retained(&journal)?;
+        journal.queues().map_err(|e| RestoreError::unreadable(RecordKind::QueueName, b"", e))?;
+        check_retry_space(&journal)?;
+        check_cursors(&journal)?;
+        check_timers(&journal)?;
+        Ok::<_, RestoreError>(retained)
+    })
+    .await;
+    let retained = checked.map_err(|e| {
+        RestoreError::unreadable(RecordKind::QueueName, b"", ferrymq_storage::JournalError::Io(e.to_string()))
+    })??;
+    Ok(Stored { access, sessions, entities, dedup, retained })
 }
 
 /// Every retained message, its commit-log record read and decoded.

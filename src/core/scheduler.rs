@@ -21,7 +21,7 @@ use super::queue::read_message;
 use super::retry;
 use super::router::{Routes, MQTT_VHOST};
 use super::shards::ShardCmd;
-use super::store::StoreWrite;
+use super::store::{command_ops, StoreWrite};
 
 /// Timers fired per turn.
 const BATCH: usize = 512;
@@ -126,7 +126,9 @@ async fn fire(broker: &Broker, due: Vec<TimerEntry>) {
         // Connected sessions get it directly; a retained one is re-appended so that the
         // retained index owns a record of its own.
         let direct = Routes { sessions: routes.sessions.clone(), ..Routes::default() };
-        ops.extend(broker.dedup_write(&routes.dedup).into_ops());
+        for command in broker.dedup_write(&routes.dedup).commands() {
+            command_ops(command, &mut ops);
+        }
         let retain = if msg.retain { RetainMode::Persist } else { RetainMode::None };
         drop(broker.publish(&msg, &direct, retain, StoreWrite::none()).await);
         if routes.queues.is_empty() {

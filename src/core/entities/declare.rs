@@ -146,7 +146,6 @@ impl Entities {
             .stores
             .entities
             .remove_exchange(vhost, name)
-            .await
             .and(broker.stores.dedup.forget_scope(&crate::core::dedup::scope(vhost, name)));
         if let Err(e) = broker.commit(write, Commit::Durable).await {
             warn!(error = %e, "cannot delete exchange metadata");

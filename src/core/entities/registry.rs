@@ -217,7 +217,7 @@ impl Entities {
         broker.router.unbind_all(&entity.vhost, &Destination::Queue(entity.id));
         let count = broker.shards.delete(entity.id).await;
         if entity.durable {
-            let write = broker.stores.entities.remove_queue(&entity.vhost, &entity.name, entity.id).await;
+            let write = broker.stores.entities.remove_queue(&entity.vhost, &entity.name, entity.id);
             if let Err(e) = broker.commit(write, Commit::Durable).await {
                 warn!(error = %e, "cannot delete queue metadata");
             }

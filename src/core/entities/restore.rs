@@ -93,7 +93,7 @@ impl Entities {
     /// ones). Run once everything stored was restored.
     pub async fn drop_orphan_queues(&self) {
         let broker = &self.broker;
-        let all = match broker.stores.catalog.queues() {
+        let all = match broker.stores.catalog.queues().await {
             Ok(all) => all,
             Err(e) => {
                 warn!(error = %e, "cannot list queues; none deleted as orphaned");

@@ -14,6 +14,8 @@ use std::fmt;
 use bytes::{Bytes, BytesMut};
 use ferrymq_storage::{Op, Space};
 
+use futures_util::future::BoxFuture;
+
 use super::{JournalStore, StoreWrite};
 use crate::core::restore::{RecordKey, RecordKind, RestoreError};
 use crate::core::value::{decode_table, encode_table, Value};
@@ -126,37 +128,136 @@ pub struct AccessRecords {
     pub global_parameters: Vec<(String, String)>,
 }
 
-/// Users, virtual hosts and permissions, durable.
+/// A change to users, virtual hosts, permissions, rules, parameters or limits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccessCommand {
+    /// A user is stored (or its tombstone).
+    PutUser(UserRecord),
+    /// A user's record is forgotten.
+    RemoveUser {
+        /// The user.
+        name: String,
+    },
+    /// A virtual host is stored (or its tombstone).
+    PutVhost(VhostRecord),
+    /// A virtual host's record is forgotten.
+    RemoveVhost {
+        /// The virtual host.
+        name: String,
+    },
+    /// A user's permissions in a virtual host are stored.
+    PutPermission(PermissionRecord),
+    /// A user's permissions record in a virtual host is forgotten.
+    RemovePermission {
+        /// The virtual host.
+        vhost: String,
+        /// The user.
+        user: String,
+    },
+    /// A user's topic permissions on an exchange are stored.
+    PutTopicPermission(TopicPermissionRecord),
+    /// A user's topic permissions on an exchange are forgotten.
+    RemoveTopicPermission {
+        /// The virtual host.
+        vhost: String,
+        /// The user.
+        user: String,
+        /// The exchange.
+        exchange: String,
+    },
+    /// The MQTT rules set through the API are stored (JSON).
+    PutMqttRules {
+        /// The rules, JSON.
+        json: String,
+    },
+    /// A runtime parameter is stored.
+    PutParameter(ParameterRecord),
+    /// A runtime parameter is forgotten.
+    RemoveParameter {
+        /// Component (`shovel`).
+        component: String,
+        /// Virtual host.
+        vhost: String,
+        /// Name.
+        name: String,
+    },
+    /// The limits of a virtual host or user are stored (none: forgotten).
+    PutLimits(LimitsRecord),
+    /// A global parameter is stored (JSON value).
+    PutGlobalParameter {
+        /// Name.
+        name: String,
+        /// Value, JSON.
+        value: String,
+    },
+}
+
+/// Users, virtual hosts and permissions, durable: reads, and the commands that change them.
 pub trait AccessStore: fmt::Debug + Send + Sync {
-    /// Every record; the first that cannot be read or decoded is the error (none is left
-    /// out: a deleted or re-passworded user would come back from the configuration).
-    fn load(&self) -> Result<AccessRecords, RestoreError>;
+    /// Everything stored; the first record that cannot be read or decoded is the error
+    /// (a user deleted at run time must not come back from the configuration).
+    fn load(&self) -> BoxFuture<'_, Result<AccessRecords, RestoreError>>;
+
     /// Stores a user (or its tombstone).
-    fn put_user(&self, user: &UserRecord) -> StoreWrite;
+    fn put_user(&self, user: &UserRecord) -> StoreWrite {
+        StoreWrite::one(AccessCommand::PutUser(user.clone()))
+    }
     /// Stores a virtual host (or its tombstone).
-    fn put_vhost(&self, vhost: &VhostRecord) -> StoreWrite;
-    /// Removes the record of a virtual host (one the configuration does not name).
-    fn remove_vhost(&self, name: &str) -> StoreWrite;
-    /// Removes the record of a user (one the configuration does not name).
-    fn remove_user(&self, name: &str) -> StoreWrite;
+    fn put_vhost(&self, vhost: &VhostRecord) -> StoreWrite {
+        StoreWrite::one(AccessCommand::PutVhost(vhost.clone()))
+    }
+    /// Forgets a virtual host's record.
+    fn remove_vhost(&self, name: &str) -> StoreWrite {
+        StoreWrite::one(AccessCommand::RemoveVhost { name: name.to_owned() })
+    }
+    /// Forgets a user's record.
+    fn remove_user(&self, name: &str) -> StoreWrite {
+        StoreWrite::one(AccessCommand::RemoveUser { name: name.to_owned() })
+    }
     /// Stores a user's permissions in a virtual host.
-    fn put_permission(&self, p: &PermissionRecord) -> StoreWrite;
-    /// Removes a user's permissions in a virtual host.
-    fn remove_permission(&self, vhost: &str, user: &str) -> StoreWrite;
+    fn put_permission(&self, p: &PermissionRecord) -> StoreWrite {
+        StoreWrite::one(AccessCommand::PutPermission(p.clone()))
+    }
+    /// Forgets a user's permissions in a virtual host.
+    fn remove_permission(&self, vhost: &str, user: &str) -> StoreWrite {
+        StoreWrite::one(AccessCommand::RemovePermission { vhost: vhost.to_owned(), user: user.to_owned() })
+    }
     /// Stores a user's topic permissions on an exchange.
-    fn put_topic_permission(&self, p: &TopicPermissionRecord) -> StoreWrite;
-    /// Removes a user's topic permissions on an exchange.
-    fn remove_topic_permission(&self, vhost: &str, user: &str, exchange: &str) -> StoreWrite;
-    /// Stores the MQTT rules (JSON) that replace the configured ones.
-    fn put_mqtt_rules(&self, json: &str) -> StoreWrite;
+    fn put_topic_permission(&self, p: &TopicPermissionRecord) -> StoreWrite {
+        StoreWrite::one(AccessCommand::PutTopicPermission(p.clone()))
+    }
+    /// Forgets a user's topic permissions on an exchange.
+    fn remove_topic_permission(&self, vhost: &str, user: &str, exchange: &str) -> StoreWrite {
+        StoreWrite::one(AccessCommand::RemoveTopicPermission {
+            vhost: vhost.to_owned(),
+            user: user.to_owned(),
+            exchange: exchange.to_owned(),
+        })
+    }
+    /// Stores the MQTT rules set through the API (JSON).
+    fn put_mqtt_rules(&self, json: &str) -> StoreWrite {
+        StoreWrite::one(AccessCommand::PutMqttRules { json: json.to_owned() })
+    }
     /// Stores a runtime parameter.
-    fn put_parameter(&self, p: &ParameterRecord) -> StoreWrite;
-    /// Removes a runtime parameter.
-    fn remove_parameter(&self, component: &str, vhost: &str, name: &str) -> StoreWrite;
-    /// Stores the limits of a virtual host or a user (an empty set removes them).
-    fn put_limits(&self, limits: &LimitsRecord) -> StoreWrite;
-    /// Stores a global parameter (its value as JSON).
-    fn put_global_parameter(&self, name: &str, value: &str) -> StoreWrite;
+    fn put_parameter(&self, p: &ParameterRecord) -> StoreWrite {
+        StoreWrite::one(AccessCommand::PutParameter(p.clone()))
+    }
+    /// Forgets a runtime parameter.
+    fn remove_parameter(&self, component: &str, vhost: &str, name: &str) -> StoreWrite {
+        StoreWrite::one(AccessCommand::RemoveParameter {
+            component: component.to_owned(),
+            vhost: vhost.to_owned(),
+            name: name.to_owned(),
+        })
+    }
+    /// Stores the limits of a virtual host or user (no limits: forgets them).
+    fn put_limits(&self, limits: &LimitsRecord) -> StoreWrite {
+        StoreWrite::one(AccessCommand::PutLimits(limits.clone()))
+    }
+    /// Stores a global parameter (JSON value).
+    fn put_global_parameter(&self, name: &str, value: &str) -> StoreWrite {
+        StoreWrite::one(AccessCommand::PutGlobalParameter { name: name.to_owned(), value: value.to_owned() })
+    }
 }
 
 fn limits_key(scope: crate::core::limits::LimitScope, owner: &str) -> Bytes {
@@ -316,125 +417,110 @@ fn decode_into(found: &mut AccessRecords, prefix: u8, value: &Bytes) -> Result<(
     Ok(())
 }
 
-fn put(key: Bytes, value: Bytes) -> StoreWrite {
-    StoreWrite::of(vec![Op::Put { space: Space::Meta, key, value }])
+fn put(key: Bytes, value: Bytes) -> Vec<Op> {
+    vec![Op::Put { space: Space::Meta, key, value }]
 }
 
-fn delete(key: Bytes) -> StoreWrite {
-    StoreWrite::of(vec![Op::Delete { space: Space::Meta, key }])
+fn delete(key: Bytes) -> Vec<Op> {
+    vec![Op::Delete { space: Space::Meta, key }]
 }
 
 impl AccessStore for JournalStore {
-    fn load(&self) -> Result<AccessRecords, RestoreError> {
-        let mut found = AccessRecords::default();
-        for prefix in [b'u', b'v', b'p', b't', b'r', b'a', b'l', b'g'] {
-            let kind = kind_of(prefix);
-            let records = self
-                .journal
-                .scan(Space::Meta, &[prefix, 0])
-                .map_err(|e| RestoreError::unreadable(kind, &[prefix], e))?;
-            for (key, value) in records {
-                decode_into(&mut found, prefix, &value)
-                    .map_err(|reason| RestoreError::undecodable(kind, RecordKey::bytes(&key), reason))?;
+    fn load(&self) -> BoxFuture<'_, Result<AccessRecords, RestoreError>> {
+        Box::pin(async move {
+            let mut found = AccessRecords::default();
+            for prefix in [b'u', b'v', b'p', b't', b'r', b'a', b'l', b'g'] {
+                let kind = kind_of(prefix);
+                let records = self
+                    .scan(Space::Meta, Bytes::copy_from_slice(&[prefix, 0]))
+                    .await
+                    .map_err(|e| RestoreError::unreadable(kind, &[prefix], e))?;
+                for (key, value) in records {
+                    decode_into(&mut found, prefix, &value)
+                        .map_err(|reason| RestoreError::undecodable(kind, RecordKey::bytes(&key), reason))?;
+                }
             }
+            Ok(found)
+        })
+    }
+}
+
+/// The journal operations of an access command (the local state machine's half).
+pub(super) fn ops(command: &AccessCommand) -> Vec<Op> {
+    match command {
+        AccessCommand::PutUser(u) => {
+            let value = table(vec![
+                ("name", Value::Str(u.name.clone())),
+                ("password_hash", Value::Str(u.password_hash.clone())),
+                ("hashing_algorithm", Value::Str(u.hashing_algorithm.clone())),
+                ("tags", strings(&u.tags)),
+                ("deleted", Value::Bool(u.deleted)),
+            ]);
+            put(key(b'u', &[&u.name]), value)
         }
-        Ok(found)
-    }
-
-    fn put_user(&self, u: &UserRecord) -> StoreWrite {
-        let value = table(vec![
-            ("name", Value::Str(u.name.clone())),
-            ("password_hash", Value::Str(u.password_hash.clone())),
-            ("hashing_algorithm", Value::Str(u.hashing_algorithm.clone())),
-            ("tags", strings(&u.tags)),
-            ("deleted", Value::Bool(u.deleted)),
-        ]);
-        put(key(b'u', &[&u.name]), value)
-    }
-
-    fn put_vhost(&self, v: &VhostRecord) -> StoreWrite {
-        let value = table(vec![
-            ("name", Value::Str(v.name.clone())),
-            ("description", Value::Str(v.description.clone())),
-            ("tags", strings(&v.tags)),
-            ("deleted", Value::Bool(v.deleted)),
-        ]);
-        put(key(b'v', &[&v.name]), value)
-    }
-
-    fn remove_vhost(&self, name: &str) -> StoreWrite {
-        delete(key(b'v', &[name]))
-    }
-
-    fn remove_user(&self, name: &str) -> StoreWrite {
-        delete(key(b'u', &[name]))
-    }
-
-    fn put_permission(&self, p: &PermissionRecord) -> StoreWrite {
-        let value = table(vec![
-            ("vhost", Value::Str(p.vhost.clone())),
-            ("user", Value::Str(p.user.clone())),
-            ("configure", Value::Str(p.configure.clone())),
-            ("write", Value::Str(p.write.clone())),
-            ("read", Value::Str(p.read.clone())),
-            ("cleared", Value::Bool(p.cleared)),
-        ]);
-        put(key(b'p', &[&p.vhost, &p.user]), value)
-    }
-
-    fn remove_permission(&self, vhost: &str, user: &str) -> StoreWrite {
-        delete(key(b'p', &[vhost, user]))
-    }
-
-    fn put_topic_permission(&self, p: &TopicPermissionRecord) -> StoreWrite {
-        let value = table(vec![
-            ("vhost", Value::Str(p.vhost.clone())),
-            ("user", Value::Str(p.user.clone())),
-            ("exchange", Value::Str(p.exchange.clone())),
-            ("write", Value::Str(p.write.clone())),
-            ("read", Value::Str(p.read.clone())),
-        ]);
-        put(key(b't', &[&p.vhost, &p.user, &p.exchange]), value)
-    }
-
-    fn remove_topic_permission(&self, vhost: &str, user: &str, exchange: &str) -> StoreWrite {
-        delete(key(b't', &[vhost, user, exchange]))
-    }
-
-    fn put_mqtt_rules(&self, json: &str) -> StoreWrite {
-        put(key(b'r', &["mqtt"]), table(vec![("rules", Value::Str(json.to_owned()))]))
-    }
-
-    fn put_parameter(&self, p: &ParameterRecord) -> StoreWrite {
-        let value = table(vec![
-            ("component", Value::Str(p.component.clone())),
-            ("vhost", Value::Str(p.vhost.clone())),
-            ("name", Value::Str(p.name.clone())),
-            ("value", Value::Str(p.value.clone())),
-        ]);
-        put(key(b'a', &[&p.component, &p.vhost, &p.name]), value)
-    }
-
-    fn remove_parameter(&self, component: &str, vhost: &str, name: &str) -> StoreWrite {
-        delete(key(b'a', &[component, vhost, name]))
-    }
-
-    fn put_limits(&self, l: &LimitsRecord) -> StoreWrite {
-        let key = limits_key(l.scope, &l.owner);
-        if l.values.is_empty() {
-            return delete(key);
+        AccessCommand::PutVhost(v) => {
+            let value = table(vec![
+                ("name", Value::Str(v.name.clone())),
+                ("description", Value::Str(v.description.clone())),
+                ("tags", strings(&v.tags)),
+                ("deleted", Value::Bool(v.deleted)),
+            ]);
+            put(key(b'v', &[&v.name]), value)
         }
-        let values = l.values.iter().map(|(k, v)| (k.clone(), Value::Int(*v))).collect();
-        let value = table(vec![
-            ("scope", Value::Str(l.scope.label().to_owned())),
-            ("owner", Value::Str(l.owner.clone())),
-            ("limits", Value::Table(values)),
-        ]);
-        put(key, value)
-    }
-
-    fn put_global_parameter(&self, name: &str, value: &str) -> StoreWrite {
-        let value = table(vec![("name", Value::Str(name.to_owned())), ("value", Value::Str(value.to_owned()))]);
-        put(key(b'g', &[name]), value)
+        AccessCommand::RemoveVhost { name } => delete(key(b'v', &[name])),
+        AccessCommand::RemoveUser { name } => delete(key(b'u', &[name])),
+        AccessCommand::PutPermission(p) => {
+            let value = table(vec![
+                ("vhost", Value::Str(p.vhost.clone())),
+                ("user", Value::Str(p.user.clone())),
+                ("configure", Value::Str(p.configure.clone())),
+                ("write", Value::Str(p.write.clone())),
+                ("read", Value::Str(p.read.clone())),
+                ("cleared", Value::Bool(p.cleared)),
+            ]);
+            put(key(b'p', &[&p.vhost, &p.user]), value)
+        }
+        AccessCommand::RemovePermission { vhost, user } => delete(key(b'p', &[vhost, user])),
+        AccessCommand::PutTopicPermission(p) => {
+            let value = table(vec![
+                ("vhost", Value::Str(p.vhost.clone())),
+                ("user", Value::Str(p.user.clone())),
+                ("exchange", Value::Str(p.exchange.clone())),
+                ("write", Value::Str(p.write.clone())),
+                ("read", Value::Str(p.read.clone())),
+            ]);
+            put(key(b't', &[&p.vhost, &p.user, &p.exchange]), value)
+        }
+        AccessCommand::RemoveTopicPermission { vhost, user, exchange } => delete(key(b't', &[vhost, user, exchange])),
+        AccessCommand::PutMqttRules { json } => {
+            put(key(b'r', &["mqtt"]), table(vec![("rules", Value::Str(json.to_owned()))]))
+        }
+        AccessCommand::PutParameter(p) => {
+            let value = table(vec![
+                ("component", Value::Str(p.component.clone())),
+                ("vhost", Value::Str(p.vhost.clone())),
+                ("name", Value::Str(p.name.clone())),
+                ("value", Value::Str(p.value.clone())),
+            ]);
+            put(key(b'a', &[&p.component, &p.vhost, &p.name]), value)
+        }
+        AccessCommand::RemoveParameter { component, vhost, name } => delete(key(b'a', &[component, vhost, name])),
+        AccessCommand::PutLimits(l) => {
+            let key = limits_key(l.scope, &l.owner);
+            if l.values.is_empty() {
+                return delete(key);
+            }
+            let values = l.values.iter().map(|(k, v)| (k.clone(), Value::Int(*v))).collect();
+            let value = table(vec![
+                ("scope", Value::Str(l.scope.label().to_owned())),
+                ("owner", Value::Str(l.owner.clone())),
+                ("limits", Value::Table(values)),
+            ]);
+            put(key, value)
+        }
+        AccessCommand::PutGlobalParameter { name, value } => {
+            let value = table(vec![("name", Value::Str(name.to_owned())), ("value", Value::Str(value.to_owned()))]);
+            put(key(b'g', &[name]), value)
+        }
     }
 }

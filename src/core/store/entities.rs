@@ -10,7 +10,6 @@ use std::fmt;
 use bytes::{Bytes, BytesMut};
 use ferrymq_storage::{JournalError, Op, QueueId, Space};
 use futures_util::future::BoxFuture;
-use tracing::warn;
 
 use super::{JournalStore, StoreWrite};
 use crate::core::restore::{RecordKey, RecordKind, RestoreError};
@@ -63,31 +62,105 @@ pub struct EntityRecords {
     pub bindings: Vec<BindingRecord>,
 }
 
-/// Durable exchanges, queues and bindings.
+/// A change to durable exchanges, queues and bindings.
+#[derive(Debug, Clone)]
+pub enum EntityCommand {
+    /// A durable queue is stored.
+    PutQueue(QueueRecord),
+    /// A durable queue is forgotten, with every binding to it.
+    RemoveQueue {
+        /// Its virtual host.
+        vhost: String,
+        /// Its name.
+        name: String,
+        /// Its consume queue (what bindings to it name).
+        id: QueueId,
+    },
+    /// A durable exchange is stored.
+    PutExchange {
+        /// Its virtual host.
+        vhost: String,
+        /// Its declaration.
+        def: ExchangeDef,
+    },
+    /// A durable exchange is forgotten, with every binding from or to it.
+    RemoveExchange {
+        /// Its virtual host.
+        vhost: String,
+        /// Its name.
+        name: String,
+    },
+    /// A binding is stored (nothing for an MQTT session destination, never durable).
+    PutBinding {
+        /// Its virtual host.
+        vhost: String,
+        /// The exchange it routes from.
+        exchange: String,
+        /// Destination, key and arguments.
+        binding: Binding,
+    },
+    /// A binding is forgotten.
+    RemoveBinding {
+        /// Its virtual host.
+        vhost: String,
+        /// The exchange it routes from.
+        exchange: String,
+        /// Destination, key and arguments.
+        binding: Binding,
+    },
+}
+
+impl EntityCommand {
+    /// True when applying it reads stored records first (the bindings a removal takes
+    /// with it).
+    pub(super) fn reads(&self) -> bool {
+        matches!(self, EntityCommand::RemoveQueue { .. } | EntityCommand::RemoveExchange { .. })
+    }
+}
+
+/// Durable exchanges, queues and bindings: reads, and the commands that change them.
 pub trait EntityStore: fmt::Debug + Send + Sync {
     /// Every stored entity; the first record that cannot be read or decoded is the error
     /// (none is left out: its queue's messages would be deleted as an orphan's).
-    fn load(&self) -> Result<EntityRecords, RestoreError>;
+    fn load(&self) -> BoxFuture<'_, Result<EntityRecords, RestoreError>>;
 
     /// Stores a durable queue.
-    fn put_queue(&self, queue: &QueueRecord) -> StoreWrite;
+    fn put_queue(&self, queue: &QueueRecord) -> StoreWrite {
+        StoreWrite::one(EntityCommand::PutQueue(queue.clone()))
+    }
 
-    /// Forgets a durable queue and every binding to it (found without blocking the calling
-    /// thread).
-    fn remove_queue<'a>(&'a self, vhost: &'a str, name: &'a str, id: QueueId) -> BoxFuture<'a, StoreWrite>;
+    /// Forgets a durable queue and every binding to it.
+    fn remove_queue(&self, vhost: &str, name: &str, id: QueueId) -> StoreWrite {
+        StoreWrite::one(EntityCommand::RemoveQueue { vhost: vhost.to_owned(), name: name.to_owned(), id })
+    }
 
     /// Stores a durable exchange.
-    fn put_exchange(&self, vhost: &str, def: &ExchangeDef) -> StoreWrite;
+    fn put_exchange(&self, vhost: &str, def: &ExchangeDef) -> StoreWrite {
+        StoreWrite::one(EntityCommand::PutExchange { vhost: vhost.to_owned(), def: def.clone() })
+    }
 
-    /// Forgets a durable exchange and every binding from or to it (found without blocking
-    /// the calling thread).
-    fn remove_exchange<'a>(&'a self, vhost: &'a str, name: &'a str) -> BoxFuture<'a, StoreWrite>;
+    /// Forgets a durable exchange and every binding from or to it.
+    fn remove_exchange(&self, vhost: &str, name: &str) -> StoreWrite {
+        StoreWrite::one(EntityCommand::RemoveExchange { vhost: vhost.to_owned(), name: name.to_owned() })
+    }
 
     /// Stores a binding (nothing for an MQTT session destination, which is never durable).
-    fn put_binding(&self, vhost: &str, exchange: &str, binding: &Binding) -> StoreWrite;
+    fn put_binding(&self, vhost: &str, exchange: &str, binding: &Binding) -> StoreWrite {
+        if matches!(binding.dest, Destination::Session(_)) {
+            return StoreWrite::none();
+        }
+        let (vhost, exchange, binding) = (vhost.to_owned(), exchange.to_owned(), binding.clone());
+        StoreWrite::one(EntityCommand::PutBinding { vhost, exchange, binding })
+    }
 
     /// Forgets a binding.
-    fn remove_binding(&self, vhost: &str, exchange: &str, binding: &Binding) -> StoreWrite;
+    fn remove_binding(&self, vhost: &str, exchange: &str, binding: &Binding) -> StoreWrite {
+        if matches!(binding.dest, Destination::Session(_)) {
+            return StoreWrite::none();
+        }
+        let (vhost, exchange, binding) = (vhost.to_owned(), exchange.to_owned(), binding.clone());
+        StoreWrite::one(EntityCommand::RemoveBinding { vhost, exchange, binding })
+    }
 }
 
 fn meta_key(kind: u8, parts: &[&str]) -> Bytes {
@@ -205,104 +278,111 @@ fn binding_from_record(value: &Bytes) -> Option<BindingRecord> {
 }
 
 impl JournalStore {
-    /// Deletes of the binding records of `vhost` that `doomed` picks (by their table). The
-    /// records are scanned on the blocking pool.
-    async fn remove_bindings_where(&self, vhost: &str, doomed: impl Fn(&[(String, Value)]) -> bool) -> Vec<Op> {
-        let journal = self.journal.clone();
-        let prefix = meta_key(b'b', &[vhost, ""]);
-        let scanned = crate::core::blocking::spawn(move || journal.scan(Space::Meta, &prefix))
-            .await
-            .unwrap_or_else(|e| Err(JournalError::Io(e.to_string())));
-        match scanned {
-            Ok(records) => records
-                .into_iter()
-                .filter(|(_, value)| read_table(value).is_some_and(|t| doomed(&t)))
-                .map(|(key, _)| Op::Delete { space: Space::Meta, key })
-                .collect(),
-            Err(e) => {
-                warn!(error = %e, "cannot read binding records; bindings left in storage");
-                Vec::new()
+    /// Deletes of the binding records of `vhost` that `doomed` picks (by their table),
+    /// read off the runtime's workers. A scan that fails is the command's error: a binding
+    /// record left behind would come back at restart without its queue.
+    async fn remove_bindings_where(
+        &self,
+        vhost: &str,
+        doomed: impl Fn(&[(String, Value)]) -> bool,
+    ) -> Result<Vec<Op>, JournalError> {
+        let records = self.scan(Space::Meta, meta_key(b'b', &[vhost, ""])).await?;
+        Ok(records
+            .into_iter()
+            .filter(|(_, value)| read_table(value).is_some_and(|t| doomed(&t)))
+            .map(|(key, _)| Op::Delete { space: Space::Meta, key })
+            .collect())
+    }
+
+    /// The journal operations of an entity command (the local state machine's half):
+    /// a removal reads the binding records it takes with it.
+    pub(super) async fn entity_ops(&self, command: &EntityCommand) -> Result<Vec<Op>, JournalError> {
+        match command {
+            EntityCommand::RemoveQueue { vhost, name, id } => {
+                let mut ops = vec![Op::Delete { space: Space::Meta, key: meta_key(b'q', &[vhost, name]) }];
+                let dest = format!("q:{}", id.0);
+                ops.extend(
+                    self.remove_bindings_where(vhost, |t| field_str(t, "dest").is_some_and(|d| d == dest)).await?,
+                );
+                Ok(ops)
             }
+            EntityCommand::RemoveExchange { vhost, name } => {
+                let mut ops = vec![Op::Delete { space: Space::Meta, key: meta_key(b'x', &[vhost, name]) }];
+                let dest = format!("x:{name}");
+                let doomed = self.remove_bindings_where(vhost, |t| {
+                    field_str(t, "exchange").as_deref() == Some(name.as_str())
+                        || field_str(t, "dest").is_some_and(|d| d == dest)
+                });
+                ops.extend(doomed.await?);
+                Ok(ops)
+            }
+            other => Ok(ops_without_reads(other)),
         }
     }
 }
 
+/// The journal operations of an entity command that reads nothing first (every one but
+/// the removals of queues and exchanges, which yield nothing here).
+pub(super) fn ops_without_reads(command: &EntityCommand) -> Vec<Op> {
+    match command {
+        EntityCommand::PutQueue(queue) => {
+            let key = meta_key(b'q', &[&queue.vhost, &queue.name]);
+            vec![Op::Put { space: Space::Meta, key, value: queue_record(queue) }]
+        }
+        EntityCommand::PutExchange { vhost, def } => {
+            let key = meta_key(b'x', &[vhost, &def.name]);
+            vec![Op::Put { space: Space::Meta, key, value: exchange_record(vhost, def) }]
+        }
+        EntityCommand::PutBinding { vhost, exchange, binding } => {
+            let Some((key, dest)) = binding_key(vhost, exchange, binding) else { return Vec::new() };
+            let record = table_bytes(&[
+                ("vhost", Value::Str(vhost.clone())),
+                ("exchange", Value::Str(exchange.clone())),
+                ("dest", Value::Str(dest)),
+                ("key", Value::Str(binding.key.clone())),
+                ("arguments", Value::Table(binding.args.clone())),
+            ]);
+            vec![Op::Put { space: Space::Meta, key, value: record }]
+        }
+        EntityCommand::RemoveBinding { vhost, exchange, binding } => {
+            let Some((key, _)) = binding_key(vhost, exchange, binding) else { return Vec::new() };
+            vec![Op::Delete { space: Space::Meta, key }]
+        }
+        EntityCommand::RemoveQueue { .. } | EntityCommand::RemoveExchange { .. } => Vec::new(),
+    }
+}
+
 impl EntityStore for JournalStore {
-    fn load(&self) -> Result<EntityRecords, RestoreError> {
-        let mut found = EntityRecords::default();
-        for (prefix, kind) in [(b'x', RecordKind::Exchange), (b'q', RecordKind::Queue), (b'b', RecordKind::Binding)] {
-            let records = self
-                .journal
-                .scan(Space::Meta, &[prefix, 0])
-                .map_err(|e| RestoreError::unreadable(kind, &[prefix], e))?;
-            for (key, value) in records {
-                let undecodable = |reason: &str| RestoreError::undecodable(kind, RecordKey::bytes(&key), reason);
-                if let Err(e) = decode_table(&mut value.clone(), 0) {
-                    return Err(undecodable(&format!("not a field table: {e}")));
-                }
-                let missing = "a field is missing or of the wrong type";
-                match prefix {
-                    b'x' => found.exchanges.push(exchange_from_record(&value).ok_or_else(|| undecodable(missing))?),
-                    b'q' => found.queues.push(queue_from_record(&value).ok_or_else(|| undecodable(missing))?),
-                    _ => found.bindings.push(binding_from_record(&value).ok_or_else(|| undecodable(missing))?),
+    fn load(&self) -> BoxFuture<'_, Result<EntityRecords, RestoreError>> {
+        Box::pin(async move {
+            let mut found = EntityRecords::default();
+            for (prefix, kind) in [(b'x', RecordKind::Exchange), (b'q', RecordKind::Queue), (b'b', RecordKind::Binding)]
+            {
+                let records = self
+                    .scan(Space::Meta, Bytes::copy_from_slice(&[prefix, 0]))
+                    .await
+                    .map_err(|e| RestoreError::unreadable(kind, &[prefix], e))?;
+                for (key, value) in records {
+                    let undecodable = |reason: &str| RestoreError::undecodable(kind, RecordKey::bytes(&key), reason);
+                    if let Err(e) = decode_table(&mut value.clone(), 0) {
+                        return Err(undecodable(&format!("not a field table: {e}")));
+                    }
+                    let missing = "a field is missing or of the wrong type";
+                    match prefix {
+                        b'x' => found.exchanges.push(exchange_from_record(&value).ok_or_else(|| undecodable(missing))?),
+                        b'q' => found.queues.push(queue_from_record(&value).ok_or_else(|| undecodable(missing))?),
+                        _ => found.bindings.push(binding_from_record(&value).ok_or_else(|| undecodable(missing))?),
+                    }
                 }
             }
-        }
-        Ok(found)
-    }
-
-    fn put_queue(&self, queue: &QueueRecord) -> StoreWrite {
-        let key = meta_key(b'q', &[&queue.vhost, &queue.name]);
-        StoreWrite::of(vec![Op::Put { space: Space::Meta, key, value: queue_record(queue) }])
-    }
-
-    fn remove_queue<'a>(&'a self, vhost: &'a str, name: &'a str, id: QueueId) -> BoxFuture<'a, StoreWrite> {
-        Box::pin(async move {
-            let mut ops = vec![Op::Delete { space: Space::Meta, key: meta_key(b'q', &[vhost, name]) }];
-            let dest = format!("q:{}", id.0);
-            ops.extend(self.remove_bindings_where(vhost, |t| field_str(t, "dest").is_some_and(|d| d == dest)).await);
-            StoreWrite::of(ops)
+            Ok(found)
         })
-    }
-
-    fn put_exchange(&self, vhost: &str, def: &ExchangeDef) -> StoreWrite {
-        let key = meta_key(b'x', &[vhost, &def.name]);
-        StoreWrite::of(vec![Op::Put { space: Space::Meta, key, value: exchange_record(vhost, def) }])
-    }
-
-    fn remove_exchange<'a>(&'a self, vhost: &'a str, name: &'a str) -> BoxFuture<'a, StoreWrite> {
-        Box::pin(async move {
-            let mut ops = vec![Op::Delete { space: Space::Meta, key: meta_key(b'x', &[vhost, name]) }];
-            let dest = format!("x:{name}");
-            let doomed = self.remove_bindings_where(vhost, |t| {
-                field_str(t, "exchange").as_deref() == Some(name) || field_str(t, "dest").is_some_and(|d| d == dest)
-            });
-            ops.extend(doomed.await);
-            StoreWrite::of(ops)
-        })
-    }
-
-    fn put_binding(&self, vhost: &str, exchange: &str, binding: &Binding) -> StoreWrite {
-        let Some((key, dest)) = binding_key(vhost, exchange, binding) else { return StoreWrite::none() };
-        let record = table_bytes(&[
-            ("vhost", Value::Str(vhost.to_owned())),
-            ("exchange", Value::Str(exchange.to_owned())),
-            ("dest", Value::Str(dest)),
-            ("key", Value::Str(binding.key.clone())),
-            ("arguments", Value::Table(binding.args.clone())),
-        ]);
-        StoreWrite::of(vec![Op::Put { space: Space::Meta, key, value: record }])
-    }
-
-    fn remove_binding(&self, vhost: &str, exchange: &str, binding: &Binding) -> StoreWrite {
-        let Some((key, _)) = binding_key(vhost, exchange, binding) else { return StoreWrite::none() };
-        StoreWrite::of(vec![Op::Delete { space: Space::Meta, key }])
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_support::{apply, open};
+    use super::super::test_support::{apply, open, read};
     use super::*;
 
     fn args(pairs: &[(&str, Value)]) -> Vec<(String, Value)> {
@@ -356,13 +436,13 @@ mod tests {
         let e = &stores.entities;
         apply(&journal, e.put_exchange("/", &exchange("x")).and(e.put_queue(&queue("q", 4))));
         apply(&journal, e.put_binding("/", "x", &bound(Destination::Queue(QueueId(4)), "a.#")));
-        let loaded = e.load().unwrap();
+        let loaded = read(e.load()).unwrap();
         assert_eq!(loaded.exchanges, vec![ExchangeRecord { vhost: "/".into(), def: exchange("x") }]);
         assert_eq!(loaded.queues, vec![queue("q", 4)]);
         assert_eq!(loaded.bindings.len(), 1);
         assert_eq!(loaded.bindings[0].binding.args, bound(Destination::Queue(QueueId(4)), "a.#").args);
         apply(&journal, e.remove_binding("/", "x", &bound(Destination::Queue(QueueId(4)), "a.#")));
-        assert!(e.load().unwrap().bindings.is_empty());
+        assert!(read(e.load()).unwrap().bindings.is_empty());
     }
 
     #[test]
@@ -379,13 +459,12 @@ mod tests {
             .and(e.put_binding("/", "y", &bound(Destination::Exchange("x".into()), "k3")))
             .and(e.put_binding("/other", "x", &bound(Destination::Queue(QueueId(1)), "k4")));
         apply(&journal, writes);
-        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-        apply(&journal, rt.block_on(e.remove_queue("/", "q1", QueueId(1))));
-        let left = summary(&e.load().unwrap());
+        apply(&journal, e.remove_queue("/", "q1", QueueId(1)));
+        let left = summary(&read(e.load()).unwrap());
         assert!(!left.iter().any(|s| s.contains("q / q1") || s.contains("k1")), "{left:?}");
         assert!(left.iter().any(|s| s.contains("k4")), "another vhost's binding stays: {left:?}");
-        apply(&journal, rt.block_on(e.remove_exchange("/", "x")));
-        let left = summary(&e.load().unwrap());
+        apply(&journal, e.remove_exchange("/", "x"));
+        let left = summary(&read(e.load()).unwrap());
         assert_eq!(left, vec!["b /other x Queue(QueueId(1)) k4", "q / q2 2", "x / y"], "from and to x go");
     }
 

@@ -1,40 +1,57 @@
-//! The durable state the front-ends keep, behind typed stores: MQTT sessions and their
-//! inbound QoS 2 packet ids, the AMQP entity metadata (exchanges, queues, bindings),
-//! publisher de-duplication ids, and the catalog of consume-queue names.
+//! The durable state the front-ends keep, as typed commands and typed reads: MQTT
+//! sessions and their inbound QoS 2 packet ids, the AMQP entity metadata (exchanges,
+//! queues, bindings), users, virtual hosts, permissions, rules, parameters and limits,
+//! publisher de-duplication ids, retained-message removals, stream group cursors, and the
+//! catalog of consume-queue names.
 //!
-//! The front-ends never build journal operations or name a keyspace: they read through a
-//! store's methods and get writes back as a [`StoreWrite`], an opaque batch they hand to
-//! the core ([`Broker::commit`](crate::core::broker::Broker::commit), or along with a
-//! publish so that both land in one journal submission). The keyspace layout of this
-//! state is therefore written down once, here, in the local implementation
-//! ([`JournalStore`]).
+//! **Writes are commands.** Every change to this state is a [`Command`]: a typed value
+//! saying what changes (`PutQueue`, `SaveSession`, `Qos2Received`, ...), never how it is
+//! stored. The stores' write methods only build commands; a batch of them is a
+//! [`StoreWrite`], which the core hands to the one [`StateMachine`] ([`Broker::commit`],
+//! or along with a publish so that both land in one journal submission). The state
+//! machine applies a batch's commands in order, and batches in the order they are
+//! submitted; a batch is acknowledged (the `commit` future resolves) once it is durable.
 //!
-//! Each store is a trait so that a second implementation can replace the local one
-//! without touching the front-ends: a replicated store (a Raft log carrying the same
-//! batches, reads served from the state it applied) implements the same traits and
-//! produces the same `StoreWrite`s. [`Stores`] is the set the broker holds.
+//! **Reads are asynchronous.** A store's reads return futures, so a front-end never
+//! blocks on them and an implementation may answer from a replicated log's applied state.
+//!
+//! The local implementation, [`JournalStore`], is the single-node state machine: it
+//! turns each command into journal operations in the keyspace layout written down in
+//! each store's module (the only place that layout exists), and reads the journal's
+//! keyspaces off the runtime's workers. A replicated implementation replicates the same
+//! commands and implements the same reads: this module is the seam (see
+//! `docs/architecture.md`, "The door into the core"). [`Stores`] is the set the broker
+//! holds.
+//!
+//! [`Broker::commit`]: crate::core::broker::Broker::commit
 
 mod access;
+mod command;
 mod dedup;
 mod entities;
 mod sessions;
+mod state_machine;
 
 use std::fmt;
 use std::sync::Arc;
 
-use ferrymq_storage::{Journal, JournalError, Op};
+use bytes::Bytes;
+use ferrymq_storage::{Journal, JournalError, Space};
 use futures_util::future::BoxFuture;
 
 use crate::core::restore::{RecordKey, RecordKind, RestoreError};
 
 pub use access::{
-    AccessRecords, AccessStore, LimitsRecord, ParameterRecord, PermissionRecord, TopicPermissionRecord, UserRecord,
-    VhostRecord,
+    AccessCommand, AccessRecords, AccessStore, LimitsRecord, ParameterRecord, PermissionRecord, TopicPermissionRecord,
+    UserRecord, VhostRecord,
 };
-pub use dedup::DedupStore;
-pub use entities::{BindingRecord, EntityRecords, EntityStore, ExchangeRecord, QueueRecord};
+pub use command::Command;
+pub use dedup::{DedupCommand, DedupRecord, DedupStore};
+pub use entities::{BindingRecord, EntityCommand, EntityRecords, EntityStore, ExchangeRecord, QueueRecord};
 pub use ferrymq_storage::QueueId;
-pub use sessions::{InboundQos2Store, SessionStore, StoredSession, SubOptions, NEVER};
+pub use sessions::{InboundQos2Store, SessionCommand, SessionStore, StoredSession, SubOptions, NEVER};
+pub(crate) use state_machine::command_ops;
+pub use state_machine::{Commit, StateMachine};
 
 /// Errors of the stores.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -57,12 +74,12 @@ impl StoreError {
     }
 }
 
-/// A batch of changes to durable state, made by a store's methods and applied in one
-/// journal submission by the core. Empty batches are free.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+/// A batch of [`Command`]s, made by the stores' write methods and applied together, in
+/// order, by the [`StateMachine`]. Empty batches are free.
+#[derive(Debug, Default, Clone)]
 #[must_use = "a store write does nothing until the core commits it"]
 pub struct StoreWrite {
-    ops: Vec<Op>,
+    commands: Vec<Command>,
 }
 
 impl StoreWrite {
@@ -71,23 +88,29 @@ impl StoreWrite {
         StoreWrite::default()
     }
 
+    /// The batch of one command.
+    pub fn one(command: impl Into<Command>) -> StoreWrite {
+        StoreWrite { commands: vec![command.into()] }
+    }
+
     /// True when the batch changes nothing.
     pub fn is_empty(&self) -> bool {
-        self.ops.is_empty()
+        self.commands.is_empty()
     }
 
     /// This batch followed by `other`, applied together.
     pub fn and(mut self, other: StoreWrite) -> StoreWrite {
-        self.ops.extend(other.ops);
+        self.commands.extend(other.commands);
         self
     }
 
-    pub(crate) fn of(ops: Vec<Op>) -> StoreWrite {
-        StoreWrite { ops }
+    /// The commands, in the order they are applied.
+    pub fn commands(&self) -> &[Command] {
+        &self.commands
     }
 
-    pub(crate) fn into_ops(self) -> Vec<Op> {
-        self.ops
+    pub(crate) fn into_commands(self) -> Vec<Command> {
+        self.commands
     }
 }
 
@@ -104,8 +127,8 @@ pub trait QueueCatalog: fmt::Debug + Send + Sync {
     /// on a runtime worker.
     fn queue_id_blocking(&self, name: &str) -> Result<QueueId, StoreError>;
 
-    /// Every consume queue name with its id (blocking: start-up only).
-    fn queues(&self) -> Result<Vec<(String, QueueId)>, StoreError>;
+    /// Every consume queue name with its id.
+    fn queues(&self) -> BoxFuture<'_, Result<Vec<(String, QueueId)>, StoreError>>;
 }
 
 /// The stores the broker holds, one per kind of front-end state.
@@ -123,6 +146,8 @@ pub struct Stores {
     pub dedup: Arc<dyn DedupStore>,
     /// Users, virtual hosts and permissions made at runtime.
     pub access: Arc<dyn AccessStore>,
+    /// Where every store's commands are applied.
+    pub state: Arc<dyn StateMachine>,
 }
 
 impl Stores {
@@ -135,7 +160,8 @@ impl Stores {
             inbound_qos2: store.clone(),
             entities: store.clone(),
             dedup: store.clone(),
-            access: store,
+            access: store.clone(),
+            state: store,
         }
     }
 }
@@ -162,9 +188,45 @@ impl QueueCatalog for JournalStore {
         Ok(self.journal.queue_id(name)?)
     }
 
-    fn queues(&self) -> Result<Vec<(String, QueueId)>, StoreError> {
-        Ok(self.journal.queues()?)
+    fn queues(&self) -> BoxFuture<'_, Result<Vec<(String, QueueId)>, StoreError>> {
+        let journal = self.journal.clone();
+        Box::pin(async move { Ok(blocking_read(move || journal.queues()).await?) })
     }
+}
+
+impl JournalStore {
+    /// The local store on `journal`.
+    pub(crate) fn new(journal: &Journal) -> JournalStore {
+        JournalStore { journal: journal.clone() }
+    }
+
+    /// Every record of `space` under `prefix`, read off the runtime's workers.
+    fn scan(
+        &self,
+        space: Space,
+        prefix: Bytes,
+    ) -> impl std::future::Future<Output = Result<Vec<(Bytes, Bytes)>, JournalError>> + Send + 'static {
+        let journal = self.journal.clone();
+        blocking_read(move || journal.scan(space, &prefix))
+    }
+
+    /// The record of `space` under `key`, read off the runtime's workers.
+    fn get(
+        &self,
+        space: Space,
+        key: Bytes,
+    ) -> impl std::future::Future<Output = Result<Option<Bytes>, JournalError>> + Send + 'static {
+        let journal = self.journal.clone();
+        blocking_read(move || journal.get(space, &key))
+    }
+}
+
+/// Runs a blocking journal read on the blocking pool; a read that could not run is an
+/// I/O error of the journal.
+async fn blocking_read<T: Send + 'static>(
+    read: impl FnOnce() -> Result<T, JournalError> + Send + 'static,
+) -> Result<T, JournalError> {
+    crate::core::blocking::spawn(read).await.unwrap_or_else(|e| Err(JournalError::Io(e.to_string())))
 }
 
 #[cfg(test)]
@@ -181,7 +243,18 @@ pub(crate) mod test_support {
 
     /// Applies a write and waits for it (tests run without a broker).
     pub fn apply(journal: &Journal, w: StoreWrite) {
-        journal.write_blocking(w.into_ops()).expect("write applies");
+        let ops = read(JournalStore::new(journal).ops(w)).expect("commands encode");
+        journal.write_blocking(ops).expect("write applies");
+    }
+
+    /// Writes raw journal operations (a test's damaged records).
+    pub fn apply_ops(journal: &Journal, ops: Vec<ferrymq_storage::Op>) {
+        journal.write_blocking(ops).expect("write applies");
+    }
+
+    /// Runs a store's read to its end (tests run without a runtime).
+    pub fn read<T>(f: impl std::future::Future<Output = T>) -> T {
+        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
     }
 }
 
@@ -191,11 +264,19 @@ mod tests {
 
     #[test]
     fn writes_combine_in_order() {
-        let a = StoreWrite::of(vec![Op::DeleteRetained { topic: "a".into() }]);
-        let b = StoreWrite::of(vec![Op::DeleteRetained { topic: "b".into() }]);
+        let a = StoreWrite::one(Command::ClearRetained { topic: "a".into() });
+        let b = StoreWrite::one(Command::ClearRetained { topic: "b".into() });
         assert!(StoreWrite::none().is_empty());
-        let both = a.clone().and(StoreWrite::none()).and(b.clone());
-        assert_eq!(both.into_ops(), [a.into_ops(), b.into_ops()].concat());
+        let both = a.and(StoreWrite::none()).and(b);
+        let topics: Vec<_> = both
+            .commands()
+            .iter()
+            .map(|c| match c {
+                Command::ClearRetained { topic } => topic.clone(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(topics, ["a", "b"]);
     }
 
     #[test]
@@ -206,7 +287,7 @@ mod tests {
         assert_eq!(stores.catalog.queue_id_blocking("a").unwrap(), a);
         let b = rt.block_on(stores.catalog.queue_id("b")).unwrap();
         assert_ne!(a, b);
-        let mut all = stores.catalog.queues().unwrap();
+        let mut all = rt.block_on(stores.catalog.queues()).unwrap();
         all.sort();
         assert_eq!(all, vec![("a".to_owned(), a), ("b".to_owned(), b)]);
     }

@@ -9,7 +9,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use ferrymq_storage::{JournalError, Op, Space};
+use ferrymq_storage::{Op, Space};
 use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
@@ -64,20 +64,55 @@ pub struct StoredSession {
     pub disconnected_at_ms: Option<u64>,
 }
 
-/// Persistent MQTT sessions by client id.
+/// A change to persistent MQTT sessions and their inbound QoS 2 packet ids.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionCommand {
+    /// The session of `client_id` is stored (replacing the one it had).
+    Save {
+        /// The client.
+        client_id: String,
+        /// Its session.
+        session: StoredSession,
+    },
+    /// The session of `client_id` is forgotten, with every inbound QoS 2 id it held.
+    Remove {
+        /// The client.
+        client_id: String,
+    },
+    /// `pkid` of `client_id` was received (PUBREC sent); committed with its message.
+    Qos2Received {
+        /// The client.
+        client_id: String,
+        /// The packet id.
+        pkid: u16,
+    },
+    /// `pkid` of `client_id` was released (PUBREL arrived).
+    Qos2Released {
+        /// The client.
+        client_id: String,
+        /// The packet id.
+        pkid: u16,
+    },
+}
+
+/// Persistent MQTT sessions by client id: reads, and the commands that change them.
 pub trait SessionStore: fmt::Debug + Send + Sync {
     /// Every stored session; the first that cannot be read or decoded is the error
     /// (none is left out: its queues would look orphaned).
-    fn load(&self) -> Result<Vec<(String, StoredSession)>, RestoreError>;
+    fn load(&self) -> BoxFuture<'_, Result<Vec<(String, StoredSession)>, RestoreError>>;
 
     /// True when a session is stored for `client_id`.
-    fn exists(&self, client_id: &str) -> Result<bool, StoreError>;
+    fn exists<'a>(&'a self, client_id: &'a str) -> BoxFuture<'a, Result<bool, StoreError>>;
 
     /// Stores (replaces) the session of `client_id`.
-    fn save(&self, client_id: &str, session: &StoredSession) -> StoreWrite;
+    fn save(&self, client_id: &str, session: &StoredSession) -> StoreWrite {
+        StoreWrite::one(SessionCommand::Save { client_id: client_id.to_owned(), session: session.clone() })
+    }
 
     /// Forgets the session of `client_id` with every inbound QoS 2 id it held.
-    fn remove(&self, client_id: &str) -> StoreWrite;
+    fn remove(&self, client_id: &str) -> StoreWrite {
+        StoreWrite::one(SessionCommand::Remove { client_id: client_id.to_owned() })
+    }
 }
 
 /// Inbound QoS 2 packet ids a persistent session received (PUBREC sent) and awaits the
@@ -89,10 +124,35 @@ pub trait InboundQos2Store: fmt::Debug + Send + Sync {
     fn pending<'a>(&'a self, client_id: &'a str) -> BoxFuture<'a, Result<Vec<u16>, StoreError>>;
 
     /// Records `pkid` as received (committed with the message it came with).
-    fn received(&self, client_id: &str, pkid: u16) -> StoreWrite;
+    fn received(&self, client_id: &str, pkid: u16) -> StoreWrite {
+        StoreWrite::one(SessionCommand::Qos2Received { client_id: client_id.to_owned(), pkid })
+    }
 
     /// Forgets `pkid` (PUBREL arrived).
-    fn released(&self, client_id: &str, pkid: u16) -> StoreWrite;
+    fn released(&self, client_id: &str, pkid: u16) -> StoreWrite {
+        StoreWrite::one(SessionCommand::Qos2Released { client_id: client_id.to_owned(), pkid })
+    }
+}
+
+/// The journal operations of a session command (the local state machine's half).
+pub(super) fn ops(command: &SessionCommand) -> Vec<Op> {
+    match command {
+        SessionCommand::Save { client_id, session } => vec![Op::Put {
+            space: Space::Session,
+            key: Bytes::copy_from_slice(client_id.as_bytes()),
+            value: Bytes::from(serde_json::to_vec(session).unwrap_or_default()),
+        }],
+        SessionCommand::Remove { client_id } => vec![
+            Op::Delete { space: Space::Session, key: Bytes::copy_from_slice(client_id.as_bytes()) },
+            Op::DeletePrefix { space: Space::InboundQos2, prefix: qos2_prefix(client_id) },
+        ],
+        SessionCommand::Qos2Received { client_id, pkid } => {
+            vec![Op::Put { space: Space::InboundQos2, key: qos2_key(client_id, *pkid), value: Bytes::new() }]
+        }
+        SessionCommand::Qos2Released { client_id, pkid } => {
+            vec![Op::Delete { space: Space::InboundQos2, key: qos2_key(client_id, *pkid) }]
+        }
+    }
 }
 
 fn qos2_key(client_id: &str, pkid: u16) -> Bytes {
@@ -111,49 +171,36 @@ fn qos2_prefix(client_id: &str) -> Bytes {
 }
 
 impl SessionStore for JournalStore {
-    fn load(&self) -> Result<Vec<(String, StoredSession)>, RestoreError> {
+    fn load(&self) -> BoxFuture<'_, Result<Vec<(String, StoredSession)>, RestoreError>> {
         let kind = RecordKind::MqttSession;
-        let all = self.journal.scan(Space::Session, b"").map_err(|e| RestoreError::unreadable(kind, b"", e))?;
-        let mut sessions = Vec::with_capacity(all.len());
-        for (key, value) in all {
-            let undecodable = |reason: String| RestoreError::undecodable(kind, RecordKey::bytes(&key), reason);
-            let client_id = std::str::from_utf8(&key).map_err(|_| undecodable("the client id is not UTF-8".into()))?;
-            let session = serde_json::from_slice::<StoredSession>(&value).map_err(|e| undecodable(e.to_string()))?;
-            sessions.push((client_id.to_owned(), session));
-        }
-        Ok(sessions)
+        let scan = self.scan(Space::Session, Bytes::new());
+        Box::pin(async move {
+            let all = scan.await.map_err(|e| RestoreError::unreadable(kind, b"", e))?;
+            let mut sessions = Vec::with_capacity(all.len());
+            for (key, value) in all {
+                let undecodable = |reason: String| RestoreError::undecodable(kind, RecordKey::bytes(&key), reason);
+                let client_id =
+                    std::str::from_utf8(&key).map_err(|_| undecodable("the client id is not UTF-8".into()))?;
+                let session =
+                    serde_json::from_slice::<StoredSession>(&value).map_err(|e| undecodable(e.to_string()))?;
+                sessions.push((client_id.to_owned(), session));
+            }
+            Ok(sessions)
+        })
     }
 
-    fn exists(&self, client_id: &str) -> Result<bool, StoreError> {
-        Ok(self.journal.get(Space::Session, client_id.as_bytes())?.is_some())
-    }
-
-    fn save(&self, client_id: &str, session: &StoredSession) -> StoreWrite {
-        StoreWrite::of(vec![Op::Put {
-            space: Space::Session,
-            key: Bytes::copy_from_slice(client_id.as_bytes()),
-            value: Bytes::from(serde_json::to_vec(session).unwrap_or_default()),
-        }])
-    }
-
-    fn remove(&self, client_id: &str) -> StoreWrite {
-        StoreWrite::of(vec![
-            Op::Delete { space: Space::Session, key: Bytes::copy_from_slice(client_id.as_bytes()) },
-            Op::DeletePrefix { space: Space::InboundQos2, prefix: qos2_prefix(client_id) },
-        ])
+    fn exists<'a>(&'a self, client_id: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let get = self.get(Space::Session, Bytes::copy_from_slice(client_id.as_bytes()));
+        Box::pin(async move { Ok(get.await?.is_some()) })
     }
 }
 
 impl InboundQos2Store for JournalStore {
     fn pending<'a>(&'a self, client_id: &'a str) -> BoxFuture<'a, Result<Vec<u16>, StoreError>> {
-        let journal = self.journal.clone();
         let prefix = qos2_prefix(client_id);
+        let scan = self.scan(Space::InboundQos2, prefix.clone());
         Box::pin(async move {
-            // A scan of sled: on the blocking pool.
-            let scan_prefix = prefix.clone();
-            let stored = crate::core::blocking::spawn(move || journal.scan(Space::InboundQos2, &scan_prefix))
-                .await
-                .map_err(|e| JournalError::Io(format!("reading inbound QoS 2 state failed: {e}")))??;
+            let stored = scan.await?;
             let mut ids = Vec::with_capacity(stored.len());
             for (k, _) in stored {
                 match <[u8; 2]>::try_from(&k[prefix.len()..]) {
@@ -169,19 +216,11 @@ impl InboundQos2Store for JournalStore {
             Ok(ids)
         })
     }
-
-    fn received(&self, client_id: &str, pkid: u16) -> StoreWrite {
-        StoreWrite::of(vec![Op::Put { space: Space::InboundQos2, key: qos2_key(client_id, pkid), value: Bytes::new() }])
-    }
-
-    fn released(&self, client_id: &str, pkid: u16) -> StoreWrite {
-        StoreWrite::of(vec![Op::Delete { space: Space::InboundQos2, key: qos2_key(client_id, pkid) }])
-    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_support::{apply, open};
+    use super::super::test_support::{apply, apply_ops, open, read};
     use super::*;
 
     fn session(queue: u64) -> StoredSession {
@@ -214,10 +253,10 @@ mod tests {
         apply(&journal, stores.sessions.save("c1", &session(1)).and(stores.sessions.save("c2", &session(2))));
         apply(&journal, stores.inbound_qos2.received("c1", 1).and(stores.inbound_qos2.received("c1", 300)));
         apply(&journal, stores.inbound_qos2.received("c10", 9));
-        let mut loaded = stores.sessions.load().unwrap();
+        let mut loaded = read(stores.sessions.load()).unwrap();
         loaded.sort_by(|a, b| a.0.cmp(&b.0));
         assert_eq!(loaded, vec![("c1".to_owned(), session(1)), ("c2".to_owned(), session(2))]);
-        assert!(stores.sessions.exists("c1").unwrap());
+        assert!(read(stores.sessions.exists("c1")).unwrap());
         let mut ids = pending(&stores, "c1");
         ids.sort();
         assert_eq!(ids, vec![1, 300], "a client's ids only (c10 shares no prefix with c1)");
@@ -225,7 +264,7 @@ mod tests {
         apply(&journal, stores.inbound_qos2.released("c1", 1));
         assert_eq!(pending(&stores, "c1"), vec![300]);
         apply(&journal, stores.sessions.remove("c1"));
-        assert!(!stores.sessions.exists("c1").unwrap());
+        assert!(!read(stores.sessions.exists("c1")).unwrap());
         assert!(pending(&stores, "c1").is_empty(), "ids leave with the session");
         assert_eq!(pending(&stores, "c10"), vec![9]);
     }
@@ -234,8 +273,9 @@ mod tests {
     fn an_undecodable_session_is_named_not_left_out() {
         let (_dir, journal, stores) = open();
         let bad = Op::Put { space: Space::Session, key: Bytes::from_static(b"bad"), value: Bytes::from_static(b"{") };
-        apply(&journal, StoreWrite::of(vec![bad]).and(stores.sessions.save("good", &session(3))));
-        let e = stores.sessions.load().unwrap_err();
+        apply_ops(&journal, vec![bad]);
+        apply(&journal, stores.sessions.save("good", &session(3)));
+        let e = read(stores.sessions.load()).unwrap_err();
         assert_eq!(e.kind(), RecordKind::MqttSession);
         assert!(e.to_string().starts_with("the MQTT session record \"bad\" cannot be decoded"), "{e}");
     }
@@ -246,7 +286,7 @@ mod tests {
         apply(&journal, stores.inbound_qos2.received("c", 7));
         let bad =
             Op::Put { space: Space::InboundQos2, key: Bytes::from_static(b"c\0\x01\x02\x03"), value: Bytes::new() };
-        apply(&journal, StoreWrite::of(vec![bad]));
+        apply_ops(&journal, vec![bad]);
         let e = try_pending(&stores, "c").unwrap_err();
         assert!(e.to_string().contains("inbound QoS 2 packet id record \"c\\x00\\x01\\x02\\x03\""), "{e}");
         assert!(pending(&stores, "d").is_empty());

@@ -33,6 +33,7 @@ use tracing::{debug, warn};
 use super::delivery::QueueDelivery;
 use super::message::SharedMessage;
 use super::queue::{flags, read_message, ConsumerEvent, ConsumerId, MessageCounts};
+use super::store::{command_ops, Command};
 use super::tag_filter::TagFilter;
 use reader::TailEntry;
 use retention::Extent;
@@ -448,11 +449,13 @@ impl Stream {
         offset
     }
 
-    /// Journal ops storing the cursors of groups that moved since the last call.
+    /// Journal ops storing the cursors of groups that moved since the last call (one
+    /// [`Command::SetGroupCursor`] each, in the shard's submission).
     pub fn take_cursor_writes(&mut self, ops: &mut Vec<Op>) {
         for (name, g) in self.groups.iter_mut().filter(|(_, g)| g.dirty) {
             g.dirty = false;
-            ops.push(group::store_cursor(self.id, name, &g.cursor));
+            let command = Command::SetGroupCursor { stream: self.id, group: name.clone(), cursor: g.cursor.clone() };
+            command_ops(&command, ops);
         }
     }
 
@@ -638,7 +641,7 @@ impl Stream {
         self.bytes = 0;
         self.uncounted = None;
         ops.push(Op::DeleteQueue { queue: self.id });
-        ops.push(group::forget_cursors(self.id));
+        command_ops(&Command::ForgetGroupCursors { stream: self.id }, ops);
         self.groups.clear();
         self.publish_gauge();
         count

@@ -188,7 +188,7 @@ impl MqttContext {
     /// groups of clean sessions before a restart). Run once everything stored was
     /// restored: a session or group that could not be read stops start-up before this.
     pub async fn drop_orphan_queues(&self) {
-        let queues = match self.broker.stores.catalog.queues() {
+        let queues = match self.broker.stores.catalog.queues().await {
             Ok(q) => q,
             Err(e) => {
                 warn!(error = %e, "cannot list queues; none deleted as orphaned");
@@ -198,7 +198,7 @@ impl MqttContext {
         let live_groups = self.groups.queue_names();
         for (name, id) in queues {
             let orphan = if let Some(client) = name.strip_prefix(SESSION_QUEUE_PREFIX) {
-                matches!(self.broker.stores.sessions.exists(client), Ok(false))
+                matches!(self.broker.stores.sessions.exists(client).await, Ok(false))
             } else if name.starts_with("mqtt-share/") {
                 !live_groups.contains(&name)
             } else if name.starts_with(crate::core::broker::SPILL_QUEUE_PREFIX) {
