@@ -98,6 +98,7 @@ impl Server {
             Err(JournalError::Malformed { tree, key }) => {
                 return Err(restore_error(RestoreError::malformed_index(tree, &key)).into())
             }
+            Err(JournalError::Corrupt(pos)) => return Err(restore_error(RestoreError::damaged_log(pos)).into()),
             Err(e) => {
                 return Err(anyhow::Error::new(e).context(format!("cannot open the data directory {}", dir.display())))
             }

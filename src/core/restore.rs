@@ -76,6 +76,8 @@ pub enum RecordKind {
     QueueName,
     /// An entry of another of the journal's indexes.
     JournalIndex,
+    /// A record of the commit log (a message body or a batch's changes).
+    LogRecord,
 }
 
 impl fmt::Display for RecordKind {
@@ -104,6 +106,7 @@ impl fmt::Display for RecordKind {
             RecordKind::StreamGroupCursor => "stream consumer group cursor",
             RecordKind::QueueName => "queue name",
             RecordKind::JournalIndex => "journal index",
+            RecordKind::LogRecord => "commit-log",
         })
     }
 }
@@ -167,6 +170,18 @@ impl RestoreError {
         match error {
             JournalError::Malformed { tree, key } => RestoreError::malformed_index(tree, &key),
             error => RestoreError::Unreadable { kind, key: RecordKey::bytes(key), error },
+        }
+    }
+
+    /// A commit-log record below the end the last clean stop recorded that does not read
+    /// back (the journal refused to open rather than cut it away).
+    pub fn damaged_log(pos: u64) -> RestoreError {
+        RestoreError::Undecodable {
+            kind: RecordKind::LogRecord,
+            key: RecordKey::text(format!("at log position {pos}")),
+            reason: "it lies below the end of the log the last clean stop recorded, and does not read back \
+                     (damaged or cut short since); nothing was cut"
+                .into(),
         }
     }
 

@@ -37,6 +37,12 @@ pub(crate) const CHECKPOINT: &[u8] = b"ferrymq:checkpoint:v2";
 /// Key of the end of the last applied effects record in sled's default tree.
 pub(crate) const APPLIED: &[u8] = b"ferrymq:applied:v2";
 
+/// Key of the end of the log the last clean close left: below it every record was synced,
+/// so a record there that does not read back is damage, never a torn write. It stays true
+/// after later writes (the log only grows past it; retention deletes whole segments from
+/// the front), so nothing removes it; the next clean close moves it on.
+pub(crate) const CLEAN_END: &[u8] = b"ferrymq:clean-end:v1";
+
 /// A position stored under `key` in sled's default tree.
 pub(crate) fn position(db: &Db, key: &[u8]) -> Result<Option<u64>, JournalError> {
     Ok(db.db.get(key).map_err(db_err)?.and_then(|v| codec::decode_u64(&v)))
@@ -51,6 +57,17 @@ pub(crate) fn write(db: &Db, pos: u64) -> Result<(), JournalError> {
         db.db.insert(CHECKPOINT, &codec::encode_u64(pos)).map_err(db_err)?;
     }
     db.db.flush().map_err(db_err)?;
+    Ok(())
+}
+
+/// Stores the end of the log a clean close left, and flushes sled (after [`write`]: the log
+/// is synced up to `pos`).
+pub(crate) fn write_clean_end(db: &Db, pos: u64) -> Result<(), JournalError> {
+    // Written only when it changes: a close that changed nothing writes nothing.
+    if position(db, CLEAN_END)? != Some(pos) {
+        db.db.insert(CLEAN_END, &codec::encode_u64(pos)).map_err(db_err)?;
+        db.db.flush().map_err(db_err)?;
+    }
     Ok(())
 }
 

@@ -113,7 +113,8 @@ impl Journal {
         ballast::release_if_full(&config.dir, config.ballast_bytes);
         // sled first: it locks the directory against a second process.
         let db = Db::open(&config.dir.join("db"), config.cache_bytes)?;
-        let segments = recovery::recover_log(&log_dir)?;
+        let clean_end = crate::checkpoint::position(&db, crate::checkpoint::CLEAN_END)?;
+        let segments = recovery::recover_log(&log_dir, clean_end)?;
         let (log, log_writer) = Log::open(&log_dir, config.segment_size, &segments)?;
         let cq = ConsumeQueues::open(&config.dir.join("cq")).map_err(log::io_err)?;
         let (index, index_scanned) = recovery::recover_state(&db, &log, &cq)?;

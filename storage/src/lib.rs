@@ -160,9 +160,11 @@
 //!
 //! [`Journal::open`] scans the last segment record by record (length bounds and crc),
 //! truncates a torn or corrupt tail at the last valid record, and does the same to any
-//! closed segment that lacks its end marker (sealing it afterwards). Corruption inside a
-//! sealed segment is not scanned for: reading such a record returns
-//! [`JournalError::Corrupt`]. Then it reads the consume queues' settled offsets back from
+//! closed segment that lacks its end marker (sealing it afterwards) — but never below the
+//! end of the log the last clean close recorded (`ferrymq:clean-end:v1` in sled): every
+//! record there was synced, so a bad one is damage, and the open fails with
+//! [`JournalError::Corrupt`] having changed nothing. Corruption inside a sealed segment is
+//! not scanned for: reading such a record returns [`JournalError::Corrupt`]. Then it reads the consume queues' settled offsets back from
 //! sled, reads the effects records from the checkpoint to the end and applies them again
 //! — to sled as blind writes (one sled already holds changes nothing), to the consume
 //! queues by writing every entry they add (whatever a crash left in a file past the

@@ -607,7 +607,7 @@ mod tests {
         let first = dir.path().join(segment::file_name(0));
         assert_eq!(fs::metadata(&first).unwrap().len(), 86 + segment::END_MARKER.len() as u64);
         drop((log, w));
-        let recovered = crate::recovery::recover_log(dir.path()).unwrap();
+        let recovered = crate::recovery::recover_log(dir.path(), None).unwrap();
         assert_eq!(recovered, vec![(0, 86), (86, 43)]);
         let (log, _w) = Log::open(dir.path(), 1 << 20, &recovered).unwrap();
         for (pos, h) in [(a, b"a"), (b, b"b"), (c, b"c")] {

@@ -31,7 +31,13 @@ use crate::JournalError;
 /// by record and cut after its last valid record; a closed one is sealed again so the next
 /// open trusts it. A torn closed segment leaves a gap of positions that simply hold no
 /// records.
-pub(crate) fn recover_log(dir: &Path) -> Result<Vec<(u64, u64)>, JournalError> {
+///
+/// `clean_end` is the end of the log a clean close recorded, if the last stop was one:
+/// every record below it was synced, so a record below it that does not read back is
+/// damage, not a torn write. Then nothing is cut and the open fails with
+/// [`JournalError::Corrupt`] naming the first bad position (fail closed: acknowledged
+/// messages are never cut away to make a start possible).
+pub(crate) fn recover_log(dir: &Path, clean_end: Option<u64>) -> Result<Vec<(u64, u64)>, JournalError> {
     let mut bases = Vec::new();
     for entry in fs::read_dir(dir).map_err(io_err)? {
         let entry = entry.map_err(io_err)?;
@@ -57,6 +63,18 @@ pub(crate) fn recover_log(dir: &Path) -> Result<Vec<(u64, u64)>, JournalError> {
         let scanned = segment::scan(&file).map_err(io_err)?;
         let keep = room.map_or(scanned.valid_end, |r| scanned.valid_end.min(r));
         let only_marker_after = file_len == keep + marker && segment::is_sealed(&file, file_len).unwrap_or(false);
+        // Below a clean stop's end every record was synced: a record there that does not
+        // read back (or a last segment that ends before it) is damage.
+        let damaged = keep < file_len && !only_marker_after;
+        if let Some(end) = clean_end.filter(|&end| base + keep < end && (damaged || room.is_none())) {
+            tracing::error!(
+                segment = ?path,
+                position = base + keep,
+                clean_end = end,
+                "commit log: a record below the end the last clean stop recorded does not read back; nothing cut"
+            );
+            return Err(JournalError::Corrupt(base + keep));
+        }
         if keep < file_len && !only_marker_after {
             tracing::warn!(
                 segment = ?path,
@@ -74,6 +92,10 @@ pub(crate) fn recover_log(dir: &Path) -> Result<Vec<(u64, u64)>, JournalError> {
             file.sync_all().map_err(io_err)?;
         }
         out.push((base, keep));
+    }
+    if let Some(end) = clean_end.filter(|&end| end > 0 && out.is_empty()) {
+        tracing::error!(clean_end = end, "commit log: no segment left below the end the last clean stop recorded");
+        return Err(JournalError::Corrupt(0));
     }
     Ok(out)
 }
@@ -400,21 +422,21 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let a = write_seg(dir.path(), 0, &[b"one", b"two"], &segment::END_MARKER);
         let b = write_seg(dir.path(), a, &[b"three"], &[0xAB; 7]);
-        assert_eq!(recover_log(dir.path()).unwrap(), vec![(0, a), (a, b)]);
+        assert_eq!(recover_log(dir.path(), None).unwrap(), vec![(0, a), (a, b)]);
         assert_eq!(fs::metadata(dir.path().join(segment::file_name(a))).unwrap().len(), b);
 
         // A sealed segment followed by a gap (its successor was deleted) is trusted.
         let dir = tempfile::tempdir().unwrap();
         let a = write_seg(dir.path(), 0, &[b"one", b"two"], &segment::END_MARKER);
         let c = write_seg(dir.path(), a + 1000, &[b"four"], &[]);
-        assert_eq!(recover_log(dir.path()).unwrap(), vec![(0, a), (a + 1000, c)]);
+        assert_eq!(recover_log(dir.path(), None).unwrap(), vec![(0, a), (a + 1000, c)]);
 
         // An unsealed closed segment is scanned, cut and sealed; later ones are kept.
         let dir = tempfile::tempdir().unwrap();
         let a = write_seg(dir.path(), 0, &[b"one", b"two"], &[1, 2, 3]);
         let c = write_seg(dir.path(), a + 10, &[b"four"], &[]);
-        assert_eq!(recover_log(dir.path()).unwrap(), vec![(0, a), (a + 10, c)]);
-        assert_eq!(recover_log(dir.path()).unwrap(), vec![(0, a), (a + 10, c)]);
+        assert_eq!(recover_log(dir.path(), None).unwrap(), vec![(0, a), (a + 10, c)]);
+        assert_eq!(recover_log(dir.path(), None).unwrap(), vec![(0, a), (a + 10, c)]);
         let f = fs::File::open(dir.path().join(segment::file_name(0))).unwrap();
         assert!(segment::is_sealed(&f, a + segment::END_MARKER.len() as u64).unwrap());
     }

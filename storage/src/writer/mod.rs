@@ -307,6 +307,7 @@ impl Writer {
                     }
                     shared.cq.sync().map_err(crate::log::io_err)?;
                     checkpoint::write(&db, shared.log.end())?;
+                    checkpoint::write_clean_end(&db, shared.log.end())?;
                     shared.cq.delete_doomed(u64::MAX);
                     Ok(())
                 })

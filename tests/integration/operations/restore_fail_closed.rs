@@ -2,7 +2,7 @@
 //! restored at start (users, permissions, parameters, limits, rules, MQTT sessions and their
 //! shared subscriptions, exchanges, queues, bindings, de-duplication values, retained
 //! messages and their commit-log records, timers, retry records, stream group cursors,
-//! queue names) — stops the broker with exit code 2 and a message naming the data
+//! queue names, and any commit-log record below the end a clean stop recorded) — stops the broker with exit code 2 and a message naming the data
 //! directory, the kind of record and its key, and what to do; the data directory is left
 //! byte for byte as it was. A failure to read a client's inbound QoS 2 state at CONNECT
 //! refuses that client with Server unavailable (5.0: 0x88, 3.1.1: 3), and only it.
@@ -316,8 +316,7 @@ fn cases() -> Vec<Case> {
                     std::fs::read_dir(d.join("log")).unwrap().map(|e| e.unwrap().path()).collect();
                 segments.sort();
                 assert!(segments.len() > 1, "the prepared directory has a closed segment: {segments:?}");
-                // Not the last: the journal's recovery takes a damaged record in the last
-                // segment for a torn write and cuts the log there.
+                // Not the last: a damaged record there is the case below.
                 let mut hit = 0;
                 for path in &segments[..segments.len() - 1] {
                     let path = path.clone();
@@ -332,6 +331,22 @@ fn cases() -> Vec<Case> {
                 assert_eq!(hit, 1, "the retained payload is in one closed segment");
             },
             says: r#"the retained message record "r.1" cannot be read: corrupt record at log position"#,
+        },
+        Case {
+            name: "a commit-log record of the last segment, after a clean stop",
+            damage: |d| {
+                let mut segments: Vec<PathBuf> =
+                    std::fs::read_dir(d.join("log")).unwrap().map(|e| e.unwrap().path()).collect();
+                segments.sort();
+                let last = segments.last().expect("the prepared directory has a segment");
+                let mut bytes = std::fs::read(last).unwrap();
+                assert!(bytes.len() > 64, "the last segment holds records: {} bytes", bytes.len());
+                // Inside the segment's first record: below the end the clean stop recorded,
+                // so not a torn write for recovery to cut.
+                bytes[10] ^= 0x20;
+                std::fs::write(last, bytes).unwrap();
+            },
+            says: r#"the commit-log record "at log position "#,
         },
         Case {
             name: "a timer whose target names nothing",
