@@ -24,6 +24,15 @@ use super::shards::Shards;
 use super::stats::Stats;
 use super::store::{StoreError, StoreWrite, Stores};
 
+mod clients;
+mod queues;
+mod retained;
+mod routing;
+mod status;
+
+pub use queues::StreamSubscription;
+pub use routing::RoutingView;
+
 /// Resolves once a publish is durable (or failed to be stored).
 pub type DurableSignal = oneshot::Receiver<Result<(), JournalError>>;
 
