@@ -114,7 +114,7 @@ impl Task {
             return;
         }
         let login = self.authenticate(&mut c).await;
-        self.ctx.broker.stats.login(false, login.is_ok());
+        self.ctx.broker.stats().login(false, login.is_ok());
         if let Err(reason) = login {
             self.proto.refuse(reason);
             return;
@@ -226,7 +226,7 @@ impl Task {
         self.window = delivery_window(self.ctx.cfg.max_inflight, c.properties.receive_maximum);
         self.register_connection(&c, &client_id, expiry);
         self.will = c.will.map(Box::new);
-        self.ctx.broker.stats.connected();
+        self.ctx.broker.stats().connected();
         tracing::info!(
             peer = %self.peer,
             client_id = &*client_id,
@@ -283,11 +283,11 @@ impl Task {
             match super::split_share(&f) {
                 Some((group, inner)) => {
                     if let Some(q) = self.ctx.groups.leave(&self.ctx.broker, group, inner, client_id) {
-                        self.ctx.broker.shards.delete(q).await;
+                        self.ctx.broker.delete_queue(q).await;
                     }
                 }
                 None => {
-                    self.ctx.broker.router.unsubscribe(&f, &Destination::Queue(p.queue));
+                    self.ctx.broker.unsubscribe(&f, &Destination::Queue(p.queue));
                 }
             }
             p.stored.subscriptions.remove(&f);
@@ -309,7 +309,7 @@ impl Task {
     /// clock running again. Counted in `ferrymq_mqtt_connect_state_unreadable_total`;
     /// the first is logged at warn, later ones at debug.
     fn refuse_unreadable_state(&mut self, client_id: &Arc<str>, p: &Persistent, error: &StoreError) {
-        let refused = &self.ctx.broker.stats.mqtt_state_unreadable;
+        let refused = &self.ctx.broker.stats().mqtt_state_unreadable;
         let why = "connection refused (Server unavailable): the session's inbound QoS 2 state cannot be read";
         if refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0 {
             tracing::warn!(
@@ -385,7 +385,7 @@ impl Task {
             ClientDetails::Mqtt { client_id: client_id.clone(), keep_alive, clean_start: c.clean_start, expiry_secs },
             Box::new(move |_reason: &str| signals.tell(Control::Kicked)),
         ));
-        self.ctx.broker.connections.register(info.clone());
+        self.ctx.broker.register_connection(info.clone());
         self.info = Some(info);
     }
 }

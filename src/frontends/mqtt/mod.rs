@@ -171,7 +171,7 @@ impl MqttContext {
                     }
                     continue;
                 }
-                ctx.broker.router.subscribe(filter, Destination::Queue(queue), opts.binding_options(&client_id));
+                ctx.broker.subscribe(filter, Destination::Queue(queue), opts.binding_options(&client_id));
             }
             let since = s.disconnected_at_ms.unwrap_or(now);
             let expires = (s.expiry_secs != NEVER).then(|| since + s.expiry_secs as u64 * 1000);
@@ -208,7 +208,7 @@ impl MqttContext {
                 false
             };
             if orphan {
-                self.broker.shards.delete(id).await;
+                self.broker.delete_queue(id).await;
             }
         }
     }
@@ -226,13 +226,13 @@ impl MqttContext {
         for filter in p.stored.subscriptions.keys() {
             if let Some((group, f)) = split_share(filter) {
                 if let Some(q) = self.groups.leave(&self.broker, group, f, client_id) {
-                    self.broker.shards.delete(q).await;
+                    self.broker.delete_queue(q).await;
                 }
             } else {
-                self.broker.router.unsubscribe(filter, &Destination::Queue(p.queue));
+                self.broker.unsubscribe(filter, &Destination::Queue(p.queue));
             }
         }
-        self.broker.shards.delete(p.queue).await;
+        self.broker.delete_queue(p.queue).await;
         if let Err(e) = self.broker.commit(self.broker.stores.sessions.remove(client_id), Commit::Queued).await {
             warn!(error = %e, "cannot delete stored session");
         }
