@@ -23,7 +23,6 @@ use crate::core::alarm::ResourceAlarm;
 use crate::core::broker::Broker;
 use crate::core::connections::Listener;
 use crate::core::entities::Entities;
-use crate::core::message::Message;
 use crate::core::queue::{Overflow, QueueConfig};
 use crate::core::restore::{self, RestoreError, Stored};
 use crate::core::scheduler;
@@ -146,7 +145,7 @@ impl Server {
         }
         let broker = Arc::new(Broker::new(journal, shards, &config.mqtt.exchange));
         tokio::spawn(crate::core::dead_letter::run(broker.clone(), dead_rx));
-        restore_retained(&broker, stored.retained);
+        broker.restore_retained(stored.retained);
         let (memory_limit, disk_free_limit) = alarm_limits(&config);
         let alarm = ResourceAlarm::new(memory_limit, disk_free_limit, Some(config.data_dir().to_path_buf()));
         // Checked once before any listener opens: a client must never slip in before the
@@ -471,7 +470,7 @@ impl Server {
         self.progress.phase("settling and flushing the journal");
         // Settlements the closed connections sent without waiting (PUBREC, acks) reach the
         // journal before its last flush.
-        self.broker.shards.barrier().await;
+        self.broker.settle_queue_owners().await;
         let journal = self.broker.journal_handle();
         if let Err(e) = journal.flush().await {
             warn!(error = %e, "final journal flush failed");
@@ -599,13 +598,13 @@ async fn load_definitions(ctx: &HttpContext, file: &Path) -> anyhow::Result<()> 
 fn restore_access(broker: &Broker, config: &Config, users: &Users, records: &AccessRecords) {
     let deleted = |name: &str| records.vhosts.iter().any(|v| v.deleted && v.name == name);
     for vhost in config.auth.vhosts.iter().filter(|v| !deleted(v)) {
-        broker.router.add_vhost(vhost);
+        broker.add_vhost(vhost);
     }
     for v in records.vhosts.iter().filter(|v| !v.deleted) {
-        broker.router.add_vhost(&v.name);
+        broker.add_vhost(&v.name);
     }
     for l in &records.limits {
-        broker.limits.replace(l.scope, &l.owner, l.values.clone());
+        broker.set_limits(l.scope, &l.owner, l.values.clone());
     }
     for u in &records.users {
         if u.deleted {
@@ -699,17 +698,6 @@ fn authorizer(config: &Config, stored: &AccessRecords) -> anyhow::Result<Arc<Aut
 /// Configured origins as they are written, for the log.
 fn origins_text(origins: &[crate::transport::origin::Origin]) -> String {
     origins.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
-}
-
-/// The retained messages start-up read, into the broker's retained store.
-fn restore_retained(broker: &Broker, retained: Vec<(String, Message)>) {
-    let n = retained.len();
-    for (topic, msg) in retained {
-        broker.retained.set(&topic, Some(Arc::new(msg)));
-    }
-    if n > 0 {
-        info!(retained = n, "restored retained messages");
-    }
 }
 
 /// What a configured listener serves.
@@ -907,7 +895,7 @@ async fn serve_ws<S>(
     match tokio::time::timeout(Duration::from_secs(10), upgrade).await {
         Ok(Ok(ws)) => mqtt::connection::serve(ctx, ws, peer, local, cert, permit).await,
         Ok(Err(crate::transport::websocket::WsError::Origin(why))) => {
-            let refused = &ctx.broker.stats.ws_origin_refused;
+            let refused = &ctx.broker.stats().ws_origin_refused;
             if refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0 {
                 warn!(peer = %peer, reason = %why, "MQTT WebSocket upgrade refused (403; later ones at debug, \
                       counted in ferrymq_mqtt_ws_origin_refused_total)");

@@ -169,7 +169,7 @@ impl Progress {
     /// user and client id) and the runtime's live tasks.
     pub fn describe(&self) -> String {
         let phase = *self.phase.lock();
-        let logged_in = self.broker.connections.list();
+        let logged_in = self.broker.connections().list();
         let open = match self.open.load(Ordering::Relaxed) {
             u64::MAX => String::new(),
             n => format!("{n} connections open, "),

@@ -24,6 +24,17 @@ use super::shards::Shards;
 use super::stats::Stats;
 use super::store::{command_ops, Command, JournalStore, StoreError, StoreWrite, Stores};
 
+mod clients;
+#[cfg(doctest)]
+mod private_fields;
+mod queues;
+mod retained;
+mod routing;
+mod status;
+
+pub use queues::StreamSubscription;
+pub use routing::RoutingView;
+
 /// Resolves once a publish is durable (or failed to be stored).
 pub type DurableSignal = oneshot::Receiver<Result<(), JournalError>>;
 
@@ -73,34 +84,60 @@ impl MessageTargets {
 }
 
 /// The core every front-end shares: one per broker process.
+///
+/// # One door
+///
+/// Outside `src/core` the broker is reached through its methods only: its state (the
+/// routing table, the queue owners, retained messages, counters, connections, limits)
+/// is private to the core, so the front-ends, links and the management API act on it
+/// through one door, where each change says what it does
+/// ([`Broker::subscribe`], [`Broker::ack`], [`Broker::purge_queue`], [`Broker::set_limits`])
+/// and reads go through read-only views ([`Broker::routing`], [`Broker::connections`]).
+/// Only [`Broker::stores`] is public, behind [`Broker::commit`].
+///
+/// So this does not compile outside the core:
+///
+/// ```compile_fail,E0616
+/// fn subscriptions(broker: &ferrymq::core::broker::Broker) -> usize {
+///     broker.router.len()
+/// }
+/// ```
+///
+/// while this does:
+///
+/// ```
+/// fn subscriptions(broker: &ferrymq::core::broker::Broker) -> usize {
+///     broker.routing().subscriptions()
+/// }
+/// ```
 pub struct Broker {
     /// The commit log and keyed state; only the core uses it (front-ends go through
     /// [`Broker::stores`] and [`Broker::commit`]).
     pub(in crate::core) journal: Journal,
     /// Typed stores of the front-ends' durable state, on the journal.
-    pub stores: Stores,
+    pub(in crate::core) stores: Stores,
     /// Exchanges, bindings and MQTT subscriptions: where a publish goes.
-    pub router: Router,
+    pub(in crate::core) router: Router,
     /// Queue owners: the shard tasks holding every queue and stream, driven by
     /// [`ShardCmd`](crate::core::shards::ShardCmd)s.
-    pub shards: Shards,
+    pub(in crate::core) shards: Shards,
     /// Retained messages by routing key, in memory; the journal keeps the durable copy.
-    pub retained: RetainedStore,
+    pub(in crate::core) retained: RetainedStore,
     /// Counters behind the `$SYS/broker/...` topics.
-    pub stats: Stats,
+    pub(in crate::core) stats: Stats,
     /// The client connections of both protocols (the management API lists and closes them).
-    pub connections: super::connections::Connections,
+    pub(in crate::core) connections: super::connections::Connections,
     /// Per-virtual-host and per-user limits in force.
-    pub limits: super::limits::Limits,
+    pub(in crate::core) limits: super::limits::Limits,
     /// When the core was built; `$SYS/broker/uptime` counts from it.
-    pub started: Instant,
+    pub(in crate::core) started: Instant,
     /// Woken when a timer earlier than the scheduler's next one is added (by a publish or
     /// by a shard storing a retry timer).
-    pub timers_changed: Arc<Notify>,
+    pub(in crate::core) timers_changed: Arc<Notify>,
     /// Where `%DLQ%` queues come from (set by the queue registry at start).
-    pub dead_letter_queues: DeadLetterQueuesHook,
+    pub(in crate::core) dead_letter_queues: DeadLetterQueuesHook,
     /// Which member of each partitioned (or single-active) stream group reads what.
-    pub assignments: crate::core::stream::assignment::Assignments,
+    pub(in crate::core) assignments: crate::core::stream::assignment::Assignments,
     next_id: AtomicU64,
 }
 

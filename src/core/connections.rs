@@ -1,11 +1,13 @@
 //! The client connections of both protocols as operations see them: who is connected, from
 //! where, over which protocol, how many bytes went each way, and a way to close one (the
 //! management API's `/api/connections`). A front-end registers a connection once its login
-//! is accepted and unregisters it when it closes; its byte counters are added per socket
-//! read or write, never per message.
+//! is accepted and unregisters it when it closes
+//! ([`Broker::register_connection`](crate::core::broker::Broker::register_connection),
+//! [`Broker::unregister_connection`](crate::core::broker::Broker::unregister_connection));
+//! its byte counters are added per socket read or write, never per message.
 //!
 //! Before a front-end accepts a login it asks for an [`Admission`]
-//! ([`Connections::admit`]): the connection is counted against its virtual host's and its
+//! ([`Broker::admit`](crate::core::broker::Broker::admit)): the connection is counted against its virtual host's and its
 //! user's `max-connections` ([`crate::core::limits`]) atomically with the check, and its
 //! AMQP channels against the user's `max-channels`. The admission is held by the
 //! connection's task and counts nothing once dropped.
@@ -347,7 +349,12 @@ impl Drop for Admission {
 impl Connections {
     /// Counts a connection to `vhost` by `user` (`None`: anonymous) unless that passes
     /// one of `limits` (the virtual host's limit is checked first, as RabbitMQ does).
-    pub fn admit(&self, vhost: &str, user: Option<&str>, limits: AdmissionLimits) -> Result<Admission, LimitReached> {
+    pub(in crate::core) fn admit(
+        &self,
+        vhost: &str,
+        user: Option<&str>,
+        limits: AdmissionLimits,
+    ) -> Result<Admission, LimitReached> {
         let mut t = self.admitted.lock();
         let in_vhost = t.vhosts.get(vhost).copied().unwrap_or(0);
         if let Some(max) = limits.vhost_connections.filter(|max| in_vhost >= *max) {
@@ -371,13 +378,13 @@ impl Connections {
     }
 
     /// Adds a connection (its login was accepted).
-    pub fn register(&self, info: Arc<ConnectionInfo>) {
+    pub(in crate::core) fn register(&self, info: Arc<ConnectionInfo>) {
         self.all.lock().insert(info.id, info);
         self.opened.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Removes a connection (it closed).
-    pub fn unregister(&self, id: u64) {
+    pub(in crate::core) fn unregister(&self, id: u64) {
         if self.all.lock().remove(&id).is_some() {
             self.closed.fetch_add(1, Ordering::Relaxed);
         }

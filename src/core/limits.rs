@@ -7,8 +7,8 @@
 //! API (`/api/vhost-limits`, `/api/user-limits`) or an imported definitions file.
 //!
 //! What is counted against them is counted where it is admitted:
-//! [`crate::core::connections::Connections::admit`] for connections and channels, the
-//! AMQP entity table for queues.
+//! [`crate::core::broker::Broker::admit`] for connections and channels, the
+//! entity registry ([`crate::core::entities`]) for queues.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -119,7 +119,7 @@ impl Limits {
     }
 
     /// Replaces `owner`'s limits (an empty set removes them).
-    pub fn replace(&self, scope: LimitScope, owner: &str, values: LimitValues) {
+    pub(in crate::core) fn replace(&self, scope: LimitScope, owner: &str, values: LimitValues) {
         let mut table = self.table(scope).write();
         if values.is_empty() {
             table.remove(owner);

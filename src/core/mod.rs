@@ -13,6 +13,10 @@
 //! records, stream cursors) goes through the journal API, which is narrow for the same
 //! reason.
 //!
+//! The core's in-memory state (routing table, queue owners, retained messages, counters,
+//! connections, limits) is private to it as well: outside `src/core` it is changed and
+//! read through [`broker::Broker`]'s methods only (see its "One door").
+//!
 //! - [`message`] — the core `Message` and its commit-log header encoding.
 //! - [`router`] — the routing table (MQTT topic filters = bindings of `amq.topic`) and
 //!   the `x-consistent-hash` exchange's ring.
@@ -27,7 +31,8 @@
 //! - [`scheduler`] — fires the journal's timers: delayed delivery and due retries.
 //! - [`alarm`] — the memory and disk alarms (publishers wait while one is raised).
 //! - [`timer_wheel`] — a shared wheel of coarse deadlines that wake connections.
-//! - [`broker`] — the shared core and its publish path.
+//! - [`broker`] — the shared core, its publish path, and the methods through which
+//!   everything outside the core acts on it.
 //! - [`restore`] — what start-up reads back, all before anything is applied, and why it
 //!   refuses to start (the record's kind and key).
 //! - [`blocking`] — the runtime the broker runs on, and blocking work kept off its workers.

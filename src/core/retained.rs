@@ -93,7 +93,7 @@ impl RetainedStore {
     }
 
     /// Sets (`Some`) or clears (`None`) the retained message of a routing key.
-    pub fn set(&self, key: &str, msg: Option<SharedMessage>) {
+    pub(in crate::core) fn set(&self, key: &str, msg: Option<SharedMessage>) {
         let levels: Vec<&str> = key.split('.').collect();
         let (had, has) = self.root.write().set(&levels, msg);
         match (had, has) {

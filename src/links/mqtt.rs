@@ -309,7 +309,7 @@ async fn connect_remote(cfg: &MqttBridgeEntry, address: &str) -> Result<Box<dyn 
 /// when the bridge is back there, and that is then completed as unknown) would make this
 /// broker's messages under the same ids look like re-sends. They are released.
 async fn forget_inbound_qos2(ctx: &MqttContext, local_id: &str) {
-    let qos2 = &ctx.broker.stores.inbound_qos2;
+    let qos2 = &ctx.broker.stores().inbound_qos2;
     let pending = qos2.pending(local_id).await.unwrap_or_default();
     if pending.is_empty() {
         return;

@@ -146,8 +146,10 @@ pub struct Stores {
     pub dedup: Arc<dyn DedupStore>,
     /// Users, virtual hosts and permissions made at runtime.
     pub access: Arc<dyn AccessStore>,
-    /// Where every store's commands are applied.
-    pub state: Arc<dyn StateMachine>,
+    /// Where every store's commands are applied (through [`Broker::commit`] only).
+    ///
+    /// [`Broker::commit`]: crate::core::broker::Broker::commit
+    pub(in crate::core) state: Arc<dyn StateMachine>,
 }
 
 impl Stores {

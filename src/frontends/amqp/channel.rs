@@ -23,8 +23,8 @@ pub struct ChannelConsumer {
     pub no_ack: bool,
     /// Consumes a stream: deliveries carry `x-stream-offset`; settling only gives credit.
     pub stream: bool,
-    /// Member of a partitioned or single-active group: its going is told to
-    /// [`crate::core::stream::assignment::Assignments`].
+    /// Member of a partitioned or single-active group: its going is told to the core
+    /// ([`crate::core::broker::Broker::leave_stream_group`]).
     pub assigned: bool,
 }
 

@@ -32,7 +32,6 @@ use crate::core::limits::{LimitScope, MAX_CHANNELS};
 use crate::core::message::now_ms;
 use crate::core::queue::{ConsumerEvent, ConsumerId, RequeueCause};
 use crate::core::router::RouteCache;
-use crate::core::shards::ShardCmd;
 use crate::core::stats::{AmqpCounts, Stats};
 use crate::core::value::Value;
 use crate::transport::socket::{discard_until_eof, front_stored, sleep_until, trim_drained, ReadBuffer, CLOSE_FLUSH};
@@ -103,7 +102,7 @@ pub async fn serve<S>(
         }
         Box::pin(task.cleanup()).await;
         ctx.unregister(id);
-        ctx.broker.connections.unregister(id);
+        ctx.broker.unregister_connection(id);
     }
     .instrument(span)
     .await
@@ -237,7 +236,7 @@ impl Task {
         let mut eof = false;
         loop {
             self.release_confirms();
-            self.counts.flush(&self.ctx.broker.stats.amqp);
+            self.counts.flush(&self.ctx.broker.stats().amqp);
             // Before the transmit: a connection that published before the alarm was raised
             // hears connection.blocked now, not at its next event.
             let raised = *alarm.borrow();
@@ -280,7 +279,7 @@ impl Task {
                         self.proto.handle_input(rbuf.bytes(), Instant::now());
                         self.handle_events().await;
                         rbuf.resize(n, full);
-                        Stats::add(&self.ctx.broker.stats.route_lookups, self.route_cache.take_lookups());
+                        Stats::add(&self.ctx.broker.stats().route_lookups, self.route_cache.take_lookups());
                     }
                     Err(e) => { self.ended(format!("socket error: {e}")); eof = true; }
                 },
@@ -371,7 +370,7 @@ impl Task {
                     } else {
                         self.ctx.users.login(&username, &password, self.peer.ip(), &mechanism).await.map(drop)
                     };
-                    self.ctx.broker.stats.login(true, login.is_ok());
+                    self.ctx.broker.stats().login(true, login.is_ok());
                     match login {
                         Ok(()) => {
                             tracing::Span::current().record("user", username.as_str());
@@ -391,7 +390,7 @@ impl Task {
                     }
                 }
                 Event::Open { vhost } => {
-                    if !self.ctx.broker.router.has_vhost(&vhost) {
+                    if !self.ctx.broker.routing().has_vhost(&vhost) {
                         let text = format!("NOT_ALLOWED - vhost {vhost} not found");
                         self.close_connection(530, &text, 10, 40);
                     } else if let Err(limit) = self.admit(&vhost) {
@@ -413,7 +412,7 @@ impl Task {
                     }
                 }
                 Event::ChannelOpened { channel } => {
-                    let limit = self.ctx.broker.limits.get(LimitScope::User, &self.user, MAX_CHANNELS);
+                    let limit = self.ctx.broker.limits().get(LimitScope::User, &self.user, MAX_CHANNELS);
                     if let Some(Err(limit)) = self.admission.as_mut().map(|a| a.open_channel(limit)) {
                         warn!(user = %self.user, ?limit, "channel refused at a limit");
                         let text = limit_text(limit, &self.vhost, &self.user);
@@ -513,12 +512,7 @@ impl Task {
             ConsumerEvent::Deliver(d) => {
                 let Some(&channel) = self.consumer_channels.get(&d.consumer) else {
                     // The consumer was cancelled meanwhile: give the message back.
-                    self.ctx.broker.shards.send(ShardCmd::Requeue {
-                        queue: d.queue,
-                        offset: d.offset,
-                        cause: RequeueCause::Unsent,
-                        consumer: d.consumer,
-                    });
+                    self.ctx.broker.requeue(d.queue, d.offset, RequeueCause::Unsent, d.consumer);
                     return;
                 };
                 let Some(ch) = self.channels.get_mut(&channel) else { return };
@@ -536,7 +530,7 @@ impl Task {
                             info.consumer_removed(consumer);
                         }
                         if c.assigned {
-                            self.ctx.broker.assignments.leave(&self.ctx.broker.shards, consumer);
+                            self.ctx.broker.leave_stream_group(consumer);
                         }
                         // consumer_cancel_notify: the queue was deleted.
                         let cancel =
@@ -555,17 +549,12 @@ impl Task {
         let Some((no_ack, stream, consumer_tag)) =
             ch.consumers.get(&d.consumer).map(|c| (c.no_ack, c.stream, c.tag.clone()))
         else {
-            self.ctx.broker.shards.send(ShardCmd::Requeue {
-                queue: d.queue,
-                offset: d.offset,
-                cause: RequeueCause::Unsent,
-                consumer: d.consumer,
-            });
+            self.ctx.broker.requeue(d.queue, d.offset, RequeueCause::Unsent, d.consumer);
             return;
         };
         let tag = ch.take_tag();
         if no_ack {
-            self.ctx.broker.shards.send(ShardCmd::Ack { queue: d.queue, offset: d.offset });
+            self.ctx.broker.ack(d.queue, d.offset);
         } else {
             ch.unacked.insert(
                 tag,
@@ -606,21 +595,16 @@ impl Task {
         if matches!(how, Settle::Ack) {
             self.counts.acked += covered.len() as u64;
         }
+        let broker = &self.ctx.broker;
         for u in covered {
-            let cmd = match how {
+            match how {
                 // Streams remove nothing: ack, nack and reject all give the credit back
                 // (RabbitMQ 3.13+ treats every settlement of a stream delivery so).
-                _ if u.stream => ShardCmd::StreamSettle { queue: u.queue, consumer: u.consumer, offset: u.offset },
-                Settle::Ack => ShardCmd::Ack { queue: u.queue, offset: u.offset },
-                Settle::Requeue => ShardCmd::Requeue {
-                    queue: u.queue,
-                    offset: u.offset,
-                    cause: RequeueCause::Failed,
-                    consumer: u.consumer,
-                },
-                Settle::Discard => ShardCmd::Reject { queue: u.queue, offset: u.offset },
-            };
-            self.ctx.broker.shards.send(cmd);
+                _ if u.stream => broker.settle_stream(u.queue, u.consumer, u.offset),
+                Settle::Ack => broker.ack(u.queue, u.offset),
+                Settle::Requeue => broker.requeue(u.queue, u.offset, RequeueCause::Failed, u.consumer),
+                Settle::Discard => broker.reject(u.queue, u.offset),
+            }
         }
         self.flush_held(channel);
     }
@@ -674,7 +658,7 @@ impl Task {
         for number in self.channels.keys() {
             info.channel(*number, true);
         }
-        self.ctx.broker.connections.register(info.clone());
+        self.ctx.broker.register_connection(info.clone());
         self.info = Some(info);
     }
 
@@ -693,26 +677,16 @@ impl Task {
             info.channel(channel, false);
         }
         for u in ch.unacked.values() {
-            self.ctx.broker.shards.send(ShardCmd::Requeue {
-                queue: u.queue,
-                offset: u.offset,
-                cause: RequeueCause::Returned,
-                consumer: u.consumer,
-            });
+            self.ctx.broker.requeue(u.queue, u.offset, RequeueCause::Returned, u.consumer);
         }
         for d in ch.held {
-            self.ctx.broker.shards.send(ShardCmd::Requeue {
-                queue: d.queue,
-                offset: d.offset,
-                cause: RequeueCause::Unsent,
-                consumer: d.consumer,
-            });
+            self.ctx.broker.requeue(d.queue, d.offset, RequeueCause::Unsent, d.consumer);
         }
         for (id, c) in ch.consumers {
             self.consumer_channels.remove(&id);
-            self.ctx.broker.shards.send(ShardCmd::Detach { queue: c.queue, consumer: id });
+            self.ctx.broker.detach_consumer(c.queue, id);
             if c.assigned {
-                self.ctx.broker.assignments.leave(&self.ctx.broker.shards, id);
+                self.ctx.broker.leave_stream_group(id);
             }
             self.consumer_left(&c.queue_name);
             self.consumer_gone(&c.queue_name);

@@ -15,13 +15,12 @@ use super::connection::{PendingConfirm, Task, NO_ACK_CREDIT};
 use super::convert::{properties_in, properties_out, qos_of, short, table_in};
 use super::streams::{consumer_group, partitions_of, sharing, stream_offset, Sharing};
 use crate::access::authz::{BindingRequest, BoundTo, Permission, Refused, ResourceKind, RouteRefused};
-use crate::core::broker::RetainMode;
+use crate::core::broker::{RetainMode, StreamSubscription};
 use crate::core::connections::ConsumerInfo;
 use crate::core::entities::{check_equivalent_queue, EntityError, QueueEntity};
 use crate::core::message::{now_ms, Message, SharedMessage};
 use crate::core::queue::Consumer;
 use crate::core::router::{Binding, ExchangeDef, ExchangeKind, RouteError};
-use crate::core::shards::ShardCmd;
 use crate::core::store::{QueueId, StoreWrite};
 use crate::core::stream::assignment::{GroupKey, MemberId, Scope};
 use crate::core::stream::StreamOffset;
@@ -124,7 +123,7 @@ impl Task {
     async fn on_exchange(&mut self, m: exchange::AMQPMethod) -> Result<Option<AMQPClass>, Fail> {
         let vhost = self.vhost.clone();
         let ctx = self.ctx.clone();
-        let router = &ctx.broker.router;
+        let router = ctx.broker.routing();
         match m {
             exchange::AMQPMethod::Declare(d) => {
                 let name = d.exchange.as_str().to_owned();
@@ -239,7 +238,7 @@ impl Task {
     ) -> Result<(), Fail> {
         let vhost = self.vhost.clone();
         let ctx = self.ctx.clone();
-        let router = &ctx.broker.router;
+        let router = ctx.broker.routing();
         if source.is_empty() || dest.is_empty() {
             return Err(channel_fail(403, "ACCESS_REFUSED - operation not permitted on the default exchange".into()));
         }
@@ -352,7 +351,7 @@ impl Task {
             queue::AMQPMethod::Bind(b) => {
                 let q = self.usable_queue(b.queue.as_str())?;
                 let exchange = b.exchange.as_str();
-                let Some(x) = self.ctx.broker.router.exchange(&vhost, exchange) else {
+                let Some(x) = self.ctx.broker.routing().exchange(&vhost, exchange) else {
                     return Err(not_found("exchange", exchange, &vhost));
                 };
                 if exchange.is_empty() {
@@ -381,7 +380,7 @@ impl Task {
                     return reply(unbind_ok);
                 }
                 let q = self.usable_queue(b.queue.as_str())?;
-                let Some(x) = self.ctx.broker.router.exchange(&vhost, exchange) else { return reply(unbind_ok) };
+                let Some(x) = self.ctx.broker.routing().exchange(&vhost, exchange) else { return reply(unbind_ok) };
                 self.binding_permitted(&q.name, exchange, x.kind, b.routing_key.as_str(), false)?;
                 let binding = Binding::queue(q.id, b.routing_key.as_str(), table_in(&b.arguments));
                 self.ctx.entities.unbind(&vhost, exchange, &binding, x.durable && q.durable).await?;
@@ -390,7 +389,7 @@ impl Task {
             queue::AMQPMethod::Purge(p) => {
                 let q = self.usable_queue(p.queue.as_str())?;
                 self.access.resource(ResourceKind::Queue, &q.name, Permission::Read).map_err(refused)?;
-                let n = self.ctx.broker.shards.purge(q.id).await;
+                let n = self.ctx.broker.purge_queue(q.id).await;
                 ok_unless(
                     p.nowait,
                     AMQPClass::Queue(queue::AMQPMethod::PurgeOk(queue::PurgeOk {
@@ -418,7 +417,7 @@ impl Task {
                         format!("PRECONDITION_FAILED - queue '{name}' in vhost '{vhost}' in use"),
                     ));
                 }
-                if d.if_empty && self.ctx.broker.shards.counts(q.id).await.0 > 0 {
+                if d.if_empty && self.ctx.broker.queue_counts(q.id).await.0 > 0 {
                     return Err(channel_fail(
                         406,
                         format!("PRECONDITION_FAILED - queue '{name}' in vhost '{vhost}' not empty"),
@@ -537,17 +536,17 @@ impl Task {
                         AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(basic::ConsumeOk { consumer_tag: short(&tag) })),
                     );
                 }
-                let shards = &self.ctx.broker.shards;
+                let broker = &self.ctx.broker;
                 match stream_start {
                     Some((start, group, filter, _)) => {
-                        let exclusive = assigned.is_some();
-                        shards.send(ShardCmd::AttachStream { queue: q.id, consumer, start, group, filter, exclusive })
+                        let how = StreamSubscription { start, group, filter, exclusive: assigned.is_some() };
+                        broker.attach_stream_consumer(q.id, consumer, how)
                     }
-                    None => shards.send(ShardCmd::Attach { queue: q.id, consumer }),
+                    None => broker.attach_consumer(q.id, consumer),
                 }
                 if let Some((key, partitions)) = assigned {
                     let member = MemberId { connection: self.id, channel };
-                    self.ctx.broker.assignments.join(shards, key, partitions, member, q.id, id);
+                    broker.join_stream_group(key, partitions, member, q.id, id);
                 }
                 Ok(None)
             }
@@ -561,9 +560,9 @@ impl Task {
                     if let Some(info) = &self.info {
                         info.consumer_removed(id);
                     }
-                    self.ctx.broker.shards.send(ShardCmd::Cancel { queue: consumer.queue, consumer: id });
+                    self.ctx.broker.cancel_consumer(consumer.queue, id);
                     if consumer.assigned {
-                        self.ctx.broker.assignments.leave(&self.ctx.broker.shards, id);
+                        self.ctx.broker.leave_stream_group(id);
                     }
                     self.consumer_left(&consumer.queue_name);
                     // Deleted before Cancel-Ok, as RabbitMQ: the client's next method
@@ -592,7 +591,7 @@ impl Task {
                 }
                 q.touch();
                 let get_id = self.channel(channel)?.get_consumer;
-                match self.ctx.broker.shards.get(q.id, get_id, g.no_ack).await {
+                match self.ctx.broker.get_message(q.id, get_id, g.no_ack).await {
                     None => reply(AMQPClass::Basic(basic::AMQPMethod::GetEmpty(basic::GetEmpty {}))),
                     Some(got) => {
                         let ch = self.channel(channel)?;
@@ -700,7 +699,7 @@ impl Task {
             Sharing::Split => Ok(None),
             Sharing::SingleActive => Ok(Some((key(Scope::Stream(q.id)), vec![q.id]))),
             Sharing::Partition(name) => {
-                let Some(partitions) = partitions_of(&self.ctx.broker.router, &self.ctx.entities, &self.vhost, name)
+                let Some(partitions) = partitions_of(self.ctx.broker.routing(), &self.ctx.entities, &self.vhost, name)
                 else {
                     return Err(not_found("exchange", name, &self.vhost));
                 };
@@ -815,7 +814,8 @@ impl Task {
             self.close_connection(540, "NOT_IMPLEMENTED - immediate=true", class_id, method_id);
             return;
         }
-        let Some((kind, internal)) = self.route_cache.exchange(&self.ctx.broker.router, &vhost, exchange) else {
+        let Some((kind, internal)) = self.ctx.broker.routing().exchange_cached(&mut self.route_cache, &vhost, exchange)
+        else {
             let text = format!("NOT_FOUND - no exchange '{exchange}' in vhost '{vhost}'");
             self.proto.channel_error(channel, 404, &text, class_id, method_id);
             return;
@@ -864,7 +864,7 @@ impl Task {
                 return;
             }
         }
-        let routes = match self.route_cache.route(&self.ctx.broker.router, &vhost, exchange, &msg, "") {
+        let routes = match self.ctx.broker.routing().route_cached(&mut self.route_cache, &vhost, exchange, &msg, "") {
             Ok(r) => r,
             Err(e) => {
                 let f = route_fail(e);
@@ -921,7 +921,7 @@ fn ok_unless(nowait: bool, method: AMQPClass) -> Result<Option<AMQPClass>, Fail>
 /// Declare-ok with the counts as the queue's owner sees them after every earlier command
 /// (a publish confirmed before the declare is counted).
 async fn declare_ok(broker: &crate::core::broker::Broker, q: &QueueEntity) -> AMQPClass {
-    let (ready, _) = broker.shards.counts(q.id).await;
+    let (ready, _) = broker.queue_counts(q.id).await;
     AMQPClass::Queue(queue::AMQPMethod::DeclareOk(queue::DeclareOk {
         queue: short(&q.name),
         message_count: ready.min(u32::MAX as u64) as u32,

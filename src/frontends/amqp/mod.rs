@@ -34,9 +34,8 @@ use crate::access::auth::Users;
 use crate::access::authz::Authorizer;
 use crate::composition::config::Config;
 use crate::core::alarm::ResourceAlarm;
-use crate::core::broker::{Broker, Commit};
+use crate::core::broker::Broker;
 use crate::core::entities::Entities;
-use crate::core::message::now_ms;
 use connection::Control;
 
 /// Everything the AMQP front-end shares between connections.
@@ -110,13 +109,7 @@ impl AmqpContext {
         let mut tick = tokio::time::interval(Duration::from_millis(500));
         loop {
             tick.tick().await;
-            let now = now_ms();
-            for cache in self.broker.router.dedup_caches() {
-                let write = self.broker.dedup_write(&cache.expire(now));
-                if let Err(e) = self.broker.commit(write, Commit::Relaxed).await {
-                    warn!(error = %e, "cannot forget expired de-duplication values");
-                }
-            }
+            self.broker.expire_dedup_ids().await;
         }
     }
 }

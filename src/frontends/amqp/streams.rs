@@ -5,8 +5,9 @@
 
 use crate::core::store::QueueId;
 
+use crate::core::broker::RoutingView;
 use crate::core::message::now_ms;
-use crate::core::router::{Destination, Router};
+use crate::core::router::Destination;
 use crate::core::stream::{parse_age, StreamOffset};
 use crate::core::value::Value;
 
@@ -74,7 +75,7 @@ pub fn partition_order(binding_args: &[(String, Value)]) -> i64 {
 
 /// The partitions of super stream `name` (the streams bound to exchange `name`), in
 /// partition order (`x-stream-partition-order`, then name); `None` when no such exchange.
-pub fn partitions_of(router: &Router, entities: &Entities, vhost: &str, name: &str) -> Option<Vec<QueueId>> {
+pub fn partitions_of(router: RoutingView<'_>, entities: &Entities, vhost: &str, name: &str) -> Option<Vec<QueueId>> {
     router.exchange(vhost, name)?;
     let mut found: Vec<(i64, String, QueueId)> = Vec::new();
     let streams: Vec<_> = entities.all().into_iter().filter(|q| q.vhost == vhost && q.is_stream()).collect();

@@ -17,7 +17,6 @@ use crate::access::authz::Request;
 use crate::core::broker::{Commit, RetainMode};
 use crate::core::message::{now_ms, SharedMessage};
 use crate::core::router::{Destination, Routes};
-use crate::core::shards::ShardCmd;
 use crate::core::store::{StoreWrite, NEVER};
 
 impl Task {
@@ -30,12 +29,12 @@ impl Task {
             self.signals.finish();
             return;
         };
-        self.ctx.broker.stats.disconnected();
+        self.ctx.broker.stats().disconnected();
         if self.info.take().is_some() {
-            self.ctx.broker.connections.unregister(self.conn_id);
+            self.ctx.broker.unregister_connection(self.conn_id);
         }
         for q in self.consuming.as_mut().map(|c| std::mem::take(&mut c.attached)).unwrap_or_default() {
-            self.ctx.broker.shards.send(ShardCmd::Detach { queue: q, consumer: self.conn_id });
+            self.ctx.broker.detach_consumer(q, self.conn_id);
         }
         // Fast-path deliveries still buffered for a clean session are gone with it.
         let client_id = session.client_id.clone();
@@ -44,12 +43,12 @@ impl Task {
             let dest = Destination::Session(link.clone());
             for filter in session.subs.keys() {
                 if split_share(filter).is_none() {
-                    self.ctx.broker.router.unsubscribe(filter, &dest);
+                    self.ctx.broker.unsubscribe(filter, &dest);
                 }
             }
             // What the session spilled and has not received is gone with it too.
             if let Some(queue) = link.spill_queue() {
-                self.ctx.broker.shards.delete(queue).await;
+                self.ctx.broker.delete_queue(queue).await;
             }
         }
         let mut will = if self.publish_will { self.will.take().map(|w| *w) } else { None };
@@ -90,7 +89,7 @@ impl Task {
                 for filter in session.subs.keys() {
                     if let Some((group, f)) = split_share(filter) {
                         if let Some(q) = self.ctx.groups.leave(&self.ctx.broker, group, f, &client_id) {
-                            self.ctx.broker.shards.delete(q).await;
+                            self.ctx.broker.delete_queue(q).await;
                         }
                     }
                 }
@@ -103,7 +102,7 @@ impl Task {
             p.stored.disconnected_at_ms = Some(now);
             let expires = (session.expiry_secs != NEVER).then(|| now + session.expiry_secs as u64 * 1000);
             self.ctx.sessions.set_persistent(&client_id, Some(p.clone()));
-            let write = self.ctx.broker.stores.sessions.save(&client_id, &p.stored);
+            let write = self.ctx.broker.stores().sessions.save(&client_id, &p.stored);
             if let Err(e) = self.ctx.broker.commit(write, Commit::Queued).await {
                 conn_log!(warn, self, error = %e, "cannot store session at disconnect");
             }
@@ -119,8 +118,8 @@ impl Task {
 /// Publishes a will message.
 async fn publish_will(ctx: &MqttContext, client_id: &str, w: Will) {
     let now = now_ms();
-    let msg: SharedMessage = Arc::new(will_message(&w, ctx.broker.router.mqtt_exchange(), now));
-    let routes: Routes = ctx.broker.router.resolve(&msg, client_id);
+    let msg: SharedMessage = Arc::new(will_message(&w, ctx.broker.routing().mqtt_exchange(), now));
+    let routes: Routes = ctx.broker.routing().resolve(&msg, client_id);
     let retain = if w.retain { RetainMode::Persist } else { RetainMode::None };
     info!(client_id, topic = %w.topic, "publishing will message");
     if let Some(signal) = ctx.broker.publish(&msg, &routes, retain, StoreWrite::none()).await {

@@ -114,7 +114,7 @@ impl Task {
             return;
         }
         let login = self.authenticate(&mut c).await;
-        self.ctx.broker.stats.login(false, login.is_ok());
+        self.ctx.broker.stats().login(false, login.is_ok());
         if let Err(reason) = login {
             self.proto.refuse(reason);
             return;
@@ -190,7 +190,7 @@ impl Task {
                 session.persistent = Some(p);
             }
             None if expiry > 0 => {
-                match self.ctx.broker.stores.catalog.queue_id(&format!("{SESSION_QUEUE_PREFIX}{client_id}")).await {
+                match self.ctx.broker.stores().catalog.queue_id(&format!("{SESSION_QUEUE_PREFIX}{client_id}")).await {
                     Ok(queue) => {
                         session.persistent = Some(Persistent {
                             queue,
@@ -215,7 +215,7 @@ impl Task {
         }
         if let Some(p) = &session.persistent {
             self.ctx.sessions.set_persistent(&client_id, Some(p.clone()));
-            let write = self.ctx.broker.stores.sessions.save(&client_id, &p.stored);
+            let write = self.ctx.broker.stores().sessions.save(&client_id, &p.stored);
             if let Err(e) = self.ctx.broker.commit(write, Commit::Durable).await {
                 conn_log!(warn, self, error = %e, "cannot store session");
                 self.proto.refuse(ReasonCode::SERVER_UNAVAILABLE);
@@ -226,7 +226,7 @@ impl Task {
         self.window = delivery_window(self.ctx.cfg.max_inflight, c.properties.receive_maximum);
         self.register_connection(&c, &client_id, expiry);
         self.will = c.will.map(Box::new);
-        self.ctx.broker.stats.connected();
+        self.ctx.broker.stats().connected();
         tracing::info!(
             peer = %self.peer,
             client_id = &*client_id,
@@ -283,11 +283,11 @@ impl Task {
             match super::split_share(&f) {
                 Some((group, inner)) => {
                     if let Some(q) = self.ctx.groups.leave(&self.ctx.broker, group, inner, client_id) {
-                        self.ctx.broker.shards.delete(q).await;
+                        self.ctx.broker.delete_queue(q).await;
                     }
                 }
                 None => {
-                    self.ctx.broker.router.unsubscribe(&f, &Destination::Queue(p.queue));
+                    self.ctx.broker.unsubscribe(&f, &Destination::Queue(p.queue));
                 }
             }
             p.stored.subscriptions.remove(&f);
@@ -300,7 +300,7 @@ impl Task {
     /// next message under it would be taken for a re-send).
     async fn load_inbound_qos2(&self, client_id: &str) -> Result<Vec<u16>, StoreError> {
         self.ctx.broker.barrier().await;
-        self.ctx.broker.stores.inbound_qos2.pending(client_id).await
+        self.ctx.broker.stores().inbound_qos2.pending(client_id).await
     }
 
     /// Refuses a CONNECT whose session's inbound QoS 2 state cannot be read, with
@@ -309,7 +309,7 @@ impl Task {
     /// clock running again. Counted in `ferrymq_mqtt_connect_state_unreadable_total`;
     /// the first is logged at warn, later ones at debug.
     fn refuse_unreadable_state(&mut self, client_id: &Arc<str>, p: &Persistent, error: &StoreError) {
-        let refused = &self.ctx.broker.stats.mqtt_state_unreadable;
+        let refused = &self.ctx.broker.stats().mqtt_state_unreadable;
         let why = "connection refused (Server unavailable): the session's inbound QoS 2 state cannot be read";
         if refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0 {
             tracing::warn!(
@@ -385,7 +385,7 @@ impl Task {
             ClientDetails::Mqtt { client_id: client_id.clone(), keep_alive, clean_start: c.clean_start, expiry_secs },
             Box::new(move |_reason: &str| signals.tell(Control::Kicked)),
         ));
-        self.ctx.broker.connections.register(info.clone());
+        self.ctx.broker.register_connection(info.clone());
         self.info = Some(info);
     }
 }

@@ -370,7 +370,7 @@ impl Task {
                 },
                 io = transfer(stream, &mut rbuf, &mut wbuf, !blocked) => match io {
                     Io::Wrote(Ok(n)) => {
-                        Stats::add(&self.ctx.broker.stats.bytes_sent, n as u64);
+                        Stats::add(&self.ctx.broker.stats().bytes_sent, n as u64);
                         if let Some(info) = &self.info { info.sent(n); }
                         trim_drained(&mut wbuf, n);
                         self.progress |= n > 0;
@@ -379,7 +379,7 @@ impl Task {
                     Io::Wrote(Err(e)) => { self.ended(format!("socket error: {e}")); eof = true; Then::Loop }
                     Io::Read(Ok(0)) => { self.ended("connection closed by the client"); eof = true; Then::Loop }
                     Io::Read(Ok(n)) => {
-                        Stats::add(&self.ctx.broker.stats.bytes_received, n as u64);
+                        Stats::add(&self.ctx.broker.stats().bytes_received, n as u64);
                         if let Some(info) = &self.info { info.received(n); }
                         let full = rbuf.is_full();
                         self.proto.handle_input(rbuf.bytes(), Instant::now());
@@ -478,7 +478,7 @@ impl Task {
             match read {
                 Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return true,
                 Poll::Ready(Ok(n)) => {
-                    Stats::add(&self.ctx.broker.stats.bytes_received, n as u64);
+                    Stats::add(&self.ctx.broker.stats().bytes_received, n as u64);
                     let full = rbuf.is_full();
                     self.proto.handle_input(rbuf.bytes(), Instant::now());
                     Box::pin(self.handle_events()).await;
@@ -634,7 +634,7 @@ impl Task {
                 },
             }
         }
-        let stats = &self.ctx.broker.stats;
+        let stats = self.ctx.broker.stats();
         Stats::add(&stats.messages_received, packets);
         Stats::add(&stats.publish_received, std::mem::take(&mut self.publishes_in));
         Stats::add(&stats.dropped_no_subscribers, std::mem::take(&mut self.publishes_unrouted));

@@ -12,7 +12,6 @@ use super::session::Subscriptions;
 use crate::core::delivery::{Direct, QueueDelivery};
 use crate::core::message::{now_ms, Message};
 use crate::core::queue::Consumer;
-use crate::core::shards::ShardCmd;
 use crate::core::stats::Stats;
 use crate::core::store::QueueId;
 
@@ -72,7 +71,7 @@ impl Task {
             return;
         }
         self.ended_badly(format!("slow consumer: {why}"));
-        Stats::add(&self.ctx.broker.stats.slow_consumers, 1);
+        Stats::add(&self.ctx.broker.stats().slow_consumers, 1);
         self.proto.disconnect(ReasonCode::QUOTA_EXCEEDED, Some("slow consumer"));
     }
 
@@ -84,10 +83,9 @@ impl Task {
         let tx = consuming.tx.clone();
         // The channel is unbounded, and bounded by credit: a queue hands this consumer at
         // most the window it granted, plus one cancellation per queue.
-        self.ctx.broker.shards.send(ShardCmd::Attach {
-            queue,
-            consumer: Consumer { id: self.conn_id, tx, credit: self.window, max_qos, priority: 0 },
-        });
+        self.ctx
+            .broker
+            .attach_consumer(queue, Consumer { id: self.conn_id, tx, credit: self.window, max_qos, priority: 0 });
     }
 
     /// The queues consumed, made at the first attach.
@@ -100,14 +98,14 @@ impl Task {
         if let Some(c) = self.consuming.as_mut() {
             c.attached.retain(|q| *q != queue);
         }
-        self.ctx.broker.shards.send(ShardCmd::Detach { queue, consumer: self.conn_id });
+        self.ctx.broker.detach_consumer(queue, self.conn_id);
     }
 
     /// PUBACK or PUBCOMP: the delivery is done; a queue entry is acknowledged.
     pub(super) fn on_outbound_complete(&mut self, pkid: u16) {
         self.progress = true;
         if let Some(Origin::Queue(queue, offset)) = self.inflight.remove(&pkid) {
-            self.ctx.broker.shards.send(ShardCmd::Ack { queue, offset });
+            self.ctx.broker.ack(queue, offset);
         }
     }
 
@@ -120,21 +118,21 @@ impl Task {
         if let Some(Origin::Queue(queue, offset)) = self.inflight.get(&pkid).copied() {
             if self.own_queue() == Some(queue) {
                 let (done, durable) = tokio::sync::oneshot::channel();
-                self.ctx.broker.shards.send(ShardCmd::Release { queue, offset, done: Some(done) });
+                self.ctx.broker.release(queue, offset, done);
                 self.pending_releases.push_back((pkid, durable));
                 return;
             }
             // Shared group: the member has the message; only the PUBREL/PUBCOMP exchange
             // is left, which belongs to this connection.
             self.inflight.insert(pkid, Origin::Direct);
-            self.ctx.broker.shards.send(ShardCmd::Ack { queue, offset });
+            self.ctx.broker.ack(queue, offset);
         }
         self.proto.release(pkid);
     }
 
     /// Counts a delivery that was not sent, broker-wide by reason and for this client.
     fn count_drop(&mut self, why: Dropped) {
-        let stats = &self.ctx.broker.stats;
+        let stats = self.ctx.broker.stats();
         Stats::add(&stats.publish_dropped, 1);
         match why {
             Dropped::Expired => Stats::add(&stats.dropped_expired, 1),
@@ -172,8 +170,8 @@ impl Task {
             }
         }
         let sent = std::mem::take(&mut self.publishes_out);
-        Stats::add(&self.ctx.broker.stats.publish_sent, sent);
-        Stats::add(&self.ctx.broker.stats.messages_sent, sent);
+        Stats::add(&self.ctx.broker.stats().publish_sent, sent);
+        Stats::add(&self.ctx.broker.stats().messages_sent, sent);
     }
 
     /// Sends one delivery; gives it back when the window is full.
@@ -271,7 +269,7 @@ impl Task {
 
     /// Settles a queue entry that needs no (more) acknowledgement from the client.
     fn ack_queue(&self, queue: QueueId, offset: u64) {
-        self.ctx.broker.shards.send(ShardCmd::Ack { queue, offset });
+        self.ctx.broker.ack(queue, offset);
     }
 
     /// Subscription identifiers and retain-as-published for a queue delivery, from the

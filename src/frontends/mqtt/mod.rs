@@ -171,7 +171,7 @@ impl MqttContext {
                     }
                     continue;
                 }
-                ctx.broker.router.subscribe(filter, Destination::Queue(queue), opts.binding_options(&client_id));
+                ctx.broker.subscribe(filter, Destination::Queue(queue), opts.binding_options(&client_id));
             }
             let since = s.disconnected_at_ms.unwrap_or(now);
             let expires = (s.expiry_secs != NEVER).then(|| since + s.expiry_secs as u64 * 1000);
@@ -188,7 +188,7 @@ impl MqttContext {
     /// groups of clean sessions before a restart). Run once everything stored was
     /// restored: a session or group that could not be read stops start-up before this.
     pub async fn drop_orphan_queues(&self) {
-        let queues = match self.broker.stores.catalog.queues().await {
+        let queues = match self.broker.stores().catalog.queues().await {
             Ok(q) => q,
             Err(e) => {
                 warn!(error = %e, "cannot list queues; none deleted as orphaned");
@@ -198,7 +198,7 @@ impl MqttContext {
         let live_groups = self.groups.queue_names();
         for (name, id) in queues {
             let orphan = if let Some(client) = name.strip_prefix(SESSION_QUEUE_PREFIX) {
-                matches!(self.broker.stores.sessions.exists(client).await, Ok(false))
+                matches!(self.broker.stores().sessions.exists(client).await, Ok(false))
             } else if name.starts_with("mqtt-share/") {
                 !live_groups.contains(&name)
             } else if name.starts_with(crate::core::broker::SPILL_QUEUE_PREFIX) {
@@ -208,7 +208,7 @@ impl MqttContext {
                 false
             };
             if orphan {
-                self.broker.shards.delete(id).await;
+                self.broker.delete_queue(id).await;
             }
         }
     }
@@ -226,14 +226,14 @@ impl MqttContext {
         for filter in p.stored.subscriptions.keys() {
             if let Some((group, f)) = split_share(filter) {
                 if let Some(q) = self.groups.leave(&self.broker, group, f, client_id) {
-                    self.broker.shards.delete(q).await;
+                    self.broker.delete_queue(q).await;
                 }
             } else {
-                self.broker.router.unsubscribe(filter, &Destination::Queue(p.queue));
+                self.broker.unsubscribe(filter, &Destination::Queue(p.queue));
             }
         }
-        self.broker.shards.delete(p.queue).await;
-        if let Err(e) = self.broker.commit(self.broker.stores.sessions.remove(client_id), Commit::Queued).await {
+        self.broker.delete_queue(p.queue).await;
+        if let Err(e) = self.broker.commit(self.broker.stores().sessions.remove(client_id), Commit::Queued).await {
             warn!(error = %e, "cannot delete stored session");
         }
     }

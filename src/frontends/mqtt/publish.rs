@@ -86,7 +86,7 @@ impl Task {
                 self.refuse_unauthorized(pkid, qos, &topic);
                 return;
             }
-            let msg: SharedMessage = Arc::new(message_in(p, &topic, self.ctx.broker.router.mqtt_exchange(), now));
+            let msg: SharedMessage = Arc::new(message_in(p, &topic, self.ctx.broker.routing().mqtt_exchange(), now));
             let signal = self.ctx.broker.schedule(MQTT_VHOST, &msg, now + secs * 1000, StoreWrite::none()).await;
             self.push_ack(pkid, qos, Some(signal), ReasonCode::SUCCESS);
             return;
@@ -94,8 +94,8 @@ impl Task {
         if is_reserved(&p.topic, &client_id) {
             // Reserved for the broker: an MQTT 5 client is told (0x87, as Mosquitto), a 3.x
             // one gets its ack; the message is dropped and counted either way.
-            Stats::add(&self.ctx.broker.stats.publish_dropped, 1);
-            Stats::add(&self.ctx.broker.stats.dropped_not_authorized, 1);
+            Stats::add(&self.ctx.broker.stats().publish_dropped, 1);
+            Stats::add(&self.ctx.broker.stats().dropped_not_authorized, 1);
             if let Some(r) = &self.refusals {
                 r.publish_refused(&p.topic);
             }
@@ -108,11 +108,12 @@ impl Task {
         }
         let retain = if p.retain { RetainMode::Persist } else { RetainMode::None };
         let topic = std::mem::take(&mut p.topic);
-        let msg: SharedMessage = Arc::new(message_in(p, &topic, self.ctx.broker.router.mqtt_exchange(), now));
-        let routes = self.route_cache.get_or_insert_default().resolve(&self.ctx.broker.router, &msg, &client_id);
+        let msg: SharedMessage = Arc::new(message_in(p, &topic, self.ctx.broker.routing().mqtt_exchange(), now));
+        let routes =
+            self.ctx.broker.routing().resolve_cached(self.route_cache.get_or_insert_default(), &msg, &client_id);
         // A persistent session remembers the id until PUBREL, in the message's submission.
         let along = if qos == QoS::ExactlyOnce && persistent {
-            self.ctx.broker.stores.inbound_qos2.received(&client_id, pkid)
+            self.ctx.broker.stores().inbound_qos2.received(&client_id, pkid)
         } else {
             StoreWrite::none()
         };
@@ -129,8 +130,8 @@ impl Task {
     /// Refuses a publish to `topic` the client may not make: 5.0 PUBACK/PUBREC 0x87, 3.x
     /// acked and dropped (as Mosquitto); counted (for a bridge's local side, for the bridge too).
     fn refuse_unauthorized(&mut self, pkid: u16, qos: QoS, topic: &str) {
-        Stats::add(&self.ctx.broker.stats.publish_dropped, 1);
-        Stats::add(&self.ctx.broker.stats.dropped_not_authorized, 1);
+        Stats::add(&self.ctx.broker.stats().publish_dropped, 1);
+        Stats::add(&self.ctx.broker.stats().dropped_not_authorized, 1);
         if let Some(r) = &self.refusals {
             r.publish_refused(topic);
         }
@@ -171,7 +172,7 @@ impl Task {
         if s.persistent.is_some() {
             // Durable: a stale pending id after a power cut would swallow the client's next
             // message that reuses it.
-            let write = self.ctx.broker.stores.inbound_qos2.released(&s.client_id, pkid);
+            let write = self.ctx.broker.stores().inbound_qos2.released(&s.client_id, pkid);
             if let Err(e) = self.ctx.broker.commit(write, Commit::Queued).await {
                 conn_log!(warn, self, error = %e, "cannot clear inbound QoS 2 state");
             }

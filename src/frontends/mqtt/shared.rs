@@ -86,7 +86,7 @@ fn add_member(
         }
         // Replaces the group's binding in place (same destination and key): no moment
         // without one, so no publish misses the group.
-        broker.router.subscribe(filter, Destination::Queue(g.queue), binding(tag_filter));
+        broker.subscribe(filter, Destination::Queue(g.queue), binding(tag_filter));
         g.tag_filter = tag_filter.map(str::to_owned);
     }
     g.members.insert(member.clone());
@@ -115,7 +115,7 @@ impl SharedGroups {
         if let Some(joined) = self.join_existing(broker, group, filter, member, tag_filter) {
             return joined;
         }
-        let queue = broker.stores.catalog.queue_id(&queue_name(group, filter)).await?;
+        let queue = broker.stores().catalog.queue_id(&queue_name(group, filter)).await?;
         self.join_or_create(broker, (group, filter), member, tag_filter, queue)
     }
 
@@ -132,7 +132,7 @@ impl SharedGroups {
         if let Some(joined) = self.join_existing(broker, group, filter, member, tag_filter) {
             return joined;
         }
-        let queue = broker.stores.catalog.queue_id_blocking(&queue_name(group, filter))?;
+        let queue = broker.stores().catalog.queue_id_blocking(&queue_name(group, filter))?;
         self.join_or_create(broker, (group, filter), member, tag_filter, queue)
     }
 
@@ -163,7 +163,7 @@ impl SharedGroups {
         match self.groups.lock().entry((group.to_owned(), filter.to_owned())) {
             Entry::Occupied(mut g) => add_member(g.get_mut(), broker, filter, member, tag_filter),
             Entry::Vacant(slot) => {
-                broker.router.subscribe(filter, Destination::Queue(queue), binding(tag_filter));
+                broker.subscribe(filter, Destination::Queue(queue), binding(tag_filter));
                 slot.insert(Group {
                     queue,
                     members: HashSet::from([member.clone()]),
@@ -185,7 +185,7 @@ impl SharedGroups {
             return None;
         }
         let g = groups.remove(&key)?;
-        broker.router.unsubscribe(filter, &Destination::Queue(g.queue));
+        broker.unsubscribe(filter, &Destination::Queue(g.queue));
         Some(g.queue)
     }
 

@@ -97,10 +97,10 @@ impl Task {
                 }
             } else {
                 let Some(dest) = self.subscription_dest() else { return };
-                self.ctx.broker.router.subscribe(parsed.filter, dest, opts.binding_options(&client_id));
+                self.ctx.broker.subscribe(parsed.filter, dest, opts.binding_options(&client_id));
                 let send_retained = sends_retained(f.retain_handling, existed);
                 if send_retained {
-                    for msg in self.ctx.broker.retained.matching(&mqtt_filter_to_pattern(parsed.filter)) {
+                    for msg in self.ctx.broker.retained().matching(&mqtt_filter_to_pattern(parsed.filter)) {
                         if tag_filter.as_ref().is_some_and(|(_, f)| !f.matches(msg.tag())) {
                             continue;
                         }
@@ -152,10 +152,10 @@ impl Task {
                     self.detach(q);
                 }
                 if let Some(q) = self.ctx.groups.leave(&self.ctx.broker, group, f, &client_id) {
-                    self.ctx.broker.shards.delete(q).await;
+                    self.ctx.broker.delete_queue(q).await;
                 }
             } else if let Some(dest) = &dest {
-                self.ctx.broker.router.unsubscribe(filter, dest);
+                self.ctx.broker.unsubscribe(filter, dest);
             }
             reasons.push(ReasonCode::SUCCESS);
         }
@@ -171,7 +171,7 @@ impl Task {
         let Some(p) = s.persistent.as_mut() else { return };
         p.stored.subscriptions = s.subs.to_map();
         self.ctx.sessions.update_stored(&s.client_id, &p.stored);
-        let write = self.ctx.broker.stores.sessions.save(&s.client_id, &p.stored);
+        let write = self.ctx.broker.stores().sessions.save(&s.client_id, &p.stored);
         if let Err(e) = self.ctx.broker.commit(write, Commit::Durable).await {
             conn_log!(warn, self, error = %e, "cannot store session");
         }

@@ -58,7 +58,7 @@ pub async fn run(ctx: Arc<MqttContext>, interval: Duration) {
     loop {
         tick.tick().await;
         let b = &ctx.broker;
-        let s = &b.stats;
+        let s = b.stats();
         load.sample(
             [
                 Stats::get(&s.messages_received),
@@ -83,7 +83,7 @@ pub async fn run(ctx: Arc<MqttContext>, interval: Duration) {
         let connected = Stats::get(&s.clients_connected);
         let disconnected = ctx.sessions.offline_count() as u64;
         let values: [(&str, String); 19] = [
-            ("uptime", format!("{} seconds", b.started.elapsed().as_secs())),
+            ("uptime", format!("{} seconds", b.uptime().as_secs())),
             ("clients/connected", connected.to_string()),
             ("clients/active", connected.to_string()),
             ("clients/disconnected", disconnected.to_string()),
@@ -98,9 +98,9 @@ pub async fn run(ctx: Arc<MqttContext>, interval: Duration) {
             ("publish/messages/dropped", Stats::get(&s.publish_dropped).to_string()),
             ("bytes/received", Stats::get(&s.bytes_received).to_string()),
             ("bytes/sent", Stats::get(&s.bytes_sent).to_string()),
-            ("subscriptions/count", b.router.len().to_string()),
+            ("subscriptions/count", b.routing().subscriptions().to_string()),
             ("routing/lookups", Stats::get(&s.route_lookups).to_string()),
-            ("retained messages/count", b.retained.len().to_string()),
+            ("retained messages/count", b.retained().len().to_string()),
             ("store/messages/bytes", b.stored_bytes().to_string()),
         ];
         for (topic, value) in values {
@@ -112,7 +112,7 @@ pub async fn run(ctx: Arc<MqttContext>, interval: Duration) {
 /// Publishes `value` on the broker's own `$SYS` topic `topic`: retained in memory, QoS 0.
 pub async fn publish(ctx: &MqttContext, topic: &str, value: String) {
     let msg = Arc::new(Message {
-        exchange: ctx.broker.router.mqtt_exchange().to_owned(),
+        exchange: ctx.broker.routing().mqtt_exchange().to_owned(),
         routing_key: mqtt_to_key(topic),
         payload: Bytes::from(value),
         qos: 0,
@@ -120,7 +120,7 @@ pub async fn publish(ctx: &MqttContext, topic: &str, value: String) {
         props: Properties::default(),
         timestamp_ms: now_ms(),
     });
-    let routes = ctx.broker.router.resolve(&msg, "");
+    let routes = ctx.broker.routing().resolve(&msg, "");
     // QoS 0 and memory-only retained: nothing goes to the journal unless a persistent
     // session subscribed to `$SYS`, whose queue then gets the update.
     let _ = ctx.broker.publish(&msg, &routes, RetainMode::MemoryOnly, StoreWrite::none()).await;

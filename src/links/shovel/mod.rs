@@ -272,7 +272,7 @@ impl Shovels {
             }
         };
         if let (true, Some(broker)) = (dynamic, &self.broker) {
-            let write = broker.stores.access.remove_parameter("shovel", vhost, name);
+            let write = broker.stores().access.remove_parameter("shovel", vhost, name);
             if let Err(e) = broker.commit(write, Commit::Durable).await {
                 warn!(shovel = %name, vhost = %vhost, error = %e, "cannot remove the finished shovel's definition");
             }
@@ -285,7 +285,7 @@ impl Shovels {
                     name: name.into(),
                     value: serde_json::to_string(&def).unwrap_or_default(),
                 };
-                if let Err(e) = broker.commit(broker.stores.access.put_parameter(&record), Commit::Durable).await {
+                if let Err(e) = broker.commit(broker.stores().access.put_parameter(&record), Commit::Durable).await {
                     warn!(shovel = %name, vhost = %vhost, error = %e, "cannot store the redefined shovel");
                 }
             }

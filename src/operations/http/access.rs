@@ -114,26 +114,26 @@ pub async fn put_vhost(
     }
     let record =
         VhostRecord { name: name.into(), description: description.clone(), tags: tags.clone(), deleted: false };
-    commit(ctx, ctx.broker.stores.access.put_vhost(&record)).await?;
-    let created = !ctx.broker.router.has_vhost(name);
-    ctx.broker.router.add_vhost(name);
+    commit(ctx, ctx.broker.stores().access.put_vhost(&record)).await?;
+    let created = !ctx.broker.routing().has_vhost(name);
+    ctx.broker.add_vhost(name);
     ctx.access.vhost_meta.write().insert(name.into(), (description, tags));
     Ok(created)
 }
 
 /// Deletes a virtual host: closes its connections, deletes its queues and exchanges.
 pub async fn delete_vhost(ctx: &HttpContext, name: &str) -> Result<(), ApiError> {
-    if !ctx.broker.router.has_vhost(name) {
+    if !ctx.broker.routing().has_vhost(name) {
         return Err(ApiError::not_found());
     }
     if name == crate::core::router::MQTT_VHOST {
         return Err(ApiError::bad_request("virtual host '/' carries MQTT and cannot be deleted"));
     }
-    for c in ctx.broker.connections.list().into_iter().filter(|c| c.vhost == name) {
+    for c in ctx.broker.connections().list().into_iter().filter(|c| c.vhost == name) {
         c.close(&format!("vhost '{name}' is deleted"));
     }
     ctx.entities.delete_vhost_entities(name).await;
-    let store = &ctx.broker.stores.access;
+    let store = &ctx.broker.stores().access;
     let write = if ctx.access.configured_vhosts.iter().any(|v| v == name) {
         store.put_vhost(&VhostRecord { name: name.into(), description: String::new(), tags: vec![], deleted: true })
     } else {
@@ -142,7 +142,7 @@ pub async fn delete_vhost(ctx: &HttpContext, name: &str) -> Result<(), ApiError>
     commit(ctx, write).await?;
     forget_permissions(ctx, |vhost, _| vhost == name).await?;
     super::limits::replace_limits(ctx, LimitScope::Vhost, name, Default::default()).await?;
-    ctx.broker.router.remove_vhost(name);
+    ctx.broker.remove_vhost(name);
     ctx.access.vhost_meta.write().remove(name);
     Ok(())
 }
@@ -150,7 +150,7 @@ pub async fn delete_vhost(ctx: &HttpContext, name: &str) -> Result<(), ApiError>
 /// A user as RabbitMQ's API shows it, with its limits.
 pub fn user_json(ctx: &HttpContext, u: &User) -> Json_ {
     let (hash, algorithm) = u.secret.exported();
-    let limits = ctx.broker.limits.of(LimitScope::User, &u.name);
+    let limits = ctx.broker.limits().of(LimitScope::User, &u.name);
     json!({ "name": u.name, "tags": u.tags, "password_hash": hash, "hashing_algorithm": algorithm, "limits": limits })
 }
 
@@ -167,7 +167,7 @@ pub async fn put_user(ctx: &HttpContext, name: &str, secret: Secret, tags: Vec<S
         tags: tags.clone(),
         deleted: false,
     };
-    commit(ctx, ctx.broker.stores.access.put_user(&record)).await?;
+    commit(ctx, ctx.broker.stores().access.put_user(&record)).await?;
     let user = crate::access::auth::user_from_record(&record, &ctx.loopback_users)
         .ok_or_else(|| ApiError::bad_request("unknown hashing algorithm"))?;
     // Rules naming a group (a tag) see the new tags on open connections too.
@@ -180,7 +180,7 @@ pub async fn delete_user(ctx: &HttpContext, name: &str) -> Result<(), ApiError> 
     if ctx.users.get(name).is_none() {
         return Err(ApiError::not_found());
     }
-    let store = &ctx.broker.stores.access;
+    let store = &ctx.broker.stores().access;
     let write = if ctx.access.configured_users.iter().any(|u| u == name) {
         let tombstone = UserRecord {
             name: name.into(),
@@ -199,7 +199,7 @@ pub async fn delete_user(ctx: &HttpContext, name: &str) -> Result<(), ApiError> 
     ctx.users.remove(name);
     ctx.authz.update(|p| p.user_tags.remove(name));
     // As RabbitMQ: a deleted user's open connections are closed (AMQP 320, MQTT 5 0x98).
-    for c in ctx.broker.connections.list().into_iter().filter(|c| c.user == name) {
+    for c in ctx.broker.connections().list().into_iter().filter(|c| c.user == name) {
         c.close("user deleted");
     }
     Ok(())
@@ -208,7 +208,7 @@ pub async fn delete_user(ctx: &HttpContext, name: &str) -> Result<(), ApiError> 
 /// Removes the permissions and topic permissions of (vhost, user) pairs `doomed` picks.
 async fn forget_permissions(ctx: &HttpContext, doomed: impl Fn(&str, &str) -> bool) -> Result<(), ApiError> {
     let policy = ctx.authz.policy();
-    let store = &ctx.broker.stores.access;
+    let store = &ctx.broker.stores().access;
     for ((v, u), _) in policy.permissions.iter().filter(|((v, u), _)| doomed(v, u)) {
         commit(ctx, store.remove_permission(v, u)).await?;
     }
@@ -224,11 +224,11 @@ async fn forget_permissions(ctx: &HttpContext, doomed: impl Fn(&str, &str) -> bo
 
 /// Sets a user's permissions in a virtual host; true when it had none.
 pub async fn put_permission(ctx: &HttpContext, p: PermissionRecord) -> Result<bool, ApiError> {
-    if !ctx.broker.router.has_vhost(&p.vhost) || ctx.users.get(&p.user).is_none() {
+    if !ctx.broker.routing().has_vhost(&p.vhost) || ctx.users.get(&p.user).is_none() {
         return Err(ApiError::bad_request(format!("no user '{}' or no vhost '{}'", p.user, p.vhost)));
     }
     crate::access::authz::VhostPermissions::new(&p.configure, &p.write, &p.read).map_err(ApiError::bad_request)?;
-    commit(ctx, ctx.broker.stores.access.put_permission(&p)).await?;
+    commit(ctx, ctx.broker.stores().access.put_permission(&p)).await?;
     let key = (p.vhost.clone(), p.user.clone());
     let new = !ctx.authz.policy().permissions.contains_key(&key);
     ctx.authz.update(|policy| policy.set_permission(&p)).map_err(ApiError::bad_request)?;
@@ -237,14 +237,14 @@ pub async fn put_permission(ctx: &HttpContext, p: PermissionRecord) -> Result<bo
 
 /// Sets a user's topic permissions on an exchange; true when it had none.
 pub async fn put_topic_permission(ctx: &HttpContext, p: TopicPermissionRecord) -> Result<bool, ApiError> {
-    if !ctx.broker.router.has_vhost(&p.vhost) || ctx.users.get(&p.user).is_none() {
+    if !ctx.broker.routing().has_vhost(&p.vhost) || ctx.users.get(&p.user).is_none() {
         return Err(ApiError::bad_request(format!("no user '{}' or no vhost '{}'", p.user, p.vhost)));
     }
     if p.exchange.is_empty() {
         return Err(ApiError::bad_request("topic permissions need an exchange"));
     }
     crate::access::authz::TopicPermissions::new(&p.write, &p.read).map_err(ApiError::bad_request)?;
-    commit(ctx, ctx.broker.stores.access.put_topic_permission(&p)).await?;
+    commit(ctx, ctx.broker.stores().access.put_topic_permission(&p)).await?;
     let key = (p.vhost.clone(), p.user.clone(), p.exchange.clone());
     let new = !ctx.authz.policy().topic_permissions.contains_key(&key);
     ctx.authz.update(|policy| policy.set_topic_permission(&p)).map_err(ApiError::bad_request)?;
@@ -441,7 +441,7 @@ pub async fn clear_permission(
         read: String::new(),
         cleared: true,
     };
-    commit(ctx, ctx.broker.stores.access.put_permission(&none)).await?;
+    commit(ctx, ctx.broker.stores().access.put_permission(&none)).await?;
     ctx.authz.update(|p| p.set_permission(&none)).map_err(ApiError::bad_request)?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -63,7 +63,7 @@ pub async fn list(p: Permitted<Monitoring>) -> Result<Json<Value>, ApiError> {
 fn remote_rows(ctx: &HttpContext, own_topics: &HashSet<String>) -> Vec<Value> {
     let mut states: Vec<(String, bool)> = ctx
         .broker
-        .retained
+        .retained()
         .matching(&mqtt_filter_to_pattern(STATE_TOPICS))
         .into_iter()
         .filter_map(|m| {
@@ -79,7 +79,7 @@ fn remote_rows(ctx: &HttpContext, own_topics: &HashSet<String>) -> Vec<Value> {
     let ids: HashSet<&str> = states.iter().map(|(id, _)| id.as_str()).collect();
     let connected: HashMap<String, Arc<ConnectionInfo>> = ctx
         .broker
-        .connections
+        .connections()
         .list()
         .into_iter()
         .filter_map(|c| match &c.client {

@@ -34,7 +34,7 @@ pub async fn set_cluster_name(ctx: &HttpContext, value: &Json_) -> Result<(), Ap
         .filter(|n| !n.trim().is_empty())
         .ok_or_else(|| ApiError::bad_request("the cluster name is a non-empty string"))?;
     let stored = serde_json::to_string(name).map_err(|e| ApiError::internal(e.to_string()))?;
-    commit(ctx, ctx.broker.stores.access.put_global_parameter(CLUSTER_NAME, &stored)).await?;
+    commit(ctx, ctx.broker.stores().access.put_global_parameter(CLUSTER_NAME, &stored)).await?;
     ctx.access.set_cluster_name(name);
     Ok(())
 }

@@ -73,7 +73,7 @@ pub async fn list_vhost(p: Permitted<Vhost>) -> Answer {
 /// The connections `caller` may see: all with monitoring, its own otherwise (RabbitMQ's rule).
 fn visible(ctx: &HttpContext, caller: &Caller, vhost: Option<&str>) -> Vec<Arc<ConnectionInfo>> {
     ctx.broker
-        .connections
+        .connections()
         .list()
         .into_iter()
         .filter(|c| vhost.is_none_or(|v| v == c.vhost))
@@ -82,7 +82,7 @@ fn visible(ctx: &HttpContext, caller: &Caller, vhost: Option<&str>) -> Vec<Arc<C
 }
 
 fn find(ctx: &HttpContext, caller: &Caller, name: &str) -> Result<Arc<ConnectionInfo>, ApiError> {
-    let c = ctx.broker.connections.by_name(name).ok_or_else(ApiError::not_found)?;
+    let c = ctx.broker.connections().by_name(name).ok_or_else(ApiError::not_found)?;
     if caller.access < Access::Monitoring && c.user != caller.name {
         return Err(ApiError::not_found());
     }

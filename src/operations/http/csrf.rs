@@ -123,7 +123,7 @@ pub async fn refuse_cross_site(State(ctx): State<Arc<HttpContext>>, req: Request
     match check(&req) {
         Ok(()) => next.run(req).await,
         Err(refusal) => {
-            let stats = &ctx.broker.stats;
+            let stats = ctx.broker.stats();
             let counter = match refusal {
                 Refusal::CrossSite(_) => &stats.http_cross_site_refused,
                 Refusal::NotJson(_) => &stats.http_not_json_refused,

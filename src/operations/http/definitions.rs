@@ -79,7 +79,7 @@ pub fn export(ctx: &HttpContext, vhost: Option<&str>) -> Json_ {
             .map(|u| {
                 let (hash, algorithm) = u.secret.exported();
                 let mut j = user_json(ctx, u);
-                j["limits"] = definitions_json(&ctx.broker.limits.of(LimitScope::User, &u.name));
+                j["limits"] = definitions_json(&ctx.broker.limits().of(LimitScope::User, &u.name));
                 j["password_hash"] = json!(hash);
                 j["hashing_algorithm"] = json!(algorithm);
                 j
@@ -89,7 +89,7 @@ pub fn export(ctx: &HttpContext, vhost: Option<&str>) -> Json_ {
             .iter()
             .map(|v| {
                 let (description, tags) = ctx.access.vhost_meta(v);
-                let limits = definitions_json(&ctx.broker.limits.of(LimitScope::Vhost, v));
+                let limits = definitions_json(&ctx.broker.limits().of(LimitScope::Vhost, v));
                 json!({ "name": v, "limits": limits, "metadata": { "description": description, "tags": tags } })
             })
             .collect();
@@ -115,7 +115,7 @@ pub fn export(ctx: &HttpContext, vhost: Option<&str>) -> Json_ {
 /// (component `vhost-limits`, name `limits`).
 fn parameters(ctx: &HttpContext, vhost: Option<&str>) -> Json_ {
     let mut all = super::shovels::parameters(ctx, vhost);
-    for (owner, values) in ctx.broker.limits.all(LimitScope::Vhost) {
+    for (owner, values) in ctx.broker.limits().all(LimitScope::Vhost) {
         if vhost.is_none_or(|v| v == owner) {
             all.push(json!({ "vhost": owner, "component": VHOST_LIMITS, "name": "limits", "value": values }));
         }
@@ -248,7 +248,7 @@ fn mqtt_routes_refused(ctx: &HttpContext, defs: &Json_, vhost_of: &dyn Fn(&Json_
     if !ctx.authz.mqtt_enabled() {
         return Ok(());
     }
-    let mqtt = ctx.broker.router.mqtt_exchange();
+    let mqtt = ctx.broker.routing().mqtt_exchange();
     let into_mqtt = |item: &Json_, target: Option<&str>| vhost_of(item) == MQTT_VHOST && target == Some(mqtt);
     let argument = |item: &Json_, key: &str| {
         item.get("arguments").and_then(|a| a.get(key)).and_then(Json_::as_str).map(str::to_owned)

@@ -44,7 +44,7 @@ fn exchange_json(vhost: &str, x: &ExchangeDef) -> Json_ {
 fn sorted_exchanges(ctx: &HttpContext, listed: &dyn Fn(&str) -> bool) -> Vec<(String, (String, ExchangeDef))> {
     let mut all = Vec::new();
     for v in ctx.vhosts().iter().filter(|v| listed(v)) {
-        let mut xs = ctx.broker.router.exchanges(v);
+        let mut xs = ctx.broker.routing().exchanges(v);
         xs.sort_by(|a, b| a.name.cmp(&b.name));
         all.extend(xs.into_iter().map(|x| (x.name.clone(), (v.clone(), x))));
     }
@@ -63,7 +63,7 @@ pub async fn list_vhost(p: Permitted<Vhost>, Query(q): Query<ListQuery>) -> Answ
 
 /// `GET /api/exchanges/{vhost}/{name}`.
 pub async fn show(p: Permitted<OnExchange<View>>) -> Answer {
-    let x = p.ctx().broker.router.exchange(&p.vhost, &p.name).ok_or_else(ApiError::not_found)?;
+    let x = p.ctx().broker.routing().exchange(&p.vhost, &p.name).ok_or_else(ApiError::not_found)?;
     Ok(Json(exchange_json(&p.vhost, &x)))
 }
 
@@ -107,7 +107,7 @@ pub async fn declare(
         internal: body.internal,
         arguments: json_table(&body.arguments),
     };
-    let router = &ctx.broker.router;
+    let router = ctx.broker.routing();
     if let Some(ae) = def.arguments.iter().find(|(k, _)| k == "alternate-exchange").and_then(|(_, v)| v.as_str()) {
         p.route_into(ae)?;
     }
@@ -213,7 +213,7 @@ fn properties_from(p: &Map<String, Json_>, now: u64) -> Properties {
 pub async fn publish(p: Permitted<OnExchange<Write>>, Body(body): Body<PublishBody>) -> Answer {
     check_key("routing_key", &body.routing_key)?;
     let (ctx, vhost, name) = (p.ctx(), p.vhost.as_str(), p.name.clone());
-    let topic = ctx.broker.router.exchange(vhost, &name).is_some_and(|x| x.kind == ExchangeKind::Topic);
+    let topic = ctx.broker.routing().exchange(vhost, &name).is_some_and(|x| x.kind == ExchangeKind::Topic);
     p.publish(&name, topic, &body.routing_key)?;
     let payload = match body.payload_encoding.as_str() {
         "string" => body.payload.into_bytes(),
@@ -234,7 +234,7 @@ pub async fn publish(p: Permitted<OnExchange<Write>>, Body(body): Body<PublishBo
         props,
         timestamp_ms: now,
     });
-    let (routes, _) = ctx.broker.router.route(vhost, &name, &msg, "").map_err(|e| match e {
+    let (routes, _) = ctx.broker.routing().route(vhost, &name, &msg, "").map_err(|e| match e {
         RouteError::NoExchange(..) | RouteError::NoVhost(..) => ApiError::not_found(),
         e => ApiError::bad_request(e.to_string()),
     })?;
@@ -297,8 +297,13 @@ fn bindings(ctx: &HttpContext, listed: &dyn Fn(&str) -> bool) -> Vec<Json_> {
     let names = queue_names(ctx);
     let mut all = Vec::new();
     for v in ctx.vhosts().iter().filter(|v| listed(v)) {
-        let mut rows: Vec<Json_> =
-            ctx.broker.router.bindings(v).iter().filter_map(|(source, b)| binding_json(v, source, b, &names)).collect();
+        let mut rows: Vec<Json_> = ctx
+            .broker
+            .routing()
+            .bindings(v)
+            .iter()
+            .filter_map(|(source, b)| binding_json(v, source, b, &names))
+            .collect();
         rows.sort_by_key(|r| (r["source"].to_string(), r["destination"].to_string(), r["routing_key"].to_string()));
         all.extend(rows);
     }
@@ -362,7 +367,7 @@ pub async fn set_binding(
     if source.is_empty() {
         return Err(ApiError::bad_request("operation not permitted on the default exchange"));
     }
-    let router = &ctx.broker.router;
+    let router = ctx.broker.routing();
     let src = router.exchange(vhost, source).ok_or_else(ApiError::not_found)?;
     let (binding, durable) = match dest_type {
         "q" | "queue" => {
@@ -449,7 +454,7 @@ pub async fn remove_binding(
         BindingDestination::Queue(q) => ("queue", q),
         BindingDestination::Exchange(x) => ("exchange", x),
     };
-    let found = ctx.broker.router.bindings(vhost).into_iter().find(|(s, b)| {
+    let found = ctx.broker.routing().bindings(vhost).into_iter().find(|(s, b)| {
         *s == p.source
             && binding_json(vhost, s, b, &names)
                 .is_some_and(|r| r["destination"] == dest.as_str() && r["destination_type"] == wanted)
@@ -473,7 +478,7 @@ pub async fn binding(p: Permitted<BindingPath>, Path(params): Path<HashMap<Strin
 pub fn user_exchanges(ctx: &HttpContext, vhost: &str) -> Vec<Json_> {
     let mut xs: Vec<ExchangeDef> = ctx
         .broker
-        .router
+        .routing()
         .exchanges(vhost)
         .into_iter()
         .filter(|x| !x.name.is_empty() && !x.name.starts_with("amq."))

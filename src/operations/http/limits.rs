@@ -23,7 +23,7 @@ type Answer = Result<Json<Json_>, ApiError>;
 /// 404 unless the virtual host or user exists.
 fn known(ctx: &HttpContext, scope: LimitScope, owner: &str) -> Result<(), ApiError> {
     let exists = match scope {
-        LimitScope::Vhost => ctx.broker.router.has_vhost(owner),
+        LimitScope::Vhost => ctx.broker.routing().has_vhost(owner),
         LimitScope::User => ctx.users.get(owner).is_some(),
     };
     exists.then_some(()).ok_or_else(ApiError::not_found)
@@ -37,15 +37,15 @@ pub async fn replace_limits(
     values: LimitValues,
 ) -> Result<(), ApiError> {
     let record = LimitsRecord { scope, owner: owner.to_owned(), values };
-    commit(ctx, ctx.broker.stores.access.put_limits(&record)).await?;
-    ctx.broker.limits.replace(scope, owner, record.values);
+    commit(ctx, ctx.broker.stores().access.put_limits(&record)).await?;
+    ctx.broker.set_limits(scope, owner, record.values);
     Ok(())
 }
 
 /// The limits of every owner of `scope` (or of `only`), as RabbitMQ lists them.
 pub fn rows(ctx: &HttpContext, scope: LimitScope, only: Option<&str>) -> Vec<Json_> {
     ctx.broker
-        .limits
+        .limits()
         .all(scope)
         .into_iter()
         .filter(|(owner, _)| only.is_none_or(|o| o == owner))
@@ -85,7 +85,7 @@ async fn put_one(
     known(ctx, scope, owner)?;
     let value = body.get("value").ok_or_else(|| ApiError::bad_request("the body needs a \"value\""))?;
     let n = parse_limit(scope, name, value).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let mut values = ctx.broker.limits.of(scope, owner);
+    let mut values = ctx.broker.limits().of(scope, owner);
     values.insert(name.to_owned(), n);
     replace_limits(ctx, scope, owner, values).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -93,7 +93,7 @@ async fn put_one(
 
 async fn clear_one(ctx: &HttpContext, scope: LimitScope, owner: &str, name: &str) -> Result<StatusCode, ApiError> {
     known(ctx, scope, owner)?;
-    let mut values = ctx.broker.limits.of(scope, owner);
+    let mut values = ctx.broker.limits().of(scope, owner);
     if values.remove(name).is_some() {
         replace_limits(ctx, scope, owner, values).await?;
     }

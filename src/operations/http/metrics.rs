@@ -80,10 +80,10 @@ fn by_protocol(registry: &mut Registry, name: &str, help: &str, values: &[(&str,
 /// The metrics text now.
 pub fn render(ctx: &HttpContext) -> String {
     let b = &ctx.broker;
-    let s = &b.stats;
+    let s = b.stats();
     let a = &s.amqp;
     let mut r = Registry::default();
-    let conns = b.connections.list();
+    let conns = b.connections().list();
     let channels: u64 = conns.iter().map(|c| Stats::get(&c.channels)).sum();
     let q = QueueTotals::of(ctx);
     gauge(&mut r, "rabbitmq_connections", "Connections currently open (AMQP and MQTT)", conns.len() as u64);
@@ -98,7 +98,7 @@ pub fn render(ctx: &HttpContext) -> String {
         q.messages - q.ready.min(q.messages),
     );
     gauge(&mut r, "rabbitmq_queue_messages", "Sum of ready and unacknowledged messages", q.messages);
-    let (opened, closed) = b.connections.churn();
+    let (opened, closed) = b.connections().churn();
     counter(&mut r, "rabbitmq_connections_opened", "Total number of connections opened", opened);
     counter(&mut r, "rabbitmq_connections_closed", "Total number of connections closed or terminated", closed);
     let amqp = "amqp091";
@@ -213,11 +213,11 @@ pub fn render(ctx: &HttpContext) -> String {
         &mut r,
         "ferrymq_routes_off_worker",
         "Routes whose walk of a topic exchange was long (bindings of many wildcards) and finished off the runtime's workers",
-        b.router.long_routes(),
+        b.routing().long_routes(),
     );
     counter(&mut r, "ferrymq_mqtt_bytes_received", "Bytes read from MQTT connections", Stats::get(&s.bytes_received));
     counter(&mut r, "ferrymq_mqtt_bytes_sent", "Bytes written to MQTT connections", Stats::get(&s.bytes_sent));
-    gauge(&mut r, "ferrymq_mqtt_retained_messages", "Retained messages", b.retained.len() as u64);
+    gauge(&mut r, "ferrymq_mqtt_retained_messages", "Retained messages", b.retained().len() as u64);
     let j = b.journal_stats();
     counter(&mut r, "ferrymq_journal_group_commits", "Group commits of the commit log", j.batches);
     counter(&mut r, "ferrymq_journal_fsyncs", "fdatasync calls on commit-log segments", j.fsyncs);
@@ -403,7 +403,7 @@ pub async fn render_per_object(ctx: &HttpContext) -> String {
             if let Some(last) = e.last() {
                 last_offset.get_or_create(&labels).set(as_i64(last));
             }
-            if let Some(s) = ctx.broker.shards.stream_status(q.id).await {
+            if let Some(s) = ctx.broker.stream_status(q.id).await {
                 for gr in &s.groups {
                     let mut l = vec![("vhost".to_string(), q.vhost.clone()), ("stream".to_string(), q.name.clone())];
                     l.push(("group".to_string(), gr.name.clone()));

@@ -128,7 +128,7 @@ impl HttpContext {
 
     /// Every virtual host, by name.
     pub fn vhosts(&self) -> Vec<String> {
-        self.broker.router.vhosts()
+        self.broker.routing().vhosts()
     }
 }
 
@@ -298,7 +298,7 @@ impl HttpContext {
             if let Ok(n) = self.broker.delayed_pending(DELAYED_SCAN_LIMIT).await {
                 self.delayed_pending.store(n, std::sync::atomic::Ordering::Relaxed);
             }
-            let connections = self.broker.connections.list();
+            let connections = self.broker.connections().list();
             self.connection_rates
                 .sample(connections.iter().map(|c| (c.id, [Stats::get(&c.recv_oct), Stats::get(&c.send_oct)])));
         }

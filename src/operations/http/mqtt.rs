@@ -26,10 +26,10 @@ fn filter_of(key: &str) -> String {
 
 /// (client id, filter, qos, no_local, retain_as_published, subscription id) of every MQTT subscription.
 fn subscriptions(ctx: &HttpContext) -> Vec<(String, String, u8, bool, bool, Option<u32>)> {
-    let exchange = ctx.broker.router.mqtt_exchange().to_owned();
+    let exchange = ctx.broker.routing().mqtt_exchange().to_owned();
     let mut all: Vec<_> = ctx
         .broker
-        .router
+        .routing()
         .bindings(MQTT_VHOST)
         .into_iter()
         .filter(|(x, _)| *x == exchange)
@@ -54,7 +54,7 @@ pub async fn clients(p: Permitted<Monitoring>) -> Answer {
     let ctx = p.ctx();
     let subs = subscriptions(ctx);
     let mut all = Vec::new();
-    for c in ctx.broker.connections.list().into_iter().filter(|c| c.protocol.is_mqtt()) {
+    for c in ctx.broker.connections().list().into_iter().filter(|c| c.protocol.is_mqtt()) {
         let ClientDetails::Mqtt { client_id, keep_alive, clean_start, expiry_secs } = &c.client else { continue };
         let level = match c.protocol.name() {
             "MQTT 3.1" => 3,
@@ -112,7 +112,7 @@ pub async fn sessions(p: Permitted<Monitoring>) -> Answer {
     let mut all = Vec::new();
     for s in ctx.mqtt.sessions.list() {
         let queued = match &s.persistent {
-            Some(p) => Some(ctx.broker.shards.len(p.queue).await),
+            Some(p) => Some(ctx.broker.queue_len(p.queue).await),
             None => None,
         };
         let subscriptions: Vec<Json_> = match &s.persistent {
@@ -187,10 +187,10 @@ pub struct RetainedQuery {
 pub async fn retained(p: Permitted<Monitoring>, Query(q): Query<RetainedQuery>) -> Answer {
     let ctx = p.ctx();
     let filter = q.topic.unwrap_or_else(|| "#".into());
-    let mut msgs = ctx.broker.retained.matching(&mqtt_filter_to_pattern(&filter));
+    let mut msgs = ctx.broker.retained().matching(&mqtt_filter_to_pattern(&filter));
     msgs.sort_by(|a, b| a.routing_key.cmp(&b.routing_key));
     let mut reader = p.message_reader();
-    let exchange = ctx.broker.router.mqtt_exchange();
+    let exchange = ctx.broker.routing().mqtt_exchange();
     let rows = msgs
         .iter()
         .filter(|m| reader.may_read(MQTT_VHOST, exchange, &m.routing_key))
@@ -214,7 +214,7 @@ pub async fn retained(p: Permitted<Monitoring>, Query(q): Query<RetainedQuery>) 
 pub async fn delete_retained(p: Permitted<Administrator>, Path(topic): Path<String>) -> Result<StatusCode, ApiError> {
     let ctx = p.ctx();
     let key = crate::core::message::mqtt_to_key(&topic);
-    if ctx.broker.retained.matching(&key).is_empty() {
+    if ctx.broker.retained().matching(&key).is_empty() {
         return Err(ApiError::not_found());
     }
     ctx.broker.clear_retained(&key).await.map_err(|e| ApiError::internal(e.to_string()))?;

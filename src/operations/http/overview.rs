@@ -27,12 +27,12 @@ pub async fn overview(p: Permitted<Management>) -> Answer {
     let t = super::rates::Totals::now(&ctx.broker);
     let q = QueueTotals::of_vhosts(ctx, |v| p.sees_vhost(v));
     let exchanges: usize =
-        ctx.vhosts().iter().filter(|v| p.sees_vhost(v)).map(|v| ctx.broker.router.exchanges(v).len()).sum();
+        ctx.vhosts().iter().filter(|v| p.sees_vhost(v)).map(|v| ctx.broker.routing().exchanges(v).len()).sum();
     let caller = p.caller();
-    let mut conns = ctx.broker.connections.list();
+    let mut conns = ctx.broker.connections().list();
     conns.retain(|c| caller.access >= Access::Monitoring || c.user == caller.name);
     let channels: u64 = conns.iter().map(|c| Stats::get(&c.channels)).sum();
-    let churn = ctx.broker.connections.churn();
+    let churn = ctx.broker.connections().churn();
     Ok(Json(json!({
         "management_version": RABBITMQ_API_VERSION,
         "rabbitmq_version": RABBITMQ_API_VERSION,
@@ -129,7 +129,7 @@ fn node_json(ctx: &HttpContext, (fd_used, fd_total): (usize, u64)) -> Json_ {
         "running": true,
         "being_drained": false,
         "os_pid": std::process::id().to_string(),
-        "uptime": ctx.broker.started.elapsed().as_millis() as u64,
+        "uptime": ctx.broker.uptime().as_millis() as u64,
         "processors": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         "mem_used": resident_memory().unwrap_or(0),
         "mem_limit": mem_limit,
@@ -139,7 +139,7 @@ fn node_json(ctx: &HttpContext, (fd_used, fd_total): (usize, u64)) -> Json_ {
         "disk_free_alarm": raised.contains(&Resource::Disk),
         "fd_used": fd_used,
         "fd_total": fd_total,
-        "sockets_used": ctx.broker.connections.len(),
+        "sockets_used": ctx.broker.connections().len(),
         "sockets_total": fd_total,
         "proc_used": 0,
         "proc_total": 0,

@@ -238,7 +238,7 @@ impl<C> MessageReader<'_, C> {
     /// True when the caller may read a message published in `vhost` to `exchange` with `key`.
     pub fn may_read(&mut self, vhost: &str, exchange: &str, key: &str) -> bool {
         let p = self.permitted;
-        let topic = p.ctx.broker.router.exchange(vhost, exchange).is_none_or(|x| x.kind == ExchangeKind::Topic);
+        let topic = p.ctx.broker.routing().exchange(vhost, exchange).is_none_or(|x| x.kind == ExchangeKind::Topic);
         let decisions = self
             .decisions
             .entry(vhost.to_owned())
@@ -251,7 +251,8 @@ impl<C> MessageReader<'_, C> {
     pub fn may_read_anywhere(&mut self, exchange: &str, key: &str) -> bool {
         let ctx = &self.permitted.ctx;
         let all = ctx.vhosts();
-        let holding: Vec<&String> = all.iter().filter(|v| ctx.broker.router.exchange(v, exchange).is_some()).collect();
+        let holding: Vec<&String> =
+            all.iter().filter(|v| ctx.broker.routing().exchange(v, exchange).is_some()).collect();
         let candidates = if holding.is_empty() { all.iter().collect() } else { holding };
         candidates.into_iter().all(|v| self.may_read(v, exchange, key))
     }
@@ -541,7 +542,8 @@ impl Permitted<BindingPath> {
     /// checks `queue.bind` / `exchange.bind` ([`crate::access::authz::Access::binding`]).
     pub fn grant_binding(&self, key: &str, bind: bool) -> Result<BindingGrant, ApiError> {
         let b = &self.proof;
-        let topic = self.ctx.broker.router.exchange(&b.vhost, &b.source).is_some_and(|x| x.kind == ExchangeKind::Topic);
+        let topic =
+            self.ctx.broker.routing().exchange(&b.vhost, &b.source).is_some_and(|x| x.kind == ExchangeKind::Topic);
         let destination = match &b.destination {
             BindingDestination::Queue(q) => BoundTo::Queue(q),
             BindingDestination::Exchange(x) => BoundTo::Exchange(x),

@@ -20,7 +20,6 @@ use super::HttpContext;
 use crate::core::entities::{check_equivalent_queue, QueueEntity};
 use crate::core::message::Message;
 use crate::core::queue::{MessageCounts, QueueGauge, RequeueCause};
-use crate::core::shards::ShardCmd;
 use crate::core::QueueId;
 
 /// Message and consumer counts over queues.
@@ -306,7 +305,7 @@ pub async fn remove(p: Permitted<OnQueue<Configure>>, Query(q): Query<DeleteQuer
     let (ctx, vhost, name) = (p.ctx(), &p.vhost, &p.name);
     let entity = find(ctx, vhost, name)?;
     let c = Counts::of(&entity);
-    if flag(&q.if_empty) && ctx.broker.shards.len(entity.id).await > 0 {
+    if flag(&q.if_empty) && ctx.broker.queue_len(entity.id).await > 0 {
         return Err(ApiError::bad_request(format!(
             "PRECONDITION_FAILED - queue '{name}' in vhost '{vhost}' not empty"
         )));
@@ -325,7 +324,7 @@ pub async fn purge(p: Permitted<OnQueue<Read>>) -> Result<StatusCode, ApiError> 
     if entity.is_stream() {
         return Err(ApiError::bad_request("a stream cannot be purged"));
     }
-    ctx.broker.shards.purge(entity.id).await;
+    ctx.broker.purge_queue(entity.id).await;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -416,7 +415,7 @@ pub async fn get_messages(p: Permitted<OnQueue<Read>>, Body(body): Body<GetBody>
     let consumer = ctx.broker.next_id();
     let mut got = Vec::new();
     for _ in 0..body.count.min(10_000) {
-        match ctx.broker.shards.get(entity.id, consumer, take).await {
+        match ctx.broker.get_message(entity.id, consumer, take).await {
             Some(g) => got.push(g),
             None => break,
         }
@@ -439,11 +438,10 @@ pub async fn get_messages(p: Permitted<OnQueue<Read>>, Body(body): Body<GetBody>
     // What was only looked at goes back at once, as basic.reject / nack with requeue.
     for g in got.iter().filter(|_| !take) {
         let (queue, offset) = (entity.id, g.delivery.offset);
-        let cmd = match ackmode {
-            "reject_requeue_false" => ShardCmd::Reject { queue, offset },
-            _ => ShardCmd::Requeue { queue, offset, cause: RequeueCause::Returned, consumer },
-        };
-        ctx.broker.shards.send(cmd);
+        match ackmode {
+            "reject_requeue_false" => ctx.broker.reject(queue, offset),
+            _ => ctx.broker.requeue(queue, offset, RequeueCause::Returned, consumer),
+        }
     }
     entity.touch();
     Ok(Json(Json_::Array(out)).into_response())
@@ -468,7 +466,7 @@ pub async fn round_trip(ctx: &HttpContext, vhost: &str, name: &str) -> Result<()
         props: crate::core::message::Properties { delivery_mode: Some(2), ..Default::default() },
         timestamp_ms: now,
     });
-    let (routes, _) = ctx.broker.router.route(vhost, "", &msg, "").map_err(|e| e.to_string())?;
+    let (routes, _) = ctx.broker.routing().route(vhost, "", &msg, "").map_err(|e| e.to_string())?;
     if let Some(signal) =
         ctx.broker.publish(&msg, &routes, crate::core::broker::RetainMode::None, Default::default()).await
     {
@@ -477,7 +475,7 @@ pub async fn round_trip(ctx: &HttpContext, vhost: &str, name: &str) -> Result<()
     let consumer = ctx.broker.next_id();
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
     loop {
-        if let Some(got) = ctx.broker.shards.get(entity.id, consumer, true).await {
+        if let Some(got) = ctx.broker.get_message(entity.id, consumer, true).await {
             if &got.delivery.msg.payload[..] == b"test_message" {
                 return Ok(());
             }

@@ -39,16 +39,16 @@ pub struct Totals {
 impl Totals {
     /// The counters now.
     pub fn now(broker: &Broker) -> Totals {
-        let s = &broker.stats;
+        let s = broker.stats();
         let a = &s.amqp;
         let (mut recv, mut send) = (0, 0);
-        for c in broker.connections.list() {
+        for c in broker.connections().list() {
             if !c.protocol.is_mqtt() {
                 recv += Stats::get(&c.recv_oct);
                 send += Stats::get(&c.send_oct);
             }
         }
-        let (connection_created, connection_closed) = broker.connections.churn();
+        let (connection_created, connection_closed) = broker.connections().churn();
         Totals {
             connection_created,
             connection_closed,

@@ -101,7 +101,7 @@ pub async fn clear(
         return Err(ApiError::not_found());
     }
     for x in &doomed {
-        let write = ctx.broker.stores.access.remove_topic_permission(&vhost, &user, x);
+        let write = ctx.broker.stores().access.remove_topic_permission(&vhost, &user, x);
         ctx.broker.commit(write, Commit::Durable).await.map_err(|e| ApiError::internal(e.to_string()))?;
     }
     ctx.authz.update(|p| p.topic_permissions.retain(|(v, u, _), _| !(*v == vhost && *u == user)));
@@ -130,7 +130,7 @@ pub async fn set_mqtt_rules(
     let ctx = p.ctx();
     let rules = rules_of(&entries).map_err(ApiError::bad_request)?;
     let text = serde_json::to_string(&entries).map_err(|e| ApiError::internal(e.to_string()))?;
-    let write = ctx.broker.stores.access.put_mqtt_rules(&text);
+    let write = ctx.broker.stores().access.put_mqtt_rules(&text);
     ctx.broker.commit(write, Commit::Durable).await.map_err(|e| ApiError::internal(e.to_string()))?;
     ctx.authz.update(|p| {
         p.rules = rules;

@@ -91,7 +91,7 @@ pub async fn put_shovel(ctx: &HttpContext, vhost: &str, name: &str, value: Value
         name: name.into(),
         value: serde_json::to_string(&def).map_err(|e| ApiError::internal(e.to_string()))?,
     };
-    commit(ctx, ctx.broker.stores.access.put_parameter(&record)).await?;
+    commit(ctx, ctx.broker.stores().access.put_parameter(&record)).await?;
     let existed = ctx.shovels.get(vhost, name).is_some();
     ctx.shovels.start(vhost, name, def, true).map_err(|e| ApiError::bad_request(format!("shovel `{name}`: {e}")))?;
     Ok(!existed)
@@ -137,7 +137,7 @@ pub async fn delete(
     if !ctx.shovels.get(&vhost, &name).is_some_and(|s| s.dynamic) {
         return Err(ApiError::not_found());
     }
-    commit(ctx, ctx.broker.stores.access.remove_parameter(SHOVEL, &vhost, &name)).await?;
+    commit(ctx, ctx.broker.stores().access.remove_parameter(SHOVEL, &vhost, &name)).await?;
     ctx.shovels.remove(&vhost, &name);
     Ok(StatusCode::NO_CONTENT)
 }

@@ -31,12 +31,12 @@ fn stream(ctx: &HttpContext, vhost: &str, name: &str) -> Result<Arc<QueueEntity>
 
 /// The partitions of super stream `exchange`: the streams it is bound to, by name.
 fn partitions(ctx: &HttpContext, vhost: &str, exchange: &str) -> Result<Vec<Arc<QueueEntity>>, ApiError> {
-    ctx.broker.router.exchange(vhost, exchange).ok_or_else(ApiError::not_found)?;
+    ctx.broker.routing().exchange(vhost, exchange).ok_or_else(ApiError::not_found)?;
     let by_id: std::collections::HashMap<_, _> =
         ctx.entities.all().into_iter().filter(|q| q.vhost == vhost && q.is_stream()).map(|q| (q.id, q)).collect();
     let mut parts: Vec<Arc<QueueEntity>> = ctx
         .broker
-        .router
+        .routing()
         .bindings_of(vhost, exchange)
         .iter()
         .filter_map(|b| match &b.dest {
@@ -69,7 +69,7 @@ fn group_rows(s: &StreamStatus, only: Option<&str>) -> Vec<Json_> {
 }
 
 async fn status(ctx: &HttpContext, q: &QueueEntity) -> Result<StreamStatus, ApiError> {
-    ctx.broker.shards.stream_status(q.id).await.ok_or_else(ApiError::not_found)
+    ctx.broker.stream_status(q.id).await.ok_or_else(ApiError::not_found)
 }
 
 fn stream_json(q: &QueueEntity, s: &StreamStatus, group: Option<&str>) -> Json_ {
@@ -156,7 +156,7 @@ pub async fn reset_stream_group(
     let (ctx, name, group) = (p.ctx(), &p.name, param(&params, "group")?);
     let to = body.target()?;
     let q = stream(ctx, &p.vhost, name)?;
-    let offset = ctx.broker.shards.reset_group(q.id, group, to).await.ok_or_else(ApiError::not_found)?;
+    let offset = ctx.broker.reset_stream_group(q.id, group, to).await.ok_or_else(ApiError::not_found)?;
     Ok(Json(json!({ "stream": name, "group": group, "committed_offset": offset })))
 }
 
@@ -177,7 +177,7 @@ pub async fn reset_super_stream_group(
     }
     let mut rows = Vec::new();
     for part in parts {
-        let offset = ctx.broker.shards.reset_group(part.id, group, to).await.ok_or_else(ApiError::not_found)?;
+        let offset = ctx.broker.reset_stream_group(part.id, group, to).await.ok_or_else(ApiError::not_found)?;
         rows.push(json!({ "stream": part.name, "committed_offset": offset }));
     }
     Ok(Json(json!({ "super_stream": exchange, "group": group, "partitions": rows })))

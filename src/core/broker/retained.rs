@@ -1,0 +1,28 @@
+//! Retained messages through the door: MQTT SUBSCRIBE and the management API read them
+//! read-only; they change by a retained publish ([`Broker::publish`]), an operator's
+//! clear ([`Broker::clear_retained`]) and start-up's restore.
+
+use std::sync::Arc;
+
+use super::Broker;
+use crate::core::message::Message;
+use crate::core::retained::RetainedStore;
+
+impl Broker {
+    /// The retained messages in memory, read-only: those matching a filter, and how many.
+    pub fn retained(&self) -> &RetainedStore {
+        &self.retained
+    }
+
+    /// Puts back the retained messages start-up read from the journal (`(routing key,
+    /// message)`), which keeps their durable copy.
+    pub fn restore_retained(&self, retained: Vec<(String, Message)>) {
+        let n = retained.len();
+        for (topic, msg) in retained {
+            self.retained.set(&topic, Some(Arc::new(msg)));
+        }
+        if n > 0 {
+            tracing::info!(retained = n, "restored retained messages");
+        }
+    }
+}
