@@ -281,13 +281,11 @@ impl Server {
             }
             tokio::spawn(crate::links::mqtt::run(server.mqtt.clone(), b.clone(), rules, bridge, stop_rx.clone()));
         }
-        // Shovels start once the AMQP listener is bound: `amqp://` without a host is it.
-        let local = server.amqp_addr.map(|a| {
-            let ip = if a.ip().is_unspecified() { std::net::Ipv4Addr::LOCALHOST.into() } else { a.ip() };
-            let addr = SocketAddr::new(ip, a.port());
-            (addr, config.auth.default_user.clone(), config.auth.default_pass.clone())
-        });
-        server.shovels = Arc::new(crate::links::shovel::Shovels::new(local, Some(server.broker.clone())));
+        // `amqp://` without a host is FerryMQ itself, reached in-process (listener or not)
+        // as the default user.
+        let local =
+            crate::links::shovel::LocalBroker { amqp: server.amqp.clone(), user: config.auth.default_user.clone() };
+        server.shovels = Arc::new(crate::links::shovel::Shovels::new(Some(local), Some(server.broker.clone())));
         for s in &config.shovel {
             server
                 .shovels

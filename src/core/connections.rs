@@ -30,8 +30,9 @@ pub struct Listener {
     pub tls: bool,
     /// The listener is bound to a loopback address: only local clients reach it.
     pub local_only: bool,
-    /// A connection the broker made to itself (a bridge's local side): its user name is
-    /// taken as given, no password is checked.
+    /// A connection the broker made to itself over an in-process pipe (an MQTT bridge's or
+    /// a shovel's local side; RabbitMQ's `direct` connections): the broker names its user,
+    /// no password is checked.
     pub internal: bool,
 }
 
@@ -199,9 +200,14 @@ impl ConnectionInfo {
         }
     }
 
-    /// RabbitMQ's connection name, `peer -> broker address` (`127.0.0.1:54321 -> 127.0.0.1:5672`).
+    /// RabbitMQ's connection name, `peer -> broker address` (`127.0.0.1:54321 -> 127.0.0.1:5672`);
+    /// a connection the broker made to itself has no addresses and is named by its id
+    /// (`<direct.42>`), as RabbitMQ names its direct connections by their process.
     pub fn name(&self) -> String {
-        format!("{} -> {}", self.peer, self.listener.addr)
+        match self.listener.internal {
+            true => format!("<direct.{}>", self.id),
+            false => format!("{} -> {}", self.peer, self.listener.addr),
+        }
     }
 
     /// Asks the connection to close (AMQP: Connection.Close 320 with `reason`; MQTT 5:
@@ -444,6 +450,26 @@ mod tests {
         assert_eq!(info.channels.load(Ordering::Relaxed), 0, "AMQP starts with no channel");
         all.unregister(7);
         assert!(all.is_empty());
+    }
+
+    #[test]
+    fn a_connection_the_broker_made_to_itself_is_named_by_its_id() {
+        let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let direct = |id| {
+            let listener = Listener { addr, tls: false, local_only: true, internal: true };
+            let details = ClientDetails::Amqp { properties: vec![] };
+            ConnectionInfo::new(
+                id,
+                Protocol::Amqp091,
+                addr,
+                listener,
+                "guest".into(),
+                "/".into(),
+                details,
+                Box::new(|_: &str| {}),
+            )
+        };
+        assert_eq!((direct(3).name(), direct(4).name()), ("<direct.3>".to_owned(), "<direct.4>".to_owned()));
     }
 
     #[test]

@@ -76,6 +76,16 @@ pub enum Control {
     Close(String),
 }
 
+/// Who vouches for a SASL EXTERNAL login, offered only when someone does.
+enum Vouch {
+    /// Nobody: PLAIN and AMQPLAIN only.
+    Nobody,
+    /// A verified TLS client certificate names the user.
+    Certificate(Arc<ClientCert>),
+    /// The broker itself, for a connection it made to itself: the user it acts as.
+    Broker(String),
+}
+
 /// Serves one AMQP connection until it closes.
 pub async fn serve<S>(
     ctx: Arc<AmqpContext>,
@@ -86,13 +96,39 @@ pub async fn serve<S>(
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
+    let vouch = match cert {
+        Some(cert) => Vouch::Certificate(cert),
+        None => Vouch::Nobody,
+    };
+    serve_as(ctx, stream, peer, listener, vouch).await
+}
+
+/// Serves a connection the broker made to itself over an in-process pipe (a shovel's
+/// local side, `amqp://` without a host), as RabbitMQ's direct connections: it logs in
+/// with SASL EXTERNAL as `user`, the broker vouching for it as a verified certificate
+/// would (the user must exist and may log in from the loopback; no password), and is
+/// then checked as every client is (virtual host access, permissions, connection and
+/// channel limits). Operations list it as a `direct` connection.
+pub async fn serve_direct<S>(ctx: Arc<AmqpContext>, stream: S, user: String)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let addr = SocketAddr::from(([127, 0, 0, 1], 0));
+    let listener = Listener { addr, tls: false, local_only: true, internal: true };
+    serve_as(ctx, stream, addr, listener, Vouch::Broker(user)).await
+}
+
+async fn serve_as<S>(ctx: Arc<AmqpContext>, stream: S, peer: SocketAddr, listener: Listener, vouch: Vouch)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
     let span = tracing::info_span!("amqp", peer = %peer, user = field::Empty, vhost = field::Empty);
     async move {
         let id = ctx.broker.next_id();
         // Bounded: the only control message is "shutting down" (a full channel drops a repeat).
         let (control_tx, control_rx) = mpsc::channel(CONTROL_CAPACITY);
         ctx.register(id, control_tx.clone());
-        let mut task = Task::new(ctx.clone(), id, peer, control_rx, cert);
+        let mut task = Task::new(ctx.clone(), id, peer, control_rx, vouch);
         task.listener = Some((listener, control_tx));
         task.run(stream).await;
         if task.info.is_some() {
@@ -148,8 +184,9 @@ pub(super) struct Task {
     pub counts: AmqpCounts,
     /// What the user may do in the open virtual host (decisions cached).
     pub access: Access,
-    /// The verified client certificate of a TLS connection that presented one.
-    cert: Option<Arc<ClientCert>>,
+    /// Who vouches for an EXTERNAL login: the verified client certificate of a TLS
+    /// connection that presented one, or the broker for its own direct connections.
+    vouch: Vouch,
     /// Why the connection ended (the first reason seen), logged when it has.
     pub end: Option<String>,
 }
@@ -160,7 +197,7 @@ impl Task {
         id: u64,
         peer: SocketAddr,
         control_rx: mpsc::Receiver<Control>,
-        cert: Option<Arc<ClientCert>>,
+        vouch: Vouch,
     ) -> Task {
         let cfg = &ctx.cfg;
         let proto = Connection::new(
@@ -172,7 +209,7 @@ impl Task {
                 product: "FerryMQ".into(),
                 version: env!("CARGO_PKG_VERSION").into(),
                 max_message_size: cfg.max_message_size,
-                sasl_external: cert.is_some(),
+                sasl_external: !matches!(vouch, Vouch::Nobody),
             },
             Instant::now(),
         );
@@ -184,7 +221,7 @@ impl Task {
         let access = ctx.authz.access(Identity::default(), "");
         Task {
             access,
-            cert,
+            vouch,
             ctx,
             id,
             peer,
@@ -364,8 +401,8 @@ impl Task {
             match event {
                 Event::Login { mechanism, mut username, password, client_properties } => {
                     let login = if mechanism == "EXTERNAL" {
-                        // Offered only with a verified certificate: the user is named by it.
-                        username = self.certificate_user();
+                        // Offered only when a verified certificate or the broker names the user.
+                        username = self.external_user();
                         self.ctx.users.login_external(&username, self.peer.ip()).await.map(drop)
                     } else {
                         self.ctx.users.login(&username, &password, self.peer.ip(), &mechanism).await.map(drop)
@@ -624,17 +661,23 @@ impl Task {
             groups: self.ctx.users.get(&self.user).map(|u| u.tags).unwrap_or_default(),
             client_id,
             peer: Some(self.peer.ip()),
-            cert_cn: self.cert.as_ref().and_then(|c| c.common_name.clone()),
+            cert_cn: match &self.vouch {
+                Vouch::Certificate(cert) => cert.common_name.clone(),
+                Vouch::Nobody | Vouch::Broker(_) => None,
+            },
         }
     }
 
     /// The user an EXTERNAL login names: the certificate's subject or common name
-    /// (`amqp.ssl_cert_login_from`).
-    fn certificate_user(&self) -> String {
-        let Some(cert) = &self.cert else { return String::new() };
-        match self.ctx.cfg.ssl_cert_login_from {
-            CertLoginFrom::CommonName => cert.common_name.clone().unwrap_or_default(),
-            CertLoginFrom::DistinguishedName => cert.subject.clone(),
+    /// (`amqp.ssl_cert_login_from`), or the one the broker's own connection acts as.
+    fn external_user(&self) -> String {
+        match &self.vouch {
+            Vouch::Nobody => String::new(),
+            Vouch::Broker(user) => user.clone(),
+            Vouch::Certificate(cert) => match self.ctx.cfg.ssl_cert_login_from {
+                CertLoginFrom::CommonName => cert.common_name.clone().unwrap_or_default(),
+                CertLoginFrom::DistinguishedName => cert.subject.clone(),
+            },
         }
     }
 

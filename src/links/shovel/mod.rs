@@ -6,12 +6,18 @@
 //! (`on-confirm`: only once the destination confirmed), and reconnects after
 //! `reconnect-delay` when either side fails. With `src-delete-after` a shovel moves that
 //! many messages (or the source queue's length when it started) and then deletes itself.
+//!
+//! A side on FerryMQ itself is reached in-process, as RabbitMQ's local shovels use a
+//! direct connection: the worker's AMQP client runs over a pipe whose far end the AMQP
+//! front-end serves as any client connection, acting as `auth.default_user` (no socket,
+//! no listener, no password; the same access checks and limits).
 
+#[cfg(feature = "shovels")]
+mod local;
 #[cfg(feature = "shovels")]
 mod worker;
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -22,6 +28,7 @@ use tracing::warn;
 
 pub use crate::composition::config::links::{ShovelDefinition, ShovelEntry, Uris};
 use crate::core::broker::{Broker, Commit};
+use crate::frontends::amqp::AmqpContext;
 
 /// When a shovel deletes itself (`src-delete-after`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,11 +156,32 @@ impl Running {
     }
 }
 
+/// How shovels reach FerryMQ itself (`amqp://` without a host): in-process, served by
+/// the AMQP front-end.
+#[derive(Clone)]
+pub struct LocalBroker {
+    /// The AMQP front-end that serves the in-process connection.
+    pub amqp: Arc<AmqpContext>,
+    /// The user the local side acts as (`auth.default_user`; "" when none is set).
+    pub user: String,
+}
+
+/// Where one side of a shovel connects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Endpoint {
+    /// Another broker: the URI as given (TCP or TLS).
+    Remote(String),
+    /// FerryMQ itself, in-process: the virtual host (percent-encoded) and the URI's query
+    /// (`?heartbeat=...`, or "").
+    Local { vhost: String, query: String },
+}
+
 /// Every shovel, and how to reach FerryMQ itself (`amqp://` without a host).
 pub struct Shovels {
     running: Mutex<HashMap<(String, String), Running>>,
-    /// FerryMQ's AMQP listener and the user local URIs log in as.
-    local: Option<(SocketAddr, String, String)>,
+    /// FerryMQ itself, for `amqp://` URIs without a host.
+    #[cfg_attr(not(feature = "shovels"), allow(dead_code))]
+    local: Option<LocalBroker>,
     /// Where dynamic shovels' definitions are stored (a shovel that deletes itself
     /// removes its own).
     #[cfg_attr(not(feature = "shovels"), allow(dead_code))]
@@ -183,10 +211,9 @@ pub struct ShovelView {
 }
 
 impl Shovels {
-    /// No shovels yet; `local` is FerryMQ's AMQP address and the user (name, password)
-    /// that `amqp://` URIs without a host log in as.
-    /// `broker` holds the stored definitions of dynamic shovels.
-    pub fn new(local: Option<(SocketAddr, String, String)>, broker: Option<Arc<Broker>>) -> Shovels {
+    /// No shovels yet; `local` is how `amqp://` URIs without a host reach FerryMQ
+    /// (`None`: they are refused); `broker` holds the stored definitions of dynamic shovels.
+    pub fn new(local: Option<LocalBroker>, broker: Option<Arc<Broker>>) -> Shovels {
         Shovels { running: Mutex::new(HashMap::new()), local, broker, runs: AtomicU64::new(0) }
     }
 
@@ -202,7 +229,7 @@ impl Shovels {
             return Err("this FerryMQ was built without shovels (cargo feature `shovels`)".into());
         }
         let Plan { ack, delete_after } = Plan::of(&definition)?;
-        let resolve = |uris: &Uris| -> Result<Vec<String>, String> {
+        let resolve = |uris: &Uris| -> Result<Vec<Endpoint>, String> {
             uris.list().iter().map(|u| self.resolve(u, vhost)).collect()
         };
         let (src, dest) = (resolve(&definition.src_uri)?, resolve(&definition.dest_uri)?);
@@ -217,6 +244,7 @@ impl Shovels {
             delete_after,
             src,
             dest,
+            local: self.local.clone(),
             status: status.clone(),
             home: Arc::downgrade(self),
             run,
@@ -299,35 +327,39 @@ impl Shovels {
         }
     }
 
-    /// A URI as lapin takes it: one without a host is FerryMQ itself, in its path's
-    /// virtual host or else the shovel's.
-    fn resolve(&self, uri: &str, vhost: &str) -> Result<String, String> {
-        let (tls, rest) = match uri.strip_prefix("amqps://") {
-            Some(rest) => (true, rest),
-            None => (false, uri.strip_prefix("amqp://").unwrap_or(uri)),
-        };
-        let (authority, path) = rest.split_once('/').map(|(a, p)| (a, Some(p))).unwrap_or((rest, None));
-        if !authority.is_empty() {
-            return Ok(uri.to_owned());
-        }
-        if tls {
-            return Err("amqps:// needs a host (amqp:// without one is FerryMQ itself)".into());
-        }
-        let Some((addr, user, pass)) = &self.local else {
-            return Err("amqp:// names FerryMQ itself, whose AMQP listener is off".into());
-        };
-        if user.is_empty() {
-            return Err("amqp:// logs in as auth.default_user, which is not set: give a user in the URI".into());
-        }
-        let vhost = match path {
-            Some(p) if !p.is_empty() => p.to_owned(),
-            _ => percent_encode(vhost),
-        };
-        Ok(format!("amqp://{}:{}@{addr}/{vhost}", percent_encode(user), percent_encode(pass)))
+    /// Where a URI leads (see [`endpoint`]), for a shovel of `vhost`.
+    fn resolve(&self, uri: &str, vhost: &str) -> Result<Endpoint, String> {
+        endpoint(uri, vhost, self.local.as_ref().map(|l| l.user.as_str()))
     }
 }
 
-/// Percent-encodes what a URI's user, password or path segment cannot hold.
+/// Where a URI leads: one without a host is FerryMQ itself, in its path's virtual host or
+/// else the shovel's (`vhost`), reached as `local_user` (`None`: not reachable).
+fn endpoint(uri: &str, vhost: &str, local_user: Option<&str>) -> Result<Endpoint, String> {
+    let (tls, rest) = match uri.strip_prefix("amqps://") {
+        Some(rest) => (true, rest),
+        None => (false, uri.strip_prefix("amqp://").unwrap_or(uri)),
+    };
+    let (authority, path) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
+    if !authority.is_empty() {
+        return Ok(Endpoint::Remote(uri.to_owned()));
+    }
+    if tls {
+        return Err("amqps:// needs a host (amqp:// without one is FerryMQ itself)".into());
+    }
+    let Some(user) = local_user else {
+        return Err("amqp:// names FerryMQ itself, which this FerryMQ's shovels cannot reach".into());
+    };
+    if user.is_empty() {
+        return Err("amqp:// acts as auth.default_user, which is not set: set it, or give a host and user".into());
+    }
+    let path = path.strip_prefix('/').unwrap_or(path);
+    let (path, query) = path.split_at(path.find('?').unwrap_or(path.len()));
+    let vhost = if path.is_empty() { percent_encode(vhost) } else { path.to_owned() };
+    Ok(Endpoint::Local { vhost, query: query.to_owned() })
+}
+
+/// Percent-encodes what a URI's path segment cannot hold.
 fn percent_encode(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
@@ -348,8 +380,9 @@ struct Worker {
     def: ShovelDefinition,
     ack: AckMode,
     delete_after: DeleteAfter,
-    src: Vec<String>,
-    dest: Vec<String>,
+    src: Vec<Endpoint>,
+    dest: Vec<Endpoint>,
+    local: Option<LocalBroker>,
     status: Arc<Mutex<ShovelStatus>>,
     home: Weak<Shovels>,
     run: u64,
@@ -407,5 +440,34 @@ impl UriTls {
         }
         let uri = if kept.is_empty() { base.to_owned() } else { format!("{base}?{}", kept.join("&")) };
         Ok(UriTls { uri, ca_pem, identity })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn local(vhost: &str, query: &str) -> Result<Endpoint, String> {
+        Ok(Endpoint::Local { vhost: vhost.into(), query: query.into() })
+    }
+
+    #[test]
+    fn a_shovel_uri_without_a_host_is_ferrymq_itself_in_its_path_or_the_shovels_vhost() {
+        let guest = Some("guest");
+        assert_eq!(endpoint("amqp://", "/", guest), local("%2F", ""));
+        assert_eq!(endpoint("amqp:///", "shop floor", guest), local("shop%20floor", ""));
+        assert_eq!(endpoint("amqp:///staging", "/", guest), local("staging", ""));
+        assert_eq!(endpoint("amqp:///%2F?heartbeat=10", "x", guest), local("%2F", "?heartbeat=10"));
+        assert_eq!(endpoint("amqp://?heartbeat=10", "/", guest), local("%2F", "?heartbeat=10"));
+        let remote = "amqp://app:secret@central:5672/%2F";
+        assert_eq!(endpoint(remote, "/", guest), Ok(Endpoint::Remote(remote.into())));
+        assert_eq!(endpoint("amqps://central/%2F", "/", None), Ok(Endpoint::Remote("amqps://central/%2F".into())));
+    }
+
+    #[test]
+    fn a_local_shovel_uri_needs_a_default_user_and_no_tls() {
+        assert!(endpoint("amqps:///", "/", Some("guest")).unwrap_err().contains("needs a host"));
+        assert!(endpoint("amqp://", "/", Some("")).unwrap_err().contains("auth.default_user"));
+        assert!(endpoint("amqp://", "/", None).unwrap_err().contains("cannot reach"));
     }
 }

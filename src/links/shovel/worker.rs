@@ -16,7 +16,7 @@ use lapin::{Channel, Confirmation, Connection, ConnectionProperties, PublisherCo
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use super::{AckMode, DeleteAfter, UriTls, Worker};
+use super::{AckMode, DeleteAfter, Endpoint, UriTls, Worker};
 
 /// Longest wait for a connection to either side.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -42,6 +42,10 @@ enum ShovelError {
     Nacked,
     #[error("{0}: {1}")]
     Tls(&'static str, String),
+    #[error("{0}: {1}")]
+    Local(&'static str, super::local::LocalError),
+    #[error("{0}: amqp:// names FerryMQ itself, which this shovel cannot reach")]
+    NoLocal(&'static str),
 }
 
 fn amqp(side: &'static str) -> impl Fn(lapin::Error) -> ShovelError {
@@ -96,13 +100,13 @@ impl Worker {
     /// `src-delete-after` is `queue-length`).
     async fn link(
         &self,
-        src: &str,
-        dest: &str,
+        src: &Endpoint,
+        dest: &Endpoint,
         limit: &mut Option<u64>,
         stop: &mut watch::Receiver<bool>,
     ) -> Result<LinkEnd, ShovelError> {
-        let src_conn = connect(src, "source").await?;
-        let dest_conn = connect(dest, "destination").await?;
+        let src_conn = self.connect(src, "source").await?;
+        let dest_conn = self.connect(dest, "destination").await?;
         let mut sch = src_conn.create_channel().await.map_err(amqp("source"))?;
         let mut dch = dest_conn.create_channel().await.map_err(amqp("destination"))?;
         let queue = match (&self.def.src_queue, &self.def.src_exchange) {
@@ -260,7 +264,29 @@ async fn front(confirms: &mut VecDeque<(u64, PublisherConfirm)>) -> lapin::Resul
     }
 }
 
-async fn connect(uri: &str, side: &'static str) -> Result<Connection, ShovelError> {
+impl Worker {
+    /// Connects to one side: another broker over TCP or TLS, FerryMQ itself in-process.
+    /// The connection is named `Shovel {name}` where brokers list their clients, as
+    /// RabbitMQ's shovels name theirs.
+    async fn connect(&self, endpoint: &Endpoint, side: &'static str) -> Result<Connection, ShovelError> {
+        let properties = ConnectionProperties::default().with_connection_name(format!("Shovel {}", self.name).into());
+        match endpoint {
+            Endpoint::Remote(uri) => connect_remote(uri, properties, side).await,
+            Endpoint::Local { vhost, query } => {
+                let local = self.local.as_ref().ok_or(ShovelError::NoLocal(side))?;
+                let connect = super::local::connect(local, vhost, query, properties);
+                let connected = tokio::time::timeout(CONNECT_TIMEOUT, connect).await;
+                connected.map_err(|_| ShovelError::Timeout(side))?.map_err(|e| ShovelError::Local(side, e))
+            }
+        }
+    }
+}
+
+async fn connect_remote(
+    uri: &str,
+    properties: ConnectionProperties,
+    side: &'static str,
+) -> Result<Connection, ShovelError> {
     // The TLS files are read on the blocking pool.
     let owned = uri.to_owned();
     let (uri, tls) = crate::core::blocking::spawn(move || tls_config(&owned))
@@ -268,7 +294,7 @@ async fn connect(uri: &str, side: &'static str) -> Result<Connection, ShovelErro
         .unwrap_or_else(|e| Err(e.to_string()))
         .map_err(|e| ShovelError::Tls(side, e))?;
     let runtime = lapin::runtime::default_runtime().map_err(amqp(side))?;
-    let connect = Connection::connect_with_config(&uri, ConnectionProperties::default(), tls, runtime);
+    let connect = Connection::connect_with_config(&uri, properties, tls, runtime);
     tokio::time::timeout(CONNECT_TIMEOUT, connect).await.map_err(|_| ShovelError::Timeout(side))?.map_err(amqp(side))
 }
 

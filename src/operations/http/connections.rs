@@ -27,7 +27,8 @@ fn connection_json(ctx: &HttpContext, c: &ConnectionInfo) -> Json_ {
     let mut j = json!({
         "name": c.name(),
         "node": ctx.node(),
-        "type": "network",
+        // RabbitMQ's: `direct` for a connection the broker made to itself (in-process).
+        "type": if c.listener.internal { "direct" } else { "network" },
         "state": "running",
         "protocol": c.protocol.name(),
         "user": c.user,

@@ -1,7 +1,9 @@
 //! AMQP shovels, as a RabbitMQ operator defines and watches them: the runtime parameter
 //! `/api/parameters/shovel/{vhost}/{name}` (kept across restarts, in the definitions
 //! export), `[[shovel]]` tables, the status at `/api/shovels`; messages move in order and
-//! none is lost when the destination broker goes away mid-stream or FerryMQ is killed.
+//! none is lost when the destination broker goes away mid-stream or FerryMQ is killed. A
+//! side on FerryMQ itself (`amqp://` without a host) is an in-process `direct` connection,
+//! checked as any client: it needs no AMQP listener and no password.
 
 use crate::common;
 
@@ -10,7 +12,7 @@ use crate::common::http::Api;
 use crate::common::{eventually, free_port, v4, Broker, Opts, WAIT};
 use lapin::options::{BasicAckOptions, BasicConsumeOptions};
 use lapin::types::FieldTable;
-use serde_json::json;
+use serde_json::{json, Value};
 
 /// A broker whose AMQP listener is on `port`, so that it comes back there.
 fn broker_on(port: u16) -> Broker {
@@ -326,4 +328,166 @@ async fn a_shovel_reaches_a_broker_over_amqps_trusting_the_ca_its_uri_names() {
         (s["state"] != "running" && s["reason"].as_str()?.to_lowercase().contains("certificate")).then_some(())
     })
     .await;
+}
+
+/// Publishes persistent messages `m{i}` for `range` to `queue` of `/` through the
+/// management API (the broker may have no AMQP listener); each is stored when answered.
+async fn publish_over_http(api: &Api, queue: &str, range: std::ops::Range<u32>) {
+    for i in range {
+        let body = json!({
+            "routing_key": queue, "payload": format!("m{i}"), "payload_encoding": "string",
+            "properties": { "delivery_mode": 2 },
+        });
+        let (code, answer) = api.post("/api/exchanges/%2F/amq.default/publish", body).await;
+        assert_eq!((code.as_u16(), &answer["routed"]), (200, &json!(true)), "m{i}: {answer}");
+    }
+}
+
+/// The messages of `queue` in `/` (ready and unacknowledged), as the management API
+/// counts them; `None` while there is no such queue.
+async fn messages_in(api: &Api, queue: &str) -> Option<u64> {
+    let (code, q) = api.get(&format!("/api/queues/%2F/{queue}")).await;
+    code.is_success().then(|| q["messages"].as_u64()).flatten()
+}
+
+/// Takes every message of `queue` in `/` through the management API: their numbers, in
+/// the order the queue held them.
+async fn take_over_http(api: &Api, queue: &str) -> Vec<u32> {
+    let get = json!({ "count": 10_000, "ackmode": "ack_requeue_false", "encoding": "auto" });
+    let (code, got) = api.post(&format!("/api/queues/%2F/{queue}/get"), get).await;
+    assert_eq!(code.as_u16(), 200, "{got}");
+    let number = |m: &Value| -> u32 { m["payload"].as_str().and_then(|p| p[1..].parse().ok()).expect("m{i}") };
+    got.as_array().expect("a list of messages").iter().map(number).collect()
+}
+
+/// The connections shovel `name` holds open to this broker (named `Shovel {name}`, as
+/// RabbitMQ's shovels name theirs).
+async fn connections_of(api: &Api, name: &str) -> Vec<Value> {
+    let all = api.ok("/api/connections").await;
+    let named = |c: &&Value| c["client_properties"]["connection_name"] == format!("Shovel {name}");
+    all.as_array().expect("a list of connections").iter().filter(named).cloned().collect()
+}
+
+/// `amqp://` is FerryMQ itself, reached in-process as RabbitMQ's local shovels use a
+/// direct connection: with the AMQP listener off, a shovel between two of its queues runs,
+/// moves every message once and in order (on-confirm: the source is acknowledged once the
+/// destination stored the message), loses none across a crash of the broker, and does not
+/// hold up a shutdown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_shovel_runs_in_process_with_the_amqp_listener_off() {
+    let broker = Broker::start_with(Opts::default().args(&["--amqp-listen", ""]));
+    assert_eq!(broker.amqp, None, "no AMQP listener");
+    let api = Api::of(&broker);
+    let def = json!({ "value": {
+        "src-uri": "amqp://", "src-queue": "in", "dest-uri": "amqp:///%2F", "dest-queue": "out",
+        "ack-mode": "on-confirm", "reconnect-delay": 0.2,
+    }});
+    let (code, body) = api.put("/api/parameters/shovel/%2F/inproc", def).await;
+    assert_eq!(code.as_u16(), 201, "{body}");
+    running(&api, "inproc").await;
+
+    publish_over_http(&api, "in", 0..100).await;
+    eventually("every message moved", WAIT, || async {
+        (messages_in(&api, "in").await == Some(0) && messages_in(&api, "out").await == Some(100)).then_some(())
+    })
+    .await;
+    assert_eq!(take_over_http(&api, "out").await, (0..100).collect::<Vec<_>>(), "each once, in order");
+    assert_eq!(api.ok("/api/shovels").await[0]["messages_moved"], 100);
+
+    // Killed while moving: what the source let go of is stored at the destination (a
+    // message may come twice: one moved but not yet acknowledged at the source).
+    publish_over_http(&api, "in", 100..300).await;
+    let mut broker = broker.crash_restart();
+    let api = Api::of(&broker);
+    running(&api, "inproc").await;
+    eventually("the rest moved after the restart", WAIT, || async {
+        (messages_in(&api, "in").await == Some(0)).then_some(())
+    })
+    .await;
+    let moved = take_over_http(&api, "out").await;
+    let mut firsts = Vec::new();
+    for i in &moved {
+        if !firsts.contains(i) {
+            firsts.push(*i);
+        }
+    }
+    assert_eq!(firsts, (100..300).collect::<Vec<_>>(), "none lost, in order: {moved:?}");
+
+    // A shutdown with the shovel's in-process connections open ends cleanly and in time.
+    broker.stop();
+}
+
+/// The local side's connections are listed as RabbitMQ lists its direct connections
+/// (`type` `direct`, as the default user, in the shovel's virtual host), none of them a
+/// TCP login; they close when the shovel is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_shovels_connections_are_direct_and_close_with_it() {
+    let broker = Broker::start();
+    let api = Api::of(&broker);
+    let def = json!({ "value": {
+        "src-uri": "amqp://", "src-queue": "pipe.in", "dest-uri": "amqp://", "dest-queue": "pipe.out",
+        "reconnect-delay": 0.2,
+    }});
+    let (code, body) = api.put("/api/parameters/shovel/%2F/pipe", def).await;
+    assert_eq!(code.as_u16(), 201, "{body}");
+    running(&api, "pipe").await;
+    let both = eventually("the shovel's two connections listed", WAIT, || async {
+        let conns = connections_of(&api, "pipe").await;
+        (conns.len() == 2).then_some(conns)
+    })
+    .await;
+    for c in &both {
+        assert_eq!(
+            (c["type"].as_str(), c["user"].as_str(), c["vhost"].as_str(), c["protocol"].as_str()),
+            (Some("direct"), Some("guest"), Some("/"), Some("AMQP 0-9-1")),
+            "{c}"
+        );
+        assert!(c["name"].as_str().is_some_and(|n| n.starts_with("<direct.")), "{c}");
+    }
+    assert_ne!(both[0]["name"], both[1]["name"], "each named apart");
+    assert_eq!(api.ok("/api/connections").await.as_array().map(Vec::len), Some(2), "no other connection");
+
+    let (code, _) = api.delete("/api/parameters/shovel/%2F/pipe").await;
+    assert_eq!(code.as_u16(), 204);
+    eventually("the shovel's connections closed", WAIT, || async {
+        (api.ok("/api/connections").await == json!([])).then_some(())
+    })
+    .await;
+}
+
+/// The local side acts as `auth.default_user` and is checked as that user's clients are:
+/// refused a virtual host it has no permissions in, then the queues its permissions do
+/// not let it declare; running once they do. No AMQP listener is needed for any of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_shovel_has_its_users_permissions_and_no_more() {
+    let broker =
+        Broker::start_with(Opts::default().config("[auth]\nauthorization = true\n").args(&["--amqp-listen", ""]));
+    let api = Api::of(&broker);
+    // Made at run time: nobody has permissions in it.
+    assert_eq!(api.put("/api/vhosts/cold", json!({})).await.0.as_u16(), 201);
+    let def = json!({ "value": {
+        "src-uri": "amqp:///cold", "src-queue": "a", "dest-uri": "amqp://", "dest-queue": "b",
+        "reconnect-delay": 0.2,
+    }});
+    let (code, body) = api.put("/api/parameters/shovel/%2F/cold", def).await;
+    assert_eq!(code.as_u16(), 201, "{body}");
+    let reason = |why: &'static str| {
+        let api = &api;
+        async move {
+            eventually(&format!("the shovel down: {why}"), WAIT, || async {
+                let s = api.ok("/api/shovels").await[0].clone();
+                (s["state"] != "running" && s["reason"].as_str()?.contains(why)).then_some(())
+            })
+            .await
+        }
+    };
+    reason("access to vhost 'cold' refused for user 'guest'").await;
+
+    let read_write = json!({ "configure": "^$", "write": ".*", "read": ".*" });
+    assert_eq!(api.put("/api/permissions/cold/guest", read_write).await.0.as_u16(), 201);
+    reason("ACCESS_REFUSED - configure access to queue 'a' in vhost 'cold' refused for user 'guest'").await;
+
+    let all = json!({ "configure": ".*", "write": ".*", "read": ".*" });
+    assert_eq!(api.put("/api/permissions/cold/guest", all).await.0.as_u16(), 204);
+    running(&api, "cold").await;
 }
