@@ -33,12 +33,16 @@
 //! - [`composition`] — configuration, start-up checks, the server, and shutdown.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
+#![warn(unreachable_pub)]
+// The library is the broker's inside, not a published API: its documentation is built with
+// `--document-private-items`, and links to crate-private modules are how it reads.
+#![allow(rustdoc::private_intra_doc_links)]
 
 pub mod access;
 pub mod composition;
 pub mod core;
-pub mod frontends;
-pub mod links;
+pub(crate) mod frontends;
+pub(crate) mod links;
 pub mod operations;
 pub mod transport;
 

@@ -5,4 +5,4 @@
 //!   rules in one policy, decided per connection with a cache.
 
 pub mod auth;
-pub mod authz;
+pub(crate) mod authz;

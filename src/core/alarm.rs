@@ -16,7 +16,7 @@ use tracing::{info, warn};
 /// How often both resources are looked at: a disk fills fast (a tmpfs or an SSD takes
 /// tens to hundreds of MB per second), and the look is cheap (a `statvfs` and a read of
 /// `/proc/self/statm`).
-pub const CHECK_INTERVAL: Duration = Duration::from_millis(100);
+pub(crate) const CHECK_INTERVAL: Duration = Duration::from_millis(100);
 
 /// The alarms shared by every connection: their limits and whether one is raised.
 #[derive(Debug)]
@@ -162,7 +162,7 @@ impl ResourceAlarm {
 }
 
 /// Resident memory of this process, bytes.
-pub fn resident_memory() -> Option<u64> {
+pub(crate) fn resident_memory() -> Option<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
     let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
     Some(pages * 4096)

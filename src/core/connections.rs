@@ -118,7 +118,7 @@ pub struct ChannelsInfo {
 }
 
 /// Asks a connection's task to close it, with a reason for the client and the log.
-pub type Closer = Box<dyn Fn(&str) + Send + Sync>;
+pub(crate) type Closer = Box<dyn Fn(&str) + Send + Sync>;
 
 /// One client connection.
 pub struct ConnectionInfo {
@@ -289,7 +289,7 @@ pub enum LimitReached {
 
 /// The limits an admission is checked against (`None`: no limit).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct AdmissionLimits {
+pub(crate) struct AdmissionLimits {
     /// The virtual host's `max-connections`.
     pub vhost_connections: Option<u64>,
     /// The user's `max-connections`.

@@ -25,13 +25,13 @@ use super::router::{QueueRoute, Routes};
 use super::value::Value;
 
 /// The name of the dead-letter queue of `queue` (RocketMQ's `%DLQ%` prefix).
-pub fn dlq_name(queue: &str) -> String {
+pub(crate) fn dlq_name(queue: &str) -> String {
     format!("%DLQ%{queue}")
 }
 
 /// Finds or creates `%DLQ%` queues (implemented by the queue registry,
 /// [`crate::core::entities::Entities`], which owns queue declaration).
-pub trait DeadLetterQueues: Send + Sync {
+pub(crate) trait DeadLetterQueues: Send + Sync {
     /// The id of `%DLQ%{source}` in `vhost`, declared if missing (durable when the source
     /// queue is); `None` if it cannot be created.
     fn dead_letter_queue<'a>(
@@ -42,10 +42,10 @@ pub trait DeadLetterQueues: Send + Sync {
 }
 
 /// Where the dead-letter task finds `%DLQ%` queues (set once the queue registry started).
-pub type DeadLetterQueuesHook = std::sync::OnceLock<Weak<dyn DeadLetterQueues>>;
+pub(crate) type DeadLetterQueuesHook = std::sync::OnceLock<Weak<dyn DeadLetterQueues>>;
 
 /// Republishes dead letters until the channel closes.
-pub async fn run(broker: Arc<Broker>, mut rx: mpsc::UnboundedReceiver<DeadLetter>) {
+pub(crate) async fn run(broker: Arc<Broker>, mut rx: mpsc::UnboundedReceiver<DeadLetter>) {
     while let Some(mut d) = rx.recv().await {
         // The source queue's removal goes with the republication (or alone when the
         // message has nowhere to go).

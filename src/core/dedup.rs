@@ -27,17 +27,17 @@ use parking_lot::Mutex;
 use super::value::Value;
 
 /// The exchange type name.
-pub const EXCHANGE_TYPE: &str = "x-message-deduplication";
+pub(crate) const EXCHANGE_TYPE: &str = "x-message-deduplication";
 /// The message header whose value is de-duplicated.
-pub const HEADER: &str = "x-deduplication-header";
+pub(crate) const HEADER: &str = "x-deduplication-header";
 /// Exchange argument (and message header) giving how long a value is kept, ms.
-pub const CACHE_TTL: &str = "x-cache-ttl";
+pub(crate) const CACHE_TTL: &str = "x-cache-ttl";
 /// Exchange argument: most values in the cache (required).
-pub const CACHE_SIZE: &str = "x-cache-size";
+pub(crate) const CACHE_SIZE: &str = "x-cache-size";
 /// Exchange argument: `memory` (default) or `disk`.
-pub const CACHE_PERSISTENCE: &str = "x-cache-persistence";
+pub(crate) const CACHE_PERSISTENCE: &str = "x-cache-persistence";
 /// Queue argument turning queue-level de-duplication on.
-pub const QUEUE_ARGUMENT: &str = "x-message-deduplication";
+pub(crate) const QUEUE_ARGUMENT: &str = "x-message-deduplication";
 
 /// Expiry of a value kept until evicted.
 const NEVER: u64 = u64::MAX;
@@ -111,7 +111,7 @@ impl CacheSettings {
 }
 
 /// The value a message is de-duplicated by: its `x-deduplication-header` header as text.
-pub fn message_key(headers: &[(String, Value)]) -> Option<String> {
+pub(crate) fn message_key(headers: &[(String, Value)]) -> Option<String> {
     let (_, v) = headers.iter().find(|(k, _)| k == HEADER)?;
     Some(match v {
         Value::Str(s) => s.clone(),
@@ -246,7 +246,7 @@ impl DedupCache {
 }
 
 /// The store scope of exchange `name` of `vhost` (unambiguous whatever the names hold).
-pub fn scope(vhost: &str, name: &str) -> String {
+pub(crate) fn scope(vhost: &str, name: &str) -> String {
     format!("x{}:{vhost}{name}", vhost.len())
 }
 

@@ -314,7 +314,7 @@ impl SessionLink {
 /// The connection's end of a [`SessionLink`]: closes the link when dropped, so that
 /// deliveries to a connection that is gone are refused rather than buffered.
 #[derive(Debug)]
-pub struct LinkReceiver(pub Arc<SessionLink>);
+pub(crate) struct LinkReceiver(pub Arc<SessionLink>);
 
 impl Drop for LinkReceiver {
     fn drop(&mut self) {

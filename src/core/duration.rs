@@ -3,7 +3,7 @@
 
 /// A duration that does not parse.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DurationError {
+pub(crate) enum DurationError {
     /// Not a whole number followed by one of the units.
     Syntax,
     /// More milliseconds than fit in a `u64`.
@@ -12,7 +12,7 @@ pub enum DurationError {
 
 /// Parses `text` as digits followed by exactly one of `units` (name, milliseconds per unit)
 /// into milliseconds.
-pub fn parse_ms(text: &str, units: &[(&str, u64)]) -> Result<u64, DurationError> {
+pub(crate) fn parse_ms(text: &str, units: &[(&str, u64)]) -> Result<u64, DurationError> {
     let digits = text.bytes().take_while(u8::is_ascii_digit).count();
     let (number, unit) = text.split_at(digits);
     let unit_ms = units.iter().find(|(name, _)| *name == unit).map(|(_, ms)| *ms).ok_or(DurationError::Syntax)?;

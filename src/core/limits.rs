@@ -15,11 +15,11 @@ use std::collections::{BTreeMap, HashMap};
 use parking_lot::RwLock;
 
 /// `max-connections`: concurrent client connections (of a virtual host, or of a user).
-pub const MAX_CONNECTIONS: &str = "max-connections";
+pub(crate) const MAX_CONNECTIONS: &str = "max-connections";
 /// `max-queues`: queues of a virtual host.
-pub const MAX_QUEUES: &str = "max-queues";
+pub(crate) const MAX_QUEUES: &str = "max-queues";
 /// `max-channels`: AMQP channels open over all of a user's connections.
-pub const MAX_CHANNELS: &str = "max-channels";
+pub(crate) const MAX_CHANNELS: &str = "max-channels";
 
 /// What a set of limits belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -49,11 +49,11 @@ impl LimitScope {
 }
 
 /// A set of limits by name (`max-connections` -> 10); negative values are kept as given.
-pub type LimitValues = BTreeMap<String, i64>;
+pub(crate) type LimitValues = BTreeMap<String, i64>;
 
 /// Why a limit cannot be set.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum LimitError {
+pub(crate) enum LimitError {
     /// The name is not a limit of that scope.
     #[error("'{name}' is not a {} limit (known: {})", scope.label(), scope.names().join(", "))]
     Unknown {
@@ -72,7 +72,7 @@ pub enum LimitError {
 
 /// Checks a limit's name for `scope` and its JSON value (an integer, or a string holding
 /// one as `rabbitmqctl` accepts).
-pub fn parse_limit(scope: LimitScope, name: &str, value: &serde_json::Value) -> Result<i64, LimitError> {
+pub(crate) fn parse_limit(scope: LimitScope, name: &str, value: &serde_json::Value) -> Result<i64, LimitError> {
     if !scope.names().contains(&name) {
         return Err(LimitError::Unknown { scope, name: name.to_owned() });
     }

@@ -49,32 +49,32 @@
 //! - [`value`] — typed header values (AMQP field tables).
 //! - [`duration`] — durations written as a number and a unit (`30s`, `7D`).
 
-pub mod alarm;
-pub mod appended;
+pub(crate) mod alarm;
+pub(crate) mod appended;
 pub mod blocking;
 pub mod broker;
-pub mod connections;
-pub mod dead_letter;
-pub mod dedup;
-pub mod delivery;
-pub mod duration;
-pub mod entities;
-pub mod limits;
+pub(crate) mod connections;
+pub(crate) mod dead_letter;
+pub(crate) mod dedup;
+pub(crate) mod delivery;
+pub(crate) mod duration;
+pub(crate) mod entities;
+pub(crate) mod limits;
 pub mod message;
-pub mod queue;
-pub mod restore;
-pub mod retained;
-pub mod retry;
+pub(crate) mod queue;
+pub(crate) mod restore;
+pub(crate) mod retained;
+pub(crate) mod retry;
 pub mod router;
-pub mod scheduler;
-pub mod shards;
-pub mod stable_hash;
-pub mod stats;
+pub(crate) mod scheduler;
+pub(crate) mod shards;
+pub(crate) mod stable_hash;
+pub(crate) mod stats;
 pub mod store;
-pub mod stream;
-pub mod tag_filter;
-pub mod timer_wheel;
-pub mod value;
+pub(crate) mod stream;
+pub(crate) mod tag_filter;
+pub(crate) mod timer_wheel;
+pub(crate) mod value;
 
 /// Storage's vocabulary that the front-ends speak through the core: a queue's id, the
 /// journal's counters and their histograms. Nothing outside `src/core` (but the composition

@@ -207,7 +207,7 @@ impl RestoreError {
 
 /// Everything restored at start-up, read and decoded.
 #[derive(Debug, Default)]
-pub struct Stored {
+pub(crate) struct Stored {
     /// Users, virtual hosts, permissions, rules, parameters, limits.
     pub access: AccessRecords,
     /// Persistent MQTT sessions by client id.
@@ -224,7 +224,7 @@ pub struct Stored {
 /// and stream owners read later; writes nothing. The stores' records are read through
 /// their (asynchronous) reads; the commit-log records of retained messages and the
 /// keyspaces only checked here are read in full on the blocking pool.
-pub async fn load(journal: &Journal) -> Result<Stored, RestoreError> {
+pub(crate) async fn load(journal: &Journal) -> Result<Stored, RestoreError> {
     let stores = Stores::local(journal);
     let access = stores.access.load().await?;
     let sessions = stores.sessions.load().await?;

@@ -45,7 +45,7 @@ const TARGET_TAG: u8 = 0xFF;
 const KIND_RETRY: u8 = 1;
 
 /// The timer target of a retry of entry `offset` of `queue`.
-pub fn target(queue: QueueId, offset: u64) -> Bytes {
+pub(crate) fn target(queue: QueueId, offset: u64) -> Bytes {
     let mut t = Vec::with_capacity(18);
     t.extend_from_slice(&[TARGET_TAG, KIND_RETRY]);
     t.extend_from_slice(&queue.0.to_be_bytes());
@@ -54,12 +54,12 @@ pub fn target(queue: QueueId, offset: u64) -> Bytes {
 }
 
 /// True when a timer target is not a delayed publish's vhost name.
-pub fn is_tagged(target: &[u8]) -> bool {
+pub(crate) fn is_tagged(target: &[u8]) -> bool {
     target.first() == Some(&TARGET_TAG)
 }
 
 /// Decodes a retry timer target into (queue, offset).
-pub fn decode_target(target: &[u8]) -> Option<(QueueId, u64)> {
+pub(crate) fn decode_target(target: &[u8]) -> Option<(QueueId, u64)> {
     if target.len() != 18 || target[0] != TARGET_TAG || target[1] != KIND_RETRY {
         return None;
     }
@@ -69,7 +69,7 @@ pub fn decode_target(target: &[u8]) -> Option<(QueueId, u64)> {
 }
 
 /// Key of the retry record of entry `offset` of `queue`.
-pub fn record_key(queue: QueueId, offset: u64) -> Bytes {
+pub(crate) fn record_key(queue: QueueId, offset: u64) -> Bytes {
     let mut k = Vec::with_capacity(16);
     k.extend_from_slice(&queue.0.to_be_bytes());
     k.extend_from_slice(&offset.to_be_bytes());
@@ -77,13 +77,13 @@ pub fn record_key(queue: QueueId, offset: u64) -> Bytes {
 }
 
 /// Prefix of every retry record of `queue`.
-pub fn record_prefix(queue: QueueId) -> Bytes {
+pub(crate) fn record_prefix(queue: QueueId) -> Bytes {
     Bytes::copy_from_slice(&queue.0.to_be_bytes())
 }
 
 /// Key of a queue's delivery watermark in the retry keyspace: every entry below it may
 /// have been delivered (u64 BE value). Nine bytes, so it never reads as a retry record.
-pub fn watermark_key(queue: QueueId) -> Bytes {
+pub(crate) fn watermark_key(queue: QueueId) -> Bytes {
     let mut k = Vec::with_capacity(9);
     k.extend_from_slice(&queue.0.to_be_bytes());
     k.push(b'w');
@@ -92,14 +92,16 @@ pub fn watermark_key(queue: QueueId) -> Bytes {
 
 /// Key of the marker that every queue of the directory stores its delivery watermark
 /// (see the module doc); eleven bytes, so it is neither a record nor a watermark.
-pub const WATERMARKS_COMPLETE: &[u8] = b"\xffwatermarks";
+pub(crate) const WATERMARKS_COMPLETE: &[u8] = b"\xffwatermarks";
 
 /// Marks a new data directory (an empty commit log) as one whose queues store their
 /// delivery watermarks from the start ([`WATERMARKS_COMPLETE`]): a queue that never
 /// delivered then sends its entries as first deliveries after a restart, or when its first
 /// load comes after its first append. Start-up calls it once the journal is open; the
 /// sled read and write run on the blocking pool.
-pub async fn mark_watermarks_complete(journal: &ferrymq_storage::Journal) -> Result<(), ferrymq_storage::JournalError> {
+pub(crate) async fn mark_watermarks_complete(
+    journal: &ferrymq_storage::Journal,
+) -> Result<(), ferrymq_storage::JournalError> {
     use ferrymq_storage::{JournalError, Space};
     let journal = journal.clone();
     super::blocking::spawn(move || {
@@ -114,7 +116,7 @@ pub async fn mark_watermarks_complete(journal: &ferrymq_storage::Journal) -> Res
 }
 
 /// Value of a retry record.
-pub fn encode_record(due_ms: u64, deliveries: u32) -> Bytes {
+pub(crate) fn encode_record(due_ms: u64, deliveries: u32) -> Bytes {
     let mut v = Vec::with_capacity(12);
     v.extend_from_slice(&due_ms.to_be_bytes());
     v.extend_from_slice(&deliveries.to_be_bytes());
@@ -122,7 +124,7 @@ pub fn encode_record(due_ms: u64, deliveries: u32) -> Bytes {
 }
 
 /// Decodes a retry record (key and value) into (offset, due ms, deliveries).
-pub fn decode_record(key: &[u8], value: &[u8]) -> Option<(u64, u64, u32)> {
+pub(crate) fn decode_record(key: &[u8], value: &[u8]) -> Option<(u64, u64, u32)> {
     if key.len() != 16 || value.len() != 12 {
         return None;
     }

@@ -31,10 +31,10 @@ const MAX_SLEEP: Duration = Duration::from_secs(1);
 /// How long a due delayed message whose record cannot be read (an I/O error, a checksum
 /// that does not match) waits before it is tried again. It is never dropped for it: the
 /// timer moves, the record stays, and an operator who repairs the disk gets it delivered.
-pub const UNREADABLE_RETRY: Duration = Duration::from_secs(5);
+pub(crate) const UNREADABLE_RETRY: Duration = Duration::from_secs(5);
 
 /// Runs until the runtime shuts down.
-pub async fn run(broker: Arc<Broker>) {
+pub(crate) async fn run(broker: Arc<Broker>) {
     loop {
         let now = now_ms();
         // sled and the commit log are read off the runtime's workers (a slow disk must not

@@ -5,7 +5,7 @@
 
 /// The stable 64-bit hash of `parts`, hashed as if concatenated (the journal's FNV-1a,
 /// then mixed).
-pub fn hash64(parts: &[&[u8]]) -> u64 {
+pub(crate) fn hash64(parts: &[&[u8]]) -> u64 {
     fmix64(ferrymq_storage::fnv1a(parts))
 }
 

@@ -82,7 +82,7 @@ pub struct AmqpCounters {
 
 /// A connection's local count of the [`AmqpCounters`], added to them once per turn.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct AmqpCounts {
+pub(crate) struct AmqpCounts {
     /// basic.publish received.
     pub published: u64,
     /// Confirms sent.
@@ -97,7 +97,7 @@ pub struct AmqpCounts {
 
 impl AmqpCounts {
     /// Adds the counts to `to` and starts again from zero.
-    pub fn flush(&mut self, to: &AmqpCounters) {
+    pub(crate) fn flush(&mut self, to: &AmqpCounters) {
         let c = std::mem::take(self);
         Stats::add(&to.published, c.published);
         Stats::add(&to.confirmed, c.confirmed);

@@ -17,19 +17,19 @@ use super::stable_hash::hash64;
 use super::value::Value;
 
 /// The AMQP header that carries a message's tag.
-pub const TAG_HEADER: &str = "x-tag";
+pub(crate) const TAG_HEADER: &str = "x-tag";
 /// The MQTT 5 user property that carries a message's tag.
-pub const MQTT_TAG_PROPERTY: &str = "tag";
+pub(crate) const MQTT_TAG_PROPERTY: &str = "tag";
 /// The `queue.bind` argument holding a filter expression.
-pub const TAG_FILTER_ARGUMENT: &str = "x-tag-filter";
+pub(crate) const TAG_FILTER_ARGUMENT: &str = "x-tag-filter";
 /// The MQTT 5 SUBSCRIBE user property holding a filter expression.
-pub const MQTT_TAG_FILTER_PROPERTY: &str = "tag-filter";
+pub(crate) const MQTT_TAG_FILTER_PROPERTY: &str = "tag-filter";
 /// The tag hash of an untagged message.
-pub const NO_TAG: u32 = 0;
+pub(crate) const NO_TAG: u32 = 0;
 
 /// The hash of a tag kept in consume-queue entries: stable across restarts, never
 /// [`NO_TAG`].
-pub fn tag_hash(tag: &str) -> u32 {
+pub(crate) fn tag_hash(tag: &str) -> u32 {
     let h = hash64(&[tag.as_bytes()]);
     match (h ^ (h >> 32)) as u32 {
         NO_TAG => 1,
@@ -38,7 +38,7 @@ pub fn tag_hash(tag: &str) -> u32 {
 }
 
 /// The hash of an optional tag ([`NO_TAG`] for none).
-pub fn tag_hash_of(tag: Option<&str>) -> u32 {
+pub(crate) fn tag_hash_of(tag: Option<&str>) -> u32 {
     tag.map_or(NO_TAG, tag_hash)
 }
 

@@ -4,5 +4,5 @@
 //! - [`mqtt`] — MQTT 3.1/3.1.1/5.0: connections, sessions, shared groups, `$SYS`.
 //! - [`amqp`] — AMQP 0-9-1: connections, channels, methods.
 
-pub mod amqp;
-pub mod mqtt;
+pub(crate) mod amqp;
+pub(crate) mod mqtt;

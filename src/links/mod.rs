@@ -20,9 +20,9 @@
 //! - [`mqtt`] — the bridge task.
 //! - [`shovel`] — AMQP shovels (RabbitMQ's dynamic shovels): definitions and workers.
 
-pub mod mqtt;
-pub mod shovel;
-pub mod topic;
+pub(crate) mod mqtt;
+pub(crate) mod shovel;
+pub(crate) mod topic;
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
@@ -30,14 +30,14 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::access::authz::{Authorizer, Identity, Reach};
-pub use crate::composition::config::links::{BridgeSection, MqttBridgeEntry};
+pub(crate) use crate::composition::config::links::{BridgeSection, MqttBridgeEntry};
 use crate::composition::config::{ConfigError, ShovelEntry};
 use crate::frontends::mqtt::refused::Refusals;
 use topic::TopicRule;
 
 /// A bridge's topic lines parsed, after its other settings were checked; the error says
 /// what is wrong.
-pub fn topic_rules(cfg: &MqttBridgeEntry) -> Result<Vec<TopicRule>, String> {
+pub(crate) fn topic_rules(cfg: &MqttBridgeEntry) -> Result<Vec<TopicRule>, String> {
     if cfg.connection.is_empty() || cfg.address.is_empty() {
         return Err("a bridge needs a `connection` name and an `address`".into());
     }
@@ -71,7 +71,7 @@ pub fn topic_rules(cfg: &MqttBridgeEntry) -> Result<Vec<TopicRule>, String> {
 /// Checks `[[bridge.mqtt]]` and `[[shovel]]` as start-up runs them: bridge names are
 /// unique, each bridge's settings and topic lines ([`topic_rules`]), each shovel's
 /// definition ([`shovel::Plan::of`]). The error names the key and the entry.
-pub fn check_entries(bridges: &BridgeSection, shovels: &[ShovelEntry]) -> Result<(), ConfigError> {
+pub(crate) fn check_entries(bridges: &BridgeSection, shovels: &[ShovelEntry]) -> Result<(), ConfigError> {
     let mut names = std::collections::HashSet::new();
     for b in &bridges.mqtt {
         if !names.insert(b.connection.as_str()) {
@@ -109,7 +109,7 @@ pub struct BridgeStatus {
 }
 
 /// The client id of a bridge's session on FerryMQ (`local_clientid`, default `local.{connection}`).
-pub fn local_clientid(cfg: &MqttBridgeEntry) -> String {
+pub(crate) fn local_clientid(cfg: &MqttBridgeEntry) -> String {
     match cfg.local_clientid.as_str() {
         "" => format!("local.{}", cfg.connection),
         id => id.to_owned(),

@@ -36,7 +36,7 @@ const STABLE: Duration = Duration::from_secs(30);
 
 /// Why a link went down.
 #[derive(Debug, thiserror::Error)]
-pub enum BridgeError {
+pub(crate) enum BridgeError {
     /// Connecting or reading/writing failed.
     #[error("{side}: {error}")]
     Io {
@@ -153,7 +153,7 @@ impl Side {
 }
 
 /// Runs the bridge until `stop` turns true.
-pub async fn run(
+pub(crate) async fn run(
     ctx: Arc<MqttContext>,
     cfg: MqttBridgeEntry,
     rules: Vec<TopicRule>,

@@ -140,12 +140,12 @@ fn pattern_matches(pattern: &str, rest: &str) -> bool {
 }
 
 /// The first rule that carries `topic` (local) out, and the remote topic.
-pub fn route_out<'a>(rules: &'a [TopicRule], topic: &str) -> Option<(&'a TopicRule, String)> {
+pub(crate) fn route_out<'a>(rules: &'a [TopicRule], topic: &str) -> Option<(&'a TopicRule, String)> {
     rules.iter().find_map(|r| r.to_remote(topic).map(|t| (r, t)))
 }
 
 /// The first rule that carries `topic` (remote) in, and the local topic.
-pub fn route_in<'a>(rules: &'a [TopicRule], topic: &str) -> Option<(&'a TopicRule, String)> {
+pub(crate) fn route_in<'a>(rules: &'a [TopicRule], topic: &str) -> Option<(&'a TopicRule, String)> {
     rules.iter().find_map(|r| r.to_local(topic).map(|t| (r, t)))
 }
 

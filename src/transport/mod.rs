@@ -9,7 +9,7 @@
 //!   listener's origin check compare them.
 
 pub mod accept;
-pub mod origin;
-pub mod socket;
-pub mod tls;
-pub mod websocket;
+pub(crate) mod origin;
+pub(crate) mod socket;
+pub(crate) mod tls;
+pub(crate) mod websocket;

@@ -29,7 +29,7 @@ fn default_port(scheme: &str) -> Option<u16> {
 
 /// `host[:port]` split, the host in lower case (`None` when it is not an authority: empty,
 /// user info, a path, a bad port).
-pub fn split_authority(authority: &str) -> Option<(String, Option<u16>)> {
+pub(crate) fn split_authority(authority: &str) -> Option<(String, Option<u16>)> {
     let a = authority.trim();
     if a.is_empty() || a.contains(['@', '/', '?', '#', ' ']) {
         return None;
@@ -102,7 +102,7 @@ impl fmt::Display for Origin {
 /// Whether `host` (lower case, as [`split_authority`] gives it) can only mean this machine:
 /// `localhost`, a name under `.localhost`, 127.0.0.0/8 or `[::1]`. A page that reaches a
 /// loopback listener under another name got there by DNS rebinding.
-pub fn is_loopback_host(host: &str) -> bool {
+pub(crate) fn is_loopback_host(host: &str) -> bool {
     if host == "localhost" || host.ends_with(".localhost") {
         return true;
     }

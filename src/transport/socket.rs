@@ -31,7 +31,7 @@ const BUFFER_KEEP: usize = 64 * 1024;
 const SCRATCH: usize = 16 * 1024;
 /// Longest time spent flushing the last bytes to a closing socket, or reading what the
 /// peer still sends after the close.
-pub const CLOSE_FLUSH: Duration = Duration::from_secs(2);
+pub(crate) const CLOSE_FLUSH: Duration = Duration::from_secs(2);
 
 thread_local! {
     /// Where reads of connections without a read buffer land (used within one poll only).
@@ -40,7 +40,7 @@ thread_local! {
 
 /// A connection's read buffer: reads land in it, the protocol consumes from its front.
 #[derive(Debug)]
-pub struct ReadBuffer {
+pub(crate) struct ReadBuffer {
     buf: BytesMut,
     max_chunk: usize,
 }
@@ -48,23 +48,23 @@ pub struct ReadBuffer {
 impl ReadBuffer {
     /// An empty buffer (no allocation) that grows its read chunks up to `max_chunk` bytes
     /// under load.
-    pub fn new(max_chunk: usize) -> ReadBuffer {
+    pub(crate) fn new(max_chunk: usize) -> ReadBuffer {
         ReadBuffer { buf: BytesMut::new(), max_chunk: max_chunk.max(READ_MIN) }
     }
 
     /// The bytes: hand them to the protocol.
-    pub fn bytes(&mut self) -> &mut BytesMut {
+    pub(crate) fn bytes(&mut self) -> &mut BytesMut {
         &mut self.buf
     }
 
     /// Reads once from `reader`: straight into the buffer when it has room, else into the
     /// worker's scratch buffer, copying out only what was read. Cancel-safe.
-    pub async fn read_from<R: AsyncRead + Unpin>(&mut self, reader: &mut R) -> io::Result<usize> {
+    pub(crate) async fn read_from<R: AsyncRead + Unpin>(&mut self, reader: &mut R) -> io::Result<usize> {
         poll_fn(|cx| self.poll_read_from(reader, cx)).await
     }
 
     /// [`ReadBuffer::read_from`] as a poll.
-    pub fn poll_read_from<R: AsyncRead + Unpin>(
+    pub(crate) fn poll_read_from<R: AsyncRead + Unpin>(
         &mut self,
         reader: &mut R,
         cx: &mut Context<'_>,
@@ -86,7 +86,7 @@ impl ReadBuffer {
 
     /// True when the last read filled the buffer (there is probably more to read). Ask
     /// before the protocol consumes the bytes.
-    pub fn is_full(&self) -> bool {
+    pub(crate) fn is_full(&self) -> bool {
         self.buf.capacity() == self.buf.len()
     }
 
@@ -94,7 +94,7 @@ impl ReadBuffer {
     /// buffer is given back when the read was small (a quiet connection) or the buffer
     /// large; a read that filled the buffer (`was_full`), or too little room left, doubles
     /// the next read chunk (up to the maximum).
-    pub fn resize(&mut self, read: usize, was_full: bool) {
+    pub(crate) fn resize(&mut self, read: usize, was_full: bool) {
         if self.buf.is_empty() {
             if read < READ_MIN || self.buf.capacity() > BUFFER_KEEP {
                 self.buf = BytesMut::new();
@@ -105,14 +105,14 @@ impl ReadBuffer {
     }
 
     /// Bytes allocated now.
-    pub fn capacity(&self) -> usize {
+    pub(crate) fn capacity(&self) -> usize {
         self.buf.capacity()
     }
 }
 
 /// Gives back a write buffer drained by a write of `written` bytes, when the write was
 /// small (a quiet connection) or the buffer large.
-pub fn trim_drained(wbuf: &mut BytesMut, written: usize) {
+pub(crate) fn trim_drained(wbuf: &mut BytesMut, written: usize) {
     if wbuf.is_empty() && wbuf.capacity() > 0 && (written < READ_MIN || wbuf.capacity() > BUFFER_KEEP) {
         *wbuf = BytesMut::new();
     }
@@ -120,7 +120,7 @@ pub fn trim_drained(wbuf: &mut BytesMut, written: usize) {
 
 /// What a socket did in [`transfer`].
 #[derive(Debug)]
-pub enum Io {
+pub(crate) enum Io {
     /// A write took this many bytes from the front of the write buffer (or failed).
     Wrote(io::Result<usize>),
     /// A read brought this many bytes into the read buffer (0: the peer closed its side).
@@ -130,7 +130,7 @@ pub enum Io {
 /// Writes from `wbuf` (when it holds bytes) and reads into `rbuf` (when `read`),
 /// whichever the socket is ready for first, the write first. One wait for both
 /// directions of one socket: no split halves to allocate. Cancel-safe.
-pub fn transfer<'a, S: AsyncRead + AsyncWrite + Unpin>(
+pub(crate) fn transfer<'a, S: AsyncRead + AsyncWrite + Unpin>(
     stream: &'a mut S,
     rbuf: &'a mut ReadBuffer,
     wbuf: &'a mut BytesMut,
@@ -155,7 +155,7 @@ pub fn transfer<'a, S: AsyncRead + AsyncWrite + Unpin>(
 }
 
 /// Sleeps until `deadline`; never returns without one.
-pub async fn sleep_until(deadline: Option<Instant>) {
+pub(crate) async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(tokio::time::Instant::from_std(d)).await,
         None => std::future::pending().await,
@@ -165,7 +165,7 @@ pub async fn sleep_until(deadline: Option<Instant>) {
 /// Waits for the durability signal of the front item of `queue` (`signal` finds it);
 /// true when the message was stored. Never returns while the front has no signal.
 /// (A poll function: it holds nothing but its arguments.)
-pub fn front_stored<'a, T>(
+pub(crate) fn front_stored<'a, T>(
     queue: &'a mut VecDeque<T>,
     signal: fn(&mut T) -> Option<&mut DurableSignal>,
 ) -> impl Future<Output = bool> + 'a {
@@ -176,7 +176,7 @@ pub fn front_stored<'a, T>(
 }
 
 /// Reads and drops whatever the peer still sends until it closes its side.
-pub async fn discard_until_eof<R: AsyncRead + Unpin>(reader: &mut R) {
+pub(crate) async fn discard_until_eof<R: AsyncRead + Unpin>(reader: &mut R) {
     let mut sink = [0u8; 512];
     while let Ok(n) = reader.read(&mut sink).await {
         if n == 0 {

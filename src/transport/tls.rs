@@ -8,7 +8,7 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::TlsAcceptor;
 
-pub use crate::composition::config::VerifyClient;
+pub(crate) use crate::composition::config::VerifyClient;
 
 /// Why TLS could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -54,7 +54,7 @@ pub enum TlsError {
 
 /// The identity of a client that presented a verified certificate.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClientCert {
+pub(crate) struct ClientCert {
     /// The subject as RFC 4514 writes it (last RDN first: `O=client,CN=app`), as RabbitMQ
     /// names an EXTERNAL user.
     pub subject: String,
@@ -64,7 +64,7 @@ pub struct ClientCert {
 
 impl ClientCert {
     /// The identity in a DER certificate (`None` when it does not parse).
-    pub fn from_der(der: &[u8]) -> Option<ClientCert> {
+    pub(crate) fn from_der(der: &[u8]) -> Option<ClientCert> {
         let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
         let subject = cert.subject();
         let mut parts = Vec::new();
@@ -101,7 +101,7 @@ fn escape_rfc4514(v: &str) -> String {
 /// Builds an acceptor from a PEM certificate chain and a PEM private key; client
 /// certificates are asked for as `verify` says and checked against the CA certificates
 /// in `client_ca`.
-pub fn acceptor(
+pub(crate) fn acceptor(
     cert_path: &str,
     key_path: &str,
     client_ca: &str,
@@ -175,7 +175,7 @@ pub struct ClientTlsError {
 /// `bridge_cafile`, `bridge_certfile`, `bridge_keyfile`). `any_name` accepts a server
 /// certificate that does not name the host (the chain is still checked: Mosquitto's
 /// `bridge_insecure`).
-pub fn connector(
+pub(crate) fn connector(
     ca_file: &str,
     cert_file: &str,
     key_file: &str,

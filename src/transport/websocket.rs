@@ -26,7 +26,7 @@ const SUBPROTOCOLS: [&str; 5] = ["mqtt", "mqttv3.1", "mqtt-v5", "mqtt-v3.1.1", "
 
 /// Why a WebSocket upgrade was refused or failed.
 #[derive(Debug, thiserror::Error)]
-pub enum WsError {
+pub(crate) enum WsError {
     /// The handshake failed (not an upgrade, wrong path or subprotocol, I/O).
     #[error("WebSocket handshake: {0}")]
     Handshake(#[from] tokio_tungstenite::tungstenite::Error),
@@ -40,7 +40,7 @@ pub enum WsError {
 /// always sends the page's `Origin` with an upgrade and a page cannot change it; other
 /// clients send none.
 #[derive(Debug, Clone, Default)]
-pub struct OriginPolicy {
+pub(crate) struct OriginPolicy {
     /// Origins are checked at all.
     pub check: bool,
     /// Origins allowed besides the listener's own host.
@@ -56,7 +56,7 @@ impl OriginPolicy {
     /// The policy of `[mqtt]` on a listener (`loopback`: bound to a loopback address) that
     /// does or does not admit anonymous clients (`anonymous`): checked where
     /// `ws_check_origin_enable` says, unset = where anonymous clients are admitted.
-    pub fn of(cfg: &crate::composition::config::MqttSection, anonymous: bool, loopback: bool) -> OriginPolicy {
+    pub(crate) fn of(cfg: &crate::composition::config::MqttSection, anonymous: bool, loopback: bool) -> OriginPolicy {
         OriginPolicy {
             check: cfg.ws_check_origin_enable.unwrap_or(anonymous),
             allowed: cfg.ws_check_origins.clone(),
@@ -67,7 +67,7 @@ impl OriginPolicy {
 
     /// Whether an upgrade with `origin` (its `Origin` header) sent to `host` (its `Host`
     /// header) may go on; `Err` says why not.
-    pub fn verdict(&self, origin: Option<&str>, host: Option<&str>) -> Result<(), String> {
+    pub(crate) fn verdict(&self, origin: Option<&str>, host: Option<&str>) -> Result<(), String> {
         if !self.check {
             return Ok(());
         }
@@ -112,7 +112,12 @@ fn refusal(status: StatusCode, why: &str) -> ErrorResponse {
 /// Completes the server handshake on `stream`: the request must ask for `path` (any path
 /// when empty), come from an origin `origins` allows and, if it names subprotocols, offer
 /// one of MQTT's; frames are limited to `max_frame` bytes.
-pub async fn accept<S>(stream: S, path: &str, origins: &OriginPolicy, max_frame: usize) -> Result<WsStream<S>, WsError>
+pub(crate) async fn accept<S>(
+    stream: S,
+    path: &str,
+    origins: &OriginPolicy,
+    max_frame: usize,
+) -> Result<WsStream<S>, WsError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -153,7 +158,7 @@ where
 
 /// A WebSocket connection as a byte stream: binary frames in, one binary frame per write out.
 #[derive(Debug)]
-pub struct WsStream<S> {
+pub(crate) struct WsStream<S> {
     inner: WebSocketStream<S>,
     /// What is left of the last frame read.
     pending: Bytes,
@@ -189,11 +194,11 @@ fn io_error(e: tokio_tungstenite::tungstenite::Error) -> io::Error {
 /// large (MQTT 5 DISCONNECT 0x95) before it closes.
 #[derive(Debug, thiserror::Error)]
 #[error("WebSocket frame too large: {0}")]
-pub struct FrameTooLarge(tokio_tungstenite::tungstenite::error::CapacityError);
+pub(crate) struct FrameTooLarge(tokio_tungstenite::tungstenite::error::CapacityError);
 
 impl FrameTooLarge {
     /// True when `e` is one.
-    pub fn is(e: &io::Error) -> bool {
+    pub(crate) fn is(e: &io::Error) -> bool {
         e.get_ref().is_some_and(|inner| inner.is::<FrameTooLarge>())
     }
 }

@@ -60,7 +60,7 @@ pub(crate) fn write(db: &Db, pos: u64) -> Result<(), JournalError> {
     Ok(())
 }
 
-/// Stores the end of the log a clean close left, and flushes sled (after [`write`]: the log
+/// Stores the end of the log a clean close left, and flushes sled (after [`write()`]: the log
 /// is synced up to `pos`).
 pub(crate) fn write_clean_end(db: &Db, pos: u64) -> Result<(), JournalError> {
     // Written only when it changes: a close that changed nothing writes nothing.

@@ -1,5 +1,5 @@
 //! Decoding of method and content-header payloads: `amq-protocol`'s parsers behind the
-//! nesting [`guard`](crate::guard), with hand-written fast paths for the methods a
+//! nesting [`guard`], with hand-written fast paths for the methods a
 //! publisher or consumer sends per message (basic.publish, ack, nack, reject), which
 //! `amq-protocol` decodes with several allocations for the bit flags alone.
 

@@ -261,7 +261,7 @@ fn rule(t: &Term) -> Result<Rule, String> {
 }
 
 /// Parses an `acl.conf` text (`path` names it in errors); any bad rule fails the file.
-pub fn parse(path: &str, text: &str) -> Result<Vec<Rule>, FileError> {
+pub(crate) fn parse(path: &str, text: &str) -> Result<Vec<Rule>, FileError> {
     let mut lexer = Lexer { chars: text.chars().peekable(), line: 1 };
     let mut rules = Vec::new();
     loop {
@@ -278,7 +278,7 @@ pub fn parse(path: &str, text: &str) -> Result<Vec<Rule>, FileError> {
 }
 
 /// Reads and parses an `acl.conf`.
-pub fn read(path: &Path) -> Result<Vec<Rule>, FileError> {
+pub(crate) fn read(path: &Path) -> Result<Vec<Rule>, FileError> {
     let (shown, text) = crate::access::auth::read_file(path)?;
     parse(&shown, &text)
 }

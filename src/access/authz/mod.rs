@@ -19,11 +19,11 @@
 //! its decisions, dropped when the policy changes (a generation counter), so a publish
 //! costs one hash lookup however many rules there are.
 
-pub mod checks;
-pub mod emqx_acl;
-pub mod mosquitto_acl;
-pub mod permissions;
-pub mod rules;
+pub(crate) mod checks;
+pub(crate) mod emqx_acl;
+pub(crate) mod mosquitto_acl;
+pub(crate) mod permissions;
+pub(crate) mod rules;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -36,12 +36,12 @@ use crate::access::auth::FileError;
 use crate::composition::config::{AuthSection, ConfigError};
 use crate::core::message::mqtt_to_key;
 use crate::core::store::{AccessRecords, PermissionRecord, TopicPermissionRecord};
-pub use checks::{BindingRequest, BoundTo, RouteRefused};
-pub use permissions::{Permission, ResourceKind, TopicPermissions, VhostPermissions};
-pub use rules::{Actions, Permit, Request, Rule, RuleEntry};
+pub(crate) use checks::{BindingRequest, BoundTo, RouteRefused};
+pub(crate) use permissions::{Permission, ResourceKind, TopicPermissions, VhostPermissions};
+pub(crate) use rules::{Actions, Permit, Request, Rule, RuleEntry};
 
 /// The virtual host MQTT clients live in.
-pub const MQTT_VHOST: &str = "/";
+pub(crate) const MQTT_VHOST: &str = "/";
 
 /// Who is asking: what rules and permissions are matched against.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -85,7 +85,7 @@ pub struct Policy {
 }
 
 /// The rules of `[[auth.rules]]` entries; the error names the entry.
-pub fn rules_of(entries: &[RuleEntry]) -> Result<Vec<Rule>, String> {
+pub(crate) fn rules_of(entries: &[RuleEntry]) -> Result<Vec<Rule>, String> {
     entries
         .iter()
         .enumerate()
@@ -95,7 +95,7 @@ pub fn rules_of(entries: &[RuleEntry]) -> Result<Vec<Rule>, String> {
 
 /// Checks the access entries of `[auth]` as the policy compiles them: every MQTT rule,
 /// permission and topic permission. The error names the key and the entry.
-pub fn check_entries(auth: &AuthSection) -> Result<(), ConfigError> {
+pub(crate) fn check_entries(auth: &AuthSection) -> Result<(), ConfigError> {
     rules_of(&auth.rules).map_err(|e| ConfigError::invalid("auth.rules", e))?;
     for p in &auth.permissions {
         VhostPermissions::new(&p.configure, &p.write, &p.read).map_err(|e| {
@@ -113,7 +113,7 @@ pub fn check_entries(auth: &AuthSection) -> Result<(), ConfigError> {
 /// The rules of `auth.mosquitto_acl_file`, then of `auth.emqx_acl_file`, then, with a
 /// Mosquitto file, Mosquitto's grant of every subscription (last, so that no rule before
 /// it is shadowed: an EMQX subscribe deny still refuses).
-pub fn file_rules(auth: &AuthSection) -> Result<Vec<Rule>, FileError> {
+pub(crate) fn file_rules(auth: &AuthSection) -> Result<Vec<Rule>, FileError> {
     let mut rules = Vec::new();
     if let Some(path) = &auth.mosquitto_acl_file {
         rules.extend(mosquitto_acl::read(path)?);
@@ -327,12 +327,12 @@ impl Policy {
 }
 
 /// An MQTT filter as a binding key (`+` is `*`).
-pub fn filter_to_key(filter: &str) -> String {
+pub(crate) fn filter_to_key(filter: &str) -> String {
     mqtt_to_key(filter).split('.').map(|w| if w == "+" { "*" } else { w }).collect::<Vec<_>>().join(".")
 }
 
 /// A binding key as an MQTT filter (`*` is `+`).
-pub fn key_to_filter(key: &str) -> String {
+pub(crate) fn key_to_filter(key: &str) -> String {
     mqtt_to_key(key).split('/').map(|w| if w == "*" { "+" } else { w }).collect::<Vec<_>>().join("/")
 }
 

@@ -13,7 +13,7 @@ use crate::access::auth::FileError;
 
 /// Parses an ACL file's text (`path` names it in errors); any bad line fails the whole
 /// file.
-pub fn parse(path: &str, text: &str) -> Result<Vec<Rule>, FileError> {
+pub(crate) fn parse(path: &str, text: &str) -> Result<Vec<Rule>, FileError> {
     let mut denies = Vec::new();
     let mut grants = Vec::new();
     let mut user: Option<String> = None;
@@ -70,12 +70,12 @@ pub fn parse(path: &str, text: &str) -> Result<Vec<Rule>, FileError> {
 /// Mosquitto 2.0's answer to every SUBSCRIBE under an `acl_file`: granted (what may not be
 /// read is filtered at delivery). Subscribing only, not receiving, so it grants an AMQP
 /// binding nothing.
-pub fn every_subscription() -> Rule {
+pub(crate) fn every_subscription() -> Rule {
     Rule { permit: Permit::Allow, who: Who::All, actions: Actions::SUBSCRIBE, topics: vec![TopicPattern::Any] }
 }
 
 /// Reads and parses an ACL file.
-pub fn read(path: &Path) -> Result<Vec<Rule>, FileError> {
+pub(crate) fn read(path: &Path) -> Result<Vec<Rule>, FileError> {
     let (shown, text) = crate::access::auth::read_file(path)?;
     parse(&shown, &text)
 }

@@ -6,7 +6,7 @@
 use std::net::IpAddr;
 
 use super::Identity;
-pub use crate::composition::config::access::{Permit, RuleEntry};
+pub(crate) use crate::composition::config::access::{Permit, RuleEntry};
 
 /// The MQTT actions a rule covers (a set).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -245,7 +245,7 @@ impl TopicPattern {
 }
 
 /// True when some topic matches both filters.
-pub fn filters_overlap(a: &str, b: &str) -> bool {
+pub(crate) fn filters_overlap(a: &str, b: &str) -> bool {
     let wild = |f: &str| f.starts_with(['#', '+']);
     if (a.starts_with('$') && wild(b)) || (b.starts_with('$') && wild(a)) {
         return false;
@@ -262,7 +262,7 @@ pub fn filters_overlap(a: &str, b: &str) -> bool {
 }
 
 /// True when every topic `inner` matches is matched by `outer`.
-pub fn filter_within(inner: &str, outer: &str) -> bool {
+pub(crate) fn filter_within(inner: &str, outer: &str) -> bool {
     // `#` / `+` at the start of `outer` do not reach `$` topics.
     if inner.starts_with('$') && outer.starts_with(['#', '+']) {
         return false;
@@ -284,7 +284,7 @@ pub fn filter_within(inner: &str, outer: &str) -> bool {
 
 /// `*` matches any run of characters, `?` one character.
 /// Iterative (the client id is the client's: no recursion, O(glob x id) at worst).
-pub fn glob_matches(glob: &str, s: &str) -> bool {
+pub(crate) fn glob_matches(glob: &str, s: &str) -> bool {
     let g: Vec<char> = glob.chars().collect();
     let s: Vec<char> = s.chars().collect();
     let (mut gi, mut si) = (0, 0);
@@ -376,7 +376,8 @@ impl Rule {
 }
 
 /// First match wins; `None` when no rule matches.
-pub fn decide(rules: &[Rule], id: &Identity, request: Request<'_>) -> Option<Permit> {
+#[cfg(test)]
+pub(crate) fn decide(rules: &[Rule], id: &Identity, request: Request<'_>) -> Option<Permit> {
     rules.iter().find_map(|r| r.decide(id, request))
 }
 
@@ -423,7 +424,7 @@ impl Rule {
 }
 
 /// A rule's topic filter is a well-formed MQTT filter (placeholders aside).
-pub fn check_filter(t: &str) -> Result<(), String> {
+pub(crate) fn check_filter(t: &str) -> Result<(), String> {
     ferrymq_mqtt::topic::parse_filter(t, 0).map(|_| ()).map_err(|e| format!("topic `{t}`: {e}"))
 }
 

@@ -22,7 +22,7 @@ impl ArgumentError {
 }
 
 /// Reads a non-negative integer argument.
-pub fn arg_u64(args: &[(String, Value)], name: &str) -> Option<u64> {
+pub(crate) fn arg_u64(args: &[(String, Value)], name: &str) -> Option<u64> {
     args.iter().find(|(k, _)| k == name).and_then(|(_, v)| v.as_i64()).and_then(|v| u64::try_from(v).ok())
 }
 
@@ -38,7 +38,7 @@ pub(super) fn arg_bool(args: &[(String, Value)], name: &str) -> Option<bool> {
 }
 
 /// Checks queue arguments and turns them into a configuration.
-pub fn queue_config(
+pub(crate) fn queue_config(
     vhost: &str,
     name: &str,
     durable: bool,

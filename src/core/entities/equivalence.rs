@@ -27,7 +27,11 @@ fn inequivalent(
 }
 
 /// Refuses a redeclaration of an exchange whose type, flags or arguments differ.
-pub fn check_equivalent_exchange(current: &ExchangeDef, wanted: &ExchangeDef, vhost: &str) -> Result<(), EntityError> {
+pub(crate) fn check_equivalent_exchange(
+    current: &ExchangeDef,
+    wanted: &ExchangeDef,
+    vhost: &str,
+) -> Result<(), EntityError> {
     let n = &current.name;
     if current.kind != wanted.kind {
         return Err(inequivalent(
@@ -77,7 +81,7 @@ pub fn check_equivalent_exchange(current: &ExchangeDef, wanted: &ExchangeDef, vh
 }
 
 /// Refuses a redeclaration whose flags or defining arguments differ (406, RabbitMQ's text).
-pub fn check_equivalent_queue(
+pub(crate) fn check_equivalent_queue(
     q: &QueueEntity,
     durable: bool,
     exclusive: bool,

@@ -20,18 +20,18 @@
 //! - [`restore`] — start-up: durable entities applied, orphaned consume queues deleted.
 //! - [`error`] — [`EntityError`].
 
-pub mod arguments;
-pub mod dead_letter_queues;
-pub mod declare;
-pub mod equivalence;
-pub mod error;
-pub mod queue;
-pub mod registry;
-pub mod restore;
-pub mod retry_args;
-pub mod stream_args;
+pub(crate) mod arguments;
+pub(crate) mod dead_letter_queues;
+pub(crate) mod declare;
+pub(crate) mod equivalence;
+pub(crate) mod error;
+pub(crate) mod queue;
+pub(crate) mod registry;
+pub(crate) mod restore;
+pub(crate) mod retry_args;
+pub(crate) mod stream_args;
 
-pub use equivalence::{check_equivalent_exchange, check_equivalent_queue};
-pub use error::{EntityError, EntityKind};
-pub use queue::QueueEntity;
-pub use registry::Entities;
+pub(crate) use equivalence::{check_equivalent_exchange, check_equivalent_queue};
+pub(crate) use error::EntityError;
+pub(crate) use queue::QueueEntity;
+pub(crate) use registry::Entities;

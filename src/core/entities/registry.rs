@@ -22,7 +22,7 @@ use crate::core::stream::StreamConfig;
 use crate::core::value::Value;
 
 /// Prefix of the storage names of AMQP queues (`amqp/{vhost}/{name}`).
-pub const QUEUE_PREFIX: &str = "amqp/";
+pub(crate) const QUEUE_PREFIX: &str = "amqp/";
 
 /// Every declared queue, and the broker they live in: the one place queues are created
 /// and deleted, whichever entry point asks (built once at start-up and shared by the AMQP

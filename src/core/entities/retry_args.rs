@@ -9,12 +9,16 @@ use crate::core::value::Value;
 use super::arguments::ArgumentError;
 
 /// Names of the arguments, for equivalence checks on re-declare.
-pub const RETRY_ARGUMENTS: [&str; 4] =
+pub(crate) const RETRY_ARGUMENTS: [&str; 4] =
     ["x-delayed-retry-type", "x-delayed-retry-min", "x-delayed-retry-max", "x-retry-backoff"];
 
 /// The retry policy the arguments ask for (`None`: no delayed retries), or the
 /// PRECONDITION_FAILED text for invalid ones.
-pub fn retry_policy(vhost: &str, name: &str, args: &[(String, Value)]) -> Result<Option<RetryPolicy>, ArgumentError> {
+pub(crate) fn retry_policy(
+    vhost: &str,
+    name: &str,
+    args: &[(String, Value)],
+) -> Result<Option<RetryPolicy>, ArgumentError> {
     let find = |key: &str| args.iter().find(|(k, _)| k == key).map(|(_, v)| v);
     let invalid = |key: &str, why: String| ArgumentError::invalid(vhost, name, key, why);
     // Outer `None`: not given; `Some(None)`: `disabled`.

@@ -26,12 +26,12 @@ const NOT_FOR_STREAMS: &[&str] = &[
 ];
 
 /// True when the declaration arguments ask for a stream.
-pub fn is_stream(args: &[(String, Value)]) -> bool {
+pub(crate) fn is_stream(args: &[(String, Value)]) -> bool {
     args.iter().any(|(k, v)| k == "x-queue-type" && v.as_str() == Some("stream"))
 }
 
 /// Checks a stream declaration and turns its arguments into retention settings.
-pub fn stream_config(
+pub(crate) fn stream_config(
     vhost: &str,
     name: &str,
     durable: bool,

@@ -8,7 +8,7 @@ impl Queue {
     /// A freshly appended entry (from the journal's completion, in offset order). The
     /// message is kept in memory when someone consumes and the window allows. Applies the
     /// length/byte limits per the overflow behaviour.
-    pub fn appended(
+    pub(crate) fn appended(
         &mut self,
         offset: u64,
         ptr: Pointer,

@@ -6,9 +6,9 @@ use crate::core::duration::{parse_ms, DurationError};
 use std::time::Duration;
 
 /// Longest single retry delay (RabbitMQ caps delays at the u32 millisecond range).
-pub const MAX_DELAY_MS: u64 = u32::MAX as u64;
+pub(crate) const MAX_DELAY_MS: u64 = u32::MAX as u64;
 /// Most steps an `x-retry-backoff` list may have.
-pub const MAX_STEPS: usize = 64;
+pub(super) const MAX_STEPS: usize = 64;
 
 /// Why an unacked message goes back to its queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,7 +103,7 @@ impl RetryPolicy {
 /// Parses an `x-retry-backoff` list such as `10s,30s,1m,2h`: steps separated by commas,
 /// each a whole number with the unit `ms`, `s`, `m` or `h` (whitespace around steps is
 /// ignored). Returns the steps in ms, or why the list is invalid.
-pub fn parse_steps(list: &str) -> Result<Vec<u64>, String> {
+pub(crate) fn parse_steps(list: &str) -> Result<Vec<u64>, String> {
     let mut steps = Vec::new();
     for raw in list.split(',') {
         let step = raw.trim();

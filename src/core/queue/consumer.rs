@@ -6,7 +6,7 @@ use tokio::sync::mpsc;
 use crate::core::delivery::QueueDelivery;
 
 /// Identifies a consumer (unique per broker run).
-pub type ConsumerId = u64;
+pub(crate) type ConsumerId = u64;
 
 /// What a queue sends to a consumer's connection.
 #[derive(Debug)]

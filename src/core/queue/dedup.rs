@@ -7,25 +7,25 @@ use std::collections::HashMap;
 
 /// The header values of a queue's live entries.
 #[derive(Debug, Default)]
-pub struct DedupIndex {
+pub(super) struct DedupIndex {
     by_value: HashMap<String, u64>,
     by_offset: HashMap<u64, String>,
 }
 
 impl DedupIndex {
     /// True when an entry with `value` is in the queue.
-    pub fn contains(&self, value: &str) -> bool {
+    pub(super) fn contains(&self, value: &str) -> bool {
         self.by_value.contains_key(value)
     }
 
     /// Records the entry at `offset` as holding `value`.
-    pub fn insert(&mut self, offset: u64, value: String) {
+    pub(super) fn insert(&mut self, offset: u64, value: String) {
         self.by_offset.insert(offset, value.clone());
         self.by_value.insert(value, offset);
     }
 
     /// The entry at `offset` left the queue.
-    pub fn remove(&mut self, offset: u64) {
+    pub(super) fn remove(&mut self, offset: u64) {
         if let Some(value) = self.by_offset.remove(&offset) {
             if self.by_value.get(&value) == Some(&offset) {
                 self.by_value.remove(&value);
@@ -34,7 +34,7 @@ impl DedupIndex {
     }
 
     /// Keeps only the entries `keep` says stay (a purge keeps the unacked ones).
-    pub fn retain(&mut self, keep: impl Fn(u64) -> bool) {
+    pub(super) fn retain(&mut self, keep: impl Fn(u64) -> bool) {
         self.by_offset.retain(|o, _| keep(*o));
         self.by_value.retain(|_, o| keep(*o));
     }

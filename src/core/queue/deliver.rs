@@ -7,7 +7,13 @@ use super::*;
 impl Queue {
     /// Takes the next ready message for `consumer` (AMQP basic.get): with `no_ack` it
     /// leaves the queue at once, else it waits for an ack like a delivery.
-    pub fn get(&mut self, consumer: ConsumerId, no_ack: bool, journal: &Journal, fx: &mut Effects) -> Option<Got> {
+    pub(crate) fn get(
+        &mut self,
+        consumer: ConsumerId,
+        no_ack: bool,
+        journal: &Journal,
+        fx: &mut Effects,
+    ) -> Option<Got> {
         let (mut entry, msg) = self.next_ready(journal, fx)?;
         entry.deliveries += 1;
         self.counted.get += 1;
@@ -35,7 +41,7 @@ impl Queue {
     }
 
     /// Drops (or dead-letters) expired messages at the head of the queue.
-    pub fn expire(&mut self, journal: &Journal, fx: &mut Effects) {
+    pub(crate) fn expire(&mut self, journal: &Journal, fx: &mut Effects) {
         let now = now_ms();
         loop {
             while self.ready.is_empty() {
@@ -123,7 +129,7 @@ impl Queue {
 
     /// Hands ready entries to consumers with credit, paging entries in from storage as
     /// needed. Expired or unreadable entries are dropped.
-    pub fn pump(&mut self, journal: &Journal, fx: &mut Effects) {
+    pub(crate) fn pump(&mut self, journal: &Journal, fx: &mut Effects) {
         self.deliver_ready(journal, fx);
         self.store_watermark(&mut fx.ops);
     }
@@ -184,7 +190,7 @@ impl Queue {
     /// Stores the delivery watermark when it moved (one small write per turn that
     /// delivered, not one per message; a power loss may lose it, and then a redelivery
     /// goes out as a first delivery).
-    pub fn store_watermark(&mut self, ops: &mut Vec<Op>) {
+    pub(crate) fn store_watermark(&mut self, ops: &mut Vec<Op>) {
         if self.delivered_upto > self.stored_delivered_upto {
             self.stored_delivered_upto = self.delivered_upto;
             let value = Bytes::copy_from_slice(&self.delivered_upto.to_be_bytes());

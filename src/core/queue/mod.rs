@@ -27,9 +27,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-pub use backoff::{parse_steps, Backoff, RequeueCause, RetryOn, RetryPolicy, MAX_DELAY_MS};
-pub use config::{DeadLetterTarget, MessageCounts, Overflow, QueueConfig, QueueGauge};
-pub use consumer::{Consumer, ConsumerEvent, ConsumerId};
+pub(crate) use backoff::{parse_steps, Backoff, RequeueCause, RetryOn, RetryPolicy, MAX_DELAY_MS};
+pub(crate) use config::{DeadLetterTarget, MessageCounts, Overflow, QueueConfig, QueueGauge};
+pub(crate) use consumer::{Consumer, ConsumerEvent, ConsumerId};
 use std::collections::HashMap;
 
 use bytes::Bytes;
@@ -45,20 +45,20 @@ use super::message::{now_ms, Message, SharedMessage};
 use super::retry;
 
 /// Flag bits of a consume-queue entry ([`Pointer::flags`]).
-pub mod flags {
+pub(crate) mod flags {
     /// QoS of the entry (bits 0-1).
-    pub const QOS_MASK: u8 = 0b11;
+    pub(crate) const QOS_MASK: u8 = 0b11;
     /// QoS 2 entry whose PUBREC arrived: only PUBREL is left to send.
-    pub const RELEASED: u8 = 0b100;
+    pub(crate) const RELEASED: u8 = 0b100;
     /// Message priority, 0-15 (bits 3-6).
-    pub const PRIORITY_SHIFT: u8 = 3;
+    pub(crate) const PRIORITY_SHIFT: u8 = 3;
     /// Mask of the priority bits.
-    pub const PRIORITY_MASK: u8 = 0b0111_1000;
+    pub(crate) const PRIORITY_MASK: u8 = 0b0111_1000;
     /// The publisher reserved room for the entry (reject-publish queues).
-    pub const RESERVED: u8 = 0b1000_0000;
+    pub(crate) const RESERVED: u8 = 0b1000_0000;
 
     /// Flags for an entry of `qos` and message `priority` (clamped to 15).
-    pub fn of(qos: u8, priority: Option<u8>) -> u8 {
+    pub(crate) fn of(qos: u8, priority: Option<u8>) -> u8 {
         (qos & QOS_MASK) | (priority.unwrap_or(0).min(15) << PRIORITY_SHIFT)
     }
 }
@@ -142,7 +142,7 @@ struct Unacked {
 
 /// Outcome of offering a freshly appended entry to a full queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Admission {
+pub(crate) enum Admission {
     /// Taken without dropping anything (the queue was not full).
     Accepted,
     /// Taken after dropping an older QoS 0 entry.
@@ -157,7 +157,7 @@ pub enum Admission {
 
 /// Side effects of a queue operation that the owning shard carries out.
 #[derive(Debug, Default)]
-pub struct Effects {
+pub(crate) struct Effects {
     /// Journal ops (acks, drops, flag changes).
     pub ops: Vec<Op>,
     /// Messages to dead-letter.
@@ -178,7 +178,7 @@ pub struct Got {
 
 /// State of one consume queue.
 #[derive(Debug)]
-pub struct Queue {
+pub(crate) struct Queue {
     id: QueueId,
     config: Arc<QueueConfig>,
     /// One past the highest offset appended.
@@ -232,7 +232,7 @@ pub struct Queue {
 
 impl Queue {
     /// Loads the queue's state from storage (next offset, length and bytes of live entries).
-    pub fn load(id: QueueId, config: Arc<QueueConfig>, journal: &Journal) -> Queue {
+    pub(crate) fn load(id: QueueId, config: Arc<QueueConfig>, journal: &Journal) -> Queue {
         let next_offset = journal.queue_next_offset(id);
         let (mut len, mut bytes, mut qos0, mut from, mut first) = (0u64, 0u64, 0u64, 0u64, None);
         let mut load_ops = Vec::new();
@@ -328,22 +328,23 @@ impl Queue {
     }
 
     /// Removals decided while loading; the owner submits them.
-    pub fn take_load_ops(&mut self) -> Vec<Op> {
+    pub(crate) fn take_load_ops(&mut self) -> Vec<Op> {
         std::mem::take(&mut self.load_ops)
     }
 
     /// The queue's id.
-    pub fn id(&self) -> QueueId {
+    pub(crate) fn id(&self) -> QueueId {
         self.id
     }
 
     /// The queue's configuration.
-    pub fn config(&self) -> &Arc<QueueConfig> {
+    #[cfg(test)]
+    pub(crate) fn config(&self) -> &Arc<QueueConfig> {
         &self.config
     }
 
     /// Replaces the configuration (keeps the state).
-    pub fn set_config(&mut self, config: Arc<QueueConfig>) {
+    pub(crate) fn set_config(&mut self, config: Arc<QueueConfig>) {
         self.expiring |= config.message_ttl.is_some();
         self.dedup_stale |= config.dedup && !self.config.dedup;
         if !Arc::ptr_eq(&self.config.gauge, &config.gauge) {
@@ -355,42 +356,33 @@ impl Queue {
     }
 
     /// Live entries (ready, unacked and not yet loaded).
-    pub fn len(&self) -> u64 {
+    pub(crate) fn len(&self) -> u64 {
         self.len
     }
 
-    /// True when no entry is live.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Entries delivered and not yet acknowledged.
-    pub fn unacked_len(&self) -> usize {
-        self.unacked.len()
-    }
-
     /// Entries waiting for a delayed retry.
-    pub fn waiting_len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn waiting_len(&self) -> usize {
         self.waiting.len()
     }
 
     /// Messages ready for delivery: neither unacked nor waiting for a retry.
-    pub fn ready_len(&self) -> u64 {
+    pub(crate) fn ready_len(&self) -> u64 {
         self.len.saturating_sub((self.unacked.len() + self.waiting.len()) as u64)
     }
 
     /// Consumers attached now (the consumer count of `ShardCmd::Counts`).
-    pub fn consumer_count(&self) -> usize {
+    pub(crate) fn consumer_count(&self) -> usize {
         self.consumers.len()
     }
 
     /// True when messages may expire (the shard sweeps such queues on a timer).
-    pub fn may_expire(&self) -> bool {
+    pub(crate) fn may_expire(&self) -> bool {
         self.expiring && self.ready_len() > 0
     }
 
     /// Writes the live counters to the gauge.
-    pub fn publish_gauge(&mut self) {
+    pub(crate) fn publish_gauge(&mut self) {
         let g = &self.config.gauge;
         g.len.store(self.len, Ordering::Relaxed);
         g.bytes.store(self.bytes, Ordering::Relaxed);
@@ -450,7 +442,7 @@ fn load_retry_records(queue: QueueId, journal: &Journal) -> BTreeMap<u64, (u64, 
 }
 
 /// Reads and decodes the message a pointer refers to.
-pub fn read_message(journal: &Journal, ptr: &Pointer) -> Option<SharedMessage> {
+pub(crate) fn read_message(journal: &Journal, ptr: &Pointer) -> Option<SharedMessage> {
     match journal.read(ptr.pos) {
         Ok(rec) => match Message::decode(rec.header, rec.body) {
             Ok(m) => Some(Arc::new(m)),

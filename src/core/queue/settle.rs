@@ -6,14 +6,14 @@ use super::*;
 
 impl Queue {
     /// Attaches a consumer; call [`Queue::pump`] afterwards.
-    pub fn attach(&mut self, consumer: Consumer) {
+    pub(crate) fn attach(&mut self, consumer: Consumer) {
         self.consumers.retain(|c| c.id != consumer.id);
         self.consumers.push(consumer);
     }
 
     /// Detaches a consumer; its unacked entries become ready again (redelivered), in
     /// order, unless they reached the delivery limit (then they are dead-lettered).
-    pub fn detach(&mut self, consumer: ConsumerId, fx: &mut Effects) {
+    pub(crate) fn detach(&mut self, consumer: ConsumerId, fx: &mut Effects) {
         self.consumers.retain(|c| c.id != consumer);
         let returned: Vec<u64> = self.unacked.iter().filter(|(_, u)| u.consumer == consumer).map(|(o, _)| *o).collect();
         for offset in returned {
@@ -23,12 +23,12 @@ impl Queue {
 
     /// Removes a consumer without returning its unacked entries (AMQP basic.cancel: they
     /// can still be acked, and go back to the queue when their channel closes).
-    pub fn cancel(&mut self, consumer: ConsumerId) {
+    pub(crate) fn cancel(&mut self, consumer: ConsumerId) {
         self.consumers.retain(|c| c.id != consumer);
     }
 
     /// Adds credit to a consumer.
-    pub fn credit(&mut self, consumer: ConsumerId, n: u32) {
+    pub(crate) fn credit(&mut self, consumer: ConsumerId, n: u32) {
         if let Some(c) = self.consumers.iter_mut().find(|c| c.id == consumer) {
             c.credit = c.credit.saturating_add(n);
         }
@@ -42,7 +42,7 @@ impl Queue {
 
     /// The consumer finished with an entry: it leaves the queue; the consumer regains a
     /// credit.
-    pub fn ack(&mut self, offset: u64, ops: &mut Vec<Op>) {
+    pub(crate) fn ack(&mut self, offset: u64, ops: &mut Vec<Op>) {
         if let Some(u) = self.unacked.remove(&offset) {
             self.counted.ack += 1;
             self.forget(&u.entry, ops);
@@ -51,7 +51,7 @@ impl Queue {
     }
 
     /// The consumer an unacked entry was delivered to.
-    pub fn holder(&self, offset: u64) -> Option<ConsumerId> {
+    pub(crate) fn holder(&self, offset: u64) -> Option<ConsumerId> {
         self.unacked.get(&offset).map(|u| u.consumer)
     }
 
@@ -59,7 +59,7 @@ impl Queue {
     /// or its consumer went away), marked redelivered — or dead-letters it when it has
     /// been delivered more often than the delivery limit allows. Under a retry policy that
     /// covers `cause`, it waits for its backoff first (see [`Queue::retry_due`]).
-    pub fn requeue(&mut self, offset: u64, cause: RequeueCause, fx: &mut Effects) {
+    pub(crate) fn requeue(&mut self, offset: u64, cause: RequeueCause, fx: &mut Effects) {
         let Some(u) = self.unacked.remove(&offset) else { return };
         self.give_credit_back(u.consumer);
         let mut entry = u.entry;
@@ -102,7 +102,7 @@ impl Queue {
 
     /// The retry timer of entry `offset`, due at `due_ms`, fired: the entry is ready again
     /// (at its own position). A timer older than the entry's wait is ignored.
-    pub fn retry_due(&mut self, offset: u64, due_ms: u64) {
+    pub(crate) fn retry_due(&mut self, offset: u64, due_ms: u64) {
         if self.waiting.get(&offset).is_none_or(|w| due_ms < w.due_ms) {
             return;
         }
@@ -118,7 +118,7 @@ impl Queue {
 
     /// Rejects an unacked entry without requeue: it leaves the queue and is dead-lettered
     /// when the queue has a dead-letter target.
-    pub fn reject(&mut self, offset: u64, fx: &mut Effects) {
+    pub(crate) fn reject(&mut self, offset: u64, fx: &mut Effects) {
         let Some(mut u) = self.unacked.remove(&offset) else { return };
         self.give_credit_back(u.consumer);
         let msg = u.entry.msg.take();
@@ -127,7 +127,7 @@ impl Queue {
 
     /// QoS 2: the client sent PUBREC for an entry; remember it durably so that a resumed
     /// session resends PUBREL, not the message.
-    pub fn release(&mut self, offset: u64, ops: &mut Vec<Op>) {
+    pub(crate) fn release(&mut self, offset: u64, ops: &mut Vec<Op>) {
         if let Some(u) = self.unacked.get_mut(&offset) {
             u.entry.ptr.flags |= flags::RELEASED;
             ops.push(Op::SetFlags { queue: self.id, offset, flags: u.entry.ptr.flags });
@@ -135,7 +135,7 @@ impl Queue {
     }
 
     /// Removes every ready message (unacked ones stay); returns how many were removed.
-    pub fn purge(&mut self, ops: &mut Vec<Op>) -> u64 {
+    pub(crate) fn purge(&mut self, ops: &mut Vec<Op>) -> u64 {
         let purged = self.len.saturating_sub(self.unacked.len() as u64);
         // Storage ranges between unacked entries, which stay.
         let mut from = 0;
@@ -167,7 +167,7 @@ impl Queue {
 
     /// Removes every entry (the queue is deleted); consumers are told they were
     /// cancelled. Returns how many messages were in the queue.
-    pub fn delete(&mut self, ops: &mut Vec<Op>) -> u64 {
+    pub(crate) fn delete(&mut self, ops: &mut Vec<Op>) -> u64 {
         let count = self.len;
         for c in self.consumers.drain(..) {
             let _ = c.tx.send(ConsumerEvent::Cancelled { queue: self.id, consumer: c.id });

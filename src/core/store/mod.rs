@@ -236,7 +236,7 @@ pub(crate) mod test_support {
     use super::*;
 
     /// A journal in a temporary directory and the stores on it.
-    pub fn open() -> (tempfile::TempDir, Journal, Stores) {
+    pub(crate) fn open() -> (tempfile::TempDir, Journal, Stores) {
         let dir = tempfile::tempdir().expect("temporary directory");
         let journal = Journal::open(ferrymq_storage::JournalConfig::new(dir.path())).expect("journal opens");
         let stores = Stores::local(&journal);
@@ -244,18 +244,18 @@ pub(crate) mod test_support {
     }
 
     /// Applies a write and waits for it (tests run without a broker).
-    pub fn apply(journal: &Journal, w: StoreWrite) {
+    pub(crate) fn apply(journal: &Journal, w: StoreWrite) {
         let ops = read(JournalStore::new(journal).ops(w)).expect("commands encode");
         journal.write_blocking(ops).expect("write applies");
     }
 
     /// Writes raw journal operations (a test's damaged records).
-    pub fn apply_ops(journal: &Journal, ops: Vec<ferrymq_storage::Op>) {
+    pub(crate) fn apply_ops(journal: &Journal, ops: Vec<ferrymq_storage::Op>) {
         journal.write_blocking(ops).expect("write applies");
     }
 
     /// Runs a store's read to its end (tests run without a runtime).
-    pub fn read<T>(f: impl std::future::Future<Output = T>) -> T {
+    pub(crate) fn read<T>(f: impl std::future::Future<Output = T>) -> T {
         tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
     }
 }

@@ -24,7 +24,7 @@ use crate::core::shards::{ShardCmd, Shards};
 /// RocketMQ's `AllocateMessageQueueAveragely`: the partition indexes given to member
 /// `index` of `members` when there are `partitions` partitions (empty for members beyond
 /// the partition count).
-pub fn average(partitions: usize, members: usize, index: usize) -> Range<usize> {
+pub(crate) fn average(partitions: usize, members: usize, index: usize) -> Range<usize> {
     if members == 0 || index >= members || index >= partitions {
         return 0..0;
     }
@@ -100,20 +100,20 @@ impl Membership {
 
 /// Every partitioned group of the broker run.
 #[derive(Debug, Default)]
-pub struct Assignments {
+pub(crate) struct Assignments {
     groups: Mutex<HashMap<GroupKey, Membership>>,
 }
 
 impl Assignments {
     /// A new, empty registry.
-    pub fn new() -> Assignments {
+    pub(crate) fn new() -> Assignments {
         Assignments::default()
     }
 
     /// `consumer` of `member` subscribed to partition `queue` of `key`'s super stream,
     /// whose partitions are now `partitions`: the partitions are spread again and every
     /// owner whose active member changed is told. Call after the consumer is attached.
-    pub fn join(
+    pub(crate) fn join(
         &self,
         shards: &Shards,
         key: GroupKey,
@@ -136,7 +136,7 @@ impl Assignments {
     /// `consumer` went (cancelled, channel or connection closed, queue deleted): if it was
     /// part of a partitioned group, the group's partitions are spread again. A no-op for
     /// other consumers.
-    pub fn leave(&self, shards: &Shards, consumer: ConsumerId) {
+    pub(crate) fn leave(&self, shards: &Shards, consumer: ConsumerId) {
         let mut groups = self.groups.lock();
         let Some((key, m)) =
             groups.iter_mut().find(|(_, m)| m.members.iter().any(|x| x.consumers.iter().any(|(_, c)| *c == consumer)))

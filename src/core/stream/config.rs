@@ -109,7 +109,7 @@ const DAY_MS: u64 = 24 * 3600 * SECOND_MS;
 /// Parses a RabbitMQ age such as `7D`, `12h`, `30m`, `90s`, `6M` or `1Y` into ms: a positive
 /// integer followed by one unit, `Y` (365 days), `M` (30 days), `D`, `h`, `m` or `s`.
 /// `None` for anything else (the caller refuses it with 406).
-pub fn parse_age(text: &str) -> Option<u64> {
+pub(crate) fn parse_age(text: &str) -> Option<u64> {
     const UNITS: [(&str, u64); 6] = [
         ("Y", 365 * DAY_MS),
         ("M", 30 * DAY_MS),

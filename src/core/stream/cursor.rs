@@ -15,7 +15,7 @@ use crate::core::tag_filter::TagFilter;
 
 /// One consumer of a stream.
 #[derive(Debug)]
-pub struct StreamConsumer {
+pub(crate) struct StreamConsumer {
     /// Id (unique per broker run).
     pub id: ConsumerId,
     /// Where deliveries go (bounded in effect by `credit`).
@@ -37,7 +37,7 @@ pub struct StreamConsumer {
 
 impl StreamConsumer {
     /// A consumer reading from offset `next` with `credit` deliveries in hand.
-    pub fn new(
+    pub(crate) fn new(
         id: ConsumerId,
         tx: mpsc::UnboundedSender<ConsumerEvent>,
         credit: u32,
@@ -59,19 +59,19 @@ impl StreamConsumer {
     /// Server-side filter hook: true when the entry is for this consumer (or its group).
     /// Decided from the pointer alone (its `tag_hash`), so skipped entries cost no body
     /// read and no credit; a hash collision is resolved by [`StreamConsumer::accepts`].
-    pub fn admits(&self, ptr: &Pointer) -> bool {
+    pub(crate) fn admits(&self, ptr: &Pointer) -> bool {
         self.filter.as_ref().is_none_or(|f| f.may_match_hash(ptr.tag_hash))
     }
 
     /// The final word once the message is read: its tag itself matches the filter.
-    pub fn accepts(&self, msg: &Message) -> bool {
+    pub(crate) fn accepts(&self, msg: &Message) -> bool {
         self.filter.as_ref().is_none_or(|f| f.matches(msg.tag()))
     }
 
     /// The client acknowledged `offset` (or nacked / rejected it: a stream treats those as
     /// acks, as RabbitMQ does): one more credit (none once cancelled). False for an offset
     /// it does not hold.
-    pub fn settle(&mut self, offset: u64) -> bool {
+    pub(crate) fn settle(&mut self, offset: u64) -> bool {
         if !self.unacked.remove(&offset) {
             return false;
         }
@@ -82,7 +82,7 @@ impl StreamConsumer {
     }
 
     /// A cancelled consumer that holds nothing more: it can go.
-    pub fn is_done(&self) -> bool {
+    pub(crate) fn is_done(&self) -> bool {
         self.cancelled && self.unacked.is_empty()
     }
 }

@@ -74,7 +74,7 @@ impl GroupCursor {
 }
 
 /// The journal key of a group's cursor: stream id (u64 BE) then the group name.
-pub fn cursor_key(stream: QueueId, group: &str) -> Bytes {
+pub(crate) fn cursor_key(stream: QueueId, group: &str) -> Bytes {
     let mut k = BytesMut::with_capacity(8 + group.len());
     k.put_u64(stream.0);
     k.put_slice(group.as_bytes());
@@ -82,23 +82,27 @@ pub fn cursor_key(stream: QueueId, group: &str) -> Bytes {
 }
 
 /// The op that stores a group's cursor (the storage operation behind a reset).
-pub fn store_cursor(stream: QueueId, group: &str, cursor: &GroupCursor) -> Op {
+pub(crate) fn store_cursor(stream: QueueId, group: &str, cursor: &GroupCursor) -> Op {
     Op::Put { space: Space::Cursor, key: cursor_key(stream, group), value: cursor.encode() }
 }
 
 /// The op that forgets every group cursor of a stream (the stream is deleted).
-pub fn forget_cursors(stream: QueueId) -> Op {
+pub(crate) fn forget_cursors(stream: QueueId) -> Op {
     Op::DeletePrefix { space: Space::Cursor, prefix: Bytes::copy_from_slice(&stream.0.to_be_bytes()) }
 }
 
 /// The stored cursor of a group, if it has one.
-pub fn load_cursor(journal: &Journal, stream: QueueId, group: &str) -> Result<Option<GroupCursor>, JournalError> {
+pub(crate) fn load_cursor(
+    journal: &Journal,
+    stream: QueueId,
+    group: &str,
+) -> Result<Option<GroupCursor>, JournalError> {
     Ok(journal.get(Space::Cursor, &cursor_key(stream, group))?.and_then(|b| GroupCursor::decode(&b)))
 }
 
 /// A consumer group's live state in its stream's owner.
 #[derive(Debug)]
-pub struct Group {
+pub(crate) struct Group {
     /// What the group has acknowledged: the part of its state that is stored ([`load_cursor`]).
     pub cursor: GroupCursor,
     /// Next offset never handed to a member.
@@ -120,7 +124,7 @@ pub struct Group {
 
 impl Group {
     /// A group resuming from `cursor` (new groups: `dirty`, so that they are stored).
-    pub fn resume(cursor: GroupCursor, dirty: bool) -> Group {
+    pub(crate) fn resume(cursor: GroupCursor, dirty: bool) -> Group {
         let reader = Reader::at(cursor.committed);
         Group {
             cursor,
@@ -135,14 +139,14 @@ impl Group {
     }
 
     /// A member acked (or nacked / rejected) `offset`.
-    pub fn ack(&mut self, offset: u64) {
+    pub(crate) fn ack(&mut self, offset: u64) {
         self.in_flight.remove(&offset);
         self.returned.remove(&offset);
         self.dirty |= self.cursor.ack(offset);
     }
 
     /// A member left holding `offsets` unacked: they go to the remaining members.
-    pub fn returned_by(&mut self, offsets: impl IntoIterator<Item = u64>) {
+    pub(crate) fn returned_by(&mut self, offsets: impl IntoIterator<Item = u64>) {
         for o in offsets {
             if self.in_flight.remove(&o).is_some() && o >= self.cursor.committed && !self.cursor.acked.contains(&o) {
                 self.returned.insert(o);
@@ -152,7 +156,7 @@ impl Group {
 
     /// Moves the group to `cursor` (reset): what is in flight is forgotten, reading
     /// restarts at the new committed offset.
-    pub fn reset(&mut self, cursor: GroupCursor) {
+    pub(crate) fn reset(&mut self, cursor: GroupCursor) {
         self.reader.seek(cursor.committed);
         self.cursor = cursor;
         self.returned.clear();
@@ -173,7 +177,7 @@ impl Group {
     }
 
     /// Entries below `first` were trimmed.
-    pub fn skip_trimmed(&mut self, first: u64) {
+    pub(crate) fn skip_trimmed(&mut self, first: u64) {
         self.dirty |= self.cursor.skip_trimmed(first);
         self.reader.skip_trimmed(first);
         self.returned = self.returned.split_off(&first);

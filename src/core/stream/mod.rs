@@ -10,12 +10,12 @@
 //! further behind pages pointers from the journal (`queue_entries`) and reads each body
 //! only when it delivers it.
 
-pub mod assignment;
+pub(crate) mod assignment;
 mod config;
 mod cursor;
-pub mod group;
+pub(crate) mod group;
 mod reader;
-pub mod retention;
+pub(crate) mod retention;
 mod seek;
 
 use std::collections::{HashMap, VecDeque};
@@ -23,10 +23,10 @@ use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-pub use config::{parse_age, StreamConfig, StreamExtent, StreamOffset};
-pub use cursor::StreamConsumer;
+pub(crate) use config::{parse_age, StreamConfig, StreamOffset};
+pub(crate) use cursor::StreamConsumer;
 use ferrymq_storage::{Journal, Op, Pointer, QueueId};
-pub use group::{Group, GroupCursor};
+pub(crate) use group::{Group, GroupCursor};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
@@ -85,7 +85,7 @@ impl GroupStatus {
 
 /// State of one stream.
 #[derive(Debug)]
-pub struct Stream {
+pub(crate) struct Stream {
     id: QueueId,
     config: Arc<StreamConfig>,
     /// Oldest live offset (== `next` when empty).
@@ -115,7 +115,7 @@ impl Stream {
     /// offset with one lookup. Body bytes are
     /// counted (one scan of the pointers, no body reads) only for a stream with a byte
     /// limit; a huge stream without one starts in constant time.
-    pub fn load(id: QueueId, config: Arc<StreamConfig>, journal: &Journal) -> Stream {
+    pub(crate) fn load(id: QueueId, config: Arc<StreamConfig>, journal: &Journal) -> Stream {
         let next = journal.queue_next_offset(id);
         let len = journal.queue_len(id).unwrap_or(0).min(next);
         let first = next - len;
@@ -168,7 +168,7 @@ impl Stream {
 
     /// Counts the bytes of up to `budget` entries held at load that are not counted yet.
     /// Returns true when it counted some (the gauge changes).
-    pub fn count_bytes(&mut self, journal: &Journal, budget: usize) -> bool {
+    pub(crate) fn count_bytes(&mut self, journal: &Journal, budget: usize) -> bool {
         let Some(range) = self.uncounted.clone() else { return false };
         let mut from = range.start.max(self.first);
         let mut read = 0;
@@ -193,17 +193,17 @@ impl Stream {
     }
 
     /// True while bytes of entries held at load are not counted yet.
-    pub fn counting_bytes(&self) -> bool {
+    pub(crate) fn counting_bytes(&self) -> bool {
         self.uncounted.is_some()
     }
 
     /// The stream's id.
-    pub fn id(&self) -> QueueId {
+    pub(crate) fn id(&self) -> QueueId {
         self.id
     }
 
     /// Replaces the retention settings (keeps the contents).
-    pub fn set_config(&mut self, config: Arc<StreamConfig>, journal: &Journal) {
+    pub(crate) fn set_config(&mut self, config: Arc<StreamConfig>, journal: &Journal) {
         self.config = config;
         if self.config.max_bytes.is_some() && self.uncounted.is_some() {
             self.scan(journal);
@@ -212,27 +212,23 @@ impl Stream {
     }
 
     /// Entries kept: from the oldest untrimmed offset up to the next one to append.
-    pub fn len(&self) -> u64 {
+    pub(crate) fn len(&self) -> u64 {
         self.next - self.first
     }
 
-    /// True when no entry is live.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Oldest live offset (the next offset when empty).
-    pub fn first_offset(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn first_offset(&self) -> u64 {
         self.first
     }
 
     /// Consumers attached and not cancelled.
-    pub fn consumer_count(&self) -> usize {
+    pub(crate) fn consumer_count(&self) -> usize {
         self.consumers.iter().filter(|c| !c.cancelled).count()
     }
 
     /// Writes the live counters to the gauge.
-    pub fn publish_gauge(&mut self) {
+    pub(crate) fn publish_gauge(&mut self) {
         let g = &self.config.gauge;
         g.add_counts(std::mem::take(&mut self.counted));
         g.len.store(self.len(), Ordering::Relaxed);
@@ -243,7 +239,7 @@ impl Stream {
     }
 
     /// A freshly appended entry (journal completion order = offset order).
-    pub fn appended(&mut self, offset: u64, ptr: Pointer, msg: &SharedMessage) {
+    pub(crate) fn appended(&mut self, offset: u64, ptr: Pointer, msg: &SharedMessage) {
         if offset < self.next {
             // Already counted when the stream was loaded (the append raced the load).
             return;
@@ -266,7 +262,7 @@ impl Stream {
     }
 
     /// The offset a consumer starting at `start` reads first.
-    pub fn resolve(&self, start: StreamOffset, journal: &Journal) -> u64 {
+    pub(crate) fn resolve(&self, start: StreamOffset, journal: &Journal) -> u64 {
         match start {
             StreamOffset::First => self.first,
             StreamOffset::Last => self.next.saturating_sub(1).max(self.first),
@@ -279,7 +275,7 @@ impl Stream {
     /// Attaches a consumer reading from `start` with `credit`; call [`Stream::pump`] after.
     /// A member of `group` reads through the group's cursor: where the group stopped when
     /// it has a stored one, else from `start` (which then becomes the group's).
-    pub fn attach(
+    pub(crate) fn attach(
         &mut self,
         id: ConsumerId,
         tx: mpsc::UnboundedSender<ConsumerEvent>,
@@ -309,7 +305,7 @@ impl Stream {
 
     /// Gives consumer `id` a tag filter (`x-tag-filter`): entries whose tag does not match
     /// are skipped for it — for a group member, skipped for the group.
-    pub fn set_filter(&mut self, id: ConsumerId, filter: Option<TagFilter>) {
+    pub(crate) fn set_filter(&mut self, id: ConsumerId, filter: Option<TagFilter>) {
         if let Some(c) = self.consumers.iter_mut().find(|c| c.id == id) {
             c.filter = filter;
         }
@@ -317,7 +313,7 @@ impl Stream {
 
     /// Makes `group` read by one member at a time (a partition of a super stream, or a
     /// single-active group): nobody reads until [`Stream::activate`] names the member.
-    pub fn make_exclusive(&mut self, group: &str) {
+    pub(crate) fn make_exclusive(&mut self, group: &str) {
         if let Some(g) = self.groups.get_mut(group) {
             g.exclusive = true;
         }
@@ -325,7 +321,7 @@ impl Stream {
 
     /// Names the member of an exclusive `group` that reads it from now on (`None`:
     /// nobody); it starts once the previous one's entries are settled or returned.
-    pub fn activate(&mut self, group: &str, consumer: Option<ConsumerId>) {
+    pub(crate) fn activate(&mut self, group: &str, consumer: Option<ConsumerId>) {
         if let Some(g) = self.groups.get_mut(group).filter(|g| g.exclusive) {
             g.active = consumer;
         }
@@ -333,7 +329,7 @@ impl Stream {
 
     /// Removes a consumer (cancel, channel closed): its cursor goes with it; what a group
     /// member held unacked goes to the rest of its group.
-    pub fn detach(&mut self, id: ConsumerId) {
+    pub(crate) fn detach(&mut self, id: ConsumerId) {
         let Some(i) = self.consumers.iter().position(|c| c.id == id) else { return };
         let c = self.consumers.swap_remove(i);
         let last = c.group.as_ref().is_some_and(|n| !self.consumers.iter().any(|x| x.group.as_ref() == Some(n)));
@@ -353,7 +349,7 @@ impl Stream {
 
     /// A consumer settled a delivery (ack, nack or reject): it gets the credit back; a
     /// group member's settlement counts for its group.
-    pub fn settle(&mut self, consumer: ConsumerId, offset: u64) {
+    pub(crate) fn settle(&mut self, consumer: ConsumerId, offset: u64) {
         let Some(c) = self.consumers.iter_mut().find(|c| c.id == consumer) else { return };
         if c.settle(offset) {
             self.counted.ack += 1;
@@ -368,7 +364,7 @@ impl Stream {
 
     /// A delivery came back unsettled (its channel closed): a group member's goes to the
     /// rest of its group.
-    pub fn returned(&mut self, consumer: ConsumerId, offset: u64) {
+    pub(crate) fn returned(&mut self, consumer: ConsumerId, offset: u64) {
         let Some(c) = self.consumers.iter_mut().find(|c| c.id == consumer) else { return };
         if c.unacked.remove(&offset) {
             if let Some(g) = c.group.as_ref().and_then(|n| self.groups.get_mut(n)) {
@@ -383,7 +379,7 @@ impl Stream {
     /// basic.cancel: the consumer gets nothing more, but what it holds unacked stays
     /// ackable (as for queues); a group member's unacked entries go back to the group only
     /// if they are returned (channel closed), not at the cancel.
-    pub fn cancel(&mut self, id: ConsumerId) {
+    pub(crate) fn cancel(&mut self, id: ConsumerId) {
         match self.consumers.iter_mut().find(|c| c.id == id) {
             Some(c) if !c.unacked.is_empty() => {
                 c.cancelled = true;
@@ -395,19 +391,20 @@ impl Stream {
     }
 
     /// Adds credit to a consumer.
-    pub fn credit(&mut self, consumer: ConsumerId, n: u32) {
+    pub(crate) fn credit(&mut self, consumer: ConsumerId, n: u32) {
         if let Some(c) = self.consumers.iter_mut().find(|c| c.id == consumer && !c.cancelled) {
             c.credit = c.credit.saturating_add(n);
         }
     }
 
     /// The committed cursor of a group, as the owner sees it now.
-    pub fn group_cursor(&self, group: &str) -> Option<&GroupCursor> {
+    #[cfg(test)]
+    pub(crate) fn group_cursor(&self, group: &str) -> Option<&GroupCursor> {
         self.groups.get(group).map(|g| &g.cursor)
     }
 
     /// The stream's extent and its groups.
-    pub fn status(&self) -> StreamStatus {
+    pub(crate) fn status(&self) -> StreamStatus {
         let mut groups: Vec<GroupStatus> = self
             .groups
             .iter()
@@ -426,7 +423,7 @@ impl Stream {
 
     /// Moves a group's committed offset to where `to` resolves (an offset, a timestamp,
     /// first, last, next); its members continue from there. Returns the new offset.
-    pub fn reset_group(&mut self, group: &str, to: StreamOffset, journal: &Journal) -> u64 {
+    pub(crate) fn reset_group(&mut self, group: &str, to: StreamOffset, journal: &Journal) -> u64 {
         let offset = self.resolve(to, journal);
         match self.groups.get_mut(group) {
             Some(g) => g.reset(GroupCursor::at(offset)),
@@ -451,7 +448,7 @@ impl Stream {
 
     /// Journal ops storing the cursors of groups that moved since the last call (one
     /// [`Command::SetGroupCursor`] each, in the shard's submission).
-    pub fn take_cursor_writes(&mut self, ops: &mut Vec<Op>) {
+    pub(crate) fn take_cursor_writes(&mut self, ops: &mut Vec<Op>) {
         for (name, g) in self.groups.iter_mut().filter(|(_, g)| g.dirty) {
             g.dirty = false;
             let command = Command::SetGroupCursor { stream: self.id, group: name.clone(), cursor: g.cursor.clone() };
@@ -460,7 +457,7 @@ impl Stream {
     }
 
     /// Sends every consumer what its cursor (or its group's) and credit allow.
-    pub fn pump(&mut self, journal: &Journal) {
+    pub(crate) fn pump(&mut self, journal: &Journal) {
         let mut gone = Vec::new();
         for i in 0..self.consumers.len() {
             if self.consumers[i].group.is_none() && !self.pump_one(i, journal) {
@@ -595,7 +592,7 @@ impl Stream {
 
     /// Trims what retention no longer allows (at most one bounded pass); the removal op
     /// goes to `ops`.
-    pub fn enforce_retention(&mut self, journal: &Journal, now_ms: u64, ops: &mut Vec<Op>) -> bool {
+    pub(crate) fn enforce_retention(&mut self, journal: &Journal, now_ms: u64, ops: &mut Vec<Op>) -> bool {
         if !self.config.has_retention() {
             return false;
         }
@@ -630,7 +627,7 @@ impl Stream {
 
     /// Removes every entry (the stream is deleted); consumers are told they were
     /// cancelled. Returns how many entries it held.
-    pub fn delete(&mut self, ops: &mut Vec<Op>) -> u64 {
+    pub(crate) fn delete(&mut self, ops: &mut Vec<Op>) -> u64 {
         let count = self.len();
         for c in self.consumers.drain(..) {
             let _ = c.tx.send(ConsumerEvent::Cancelled { queue: self.id, consumer: c.id });

@@ -11,13 +11,13 @@ use crate::core::queue::read_message;
 
 /// Most entries trimmed from one stream in one pass; a longer backlog goes over the next
 /// passes, so a pass never stalls the shard for long.
-pub const MAX_TRIM_PER_PASS: u64 = 65_536;
+pub(crate) const MAX_TRIM_PER_PASS: u64 = 65_536;
 /// Pointers read per index page while planning.
 const PAGE: usize = 1024;
 
 /// Entries to remove: offsets `from..to`, whose bodies total `bytes`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Trim {
+pub(crate) struct Trim {
     /// First offset removed (the stream's first).
     pub from: u64,
     /// First offset kept.
@@ -28,7 +28,7 @@ pub struct Trim {
 
 /// The live part of a stream as its owner knows it.
 #[derive(Debug, Clone, Copy)]
-pub struct Extent {
+pub(crate) struct Extent {
     /// Oldest live offset.
     pub first: u64,
     /// Next offset to be assigned.
@@ -39,7 +39,13 @@ pub struct Extent {
 
 /// What to trim now, if anything: every entry older than `max_age` and the oldest ones
 /// while the stream holds more than `max_bytes` (at most [`MAX_TRIM_PER_PASS`] entries).
-pub fn plan(journal: &Journal, queue: QueueId, extent: Extent, config: &StreamConfig, now_ms: u64) -> Option<Trim> {
+pub(crate) fn plan(
+    journal: &Journal,
+    queue: QueueId,
+    extent: Extent,
+    config: &StreamConfig,
+    now_ms: u64,
+) -> Option<Trim> {
     if extent.first >= extent.next {
         return None;
     }
@@ -77,7 +83,7 @@ pub fn plan(journal: &Journal, queue: QueueId, extent: Extent, config: &StreamCo
 }
 
 /// Body bytes of the entries at offsets in `range` (a pointer scan, no body reads).
-pub fn body_bytes(journal: &Journal, queue: QueueId, range: std::ops::Range<u64>) -> u64 {
+pub(crate) fn body_bytes(journal: &Journal, queue: QueueId, range: std::ops::Range<u64>) -> u64 {
     let (mut from, mut bytes) = (range.start, 0u64);
     while from < range.end {
         let page = match journal.queue_entries(queue, from, PAGE) {

@@ -7,14 +7,14 @@ use ferrymq_storage::{Journal, Pointer, QueueId};
 use crate::core::queue::read_message;
 
 /// The first entry of `queue` at or after offset `from`.
-pub fn entry_at_or_after(journal: &Journal, queue: QueueId, from: u64) -> Option<(u64, Pointer)> {
+pub(super) fn entry_at_or_after(journal: &Journal, queue: QueueId, from: u64) -> Option<(u64, Pointer)> {
     journal.queue_entries(queue, from, 1).ok()?.into_iter().next()
 }
 
 /// The first offset in `first..end` whose message was stored at or after `at_ms` (broker
 /// clock); `end` when none is. Timestamps grow with offsets (the broker stamps messages as
 /// it stores them); an unreadable entry counts as older.
-pub fn offset_for_timestamp(journal: &Journal, queue: QueueId, first: u64, end: u64, at_ms: u64) -> u64 {
+pub(super) fn offset_for_timestamp(journal: &Journal, queue: QueueId, first: u64, end: u64, at_ms: u64) -> u64 {
     let (mut lo, mut hi) = (first, end);
     while lo < hi {
         let mid = lo + (hi - lo) / 2;

@@ -12,7 +12,7 @@ use crate::core::router::Routes;
 
 /// A consumer started with basic.consume.
 #[derive(Debug, Clone)]
-pub struct ChannelConsumer {
+pub(crate) struct ChannelConsumer {
     /// Consumer tag as given in basic.consume (`amq.ctag-...` generated when empty); unique per connection.
     pub tag: String,
     /// Queue it consumes from.
@@ -30,7 +30,7 @@ pub struct ChannelConsumer {
 
 /// A delivery waiting for the client's ack.
 #[derive(Debug, Clone, Copy)]
-pub struct Unacked {
+pub(crate) struct Unacked {
     /// Queue the delivery came from; the settlement goes to its owner.
     pub queue: QueueId,
     /// Offset of the delivered entry in that queue, named by the ack/nack/reject command.
@@ -43,7 +43,7 @@ pub struct Unacked {
 
 /// What an ack-like method does to a delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Settle {
+pub(crate) enum Settle {
     /// basic.ack.
     Ack,
     /// nack/reject with requeue.
@@ -54,7 +54,7 @@ pub enum Settle {
 
 /// A publish held back in a transaction until commit.
 #[derive(Debug)]
-pub struct TxPublish {
+pub(crate) struct TxPublish {
     /// The message to publish at commit.
     pub msg: SharedMessage,
     /// Where it goes (reject-publish queues admit it at commit).
@@ -65,7 +65,7 @@ pub struct TxPublish {
 
 /// One open channel.
 #[derive(Debug, Default)]
-pub struct Channel {
+pub(crate) struct Channel {
     /// Consumers by id.
     pub consumers: HashMap<ConsumerId, ChannelConsumer>,
     /// Next delivery tag to hand out.
@@ -94,12 +94,12 @@ pub struct Channel {
 
 impl Channel {
     /// A fresh channel whose basic.get deliveries use `get_consumer`.
-    pub fn new(get_consumer: ConsumerId) -> Channel {
+    pub(crate) fn new(get_consumer: ConsumerId) -> Channel {
         Channel { next_tag: 1, get_consumer, ..Default::default() }
     }
 
     /// True when the global prefetch allows another delivery.
-    pub fn may_deliver(&self) -> bool {
+    pub(crate) fn may_deliver(&self) -> bool {
         !self.flow_paused && (self.global_prefetch == 0 || self.unacked_by_consumers() < self.global_prefetch as usize)
     }
 
@@ -108,7 +108,7 @@ impl Channel {
     }
 
     /// Assigns the next delivery tag.
-    pub fn take_tag(&mut self) -> u64 {
+    pub(crate) fn take_tag(&mut self) -> u64 {
         let tag = self.next_tag;
         self.next_tag += 1;
         tag
@@ -116,7 +116,7 @@ impl Channel {
 
     /// The unacked deliveries an ack of `tag` (with `multiple`) covers; `None` when the
     /// tag is unknown (a channel error, 406).
-    pub fn settle(&mut self, tag: u64, multiple: bool) -> Option<Vec<Unacked>> {
+    pub(crate) fn settle(&mut self, tag: u64, multiple: bool) -> Option<Vec<Unacked>> {
         if multiple {
             if tag == 0 {
                 return Some(std::mem::take(&mut self.unacked).into_values().collect());

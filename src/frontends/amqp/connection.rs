@@ -69,7 +69,7 @@ impl PendingConfirm {
 
 /// Control messages to a connection task.
 #[derive(Debug)]
-pub enum Control {
+pub(crate) enum Control {
     /// The broker is shutting down (connection.close 320).
     Shutdown,
     /// An operator closed the connection (connection.close 320 with the reason).
@@ -82,12 +82,14 @@ enum Vouch {
     Nobody,
     /// A verified TLS client certificate names the user.
     Certificate(Arc<ClientCert>),
-    /// The broker itself, for a connection it made to itself: the user it acts as.
+    /// The broker itself, for a connection it made to itself: the user it acts as (only
+    /// shovels make such connections).
+    #[cfg_attr(not(feature = "shovels"), allow(dead_code))]
     Broker(String),
 }
 
 /// Serves one AMQP connection until it closes.
-pub async fn serve<S>(
+pub(crate) async fn serve<S>(
     ctx: Arc<AmqpContext>,
     stream: S,
     peer: SocketAddr,
@@ -109,7 +111,8 @@ pub async fn serve<S>(
 /// would (the user must exist and may log in from the loopback; no password), and is
 /// then checked as every client is (virtual host access, permissions, connection and
 /// channel limits). Operations list it as a `direct` connection.
-pub async fn serve_direct<S>(ctx: Arc<AmqpContext>, stream: S, user: String)
+#[cfg_attr(not(feature = "shovels"), allow(dead_code))]
+pub(crate) async fn serve_direct<S>(ctx: Arc<AmqpContext>, stream: S, user: String)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {

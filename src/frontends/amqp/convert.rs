@@ -10,7 +10,7 @@ use crate::core::value::Value;
 
 /// A short string, cut at 255 bytes on a character boundary (AMQP's limit) instead of
 /// failing: names that come from MQTT clients can be longer.
-pub fn short(s: &str) -> ShortString {
+pub(crate) fn short(s: &str) -> ShortString {
     let mut end = s.len().min(255);
     while !s.is_char_boundary(end) {
         end -= 1;
@@ -19,12 +19,12 @@ pub fn short(s: &str) -> ShortString {
 }
 
 /// A field table as core header values (table order: AMQP tables are unordered maps).
-pub fn table_in(t: &FieldTable) -> Vec<(String, Value)> {
+pub(crate) fn table_in(t: &FieldTable) -> Vec<(String, Value)> {
     t.inner().iter().map(|(k, v)| (k.as_str().to_owned(), value_in(v))).collect()
 }
 
 /// One AMQP field value as a core value (widths kept).
-pub fn value_in(v: &AMQPValue) -> Value {
+pub(crate) fn value_in(v: &AMQPValue) -> Value {
     match v {
         AMQPValue::Boolean(b) => Value::Bool(*b),
         AMQPValue::ShortShortInt(i) => Value::Int8(*i),
@@ -51,7 +51,7 @@ pub fn value_in(v: &AMQPValue) -> Value {
 }
 
 /// Core header values as a field table (a repeated name keeps its last value).
-pub fn table_out(fields: &[(String, Value)]) -> FieldTable {
+pub(crate) fn table_out(fields: &[(String, Value)]) -> FieldTable {
     let mut t = FieldTable::default();
     for (k, v) in fields {
         t.insert(short(k), value_out(v));
@@ -60,7 +60,7 @@ pub fn table_out(fields: &[(String, Value)]) -> FieldTable {
 }
 
 /// One core value as an AMQP field value.
-pub fn value_out(v: &Value) -> AMQPValue {
+pub(crate) fn value_out(v: &Value) -> AMQPValue {
     match v {
         Value::Bool(b) => AMQPValue::Boolean(*b),
         Value::Int8(i) => AMQPValue::ShortShortInt(*i),
@@ -89,7 +89,7 @@ fn amq_protocol_decimal(scale: u8, value: u32) -> amq_protocol::types::DecimalVa
 
 /// Message properties from AMQP content properties, received at `now_ms`.
 /// `expiration` (ms, as text) becomes an absolute expiry; an unparsable one is ignored.
-pub fn properties_in(p: &BasicProperties, now_ms: u64) -> Properties {
+pub(crate) fn properties_in(p: &BasicProperties, now_ms: u64) -> Properties {
     let expiration_ms = p.expiration().as_ref().and_then(|e| e.as_str().trim().parse::<u64>().ok());
     Properties {
         content_type: p.content_type().as_ref().map(|s| s.as_str().to_owned()),
@@ -116,7 +116,7 @@ pub fn properties_in(p: &BasicProperties, now_ms: u64) -> Properties {
 /// long strings), correlation data is the correlation id, the response topic the reply-to
 /// (in routing-key form), message expiry the expiration, and a retained message carries
 /// the header `x-mqtt-retain: true`. `extra` headers (e.g. `x-delivery-count`) are added.
-pub fn properties_out(msg: &Message, now_ms: u64, extra: &[(String, Value)]) -> BasicProperties {
+pub(crate) fn properties_out(msg: &Message, now_ms: u64, extra: &[(String, Value)]) -> BasicProperties {
     let p = &msg.props;
     let mut out = BasicProperties::default();
     if let Some(v) = &p.content_type {
@@ -172,7 +172,7 @@ pub fn properties_out(msg: &Message, now_ms: u64, extra: &[(String, Value)]) -> 
 
 /// The delivery guarantee of an AMQP publish: persistent (delivery mode 2) is QoS 2 in the
 /// core, so an MQTT QoS 2 subscriber gets it exactly once; transient is QoS 0.
-pub fn qos_of(p: &BasicProperties) -> u8 {
+pub(crate) fn qos_of(p: &BasicProperties) -> u8 {
     if *p.delivery_mode() == Some(2) {
         2
     } else {

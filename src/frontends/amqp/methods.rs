@@ -30,7 +30,7 @@ use crate::core::value::Value;
 /// A channel or connection exception to send.
 /// A refused method: the reply code and text, and whether it closes the connection (else the channel).
 #[derive(Debug)]
-pub struct Fail {
+pub(crate) struct Fail {
     /// AMQP reply code (404, 405, 406, 541, ...).
     pub code: u16,
     /// Reply text, as RabbitMQ words it.

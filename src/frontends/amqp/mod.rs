@@ -16,11 +16,11 @@
 //!   bindings are declared and deleted through [`crate::core::entities`], shared with the
 //!   management API.
 
-pub mod channel;
-pub mod connection;
-pub mod convert;
-pub mod methods;
-pub mod streams;
+pub(crate) mod channel;
+pub(crate) mod connection;
+pub(crate) mod convert;
+pub(crate) mod methods;
+pub(crate) mod streams;
 
 use std::collections::HashMap;
 use std::sync::Arc;

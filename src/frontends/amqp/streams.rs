@@ -14,14 +14,14 @@ use crate::core::value::Value;
 use crate::core::entities::Entities;
 
 /// The consume argument naming where a stream consumer starts.
-pub const OFFSET_ARG: &str = "x-stream-offset";
+pub(crate) const OFFSET_ARG: &str = "x-stream-offset";
 
 /// The consume argument naming a stream consumer's group.
-pub const GROUP_ARG: &str = "x-consumer-group";
+pub(crate) const GROUP_ARG: &str = "x-consumer-group";
 
 /// Reads `x-consumer-group` from consume arguments: a non-empty string of at most 255
 /// bytes, or absent.
-pub fn consumer_group(args: &[(String, Value)]) -> Result<Option<String>, String> {
+pub(crate) fn consumer_group(args: &[(String, Value)]) -> Result<Option<String>, String> {
     match args.iter().find(|(k, _)| k == GROUP_ARG).map(|(_, v)| v) {
         None => Ok(None),
         Some(Value::Str(s)) if !s.is_empty() && s.len() <= 255 => Ok(Some(s.clone())),
@@ -30,15 +30,15 @@ pub fn consumer_group(args: &[(String, Value)]) -> Result<Option<String>, String
 }
 
 /// The consume argument naming the super stream whose partition a group member reads.
-pub const SUPER_STREAM_ARG: &str = "x-super-stream";
+pub(crate) const SUPER_STREAM_ARG: &str = "x-super-stream";
 /// The consume argument making a group read by one member at a time.
-pub const SINGLE_ACTIVE_ARG: &str = "x-single-active-consumer";
+pub(crate) const SINGLE_ACTIVE_ARG: &str = "x-single-active-consumer";
 /// The binding argument ordering a super stream's partitions (RabbitMQ's).
-pub const PARTITION_ORDER_ARG: &str = "x-stream-partition-order";
+pub(crate) const PARTITION_ORDER_ARG: &str = "x-stream-partition-order";
 
 /// How the members of a consumer group share a stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Sharing {
+pub(crate) enum Sharing {
     /// Each entry to one member, round robin (the default).
     Split,
     /// One member at a time reads, in order; the next takes over when it goes
@@ -51,7 +51,7 @@ pub enum Sharing {
 
 /// Reads `x-super-stream` and `x-single-active-consumer` from consume arguments; both
 /// need an `x-consumer-group`.
-pub fn sharing(args: &[(String, Value)], group: Option<&str>) -> Result<Sharing, String> {
+pub(crate) fn sharing(args: &[(String, Value)], group: Option<&str>) -> Result<Sharing, String> {
     let find = |name: &str| args.iter().find(|(k, _)| k == name).map(|(_, v)| v);
     let sharing = match (find(SUPER_STREAM_ARG), find(SINGLE_ACTIVE_ARG)) {
         (Some(Value::Str(s)), _) if !s.is_empty() && s.len() <= 255 => Sharing::Partition(s.clone()),
@@ -69,13 +69,18 @@ pub fn sharing(args: &[(String, Value)], group: Option<&str>) -> Result<Sharing,
 
 /// The order of a partition among its super stream's bindings: the binding's
 /// `x-stream-partition-order` (any integer), else after every ordered one.
-pub fn partition_order(binding_args: &[(String, Value)]) -> i64 {
+pub(crate) fn partition_order(binding_args: &[(String, Value)]) -> i64 {
     binding_args.iter().find(|(k, _)| k == PARTITION_ORDER_ARG).and_then(|(_, v)| v.as_i64()).unwrap_or(i64::MAX)
 }
 
 /// The partitions of super stream `name` (the streams bound to exchange `name`), in
 /// partition order (`x-stream-partition-order`, then name); `None` when no such exchange.
-pub fn partitions_of(router: RoutingView<'_>, entities: &Entities, vhost: &str, name: &str) -> Option<Vec<QueueId>> {
+pub(crate) fn partitions_of(
+    router: RoutingView<'_>,
+    entities: &Entities,
+    vhost: &str,
+    name: &str,
+) -> Option<Vec<QueueId>> {
     router.exchange(vhost, name)?;
     let mut found: Vec<(i64, String, QueueId)> = Vec::new();
     let streams: Vec<_> = entities.all().into_iter().filter(|q| q.vhost == vhost && q.is_stream()).collect();
@@ -93,7 +98,7 @@ pub fn partitions_of(router: RoutingView<'_>, entities: &Entities, vhost: &str, 
 /// Reads `x-stream-offset` from consume arguments: `first`, `last`, `next` (the default),
 /// an absolute offset (any integer type), a timestamp (AMQP timestamp, seconds), or an age
 /// such as `1h` (RabbitMQ's interval form: messages stored within that time).
-pub fn stream_offset(args: &[(String, Value)]) -> Result<StreamOffset, String> {
+pub(crate) fn stream_offset(args: &[(String, Value)]) -> Result<StreamOffset, String> {
     let Some((_, v)) = args.iter().find(|(k, _)| k == OFFSET_ARG) else { return Ok(StreamOffset::Next) };
     match v {
         Value::Str(s) => match s.as_str() {

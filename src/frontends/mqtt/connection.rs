@@ -82,7 +82,7 @@ impl SessionState {
 ///
 /// The guard is held here rather than by a wrapping future, which would carry this
 /// future twice (once before it is polled, once as its awaitee).
-pub fn serve<S, G>(
+pub(crate) fn serve<S, G>(
     ctx: Arc<MqttContext>,
     stream: S,
     peer: SocketAddr,
@@ -103,7 +103,7 @@ where
 
 /// Serves a connection the broker made to itself (`listener.internal`: a bridge's local
 /// side), counting what the rules refuse it in `refusals`.
-pub fn serve_internal<S>(
+pub(crate) fn serve_internal<S>(
     ctx: Arc<MqttContext>,
     stream: S,
     peer: SocketAddr,

@@ -8,12 +8,12 @@ use crate::core::tag_filter::{MQTT_TAG_PROPERTY, TAG_HEADER};
 use crate::core::value::Value;
 
 /// QoS as a number.
-pub fn qos_u8(q: QoS) -> u8 {
+pub(crate) fn qos_u8(q: QoS) -> u8 {
     q as u8
 }
 
 /// QoS from a number (clamped to 2).
-pub fn qos_of(n: u8) -> QoS {
+pub(crate) fn qos_of(n: u8) -> QoS {
     match n {
         0 => QoS::AtMostOnce,
         1 => QoS::AtLeastOnce,
@@ -23,7 +23,7 @@ pub fn qos_of(n: u8) -> QoS {
 
 /// Core properties from MQTT 5 publish properties, received at `now_ms`. The user
 /// property `tag` becomes the message's tag (the header `x-tag`).
-pub fn properties_in(p: &PublishProperties, now_ms: u64) -> Properties {
+pub(crate) fn properties_in(p: &PublishProperties, now_ms: u64) -> Properties {
     Properties {
         content_type: p.content_type.clone(),
         correlation_data: p.correlation_data.clone(),
@@ -37,12 +37,12 @@ pub fn properties_in(p: &PublishProperties, now_ms: u64) -> Properties {
 
 /// A core message from an inbound PUBLISH (topic resolved and validated), routed through
 /// the MQTT exchange `exchange` with the topic as routing key.
-pub fn message_in(p: Publish, topic: &str, exchange: &str, now_ms: u64) -> Message {
+pub(crate) fn message_in(p: Publish, topic: &str, exchange: &str, now_ms: u64) -> Message {
     mqtt_message(exchange, topic, p.payload, p.qos, p.retain, &p.properties, now_ms)
 }
 
 /// The core message of a will, published through the MQTT exchange `exchange`.
-pub fn will_message(w: &Will, exchange: &str, now_ms: u64) -> Message {
+pub(crate) fn will_message(w: &Will, exchange: &str, now_ms: u64) -> Message {
     mqtt_message(exchange, &w.topic, w.payload.clone(), w.qos, w.retain, &w.properties, now_ms)
 }
 
@@ -72,7 +72,7 @@ fn mqtt_message(
 
 /// MQTT 5 properties for delivering `msg` at `now_ms` (expiry counts down; AMQP headers
 /// become user properties as text, the tag header `x-tag` the user property `tag`).
-pub fn properties_out(msg: &Message, subscription_ids: Vec<u32>, now_ms: u64) -> PublishProperties {
+pub(crate) fn properties_out(msg: &Message, subscription_ids: Vec<u32>, now_ms: u64) -> PublishProperties {
     PublishProperties {
         payload_format_indicator: msg.props.payload_format,
         message_expiry_interval: msg.remaining_expiry_secs(now_ms),

@@ -27,15 +27,15 @@ macro_rules! conn_log {
 
 mod close;
 mod connect;
-pub mod connection;
-pub mod convert;
+pub(crate) mod connection;
+pub(crate) mod convert;
 mod deliver;
 mod publish;
-pub mod refused;
-pub mod session;
-pub mod shared;
+pub(crate) mod refused;
+pub(crate) mod session;
+pub(crate) mod shared;
 mod subscribe;
-pub mod sys;
+pub(crate) mod sys;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -60,7 +60,7 @@ use shared::SharedGroups;
 const TIMER_TICK: Duration = Duration::from_millis(10);
 
 /// Prefix of the queue names of persistent sessions.
-pub const SESSION_QUEUE_PREFIX: &str = "mqtt-session/";
+pub(crate) const SESSION_QUEUE_PREFIX: &str = "mqtt-session/";
 
 /// Who may connect over MQTT: the user store CONNECT is checked against and whether
 /// passwords are checked everywhere (`auth.mqtt`, `auth.mosquitto_password_file`).
@@ -268,7 +268,7 @@ fn check_stored_subscriptions(client_id: &str, s: &StoredSession) -> Result<(), 
 }
 
 /// Splits `$share/{group}/{filter}` into group and filter.
-pub fn split_share(filter: &str) -> Option<(&str, &str)> {
+pub(crate) fn split_share(filter: &str) -> Option<(&str, &str)> {
     let rest = filter.strip_prefix("$share/")?;
     let (group, f) = rest.split_once('/')?;
     Some((group, f))

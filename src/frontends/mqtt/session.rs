@@ -334,7 +334,7 @@ impl Sessions {
 /// A connected session's subscriptions by full filter, sorted: a vector, since most
 /// sessions hold one or a few (a B-tree's first node alone is 720 bytes).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Subscriptions(Vec<(String, SubOptions)>);
+pub(crate) struct Subscriptions(Vec<(String, SubOptions)>);
 
 impl Subscriptions {
     fn find(&self, filter: &str) -> Result<usize, usize> {
@@ -342,17 +342,17 @@ impl Subscriptions {
     }
 
     /// The options of `filter`'s subscription.
-    pub fn get(&self, filter: &str) -> Option<&SubOptions> {
+    pub(crate) fn get(&self, filter: &str) -> Option<&SubOptions> {
         self.find(filter).ok().map(|i| &self.0[i].1)
     }
 
     /// True when `filter` is subscribed.
-    pub fn contains_key(&self, filter: &str) -> bool {
+    pub(crate) fn contains_key(&self, filter: &str) -> bool {
         self.find(filter).is_ok()
     }
 
     /// Subscribes `filter` (replacing its options); returns the options it had.
-    pub fn insert(&mut self, filter: String, options: SubOptions) -> Option<SubOptions> {
+    pub(crate) fn insert(&mut self, filter: String, options: SubOptions) -> Option<SubOptions> {
         match self.find(&filter) {
             Ok(i) => Some(std::mem::replace(&mut self.0[i].1, options)),
             Err(i) => {
@@ -367,22 +367,22 @@ impl Subscriptions {
     }
 
     /// Unsubscribes `filter`; returns the options it had.
-    pub fn remove(&mut self, filter: &str) -> Option<SubOptions> {
+    pub(crate) fn remove(&mut self, filter: &str) -> Option<SubOptions> {
         self.find(filter).ok().map(|i| self.0.remove(i).1)
     }
 
     /// The filters, in order.
-    pub fn keys(&self) -> impl Iterator<Item = &String> {
+    pub(crate) fn keys(&self) -> impl Iterator<Item = &String> {
         self.0.iter().map(|(f, _)| f)
     }
 
     /// Filters and options, in order.
-    pub fn iter(&self) -> impl Iterator<Item = (&String, &SubOptions)> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&String, &SubOptions)> {
         self.0.iter().map(|(f, o)| (f, o))
     }
 
     /// As the session store keeps them.
-    pub fn to_map(&self) -> BTreeMap<String, SubOptions> {
+    pub(crate) fn to_map(&self) -> BTreeMap<String, SubOptions> {
         self.0.iter().cloned().collect()
     }
 }

@@ -41,7 +41,7 @@ pub enum JoinError {
 }
 
 /// Name of the consume queue of a group.
-pub fn queue_name(group: &str, filter: &str) -> String {
+pub(crate) fn queue_name(group: &str, filter: &str) -> String {
     format!("mqtt-share/{group}/{filter}")
 }
 

@@ -50,7 +50,7 @@ impl Load {
 }
 
 /// Publishes the `$SYS` topics every `interval` until the runtime stops.
-pub async fn run(ctx: Arc<MqttContext>, interval: Duration) {
+pub(crate) async fn run(ctx: Arc<MqttContext>, interval: Duration) {
     publish(&ctx, "$SYS/broker/version", format!("ferrymq version {}", env!("CARGO_PKG_VERSION"))).await;
     let mut tick = tokio::time::interval(interval);
     let mut load = Load::default();
@@ -110,7 +110,7 @@ pub async fn run(ctx: Arc<MqttContext>, interval: Duration) {
 }
 
 /// Publishes `value` on the broker's own `$SYS` topic `topic`: retained in memory, QoS 0.
-pub async fn publish(ctx: &MqttContext, topic: &str, value: String) {
+pub(crate) async fn publish(ctx: &MqttContext, topic: &str, value: String) {
     let msg = Arc::new(Message {
         exchange: ctx.broker.routing().mqtt_exchange().to_owned(),
         routing_key: mqtt_to_key(topic),

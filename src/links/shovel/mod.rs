@@ -26,13 +26,13 @@ use serde_json::Value;
 use tokio::sync::watch;
 use tracing::warn;
 
-pub use crate::composition::config::links::{ShovelDefinition, ShovelEntry, Uris};
+pub(crate) use crate::composition::config::links::{ShovelDefinition, Uris};
 use crate::core::broker::{Broker, Commit};
 use crate::frontends::amqp::AmqpContext;
 
 /// When a shovel deletes itself (`src-delete-after`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeleteAfter {
+pub(crate) enum DeleteAfter {
     /// It runs until deleted.
     Never,
     /// After as many messages as the source queue held when the shovel started.
@@ -43,7 +43,7 @@ pub enum DeleteAfter {
 
 /// How the source is acknowledged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AckMode {
+pub(crate) enum AckMode {
     /// After the destination confirmed the message (no loss).
     OnConfirm,
     /// After the message was sent to the destination.
@@ -55,7 +55,7 @@ pub enum AckMode {
 /// What a shovel's definition asks for, checked: how the source is acknowledged and
 /// when the shovel deletes itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Plan {
+pub(crate) struct Plan {
     /// `ack-mode`.
     pub ack: AckMode,
     /// `src-delete-after`.
@@ -65,7 +65,7 @@ pub struct Plan {
 impl Plan {
     /// Checks what serde cannot: one source and one destination, known values, URIs whose
     /// TLS options read; the error says what is wrong.
-    pub fn of(def: &ShovelDefinition) -> Result<Plan, String> {
+    pub(crate) fn of(def: &ShovelDefinition) -> Result<Plan, String> {
         if let Some(k) = def.unknown.keys().next() {
             return Err(format!("`{k}` is not a shovel setting FerryMQ supports"));
         }
@@ -391,7 +391,8 @@ struct Worker {
 /// A URI's TLS files (RabbitMQ's `cacertfile`, `certfile`, `keyfile` query keys), read and
 /// checked, and the URI without them.
 #[derive(Debug, Default)]
-pub struct UriTls {
+#[cfg_attr(not(feature = "shovels"), allow(dead_code))]
+pub(crate) struct UriTls {
     /// The URI, TLS keys taken out.
     pub uri: String,
     /// CA certificates trusted besides the system's (PEM).
@@ -402,7 +403,7 @@ pub struct UriTls {
 
 impl UriTls {
     /// Reads the files a URI names; the error names the key and file.
-    pub fn parse(uri: &str) -> Result<UriTls, String> {
+    pub(crate) fn parse(uri: &str) -> Result<UriTls, String> {
         let Some((base, query)) = uri.split_once('?') else {
             return Ok(UriTls { uri: uri.to_owned(), ..UriTls::default() });
         };

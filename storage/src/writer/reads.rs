@@ -56,7 +56,7 @@ impl Writer {
 
     /// The id of queue `name` as this batch sees it (a deletion earlier in the batch
     /// unmapped it), else a new one: written to sled at once, unflushed, and to this
-    /// batch's effects record. Either way remembered in [`Shared::names`], which only this
+    /// batch's effects record. Either way remembered in [`Shared::names`](crate::state::Shared::names), which only this
     /// thread changes.
     pub(super) fn resolve_name(&mut self, db: &Db, name: String) -> Result<QueueId, JournalError> {
         let mapped = self.pending.queue_names.get(&db.queue_names, name.as_bytes()).map_err(crate::db::db_err)?;
