@@ -298,23 +298,6 @@ fn open_waits_for_the_previous_handle_to_let_go() {
     assert_eq!(j.queue_len(q).unwrap(), 1);
 }
 
-/// Every file under `dir` with its contents.
-fn files(dir: &std::path::Path) -> std::collections::BTreeMap<std::path::PathBuf, Vec<u8>> {
-    let mut all = std::collections::BTreeMap::new();
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        for entry in std::fs::read_dir(&d).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                todo.push(path);
-            } else {
-                all.insert(path.clone(), std::fs::read(&path).unwrap());
-            }
-        }
-    }
-    all
-}
-
 /// An open that recovers nothing, then a close with nothing written in between, write
 /// nothing: a start that is refused after the journal opened (a record that cannot be
 /// restored) leaves the data directory as it found it. (sled itself rewrites its snapshot

@@ -175,23 +175,6 @@ fn a_last_segment_emptied_after_a_clean_stop_refuses_the_open() {
     assert!(matches!(refused, Err(JournalError::Corrupt(_))), "{:?}", refused.err());
 }
 
-/// Every file under `dir` with its contents.
-fn files(dir: &std::path::Path) -> std::collections::BTreeMap<std::path::PathBuf, Vec<u8>> {
-    let mut all = std::collections::BTreeMap::new();
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        for entry in std::fs::read_dir(&d).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                todo.push(path);
-            } else {
-                all.insert(path.clone(), std::fs::read(&path).unwrap());
-            }
-        }
-    }
-    all
-}
-
 #[test]
 fn truncated_mid_record() {
     damaged(Damage::TruncateMidRecord);

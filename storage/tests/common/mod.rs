@@ -64,3 +64,20 @@ pub fn segments(dir: &Path) -> Vec<PathBuf> {
     v.sort();
     v
 }
+
+/// Every file under `dir` with its contents.
+pub fn files(dir: &std::path::Path) -> std::collections::BTreeMap<std::path::PathBuf, Vec<u8>> {
+    let mut all = std::collections::BTreeMap::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                todo.push(path);
+            } else {
+                all.insert(path.clone(), std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    all
+}
