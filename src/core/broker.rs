@@ -270,7 +270,7 @@ impl Broker {
     }
 
     /// The store write of changes to disk-persistent de-duplication caches.
-    pub fn dedup_write(&self, changes: &[DedupChange]) -> StoreWrite {
+    pub(in crate::core) fn dedup_write(&self, changes: &[DedupChange]) -> StoreWrite {
         changes.iter().fold(StoreWrite::none(), |w, c| {
             w.and(match c {
                 DedupChange::Seen { scope, id, expiry_ms } => self.stores.dedup.record(scope, id, *expiry_ms),
@@ -474,7 +474,7 @@ impl Broker {
     /// The completion runs on the journal writer thread: it passes the receipt on whole, as
     /// one [`AppendedBatch`] shared by the shards that own its queues, and the shards build
     /// the entries (see [`super::appended`]).
-    pub async fn submit(&self, ops: Vec<Op>, targets: Vec<MessageTargets>, durable: bool) -> DurableSignal {
+    pub(in crate::core) async fn submit(&self, ops: Vec<Op>, targets: Vec<MessageTargets>, durable: bool) -> DurableSignal {
         let (tx, rx) = oneshot::channel();
         let shards = self.shards.clone();
         let done: ferrymq_storage::Completion = Box::new(move |result| {
