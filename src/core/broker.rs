@@ -474,7 +474,12 @@ impl Broker {
     /// The completion runs on the journal writer thread: it passes the receipt on whole, as
     /// one [`AppendedBatch`] shared by the shards that own its queues, and the shards build
     /// the entries (see [`super::appended`]).
-    pub(in crate::core) async fn submit(&self, ops: Vec<Op>, targets: Vec<MessageTargets>, durable: bool) -> DurableSignal {
+    pub(in crate::core) async fn submit(
+        &self,
+        ops: Vec<Op>,
+        targets: Vec<MessageTargets>,
+        durable: bool,
+    ) -> DurableSignal {
         let (tx, rx) = oneshot::channel();
         let shards = self.shards.clone();
         let done: ferrymq_storage::Completion = Box::new(move |result| {
