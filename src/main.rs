@@ -177,7 +177,7 @@ async fn run(config: Config, overrides: Overrides, mut signals: Signals) -> anyh
         Ok(s) => s,
         Err(e)
             if e.downcast_ref::<ferrymq::composition::server::StartError>().is_some()
-                || matches!(e.downcast_ref(), Some(ferrymq_storage::JournalError::Layout(_))) =>
+                || matches!(e.downcast_ref(), Some(ferrymq::core::JournalError::Layout(_))) =>
         {
             eprintln!("ferrymq: {e:#}");
             std::process::exit(2);

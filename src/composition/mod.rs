@@ -1,6 +1,7 @@
-//! The composition root: reads the configuration, checks what start-up needs, opens the
-//! journal, builds the core and every listener on it, and stops them in order. The only
-//! place outside [`crate::core`] that opens and configures storage.
+//! The composition root: reads the configuration, checks what start-up needs, has the core
+//! open the data directory (`core::data_dir`), builds every listener on the core, and
+//! stops them in order. It names no storage type: the configuration's `[storage]` section
+//! is plain data the core turns into the journal's settings.
 //!
 //! - [`config`] — embedded default + environment + file + flags, read into typed data.
 //! - [`preflight`] — start-up checks before anything starts (data directory lock, TLS

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use ferrymq_storage::{FsyncPolicy, Journal, JournalConfig, JournalError, Retention};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
@@ -16,17 +15,17 @@ use tracing::{debug, info, warn};
 
 use crate::access::auth::{LoginThrottle, User, Users};
 use crate::access::authz::{Authorizer, Policy};
-use crate::composition::config::{Config, Fsync, Qos0WhenFull};
+use crate::composition::config::{Config, Qos0WhenFull};
 use crate::composition::preflight::Preflight;
 use crate::composition::shutdown::Progress;
 use crate::core::alarm::ResourceAlarm;
 use crate::core::broker::Broker;
 use crate::core::connections::Listener;
+use crate::core::data_dir::{DataDir, OpenError};
 use crate::core::entities::Entities;
 use crate::core::queue::{Overflow, QueueConfig};
-use crate::core::restore::{self, RestoreError, Stored};
+use crate::core::restore::{RestoreError, Stored};
 use crate::core::scheduler;
-use crate::core::shards::Shards;
 use crate::core::store::AccessRecords;
 use crate::frontends::amqp::AmqpContext;
 use crate::frontends::mqtt::session::Control;
@@ -57,6 +56,8 @@ pub struct Server {
     /// Bound Prometheus-only address.
     pub prometheus_addr: Option<SocketAddr>,
     broker: Arc<Broker>,
+    /// The data directory's journal, closed last at shutdown.
+    data: DataDir,
     mqtt: Arc<MqttContext>,
     amqp: Arc<AmqpContext>,
     alarm: Arc<ResourceAlarm>,
@@ -81,52 +82,39 @@ impl Server {
     /// the next start has no commit log to replay.
     pub async fn start(config: Config) -> anyhow::Result<Server> {
         let pre = Preflight::check(&config).await?;
-        let mut jcfg = journal_config(&config);
-        // The alarm blocks publishers at the disk free limit (bytes, or relative to the
-        // memory watermark); should they outrun it, the journal refuses appends at half of
-        // it, before a write could fail. Below the limit, retention deletes what nothing
-        // refers to any more, whatever its age (rolling the active segment over if need
-        // be), so that a drained broker comes back.
-        let disk_free_limit = alarm_limits(&config).1;
-        jcfg.min_free_bytes = disk_free_limit / 2;
-        jcfg.retention.min_disk_free_bytes = (disk_free_limit > 0).then_some(disk_free_limit);
-        let dir = jcfg.dir.clone();
+        let dir = config.data_dir().to_path_buf();
         let restore_error = |error| StartError::Restore { path: dir.clone(), error };
-        let journal = match crate::core::blocking::spawn(move || Journal::open(jcfg)).await? {
-            Ok(journal) => journal,
-            Err(JournalError::Malformed { tree, key }) => {
-                return Err(restore_error(RestoreError::malformed_index(tree, &key)).into())
-            }
-            Err(JournalError::Corrupt(pos)) => return Err(restore_error(RestoreError::damaged_log(pos)).into()),
-            Err(e) => {
+        let data = match DataDir::open(&dir, &config.storage, alarm_limits(&config).1).await {
+            Ok(data) => data,
+            Err(OpenError::Restore(error)) => return Err(restore_error(error).into()),
+            Err(OpenError::Journal(e)) => {
                 return Err(anyhow::Error::new(e).context(format!("cannot open the data directory {}", dir.display())))
             }
         };
         // Everything restored is read first, before anything is applied or cleaned up: a
         // record that cannot be read or decoded stops the start with nothing written.
-        let loaded = restore::load(&journal).await;
-        let stored = match loaded {
+        let stored = match data.load().await {
             Ok(stored) => stored,
             Err(error) => {
-                close_after_failed_start(&journal).await;
+                data.close().await;
                 return Err(restore_error(error).into());
             }
         };
-        match Self::start_on(config, pre, journal.clone(), stored).await {
+        match Self::start_on(config, pre, &data, stored).await {
             Ok(server) => Ok(server),
             Err(e) => {
-                close_after_failed_start(&journal).await;
+                // Closed cleanly, so that the next start has no commit log to replay.
+                data.close().await;
                 Err(e)
             }
         }
     }
 
     /// The start once the journal is open and what it stores is read (`stored`).
-    async fn start_on(config: Config, mut pre: Preflight, journal: Journal, stored: Stored) -> anyhow::Result<Server> {
+    async fn start_on(config: Config, mut pre: Preflight, data: &DataDir, stored: Stored) -> anyhow::Result<Server> {
         let restore_error = |error| StartError::Restore { path: config.data_dir().to_path_buf(), error };
         // What only the front-ends decode, checked before anything is applied.
         check_stored_access(&stored.access).map_err(restore_error)?;
-        crate::core::retry::mark_watermarks_complete(&journal).await?;
         // Queues nobody configured are MQTT session and group queues.
         let mut session_queues = QueueConfig::new("mqtt-session", crate::core::router::MQTT_VHOST);
         session_queues.max_len = config.mqtt.max_queued_messages;
@@ -139,11 +127,10 @@ impl Server {
         // the dead-letter task republishes it, so the backlog is at most the queues' own
         // contents, which their limits and the memory alarm bound.
         let (dead_tx, dead_rx) = tokio::sync::mpsc::unbounded_channel();
-        let shards = Shards::start(shard_count, journal.clone(), session_queues, dead_tx);
         if config.mqtt.qos0_when_full == Some(Qos0WhenFull::Wait) {
             warn!("mqtt.qos0_when_full = \"wait\" is ignored: a publisher never waits for one subscriber");
         }
-        let broker = Arc::new(Broker::new(journal, shards, &config.mqtt.exchange));
+        let broker = Arc::new(data.start_broker(shard_count, session_queues, dead_tx, &config.mqtt.exchange).await?);
         tokio::spawn(crate::core::dead_letter::run(broker.clone(), dead_rx));
         broker.restore_retained(stored.retained);
         let (memory_limit, disk_free_limit) = alarm_limits(&config);
@@ -209,6 +196,7 @@ impl Server {
             https_addr: None,
             prometheus_addr: None,
             broker,
+            data: data.clone(),
             mqtt,
             amqp,
             alarm,
@@ -465,21 +453,12 @@ impl Server {
                 "connections still open at the end of the grace period; stopping without them"
             );
         }
-        self.progress.phase("settling and flushing the journal");
+        self.progress.phase("settling the queue owners");
         // Settlements the closed connections sent without waiting (PUBREC, acks) reach the
         // journal before its last flush.
         self.broker.settle_queue_owners().await;
-        let journal = self.broker.journal_handle();
-        if let Err(e) = journal.flush().await {
-            warn!(error = %e, "final journal flush failed");
-        }
-        self.progress.phase("closing the journal");
-        let _ = crate::core::blocking::spawn({
-            let journal = journal.clone();
-            move || journal.close()
-        })
-        .await;
-        let stats = journal.stats();
+        self.progress.phase("flushing and closing the journal");
+        let stats = self.data.close().await;
         info!(
             group_commits = stats.batches,
             log_fdatasyncs = stats.fsyncs,
@@ -488,49 +467,6 @@ impl Server {
             log_bytes = stats.log_bytes,
             "stopped"
         );
-    }
-}
-
-/// The journal settings of `config`'s `[storage]` section and data directory: config
-/// holds plain data, and the composition root alone speaks the storage crate's types.
-fn journal_config(config: &Config) -> JournalConfig {
-    let mut j = JournalConfig::new(config.broker.data_dir.clone());
-    j.fsync = match config.storage.fsync {
-        Fsync::Always => FsyncPolicy::Always,
-        Fsync::Interval => FsyncPolicy::Interval(config.storage.interval),
-        Fsync::Never => FsyncPolicy::Never,
-    };
-    j.segment_size = config.storage.segment_size;
-    j.checkpoint_interval = config.storage.checkpoint_interval;
-    j.checkpoint_bytes = config.storage.checkpoint_bytes;
-    j.page_aligned_syncs = config.storage.page_aligned_syncs;
-    j.cache_bytes = config.storage.cache_bytes;
-    j.ballast_bytes = config.storage.ballast_bytes;
-    // Half the disk free limit (the server sets it from the effective limit, which may
-    // be relative to the memory watermark).
-    j.min_free_bytes = config.storage.disk_free_limit_bytes / 2;
-    j.retention = Retention {
-        max_age: config.storage.retention_max_age,
-        max_bytes: (config.storage.retention_max_bytes > 0).then_some(config.storage.retention_max_bytes),
-        max_disk_used_ratio: (config.storage.retention_max_disk_used_ratio > 0.0)
-            .then_some(config.storage.retention_max_disk_used_ratio),
-        // The disk alarm's limit (the server sets the effective one, which may be
-        // relative to the memory watermark).
-        min_disk_free_bytes: (config.storage.disk_free_limit_bytes > 0).then_some(config.storage.disk_free_limit_bytes),
-    };
-    j
-}
-
-/// Closes the journal of a start that failed, flushed and checkpointed as at a shutdown.
-async fn close_after_failed_start(journal: &Journal) {
-    if let Err(e) = journal.flush().await {
-        warn!(error = %e, "journal flush after a failed start failed");
-    }
-    let journal = journal.clone();
-    match crate::core::blocking::spawn(move || journal.close()).await {
-        Ok(Err(e)) => warn!(error = %e, "closing the journal after a failed start failed"),
-        Ok(Ok(())) => info!("start failed: the data directory was closed cleanly"),
-        Err(_) => {}
     }
 }
 

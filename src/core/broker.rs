@@ -164,10 +164,6 @@ impl Broker {
         Ok(counted?)
     }
 
-    /// A copy of the journal handle for the composition root (start-up and shutdown).
-    pub(crate) fn journal_handle(&self) -> Journal {
-        self.journal.clone()
-    }
     /// Builds the core on an open journal with started shards; MQTT goes through the
     /// topic exchange `mqtt_exchange` of `/`.
     pub fn new(journal: Journal, shards: Shards, mqtt_exchange: &str) -> Broker {

@@ -38,6 +38,8 @@
 //! - [`blocking`] — the runtime the broker runs on, and blocking work kept off its workers.
 //! - [`store`] — typed stores of the front-ends' durable state, and their local implementation.
 //! - [`dedup`] — publisher de-duplication within a time window.
+//! - [`data_dir`] — the data directory's journal: opened (with the `[storage]` settings),
+//!   started on and closed for the composition root.
 //! - [`dead_letter`] — republishing dead letters with `x-death`.
 //! - [`entities`] — entity management: declared queues, exchanges and bindings, their
 //!   arguments and RabbitMQ's checks, shared by every entry point.
@@ -54,6 +56,7 @@ pub(crate) mod appended;
 pub mod blocking;
 pub mod broker;
 pub(crate) mod connections;
+pub(crate) mod data_dir;
 pub(crate) mod dead_letter;
 pub(crate) mod dedup;
 pub(crate) mod delivery;
