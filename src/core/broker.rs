@@ -324,16 +324,21 @@ impl Broker {
         retain: RetainMode,
         along: StoreWrite,
     ) -> Option<DurableSignal> {
-        // What goes along with a publish reads nothing first (inbound QoS 2 ids,
-        // de-duplication ids); anything else is encoded the long way.
-        let along = match JournalStore::ops_now(&along) {
-            Some(ops) => ops,
-            None => match JournalStore::new(&self.journal).ops(along).await {
-                Ok(ops) => ops,
-                Err(e) => return Some(failed_signal(e)),
-            },
+        let along = match self.along_ops(along).await {
+            Ok(ops) => ops,
+            Err(e) => return Some(failed_signal(e)),
         };
         self.publish_with_ops(msg, routes, retain, along).await
+    }
+
+    /// The journal operations of commands that go along with a message, for its
+    /// submission. They usually read nothing first (inbound QoS 2 ids, de-duplication ids)
+    /// and are encoded at once; anything else the long way.
+    async fn along_ops(&self, along: StoreWrite) -> Result<Vec<Op>, StoreError> {
+        match JournalStore::ops_now(&along) {
+            Some(ops) => Ok(ops),
+            None => JournalStore::new(&self.journal).ops(along).await,
+        }
     }
 
     /// [`Broker::publish`] with journal operations of the core's own (a dead-lettered
@@ -431,7 +436,7 @@ impl Broker {
     /// `along` in the same submission. The signal resolves when the delayed message is
     /// durable.
     pub async fn schedule(&self, vhost: &str, msg: &SharedMessage, due_ms: u64, along: StoreWrite) -> DurableSignal {
-        let mut ops = match JournalStore::new(&self.journal).ops(along).await {
+        let mut ops = match self.along_ops(along).await {
             Ok(ops) => ops,
             Err(e) => return failed_signal(e),
         };

@@ -240,8 +240,9 @@ pub(crate) async fn load(journal: &Journal) -> Result<Stored, RestoreError> {
         Ok::<_, RestoreError>(retained)
     })
     .await;
+    // The blocking task itself failing (it panicked) says nothing of one record: an index.
     let retained = checked.map_err(|e| {
-        RestoreError::unreadable(RecordKind::QueueName, b"", ferrymq_storage::JournalError::Io(e.to_string()))
+        RestoreError::unreadable(RecordKind::JournalIndex, b"", ferrymq_storage::JournalError::Io(e.to_string()))
     })??;
     Ok(Stored { access, sessions, entities, dedup, retained })
 }
