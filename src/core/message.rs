@@ -89,14 +89,17 @@ pub fn now_ms() -> u64 {
 /// An MQTT topic (or filter) as an AMQP routing key (or binding key): levels become words,
 /// so `/` and `.` swap places, as RabbitMQ's MQTT plugin does (`a/b.c` <-> `a.b/c`).
 pub fn mqtt_to_key(topic: &str) -> String {
-    topic
-        .chars()
-        .map(|c| match c {
-            '/' => '.',
-            '.' => '/',
-            c => c,
-        })
-        .collect()
+    // Both separators are ASCII, so swapping bytes keeps the text valid UTF-8 (a byte of a
+    // multi-byte character is never one of them): one copy, no per-character pushes.
+    let mut bytes = topic.as_bytes().to_vec();
+    for b in &mut bytes {
+        match *b {
+            b'/' => *b = b'.',
+            b'.' => *b = b'/',
+            _ => {}
+        }
+    }
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 /// An AMQP routing key as an MQTT topic (the inverse of [`mqtt_to_key`]).
@@ -400,6 +403,8 @@ mod tests {
         assert_eq!(mqtt_to_key("a/b.c/d"), "a.b/c.d");
         assert_eq!(key_to_mqtt("a.b/c.d"), "a/b.c/d");
         assert_eq!(mqtt_to_key("sport/+/#"), "sport.+.#");
+        assert_eq!(mqtt_to_key("häuser/€.1/日本"), "häuser.€/1.日本", "multi-byte characters kept");
+        assert_eq!(key_to_mqtt(""), "");
     }
 
     #[test]

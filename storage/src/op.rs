@@ -104,6 +104,11 @@ pub enum Op {
         queue: QueueId,
         /// The entry's offset.
         offset: u64,
+        /// Where the entry's record is, when the caller holds its pointer (from the
+        /// receipt or a read): the writer then releases the record without reading the
+        /// entry back from the consume queue. `None`: the writer reads it. Must be the
+        /// entry's own position (a wrong one releases another record's segment).
+        at: Option<LogPos>,
     },
     /// Remove every entry of a queue with `from <= offset < to` (purge).
     RemoveRange {

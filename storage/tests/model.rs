@@ -210,8 +210,13 @@ impl Model {
                         Some(&o) => o,
                         None => mq.next + (*pick as u64 % 3), // no such entry: a no-op
                     };
-                    mq.entries.remove(&offset);
-                    ops.push(Op::Remove { queue: mq.id, offset });
+                    // Half the removals name the record's position, as the broker's acks do;
+                    // the others make the writer read the entry back.
+                    let at = match mq.entries.remove(&offset) {
+                        Some((rid, _, _)) if pick % 2 == 0 => self.records[rid].at.map(|(pos, _)| pos),
+                        _ => None,
+                    };
+                    ops.push(Op::Remove { queue: mq.id, offset, at });
                 }
                 OpSpec::SetFlags { queue, pick, flags } => {
                     let mq = &mut self.queues[*queue as usize];

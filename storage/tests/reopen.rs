@@ -46,10 +46,10 @@ fn reopen_after_close_and_drop() {
         positions = pos;
         // Remove, set flags, and empty queue b entirely (its offsets must not restart).
         j.write_blocking(vec![
-            Op::Remove { queue: qa, offset: 0 },
+            Op::Remove { queue: qa, offset: 0, at: None },
             Op::SetFlags { queue: qa, offset: 1, flags: 7 },
-            Op::Remove { queue: qb, offset: 0 },
-            Op::Remove { queue: qb, offset: 99 }, // no such entry: a no-op
+            Op::Remove { queue: qb, offset: 0, at: None },
+            Op::Remove { queue: qb, offset: 99, at: None }, // no such entry: a no-op
         ])
         .unwrap();
         assert_eq!(j.queue_len(qa).unwrap(), 10);
@@ -131,7 +131,7 @@ fn ops_semantics() {
         .unwrap();
     assert_eq!(r.appended[0].offsets, vec![(dlq, 0)]);
     let bad = j.write_blocking(vec![
-        Op::Remove { queue: q, offset: 0 },
+        Op::Remove { queue: q, offset: 0, at: None },
         Op::Enqueue {
             pos: LogPos(1 << 40),
             size,
@@ -198,7 +198,7 @@ fn ops_semantics() {
         let (tx, rx) = tokio::sync::oneshot::channel();
         j.submit(append_op(6, &[q2]), Some(Box::new(move |r| drop(tx.send(r))))).await.unwrap();
         assert_eq!(rx.await.unwrap().unwrap().appended[0].offsets, vec![(q2, 1)]);
-        j.submit(vec![Op::Remove { queue: q2, offset: 0 }], None).await.unwrap();
+        j.submit(vec![Op::Remove { queue: q2, offset: 0, at: None }], None).await.unwrap();
         j.flush().await.unwrap();
         assert_eq!(j.queue_len(q2).unwrap(), 1);
     });
@@ -233,7 +233,7 @@ fn reopening_after_a_clean_close_or_a_crash_replays_instead_of_scanning() {
         }
         j.write_blocking(vec![Op::Append(a)]).unwrap();
     }
-    j.write_blocking(vec![Op::Remove { queue: q, offset: 3 }]).unwrap();
+    j.write_blocking(vec![Op::Remove { queue: q, offset: 3, at: None }]).unwrap();
     j.close().unwrap();
     drop(j);
 

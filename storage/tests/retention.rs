@@ -49,7 +49,8 @@ fn a_disk_fuller_than_the_ratio_deletes_young_unreferenced_segments() {
     }
     let before = j.stats();
     assert!(before.segments >= 8, "{before:?}");
-    let ops = recs.iter().skip(1).map(|&(_, offset)| Op::Remove { queue: q, offset }).collect();
+    // Removals that name their records' positions release them as those that do not.
+    let ops = recs.iter().skip(1).map(|&(pos, offset)| Op::Remove { queue: q, offset, at: Some(pos) }).collect();
     j.write_blocking(ops).unwrap();
     wait_for(&j, "every unreferenced closed segment deleted", |j| j.stats().segments <= 2);
     j.verify_counters().unwrap();
@@ -81,7 +82,7 @@ fn max_bytes_deletes_only_unreferenced_closed_segments() {
         .iter()
         .enumerate()
         .filter(|&(i, _)| i != 30)
-        .map(|(_, &(_, _, offset))| Op::Remove { queue: q, offset })
+        .map(|(_, &(_, _, offset))| Op::Remove { queue: q, offset, at: None })
         .collect();
     j.write_blocking(ops).unwrap();
     let mut r50 = append(50_000, &[]);
@@ -130,7 +131,7 @@ fn max_bytes_deletes_only_unreferenced_closed_segments() {
     assert_record(&j, timer_pos, 70_000);
     assert_eq!(j.queue_len(q).unwrap(), 1);
     j.write_blocking(vec![
-        Op::Remove { queue: q, offset: recs[30].2 },
+        Op::Remove { queue: q, offset: recs[30].2, at: None },
         Op::DeleteRetained { topic: "keep".into() },
         Op::DeleteTimer { due_ms: 1, pos: timer_pos },
     ])
@@ -235,7 +236,7 @@ fn a_disk_short_of_free_space_rolls_the_drained_active_segment_over_and_deletes_
     std::thread::sleep(Duration::from_millis(100));
     assert_eq!(bases(dir.path()), vec![0], "a referenced active segment is never rolled over");
     // Drained but for the first record: still referenced.
-    let ops = recs.iter().skip(1).map(|&(_, offset)| Op::Remove { queue: q, offset }).collect();
+    let ops = recs.iter().skip(1).map(|&(_, offset)| Op::Remove { queue: q, offset, at: None }).collect();
     j.write_blocking(ops).unwrap();
     std::thread::sleep(Duration::from_millis(1200));
     j.write_blocking(vec![]).unwrap();
@@ -243,7 +244,7 @@ fn a_disk_short_of_free_space_rolls_the_drained_active_segment_over_and_deletes_
     assert_eq!(bases(dir.path()), vec![0], "one entry keeps the whole segment");
     assert!(j.read(recs[0].0).unwrap().body.iter().all(|&b| b == 0), "record 0 intact");
 
-    j.write_blocking(vec![Op::Remove { queue: q, offset: recs[0].1 }]).unwrap();
+    j.write_blocking(vec![Op::Remove { queue: q, offset: recs[0].1, at: None }]).unwrap();
     wait_for(&j, "the drained active segment rolled over and deleted", |j| j.read(recs[0].0).is_err());
     let left = bases(dir.path());
     assert_eq!(left.len(), 1, "only the new active segment: {left:?}");
@@ -281,7 +282,7 @@ fn a_rolled_segment_keeps_its_records_and_survives_a_crash_right_after() {
         let r = j.write_blocking(vec![Op::Append(a)]).unwrap();
         recs.push((r.appended[0].pos, r.appended[0].offsets[0].1));
     }
-    j.write_blocking(vec![Op::Remove { queue: q, offset: recs[3].1 }]).unwrap();
+    j.write_blocking(vec![Op::Remove { queue: q, offset: recs[3].1, at: None }]).unwrap();
     let end = j.stats().log_end;
     assert!(j.roll_segment().unwrap(), "a segment with records is closed");
     assert!(!j.roll_segment().unwrap(), "an empty active segment is not");

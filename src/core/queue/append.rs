@@ -95,7 +95,7 @@ impl Queue {
 
     /// Removes an appended entry that does not stay (overflow, TTL 0), wherever it is.
     pub(super) fn refuse_appended(&mut self, offset: u64, already_loaded: bool, ops: &mut Vec<Op>) {
-        ops.push(Op::Remove { queue: self.id, offset });
+        ops.push(Op::Remove { queue: self.id, offset, at: None });
         if already_loaded {
             self.ready.remove_first(|e| e.offset == offset);
         } else {
@@ -220,7 +220,8 @@ impl Queue {
         if e.ptr.flags & flags::QOS_MASK == 0 {
             self.qos0 = self.qos0.saturating_sub(1);
         }
-        ops.push(Op::Remove { queue: self.id, offset: e.offset });
+        // The entry's pointer says where its record is: the writer need not read it back.
+        ops.push(Op::Remove { queue: self.id, offset: e.offset, at: Some(e.ptr.pos) });
         if e.retry_record {
             ops.push(Op::Delete { space: Space::Retry, key: retry::record_key(self.id, e.offset) });
         }

@@ -246,7 +246,7 @@ impl Queue {
                     first.get_or_insert(page[0].0);
                     for (offset, p) in &page {
                         if !config.keep_transient && p.flags & flags::QOS_MASK == 0 {
-                            load_ops.push(Op::Remove { queue: id, offset: *offset });
+                            load_ops.push(Op::Remove { queue: id, offset: *offset, at: None });
                             continue;
                         }
                         if let Some((due_ms, deliveries)) = records.remove(offset) {

@@ -276,6 +276,10 @@ impl Task {
     /// session's current subscriptions.
     fn delivery_options(&self, q: &QueueDelivery) -> (Vec<u32>, bool) {
         let Some(s) = self.session.as_ref() else { return (Vec::new(), false) };
+        // Most sessions' subscriptions carry neither: no need to match the topic.
+        if !s.subs.iter().any(|(_, o)| o.subscription_id.is_some() || o.retain_as_published) {
+            return (Vec::new(), false);
+        }
         let group_filter = self.consuming.as_ref().and_then(|c| c.group_filters.get(&q.queue)).map(String::as_str);
         subscription_options(&s.subs, group_filter, &q.msg.topic())
     }

@@ -44,7 +44,7 @@ fn a_synced_group_commit_ends_on_a_page_boundary() {
     }
     // 40 commits of ~130 bytes each took 40 pages: a page per synced commit at most.
     assert_eq!(j.stats().log_end, 40 * crate::segment::PAGE);
-    j.write_blocking(vec![Op::Remove { queue: q, offset: 0 }]).unwrap();
+    j.write_blocking(vec![Op::Remove { queue: q, offset: 0, at: None }]).unwrap();
     j.crash();
     drop(j);
     // The padding reads as records nobody points at: the scan and the replay pass them.
@@ -115,7 +115,7 @@ fn a_full_file_system_takes_the_batch_back_and_the_journal_goes_on() {
     // written, the second write of records fails for lack of space.
     j.inject(crate::log::Fault::NoSpace, 2);
     let mut ops: Vec<Op> = (10..30).flat_map(|n| append(q, n)).collect();
-    ops.push(Op::Remove { queue: q, offset: 0 });
+    ops.push(Op::Remove { queue: q, offset: 0, at: None });
     let e = j.write_blocking(ops);
     assert!(matches!(e, Err(JournalError::Full(_))), "{e:?}");
     let after = j.stats();
@@ -127,7 +127,7 @@ fn a_full_file_system_takes_the_batch_back_and_the_journal_goes_on() {
     // Still full: refused again, not poisoned; so are removals (their effects record
     // is a commit-log write too).
     assert!(matches!(j.write_blocking(append(q, 40)), Err(JournalError::Full(_))));
-    let remove = vec![Op::Remove { queue: q, offset: 2 }];
+    let remove = vec![Op::Remove { queue: q, offset: 2, at: None }];
     assert!(matches!(j.write_blocking(remove.clone()), Err(JournalError::Full(_))));
     assert_eq!(j.stats().log_end, before.log_end);
 
@@ -163,7 +163,7 @@ fn sled_out_of_space_refuses_writes_until_it_is_opened_again() {
     let kept: Vec<_> = (0..2).map(|n| j.write_blocking(append(q, n)).unwrap().appended[0].clone()).collect();
     j.inject(crate::log::Fault::StoreFull, 0);
     assert!(matches!(j.write_blocking(append(q, 2)), Err(JournalError::Full(_))));
-    assert!(matches!(j.write_blocking(vec![Op::Remove { queue: q, offset: 0 }]), Err(JournalError::Full(_))));
+    assert!(matches!(j.write_blocking(vec![Op::Remove { queue: q, offset: 0, at: None }]), Err(JournalError::Full(_))));
     // Reads go on meanwhile.
     assert_eq!(j.queue_entries(q, 0, 10).unwrap().len(), 2);
     assert_eq!(j.read(kept[1].pos).unwrap().body, Bytes::from(vec![1u8; 100]));
@@ -232,7 +232,7 @@ fn add_timer_schedules_an_existing_record() {
     assert_eq!(seen, vec![(100, &b"a"[..]), (101, &b"b"[..])]);
     j.verify_counters().unwrap();
     // Timers keep the record alive on their own; they survive a reopen.
-    j.write_blocking(vec![Op::Remove { queue: q, offset: 0 }]).unwrap();
+    j.write_blocking(vec![Op::Remove { queue: q, offset: 0, at: None }]).unwrap();
     j.close().unwrap();
     drop(j);
     let j = Journal::open(JournalConfig::new(dir.path())).unwrap();

@@ -189,9 +189,13 @@ impl Writer {
                 let offsets = self.push_pointers(db, &queues, pos.0, size, body_len);
                 receipt.appended.push(Appended { pos, size, offsets });
             }
-            Op::Remove { queue, offset } => {
-                if let Some(p) = self.queue_entry(queue.0, offset)? {
-                    self.release(p.pos.0);
+            Op::Remove { queue, offset, at } => {
+                let present = match at {
+                    Some(pos) => self.entry_present(queue.0, offset).then_some(pos),
+                    None => self.queue_entry(queue.0, offset)?.map(|p| p.pos),
+                };
+                if let Some(pos) = present {
+                    self.release(pos.0);
                     self.pending.queue.remove(&codec::queue_key(queue.0, offset)[..]);
                     let st = self.queue_state(queue.0);
                     st.len = st.len.saturating_sub(1);
