@@ -2,9 +2,11 @@
 //! to the queue owners.
 //!
 //! The completion runs on the journal writer thread, which every publisher's group commit
-//! waits for, so it does no work per pointer there: it wraps the receipt and the publish's
-//! [`MessageTargets`] into one shared [`AppendedBatch`] and hands it to each shard that owns
-//! one of its queues ([`Shards::send_appended`]). Each shard walks the batch once
+//! waits for, so it does no work per pointer there beyond a bound: it wraps the receipt and
+//! the publish's [`MessageTargets`] into one [`AppendedBatch`]; a narrow batch (a few
+//! pointers) is copied into [`OwnedEntry`]s for its shards, a wide one is shared whole with
+//! each shard that owns one of its queues ([`Shards::send_appended`]). Each shard walks a
+//! shared batch once
 //! ([`AppendedBatch::entries`]) and takes its own entries. The walk matches the journal's
 //! offsets to the targets' flags in one pass: storage returns the offsets in target order,
 //! leaving out only targets whose queue was deleted (see [`ferrymq_storage::Appended`]), so
@@ -41,6 +43,27 @@ pub struct AppendedEntry<'a> {
     pub msg: &'a SharedMessage,
 }
 
+/// One new pointer of a narrow batch, owned: what a publish to a few queues hands each
+/// shard, so that the batch itself (the receipt, the targets) is dropped on the journal
+/// writer that made it rather than on a shard's thread.
+#[derive(Debug)]
+pub struct OwnedEntry {
+    /// Queue the pointer was appended to.
+    pub queue: QueueId,
+    /// Offset the journal assigned.
+    pub offset: u64,
+    /// Where the record is in the commit log, its size, tag hash and flags.
+    pub ptr: Pointer,
+    /// The message itself.
+    pub msg: SharedMessage,
+}
+
+impl From<AppendedEntry<'_>> for OwnedEntry {
+    fn from(e: AppendedEntry<'_>) -> OwnedEntry {
+        OwnedEntry { queue: e.queue, offset: e.offset, ptr: e.ptr, msg: e.msg.clone() }
+    }
+}
+
 /// What the journal appended for one submission: per Append/Enqueue op (in op order) where it
 /// landed, with the bookkeeping of its message.
 #[derive(Debug)]
@@ -60,6 +83,11 @@ impl AppendedBatch {
     /// Whether the batch holds no pointer.
     pub fn is_empty(&self) -> bool {
         self.ops.iter().all(|(a, _)| a.offsets.is_empty())
+    }
+
+    /// How many pointers the batch holds.
+    pub fn pointers(&self) -> usize {
+        self.ops.iter().map(|(a, _)| a.offsets.len()).sum()
     }
 
     /// The queue of every pointer, in log order (with repeats).

@@ -11,17 +11,20 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferrymq_storage::{Journal, QueueId};
+use ferrymq_storage::{Journal, Pointer, QueueId};
 use tokio::sync::{mpsc, oneshot, Notify};
 use tracing::warn;
 
-use super::appended::AppendedBatch;
-use super::message::now_ms;
+use super::appended::{AppendedBatch, OwnedEntry};
+use super::message::{now_ms, SharedMessage};
 use super::queue::{Consumer, ConsumerId, DeadLetter, Effects, Got, Queue, QueueConfig, RequeueCause};
 use super::stream::{Stream, StreamConfig, StreamOffset};
 
 /// Commands handled per shard turn before pumping and flushing.
 const BATCH: usize = 512;
+/// Batches of at most this many pointers go to their shards as owned entries (a copy per
+/// pointer, the batch dropped where it was made); wider ones are shared.
+const NARROW_BATCH: usize = 16;
 /// How often queues with expiring messages are swept.
 const EXPIRY_SWEEP: Duration = Duration::from_millis(200);
 /// How often stream retention (`x-max-age`, `x-max-length-bytes`) is enforced.
@@ -36,6 +39,8 @@ pub enum ShardCmd {
     /// Pointers the journal appended, in log order: a batch shared by every shard that owns
     /// one of its queues, each taking its own (see [`Shards::send_appended`]).
     Appended(Arc<AppendedBatch>),
+    /// The pointers of a narrow batch that belong to this shard, in log order.
+    Entries(Vec<OwnedEntry>),
     /// Set (or replace) the behaviour of a queue; queues never configured use the shard's
     /// default (MQTT session limits).
     Configure {
@@ -228,7 +233,7 @@ pub enum ShardCmd {
 impl ShardCmd {
     fn queue(&self) -> Option<QueueId> {
         match self {
-            ShardCmd::Appended(_) | ShardCmd::Barrier(_) => None,
+            ShardCmd::Appended(_) | ShardCmd::Entries(_) | ShardCmd::Barrier(_) => None,
             ShardCmd::Configure { queue, .. }
             | ShardCmd::ConfigureStream { queue, .. }
             | ShardCmd::AttachStream { queue, .. }
@@ -332,14 +337,35 @@ impl Shards {
         let _ = self.txs[idx].send(cmd);
     }
 
-    /// Hands the pointers of a journal submission to their queue owners, keeping log order:
-    /// the batch, shared, to every shard that owns one of its queues. Called from the
-    /// journal's completion (writer thread): never blocks, copies nothing per pointer and
-    /// allocates nothing per pointer; the shards build the entries (see
-    /// [`AppendedBatch::entries`]).
+    /// Hands the pointers of a journal submission to their queue owners, keeping log order.
+    /// Called from the journal's completion (writer thread), never blocks. A wide batch goes
+    /// whole, shared, to every shard that owns one of its queues, which build the entries
+    /// (see [`AppendedBatch::entries`]): nothing is copied or allocated per pointer. A narrow
+    /// one (at most `NARROW_BATCH` pointers, most publishes) is copied into owned entries,
+    /// one list per shard, so that the receipt and the targets are freed here, where they
+    /// were allocated, instead of on a shard's thread.
     pub fn send_appended(&self, batch: AppendedBatch) {
-        if !batch.is_empty() {
-            self.send_shared_batch(Arc::new(batch));
+        let pointers = batch.pointers();
+        if pointers == 0 {
+            return;
+        }
+        if pointers > NARROW_BATCH {
+            return self.send_shared_batch(Arc::new(batch));
+        }
+        // A narrow batch (most publishes): each shard gets its own pointers, owned, and the
+        // batch is freed here, on the thread that allocated most of it.
+        let mut queues = batch.queues().map(|q| self.shard_of(q));
+        let first = queues.next().unwrap_or(0);
+        if queues.all(|s| s == first) {
+            let _ = self.txs[first].send(ShardCmd::Entries(batch.entries().map(OwnedEntry::from).collect()));
+            return;
+        }
+        for (i, tx) in self.txs.iter().enumerate() {
+            let mine: Vec<OwnedEntry> =
+                batch.entries().filter(|e| self.shard_of(e.queue) == i).map(OwnedEntry::from).collect();
+            if !mine.is_empty() {
+                let _ = tx.send(ShardCmd::Entries(mine));
+            }
         }
     }
 
@@ -526,6 +552,23 @@ impl Shard {
         })
     }
 
+    /// A new pointer of one of this shard's queues (or streams).
+    fn appended(&mut self, queue: QueueId, offset: u64, ptr: Pointer, msg: &SharedMessage) {
+        if self.deleted.contains(&queue) {
+            return;
+        }
+        if let Some(s) = self.streams.get_mut(&queue) {
+            s.appended(offset, ptr, msg);
+            self.touched.insert(queue);
+            return;
+        }
+        let journal = self.journal.clone();
+        let mut fx = std::mem::take(&mut self.fx);
+        self.queue(queue).appended(offset, ptr, msg, &journal, &mut fx);
+        self.fx = fx;
+        self.touched.insert(queue);
+    }
+
     fn handle(&mut self, cmd: ShardCmd) {
         if cmd.queue().is_some_and(|q| self.deleted.contains(&q)) {
             match cmd {
@@ -552,20 +595,15 @@ impl Shard {
         }
         match cmd {
             ShardCmd::Appended(batch) => {
-                let journal = self.journal.clone();
                 for e in batch.entries() {
-                    if shard_of(e.queue, self.count) != self.index || self.deleted.contains(&e.queue) {
-                        continue;
+                    if shard_of(e.queue, self.count) == self.index {
+                        self.appended(e.queue, e.offset, e.ptr, e.msg);
                     }
-                    if let Some(s) = self.streams.get_mut(&e.queue) {
-                        s.appended(e.offset, e.ptr, e.msg);
-                        self.touched.insert(e.queue);
-                        continue;
-                    }
-                    let mut fx = std::mem::take(&mut self.fx);
-                    self.queue(e.queue).appended(e.offset, e.ptr, e.msg, &journal, &mut fx);
-                    self.fx = fx;
-                    self.touched.insert(e.queue);
+                }
+            }
+            ShardCmd::Entries(entries) => {
+                for e in &entries {
+                    self.appended(e.queue, e.offset, e.ptr, &e.msg);
                 }
             }
             ShardCmd::Configure { queue, config } => {
@@ -752,6 +790,7 @@ impl Shard {
                 }
             }
             ShardCmd::Appended(_)
+            | ShardCmd::Entries(_)
             | ShardCmd::Configure { .. }
             | ShardCmd::Ack { .. }
             | ShardCmd::Reject { .. }
