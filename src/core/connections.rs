@@ -73,6 +73,8 @@ pub enum ClientDetails {
     Amqp {
         /// The client properties table.
         properties: Vec<(String, Value)>,
+        /// The SASL mechanism the client logged in with (`PLAIN`, `AMQPLAIN`, `EXTERNAL`).
+        mechanism: String,
     },
     /// MQTT CONNECT.
     Mqtt {
@@ -439,7 +441,7 @@ mod tests {
             Listener { addr: "127.0.0.1:5672".parse().unwrap(), tls: false, local_only: true, internal: false },
             "guest".into(),
             "/".into(),
-            ClientDetails::Amqp { properties: vec![] },
+            ClientDetails::Amqp { properties: vec![], mechanism: "PLAIN".into() },
             Box::new(move |why| *seen.lock() = why.to_owned()),
         ));
         let all = Connections::default();
@@ -457,7 +459,7 @@ mod tests {
         let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
         let direct = |id| {
             let listener = Listener { addr, tls: false, local_only: true, internal: true };
-            let details = ClientDetails::Amqp { properties: vec![] };
+            let details = ClientDetails::Amqp { properties: vec![], mechanism: "PLAIN".into() };
             ConnectionInfo::new(
                 id,
                 Protocol::Amqp091,

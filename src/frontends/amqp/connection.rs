@@ -178,6 +178,8 @@ pub(super) struct Task {
     listener: Option<(Listener, mpsc::Sender<Control>)>,
     /// Start-Ok client properties, until the connection is registered at Open.
     client_properties: Vec<(String, Value)>,
+    /// The SASL mechanism of the accepted login, until the connection is registered.
+    auth_mechanism: String,
     /// The connection as the management API sees it (registered at Open).
     pub info: Option<Arc<ConnectionInfo>>,
     /// The connection counted against its vhost's and user's limits (from Open), with its
@@ -246,6 +248,7 @@ impl Task {
             client_closed: false,
             listener: None,
             client_properties: Vec::new(),
+            auth_mechanism: String::new(),
             info: None,
             admission: None,
             counts: AmqpCounts::default(),
@@ -416,6 +419,7 @@ impl Task {
                             tracing::Span::current().record("user", username.as_str());
                             self.user = username;
                             self.client_properties = super::convert::table_in(&client_properties);
+                            self.auth_mechanism = mechanism;
                             self.proto.accept_login();
                         }
                         Err(crate::access::auth::AuthError::TooManyPending) => {
@@ -698,7 +702,10 @@ impl Task {
             listener,
             self.user.clone(),
             self.vhost.clone(),
-            ClientDetails::Amqp { properties: std::mem::take(&mut self.client_properties) },
+            ClientDetails::Amqp {
+                properties: std::mem::take(&mut self.client_properties),
+                mechanism: std::mem::take(&mut self.auth_mechanism),
+            },
             closer,
         ));
         for number in self.channels.keys() {

@@ -19,9 +19,9 @@ use crate::core::stats::Stats;
 type Answer = Result<Json<Json_>, ApiError>;
 
 fn connection_json(ctx: &HttpContext, c: &ConnectionInfo) -> Json_ {
-    let client_properties = match &c.client {
-        ClientDetails::Amqp { properties } => table_json(properties),
-        ClientDetails::Mqtt { client_id, .. } => json!({ "client_id": client_id.as_ref() }),
+    let (client_properties, mechanism) = match &c.client {
+        ClientDetails::Amqp { properties, mechanism } => (table_json(properties), mechanism.as_str()),
+        ClientDetails::Mqtt { client_id, .. } => (json!({ "client_id": client_id.as_ref() }), "MQTT"),
     };
     let [recv_rate, send_rate] = ctx.connection_rates.with(|rates| rates(&c.id));
     let mut j = json!({
@@ -46,7 +46,7 @@ fn connection_json(ctx: &HttpContext, c: &ConnectionInfo) -> Json_ {
         "send_oct_details": rate(send_rate),
         "channels": Stats::get(&c.channels),
         "client_properties": client_properties,
-        "auth_mechanism": if c.protocol.is_mqtt() { "MQTT" } else { "PLAIN" },
+        "auth_mechanism": mechanism,
     });
     if let ClientDetails::Mqtt { client_id, keep_alive, clean_start, expiry_secs } = &c.client {
         j["client_id"] = json!(client_id.as_ref());

@@ -151,7 +151,10 @@ async fn amqp_sasl_external_logs_in_as_the_certificate_subject() {
     raw.expect_method(10, 41).await;
     let api = common::http::Api::of(&broker);
     let conns = api.ok("/api/connections").await;
-    assert!(conns.as_array().unwrap().iter().any(|c| c["user"] == "O=fleet,CN=app-1"), "{conns}");
+    assert!(
+        conns.as_array().unwrap().iter().any(|c| c["user"] == "O=fleet,CN=app-1" && c["auth_mechanism"] == "EXTERNAL"),
+        "{conns}"
+    );
 
     // A certificate naming no user is refused as RabbitMQ refuses a login.
     let mut raw = amqps(&broker, &pki, 1).await;

@@ -333,6 +333,8 @@ async fn connections_of_both_protocols_are_listed_and_closed_by_an_operator() {
     assert_eq!(amqp["client_properties"]["product"], "lapin", "{}", amqp["client_properties"]);
     assert_eq!(device["client_id"], "sensor-7");
     assert_eq!(device["client_properties"]["client_id"], "sensor-7");
+    // The mechanism each logged in with (lapin: PLAIN; RabbitMQ lists MQTT ones as MQTT).
+    assert_eq!((amqp["auth_mechanism"].as_str(), device["auth_mechanism"].as_str()), (Some("PLAIN"), Some("MQTT")));
     let name = amqp["name"].as_str().unwrap();
     assert!(name.ends_with(&format!(" -> {}", broker.amqp.unwrap())), "{name}");
     let one = api.ok(&format!("/api/connections/{}", urlencode(name))).await;

@@ -442,6 +442,7 @@ async fn a_local_shovels_connections_are_direct_and_close_with_it() {
             (Some("direct"), Some("guest"), Some("/"), Some("AMQP 0-9-1")),
             "{c}"
         );
+        assert_eq!(c["auth_mechanism"], "EXTERNAL", "the local side logs in without a password: {c}");
         assert!(c["name"].as_str().is_some_and(|n| n.starts_with("<direct.")), "{c}");
     }
     assert_ne!(both[0]["name"], both[1]["name"], "each named apart");
