@@ -472,9 +472,9 @@ impl Broker {
     /// resolves the returned signal — after the fsync when `durable` (policy `always`),
     /// else once written.
     ///
-    /// The completion runs on the journal writer thread: it passes the receipt on whole, as
-    /// one [`AppendedBatch`] shared by the shards that own its queues, and the shards build
-    /// the entries (see [`super::appended`]).
+    /// The completion runs on the journal writer thread: it passes the receipt on as one
+    /// [`AppendedBatch`] to the shards that own its queues, copied into owned entries when
+    /// narrow, shared whole when wide (see [`super::appended`]).
     pub(in crate::core) async fn submit(
         &self,
         ops: Vec<Op>,

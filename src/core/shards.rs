@@ -552,8 +552,9 @@ impl Shard {
         })
     }
 
-    /// A new pointer of one of this shard's queues (or streams).
-    fn appended(&mut self, queue: QueueId, offset: u64, ptr: Pointer, msg: &SharedMessage) {
+    /// A new pointer of one of this shard's queues (or streams); `journal` is the shard's
+    /// own handle, cloned once per command rather than per pointer.
+    fn appended(&mut self, journal: &Journal, queue: QueueId, offset: u64, ptr: Pointer, msg: &SharedMessage) {
         if self.deleted.contains(&queue) {
             return;
         }
@@ -562,9 +563,8 @@ impl Shard {
             self.touched.insert(queue);
             return;
         }
-        let journal = self.journal.clone();
         let mut fx = std::mem::take(&mut self.fx);
-        self.queue(queue).appended(offset, ptr, msg, &journal, &mut fx);
+        self.queue(queue).appended(offset, ptr, msg, journal, &mut fx);
         self.fx = fx;
         self.touched.insert(queue);
     }
@@ -595,15 +595,17 @@ impl Shard {
         }
         match cmd {
             ShardCmd::Appended(batch) => {
+                let journal = self.journal.clone();
                 for e in batch.entries() {
                     if shard_of(e.queue, self.count) == self.index {
-                        self.appended(e.queue, e.offset, e.ptr, e.msg);
+                        self.appended(&journal, e.queue, e.offset, e.ptr, e.msg);
                     }
                 }
             }
             ShardCmd::Entries(entries) => {
+                let journal = self.journal.clone();
                 for e in &entries {
-                    self.appended(e.queue, e.offset, e.ptr, &e.msg);
+                    self.appended(&journal, e.queue, e.offset, e.ptr, &e.msg);
                 }
             }
             ShardCmd::Configure { queue, config } => {
