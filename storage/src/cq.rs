@@ -34,6 +34,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use parking_lot::{Mutex, RwLock};
 
 use crate::codec;
+use crate::queue_changes::EntryChange;
 use crate::Pointer;
 
 /// Bytes per entry.
@@ -421,6 +422,15 @@ impl ConsumeQueues {
             .clone()
     }
 
+    /// Creates the directory of a new queue and its first file (both synced by the next
+    /// checkpoint round), so that the first entries written to it only open the file.
+    pub(crate) fn create_files(&self, queue: u64) -> io::Result<()> {
+        let q = self.get_or_add(queue);
+        let created = q.file(0, true, &self.handles).map(|_| ());
+        self.limit_handles();
+        created
+    }
+
     /// Sets every queue's offsets (at open, and when sled was opened again): `next` from
     /// the counters, the settled part from the `settled` tree. Queues without either start
     /// empty.
@@ -542,15 +552,14 @@ impl ConsumeQueues {
         Ok(())
     }
 
-    /// Writes the entries that changes of the effects records' `queue` tree (key: queue
-    /// id, offset; value: an encoded [`Pointer`], `None`: settled) set, in key order (one
-    /// write per run of consecutive offsets), without making anything visible: readers see
+    /// Writes the entries that `changes` (queue, offset, the entry or `None`: settled) set,
+    /// by queue and offset (one write per run of consecutive offsets), without making anything visible: readers see
     /// neither the entries nor the settlements until [`ConsumeQueues::publish`]. With
     /// `defer` (the writer's group commits) the entries are kept in memory instead, for
     /// the next [`ConsumeQueues::flush_pending`].
     pub(crate) fn stage(
         &self,
-        changes: impl IntoIterator<Item = (sled::IVec, Option<sled::IVec>)>,
+        changes: impl IntoIterator<Item = (u64, u64, EntryChange)>,
         defer: bool,
     ) -> io::Result<Staged> {
         let mut staged = Staged::default();
@@ -569,9 +578,8 @@ impl ConsumeQueues {
             }
             Ok(())
         };
-        for (k, v) in changes {
-            let Some((q, off)) = codec::decode_queue_key(&k) else { continue };
-            match v.as_deref().and_then(codec::decode_pointer) {
+        for (q, off, change) in changes {
+            match change {
                 Some(p) => match &mut run {
                     Some((rq, first, entries)) if *rq == q && *first + entries.len() as u64 == off => entries.push(p),
                     _ => {
@@ -613,12 +621,19 @@ impl ConsumeQueues {
         written
     }
 
-    /// [`ConsumeQueues::stage`] then [`ConsumeQueues::publish`] (replay).
+    /// [`ConsumeQueues::stage`] then [`ConsumeQueues::publish`] (replay): `changes` are
+    /// the `queue` tree's as effects records hold them (key: queue id, offset; value: an
+    /// encoded [`Pointer`], `None` or a value that is none: settled), in key order; a key
+    /// of another form is skipped.
     pub(crate) fn apply_changes(
         &self,
         changes: impl IntoIterator<Item = (sled::IVec, Option<sled::IVec>)>,
     ) -> io::Result<Vec<u64>> {
-        let staged = self.stage(changes, false)?;
+        let typed = changes.into_iter().filter_map(|(k, v)| {
+            let (q, off) = codec::decode_queue_key(&k)?;
+            Some((q, off, v.as_deref().and_then(codec::decode_pointer)))
+        });
+        let staged = self.stage(typed, false)?;
         Ok(self.publish(staged))
     }
 

@@ -5,9 +5,10 @@
 //!
 //! Encoding (version 2, written since layout 4): `version: u8` (2), then items. An item
 //! starts with a tag byte:
-//! - below [`RUN_SETS`]: one change of the tree with that index in
-//!   [`crate::db::Db::trees`], `key_len: varint | key | kind: u8` (0 removed, 1 set) and for
-//!   a set `value_len: varint | value`;
+//! - below [`RUN_SETS`]: one change of the tree with that number (0: the consume queues',
+//!   1 on: [`crate::db::Db::trees`] in order), `key_len: varint | key | kind: u8` (0
+//!   removed, 1 set) and for a set `value_len: varint | value`; tree 0's changes are
+//!   written only as runs (below), a single one is still read;
 //! - [`RUN_REMOVALS`]: `queue: varint | first: varint | count: varint`: the consume-queue
 //!   entries `first .. first + count` of `queue` settled (tree 0, keys `queue u64 | offset
 //!   u64`);
@@ -25,6 +26,7 @@
 
 use crate::codec;
 use crate::overlay::Overlay;
+use crate::queue_changes::QueueChanges;
 use crate::types::{LogPos, Pointer};
 
 /// Version byte of the encoding written.
@@ -70,18 +72,19 @@ fn take_bytes<'a>(b: &mut &'a [u8]) -> Option<&'a [u8]> {
     Some(head)
 }
 
-/// Encodes the changes of `overlays` (in tree order) into `buf` (cleared first); false
-/// when there is none. Tree 0's (the consume queues') changes go as runs where they can.
-pub(crate) fn encode<'a>(buf: &mut Vec<u8>, overlays: impl IntoIterator<Item = &'a Overlay>) -> bool {
+/// Encodes the consume-queue changes (tree 0) and the changes of `overlays` (trees 1 on,
+/// in order) into `buf` (cleared first); false when there is none.
+pub(crate) fn encode<'a>(
+    buf: &mut Vec<u8>,
+    queue: &QueueChanges,
+    overlays: impl IntoIterator<Item = &'a Overlay>,
+) -> bool {
     buf.clear();
     buf.push(VERSION);
-    for (tree, overlay) in overlays.into_iter().enumerate() {
-        if tree == 0 {
-            encode_queue_changes(buf, overlay);
-            continue;
-        }
+    encode_queue_changes(buf, queue);
+    for (i, overlay) in overlays.into_iter().enumerate() {
         for (key, value) in overlay.changes() {
-            put_change(buf, tree, key, value.as_deref());
+            put_change(buf, i + 1, key, value.as_deref());
         }
     }
     buf.len() > 1
@@ -101,48 +104,29 @@ fn put_change(buf: &mut Vec<u8>, tree: usize, key: &[u8], value: Option<&[u8]>) 
     }
 }
 
-/// One change of tree 0 in the form a run holds: queue, offset, entry (`None`: settled).
-fn queue_change(key: &[u8], value: Option<&[u8]>) -> Option<(u64, u64, Option<Pointer>)> {
-    let (queue, offset) = codec::decode_queue_key(key)?;
-    let entry = match value {
-        None => None,
-        // Only a value that decodes as a pointer round-trips through a run.
-        Some(v) => Some(codec::decode_pointer(v)?),
-    };
-    Some((queue, offset, entry))
-}
-
-/// Tree 0's changes (in key order: by queue, then offset) as runs of consecutive offsets
-/// of one queue and one kind; a change a run cannot hold goes as a single change.
-fn encode_queue_changes(buf: &mut Vec<u8>, overlay: &Overlay) {
-    let mut changes = overlay.changes().map(|(k, v)| (k, v.as_deref())).peekable();
-    while let Some((key, value)) = changes.next() {
-        let Some((queue, first, entry)) = queue_change(key, value) else {
-            put_change(buf, 0, key, value);
-            continue;
-        };
-        let mut run = vec![entry];
-        while let Some(&(k, v)) = changes.peek() {
-            match queue_change(k, v) {
-                Some((q, o, e)) if q == queue && o == first + run.len() as u64 && e.is_some() == entry.is_some() => {
-                    run.push(e);
-                    changes.next();
-                }
-                _ => break,
+/// The consume-queue changes as runs of consecutive offsets of one queue and one kind.
+fn encode_queue_changes(buf: &mut Vec<u8>, changes: &QueueChanges) {
+    for (queue, mut list) in changes.queues() {
+        while let Some(&(first, entry)) = list.first() {
+            let n = list
+                .iter()
+                .enumerate()
+                .take_while(|&(i, &(o, e))| o == first + i as u64 && e.is_some() == entry.is_some())
+                .count();
+            buf.push(if entry.is_some() { RUN_SETS } else { RUN_REMOVALS });
+            put_varint(buf, queue);
+            put_varint(buf, first);
+            put_varint(buf, n as u64);
+            let mut last = 0u64;
+            for p in list[..n].iter().filter_map(|&(_, e)| e) {
+                put_varint(buf, zigzag(p.pos.0.wrapping_sub(last) as i64));
+                last = p.pos.0;
+                put_varint(buf, u64::from(p.size));
+                put_varint(buf, u64::from(p.body_len));
+                put_varint(buf, u64::from(p.tag_hash));
+                buf.push(p.flags);
             }
-        }
-        buf.push(if entry.is_some() { RUN_SETS } else { RUN_REMOVALS });
-        put_varint(buf, queue);
-        put_varint(buf, first);
-        put_varint(buf, run.len() as u64);
-        let mut last = 0u64;
-        for p in run.into_iter().flatten() {
-            put_varint(buf, zigzag(p.pos.0.wrapping_sub(last) as i64));
-            last = p.pos.0;
-            put_varint(buf, u64::from(p.size));
-            put_varint(buf, u64::from(p.body_len));
-            put_varint(buf, u64::from(p.tag_hash));
-            buf.push(p.flags);
+            list = &list[n..];
         }
     }
 }
@@ -217,23 +201,24 @@ mod tests {
         let b = Overlay::default();
         let mut c = Overlay::default();
         c.insert(&b""[..], &b""[..]);
+        let none = QueueChanges::default();
         let mut buf = Vec::new();
-        assert!(encode(&mut buf, [&a, &b, &c]));
+        assert!(encode(&mut buf, &none, [&a, &b, &c]));
         let mut seen = Vec::new();
-        decode(&buf, 3, |(t, k, v)| seen.push((t, k.to_vec(), v.map(<[u8]>::to_vec)))).unwrap();
+        decode(&buf, 4, |(t, k, v)| seen.push((t, k.to_vec(), v.map(<[u8]>::to_vec)))).unwrap();
         assert_eq!(
             seen,
-            vec![(0, b"k0".to_vec(), None), (0, b"k1".to_vec(), Some(vec![7u8; 300])), (2, vec![], Some(vec![]))]
+            vec![(1, b"k0".to_vec(), None), (1, b"k1".to_vec(), Some(vec![7u8; 300])), (3, vec![], Some(vec![]))]
         );
-        assert!(!encode(&mut buf, [&b]));
+        assert!(!encode(&mut buf, &none, [&b]));
         for cut in 1..buf.len() {
-            let _ = decode(&buf[..cut], 3, |_| {});
+            let _ = decode(&buf[..cut], 4, |_| {});
         }
-        assert!(encode(&mut buf, [&a, &b, &c]));
-        assert_eq!(decode(&buf, 2, |_| {}), None, "a tree this build does not have");
+        assert!(encode(&mut buf, &none, [&a, &b, &c]));
+        assert_eq!(decode(&buf, 3, |_| {}), None, "a tree this build does not have");
         let n = buf.len();
-        assert_eq!(decode(&buf[..n - 1], 3, |_| {}), None, "a cut value");
-        assert_eq!(decode(&[3], 3, |_| {}), None, "another version");
+        assert_eq!(decode(&buf[..n - 1], 4, |_| {}), None, "a cut value");
+        assert_eq!(decode(&[3], 4, |_| {}), None, "another version");
     }
 
     fn pointer(pos: u64, tag_hash: u32) -> Pointer {
@@ -248,32 +233,32 @@ mod tests {
 
     #[test]
     fn queue_changes_go_as_runs_and_come_back_as_changes() {
-        let mut queue = Overlay::default();
+        let mut queue = QueueChanges::default();
         // Queue 7: entries 10..14 added (positions rising, then one older record moved in),
-        // 3..6 settled, 8 settled alone; queue 9: 0..2 added, one with a tag; an odd key.
+        // 3..6 settled, 8 settled alone; queue 9: 0..2 added, one with a tag.
         let positions = [1_000_000u64, 1_000_130, 1_000_260, 40, 1_000_390];
         for (i, pos) in positions.iter().enumerate() {
-            queue.insert(&codec::queue_key(7, 10 + i as u64)[..], &codec::encode_pointer(&pointer(*pos, 0))[..]);
+            queue.insert(7, 10 + i as u64, pointer(*pos, 0));
         }
         for off in [3, 4, 5, 8] {
-            queue.remove(&codec::queue_key(7, off)[..]);
+            queue.remove(7, off);
         }
-        queue.insert(&codec::queue_key(9, 0)[..], &codec::encode_pointer(&pointer(u64::MAX - 5, 0xdead_beef))[..]);
-        queue.insert(&codec::queue_key(9, 1)[..], &codec::encode_pointer(&pointer(0, 0))[..]);
-        queue.insert(&9u64.to_be_bytes()[..], &b"odd"[..]);
+        queue.insert(9, 0, pointer(u64::MAX - 5, 0xdead_beef));
+        queue.insert(9, 1, pointer(0, 0));
         let mut other = Overlay::default();
         other.insert(&b"session"[..], &b"state"[..]);
         let mut buf = Vec::new();
-        assert!(encode(&mut buf, [&queue, &other]));
+        assert!(encode(&mut buf, &queue, [&other]));
         let expected: Vec<_> = queue
-            .changes()
-            .map(|(k, v)| (0, k.to_vec(), v.as_ref().map(|v| v.to_vec())))
+            .take()
+            .into_changes()
+            .map(|(q, o, e)| (0, codec::queue_key(q, o).to_vec(), e.map(|p| codec::encode_pointer(&p).to_vec())))
             .chain([(1, b"session".to_vec(), Some(b"state".to_vec()))])
             .collect();
         assert_eq!(decoded(&buf), expected);
         // 11 entry changes: 5 + 2 added at 7-8 bytes (the first of a run more), 4 settled in
         // two runs, instead of 41 and 19 bytes each.
-        assert!(buf.len() < 120, "{} bytes", buf.len());
+        assert!(buf.len() < 100, "{} bytes", buf.len());
         for cut in 1..buf.len() {
             let _ = decode(&buf[..cut], 3, |_| {});
         }

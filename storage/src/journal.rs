@@ -303,6 +303,16 @@ impl Journal {
         rx.await.unwrap_or(Err(JournalError::Closed))
     }
 
+    /// Creates the on-disk files of queue `id` ahead of its first backlog (its directory
+    /// and first consume-queue file), so that the writer thread's drain only opens them: a
+    /// wide fan-out to thousands of new queues would otherwise create them all while every
+    /// publisher's group commit waits. Optional (the drain creates what is missing);
+    /// blocking file-system calls, never on a runtime worker.
+    pub fn create_queue_files(&self, id: QueueId) -> Result<(), JournalError> {
+        guard::check("create_queue_files");
+        self.shared().cq.create_files(id.0).map_err(|e| JournalError::Io(e.to_string()))
+    }
+
     /// The id of the named queue if it is in memory (resolved since open and not deleted
     /// since); never blocks on I/O. `None` says nothing about sled: ask
     /// [`Journal::resolve_queue_id`].

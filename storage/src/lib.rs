@@ -212,6 +212,7 @@
 //! segments, reads, appends, rollover, fsync), `cq` (consume-queue files and settled
 //! offsets), `codec` (sled key/value encodings), `db`
 //! (sled trees and read queries), `overlay` (pending sled changes of one group commit),
+//! `queue_changes` (its pending consume-queue changes, typed),
 //! `effects` (those changes as an effects record), `refs` (per-segment reference counts),
 //! `retention` (which segments to delete), `recovery` (log replay and index recovery at
 //! open), `checkpoint` (the checkpointer thread, checkpoint positions, the counters tree),
@@ -238,6 +239,7 @@ mod journal;
 mod log;
 mod op;
 mod overlay;
+mod queue_changes;
 mod recovery;
 mod refs;
 mod retention;

@@ -37,14 +37,6 @@ impl Overlay {
         self.changes.get(key).cloned()
     }
 
-    /// The pending changes in `lo..=hi`, in key order (`None`: removed).
-    pub(crate) fn changes_in(&self, lo: &[u8], hi: &[u8]) -> Vec<(IVec, Option<IVec>)> {
-        self.changes
-            .range::<[u8], _>((Bound::Included(lo), Bound::Included(hi)))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect()
-    }
-
     /// The pending changes of keys starting with `prefix`, in key order (`None`: removed).
     pub(crate) fn changes_with_prefix(&self, prefix: &[u8]) -> Vec<(IVec, Option<IVec>)> {
         self.changes
@@ -120,7 +112,6 @@ mod tests {
         o.remove(&b"a1"[..]);
         o.remove(&b"a3"[..]);
         o.insert(&b"a4"[..], &b"v"[..]);
-        assert_eq!(o.changes_in(b"a2", b"a4").len(), 3);
         assert_eq!(o.change(b"a2"), Some(None));
         o.remove(&b"a4"[..]);
         o.remove(&b"b1"[..]);

@@ -158,7 +158,9 @@ impl Entities {
         stream: Option<StreamConfig>,
     ) -> Result<Arc<QueueEntity>, StoreError> {
         let broker = &self.broker;
-        let id = broker.stores.catalog.queue_id(&storage_name(vhost, name)).await?;
+        let catalog = &broker.stores.catalog;
+        let storage = storage_name(vhost, name);
+        let id = if durable { catalog.durable_queue_id(&storage).await? } else { catalog.queue_id(&storage).await? };
         let entity = Arc::new(QueueEntity {
             vhost: vhost.to_owned(),
             name: name.to_owned(),

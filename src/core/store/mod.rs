@@ -123,6 +123,13 @@ pub trait QueueCatalog: fmt::Debug + Send + Sync {
     /// journal's writer thread).
     fn queue_id<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<QueueId, StoreError>>;
 
+    /// [`QueueCatalog::queue_id`] for a queue that keeps a backlog for a consumer that may
+    /// be away (an MQTT persistent session, a shared subscription, a durable AMQP queue):
+    /// its storage is also made ready now, off the journal's writer thread, so that its
+    /// first backlog does not hold up other clients' publishes. A failure there is left
+    /// for the first write to report.
+    fn durable_queue_id<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<QueueId, StoreError>>;
+
     /// [`QueueCatalog::queue_id`] for code that may block (start-up restore, tools): never
     /// on a runtime worker.
     fn queue_id_blocking(&self, name: &str) -> Result<QueueId, StoreError>;
@@ -184,6 +191,17 @@ impl fmt::Debug for JournalStore {
 impl QueueCatalog for JournalStore {
     fn queue_id<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<QueueId, StoreError>> {
         Box::pin(async move { Ok(self.journal.resolve_queue_id(name).await?) })
+    }
+
+    fn durable_queue_id<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<QueueId, StoreError>> {
+        Box::pin(async move {
+            let id = self.journal.resolve_queue_id(name).await?;
+            let journal = self.journal.clone();
+            if let Err(e) = blocking_read(move || journal.create_queue_files(id)).await {
+                tracing::debug!(queue = id.0, error = %e, "creating a queue's files ahead failed");
+            }
+            Ok(id)
+        })
     }
 
     fn queue_id_blocking(&self, name: &str) -> Result<QueueId, StoreError> {

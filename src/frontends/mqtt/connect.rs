@@ -190,7 +190,8 @@ impl Task {
                 session.persistent = Some(p);
             }
             None if expiry > 0 => {
-                match self.ctx.broker.stores().catalog.queue_id(&format!("{SESSION_QUEUE_PREFIX}{client_id}")).await {
+                let name = format!("{SESSION_QUEUE_PREFIX}{client_id}");
+                match self.ctx.broker.stores().catalog.durable_queue_id(&name).await {
                     Ok(queue) => {
                         session.persistent = Some(Persistent {
                             queue,

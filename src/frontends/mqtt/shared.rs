@@ -115,7 +115,7 @@ impl SharedGroups {
         if let Some(joined) = self.join_existing(broker, group, filter, member, tag_filter) {
             return joined;
         }
-        let queue = broker.stores().catalog.queue_id(&queue_name(group, filter)).await?;
+        let queue = broker.stores().catalog.durable_queue_id(&queue_name(group, filter)).await?;
         self.join_or_create(broker, (group, filter), member, tag_filter, queue)
     }
 

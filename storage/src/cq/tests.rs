@@ -135,10 +135,10 @@ fn entries_are_written_read_settled_and_their_files_deleted() {
     assert!(!dir.path().join(format!("{:020}", 5)).exists(), "and its files once checkpointed");
 }
 
-/// The change of one group commit's `queue` tree: entry `off` of queue `q` set to
-/// `p`, or settled (`None`).
-fn change(q: u64, off: u64, p: Option<Pointer>) -> (sled::IVec, Option<sled::IVec>) {
-    (codec::queue_key(q, off)[..].into(), p.map(|p| codec::encode_pointer(&p)[..].into()))
+/// The change of one group commit: entry `off` of queue `q` set to `p`, or settled
+/// (`None`).
+fn change(q: u64, off: u64, p: Option<Pointer>) -> (u64, u64, Option<Pointer>) {
+    (q, off, p)
 }
 
 #[test]
@@ -176,4 +176,22 @@ fn deferred_entries_are_read_from_memory_and_only_the_live_ones_are_written() {
     assert_eq!(cq.read_block(7, 0, 8).unwrap(), vec![(3, p(3)), (5, again)]);
     cq.forget_pending();
     assert_eq!(cq.entries(7, 0, 10).unwrap(), expect, "forgotten: the file's again");
+}
+
+#[test]
+fn files_made_ahead_are_empty_then_written_and_synced_like_any() {
+    let dir = tempfile::tempdir().unwrap();
+    let cq = ConsumeQueues::open(dir.path()).unwrap();
+    cq.create_files(4).unwrap();
+    let file = dir.path().join(format!("{:020}/{:020}.cq", 4, 0));
+    assert_eq!(fs::metadata(&file).unwrap().len(), 0, "made ahead, empty");
+    assert!(cq.entries(4, 0, 10).unwrap().is_empty(), "an empty file holds no entry");
+    cq.create_files(4).unwrap();
+    cq.publish(cq.stage((0..3).map(|off| change(4, off, Some(p(off)))).collect::<Vec<_>>(), true).unwrap());
+    cq.flush_pending().unwrap();
+    assert_eq!(fs::metadata(&file).unwrap().len(), 3 * ENTRY_BYTES, "the drain writes into it");
+    cq.sync().unwrap();
+    let reopened = ConsumeQueues::open(dir.path()).unwrap();
+    reopened.raise_next(4, 3);
+    assert_eq!(reopened.entries(4, 0, 10).unwrap(), (0..3).map(|o| (o, p(o))).collect::<Vec<_>>());
 }

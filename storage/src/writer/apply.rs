@@ -103,16 +103,11 @@ impl Writer {
             }
             at = last + 1;
         }
-        let (lo, hi) = (codec::queue_key(queue, from), codec::queue_key(queue, to - 1));
-        for (k, v) in self.pending.queue.changes_in(&lo, &hi) {
-            if let Some((_, off)) = codec::decode_queue_key(&k) {
-                current.insert(off, v.as_deref().and_then(codec::decode_pointer));
-            }
-        }
+        current.extend(self.pending.queue.changes_in(queue, from, to).iter().copied());
         let mut removed = Vec::new();
         for (off, p) in current {
             if let Some(p) = p {
-                self.pending.queue.remove(&codec::queue_key(queue, off)[..]);
+                self.pending.queue.remove(queue, off);
                 removed.push(p);
             }
         }
@@ -142,8 +137,7 @@ impl Writer {
             st.next = offset.saturating_add(1);
             st.len += 1;
             let p = Pointer { pos: LogPos(pos), size, body_len, tag_hash: t.tag_hash, flags: t.flags };
-            let key = codec::queue_key(q, offset);
-            self.pending.queue.insert(&key[..], &codec::encode_pointer(&p)[..]);
+            self.pending.queue.insert(q, offset, p);
             if let Some(base) = base {
                 self.refs.inc(base);
             }
@@ -196,7 +190,7 @@ impl Writer {
                 };
                 if let Some(pos) = present {
                     self.release(pos.0);
-                    self.pending.queue.remove(&codec::queue_key(queue.0, offset)[..]);
+                    self.pending.queue.remove(queue.0, offset);
                     let st = self.queue_state(queue.0);
                     st.len = st.len.saturating_sub(1);
                 }
@@ -215,8 +209,7 @@ impl Writer {
             Op::SetFlags { queue, offset, flags } => {
                 if let Some(mut p) = self.queue_entry(queue.0, offset)? {
                     p.flags = flags;
-                    let key = codec::queue_key(queue.0, offset);
-                    self.pending.queue.insert(&key[..], &codec::encode_pointer(&p)[..]);
+                    self.pending.queue.insert(queue.0, offset, p);
                 }
             }
             Op::DeleteQueue { queue } => {

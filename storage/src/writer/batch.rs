@@ -154,7 +154,8 @@ impl Writer {
     /// records, recovery sees sled's applied mark past the end of the log and scans.
     fn commit(&mut self, db: &Db, force_sync: bool, submissions: bool, durable_wanted: bool) -> Result<(), Fail> {
         self.stage_counters();
-        let has_effects = effects::encode(&mut self.effects, self.pending.overlays().map(|o| &*o));
+        let queue = self.pending.queue.take();
+        let has_effects = effects::encode(&mut self.effects, &queue, self.pending.overlays().map(|o| &*o));
         if has_effects {
             self.log.append_effects(&self.shared.log, &self.effects).map_err(log_write_failed)?;
         }
@@ -174,11 +175,11 @@ impl Writer {
             // writes those still live), not visible yet; then the trees read by range on
             // their own go to sled (unflushed). Running out of space leaves nothing of the
             // batch visible.
-            let staged = self.shared.cq.stage(self.pending.queue.take(), true).map_err(cq_write_failed)?;
+            let staged = self.shared.cq.stage(queue.into_changes(), true).map_err(cq_write_failed)?;
             let counters = self.pending.counters.take();
             let kv: Vec<_> = self.pending.kv.iter_mut().map(|o| o.take()).collect();
             let rest: Vec<_> =
-                self.pending.overlays().into_iter().skip(1).zip(db.trees()).filter(|(o, _)| !o.is_empty()).collect();
+                self.pending.overlays().into_iter().zip(db.trees()).filter(|(o, _)| !o.is_empty()).collect();
             if !rest.is_empty() {
                 // First: sled holding any change of this batch implies it holds this mark.
                 db.db

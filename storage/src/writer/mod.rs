@@ -36,6 +36,7 @@ use crate::checkpoint::{self, Checkpointer};
 use crate::db::TREES;
 use crate::log::LogWriter;
 use crate::overlay::Overlay;
+use crate::queue_changes::QueueChanges;
 use crate::refs::RefCounts;
 use crate::state::{QueueState, Shared};
 use crate::{Completion, FsyncPolicy, JournalError, Op, Pointer, QueueId};
@@ -77,7 +78,7 @@ pub(crate) type ResolveReply = Box<dyn FnOnce(Result<QueueId, JournalError>) + S
 /// The pending changes of one group commit.
 #[derive(Default)]
 struct Pending {
-    queue: Overlay,
+    queue: QueueChanges,
     queue_names: Overlay,
     queue_ids: Overlay,
     retained: Overlay,
@@ -93,14 +94,13 @@ struct Pending {
 }
 
 impl Pending {
-    /// The overlays in the order effects records number the trees: the consume queues'
-    /// (`queue`), then [`Db::trees`]'s.
+    /// The overlays of [`Db::trees`], in that order (effects records number them from 1;
+    /// tree 0 is the consume queues', `queue`).
     ///
     /// [`Db::trees`]: crate::db::Db::trees
-    fn overlays(&mut self) -> [&mut Overlay; TREES] {
+    fn overlays(&mut self) -> [&mut Overlay; TREES - 1] {
         let [a, b, c, d, e] = &mut self.kv;
         [
-            &mut self.queue,
             &mut self.queue_names,
             &mut self.queue_ids,
             &mut self.retained,
@@ -120,6 +120,7 @@ impl Pending {
         for o in self.overlays() {
             o.clear();
         }
+        self.queue.clear();
         self.queues.clear();
         self.deleted.clear();
     }

@@ -78,7 +78,7 @@ impl Writer {
     /// Whether the entry at `offset` of `queue` is there (pending in this group commit or
     /// live in the consume queue), without reading it.
     pub(super) fn entry_present(&self, queue: u64, offset: u64) -> bool {
-        match self.pending.queue.change(&codec::queue_key(queue, offset)) {
+        match self.pending.queue.change(queue, offset) {
             Some(change) => change.is_some(),
             None => self.shared.cq.is_live(queue, offset),
         }
@@ -86,8 +86,8 @@ impl Writer {
 
     /// The live entry at `offset` of `queue`: this batch's change, else the consume queue's.
     pub(super) fn queue_entry(&mut self, queue: u64, offset: u64) -> Result<Option<Pointer>, Fail> {
-        if let Some(change) = self.pending.queue.change(&codec::queue_key(queue, offset)) {
-            return Ok(change.as_deref().and_then(codec::decode_pointer));
+        if let Some(change) = self.pending.queue.change(queue, offset) {
+            return Ok(change);
         }
         if !self.shared.cq.is_live(queue, offset) {
             return Ok(None);
