@@ -141,7 +141,8 @@ impl Checkpointer {
 }
 
 /// The checkpointer's loop: every interval with new changes applied, sync the consume-queue
-/// files written since the last round, flush sled, publish
+/// files written since the last round (one `syncfs` when they are many, see
+/// [`ConsumeQueues::sync`](crate::cq::ConsumeQueues::sync)), flush sled, publish
 /// the position stored in the round before (durable now) and store the position reached.
 fn checkpoints(shared: &Shared, signals: &mpsc::Receiver<Signal>) {
     let mut stored: Option<u64> = None;

@@ -46,6 +46,12 @@ const PRESENT: u8 = 0xCE;
 /// Open file handles kept across every queue; past it they are all closed (and opened
 /// again on use), so that many queues with entries do not exhaust file descriptors.
 const MAX_OPEN: usize = 1024;
+/// A checkpoint round with at least this many files to sync makes the whole file system
+/// durable with one `syncfs` instead of an `fsync` per file (and an open per file past
+/// [`MAX_OPEN`]): after a drain that wrote to thousands of queues, thousands of fsyncs
+/// each force a journal commit of the file system while the writer's `fdatasync` waits
+/// behind them.
+const SYNCFS_FROM: usize = 64;
 
 /// Encodes an entry.
 fn encode_entry(p: &Pointer) -> [u8; ENTRY_BYTES as usize] {
@@ -333,6 +339,21 @@ pub(crate) struct Staged {
     settled: Vec<(u64, u64)>,
 }
 
+/// How [`ConsumeQueues::sync`] made the files durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Synced {
+    /// An fsync of each of `files` files (and of each changed directory).
+    Files {
+        /// Files synced.
+        files: usize,
+    },
+    /// One `syncfs` of the file system holding `files` files written.
+    FileSystem {
+        /// Files written since the last round.
+        files: usize,
+    },
+}
+
 /// Files to delete once a checkpoint covers the change that made them useless.
 #[derive(Debug)]
 enum Doomed {
@@ -345,6 +366,9 @@ enum Doomed {
 /// Every consume queue's files and offsets (see the module doc).
 pub(crate) struct ConsumeQueues {
     root: PathBuf,
+    /// `root`, held open from the start for `syncfs`: Linux reports a write-back error to
+    /// `syncfs` through a descriptor opened before the error.
+    root_handle: File,
     queues: RwLock<HashMap<u64, Arc<QueueFiles>>>,
     handles: Handles,
     /// Files to delete, by the log position a checkpoint must cover first (ascending).
@@ -391,6 +415,7 @@ impl ConsumeQueues {
         }
         Ok(ConsumeQueues {
             root: root.to_path_buf(),
+            root_handle: File::open(root)?,
             queues: RwLock::new(queues),
             handles: Handles::default(),
             doomed: Mutex::default(),
@@ -811,10 +836,24 @@ impl ConsumeQueues {
     }
 
     /// Makes every file write and directory change since the last call durable (the
-    /// checkpointer, before it flushes sled). What it could not sync is kept for the next
+    /// checkpointer, before it flushes sled): an fsync per file and directory, or one
+    /// `syncfs` from [`SYNCFS_FROM`] files on. What it could not sync is kept for the next
     /// call.
-    pub(crate) fn sync(&self) -> io::Result<()> {
+    pub(crate) fn sync(&self) -> io::Result<Synced> {
         let taken = std::mem::take(&mut *self.handles.unsynced.lock());
+        let files = taken.files.len() + taken.paths.len();
+        if files >= SYNCFS_FROM {
+            return match rustix::fs::syncfs(&self.root_handle) {
+                Ok(()) => Ok(Synced::FileSystem { files }),
+                Err(e) => {
+                    let mut unsynced = self.handles.unsynced.lock();
+                    unsynced.files.extend(taken.files);
+                    unsynced.paths.extend(taken.paths);
+                    unsynced.dirs.extend(taken.dirs);
+                    Err(e.into())
+                }
+            };
+        }
         let mut failed = None;
         let mut left = NewFiles::default();
         for (key, file) in taken.files {
@@ -851,7 +890,7 @@ impl ConsumeQueues {
             unsynced.paths.extend(left.paths);
             unsynced.dirs.extend(left.dirs);
         }
-        failed.map_or(Ok(()), Err)
+        failed.map_or(Ok(Synced::Files { files }), Err)
     }
 }
 

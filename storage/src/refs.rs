@@ -1,15 +1,16 @@
 //! Per-segment reference counts: how many queue pointers, retained entries and timers
 //! point into each segment. Owned by the writer thread; rebuilt from sled at open.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// Live references per segment base.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct RefCounts {
     counts: HashMap<u64, u64>,
-    /// Every change since the last [`RefCounts::open_batch`] (segment, +1 or -1); `None`
-    /// before the first, so that counting at open records nothing.
-    undo: Option<Vec<(u64, bool)>>,
+    /// The net change per segment since the last [`RefCounts::open_batch`], a segment once
+    /// (a batch touches one or two: a fan-out's thousands of pointers are one entry, not a
+    /// record each); `None` before the first, so that counting at open records nothing.
+    undo: Option<BTreeMap<u64, i64>>,
 }
 
 impl PartialEq for RefCounts {
@@ -25,7 +26,7 @@ impl RefCounts {
     pub(crate) fn inc(&mut self, base: u64) {
         *self.counts.entry(base).or_insert(0) += 1;
         if let Some(undo) = &mut self.undo {
-            undo.push((base, true));
+            *undo.entry(base).or_insert(0) += 1;
         }
     }
 
@@ -42,7 +43,7 @@ impl RefCounts {
             }
         }
         if let Some(undo) = &mut self.undo {
-            undo.push((base, false));
+            *undo.entry(base).or_insert(0) -= 1;
         }
     }
 
@@ -50,7 +51,7 @@ impl RefCounts {
     pub(crate) fn open_batch(&mut self) {
         match &mut self.undo {
             Some(undo) => undo.clear(),
-            None => self.undo = Some(Vec::new()),
+            None => self.undo = Some(BTreeMap::new()),
         }
     }
 
@@ -58,33 +59,28 @@ impl RefCounts {
     pub(crate) fn commit_batch(&mut self) {
         if let Some(undo) = &mut self.undo {
             undo.clear();
-            if undo.capacity() > 4096 {
-                *undo = Vec::new();
-            }
         }
     }
 
     /// Takes back every change since [`RefCounts::open_batch`].
     pub(crate) fn undo_batch(&mut self) {
-        let Some(undo) = self.undo.take() else { return };
-        for &(base, inc) in undo.iter().rev() {
-            // Not recorded: `undo` is taken out meanwhile.
-            if inc {
-                self.dec(base);
+        let Some(mut undo) = self.undo.take() else { return };
+        for (&base, &delta) in &undo {
+            let n = self.counts.get(&base).copied().unwrap_or(0) as i64 - delta;
+            if n > 0 {
+                self.counts.insert(base, n as u64);
             } else {
-                self.inc(base);
+                self.counts.remove(&base);
             }
         }
+        undo.clear();
         self.undo = Some(undo);
         self.commit_batch();
     }
 
     /// The segments changed since [`RefCounts::open_batch`], each once.
     pub(crate) fn touched(&self) -> Vec<u64> {
-        let mut bases: Vec<u64> = self.undo.iter().flatten().map(|(b, _)| *b).collect();
-        bases.sort_unstable();
-        bases.dedup();
-        bases
+        self.undo.iter().flat_map(|undo| undo.keys().copied()).collect()
     }
 
     /// References into the segment at `base`.
@@ -139,8 +135,12 @@ mod tests {
         r.dec(7);
         r.dec(7); // underflow: not recorded
         r.inc(9);
+        r.inc(9);
+        r.dec(9);
+        assert_eq!(r.touched(), vec![0, 7, 9]);
         r.undo_batch();
         assert_eq!(r, before);
+        assert_eq!(r.touched(), Vec::<u64>::new());
         assert_eq!((r.get(0), r.get(7), r.get(9)), (1, 1, 0));
         r.open_batch();
         r.inc(9);

@@ -66,13 +66,38 @@ fn files_waiting_for_a_sync_hold_a_bounded_number_of_handles() {
         assert_eq!(unsynced.files.len() + unsynced.paths.len(), queues as usize, "every file is to be synced");
     }
     cq.delete_queue(queues - 1, 0);
-    cq.sync().unwrap();
+    assert_eq!(cq.sync().unwrap(), Synced::FileSystem { files: queues as usize - 1 }, "one syncfs for them all");
     let unsynced = cq.handles.unsynced.lock();
     assert!(unsynced.files.is_empty() && unsynced.paths.is_empty() && unsynced.dirs.is_empty());
     drop(unsynced);
     for q in 0..queues - 1 {
         assert_eq!(cq.entries(q, 0, 5).unwrap(), vec![(0, p(q))], "queue {q}");
     }
+}
+
+#[test]
+fn a_round_syncs_few_files_one_by_one_and_many_with_one_syncfs() {
+    let dir = tempfile::tempdir().unwrap();
+    let cq = ConsumeQueues::open(dir.path()).unwrap();
+    assert_eq!(cq.sync().unwrap(), Synced::Files { files: 0 });
+    for q in 0..3 {
+        cq.write(q, 0, &[p(q)]).unwrap();
+    }
+    assert_eq!(cq.sync().unwrap(), Synced::Files { files: 3 });
+    let wide = SYNCFS_FROM as u64;
+    for q in 0..wide {
+        cq.write(q, 1, &[p(q)]).unwrap();
+    }
+    assert_eq!(cq.sync().unwrap(), Synced::FileSystem { files: SYNCFS_FROM });
+    {
+        let unsynced = cq.handles.unsynced.lock();
+        assert!(unsynced.files.is_empty() && unsynced.paths.is_empty() && unsynced.dirs.is_empty());
+    }
+    assert_eq!(cq.sync().unwrap(), Synced::Files { files: 0 }, "nothing left for the next round");
+    drop(cq);
+    let cq = ConsumeQueues::open(dir.path()).unwrap();
+    assert_eq!(cq.read_block(2, 0, 8).unwrap(), vec![(0, p(2)), (1, p(2))], "written before and after the syncfs");
+    assert_eq!(cq.read_block(wide - 1, 0, 8).unwrap(), vec![(1, p(wide - 1))]);
 }
 
 #[test]
