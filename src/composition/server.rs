@@ -775,27 +775,42 @@ async fn serve_tls(
 ) {
     let handshake = Duration::from_secs(10);
     // Boxed: the handshake's state is large and lives only until the session is set up.
-    match tokio::time::timeout(handshake, Box::pin(acceptor.accept(stream))).await {
-        Ok(Ok(tls_stream)) => {
-            // A certificate rustls verified against tls.client_ca (none when not asked for).
-            let cert = tls_stream
-                .get_ref()
-                .1
-                .peer_certificates()
-                .and_then(|chain| chain.first())
-                .and_then(|der| crate::transport::tls::ClientCert::from_der(der))
-                .map(Arc::new);
-            match front {
-                Front::Mqtt(ctx) => mqtt::connection::serve(ctx, tls_stream, peer, local, cert, permit).await,
-                Front::MqttWs(ctx) => serve_ws(ctx, tls_stream, peer, local, cert, permit).await,
-                Front::Amqp(ctx) => {
-                    crate::frontends::amqp::connection::serve(ctx, tls_stream, peer, local, cert).await;
-                    drop(permit);
-                }
-            }
-        }
+    let accepted = tokio::time::timeout(handshake, Box::pin(acceptor.accept(stream))).await;
+    // The stream moves on without being borrowed here, so that this future does not keep
+    // a copy of it (and of the handshake's result) beside the connection's.
+    match accepted {
+        Ok(Ok(tls_stream)) => serve_over_tls(front, tls_stream, peer, local, permit).await,
         Ok(Err(e)) => debug!(peer = %peer, error = %e, "TLS handshake failed"),
         Err(_) => debug!(peer = %peer, "TLS handshake timed out"),
+    }
+}
+
+/// The future that serves an accepted TLS connection on its front, boxed: the caller's
+/// future then holds a pointer, not the largest front's state (an MQTT device over TLS
+/// would otherwise carry an AMQP connection's 9.6 kB), and the stream is moved into the
+/// connection's future once, not kept beside it.
+fn serve_over_tls(
+    front: Front,
+    tls_stream: tokio_rustls::server::TlsStream<TcpStream>,
+    peer: SocketAddr,
+    local: Listener,
+    permit: SocketPermit,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+    // A certificate rustls verified against tls.client_ca (none when not asked for).
+    let cert = tls_stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|chain| chain.first())
+        .and_then(|der| crate::transport::tls::ClientCert::from_der(der))
+        .map(Arc::new);
+    match front {
+        Front::Mqtt(ctx) => Box::pin(mqtt::connection::serve(ctx, tls_stream, peer, local, cert, permit)),
+        Front::MqttWs(ctx) => Box::pin(serve_ws(ctx, tls_stream, peer, local, cert, permit)),
+        Front::Amqp(ctx) => Box::pin(async move {
+            crate::frontends::amqp::connection::serve(ctx, tls_stream, peer, local, cert).await;
+            drop(permit);
+        }),
     }
 }
 
