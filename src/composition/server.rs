@@ -795,7 +795,7 @@ fn serve_over_tls(
     peer: SocketAddr,
     local: Listener,
     permit: SocketPermit,
-) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+) -> futures_util::future::BoxFuture<'static, ()> {
     // A certificate rustls verified against tls.client_ca (none when not asked for).
     let cert = tls_stream
         .get_ref()

@@ -329,6 +329,16 @@ struct Handles {
     open: AtomicUsize,
 }
 
+impl Handles {
+    /// Puts back what a sync could not make durable, for the next one.
+    fn keep_unsynced(&self, left: NewFiles) {
+        let mut unsynced = self.unsynced.lock();
+        unsynced.files.extend(left.files);
+        unsynced.paths.extend(left.paths);
+        unsynced.dirs.extend(left.dirs);
+    }
+}
+
 /// Changes of one group commit written to the files, not yet visible
 /// ([`ConsumeQueues::stage`]).
 #[derive(Debug, Default)]
@@ -846,10 +856,7 @@ impl ConsumeQueues {
             return match rustix::fs::syncfs(&self.root_handle) {
                 Ok(()) => Ok(Synced::FileSystem { files }),
                 Err(e) => {
-                    let mut unsynced = self.handles.unsynced.lock();
-                    unsynced.files.extend(taken.files);
-                    unsynced.paths.extend(taken.paths);
-                    unsynced.dirs.extend(taken.dirs);
+                    self.handles.keep_unsynced(taken);
                     Err(e.into())
                 }
             };
@@ -885,10 +892,7 @@ impl ConsumeQueues {
             }
         }
         if failed.is_some() {
-            let mut unsynced = self.handles.unsynced.lock();
-            unsynced.files.extend(left.files);
-            unsynced.paths.extend(left.paths);
-            unsynced.dirs.extend(left.dirs);
+            self.handles.keep_unsynced(left);
         }
         failed.map_or(Ok(Synced::Files { files }), Err)
     }

@@ -75,7 +75,6 @@ impl RefCounts {
         }
         undo.clear();
         self.undo = Some(undo);
-        self.commit_batch();
     }
 
     /// The segments changed since [`RefCounts::open_batch`], each once.
