@@ -443,10 +443,16 @@ impl Server {
         self.amqp.shutdown();
         self.progress.phase("waiting for connections to close");
         let until = began + self.grace - (self.grace / 5).min(Duration::from_secs(1));
+        let classes = [SocketClass::Mqtt, SocketClass::MqttWs, SocketClass::Amqp];
+        let open: usize = classes.iter().map(|c| self.sockets.open(*c)).sum();
+        self.progress.open(open as u64);
+        info!(
+            open,
+            wait_ms = until.saturating_duration_since(began).as_millis() as u64,
+            "waiting for connections to close"
+        );
         let progress = &self.progress;
-        let all = self
-            .sockets
-            .drained(&[SocketClass::Mqtt, SocketClass::MqttWs, SocketClass::Amqp], |n| progress.open(n as u64));
+        let all = self.sockets.drained(&classes, |n| progress.open(n as u64));
         if tokio::time::timeout_at(until, all).await.is_err() {
             warn!(
                 still_running = %self.progress.describe(),

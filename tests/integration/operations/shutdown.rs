@@ -114,7 +114,8 @@ async fn a_second_sigterm_exits_at_once_naming_what_is_still_open() {
     let mut b = broker(60);
     let (_mqtt, _amqp, name) = stubborn_connections(&b).await;
     b.signal("TERM");
-    assert!(b.wait_log("shutting down"), "no shutdown; log:\n{}", b.log());
+    // The second signal goes once the shutdown waits for the connections (it logs so).
+    assert!(b.wait_log("waiting for connections to close"), "no wait for connections; log:\n{}", b.log());
     // The shutdown now waits up to a minute for the connections: a second SIGTERM ends it.
     b.signal("TERM");
     let status = b.wait_exit(WAIT);
