@@ -29,6 +29,7 @@
 //!   queues, streams, scheduler, retained, stores, counters: everything both protocols
 //!   and the management API share. Only the core calls the journal.
 //! - [`links`] — MQTT bridges to other brokers and AMQP shovels.
+//! - [`cluster`] — cluster members: peer links and the replicated metadata group (openraft).
 //! - [`operations`] — the management HTTP API, metrics, dashboard, and `ferrymq ctl`.
 //! - [`composition`] — configuration, start-up checks, the server, and shutdown.
 #![forbid(unsafe_code)]
@@ -39,6 +40,7 @@
 #![allow(rustdoc::private_intra_doc_links)]
 
 pub mod access;
+pub mod cluster;
 pub mod composition;
 pub mod core;
 pub(crate) mod frontends;

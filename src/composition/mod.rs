@@ -7,10 +7,12 @@
 //! - [`preflight`] — start-up checks before anything starts (data directory lock, TLS
 //!   files, rules, every listener bound).
 //! - [`server`] — listeners, start-up restore, shutdown.
+//! - [`member`] — a cluster member's registries, as its metadata group applies to them.
 //! - [`shutdown`] — signals on a thread of their own; the shutdown deadline, and what a
 //!   forced exit logs.
 
 pub mod config;
+pub mod member;
 pub mod preflight;
 pub mod server;
 pub mod shutdown;

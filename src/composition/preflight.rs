@@ -210,7 +210,7 @@ fn tls_acceptor(config: &Config) -> Result<Option<TlsAcceptor>, TlsError> {
 }
 
 /// Every configured listener, by key and flag.
-fn listeners(config: &Config) -> [(&'static str, &'static str, Option<SocketAddr>); 9] {
+fn listeners(config: &Config) -> [(&'static str, &'static str, Option<SocketAddr>); 10] {
     [
         ("mqtt.listen", "--mqtt-listen", config.mqtt.listen),
         ("mqtt.tls_listen", "--mqtts-listen", config.mqtt.tls_listen),
@@ -221,6 +221,7 @@ fn listeners(config: &Config) -> [(&'static str, &'static str, Option<SocketAddr
         ("http.listen", "--http-listen", config.http.listen),
         ("http.tls_listen", "--https-listen", config.http.tls_listen),
         ("prometheus.listen", "--prometheus-listen", config.prometheus.listen),
+        ("cluster.listen", "FERRYMQ_CLUSTER__LISTEN", config.cluster.as_ref().map(|c| c.listen)),
     ]
 }
 

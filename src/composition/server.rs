@@ -15,7 +15,9 @@ use tracing::{debug, info, warn};
 
 use crate::access::auth::{LoginThrottle, User, Users};
 use crate::access::authz::{Authorizer, Policy};
+use crate::cluster::Cluster;
 use crate::composition::config::{Config, Qos0WhenFull};
+use crate::composition::member::MemberState;
 use crate::composition::preflight::Preflight;
 use crate::composition::shutdown::Progress;
 use crate::core::alarm::ResourceAlarm;
@@ -73,6 +75,8 @@ pub struct Server {
     _data_dir_lock: std::fs::File,
     /// How far a shutdown got (what a forced exit logs).
     progress: Arc<Progress>,
+    /// This member of a cluster (`[cluster]`).
+    cluster: Option<Arc<Cluster>>,
 }
 
 impl Server {
@@ -130,7 +134,19 @@ impl Server {
         if config.mqtt.qos0_when_full == Some(Qos0WhenFull::Wait) {
             warn!("mqtt.qos0_when_full = \"wait\" is ignored: a publisher never waits for one subscriber");
         }
-        let broker = Arc::new(data.start_broker(shard_count, session_queues, dead_tx, &config.mqtt.exchange).await?);
+        // A cluster member's metadata commands go through the metadata group (its Raft log
+        // opened here; a log that cannot be read stops the start).
+        let cluster = match &config.cluster {
+            Some(section) => {
+                let (section, dir) = (section.clone(), config.data_dir().to_path_buf());
+                Some(crate::core::blocking::spawn(move || Cluster::open(&section, &dir)).await??)
+            }
+            None => None,
+        };
+        let (local_state, catalog) = data.local_store();
+        let state = cluster.as_ref().map(|c| c.state_machine(local_state.clone()));
+        let broker =
+            Arc::new(data.start_broker(shard_count, session_queues, dead_tx, &config.mqtt.exchange, state).await?);
         tokio::spawn(crate::core::dead_letter::run(broker.clone(), dead_rx));
         broker.restore_retained(stored.retained);
         let (memory_limit, disk_free_limit) = alarm_limits(&config);
@@ -207,6 +223,7 @@ impl Server {
             shovels: Arc::new(crate::links::shovel::Shovels::new(None, None)),
             _data_dir_lock: pre.data_dir_lock,
             progress,
+            cluster: None,
         };
         let tls = pre.tls.clone();
         use Kind::{Amqp, Mqtt, MqttWs};
@@ -311,7 +328,13 @@ impl Server {
             queue_rates: Default::default(),
             connection_rates: Default::default(),
             delayed_pending: Default::default(),
+            cluster: cluster.clone(),
         });
+        if let Some(cluster) = &cluster {
+            let listener = pre.listeners.take("cluster.listen").expect("cluster.listen is bound at preflight");
+            cluster.start(listener, catalog, local_state, Arc::new(MemberState::new(ctx.clone()))).await?;
+        }
+        server.cluster = cluster;
         if let Some(path) = &config.http.load_definitions {
             load_definitions(&ctx, path).await.map_err(StartError::Config)?;
         }
@@ -458,6 +481,10 @@ impl Server {
                 still_running = %self.progress.describe(),
                 "connections still open at the end of the grace period; stopping without them"
             );
+        }
+        if let Some(cluster) = &self.cluster {
+            self.progress.phase("leaving the metadata group");
+            cluster.shutdown().await;
         }
         self.progress.phase("settling the queue owners");
         // Settlements the closed connections sent without waiting (PUBREC, acks) reach the

@@ -3,6 +3,7 @@
 //! type (the one door into storage is the core).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use ferrymq_storage::{FsyncPolicy, Journal, JournalConfig, JournalError, JournalStats, Retention};
 use tokio::sync::mpsc;
@@ -12,6 +13,7 @@ use super::broker::Broker;
 use super::queue::{DeadLetter, QueueConfig};
 use super::restore::{self, RestoreError, Stored};
 use super::shards::Shards;
+use super::store::{QueueCatalog, StateMachine, Stores};
 use crate::composition::config::{Fsync, StorageSection};
 
 /// Why the data directory could not be opened.
@@ -61,17 +63,30 @@ impl DataDir {
 
     /// Starts `shards` queue-owner threads (`default`: the settings of queues nobody
     /// configured; `dead`: where dead letters go) and the broker on them; MQTT goes through
-    /// the topic exchange `mqtt_exchange` of `/`.
+    /// the topic exchange `mqtt_exchange` of `/`. Its commands are applied by `state`
+    /// (a cluster member's replicated state machine), else by the journal's.
     pub(crate) async fn start_broker(
         &self,
         shards: usize,
         default: QueueConfig,
         dead: mpsc::UnboundedSender<DeadLetter>,
         mqtt_exchange: &str,
+        state: Option<Arc<dyn StateMachine>>,
     ) -> Result<Broker, JournalError> {
         super::retry::mark_watermarks_complete(&self.journal).await?;
         let shards = Shards::start(shards, self.journal.clone(), default, dead);
-        Ok(Broker::new(self.journal.clone(), shards, mqtt_exchange))
+        let mut broker = Broker::new(self.journal.clone(), shards, mqtt_exchange);
+        if let Some(state) = state {
+            broker.stores.state = state;
+        }
+        Ok(broker)
+    }
+
+    /// The journal's own state machine and catalog (what a cluster member's replicated
+    /// state machine applies committed commands to).
+    pub(crate) fn local_store(&self) -> (Arc<dyn StateMachine>, Arc<dyn QueueCatalog>) {
+        let stores = Stores::local(&self.journal);
+        (stores.state, stores.catalog)
     }
 
     /// Flushes and closes the journal, checkpointed as at a shutdown (the next start

@@ -22,7 +22,7 @@ pub(crate) const MAX_QUEUES: &str = "max-queues";
 pub(crate) const MAX_CHANNELS: &str = "max-channels";
 
 /// What a set of limits belongs to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum LimitScope {
     /// A virtual host's limits.
     Vhost,

@@ -9,6 +9,7 @@ mod common;
 
 mod access;
 mod amqp;
+mod cluster;
 mod http;
 mod links;
 mod mqtt;

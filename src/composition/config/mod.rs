@@ -17,10 +17,12 @@ use serde::Deserialize;
 use crate::transport::origin::Origin;
 
 pub mod access;
+pub mod cluster;
 pub mod links;
 mod value;
 
 pub use access::{PermissionEntry, RuleEntry, TopicPermissionEntry, UserEntry};
+pub use cluster::{ClusterSection, PeerEntry};
 pub use links::{BridgeSection, MqttBridgeEntry, ShovelDefinition, ShovelEntry};
 pub use value::{CertLoginFrom, Fsync, Qos0WhenFull, VerifyClient};
 
@@ -122,6 +124,9 @@ pub struct Config {
     /// `[[shovel]]`: AMQP shovels (RabbitMQ's keys).
     #[serde(default)]
     pub shovel: Vec<ShovelEntry>,
+    /// `[cluster]`: absent for a single node.
+    #[serde(default)]
+    pub cluster: Option<ClusterSection>,
 }
 
 /// `[broker]`: process-wide settings.
@@ -521,6 +526,9 @@ impl Config {
     /// (`preflight::load_config`).
     fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |key: &str, reason: String| Err(ConfigError::invalid(key, reason));
+        if let Some(cluster) = &self.cluster {
+            cluster.validate()?;
+        }
         for (key, addr) in [
             ("mqtt.tls_listen", self.mqtt.tls_listen),
             ("mqtt.wss_listen", self.mqtt.wss_listen),

@@ -76,7 +76,12 @@ impl Entities {
             return Ok(false);
         }
         if def.durable {
-            self.store_exchange(vhost, &def).await;
+            let broker = &self.broker;
+            if let Err(e) = broker.commit(broker.stores.entities.put_exchange(vhost, &def), Commit::Durable).await {
+                // Not stored (a cluster without a majority, a failed disk): not declared.
+                let _ = router.delete_exchange(vhost, &def.name, false);
+                return Err(e.into());
+            }
         }
         Ok(true)
     }
@@ -100,9 +105,17 @@ impl Entities {
     /// Binds `binding` (to a queue or an exchange) to exchange `source` of `vhost`; its
     /// record is stored when `durable` (both ends are).
     pub async fn bind(&self, vhost: &str, source: &str, binding: &Binding, durable: bool) -> Result<(), EntityError> {
-        self.broker.router.bind(vhost, source, binding.clone())?;
+        let added = self.broker.router.bind(vhost, source, binding.clone())?;
         if durable {
-            self.persist_binding(vhost, source, binding, true).await;
+            let broker = &self.broker;
+            let write = broker.stores.entities.put_binding(vhost, source, binding);
+            if let Err(e) = broker.commit(write, Commit::Durable).await {
+                // Not stored: not bound (unless it was bound before).
+                if added {
+                    let _ = broker.router.unbind(vhost, source, &binding.dest, &binding.key, &binding.args);
+                }
+                return Err(e.into());
+            }
         }
         Ok(())
     }
@@ -112,7 +125,7 @@ impl Entities {
     pub async fn unbind(&self, vhost: &str, source: &str, binding: &Binding, durable: bool) -> Result<(), EntityError> {
         self.broker.router.unbind(vhost, source, &binding.dest, &binding.key, &binding.args)?;
         if durable {
-            self.persist_binding(vhost, source, binding, false).await;
+            self.forget_binding(vhost, source, binding).await;
         }
         Ok(())
     }
@@ -130,14 +143,6 @@ impl Entities {
         }
     }
 
-    /// Stores a durable exchange.
-    async fn store_exchange(&self, vhost: &str, def: &ExchangeDef) {
-        let broker = &self.broker;
-        if let Err(e) = broker.commit(broker.stores.entities.put_exchange(vhost, def), Commit::Durable).await {
-            warn!(error = %e, "cannot store exchange");
-        }
-    }
-
     /// Forgets a durable exchange, its binding records and the values of its
     /// de-duplication cache.
     async fn forget_exchange(&self, vhost: &str, name: &str) {
@@ -152,17 +157,12 @@ impl Entities {
         }
     }
 
-    /// Stores (`store`) or forgets a durable binding.
-    async fn persist_binding(&self, vhost: &str, exchange: &str, binding: &Binding, store: bool) {
+    /// Forgets a durable binding.
+    async fn forget_binding(&self, vhost: &str, exchange: &str, binding: &Binding) {
         let broker = &self.broker;
-        let entities = &broker.stores.entities;
-        let write = if store {
-            entities.put_binding(vhost, exchange, binding)
-        } else {
-            entities.remove_binding(vhost, exchange, binding)
-        };
+        let write = broker.stores.entities.remove_binding(vhost, exchange, binding);
         if let Err(e) = broker.commit(write, Commit::Durable).await {
-            warn!(error = %e, "cannot store binding");
+            warn!(error = %e, "cannot forget binding");
         }
     }
 }

@@ -18,9 +18,11 @@
 //! - [`retry_args`] — the queue arguments of delayed retries.
 //! - [`dead_letter_queues`] — `%DLQ%{queue}` queues, made on demand for the dead-letter task.
 //! - [`restore`] — start-up: durable entities applied, orphaned consume queues deleted.
+//! - [`committed`] — what a cluster's metadata group committed, applied to memory.
 //! - [`error`] — [`EntityError`].
 
 pub(crate) mod arguments;
+pub(crate) mod committed;
 pub(crate) mod dead_letter_queues;
 pub(crate) mod declare;
 pub(crate) mod equivalence;

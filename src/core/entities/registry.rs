@@ -186,7 +186,11 @@ impl Entities {
                 auto_delete,
                 arguments: entity.arguments.clone(),
             };
-            broker.commit(broker.stores.entities.put_queue(&record), Commit::Durable).await?;
+            if let Err(e) = broker.commit(broker.stores.entities.put_queue(&record), Commit::Durable).await {
+                // Not stored (a cluster without a majority, a failed disk): not declared.
+                self.forget_queue(&entity).await;
+                return Err(e);
+            }
         }
         Ok(entity)
     }
@@ -212,12 +216,7 @@ impl Entities {
     /// Deletes a queue: bindings, consume queue, meta records. Returns the message count.
     pub async fn delete_queue(&self, entity: &QueueEntity) -> u64 {
         let broker = &self.broker;
-        if self.queues.write().remove(&(entity.vhost.clone(), entity.name.clone())).is_some() {
-            self.uncount(&entity.vhost);
-        }
-        self.rejecting.write().remove(&entity.id);
-        broker.router.unbind_all(&entity.vhost, &Destination::Queue(entity.id));
-        let count = broker.shards.delete(entity.id).await;
+        let count = self.forget_queue(entity).await;
         if entity.durable {
             let write = broker.stores.entities.remove_queue(&entity.vhost, &entity.name, entity.id);
             if let Err(e) = broker.commit(write, Commit::Durable).await {
@@ -225,6 +224,23 @@ impl Entities {
             }
         }
         count
+    }
+
+    /// Takes a queue out of the registry and the routing table and deletes its consume
+    /// queue (its durable record is the caller's). Returns the message count.
+    pub(super) async fn forget_queue(&self, entity: &QueueEntity) -> u64 {
+        let broker = &self.broker;
+        if self.queues.write().remove(&(entity.vhost.clone(), entity.name.clone())).is_some() {
+            self.uncount(&entity.vhost);
+        }
+        self.rejecting.write().remove(&entity.id);
+        broker.router.unbind_all(&entity.vhost, &Destination::Queue(entity.id));
+        broker.shards.delete(entity.id).await
+    }
+
+    /// The declared queue whose consume queue is `id`.
+    pub fn queue_by_id(&self, id: QueueId) -> Option<Arc<QueueEntity>> {
+        self.queues.read().values().find(|q| q.id == id).cloned()
     }
 
     /// Deletes queues whose `x-expires` passed without use, every 500 ms, for as long as
@@ -264,6 +280,7 @@ pub(super) fn counted_with(mut stream: StreamConfig, config: &QueueConfig) -> Ar
     Arc::new(stream)
 }
 
-fn storage_name(vhost: &str, name: &str) -> String {
+/// The consume-queue name of AMQP queue `name` of `vhost` (what the catalog maps to its id).
+pub(crate) fn storage_name(vhost: &str, name: &str) -> String {
     format!("{QUEUE_PREFIX}{vhost}/{name}")
 }

@@ -111,7 +111,7 @@ impl Entities {
 
 /// The queue a stored record declares, with its configuration derived again from the
 /// arguments; why not when they no longer pass the checks.
-fn queue_from_record(r: QueueRecord) -> Result<QueueEntity, ArgumentError> {
+pub(super) fn queue_from_record(r: QueueRecord) -> Result<QueueEntity, ArgumentError> {
     let (config, stream) = if is_stream(&r.arguments) {
         let stream = stream_config(&r.vhost, &r.name, true, false, r.auto_delete, &r.arguments)?;
         let config = QueueConfig::new(&r.name, &r.vhost);

@@ -21,7 +21,7 @@ use crate::core::restore::{RecordKey, RecordKind, RestoreError};
 use crate::core::value::{decode_table, encode_table, Value};
 
 /// A stored user.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct UserRecord {
     /// User name.
     pub name: String,
@@ -36,7 +36,7 @@ pub struct UserRecord {
 }
 
 /// A stored virtual host.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct VhostRecord {
     /// Name.
     pub name: String,
@@ -49,7 +49,7 @@ pub struct VhostRecord {
 }
 
 /// A user's permissions in one virtual host (regular expressions over resource names).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PermissionRecord {
     /// Virtual host.
     pub vhost: String,
@@ -68,7 +68,7 @@ pub struct PermissionRecord {
 }
 
 /// A user's topic permissions on one exchange (regular expressions over routing keys).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TopicPermissionRecord {
     /// Virtual host.
     pub vhost: String,
@@ -84,7 +84,7 @@ pub struct TopicPermissionRecord {
 
 /// A runtime parameter (RabbitMQ's `/api/parameters/{component}/{vhost}/{name}`), such as
 /// a shovel's definition.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ParameterRecord {
     /// Component (`shovel`).
     pub component: String,
@@ -97,7 +97,7 @@ pub struct ParameterRecord {
 }
 
 /// The limits of a virtual host or a user (RabbitMQ's `vhost-limits` / user `limits`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LimitsRecord {
     /// Whose limits.
     pub scope: crate::core::limits::LimitScope,
@@ -129,7 +129,7 @@ pub struct AccessRecords {
 }
 
 /// A change to users, virtual hosts, permissions, rules, parameters or limits.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum AccessCommand {
     /// A user is stored (or its tombstone).
     PutUser(UserRecord),

@@ -62,6 +62,9 @@ pub enum StoreError {
     /// A stored record that cannot be decoded (named with its kind and key).
     #[error(transparent)]
     Record(#[from] RestoreError),
+    /// A cluster member's change that a majority did not commit (why).
+    #[error("not committed: {0}")]
+    NotCommitted(String),
 }
 
 impl StoreError {
@@ -70,6 +73,9 @@ impl StoreError {
         match self {
             StoreError::Journal(error) => RestoreError::Unreadable { kind, key, error },
             StoreError::Record(e) => e,
+            StoreError::NotCommitted(why) => {
+                RestoreError::Unreadable { kind, key, error: ferrymq_storage::JournalError::Io(why) }
+            }
         }
     }
 }

@@ -77,11 +77,25 @@ pub enum Listing {
     Shovels,
 }
 
+/// `ctl cluster ...`.
+#[derive(Debug, Subcommand)]
+pub enum ClusterCommand {
+    /// Members, the metadata group's leader and each member's role, last contact and
+    /// replication progress, as the node asked sees them.
+    Status,
+}
+
 /// The commands.
 #[derive(Debug, Subcommand)]
 pub enum CtlCommand {
     /// The broker at a glance.
     Overview,
+    /// A cluster's members and their state.
+    Cluster {
+        /// What to do.
+        #[command(subcommand)]
+        command: ClusterCommand,
+    },
     /// List objects.
     List {
         /// What to list.
@@ -532,6 +546,27 @@ pub fn run(args: &CtlArgs) -> Result<String, CtlError> {
                 ));
             }
             Ok(out)
+        }
+        CtlCommand::Cluster { command: ClusterCommand::Status } => {
+            let s = api.get("/ferrymq/cluster")?;
+            if args.json {
+                return Ok(serde_json::to_string_pretty(&s).unwrap_or_default() + "\n");
+            }
+            let columns = [
+                col("member", "name", Plain),
+                col("role", "role", Plain),
+                col("running", "running", Plain),
+                col("last contact ms", "last_contact_ms", Count),
+                col("matched index", "matched_index", Count),
+            ];
+            Ok(format!(
+                "cluster as {} sees it: leader {}, term {}, applied index {}\n{}",
+                s["node"].as_str().unwrap_or("?"),
+                s["leader"].as_str().unwrap_or("none"),
+                s["term"],
+                s["applied_index"],
+                render(&columns, &rows(&s["members"]))
+            ))
         }
         CtlCommand::Groups { stream } => {
             let s = api.get(&format!("/ferrymq/streams/{v}/{}/groups", enc(stream)))?;

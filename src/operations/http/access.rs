@@ -22,7 +22,9 @@ use crate::access::auth::{Secret, User};
 use crate::composition::config::Config;
 use crate::core::broker::Commit;
 use crate::core::limits::LimitScope;
-use crate::core::store::{AccessRecords, PermissionRecord, StoreWrite, TopicPermissionRecord, UserRecord, VhostRecord};
+use crate::core::store::{
+    AccessCommand, AccessRecords, PermissionRecord, StoreWrite, TopicPermissionRecord, UserRecord, VhostRecord,
+};
 
 type Answer = Result<Json<Json_>, ApiError>;
 
@@ -83,6 +85,61 @@ pub(crate) async fn commit(ctx: &HttpContext, write: StoreWrite) -> Result<(), A
     ctx.broker.commit(write, Commit::Durable).await.map_err(|e| ApiError::internal(e.to_string()))
 }
 
+/// Applies to memory a change to users, virtual hosts or permissions that a cluster's
+/// metadata group committed (possibly made on another member): what the API's own calls do
+/// after their commit, idempotently. A deleted user's connections here are closed.
+pub fn apply_committed(ctx: &HttpContext, command: &AccessCommand) {
+    match command {
+        AccessCommand::PutUser(r) if r.deleted => forget_user(ctx, &r.name),
+        AccessCommand::PutUser(r) => {
+            if let Some(user) = crate::access::auth::user_from_record(r, &ctx.loopback_users) {
+                ctx.authz.update(|p| p.user_tags.insert(r.name.clone(), r.tags.clone()));
+                ctx.users.put(user);
+            }
+        }
+        AccessCommand::RemoveUser { name } => forget_user(ctx, name),
+        AccessCommand::PutVhost(r) if r.deleted => forget_vhost(ctx, &r.name),
+        AccessCommand::PutVhost(r) => {
+            ctx.broker.add_vhost(&r.name);
+            ctx.access.vhost_meta.write().insert(r.name.clone(), (r.description.clone(), r.tags.clone()));
+        }
+        AccessCommand::RemoveVhost { name } => forget_vhost(ctx, name),
+        AccessCommand::PutPermission(p) => {
+            let _ = ctx.authz.update(|policy| policy.set_permission(p));
+        }
+        AccessCommand::RemovePermission { vhost, user } => {
+            ctx.authz.update(|p| p.permissions.remove(&(vhost.clone(), user.clone())));
+        }
+        AccessCommand::PutTopicPermission(p) => {
+            let _ = ctx.authz.update(|policy| policy.set_topic_permission(p));
+        }
+        AccessCommand::RemoveTopicPermission { vhost, user, exchange } => {
+            ctx.authz.update(|p| p.topic_permissions.remove(&(vhost.clone(), user.clone(), exchange.clone())));
+        }
+        // Not replicated (yet): see crate::cluster's metadata module.
+        _ => {}
+    }
+}
+
+fn forget_user(ctx: &HttpContext, name: &str) {
+    if ctx.users.remove(name) {
+        ctx.authz.update(|p| p.user_tags.remove(name));
+        for c in ctx.broker.connections().list().into_iter().filter(|c| c.user == name) {
+            c.close("user deleted");
+        }
+    }
+}
+
+fn forget_vhost(ctx: &HttpContext, name: &str) {
+    if ctx.broker.routing().has_vhost(name) {
+        for c in ctx.broker.connections().list().into_iter().filter(|c| c.vhost == name) {
+            c.close(&format!("vhost '{name}' is deleted"));
+        }
+        ctx.broker.remove_vhost(name);
+    }
+    ctx.access.vhost_meta.write().remove(name);
+}
+
 /// A virtual host as RabbitMQ's API shows it.
 pub fn vhost_json(ctx: &HttpContext, name: &str) -> Json_ {
     let q = QueueTotals::of_vhost(ctx, Some(name));
@@ -114,8 +171,9 @@ pub async fn put_vhost(
     }
     let record =
         VhostRecord { name: name.into(), description: description.clone(), tags: tags.clone(), deleted: false };
-    commit(ctx, ctx.broker.stores().access.put_vhost(&record)).await?;
+    // Known before the commit: on a cluster member the commit applies it to memory too.
     let created = !ctx.broker.routing().has_vhost(name);
+    commit(ctx, ctx.broker.stores().access.put_vhost(&record)).await?;
     ctx.broker.add_vhost(name);
     ctx.access.vhost_meta.write().insert(name.into(), (description, tags));
     Ok(created)
@@ -167,12 +225,15 @@ pub async fn put_user(ctx: &HttpContext, name: &str, secret: Secret, tags: Vec<S
         tags: tags.clone(),
         deleted: false,
     };
-    commit(ctx, ctx.broker.stores().access.put_user(&record)).await?;
     let user = crate::access::auth::user_from_record(&record, &ctx.loopback_users)
         .ok_or_else(|| ApiError::bad_request("unknown hashing algorithm"))?;
+    // Known before the commit: on a cluster member the commit applies it to memory too.
+    let created = ctx.users.get(name).is_none();
+    commit(ctx, ctx.broker.stores().access.put_user(&record)).await?;
     // Rules naming a group (a tag) see the new tags on open connections too.
     ctx.authz.update(|p| p.user_tags.insert(name.to_owned(), tags));
-    Ok(ctx.users.put(user))
+    ctx.users.put(user);
+    Ok(created)
 }
 
 /// Deletes a user and its permissions.
@@ -228,9 +289,9 @@ pub async fn put_permission(ctx: &HttpContext, p: PermissionRecord) -> Result<bo
         return Err(ApiError::bad_request(format!("no user '{}' or no vhost '{}'", p.user, p.vhost)));
     }
     crate::access::authz::VhostPermissions::new(&p.configure, &p.write, &p.read).map_err(ApiError::bad_request)?;
-    commit(ctx, ctx.broker.stores().access.put_permission(&p)).await?;
     let key = (p.vhost.clone(), p.user.clone());
     let new = !ctx.authz.policy().permissions.contains_key(&key);
+    commit(ctx, ctx.broker.stores().access.put_permission(&p)).await?;
     ctx.authz.update(|policy| policy.set_permission(&p)).map_err(ApiError::bad_request)?;
     Ok(new)
 }
@@ -244,9 +305,9 @@ pub async fn put_topic_permission(ctx: &HttpContext, p: TopicPermissionRecord) -
         return Err(ApiError::bad_request("topic permissions need an exchange"));
     }
     crate::access::authz::TopicPermissions::new(&p.write, &p.read).map_err(ApiError::bad_request)?;
-    commit(ctx, ctx.broker.stores().access.put_topic_permission(&p)).await?;
     let key = (p.vhost.clone(), p.user.clone(), p.exchange.clone());
     let new = !ctx.authz.policy().topic_permissions.contains_key(&key);
+    commit(ctx, ctx.broker.stores().access.put_topic_permission(&p)).await?;
     ctx.authz.update(|policy| policy.set_topic_permission(&p)).map_err(ApiError::bad_request)?;
     Ok(new)
 }

@@ -18,7 +18,7 @@
 //! - [`cluster`] — `/api/cluster-name` and `/api/global-parameters`.
 //! - [`error`] — errors as RabbitMQ answers them (`{"error": ..., "reason": ...}`).
 //! - [`rates`] — counters sampled every 5 s into RabbitMQ's `*_details.rate`.
-//! - [`overview`] — `/api/overview`, `/api/nodes`, `/api/whoami`.
+//! - [`overview`] — `/api/overview`, `/api/nodes`, `/api/ferrymq/cluster`, `/api/whoami`.
 //! - [`queues`] — `/api/queues`: list (paged), declare, delete, purge, get.
 //! - [`exchanges`] — `/api/exchanges` and `/api/bindings`, publish.
 //! - [`connections`] — `/api/connections` of both protocols (close one), channels, consumers.
@@ -118,12 +118,17 @@ pub struct HttpContext {
     /// Delayed messages waiting for their time (MQTT `$delayed`, AMQP delayed
     /// publishes), as of the last sample; [`DELAYED_SCAN_LIMIT`] at most.
     pub delayed_pending: std::sync::atomic::AtomicU64,
+    /// This member of a cluster (`[cluster]`), for `/api/nodes` and `/api/cluster`.
+    pub cluster: Option<Arc<crate::cluster::Cluster>>,
 }
 
 impl HttpContext {
-    /// The node name of every `node` field.
+    /// The node name of every `node` field (a cluster member's `cluster.node_name`).
     pub fn node(&self) -> &str {
-        &self.cfg.node_name
+        match &self.cluster {
+            Some(c) => c.name(),
+            None => &self.cfg.node_name,
+        }
     }
 
     /// Every virtual host, by name.
@@ -143,6 +148,7 @@ pub fn router(ctx: Arc<HttpContext>) -> Router {
         .route("/whoami", get(overview::whoami))
         .route("/nodes", get(overview::nodes))
         .route("/nodes/{name}", get(overview::node))
+        .route("/ferrymq/cluster", get(overview::cluster_status))
         .route("/extensions", get(overview::extensions))
         .route("/vhosts", get(access::vhosts))
         .route("/vhosts/{vhost}", get(access::vhost).put(access::create_vhost).delete(access::remove_vhost))

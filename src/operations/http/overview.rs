@@ -1,4 +1,4 @@
-//! `/api/overview`, `/api/nodes`, `/api/whoami` and `/api/extensions`.
+//! `/api/overview`, `/api/nodes`, `/api/ferrymq/cluster`, `/api/whoami` and `/api/extensions`.
 
 use axum::extract::Path;
 use axum::Json;
@@ -158,17 +158,56 @@ fn node_json(ctx: &HttpContext, (fd_used, fd_total): (usize, u64)) -> Json_ {
     })
 }
 
-/// `GET /api/nodes`.
+/// `GET /api/nodes`: this node with its figures; on a cluster member, every other member
+/// too, as far as this one knows it (`running`: heard from within 5 s; its figures are its
+/// own `/api/nodes`').
 pub async fn nodes(p: Permitted<Monitoring>) -> Answer {
-    Ok(Json(json!([node_json(p.ctx(), descriptors().await)])))
+    let ctx = p.ctx();
+    let mut nodes = vec![node_json(ctx, descriptors().await)];
+    if let Some(cluster) = &ctx.cluster {
+        let status = cluster.status();
+        if let Some(me) = status.members.iter().find(|m| m.this) {
+            nodes[0]["ferrymq_cluster"] = json!({ "role": me.role });
+        }
+        for m in status.members.iter().filter(|m| !m.this) {
+            nodes.push(member_json(m));
+        }
+    }
+    Ok(Json(Json_::Array(nodes)))
+}
+
+/// Another member as `/api/nodes` lists it.
+fn member_json(m: &crate::cluster::MemberStatus) -> Json_ {
+    json!({
+        "name": m.name,
+        "type": "disc",
+        "running": m.running,
+        "partitions": [],
+        "ferrymq_cluster": { "role": m.role, "last_contact_ms": m.last_contact_ms, "matched_index": m.matched_index },
+    })
 }
 
 /// `GET /api/nodes/{name}`.
 pub async fn node(p: Permitted<Monitoring>, Path(name): Path<String>) -> Answer {
-    if name != p.ctx().node() {
-        return Err(ApiError::not_found());
+    let ctx = p.ctx();
+    if name == ctx.node() {
+        return Ok(Json(node_json(ctx, descriptors().await)));
     }
-    Ok(Json(node_json(p.ctx(), descriptors().await)))
+    let status = ctx.cluster.as_ref().map(|c| c.status());
+    match status.and_then(|s| s.members.into_iter().find(|m| m.name == name)) {
+        Some(m) => Ok(Json(member_json(&m))),
+        None => Err(ApiError::not_found()),
+    }
+}
+
+/// `GET /api/ferrymq/cluster`: the metadata group as this member sees it (members, roles,
+/// leader, term, last contact, how far each member's log matches the leader's); 404 on a
+/// single node.
+pub async fn cluster_status(p: Permitted<Monitoring>) -> Answer {
+    match &p.ctx().cluster {
+        Some(cluster) => Ok(Json(serde_json::to_value(cluster.status()).unwrap_or_default())),
+        None => Err(ApiError::not_found()),
+    }
 }
 
 /// The soft limit on open files, from `/proc/self/limits`.

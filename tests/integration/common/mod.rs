@@ -12,6 +12,7 @@ use tokio::sync::mpsc;
 
 pub mod amqp;
 mod broker;
+pub mod cluster;
 pub mod http;
 
 pub use broker::{binary, run_binary, Broker, Opts};

@@ -1,0 +1,223 @@
+//! The metadata group's Raft log and vote, in a sled database of their own
+//! (`{data_dir}/cluster/raft`): entries keyed by index, the vote, the committed and the last
+//! purged log ids. Every append and every vote is flushed to disk (sled's fsync) before
+//! openraft hears of it: a vote or an acknowledged entry is never lost with a crash,
+//! whatever openraft's FAQ allows for speed. The calls into sled run on the blocking pool,
+//! never on a runtime worker.
+
+// openraft's storage traits return its `StorageError` (over 200 bytes) by value.
+#![allow(clippy::result_large_err)]
+
+use std::fmt::Debug;
+use std::ops::{Bound, RangeBounds};
+use std::path::Path;
+
+use openraft::storage::{LogFlushed, RaftLogStorage};
+use openraft::{AnyError, LogId, LogState, RaftLogReader, StorageError, StorageIOError, Vote};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::types::MetaRaft;
+
+type Entry = openraft::Entry<MetaRaft>;
+type Result_<T> = Result<T, StorageError<u64>>;
+
+const VOTE: &[u8] = b"vote";
+const COMMITTED: &[u8] = b"committed";
+const PURGED: &[u8] = b"last_purged";
+
+/// The log store (cheap to clone: sled handles are shared).
+#[derive(Debug, Clone)]
+pub(super) struct LogStore {
+    db: sled::Db,
+    log: sled::Tree,
+    meta: sled::Tree,
+}
+
+fn any(e: impl std::fmt::Display) -> AnyError {
+    AnyError::error(e.to_string())
+}
+
+fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, AnyError> {
+    serde_json::to_vec(v).map_err(any)
+}
+
+fn decode<T: DeserializeOwned>(b: &[u8]) -> Result<T, AnyError> {
+    serde_json::from_slice(b).map_err(any)
+}
+
+/// Runs `f` on the blocking pool.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result_<T> + Send + 'static) -> Result_<T> {
+    crate::core::blocking::spawn(f).await.map_err(|e| StorageIOError::write_logs(any(e)))?
+}
+
+impl LogStore {
+    /// Opens (or makes) the log store in `dir`. Blocking: at start-up, before the runtime
+    /// serves clients.
+    pub(super) fn open(dir: &Path) -> Result<LogStore, sled::Error> {
+        let db = sled::Config::new().path(dir).mode(sled::Mode::LowSpace).open()?;
+        let log = db.open_tree("log")?;
+        let meta = db.open_tree("meta")?;
+        Ok(LogStore { db, log, meta })
+    }
+
+    /// The database (the state machine keeps its applied state in a tree of its own).
+    pub(super) fn db(&self) -> &sled::Db {
+        &self.db
+    }
+
+    fn read_meta<T: DeserializeOwned>(&self, key: &[u8]) -> Result_<Option<T>> {
+        match self.meta.get(key).map_err(|e| StorageIOError::read(any(e)))? {
+            Some(v) => Ok(Some(decode(&v).map_err(StorageIOError::read)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn last_entry(&self) -> Result_<Option<Entry>> {
+        match self.log.last().map_err(|e| StorageIOError::read_logs(any(e)))? {
+            Some((_, v)) => Ok(Some(decode(&v).map_err(StorageIOError::read_logs)?)),
+            None => Ok(None),
+        }
+    }
+}
+
+/// Removes the entries whose keys are in `range`, in one batch.
+fn remove_entries(log: &sled::Tree, range: impl RangeBounds<[u8; 8]>) -> Result_<()> {
+    let keys: Vec<_> =
+        log.range(range).keys().collect::<Result<_, _>>().map_err(|e| StorageIOError::write_logs(any(e)))?;
+    let mut batch = sled::Batch::default();
+    for k in keys {
+        batch.remove(k);
+    }
+    log.apply_batch(batch).map_err(|e| StorageIOError::write_logs(any(e)).into())
+}
+
+impl RaftLogReader<MetaRaft> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
+        &mut self,
+        range: RB,
+    ) -> Result_<Vec<Entry>> {
+        let start = match range.start_bound() {
+            Bound::Included(s) => *s,
+            Bound::Excluded(s) => s.saturating_add(1),
+            Bound::Unbounded => 0,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(e) => Some(e.saturating_add(1)),
+            Bound::Excluded(e) => Some(*e),
+            Bound::Unbounded => None,
+        };
+        let log = self.log.clone();
+        blocking(move || {
+            let iter = match end {
+                Some(end) if end <= start => return Ok(Vec::new()),
+                Some(end) => log.range(start.to_be_bytes()..end.to_be_bytes()),
+                None => log.range(start.to_be_bytes()..),
+            };
+            iter.map(|kv| {
+                let (_, v) = kv.map_err(|e| StorageIOError::read_logs(any(e)))?;
+                Ok(decode(&v).map_err(StorageIOError::read_logs)?)
+            })
+            .collect()
+        })
+        .await
+    }
+}
+
+impl RaftLogStorage<MetaRaft> for LogStore {
+    type LogReader = LogStore;
+
+    async fn get_log_state(&mut self) -> Result_<LogState<MetaRaft>> {
+        let this = self.clone();
+        blocking(move || {
+            let last_purged_log_id: Option<LogId<u64>> = this.read_meta(PURGED)?;
+            let last_log_id = this.last_entry()?.map(|e| e.log_id).or(last_purged_log_id);
+            Ok(LogState { last_purged_log_id, last_log_id })
+        })
+        .await
+    }
+
+    async fn get_log_reader(&mut self) -> LogStore {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<u64>) -> Result_<()> {
+        let this = self.clone();
+        let bytes = encode(vote).map_err(StorageIOError::write_vote)?;
+        blocking(move || {
+            this.meta.insert(VOTE, bytes).map_err(|e| StorageIOError::write_vote(any(e)))?;
+            this.db.flush().map_err(|e| StorageIOError::write_vote(any(e)))?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn read_vote(&mut self) -> Result_<Option<Vote<u64>>> {
+        let this = self.clone();
+        blocking(move || this.read_meta(VOTE)).await
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId<u64>>) -> Result_<()> {
+        let this = self.clone();
+        let bytes = encode(&committed).map_err(StorageIOError::write)?;
+        // Not flushed: a lost committed id is found again from a majority.
+        blocking(move || this.meta.insert(COMMITTED, bytes).map(drop).map_err(|e| StorageIOError::write(any(e)).into()))
+            .await
+    }
+
+    async fn read_committed(&mut self) -> Result_<Option<LogId<u64>>> {
+        let this = self.clone();
+        blocking(move || Ok(this.read_meta::<Option<LogId<u64>>>(COMMITTED)?.flatten())).await
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<MetaRaft>) -> Result_<()>
+    where
+        I: IntoIterator<Item = Entry> + Send,
+        I::IntoIter: Send,
+    {
+        let mut batch = sled::Batch::default();
+        for entry in entries {
+            let bytes = encode(&entry).map_err(StorageIOError::write_logs)?;
+            batch.insert(&entry.log_id.index.to_be_bytes(), bytes);
+        }
+        let this = self.clone();
+        let flushed = blocking(move || {
+            this.log.apply_batch(batch).map_err(|e| StorageIOError::write_logs(any(e)))?;
+            this.db.flush().map_err(|e| StorageIOError::write_logs(any(e)))?;
+            Ok(())
+        })
+        .await;
+        match flushed {
+            Ok(()) => {
+                callback.log_io_completed(Ok(()));
+                Ok(())
+            }
+            Err(e) => {
+                callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
+                Err(e)
+            }
+        }
+    }
+
+    async fn truncate(&mut self, log_id: LogId<u64>) -> Result_<()> {
+        let this = self.clone();
+        blocking(move || {
+            remove_entries(&this.log, log_id.index.to_be_bytes()..)?;
+            this.db.flush().map_err(|e| StorageIOError::write_logs(any(e)))?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn purge(&mut self, log_id: LogId<u64>) -> Result_<()> {
+        let this = self.clone();
+        let bytes = encode(&log_id).map_err(StorageIOError::write)?;
+        blocking(move || {
+            // The purge point first: a crash in between leaves entries below it, never a gap.
+            this.meta.insert(PURGED, bytes).map_err(|e| StorageIOError::write(any(e)))?;
+            this.db.flush().map_err(|e| StorageIOError::write(any(e)))?;
+            remove_entries(&this.log, ..log_id.index.saturating_add(1).to_be_bytes())
+        })
+        .await
+    }
+}

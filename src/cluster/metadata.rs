@@ -1,0 +1,260 @@
+//! Metadata commands as the metadata group's log carries them ([`MetaCommand`]): the
+//! core's durable entity and access commands, naming queues by virtual host and name,
+//! never by a member's local consume-queue ids (each member's catalog hands out its own).
+//!
+//! Replicated (this slice of issue 26): durable exchanges, queues and bindings; users,
+//! virtual hosts, permissions and topic permissions. Every other command (MQTT sessions,
+//! inbound QoS 2 ids, de-duplication ids, retained removals, stream cursors, MQTT rules,
+//! parameters, limits, the cluster name) stays on the member that made it, as on a single
+//! node (`docs/cluster.md`, "What is replicated").
+
+use bytes::{Bytes, BytesMut};
+use serde::{Deserialize, Serialize};
+
+use crate::core::entities::registry::storage_name;
+use crate::core::router::{Binding, Destination, ExchangeDef, ExchangeKind};
+use crate::core::store::{AccessCommand, Command, EntityCommand, QueueCatalog, QueueId, QueueRecord, StoreError};
+use crate::core::value::{decode_table, encode_table, Value};
+
+/// One replicated change to metadata.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum MetaCommand {
+    /// A durable exchange is declared.
+    PutExchange {
+        /// Its virtual host.
+        vhost: String,
+        /// Its name.
+        name: String,
+        /// Its type (`direct`, `topic`, ...).
+        kind: String,
+        /// `auto-delete`.
+        auto_delete: bool,
+        /// `internal`.
+        internal: bool,
+        /// Its arguments as an AMQP field table.
+        arguments: Vec<u8>,
+    },
+    /// A durable exchange is deleted, with its bindings.
+    RemoveExchange {
+        /// Its virtual host.
+        vhost: String,
+        /// Its name.
+        name: String,
+    },
+    /// A durable queue is declared.
+    PutQueue {
+        /// Its virtual host.
+        vhost: String,
+        /// Its name.
+        name: String,
+        /// `auto-delete`.
+        auto_delete: bool,
+        /// Its arguments as an AMQP field table.
+        arguments: Vec<u8>,
+    },
+    /// A durable queue is deleted, with the bindings to it.
+    RemoveQueue {
+        /// Its virtual host.
+        vhost: String,
+        /// Its name.
+        name: String,
+    },
+    /// A binding between durable entities is made (`true`) or removed (`false`).
+    Binding {
+        /// Made or removed.
+        put: bool,
+        /// Its virtual host.
+        vhost: String,
+        /// The exchange it routes from.
+        exchange: String,
+        /// The queue (`true`) or exchange (`false`) it routes to.
+        to_queue: bool,
+        /// The destination's name.
+        destination: String,
+        /// The binding key.
+        key: String,
+        /// Its arguments as an AMQP field table.
+        arguments: Vec<u8>,
+    },
+    /// A change to users, virtual hosts or permissions.
+    Access(AccessCommand),
+}
+
+/// True for the access commands the metadata group replicates: users, virtual hosts,
+/// permissions and topic permissions (whose application to memory every member has).
+fn is_replicated(c: &AccessCommand) -> bool {
+    matches!(
+        c,
+        AccessCommand::PutUser(_)
+            | AccessCommand::RemoveUser { .. }
+            | AccessCommand::PutVhost(_)
+            | AccessCommand::RemoveVhost { .. }
+            | AccessCommand::PutPermission(_)
+            | AccessCommand::RemovePermission { .. }
+            | AccessCommand::PutTopicPermission(_)
+            | AccessCommand::RemoveTopicPermission { .. }
+    )
+}
+
+/// Names the local queue ids of commands the proposing member made.
+pub trait QueueNames: Send + Sync {
+    /// The virtual host and name of the declared queue whose consume queue is `id`.
+    fn queue_name(&self, id: QueueId) -> Option<(String, String)>;
+}
+
+/// Why a command cannot be replicated.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum MetaError {
+    /// A binding names a queue this member does not know.
+    #[error("binding to an unknown queue (id {0})")]
+    UnknownQueue(u64),
+    /// A replicated field table cannot be decoded.
+    #[error("undecodable arguments: {0}")]
+    Arguments(String),
+    /// The member's catalog could not give a queue its id.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+fn table(args: &[(String, Value)]) -> Vec<u8> {
+    let mut b = BytesMut::new();
+    encode_table(args, &mut b);
+    b.to_vec()
+}
+
+fn untable(bytes: &[u8]) -> Result<Vec<(String, Value)>, MetaError> {
+    let mut b = Bytes::copy_from_slice(bytes);
+    decode_table(&mut b, 0).map_err(|e| MetaError::Arguments(format!("{e:?}")))
+}
+
+/// The replicated form of `command`: `Ok(None)` for what stays local.
+pub(super) fn replicated(command: &Command, names: &dyn QueueNames) -> Result<Option<MetaCommand>, MetaError> {
+    let binding = |put: bool, vhost: &str, exchange: &str, b: &Binding| -> Result<Option<MetaCommand>, MetaError> {
+        let (to_queue, destination) = match &b.dest {
+            Destination::Queue(id) => (true, names.queue_name(*id).ok_or(MetaError::UnknownQueue(id.0))?.1),
+            Destination::Exchange(x) => (false, x.clone()),
+            Destination::Session(_) => return Ok(None),
+        };
+        Ok(Some(MetaCommand::Binding {
+            put,
+            vhost: vhost.to_owned(),
+            exchange: exchange.to_owned(),
+            to_queue,
+            destination,
+            key: b.key.clone(),
+            arguments: table(&b.args),
+        }))
+    };
+    Ok(match command {
+        Command::Entity(EntityCommand::PutExchange { vhost, def }) => Some(MetaCommand::PutExchange {
+            vhost: vhost.clone(),
+            name: def.name.clone(),
+            kind: def.kind.name().to_owned(),
+            auto_delete: def.auto_delete,
+            internal: def.internal,
+            arguments: table(&def.arguments),
+        }),
+        Command::Entity(EntityCommand::RemoveExchange { vhost, name }) => {
+            Some(MetaCommand::RemoveExchange { vhost: vhost.clone(), name: name.clone() })
+        }
+        Command::Entity(EntityCommand::PutQueue(r)) => Some(MetaCommand::PutQueue {
+            vhost: r.vhost.clone(),
+            name: r.name.clone(),
+            auto_delete: r.auto_delete,
+            arguments: table(&r.arguments),
+        }),
+        Command::Entity(EntityCommand::RemoveQueue { vhost, name, .. }) => {
+            Some(MetaCommand::RemoveQueue { vhost: vhost.clone(), name: name.clone() })
+        }
+        Command::Entity(EntityCommand::PutBinding { vhost, exchange, binding: b }) => {
+            binding(true, vhost, exchange, b)?
+        }
+        Command::Entity(EntityCommand::RemoveBinding { vhost, exchange, binding: b }) => {
+            binding(false, vhost, exchange, b)?
+        }
+        Command::Access(c) if is_replicated(c) => Some(MetaCommand::Access(c.clone())),
+        _ => None,
+    })
+}
+
+/// `command` as this member's core command: queues get this member's consume-queue ids
+/// (allocated on first sight).
+pub(super) async fn local(command: MetaCommand, catalog: &dyn QueueCatalog) -> Result<Command, MetaError> {
+    Ok(match command {
+        MetaCommand::PutExchange { vhost, name, kind, auto_delete, internal, arguments } => {
+            let kind =
+                ExchangeKind::parse(&kind).ok_or_else(|| MetaError::Arguments(format!("exchange type '{kind}'")))?;
+            let def = ExchangeDef { name, kind, durable: true, auto_delete, internal, arguments: untable(&arguments)? };
+            EntityCommand::PutExchange { vhost, def }.into()
+        }
+        MetaCommand::RemoveExchange { vhost, name } => EntityCommand::RemoveExchange { vhost, name }.into(),
+        MetaCommand::PutQueue { vhost, name, auto_delete, arguments } => {
+            let id = catalog.durable_queue_id(&storage_name(&vhost, &name)).await?;
+            EntityCommand::PutQueue(QueueRecord { vhost, name, id, auto_delete, arguments: untable(&arguments)? })
+                .into()
+        }
+        MetaCommand::RemoveQueue { vhost, name } => {
+            let id = catalog.durable_queue_id(&storage_name(&vhost, &name)).await?;
+            EntityCommand::RemoveQueue { vhost, name, id }.into()
+        }
+        MetaCommand::Binding { put, vhost, exchange, to_queue, destination, key, arguments } => {
+            let args = untable(&arguments)?;
+            let binding = if to_queue {
+                let id = catalog.durable_queue_id(&storage_name(&vhost, &destination)).await?;
+                Binding::queue(id, &key, args)
+            } else {
+                Binding::exchange(&destination, &key, args)
+            };
+            match put {
+                true => EntityCommand::PutBinding { vhost, exchange, binding },
+                false => EntityCommand::RemoveBinding { vhost, exchange, binding },
+            }
+            .into()
+        }
+        MetaCommand::Access(c) => c.into(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::store::UserRecord;
+
+    struct Names;
+    impl QueueNames for Names {
+        fn queue_name(&self, id: QueueId) -> Option<(String, String)> {
+            (id.0 == 7).then(|| ("/".to_owned(), "orders".to_owned()))
+        }
+    }
+
+    #[test]
+    fn bindings_name_their_queue_and_session_bindings_stay_local() {
+        let b = Binding::queue(QueueId(7), "k", vec![("x-match".into(), Value::Str("all".into()))]);
+        let c = Command::Entity(EntityCommand::PutBinding { vhost: "/".into(), exchange: "x".into(), binding: b });
+        let Some(MetaCommand::Binding { destination, to_queue: true, .. }) = replicated(&c, &Names).unwrap() else {
+            panic!("not a queue binding")
+        };
+        assert_eq!(destination, "orders");
+        let unknown = Binding::queue(QueueId(8), "k", vec![]);
+        let c =
+            Command::Entity(EntityCommand::PutBinding { vhost: "/".into(), exchange: "x".into(), binding: unknown });
+        assert!(matches!(replicated(&c, &Names), Err(MetaError::UnknownQueue(8))));
+    }
+
+    #[test]
+    fn users_replicate_and_the_cluster_name_stays_local() {
+        let user = UserRecord {
+            name: "u".into(),
+            password_hash: "h".into(),
+            hashing_algorithm: "rabbit_password_hashing_sha256".into(),
+            tags: vec![],
+            deleted: false,
+        };
+        let c = Command::Access(AccessCommand::PutUser(user));
+        let m = replicated(&c, &Names).unwrap().unwrap();
+        let json = serde_json::to_string(&m).unwrap();
+        assert_eq!(serde_json::from_str::<MetaCommand>(&json).unwrap(), m);
+        let c = Command::Access(AccessCommand::PutGlobalParameter { name: "cluster_name".into(), value: "x".into() });
+        assert!(replicated(&c, &Names).unwrap().is_none());
+    }
+}

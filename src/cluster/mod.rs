@@ -1,0 +1,358 @@
+//! The cluster (issue 26, first slice): FerryMQ members that agree on their metadata
+//! through one Raft group run by openraft, over authenticated peer links.
+//!
+//! Owns:
+//! - [`link`] — the peer link: a challenge-response on `cluster.secret`, then frames.
+//! - [`rpc`] — what members say over it (openraft's RPCs, forwarded writes).
+//! - [`serve`] — the peer listener (`cluster.listen`).
+//! - [`network`] — openraft's network over peer links.
+//! - [`log_store`] — the Raft log and vote, fsynced before openraft is answered.
+//! - [`state_machine`] — committed entries applied to the journal and to memory.
+//! - [`metadata`] — the replicated form of the core's metadata commands.
+//! - [`replicated`] — the core's [`StateMachine`] seam, replicated: metadata commands are
+//!   committed by a majority before they are acknowledged; the rest stays local.
+//! - [`health`] — when each member was last heard from.
+//! - [`types`] — the group's openraft types.
+//!
+//! Without `[cluster]` none of this runs. What is replicated so far, and what is not yet
+//! (messages, sessions), is in `docs/cluster.md`.
+
+mod health;
+mod link;
+mod log_store;
+mod metadata;
+mod network;
+mod replicated;
+mod rpc;
+mod serve;
+mod state_machine;
+mod types;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use futures_util::future::BoxFuture;
+use openraft::error::{ClientWriteError, RaftError};
+use serde::Serialize;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+pub use metadata::{MetaCommand, QueueNames};
+pub use types::PeerNode;
+
+use self::health::{PeerHealth, SILENT_AFTER};
+use self::link::Secret;
+use self::log_store::LogStore;
+use self::network::Network;
+use self::rpc::{ForwardedWriteError, PeerClient, PeerRequest, PeerResponse};
+use self::state_machine::MetaStateMachine;
+use self::types::{node_id, MetaEntry, MetaRaftHandle};
+use crate::composition::config::ClusterSection;
+use crate::core::store::{Command, QueueCatalog, StateMachine, StoreError};
+
+/// What the metadata group needs of the member it runs on, once that member is built.
+pub trait NodeState: QueueNames + Send + Sync {
+    /// Applies committed commands (with this member's queue ids) to this member's memory:
+    /// entities to the routing table and the queue registry, users, virtual hosts and
+    /// permissions to theirs. Idempotent: the member that made a change applied it already.
+    fn apply<'a>(&'a self, commands: &'a [Command]) -> BoxFuture<'a, ()>;
+}
+
+/// Why the cluster cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// The Raft log store cannot be opened or read.
+    #[error("cannot open the cluster's Raft log in {path}: {error}")]
+    Open {
+        /// Its directory.
+        path: String,
+        /// Why.
+        error: String,
+    },
+    /// openraft refused to start.
+    #[error("the metadata group cannot start: {0}")]
+    Raft(String),
+}
+
+/// This member of the cluster.
+pub struct Cluster {
+    name: String,
+    cfg: ClusterSection,
+    secret: Arc<Secret>,
+    log: LogStore,
+    health: Arc<PeerHealth>,
+    raft: watch::Sender<Option<MetaRaftHandle>>,
+    node: OnceLock<Arc<dyn NodeState>>,
+    /// Links to the leader for forwarded writes, by leader name.
+    forward: tokio::sync::Mutex<HashMap<String, PeerClient>>,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster").field("name", &self.name).finish_non_exhaustive()
+    }
+}
+
+/// One member as `ctl cluster status` and `/api/nodes` show it.
+#[derive(Debug, Clone, Serialize)]
+pub struct MemberStatus {
+    /// Its node name.
+    pub name: String,
+    /// This member.
+    pub this: bool,
+    /// Heard from within the last 5 s (this member: always).
+    pub running: bool,
+    /// Its role in the metadata group: `leader`, `follower`, or `unknown` (not this one).
+    pub role: &'static str,
+    /// Milliseconds since it was last heard from (`None`: never, or this member).
+    pub last_contact_ms: Option<u64>,
+    /// The last metadata entry the leader knows it holds (on the leader only).
+    pub matched_index: Option<u64>,
+}
+
+/// The cluster as this member sees it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClusterStatus {
+    /// This member's name.
+    pub node: String,
+    /// The metadata group's leader, if one is known.
+    pub leader: Option<String>,
+    /// The current Raft term.
+    pub term: u64,
+    /// The last metadata entry applied here.
+    pub applied_index: Option<u64>,
+    /// Every member.
+    pub members: Vec<MemberStatus>,
+}
+
+impl Cluster {
+    /// Opens this member's Raft log store in `{data_dir}/cluster/raft`. Blocking: at
+    /// start-up, before clients are served. A store that cannot be read stops the start.
+    pub fn open(cfg: &ClusterSection, data_dir: &Path) -> Result<Arc<Cluster>, ClusterError> {
+        let path = data_dir.join("cluster").join("raft");
+        let log = LogStore::open(&path)
+            .map_err(|e| ClusterError::Open { path: path.display().to_string(), error: e.to_string() })?;
+        Ok(Arc::new(Cluster {
+            name: cfg.node_name.clone(),
+            cfg: cfg.clone(),
+            secret: Arc::new(Secret::new(&cfg.secret)),
+            log,
+            health: Arc::new(PeerHealth::default()),
+            raft: watch::channel(None).0,
+            node: OnceLock::new(),
+            forward: Default::default(),
+        }))
+    }
+
+    /// The core's state machine for this member: metadata commands are committed by the
+    /// cluster, everything else is applied by `local` (the journal's) as on one node.
+    pub fn state_machine(self: &Arc<Self>, local: Arc<dyn StateMachine>) -> Arc<dyn StateMachine> {
+        Arc::new(replicated::Replicated { cluster: self.clone(), local })
+    }
+
+    /// This member's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Starts the metadata group on `listener` (`cluster.listen`, bound at preflight): the
+    /// Raft node, the peer listener, and the group's formation from the configured
+    /// members (every member proposes the same membership; openraft keeps the first).
+    pub async fn start(
+        self: &Arc<Self>,
+        listener: TcpListener,
+        catalog: Arc<dyn QueueCatalog>,
+        local: Arc<dyn StateMachine>,
+        node: Arc<dyn NodeState>,
+    ) -> Result<(), ClusterError> {
+        let _ = self.node.set(node.clone());
+        let config = openraft::Config {
+            cluster_name: "ferrymq".into(),
+            heartbeat_interval: 200,
+            election_timeout_min: 1000,
+            election_timeout_max: 2000,
+            // No snapshots yet: the log is kept whole, and a member that is behind is sent
+            // the entries it misses.
+            snapshot_policy: openraft::SnapshotPolicy::Never,
+            ..Default::default()
+        };
+        let config = Arc::new(config.validate().map_err(|e| ClusterError::Raft(e.to_string()))?);
+        let db = self.log.db().clone();
+        let sm = crate::core::blocking::spawn(move || MetaStateMachine::open(&db, catalog, local, node))
+            .await
+            .map_err(|e| ClusterError::Raft(e.to_string()))?
+            .map_err(|error| ClusterError::Open { path: "cluster/raft".into(), error })?;
+        let network = Network {
+            me: self.name.clone(),
+            addrs: Arc::new(self.cfg.peers.iter().map(|p| (p.name.clone(), p.addr.clone())).collect()),
+            secret: self.secret.clone(),
+            health: self.health.clone(),
+        };
+        let id = node_id(&self.name);
+        let raft = openraft::Raft::new(id, config, network, self.log.clone(), sm)
+            .await
+            .map_err(|e| ClusterError::Raft(e.to_string()))?;
+        tokio::spawn(serve::run(listener, self.name.clone(), self.secret.clone(), raft.clone(), self.health.clone()));
+        let initialized = raft.is_initialized().await.map_err(|e| ClusterError::Raft(e.to_string()))?;
+        if !initialized {
+            let mut members = BTreeMap::new();
+            members.insert(id, PeerNode { name: self.name.clone(), addr: String::new() });
+            for p in &self.cfg.peers {
+                members.insert(node_id(&p.name), PeerNode { name: p.name.clone(), addr: String::new() });
+            }
+            match raft.initialize(members).await {
+                Ok(()) => {
+                    info!(members = self.cfg.peers.len() + 1, "cluster: metadata group formed from cluster.peers")
+                }
+                Err(RaftError::APIError(e)) => info!(reason = %e, "cluster: metadata group already formed"),
+                Err(e) => return Err(ClusterError::Raft(e.to_string())),
+            }
+        }
+        info!(node = %self.name, listen = %self.cfg.listen, peers = self.cfg.peers.len(), "cluster: member started");
+        self.raft.send_replace(Some(raft));
+        Ok(())
+    }
+
+    /// Stops the Raft node (at shutdown, after the clients).
+    pub async fn shutdown(&self) {
+        let raft = self.raft.borrow().clone();
+        if let Some(raft) = raft {
+            if let Err(e) = raft.shutdown().await {
+                warn!(error = %e, "cluster: the Raft node did not stop cleanly");
+            }
+        }
+    }
+
+    /// Commits `entry` through the metadata group and waits until this member applied it:
+    /// on the leader directly, else forwarded to the leader this member knows, again as the
+    /// leader changes, until `cluster.command_timeout_ms` passes (then refused: a change
+    /// is never acknowledged without a majority). A refused change may still be committed
+    /// later, as with any consensus system whose answer is lost.
+    async fn propose(&self, entry: MetaEntry) -> Result<(), StoreError> {
+        let deadline = Instant::now() + self.cfg.command_timeout;
+        let refuse = |why: String| StoreError::NotCommitted(why);
+        let raft = {
+            let mut rx = self.raft.subscribe();
+            let started = tokio::time::timeout_at(deadline.into(), rx.wait_for(|r| r.is_some())).await;
+            match started {
+                Ok(Ok(r)) => r.clone().expect("waited for it"),
+                _ => return Err(refuse("the cluster has not started".into())),
+            }
+        };
+        let mut why = String::from("no leader elected");
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(refuse(format!(
+                    "no majority of the cluster committed it within {} ms ({why})",
+                    self.cfg.command_timeout.as_millis()
+                )));
+            }
+            let leader = match tokio::time::timeout(left, raft.client_write(entry.clone())).await {
+                Ok(Ok(_)) => return Ok(()),
+                Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => f.leader_node,
+                Ok(Err(e)) => return Err(refuse(e.to_string())),
+                Err(_) => continue,
+            };
+            if let Some(leader) = leader {
+                match self.forward(&leader, &entry, left).await {
+                    Ok(index) => {
+                        let left = deadline.saturating_duration_since(Instant::now());
+                        return match raft.wait(Some(left)).applied_index_at_least(Some(index), "forwarded").await {
+                            Ok(_) => Ok(()),
+                            Err(e) => Err(refuse(format!("committed by the leader, not applied here yet: {e}"))),
+                        };
+                    }
+                    Err(e) => why = e,
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50).min(deadline.saturating_duration_since(Instant::now()))).await;
+        }
+    }
+
+    /// Sends `entry` to `leader` to commit; the index it was committed at.
+    async fn forward(&self, leader: &PeerNode, entry: &MetaEntry, ttl: Duration) -> Result<u64, String> {
+        let addr =
+            self.cfg.peers.iter().find(|p| p.name == leader.name).map_or(leader.addr.clone(), |p| p.addr.clone());
+        let mut links = self.forward.lock().await;
+        let client =
+            links.entry(leader.name.clone()).or_insert_with(|| PeerClient::new(&self.name, &addr, self.secret.clone()));
+        match client.call(&PeerRequest::ClientWrite(entry.clone()), ttl).await {
+            Ok(PeerResponse::ClientWrite(Ok(log_id))) => Ok(log_id.index),
+            Ok(PeerResponse::ClientWrite(Err(ForwardedWriteError::NotLeader(_)))) => {
+                Err(format!("'{}' is no longer the leader", leader.name))
+            }
+            Ok(PeerResponse::ClientWrite(Err(e))) => Err(format!("the leader '{}' refused it: {e}", leader.name)),
+            Ok(other) => Err(format!("unexpected answer {other:?}")),
+            Err(e) => Err(format!("leader '{}' unreachable: {e}", leader.name)),
+        }
+    }
+
+    /// The names of queues by local id (for the commands this member makes).
+    fn names(&self) -> Option<&Arc<dyn NodeState>> {
+        self.node.get()
+    }
+
+    /// The cluster as this member sees it.
+    pub fn status(&self) -> ClusterStatus {
+        let raft = self.raft.borrow().clone();
+        let metrics = raft.as_ref().map(|r| r.metrics().borrow().clone());
+        let name_of = |id: u64| {
+            std::iter::once(&self.name)
+                .chain(self.cfg.peers.iter().map(|p| &p.name))
+                .find(|n| node_id(n) == id)
+                .cloned()
+                .or_else(|| {
+                    metrics
+                        .as_ref()
+                        .and_then(|m| m.membership_config.membership().get_node(&id).map(|n: &PeerNode| n.name.clone()))
+                })
+        };
+        let leader = metrics.as_ref().and_then(|m| m.current_leader).and_then(name_of);
+        let is_leader = leader.as_deref() == Some(self.name.as_str());
+        let mut names: Vec<String> = match &metrics {
+            Some(m) => m.membership_config.membership().nodes().map(|(_, n)| n.name.clone()).collect(),
+            None => Vec::new(),
+        };
+        if names.is_empty() {
+            names = std::iter::once(self.name.clone()).chain(self.cfg.peers.iter().map(|p| p.name.clone())).collect();
+        }
+        names.sort();
+        let members = names
+            .into_iter()
+            .map(|name| {
+                let this = name == self.name;
+                let since = (!this).then(|| self.health.since(&name)).flatten();
+                let matched_index = metrics
+                    .as_ref()
+                    .and_then(|m| m.replication.as_ref())
+                    .and_then(|r| r.get(&node_id(&name)).cloned().flatten())
+                    .map(|l| l.index);
+                let role = match (leader.as_deref() == Some(name.as_str()), this) {
+                    (true, _) => "leader",
+                    (false, true) => "follower",
+                    (false, false) if is_leader || leader.is_some() => "follower",
+                    _ => "unknown",
+                };
+                MemberStatus {
+                    running: this || since.is_some_and(|s| s < SILENT_AFTER),
+                    last_contact_ms: since.map(|s| s.as_millis() as u64),
+                    role,
+                    matched_index,
+                    this,
+                    name,
+                }
+            })
+            .collect();
+        ClusterStatus {
+            node: self.name.clone(),
+            leader,
+            term: metrics.as_ref().map_or(0, |m| m.current_term),
+            applied_index: metrics.as_ref().and_then(|m| m.last_applied).map(|l| l.index),
+            members,
+        }
+    }
+}

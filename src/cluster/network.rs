@@ -1,0 +1,111 @@
+//! openraft's network for the metadata group: each replication stream and each vote
+//! request goes over a [`PeerClient`] of its own to the target member, whose address is the
+//! one `cluster.peers` gives for its name (else the one its membership entry records).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, Unreachable};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
+    VoteResponse,
+};
+use openraft::AnyError;
+
+use super::health::PeerHealth;
+use super::link::Secret;
+use super::rpc::{PeerClient, PeerRequest, PeerResponse};
+use super::types::{MetaRaft, PeerNode};
+
+type Rpc<T, E = openraft::error::Infallible> = Result<T, RPCError<u64, PeerNode, RaftError<u64, E>>>;
+
+/// Makes a client per target member.
+#[derive(Debug, Clone)]
+pub(super) struct Network {
+    /// This member's name.
+    pub me: String,
+    /// Peer addresses by name, from `cluster.peers`.
+    pub addrs: Arc<HashMap<String, String>>,
+    /// `cluster.secret`.
+    pub secret: Arc<Secret>,
+    /// When each member last answered.
+    pub health: Arc<PeerHealth>,
+}
+
+impl Network {
+    /// Where the member `node` is reached.
+    pub(super) fn addr_of(&self, node: &PeerNode) -> String {
+        self.addrs.get(&node.name).cloned().unwrap_or_else(|| node.addr.clone())
+    }
+}
+
+/// A client of one member.
+#[derive(Debug)]
+pub(super) struct Connection {
+    name: String,
+    client: PeerClient,
+    health: Arc<PeerHealth>,
+}
+
+impl RaftNetworkFactory<MetaRaft> for Network {
+    type Network = Connection;
+
+    async fn new_client(&mut self, _target: u64, node: &PeerNode) -> Connection {
+        Connection {
+            name: node.name.clone(),
+            client: PeerClient::new(&self.me, &self.addr_of(node), self.secret.clone()),
+            health: self.health.clone(),
+        }
+    }
+}
+
+fn unreachable<E: std::error::Error>(e: impl std::fmt::Display) -> RPCError<u64, PeerNode, E> {
+    RPCError::Unreachable(Unreachable::new(&AnyError::error(e.to_string())))
+}
+
+impl Connection {
+    async fn call(&mut self, request: PeerRequest, option: &RPCOption) -> Result<PeerResponse, String> {
+        match self.client.call(&request, option.hard_ttl()).await {
+            Ok(response) => {
+                self.health.answered(&self.name);
+                Ok(response)
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
+
+impl RaftNetwork<MetaRaft> for Connection {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<MetaRaft>,
+        option: RPCOption,
+    ) -> Rpc<AppendEntriesResponse<u64>> {
+        match self.call(PeerRequest::AppendEntries(rpc), &option).await.map_err(unreachable)? {
+            PeerResponse::AppendEntries(r) => {
+                r.map_err(|e| RPCError::Network(NetworkError::new(&AnyError::error(e.to_string()))))
+            }
+            other => Err(unreachable(format!("unexpected answer {other:?}"))),
+        }
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        _rpc: InstallSnapshotRequest<MetaRaft>,
+        _option: RPCOption,
+    ) -> Rpc<InstallSnapshotResponse<u64>, InstallSnapshotError> {
+        // The metadata group never purges its log (no snapshots yet): a member that is
+        // behind is sent the entries it misses instead.
+        Err(unreachable("snapshots are not sent between members yet"))
+    }
+
+    async fn vote(&mut self, rpc: VoteRequest<u64>, option: RPCOption) -> Rpc<VoteResponse<u64>> {
+        match self.call(PeerRequest::Vote(rpc), &option).await.map_err(unreachable)? {
+            PeerResponse::Vote(r) => {
+                r.map_err(|e| RPCError::Network(NetworkError::new(&AnyError::error(e.to_string()))))
+            }
+            other => Err(unreachable(format!("unexpected answer {other:?}"))),
+        }
+    }
+}

@@ -1,0 +1,84 @@
+//! What members say to each other over the peer link: openraft's RPCs and the metadata
+//! writes a follower forwards to the leader, one request and one response per frame, in
+//! order on each link. [`PeerClient`] is the calling side: one link, opened on first use
+//! and again after a failure.
+
+use std::time::Duration;
+
+use openraft::error::RaftError;
+use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest, VoteResponse};
+use openraft::LogId;
+use serde::{Deserialize, Serialize};
+use tokio::net::TcpStream;
+
+use super::link::{self, LinkError, Secret};
+use super::types::{MetaEntry, MetaRaft, PeerNode};
+
+/// A request on the peer link.
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) enum PeerRequest {
+    /// openraft's log replication and heartbeat.
+    AppendEntries(AppendEntriesRequest<MetaRaft>),
+    /// openraft's election.
+    Vote(VoteRequest<u64>),
+    /// A metadata write a member forwards to the leader it knows.
+    ClientWrite(MetaEntry),
+}
+
+/// The answer to a [`PeerRequest`] (the same variant).
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) enum PeerResponse {
+    /// To [`PeerRequest::AppendEntries`].
+    AppendEntries(Result<AppendEntriesResponse<u64>, RaftError<u64>>),
+    /// To [`PeerRequest::Vote`].
+    Vote(Result<VoteResponse<u64>, RaftError<u64>>),
+    /// To [`PeerRequest::ClientWrite`]: where the entry was committed, or why not.
+    ClientWrite(Result<LogId<u64>, ForwardedWriteError>),
+}
+
+/// Why a forwarded write was not committed by the member it was sent to.
+#[derive(Debug, Clone, Serialize, Deserialize, thiserror::Error)]
+pub(super) enum ForwardedWriteError {
+    /// That member is not the leader (any more); the leader it knows, if any.
+    #[error("not the leader")]
+    NotLeader(Option<PeerNode>),
+    /// The leader could not commit it.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// One link to one member, for calls in order.
+#[derive(Debug)]
+pub(super) struct PeerClient {
+    me: String,
+    addr: String,
+    secret: std::sync::Arc<Secret>,
+    stream: Option<TcpStream>,
+}
+
+impl PeerClient {
+    /// A client of the member at `addr`, calling as `me` (nothing connects yet).
+    pub(super) fn new(me: &str, addr: &str, secret: std::sync::Arc<Secret>) -> PeerClient {
+        PeerClient { me: me.to_owned(), addr: addr.to_owned(), secret, stream: None }
+    }
+
+    /// Sends `request` and reads its response within `ttl`, connecting first when there is
+    /// no link; a failed call drops the link (the next call opens a new one).
+    pub(super) async fn call(&mut self, request: &PeerRequest, ttl: Duration) -> Result<PeerResponse, LinkError> {
+        let result = tokio::time::timeout(ttl, async {
+            if self.stream.is_none() {
+                let (stream, _name) = link::connect(&self.addr, &self.me, &self.secret).await?;
+                self.stream = Some(stream);
+            }
+            let stream = self.stream.as_mut().expect("connected above");
+            link::write_frame(stream, request).await?;
+            link::read_frame(stream).await
+        })
+        .await
+        .unwrap_or(Err(LinkError::Timeout));
+        if result.is_err() {
+            self.stream = None;
+        }
+        result
+    }
+}

@@ -1,0 +1,108 @@
+//! The peer listener (`cluster.listen`): each accepted connection is authenticated
+//! ([`link::accept`]), then its requests are answered in order by this member's Raft
+//! node. A connection that fails the handshake is closed; refusals are logged at most once
+//! a minute (with how many there were), so a port scan cannot flood the log.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::error::{ClientWriteError, RaftError};
+use tokio::net::{TcpListener, TcpStream};
+use tracing::{debug, warn};
+
+use super::health::PeerHealth;
+use super::link::{self, Secret};
+use super::rpc::{ForwardedWriteError, PeerRequest, PeerResponse};
+use super::types::MetaRaftHandle;
+
+/// Handshakes that may be in progress at once.
+const MAX_HANDSHAKES: usize = 64;
+
+/// Refused handshakes since the last warning, and when that was.
+#[derive(Debug, Default)]
+struct Refusals {
+    count: AtomicU64,
+    last_logged_secs: AtomicU64,
+}
+
+impl Refusals {
+    fn note(&self, peer: std::net::SocketAddr, why: &str) {
+        let n = self.count.fetch_add(1, Ordering::Relaxed) + 1;
+        let now = crate::core::message::now_ms() / 1000;
+        let last = self.last_logged_secs.load(Ordering::Relaxed);
+        if now >= last + 60
+            && self.last_logged_secs.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+        {
+            self.count.store(0, Ordering::Relaxed);
+            warn!(%peer, refused = n, "peer link refused: {why} (logged at most once a minute)");
+        }
+    }
+}
+
+/// Serves the peer listener until the process ends.
+pub(super) async fn run(
+    listener: TcpListener,
+    me: String,
+    secret: Arc<Secret>,
+    raft: MetaRaftHandle,
+    health: Arc<PeerHealth>,
+) {
+    let refusals = Arc::new(Refusals::default());
+    // Handshakes in progress at once: past it, a new socket is closed at accept.
+    let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                debug!(error = %e, "peer listener accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = handshakes.clone().try_acquire_owned() else {
+            refusals.note(peer, "too many handshakes at once");
+            continue;
+        };
+        let (me, secret, raft, health, refusals) =
+            (me.clone(), secret.clone(), raft.clone(), health.clone(), refusals.clone());
+        tokio::spawn(async move {
+            let mut stream = stream;
+            let accepted = link::accept(&mut stream, &me, &secret).await;
+            drop(permit);
+            match accepted {
+                Ok(name) => serve(stream, name, raft, health).await,
+                Err(e) => refusals.note(peer, &e.to_string()),
+            }
+        });
+    }
+}
+
+/// Answers the requests of member `name`, in order, until the link closes.
+async fn serve(mut stream: TcpStream, name: String, raft: MetaRaftHandle, health: Arc<PeerHealth>) {
+    loop {
+        let request: PeerRequest = match link::read_frame(&mut stream).await {
+            Ok(r) => r,
+            Err(e) => {
+                debug!(peer = %name, error = %e, "peer link closed");
+                return;
+            }
+        };
+        health.answered(&name);
+        let response = match request {
+            PeerRequest::AppendEntries(rpc) => PeerResponse::AppendEntries(raft.append_entries(rpc).await),
+            PeerRequest::Vote(rpc) => PeerResponse::Vote(raft.vote(rpc).await),
+            PeerRequest::ClientWrite(entry) => PeerResponse::ClientWrite(match raft.client_write(entry).await {
+                Ok(r) => Ok(r.log_id),
+                Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                    Err(ForwardedWriteError::NotLeader(f.leader_node))
+                }
+                Err(e) => Err(ForwardedWriteError::Failed(e.to_string())),
+            }),
+        };
+        if let Err(e) = link::write_frame(&mut stream, &response).await {
+            debug!(peer = %name, error = %e, "peer link closed");
+            return;
+        }
+    }
+}

@@ -1,0 +1,45 @@
+//! What a cluster's metadata group applies to this member's memory ([`MemberState`]): the
+//! entity commands to the core's registry and routing table, the access commands to the
+//! users, virtual hosts and permissions the API and both front-ends read. It lives in the
+//! composition root because those registries are held by different rooms (core,
+//! operations), which only the composition root sees together.
+
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
+
+use crate::cluster::{NodeState, QueueNames};
+use crate::core::store::{Command, QueueId};
+use crate::operations::http::HttpContext;
+
+/// This member's registries.
+pub struct MemberState {
+    ctx: Arc<HttpContext>,
+}
+
+impl MemberState {
+    /// The registries `ctx` holds.
+    pub fn new(ctx: Arc<HttpContext>) -> MemberState {
+        MemberState { ctx }
+    }
+}
+
+impl QueueNames for MemberState {
+    fn queue_name(&self, id: QueueId) -> Option<(String, String)> {
+        self.ctx.entities.queue_by_id(id).map(|q| (q.vhost.clone(), q.name.clone()))
+    }
+}
+
+impl NodeState for MemberState {
+    fn apply<'a>(&'a self, commands: &'a [Command]) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            for command in commands {
+                match command {
+                    Command::Entity(c) => self.ctx.entities.apply_committed(c).await,
+                    Command::Access(c) => crate::operations::http::access::apply_committed(&self.ctx, c),
+                    _ => {}
+                }
+            }
+        })
+    }
+}

@@ -1,0 +1,200 @@
+//! Metadata through the metadata group: exchanges, queues, bindings, users and
+//! permissions made on one member are applied on every member, with a majority's commit
+//! before the client's acknowledgement.
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::json;
+
+use crate::common::amqp::*;
+use crate::common::cluster::Cluster;
+use crate::common::{eventually, WAIT};
+
+/// An AMQP channel on member `i` as guest.
+async fn channel(c: &Cluster, i: usize) -> (Connection, Channel) {
+    let conn = connect_uri(&format!("amqp://guest:guest@{}/%2f", amqp_addr(c.member(i)))).await.expect("connect");
+    let ch = open_channel(&conn).await;
+    (conn, ch)
+}
+
+/// Declares durable topic exchange `name`.
+async fn durable_topic(ch: &Channel, name: &str) {
+    let opts = ExchangeDeclareOptions { durable: true, ..Default::default() };
+    declare_exchange(ch, name, ExchangeKind::Topic, opts, FieldTable::default()).await;
+}
+
+/// Declares durable queue `name`.
+async fn durable_queue(ch: &Channel, name: &str) {
+    declare_queue_with(ch, name, QueueDeclareOptions { durable: true, ..Default::default() }, FieldTable::default())
+        .await;
+}
+
+/// True when member `i` has queue `q` and exchange `x` (passive declarations).
+async fn has(c: &Cluster, i: usize, x: &str, q: &str) -> bool {
+    let (_conn, ch) = channel(c, i).await;
+    let passive = ExchangeDeclareOptions { passive: true, ..Default::default() };
+    if bounded(
+        "passive exchange.declare",
+        ch.exchange_declare(x.into(), ExchangeKind::Topic, passive, FieldTable::default()),
+    )
+    .await
+    .is_err()
+    {
+        return false;
+    }
+    let (_conn, ch) = channel(c, i).await;
+    let passive = QueueDeclareOptions { passive: true, ..Default::default() };
+    bounded("passive queue.declare", ch.queue_declare(q.into(), passive, FieldTable::default())).await.is_ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_members_agree_on_one_leader_and_list_each_other() {
+    let c = Cluster::start(3, "");
+    let leader = c.leader(&[0, 1, 2]).await;
+    let status = c.status(leader).await;
+    let members: Vec<&str> =
+        status["members"].as_array().unwrap().iter().map(|m| m["name"].as_str().unwrap()).collect();
+    assert_eq!(members, ["n0", "n1", "n2"], "{status}");
+    // The leader hears from every follower; /api/nodes lists all three, running.
+    let api = c.api(leader);
+    eventually("every member listed as running", WAIT, || async {
+        let nodes = api.ok("/api/nodes").await;
+        let running: Vec<&str> = nodes
+            .as_array()?
+            .iter()
+            .filter(|n| n["running"] == json!(true))
+            .filter_map(|n| n["name"].as_str())
+            .collect();
+        (running.len() == 3).then_some(())
+    })
+    .await;
+    let (code, _) = api.get("/api/nodes/n1").await;
+    assert_eq!(code, StatusCode::OK);
+    // `ferrymq ctl cluster status` prints the same.
+    let out = std::process::Command::new(crate::common::binary())
+        .args(["ctl", "--url", &format!("http://{}", c.member(1).http.unwrap()), "cluster", "status"])
+        .output()
+        .expect("ctl");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains(&format!("leader n{leader}")) && text.contains("n0") && text.contains("n2"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn declarations_on_one_member_route_on_every_member() {
+    let c = Cluster::start(3, "");
+    c.leader(&[0, 1, 2]).await;
+    // Declared through a follower or the leader alike: member 1.
+    let (_conn, ch) = channel(&c, 1).await;
+    durable_topic(&ch, "orders").await;
+    durable_queue(&ch, "eu-orders").await;
+    bind(&ch, "eu-orders", "orders", "eu.#", FieldTable::default()).await;
+    for i in [0, 2] {
+        eventually(&format!("exchange and queue on n{i}"), WAIT, || async {
+            has(&c, i, "orders", "eu-orders").await.then_some(())
+        })
+        .await;
+    }
+    // The binding routes on member 2: a publish there reaches its queue.
+    let (_conn, ch) = channel(&c, 2).await;
+    eventually("binding listed on n2", WAIT, || async {
+        let b = c.api(2).ok("/api/queues/%2f/eu-orders/bindings").await;
+        b.as_array()?.iter().any(|b| b["source"] == json!("orders") && b["routing_key"] == json!("eu.#")).then_some(())
+    })
+    .await;
+    confirm_select(&ch).await;
+    let confirm = bounded(
+        "publish",
+        ch.basic_publish("orders".into(), "eu.de".into(), BasicPublishOptions::default(), b"o-1", persistent()),
+    )
+    .await
+    .expect("publish");
+    bounded("confirm", confirm).await.expect("confirm");
+    let got = eventually("the message in n2's queue", WAIT, || async {
+        bounded("basic.get", ch.basic_get("eu-orders".into(), BasicGetOptions { no_ack: true })).await.ok().flatten()
+    })
+    .await;
+    assert_eq!(got.delivery.data, b"o-1");
+    // Deleted through member 0: gone everywhere.
+    let (_conn, ch) = channel(&c, 0).await;
+    bounded("queue.delete", ch.queue_delete("eu-orders".into(), QueueDeleteOptions::default())).await.expect("delete");
+    for i in [1, 2] {
+        eventually(&format!("queue gone on n{i}"), WAIT, || async {
+            let (code, _) = c.api(i).get("/api/queues/%2f/eu-orders").await;
+            (code == StatusCode::NOT_FOUND).then_some(())
+        })
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_made_on_one_member_logs_in_on_another_until_deleted() {
+    let c = Cluster::start(3, "");
+    c.leader(&[0, 1, 2]).await;
+    let (code, _) = c.api(0).put("/api/users/alice", json!({"password": "wonderland", "tags": ""})).await;
+    assert_eq!(code, StatusCode::CREATED);
+    let (code, _) =
+        c.api(0).put("/api/permissions/%2f/alice", json!({"configure": ".*", "write": ".*", "read": ".*"})).await;
+    assert_eq!(code, StatusCode::CREATED);
+    let uri = format!("amqp://alice:wonderland@{}/%2f", amqp_addr(c.member(2)));
+    eventually("alice logs in on n2", WAIT, || async { connect_uri(&uri).await.ok() }).await;
+    let (code, _) = c.api(1).delete("/api/users/alice").await;
+    assert_eq!(code, StatusCode::NO_CONTENT);
+    eventually("alice refused on n2", WAIT, || async { connect_uri(&uri).await.is_err().then_some(()) }).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rest_go_on_without_a_dead_leader_and_it_catches_up_on_return() {
+    let mut c = Cluster::start(3, "");
+    let leader = c.leader(&[0, 1, 2]).await;
+    c.kill(leader);
+    let rest: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
+    let new_leader = c.leader(&rest).await;
+    assert_ne!(new_leader, leader);
+    // Acknowledged by the two that are left (a majority of three).
+    let other = rest.iter().copied().find(|i| *i != new_leader).unwrap();
+    let (_conn, ch) = channel(&c, other).await;
+    durable_topic(&ch, "after").await;
+    durable_queue(&ch, "after-q").await;
+    // The old leader comes back and is sent what it missed.
+    c.restart(leader);
+    eventually("the returning member has what was declared while it was down", Duration::from_secs(30), || async {
+        has(&c, leader, "after", "after-q").await.then_some(())
+    })
+    .await;
+    c.leader(&[0, 1, 2]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_majority_a_declaration_is_refused_and_not_made() {
+    let mut c = Cluster::start(3, "command_timeout_ms = 2000");
+    c.leader(&[0, 1, 2]).await;
+    c.kill(1);
+    c.kill(2);
+    let (_conn, ch) = channel(&c, 0).await;
+    let declared = bounded(
+        "exchange.declare without a majority",
+        ch.exchange_declare(
+            "lonely".into(),
+            ExchangeKind::Topic,
+            ExchangeDeclareOptions { durable: true, ..Default::default() },
+            FieldTable::default(),
+        ),
+    )
+    .await;
+    let code = expect_code(declared, 541);
+    assert!(code.contains("not committed") && code.contains("majority"), "{code}");
+    let (code, _) = c.api(0).get("/api/exchanges/%2f/lonely").await;
+    assert_eq!(code, StatusCode::NOT_FOUND, "a refused declaration leaves nothing behind");
+    // A second member back: a majority again, and the same declaration is acknowledged.
+    c.restart(1);
+    c.leader(&[0, 1]).await;
+    let (_conn, ch) = channel(&c, 0).await;
+    durable_topic(&ch, "lonely").await;
+    eventually("declared on n1 too", WAIT, || async {
+        let (code, _) = c.api(1).get("/api/exchanges/%2f/lonely").await;
+        code.is_success().then_some(())
+    })
+    .await;
+}

@@ -1,0 +1,96 @@
+//! Three (or more) real `ferrymq` processes on loopback that form one cluster: each with
+//! its own data directory, ephemeral client ports, and a peer port chosen free at the
+//! start and kept across restarts (the others' `cluster.peers` name it). Any member can be
+//! SIGKILLed, restarted on its data directory, or paused (SIGSTOP) and resumed.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::http::Api;
+use super::{eventually, free_port, Broker, Opts};
+
+/// The secret every test member holds.
+pub const SECRET: &str = "test-cluster-secret-0123456789";
+
+/// A cluster of test members, `n0`, `n1`, ...
+pub struct Cluster {
+    members: Vec<Option<Broker>>,
+    /// Each member's peer address (`cluster.listen`).
+    pub peer_addrs: Vec<String>,
+}
+
+impl Cluster {
+    /// Starts `n` members; `extra` is added to each one's `[cluster]` section.
+    pub fn start(n: usize, extra: &str) -> Cluster {
+        let peer_addrs: Vec<String> = (0..n).map(|_| format!("127.0.0.1:{}", free_port())).collect();
+        let opts: Vec<Opts> = (0..n)
+            .map(|i| {
+                let peers: Vec<String> =
+                    (0..n).filter(|j| *j != i).map(|j| format!("\"n{j}@{}\"", peer_addrs[j])).collect();
+                Opts::default().config(&format!(
+                    "[cluster]\nnode_name = \"n{i}\"\nlisten = \"{}\"\npeers = [{}]\nsecret = \"{SECRET}\"\n{extra}\n",
+                    peer_addrs[i],
+                    peers.join(", ")
+                ))
+            })
+            .collect();
+        let members = opts.into_iter().map(|o| Some(Broker::start_with(o))).collect();
+        Cluster { members, peer_addrs }
+    }
+
+    /// Member `i` (panics when it is down).
+    pub fn member(&self, i: usize) -> &Broker {
+        self.members[i].as_ref().unwrap_or_else(|| panic!("member n{i} is down"))
+    }
+
+    /// The management API of member `i`.
+    pub fn api(&self, i: usize) -> Api {
+        Api::of(self.member(i))
+    }
+
+    /// Kills member `i` with SIGKILL (its data directory stays).
+    pub fn kill(&mut self, i: usize) {
+        if let Some(b) = self.members[i].as_mut() {
+            b.kill();
+        }
+    }
+
+    /// Starts member `i` again on its data directory (after [`Cluster::kill`]).
+    pub fn restart(&mut self, i: usize) {
+        let b = self.members[i].take().expect("a member to restart");
+        self.members[i] = Some(b.start_again());
+    }
+
+    /// The cluster status member `i` reports (`/api/ferrymq/cluster`).
+    pub async fn status(&self, i: usize) -> Value {
+        self.api(i).ok("/api/ferrymq/cluster").await
+    }
+
+    /// Waits until every member of `among` reports the same leader, itself one of
+    /// `among`; its index.
+    pub async fn leader(&self, among: &[usize]) -> usize {
+        eventually("one leader that every running member agrees on", Duration::from_secs(30), || async {
+            let mut seen = None;
+            for &i in among {
+                let (code, s) = self.api(i).get("/api/ferrymq/cluster").await;
+                let leader = s["leader"].as_str().filter(|_| code.is_success())?.to_owned();
+                if seen.get_or_insert_with(|| leader.clone()) != &leader {
+                    return None;
+                }
+            }
+            let leader: usize = seen?.strip_prefix('n')?.parse().ok()?;
+            among.contains(&leader).then_some(leader)
+        })
+        .await
+    }
+
+    /// The logs of every member, for a failure message.
+    pub fn logs(&self) -> String {
+        self.members
+            .iter()
+            .enumerate()
+            .map(|(i, b)| format!("===== n{i} =====\n{}", b.as_ref().map(|b| b.log()).unwrap_or_default()))
+            .collect()
+    }
+}
