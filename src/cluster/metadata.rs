@@ -2,11 +2,11 @@
 //! core's durable entity and access commands, naming queues by virtual host and name,
 //! never by a member's local consume-queue ids (each member's catalog hands out its own).
 //!
-//! Replicated (this slice of issue 26): durable exchanges, queues and bindings; users,
-//! virtual hosts, permissions and topic permissions. Every other command (MQTT sessions,
-//! inbound QoS 2 ids, de-duplication ids, retained removals, stream cursors, MQTT rules,
-//! parameters, limits, the cluster name) stays on the member that made it, as on a single
-//! node (`docs/cluster.md`, "What is replicated").
+//! Replicated (the first slices of issue 26): durable exchanges, queues and bindings; users,
+//! virtual hosts, permissions and topic permissions, MQTT rules, limits, the cluster name.
+//! Every other command (MQTT sessions, inbound QoS 2 ids, de-duplication ids, retained
+//! removals, stream cursors, runtime parameters) stays on the member that made it, as on a
+//! single node (`docs/cluster.md`, "What is replicated today").
 
 use bytes::{Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
@@ -80,20 +80,11 @@ pub enum MetaCommand {
     Access(AccessCommand),
 }
 
-/// True for the access commands the metadata group replicates: users, virtual hosts,
-/// permissions and topic permissions (whose application to memory every member has).
+/// True for the access commands the metadata group replicates: every one but runtime
+/// parameters (a dynamic shovel runs on the member it was made on; replicated, it would run
+/// on every member at once).
 fn is_replicated(c: &AccessCommand) -> bool {
-    matches!(
-        c,
-        AccessCommand::PutUser(_)
-            | AccessCommand::RemoveUser { .. }
-            | AccessCommand::PutVhost(_)
-            | AccessCommand::RemoveVhost { .. }
-            | AccessCommand::PutPermission(_)
-            | AccessCommand::RemovePermission { .. }
-            | AccessCommand::PutTopicPermission(_)
-            | AccessCommand::RemoveTopicPermission { .. }
-    )
+    !matches!(c, AccessCommand::PutParameter(_) | AccessCommand::RemoveParameter { .. })
 }
 
 /// Names the local queue ids of commands the proposing member made.
@@ -242,7 +233,7 @@ mod tests {
     }
 
     #[test]
-    fn users_replicate_and_the_cluster_name_stays_local() {
+    fn users_replicate_and_shovel_parameters_stay_local() {
         let user = UserRecord {
             name: "u".into(),
             password_hash: "h".into(),
@@ -254,7 +245,11 @@ mod tests {
         let m = replicated(&c, &Names).unwrap().unwrap();
         let json = serde_json::to_string(&m).unwrap();
         assert_eq!(serde_json::from_str::<MetaCommand>(&json).unwrap(), m);
-        let c = Command::Access(AccessCommand::PutGlobalParameter { name: "cluster_name".into(), value: "x".into() });
+        let c = Command::Access(AccessCommand::RemoveParameter {
+            component: "shovel".into(),
+            vhost: "/".into(),
+            name: "s".into(),
+        });
         assert!(replicated(&c, &Names).unwrap().is_none());
     }
 }

@@ -11,6 +11,7 @@
 //! - [`metadata`] — the replicated form of the core's metadata commands.
 //! - [`replicated`] — the core's [`StateMachine`] seam, replicated: metadata commands are
 //!   committed by a majority before they are acknowledged; the rest stays local.
+//! - [`membership`] — forming the group, joining it, forgetting a member.
 //! - [`health`] — when each member was last heard from.
 //! - [`types`] — the group's openraft types.
 //!
@@ -20,6 +21,7 @@
 mod health;
 mod link;
 mod log_store;
+mod membership;
 mod metadata;
 mod network;
 mod replicated;
@@ -28,7 +30,7 @@ mod serve;
 mod state_machine;
 mod types;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -40,14 +42,16 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+pub use membership::MembershipChange;
 pub use metadata::{MetaCommand, QueueNames};
 pub use types::PeerNode;
 
 use self::health::{PeerHealth, SILENT_AFTER};
 use self::link::Secret;
 use self::log_store::LogStore;
+use self::membership::Change;
 use self::network::Network;
-use self::rpc::{ForwardedWriteError, PeerClient, PeerRequest, PeerResponse};
+use self::rpc::{ForwardedWriteError, PeerClient, PeerResponse};
 use self::state_machine::MetaStateMachine;
 use self::types::{node_id, MetaEntry, MetaRaftHandle};
 use crate::composition::config::ClusterSection;
@@ -105,7 +109,8 @@ pub struct MemberStatus {
     pub this: bool,
     /// Heard from within the last 5 s (this member: always).
     pub running: bool,
-    /// Its role in the metadata group: `leader`, `follower`, or `unknown` (not this one).
+    /// Its role in the metadata group: `leader`, `follower`, `learner` (joining: being
+    /// sent the log), or `unknown` (no leader known).
     pub role: &'static str,
     /// Milliseconds since it was last heard from (`None`: never, or this member).
     pub last_contact_ms: Option<u64>,
@@ -159,8 +164,8 @@ impl Cluster {
     }
 
     /// Starts the metadata group on `listener` (`cluster.listen`, bound at preflight): the
-    /// Raft node, the peer listener, and the group's formation from the configured
-    /// members (every member proposes the same membership; openraft keeps the first).
+    /// Raft node, the peer listener, and (in the background) the group's formation or this
+    /// member's joining it ([`Cluster::form`]).
     pub async fn start(
         self: &Arc<Self>,
         listener: TcpListener,
@@ -196,21 +201,8 @@ impl Cluster {
             .await
             .map_err(|e| ClusterError::Raft(e.to_string()))?;
         tokio::spawn(serve::run(listener, self.name.clone(), self.secret.clone(), raft.clone(), self.health.clone()));
-        let initialized = raft.is_initialized().await.map_err(|e| ClusterError::Raft(e.to_string()))?;
-        if !initialized {
-            let mut members = BTreeMap::new();
-            members.insert(id, PeerNode { name: self.name.clone(), addr: String::new() });
-            for p in &self.cfg.peers {
-                members.insert(node_id(&p.name), PeerNode { name: p.name.clone(), addr: String::new() });
-            }
-            match raft.initialize(members).await {
-                Ok(()) => {
-                    info!(members = self.cfg.peers.len() + 1, "cluster: metadata group formed from cluster.peers")
-                }
-                Err(RaftError::APIError(e)) => info!(reason = %e, "cluster: metadata group already formed"),
-                Err(e) => return Err(ClusterError::Raft(e.to_string())),
-            }
-        }
+        // Formed (or joined) in the background: a member never waits for the others to start.
+        tokio::spawn(self.clone().form(raft.clone()));
         info!(node = %self.name, listen = %self.cfg.listen, peers = self.cfg.peers.len(), "cluster: member started");
         self.raft.send_replace(Some(raft));
         Ok(())
@@ -232,38 +224,41 @@ impl Cluster {
     /// is never acknowledged without a majority). A refused change may still be committed
     /// later, as with any consensus system whose answer is lost.
     async fn propose(&self, entry: MetaEntry) -> Result<(), StoreError> {
-        let deadline = Instant::now() + self.cfg.command_timeout;
-        let refuse = |why: String| StoreError::NotCommitted(why);
+        self.through_leader(Change::Write(entry), self.cfg.command_timeout).await.map_err(StoreError::NotCommitted)
+    }
+
+    /// Has the leader make `change` (directly when this member leads, else over the peer
+    /// link to the leader it knows, again as the leader changes) and waits until this
+    /// member applied it; why not, once `limit` passed or the group refused it.
+    async fn through_leader(&self, change: Change, limit: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + limit;
         let raft = {
             let mut rx = self.raft.subscribe();
             let started = tokio::time::timeout_at(deadline.into(), rx.wait_for(|r| r.is_some())).await;
             match started {
                 Ok(Ok(r)) => r.clone().expect("waited for it"),
-                _ => return Err(refuse("the cluster has not started".into())),
+                _ => return Err("the cluster has not started".into()),
             }
         };
         let mut why = String::from("no leader elected");
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(refuse(format!(
-                    "no majority of the cluster committed it within {} ms ({why})",
-                    self.cfg.command_timeout.as_millis()
-                )));
+                return Err(format!("no majority of the cluster committed it within {} ms ({why})", limit.as_millis()));
             }
-            let leader = match tokio::time::timeout(left, raft.client_write(entry.clone())).await {
+            let leader = match tokio::time::timeout(left, change.make(&raft)).await {
                 Ok(Ok(_)) => return Ok(()),
                 Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => f.leader_node,
-                Ok(Err(e)) => return Err(refuse(e.to_string())),
+                Ok(Err(e)) => return Err(e.to_string()),
                 Err(_) => continue,
             };
             if let Some(leader) = leader {
-                match self.forward(&leader, &entry, left).await {
+                match self.forward(&leader, &change, left).await {
                     Ok(index) => {
                         let left = deadline.saturating_duration_since(Instant::now());
                         return match raft.wait(Some(left)).applied_index_at_least(Some(index), "forwarded").await {
                             Ok(_) => Ok(()),
-                            Err(e) => Err(refuse(format!("committed by the leader, not applied here yet: {e}"))),
+                            Err(e) => Err(format!("committed by the leader, not applied here yet: {e}")),
                         };
                     }
                     Err(e) => why = e,
@@ -273,14 +268,13 @@ impl Cluster {
         }
     }
 
-    /// Sends `entry` to `leader` to commit; the index it was committed at.
-    async fn forward(&self, leader: &PeerNode, entry: &MetaEntry, ttl: Duration) -> Result<u64, String> {
-        let addr =
-            self.cfg.peers.iter().find(|p| p.name == leader.name).map_or(leader.addr.clone(), |p| p.addr.clone());
+    /// Sends `change` to `leader` to make; the index it was committed at.
+    async fn forward(&self, leader: &PeerNode, change: &Change, ttl: Duration) -> Result<u64, String> {
+        let addr = self.addr_of(leader);
         let mut links = self.forward.lock().await;
         let client =
             links.entry(leader.name.clone()).or_insert_with(|| PeerClient::new(&self.name, &addr, self.secret.clone()));
-        match client.call(&PeerRequest::ClientWrite(entry.clone()), ttl).await {
+        match client.call(&change.request(), ttl).await {
             Ok(PeerResponse::ClientWrite(Ok(log_id))) => Ok(log_id.index),
             Ok(PeerResponse::ClientWrite(Err(ForwardedWriteError::NotLeader(_)))) => {
                 Err(format!("'{}' is no longer the leader", leader.name))
@@ -289,6 +283,12 @@ impl Cluster {
             Ok(other) => Err(format!("unexpected answer {other:?}")),
             Err(e) => Err(format!("leader '{}' unreachable: {e}", leader.name)),
         }
+    }
+
+    /// Where member `node` is reached: the address `cluster.peers` gives for its name, else
+    /// the one its membership entry records (a member that joined later).
+    fn addr_of(&self, node: &PeerNode) -> String {
+        self.cfg.peers.iter().find(|p| p.name == node.name).map_or_else(|| node.addr.clone(), |p| p.addr.clone())
     }
 
     /// The names of queues by local id (for the commands this member makes).
@@ -312,7 +312,8 @@ impl Cluster {
                 })
         };
         let leader = metrics.as_ref().and_then(|m| m.current_leader).and_then(name_of);
-        let is_leader = leader.as_deref() == Some(self.name.as_str());
+        let voters: Option<std::collections::BTreeSet<u64>> =
+            metrics.as_ref().map(|m| m.membership_config.membership().voter_ids().collect());
         let mut names: Vec<String> = match &metrics {
             Some(m) => m.membership_config.membership().nodes().map(|(_, n)| n.name.clone()).collect(),
             None => Vec::new(),
@@ -331,10 +332,11 @@ impl Cluster {
                     .and_then(|m| m.replication.as_ref())
                     .and_then(|r| r.get(&node_id(&name)).cloned().flatten())
                     .map(|l| l.index);
-                let role = match (leader.as_deref() == Some(name.as_str()), this) {
+                let voter = voters.as_ref().is_none_or(|v| v.contains(&node_id(&name)));
+                let role = match (leader.as_deref() == Some(name.as_str()), voter) {
                     (true, _) => "leader",
-                    (false, true) => "follower",
-                    (false, false) if is_leader || leader.is_some() => "follower",
+                    (false, false) => "learner",
+                    (false, true) if this || leader.is_some() => "follower",
                     _ => "unknown",
                 };
                 MemberStatus {

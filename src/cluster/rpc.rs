@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use tokio::net::TcpStream;
 
 use super::link::{self, LinkError, Secret};
+use super::membership::MembershipChange;
 use super::types::{MetaEntry, MetaRaft, PeerNode};
 
 /// A request on the peer link.
@@ -23,6 +24,10 @@ pub(super) enum PeerRequest {
     Vote(VoteRequest<u64>),
     /// A metadata write a member forwards to the leader it knows.
     ClientWrite(MetaEntry),
+    /// A change of membership, for the leader to make.
+    ChangeMembers(MembershipChange),
+    /// Whether the metadata group exists on the member asked (a starting member asks).
+    Hello,
 }
 
 /// The answer to a [`PeerRequest`] (the same variant).
@@ -32,8 +37,14 @@ pub(super) enum PeerResponse {
     AppendEntries(Result<AppendEntriesResponse<u64>, RaftError<u64>>),
     /// To [`PeerRequest::Vote`].
     Vote(Result<VoteResponse<u64>, RaftError<u64>>),
-    /// To [`PeerRequest::ClientWrite`]: where the entry was committed, or why not.
+    /// To [`PeerRequest::ClientWrite`] and [`PeerRequest::ChangeMembers`]: where the
+    /// change was committed, or why not.
     ClientWrite(Result<LogId<u64>, ForwardedWriteError>),
+    /// To [`PeerRequest::Hello`].
+    Hello {
+        /// The member asked has the group in its log.
+        initialized: bool,
+    },
 }
 
 /// Why a forwarded write was not committed by the member it was sent to.

@@ -3,18 +3,21 @@
 //! node. A connection that fails the handshake is closed; refusals are logged at most once
 //! a minute (with how many there were), so a port scan cannot flood the log.
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::error::{ClientWriteError, RaftError};
+use openraft::LogId;
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, warn};
 
 use super::health::PeerHealth;
 use super::link::{self, Secret};
+use super::membership::{Change, MembershipChange};
 use super::rpc::{ForwardedWriteError, PeerRequest, PeerResponse};
-use super::types::MetaRaftHandle;
+use super::types::{MetaRaftHandle, PeerNode};
 
 /// Handshakes that may be in progress at once.
 const MAX_HANDSHAKES: usize = 64;
@@ -71,15 +74,38 @@ pub(super) async fn run(
             let accepted = link::accept(&mut stream, &me, &secret).await;
             drop(permit);
             match accepted {
-                Ok(name) => serve(stream, name, raft, health).await,
+                Ok(name) => serve(stream, name, peer, raft, health).await,
                 Err(e) => refusals.note(peer, &e.to_string()),
             }
         });
     }
 }
 
-/// Answers the requests of member `name`, in order, until the link closes.
-async fn serve(mut stream: TcpStream, name: String, raft: MetaRaftHandle, health: Arc<PeerHealth>) {
+/// A change's result as the member that forwarded it is told.
+fn answer(
+    r: Result<LogId<u64>, RaftError<u64, ClientWriteError<u64, PeerNode>>>,
+) -> Result<LogId<u64>, ForwardedWriteError> {
+    match r {
+        Ok(log_id) => Ok(log_id),
+        Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+            Err(ForwardedWriteError::NotLeader(f.leader_node))
+        }
+        Err(e) => Err(ForwardedWriteError::Failed(e.to_string())),
+    }
+}
+
+/// A joining member's peer address as others reach it: one on every interface
+/// (`0.0.0.0:25672`) takes the address its connection came from.
+fn reachable(addr: &str, from: SocketAddr) -> String {
+    match addr.parse::<SocketAddr>() {
+        Ok(a) if a.ip().is_unspecified() => SocketAddr::new(from.ip(), a.port()).to_string(),
+        _ => addr.to_owned(),
+    }
+}
+
+/// Answers the requests of member `name` (connected from `peer`), in order, until the link
+/// closes.
+async fn serve(mut stream: TcpStream, name: String, peer: SocketAddr, raft: MetaRaftHandle, health: Arc<PeerHealth>) {
     loop {
         let request: PeerRequest = match link::read_frame(&mut stream).await {
             Ok(r) => r,
@@ -92,13 +118,19 @@ async fn serve(mut stream: TcpStream, name: String, raft: MetaRaftHandle, health
         let response = match request {
             PeerRequest::AppendEntries(rpc) => PeerResponse::AppendEntries(raft.append_entries(rpc).await),
             PeerRequest::Vote(rpc) => PeerResponse::Vote(raft.vote(rpc).await),
-            PeerRequest::ClientWrite(entry) => PeerResponse::ClientWrite(match raft.client_write(entry).await {
-                Ok(r) => Ok(r.log_id),
-                Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
-                    Err(ForwardedWriteError::NotLeader(f.leader_node))
-                }
-                Err(e) => Err(ForwardedWriteError::Failed(e.to_string())),
-            }),
+            PeerRequest::ClientWrite(entry) => {
+                PeerResponse::ClientWrite(answer(Change::Write(entry).make(&raft).await))
+            }
+            PeerRequest::ChangeMembers(change) => {
+                let change = match change {
+                    MembershipChange::Join { name, addr } => {
+                        MembershipChange::Join { addr: reachable(&addr, peer), name }
+                    }
+                    forget => forget,
+                };
+                PeerResponse::ClientWrite(answer(Change::Members(change).make(&raft).await))
+            }
+            PeerRequest::Hello => PeerResponse::Hello { initialized: raft.is_initialized().await.unwrap_or(false) },
         };
         if let Err(e) = link::write_frame(&mut stream, &response).await {
             debug!(peer = %name, error = %e, "peer link closed");

@@ -83,6 +83,16 @@ pub enum ClusterCommand {
     /// Members, the metadata group's leader and each member's role, last contact and
     /// replication progress, as the node asked sees them.
     Status,
+    /// Add a member (a started one whose `cluster.peers` name the group joins by itself).
+    Join {
+        /// `name@host:port`: its node name and peer address.
+        member: String,
+    },
+    /// Forget a member (lost, or leaving for good): a majority is counted without it.
+    Forget {
+        /// Its node name.
+        name: String,
+    },
 }
 
 /// The commands.
@@ -567,6 +577,16 @@ pub fn run(args: &CtlArgs) -> Result<String, CtlError> {
                 s["applied_index"],
                 render(&columns, &rows(&s["members"]))
             ))
+        }
+        CtlCommand::Cluster { command: ClusterCommand::Join { member } } => {
+            let (name, address) =
+                member.rsplit_once('@').ok_or_else(|| CtlError::Local("give the member as name@host:port".into()))?;
+            api.call("POST", "/ferrymq/cluster/members", Some(json!({ "name": name, "address": address })), &[])?;
+            Ok(format!("{name} is a member\n"))
+        }
+        CtlCommand::Cluster { command: ClusterCommand::Forget { name } } => {
+            api.call("DELETE", &format!("/ferrymq/cluster/members/{}", enc(name)), None, &[])?;
+            Ok(format!("{name} is no longer a member\n"))
         }
         CtlCommand::Groups { stream } => {
             let s = api.get(&format!("/ferrymq/streams/{v}/{}/groups", enc(stream)))?;

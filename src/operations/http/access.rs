@@ -85,9 +85,10 @@ pub(crate) async fn commit(ctx: &HttpContext, write: StoreWrite) -> Result<(), A
     ctx.broker.commit(write, Commit::Durable).await.map_err(|e| ApiError::internal(e.to_string()))
 }
 
-/// Applies to memory a change to users, virtual hosts or permissions that a cluster's
-/// metadata group committed (possibly made on another member): what the API's own calls do
-/// after their commit, idempotently. A deleted user's connections here are closed.
+/// Applies to memory a change to users, virtual hosts, permissions, MQTT rules, limits or
+/// the cluster name that a cluster's metadata group committed (possibly made on another
+/// member): what the API's own calls do after their commit, idempotently. A deleted user's
+/// connections here are closed.
 pub fn apply_committed(ctx: &HttpContext, command: &AccessCommand) {
     match command {
         AccessCommand::PutUser(r) if r.deleted => forget_user(ctx, &r.name),
@@ -116,7 +117,24 @@ pub fn apply_committed(ctx: &HttpContext, command: &AccessCommand) {
         AccessCommand::RemoveTopicPermission { vhost, user, exchange } => {
             ctx.authz.update(|p| p.topic_permissions.remove(&(vhost.clone(), user.clone(), exchange.clone())));
         }
-        // Not replicated (yet): see crate::cluster's metadata module.
+        AccessCommand::PutMqttRules { json } => {
+            let entries: Vec<crate::access::authz::RuleEntry> = serde_json::from_str(json).unwrap_or_default();
+            match crate::access::authz::rules_of(&entries) {
+                Ok(rules) => ctx.authz.update(|p| {
+                    p.rules = rules;
+                    p.rule_entries = entries;
+                    p.api_rules = true;
+                }),
+                Err(e) => tracing::warn!(error = %e, "committed MQTT rules not applied"),
+            }
+        }
+        AccessCommand::PutLimits(r) => ctx.broker.set_limits(r.scope, &r.owner, r.values.clone()),
+        AccessCommand::PutGlobalParameter { name, value } if name == super::cluster::CLUSTER_NAME => {
+            if let Ok(name) = serde_json::from_str::<String>(value) {
+                ctx.access.set_cluster_name(&name);
+            }
+        }
+        // Runtime parameters are not replicated (see crate::cluster's metadata module).
         _ => {}
     }
 }

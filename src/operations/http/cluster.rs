@@ -1,7 +1,8 @@
 //! The cluster name (`/api/cluster-name`) and the global parameters it is one of
 //! (`/api/global-parameters`, RabbitMQ's `global_parameters` in definitions): FerryMQ has
 //! `cluster_name` only; a name set here or by an import is kept across restarts and
-//! takes the place of `http.cluster_name`.
+//! takes the place of `http.cluster_name`. And a cluster's members
+//! (`/api/ferrymq/cluster`): their state, a member added or forgotten.
 
 use axum::extract::Path;
 use axum::http::StatusCode;
@@ -11,8 +12,9 @@ use serde_json::{json, Value as Json_};
 use super::access::commit;
 use super::error::ApiError;
 use super::json::Body;
-use super::permit::{Administrator, Management, Permitted};
+use super::permit::{Administrator, Management, Monitoring, Permitted};
 use super::HttpContext;
+use crate::cluster::MembershipChange;
 
 /// The one global parameter FerryMQ keeps.
 pub const CLUSTER_NAME: &str = "cluster_name";
@@ -75,5 +77,43 @@ pub async fn put(
         return Err(ApiError::bad_request(why));
     }
     set_cluster_name(p.ctx(), body.get("value").unwrap_or(&Json_::Null)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /api/ferrymq/cluster`: the metadata group as this member sees it (members, roles,
+/// leader, term, last contact, how far each member's log matches the leader's); 404 on a
+/// single node.
+pub async fn status(p: Permitted<Monitoring>) -> Result<Json<Json_>, ApiError> {
+    let cluster = p.ctx().cluster.as_ref().ok_or_else(ApiError::not_found)?;
+    Ok(Json(serde_json::to_value(cluster.status()).unwrap_or_default()))
+}
+
+/// The body of `POST /api/ferrymq/cluster/members`.
+#[derive(Debug, serde::Deserialize)]
+pub struct NewMember {
+    name: String,
+    address: String,
+}
+
+/// `POST /api/ferrymq/cluster/members` with `{"name", "address"}`: the leader adds the
+/// member (sent the whole log, then a voter). A member started with `cluster.peers` naming
+/// the group asks for this by itself.
+pub async fn add_member(p: Permitted<Administrator>, Body(body): Body<NewMember>) -> Result<StatusCode, ApiError> {
+    let cluster = p.ctx().cluster.as_ref().ok_or_else(ApiError::not_found)?;
+    crate::composition::config::PeerEntry::parse(&format!("{}@{}", body.name, body.address))
+        .map_err(ApiError::bad_request)?;
+    let join = MembershipChange::Join { name: body.name, addr: body.address };
+    cluster.change_members(join).await.map_err(ApiError::internal)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `DELETE /api/ferrymq/cluster/members/{name}`: the member is no longer one (it was lost,
+/// or leaves for good); a majority is then counted without it.
+pub async fn forget_member(p: Permitted<Administrator>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
+    let cluster = p.ctx().cluster.as_ref().ok_or_else(ApiError::not_found)?;
+    if !cluster.status().members.iter().any(|m| m.name == name) {
+        return Err(ApiError::not_found());
+    }
+    cluster.change_members(MembershipChange::Forget { name }).await.map_err(ApiError::internal)?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -18,7 +18,7 @@
 //! - [`cluster`] — `/api/cluster-name` and `/api/global-parameters`.
 //! - [`error`] — errors as RabbitMQ answers them (`{"error": ..., "reason": ...}`).
 //! - [`rates`] — counters sampled every 5 s into RabbitMQ's `*_details.rate`.
-//! - [`overview`] — `/api/overview`, `/api/nodes`, `/api/ferrymq/cluster`, `/api/whoami`.
+//! - [`overview`] — `/api/overview`, `/api/nodes`, `/api/whoami`.
 //! - [`queues`] — `/api/queues`: list (paged), declare, delete, purge, get.
 //! - [`exchanges`] — `/api/exchanges` and `/api/bindings`, publish.
 //! - [`connections`] — `/api/connections` of both protocols (close one), channels, consumers.
@@ -148,7 +148,9 @@ pub fn router(ctx: Arc<HttpContext>) -> Router {
         .route("/whoami", get(overview::whoami))
         .route("/nodes", get(overview::nodes))
         .route("/nodes/{name}", get(overview::node))
-        .route("/ferrymq/cluster", get(overview::cluster_status))
+        .route("/ferrymq/cluster", get(cluster::status))
+        .route("/ferrymq/cluster/members", post(cluster::add_member))
+        .route("/ferrymq/cluster/members/{name}", delete(cluster::forget_member))
         .route("/extensions", get(overview::extensions))
         .route("/vhosts", get(access::vhosts))
         .route("/vhosts/{vhost}", get(access::vhost).put(access::create_vhost).delete(access::remove_vhost))

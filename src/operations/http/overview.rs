@@ -1,4 +1,4 @@
-//! `/api/overview`, `/api/nodes`, `/api/ferrymq/cluster`, `/api/whoami` and `/api/extensions`.
+//! `/api/overview`, `/api/nodes`, `/api/whoami` and `/api/extensions`.
 
 use axum::extract::Path;
 use axum::Json;
@@ -196,16 +196,6 @@ pub async fn node(p: Permitted<Monitoring>, Path(name): Path<String>) -> Answer 
     let status = ctx.cluster.as_ref().map(|c| c.status());
     match status.and_then(|s| s.members.into_iter().find(|m| m.name == name)) {
         Some(m) => Ok(Json(member_json(&m))),
-        None => Err(ApiError::not_found()),
-    }
-}
-
-/// `GET /api/ferrymq/cluster`: the metadata group as this member sees it (members, roles,
-/// leader, term, last contact, how far each member's log matches the leader's); 404 on a
-/// single node.
-pub async fn cluster_status(p: Permitted<Monitoring>) -> Answer {
-    match &p.ctx().cluster {
-        Some(cluster) => Ok(Json(serde_json::to_value(cluster.status()).unwrap_or_default())),
         None => Err(ApiError::not_found()),
     }
 }

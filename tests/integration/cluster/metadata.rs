@@ -198,3 +198,80 @@ async fn without_a_majority_a_declaration_is_refused_and_not_made() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_member_joins_by_itself_and_a_forgotten_one_no_longer_counts() {
+    let mut c = Cluster::start(3, "command_timeout_ms = 3000");
+    c.leader(&[0, 1, 2]).await;
+    let (_conn, ch) = channel(&c, 0).await;
+    durable_topic(&ch, "before").await;
+    durable_queue(&ch, "before-q").await;
+    // n3 names the group in its cluster.peers: it is added (sent the log first).
+    let joined = c.add();
+    eventually("n3 a voting member on n0", Duration::from_secs(30), || async {
+        let s = c.status(0).await;
+        let m = s["members"].as_array()?.iter().find(|m| m["name"] == json!("n3"))?.clone();
+        (m["role"] == json!("follower") && m["running"] == json!(true)).then_some(())
+    })
+    .await;
+    eventually("n3 has what was declared before it joined", WAIT, || async {
+        has(&c, joined, "before", "before-q").await.then_some(())
+    })
+    .await;
+    // Four members: two dead ones leave no majority, until one of them is forgotten.
+    c.kill(1);
+    let ctl = |args: &[&str]| {
+        let url = format!("http://{}", c.member(0).http.unwrap());
+        std::process::Command::new(crate::common::binary())
+            .args(["ctl", "--url", &url])
+            .args(args)
+            .output()
+            .expect("ctl")
+    };
+    let out = ctl(&["cluster", "forget", "n1"]);
+    assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    c.kill(2);
+    let (_conn, ch) = channel(&c, joined).await;
+    durable_topic(&ch, "after-forget").await;
+    let s = c.status(0).await;
+    let names: Vec<&str> = s["members"].as_array().unwrap().iter().map(|m| m["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["n0", "n2", "n3"], "{s}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rules_limits_and_the_cluster_name_set_on_one_member_hold_on_every_member() {
+    let c = Cluster::start(3, "\n[auth]\nauthorization = true");
+    c.leader(&[0, 1, 2]).await;
+    let mut anon = crate::common::v4::connect(c.member(2), "anon-before").await;
+    let refused = anon.subscribe("news/#", rumqttc::QoS::AtMostOnce).await;
+    assert_eq!(refused, vec![rumqttc::SubscribeReasonCode::Failure]);
+    let rules = json!([{ "permission": "allow", "action": "subscribe", "anonymous": true, "topics": ["news/#"] }]);
+    assert_eq!(c.api(0).put("/api/mqtt/rules", rules).await.0, StatusCode::NO_CONTENT);
+    eventually("the rule applies on n2", WAIT, || async {
+        let mut anon = crate::common::v4::connect(c.member(2), "anon-after").await;
+        let granted = anon.subscribe("news/#", rumqttc::QoS::AtMostOnce).await;
+        (granted == vec![rumqttc::SubscribeReasonCode::Success(rumqttc::QoS::AtMostOnce)]).then_some(())
+    })
+    .await;
+    // A vhost limit set through n1 refuses a queue on n2.
+    assert_eq!(c.api(1).put("/api/vhost-limits/%2f/max-queues", json!({"value": 1})).await.0, StatusCode::NO_CONTENT);
+    eventually("the limit is on n2", WAIT, || async {
+        let limits = c.api(2).ok("/api/vhost-limits/%2f").await;
+        (limits[0]["value"]["max-queues"] == json!(1)).then_some(())
+    })
+    .await;
+    let (_conn, ch) = channel(&c, 2).await;
+    durable_queue(&ch, "only-one").await;
+    let second = bounded(
+        "queue.declare past the limit",
+        ch.queue_declare("two".into(), QueueDeclareOptions::default(), FieldTable::default()),
+    )
+    .await;
+    expect_code(second, 406);
+    // The cluster name, set through n1, is every member's.
+    assert_eq!(c.api(1).put("/api/cluster-name", json!({"name": "fleet"})).await.0, StatusCode::NO_CONTENT);
+    eventually("the cluster name on n0", WAIT, || async {
+        (c.api(0).ok("/api/cluster-name").await["name"] == json!("fleet")).then_some(())
+    })
+    .await;
+}

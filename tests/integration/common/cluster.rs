@@ -24,19 +24,17 @@ impl Cluster {
     /// Starts `n` members; `extra` is added to each one's `[cluster]` section.
     pub fn start(n: usize, extra: &str) -> Cluster {
         let peer_addrs: Vec<String> = (0..n).map(|_| format!("127.0.0.1:{}", free_port())).collect();
-        let opts: Vec<Opts> = (0..n)
-            .map(|i| {
-                let peers: Vec<String> =
-                    (0..n).filter(|j| *j != i).map(|j| format!("\"n{j}@{}\"", peer_addrs[j])).collect();
-                Opts::default().config(&format!(
-                    "[cluster]\nnode_name = \"n{i}\"\nlisten = \"{}\"\npeers = [{}]\nsecret = \"{SECRET}\"\n{extra}\n",
-                    peer_addrs[i],
-                    peers.join(", ")
-                ))
-            })
-            .collect();
-        let members = opts.into_iter().map(|o| Some(Broker::start_with(o))).collect();
+        let members = (0..n).map(|i| Some(Broker::start_with(member_opts(i, &peer_addrs, extra)))).collect();
         Cluster { members, peer_addrs }
+    }
+
+    /// Starts one more member, `n{len}`, whose `cluster.peers` name every member so far (it
+    /// asks to join by itself); its index.
+    pub fn add(&mut self) -> usize {
+        let i = self.members.len();
+        self.peer_addrs.push(format!("127.0.0.1:{}", free_port()));
+        self.members.push(Some(Broker::start_with(member_opts(i, &self.peer_addrs, ""))));
+        i
     }
 
     /// Member `i` (panics when it is down).
@@ -93,4 +91,15 @@ impl Cluster {
             .map(|(i, b)| format!("===== n{i} =====\n{}", b.as_ref().map(|b| b.log()).unwrap_or_default()))
             .collect()
     }
+}
+
+/// The options of member `i` of the members at `peer_addrs`.
+fn member_opts(i: usize, peer_addrs: &[String], extra: &str) -> Opts {
+    let peers: Vec<String> =
+        (0..peer_addrs.len()).filter(|j| *j != i).map(|j| format!("\"n{j}@{}\"", peer_addrs[j])).collect();
+    Opts::default().config(&format!(
+        "[cluster]\nnode_name = \"n{i}\"\nlisten = \"{}\"\npeers = [{}]\nsecret = \"{SECRET}\"\n{extra}\n",
+        peer_addrs[i],
+        peers.join(", ")
+    ))
 }
