@@ -275,3 +275,26 @@ async fn rules_limits_and_the_cluster_name_set_on_one_member_hold_on_every_membe
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_leader_is_replaced_and_follows_once_resumed() {
+    let c = Cluster::start(3, "");
+    let leader = c.leader(&[0, 1, 2]).await;
+    c.pause(leader);
+    let rest: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
+    let new_leader = c.leader(&rest).await;
+    let (_conn, ch) = channel(&c, new_leader).await;
+    durable_topic(&ch, "while-paused").await;
+    durable_queue(&ch, "while-paused-q").await;
+    c.resume(leader);
+    // The old leader learns of the newer term, follows, and is sent what it missed.
+    eventually("the resumed member follows the new leader", Duration::from_secs(30), || async {
+        let s = c.status(leader).await;
+        (s["leader"] == json!(format!("n{new_leader}"))).then_some(())
+    })
+    .await;
+    eventually("the resumed member has what was declared meanwhile", WAIT, || async {
+        has(&c, leader, "while-paused", "while-paused-q").await.then_some(())
+    })
+    .await;
+}

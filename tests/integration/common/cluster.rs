@@ -54,6 +54,16 @@ impl Cluster {
         }
     }
 
+    /// Pauses member `i` (SIGSTOP): alive, holding its sockets, answering nothing.
+    pub fn pause(&self, i: usize) {
+        self.member(i).signal("STOP");
+    }
+
+    /// Resumes member `i` after [`Cluster::pause`] (SIGCONT).
+    pub fn resume(&self, i: usize) {
+        self.member(i).signal("CONT");
+    }
+
     /// Starts member `i` again on its data directory (after [`Cluster::kill`]).
     pub fn restart(&mut self, i: usize) {
         let b = self.members[i].take().expect("a member to restart");
