@@ -4,11 +4,15 @@
 //! **Authentication** by `cluster.secret`, a challenge-response in both directions: the
 //! accepting side sends a greeting and a fresh 32-byte nonce; the connecting side answers
 //! with its node name, a nonce of its own and HMAC-SHA256(secret, "client", both nonces,
-//! its name); the accepting side checks it (in constant time) and proves the secret back
-//! with HMAC-SHA256(secret, "server", both nonces, its name). The secret never crosses the
-//! wire, a recorded exchange cannot be replayed (the nonces are fresh) and a side that
-//! does not hold the secret learns nothing it could use. Whoever fails the check is
-//! closed without another byte; a handshake takes at most [`HANDSHAKE_TIMEOUT`].
+//! its name, the name of the member it means to reach), every field length-prefixed; the
+//! accepting side checks it (in constant time, and that it is the member meant) and proves
+//! the secret back with HMAC-SHA256(secret, "server", both nonces, both names); the
+//! connecting side checks that it reached the member it meant. The secret never crosses
+//! the wire, a recorded exchange cannot be replayed (the nonces are fresh), a proof sent to
+//! the wrong host cannot be relayed to another member, and a side that does not hold the
+//! secret learns nothing it could use. Before the proof is checked at most a kilobyte is
+//! read; whoever fails the check is closed without another byte; a handshake takes at most
+//! [`HANDSHAKE_TIMEOUT`].
 
 use std::time::Duration;
 
@@ -19,8 +23,14 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// The largest frame either side reads (a bigger length closes the link).
+/// The largest frame either side reads once authenticated (a bigger length closes the link).
 pub(super) const MAX_FRAME: usize = 64 << 20;
+
+/// The largest frame read before the other side proved the secret.
+const MAX_HANDSHAKE_FRAME: usize = 1024;
+
+/// The longest node name the handshake takes.
+const MAX_NAME: usize = 255;
 
 /// How long a handshake may take, either side.
 pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -63,21 +73,25 @@ impl Secret {
         Secret(hmac::Key::new(hmac::HMAC_SHA256, secret.as_bytes()))
     }
 
-    fn sign(&self, role: &str, first: &[u8], second: &[u8], name: &str) -> Vec<u8> {
-        let mut ctx = hmac::Context::with_key(&self.0);
-        for part in [role.as_bytes(), b"\0", first, second, name.as_bytes()] {
-            ctx.update(part);
-        }
-        ctx.sign().as_ref().to_vec()
+    /// The MAC of `role` and `fields`, each length-prefixed (no two field lists sign alike).
+    fn sign(&self, role: &str, fields: &[&[u8]]) -> hmac::Tag {
+        hmac::sign(&self.0, &signed(role, fields))
     }
 
-    fn verify(&self, role: &str, first: &[u8], second: &[u8], name: &str, tag: &[u8]) -> bool {
-        let mut msg = Vec::with_capacity(role.len() + 1 + first.len() + second.len() + name.len());
-        for part in [role.as_bytes(), b"\0", first, second, name.as_bytes()] {
-            msg.extend_from_slice(part);
-        }
-        hmac::verify(&self.0, &msg, tag).is_ok()
+    /// Checks `tag` in constant time.
+    fn verify(&self, role: &str, fields: &[&[u8]], tag: &[u8]) -> bool {
+        hmac::verify(&self.0, &signed(role, fields), tag).is_ok()
     }
+}
+
+/// What a MAC covers: the role, then each field with its length.
+fn signed(role: &str, fields: &[&[u8]]) -> Vec<u8> {
+    let mut msg = role.as_bytes().to_vec();
+    for f in fields {
+        msg.extend_from_slice(&(f.len() as u32).to_be_bytes());
+        msg.extend_from_slice(f);
+    }
+    msg
 }
 
 /// The connecting side's answer to the challenge.
@@ -116,10 +130,15 @@ pub(super) async fn write_frame<W: AsyncWrite + Unpin, T: Serialize>(w: &mut W, 
 
 /// Reads one frame as a `T`.
 pub(super) async fn read_frame<R: AsyncRead + Unpin, T: DeserializeOwned>(r: &mut R) -> Result<T, LinkError> {
+    read_frame_within(r, MAX_FRAME).await
+}
+
+/// Reads one frame of at most `limit` bytes as a `T`.
+async fn read_frame_within<R: AsyncRead + Unpin, T: DeserializeOwned>(r: &mut R, limit: usize) -> Result<T, LinkError> {
     let mut len = [0u8; 4];
     r.read_exact(&mut len).await?;
     let len = u32::from_be_bytes(len) as usize;
-    if len > MAX_FRAME {
+    if len > limit {
         return Err(LinkError::TooLarge(len));
     }
     let mut body = vec![0u8; len];
@@ -127,9 +146,10 @@ pub(super) async fn read_frame<R: AsyncRead + Unpin, T: DeserializeOwned>(r: &mu
     serde_json::from_slice(&body).map_err(|e| LinkError::Decode(e.to_string()))
 }
 
-/// Connects to the member at `addr` as `me`; the other side's node name once both proved
-/// the secret.
-pub(super) async fn connect(addr: &str, me: &str, secret: &Secret) -> Result<(TcpStream, String), LinkError> {
+/// Connects to member `peer` at `addr` as `me`, once both proved the secret: the proof
+/// this side sends names `peer`, so that it cannot be relayed to another member, and the
+/// other side must answer as `peer`.
+pub(super) async fn connect(addr: &str, me: &str, peer: &str, secret: &Secret) -> Result<TcpStream, LinkError> {
     let handshake = async {
         let mut stream = TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
@@ -141,22 +161,27 @@ pub(super) async fn connect(addr: &str, me: &str, secret: &Secret) -> Result<(Tc
         let mut theirs = [0u8; 32];
         stream.read_exact(&mut theirs).await?;
         let ours = nonce()?;
-        let mac = secret.sign("client", &theirs, &ours, me);
+        let mac = secret.sign("client", &[&theirs, &ours, me.as_bytes(), peer.as_bytes()]).as_ref().to_vec();
         write_frame(&mut stream, &ClientProof { name: me.to_owned(), nonce: ours.to_vec(), mac }).await?;
-        let ServerProof::Accepted { name, mac } = read_frame(&mut stream).await.map_err(|e| match e {
+        let proof: ServerProof = read_frame_within(&mut stream, MAX_HANDSHAKE_FRAME).await.map_err(|e| match e {
             LinkError::Io(_) => LinkError::Refused(format!("{addr} closed the link: not the same cluster.secret?")),
             e => e,
         })?;
-        if !secret.verify("server", &ours, &theirs, &name, &mac) {
+        let ServerProof::Accepted { name, mac } = proof;
+        if name != peer {
+            return Err(LinkError::Refused(format!("{addr} is member '{name}', not '{peer}'")));
+        }
+        if !secret.verify("server", &[&ours, &theirs, peer.as_bytes(), me.as_bytes()], &mac) {
             return Err(LinkError::Refused(format!("{addr} does not hold this cluster.secret")));
         }
-        Ok((stream, name))
+        Ok(stream)
     };
     tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await.map_err(|_| LinkError::Timeout)?
 }
 
 /// Authenticates a connection accepted on the peer listener as `me`: the connecting
-/// member's node name once it proved the secret (and was sent the proof back).
+/// member's node name once it proved the secret for this member (and was sent the proof
+/// back). Reads at most [`MAX_HANDSHAKE_FRAME`] bytes before the proof is checked.
 pub(super) async fn accept(stream: &mut TcpStream, me: &str, secret: &Secret) -> Result<String, LinkError> {
     let handshake = async {
         stream.set_nodelay(true)?;
@@ -165,11 +190,14 @@ pub(super) async fn accept(stream: &mut TcpStream, me: &str, secret: &Secret) ->
         hello.extend_from_slice(GREETING);
         hello.extend_from_slice(&ours);
         stream.write_all(&hello).await?;
-        let proof: ClientProof = read_frame(stream).await?;
-        if !secret.verify("client", &ours, &proof.nonce, &proof.name, &proof.mac) {
+        let proof: ClientProof = read_frame_within(stream, MAX_HANDSHAKE_FRAME).await?;
+        if proof.nonce.len() != 32 || proof.name.is_empty() || proof.name.len() > MAX_NAME || proof.name == me {
+            return Err(LinkError::Refused(format!("'{}' sent a malformed proof", proof.name)));
+        }
+        if !secret.verify("client", &[&ours, &proof.nonce, proof.name.as_bytes(), me.as_bytes()], &proof.mac) {
             return Err(LinkError::Refused(format!("'{}' did not prove cluster.secret", proof.name)));
         }
-        let mac = secret.sign("server", &proof.nonce, &ours, me);
+        let mac = secret.sign("server", &[&proof.nonce, &ours, me.as_bytes(), proof.name.as_bytes()]).as_ref().to_vec();
         write_frame(stream, &ServerProof::Accepted { name: me.to_owned(), mac }).await?;
         Ok(proof.name)
     };
@@ -181,7 +209,11 @@ mod tests {
     use super::*;
     use tokio::net::TcpListener;
 
-    async fn pair(server_secret: &str, client_secret: &str) -> (Result<String, String>, Result<String, String>) {
+    async fn pair(
+        server_secret: &str,
+        client_secret: &str,
+        expect: &str,
+    ) -> (Result<String, String>, Result<(), String>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let server_secret = Secret::new(server_secret);
@@ -189,20 +221,29 @@ mod tests {
             let (mut s, _) = listener.accept().await.unwrap();
             accept(&mut s, "b", &server_secret).await.map_err(|e| e.to_string())
         });
-        let client = connect(&addr, "a", &Secret::new(client_secret)).await.map(|(_, n)| n).map_err(|e| e.to_string());
+        let client =
+            connect(&addr, "a", expect, &Secret::new(client_secret)).await.map(drop).map_err(|e| e.to_string());
         (server.await.unwrap(), client)
     }
 
     #[tokio::test]
     async fn members_with_one_secret_learn_each_others_names() {
-        let (server, client) = pair("s3cret-s3cret-s3cret", "s3cret-s3cret-s3cret").await;
+        let (server, client) = pair("s3cret-s3cret-s3cret", "s3cret-s3cret-s3cret", "b").await;
         assert_eq!(server.unwrap(), "a");
-        assert_eq!(client.unwrap(), "b");
+        client.unwrap();
     }
 
     #[tokio::test]
     async fn a_different_secret_is_refused_on_both_sides() {
-        let (server, client) = pair("s3cret-s3cret-s3cret", "guess-guess-guess-guess").await;
+        let (server, client) = pair("s3cret-s3cret-s3cret", "guess-guess-guess-guess", "b").await;
+        assert!(server.unwrap_err().contains("did not prove cluster.secret"));
+        assert!(client.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_proof_made_for_another_member_is_refused() {
+        // What a member that dialled the wrong host would send: valid, but for 'c'.
+        let (server, client) = pair("s3cret-s3cret-s3cret", "s3cret-s3cret-s3cret", "c").await;
         assert!(server.unwrap_err().contains("did not prove cluster.secret"));
         assert!(client.is_err());
     }
@@ -213,5 +254,8 @@ mod tests {
         a.write_all(&(MAX_FRAME as u32 + 1).to_be_bytes()).await.unwrap();
         let r: Result<String, _> = read_frame(&mut b).await;
         assert!(matches!(r, Err(LinkError::TooLarge(_))));
+        a.write_all(&(MAX_HANDSHAKE_FRAME as u32 + 1).to_be_bytes()).await.unwrap();
+        let r: Result<String, _> = read_frame_within(&mut b, MAX_HANDSHAKE_FRAME).await;
+        assert!(matches!(r, Err(LinkError::TooLarge(_))), "before the proof, a kilobyte at most");
     }
 }

@@ -25,6 +25,7 @@ type Result_<T> = Result<T, StorageError<u64>>;
 const VOTE: &[u8] = b"vote";
 const COMMITTED: &[u8] = b"committed";
 const PURGED: &[u8] = b"last_purged";
+const NODE_ID: &[u8] = b"node_id";
 
 /// The log store (cheap to clone: sled handles are shared).
 #[derive(Debug, Clone)]
@@ -59,6 +60,24 @@ impl LogStore {
         let log = db.open_tree("log")?;
         let meta = db.open_tree("meta")?;
         Ok(LogStore { db, log, meta })
+    }
+
+    /// This data directory's Raft node id: random, made on the first start and kept. A
+    /// member started again on an empty data directory is a new node to the group (its old
+    /// id is removed when it joins): a member that lost its log never votes under the id
+    /// that voted before. Blocking (start-up).
+    pub(super) fn node_id(&self) -> Result<u64, String> {
+        if let Some(v) = self.meta.get(NODE_ID).map_err(|e| e.to_string())? {
+            let bytes: [u8; 8] = v.as_ref().try_into().map_err(|_| "node id undecodable".to_owned())?;
+            return Ok(u64::from_be_bytes(bytes));
+        }
+        let mut bytes = [0u8; 8];
+        ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes)
+            .map_err(|_| "no randomness for a node id".to_owned())?;
+        let id = u64::from_be_bytes(bytes).max(1);
+        self.meta.insert(NODE_ID, &id.to_be_bytes()).map_err(|e| e.to_string())?;
+        self.db.flush().map_err(|e| e.to_string())?;
+        Ok(id)
     }
 
     /// The database (the state machine keeps its applied state in a tree of its own).

@@ -17,11 +17,10 @@ use std::time::Duration;
 
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::ChangeMembers;
-use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
-use super::rpc::{ForwardedWriteError, PeerClient, PeerRequest, PeerResponse};
-use super::types::{node_id, MetaEntry, MetaRaftHandle, PeerNode};
+use super::rpc::{ForwardedWriteError, MembershipChange, PeerClient, PeerRequest, PeerResponse};
+use super::types::{MetaEntry, MetaRaftHandle, PeerNode};
 use super::Cluster;
 use crate::composition::config::PeerEntry;
 
@@ -30,23 +29,6 @@ const HELLO_TTL: Duration = Duration::from_secs(1);
 
 /// How long a member's joining may take (it is sent the whole log first).
 const JOIN_LIMIT: Duration = Duration::from_secs(60);
-
-/// A change of membership, as a member asks the leader for it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub enum MembershipChange {
-    /// Member `name`, reached at `addr`, joins (a learner first, then a voter).
-    Join {
-        /// Its node name.
-        name: String,
-        /// Its peer address.
-        addr: String,
-    },
-    /// Member `name` is no longer one (dead, leaving, or replaced).
-    Forget {
-        /// Its node name.
-        name: String,
-    },
-}
 
 /// What the leader is asked to commit.
 #[derive(Debug, Clone)]
@@ -65,19 +47,49 @@ impl Change {
     pub(super) async fn make(&self, raft: &MetaRaftHandle) -> ClientWrite {
         match self {
             Change::Write(entry) => raft.client_write(entry.clone()).await.map(|r| r.log_id),
-            Change::Members(MembershipChange::Join { name, addr }) => {
-                let id = node_id(name);
-                let added = raft.add_learner(id, PeerNode { name: name.clone(), addr: addr.clone() }, true).await?;
-                if raft.metrics().borrow().membership_config.membership().voter_ids().any(|v| v == id) {
-                    // A member that came back on an empty data directory: a voter already,
-                    // now sent the log again.
+            Change::Members(MembershipChange::Join { name, addr, id }) => {
+                let membership = raft.metrics().borrow().membership_config.membership().clone();
+                // An older incarnation of the same name (its data directory replaced): out
+                // first, so that an id that voted before never votes again without its log.
+                let old: BTreeSet<u64> = membership
+                    .nodes()
+                    .filter(|(nid, n)| n.name == *name && **nid != *id)
+                    .map(|(nid, _)| *nid)
+                    .collect();
+                let old_voters: BTreeSet<u64> = membership.voter_ids().filter(|v| old.contains(v)).collect();
+                if !old_voters.is_empty() {
+                    raft.change_membership(ChangeMembers::RemoveVoters(old_voters), false).await?;
+                }
+                let old_learners: BTreeSet<u64> = old
+                    .into_iter()
+                    .filter(|o| raft.metrics().borrow().membership_config.membership().get_node(o).is_some())
+                    .collect();
+                if !old_learners.is_empty() {
+                    raft.change_membership(ChangeMembers::RemoveNodes(old_learners), false).await?;
+                }
+                let added = raft.add_learner(*id, PeerNode { name: name.clone(), addr: addr.clone() }, true).await?;
+                if raft.metrics().borrow().membership_config.membership().voter_ids().any(|v| v == *id) {
                     return Ok(added.log_id);
                 }
-                Ok(raft.change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), false).await?.log_id)
+                Ok(raft.change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([*id])), false).await?.log_id)
             }
             Change::Members(MembershipChange::Forget { name }) => {
-                let id = node_id(name);
-                Ok(raft.change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([id])), false).await?.log_id)
+                let membership = raft.metrics().borrow().membership_config.membership().clone();
+                let ids: BTreeSet<u64> =
+                    membership.nodes().filter(|(_, n)| n.name == *name).map(|(id, _)| *id).collect();
+                let voters: BTreeSet<u64> = membership.voter_ids().filter(|v| ids.contains(v)).collect();
+                let mut last = None;
+                if !voters.is_empty() {
+                    last = Some(raft.change_membership(ChangeMembers::RemoveVoters(voters), false).await?.log_id);
+                }
+                let learners: BTreeSet<u64> = ids
+                    .into_iter()
+                    .filter(|id| raft.metrics().borrow().membership_config.membership().get_node(id).is_some())
+                    .collect();
+                if !learners.is_empty() {
+                    last = Some(raft.change_membership(ChangeMembers::RemoveNodes(learners), false).await?.log_id);
+                }
+                Ok(last.unwrap_or_default())
             }
         }
     }
@@ -100,13 +112,18 @@ impl Cluster {
             if raft.is_initialized().await.unwrap_or(true) {
                 return;
             }
-            let (mut reachable, mut formed_at) = (1, None);
+            // Every configured member's id, from each member itself: all members of a new
+            // cluster propose the same membership only once each knows them all.
+            let mut members = BTreeMap::from([(self.id, PeerNode { name: self.name.clone(), addr: String::new() })]);
+            let (mut all, mut formed_at) = (true, None);
             for p in &self.cfg.peers {
-                let mut client = PeerClient::new(&self.name, &p.addr, self.secret.clone());
+                let mut client = PeerClient::new(&self.name, &p.name, &p.addr, self.secret.clone());
                 match client.call(&PeerRequest::Hello, HELLO_TTL).await {
-                    Ok(PeerResponse::Hello { initialized: true }) => formed_at = Some(p.clone()),
-                    Ok(PeerResponse::Hello { initialized: false }) => reachable += 1,
-                    _ => {}
+                    Ok(PeerResponse::Hello { initialized: true, .. }) => formed_at = Some(p.clone()),
+                    Ok(PeerResponse::Hello { initialized: false, id }) => {
+                        members.insert(id, PeerNode { name: p.name.clone(), addr: String::new() });
+                    }
+                    _ => all = false,
                 }
             }
             if raft.is_initialized().await.unwrap_or(true) {
@@ -129,26 +146,18 @@ impl Cluster {
                         }
                     }
                 }
-            } else if reachable * 2 > self.cfg.peers.len() + 1 {
-                let id = node_id(&self.name);
-                let mut members = BTreeMap::new();
-                members.insert(id, PeerNode { name: self.name.clone(), addr: String::new() });
-                for p in &self.cfg.peers {
-                    members.insert(node_id(&p.name), PeerNode { name: p.name.clone(), addr: String::new() });
-                }
+            } else if all {
+                let count = members.len();
                 match raft.initialize(members).await {
-                    Ok(()) => {
-                        info!(members = self.cfg.peers.len() + 1, "cluster: metadata group formed from cluster.peers")
-                    }
+                    Ok(()) => info!(members = count, "cluster: metadata group formed from cluster.peers"),
                     Err(e) => info!(reason = %e, "cluster: metadata group already formed"),
                 }
                 return;
             } else if !said {
                 said = true;
                 info!(
-                    reachable,
                     members = self.cfg.peers.len() + 1,
-                    "cluster: waiting for a majority of cluster.peers to form the metadata group"
+                    "cluster: waiting for every member of cluster.peers to be up to form a new cluster"
                 );
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
@@ -161,10 +170,11 @@ impl Cluster {
         let join = PeerRequest::ChangeMembers(MembershipChange::Join {
             name: self.name.clone(),
             addr: self.cfg.listen.to_string(),
+            id: self.id,
         });
         let (mut name, mut addr) = (peer.name, peer.addr);
         for _ in 0..3 {
-            let mut client = PeerClient::new(&self.name, &addr, self.secret.clone());
+            let mut client = PeerClient::new(&self.name, &name, &addr, self.secret.clone());
             match client.call(&join, JOIN_LIMIT).await {
                 Ok(PeerResponse::ClientWrite(Ok(_))) => return Ok(()),
                 Ok(PeerResponse::ClientWrite(Err(ForwardedWriteError::NotLeader(Some(leader))))) => {
@@ -177,6 +187,18 @@ impl Cluster {
             }
         }
         Err("no leader found".into())
+    }
+
+    /// Adds member `name` at `addr` (`ctl cluster join`): its id is asked of it first.
+    pub async fn add_member(&self, name: &str, addr: &str) -> Result<(), String> {
+        let mut client = PeerClient::new(&self.name, name, addr, self.secret.clone());
+        let id = match client.call(&PeerRequest::Hello, HELLO_TTL).await {
+            Ok(PeerResponse::Hello { id, .. }) => id,
+            Ok(other) => return Err(format!("unexpected answer {other:?}")),
+            Err(e) => return Err(format!("'{name}' at {addr} unreachable: {e}")),
+        };
+        let join = MembershipChange::Join { name: name.to_owned(), addr: addr.to_owned(), id };
+        self.through_leader(Change::Members(join), JOIN_LIMIT).await
     }
 
     /// Has the leader make `change` (a join or a forget), waiting up to a minute.

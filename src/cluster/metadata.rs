@@ -185,13 +185,13 @@ pub(super) async fn local(command: MetaCommand, catalog: &dyn QueueCatalog) -> R
                 .into()
         }
         MetaCommand::RemoveQueue { vhost, name } => {
-            let id = catalog.durable_queue_id(&storage_name(&vhost, &name)).await?;
+            let id = catalog.queue_id(&storage_name(&vhost, &name)).await?;
             EntityCommand::RemoveQueue { vhost, name, id }.into()
         }
         MetaCommand::Binding { put, vhost, exchange, to_queue, destination, key, arguments } => {
             let args = untable(&arguments)?;
             let binding = if to_queue {
-                let id = catalog.durable_queue_id(&storage_name(&vhost, &destination)).await?;
+                let id = catalog.queue_id(&storage_name(&vhost, &destination)).await?;
                 Binding::queue(id, &key, args)
             } else {
                 Binding::exchange(&destination, &key, args)

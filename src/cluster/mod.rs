@@ -42,8 +42,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-pub use membership::MembershipChange;
 pub use metadata::{MetaCommand, QueueNames};
+pub use rpc::MembershipChange;
 pub use types::PeerNode;
 
 use self::health::{PeerHealth, SILENT_AFTER};
@@ -53,7 +53,7 @@ use self::membership::Change;
 use self::network::Network;
 use self::rpc::{ForwardedWriteError, PeerClient, PeerResponse};
 use self::state_machine::MetaStateMachine;
-use self::types::{node_id, MetaEntry, MetaRaftHandle};
+use self::types::{MetaEntry, MetaRaftHandle};
 use crate::composition::config::ClusterSection;
 use crate::core::store::{Command, QueueCatalog, StateMachine, StoreError};
 
@@ -81,17 +81,22 @@ pub enum ClusterError {
     Raft(String),
 }
 
+/// Idle links kept per leader for forwarded writes.
+const FORWARD_LINKS: usize = 8;
+
 /// This member of the cluster.
 pub struct Cluster {
     name: String,
+    /// This data directory's Raft node id (random, kept in `cluster/raft`).
+    id: u64,
     cfg: ClusterSection,
     secret: Arc<Secret>,
     log: LogStore,
     health: Arc<PeerHealth>,
     raft: watch::Sender<Option<MetaRaftHandle>>,
     node: OnceLock<Arc<dyn NodeState>>,
-    /// Links to the leader for forwarded writes, by leader name.
-    forward: tokio::sync::Mutex<HashMap<String, PeerClient>>,
+    /// Idle links to the leader for forwarded writes, by leader name.
+    forward: parking_lot::Mutex<HashMap<String, Vec<PeerClient>>>,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -138,10 +143,12 @@ impl Cluster {
     /// start-up, before clients are served. A store that cannot be read stops the start.
     pub fn open(cfg: &ClusterSection, data_dir: &Path) -> Result<Arc<Cluster>, ClusterError> {
         let path = data_dir.join("cluster").join("raft");
-        let log = LogStore::open(&path)
-            .map_err(|e| ClusterError::Open { path: path.display().to_string(), error: e.to_string() })?;
+        let open_error = |error: String| ClusterError::Open { path: path.display().to_string(), error };
+        let log = LogStore::open(&path).map_err(|e| open_error(e.to_string()))?;
+        let id = log.node_id().map_err(open_error)?;
         Ok(Arc::new(Cluster {
             name: cfg.node_name.clone(),
+            id,
             cfg: cfg.clone(),
             secret: Arc::new(Secret::new(&cfg.secret)),
             log,
@@ -196,11 +203,17 @@ impl Cluster {
             secret: self.secret.clone(),
             health: self.health.clone(),
         };
-        let id = node_id(&self.name);
-        let raft = openraft::Raft::new(id, config, network, self.log.clone(), sm)
+        let raft = openraft::Raft::new(self.id, config, network, self.log.clone(), sm)
             .await
             .map_err(|e| ClusterError::Raft(e.to_string()))?;
-        tokio::spawn(serve::run(listener, self.name.clone(), self.secret.clone(), raft.clone(), self.health.clone()));
+        tokio::spawn(serve::run(
+            listener,
+            self.name.clone(),
+            self.id,
+            self.secret.clone(),
+            raft.clone(),
+            self.health.clone(),
+        ));
         // Formed (or joined) in the background: a member never waits for the others to start.
         tokio::spawn(self.clone().form(raft.clone()));
         info!(node = %self.name, listen = %self.cfg.listen, peers = self.cfg.peers.len(), "cluster: member started");
@@ -271,10 +284,20 @@ impl Cluster {
     /// Sends `change` to `leader` to make; the index it was committed at.
     async fn forward(&self, leader: &PeerNode, change: &Change, ttl: Duration) -> Result<u64, String> {
         let addr = self.addr_of(leader);
-        let mut links = self.forward.lock().await;
-        let client =
-            links.entry(leader.name.clone()).or_insert_with(|| PeerClient::new(&self.name, &addr, self.secret.clone()));
-        match client.call(&change.request(), ttl).await {
+        // A link is taken out of the pool for the call (no lock is held while it waits): calls
+        // at once each have a link of their own, and come back to the pool after.
+        let pooled = self.forward.lock().get_mut(&leader.name).and_then(|links| links.pop());
+        let mut client =
+            pooled.unwrap_or_else(|| PeerClient::new(&self.name, &leader.name, &addr, self.secret.clone()));
+        let answer = client.call(&change.request(), ttl).await;
+        if answer.is_ok() {
+            let mut pool = self.forward.lock();
+            let links = pool.entry(leader.name.clone()).or_default();
+            if links.len() < FORWARD_LINKS {
+                links.push(client);
+            }
+        }
+        match answer {
             Ok(PeerResponse::ClientWrite(Ok(log_id))) => Ok(log_id.index),
             Ok(PeerResponse::ClientWrite(Err(ForwardedWriteError::NotLeader(_)))) => {
                 Err(format!("'{}' is no longer the leader", leader.name))
@@ -300,39 +323,30 @@ impl Cluster {
     pub fn status(&self) -> ClusterStatus {
         let raft = self.raft.borrow().clone();
         let metrics = raft.as_ref().map(|r| r.metrics().borrow().clone());
-        let name_of = |id: u64| {
-            std::iter::once(&self.name)
+        let membership = metrics.as_ref().map(|m| m.membership_config.membership().clone());
+        // Members by name, with their Raft ids (none before the group formed).
+        let mut members: Vec<(String, Option<u64>)> = match &membership {
+            Some(m) if m.nodes().next().is_some() => m.nodes().map(|(id, n)| (n.name.clone(), Some(*id))).collect(),
+            _ => std::iter::once(&self.name)
                 .chain(self.cfg.peers.iter().map(|p| &p.name))
-                .find(|n| node_id(n) == id)
-                .cloned()
-                .or_else(|| {
-                    metrics
-                        .as_ref()
-                        .and_then(|m| m.membership_config.membership().get_node(&id).map(|n: &PeerNode| n.name.clone()))
-                })
+                .map(|n| (n.clone(), None))
+                .collect(),
         };
-        let leader = metrics.as_ref().and_then(|m| m.current_leader).and_then(name_of);
-        let voters: Option<std::collections::BTreeSet<u64>> =
-            metrics.as_ref().map(|m| m.membership_config.membership().voter_ids().collect());
-        let mut names: Vec<String> = match &metrics {
-            Some(m) => m.membership_config.membership().nodes().map(|(_, n)| n.name.clone()).collect(),
-            None => Vec::new(),
-        };
-        if names.is_empty() {
-            names = std::iter::once(self.name.clone()).chain(self.cfg.peers.iter().map(|p| p.name.clone())).collect();
-        }
-        names.sort();
-        let members = names
+        members.sort();
+        let leader_id = metrics.as_ref().and_then(|m| m.current_leader);
+        let leader = members.iter().find(|(_, id)| id.is_some() && *id == leader_id).map(|(n, _)| n.clone());
+        let members = members
             .into_iter()
-            .map(|name| {
+            .map(|(name, id)| {
                 let this = name == self.name;
                 let since = (!this).then(|| self.health.since(&name)).flatten();
-                let matched_index = metrics
-                    .as_ref()
-                    .and_then(|m| m.replication.as_ref())
-                    .and_then(|r| r.get(&node_id(&name)).cloned().flatten())
+                let matched_index = id
+                    .and_then(|id| metrics.as_ref()?.replication.as_ref()?.get(&id).cloned().flatten())
                     .map(|l| l.index);
-                let voter = voters.as_ref().is_none_or(|v| v.contains(&node_id(&name)));
+                let voter = match (&membership, id) {
+                    (Some(m), Some(id)) => m.voter_ids().any(|v| v == id),
+                    _ => true,
+                };
                 let role = match (leader.as_deref() == Some(name.as_str()), voter) {
                     (true, _) => "leader",
                     (false, false) => "learner",

@@ -54,7 +54,7 @@ impl RaftNetworkFactory<MetaRaft> for Network {
     async fn new_client(&mut self, _target: u64, node: &PeerNode) -> Connection {
         Connection {
             name: node.name.clone(),
-            client: PeerClient::new(&self.me, &self.addr_of(node), self.secret.clone()),
+            client: PeerClient::new(&self.me, &node.name, &self.addr_of(node), self.secret.clone()),
             health: self.health.clone(),
         }
     }

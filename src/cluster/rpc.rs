@@ -12,7 +12,6 @@ use serde::{Deserialize, Serialize};
 use tokio::net::TcpStream;
 
 use super::link::{self, LinkError, Secret};
-use super::membership::MembershipChange;
 use super::types::{MetaEntry, MetaRaft, PeerNode};
 
 /// A request on the peer link.
@@ -44,6 +43,31 @@ pub(super) enum PeerResponse {
     Hello {
         /// The member asked has the group in its log.
         initialized: bool,
+        /// Its Raft node id.
+        id: u64,
+    },
+    /// The request is not answered now (why).
+    Refused(String),
+}
+
+/// A change of membership, as a member asks the leader for it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum MembershipChange {
+    /// Member `name`, reached at `addr`, joins (a learner first, then a voter) under Raft
+    /// node id `id`; an older id of the same name (a member whose data directory was
+    /// replaced) is removed first.
+    Join {
+        /// Its node name.
+        name: String,
+        /// Its peer address.
+        addr: String,
+        /// Its data directory's Raft node id.
+        id: u64,
+    },
+    /// Member `name` is no longer one (dead, leaving, or replaced).
+    Forget {
+        /// Its node name.
+        name: String,
     },
 }
 
@@ -62,15 +86,17 @@ pub(super) enum ForwardedWriteError {
 #[derive(Debug)]
 pub(super) struct PeerClient {
     me: String,
+    peer: String,
     addr: String,
     secret: std::sync::Arc<Secret>,
     stream: Option<TcpStream>,
 }
 
 impl PeerClient {
-    /// A client of the member at `addr`, calling as `me` (nothing connects yet).
-    pub(super) fn new(me: &str, addr: &str, secret: std::sync::Arc<Secret>) -> PeerClient {
-        PeerClient { me: me.to_owned(), addr: addr.to_owned(), secret, stream: None }
+    /// A client of member `peer` at `addr`, calling as `me` (nothing connects yet; a link
+    /// that reaches another member than `peer` is refused).
+    pub(super) fn new(me: &str, peer: &str, addr: &str, secret: std::sync::Arc<Secret>) -> PeerClient {
+        PeerClient { me: me.to_owned(), peer: peer.to_owned(), addr: addr.to_owned(), secret, stream: None }
     }
 
     /// Sends `request` and reads its response within `ttl`, connecting first when there is
@@ -78,8 +104,7 @@ impl PeerClient {
     pub(super) async fn call(&mut self, request: &PeerRequest, ttl: Duration) -> Result<PeerResponse, LinkError> {
         let result = tokio::time::timeout(ttl, async {
             if self.stream.is_none() {
-                let (stream, _name) = link::connect(&self.addr, &self.me, &self.secret).await?;
-                self.stream = Some(stream);
+                self.stream = Some(link::connect(&self.addr, &self.me, &self.peer, &self.secret).await?);
             }
             let stream = self.stream.as_mut().expect("connected above");
             link::write_frame(stream, request).await?;

@@ -15,8 +15,8 @@ use tracing::{debug, warn};
 
 use super::health::PeerHealth;
 use super::link::{self, Secret};
-use super::membership::{Change, MembershipChange};
-use super::rpc::{ForwardedWriteError, PeerRequest, PeerResponse};
+use super::membership::Change;
+use super::rpc::{ForwardedWriteError, MembershipChange, PeerRequest, PeerResponse};
 use super::types::{MetaRaftHandle, PeerNode};
 
 /// Handshakes that may be in progress at once.
@@ -47,6 +47,7 @@ impl Refusals {
 pub(super) async fn run(
     listener: TcpListener,
     me: String,
+    id: u64,
     secret: Arc<Secret>,
     raft: MetaRaftHandle,
     health: Arc<PeerHealth>,
@@ -74,7 +75,7 @@ pub(super) async fn run(
             let accepted = link::accept(&mut stream, &me, &secret).await;
             drop(permit);
             match accepted {
-                Ok(name) => serve(stream, name, peer, raft, health).await,
+                Ok(name) => serve(stream, name, peer, id, raft, health).await,
                 Err(e) => refusals.note(peer, &e.to_string()),
             }
         });
@@ -105,7 +106,14 @@ fn reachable(addr: &str, from: SocketAddr) -> String {
 
 /// Answers the requests of member `name` (connected from `peer`), in order, until the link
 /// closes.
-async fn serve(mut stream: TcpStream, name: String, peer: SocketAddr, raft: MetaRaftHandle, health: Arc<PeerHealth>) {
+async fn serve(
+    mut stream: TcpStream,
+    name: String,
+    peer: SocketAddr,
+    id: u64,
+    raft: MetaRaftHandle,
+    health: Arc<PeerHealth>,
+) {
     loop {
         let request: PeerRequest = match link::read_frame(&mut stream).await {
             Ok(r) => r,
@@ -123,14 +131,14 @@ async fn serve(mut stream: TcpStream, name: String, peer: SocketAddr, raft: Meta
             }
             PeerRequest::ChangeMembers(change) => {
                 let change = match change {
-                    MembershipChange::Join { name, addr } => {
-                        MembershipChange::Join { addr: reachable(&addr, peer), name }
+                    MembershipChange::Join { name, addr, id } => {
+                        MembershipChange::Join { addr: reachable(&addr, peer), name, id }
                     }
                     forget => forget,
                 };
                 PeerResponse::ClientWrite(answer(Change::Members(change).make(&raft).await))
             }
-            PeerRequest::Hello => PeerResponse::Hello { initialized: raft.is_initialized().await.unwrap_or(false) },
+            PeerRequest::Hello => PeerResponse::Hello { initialized: raft.is_initialized().await.unwrap_or(false), id },
         };
         if let Err(e) = link::write_frame(&mut stream, &response).await {
             debug!(peer = %name, error = %e, "peer link closed");

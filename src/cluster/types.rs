@@ -40,21 +40,3 @@ pub(super) struct MetaEntry {
     /// The batch.
     pub commands: Vec<MetaCommand>,
 }
-
-/// The Raft node id of the member named `name`: the stable hash of the name (node names
-/// are unique and stable, so ids are too; 0 is never used).
-pub(super) fn node_id(name: &str) -> u64 {
-    crate::core::stable_hash::hash64(&[b"ferrymq-node:", name.as_bytes()]).max(1)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn node_ids_are_stable_and_distinct() {
-        assert_eq!(node_id("a"), node_id("a"));
-        assert_ne!(node_id("rabbit@a"), node_id("rabbit@b"));
-        assert_ne!(node_id(""), 0);
-    }
-}

@@ -331,6 +331,7 @@ impl Server {
             cluster: cluster.clone(),
         });
         if let Some(cluster) = &cluster {
+            ctx.entities.set_replicated();
             let listener = pre.listeners.take("cluster.listen").expect("cluster.listen is bound at preflight");
             cluster.start(listener, catalog, local_state, Arc::new(MemberState::new(ctx.clone()))).await?;
         }

@@ -134,7 +134,7 @@ impl Entities {
     /// itself is its caller's).
     pub async fn delete_vhost_entities(&self, vhost: &str) {
         for q in self.all().into_iter().filter(|q| q.vhost == vhost) {
-            self.delete_queue(&q).await;
+            self.delete_queue_logged(&q).await;
         }
         for x in self.broker.router.exchanges(vhost) {
             if x.durable {

@@ -11,6 +11,7 @@ use std::time::Duration;
 use parking_lot::{Mutex, RwLock};
 use tracing::{info, warn};
 
+use super::error::EntityError;
 use super::queue::QueueEntity;
 use crate::core::broker::{Broker, Commit};
 use crate::core::message::{now_ms, Message};
@@ -35,6 +36,9 @@ pub struct Entities {
     /// them before storing).
     rejecting: RwLock<HashMap<QueueId, Arc<QueueConfig>>>,
     any_rejecting: AtomicBool,
+    /// A cluster member: durable queues are shared with members whose consumers and use
+    /// this one does not see, so usage never deletes them here (x-expires, auto-delete).
+    replicated: AtomicBool,
     /// Queues per virtual host, those being created included (for `max-queues`).
     pub(super) counts: Mutex<HashMap<String, u64>>,
 }
@@ -64,6 +68,7 @@ impl Entities {
             queues: RwLock::default(),
             rejecting: RwLock::default(),
             any_rejecting: AtomicBool::new(false),
+            replicated: AtomicBool::new(false),
             counts: Mutex::default(),
         }
     }
@@ -213,17 +218,27 @@ impl Entities {
         }
     }
 
-    /// Deletes a queue: bindings, consume queue, meta records. Returns the message count.
-    pub async fn delete_queue(&self, entity: &QueueEntity) -> u64 {
+    /// Deletes a queue: its durable record first (on a cluster member: committed by a
+    /// majority), then its bindings and consume queue. Returns the messages it held. A
+    /// record that cannot be forgotten leaves the queue as it was, and is the error.
+    pub async fn delete_queue(&self, entity: &QueueEntity) -> Result<u64, EntityError> {
         let broker = &self.broker;
-        let count = self.forget_queue(entity).await;
+        let mut held = 0;
         if entity.durable {
+            held = broker.queue_counts(entity.id).await.0;
             let write = broker.stores.entities.remove_queue(&entity.vhost, &entity.name, entity.id);
-            if let Err(e) = broker.commit(write, Commit::Durable).await {
-                warn!(error = %e, "cannot delete queue metadata");
-            }
+            broker.commit(write, Commit::Durable).await?;
         }
-        count
+        // On a cluster member the commit has applied the deletion here already.
+        Ok(self.forget_queue(entity).await.max(held))
+    }
+
+    /// [`Entities::delete_queue`] where nobody waits for the answer (auto-delete, expiry, a
+    /// connection's exclusive queues): a refusal is logged.
+    pub async fn delete_queue_logged(&self, entity: &QueueEntity) {
+        if let Err(e) = self.delete_queue(entity).await {
+            warn!(queue = %entity.name, vhost = %entity.vhost, error = %e, "queue not deleted");
+        }
     }
 
     /// Takes a queue out of the registry and the routing table and deletes its consume
@@ -253,12 +268,24 @@ impl Entities {
         }
     }
 
+    /// This broker is a cluster member: from now on usage (`x-expires`, auto-delete) never
+    /// deletes a durable queue, whose consumers may be on other members.
+    pub fn set_replicated(&self) {
+        self.replicated.store(true, Ordering::Relaxed);
+    }
+
+    /// True when usage may delete `q`: not a durable queue of a cluster member.
+    pub fn usage_may_delete(&self, q: &QueueEntity) -> bool {
+        !(q.durable && self.replicated.load(Ordering::Relaxed))
+    }
+
     /// Deletes queues whose `x-expires` passed without use.
     pub async fn expire_unused(&self) {
         let now = now_ms();
         let due: Vec<Arc<QueueEntity>> = self
             .all()
             .into_iter()
+            .filter(|q| self.usage_may_delete(q))
             .filter(|q| {
                 q.expires_ms().is_some_and(|ms| {
                     q.consumers.load(Ordering::Relaxed) == 0
@@ -268,7 +295,7 @@ impl Entities {
             .collect();
         for q in due {
             info!(queue = %q.name, vhost = %q.vhost, "queue expired (x-expires)");
-            self.delete_queue(&q).await;
+            self.delete_queue_logged(&q).await;
         }
     }
 }

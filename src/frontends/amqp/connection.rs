@@ -764,15 +764,17 @@ impl Task {
     pub(super) fn consumer_gone(&mut self, queue_name: &str) {
         if let Some(q) = self.orphaned_auto_delete(queue_name) {
             let ctx = self.ctx.clone();
-            tokio::spawn(async move { ctx.entities.delete_queue(&q).await });
+            tokio::spawn(async move { ctx.entities.delete_queue_logged(&q).await });
         }
     }
 
     /// The auto-delete queue `queue_name` when its last consumer went.
     pub(super) fn orphaned_auto_delete(&self, queue_name: &str) -> Option<Arc<QueueEntity>> {
         let q = self.ctx.entities.queue(&self.vhost, queue_name)?;
-        let orphaned =
-            q.auto_delete && q.had_consumer.load(Ordering::Relaxed) && q.consumers.load(Ordering::Relaxed) == 0;
+        let orphaned = q.auto_delete
+            && q.had_consumer.load(Ordering::Relaxed)
+            && q.consumers.load(Ordering::Relaxed) == 0
+            && self.ctx.entities.usage_may_delete(&q);
         orphaned.then_some(q)
     }
 
@@ -783,7 +785,7 @@ impl Task {
         }
         for q in std::mem::take(&mut self.exclusive) {
             if self.ctx.entities.queue(&q.vhost, &q.name).is_some_and(|e| Arc::ptr_eq(&e, &q)) {
-                self.ctx.entities.delete_queue(&q).await;
+                self.ctx.entities.delete_queue_logged(&q).await;
             }
         }
         debug!("connection cleaned up");

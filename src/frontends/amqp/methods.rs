@@ -423,7 +423,7 @@ impl Task {
                         format!("PRECONDITION_FAILED - queue '{name}' in vhost '{vhost}' not empty"),
                     ));
                 }
-                let n = self.ctx.entities.delete_queue(&q).await;
+                let n = self.ctx.entities.delete_queue(&q).await?;
                 self.exclusive.retain(|e| !Arc::ptr_eq(e, &q));
                 ok_unless(
                     d.nowait,
@@ -568,7 +568,7 @@ impl Task {
                     // Deleted before Cancel-Ok, as RabbitMQ: the client's next method
                     // (a passive declare, an unbind) sees the queue gone.
                     if let Some(q) = self.orphaned_auto_delete(&consumer.queue_name) {
-                        self.ctx.entities.delete_queue(&q).await;
+                        self.ctx.entities.delete_queue_logged(&q).await;
                     }
                 }
                 ok_unless(

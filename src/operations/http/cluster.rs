@@ -102,8 +102,7 @@ pub async fn add_member(p: Permitted<Administrator>, Body(body): Body<NewMember>
     let cluster = p.ctx().cluster.as_ref().ok_or_else(ApiError::not_found)?;
     crate::composition::config::PeerEntry::parse(&format!("{}@{}", body.name, body.address))
         .map_err(ApiError::bad_request)?;
-    let join = MembershipChange::Join { name: body.name, addr: body.address };
-    cluster.change_members(join).await.map_err(ApiError::internal)?;
+    cluster.add_member(&body.name, &body.address).await.map_err(ApiError::internal)?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -313,7 +313,7 @@ pub async fn remove(p: Permitted<OnQueue<Configure>>, Query(q): Query<DeleteQuer
     if flag(&q.if_unused) && c.consumers > 0 {
         return Err(ApiError::bad_request(format!("PRECONDITION_FAILED - queue '{name}' in vhost '{vhost}' in use")));
     }
-    ctx.entities.delete_queue(&entity).await;
+    ctx.entities.delete_queue(&entity).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -167,11 +167,21 @@ async fn the_rest_go_on_without_a_dead_leader_and_it_catches_up_on_return() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_a_majority_a_declaration_is_refused_and_not_made() {
+async fn without_a_majority_a_declaration_or_deletion_is_refused_and_not_made() {
     let mut c = Cluster::start(3, "command_timeout_ms = 2000");
     c.leader(&[0, 1, 2]).await;
+    let (_conn, ch) = channel(&c, 0).await;
+    durable_queue(&ch, "stays").await;
     c.kill(1);
     c.kill(2);
+    // A deletion without a majority is refused too, and the queue is left as it was.
+    let (_conn, ch) = channel(&c, 0).await;
+    let deleted =
+        bounded("queue.delete without a majority", ch.queue_delete("stays".into(), QueueDeleteOptions::default()))
+            .await;
+    let text = expect_code(deleted, 541);
+    assert!(text.contains("not committed"), "{text}");
+    assert!(c.api(0).get("/api/queues/%2f/stays").await.0.is_success(), "the refused deletion left the queue");
     let (_conn, ch) = channel(&c, 0).await;
     let declared = bounded(
         "exchange.declare without a majority",
@@ -297,4 +307,35 @@ async fn a_paused_leader_is_replaced_and_follows_once_resumed() {
         has(&c, leader, "while-paused", "while-paused-q").await.then_some(())
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_disk_was_replaced_rejoins_as_a_new_node() {
+    let mut c = Cluster::start(3, "");
+    c.leader(&[0, 1, 2]).await;
+    let (_conn, ch) = channel(&c, 0).await;
+    durable_topic(&ch, "kept").await;
+    durable_queue(&ch, "kept-q").await;
+    let old_ids = c.status(0).await;
+    c.kill(2);
+    c.wipe(2);
+    c.restart(2);
+    // It is sent everything again, and its old id is out of the group: three members.
+    eventually("n2 has the metadata again", Duration::from_secs(30), || async {
+        has(&c, 2, "kept", "kept-q").await.then_some(())
+    })
+    .await;
+    eventually("n2 a voting member once, under its new id", Duration::from_secs(30), || async {
+        let s = c.status(0).await;
+        let members = s["members"].as_array()?;
+        let n2: Vec<_> = members.iter().filter(|m| m["name"] == json!("n2")).collect();
+        (members.len() == 3 && n2.len() == 1 && n2[0]["role"] == json!("follower")).then_some(())
+    })
+    .await;
+    assert_eq!(old_ids["members"].as_array().unwrap().len(), 3);
+    // A majority of the new membership acknowledges with n0 gone.
+    c.kill(0);
+    c.leader(&[1, 2]).await;
+    let (_conn, ch) = channel(&c, 2).await;
+    durable_topic(&ch, "after-replacement").await;
 }

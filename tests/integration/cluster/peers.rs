@@ -16,9 +16,10 @@ async fn a_stranger_on_the_peer_port_is_closed_and_logged() {
     tokio::time::timeout(WAIT, s.read_exact(&mut greeting)).await.expect("greeting").expect("greeting");
     assert!(greeting.starts_with(b"FERRYMQ-PEER/1"));
     // A proof made without the secret.
-    let proof = br#"{"name":"intruder","nonce":[1,2,3],"mac":[0,0,0,0]}"#;
+    let nonce = vec!["7"; 32].join(",");
+    let proof = format!(r#"{{"name":"intruder","nonce":[{nonce}],"mac":[0,0,0,0]}}"#).into_bytes();
     let mut frame = (proof.len() as u32).to_be_bytes().to_vec();
-    frame.extend_from_slice(proof);
+    frame.extend_from_slice(&proof);
     s.write_all(&frame).await.expect("write");
     let mut rest = Vec::new();
     let n = tokio::time::timeout(WAIT, s.read_to_end(&mut rest)).await.expect("closed").unwrap_or(0);
@@ -27,4 +28,12 @@ async fn a_stranger_on_the_peer_port_is_closed_and_logged() {
     assert!(c.member(0).log().contains("'intruder' did not prove cluster.secret"));
     // Still one cluster.
     c.leader(&[0, 1, 2]).await;
+    // Before the proof is checked, a frame past a kilobyte closes the socket unread.
+    let mut s = TcpStream::connect(&c.peer_addrs[1]).await.expect("connect");
+    tokio::time::timeout(WAIT, s.read_exact(&mut greeting)).await.expect("greeting").expect("greeting");
+    s.write_all(&(64u32 << 20).to_be_bytes()).await.expect("write");
+    let mut rest = Vec::new();
+    let n = tokio::time::timeout(WAIT, s.read_to_end(&mut rest)).await.expect("closed").unwrap_or(0);
+    assert_eq!(n, 0);
+    assert!(c.member(1).wait_log("peer link refused"), "{}", c.logs());
 }

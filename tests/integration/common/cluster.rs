@@ -54,6 +54,12 @@ impl Cluster {
         }
     }
 
+    /// Empties member `i`'s data directory (a replaced disk); the member must be down.
+    pub fn wipe(&self, i: usize) {
+        let dir = &self.members[i].as_ref().expect("a member").dir;
+        std::fs::remove_dir_all(dir).expect("remove the data directory");
+    }
+
     /// Pauses member `i` (SIGSTOP): alive, holding its sockets, answering nothing.
     pub fn pause(&self, i: usize) {
         self.member(i).signal("STOP");
