@@ -19,6 +19,7 @@ use crate::core::broker::Commit;
 use crate::core::limits::{LimitScope, MAX_QUEUES};
 use crate::core::queue::QueueConfig;
 use crate::core::router::{Binding, ExchangeDef};
+use crate::core::store::StoreError;
 use crate::core::value::Value;
 
 impl Entities {
@@ -89,16 +90,23 @@ impl Entities {
     /// Deletes exchange `name` of `vhost` with its bindings, and forgets its durable
     /// records and de-duplication values. With `if_unused`, an exchange that is the source
     /// of a binding is [`EntityError::InUse`]; one that does not exist is
-    /// [`EntityError::NotFound`].
+    /// [`EntityError::NotFound`]. A durable exchange's records are forgotten first (on a
+    /// cluster member: by a majority), so that a refusal leaves it as it was.
     pub async fn delete_exchange(&self, vhost: &str, name: &str, if_unused: bool) -> Result<(), EntityError> {
-        match self.broker.router.delete_exchange(vhost, name, if_unused)? {
-            true => {
-                self.forget_exchange(vhost, name).await;
-                Ok(())
+        let router = &self.broker.router;
+        let in_use =
+            || EntityError::InUse { what: EntityKind::Exchange, name: name.to_owned(), vhost: vhost.to_owned() };
+        if router.exchange(vhost, name).is_some_and(|x| x.durable) {
+            if if_unused && router.has_bindings(vhost, name)? {
+                return Err(in_use());
             }
-            false => {
-                Err(EntityError::InUse { what: EntityKind::Exchange, name: name.to_owned(), vhost: vhost.to_owned() })
-            }
+            self.forget_exchange(vhost, name).await?;
+            router.delete_exchange(vhost, name, false)?;
+            return Ok(());
+        }
+        match router.delete_exchange(vhost, name, if_unused)? {
+            true => Ok(()),
+            false => Err(in_use()),
         }
     }
 
@@ -121,12 +129,15 @@ impl Entities {
     }
 
     /// Removes `binding` from exchange `source` of `vhost` (nothing when there is none);
-    /// its record is forgotten when `durable` (both ends are).
+    /// its record is forgotten first when `durable` (both ends are), so that a refusal
+    /// leaves the binding as it was.
     pub async fn unbind(&self, vhost: &str, source: &str, binding: &Binding, durable: bool) -> Result<(), EntityError> {
-        self.broker.router.unbind(vhost, source, &binding.dest, &binding.key, &binding.args)?;
         if durable {
-            self.forget_binding(vhost, source, binding).await;
+            let broker = &self.broker;
+            let write = broker.stores.entities.remove_binding(vhost, source, binding);
+            broker.commit(write, Commit::Durable).await?;
         }
+        self.broker.router.unbind(vhost, source, &binding.dest, &binding.key, &binding.args)?;
         Ok(())
     }
 
@@ -138,31 +149,22 @@ impl Entities {
         }
         for x in self.broker.router.exchanges(vhost) {
             if x.durable {
-                self.forget_exchange(vhost, &x.name).await;
+                if let Err(e) = self.forget_exchange(vhost, &x.name).await {
+                    warn!(%vhost, exchange = %x.name, error = %e, "exchange records not forgotten");
+                }
             }
         }
     }
 
     /// Forgets a durable exchange, its binding records and the values of its
     /// de-duplication cache.
-    async fn forget_exchange(&self, vhost: &str, name: &str) {
+    async fn forget_exchange(&self, vhost: &str, name: &str) -> Result<(), StoreError> {
         let broker = &self.broker;
         let write = broker
             .stores
             .entities
             .remove_exchange(vhost, name)
             .and(broker.stores.dedup.forget_scope(&crate::core::dedup::scope(vhost, name)));
-        if let Err(e) = broker.commit(write, Commit::Durable).await {
-            warn!(error = %e, "cannot delete exchange metadata");
-        }
-    }
-
-    /// Forgets a durable binding.
-    async fn forget_binding(&self, vhost: &str, exchange: &str, binding: &Binding) {
-        let broker = &self.broker;
-        let write = broker.stores.entities.remove_binding(vhost, exchange, binding);
-        if let Err(e) = broker.commit(write, Commit::Durable).await {
-            warn!(error = %e, "cannot forget binding");
-        }
+        broker.commit(write, Commit::Durable).await
     }
 }

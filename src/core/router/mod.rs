@@ -387,6 +387,14 @@ impl Router {
         self.read().get(vhost)?.exchanges.get(name).map(|x| x.def.clone())
     }
 
+    /// True when exchange `name` of `vhost` is the source of a binding.
+    pub fn has_bindings(&self, vhost: &str, name: &str) -> Result<bool, RouteError> {
+        let vhosts = self.read();
+        let v = vhosts.get(vhost).ok_or_else(|| RouteError::NoVhost(vhost.to_owned()))?;
+        let x = v.exchanges.get(name).ok_or_else(|| RouteError::NoExchange(name.to_owned(), vhost.to_owned()))?;
+        Ok(!x.bindings.is_empty())
+    }
+
     /// Every exchange of a virtual host.
     pub fn exchanges(&self, vhost: &str) -> Vec<ExchangeDef> {
         self.read().get(vhost).map(|v| v.exchanges.values().map(|x| x.def.clone()).collect()).unwrap_or_default()

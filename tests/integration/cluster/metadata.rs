@@ -172,6 +172,7 @@ async fn without_a_majority_a_declaration_or_deletion_is_refused_and_not_made() 
     c.leader(&[0, 1, 2]).await;
     let (_conn, ch) = channel(&c, 0).await;
     durable_queue(&ch, "stays").await;
+    durable_topic(&ch, "stays-x").await;
     c.kill(1);
     c.kill(2);
     // A deletion without a majority is refused too, and the queue is left as it was.
@@ -182,6 +183,14 @@ async fn without_a_majority_a_declaration_or_deletion_is_refused_and_not_made() 
     let text = expect_code(deleted, 541);
     assert!(text.contains("not committed"), "{text}");
     assert!(c.api(0).get("/api/queues/%2f/stays").await.0.is_success(), "the refused deletion left the queue");
+    let (_conn, ch) = channel(&c, 0).await;
+    let deleted = bounded(
+        "exchange.delete without a majority",
+        ch.exchange_delete("stays-x".into(), ExchangeDeleteOptions::default()),
+    )
+    .await;
+    expect_code(deleted, 541);
+    assert!(c.api(0).get("/api/exchanges/%2f/stays-x").await.0.is_success(), "the refused deletion left the exchange");
     let (_conn, ch) = channel(&c, 0).await;
     let declared = bounded(
         "exchange.declare without a majority",
