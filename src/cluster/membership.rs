@@ -48,25 +48,9 @@ impl Change {
         match self {
             Change::Write(entry) => raft.client_write(entry.clone()).await.map(|r| r.log_id),
             Change::Members(MembershipChange::Join { name, addr, id }) => {
-                let membership = raft.metrics().borrow().membership_config.membership().clone();
                 // An older incarnation of the same name (its data directory replaced): out
                 // first, so that an id that voted before never votes again without its log.
-                let old: BTreeSet<u64> = membership
-                    .nodes()
-                    .filter(|(nid, n)| n.name == *name && **nid != *id)
-                    .map(|(nid, _)| *nid)
-                    .collect();
-                let old_voters: BTreeSet<u64> = membership.voter_ids().filter(|v| old.contains(v)).collect();
-                if !old_voters.is_empty() {
-                    raft.change_membership(ChangeMembers::RemoveVoters(old_voters), false).await?;
-                }
-                let old_learners: BTreeSet<u64> = old
-                    .into_iter()
-                    .filter(|o| raft.metrics().borrow().membership_config.membership().get_node(o).is_some())
-                    .collect();
-                if !old_learners.is_empty() {
-                    raft.change_membership(ChangeMembers::RemoveNodes(old_learners), false).await?;
-                }
+                remove_named(raft, name, Some(*id)).await?;
                 let added = raft.add_learner(*id, PeerNode { name: name.clone(), addr: addr.clone() }, true).await?;
                 if raft.metrics().borrow().membership_config.membership().voter_ids().any(|v| v == *id) {
                     return Ok(added.log_id);
@@ -74,22 +58,7 @@ impl Change {
                 Ok(raft.change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([*id])), false).await?.log_id)
             }
             Change::Members(MembershipChange::Forget { name }) => {
-                let membership = raft.metrics().borrow().membership_config.membership().clone();
-                let ids: BTreeSet<u64> =
-                    membership.nodes().filter(|(_, n)| n.name == *name).map(|(id, _)| *id).collect();
-                let voters: BTreeSet<u64> = membership.voter_ids().filter(|v| ids.contains(v)).collect();
-                let mut last = None;
-                if !voters.is_empty() {
-                    last = Some(raft.change_membership(ChangeMembers::RemoveVoters(voters), false).await?.log_id);
-                }
-                let learners: BTreeSet<u64> = ids
-                    .into_iter()
-                    .filter(|id| raft.metrics().borrow().membership_config.membership().get_node(id).is_some())
-                    .collect();
-                if !learners.is_empty() {
-                    last = Some(raft.change_membership(ChangeMembers::RemoveNodes(learners), false).await?.log_id);
-                }
-                Ok(last.unwrap_or_default())
+                Ok(remove_named(raft, name, None).await?.unwrap_or_default())
             }
         }
     }
@@ -101,6 +70,33 @@ impl Change {
             Change::Members(change) => PeerRequest::ChangeMembers(change.clone()),
         }
     }
+}
+
+/// Removes the nodes named `name` (but `keep`) from the membership: voters, then learners;
+/// the log id of the last change, if any was needed.
+async fn remove_named(
+    raft: &MetaRaftHandle,
+    name: &str,
+    keep: Option<u64>,
+) -> Result<Option<openraft::LogId<u64>>, RaftError<u64, ClientWriteError<u64, PeerNode>>> {
+    let named = |raft: &MetaRaftHandle| -> (BTreeSet<u64>, BTreeSet<u64>) {
+        let metrics = raft.metrics();
+        let membership = metrics.borrow().membership_config.membership().clone();
+        let ids: BTreeSet<u64> =
+            membership.nodes().filter(|(id, n)| n.name == name && Some(**id) != keep).map(|(id, _)| *id).collect();
+        let voters = membership.voter_ids().filter(|v| ids.contains(v)).collect();
+        (ids, voters)
+    };
+    let mut last = None;
+    let (_, voters) = named(raft);
+    if !voters.is_empty() {
+        last = Some(raft.change_membership(ChangeMembers::RemoveVoters(voters), false).await?.log_id);
+    }
+    let (learners, _) = named(raft);
+    if !learners.is_empty() {
+        last = Some(raft.change_membership(ChangeMembers::RemoveNodes(learners), false).await?.log_id);
+    }
+    Ok(last)
 }
 
 impl Cluster {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
 
-use super::metadata::replicated;
+use super::metadata::{replicated, QueueNames};
 use super::types::MetaEntry;
 use super::Cluster;
 use crate::core::store::{Commit, StateMachine, StoreError, StoreWrite};
@@ -26,19 +26,14 @@ impl StateMachine for Replicated {
         Box::pin(async move {
             let mut meta = Vec::new();
             let mut rest = StoreWrite::none();
+            // Until the member is built nothing names queues by id: a binding to a queue
+            // made before then is refused (every other command waits for the group).
+            let names: &dyn QueueNames = match self.cluster.names() {
+                Some(names) => names.as_ref(),
+                None => &NoNames,
+            };
             for command in write.into_commands() {
-                let names =
-                    self.cluster.names().ok_or_else(|| StoreError::NotCommitted("the cluster has not started".into()));
-                let replicated = match names {
-                    Ok(names) => {
-                        replicated(&command, names.as_ref()).map_err(|e| StoreError::NotCommitted(e.to_string()))?
-                    }
-                    Err(e) => match replicated(&command, &NoNames) {
-                        Ok(None) => None,
-                        _ => return Err(e),
-                    },
-                };
-                match replicated {
+                match replicated(&command, names).map_err(|e| StoreError::NotCommitted(e.to_string()))? {
                     Some(m) => meta.push(m),
                     None => rest = rest.and(StoreWrite::one(command)),
                 }
@@ -54,7 +49,7 @@ impl StateMachine for Replicated {
 /// Before the member is built nothing names queues.
 struct NoNames;
 
-impl super::QueueNames for NoNames {
+impl QueueNames for NoNames {
     fn queue_name(&self, _id: crate::core::store::QueueId) -> Option<(String, String)> {
         None
     }

@@ -48,6 +48,12 @@ async fn has(c: &Cluster, i: usize, x: &str, q: &str) -> bool {
     bounded("passive queue.declare", ch.queue_declare(q.into(), passive, FieldTable::default())).await.is_ok()
 }
 
+/// Waits (at most `limit`) until member `i` has exchange `x` and queue `q`.
+async fn wait_has(c: &Cluster, i: usize, x: &str, q: &str, limit: Duration) {
+    eventually(&format!("exchange {x} and queue {q} on n{i}"), limit, || async { has(c, i, x, q).await.then_some(()) })
+        .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_members_agree_on_one_leader_and_list_each_other() {
     let c = Cluster::start(3, "");
@@ -91,10 +97,7 @@ async fn declarations_on_one_member_route_on_every_member() {
     durable_queue(&ch, "eu-orders").await;
     bind(&ch, "eu-orders", "orders", "eu.#", FieldTable::default()).await;
     for i in [0, 2] {
-        eventually(&format!("exchange and queue on n{i}"), WAIT, || async {
-            has(&c, i, "orders", "eu-orders").await.then_some(())
-        })
-        .await;
+        wait_has(&c, i, "orders", "eu-orders", WAIT).await;
     }
     // The binding routes on member 2: a publish there reaches its queue.
     let (_conn, ch) = channel(&c, 2).await;
@@ -159,10 +162,7 @@ async fn the_rest_go_on_without_a_dead_leader_and_it_catches_up_on_return() {
     durable_queue(&ch, "after-q").await;
     // The old leader comes back and is sent what it missed.
     c.restart(leader);
-    eventually("the returning member has what was declared while it was down", Duration::from_secs(30), || async {
-        has(&c, leader, "after", "after-q").await.then_some(())
-    })
-    .await;
+    wait_has(&c, leader, "after", "after-q", Duration::from_secs(30)).await;
     c.leader(&[0, 1, 2]).await;
 }
 
@@ -233,10 +233,7 @@ async fn a_new_member_joins_by_itself_and_a_forgotten_one_no_longer_counts() {
         (m["role"] == json!("follower") && m["running"] == json!(true)).then_some(())
     })
     .await;
-    eventually("n3 has what was declared before it joined", WAIT, || async {
-        has(&c, joined, "before", "before-q").await.then_some(())
-    })
-    .await;
+    wait_has(&c, joined, "before", "before-q", WAIT).await;
     // Four members: two dead ones leave no majority, until one of them is forgotten.
     c.kill(1);
     let ctl = |args: &[&str]| {
@@ -312,10 +309,7 @@ async fn a_paused_leader_is_replaced_and_follows_once_resumed() {
         (s["leader"] == json!(format!("n{new_leader}"))).then_some(())
     })
     .await;
-    eventually("the resumed member has what was declared meanwhile", WAIT, || async {
-        has(&c, leader, "while-paused", "while-paused-q").await.then_some(())
-    })
-    .await;
+    wait_has(&c, leader, "while-paused", "while-paused-q", WAIT).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -330,10 +324,7 @@ async fn a_member_whose_disk_was_replaced_rejoins_as_a_new_node() {
     c.wipe(2);
     c.restart(2);
     // It is sent everything again, and its old id is out of the group: three members.
-    eventually("n2 has the metadata again", Duration::from_secs(30), || async {
-        has(&c, 2, "kept", "kept-q").await.then_some(())
-    })
-    .await;
+    wait_has(&c, 2, "kept", "kept-q", Duration::from_secs(30)).await;
     eventually("n2 a voting member once, under its new id", Duration::from_secs(30), || async {
         let s = c.status(0).await;
         let members = s["members"].as_array()?;
