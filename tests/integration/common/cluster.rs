@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::http::Api;
-use super::{eventually, free_port, Broker, Opts};
+use super::{eventually, Broker, Opts};
 
 /// The secret every test member holds.
 pub const SECRET: &str = "test-cluster-secret-0123456789";
@@ -23,7 +23,7 @@ pub struct Cluster {
 impl Cluster {
     /// Starts `n` members; `extra` is added to each one's `[cluster]` section.
     pub fn start(n: usize, extra: &str) -> Cluster {
-        let peer_addrs: Vec<String> = (0..n).map(|_| format!("127.0.0.1:{}", free_port())).collect();
+        let peer_addrs: Vec<String> = (0..n).map(|_| format!("127.0.0.1:{}", peer_port())).collect();
         let members = (0..n).map(|i| Some(Broker::start_with(member_opts(i, &peer_addrs, extra)))).collect();
         Cluster { members, peer_addrs }
     }
@@ -32,7 +32,7 @@ impl Cluster {
     /// asks to join by itself); its index.
     pub fn add(&mut self) -> usize {
         let i = self.members.len();
-        self.peer_addrs.push(format!("127.0.0.1:{}", free_port()));
+        self.peer_addrs.push(format!("127.0.0.1:{}", peer_port()));
         self.members.push(Some(Broker::start_with(member_opts(i, &self.peer_addrs, ""))));
         i
     }
@@ -118,4 +118,19 @@ fn member_opts(i: usize, peer_addrs: &[String], extra: &str) -> Opts {
         peer_addrs[i],
         peers.join(", ")
     ))
+}
+
+/// A free loopback port below the kernel's ephemeral range (32768 and up), so that no
+/// socket another test binds on port 0 can take it between this choice and the member's
+/// bind (what `free_port` cannot rule out); spread by process id and a counter.
+fn peer_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed).wrapping_add(std::process::id().wrapping_mul(7919));
+        let port = 20_000 + (n % 12_000) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
