@@ -194,11 +194,11 @@ impl Cluster {
             Err(e) => return Err(format!("'{name}' at {addr} unreachable: {e}")),
         };
         let join = MembershipChange::Join { name: name.to_owned(), addr: addr.to_owned(), id };
-        self.through_leader(Change::Members(join), JOIN_LIMIT).await
+        self.through_leader(Change::Members(join), JOIN_LIMIT).await.map(drop)
     }
 
     /// Has the leader make `change` (a join or a forget), waiting up to a minute.
     pub async fn change_members(&self, change: MembershipChange) -> Result<(), String> {
-        self.through_leader(Change::Members(change), JOIN_LIMIT).await
+        self.through_leader(Change::Members(change), JOIN_LIMIT).await.map(drop)
     }
 }

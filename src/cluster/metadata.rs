@@ -113,7 +113,7 @@ fn table(args: &[(String, Value)]) -> Vec<u8> {
     b.to_vec()
 }
 
-fn untable(bytes: &[u8]) -> Result<Vec<(String, Value)>, MetaError> {
+pub(super) fn untable(bytes: &[u8]) -> Result<Vec<(String, Value)>, MetaError> {
     let mut b = Bytes::copy_from_slice(bytes);
     decode_table(&mut b, 0).map_err(|e| MetaError::Arguments(format!("{e:?}")))
 }

@@ -9,6 +9,7 @@
 //! - [`log_store`] — the Raft log and vote, fsynced before openraft is answered.
 //! - [`state_machine`] — committed entries applied to the journal and to memory.
 //! - [`metadata`] — the replicated form of the core's metadata commands.
+//! - [`catalogue`] — the committed durable queues and exchanges every entry is judged by.
 //! - [`replicated`] — the core's [`StateMachine`] seam, replicated: metadata commands are
 //!   committed by a majority before they are acknowledged; the rest stays local.
 //! - [`membership`] — forming the group, joining it, forgetting a member.
@@ -18,6 +19,7 @@
 //! Without `[cluster]` none of this runs. What is replicated so far, and what is not yet
 //! (messages, sessions), is in `docs/cluster.md`.
 
+mod catalogue;
 mod health;
 mod link;
 mod log_store;
@@ -46,6 +48,7 @@ pub use metadata::{MetaCommand, QueueNames};
 pub use rpc::MembershipChange;
 pub use types::PeerNode;
 
+use self::catalogue::Refusals;
 use self::health::{PeerHealth, SILENT_AFTER};
 use self::link::Secret;
 use self::log_store::LogStore;
@@ -97,6 +100,8 @@ pub struct Cluster {
     node: OnceLock<Arc<dyn NodeState>>,
     /// Idle links to the leader for forwarded writes, by leader name.
     forward: parking_lot::Mutex<HashMap<String, Vec<PeerClient>>>,
+    /// Entries the state machine refused, by index.
+    refusals: Arc<Refusals>,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -156,6 +161,7 @@ impl Cluster {
             raft: watch::channel(None).0,
             node: OnceLock::new(),
             forward: Default::default(),
+            refusals: Default::default(),
         }))
     }
 
@@ -193,7 +199,8 @@ impl Cluster {
         };
         let config = Arc::new(config.validate().map_err(|e| ClusterError::Raft(e.to_string()))?);
         let db = self.log.db().clone();
-        let sm = crate::core::blocking::spawn(move || MetaStateMachine::open(&db, catalog, local, node))
+        let refusals = self.refusals.clone();
+        let sm = crate::core::blocking::spawn(move || MetaStateMachine::open(&db, catalog, local, node, refusals))
             .await
             .map_err(|e| ClusterError::Raft(e.to_string()))?
             .map_err(|error| ClusterError::Open { path: "cluster/raft".into(), error })?;
@@ -233,17 +240,27 @@ impl Cluster {
 
     /// Commits `entry` through the metadata group and waits until this member applied it:
     /// on the leader directly, else forwarded to the leader this member knows, again as the
-    /// leader changes, until `cluster.command_timeout_ms` passes (then refused: a change
-    /// is never acknowledged without a majority). A refused change may still be committed
-    /// later, as with any consensus system whose answer is lost.
+    /// leader changes, until `cluster.command_timeout_ms` passes (then not committed: a
+    /// change is never acknowledged without a majority). A change not committed in time may
+    /// still be committed later, as with any consensus system whose answer is lost. A
+    /// committed entry the state machine refused (see [`catalogue`]) is
+    /// [`StoreError::Refused`].
     async fn propose(&self, entry: MetaEntry) -> Result<(), StoreError> {
-        self.through_leader(Change::Write(entry), self.cfg.command_timeout).await.map_err(StoreError::NotCommitted)
+        let index = self
+            .through_leader(Change::Write(entry), self.cfg.command_timeout)
+            .await
+            .map_err(StoreError::NotCommitted)?;
+        match self.refusals.take(index) {
+            Some(refusal) => Err(StoreError::Refused(Box::new(refusal))),
+            None => Ok(()),
+        }
     }
 
     /// Has the leader make `change` (directly when this member leads, else over the peer
     /// link to the leader it knows, again as the leader changes) and waits until this
-    /// member applied it; why not, once `limit` passed or the group refused it.
-    async fn through_leader(&self, change: Change, limit: Duration) -> Result<(), String> {
+    /// member applied it: the index of its (last) entry; why not, once `limit` passed or
+    /// the group refused it.
+    async fn through_leader(&self, change: Change, limit: Duration) -> Result<u64, String> {
         let deadline = Instant::now() + limit;
         let raft = {
             let mut rx = self.raft.subscribe();
@@ -260,7 +277,7 @@ impl Cluster {
                 return Err(format!("no majority of the cluster committed it within {} ms ({why})", limit.as_millis()));
             }
             let leader = match tokio::time::timeout(left, change.make(&raft)).await {
-                Ok(Ok(_)) => return Ok(()),
+                Ok(Ok(log_id)) => return Ok(log_id.index),
                 Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => f.leader_node,
                 Ok(Err(e)) => return Err(e.to_string()),
                 Err(_) => continue,
@@ -270,7 +287,7 @@ impl Cluster {
                     Ok(index) => {
                         let left = deadline.saturating_duration_since(Instant::now());
                         return match raft.wait(Some(left)).applied_index_at_least(Some(index), "forwarded").await {
-                            Ok(_) => Ok(()),
+                            Ok(_) => Ok(index),
                             Err(e) => Err(format!("committed by the leader, not applied here yet: {e}")),
                         };
                     }

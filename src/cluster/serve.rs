@@ -22,6 +22,45 @@ use super::types::{MetaRaftHandle, PeerNode};
 /// Handshakes that may be in progress at once.
 const MAX_HANDSHAKES: usize = 64;
 
+/// Handshakes that may be in progress at once from one source address: one address that
+/// stalls handshakes cannot take every place from the members.
+const MAX_HANDSHAKES_PER_ADDRESS: usize = 16;
+
+/// Handshakes in progress by source address.
+#[derive(Debug, Default)]
+struct InHandshake(parking_lot::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>);
+
+impl InHandshake {
+    /// A place for a handshake from `ip`, unless it has [`MAX_HANDSHAKES_PER_ADDRESS`].
+    fn enter(self: &Arc<Self>, ip: std::net::IpAddr) -> Option<AddressPlace> {
+        let mut counts = self.0.lock();
+        let n = counts.entry(ip).or_default();
+        if *n >= MAX_HANDSHAKES_PER_ADDRESS {
+            return None;
+        }
+        *n += 1;
+        Some(AddressPlace { of: self.clone(), ip })
+    }
+}
+
+/// One handshake's place among its address's; given back when dropped.
+struct AddressPlace {
+    of: Arc<InHandshake>,
+    ip: std::net::IpAddr,
+}
+
+impl Drop for AddressPlace {
+    fn drop(&mut self) {
+        let mut counts = self.of.0.lock();
+        if let Some(n) = counts.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                counts.remove(&self.ip);
+            }
+        }
+    }
+}
+
 /// Refused handshakes since the last warning, and when that was.
 #[derive(Debug, Default)]
 struct Refusals {
@@ -55,6 +94,7 @@ pub(super) async fn run(
     let refusals = Arc::new(Refusals::default());
     // Handshakes in progress at once: past it, a new socket is closed at accept.
     let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
+    let by_address = Arc::new(InHandshake::default());
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -63,6 +103,10 @@ pub(super) async fn run(
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
+        };
+        let Some(place) = by_address.enter(peer.ip()) else {
+            refusals.note(peer, "too many handshakes at once from one address");
+            continue;
         };
         let Ok(permit) = handshakes.clone().try_acquire_owned() else {
             refusals.note(peer, "too many handshakes at once");
@@ -73,7 +117,7 @@ pub(super) async fn run(
         tokio::spawn(async move {
             let mut stream = stream;
             let accepted = link::accept(&mut stream, &me, &secret).await;
-            drop(permit);
+            drop((permit, place));
             match accepted {
                 Ok(name) => serve(stream, name, peer, id, raft, health).await,
                 Err(e) => refusals.note(peer, &e.to_string()),

@@ -3,6 +3,9 @@
 //! then to this member's memory ([`NodeState::apply`]), in log order on every member.
 //! The last applied log id and the membership are kept in the log store's database.
 //!
+//! Each entry is first judged against the committed catalogue ([`super::catalogue`]): a
+//! refused one is applied nowhere, and its refusal is kept for the member that proposed it.
+//!
 //! Applying is idempotent (a command says what the state becomes), so an entry applied
 //! again after a crash between the journal write and the record of the applied id, or a
 //! write forwarded twice, changes nothing the second time.
@@ -19,6 +22,7 @@ use openraft::{
 };
 use serde::{Deserialize, Serialize};
 
+use super::catalogue::{Catalogue, Refusals};
 use super::metadata::local;
 use super::types::{MetaRaft, PeerNode};
 use super::NodeState;
@@ -39,6 +43,10 @@ struct Applied {
 pub(super) struct MetaStateMachine {
     tree: sled::Tree,
     applied: Applied,
+    /// What was committed, to judge each entry by.
+    catalogue: Catalogue,
+    /// Where refused entries are recorded for their proposer.
+    refusals: Arc<Refusals>,
     catalog: Arc<dyn QueueCatalog>,
     local: Arc<dyn StateMachine>,
     node: Arc<dyn NodeState>,
@@ -51,24 +59,31 @@ fn any(e: impl std::fmt::Display) -> AnyError {
 impl MetaStateMachine {
     /// The state machine whose applied state is kept in `db`, applying to the local journal
     /// (`local`, `catalog`) and to this member's memory (`node`). Blocking (start-up).
+    /// Refused entries are recorded in `refusals`.
     pub(super) fn open(
         db: &sled::Db,
         catalog: Arc<dyn QueueCatalog>,
         local: Arc<dyn StateMachine>,
         node: Arc<dyn NodeState>,
+        refusals: Arc<Refusals>,
     ) -> Result<MetaStateMachine, String> {
         let tree = db.open_tree("state_machine").map_err(|e| e.to_string())?;
         let applied = match tree.get(APPLIED).map_err(|e| e.to_string())? {
             Some(bytes) => serde_json::from_slice(&bytes).map_err(|e| format!("applied state undecodable: {e}"))?,
             None => Applied::default(),
         };
-        Ok(MetaStateMachine { tree, applied, catalog, local, node })
+        let catalogue = Catalogue::load(&tree)?;
+        Ok(MetaStateMachine { tree, applied, catalogue, refusals, catalog, local, node })
     }
 
-    async fn save_applied(&self) -> Result_<()> {
+    /// Records the applied log id and the catalogue's changes, in one batch.
+    async fn save_applied(&mut self) -> Result_<()> {
         let bytes = serde_json::to_vec(&self.applied).map_err(|e| StorageIOError::write_state_machine(any(e)))?;
+        let mut batch = sled::Batch::default();
+        batch.insert(APPLIED, bytes);
+        self.catalogue.write_changes(&mut batch);
         let tree = self.tree.clone();
-        crate::core::blocking::spawn(move || tree.insert(APPLIED, bytes).map(drop))
+        crate::core::blocking::spawn(move || tree.apply_batch(batch))
             .await
             .map_err(|e| StorageIOError::write_state_machine(any(e)))?
             .map_err(|e| StorageIOError::write_state_machine(any(e)).into())
@@ -101,6 +116,14 @@ impl RaftStateMachine<MetaRaft> for MetaStateMachine {
             match entry.payload {
                 EntryPayload::Blank => {}
                 EntryPayload::Normal(meta) => {
+                    if let Err(refusal) = self.catalogue.judge(&meta.commands) {
+                        // Refused on every member alike: nothing of it is applied.
+                        tracing::debug!(index = entry.log_id.index, %refusal, "cluster: metadata entry refused");
+                        self.refusals.record(entry.log_id.index, refusal);
+                        self.applied.log_id = Some(entry.log_id);
+                        answers.push(());
+                        continue;
+                    }
                     let mut commands = Vec::with_capacity(meta.commands.len());
                     for m in meta.commands {
                         let command =

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use futures_util::future::BoxFuture;
 
 use crate::cluster::{NodeState, QueueNames};
-use crate::core::store::{Command, QueueId};
+use crate::core::store::{AccessCommand, Command, QueueId};
 use crate::operations::http::HttpContext;
 
 /// This member's registries.
@@ -36,7 +36,16 @@ impl NodeState for MemberState {
             for command in commands {
                 match command {
                     Command::Entity(c) => self.ctx.entities.apply_committed(c).await,
-                    Command::Access(c) => crate::operations::http::access::apply_committed(&self.ctx, c),
+                    Command::Access(c) => {
+                        match c {
+                            AccessCommand::RemoveVhost { name } => self.ctx.entities.forget_vhost_queues(name).await,
+                            AccessCommand::PutVhost(r) if r.deleted => {
+                                self.ctx.entities.forget_vhost_queues(&r.name).await
+                            }
+                            _ => {}
+                        }
+                        crate::operations::http::access::apply_committed(&self.ctx, c)
+                    }
                     _ => {}
                 }
             }

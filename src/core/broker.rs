@@ -44,7 +44,7 @@ fn failed_signal(e: StoreError) -> DurableSignal {
     let _ = tx.send(Err(match e {
         StoreError::Journal(e) => e,
         StoreError::Record(e) => JournalError::Io(e.to_string()),
-        e @ StoreError::NotCommitted(_) => JournalError::Io(e.to_string()),
+        e @ (StoreError::NotCommitted(_) | StoreError::Refused(_)) => JournalError::Io(e.to_string()),
     }));
     rx
 }

@@ -16,7 +16,9 @@ impl Entities {
         let router = &self.broker.router;
         match command {
             EntityCommand::PutExchange { vhost, def } => {
-                router.add_vhost(vhost);
+                if !router.has_vhost(vhost) {
+                    router.add_vhost(vhost);
+                }
                 if router.exchange(vhost, &def.name).is_none() {
                     if let Err(e) = router.declare_exchange(vhost, def.clone()) {
                         warn!(%vhost, exchange = %def.name, error = %e, "committed exchange not applied");
@@ -32,7 +34,9 @@ impl Entities {
                 }
                 match queue_from_record(record.clone()) {
                     Ok(entity) => {
-                        router.add_vhost(&entity.vhost);
+                        if !router.has_vhost(&entity.vhost) {
+                            router.add_vhost(&entity.vhost);
+                        }
                         *self.counts.lock().entry(entity.vhost.clone()).or_default() += 1;
                         self.install(Arc::new(entity));
                     }
@@ -54,6 +58,15 @@ impl Entities {
             EntityCommand::RemoveBinding { vhost, exchange, binding } => {
                 let _ = router.unbind(vhost, exchange, &binding.dest, &binding.key, &binding.args);
             }
+        }
+    }
+
+    /// Forgets every queue of `vhost` still in memory when its deletion is applied: its
+    /// durable queues went through the group before it, so what is left is this member's
+    /// transient queues (nothing of them is stored).
+    pub async fn forget_vhost_queues(&self, vhost: &str) {
+        for q in self.all().into_iter().filter(|q| q.vhost == vhost) {
+            self.forget_queue(&q).await;
         }
     }
 }

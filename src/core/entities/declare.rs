@@ -71,6 +71,14 @@ impl Entities {
             check_equivalent_exchange(&current, &def, vhost)?;
             return Ok(false);
         }
+        if def.durable && self.is_replicated() {
+            // Committed first: every member, this one too, declares it when it applies the
+            // commit, or refuses it there (a differing declaration committed before it).
+            router.check_exchange(vhost, &def)?;
+            let broker = &self.broker;
+            broker.commit(broker.stores.entities.put_exchange(vhost, &def), Commit::Durable).await?;
+            return Ok(true);
+        }
         if let Some(current) = router.declare_exchange(vhost, def.clone())? {
             // Declared by someone else since the look-up.
             check_equivalent_exchange(&current, &def, vhost)?;
@@ -113,6 +121,14 @@ impl Entities {
     /// Binds `binding` (to a queue or an exchange) to exchange `source` of `vhost`; its
     /// record is stored when `durable` (both ends are).
     pub async fn bind(&self, vhost: &str, source: &str, binding: &Binding, durable: bool) -> Result<(), EntityError> {
+        if durable && self.is_replicated() {
+            // Committed first, then made by every member (refused there when its queue or
+            // exchange was deleted first).
+            self.broker.router.check_bind(vhost, source, binding)?;
+            let broker = &self.broker;
+            broker.commit(broker.stores.entities.put_binding(vhost, source, binding), Commit::Durable).await?;
+            return Ok(());
+        }
         let added = self.broker.router.bind(vhost, source, binding.clone())?;
         if durable {
             let broker = &self.broker;

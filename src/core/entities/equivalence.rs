@@ -103,14 +103,28 @@ pub(crate) fn check_equivalent_queue(
             q.exclusive_owner.is_some().to_string(),
         ));
     }
-    if q.auto_delete != auto_delete {
+    check_equivalent_durable_queue(n, v, (q.auto_delete, &q.arguments), (auto_delete, args))
+}
+
+/// Refuses a redeclaration of durable queue `name` whose `auto_delete` flag or defining
+/// arguments (`wanted`) differ from the `current` ones (406, RabbitMQ's text). A cluster's
+/// metadata group judges committed declarations with it, on records rather than queues.
+pub(crate) fn check_equivalent_durable_queue(
+    name: &str,
+    vhost: &str,
+    current: (bool, &[(String, Value)]),
+    wanted: (bool, &[(String, Value)]),
+) -> Result<(), EntityError> {
+    let (n, v) = (name, vhost);
+    let (auto_delete, args) = wanted;
+    if current.0 != auto_delete {
         return Err(inequivalent(
             "auto_delete",
             EntityKind::Queue,
             n,
             v,
             auto_delete.to_string(),
-            q.auto_delete.to_string(),
+            current.0.to_string(),
         ));
     }
     // Arguments that define the queue must match (RabbitMQ compares the x- arguments it knows).
@@ -132,7 +146,7 @@ pub(crate) fn check_equivalent_queue(
     .chain(RETRY_ARGUMENTS)
     {
         let get = |t: &[(String, Value)]| t.iter().find(|(k, _)| k == key).map(|(_, v)| v.to_text());
-        let (wanted, current) = (get(args), get(&q.arguments));
+        let (wanted, current) = (get(args), get(current.1));
         let defaulted_type =
             key == "x-queue-type" && wanted.as_deref().unwrap_or("classic") == current.as_deref().unwrap_or("classic");
         if wanted != current && !defaulted_type {

@@ -91,7 +91,18 @@ pub enum EntityError {
     Route(RouteError),
     /// The durable record could not be written (AMQP closes the connection with 541).
     #[error("INTERNAL_ERROR - {0}")]
-    Storage(#[from] StoreError),
+    Storage(StoreError),
+}
+
+impl From<StoreError> for EntityError {
+    /// A change a cluster's metadata group refused as itself ([`StoreError::Refused`]);
+    /// any other store failure as [`EntityError::Storage`].
+    fn from(e: StoreError) -> EntityError {
+        match e {
+            StoreError::Refused(refusal) => *refusal,
+            other => EntityError::Storage(other),
+        }
+    }
 }
 
 impl From<RouteError> for EntityError {

@@ -33,7 +33,7 @@ pub(crate) mod restore;
 pub(crate) mod retry_args;
 pub(crate) mod stream_args;
 
-pub(crate) use equivalence::{check_equivalent_exchange, check_equivalent_queue};
-pub(crate) use error::EntityError;
+pub(crate) use equivalence::{check_equivalent_durable_queue, check_equivalent_exchange, check_equivalent_queue};
+pub(crate) use error::{EntityError, EntityKind};
 pub(crate) use queue::QueueEntity;
 pub(crate) use registry::Entities;

@@ -166,6 +166,15 @@ impl Entities {
         let catalog = &broker.stores.catalog;
         let storage = storage_name(vhost, name);
         let id = if durable { catalog.durable_queue_id(&storage).await? } else { catalog.queue_id(&storage).await? };
+        if durable && self.is_replicated() {
+            // Committed first: every member, this one too, makes the queue when it applies
+            // the commit (counted there), or refuses it (a differing declaration first).
+            let record = QueueRecord { vhost: vhost.to_owned(), name: name.to_owned(), id, auto_delete, arguments };
+            broker.commit(broker.stores.entities.put_queue(&record), Commit::Durable).await?;
+            return self.queue(vhost, name).ok_or_else(|| {
+                StoreError::NotCommitted(format!("queue '{name}' in vhost '{vhost}' was deleted as soon as declared"))
+            });
+        }
         let entity = Arc::new(QueueEntity {
             vhost: vhost.to_owned(),
             name: name.to_owned(),
@@ -268,15 +277,22 @@ impl Entities {
         }
     }
 
-    /// This broker is a cluster member: from now on usage (`x-expires`, auto-delete) never
-    /// deletes a durable queue, whose consumers may be on other members.
+    /// This broker is a cluster member: from now on durable queues, exchanges and bindings
+    /// are made when the metadata group's commit is applied (on every member, this one
+    /// too), never before; and usage (`x-expires`, auto-delete) never deletes a durable
+    /// queue, whose consumers may be on other members.
     pub fn set_replicated(&self) {
         self.replicated.store(true, Ordering::Relaxed);
     }
 
     /// True when usage may delete `q`: not a durable queue of a cluster member.
     pub fn usage_may_delete(&self, q: &QueueEntity) -> bool {
-        !(q.durable && self.replicated.load(Ordering::Relaxed))
+        !(q.durable && self.is_replicated())
+    }
+
+    /// True on a cluster member: durable entities are made when their commit is applied.
+    pub fn is_replicated(&self) -> bool {
+        self.replicated.load(Ordering::Relaxed)
     }
 
     /// Deletes queues whose `x-expires` passed without use.

@@ -403,12 +403,7 @@ impl Router {
     /// Creates an exchange; returns the existing definition if one of that name exists
     /// (the caller compares and decides). Refuses invalid `x-consistent-hash` arguments.
     pub fn declare_exchange(&self, vhost: &str, def: ExchangeDef) -> Result<Option<ExchangeDef>, RouteError> {
-        if def.routing_kind() == ExchangeKind::ConsistentHash {
-            HashOn::from_arguments(&def.arguments)?;
-        }
-        if def.kind == ExchangeKind::MessageDeduplication {
-            CacheSettings::from_arguments(&def.arguments)?;
-        }
+        check_exchange_arguments(&def)?;
         let mut vhosts = self.write();
         let v = vhosts.get_mut(vhost).ok_or_else(|| RouteError::NoVhost(vhost.to_owned()))?;
         if let Some(x) = v.exchanges.get(&def.name) {
@@ -418,6 +413,16 @@ impl Router {
         drop(vhosts);
         self.changed();
         Ok(None)
+    }
+
+    /// What [`Router::declare_exchange`] would refuse, without declaring (a cluster member
+    /// checks before its metadata group commits the exchange, which every member then makes).
+    pub fn check_exchange(&self, vhost: &str, def: &ExchangeDef) -> Result<(), RouteError> {
+        check_exchange_arguments(def)?;
+        match self.read().contains_key(vhost) {
+            true => Ok(()),
+            false => Err(RouteError::NoVhost(vhost.to_owned())),
+        }
     }
 
     /// Deletes an exchange, its bindings and the bindings that lead to it. `if_unused`:
@@ -453,24 +458,7 @@ impl Router {
             .exchanges
             .get_mut(exchange)
             .ok_or_else(|| RouteError::NoExchange(exchange.to_owned(), vhost.to_owned()))?;
-        if x.def.routing_kind() == ExchangeKind::Topic {
-            let words = key_words(&binding.key);
-            if words > MAX_KEY_WORDS {
-                return Err(RouteError::BindingKeyTooLong(words));
-            }
-        }
-        if let Bindings::ConsistentHash(h) = &x.bindings {
-            let weight = parse_weight(&binding.key)?;
-            let others: u64 = h
-                .list
-                .iter()
-                .filter(|b| !b.same(&binding.dest, &binding.key, &binding.args))
-                .map(|b| u64::from(parse_weight(&b.key).unwrap_or(0)))
-                .sum();
-            if others + u64::from(weight) > MAX_RING_WEIGHT {
-                return Err(HashArgError::RingFull.into());
-            }
-        }
+        check_binding(x, &binding)?;
         let is_mqtt = binding.mqtt.is_some();
         let key = binding.key.clone();
         let added = x.bindings.add(binding);
@@ -480,6 +468,17 @@ impl Router {
         }
         self.binding_changed(vhost, exchange, &key);
         Ok(added)
+    }
+
+    /// What [`Router::bind`] would refuse, without binding (a cluster member checks before
+    /// its metadata group commits the binding, which every member then makes).
+    pub fn check_bind(&self, vhost: &str, exchange: &str, binding: &Binding) -> Result<(), RouteError> {
+        binding.clone().compile_filter()?;
+        let vhosts = self.read();
+        let v = vhosts.get(vhost).ok_or_else(|| RouteError::NoVhost(vhost.to_owned()))?;
+        let x =
+            v.exchanges.get(exchange).ok_or_else(|| RouteError::NoExchange(exchange.to_owned(), vhost.to_owned()))?;
+        check_binding(x, binding)
     }
 
     /// Removes the binding (dest, key, args) from an exchange; true if it existed. An
@@ -725,4 +724,40 @@ fn route_into(
 /// An MQTT filter as a topic-exchange binding key: `a/+/#` -> `a.*.#`.
 pub fn mqtt_filter_to_pattern(filter: &str) -> String {
     super::message::mqtt_to_key(filter).split('.').map(|w| if w == "+" { "*" } else { w }).collect::<Vec<_>>().join(".")
+}
+
+/// Refuses the arguments of an exchange of a kind that reads them (`x-consistent-hash`, the
+/// de-duplication exchange) when they are invalid.
+fn check_exchange_arguments(def: &ExchangeDef) -> Result<(), RouteError> {
+    if def.routing_kind() == ExchangeKind::ConsistentHash {
+        HashOn::from_arguments(&def.arguments)?;
+    }
+    if def.kind == ExchangeKind::MessageDeduplication {
+        CacheSettings::from_arguments(&def.arguments)?;
+    }
+    Ok(())
+}
+
+/// Refuses `binding` on exchange `x`: a topic key of more than [`MAX_KEY_WORDS`] words, a
+/// key that is not a weight on an `x-consistent-hash` exchange, or a weight past the ring's.
+fn check_binding(x: &Exchange, binding: &Binding) -> Result<(), RouteError> {
+    if x.def.routing_kind() == ExchangeKind::Topic {
+        let words = key_words(&binding.key);
+        if words > MAX_KEY_WORDS {
+            return Err(RouteError::BindingKeyTooLong(words));
+        }
+    }
+    if let Bindings::ConsistentHash(h) = &x.bindings {
+        let weight = parse_weight(&binding.key)?;
+        let others: u64 = h
+            .list
+            .iter()
+            .filter(|b| !b.same(&binding.dest, &binding.key, &binding.args))
+            .map(|b| u64::from(parse_weight(&b.key).unwrap_or(0)))
+            .sum();
+        if others + u64::from(weight) > MAX_RING_WEIGHT {
+            return Err(HashArgError::RingFull.into());
+        }
+    }
+    Ok(())
 }

@@ -39,6 +39,7 @@ use bytes::Bytes;
 use ferrymq_storage::{Journal, JournalError, Space};
 use futures_util::future::BoxFuture;
 
+use crate::core::entities::EntityError;
 use crate::core::restore::{RecordKey, RecordKind, RestoreError};
 
 pub use access::{
@@ -65,6 +66,12 @@ pub enum StoreError {
     /// A cluster member's change that a majority did not commit (why).
     #[error("not committed: {0}")]
     NotCommitted(String),
+    /// A cluster's metadata group committed the change and every member judged it, in log
+    /// order, against what was committed before it: refused (a redeclaration that differs
+    /// from a declaration committed first, a binding to a queue deleted first), applied
+    /// nowhere.
+    #[error("{0}")]
+    Refused(Box<EntityError>),
 }
 
 impl StoreError {
@@ -73,6 +80,9 @@ impl StoreError {
         match self {
             StoreError::Journal(error) => RestoreError::Unreadable { kind, key, error },
             StoreError::Record(e) => e,
+            StoreError::Refused(e) => {
+                RestoreError::Unreadable { kind, key, error: ferrymq_storage::JournalError::Io(e.to_string()) }
+            }
             StoreError::NotCommitted(why) => {
                 RestoreError::Unreadable { kind, key, error: ferrymq_storage::JournalError::Io(why) }
             }

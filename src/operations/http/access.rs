@@ -85,6 +85,14 @@ pub(crate) async fn commit(ctx: &HttpContext, write: StoreWrite) -> Result<(), A
     ctx.broker.commit(write, Commit::Durable).await.map_err(|e| ApiError::internal(e.to_string()))
 }
 
+/// True when a commit has applied its change to this member's memory already: on a cluster
+/// member the metadata group applies every committed change, in log order
+/// ([`apply_committed`]). The caller then leaves memory alone, so that a later change
+/// applied meanwhile (from another member) is not overwritten by this one's.
+pub(crate) fn applied_by_commit(ctx: &HttpContext) -> bool {
+    ctx.entities.is_replicated()
+}
+
 /// Applies to memory a change to users, virtual hosts, permissions, MQTT rules, limits or
 /// the cluster name that a cluster's metadata group committed (possibly made on another
 /// member): what the API's own calls do after their commit, idempotently. A deleted user's
@@ -192,8 +200,10 @@ pub async fn put_vhost(
     // Known before the commit: on a cluster member the commit applies it to memory too.
     let created = !ctx.broker.routing().has_vhost(name);
     commit(ctx, ctx.broker.stores().access.put_vhost(&record)).await?;
-    ctx.broker.add_vhost(name);
-    ctx.access.vhost_meta.write().insert(name.into(), (description, tags));
+    if !applied_by_commit(ctx) {
+        ctx.broker.add_vhost(name);
+        ctx.access.vhost_meta.write().insert(name.into(), (description, tags));
+    }
     Ok(created)
 }
 
@@ -218,8 +228,10 @@ pub async fn delete_vhost(ctx: &HttpContext, name: &str) -> Result<(), ApiError>
     commit(ctx, write).await?;
     forget_permissions(ctx, |vhost, _| vhost == name).await?;
     super::limits::replace_limits(ctx, LimitScope::Vhost, name, Default::default()).await?;
-    ctx.broker.remove_vhost(name);
-    ctx.access.vhost_meta.write().remove(name);
+    if !applied_by_commit(ctx) {
+        ctx.broker.remove_vhost(name);
+        ctx.access.vhost_meta.write().remove(name);
+    }
     Ok(())
 }
 
@@ -248,9 +260,11 @@ pub async fn put_user(ctx: &HttpContext, name: &str, secret: Secret, tags: Vec<S
     // Known before the commit: on a cluster member the commit applies it to memory too.
     let created = ctx.users.get(name).is_none();
     commit(ctx, ctx.broker.stores().access.put_user(&record)).await?;
-    // Rules naming a group (a tag) see the new tags on open connections too.
-    ctx.authz.update(|p| p.user_tags.insert(name.to_owned(), tags));
-    ctx.users.put(user);
+    if !applied_by_commit(ctx) {
+        // Rules naming a group (a tag) see the new tags on open connections too.
+        ctx.authz.update(|p| p.user_tags.insert(name.to_owned(), tags));
+        ctx.users.put(user);
+    }
     Ok(created)
 }
 
@@ -275,11 +289,9 @@ pub async fn delete_user(ctx: &HttpContext, name: &str) -> Result<(), ApiError> 
     commit(ctx, write).await?;
     forget_permissions(ctx, |_, user| user == name).await?;
     super::limits::replace_limits(ctx, LimitScope::User, name, Default::default()).await?;
-    ctx.users.remove(name);
-    ctx.authz.update(|p| p.user_tags.remove(name));
-    // As RabbitMQ: a deleted user's open connections are closed (AMQP 320, MQTT 5 0x98).
-    for c in ctx.broker.connections().list().into_iter().filter(|c| c.user == name) {
-        c.close("user deleted");
+    if !applied_by_commit(ctx) {
+        // As RabbitMQ: a deleted user's open connections are closed (AMQP 320, MQTT 5 0x98).
+        forget_user(ctx, name);
     }
     Ok(())
 }
@@ -293,6 +305,9 @@ async fn forget_permissions(ctx: &HttpContext, doomed: impl Fn(&str, &str) -> bo
     }
     for ((v, u, x), _) in policy.topic_permissions.iter().filter(|((v, u, _), _)| doomed(v, u)) {
         commit(ctx, store.remove_topic_permission(v, u, x)).await?;
+    }
+    if applied_by_commit(ctx) {
+        return Ok(());
     }
     ctx.authz.update(|p| {
         p.permissions.retain(|(v, u), _| !doomed(v, u));
@@ -310,7 +325,9 @@ pub async fn put_permission(ctx: &HttpContext, p: PermissionRecord) -> Result<bo
     let key = (p.vhost.clone(), p.user.clone());
     let new = !ctx.authz.policy().permissions.contains_key(&key);
     commit(ctx, ctx.broker.stores().access.put_permission(&p)).await?;
-    ctx.authz.update(|policy| policy.set_permission(&p)).map_err(ApiError::bad_request)?;
+    if !applied_by_commit(ctx) {
+        ctx.authz.update(|policy| policy.set_permission(&p)).map_err(ApiError::bad_request)?;
+    }
     Ok(new)
 }
 
@@ -326,7 +343,9 @@ pub async fn put_topic_permission(ctx: &HttpContext, p: TopicPermissionRecord) -
     let key = (p.vhost.clone(), p.user.clone(), p.exchange.clone());
     let new = !ctx.authz.policy().topic_permissions.contains_key(&key);
     commit(ctx, ctx.broker.stores().access.put_topic_permission(&p)).await?;
-    ctx.authz.update(|policy| policy.set_topic_permission(&p)).map_err(ApiError::bad_request)?;
+    if !applied_by_commit(ctx) {
+        ctx.authz.update(|policy| policy.set_topic_permission(&p)).map_err(ApiError::bad_request)?;
+    }
     Ok(new)
 }
 
@@ -521,6 +540,8 @@ pub async fn clear_permission(
         cleared: true,
     };
     commit(ctx, ctx.broker.stores().access.put_permission(&none)).await?;
-    ctx.authz.update(|p| p.set_permission(&none)).map_err(ApiError::bad_request)?;
+    if !applied_by_commit(ctx) {
+        ctx.authz.update(|p| p.set_permission(&none)).map_err(ApiError::bad_request)?;
+    }
     Ok(StatusCode::NO_CONTENT)
 }

@@ -37,7 +37,9 @@ pub async fn set_cluster_name(ctx: &HttpContext, value: &Json_) -> Result<(), Ap
         .ok_or_else(|| ApiError::bad_request("the cluster name is a non-empty string"))?;
     let stored = serde_json::to_string(name).map_err(|e| ApiError::internal(e.to_string()))?;
     commit(ctx, ctx.broker.stores().access.put_global_parameter(CLUSTER_NAME, &stored)).await?;
-    ctx.access.set_cluster_name(name);
+    if !super::access::applied_by_commit(ctx) {
+        ctx.access.set_cluster_name(name);
+    }
     Ok(())
 }
 

@@ -38,7 +38,9 @@ pub async fn replace_limits(
 ) -> Result<(), ApiError> {
     let record = LimitsRecord { scope, owner: owner.to_owned(), values };
     commit(ctx, ctx.broker.stores().access.put_limits(&record)).await?;
-    ctx.broker.set_limits(scope, owner, record.values);
+    if !super::access::applied_by_commit(ctx) {
+        ctx.broker.set_limits(scope, owner, record.values);
+    }
     Ok(())
 }
 

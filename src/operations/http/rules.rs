@@ -132,10 +132,12 @@ pub async fn set_mqtt_rules(
     let text = serde_json::to_string(&entries).map_err(|e| ApiError::internal(e.to_string()))?;
     let write = ctx.broker.stores().access.put_mqtt_rules(&text);
     ctx.broker.commit(write, Commit::Durable).await.map_err(|e| ApiError::internal(e.to_string()))?;
-    ctx.authz.update(|p| {
-        p.rules = rules;
-        p.rule_entries = entries;
-        p.api_rules = true;
-    });
+    if !super::access::applied_by_commit(ctx) {
+        ctx.authz.update(|p| {
+            p.rules = rules;
+            p.rule_entries = entries;
+            p.api_rules = true;
+        });
+    }
     Ok(StatusCode::NO_CONTENT)
 }

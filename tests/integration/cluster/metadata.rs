@@ -131,6 +131,49 @@ async fn declarations_on_one_member_route_on_every_member() {
     }
 }
 
+/// Declares durable queue `q` on member `i` with `x-max-length` `len`: the AMQP reply code
+/// of a refusal.
+async fn declare_with_length(c: &Cluster, i: usize, q: &str, len: i32) -> Result<(), u16> {
+    let (_conn, ch) = channel(c, i).await;
+    let opts = QueueDeclareOptions { durable: true, ..Default::default() };
+    let declared = bounded("queue.declare", ch.queue_declare(q.into(), opts, table(&[("x-max-length", int(len))])));
+    match declared.await {
+        Ok(_) => Ok(()),
+        Err(e) => Err(amqp_error(&e).map_or(0, |(code, _)| code)),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conflicting_declarations_on_two_members_settle_on_one_everywhere() {
+    let c = Cluster::start(3, "");
+    c.leader(&[0, 1, 2]).await;
+    // Members 1 and 2 declare each queue at once, with different arguments. Whichever
+    // commits first is the queue; the other is refused as RabbitMQ refuses an inequivalent
+    // redeclaration (406), whether it saw the queue already or was judged in the log.
+    let mut winners = Vec::new();
+    for n in 0..12 {
+        let q = format!("contested-{n}");
+        let (one, two) = tokio::join!(declare_with_length(&c, 1, &q, 1), declare_with_length(&c, 2, &q, 2));
+        let winner = match (one, two) {
+            (Ok(()), Err(406)) => 1,
+            (Err(406), Ok(())) => 2,
+            other => panic!("{q}: exactly one declaration is accepted, the other refused with 406: {other:?}"),
+        };
+        winners.push((q, winner));
+    }
+    // Every member holds the accepted declaration's argument.
+    for i in 0..3 {
+        let api = c.api(i);
+        for (q, len) in &winners {
+            eventually(&format!("{q} with x-max-length {len} on n{i}"), WAIT, || async {
+                let (status, queue) = api.get(&format!("/api/queues/%2f/{q}")).await;
+                (status == StatusCode::OK && queue["arguments"]["x-max-length"] == json!(len)).then_some(())
+            })
+            .await;
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_made_on_one_member_logs_in_on_another_until_deleted() {
     let c = Cluster::start(3, "");

@@ -1,11 +1,18 @@
 //! The peer port: only members holding `cluster.secret` get past the handshake; anyone
-//! else is closed, counted and logged, and the cluster goes on.
+//! else is closed, counted and logged, and the cluster goes on; one address that stalls
+//! handshakes cannot take the members' places.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 
 use crate::common::cluster::Cluster;
-use crate::common::WAIT;
+use crate::common::{eventually, WAIT};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stranger_on_the_peer_port_is_closed_and_logged() {
@@ -36,4 +43,60 @@ async fn a_stranger_on_the_peer_port_is_closed_and_logged() {
     let n = tokio::time::timeout(WAIT, s.read_to_end(&mut rest)).await.expect("closed").unwrap_or(0);
     assert_eq!(n, 0);
     assert!(c.member(1).wait_log("peer link refused"), "{}", c.logs());
+}
+
+/// Holds `per_member` silent connections from 127.0.0.2 to every peer port (opened again as
+/// the members close them) until `stop` is set.
+async fn stall_handshakes(peers: Vec<String>, per_member: usize, stop: Arc<AtomicBool>) {
+    let mut held: Vec<Option<TcpStream>> = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        held.retain(|s| s.as_ref().is_some_and(|s| s.peer_addr().is_ok()));
+        for addr in &peers {
+            while held.len() < per_member * peers.len() {
+                let socket = TcpSocket::new_v4().expect("socket");
+                socket.bind("127.0.0.2:0".parse().unwrap()).expect("bind 127.0.0.2");
+                match tokio::time::timeout(WAIT, socket.connect(addr.parse().unwrap())).await {
+                    Ok(Ok(s)) => held.push(Some(s)),
+                    _ => break,
+                }
+            }
+        }
+        // A closed socket shows as readable with nothing to read: drop those.
+        for s in held.iter_mut() {
+            let mut buf = [0u8; 64];
+            if let Some(stream) = s.as_mut() {
+                if let Ok(0) = stream.try_read(&mut buf) {
+                    *s = None;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handshakes_stalled_from_one_address_leave_the_members_their_places() {
+    let mut c = Cluster::start(3, "");
+    c.leader(&[0, 1, 2]).await;
+    // More silent sockets from one address than the members' handshake places altogether.
+    let stop = Arc::new(AtomicBool::new(false));
+    let flood = tokio::spawn(stall_handshakes(c.peer_addrs.clone(), 80, stop.clone()));
+    assert!(c.member(0).wait_log("too many handshakes at once from one address"), "{}", c.logs());
+    // A restarted member must open every link again, through the flood.
+    c.kill(1);
+    c.restart(1);
+    let (code, body) = c.api(1).put("/api/queues/%2f/through-the-flood", json!({ "durable": true })).await;
+    assert_eq!(code, StatusCode::CREATED, "{body}\n{}", c.logs());
+    eventually("the queue on n0 and n2", WAIT, || async {
+        for i in [0, 2] {
+            let (code, _) = c.api(i).get("/api/queues/%2f/through-the-flood").await;
+            if code != StatusCode::OK {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    flood.await.expect("the flood ends");
 }
