@@ -13,6 +13,11 @@
 //! secret learns nothing it could use. Before the proof is checked at most a kilobyte is
 //! read; whoever fails the check is closed without another byte; a handshake takes at most
 //! [`HANDSHAKE_TIMEOUT`].
+//!
+//! **TLS** (`cluster.tls`, [`PeerTls`]): the link runs in TLS first, both sides presenting
+//! this member's certificate (`tls.cert`) and verifying the other's against the members' CA
+//! (`tls.client_ca`; the connecting side also checks that it names the host it dialled);
+//! the secret's proof then runs inside it, and every frame after it is encrypted.
 
 use std::time::Duration;
 
@@ -22,6 +27,65 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio_rustls::{TlsAcceptor, TlsConnector};
+
+use crate::composition::config::{TlsSection, VerifyClient};
+
+/// What a peer link runs on: TCP, or TLS over TCP.
+pub(super) trait PeerIo: AsyncRead + AsyncWrite + Unpin + Send + Sync {}
+
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + Sync> PeerIo for T {}
+
+/// How this member proves itself on peer links: `cluster.secret`, and TLS with
+/// `cluster.tls`.
+#[derive(Debug)]
+pub(super) struct PeerAuth {
+    /// The secret's key.
+    pub secret: Secret,
+    /// TLS, when `cluster.tls` is on.
+    pub tls: Option<PeerTls>,
+}
+
+/// An open peer link's stream.
+pub(super) type PeerStream = Box<dyn PeerIo>;
+
+/// TLS on the peer link (`cluster.tls`): this member's certificate on both sides, the
+/// other's verified against the members' CA.
+#[derive(Clone)]
+pub(super) struct PeerTls {
+    acceptor: TlsAcceptor,
+    connector: TlsConnector,
+}
+
+impl std::fmt::Debug for PeerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PeerTls(..)")
+    }
+}
+
+impl PeerTls {
+    /// TLS from `tls.cert`, `tls.key` and `tls.client_ca` (every one needed): why not.
+    pub(super) fn new(tls: &TlsSection) -> Result<PeerTls, String> {
+        if tls.cert.is_empty() || tls.key.is_empty() || tls.client_ca.is_empty() {
+            return Err("cluster.tls needs tls.cert, tls.key (this member's certificate) and tls.client_ca (the CA \
+                        that signs every member's)"
+                .into());
+        }
+        let acceptor = crate::transport::tls::acceptor(&tls.cert, &tls.key, &tls.client_ca, VerifyClient::Required)
+            .map_err(|e| e.to_string())?;
+        let settings = ["tls.client_ca", "tls.cert", "tls.key"];
+        let connector = crate::transport::tls::connector(&tls.client_ca, &tls.cert, &tls.key, false, settings)
+            .map_err(|e| e.to_string())?;
+        Ok(PeerTls { acceptor, connector })
+    }
+}
+
+/// The name a member's certificate must carry: the host of `addr` (`host:port`).
+fn server_name(addr: &str) -> Result<rustls_pki_types::ServerName<'static>, LinkError> {
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h).trim_start_matches('[').trim_end_matches(']');
+    rustls_pki_types::ServerName::try_from(host.to_owned())
+        .map_err(|e| LinkError::Refused(format!("'{host}' is not a name TLS can check: {e}")))
+}
 
 /// The largest frame either side reads once authenticated (a bigger length closes the link).
 pub(super) const MAX_FRAME: usize = 64 << 20;
@@ -146,13 +210,23 @@ async fn read_frame_within<R: AsyncRead + Unpin, T: DeserializeOwned>(r: &mut R,
     serde_json::from_slice(&body).map_err(|e| LinkError::Decode(e.to_string()))
 }
 
-/// Connects to member `peer` at `addr` as `me`, once both proved the secret: the proof
-/// this side sends names `peer`, so that it cannot be relayed to another member, and the
-/// other side must answer as `peer`.
-pub(super) async fn connect(addr: &str, me: &str, peer: &str, secret: &Secret) -> Result<TcpStream, LinkError> {
+/// Connects to member `peer` at `addr` as `me` (in TLS first with `cluster.tls`), once both
+/// proved the secret: the proof this side sends names `peer`, so that it cannot be relayed
+/// to another member, and the other side must answer as `peer`.
+pub(super) async fn connect(addr: &str, me: &str, peer: &str, auth: &PeerAuth) -> Result<PeerStream, LinkError> {
+    let (secret, tls) = (&auth.secret, auth.tls.as_ref());
     let handshake = async {
-        let mut stream = TcpStream::connect(addr).await?;
-        stream.set_nodelay(true)?;
+        let tcp = TcpStream::connect(addr).await?;
+        tcp.set_nodelay(true)?;
+        let mut stream: PeerStream = match tls {
+            None => Box::new(tcp),
+            Some(tls) => Box::new(
+                tls.connector
+                    .connect(server_name(addr)?, tcp)
+                    .await
+                    .map_err(|e| LinkError::Refused(format!("TLS with {addr}: {e}")))?,
+            ),
+        };
         let mut greeting = [0u8; 16];
         stream.read_exact(&mut greeting).await?;
         if &greeting != GREETING {
@@ -179,18 +253,26 @@ pub(super) async fn connect(addr: &str, me: &str, peer: &str, secret: &Secret) -
     tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await.map_err(|_| LinkError::Timeout)?
 }
 
-/// Authenticates a connection accepted on the peer listener as `me`: the connecting
-/// member's node name once it proved the secret for this member (and was sent the proof
-/// back). Reads at most [`MAX_HANDSHAKE_FRAME`] bytes before the proof is checked.
-pub(super) async fn accept(stream: &mut TcpStream, me: &str, secret: &Secret) -> Result<String, LinkError> {
+/// Authenticates a connection accepted on the peer listener as `me` (in TLS first with
+/// `cluster.tls`): the link and the connecting member's node name once it proved the secret for
+/// this member (and was sent the proof back). Reads at most [`MAX_HANDSHAKE_FRAME`] bytes
+/// before the proof is checked.
+pub(super) async fn accept(tcp: TcpStream, me: &str, auth: &PeerAuth) -> Result<(PeerStream, String), LinkError> {
+    let (secret, tls) = (&auth.secret, auth.tls.as_ref());
     let handshake = async {
-        stream.set_nodelay(true)?;
+        tcp.set_nodelay(true)?;
+        let mut stream: PeerStream = match tls {
+            None => Box::new(tcp),
+            Some(tls) => Box::new(
+                tls.acceptor.accept(tcp).await.map_err(|e| LinkError::Refused(format!("TLS handshake failed: {e}")))?,
+            ),
+        };
         let ours = nonce()?;
         let mut hello = Vec::with_capacity(48);
         hello.extend_from_slice(GREETING);
         hello.extend_from_slice(&ours);
         stream.write_all(&hello).await?;
-        let proof: ClientProof = read_frame_within(stream, MAX_HANDSHAKE_FRAME).await?;
+        let proof: ClientProof = read_frame_within(&mut stream, MAX_HANDSHAKE_FRAME).await?;
         if proof.nonce.len() != 32 || proof.name.is_empty() || proof.name.len() > MAX_NAME || proof.name == me {
             return Err(LinkError::Refused(format!("'{}' sent a malformed proof", proof.name)));
         }
@@ -198,8 +280,8 @@ pub(super) async fn accept(stream: &mut TcpStream, me: &str, secret: &Secret) ->
             return Err(LinkError::Refused(format!("'{}' did not prove cluster.secret", proof.name)));
         }
         let mac = secret.sign("server", &[&proof.nonce, &ours, me.as_bytes(), proof.name.as_bytes()]).as_ref().to_vec();
-        write_frame(stream, &ServerProof::Accepted { name: me.to_owned(), mac }).await?;
-        Ok(proof.name)
+        write_frame(&mut stream, &ServerProof::Accepted { name: me.to_owned(), mac }).await?;
+        Ok((stream, proof.name))
     };
     tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await.map_err(|_| LinkError::Timeout)?
 }
@@ -218,11 +300,16 @@ mod tests {
         let addr = listener.local_addr().unwrap().to_string();
         let server_secret = Secret::new(server_secret);
         let server = tokio::spawn(async move {
-            let (mut s, _) = listener.accept().await.unwrap();
-            accept(&mut s, "b", &server_secret).await.map_err(|e| e.to_string())
+            let (s, _) = listener.accept().await.unwrap();
+            accept(s, "b", &PeerAuth { secret: server_secret, tls: None })
+                .await
+                .map(|(_, name)| name)
+                .map_err(|e| e.to_string())
         });
-        let client =
-            connect(&addr, "a", expect, &Secret::new(client_secret)).await.map(drop).map_err(|e| e.to_string());
+        let client = connect(&addr, "a", expect, &PeerAuth { secret: Secret::new(client_secret), tls: None })
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string());
         (server.await.unwrap(), client)
     }
 
@@ -246,6 +333,61 @@ mod tests {
         let (server, client) = pair("s3cret-s3cret-s3cret", "s3cret-s3cret-s3cret", "c").await;
         assert!(server.unwrap_err().contains("did not prove cluster.secret"));
         assert!(client.is_err());
+    }
+
+    /// A CA and a member certificate for 127.0.0.1 it signed, as `[tls]` names them.
+    fn member_tls(dir: &std::path::Path, tag: &str) -> TlsSection {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca = ca_params.self_signed(&ca_key).unwrap();
+        let issuer = Issuer::new(ca_params, ca_key);
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec!["127.0.0.1".to_owned()]).unwrap().signed_by(&key, &issuer).unwrap();
+        let path = |name: &str| dir.join(format!("{tag}-{name}")).display().to_string();
+        std::fs::write(path("cert.pem"), cert.pem()).unwrap();
+        std::fs::write(path("key.pem"), key.serialize_pem()).unwrap();
+        std::fs::write(path("ca.pem"), ca.pem()).unwrap();
+        TlsSection {
+            cert: path("cert.pem"),
+            key: path("key.pem"),
+            client_ca: path("ca.pem"),
+            verify_client: VerifyClient::None,
+        }
+    }
+
+    /// A link between a member with `server` and one with `client` TLS, one secret.
+    async fn tls_pair(server: PeerTls, client: PeerTls) -> (Result<String, String>, Result<(), String>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let secret = "s3cret-s3cret-s3cret";
+        let server = tokio::spawn(async move {
+            let (s, _) = listener.accept().await.unwrap();
+            let auth = PeerAuth { secret: Secret::new(secret), tls: Some(server) };
+            accept(s, "b", &auth).await.map(|(_, name)| name).map_err(|e| e.to_string())
+        });
+        let auth = PeerAuth { secret: Secret::new(secret), tls: Some(client) };
+        let client = connect(&addr, "a", "b", &auth).await.map(drop).map_err(|e| e.to_string());
+        (server.await.unwrap(), client)
+    }
+
+    #[tokio::test]
+    async fn in_tls_members_of_one_ca_link_and_a_certificate_of_another_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let ours = PeerTls::new(&member_tls(dir.path(), "ours")).unwrap();
+        let (server, client) = tls_pair(ours.clone(), ours.clone()).await;
+        assert_eq!(server.unwrap(), "a");
+        client.unwrap();
+        // A member whose certificate another CA signed: the TLS handshake fails, before any
+        // proof of the secret.
+        let theirs = PeerTls::new(&member_tls(dir.path(), "theirs")).unwrap();
+        let (server, client) = tls_pair(ours, theirs).await;
+        assert!(server.unwrap_err().contains("TLS handshake failed"));
+        assert!(client.is_err());
+        // Without every file, cluster.tls says what it needs.
+        let missing = TlsSection { client_ca: String::new(), ..member_tls(dir.path(), "x") };
+        assert!(PeerTls::new(&missing).unwrap_err().contains("tls.client_ca"));
     }
 
     #[tokio::test]

@@ -113,7 +113,7 @@ impl Cluster {
             let mut members = BTreeMap::from([(self.id, PeerNode { name: self.name.clone(), addr: String::new() })]);
             let (mut all, mut formed_at) = (true, None);
             for p in &self.cfg.peers {
-                let mut client = PeerClient::new(&self.name, &p.name, &p.addr, self.secret.clone());
+                let mut client = PeerClient::new(&self.name, &p.name, &p.addr, self.auth.clone());
                 match client.call(&PeerRequest::Hello, HELLO_TTL).await {
                     Ok(PeerResponse::Hello { initialized: true, .. }) => formed_at = Some(p.clone()),
                     Ok(PeerResponse::Hello { initialized: false, id }) => {
@@ -170,7 +170,7 @@ impl Cluster {
         });
         let (mut name, mut addr) = (peer.name, peer.addr);
         for _ in 0..3 {
-            let mut client = PeerClient::new(&self.name, &name, &addr, self.secret.clone());
+            let mut client = PeerClient::new(&self.name, &name, &addr, self.auth.clone());
             match client.call(&join, JOIN_LIMIT).await {
                 Ok(PeerResponse::ClientWrite(Ok(_))) => return Ok(()),
                 Ok(PeerResponse::ClientWrite(Err(ForwardedWriteError::NotLeader(Some(leader))))) => {
@@ -187,7 +187,7 @@ impl Cluster {
 
     /// Adds member `name` at `addr` (`ctl cluster join`): its id is asked of it first.
     pub async fn add_member(&self, name: &str, addr: &str) -> Result<(), String> {
-        let mut client = PeerClient::new(&self.name, name, addr, self.secret.clone());
+        let mut client = PeerClient::new(&self.name, name, addr, self.auth.clone());
         let id = match client.call(&PeerRequest::Hello, HELLO_TTL).await {
             Ok(PeerResponse::Hello { id, .. }) => id,
             Ok(other) => return Err(format!("unexpected answer {other:?}")),

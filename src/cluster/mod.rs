@@ -50,14 +50,14 @@ pub use types::PeerNode;
 
 use self::catalogue::Refusals;
 use self::health::{PeerHealth, SILENT_AFTER};
-use self::link::Secret;
+use self::link::{PeerAuth, PeerTls, Secret};
 use self::log_store::LogStore;
 use self::membership::Change;
 use self::network::Network;
 use self::rpc::{ForwardedWriteError, PeerClient, PeerResponse};
 use self::state_machine::MetaStateMachine;
 use self::types::{MetaEntry, MetaRaftHandle};
-use crate::composition::config::ClusterSection;
+use crate::composition::config::{ClusterSection, TlsSection};
 use crate::core::store::{Command, QueueCatalog, StateMachine, StoreError};
 
 /// What the metadata group needs of the member it runs on, once that member is built.
@@ -82,6 +82,9 @@ pub enum ClusterError {
     /// openraft refused to start.
     #[error("the metadata group cannot start: {0}")]
     Raft(String),
+    /// `cluster.tls` is on and its certificates cannot be used.
+    #[error("cluster.tls: {0}")]
+    Tls(String),
 }
 
 /// Idle links kept per leader for forwarded writes.
@@ -93,7 +96,7 @@ pub struct Cluster {
     /// This data directory's Raft node id (random, kept in `cluster/raft`).
     id: u64,
     cfg: ClusterSection,
-    secret: Arc<Secret>,
+    auth: Arc<PeerAuth>,
     log: LogStore,
     health: Arc<PeerHealth>,
     raft: watch::Sender<Option<MetaRaftHandle>>,
@@ -146,16 +149,22 @@ pub struct ClusterStatus {
 impl Cluster {
     /// Opens this member's Raft log store in `{data_dir}/cluster/raft`. Blocking: at
     /// start-up, before clients are served. A store that cannot be read stops the start.
-    pub fn open(cfg: &ClusterSection, data_dir: &Path) -> Result<Arc<Cluster>, ClusterError> {
+    /// With `cluster.tls`, the peer link's TLS is made from `tls` (files that cannot be read
+    /// stop the start).
+    pub fn open(cfg: &ClusterSection, tls: &TlsSection, data_dir: &Path) -> Result<Arc<Cluster>, ClusterError> {
         let path = data_dir.join("cluster").join("raft");
         let open_error = |error: String| ClusterError::Open { path: path.display().to_string(), error };
         let log = LogStore::open(&path).map_err(|e| open_error(e.to_string()))?;
         let id = log.node_id().map_err(open_error)?;
+        let tls = match cfg.tls {
+            true => Some(PeerTls::new(tls).map_err(ClusterError::Tls)?),
+            false => None,
+        };
         Ok(Arc::new(Cluster {
             name: cfg.node_name.clone(),
             id,
             cfg: cfg.clone(),
-            secret: Arc::new(Secret::new(&cfg.secret)),
+            auth: Arc::new(PeerAuth { secret: Secret::new(&cfg.secret), tls }),
             log,
             health: Arc::new(PeerHealth::default()),
             raft: watch::channel(None).0,
@@ -207,7 +216,7 @@ impl Cluster {
         let network = Network {
             me: self.name.clone(),
             addrs: Arc::new(self.cfg.peers.iter().map(|p| (p.name.clone(), p.addr.clone())).collect()),
-            secret: self.secret.clone(),
+            auth: self.auth.clone(),
             health: self.health.clone(),
         };
         let raft = openraft::Raft::new(self.id, config, network, self.log.clone(), sm)
@@ -217,7 +226,7 @@ impl Cluster {
             listener,
             self.name.clone(),
             self.id,
-            self.secret.clone(),
+            self.auth.clone(),
             raft.clone(),
             self.health.clone(),
         ));
@@ -304,8 +313,7 @@ impl Cluster {
         // A link is taken out of the pool for the call (no lock is held while it waits): calls
         // at once each have a link of their own, and come back to the pool after.
         let pooled = self.forward.lock().get_mut(&leader.name).and_then(|links| links.pop());
-        let mut client =
-            pooled.unwrap_or_else(|| PeerClient::new(&self.name, &leader.name, &addr, self.secret.clone()));
+        let mut client = pooled.unwrap_or_else(|| PeerClient::new(&self.name, &leader.name, &addr, self.auth.clone()));
         let answer = client.call(&change.request(), ttl).await;
         if answer.is_ok() {
             let mut pool = self.forward.lock();

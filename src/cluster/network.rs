@@ -14,7 +14,7 @@ use openraft::raft::{
 use openraft::AnyError;
 
 use super::health::PeerHealth;
-use super::link::Secret;
+use super::link::PeerAuth;
 use super::rpc::{PeerClient, PeerRequest, PeerResponse};
 use super::types::{MetaRaft, PeerNode};
 
@@ -28,7 +28,7 @@ pub(super) struct Network {
     /// Peer addresses by name, from `cluster.peers`.
     pub addrs: Arc<HashMap<String, String>>,
     /// `cluster.secret`.
-    pub secret: Arc<Secret>,
+    pub auth: Arc<PeerAuth>,
     /// When each member last answered.
     pub health: Arc<PeerHealth>,
 }
@@ -54,7 +54,7 @@ impl RaftNetworkFactory<MetaRaft> for Network {
     async fn new_client(&mut self, _target: u64, node: &PeerNode) -> Connection {
         Connection {
             name: node.name.clone(),
-            client: PeerClient::new(&self.me, &node.name, &self.addr_of(node), self.secret.clone()),
+            client: PeerClient::new(&self.me, &node.name, &self.addr_of(node), self.auth.clone()),
             health: self.health.clone(),
         }
     }

@@ -9,9 +9,8 @@ use openraft::error::RaftError;
 use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest, VoteResponse};
 use openraft::LogId;
 use serde::{Deserialize, Serialize};
-use tokio::net::TcpStream;
 
-use super::link::{self, LinkError, Secret};
+use super::link::{self, LinkError, PeerAuth};
 use super::types::{MetaEntry, MetaRaft, PeerNode};
 
 /// A request on the peer link.
@@ -83,20 +82,25 @@ pub(super) enum ForwardedWriteError {
 }
 
 /// One link to one member, for calls in order.
-#[derive(Debug)]
 pub(super) struct PeerClient {
     me: String,
     peer: String,
     addr: String,
-    secret: std::sync::Arc<Secret>,
-    stream: Option<TcpStream>,
+    auth: std::sync::Arc<PeerAuth>,
+    stream: Option<link::PeerStream>,
+}
+
+impl std::fmt::Debug for PeerClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerClient").field("peer", &self.peer).field("open", &self.stream.is_some()).finish()
+    }
 }
 
 impl PeerClient {
     /// A client of member `peer` at `addr`, calling as `me` (nothing connects yet; a link
     /// that reaches another member than `peer` is refused).
-    pub(super) fn new(me: &str, peer: &str, addr: &str, secret: std::sync::Arc<Secret>) -> PeerClient {
-        PeerClient { me: me.to_owned(), peer: peer.to_owned(), addr: addr.to_owned(), secret, stream: None }
+    pub(super) fn new(me: &str, peer: &str, addr: &str, auth: std::sync::Arc<PeerAuth>) -> PeerClient {
+        PeerClient { me: me.to_owned(), peer: peer.to_owned(), addr: addr.to_owned(), auth, stream: None }
     }
 
     /// Sends `request` and reads its response within `ttl`, connecting first when there is
@@ -104,7 +108,7 @@ impl PeerClient {
     pub(super) async fn call(&mut self, request: &PeerRequest, ttl: Duration) -> Result<PeerResponse, LinkError> {
         let result = tokio::time::timeout(ttl, async {
             if self.stream.is_none() {
-                self.stream = Some(link::connect(&self.addr, &self.me, &self.peer, &self.secret).await?);
+                self.stream = Some(link::connect(&self.addr, &self.me, &self.peer, &self.auth).await?);
             }
             let stream = self.stream.as_mut().expect("connected above");
             link::write_frame(stream, request).await?;

@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::LogId;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tracing::{debug, warn};
 
 use super::health::PeerHealth;
-use super::link::{self, Secret};
+use super::link::{self, PeerAuth};
 use super::membership::Change;
 use super::rpc::{ForwardedWriteError, MembershipChange, PeerRequest, PeerResponse};
 use super::types::{MetaRaftHandle, PeerNode};
@@ -87,7 +87,7 @@ pub(super) async fn run(
     listener: TcpListener,
     me: String,
     id: u64,
-    secret: Arc<Secret>,
+    auth: Arc<PeerAuth>,
     raft: MetaRaftHandle,
     health: Arc<PeerHealth>,
 ) {
@@ -112,14 +112,13 @@ pub(super) async fn run(
             refusals.note(peer, "too many handshakes at once");
             continue;
         };
-        let (me, secret, raft, health, refusals) =
-            (me.clone(), secret.clone(), raft.clone(), health.clone(), refusals.clone());
+        let (me, auth, raft, health, refusals) =
+            (me.clone(), auth.clone(), raft.clone(), health.clone(), refusals.clone());
         tokio::spawn(async move {
-            let mut stream = stream;
-            let accepted = link::accept(&mut stream, &me, &secret).await;
+            let accepted = link::accept(stream, &me, &auth).await;
             drop((permit, place));
             match accepted {
-                Ok(name) => serve(stream, name, peer, id, raft, health).await,
+                Ok((stream, name)) => serve(stream, name, peer, id, raft, health).await,
                 Err(e) => refusals.note(peer, &e.to_string()),
             }
         });
@@ -151,7 +150,7 @@ fn reachable(addr: &str, from: SocketAddr) -> String {
 /// Answers the requests of member `name` (connected from `peer`), in order, until the link
 /// closes.
 async fn serve(
-    mut stream: TcpStream,
+    mut stream: link::PeerStream,
     name: String,
     peer: SocketAddr,
     id: u64,

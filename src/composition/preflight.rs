@@ -149,6 +149,7 @@ impl Preflight {
                 &b.bridge_certfile,
                 &b.bridge_keyfile,
                 b.bridge_insecure,
+                crate::transport::tls::BRIDGE_SETTINGS,
             )
             .map_err(|error| StartError::BridgeTls { bridge: b.connection.clone(), error })?;
         }

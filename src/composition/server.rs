@@ -138,8 +138,8 @@ impl Server {
         // opened here; a log that cannot be read stops the start).
         let cluster = match &config.cluster {
             Some(section) => {
-                let (section, dir) = (section.clone(), config.data_dir().to_path_buf());
-                Some(crate::core::blocking::spawn(move || Cluster::open(&section, &dir)).await??)
+                let (section, tls, dir) = (section.clone(), config.tls.clone(), config.data_dir().to_path_buf());
+                Some(crate::core::blocking::spawn(move || Cluster::open(&section, &tls, &dir)).await??)
             }
             None => None,
         };

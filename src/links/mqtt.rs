@@ -292,6 +292,7 @@ async fn connect_remote(cfg: &MqttBridgeEntry, address: &str) -> Result<Box<dyn 
         &cfg.bridge_certfile,
         &cfg.bridge_keyfile,
         cfg.bridge_insecure,
+        crate::transport::tls::BRIDGE_SETTINGS,
     )
     .map_err(|e| BridgeError::Tls(e.to_string()))?;
     let host = address.rsplit_once(':').map(|(h, _)| h).unwrap_or(address);

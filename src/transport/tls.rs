@@ -170,23 +170,28 @@ pub struct ClientTlsError {
     pub reason: String,
 }
 
+/// The settings a bridge's TLS client is made from, as errors name them.
+pub(crate) const BRIDGE_SETTINGS: [&str; 3] = ["bridge_cafile", "bridge_certfile", "bridge_keyfile"];
+
 /// A TLS client (ring provider) that trusts the CA certificates in `ca_file` and, when
 /// `cert_file` and `key_file` are given, presents that certificate (a bridge's
-/// `bridge_cafile`, `bridge_certfile`, `bridge_keyfile`). `any_name` accepts a server
-/// certificate that does not name the host (the chain is still checked: Mosquitto's
-/// `bridge_insecure`).
+/// `bridge_cafile`, `bridge_certfile`, `bridge_keyfile`; a cluster member's `tls.client_ca`,
+/// `tls.cert`, `tls.key`: `settings` names them, in that order, for the errors).
+/// `any_name` accepts a server certificate that does not name the host (the chain is
+/// still checked: Mosquitto's `bridge_insecure`).
 pub(crate) fn connector(
     ca_file: &str,
     cert_file: &str,
     key_file: &str,
     any_name: bool,
+    settings: [&'static str; 3],
 ) -> Result<tokio_rustls::TlsConnector, ClientTlsError> {
     let bad = |what: &'static str, path: &str| {
         let path = path.to_owned();
         move |e: String| ClientTlsError { what, path: path.clone(), reason: e }
     };
     let mut roots = rustls::RootCertStore::empty();
-    let ca = bad("bridge_cafile", ca_file);
+    let ca = bad(settings[0], ca_file);
     for c in CertificateDer::pem_file_iter(ca_file).map_err(|e| ca(e.to_string()))? {
         roots.add(c.map_err(|e| ca(e.to_string()))?).map_err(|e| ca(e.to_string()))?;
     }
@@ -208,12 +213,12 @@ pub(crate) fn connector(
     let config = if cert_file.is_empty() {
         builder.with_no_client_auth()
     } else {
-        let cert = bad("bridge_certfile", cert_file);
+        let cert = bad(settings[1], cert_file);
         let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert_file)
             .map_err(|e| cert(e.to_string()))?
             .collect::<Result<_, _>>()
             .map_err(|e| cert(e.to_string()))?;
-        let key = PrivateKeyDer::from_pem_file(key_file).map_err(|e| bad("bridge_keyfile", key_file)(e.to_string()))?;
+        let key = PrivateKeyDer::from_pem_file(key_file).map_err(|e| bad(settings[2], key_file)(e.to_string()))?;
         builder.with_client_auth_cert(chain, key).map_err(|e| cert(e.to_string()))?
     };
     Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))

@@ -26,6 +26,10 @@ pub struct ClusterSection {
     /// commit before it is refused.
     #[serde(default = "default_command_timeout", deserialize_with = "millis", rename = "command_timeout_ms")]
     pub command_timeout: Duration,
+    /// `cluster.tls`: every peer link runs in TLS, both members presenting `tls.cert` and
+    /// verifying the other's against `tls.client_ca` (the secret's proof runs inside).
+    #[serde(default)]
+    pub tls: bool,
 }
 
 /// One entry of `cluster.peers`.

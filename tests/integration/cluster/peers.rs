@@ -1,6 +1,6 @@
 //! The peer port: only members holding `cluster.secret` get past the handshake; anyone
 //! else is closed, counted and logged, and the cluster goes on; one address that stalls
-//! handshakes cannot take the members' places.
+//! handshakes cannot take the members' places; with `cluster.tls` the links run in TLS.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -12,7 +12,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
 use crate::common::cluster::Cluster;
-use crate::common::{eventually, WAIT};
+use crate::common::{eventually, make_pki, WAIT};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stranger_on_the_peer_port_is_closed_and_logged() {
@@ -99,4 +99,32 @@ async fn handshakes_stalled_from_one_address_leave_the_members_their_places() {
     .await;
     stop.store(true, Ordering::Relaxed);
     flood.await.expect("the flood ends");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_cluster_tls_the_members_link_in_tls_and_a_plain_socket_is_refused() {
+    let dir = tempfile::tempdir().expect("a directory for the certificates");
+    let pki = make_pki(dir.path(), &[]);
+    let extra = format!(
+        "tls = true\n\n[tls]\ncert = {:?}\nkey = {:?}\nclient_ca = {:?}\n",
+        pki.server_cert.display().to_string(),
+        pki.server_key.display().to_string(),
+        pki.ca_file.display().to_string()
+    );
+    let c = Cluster::start(3, &extra);
+    c.leader(&[0, 1, 2]).await;
+    // Metadata travels between the members as before.
+    let (code, body) = c.api(1).put("/api/queues/%2f/over-tls", json!({ "durable": true })).await;
+    assert_eq!(code, StatusCode::CREATED, "{body}\n{}", c.logs());
+    eventually("the queue on n2", WAIT, || async {
+        (c.api(2).get("/api/queues/%2f/over-tls").await.0 == StatusCode::OK).then_some(())
+    })
+    .await;
+    // A socket that does not speak TLS gets not even the greeting, and is refused.
+    let mut s = TcpStream::connect(&c.peer_addrs[0]).await.expect("connect");
+    s.write_all(b"FERRYMQ-PEER/1\r\n plain text, not a TLS ClientHello").await.expect("write");
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(WAIT, s.read_to_end(&mut rest)).await.expect("closed");
+    assert!(!rest.windows(7).any(|w| w == b"FERRYMQ"), "no greeting in clear: {rest:?}");
+    assert!(c.member(0).wait_log("TLS handshake failed"), "{}", c.logs());
 }
