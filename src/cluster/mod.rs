@@ -7,9 +7,10 @@
 //! - [`serve`] — the peer listener (`cluster.listen`).
 //! - [`network`] — openraft's network over peer links.
 //! - [`log_store`] — the Raft log and vote, fsynced before openraft is answered.
-//! - [`state_machine`] — committed entries applied to the journal and to memory.
+//! - [`state_machine`] — committed entries applied to the journal and to memory; snapshots.
 //! - [`metadata`] — the replicated form of the core's metadata commands.
-//! - [`catalogue`] — the committed durable queues and exchanges every entry is judged by.
+//! - [`catalogue`] — everything committed, by key: what entries are judged by, and what a
+//!   snapshot holds.
 //! - [`replicated`] — the core's [`StateMachine`] seam, replicated: metadata commands are
 //!   committed by a majority before they are acknowledged; the rest stays local.
 //! - [`membership`] — forming the group, joining it, forgetting a member.
@@ -201,9 +202,14 @@ impl Cluster {
             heartbeat_interval: 200,
             election_timeout_min: 1000,
             election_timeout_max: 2000,
-            // No snapshots yet: the log is kept whole, and a member that is behind is sent
-            // the entries it misses.
-            snapshot_policy: openraft::SnapshotPolicy::Never,
+            // A snapshot (the committed catalogue) every `snapshot_interval_entries`; the log
+            // below it is dropped but for as many entries (at most 1,000), and a member
+            // further behind than that is sent the snapshot.
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.cfg.snapshot_interval_entries),
+            max_in_snapshot_log_to_keep: self.cfg.snapshot_interval_entries.min(1000),
+            replication_lag_threshold: self.cfg.snapshot_interval_entries.saturating_mul(2).max(5000),
+            install_snapshot_timeout: 5000,
+            snapshot_max_chunk_size: 1 << 20,
             ..Default::default()
         };
         let config = Arc::new(config.validate().map_err(|e| ClusterError::Raft(e.to_string()))?);

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, Unreachable};
+use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
@@ -44,6 +44,8 @@ impl Network {
 #[derive(Debug)]
 pub(super) struct Connection {
     name: String,
+    /// Its Raft node id.
+    target: u64,
     client: PeerClient,
     health: Arc<PeerHealth>,
 }
@@ -51,9 +53,10 @@ pub(super) struct Connection {
 impl RaftNetworkFactory<MetaRaft> for Network {
     type Network = Connection;
 
-    async fn new_client(&mut self, _target: u64, node: &PeerNode) -> Connection {
+    async fn new_client(&mut self, target: u64, node: &PeerNode) -> Connection {
         Connection {
             name: node.name.clone(),
+            target,
             client: PeerClient::new(&self.me, &node.name, &self.addr_of(node), self.auth.clone()),
             health: self.health.clone(),
         }
@@ -92,12 +95,15 @@ impl RaftNetwork<MetaRaft> for Connection {
 
     async fn install_snapshot(
         &mut self,
-        _rpc: InstallSnapshotRequest<MetaRaft>,
-        _option: RPCOption,
+        rpc: InstallSnapshotRequest<MetaRaft>,
+        option: RPCOption,
     ) -> Rpc<InstallSnapshotResponse<u64>, InstallSnapshotError> {
-        // The metadata group never purges its log (no snapshots yet): a member that is
-        // behind is sent the entries it misses instead.
-        Err(unreachable("snapshots are not sent between members yet"))
+        match self.call(PeerRequest::InstallSnapshot(rpc), &option).await.map_err(unreachable)? {
+            // The receiver's refusal (a chunk out of order) as its own, so that the leader
+            // starts the snapshot again.
+            PeerResponse::InstallSnapshot(r) => r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e))),
+            other => Err(unreachable(format!("unexpected answer {other:?}"))),
+        }
     }
 
     async fn vote(&mut self, rpc: VoteRequest<u64>, option: RPCOption) -> Rpc<VoteResponse<u64>> {

@@ -5,8 +5,12 @@
 
 use std::time::Duration;
 
+use openraft::error::InstallSnapshotError;
 use openraft::error::RaftError;
-use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest, VoteResponse};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
+    VoteResponse,
+};
 use openraft::LogId;
 use serde::{Deserialize, Serialize};
 
@@ -20,6 +24,8 @@ pub(super) enum PeerRequest {
     AppendEntries(AppendEntriesRequest<MetaRaft>),
     /// openraft's election.
     Vote(VoteRequest<u64>),
+    /// openraft's snapshot, sent in chunks to a member too far behind for the log.
+    InstallSnapshot(InstallSnapshotRequest<MetaRaft>),
     /// A metadata write a member forwards to the leader it knows.
     ClientWrite(MetaEntry),
     /// A change of membership, for the leader to make.
@@ -35,6 +41,8 @@ pub(super) enum PeerResponse {
     AppendEntries(Result<AppendEntriesResponse<u64>, RaftError<u64>>),
     /// To [`PeerRequest::Vote`].
     Vote(Result<VoteResponse<u64>, RaftError<u64>>),
+    /// To [`PeerRequest::InstallSnapshot`].
+    InstallSnapshot(Result<InstallSnapshotResponse<u64>, RaftError<u64, InstallSnapshotError>>),
     /// To [`PeerRequest::ClientWrite`] and [`PeerRequest::ChangeMembers`]: where the
     /// change was committed, or why not.
     ClientWrite(Result<LogId<u64>, ForwardedWriteError>),

@@ -169,6 +169,7 @@ async fn serve(
         let response = match request {
             PeerRequest::AppendEntries(rpc) => PeerResponse::AppendEntries(raft.append_entries(rpc).await),
             PeerRequest::Vote(rpc) => PeerResponse::Vote(raft.vote(rpc).await),
+            PeerRequest::InstallSnapshot(rpc) => PeerResponse::InstallSnapshot(raft.install_snapshot(rpc).await),
             PeerRequest::ClientWrite(entry) => {
                 PeerResponse::ClientWrite(answer(Change::Write(entry).make(&raft).await))
             }

@@ -6,6 +6,11 @@
 //! Each entry is first judged against the committed catalogue ([`super::catalogue`]): a
 //! refused one is applied nowhere, and its refusal is kept for the member that proposed it.
 //!
+//! **Snapshots** are the catalogue's commands: built from a copy taken between two
+//! applications, kept (with everything in the tree made durable) as the latest, and
+//! installed on a member too far behind for the log by applying the difference between
+//! its catalogue and the snapshot's, removals included.
+//!
 //! Applying is idempotent (a command says what the state becomes), so an entry applied
 //! again after a crash between the journal write and the record of the applied id, or a
 //! write forwarded twice, changes nothing the second time.
@@ -23,7 +28,7 @@ use openraft::{
 use serde::{Deserialize, Serialize};
 
 use super::catalogue::{Catalogue, Refusals};
-use super::metadata::local;
+use super::metadata::{local, MetaCommand};
 use super::types::{MetaRaft, PeerNode};
 use super::NodeState;
 use crate::core::store::{Commit, QueueCatalog, StateMachine, StoreWrite};
@@ -31,6 +36,7 @@ use crate::core::store::{Commit, QueueCatalog, StateMachine, StoreWrite};
 type Result_<T> = Result<T, StorageError<u64>>;
 
 const APPLIED: &[u8] = b"applied";
+const SNAPSHOT: &[u8] = b"snapshot";
 
 /// What the state machine remembers across restarts.
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
@@ -90,17 +96,80 @@ impl MetaStateMachine {
     }
 }
 
-/// The metadata group takes no snapshots yet: its log is never purged.
-pub(super) struct NoSnapshots;
+/// A snapshot as this member keeps its latest: what openraft describes it by, and its
+/// bytes (the catalogue's commands, JSON).
+#[derive(Serialize, Deserialize)]
+struct StoredSnapshot {
+    meta: SnapshotMeta<u64, PeerNode>,
+    data: Vec<u8>,
+}
 
-impl RaftSnapshotBuilder<MetaRaft> for NoSnapshots {
+impl StoredSnapshot {
+    fn snapshot(self) -> Snapshot<MetaRaft> {
+        Snapshot { meta: self.meta, snapshot: Box::new(Cursor::new(self.data)) }
+    }
+}
+
+/// Keeps `stored` as the latest snapshot, with everything the tree holds made durable first
+/// (the applied state it covers included: the log below it may be purged after this).
+async fn keep_snapshot(tree: &sled::Tree, stored: &StoredSnapshot) -> Result_<()> {
+    let signature = Some(stored.meta.signature());
+    let bytes = serde_json::to_vec(stored).map_err(|e| StorageIOError::write_snapshot(signature.clone(), any(e)))?;
+    let tree = tree.clone();
+    crate::core::blocking::spawn(move || tree.insert(SNAPSHOT, bytes).and_then(|_| tree.flush()).map(drop))
+        .await
+        .map_err(|e| StorageIOError::write_snapshot(signature.clone(), any(e)))?
+        .map_err(|e| StorageIOError::write_snapshot(signature, any(e)).into())
+}
+
+/// Builds a snapshot of the catalogue as it was when the builder was made.
+pub(super) struct SnapshotBuilder {
+    tree: sled::Tree,
+    applied: Applied,
+    commands: Vec<MetaCommand>,
+}
+
+impl RaftSnapshotBuilder<MetaRaft> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result_<Snapshot<MetaRaft>> {
-        Err(StorageIOError::write_snapshot(None, any("the metadata group takes no snapshots yet")).into())
+        let data = serde_json::to_vec(&self.commands).map_err(|e| StorageIOError::write_snapshot(None, any(e)))?;
+        let snapshot_id = match self.applied.log_id {
+            Some(l) => format!("{}-{}", l.leader_id.term, l.index),
+            None => "empty".to_owned(),
+        };
+        let meta = SnapshotMeta {
+            last_log_id: self.applied.log_id,
+            last_membership: self.applied.membership.clone(),
+            snapshot_id,
+        };
+        let stored = StoredSnapshot { meta, data };
+        keep_snapshot(&self.tree, &stored).await?;
+        tracing::info!(
+            index = ?stored.meta.last_log_id.map(|l| l.index),
+            commands = self.commands.len(),
+            bytes = stored.data.len(),
+            "cluster: took a snapshot of the metadata"
+        );
+        Ok(stored.snapshot())
+    }
+}
+
+impl MetaStateMachine {
+    /// Applies `commands` (the replicated form) to the local journal, durably, then to
+    /// this member's memory.
+    async fn apply_commands(&self, commands: Vec<MetaCommand>) -> Result<(), String> {
+        let mut local_commands = Vec::with_capacity(commands.len());
+        for m in commands {
+            local_commands.push(local(m, &*self.catalog).await.map_err(|e| e.to_string())?);
+        }
+        let write = local_commands.iter().cloned().fold(StoreWrite::none(), |w, c| w.and(StoreWrite::one(c)));
+        self.local.apply(write, Commit::Durable).await.map_err(|e| e.to_string())?;
+        self.node.apply(&local_commands).await;
+        Ok(())
     }
 }
 
 impl RaftStateMachine<MetaRaft> for MetaStateMachine {
-    type SnapshotBuilder = NoSnapshots;
+    type SnapshotBuilder = SnapshotBuilder;
 
     async fn applied_state(&mut self) -> Result_<(Option<LogId<u64>>, StoredMembership<u64, PeerNode>)> {
         Ok((self.applied.log_id, self.applied.membership.clone()))
@@ -115,28 +184,17 @@ impl RaftStateMachine<MetaRaft> for MetaStateMachine {
         for entry in entries {
             match entry.payload {
                 EntryPayload::Blank => {}
-                EntryPayload::Normal(meta) => {
-                    if let Err(refusal) = self.catalogue.judge(&meta.commands) {
+                EntryPayload::Normal(meta) => match self.catalogue.judge(&meta.commands) {
+                    Err(refusal) => {
                         // Refused on every member alike: nothing of it is applied.
                         tracing::debug!(index = entry.log_id.index, %refusal, "cluster: metadata entry refused");
                         self.refusals.record(entry.log_id.index, refusal);
-                        self.applied.log_id = Some(entry.log_id);
-                        answers.push(());
-                        continue;
                     }
-                    let mut commands = Vec::with_capacity(meta.commands.len());
-                    for m in meta.commands {
-                        let command =
-                            local(m, &*self.catalog).await.map_err(|e| StorageIOError::apply(entry.log_id, any(e)))?;
-                        commands.push(command);
-                    }
-                    let write = commands.iter().cloned().fold(StoreWrite::none(), |w, c| w.and(StoreWrite::one(c)));
-                    self.local
-                        .apply(write, Commit::Durable)
+                    Ok(()) => self
+                        .apply_commands(meta.commands)
                         .await
-                        .map_err(|e| StorageIOError::apply(entry.log_id, any(e)))?;
-                    self.node.apply(&commands).await;
-                }
+                        .map_err(|e| StorageIOError::apply(entry.log_id, any(e)))?,
+                },
                 EntryPayload::Membership(m) => {
                     self.applied.membership = StoredMembership::new(Some(entry.log_id), m);
                 }
@@ -148,24 +206,55 @@ impl RaftStateMachine<MetaRaft> for MetaStateMachine {
         Ok(answers)
     }
 
-    async fn get_snapshot_builder(&mut self) -> NoSnapshots {
-        NoSnapshots
+    async fn get_snapshot_builder(&mut self) -> SnapshotBuilder {
+        SnapshotBuilder { tree: self.tree.clone(), applied: self.applied.clone(), commands: self.catalogue.commands() }
     }
 
     async fn begin_receiving_snapshot(&mut self) -> Result_<Box<Cursor<Vec<u8>>>> {
-        Err(StorageIOError::write_snapshot(None, any("the metadata group takes no snapshots yet")).into())
+        Ok(Box::new(Cursor::new(Vec::new())))
     }
 
+    /// Makes this member's metadata the snapshot's: what it holds that the snapshot does not
+    /// is removed (deleted on the way by entries this member never received), what differs
+    /// is put, through the same application as entries; then the snapshot is kept.
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta<u64, PeerNode>,
-        _snapshot: Box<Cursor<Vec<u8>>>,
+        snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result_<()> {
-        Err(StorageIOError::write_snapshot(Some(meta.signature()), any("the metadata group takes no snapshots yet"))
-            .into())
+        let failed = |e: String| StorageIOError::write_snapshot(Some(meta.signature()), any(e));
+        let data = snapshot.into_inner();
+        let commands: Vec<MetaCommand> =
+            serde_json::from_slice(&data).map_err(|e| failed(format!("undecodable snapshot: {e}")))?;
+        let mut target = Catalogue::of_snapshot(commands);
+        let changes = self.catalogue.changes_to(&mut target);
+        let changed = changes.len();
+        self.apply_commands(changes).await.map_err(failed)?;
+        self.catalogue = target;
+        self.applied = Applied { log_id: meta.last_log_id, membership: meta.last_membership.clone() };
+        self.save_applied().await?;
+        keep_snapshot(&self.tree, &StoredSnapshot { meta: meta.clone(), data }).await?;
+        tracing::info!(
+            index = ?meta.last_log_id.map(|l| l.index),
+            changed,
+            "cluster: installed a snapshot of the metadata"
+        );
+        Ok(())
     }
 
     async fn get_current_snapshot(&mut self) -> Result_<Option<Snapshot<MetaRaft>>> {
-        Ok(None)
+        let tree = self.tree.clone();
+        let stored = crate::core::blocking::spawn(move || tree.get(SNAPSHOT))
+            .await
+            .map_err(|e| StorageIOError::read_snapshot(None, any(e)))?
+            .map_err(|e| StorageIOError::read_snapshot(None, any(e)))?;
+        match stored {
+            None => Ok(None),
+            Some(bytes) => {
+                let stored: StoredSnapshot =
+                    serde_json::from_slice(&bytes).map_err(|e| StorageIOError::read_snapshot(None, any(e)))?;
+                Ok(Some(stored.snapshot()))
+            }
+        }
     }
 }

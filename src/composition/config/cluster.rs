@@ -26,6 +26,10 @@ pub struct ClusterSection {
     /// commit before it is refused.
     #[serde(default = "default_command_timeout", deserialize_with = "millis", rename = "command_timeout_ms")]
     pub command_timeout: Duration,
+    /// `cluster.snapshot_interval_entries`: the metadata group takes a snapshot after this
+    /// many entries, and keeps at most as many (up to 1,000) of the entries it holds.
+    #[serde(default = "default_snapshot_interval")]
+    pub snapshot_interval_entries: u64,
     /// `cluster.tls`: every peer link runs in TLS, both members presenting `tls.cert` and
     /// verifying the other's against `tls.client_ca` (the secret's proof runs inside).
     #[serde(default)]
@@ -65,6 +69,10 @@ fn default_listen() -> SocketAddr {
     SocketAddr::from(([0, 0, 0, 0], 25672))
 }
 
+fn default_snapshot_interval() -> u64 {
+    5000
+}
+
 fn default_command_timeout() -> Duration {
     Duration::from_secs(10)
 }
@@ -97,6 +105,9 @@ impl ClusterSection {
         }
         if self.command_timeout.is_zero() {
             return Err(ConfigError::invalid("cluster.command_timeout_ms", "must be more than 0"));
+        }
+        if self.snapshot_interval_entries < 10 {
+            return Err(ConfigError::invalid("cluster.snapshot_interval_entries", "must be at least 10"));
         }
         Ok(())
     }
