@@ -25,13 +25,43 @@ use crate::core::value::Value;
 /// Prefix of the storage names of AMQP queues (`amqp/{vhost}/{name}`).
 pub(crate) const QUEUE_PREFIX: &str = "amqp/";
 
+/// The declared queues by virtual host and name, and by consume-queue id.
+#[derive(Debug, Default)]
+struct Queues {
+    by_name: HashMap<(String, String), Arc<QueueEntity>>,
+    by_id: HashMap<QueueId, Arc<QueueEntity>>,
+}
+
+impl Queues {
+    /// Adds `entity`; true when its name was taken (the entity it replaces is dropped).
+    fn insert(&mut self, entity: Arc<QueueEntity>) -> bool {
+        let replaced = self.by_name.insert((entity.vhost.clone(), entity.name.clone()), entity.clone());
+        if let Some(old) = &replaced {
+            self.by_id.remove(&old.id);
+        }
+        self.by_id.insert(entity.id, entity);
+        replaced.is_some()
+    }
+
+    /// Removes the queue named as `entity` is; true when there was one.
+    fn remove(&mut self, entity: &QueueEntity) -> bool {
+        match self.by_name.remove(&(entity.vhost.clone(), entity.name.clone())) {
+            Some(old) => {
+                self.by_id.remove(&old.id);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
 /// Every declared queue, and the broker they live in: the one place queues are created
 /// and deleted, whichever entry point asks (built once at start-up and shared by the AMQP
 /// front-end, the management API and the dead-letter task).
 #[derive(Debug)]
 pub struct Entities {
     pub(super) broker: Arc<Broker>,
-    queues: RwLock<HashMap<(String, String), Arc<QueueEntity>>>,
+    queues: RwLock<Queues>,
     /// Configurations of queues that refuse publishes when full, by id (publishers check
     /// them before storing).
     rejecting: RwLock<HashMap<QueueId, Arc<QueueConfig>>>,
@@ -138,12 +168,12 @@ impl Entities {
 
     /// The queue `name` of `vhost`.
     pub fn queue(&self, vhost: &str, name: &str) -> Option<Arc<QueueEntity>> {
-        self.queues.read().get(&(vhost.to_owned(), name.to_owned())).cloned()
+        self.queues.read().by_name.get(&(vhost.to_owned(), name.to_owned())).cloned()
     }
 
     /// Every declared queue, of every vhost, in no particular order.
     pub fn all(&self) -> Vec<Arc<QueueEntity>> {
-        self.queues.read().values().cloned().collect()
+        self.queues.read().by_name.values().cloned().collect()
     }
 
     /// Makes a queue (its consume queue, configuration, default-exchange binding and,
@@ -221,7 +251,7 @@ impl Entities {
         }
         let _ = broker.router.bind(&entity.vhost, "", Binding::queue(entity.id, &entity.name, Vec::new()));
         let vhost = entity.vhost.clone();
-        if self.queues.write().insert((vhost.clone(), entity.name.clone()), entity).is_some() {
+        if self.queues.write().insert(entity) {
             // Two declarations of one name raced: the queue is counted once.
             self.uncount(&vhost);
         }
@@ -254,7 +284,7 @@ impl Entities {
     /// queue (its durable record is the caller's). Returns the message count.
     pub(super) async fn forget_queue(&self, entity: &QueueEntity) -> u64 {
         let broker = &self.broker;
-        if self.queues.write().remove(&(entity.vhost.clone(), entity.name.clone())).is_some() {
+        if self.queues.write().remove(entity) {
             self.uncount(&entity.vhost);
         }
         self.rejecting.write().remove(&entity.id);
@@ -264,7 +294,7 @@ impl Entities {
 
     /// The declared queue whose consume queue is `id`.
     pub fn queue_by_id(&self, id: QueueId) -> Option<Arc<QueueEntity>> {
-        self.queues.read().values().find(|q| q.id == id).cloned()
+        self.queues.read().by_id.get(&id).cloned()
     }
 
     /// Deletes queues whose `x-expires` passed without use, every 500 ms, for as long as

@@ -3,7 +3,8 @@
 
 use std::collections::HashMap;
 
-use super::exchange::{retain_count, upsert, Binding, ExchangeDef, ExchangeKind};
+use super::binding_list::BindingList;
+use super::exchange::{retain_count, upsert, Binding, Destination, ExchangeDef, ExchangeKind};
 use super::hash_ring::{HashOn, Ring};
 use super::topic_trie::{stored_words, Node, Walked};
 use crate::core::message::Message;
@@ -12,10 +13,10 @@ use crate::core::value::Value;
 /// The bindings of one exchange, stored the way its routing kind looks them up.
 #[derive(Debug)]
 pub(super) enum Bindings {
-    Direct(HashMap<String, Vec<Binding>>),
-    Fanout(Vec<Binding>),
+    Direct(HashMap<String, BindingList>),
+    Fanout(BindingList),
     Topic(Node),
-    Headers(Vec<Binding>),
+    Headers(BindingList),
     ConsistentHash(HashBindings),
 }
 
@@ -35,9 +36,9 @@ impl Bindings {
         match def.routing_kind() {
             // (A delayed-message exchange passes its routing kind; direct is its default.)
             ExchangeKind::Direct | ExchangeKind::DelayedMessage => Bindings::Direct(HashMap::new()),
-            ExchangeKind::Fanout | ExchangeKind::MessageDeduplication => Bindings::Fanout(Vec::new()),
+            ExchangeKind::Fanout | ExchangeKind::MessageDeduplication => Bindings::Fanout(BindingList::default()),
             ExchangeKind::Topic => Bindings::Topic(Node::default()),
-            ExchangeKind::Headers => Bindings::Headers(Vec::new()),
+            ExchangeKind::Headers => Bindings::Headers(BindingList::default()),
             ExchangeKind::ConsistentHash => Bindings::ConsistentHash(HashBindings {
                 on: HashOn::from_arguments(&def.arguments).unwrap_or_default(),
                 list: Vec::new(),
@@ -58,8 +59,8 @@ impl Bindings {
     /// Adds or replaces a binding; true if it is new.
     pub(super) fn add(&mut self, b: Binding) -> bool {
         match self {
-            Bindings::Direct(map) => upsert(map.entry(b.key.clone()).or_default(), b),
-            Bindings::Fanout(list) | Bindings::Headers(list) => upsert(list, b),
+            Bindings::Direct(map) => map.entry(b.key.clone()).or_default().upsert(b),
+            Bindings::Fanout(list) | Bindings::Headers(list) => list.upsert(b),
             Bindings::Topic(root) => root.insert(&stored_words(&b.key), b),
             Bindings::ConsistentHash(h) => {
                 let added = upsert(&mut h.list, b);
@@ -75,19 +76,19 @@ impl Bindings {
         match self {
             Bindings::Direct(map) => match key {
                 Some(k) => {
-                    let n = map.get_mut(k).map(|l| retain_count(l, pred)).unwrap_or(0);
+                    let n = map.get_mut(k).map(|l| l.retain_count(pred)).unwrap_or(0);
                     if map.get(k).is_some_and(|l| l.is_empty()) {
                         map.remove(k);
                     }
                     n
                 }
                 None => {
-                    let n = map.values_mut().map(|l| retain_count(l, pred)).sum();
+                    let n = map.values_mut().map(|l| l.retain_count(pred)).sum();
                     map.retain(|_, l| !l.is_empty());
                     n
                 }
             },
-            Bindings::Fanout(list) | Bindings::Headers(list) => retain_count(list, pred),
+            Bindings::Fanout(list) | Bindings::Headers(list) => list.retain_count(pred),
             Bindings::ConsistentHash(h) => {
                 let n = retain_count(&mut h.list, pred);
                 if n > 0 {
@@ -102,6 +103,28 @@ impl Bindings {
         }
     }
 
+    /// Removes the binding (dest, key, args), if there is one: found through the index of
+    /// the place its key leads to, not by a scan of its neighbours.
+    pub(super) fn remove_one(&mut self, dest: &Destination, key: &str, args: &[(String, Value)]) -> Option<Binding> {
+        match self {
+            Bindings::Direct(map) => {
+                let list = map.get_mut(key)?;
+                let removed = list.remove_one(dest, key, args);
+                if list.is_empty() {
+                    map.remove(key);
+                }
+                removed
+            }
+            Bindings::Fanout(list) | Bindings::Headers(list) => list.remove_one(dest, key, args),
+            Bindings::Topic(root) => root.remove_one(&stored_words(key), dest, key, args),
+            Bindings::ConsistentHash(h) => {
+                let i = h.list.iter().position(|b| b.same(dest, key, args))?;
+                h.ring = std::sync::OnceLock::new();
+                Some(h.list.remove(i))
+            }
+        }
+    }
+
     pub(super) fn is_empty(&self) -> bool {
         match self {
             Bindings::Direct(map) => map.is_empty(),
@@ -113,8 +136,8 @@ impl Bindings {
 
     pub(super) fn all(&self) -> Vec<Binding> {
         match self {
-            Bindings::Direct(map) => map.values().flatten().cloned().collect(),
-            Bindings::Fanout(list) | Bindings::Headers(list) => list.clone(),
+            Bindings::Direct(map) => map.values().flat_map(|l| l.iter()).cloned().collect(),
+            Bindings::Fanout(list) | Bindings::Headers(list) => list.to_vec(),
             Bindings::ConsistentHash(h) => h.list.clone(),
             Bindings::Topic(root) => {
                 let mut out = Vec::new();
@@ -128,7 +151,7 @@ impl Bindings {
     pub(super) fn matching<'a>(&'a self, msg: &Message, out: &mut Vec<&'a Binding>) -> Walked {
         let (key, headers) = (msg.routing_key.as_str(), msg.props.headers.as_slice());
         match self {
-            Bindings::Direct(map) => out.extend(map.get(key).into_iter().flatten()),
+            Bindings::Direct(map) => out.extend(map.get(key).into_iter().flat_map(|l| l.iter())),
             Bindings::Fanout(list) => out.extend(list.iter()),
             Bindings::Topic(root) => {
                 // The empty key has no words (`#` matches it, `*` does not).

@@ -53,6 +53,7 @@
 //!
 //! [`Ring`]: hash_ring::Ring
 
+mod binding_list;
 mod bindings;
 mod cache;
 mod exchange;
@@ -148,15 +149,19 @@ impl Routes {
         self.sessions.is_empty() && self.queues.is_empty()
     }
 
-    fn add(&mut self, b: &Binding) {
+    /// Adds the target of `b`, or merges it into the same target's route (`index` finds
+    /// it when there are many).
+    fn add(&mut self, b: &Binding, index: &mut RouteIndex) {
         match &b.dest {
             Destination::Session(link) => {
                 let Some(o) = &b.mqtt else { return };
-                if let Some(r) = self.sessions.iter_mut().find(|r| Arc::ptr_eq(&r.link, link)) {
+                if let Some(i) = index.session(&self.sessions, link) {
+                    let r = &mut self.sessions[i];
                     r.qos = r.qos.max(o.qos);
                     r.retain_as_published |= o.retain_as_published;
                     r.subscription_ids.extend(o.subscription_id);
                 } else {
+                    index.pushed_session(link, self.sessions.len());
                     self.sessions.push(SessionRoute {
                         link: link.clone(),
                         qos: o.qos,
@@ -167,13 +172,61 @@ impl Routes {
             }
             Destination::Queue(queue) => {
                 let qos = b.mqtt.as_ref().map_or(2, |o| o.qos);
-                if let Some(r) = self.queues.iter_mut().find(|r| r.queue == *queue) {
+                if let Some(i) = index.queue(&self.queues, *queue) {
+                    let r = &mut self.queues[i];
                     r.qos = r.qos.max(qos);
                 } else {
+                    index.pushed_queue(*queue, self.queues.len());
                     self.queues.push(QueueRoute { queue: *queue, qos, reserved: false });
                 }
             }
             Destination::Exchange(_) => {}
+        }
+    }
+}
+
+/// Targets up to this many are searched when a route is built; more are indexed.
+const ROUTE_INDEX_FROM: usize = 16;
+
+/// Where each target already is in the [`Routes`] being built, once there are many: a
+/// publish matched by a million subscriptions merges each into its route in constant time
+/// (a session matched through two subscriptions gets one delivery at the higher QoS).
+#[derive(Default)]
+struct RouteIndex {
+    sessions: HashMap<usize, usize>,
+    queues: HashMap<QueueId, usize>,
+}
+
+impl RouteIndex {
+    fn session(&mut self, sessions: &[SessionRoute], link: &Arc<SessionLink>) -> Option<usize> {
+        if sessions.len() < ROUTE_INDEX_FROM {
+            return sessions.iter().position(|r| Arc::ptr_eq(&r.link, link));
+        }
+        if self.sessions.is_empty() {
+            self.sessions = sessions.iter().enumerate().map(|(i, r)| (Arc::as_ptr(&r.link) as usize, i)).collect();
+        }
+        self.sessions.get(&(Arc::as_ptr(link) as usize)).copied()
+    }
+
+    fn pushed_session(&mut self, link: &Arc<SessionLink>, at: usize) {
+        if !self.sessions.is_empty() {
+            self.sessions.insert(Arc::as_ptr(link) as usize, at);
+        }
+    }
+
+    fn queue(&mut self, queues: &[QueueRoute], queue: QueueId) -> Option<usize> {
+        if queues.len() < ROUTE_INDEX_FROM {
+            return queues.iter().position(|r| r.queue == queue);
+        }
+        if self.queues.is_empty() {
+            self.queues = queues.iter().enumerate().map(|(i, r)| (r.queue, i)).collect();
+        }
+        self.queues.get(&queue).copied()
+    }
+
+    fn pushed_queue(&mut self, queue: QueueId, at: usize) {
+        if !self.queues.is_empty() {
+            self.queues.insert(queue, at);
         }
     }
 }
@@ -497,25 +550,19 @@ impl Router {
             .exchanges
             .get_mut(exchange)
             .ok_or_else(|| RouteError::NoExchange(exchange.to_owned(), vhost.to_owned()))?;
-        let mqtt = Cell::new(0usize);
-        let n = x.bindings.remove(Some(key), &|b| {
-            let hit = b.same(dest, key, args);
-            if hit && b.mqtt.is_some() {
-                mqtt.set(mqtt.get() + 1);
-            }
-            hit
-        });
-        if n > 0 && x.def.auto_delete && x.bindings.is_empty() {
+        let removed = x.bindings.remove_one(dest, key, args);
+        if removed.is_some() && x.def.auto_delete && x.bindings.is_empty() {
             v.exchanges.remove(exchange);
         }
         drop(vhosts);
-        if mqtt.get() > 0 {
-            self.mqtt_subscriptions.fetch_sub(mqtt.get(), Ordering::Relaxed);
+        let Some(removed) = removed else {
+            return Ok(false);
+        };
+        if removed.mqtt.is_some() {
+            self.mqtt_subscriptions.fetch_sub(1, Ordering::Relaxed);
         }
-        if n > 0 {
-            self.binding_changed(vhost, exchange, key);
-        }
-        Ok(n > 0)
+        self.binding_changed(vhost, exchange, key);
+        Ok(true)
     }
 
     /// Removes every binding leading to `dest` in a virtual host (a deleted queue);
@@ -619,7 +666,8 @@ impl Router {
         let mut cacheable = true;
         let mut visited = HashSet::new();
         let input = RouteInput { msg, tag: msg.tag(), publisher, long: Cell::new(None) };
-        route_into(v, exchange, &input, &mut routes, &mut cacheable, &mut visited);
+        let mut index = RouteIndex::default();
+        route_into(v, exchange, &input, &mut routes, &mut index, &mut cacheable, &mut visited);
         drop(vhosts);
         if let Some((through, steps)) = input.long.take() {
             if self.long_routes.fetch_add(1, Ordering::Relaxed) == 0 {
@@ -668,6 +716,7 @@ fn route_into(
     exchange: &str,
     input: &RouteInput<'_>,
     routes: &mut Routes,
+    index: &mut RouteIndex,
     cacheable: &mut bool,
     visited: &mut HashSet<String>,
 ) {
@@ -704,19 +753,19 @@ fn route_into(
         }
         match &b.dest {
             Destination::Exchange(next) => onward.push(next.clone()),
-            _ => routes.add(b),
+            _ => routes.add(b, index),
         }
     }
     let mut delivered = (routes.sessions.len(), routes.queues.len()) != before;
     for next in onward {
         let before = (routes.sessions.len(), routes.queues.len());
-        route_into(v, &next, input, routes, cacheable, visited);
+        route_into(v, &next, input, routes, index, cacheable, visited);
         delivered |= (routes.sessions.len(), routes.queues.len()) != before;
     }
     if !delivered {
         if let Some(alt) = x.def.alternate() {
             let alt = alt.to_owned();
-            route_into(v, &alt, input, routes, cacheable, visited);
+            route_into(v, &alt, input, routes, index, cacheable, visited);
         }
     }
 }

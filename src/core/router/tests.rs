@@ -137,3 +137,27 @@ async fn a_long_route_is_counted_and_routed_all_the_same() {
     assert!(hits.contains(&1000), "{hits:?}");
     assert_eq!(r.long_routes(), 1);
 }
+
+#[test]
+fn many_targets_matched_twice_each_get_one_route_at_the_higher_qos() {
+    // Past the size where a route being built is indexed: every queue is matched by two
+    // subscriptions and must appear once, with the higher of the two QoS.
+    let r = Router::new();
+    for n in 0..100 {
+        assert!(r.subscribe("fleet/#", q(n), opts(0)));
+        assert!(r.subscribe("fleet/all", q(n), opts(1)));
+    }
+    let routes = r.resolve(&msg("fleet.all", &[]), "");
+    assert_eq!(routes.queues.len(), 100);
+    assert!(routes.queues.iter().all(|route| route.qos == 1));
+    let mut ids: Vec<u64> = routes.queues.iter().map(|route| route.queue.0).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..100).collect::<Vec<_>>());
+    // Unsubscribed one at a time, each is gone from the routes.
+    for n in 0..100 {
+        assert!(r.unsubscribe("fleet/all", &q(n)));
+        assert!(r.unsubscribe("fleet/#", &q(n)));
+        assert!(!r.unsubscribe("fleet/#", &q(n)));
+    }
+    assert!(r.resolve(&msg("fleet.all", &[]), "").is_empty());
+}

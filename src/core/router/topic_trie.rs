@@ -2,8 +2,10 @@
 
 use std::collections::HashMap;
 
-use super::exchange::{retain_count, upsert, Binding};
+use super::binding_list::BindingList;
+use super::exchange::{Binding, Destination};
 use crate::core::blocking::off_worker;
+use crate::core::value::Value;
 
 /// A topic-exchange trie node: one level per word; `*` and `#` children.
 #[derive(Debug, Default)]
@@ -12,7 +14,7 @@ pub(super) struct Node {
     star: Option<Box<Node>>,
     hash: Option<Box<Node>>,
     /// Bindings whose pattern ends at this node.
-    here: Vec<Binding>,
+    here: BindingList,
 }
 
 impl Node {
@@ -30,13 +32,13 @@ impl Node {
 
     pub(super) fn insert(&mut self, words: &[String], b: Binding) -> bool {
         match words.split_first() {
-            None => upsert(&mut self.here, b),
+            None => self.here.upsert(b),
             Some((w, rest)) => self.child_mut(w).insert(rest, b),
         }
     }
 
     pub(super) fn remove(&mut self, words: &[String], pred: &dyn Fn(&Binding) -> bool) -> usize {
-        let Some((w, rest)) = words.split_first() else { return retain_count(&mut self.here, pred) };
+        let Some((w, rest)) = words.split_first() else { return self.here.retain_count(pred) };
         let (n, empty) = match w.as_str() {
             "*" => match self.star.as_mut() {
                 Some(c) => (c.remove(rest, pred), c.is_empty()),
@@ -63,8 +65,36 @@ impl Node {
         n
     }
 
+    /// Removes the binding (dest, key, args) whose pattern is `words`, pruning the nodes it
+    /// leaves empty.
+    pub(super) fn remove_one(
+        &mut self,
+        words: &[String],
+        dest: &Destination,
+        key: &str,
+        args: &[(String, Value)],
+    ) -> Option<Binding> {
+        let Some((w, rest)) = words.split_first() else { return self.here.remove_one(dest, key, args) };
+        let child = match w.as_str() {
+            "*" => self.star.as_deref_mut(),
+            "#" => self.hash.as_deref_mut(),
+            other => self.children.get_mut(other),
+        }?;
+        let removed = child.remove_one(rest, dest, key, args);
+        if child.is_empty() {
+            match w.as_str() {
+                "*" => self.star = None,
+                "#" => self.hash = None,
+                other => {
+                    self.children.remove(other);
+                }
+            }
+        }
+        removed
+    }
+
     pub(super) fn remove_all(&mut self, pred: &dyn Fn(&Binding) -> bool) -> usize {
-        let mut n = retain_count(&mut self.here, pred);
+        let mut n = self.here.retain_count(pred);
         for c in self.children.values_mut() {
             n += c.remove_all(pred);
         }
