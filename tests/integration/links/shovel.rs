@@ -55,7 +55,24 @@ async fn consume_until(broker: &Broker, queue: &str, want: std::ops::Range<u32>)
     let mut seen = std::collections::BTreeSet::new();
     let mut order = Vec::new();
     while !want.clone().all(|i| seen.contains(&i)) {
-        let d = next_delivery(&mut consumer).await;
+        let d = match tokio::time::timeout(WAIT, futures_util::StreamExt::next(&mut consumer)).await {
+            Ok(Some(Ok(d))) => d,
+            other => {
+                // Say what is missing and where the queue stands, so that a failure tells a
+                // message lost from one still on its way.
+                let missing: Vec<u32> = want.clone().filter(|i| !seen.contains(i)).collect();
+                let (_, q) = Api::of(broker).get(&format!("/api/queues/%2F/{queue}")).await;
+                panic!(
+                    "no delivery from {queue} within {WAIT:?} ({other:?}); missing {} of {want:?}: {missing:?}; \
+                     the queue: messages {} ready {} unacked {} consumers {}",
+                    missing.len(),
+                    q["messages"],
+                    q["messages_ready"],
+                    q["messages_unacknowledged"],
+                    q["consumers"]
+                );
+            }
+        };
         let i: u32 = std::str::from_utf8(&d.data).unwrap()[1..].parse().unwrap();
         if want.contains(&i) && seen.insert(i) {
             order.push(i);
