@@ -93,6 +93,8 @@ pub enum ClusterCommand {
         /// Its node name.
         name: String,
     },
+    /// The member asked leaves the cluster for good (the others forget it); stop it after.
+    Leave,
 }
 
 /// The commands.
@@ -587,6 +589,13 @@ pub fn run(args: &CtlArgs) -> Result<String, CtlError> {
         CtlCommand::Cluster { command: ClusterCommand::Forget { name } } => {
             api.call("DELETE", &format!("/ferrymq/cluster/members/{}", enc(name)), None, &[])?;
             Ok(format!("{name} is no longer a member\n"))
+        }
+        CtlCommand::Cluster { command: ClusterCommand::Leave } => {
+            let status = api.get("/ferrymq/cluster")?;
+            let name =
+                status["node"].as_str().ok_or_else(|| CtlError::Local("the node did not say its name".into()))?;
+            api.call("DELETE", &format!("/ferrymq/cluster/members/{}", enc(name)), None, &[])?;
+            Ok(format!("{name} left the cluster: stop it now (started again, it must have an empty data directory to rejoin)\n"))
         }
         CtlCommand::Groups { stream } => {
             let s = api.get(&format!("/ferrymq/streams/{v}/{}/groups", enc(stream)))?;

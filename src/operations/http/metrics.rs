@@ -86,6 +86,16 @@ pub fn render(ctx: &HttpContext) -> String {
     let conns = b.connections().list();
     let channels: u64 = conns.iter().map(|c| Stats::get(&c.channels)).sum();
     let q = QueueTotals::of(ctx);
+    // Which node these figures are of, and its cluster (RabbitMQ's labels): a scraper of
+    // every member tells them apart by it.
+    let identity = Family::<Labels, Gauge>::default();
+    identity
+        .get_or_create(&vec![
+            ("rabbitmq_node".to_string(), ctx.node().to_string()),
+            ("rabbitmq_cluster".to_string(), ctx.access.cluster_name()),
+        ])
+        .set(1);
+    r.register("rabbitmq_identity_info", "The node and cluster these metrics are of", identity);
     gauge(&mut r, "rabbitmq_connections", "Connections currently open (AMQP and MQTT)", conns.len() as u64);
     gauge(&mut r, "rabbitmq_channels", "Channels currently open", channels);
     gauge(&mut r, "rabbitmq_consumers", "Consumers currently connected", q.consumers);

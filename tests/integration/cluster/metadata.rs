@@ -77,6 +77,9 @@ async fn three_members_agree_on_one_leader_and_list_each_other() {
     .await;
     let (code, _) = api.get("/api/nodes/n1").await;
     assert_eq!(code, StatusCode::OK);
+    // /metrics names the member its figures are of, as RabbitMQ's identity series does.
+    let metrics = reqwest::get(format!("{}/metrics", c.api(1).base)).await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("rabbitmq_identity_info{rabbitmq_node=\"n1\""), "{metrics}");
     // `ferrymq ctl cluster status` prints the same.
     let out = std::process::Command::new(crate::common::binary())
         .args(["ctl", "--url", &format!("http://{}", c.member(1).http.unwrap()), "cluster", "status"])
@@ -381,4 +384,33 @@ async fn a_member_whose_disk_was_replaced_rejoins_as_a_new_node() {
     c.leader(&[1, 2]).await;
     let (_conn, ch) = channel(&c, 2).await;
     durable_topic(&ch, "after-replacement").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_leaves_is_no_longer_counted() {
+    let mut c = Cluster::start(3, "command_timeout_ms = 3000");
+    let leader = c.leader(&[0, 1, 2]).await;
+    // The leader itself leaves: the other two go on as a cluster of two.
+    let url = format!("http://{}", c.member(leader).http.unwrap());
+    let out = std::process::Command::new(crate::common::binary())
+        .args(["ctl", "--url", &url, "cluster", "leave"])
+        .output()
+        .expect("ctl");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{said}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(said.contains(&format!("n{leader} left the cluster")), "{said}");
+    c.kill(leader);
+    let rest: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
+    c.leader(&rest).await;
+    let s = c.status(rest[0]).await;
+    let names: Vec<&str> = s["members"].as_array().unwrap().iter().map(|m| m["name"].as_str().unwrap()).collect();
+    let expected: Vec<String> = rest.iter().map(|i| format!("n{i}")).collect();
+    assert_eq!(names, expected, "{s}");
+    // Both left must commit (a majority of two), and do.
+    let (_conn, ch) = channel(&c, rest[1]).await;
+    durable_topic(&ch, "after-leave").await;
+    eventually("declared on the other member", WAIT, || async {
+        c.api(rest[0]).get("/api/exchanges/%2f/after-leave").await.0.is_success().then_some(())
+    })
+    .await;
 }
