@@ -130,6 +130,8 @@ pub struct MemberStatus {
     pub last_contact_ms: Option<u64>,
     /// The last metadata entry the leader knows it holds (on the leader only).
     pub matched_index: Option<u64>,
+    /// How many entries of the leader's log it does not hold yet (on the leader only).
+    pub lag: Option<u64>,
 }
 
 /// The cluster as this member sees it.
@@ -374,6 +376,11 @@ impl Cluster {
                 let matched_index = id
                     .and_then(|id| metrics.as_ref()?.replication.as_ref()?.get(&id).cloned().flatten())
                     .map(|l| l.index);
+                let last_index = metrics.as_ref().and_then(|m| m.replication.as_ref().and(m.last_log_index));
+                let lag = id
+                    .filter(|_| last_index.is_some())
+                    .and_then(|id| metrics.as_ref()?.replication.as_ref()?.get(&id).cloned())
+                    .map(|matched| last_index.unwrap_or(0).saturating_sub(matched.map_or(0, |l| l.index)));
                 let voter = match (&membership, id) {
                     (Some(m), Some(id)) => m.voter_ids().any(|v| v == id),
                     _ => true,
@@ -389,6 +396,7 @@ impl Cluster {
                     last_contact_ms: since.map(|s| s.as_millis() as u64),
                     role,
                     matched_index,
+                    lag,
                     this,
                     name,
                 }

@@ -570,6 +570,7 @@ pub fn run(args: &CtlArgs) -> Result<String, CtlError> {
                 col("running", "running", Plain),
                 col("last contact ms", "last_contact_ms", Count),
                 col("matched index", "matched_index", Count),
+                col("lag", "lag", Count),
             ];
             Ok(format!(
                 "cluster as {} sees it: leader {}, term {}, applied index {}\n{}",

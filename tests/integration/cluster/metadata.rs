@@ -77,6 +77,12 @@ async fn three_members_agree_on_one_leader_and_list_each_other() {
     .await;
     let (code, _) = api.get("/api/nodes/n1").await;
     assert_eq!(code, StatusCode::OK);
+    // The leader sees every member holding its whole log.
+    eventually("no member lagging behind the leader", WAIT, || async {
+        let s = c.status(leader).await;
+        s["members"].as_array()?.iter().all(|m| m["lag"] == json!(0)).then_some(())
+    })
+    .await;
     // /metrics names the member its figures are of, as RabbitMQ's identity series does.
     let metrics = reqwest::get(format!("{}/metrics", c.api(1).base)).await.unwrap().text().await.unwrap();
     assert!(metrics.contains("rabbitmq_identity_info{rabbitmq_node=\"n1\""), "{metrics}");
