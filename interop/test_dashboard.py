@@ -21,7 +21,7 @@ from pathlib import Path
 import pika
 import pytest
 
-from brokers import Broker, free_port
+from brokers import Broker, free_port, free_ports
 from mqttclient import V5, connect_props
 
 pytestmark = [pytest.mark.amqp, pytest.mark.ferrymq_only(reason="FerryMQ's dashboard")]
@@ -391,3 +391,43 @@ def test_the_mqtt_page_names_a_bridge_the_rules_let_do_nothing(request, tmp_path
         assert errors(browser) == [], "console errors"
     finally:
         b.stop()
+
+
+def test_a_cluster_member_lists_every_member_on_the_overview(request, tmp_path, browser):
+    """Issue 26: the dashboard shows the nodes. Three members on loopback form a cluster;
+    the overview of one lists all three, running, one of them the metadata group's leader."""
+    from selenium.webdriver.common.by import By
+
+    peers = free_ports(3)
+    members = []
+    for i in range(3):
+        others = ", ".join(f'"n{j}@127.0.0.1:{peers[j]}"' for j in range(3) if j != i)
+        conf = tmp_path / f"n{i}.toml"
+        conf.write_text(
+            f'[cluster]\nnode_name = "n{i}"\nlisten = "127.0.0.1:{peers[i]}"\n'
+            f'peers = [{others}]\nsecret = "interop-cluster-secret-0123456789"\n')
+        b = Broker("ferrymq", tmp_path / f"n{i}", config=conf)
+        request.node._interop_brokers = getattr(request.node, "_interop_brokers", []) + [(b, None)]
+        members.append(b)
+    for b in members:
+        b.start()
+    try:
+        log_in(browser, members[0])
+        go(browser, "overview")
+
+        def listed():
+            rows = browser.find_elements(By.CSS_SELECTOR, "#cluster-table tbody tr")
+            texts = {r.get_attribute("data-name"): r.text for r in rows}
+            if set(texts) != {"n0", "n1", "n2"}:
+                return None
+            if not all("yes" in t for t in texts.values()) or not any("leader" in t for t in texts.values()):
+                return None
+            return texts
+
+        texts = wait_for("three members listed, running, one of them leader", listed, timeout=40)
+        assert "(this node)" in texts["n0"], texts
+        shot(browser, "overview-cluster")
+        assert errors(browser) == [], "console errors"
+    finally:
+        for b in members:
+            b.stop()

@@ -99,6 +99,14 @@ async function overview() {
       { title: "disk free", cell: x => bytes(x.disk_free) },
       { title: "journal", cell: x => `${fmt(x.journal.segments)} segments, ${bytes(x.journal.log_bytes)}, ${fmt(x.journal.group_commits)} group commits, ${fmt(x.journal.fsyncs)} fsyncs` }],
       [n])),
+    // A cluster member lists every member as it sees them (role in the metadata group,
+    // heard from within 5 s, last contact).
+    ...(nodes.length > 1 ? [el("div", { class: "card" }, el("h2", {}, "Cluster"), table("cluster-table", [
+      { title: "member", cell: x => x === n ? x.name + " (this node)" : x.name },
+      { title: "role", cell: x => (x.ferrymq_cluster || {}).role || "" },
+      { title: "running", cell: x => x.running === false ? "no" : "yes" },
+      { title: "last contact", cell: x => { const ms = (x.ferrymq_cluster || {}).last_contact_ms; return ms == null ? "" : fmt(ms) + " ms"; }, num: true }],
+      nodes, x => x.name))] : []),
     el("p", { class: "muted" }, `${o.product_name} ${o.product_version} — RabbitMQ management API ${o.management_version} — ${o.node}`));
   state.rates.push({ t: Date.now(), publish: o.message_stats.publish_details.rate || 0, deliver: o.message_stats.deliver_get_details.rate || 0 });
   state.rates = state.rates.slice(-120);
