@@ -115,19 +115,7 @@ async fn declarations_on_one_member_route_on_every_member() {
         b.as_array()?.iter().any(|b| b["source"] == json!("orders") && b["routing_key"] == json!("eu.#")).then_some(())
     })
     .await;
-    confirm_select(&ch).await;
-    let confirm = bounded(
-        "publish",
-        ch.basic_publish("orders".into(), "eu.de".into(), BasicPublishOptions::default(), b"o-1", persistent()),
-    )
-    .await
-    .expect("publish");
-    bounded("confirm", confirm).await.expect("confirm");
-    let got = eventually("the message in n2's queue", WAIT, || async {
-        bounded("basic.get", ch.basic_get("eu-orders".into(), BasicGetOptions { no_ack: true })).await.ok().flatten()
-    })
-    .await;
-    assert_eq!(got.delivery.data, b"o-1");
+    assert_eq!(super::publish_then_get(&ch, "orders", "eu.de", "eu-orders", b"o-1").await, b"o-1");
     // Deleted through member 0: gone everywhere.
     let (_conn, ch) = channel(&c, 0).await;
     bounded("queue.delete", ch.queue_delete("eu-orders".into(), QueueDeleteOptions::default())).await.expect("delete");

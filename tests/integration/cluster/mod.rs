@@ -7,3 +7,24 @@
 mod metadata;
 mod peers;
 mod snapshots;
+
+use crate::common::amqp::*;
+use crate::common::{eventually, WAIT};
+
+/// Publishes `body` to `exchange` with `key` on `ch`, persistent, waits for its confirm, then
+/// for it in `queue` (basic.get): what arrived.
+async fn publish_then_get(ch: &Channel, exchange: &str, key: &str, queue: &str, body: &[u8]) -> Vec<u8> {
+    confirm_select(ch).await;
+    let confirm = bounded(
+        "publish",
+        ch.basic_publish(exchange.into(), key.into(), BasicPublishOptions::default(), body, persistent()),
+    )
+    .await
+    .expect("publish");
+    bounded("confirm", confirm).await.expect("confirm");
+    let got = eventually(&format!("the message in {queue}"), WAIT, || async {
+        bounded("basic.get", ch.basic_get(queue.into(), BasicGetOptions { no_ack: true })).await.ok().flatten()
+    })
+    .await;
+    got.delivery.data
+}

@@ -39,19 +39,7 @@ async fn holds_the_metadata(c: &Cluster, i: usize) {
         b.as_array()?.iter().any(|b| b["source"] == json!("snap-x")).then_some(())
     })
     .await;
-    confirm_select(&ch).await;
-    let confirm = bounded(
-        "publish",
-        ch.basic_publish("snap-x".into(), "k.29".into(), BasicPublishOptions::default(), b"m", persistent()),
-    )
-    .await
-    .expect("publish");
-    bounded("confirm", confirm).await.expect("confirm");
-    let got = eventually("the message in snap-29", WAIT, || async {
-        bounded("basic.get", ch.basic_get("snap-29".into(), BasicGetOptions { no_ack: true })).await.ok().flatten()
-    })
-    .await;
-    assert_eq!(got.delivery.data, b"m");
+    assert_eq!(super::publish_then_get(&ch, "snap-x", "k.29", "snap-29", b"m").await, b"m");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
