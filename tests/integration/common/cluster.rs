@@ -1,13 +1,15 @@
 //! Three (or more) real `ferrymq` processes on loopback that form one cluster: each with
 //! its own data directory, ephemeral client ports, and a peer port chosen free at the
 //! start and kept across restarts (the others' `cluster.peers` name it). Any member can be
-//! SIGKILLed, restarted on its data directory, or paused (SIGSTOP) and resumed.
+//! SIGKILLed, restarted on its data directory, or paused (SIGSTOP) and resumed; a cluster
+//! started with [`Cluster::start_partitionable`] can also be cut apart ([`Partitions`]).
 
 use std::time::Duration;
 
 use serde_json::Value;
 
 use super::http::Api;
+use super::partition::Partitions;
 use super::{eventually, Broker, Opts};
 
 /// The secret every test member holds.
@@ -18,14 +20,37 @@ pub struct Cluster {
     members: Vec<Option<Broker>>,
     /// Each member's peer address (`cluster.listen`).
     pub peer_addrs: Vec<String>,
+    /// The proxies on the peer links, when the members reach each other through them.
+    partitions: Option<Partitions>,
 }
 
 impl Cluster {
     /// Starts `n` members; `extra` is added to each one's `[cluster]` section.
     pub fn start(n: usize, extra: &str) -> Cluster {
         let peer_addrs: Vec<String> = (0..n).map(|_| format!("127.0.0.1:{}", peer_port())).collect();
-        let members = (0..n).map(|i| Some(Broker::start_with(member_opts(i, &peer_addrs, extra)))).collect();
-        Cluster { members, peer_addrs }
+        let members = (0..n)
+            .map(|i| Some(Broker::start_with(member_opts(i, &peer_addrs, |j| peer_addrs[j].clone(), extra))))
+            .collect();
+        Cluster { members, peer_addrs, partitions: None }
+    }
+
+    /// Starts `n` members that reach each other through [`Partitions`]' proxies, so that
+    /// [`Cluster::partitions`] can cut them apart.
+    pub fn start_partitionable(n: usize, extra: &str) -> Cluster {
+        let peer_addrs: Vec<String> = (0..n).map(|_| format!("127.0.0.1:{}", peer_port())).collect();
+        let partitions = Partitions::new(&peer_addrs);
+        let members = (0..n)
+            .map(|i| {
+                let via = |j: usize| partitions.addr(i, j).to_owned();
+                Some(Broker::start_with(member_opts(i, &peer_addrs, via, extra)))
+            })
+            .collect();
+        Cluster { members, peer_addrs, partitions: Some(partitions) }
+    }
+
+    /// The proxies of a cluster started with [`Cluster::start_partitionable`].
+    pub fn partitions(&self) -> &Partitions {
+        self.partitions.as_ref().expect("a cluster started with start_partitionable")
     }
 
     /// Starts one more member, `n{len}`, whose `cluster.peers` name every member so far (it
@@ -33,7 +58,9 @@ impl Cluster {
     pub fn add(&mut self) -> usize {
         let i = self.members.len();
         self.peer_addrs.push(format!("127.0.0.1:{}", peer_port()));
-        self.members.push(Some(Broker::start_with(member_opts(i, &self.peer_addrs, ""))));
+        assert!(self.partitions.is_none(), "members are added to a cluster without proxies");
+        let addrs = self.peer_addrs.clone();
+        self.members.push(Some(Broker::start_with(member_opts(i, &addrs, |j| addrs[j].clone(), ""))));
         i
     }
 
@@ -109,10 +136,11 @@ impl Cluster {
     }
 }
 
-/// The options of member `i` of the members at `peer_addrs`.
-fn member_opts(i: usize, peer_addrs: &[String], extra: &str) -> Opts {
+/// The options of member `i` of the members at `peer_addrs`, which reaches member `j` at
+/// `via(j)`.
+fn member_opts(i: usize, peer_addrs: &[String], via: impl Fn(usize) -> String, extra: &str) -> Opts {
     let peers: Vec<String> =
-        (0..peer_addrs.len()).filter(|j| *j != i).map(|j| format!("\"n{j}@{}\"", peer_addrs[j])).collect();
+        (0..peer_addrs.len()).filter(|j| *j != i).map(|j| format!("\"n{j}@{}\"", via(j))).collect();
     Opts::default().config(&format!(
         "[cluster]\nnode_name = \"n{i}\"\nlisten = \"{}\"\npeers = [{}]\nsecret = \"{SECRET}\"\n{extra}\n",
         peer_addrs[i],

@@ -14,6 +14,7 @@ pub mod amqp;
 mod broker;
 pub mod cluster;
 pub mod http;
+pub mod partition;
 
 pub use broker::{binary, run_binary, Broker, Opts};
 
