@@ -192,7 +192,55 @@ pub(super) async fn write_frame<W: AsyncWrite + Unpin, T: Serialize>(w: &mut W, 
     Ok(())
 }
 
+/// Writes `value` and the bytes of `blob` after it as one message frame (the links' frames
+/// after the handshake): its length, the length of `value`'s JSON, the JSON, the bytes.
+/// Bodies travel as they are, not inside the JSON.
+pub(super) async fn write_message<W: AsyncWrite + Unpin, T: Serialize>(
+    w: &mut W,
+    value: &T,
+    blob: &[bytes::Bytes],
+) -> Result<(), LinkError> {
+    let json = serde_json::to_vec(value).map_err(|e| LinkError::Decode(e.to_string()))?;
+    let len = 4 + json.len() + blob.iter().map(|b| b.len()).sum::<usize>();
+    if len > MAX_FRAME {
+        return Err(LinkError::TooLarge(len));
+    }
+    let mut head = Vec::with_capacity(8 + json.len());
+    head.extend_from_slice(&(len as u32).to_be_bytes());
+    head.extend_from_slice(&(json.len() as u32).to_be_bytes());
+    head.extend_from_slice(&json);
+    w.write_all(&head).await?;
+    for b in blob {
+        w.write_all(b).await?;
+    }
+    w.flush().await?;
+    Ok(())
+}
+
+/// Reads one message frame ([`write_message`]): the value and the bytes after it.
+pub(super) async fn read_message<R: AsyncRead + Unpin, T: DeserializeOwned>(
+    r: &mut R,
+) -> Result<(T, bytes::Bytes), LinkError> {
+    let mut len = [0u8; 4];
+    r.read_exact(&mut len).await?;
+    let len = u32::from_be_bytes(len) as usize;
+    if !(4..=MAX_FRAME).contains(&len) {
+        return Err(LinkError::TooLarge(len));
+    }
+    let mut frame = vec![0u8; len];
+    r.read_exact(&mut frame).await?;
+    let json_len = u32::from_be_bytes([frame[0], frame[1], frame[2], frame[3]]) as usize;
+    if json_len > len - 4 {
+        return Err(LinkError::Decode(format!("a frame of {len} bytes with {json_len} of JSON")));
+    }
+    let mut frame = bytes::Bytes::from(frame);
+    let blob = frame.split_off(4 + json_len);
+    let value = serde_json::from_slice(&frame[4..]).map_err(|e| LinkError::Decode(e.to_string()))?;
+    Ok((value, blob))
+}
+
 /// Reads one frame as a `T`.
+#[cfg(test)]
 pub(super) async fn read_frame<R: AsyncRead + Unpin, T: DeserializeOwned>(r: &mut R) -> Result<T, LinkError> {
     read_frame_within(r, MAX_FRAME).await
 }

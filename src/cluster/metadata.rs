@@ -107,7 +107,7 @@ pub(super) enum MetaError {
     Store(#[from] StoreError),
 }
 
-fn table(args: &[(String, Value)]) -> Vec<u8> {
+pub(super) fn table(args: &[(String, Value)]) -> Vec<u8> {
     let mut b = BytesMut::new();
     encode_table(args, &mut b);
     b.to_vec()
@@ -124,7 +124,7 @@ pub(super) fn replicated(command: &Command, names: &dyn QueueNames) -> Result<Op
         let (to_queue, destination) = match &b.dest {
             Destination::Queue(id) => (true, names.queue_name(*id).ok_or(MetaError::UnknownQueue(id.0))?.1),
             Destination::Exchange(x) => (false, x.clone()),
-            Destination::Session(_) => return Ok(None),
+            Destination::Session(_) | Destination::Member(_) => return Ok(None),
         };
         Ok(Some(MetaCommand::Binding {
             put,

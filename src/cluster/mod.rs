@@ -13,20 +13,27 @@
 //!   snapshot holds.
 //! - [`replicated`] — the core's [`StateMachine`] seam, replicated: metadata commands are
 //!   committed by a majority before they are acknowledged; the rest stays local.
+//! - [`interest`] — where each member's own subscribers and transient queues are, told to
+//!   the others.
+//! - [`forward`] — publishes forwarded to the members whose subscribers they match.
 //! - [`membership`] — forming the group, joining it, forgetting a member.
 //! - [`health`] — when each member was last heard from.
+//! - [`node`] — what the cluster needs of the member it runs on.
 //! - [`types`] — the group's openraft types.
 //!
 //! Without `[cluster]` none of this runs. What is replicated so far, and what is not yet
 //! (messages, sessions), is in `docs/cluster.md`.
 
 mod catalogue;
+mod forward;
 mod health;
+mod interest;
 mod link;
 mod log_store;
 mod membership;
 mod metadata;
 mod network;
+mod node;
 mod replicated;
 mod rpc;
 mod serve;
@@ -38,7 +45,6 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use futures_util::future::BoxFuture;
 use openraft::error::{ClientWriteError, RaftError};
 use serde::Serialize;
 use tokio::net::TcpListener;
@@ -46,6 +52,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 pub use metadata::{MetaCommand, QueueNames};
+pub use node::NodeState;
 pub use rpc::MembershipChange;
 pub use types::PeerNode;
 
@@ -59,15 +66,8 @@ use self::rpc::{ForwardedWriteError, PeerClient, PeerResponse};
 use self::state_machine::MetaStateMachine;
 use self::types::{MetaEntry, MetaRaftHandle};
 use crate::composition::config::{ClusterSection, TlsSection};
-use crate::core::store::{Command, QueueCatalog, StateMachine, StoreError};
-
-/// What the metadata group needs of the member it runs on, once that member is built.
-pub trait NodeState: QueueNames + Send + Sync {
-    /// Applies committed commands (with this member's queue ids) to this member's memory:
-    /// entities to the routing table and the queue registry, users, virtual hosts and
-    /// permissions to theirs. Idempotent: the member that made a change applied it already.
-    fn apply<'a>(&'a self, commands: &'a [Command]) -> BoxFuture<'a, ()>;
-}
+use crate::core::broker::Broker;
+use crate::core::store::{QueueCatalog, StateMachine, StoreError};
 
 /// Why the cluster cannot start.
 #[derive(Debug, thiserror::Error)]
@@ -106,6 +106,41 @@ pub struct Cluster {
     forward: parking_lot::Mutex<HashMap<String, Vec<PeerClient>>>,
     /// Entries the state machine refused, by index.
     refusals: Arc<Refusals>,
+    /// Forwarding to the other members (once started).
+    routing: OnceLock<Arc<Routing>>,
+}
+
+/// Forwarding between members: this member's interest, the others', and the publishes
+/// forwarded to them.
+pub(super) struct Routing {
+    own: Arc<interest::OwnInterest>,
+    remote: interest::RemoteInterest,
+    forwarder: Arc<forward::Forwarder>,
+    broker: Arc<Broker>,
+    node: Arc<dyn NodeState>,
+    /// The members forwarded to, by name.
+    members: parking_lot::Mutex<std::collections::HashSet<String>>,
+}
+
+impl Routing {
+    /// Starts announcing this member's interest to member `name` at `addr`, and a queue
+    /// of publishes for it (nothing when started before).
+    fn add_member(&self, me: &str, name: &str, addr: &str, auth: &Arc<PeerAuth>) {
+        if !self.members.lock().insert(name.to_owned()) {
+            return;
+        }
+        self.forwarder.add_member(name, addr);
+        let (told, rx) = watch::channel(interest::Announced::default());
+        self.own.told(name, rx);
+        tokio::spawn(interest::announce(
+            self.own.clone(),
+            me.to_owned(),
+            name.to_owned(),
+            addr.to_owned(),
+            auth.clone(),
+            told,
+        ));
+    }
 }
 
 impl std::fmt::Debug for Cluster {
@@ -147,6 +182,9 @@ pub struct ClusterStatus {
     pub applied_index: Option<u64>,
     /// Every member.
     pub members: Vec<MemberStatus>,
+    /// Publishes for other members' subscribers dropped since start (a member that could
+    /// not be reached, or whose queue was full).
+    pub forward_dropped: u64,
 }
 
 impl Cluster {
@@ -174,6 +212,7 @@ impl Cluster {
             node: OnceLock::new(),
             forward: Default::default(),
             refusals: Default::default(),
+            routing: OnceLock::new(),
         }))
     }
 
@@ -217,6 +256,7 @@ impl Cluster {
         let config = Arc::new(config.validate().map_err(|e| ClusterError::Raft(e.to_string()))?);
         let db = self.log.db().clone();
         let refusals = self.refusals.clone();
+        let routing = self.start_routing(&node);
         let sm = crate::core::blocking::spawn(move || MetaStateMachine::open(&db, catalog, local, node, refusals))
             .await
             .map_err(|e| ClusterError::Raft(e.to_string()))?
@@ -237,12 +277,70 @@ impl Cluster {
             self.auth.clone(),
             raft.clone(),
             self.health.clone(),
+            routing.clone(),
         ));
+        tokio::spawn(self.clone().follow_members(raft.clone(), routing));
         // Formed (or joined) in the background: a member never waits for the others to start.
         tokio::spawn(self.clone().form(raft.clone()));
         info!(node = %self.name, listen = %self.cfg.listen, peers = self.cfg.peers.len(), "cluster: member started");
         self.raft.send_replace(Some(raft));
         Ok(())
+    }
+
+    /// Forwarding between this member and the others (`cluster.peers` first; members that
+    /// join later as they do): the core's bindings are followed and its publishes to other
+    /// members' bindings forwarded from now on.
+    fn start_routing(&self, node: &Arc<dyn NodeState>) -> Arc<Routing> {
+        let broker = node.broker();
+        let own = interest::OwnInterest::new(node.clone());
+        let forwarder = Arc::new(forward::Forwarder::new(&self.name, self.auth.clone(), own.clone()));
+        let routing = Arc::new(Routing {
+            own: own.clone(),
+            remote: interest::RemoteInterest::new(broker.clone()),
+            forwarder: forwarder.clone(),
+            broker: broker.clone(),
+            node: node.clone(),
+            members: Default::default(),
+        });
+        for p in &self.cfg.peers {
+            routing.add_member(&self.name, &p.name, &p.addr, &self.auth);
+        }
+        let _ = self.routing.set(routing.clone());
+        broker.join_cluster(own, forwarder);
+        routing
+    }
+
+    /// Adds forwarding to each member that joins (its address as `cluster.peers` or the
+    /// membership gives it), for as long as the Raft node runs.
+    async fn follow_members(self: Arc<Self>, raft: MetaRaftHandle, routing: Arc<Routing>) {
+        let mut metrics = raft.metrics();
+        let mut seen = None;
+        loop {
+            // Metrics change with every entry: the members are looked at when the
+            // membership did.
+            let (at, nodes): (_, Vec<PeerNode>) = {
+                let m = metrics.borrow_and_update();
+                let config = &m.membership_config;
+                (*config.log_id(), config.membership().nodes().map(|(_, n)| n.clone()).collect())
+            };
+            if seen.replace(at) != Some(at) {
+                for node in nodes.iter().filter(|n| n.name != self.name) {
+                    let addr = self.addr_of(node);
+                    if !addr.is_empty() {
+                        routing.add_member(&self.name, &node.name, &addr, &self.auth);
+                    }
+                }
+            }
+            if metrics.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Publishes for other members' subscribers dropped since start (a member that could
+    /// not be reached, a full queue).
+    pub fn forward_dropped(&self) -> u64 {
+        self.routing.get().map_or(0, |r| r.forwarder.dropped())
     }
 
     /// Stops the Raft node (at shutdown, after the clients).
@@ -408,6 +506,7 @@ impl Cluster {
             term: metrics.as_ref().map_or(0, |m| m.current_term),
             applied_index: metrics.as_ref().and_then(|m| m.last_applied).map(|l| l.index),
             members,
+            forward_dropped: self.forward_dropped(),
         }
     }
 }

@@ -1,5 +1,6 @@
-//! What members say to each other over the peer link: openraft's RPCs and the metadata
-//! writes a follower forwards to the leader, one request and one response per frame, in
+//! What members say to each other over the peer link: openraft's RPCs, the metadata writes
+//! a follower forwards to the leader, where each member's subscribers are, and the
+//! publishes forwarded to them; one request and one response per frame, in
 //! order on each link. [`PeerClient`] is the calling side: one link, opened on first use
 //! and again after a failure.
 
@@ -32,6 +33,10 @@ pub(super) enum PeerRequest {
     ChangeMembers(MembershipChange),
     /// Whether the metadata group exists on the member asked (a starting member asks).
     Hello,
+    /// The sender's interest: where its own subscribers and transient queues are.
+    Interest(InterestUpdate),
+    /// Publishes the sender's routes sent here; their headers and bodies follow the JSON.
+    Forward(Vec<Forwarded>),
 }
 
 /// The answer to a [`PeerRequest`] (the same variant).
@@ -55,6 +60,9 @@ pub(super) enum PeerResponse {
     },
     /// The request is not answered now (why).
     Refused(String),
+    /// To [`PeerRequest::Interest`] (applied) and [`PeerRequest::Forward`] (routed here,
+    /// and stored for this member's queues).
+    Done,
 }
 
 /// A change of membership, as a member asks the leader for it.
@@ -114,13 +122,23 @@ impl PeerClient {
     /// Sends `request` and reads its response within `ttl`, connecting first when there is
     /// no link; a failed call drops the link (the next call opens a new one).
     pub(super) async fn call(&mut self, request: &PeerRequest, ttl: Duration) -> Result<PeerResponse, LinkError> {
+        self.call_with(request, &[], ttl).await
+    }
+
+    /// [`PeerClient::call`] with the bytes of `blob` after the request (message bodies).
+    pub(super) async fn call_with(
+        &mut self,
+        request: &PeerRequest,
+        blob: &[bytes::Bytes],
+        ttl: Duration,
+    ) -> Result<PeerResponse, LinkError> {
         let result = tokio::time::timeout(ttl, async {
             if self.stream.is_none() {
                 self.stream = Some(link::connect(&self.addr, &self.me, &self.peer, &self.auth).await?);
             }
             let stream = self.stream.as_mut().expect("connected above");
-            link::write_frame(stream, request).await?;
-            link::read_frame(stream).await
+            link::write_message(stream, request, blob).await?;
+            link::read_message(stream).await.map(|(response, _)| response)
         })
         .await
         .unwrap_or(Err(LinkError::Timeout));
@@ -129,4 +147,47 @@ impl PeerClient {
         }
         result
     }
+}
+
+/// One entry of a member's interest: bindings with this source, key and arguments lead to
+/// its own destinations.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub(super) struct InterestKey {
+    /// The virtual host.
+    pub vhost: String,
+    /// The source exchange.
+    pub exchange: String,
+    /// The binding key.
+    pub key: String,
+    /// The binding arguments, as an AMQP field table.
+    pub args: Vec<u8>,
+}
+
+/// What a member announces to another: changes of its interest in order (`true`: added),
+/// or a part of the whole set (a resync: what the receiver holds of the sender and the
+/// resync does not name is removed at its end).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(super) struct InterestUpdate {
+    /// This update starts a resync.
+    pub resync_start: bool,
+    /// This update ends a resync.
+    pub resync_end: bool,
+    /// The changes, in order.
+    pub changes: Vec<(bool, InterestKey)>,
+}
+
+/// One forwarded publish, as the batch's JSON names it; its header and body follow the
+/// JSON, in order.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(super) struct Forwarded {
+    /// The virtual host it was routed in.
+    pub vhost: String,
+    /// The exchanges whose bindings to the receiving member matched.
+    pub via: Vec<String>,
+    /// The publisher (MQTT client id, for no-local).
+    pub publisher: String,
+    /// Bytes of its record header (the message but its body).
+    pub header: u32,
+    /// Bytes of its body.
+    pub body: u32,
 }

@@ -1,6 +1,6 @@
 //! The peer listener (`cluster.listen`): each accepted connection is authenticated
-//! ([`link::accept`]), then its requests are answered in order by this member's Raft
-//! node. A connection that fails the handshake is closed; refusals are logged at most once
+//! ([`link::accept`]), then its requests are answered in order: by this member's Raft
+//! node, its view of the other members' interest, or its routing of forwarded publishes. A connection that fails the handshake is closed; refusals are logged at most once
 //! a minute (with how many there were), so a port scan cannot flood the log.
 
 use std::net::SocketAddr;
@@ -13,11 +13,13 @@ use openraft::LogId;
 use tokio::net::TcpListener;
 use tracing::{debug, warn};
 
+use super::forward;
 use super::health::PeerHealth;
 use super::link::{self, PeerAuth};
 use super::membership::Change;
 use super::rpc::{ForwardedWriteError, MembershipChange, PeerRequest, PeerResponse};
 use super::types::{MetaRaftHandle, PeerNode};
+use super::Routing;
 
 /// Handshakes that may be in progress at once.
 const MAX_HANDSHAKES: usize = 64;
@@ -90,6 +92,7 @@ pub(super) async fn run(
     auth: Arc<PeerAuth>,
     raft: MetaRaftHandle,
     health: Arc<PeerHealth>,
+    routing: Arc<Routing>,
 ) {
     let refusals = Arc::new(Refusals::default());
     // Handshakes in progress at once: past it, a new socket is closed at accept.
@@ -112,13 +115,13 @@ pub(super) async fn run(
             refusals.note(peer, "too many handshakes at once");
             continue;
         };
-        let (me, auth, raft, health, refusals) =
-            (me.clone(), auth.clone(), raft.clone(), health.clone(), refusals.clone());
+        let (me, auth, raft, health, refusals, routing) =
+            (me.clone(), auth.clone(), raft.clone(), health.clone(), refusals.clone(), routing.clone());
         tokio::spawn(async move {
             let accepted = link::accept(stream, &me, &auth).await;
             drop((permit, place));
             match accepted {
-                Ok((stream, name)) => serve(stream, name, peer, id, raft, health).await,
+                Ok((stream, name)) => serve(stream, name, peer, id, raft, health, routing).await,
                 Err(e) => refusals.note(peer, &e.to_string()),
             }
         });
@@ -156,9 +159,10 @@ async fn serve(
     id: u64,
     raft: MetaRaftHandle,
     health: Arc<PeerHealth>,
+    routing: Arc<Routing>,
 ) {
     loop {
-        let request: PeerRequest = match link::read_frame(&mut stream).await {
+        let (request, blob): (PeerRequest, bytes::Bytes) = match link::read_message(&mut stream).await {
             Ok(r) => r,
             Err(e) => {
                 debug!(peer = %name, error = %e, "peer link closed");
@@ -183,8 +187,24 @@ async fn serve(
                 PeerResponse::ClientWrite(answer(Change::Members(change).make(&raft).await))
             }
             PeerRequest::Hello => PeerResponse::Hello { initialized: raft.is_initialized().await.unwrap_or(false), id },
+            PeerRequest::Interest(update) => {
+                if update.resync_start {
+                    routing.forwarder.member_back(&name);
+                }
+                routing.remote.apply(&name, update);
+                PeerResponse::Done
+            }
+            PeerRequest::Forward(batch) => {
+                match forward::receive(&routing.broker, &*routing.node, &name, batch, blob).await {
+                    Ok(()) => PeerResponse::Done,
+                    Err(e) => {
+                        debug!(peer = %name, error = %e, "a forwarded batch refused");
+                        PeerResponse::Refused(e)
+                    }
+                }
+            }
         };
-        if let Err(e) = link::write_frame(&mut stream, &response).await {
+        if let Err(e) = link::write_message(&mut stream, &response, &[]).await {
             debug!(peer = %name, error = %e, "peer link closed");
             return;
         }

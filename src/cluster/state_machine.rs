@@ -29,8 +29,8 @@ use serde::{Deserialize, Serialize};
 
 use super::catalogue::{Catalogue, Refusals};
 use super::metadata::{local, MetaCommand};
+use super::node::NodeState;
 use super::types::{MetaRaft, PeerNode};
-use super::NodeState;
 use crate::core::store::{Commit, QueueCatalog, StateMachine, StoreWrite};
 
 type Result_<T> = Result<T, StorageError<u64>>;

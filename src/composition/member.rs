@@ -9,6 +9,7 @@ use std::sync::Arc;
 use futures_util::future::BoxFuture;
 
 use crate::cluster::{NodeState, QueueNames};
+use crate::core::broker::Broker;
 use crate::core::store::{AccessCommand, Command, QueueId};
 use crate::operations::http::HttpContext;
 
@@ -31,6 +32,14 @@ impl QueueNames for MemberState {
 }
 
 impl NodeState for MemberState {
+    fn is_replicated_queue(&self, id: QueueId) -> bool {
+        self.ctx.entities.queue_by_id(id).is_some_and(|q| q.durable)
+    }
+
+    fn broker(&self) -> Arc<Broker> {
+        self.ctx.broker.clone()
+    }
+
     fn apply<'a>(&'a self, commands: &'a [Command]) -> BoxFuture<'a, ()> {
         Box::pin(async move {
             for command in commands {

@@ -25,6 +25,7 @@ use super::stats::Stats;
 use super::store::{command_ops, Command, JournalStore, StoreError, StoreWrite, Stores};
 
 mod clients;
+mod members;
 #[cfg(doctest)]
 mod private_fields;
 mod queues;
@@ -32,6 +33,7 @@ mod retained;
 mod routing;
 mod status;
 
+pub use members::{Joint, MemberForwarder};
 pub use queues::StreamSubscription;
 pub use routing::RoutingView;
 
@@ -139,6 +141,9 @@ pub struct Broker {
     pub(in crate::core) dead_letter_queues: DeadLetterQueuesHook,
     /// Which member of each partitioned (or single-active) stream group reads what.
     pub(in crate::core) assignments: crate::core::stream::assignment::Assignments,
+    /// Where publishes for other cluster members go (a cluster member's; unset on a
+    /// single node).
+    pub(in crate::core) members: std::sync::OnceLock<Arc<dyn MemberForwarder>>,
     next_id: AtomicU64,
 }
 
@@ -182,6 +187,7 @@ impl Broker {
             timers_changed,
             dead_letter_queues: DeadLetterQueuesHook::new(),
             assignments: crate::core::stream::assignment::Assignments::new(),
+            members: std::sync::OnceLock::new(),
             next_id: AtomicU64::new(1),
         }
     }
@@ -426,11 +432,12 @@ impl Broker {
             );
             append_targets = Some(targets);
         }
-        if ops.is_empty() {
-            return None;
-        }
         // Only what a publisher waits to hear about needs an fsync before the signal.
-        Some(self.submit(ops, append_targets.into_iter().collect(), msg.qos > 0).await)
+        let local = match ops.is_empty() {
+            true => None,
+            false => Some(self.submit(ops, append_targets.into_iter().collect(), msg.qos > 0).await),
+        };
+        self.forward_to_members(msg, &routes.members, local)
     }
 
     /// Stores `msg` to be routed in `vhost` at `due_ms` (delayed publish), with the write

@@ -122,6 +122,15 @@ pub struct DeadLetterQueues;
 /// ```
 pub struct Assignments;
 
+/// `Broker::members` is private to the core:
+///
+/// ```compile_fail,E0616
+/// fn reach(broker: &ferrymq::core::broker::Broker) {
+///     let _ = &broker.members;
+/// }
+/// ```
+pub struct Members;
+
 /// `Broker::next_id` is private to the core:
 ///
 /// ```compile_fail,E0616

@@ -249,12 +249,14 @@ impl Entities {
             self.rejecting.write().insert(entity.id, entity.config.clone());
             self.any_rejecting.store(true, Ordering::Relaxed);
         }
-        let _ = broker.router.bind(&entity.vhost, "", Binding::queue(entity.id, &entity.name, Vec::new()));
-        let vhost = entity.vhost.clone();
+        // Registered before its default binding is made, so that whoever is told of the
+        // binding (a cluster member's binding observer) finds the queue.
+        let (vhost, name, id) = (entity.vhost.clone(), entity.name.clone(), entity.id);
         if self.queues.write().insert(entity) {
             // Two declarations of one name raced: the queue is counted once.
             self.uncount(&vhost);
         }
+        let _ = broker.router.bind(&vhost, "", Binding::queue(id, &name, Vec::new()));
     }
 
     /// Deletes a queue: its durable record first (on a cluster member: committed by a

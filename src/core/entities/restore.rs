@@ -62,6 +62,7 @@ impl Entities {
                     Destination::Queue(q) => format!("queue id {}", q.0),
                     Destination::Exchange(x) => format!("exchange {x}"),
                     Destination::Session(s) => format!("session {}", s.client_id),
+                    Destination::Member(m) => format!("member {m}"),
                 };
                 RecordKey::text(format!(
                     "vhost={} exchange={} destination={dest} key={}",

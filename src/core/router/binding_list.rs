@@ -23,6 +23,7 @@ enum DestKey {
     Session(usize),
     Queue(QueueId),
     Exchange(String),
+    Member(Arc<str>),
 }
 
 impl DestKey {
@@ -31,6 +32,7 @@ impl DestKey {
             Destination::Session(link) => DestKey::Session(Arc::as_ptr(link) as usize),
             Destination::Queue(id) => DestKey::Queue(*id),
             Destination::Exchange(name) => DestKey::Exchange(name.clone()),
+            Destination::Member(name) => DestKey::Member(name.clone()),
         }
     }
 }

@@ -18,6 +18,9 @@ pub enum Destination {
     Queue(QueueId),
     /// Another exchange of the same virtual host.
     Exchange(String),
+    /// Another member of the cluster (by node name), where a subscriber or a transient
+    /// queue matches: the message is forwarded to it, which routes it to its own.
+    Member(Arc<str>),
 }
 
 impl PartialEq for Destination {
@@ -26,6 +29,7 @@ impl PartialEq for Destination {
             (Destination::Session(a), Destination::Session(b)) => Arc::ptr_eq(a, b),
             (Destination::Queue(a), Destination::Queue(b)) => a == b,
             (Destination::Exchange(a), Destination::Exchange(b)) => a == b,
+            (Destination::Member(a), Destination::Member(b)) => a == b,
             _ => false,
         }
     }

@@ -185,6 +185,7 @@ fn destination_id(dest: &Destination) -> String {
         Destination::Queue(q) => format!("q:{}", q.0),
         Destination::Exchange(x) => format!("x:{x}"),
         Destination::Session(link) => format!("s:{:p}", std::sync::Arc::as_ptr(link)),
+        Destination::Member(m) => format!("m:{m}"),
     }
 }
 

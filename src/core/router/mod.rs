@@ -70,7 +70,7 @@ pub use topic_trie::INLINE_STEPS;
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use ferrymq_storage::QueueId;
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -131,6 +131,21 @@ pub struct QueueRoute {
     pub reserved: bool,
 }
 
+/// Another cluster member a publish is forwarded to: subscribers or transient queues of
+/// its own match (its [`Destination::Member`] bindings).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberRoute {
+    /// The member's node name.
+    pub member: Arc<str>,
+    /// The virtual host the publish was routed in.
+    pub vhost: Arc<str>,
+    /// The publisher (an MQTT client id, for no-local there; "" otherwise).
+    pub publisher: Arc<str>,
+    /// The exchanges whose bindings to the member matched (where it routes the message
+    /// from when it lacks the exchange it was published to).
+    pub exchanges: Vec<Box<str>>,
+}
+
 /// Every target of one publish.
 #[derive(Debug, Clone, Default)]
 pub struct Routes {
@@ -138,6 +153,8 @@ pub struct Routes {
     pub sessions: Vec<SessionRoute>,
     /// Consume queues the message is stored for.
     pub queues: Vec<QueueRoute>,
+    /// Other cluster members the message is forwarded to (none on a single node).
+    pub members: Vec<MemberRoute>,
     /// Changes to disk-persistent de-duplication caches the message passed through,
     /// stored with it.
     pub dedup: Vec<DedupChange>,
@@ -146,12 +163,17 @@ pub struct Routes {
 impl Routes {
     /// True when nothing matched.
     pub fn is_empty(&self) -> bool {
-        self.sessions.is_empty() && self.queues.is_empty()
+        self.sessions.is_empty() && self.queues.is_empty() && self.members.is_empty()
     }
 
-    /// Adds the target of `b`, or merges it into the same target's route (`index` finds
-    /// it when there are many).
-    fn add(&mut self, b: &Binding, index: &mut RouteIndex) {
+    /// How many targets there are (a change shows that a route delivered).
+    fn targets(&self) -> usize {
+        self.sessions.len() + self.queues.len() + self.members.len()
+    }
+
+    /// Adds the target of `b` (a binding of `exchange`), or merges it into the same
+    /// target's route (`index` finds it when there are many).
+    fn add(&mut self, exchange: &str, b: &Binding, index: &mut RouteIndex) {
         match &b.dest {
             Destination::Session(link) => {
                 let Some(o) = &b.mqtt else { return };
@@ -180,6 +202,16 @@ impl Routes {
                     self.queues.push(QueueRoute { queue: *queue, qos, reserved: false });
                 }
             }
+            Destination::Member(member) => match self.members.iter_mut().find(|r| r.member == *member) {
+                Some(r) if r.exchanges.iter().any(|x| &**x == exchange) => {}
+                Some(r) => r.exchanges.push(exchange.into()),
+                None => self.members.push(MemberRoute {
+                    member: member.clone(),
+                    vhost: Arc::from(""),
+                    publisher: Arc::from(""),
+                    exchanges: vec![exchange.into()],
+                }),
+            },
             Destination::Exchange(_) => {}
         }
     }
@@ -289,6 +321,8 @@ pub struct Router {
     mqtt_exchange: String,
     /// Routes whose walk of a topic exchange passed [`INLINE_STEPS`].
     long_routes: AtomicU64,
+    /// Told of every binding change (a cluster member's).
+    observer: OnceLock<Arc<dyn BindingObserver>>,
 }
 
 /// The virtual host MQTT clients use.
@@ -385,11 +419,12 @@ impl Router {
     /// Removes a virtual host with its exchanges and bindings; true if it existed. (Its
     /// queues are the front-end's to delete first.)
     pub fn remove_vhost(&self, name: &str) -> bool {
-        let removed = self.write().remove(name).is_some();
-        if removed {
-            self.changed();
+        let Some(removed) = self.write().remove(name) else { return false };
+        self.changed();
+        for (exchange, x) in &removed.exchanges {
+            self.tell_unbound(name, exchange, x.def.kind, &x.bindings.all());
         }
-        removed
+        true
     }
 
     /// Every virtual host, by name.
@@ -489,13 +524,16 @@ impl Router {
         if if_unused && !x.bindings.is_empty() {
             return Ok(false);
         }
-        v.exchanges.remove(name);
+        let gone = v.exchanges.remove(name);
         let dest = Destination::Exchange(name.to_owned());
         for x in v.exchanges.values_mut() {
             x.bindings.remove(None, &|b| b.dest == dest);
         }
         drop(vhosts);
         self.changed();
+        if let Some(x) = gone.filter(|_| self.observer.get().is_some()) {
+            self.tell_unbound(vhost, name, x.def.kind, &x.bindings.all());
+        }
         Ok(true)
     }
 
@@ -513,6 +551,8 @@ impl Router {
             .ok_or_else(|| RouteError::NoExchange(exchange.to_owned(), vhost.to_owned()))?;
         check_binding(x, &binding)?;
         let is_mqtt = binding.mqtt.is_some();
+        let kind = x.def.kind;
+        let told = self.observer.get().map(|o| (o, binding.clone()));
         let key = binding.key.clone();
         let added = x.bindings.add(binding);
         drop(vhosts);
@@ -520,6 +560,9 @@ impl Router {
             self.mqtt_subscriptions.fetch_add(1, Ordering::Relaxed);
         }
         self.binding_changed(vhost, exchange, &key);
+        if let Some((observer, binding)) = told.filter(|_| added) {
+            observer.bound(vhost, exchange, kind, &binding);
+        }
         Ok(added)
     }
 
@@ -551,6 +594,7 @@ impl Router {
             .get_mut(exchange)
             .ok_or_else(|| RouteError::NoExchange(exchange.to_owned(), vhost.to_owned()))?;
         let removed = x.bindings.remove_one(dest, key, args);
+        let kind = x.def.kind;
         if removed.is_some() && x.def.auto_delete && x.bindings.is_empty() {
             v.exchanges.remove(exchange);
         }
@@ -562,6 +606,7 @@ impl Router {
             self.mqtt_subscriptions.fetch_sub(1, Ordering::Relaxed);
         }
         self.binding_changed(vhost, exchange, key);
+        self.tell_unbound(vhost, exchange, kind, std::slice::from_ref(&removed));
         Ok(true)
     }
 
@@ -573,11 +618,18 @@ impl Router {
         let mqtt = Cell::new(0usize);
         let mut n = 0;
         let mut emptied = Vec::new();
+        // What was removed, for the observer (when there is one).
+        let observed = self.observer.get().is_some();
+        let mut told: Vec<(String, ExchangeKind, Vec<Binding>)> = Vec::new();
         for (name, x) in v.exchanges.iter_mut() {
+            let gone = std::cell::RefCell::new(Vec::new());
             let removed = x.bindings.remove(None, &|b| {
                 let hit = b.dest == *dest;
                 if hit && b.mqtt.is_some() {
                     mqtt.set(mqtt.get() + 1);
+                }
+                if hit && observed {
+                    gone.borrow_mut().push(b.clone());
                 }
                 hit
             });
@@ -585,12 +637,19 @@ impl Router {
             if removed > 0 && x.def.auto_delete && x.bindings.is_empty() {
                 emptied.push(name.clone());
             }
+            let gone = gone.into_inner();
+            if !gone.is_empty() {
+                told.push((name.clone(), x.def.kind, gone));
+            }
         }
         for name in emptied {
             v.exchanges.remove(&name);
         }
         drop(vhosts);
         self.removed(n, mqtt.get());
+        for (exchange, kind, gone) in told {
+            self.tell_unbound(vhost, &exchange, kind, &gone);
+        }
         n
     }
 
@@ -603,17 +662,47 @@ impl Router {
         }
     }
 
-    /// Every binding of a virtual host: (exchange, binding).
+    /// Every binding of a virtual host to this member's destinations: (exchange, binding).
     pub fn bindings(&self, vhost: &str) -> Vec<(String, Binding)> {
         let vhosts = self.read();
         let Some(v) = vhosts.get(vhost) else { return Vec::new() };
-        v.exchanges.iter().flat_map(|(name, x)| x.bindings.all().into_iter().map(move |b| (name.clone(), b))).collect()
+        v.exchanges
+            .iter()
+            .flat_map(|(name, x)| x.bindings.all().into_iter().filter(is_own).map(move |b| (name.clone(), b)))
+            .collect()
     }
 
-    /// The bindings of one exchange (empty when it does not exist).
+    /// The bindings of one exchange to this member's destinations (empty when it does not
+    /// exist).
     pub fn bindings_of(&self, vhost: &str, exchange: &str) -> Vec<Binding> {
         let vhosts = self.read();
-        vhosts.get(vhost).and_then(|v| v.exchanges.get(exchange)).map(|x| x.bindings.all()).unwrap_or_default()
+        let all = vhosts.get(vhost).and_then(|v| v.exchanges.get(exchange)).map(|x| x.bindings.all());
+        all.unwrap_or_default().into_iter().filter(is_own).collect()
+    }
+
+    /// Has `observer` told of every binding from now on, starting with those there are
+    /// (each as added). Set once; later calls change nothing.
+    pub fn observe_bindings(&self, observer: Arc<dyn BindingObserver>) {
+        let vhosts = self.read();
+        if self.observer.set(observer.clone()).is_err() {
+            return;
+        }
+        for (vhost, v) in vhosts.iter() {
+            for (name, x) in &v.exchanges {
+                for b in x.bindings.all() {
+                    observer.bound(vhost, name, x.def.kind, &b);
+                }
+            }
+        }
+    }
+
+    /// Tells the observer that `removed` bindings of `exchange` (of `kind`) are gone.
+    fn tell_unbound(&self, vhost: &str, exchange: &str, kind: ExchangeKind, removed: &[Binding]) {
+        if let Some(o) = self.observer.get() {
+            for b in removed {
+                o.unbound(vhost, exchange, kind, b);
+            }
+        }
     }
 
     /// Adds an MQTT subscription (`filter` in MQTT syntax, without `$share/`) on the MQTT
@@ -642,16 +731,39 @@ impl Router {
         msg: &Message,
         publisher: &str,
     ) -> Result<(Routes, bool), RouteError> {
-        self.route_visiting(vhost, exchange, msg, publisher).map(|(routes, cacheable, _)| (routes, cacheable))
+        self.route_visiting(vhost, &[exchange], msg, publisher, false).map(|(routes, cacheable, _)| (routes, cacheable))
     }
 
-    /// [`Router::route`], also naming the exchanges the route went through.
-    fn route_visiting(
+    /// The targets on this member of a publish another member forwarded here: routed from
+    /// `exchange` as [`Router::route`] does, bindings to other members passed over; when
+    /// this member lacks `exchange` (one of the other member's own), from the exchanges
+    /// `via` whose bindings to this member matched there.
+    pub fn route_forwarded(
         &self,
         vhost: &str,
         exchange: &str,
+        via: &[Box<str>],
         msg: &Message,
         publisher: &str,
+    ) -> Result<Routes, RouteError> {
+        let has_exchange = self.read().get(vhost).is_some_and(|v| v.exchanges.contains_key(exchange));
+        let from: Vec<&str> = match has_exchange {
+            true => vec![exchange],
+            false => via.iter().map(|x| &**x).collect(),
+        };
+        self.route_visiting(vhost, &from, msg, publisher, true).map(|(routes, _, _)| routes)
+    }
+
+    /// [`Router::route`] from each of `exchanges` (one target reached through several
+    /// counts once), also naming the exchanges the route went through; `local_only` passes
+    /// bindings to other members over.
+    fn route_visiting(
+        &self,
+        vhost: &str,
+        exchanges: &[&str],
+        msg: &Message,
+        publisher: &str,
+        local_only: bool,
     ) -> Result<(Routes, bool, Vec<Box<str>>), RouteError> {
         let words = key_words(&msg.routing_key);
         if words > MAX_KEY_WORDS {
@@ -659,16 +771,24 @@ impl Router {
         }
         let vhosts = self.read();
         let v = vhosts.get(vhost).ok_or_else(|| RouteError::NoVhost(vhost.to_owned()))?;
-        if !v.exchanges.contains_key(exchange) {
-            return Err(RouteError::NoExchange(exchange.to_owned(), vhost.to_owned()));
-        }
         let mut routes = Routes::default();
         let mut cacheable = true;
         let mut visited = HashSet::new();
-        let input = RouteInput { msg, tag: msg.tag(), publisher, long: Cell::new(None) };
+        let input = RouteInput { msg, tag: msg.tag(), publisher, local_only, long: Cell::new(None) };
         let mut index = RouteIndex::default();
-        route_into(v, exchange, &input, &mut routes, &mut index, &mut cacheable, &mut visited);
+        for exchange in exchanges {
+            if !v.exchanges.contains_key(*exchange) {
+                return Err(RouteError::NoExchange((*exchange).to_owned(), vhost.to_owned()));
+            }
+            route_into(v, exchange, &input, &mut routes, &mut index, &mut cacheable, &mut visited);
+        }
         drop(vhosts);
+        if !routes.members.is_empty() {
+            let (vhost, publisher): (Arc<str>, Arc<str>) = (Arc::from(vhost), Arc::from(publisher));
+            for m in &mut routes.members {
+                (m.vhost, m.publisher) = (vhost.clone(), publisher.clone());
+            }
+        }
         if let Some((through, steps)) = input.long.take() {
             if self.long_routes.fetch_add(1, Ordering::Relaxed) == 0 {
                 tracing::warn!(
@@ -707,6 +827,9 @@ struct RouteInput<'a> {
     msg: &'a Message,
     tag: Option<&'a str>,
     publisher: &'a str,
+    /// Only this member's own targets: bindings to other members are passed over (a
+    /// publish another member forwarded here).
+    local_only: bool,
     /// A walk that passed [`INLINE_STEPS`]: its exchange and steps.
     long: Cell<Option<(String, usize)>>,
 }
@@ -740,7 +863,7 @@ fn route_into(
     if walked.off_worker {
         input.long.set(Some((exchange.to_owned(), walked.steps)));
     }
-    let before = (routes.sessions.len(), routes.queues.len());
+    let before = routes.targets();
     let mut onward = Vec::new();
     for b in matched {
         if let Some(o) = &b.mqtt {
@@ -753,14 +876,15 @@ fn route_into(
         }
         match &b.dest {
             Destination::Exchange(next) => onward.push(next.clone()),
-            _ => routes.add(b, index),
+            Destination::Member(_) if input.local_only => {}
+            _ => routes.add(exchange, b, index),
         }
     }
-    let mut delivered = (routes.sessions.len(), routes.queues.len()) != before;
+    let mut delivered = routes.targets() != before;
     for next in onward {
-        let before = (routes.sessions.len(), routes.queues.len());
+        let before = routes.targets();
         route_into(v, &next, input, routes, index, cacheable, visited);
-        delivered |= (routes.sessions.len(), routes.queues.len()) != before;
+        delivered |= routes.targets() != before;
     }
     if !delivered {
         if let Some(alt) = x.def.alternate() {
@@ -768,6 +892,22 @@ fn route_into(
             route_into(v, &alt, input, routes, index, cacheable, visited);
         }
     }
+}
+
+/// True for a binding to this member's own destinations (not to another member's).
+fn is_own(b: &Binding) -> bool {
+    !matches!(b.dest, Destination::Member(_))
+}
+
+/// Told of every binding added to the table and removed from it, after the change (a
+/// cluster member tells the others where its own subscribers and transient queues are).
+/// Called with no lock of the table held, except for the bindings there are when it is
+/// set; it must not change the table.
+pub trait BindingObserver: Send + Sync + std::fmt::Debug {
+    /// `binding` of `exchange` (of `kind`) in `vhost` was added.
+    fn bound(&self, vhost: &str, exchange: &str, kind: ExchangeKind, binding: &Binding);
+    /// `binding` of `exchange` (of `kind`) in `vhost` was removed.
+    fn unbound(&self, vhost: &str, exchange: &str, kind: ExchangeKind, binding: &Binding);
 }
 
 /// An MQTT filter as a topic-exchange binding key: `a/+/#` -> `a.*.#`.

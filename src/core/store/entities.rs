@@ -251,7 +251,7 @@ fn destination_name(dest: &Destination) -> Option<String> {
     match dest {
         Destination::Queue(q) => Some(format!("q:{}", q.0)),
         Destination::Exchange(x) => Some(format!("x:{x}")),
-        Destination::Session(_) => None,
+        Destination::Session(_) | Destination::Member(_) => None,
     }
 }
 

@@ -345,6 +345,10 @@ impl Task {
                 if d.exclusive {
                     self.exclusive.push(q.clone());
                 }
+                if !q.durable {
+                    // On a cluster member: publishes through the others reach it from now on.
+                    self.ctx.broker.members_know_bindings().await;
+                }
                 let _ = channel;
                 ok_unless(d.nowait, declare_ok(&self.ctx.broker, &q).await)
             }
@@ -363,6 +367,9 @@ impl Task {
                 self.binding_permitted(&q.name, exchange, x.kind, b.routing_key.as_str(), true)?;
                 let binding = Binding::queue(q.id, b.routing_key.as_str(), table_in(&b.arguments));
                 self.ctx.entities.bind(&vhost, exchange, &binding, x.durable && q.durable).await?;
+                if !q.durable {
+                    self.ctx.broker.members_know_bindings().await;
+                }
                 ok_unless(b.nowait, AMQPClass::Queue(queue::AMQPMethod::BindOk(queue::BindOk {})))
             }
             queue::AMQPMethod::Unbind(b) => {

@@ -125,6 +125,8 @@ impl Task {
         }
         if changed {
             self.store_session().await;
+            // On a cluster member: the other members forward what matches it from now on.
+            self.ctx.broker.members_know_bindings().await;
         }
         self.proto.ack_subscribe(s.pkid, reasons);
         self.pending_out.extend(retained.into_iter().map(Pending::Direct));

@@ -278,7 +278,7 @@ fn binding_json(vhost: &str, source: &str, b: &Binding, names: &HashMap<QueueId,
     let (destination, kind) = match &b.dest {
         Destination::Queue(id) => (names.get(id)?.clone(), "queue"),
         Destination::Exchange(x) => (x.clone(), "exchange"),
-        Destination::Session(_) => return None,
+        Destination::Session(_) | Destination::Member(_) => return None,
     };
     Some(json!({
         "source": source,

@@ -96,6 +96,14 @@ pub fn render(ctx: &HttpContext) -> String {
         ])
         .set(1);
     r.register("rabbitmq_identity_info", "The node and cluster these metrics are of", identity);
+    if let Some(cluster) = &ctx.cluster {
+        counter(
+            &mut r,
+            "ferrymq_cluster_forward_dropped",
+            "Publishes for other cluster members' subscribers dropped (a member not reached, or its queue full)",
+            cluster.forward_dropped(),
+        );
+    }
     gauge(&mut r, "rabbitmq_connections", "Connections currently open (AMQP and MQTT)", conns.len() as u64);
     gauge(&mut r, "rabbitmq_channels", "Channels currently open", channels);
     gauge(&mut r, "rabbitmq_consumers", "Consumers currently connected", q.consumers);

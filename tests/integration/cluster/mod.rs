@@ -2,8 +2,10 @@
 //! forms and elects a leader, declarations and users made through one member are on every
 //! member, a member that was down catches up, a change without a majority is refused,
 //! the peer port refuses whoever does not hold `cluster.secret`, snapshots bring members
-//! back past a purged log, and network partitions leave only a majority acknowledging.
+//! back past a purged log, network partitions leave only a majority acknowledging, and a
+//! publish through any member reaches the subscribers of every member.
 
+mod forwarding;
 mod metadata;
 mod partitions;
 mod peers;

@@ -301,6 +301,12 @@ pub async fn declare_queue(ch: &Channel, name: &str, args: FieldTable) -> String
     declare_queue_with(ch, name, QueueDeclareOptions::default(), args).await.name().to_string()
 }
 
+/// Declares an exclusive, server-named queue; returns its name.
+pub async fn declare_exclusive(ch: &Channel) -> String {
+    let opts = QueueDeclareOptions { exclusive: true, ..Default::default() };
+    declare_queue_with(ch, "", opts, FieldTable::default()).await.name().to_string()
+}
+
 /// Declares a queue with options and arguments (panics on error).
 pub async fn declare_queue_with(ch: &Channel, name: &str, opts: QueueDeclareOptions, args: FieldTable) -> lapin::Queue {
     bounded("queue.declare", ch.queue_declare(name.into(), opts, args))

@@ -1,0 +1,155 @@
+//! Any member serves any client: a publish through one member reaches the subscribers and
+//! transient queues of every member (forwarded over the peer link to the members whose
+//! own bindings match), once, and a member that is down holds no publisher up.
+
+use std::time::Duration;
+
+use crate::common::amqp::*;
+use crate::common::cluster::Cluster;
+use crate::common::v4::{self, QoS};
+use crate::common::WAIT;
+
+/// An AMQP channel on member `i` as guest.
+async fn channel(c: &Cluster, i: usize) -> (Connection, Channel) {
+    let conn = connect_uri(&format!("amqp://guest:guest@{}/%2f", amqp_addr(c.member(i)))).await.expect("connect");
+    let ch = open_channel(&conn).await;
+    (conn, ch)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mqtt_publish_through_one_member_reaches_subscribers_on_every_member() {
+    let c = Cluster::start(3, "");
+    c.leader(&[0, 1, 2]).await;
+    let mut on1 = v4::connect(c.member(1), "sub-on-1").await;
+    on1.subscribe("fleet/+/state", QoS::AtLeastOnce).await;
+    let mut on2 = v4::connect(c.member(2), "sub-on-2").await;
+    on2.subscribe("fleet/#", QoS::AtLeastOnce).await;
+    let mut publisher = v4::connect(c.member(0), "pub-on-0").await;
+    // Acknowledged once both members routed it; each subscriber gets it once.
+    publisher.publish_acked("fleet/7/state", QoS::AtLeastOnce, false, "on").await;
+    for sub in [&mut on1, &mut on2] {
+        let p = sub.next_publish().await;
+        assert_eq!((p.topic.as_str(), &p.payload[..]), ("fleet/7/state", &b"on"[..]));
+        assert_eq!(p.qos, QoS::AtLeastOnce);
+    }
+    // QoS 0 too, and a subscriber on the publisher's own member as before.
+    let mut on0 = v4::connect(c.member(0), "sub-on-0").await;
+    on0.subscribe("fleet/+/state", QoS::AtMostOnce).await;
+    publisher.client.publish("fleet/8/state", QoS::AtMostOnce, false, "off").await.unwrap();
+    for sub in [&mut on0, &mut on1, &mut on2] {
+        let p = sub.next_publish().await;
+        assert_eq!((p.topic.as_str(), &p.payload[..]), ("fleet/8/state", &b"off"[..]));
+    }
+    // No duplicate came after either.
+    on1.expect_no_publish(Duration::from_millis(300)).await;
+    on2.expect_no_publish(Duration::from_millis(100)).await;
+    // Unsubscribed on n2: only n1's subscriber gets the next one.
+    on2.client.unsubscribe("fleet/#").await.unwrap();
+    loop {
+        if let v4::Packet::UnsubAck(_) = on2.next().await {
+            break;
+        }
+    }
+    // The other members learn of the unsubscription as they learn of subscriptions: a
+    // publish right after may still be forwarded, and is then not delivered.
+    publisher.publish_acked("fleet/9/state", QoS::AtLeastOnce, false, "again").await;
+    assert_eq!(&on1.next_publish().await.payload[..], b"again");
+    on2.expect_no_publish(Duration::from_millis(500)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_persistent_session_on_another_member_gets_what_was_published_while_it_was_away() {
+    let c = Cluster::start(3, "");
+    c.leader(&[0, 1, 2]).await;
+    let mut device = v4::connect_persistent(c.member(1), "device-1").await;
+    device.subscribe("cmd/device-1", QoS::AtLeastOnce).await;
+    drop(device);
+    let mut publisher = v4::connect(c.member(0), "backend").await;
+    for n in 0..5 {
+        // Acknowledged once n1 stored it in the session's queue.
+        publisher.publish_acked("cmd/device-1", QoS::AtLeastOnce, false, format!("cmd-{n}")).await;
+    }
+    let mut device = v4::connect_persistent(c.member(1), "device-1").await;
+    assert!(device.connack.session_present, "the session was kept");
+    for n in 0..5 {
+        assert_eq!(device.next_publish().await.payload, format!("cmd-{n}").into_bytes());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transient_amqp_queues_on_one_member_get_publishes_through_another_and_durable_ones_once() {
+    let c = Cluster::start(3, "");
+    c.leader(&[0, 1, 2]).await;
+    // An exclusive, server-named queue on n1, bound to amq.topic.
+    let (_conn1, ch1) = channel(&c, 1).await;
+    let q = declare_exclusive(&ch1).await;
+    bind(&ch1, &q, "amq.topic", "sensors.#", FieldTable::default()).await;
+    let mut consumer =
+        consume(&ch1, &q, BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default()).await;
+    // Through n0: to amq.topic, by the default exchange with the queue's name, and from MQTT.
+    let (_conn0, ch0) = channel(&c, 0).await;
+    confirm_select(&ch0).await;
+    for (exchange, key, body) in [("amq.topic", "sensors.a", "topic"), ("", q.as_str(), "default")] {
+        assert!(publish_confirmed(&ch0, exchange, key, body.as_bytes(), persistent()).await.is_ack());
+        assert_eq!(next_delivery(&mut consumer).await.data, body.as_bytes());
+    }
+    let mut mqtt = v4::connect(c.member(0), "mqtt-on-0").await;
+    mqtt.publish_acked("sensors/b", QoS::AtLeastOnce, false, "mqtt").await;
+    let d = next_delivery(&mut consumer).await;
+    assert_eq!((d.routing_key.as_str(), &d.data[..]), ("sensors.b", &b"mqtt"[..]));
+
+    // A durable queue is on every member (the metadata group made it there): a publish
+    // through n0 is stored in n0's, not forwarded to the others'.
+    declare_queue_with(
+        &ch0,
+        "orders",
+        QueueDeclareOptions { durable: true, ..Default::default() },
+        FieldTable::default(),
+    )
+    .await;
+    bind(&ch0, "orders", "amq.topic", "sensors.#", FieldTable::default()).await;
+    mqtt.publish_acked("sensors/c", QoS::AtLeastOnce, false, "stored once").await;
+    assert_eq!(next_delivery(&mut consumer).await.data, b"stored once");
+    let got =
+        crate::common::eventually("the message in n0's orders", WAIT, || async { get(&ch0, "orders", true).await })
+            .await;
+    assert_eq!(got.delivery.data, b"stored once");
+    let (_conn2, ch2) = channel(&c, 2).await;
+    assert!(get(&ch2, "orders", true).await.is_none(), "not forwarded to n2's copy of the durable queue");
+    assert!(get(&ch1, "orders", true).await.is_none(), "nor to n1's");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_is_down_holds_no_publisher_up_and_is_forwarded_to_once_back() {
+    let mut c = Cluster::start(3, "");
+    c.leader(&[0, 1, 2]).await;
+    let mut on1 = v4::connect(c.member(1), "sub-on-1").await;
+    on1.subscribe("alerts/#", QoS::AtLeastOnce).await;
+    let on2 = {
+        let mut s = v4::connect(c.member(2), "sub-on-2").await;
+        s.subscribe("alerts/#", QoS::AtLeastOnce).await;
+        s
+    };
+    drop(on2);
+    c.kill(2);
+    // n2's binding is still known to n0, but n2 cannot be reached: every publish is
+    // acknowledged (bounded waits), and n1's subscriber gets each once.
+    let mut publisher = v4::connect(c.member(0), "pub-on-0").await;
+    for n in 0..20 {
+        publisher.publish_acked(&format!("alerts/{n}"), QoS::AtLeastOnce, false, "down").await;
+    }
+    for n in 0..20 {
+        assert_eq!(on1.next_publish().await.topic, format!("alerts/{n}"));
+    }
+    // What was for n2 was dropped and counted.
+    let status = c.status(0).await;
+    assert!(status["forward_dropped"].as_u64().unwrap_or(0) >= 1, "{status}");
+    let metrics = reqwest::get(format!("{}/metrics", c.api(0).base)).await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("ferrymq_cluster_forward_dropped_total "), "{metrics}");
+    // Back, n2 tells the others its bindings again: a new subscriber there is reached.
+    c.restart(2);
+    let mut back = v4::connect(c.member(2), "sub-on-2-again").await;
+    back.subscribe("alerts/#", QoS::AtLeastOnce).await;
+    publisher.publish_acked("alerts/back", QoS::AtLeastOnce, false, "up").await;
+    assert_eq!(back.next_publish().await.topic, "alerts/back");
+}
