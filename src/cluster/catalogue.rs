@@ -53,6 +53,8 @@ enum Key {
     Queue { vhost: String, name: String },
     /// A binding between durable entities.
     Binding { vhost: String, exchange: String, to_queue: bool, destination: String, key: String, arguments: Vec<u8> },
+    /// The retained message of a topic (its routing key).
+    Retained(String),
 }
 
 /// The key `command` puts (`true`) or removes (`false`); `None` for what is not kept.
@@ -97,6 +99,7 @@ fn key_of(command: &MetaCommand) -> Option<(Key, bool)> {
             AccessCommand::PutGlobalParameter { name, .. } => (Key::Global(name.clone()), true),
             AccessCommand::PutParameter(_) | AccessCommand::RemoveParameter { .. } => return None,
         },
+        MetaCommand::Retained { topic, message } => (Key::Retained(topic.clone()), message.is_some()),
     })
 }
 
@@ -115,6 +118,7 @@ fn removal(key: &Key) -> Option<MetaCommand> {
         Key::Binding { vhost, exchange, to_queue, destination, key, arguments } => {
             MetaCommand::Binding { put: false, vhost, exchange, to_queue, destination, key, arguments }
         }
+        Key::Retained(topic) => MetaCommand::Retained { topic, message: None },
         Key::Limits { .. } | Key::Rules | Key::Global(_) => return None,
     })
 }

@@ -3,15 +3,19 @@
 //! never by a member's local consume-queue ids (each member's catalog hands out its own).
 //!
 //! Replicated (the first slices of issue 26): durable exchanges, queues and bindings; users,
-//! virtual hosts, permissions and topic permissions, MQTT rules, limits, the cluster name.
-//! Every other command (MQTT sessions, inbound QoS 2 ids, de-duplication ids, retained
-//! removals, stream cursors, runtime parameters) stays on the member that made it, as on a
-//! single node (`docs/cluster.md`, "What is replicated today").
+//! virtual hosts, permissions and topic permissions, MQTT rules, limits, the cluster name;
+//! retained messages. Every other command (MQTT sessions, inbound QoS 2 ids,
+//! de-duplication ids, stream cursors, runtime parameters) stays on the member that made
+//! it, as on a single node (`docs/cluster.md`, "What is replicated today").
 
+use std::sync::Arc;
+
+use base64::Engine;
 use bytes::{Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 
 use crate::core::entities::registry::storage_name;
+use crate::core::message::Message;
 use crate::core::router::{Binding, Destination, ExchangeDef, ExchangeKind};
 use crate::core::store::{AccessCommand, Command, EntityCommand, QueueCatalog, QueueId, QueueRecord, StoreError};
 use crate::core::value::{decode_table, encode_table, Value};
@@ -78,7 +82,39 @@ pub enum MetaCommand {
     },
     /// A change to users, virtual hosts or permissions.
     Access(AccessCommand),
+    /// The retained message of an MQTT topic (its routing key) is set (`Some`) or cleared.
+    Retained {
+        /// The topic, as its routing key.
+        topic: String,
+        /// The message: its record header and body.
+        message: Option<RetainedMessage>,
+    },
 }
+
+/// A retained message as the log carries it: the message's record header (everything but
+/// the body) and its body, each in base64.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetainedMessage {
+    /// The record header, base64.
+    pub header: String,
+    /// The body, base64.
+    pub body: String,
+}
+
+impl RetainedMessage {
+    fn of(msg: &Message) -> RetainedMessage {
+        RetainedMessage { header: B64.encode(msg.encode_header()), body: B64.encode(&msg.payload) }
+    }
+
+    fn message(&self) -> Result<Message, MetaError> {
+        let bytes = |s: &str| B64.decode(s).map_err(|e| MetaError::Arguments(format!("retained message: {e}")));
+        let (header, body) = (bytes(&self.header)?, bytes(&self.body)?);
+        Message::decode(header.into(), body.into())
+            .map_err(|e| MetaError::Arguments(format!("retained message: {e:?}")))
+    }
+}
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
 /// True for the access commands the metadata group replicates: every one but runtime
 /// parameters (a dynamic shovel runs on the member it was made on; replicated, it would run
@@ -164,6 +200,11 @@ pub(super) fn replicated(command: &Command, names: &dyn QueueNames) -> Result<Op
             binding(false, vhost, exchange, b)?
         }
         Command::Access(c) if is_replicated(c) => Some(MetaCommand::Access(c.clone())),
+        Command::SetRetained { message } => Some(MetaCommand::Retained {
+            topic: message.routing_key.clone(),
+            message: Some(RetainedMessage::of(message)),
+        }),
+        Command::ClearRetained { topic } => Some(MetaCommand::Retained { topic: topic.clone(), message: None }),
         _ => None,
     })
 }
@@ -203,6 +244,8 @@ pub(super) async fn local(command: MetaCommand, catalog: &dyn QueueCatalog) -> R
             .into()
         }
         MetaCommand::Access(c) => c.into(),
+        MetaCommand::Retained { topic, message: None } => Command::ClearRetained { topic },
+        MetaCommand::Retained { message: Some(m), .. } => Command::SetRetained { message: Arc::new(m.message()?) },
     })
 }
 
@@ -230,6 +273,30 @@ mod tests {
         let c =
             Command::Entity(EntityCommand::PutBinding { vhost: "/".into(), exchange: "x".into(), binding: unknown });
         assert!(matches!(replicated(&c, &Names), Err(MetaError::UnknownQueue(8))));
+    }
+
+    #[tokio::test]
+    async fn a_retained_message_crosses_the_log_whole_and_its_clearing_too() {
+        let msg = Message {
+            exchange: "amq.topic".into(),
+            routing_key: "home.lamp".into(),
+            payload: Bytes::from_static(b"\x00on\xff"),
+            qos: 1,
+            retain: true,
+            props: crate::core::message::Properties { content_type: Some("text/plain".into()), ..Default::default() },
+            timestamp_ms: 1_700_000_000_000,
+        };
+        let set = Command::SetRetained { message: Arc::new(msg.clone()) };
+        let m = replicated(&set, &Names).unwrap().unwrap();
+        let m: MetaCommand = serde_json::from_str(&serde_json::to_string(&m).unwrap()).unwrap();
+        let (_dir, journal, _stores) = crate::core::store::test_support::open();
+        let catalog = crate::core::store::JournalStore::new(&journal);
+        let Command::SetRetained { message } = local(m, &catalog).await.unwrap() else {
+            panic!("not a retained message")
+        };
+        assert_eq!(*message, msg);
+        let clear = replicated(&Command::ClearRetained { topic: "home.lamp".into() }, &Names).unwrap().unwrap();
+        assert!(matches!(&clear, MetaCommand::Retained { topic, message: None } if topic == "home.lamp"));
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! What a cluster's metadata group applies to this member's memory ([`MemberState`]): the
 //! entity commands to the core's registry and routing table, the access commands to the
-//! users, virtual hosts and permissions the API and both front-ends read. It lives in the
+//! users, virtual hosts and permissions the API and both front-ends read, retained messages
+//! to the core's retained store; and what the cluster asks of the member (which queues are
+//! replicated, its core). It lives in the
 //! composition root because those registries are held by different rooms (core,
 //! operations), which only the composition root sees together.
 
@@ -55,6 +57,10 @@ impl NodeState for MemberState {
                         }
                         crate::operations::http::access::apply_committed(&self.ctx, c)
                     }
+                    Command::SetRetained { message } => {
+                        self.ctx.broker.apply_retained(&message.routing_key, Some(message.clone()))
+                    }
+                    Command::ClearRetained { topic } => self.ctx.broker.apply_retained(topic, None),
                     _ => {}
                 }
             }

@@ -210,7 +210,10 @@ impl Broker {
     /// Clears the retained message of routing key `key`, durably, without publishing
     /// anything (an operator's delete).
     pub async fn clear_retained(&self, key: &str) -> Result<(), StoreError> {
-        self.retained.set(key, None);
+        if self.members.get().is_none() {
+            // A cluster member's memory changes when the metadata group applies it.
+            self.retained.set(key, None);
+        }
         self.commit(StoreWrite::one(Command::ClearRetained { topic: key.to_owned() }), Commit::Durable).await
     }
 
@@ -399,6 +402,18 @@ impl Broker {
         let clear = msg.payload.is_empty();
         let retained_topic = match retain {
             RetainMode::None => None,
+            // A cluster member: the retained store changes on every member alike, through
+            // the metadata group, before the publish is acknowledged.
+            RetainMode::Persist if self.members.get().is_some() => {
+                let change = match clear {
+                    true => Command::ClearRetained { topic: msg.routing_key.clone() },
+                    false => Command::SetRetained { message: msg.clone() },
+                };
+                if let Err(e) = self.commit(StoreWrite::one(change), Commit::Durable).await {
+                    return Some(failed_signal(e));
+                }
+                None
+            }
             RetainMode::MemoryOnly => {
                 self.retained.set(&msg.routing_key, (!clear).then(|| msg.clone()));
                 None

@@ -14,6 +14,12 @@ impl Broker {
         &self.retained
     }
 
+    /// Sets (`Some`) or clears the retained message of `topic` (its routing key) in memory:
+    /// a cluster member applying a committed change, whose durable copy the journal took.
+    pub fn apply_retained(&self, topic: &str, msg: Option<crate::core::message::SharedMessage>) {
+        self.retained.set(topic, msg);
+    }
+
     /// Puts back the retained messages start-up read from the journal (`(routing key,
     /// message)`), which keeps their durable copy.
     pub fn restore_retained(&self, retained: Vec<(String, Message)>) {

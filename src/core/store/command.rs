@@ -1,7 +1,7 @@
 //! [`Command`]: one change to durable state, by kind. Each kind's commands are defined
 //! with the store that reads that state back ([`EntityCommand`], [`AccessCommand`],
-//! [`SessionCommand`], [`DedupCommand`]); the two small kinds the core writes for itself
-//! (a retained message's removal, a stream group's cursor) are here.
+//! [`SessionCommand`], [`DedupCommand`]); the small kinds the core writes for itself
+//! (a retained message set or removed, a stream group's cursor) are here.
 
 use super::{AccessCommand, DedupCommand, EntityCommand, QueueId, SessionCommand};
 use crate::core::stream::group::GroupCursor;
@@ -20,11 +20,17 @@ pub enum Command {
     Session(SessionCommand),
     /// Publisher de-duplication ids.
     Dedup(DedupCommand),
-    /// The retained message of a topic (its routing key) is removed. (A retained message
-    /// is stored by the publish that carries it, with its body.)
+    /// The retained message of a topic (its routing key) is removed. (On a single node a
+    /// retained message is stored by the publish that carries it, with its body.)
     ClearRetained {
         /// The topic, as its routing key.
         topic: String,
+    },
+    /// `message` becomes the retained message of its topic (its routing key): a cluster
+    /// member's retained publish, which the metadata group applies on every member.
+    SetRetained {
+        /// The message, body included.
+        message: crate::core::message::SharedMessage,
     },
     /// A stream consumer group's cursor is stored (replacing the one it had).
     SetGroupCursor {

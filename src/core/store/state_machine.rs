@@ -85,6 +85,13 @@ pub(crate) fn command_ops(command: &Command, ops: &mut Vec<Op>) {
         Command::Session(c) => ops.extend(sessions::ops(c)),
         Command::Dedup(c) => ops.extend(dedup::ops(c)),
         Command::ClearRetained { topic } => ops.push(Op::DeleteRetained { topic: topic.clone() }),
+        Command::SetRetained { message } => ops.push(Op::Append(ferrymq_storage::Append {
+            record: ferrymq_storage::Record { header: message.encode_header(), body: message.payload.clone() },
+            queues: Vec::new(),
+            retained_topic: Some(message.routing_key.clone()),
+            timer: None,
+            keys: None,
+        })),
         Command::SetGroupCursor { stream, group, cursor } => ops.push(group::store_cursor(*stream, group, cursor)),
         Command::ForgetGroupCursors { stream } => ops.push(group::forget_cursors(*stream)),
     }

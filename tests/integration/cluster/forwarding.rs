@@ -153,3 +153,58 @@ async fn a_member_that_is_down_holds_no_publisher_up_and_is_forwarded_to_once_ba
     publisher.publish_acked("alerts/back", QoS::AtLeastOnce, false, "up").await;
     assert_eq!(back.next_publish().await.topic, "alerts/back");
 }
+
+/// The retained messages a new subscriber to `filter` on member `i` is sent: (topic,
+/// payload), sorted.
+async fn retained_on(c: &Cluster, i: usize, id: &str, filter: &str, expected: usize) -> Vec<(String, Vec<u8>)> {
+    let mut sub = v4::connect(c.member(i), id).await;
+    sub.subscribe(filter, QoS::AtLeastOnce).await;
+    let mut got = Vec::new();
+    for _ in 0..expected {
+        let p = sub.next_publish().await;
+        assert!(p.retain, "a retained message is sent with RETAIN: {p:?}");
+        got.push((p.topic.clone(), p.payload.to_vec()));
+    }
+    sub.expect_no_publish(Duration::from_millis(300)).await;
+    got.sort();
+    got
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retained_messages_set_through_one_member_are_on_every_member() {
+    let mut c = Cluster::start(3, "");
+    c.leader(&[0, 1, 2]).await;
+    let mut on0 = v4::connect(c.member(0), "lamp").await;
+    on0.publish_acked("home/lamp", QoS::AtLeastOnce, true, "on").await;
+    // Acknowledged once committed: a new subscriber on another member is sent it.
+    assert_eq!(retained_on(&c, 1, "sub-1", "home/#", 1).await, [("home/lamp".to_owned(), b"on".to_vec())]);
+    // A member down meanwhile is sent what it missed when it is back.
+    c.kill(2);
+    let mut on1 = v4::connect(c.member(1), "door").await;
+    on1.publish_acked("home/door", QoS::AtLeastOnce, true, "open").await;
+    c.restart(2);
+    let both = vec![("home/door".to_owned(), b"open".to_vec()), ("home/lamp".to_owned(), b"on".to_vec())];
+    crate::common::eventually("n2 back with both retained messages", WAIT, || async {
+        let mut sub = v4::connect(c.member(2), "sub-2").await;
+        sub.subscribe("home/#", QoS::AtLeastOnce).await;
+        let mut got = Vec::new();
+        while let Ok(Some(Ok(v4::Packet::Publish(p)))) =
+            tokio::time::timeout(Duration::from_millis(300), sub.events.recv()).await
+        {
+            got.push((p.topic.clone(), p.payload.to_vec()));
+        }
+        got.sort();
+        (got == both).then_some(())
+    })
+    .await;
+    // Cleared through n2 (an empty retained publish): gone everywhere.
+    let mut on2 = v4::connect(c.member(2), "lamp-off").await;
+    on2.publish_acked("home/lamp", QoS::AtLeastOnce, true, "").await;
+    for (i, id) in [(0, "sub-0b"), (1, "sub-1b")] {
+        assert_eq!(retained_on(&c, i, id, "home/#", 1).await, [("home/door".to_owned(), b"open".to_vec())]);
+    }
+    // And kept on disk: n1 restarted still has it.
+    c.kill(1);
+    c.restart(1);
+    assert_eq!(retained_on(&c, 1, "sub-1c", "home/#", 1).await, [("home/door".to_owned(), b"open".to_vec())]);
+}
