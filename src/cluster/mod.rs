@@ -167,7 +167,15 @@ pub struct MemberStatus {
     pub matched_index: Option<u64>,
     /// How many entries of the leader's log it does not hold yet (on the leader only).
     pub lag: Option<u64>,
+    /// In the in-sync set (on the leader only): a voter heard from within the last 5 s
+    /// that holds the leader's log but for at most [`IN_SYNC_LAG`] entries (the leader
+    /// itself always). A change is acknowledged once a majority of the voters holds it, so
+    /// changes go on while a majority is in sync.
+    pub in_sync: Option<bool>,
 }
+
+/// Entries a voter may lack and still count as in sync.
+pub const IN_SYNC_LAG: u64 = 100;
 
 /// The cluster as this member sees it.
 #[derive(Debug, Clone, Serialize)]
@@ -182,6 +190,8 @@ pub struct ClusterStatus {
     pub applied_index: Option<u64>,
     /// Every member.
     pub members: Vec<MemberStatus>,
+    /// The in-sync set, by name (on the leader only; see [`MemberStatus::in_sync`]).
+    pub in_sync: Option<Vec<String>>,
     /// Publishes for other members' subscribers dropped since start (a member that could
     /// not be reached, or whose queue was full).
     pub forward_dropped: u64,
@@ -466,7 +476,7 @@ impl Cluster {
         members.sort();
         let leader_id = metrics.as_ref().and_then(|m| m.current_leader);
         let leader = members.iter().find(|(_, id)| id.is_some() && *id == leader_id).map(|(n, _)| n.clone());
-        let members = members
+        let members: Vec<MemberStatus> = members
             .into_iter()
             .map(|(name, id)| {
                 let this = name == self.name;
@@ -489,18 +499,30 @@ impl Cluster {
                     (false, true) if this || leader.is_some() => "follower",
                     _ => "unknown",
                 };
+                let running = this || since.is_some_and(|s| s < SILENT_AFTER);
+                let in_sync = last_index.map(|_| match role {
+                    "leader" => true,
+                    "follower" => running && lag.is_some_and(|l| l <= IN_SYNC_LAG),
+                    _ => false,
+                });
                 MemberStatus {
-                    running: this || since.is_some_and(|s| s < SILENT_AFTER),
+                    running,
                     last_contact_ms: since.map(|s| s.as_millis() as u64),
                     role,
                     matched_index,
                     lag,
+                    in_sync,
                     this,
                     name,
                 }
             })
             .collect();
+        let in_sync = members
+            .iter()
+            .any(|m| m.in_sync.is_some())
+            .then(|| members.iter().filter(|m| m.in_sync == Some(true)).map(|m| m.name.clone()).collect());
         ClusterStatus {
+            in_sync,
             node: self.name.clone(),
             leader,
             term: metrics.as_ref().map_or(0, |m| m.current_term),

@@ -571,9 +571,19 @@ pub fn run(args: &CtlArgs) -> Result<String, CtlError> {
                 col("last contact ms", "last_contact_ms", Count),
                 col("matched index", "matched_index", Count),
                 col("lag", "lag", Count),
+                col("in sync", "in_sync", Plain),
             ];
+            let in_sync = match s["in_sync"].as_array() {
+                Some(names) => format!(
+                    "in sync: {} ({} of {} members)\n",
+                    names.iter().filter_map(|n| n.as_str()).collect::<Vec<_>>().join(", "),
+                    names.len(),
+                    s["members"].as_array().map_or(0, |m| m.len())
+                ),
+                None => String::new(),
+            };
             Ok(format!(
-                "cluster as {} sees it: leader {}, term {}, applied index {}\n{}",
+                "cluster as {} sees it: leader {}, term {}, applied index {}\n{in_sync}{}",
                 s["node"].as_str().unwrap_or("?"),
                 s["leader"].as_str().unwrap_or("none"),
                 s["term"],

@@ -78,9 +78,10 @@ async fn three_members_agree_on_one_leader_and_list_each_other() {
     let (code, _) = api.get("/api/nodes/n1").await;
     assert_eq!(code, StatusCode::OK);
     // The leader sees every member holding its whole log.
-    eventually("no member lagging behind the leader", WAIT, || async {
+    eventually("no member lagging behind the leader, all three in sync", WAIT, || async {
         let s = c.status(leader).await;
-        s["members"].as_array()?.iter().all(|m| m["lag"] == json!(0)).then_some(())
+        let caught_up = s["members"].as_array()?.iter().all(|m| m["lag"] == json!(0));
+        (caught_up && s["in_sync"] == json!(["n0", "n1", "n2"])).then_some(())
     })
     .await;
     // /metrics names the member its figures are of, as RabbitMQ's identity series does.
@@ -94,6 +95,13 @@ async fn three_members_agree_on_one_leader_and_list_each_other() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
     assert!(text.contains(&format!("leader n{leader}")) && text.contains("n0") && text.contains("n2"), "{text}");
+    // The leader's view has the in-sync set.
+    let out = std::process::Command::new(crate::common::binary())
+        .args(["ctl", "--url", &format!("http://{}", c.member(leader).http.unwrap()), "cluster", "status"])
+        .output()
+        .expect("ctl");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("in sync: n0, n1, n2 (3 of 3 members)"), "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -136,6 +136,13 @@ async fn a_follower_cut_off_for_30_s_refuses_changes_and_is_sent_what_it_missed(
     }
     assert_refused(&c, cut_off, "cut-off-side").await;
     wait_sees_down(&c, cut_off, &[leader, other]).await;
+    // The leader counts the member cut off out of the in-sync set: two of three hold on.
+    let mut in_sync: Vec<String> = [leader, other].iter().map(|i| format!("n{i}")).collect();
+    in_sync.sort();
+    eventually("the member cut off out of the in-sync set", WAIT, || async {
+        (c.status(leader).await["in_sync"] == json!(in_sync)).then_some(())
+    })
+    .await;
     let conn = connect_uri(&format!("amqp://guest:guest@{}/%2f", amqp_addr(c.member(cut_off)))).await.unwrap();
     let ch = open_channel(&conn).await;
     assert_eq!(publish_then_get(&ch, "", "before", "before", b"cut off").await, b"cut off");
