@@ -26,6 +26,7 @@ fn opts() -> MqttOptions {
         retain_as_published: false,
         subscription_id: None,
         tag_filter: None,
+        share_group: None,
     }
 }
 

@@ -30,7 +30,7 @@ use super::interest::OwnInterest;
 use super::link::PeerAuth;
 use super::node::NodeState;
 use super::rpc::{Forwarded, PeerClient, PeerRequest, PeerResponse};
-use crate::core::broker::{Broker, DurableSignal, Joint, MemberForwarder};
+use crate::core::broker::{Broker, DurableSignal, ForwardedRoute, Joint, MemberForwarder};
 use crate::core::message::{now_ms, Message, SharedMessage};
 use crate::core::router::MemberRoute;
 
@@ -158,6 +158,7 @@ impl MemberForwarder for Forwarder {
                 vhost: m.vhost.to_string(),
                 via: m.exchanges.iter().map(|x| x.to_string()).collect(),
                 publisher: m.publisher.to_string(),
+                groups: m.groups.iter().map(|g| g.to_string()).collect(),
                 header: header.len() as u32,
                 body: msg.payload.len() as u32,
             };
@@ -259,8 +260,9 @@ pub(super) async fn receive(
         let msg: SharedMessage =
             Arc::new(Message::decode(header, body).map_err(|e| format!("a publish from {from}: {e:?}"))?);
         let via: Vec<Box<str>> = f.via.into_iter().map(String::into_boxed_str).collect();
-        let exchange = msg.exchange.clone();
-        if let Some(signal) = broker.publish_forwarded(&f.vhost, &exchange, &via, &msg, &f.publisher, &own).await {
+        let groups: Vec<Arc<str>> = f.groups.iter().map(|g| Arc::from(g.as_str())).collect();
+        let route = ForwardedRoute { vhost: &f.vhost, via: &via, publisher: &f.publisher, groups: &groups };
+        if let Some(signal) = broker.publish_forwarded(&route, &msg, &own).await {
             if msg.qos > 0 {
                 signals.push(signal);
             }

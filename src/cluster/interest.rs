@@ -28,8 +28,9 @@ use super::metadata::{table, untable};
 use super::node::NodeState;
 use super::rpc::{InterestKey, InterestUpdate, PeerClient, PeerRequest, PeerResponse};
 use crate::core::broker::Broker;
-use crate::core::router::{Binding, BindingObserver, Destination, ExchangeKind, RouteError};
+use crate::core::router::{Binding, BindingObserver, Destination, ExchangeKind, RouteError, SHARE_GROUP_ARG};
 use crate::core::store::QueueId;
+use crate::core::value::Value;
 
 /// Changes kept for members that are behind; one further behind is sent the whole set.
 const LOG_KEPT: usize = 100_000;
@@ -125,12 +126,13 @@ impl OwnInterest {
                 return;
             }
         }
-        let key = InterestKey {
-            vhost: vhost.to_owned(),
-            exchange: exchange.to_owned(),
-            key: b.key.clone(),
-            args: table(&b.args),
+        // A shared group's binding is announced as the group's: its members on another
+        // member are chosen against its members here, once per message.
+        let args = match b.share_group() {
+            Some(group) => table(&[(SHARE_GROUP_ARG.to_owned(), Value::Str(group.to_owned()))]),
+            None => table(&b.args),
         };
+        let key = InterestKey { vhost: vhost.to_owned(), exchange: exchange.to_owned(), key: b.key.clone(), args };
         let logged = if added {
             let n = own.counts.entry(key.clone()).or_insert(0);
             *n += 1;

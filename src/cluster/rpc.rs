@@ -186,6 +186,9 @@ pub(super) struct Forwarded {
     pub via: Vec<String>,
     /// The publisher (MQTT client id, for no-local).
     pub publisher: String,
+    /// The MQTT shared groups that take it on the receiving member.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<String>,
     /// Bytes of its record header (the message but its body).
     pub header: u32,
     /// Bytes of its body.

@@ -33,7 +33,7 @@ mod retained;
 mod routing;
 mod status;
 
-pub use members::{Joint, MemberForwarder};
+pub use members::{ForwardedRoute, Joint, MemberForwarder};
 pub use queues::StreamSubscription;
 pub use routing::RoutingView;
 

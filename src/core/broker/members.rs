@@ -17,6 +17,19 @@ use crate::core::router::{Binding, BindingObserver, Destination, MemberRoute, Ro
 use crate::core::store::StoreWrite;
 use crate::core::value::Value;
 
+/// How a publish another member forwarded here was routed there.
+#[derive(Debug, Clone, Copy)]
+pub struct ForwardedRoute<'a> {
+    /// The virtual host.
+    pub vhost: &'a str,
+    /// The exchanges whose bindings to this member matched there.
+    pub via: &'a [Box<str>],
+    /// The publisher (an MQTT client id, for no-local; "" otherwise).
+    pub publisher: &'a str,
+    /// The MQTT shared groups that take it here.
+    pub groups: &'a [Arc<str>],
+}
+
 /// Forwards publishes to other members (a cluster member's, set by
 /// [`Broker::join_cluster`]).
 pub trait MemberForwarder: Send + Sync + std::fmt::Debug {
@@ -122,22 +135,21 @@ impl Broker {
         self.router.unbind(vhost, exchange, &Destination::Member(member.clone()), key, args)
     }
 
-    /// Routes a publish another member forwarded here (`msg` as published to `exchange` of
-    /// `vhost` by `publisher`, matched there by this member's bindings on `via`) to this
-    /// member's own targets — its sessions, and the queues `own` says are its own (not the
-    /// queues every member holds, which the publish reached where it was made) — and
-    /// stores it for those queues: the signal of that, or `None` when nothing here needed
-    /// storing (or nothing matched any more).
+    /// Routes a publish another member forwarded here (`msg`, as `from` says it was routed
+    /// there) to this member's own targets — its sessions, the MQTT shared groups the other
+    /// member chose this one for, and the queues `own` says are its own (not the queues
+    /// every member holds, which the publish reached where it was made) — and stores it
+    /// for those queues: the signal of that, or `None` when nothing here needed storing (or
+    /// nothing matched any more).
     pub async fn publish_forwarded(
         &self,
-        vhost: &str,
-        exchange: &str,
-        via: &[Box<str>],
+        from: &ForwardedRoute<'_>,
         msg: &SharedMessage,
-        publisher: &str,
         own: &(dyn Fn(QueueId) -> bool + Sync),
     ) -> Option<DurableSignal> {
-        let mut routes = self.router.route_forwarded(vhost, exchange, via, msg, publisher).ok()?;
+        let (vhost, exchange) = (from.vhost, msg.exchange.as_str());
+        let mut routes =
+            self.router.route_forwarded(vhost, exchange, from.via, msg, from.publisher, from.groups).ok()?;
         routes.queues.retain(|r| own(r.queue));
         if routes.is_empty() {
             return None;

@@ -104,7 +104,7 @@ impl RouteCache {
         let single = router.dependency(exchange, key);
         let (single_snapshot, table_snapshot) = (router.snapshot(single), router.snapshot(Dependency::Table));
         self.lookups += 1;
-        let (routes, cacheable, visited) = router.route_visiting(vhost, &[exchange], msg, publisher, false)?;
+        let (routes, cacheable, visited) = router.route_visiting(vhost, &[exchange], msg, publisher, false, &[])?;
         let (dependency, snapshot) =
             if visited.len() <= 1 { (single, single_snapshot) } else { (Dependency::Table, table_snapshot) };
         let routes = Arc::new(routes);

@@ -50,6 +50,26 @@ pub struct MqttOptions {
     pub subscription_id: Option<u32>,
     /// Tag filter of the subscription (MQTT 5 user property `tag-filter`).
     pub tag_filter: Option<Arc<TagFilter>>,
+    /// The shared-subscription group whose queue the binding leads to (`$share/{group}/`).
+    pub share_group: Option<Arc<str>>,
+}
+
+/// The binding argument that names an MQTT shared-subscription group on a binding to
+/// another cluster member (its members there): each group takes a message once,
+/// cluster-wide.
+pub const SHARE_GROUP_ARG: &str = "x-mqtt-share-group";
+
+impl Binding {
+    /// The MQTT shared-subscription group this binding serves: a group's queue here, or
+    /// its members on another cluster member.
+    pub fn share_group(&self) -> Option<&str> {
+        match &self.dest {
+            Destination::Member(_) => {
+                self.args.iter().find(|(k, _)| k == SHARE_GROUP_ARG).and_then(|(_, v)| v.as_str())
+            }
+            _ => self.mqtt.as_ref().and_then(|o| o.share_group.as_deref()),
+        }
+    }
 }
 
 /// One binding. Its identity is (destination, key, arguments).

@@ -64,7 +64,7 @@ mod tests;
 mod topic_trie;
 
 pub use cache::RouteCache;
-pub use exchange::{Binding, Destination, ExchangeDef, ExchangeKind, MqttOptions, STANDARD_EXCHANGES};
+pub use exchange::{Binding, Destination, ExchangeDef, ExchangeKind, MqttOptions, SHARE_GROUP_ARG, STANDARD_EXCHANGES};
 pub use topic_trie::INLINE_STEPS;
 
 use std::cell::Cell;
@@ -144,6 +144,9 @@ pub struct MemberRoute {
     /// The exchanges whose bindings to the member matched (where it routes the message
     /// from when it lacks the exchange it was published to).
     pub exchanges: Vec<Box<str>>,
+    /// The MQTT shared-subscription groups whose members there take the message (each
+    /// group takes it once, cluster-wide: through one member only).
+    pub groups: Vec<Arc<str>>,
 }
 
 /// Every target of one publish.
@@ -164,6 +167,24 @@ impl Routes {
     /// True when nothing matched.
     pub fn is_empty(&self) -> bool {
         self.sessions.is_empty() && self.queues.is_empty() && self.members.is_empty()
+    }
+
+    /// Adds member `member` (bound on `exchange`) as the one through which shared group
+    /// `group` takes the message.
+    fn add_group_member(&mut self, exchange: &str, member: &Arc<str>, group: &str, index: &mut RouteIndex) {
+        let b = Binding {
+            dest: Destination::Member(member.clone()),
+            key: String::new(),
+            args: Vec::new(),
+            mqtt: None,
+            filter: None,
+        };
+        self.add(exchange, &b, index);
+        if let Some(r) = self.members.iter_mut().find(|r| r.member == *member) {
+            if !r.groups.iter().any(|g| &**g == group) {
+                r.groups.push(Arc::from(group));
+            }
+        }
     }
 
     /// How many targets there are (a change shows that a route delivered).
@@ -210,6 +231,7 @@ impl Routes {
                     vhost: Arc::from(""),
                     publisher: Arc::from(""),
                     exchanges: vec![exchange.into()],
+                    groups: Vec::new(),
                 }),
             },
             Destination::Exchange(_) => {}
@@ -731,13 +753,15 @@ impl Router {
         msg: &Message,
         publisher: &str,
     ) -> Result<(Routes, bool), RouteError> {
-        self.route_visiting(vhost, &[exchange], msg, publisher, false).map(|(routes, cacheable, _)| (routes, cacheable))
+        self.route_visiting(vhost, &[exchange], msg, publisher, false, &[])
+            .map(|(routes, cacheable, _)| (routes, cacheable))
     }
 
     /// The targets on this member of a publish another member forwarded here: routed from
     /// `exchange` as [`Router::route`] does, bindings to other members passed over; when
     /// this member lacks `exchange` (one of the other member's own), from the exchanges
-    /// `via` whose bindings to this member matched there.
+    /// `via` whose bindings to this member matched there. Of the MQTT shared groups, only
+    /// those in `groups` take it here (the other member chose this one for them).
     pub fn route_forwarded(
         &self,
         vhost: &str,
@@ -745,13 +769,14 @@ impl Router {
         via: &[Box<str>],
         msg: &Message,
         publisher: &str,
+        groups: &[Arc<str>],
     ) -> Result<Routes, RouteError> {
         let has_exchange = self.read().get(vhost).is_some_and(|v| v.exchanges.contains_key(exchange));
         let from: Vec<&str> = match has_exchange {
             true => vec![exchange],
             false => via.iter().map(|x| &**x).collect(),
         };
-        self.route_visiting(vhost, &from, msg, publisher, true).map(|(routes, _, _)| routes)
+        self.route_visiting(vhost, &from, msg, publisher, true, groups).map(|(routes, _, _)| routes)
     }
 
     /// [`Router::route`] from each of `exchanges` (one target reached through several
@@ -764,6 +789,7 @@ impl Router {
         msg: &Message,
         publisher: &str,
         local_only: bool,
+        groups: &[Arc<str>],
     ) -> Result<(Routes, bool, Vec<Box<str>>), RouteError> {
         let words = key_words(&msg.routing_key);
         if words > MAX_KEY_WORDS {
@@ -774,7 +800,7 @@ impl Router {
         let mut routes = Routes::default();
         let mut cacheable = true;
         let mut visited = HashSet::new();
-        let input = RouteInput { msg, tag: msg.tag(), publisher, local_only, long: Cell::new(None) };
+        let input = RouteInput { msg, tag: msg.tag(), publisher, local_only, groups, long: Cell::new(None) };
         let mut index = RouteIndex::default();
         for exchange in exchanges {
             if !v.exchanges.contains_key(*exchange) {
@@ -830,6 +856,9 @@ struct RouteInput<'a> {
     /// Only this member's own targets: bindings to other members are passed over (a
     /// publish another member forwarded here).
     local_only: bool,
+    /// With `local_only`: the MQTT shared groups whose queues here take the message (the
+    /// member it was published through chose this one for them).
+    groups: &'a [Arc<str>],
     /// A walk that passed [`INLINE_STEPS`]: its exchange and steps.
     long: Cell<Option<(String, usize)>>,
 }
@@ -865,6 +894,10 @@ fn route_into(
     }
     let before = routes.targets();
     let mut onward = Vec::new();
+    // MQTT shared groups: served here (their queues), and members of them on other
+    // cluster members (bindings to those): each group takes a message once, cluster-wide.
+    let mut local_groups: Vec<&str> = Vec::new();
+    let mut remote_groups: Vec<&Binding> = Vec::new();
     for b in matched {
         if let Some(o) = &b.mqtt {
             if o.no_local && &*o.client_id == input.publisher {
@@ -874,11 +907,19 @@ fn route_into(
         if b.filter.as_ref().is_some_and(|f| !f.matches(input.tag)) {
             continue;
         }
-        match &b.dest {
-            Destination::Exchange(next) => onward.push(next.clone()),
-            Destination::Member(_) if input.local_only => {}
-            _ => routes.add(exchange, b, index),
+        match (&b.dest, b.share_group()) {
+            (Destination::Exchange(next), _) => onward.push(next.clone()),
+            (Destination::Member(_), _) if input.local_only => {}
+            (Destination::Member(_), Some(_)) => remote_groups.push(b),
+            (_, Some(g)) if input.local_only && !input.groups.iter().any(|x| &**x == g) => {}
+            (_, group) => {
+                local_groups.extend(group);
+                routes.add(exchange, b, index);
+            }
         }
+    }
+    if !remote_groups.is_empty() {
+        pick_group_members(exchange, &remote_groups, &local_groups, input, routes, index);
     }
     let mut delivered = routes.targets() != before;
     for next in onward {
@@ -908,6 +949,38 @@ pub trait BindingObserver: Send + Sync + std::fmt::Debug {
     fn bound(&self, vhost: &str, exchange: &str, kind: ExchangeKind, binding: &Binding);
     /// `binding` of `exchange` (of `kind`) in `vhost` was removed.
     fn unbound(&self, vhost: &str, exchange: &str, kind: ExchangeKind, binding: &Binding);
+}
+
+/// For each MQTT shared group with members on other cluster members (`remote`, bindings
+/// to those members) and none here (`local`): one of those members takes the message,
+/// chosen by its routing key (so a route stays the same and can be cached, and topics
+/// spread over the members).
+fn pick_group_members(
+    exchange: &str,
+    remote: &[&Binding],
+    local: &[&str],
+    input: &RouteInput<'_>,
+    routes: &mut Routes,
+    index: &mut RouteIndex,
+) {
+    let mut groups: Vec<&str> = remote.iter().filter_map(|b| b.share_group()).collect();
+    groups.sort_unstable();
+    groups.dedup();
+    for group in groups.into_iter().filter(|g| !local.contains(g)) {
+        let mut members: Vec<&Arc<str>> = remote
+            .iter()
+            .filter(|b| b.share_group() == Some(group))
+            .filter_map(|b| match &b.dest {
+                Destination::Member(m) => Some(m),
+                _ => None,
+            })
+            .collect();
+        members.sort_unstable();
+        members.dedup();
+        let at = super::stable_hash::hash64(&[input.msg.routing_key.as_bytes(), group.as_bytes()]);
+        let member = members[(at % members.len() as u64) as usize];
+        routes.add_group_member(exchange, member, group, index);
+    }
 }
 
 /// An MQTT filter as a topic-exchange binding key: `a/+/#` -> `a.*.#`.

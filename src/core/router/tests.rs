@@ -14,6 +14,7 @@ pub(super) fn opts(qos: u8) -> MqttOptions {
         retain_as_published: false,
         subscription_id: None,
         tag_filter: None,
+        share_group: None,
     }
 }
 

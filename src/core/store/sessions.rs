@@ -47,6 +47,7 @@ impl SubOptions {
             retain_as_published: self.retain_as_published,
             subscription_id: self.subscription_id,
             tag_filter: self.tag_filter.as_deref().and_then(|e| TagFilter::parse(e).ok()).map(Arc::new),
+            share_group: None,
         }
     }
 }

@@ -55,8 +55,8 @@ fn same_filter(a: Option<&str>, b: Option<&str>) -> bool {
     }
 }
 
-/// The routing options of a group's binding.
-fn binding(tag_filter: Option<&str>) -> MqttOptions {
+/// The routing options of group `group`'s binding.
+fn binding(group: &str, tag_filter: Option<&str>) -> MqttOptions {
     MqttOptions {
         client_id: Arc::from(""),
         qos: 2,
@@ -64,6 +64,7 @@ fn binding(tag_filter: Option<&str>) -> MqttOptions {
         retain_as_published: false,
         subscription_id: None,
         tag_filter: tag_filter.and_then(|e| TagFilter::parse(e).ok()).map(Arc::new),
+        share_group: Some(Arc::from(group)),
     }
 }
 
@@ -72,6 +73,7 @@ fn binding(tag_filter: Option<&str>) -> MqttOptions {
 fn add_member(
     g: &mut Group,
     broker: &Broker,
+    group: &str,
     filter: &str,
     member: &Arc<str>,
     tag_filter: Option<&str>,
@@ -86,7 +88,7 @@ fn add_member(
         }
         // Replaces the group's binding in place (same destination and key): no moment
         // without one, so no publish misses the group.
-        broker.subscribe(filter, Destination::Queue(g.queue), binding(tag_filter));
+        broker.subscribe(filter, Destination::Queue(g.queue), binding(group, tag_filter));
         g.tag_filter = tag_filter.map(str::to_owned);
     }
     g.members.insert(member.clone());
@@ -147,7 +149,7 @@ impl SharedGroups {
     ) -> Option<Result<QueueId, JoinError>> {
         let mut groups = self.groups.lock();
         let g = groups.get_mut(&(group.to_owned(), filter.to_owned()))?;
-        Some(add_member(g, broker, filter, member, tag_filter))
+        Some(add_member(g, broker, group, filter, member, tag_filter))
     }
 
     /// Adds `member` to the group, creating it on `queue` unless another member did
@@ -161,9 +163,9 @@ impl SharedGroups {
         queue: QueueId,
     ) -> Result<QueueId, JoinError> {
         match self.groups.lock().entry((group.to_owned(), filter.to_owned())) {
-            Entry::Occupied(mut g) => add_member(g.get_mut(), broker, filter, member, tag_filter),
+            Entry::Occupied(mut g) => add_member(g.get_mut(), broker, group, filter, member, tag_filter),
             Entry::Vacant(slot) => {
-                broker.subscribe(filter, Destination::Queue(queue), binding(tag_filter));
+                broker.subscribe(filter, Destination::Queue(queue), binding(group, tag_filter));
                 slot.insert(Group {
                     queue,
                     members: HashSet::from([member.clone()]),

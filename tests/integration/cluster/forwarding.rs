@@ -208,3 +208,51 @@ async fn retained_messages_set_through_one_member_are_on_every_member() {
     c.restart(1);
     assert_eq!(retained_on(&c, 1, "sub-1c", "home/#", 1).await, [("home/door".to_owned(), b"open".to_vec())]);
 }
+
+/// Collects the payloads `sub` receives until none comes for 500 ms.
+async fn drain(sub: &mut v4::Client) -> Vec<String> {
+    let mut got = Vec::new();
+    while let Ok(Some(Ok(packet))) = tokio::time::timeout(Duration::from_millis(500), sub.events.recv()).await {
+        if let v4::Packet::Publish(p) = packet {
+            got.push(String::from_utf8_lossy(&p.payload).into_owned());
+        }
+    }
+    got
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_group_with_members_on_several_members_takes_each_message_once() {
+    let c = Cluster::start(3, "");
+    c.leader(&[0, 1, 2]).await;
+    // Group `workers` has a member on n1 and one on n2; n1 also has a plain subscriber to
+    // the same filter (so a publish is forwarded to n1 whether or not n1 takes it for the
+    // group).
+    let mut w1 = v4::connect(c.member(1), "worker-on-1").await;
+    w1.subscribe("$share/workers/jobs/#", QoS::AtLeastOnce).await;
+    let mut w2 = v4::connect(c.member(2), "worker-on-2").await;
+    w2.subscribe("$share/workers/jobs/#", QoS::AtLeastOnce).await;
+    let mut watcher = v4::connect(c.member(1), "watcher-on-1").await;
+    watcher.subscribe("jobs/#", QoS::AtLeastOnce).await;
+    let mut publisher = v4::connect(c.member(0), "dispatcher").await;
+    for n in 0..40 {
+        publisher.publish_acked(&format!("jobs/{n}"), QoS::AtLeastOnce, false, format!("job-{n}")).await;
+    }
+    // Every job once in the group, spread over both members by topic; the plain
+    // subscriber gets every one.
+    let (mut got1, mut got2) = (drain(&mut w1).await, drain(&mut w2).await);
+    assert!(!got1.is_empty() && !got2.is_empty(), "both members' workers take jobs: {got1:?} / {got2:?}");
+    got1.append(&mut got2);
+    got1.sort();
+    let mut all: Vec<String> = (0..40).map(|n| format!("job-{n}")).collect();
+    all.sort();
+    assert_eq!(got1, all, "each job once in the group");
+    assert_eq!(drain(&mut watcher).await.len(), 40);
+    // With a member of the group on the publishing member, that member's takes them all.
+    let mut w0 = v4::connect(c.member(0), "worker-on-0").await;
+    w0.subscribe("$share/workers/jobs/#", QoS::AtLeastOnce).await;
+    for n in 0..10 {
+        publisher.publish_acked(&format!("jobs/{n}"), QoS::AtLeastOnce, false, format!("local-{n}")).await;
+    }
+    assert_eq!(drain(&mut w0).await.len(), 10, "the group's member on the publishing member takes them");
+    assert!(drain(&mut w1).await.is_empty() && drain(&mut w2).await.is_empty(), "and no other member's");
+}
