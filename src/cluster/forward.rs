@@ -26,6 +26,7 @@ use futures_util::future::BoxFuture;
 use tokio::sync::mpsc;
 use tracing::warn;
 
+use super::health::PeerHealth;
 use super::interest::OwnInterest;
 use super::link::PeerAuth;
 use super::node::NodeState;
@@ -47,6 +48,13 @@ const FORWARD_TTL: Duration = Duration::from_secs(5);
 /// How long a member that could not be reached is given nothing.
 const DOWN_FOR: Duration = Duration::from_secs(1);
 
+/// A member not heard from for this long (it sends its interest each second) is given
+/// nothing: a paused or cut-off member does not hold publishers up for [`FORWARD_TTL`].
+const SILENT_FOR: Duration = Duration::from_secs(3);
+
+/// The largest publish forwarded (header and body): a batch with it fits a frame.
+const MAX_ONE: usize = super::link::MAX_FRAME - BATCH_BYTES - (1 << 20);
+
 /// A publish queued for one member.
 struct Item {
     forwarded: Forwarded,
@@ -55,11 +63,25 @@ struct Item {
     ack: Option<Arc<Joint>>,
 }
 
+impl Drop for Item {
+    /// An item dropped before its publisher heard (its task ended): the publisher hears
+    /// now, and hears of a failure when this member's own part was left waiting.
+    fn drop(&mut self) {
+        if let Some(joint) = self.ack.take() {
+            if joint.take_local().is_some() {
+                joint.done(Err(JournalError::Closed));
+            }
+            joint.done(Ok(()));
+        }
+    }
+}
+
 /// The publishes this member forwards to the others.
 pub(super) struct Forwarder {
     me: String,
     auth: Arc<PeerAuth>,
     interest: Arc<OwnInterest>,
+    health: Arc<PeerHealth>,
     queues: parking_lot::RwLock<HashMap<Arc<str>, Queue>>,
     dropped: Arc<Dropped>,
 }
@@ -104,8 +126,8 @@ impl Dropped {
 
 impl Forwarder {
     /// The forwarder of member `me`.
-    pub(super) fn new(me: &str, auth: Arc<PeerAuth>, interest: Arc<OwnInterest>) -> Forwarder {
-        Forwarder { me: me.to_owned(), auth, interest, queues: Default::default(), dropped: Default::default() }
+    pub(super) fn new(me: &str, auth: Arc<PeerAuth>, interest: Arc<OwnInterest>, health: Arc<PeerHealth>) -> Forwarder {
+        Forwarder { me: me.to_owned(), auth, interest, health, queues: Default::default(), dropped: Default::default() }
     }
 
     /// Starts the queue and task for member `name` at `addr` (nothing when there is one).
@@ -144,6 +166,12 @@ impl MemberForwarder for Forwarder {
         durable: bool,
     ) -> Option<DurableSignal> {
         let header = msg.encode_header();
+        if header.len() + msg.payload.len() > MAX_ONE {
+            for m in members {
+                self.dropped.add(1, &m.member, "a publish too large to forward");
+            }
+            return local;
+        }
         let (joint, signal) = match durable {
             true => {
                 let (joint, signal) = Joint::new(members.len(), local);
@@ -162,22 +190,35 @@ impl MemberForwarder for Forwarder {
                 header: header.len() as u32,
                 body: msg.payload.len() as u32,
             };
-            let item = Item { forwarded, header: header.clone(), body: msg.payload.clone(), ack: joint.clone() };
-            let Some(queue) = queues.get(&m.member) else {
-                self.dropped.add(1, &m.member, "no link to it");
-                if let Some(j) = &joint {
-                    j.done(Ok(()));
-                }
-                continue;
+            let queue = match queues.get(&m.member) {
+                None => Err("no link to it"),
+                Some(_) if self.health.since(&m.member).is_none_or(|d| d > SILENT_FOR) => Err("not heard from"),
+                Some(queue) => Ok(queue),
             };
-            match queue.tx.try_send(item) {
-                Ok(()) => queued += 1,
-                Err(_) => {
-                    self.dropped.add(1, &m.member, "its queue is full");
+            let refused = match queue {
+                Ok(queue) => {
+                    let item =
+                        Item { forwarded, header: header.clone(), body: msg.payload.clone(), ack: joint.clone() };
+                    match queue.tx.try_send(item) {
+                        Ok(()) => None,
+                        Err(e) => {
+                            if let Some(j) = e.into_inner().ack.take() {
+                                j.done(Ok(()));
+                            }
+                            Some("its queue is full")
+                        }
+                    }
+                }
+                Err(why) => {
                     if let Some(j) = &joint {
                         j.done(Ok(()));
                     }
+                    Some(why)
                 }
+            };
+            match refused {
+                None => queued += 1,
+                Some(why) => self.dropped.add(1, &m.member, why),
             }
         }
         match (joint, queued) {
@@ -213,24 +254,42 @@ async fn send(
             }
         }
         let down = now_ms() < down_until.load(Ordering::Relaxed);
-        let sent = !down && {
-            let headers: Vec<Forwarded> = batch.iter().map(|i| i.forwarded.clone()).collect();
-            let blob: Vec<Bytes> = batch.iter().flat_map(|i| [i.header.clone(), i.body.clone()]).collect();
-            matches!(client.call_with(&PeerRequest::Forward(headers), &blob, FORWARD_TTL).await, Ok(PeerResponse::Done))
-        };
-        if !sent {
-            if !down {
-                down_until.store(now_ms() + DOWN_FOR.as_millis() as u64, Ordering::Relaxed);
+        let answer = match down {
+            true => None,
+            false => {
+                let headers: Vec<Forwarded> = batch.iter().map(|i| i.forwarded.clone()).collect();
+                let blob: Vec<Bytes> = batch.iter().flat_map(|i| [i.header.clone(), i.body.clone()]).collect();
+                Some(client.call_with(&PeerRequest::Forward(headers), &blob, FORWARD_TTL).await)
             }
-            dropped.add(batch.len() as u64, &name, "it cannot be reached");
+        };
+        match answer {
+            Some(Ok(PeerResponse::Done)) => {}
+            // Linked, but it could not take them (its disk): dropped, the link kept.
+            Some(Ok(other)) => dropped.add(batch.len() as u64, &name, &format!("it refused them: {other:?}")),
+            Some(Err(_)) => {
+                down_until.store(now_ms() + DOWN_FOR.as_millis() as u64, Ordering::Relaxed);
+                dropped.add(batch.len() as u64, &name, "it cannot be reached");
+            }
+            None => dropped.add(batch.len() as u64, &name, "it cannot be reached"),
         }
-        for item in batch {
-            if let Some(joint) = item.ack {
+        // The member's part is done; this member's own storing, when a publish's joint
+        // still waits for it, is waited for off this loop (one task per batch), so that a
+        // slow disk here does not hold the forwarding up.
+        let mut waits = Vec::new();
+        for mut item in batch {
+            if let Some(joint) = item.ack.take() {
                 if let Some(local) = joint.take_local() {
-                    joint.done(local.await.unwrap_or(Err(JournalError::Closed)));
+                    waits.push((joint.clone(), local));
                 }
                 joint.done(Ok(()));
             }
+        }
+        if !waits.is_empty() {
+            tokio::spawn(async move {
+                for (joint, local) in waits {
+                    joint.done(local.await.unwrap_or(Err(JournalError::Closed)));
+                }
+            });
         }
     }
 }
@@ -268,8 +327,14 @@ pub(super) async fn receive(
             }
         }
     }
+    let mut failed = None;
     for signal in signals {
-        let _ = signal.await;
+        if let Err(e) | Ok(Err(e)) = signal.await.map_err(|_| JournalError::Closed) {
+            failed.get_or_insert(e);
+        }
     }
-    Ok(())
+    match failed {
+        None => Ok(()),
+        Some(e) => Err(format!("a forwarded publish was not stored here: {e}")),
+    }
 }

@@ -35,8 +35,9 @@ use crate::core::value::Value;
 /// Changes kept for members that are behind; one further behind is sent the whole set.
 const LOG_KEPT: usize = 100_000;
 
-/// Entries per update.
+/// Entries per update, and bytes of their keys.
 const UPDATE_ENTRIES: usize = 10_000;
+const UPDATE_BYTES: usize = 4 << 20;
 
 /// How long an announcement may take.
 const ANNOUNCE_TTL: Duration = Duration::from_secs(5);
@@ -68,9 +69,16 @@ pub(super) enum Announced {
     Down,
 }
 
+/// Other members' bindings removed here by something else than their announcement (the
+/// exchange deleted, its virtual host removed): [`RemoteInterest`] binds them again once
+/// the exchange is back.
+#[derive(Debug, Default)]
+pub(super) struct Lost(parking_lot::Mutex<Vec<(Arc<str>, InterestKey)>>);
+
 /// This member's interest, as its bindings change.
 pub(super) struct OwnInterest {
     node: Arc<dyn NodeState>,
+    lost: Arc<Lost>,
     own: parking_lot::Mutex<Own>,
     seq: watch::Sender<u64>,
     /// How far each other member was told, by name.
@@ -84,11 +92,13 @@ impl std::fmt::Debug for OwnInterest {
 }
 
 impl OwnInterest {
-    /// The interest of the member `node` is.
-    pub(super) fn new(node: Arc<dyn NodeState>) -> Arc<OwnInterest> {
+    /// The interest of the member `node` is; other members' bindings removed here go to
+    /// `lost`.
+    pub(super) fn new(node: Arc<dyn NodeState>, lost: Arc<Lost>) -> Arc<OwnInterest> {
         let own = Own { counts: HashMap::new(), queues: HashMap::new(), log: VecDeque::new(), seq: 0 };
         Arc::new(OwnInterest {
             node,
+            lost,
             own: parking_lot::Mutex::new(own),
             seq: watch::channel(0).0,
             told: Default::default(),
@@ -102,6 +112,11 @@ impl OwnInterest {
         let queue = match &b.dest {
             Destination::Session(_) => None,
             Destination::Queue(id) => Some(*id),
+            Destination::Member(member) if !added => {
+                let key = key_of(vhost, exchange, b);
+                self.lost.0.lock().push((member.clone(), key));
+                return;
+            }
             Destination::Exchange(_) | Destination::Member(_) => return,
         };
         let mut own = self.own.lock();
@@ -126,13 +141,7 @@ impl OwnInterest {
                 return;
             }
         }
-        // A shared group's binding is announced as the group's: its members on another
-        // member are chosen against its members here, once per message.
-        let args = match b.share_group() {
-            Some(group) => table(&[(SHARE_GROUP_ARG.to_owned(), Value::Str(group.to_owned()))]),
-            None => table(&b.args),
-        };
-        let key = InterestKey { vhost: vhost.to_owned(), exchange: exchange.to_owned(), key: b.key.clone(), args };
+        let key = key_of(vhost, exchange, b);
         let logged = if added {
             let n = own.counts.entry(key.clone()).or_insert(0);
             *n += 1;
@@ -154,7 +163,7 @@ impl OwnInterest {
             if own.log.len() > LOG_KEPT {
                 own.log.pop_front();
             }
-            drop(own);
+            // Under the lock: announcers see the numbers grow, never a lower one after.
             self.seq.send_replace(seq);
         }
     }
@@ -176,11 +185,17 @@ impl OwnInterest {
         if first > seq + 1 {
             return None;
         }
+        let mut bytes = 0;
         let changes: Vec<(bool, InterestKey)> = own
             .log
             .iter()
             .skip((seq + 1 - first) as usize)
             .take(UPDATE_ENTRIES)
+            .take_while(|(_, _, key)| {
+                let fits = bytes < UPDATE_BYTES;
+                bytes += key.size();
+                fits
+            })
             .map(|(_, added, key)| (*added, key.clone()))
             .collect();
         let upto = seq + changes.len() as u64;
@@ -211,6 +226,17 @@ impl OwnInterest {
     }
 }
 
+/// The interest entry of binding `b` of `exchange` in `vhost`. A shared group's binding is
+/// announced as the group's: its members on another member are chosen against its members
+/// here, once per message.
+fn key_of(vhost: &str, exchange: &str, b: &Binding) -> InterestKey {
+    let args = match (&b.dest, b.share_group()) {
+        (Destination::Member(_), _) | (_, None) => table(&b.args),
+        (_, Some(group)) => table(&[(SHARE_GROUP_ARG.to_owned(), Value::Str(group.to_owned()))]),
+    };
+    InterestKey { vhost: vhost.to_owned(), exchange: exchange.to_owned(), key: b.key.clone(), args }
+}
+
 impl BindingObserver for OwnInterest {
     fn bound(&self, vhost: &str, exchange: &str, kind: ExchangeKind, binding: &Binding) {
         self.change(vhost, exchange, kind, binding, true);
@@ -233,9 +259,13 @@ pub(super) async fn announce(
 ) {
     let mut client = PeerClient::new(&me, &peer, &addr, auth);
     let mut changed = own.seq.subscribe();
+    // Epochs grow across this process's restarts too: milliseconds since the epoch at
+    // start, then one more per resync.
+    let mut epoch = crate::core::message::now_ms() << 10;
     loop {
+        epoch += 1;
         let (all, mut at) = own.snapshot();
-        if resync(&mut client, all).await.is_err() {
+        if resync(&mut client, all, epoch).await.is_err() {
             told.send_replace(Announced::Down);
             tokio::time::sleep(Duration::from_secs(1)).await;
             continue;
@@ -246,7 +276,7 @@ pub(super) async fn announce(
                 let _ = tokio::time::timeout(KEEPALIVE, changed.changed()).await;
             }
             let Some((changes, upto)) = own.since(at) else { break };
-            let update = InterestUpdate { changes, ..Default::default() };
+            let update = InterestUpdate { changes, epoch, ..Default::default() };
             match client.call(&PeerRequest::Interest(update), ANNOUNCE_TTL).await {
                 Ok(PeerResponse::Done) => {}
                 other => {
@@ -262,16 +292,22 @@ pub(super) async fn announce(
     }
 }
 
-/// Sends the whole set `all`, in parts.
-async fn resync(client: &mut PeerClient, all: Vec<InterestKey>) -> Result<(), ()> {
-    let parts: Vec<&[InterestKey]> = if all.is_empty() { vec![&[]] } else { all.chunks(UPDATE_ENTRIES).collect() };
+/// Sends the whole set `all`, in parts, as resync `epoch`.
+async fn resync(client: &mut PeerClient, all: Vec<InterestKey>, epoch: u64) -> Result<(), ()> {
+    let mut parts: Vec<Vec<(bool, InterestKey)>> = vec![Vec::new()];
+    let mut bytes = 0;
+    for key in all {
+        let full = parts.last().is_some_and(|p| p.len() >= UPDATE_ENTRIES) || bytes >= UPDATE_BYTES;
+        if full {
+            parts.push(Vec::new());
+            bytes = 0;
+        }
+        bytes += key.size();
+        parts.last_mut().expect("one part at least").push((true, key));
+    }
     let last = parts.len() - 1;
-    for (i, part) in parts.into_iter().enumerate() {
-        let update = InterestUpdate {
-            resync_start: i == 0,
-            resync_end: i == last,
-            changes: part.iter().map(|k| (true, k.clone())).collect(),
-        };
+    for (i, changes) in parts.into_iter().enumerate() {
+        let update = InterestUpdate { resync_start: i == 0, resync_end: i == last, epoch, changes };
         match client.call(&PeerRequest::Interest(update), ANNOUNCE_TTL).await {
             Ok(PeerResponse::Done) => {}
             _ => return Err(()),
@@ -289,25 +325,43 @@ struct View {
     pending: HashSet<InterestKey>,
     /// During a resync: what the resync has not named yet.
     stale: Option<HashSet<InterestKey>>,
+    /// The sender's resync the view follows.
+    epoch: u64,
 }
 
 /// The other members' interest, bound in this member's routing table.
 pub(super) struct RemoteInterest {
     broker: Arc<Broker>,
     views: parking_lot::Mutex<HashMap<String, View>>,
+    lost: Arc<Lost>,
 }
 
 impl RemoteInterest {
-    /// The other members' interest, bound in `broker`'s routing table.
-    pub(super) fn new(broker: Arc<Broker>) -> RemoteInterest {
-        RemoteInterest { broker, views: Default::default() }
+    /// The other members' interest, bound in `broker`'s routing table; what is removed
+    /// there otherwise comes back through `lost`.
+    pub(super) fn new(broker: Arc<Broker>, lost: Arc<Lost>) -> RemoteInterest {
+        RemoteInterest { broker, views: Default::default(), lost }
     }
 
-    /// Applies what member `from` announced.
+    /// Applies what member `from` announced. Blocking (router changes): off the runtime's
+    /// workers.
     pub(super) fn apply(&self, from: &str, update: InterestUpdate) {
         let member: Arc<str> = Arc::from(from);
+        let lost = std::mem::take(&mut *self.lost.0.lock());
         let mut views = self.views.lock();
+        for (m, key) in lost {
+            if let Some(view) = views.get_mut(&*m) {
+                if view.bound.remove(&key) {
+                    view.pending.insert(key);
+                }
+            }
+        }
         let view = views.entry(from.to_owned()).or_default();
+        if update.epoch < view.epoch {
+            // Late, from a link the sender replaced since.
+            return;
+        }
+        view.epoch = update.epoch;
         if update.resync_start {
             view.stale = Some(view.bound.iter().chain(view.pending.iter()).cloned().collect());
         }
@@ -316,7 +370,9 @@ impl RemoteInterest {
                 stale.remove(&key);
             }
             if added {
-                if !view.bound.contains(&key) {
+                // During a resync, bound again whatever this member holds (making it again
+                // changes nothing when it is there).
+                if view.stale.is_some() || !view.bound.contains(&key) {
                     self.bind(&member, view, key);
                 }
             } else {

@@ -87,8 +87,9 @@ fn server_name(addr: &str) -> Result<rustls_pki_types::ServerName<'static>, Link
         .map_err(|e| LinkError::Refused(format!("'{host}' is not a name TLS can check: {e}")))
 }
 
-/// The largest frame either side reads once authenticated (a bigger length closes the link).
-pub(super) const MAX_FRAME: usize = 64 << 20;
+/// The largest frame either side reads once authenticated (a bigger length closes the link):
+/// room for a batch of forwarded publishes with the largest message either protocol takes.
+pub(super) const MAX_FRAME: usize = 320 << 20;
 
 /// The largest frame read before the other side proved the secret.
 const MAX_HANDSHAKE_FRAME: usize = 1024;
@@ -100,7 +101,7 @@ const MAX_NAME: usize = 255;
 pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What the accepting side sends first: the protocol and its version.
-const GREETING: &[u8; 16] = b"FERRYMQ-PEER/1\r\n";
+const GREETING: &[u8; 16] = b"FERRYMQ-PEER/2\r\n";
 
 /// Why a peer link failed.
 #[derive(Debug, thiserror::Error)]

@@ -302,11 +302,13 @@ impl Cluster {
     /// members' bindings forwarded from now on.
     fn start_routing(&self, node: &Arc<dyn NodeState>) -> Arc<Routing> {
         let broker = node.broker();
-        let own = interest::OwnInterest::new(node.clone());
-        let forwarder = Arc::new(forward::Forwarder::new(&self.name, self.auth.clone(), own.clone()));
+        let lost = Arc::new(interest::Lost::default());
+        let own = interest::OwnInterest::new(node.clone(), lost.clone());
+        let forwarder =
+            Arc::new(forward::Forwarder::new(&self.name, self.auth.clone(), own.clone(), self.health.clone()));
         let routing = Arc::new(Routing {
             own: own.clone(),
-            remote: interest::RemoteInterest::new(broker.clone()),
+            remote: interest::RemoteInterest::new(broker.clone(), lost),
             forwarder: forwarder.clone(),
             broker: broker.clone(),
             node: node.clone(),

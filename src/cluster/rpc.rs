@@ -163,6 +163,13 @@ pub(super) struct InterestKey {
     pub args: Vec<u8>,
 }
 
+impl InterestKey {
+    /// About the bytes it takes in a frame.
+    pub(super) fn size(&self) -> usize {
+        32 + self.vhost.len() + self.exchange.len() + self.key.len() + 4 * self.args.len()
+    }
+}
+
 /// What a member announces to another: changes of its interest in order (`true`: added),
 /// or a part of the whole set (a resync: what the receiver holds of the sender and the
 /// resync does not name is removed at its end).
@@ -172,6 +179,10 @@ pub(super) struct InterestUpdate {
     pub resync_start: bool,
     /// This update ends a resync.
     pub resync_end: bool,
+    /// The sender's resync this update belongs to (it grows with each, across the
+    /// sender's restarts too): an update of an older one, late on a link that was
+    /// replaced, is ignored.
+    pub epoch: u64,
     /// The changes, in order.
     pub changes: Vec<(bool, InterestKey)>,
 }

@@ -191,8 +191,11 @@ async fn serve(
                 if update.resync_start {
                     routing.forwarder.member_back(&name);
                 }
-                routing.remote.apply(&name, update);
-                PeerResponse::Done
+                let (routing, from) = (routing.clone(), name.clone());
+                match crate::core::blocking::spawn(move || routing.remote.apply(&from, update)).await {
+                    Ok(()) => PeerResponse::Done,
+                    Err(e) => PeerResponse::Refused(format!("interest not applied: {e}")),
+                }
             }
             PeerRequest::Forward(batch) => {
                 match forward::receive(&routing.broker, &*routing.node, &name, batch, blob).await {

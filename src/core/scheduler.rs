@@ -123,9 +123,10 @@ async fn fire(broker: &Broker, due: Vec<TimerEntry>) {
                 continue;
             }
         };
-        // Connected sessions get it directly; a retained one is re-appended so that the
-        // retained index owns a record of its own.
-        let direct = Routes { sessions: routes.sessions.clone(), ..Routes::default() };
+        // Connected sessions get it directly, other cluster members' subscribers through
+        // them; a retained one is re-appended so that the retained index owns a record of
+        // its own.
+        let direct = Routes { sessions: routes.sessions.clone(), members: routes.members.clone(), ..Routes::default() };
         for command in broker.dedup_write(&routes.dedup).commands() {
             command_ops(command, &mut ops);
         }

@@ -617,7 +617,10 @@ impl Router {
             .ok_or_else(|| RouteError::NoExchange(exchange.to_owned(), vhost.to_owned()))?;
         let removed = x.bindings.remove_one(dest, key, args);
         let kind = x.def.kind;
-        if removed.is_some() && x.def.auto_delete && x.bindings.is_empty() {
+        // Another member's binding going never deletes an exchange here: the exchange is
+        // this member's to delete (or, durable, the cluster's).
+        let by_member = matches!(dest, Destination::Member(_));
+        if removed.is_some() && !by_member && x.def.auto_delete && x.bindings.is_empty() {
             v.exchanges.remove(exchange);
         }
         drop(vhosts);
@@ -758,9 +761,10 @@ impl Router {
     }
 
     /// The targets on this member of a publish another member forwarded here: routed from
-    /// `exchange` as [`Router::route`] does, bindings to other members passed over; when
-    /// this member lacks `exchange` (one of the other member's own), from the exchanges
-    /// `via` whose bindings to this member matched there. Of the MQTT shared groups, only
+    /// `exchange` as [`Router::route`] does, bindings to other members passed over, when
+    /// `exchange` is durable (the same on every member); otherwise (one of the other
+    /// member's own, or a transient exchange of the same name) from the exchanges `via`
+    /// whose bindings to this member matched there. Of the MQTT shared groups, only
     /// those in `groups` take it here (the other member chose this one for them).
     pub fn route_forwarded(
         &self,
@@ -771,8 +775,10 @@ impl Router {
         publisher: &str,
         groups: &[Arc<str>],
     ) -> Result<Routes, RouteError> {
-        let has_exchange = self.read().get(vhost).is_some_and(|v| v.exchanges.contains_key(exchange));
-        let from: Vec<&str> = match has_exchange {
+        // The exchange it was published to is the same here only when durable (the
+        // cluster's); a transient one of that name here is another exchange.
+        let same_here = self.read().get(vhost).and_then(|v| v.exchanges.get(exchange)).is_some_and(|x| x.def.durable);
+        let from: Vec<&str> = match same_here {
             true => vec![exchange],
             false => via.iter().map(|x| &**x).collect(),
         };

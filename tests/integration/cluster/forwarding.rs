@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use futures_util::StreamExt;
+
 use crate::common::amqp::*;
 use crate::common::cluster::Cluster;
 use crate::common::v4::{self, QoS};
@@ -255,4 +257,77 @@ async fn a_shared_group_with_members_on_several_members_takes_each_message_once(
     }
     assert_eq!(drain(&mut w0).await.len(), 10, "the group's member on the publishing member takes them");
     assert!(drain(&mut w1).await.is_empty() && drain(&mut w2).await.is_empty(), "and no other member's");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delayed_publishes_and_transient_exchanges_reach_other_members() {
+    let c = Cluster::start(3, "");
+    c.leader(&[0, 1, 2]).await;
+    // A delayed publish through n0 reaches n1's subscriber when its time comes.
+    let mut on1 = v4::connect(c.member(1), "later-on-1").await;
+    on1.subscribe("later/x", QoS::AtLeastOnce).await;
+    let mut publisher = v4::connect(c.member(0), "pub-on-0").await;
+    publisher.publish_acked("$delayed/1/later/x", QoS::AtLeastOnce, false, "in a second").await;
+    let p = on1.next_publish().await;
+    assert_eq!((p.topic.as_str(), &p.payload[..]), ("later/x", &b"in a second"[..]));
+
+    // A transient exchange of one name on n0 and n1, n1's exclusive queue bound to it.
+    let transient = ExchangeDeclareOptions::default();
+    let (_conn0, ch0) = channel(&c, 0).await;
+    confirm_select(&ch0).await;
+    declare_exchange(&ch0, "tx", ExchangeKind::Direct, transient, FieldTable::default()).await;
+    let (_conn1, ch1) = channel(&c, 1).await;
+    declare_exchange(&ch1, "tx", ExchangeKind::Direct, transient, FieldTable::default()).await;
+    let q = declare_exclusive(&ch1).await;
+    bind(&ch1, &q, "tx", "k", FieldTable::default()).await;
+    let mut consumer =
+        consume(&ch1, &q, BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default()).await;
+    // Routed on n1 by n1's own `tx` (the binding that matched on n0 names it).
+    let first = publish_confirmed(&ch0, "tx", "k", b"first", persistent()).await;
+    assert!(first.is_ack(), "{first:?}");
+    assert_eq!(next_delivery(&mut consumer).await.data, b"first");
+    // n0 deletes its `tx` (taking n1's binding there with it) and declares it again: n1's
+    // binding is made there again, and publishes reach n1's queue again.
+    bounded("exchange.delete", ch0.exchange_delete("tx".into(), ExchangeDeleteOptions::default())).await.unwrap();
+    declare_exchange(&ch0, "tx", ExchangeKind::Direct, transient, FieldTable::default()).await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let again = loop {
+        assert!(tokio::time::Instant::now() < deadline, "n1's binding not made again on n0's new tx");
+        assert!(publish_confirmed(&ch0, "tx", "k", b"again", persistent()).await.is_ack());
+        if let Ok(Some(Ok(d))) = tokio::time::timeout(Duration::from_millis(300), consumer.next()).await {
+            break d;
+        }
+    };
+    assert_eq!(again.data, b"again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_member_holds_no_publisher_up() {
+    let c = Cluster::start(3, "");
+    c.leader(&[0, 1, 2]).await;
+    let mut on2 = v4::connect(c.member(2), "sub-on-2").await;
+    on2.subscribe("alerts/#", QoS::AtLeastOnce).await;
+    let mut on1 = v4::connect(c.member(1), "sub-on-1").await;
+    on1.subscribe("alerts/#", QoS::AtLeastOnce).await;
+    c.pause(2);
+    // Once n0 no longer hears from n2, it gives n2 nothing: each publish is acknowledged
+    // without waiting for n2 (a bounded wait far below a forward's 5 s timeout).
+    let api = c.api(0);
+    crate::common::eventually("n0 listing n2 as not running", Duration::from_secs(20), || async {
+        let nodes = api.ok("/api/nodes").await;
+        nodes.as_array()?.iter().any(|n| n["name"] == "n2" && n["running"] == false).then_some(())
+    })
+    .await;
+    let mut publisher = v4::connect(c.member(0), "pub-on-0").await;
+    for n in 0..10 {
+        let topic = format!("alerts/{n}");
+        tokio::time::timeout(
+            Duration::from_secs(2),
+            publisher.publish_acked(&topic, QoS::AtLeastOnce, false, "while n2 is paused"),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{topic} not acknowledged within 2 s while n2 is paused"));
+        assert_eq!(on1.next_publish().await.topic, topic);
+    }
+    c.resume(2);
 }

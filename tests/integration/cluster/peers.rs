@@ -21,7 +21,7 @@ async fn a_stranger_on_the_peer_port_is_closed_and_logged() {
     let mut s = TcpStream::connect(&c.peer_addrs[0]).await.expect("connect");
     let mut greeting = [0u8; 48];
     tokio::time::timeout(WAIT, s.read_exact(&mut greeting)).await.expect("greeting").expect("greeting");
-    assert!(greeting.starts_with(b"FERRYMQ-PEER/1"));
+    assert!(greeting.starts_with(b"FERRYMQ-PEER/2"));
     // A proof made without the secret.
     let nonce = vec!["7"; 32].join(",");
     let proof = format!(r#"{{"name":"intruder","nonce":[{nonce}],"mac":[0,0,0,0]}}"#).into_bytes();
