@@ -16,7 +16,7 @@
 //! ([`Broker::publish_forwarded`]) and answered once stored.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,8 +35,9 @@ use crate::core::broker::{Broker, DurableSignal, ForwardedRoute, Joint, MemberFo
 use crate::core::message::{now_ms, Message, SharedMessage};
 use crate::core::router::MemberRoute;
 
-/// Publishes queued per member before more are dropped.
+/// Publishes queued per member before more are dropped, and bytes.
 const QUEUED: usize = 10_000;
+const QUEUED_BYTES: usize = 256 << 20;
 
 /// Publishes per batch, and bytes.
 const BATCH: usize = 512;
@@ -91,6 +92,8 @@ pub(super) struct Forwarder {
 struct Queue {
     tx: mpsc::Sender<Item>,
     down_until: Arc<AtomicU64>,
+    /// Bytes of the publishes queued.
+    bytes: Arc<AtomicUsize>,
 }
 
 impl std::fmt::Debug for Forwarder {
@@ -138,9 +141,11 @@ impl Forwarder {
         }
         let (tx, rx) = mpsc::channel(QUEUED);
         let down_until = Arc::new(AtomicU64::new(0));
-        queues.insert(Arc::from(name), Queue { tx, down_until: down_until.clone() });
+        let bytes = Arc::new(AtomicUsize::new(0));
+        queues.insert(Arc::from(name), Queue { tx, down_until: down_until.clone(), bytes: bytes.clone() });
         let client = PeerClient::new(&self.me, name, addr, self.auth.clone());
-        tokio::spawn(send(client, name.to_owned(), rx, down_until, self.dropped.clone()));
+        let link = Link { name: name.to_owned(), down_until, bytes, dropped: self.dropped.clone() };
+        tokio::spawn(send(client, link, rx));
     }
 
     /// Member `name` linked to this one again (it announced its interest): it is given
@@ -193,14 +198,19 @@ impl MemberForwarder for Forwarder {
             let queue = match queues.get(&m.member) {
                 None => Err("no link to it"),
                 Some(_) if self.health.since(&m.member).is_none_or(|d| d > SILENT_FOR) => Err("not heard from"),
+                Some(queue) if queue.bytes.load(Ordering::Relaxed) > QUEUED_BYTES => Err("its queue is full"),
                 Some(queue) => Ok(queue),
             };
             let refused = match queue {
                 Ok(queue) => {
                     let item =
                         Item { forwarded, header: header.clone(), body: msg.payload.clone(), ack: joint.clone() };
+                    let size = item.header.len() + item.body.len();
                     match queue.tx.try_send(item) {
-                        Ok(()) => None,
+                        Ok(()) => {
+                            queue.bytes.fetch_add(size, Ordering::Relaxed);
+                            None
+                        }
                         Err(e) => {
                             if let Some(j) = e.into_inner().ack.take() {
                                 j.done(Ok(()));
@@ -233,14 +243,17 @@ impl MemberForwarder for Forwarder {
     }
 }
 
-/// Sends what is queued for member `name` over `client`, in batches, until the process ends.
-async fn send(
-    mut client: PeerClient,
+/// One member's end of the forwarding, as its send task holds it.
+struct Link {
     name: String,
-    mut rx: mpsc::Receiver<Item>,
     down_until: Arc<AtomicU64>,
+    bytes: Arc<AtomicUsize>,
     dropped: Arc<Dropped>,
-) {
+}
+
+/// Sends what is queued for a member over `client`, in batches, until the process ends.
+async fn send(mut client: PeerClient, link: Link, mut rx: mpsc::Receiver<Item>) {
+    let Link { name, down_until, bytes: queued, dropped } = link;
     while let Some(first) = rx.recv().await {
         let mut bytes = first.header.len() + first.body.len();
         let mut batch = vec![first];
@@ -253,6 +266,7 @@ async fn send(
                 Err(_) => break,
             }
         }
+        queued.fetch_sub(bytes, Ordering::Relaxed);
         let down = now_ms() < down_until.load(Ordering::Relaxed);
         let answer = match down {
             true => None,
