@@ -16,12 +16,12 @@
 //! ([`Broker::publish_forwarded`]) and answered once stored.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::core::JournalError;
 use bytes::Bytes;
-use ferrymq_storage::JournalError;
 use futures_util::future::BoxFuture;
 use tokio::sync::mpsc;
 use tracing::warn;
@@ -94,6 +94,9 @@ struct Queue {
     down_until: Arc<AtomicU64>,
     /// Bytes of the publishes queued.
     bytes: Arc<AtomicUsize>,
+    /// Not heard from for [`SILENT_FOR`] (kept by a watch task twice a second, so that a
+    /// publish reads a flag, not the members' health behind its lock).
+    silent: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Forwarder {
@@ -142,10 +145,20 @@ impl Forwarder {
         let (tx, rx) = mpsc::channel(QUEUED);
         let down_until = Arc::new(AtomicU64::new(0));
         let bytes = Arc::new(AtomicUsize::new(0));
-        queues.insert(Arc::from(name), Queue { tx, down_until: down_until.clone(), bytes: bytes.clone() });
+        let silent = Arc::new(AtomicBool::new(true));
+        let queue = Queue { tx, down_until: down_until.clone(), bytes: bytes.clone(), silent: silent.clone() };
+        queues.insert(Arc::from(name), queue);
         let client = PeerClient::new(&self.me, name, addr, self.auth.clone());
         let link = Link { name: name.to_owned(), down_until, bytes, dropped: self.dropped.clone() };
         tokio::spawn(send(client, link, rx));
+        let (health, name) = (self.health.clone(), name.to_owned());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(500));
+            loop {
+                tick.tick().await;
+                silent.store(health.since(&name).is_none_or(|d| d > SILENT_FOR), Ordering::Relaxed);
+            }
+        });
     }
 
     /// Member `name` linked to this one again (it announced its interest): it is given
@@ -153,6 +166,7 @@ impl Forwarder {
     pub(super) fn member_back(&self, name: &str) {
         if let Some(q) = self.queues.read().get(name) {
             q.down_until.store(0, Ordering::Relaxed);
+            q.silent.store(false, Ordering::Relaxed);
         }
     }
 
@@ -197,7 +211,7 @@ impl MemberForwarder for Forwarder {
             };
             let queue = match queues.get(&m.member) {
                 None => Err("no link to it"),
-                Some(_) if self.health.since(&m.member).is_none_or(|d| d > SILENT_FOR) => Err("not heard from"),
+                Some(queue) if queue.silent.load(Ordering::Relaxed) => Err("not heard from"),
                 Some(queue) if queue.bytes.load(Ordering::Relaxed) > QUEUED_BYTES => Err("its queue is full"),
                 Some(queue) => Ok(queue),
             };
@@ -205,13 +219,13 @@ impl MemberForwarder for Forwarder {
                 Ok(queue) => {
                     let item =
                         Item { forwarded, header: header.clone(), body: msg.payload.clone(), ack: joint.clone() };
+                    // Counted before it is queued: the send task takes it off once sent.
                     let size = item.header.len() + item.body.len();
+                    queue.bytes.fetch_add(size, Ordering::Relaxed);
                     match queue.tx.try_send(item) {
-                        Ok(()) => {
-                            queue.bytes.fetch_add(size, Ordering::Relaxed);
-                            None
-                        }
+                        Ok(()) => None,
                         Err(e) => {
+                            queue.bytes.fetch_sub(size, Ordering::Relaxed);
                             if let Some(j) = e.into_inner().ack.take() {
                                 j.done(Ok(()));
                             }

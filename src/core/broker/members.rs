@@ -180,3 +180,29 @@ impl Broker {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_joint_resolves_after_its_last_part_with_the_first_failure() {
+        // Two members and this member's own storing.
+        let (tx, local) = oneshot::channel();
+        let (joint, signal) = Joint::new(2, Some(local));
+        let own = joint.take_local().expect("this member's part, once");
+        assert!(joint.take_local().is_none());
+        joint.done(Ok(()));
+        joint.done(Err(JournalError::Closed));
+        let mut signal = signal;
+        assert!(signal.try_recv().is_err(), "one part still to come");
+        tx.send(Ok(())).unwrap();
+        joint.done(own.await.unwrap());
+        assert_eq!(signal.await.unwrap(), Err(JournalError::Closed), "the failure is the publish's");
+
+        // Without a part of its own: resolves with the members' parts.
+        let (joint, signal) = Joint::new(1, None);
+        joint.done(Ok(()));
+        assert_eq!(signal.await.unwrap(), Ok(()));
+    }
+}
