@@ -56,6 +56,7 @@ start_member() {
   dir=$(mktemp -d /tmp/ferrymq-cluster-bench.XXXXXX)
   DIRS+=("$dir")
   printf '%s\n' "$cluster" >"$dir/ferrymq.toml"
+  : >"$dir/stdout"
   env $(compgen -e | grep '^FERRYMQ_' | sed 's/^/-u /') "$FQ" --config "$dir/ferrymq.toml" --data-dir "$dir/data" \
     --mqtt-listen "127.0.0.1:$port" --mqtt-ws-listen "" --amqp-listen "" --http-listen "" --log warn \
     >"$dir/stdout" 2>"$OUT/$name.log" &

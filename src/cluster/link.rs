@@ -206,17 +206,29 @@ pub(super) async fn write_message<W: AsyncWrite + Unpin, T: Serialize>(
     if len > MAX_FRAME {
         return Err(LinkError::TooLarge(len));
     }
-    let mut head = Vec::with_capacity(8 + json.len());
-    head.extend_from_slice(&(len as u32).to_be_bytes());
-    head.extend_from_slice(&(json.len() as u32).to_be_bytes());
-    head.extend_from_slice(&json);
-    w.write_all(&head).await?;
+    // Small parts are gathered into one buffer (a batch of small publishes is one write,
+    // not two per publish); a large body is written as it is, after what was gathered.
+    let mut pending = Vec::with_capacity(8 + json.len() + blob.iter().map(|b| b.len().min(LARGE)).sum::<usize>());
+    pending.extend_from_slice(&(len as u32).to_be_bytes());
+    pending.extend_from_slice(&(json.len() as u32).to_be_bytes());
+    pending.extend_from_slice(&json);
     for b in blob {
-        w.write_all(b).await?;
+        if b.len() < LARGE {
+            pending.extend_from_slice(b);
+        } else {
+            w.write_all(&pending).await?;
+            pending.clear();
+            w.write_all(b).await?;
+        }
     }
+    w.write_all(&pending).await?;
     w.flush().await?;
     Ok(())
 }
+
+/// A part of a message frame this large is written as it is, not copied into the frame's
+/// buffer.
+const LARGE: usize = 64 << 10;
 
 /// Reads one message frame ([`write_message`]): the value and the bytes after it.
 pub(super) async fn read_message<R: AsyncRead + Unpin, T: DeserializeOwned>(
