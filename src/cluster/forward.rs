@@ -97,7 +97,17 @@ struct Queue {
     /// Not heard from for [`SILENT_FOR`] (kept by a watch task twice a second, so that a
     /// publish reads a flag, not the members' health behind its lock).
     silent: Arc<AtomicBool>,
+    /// Its peer address.
+    addr: String,
+    /// Idle links for calls that are not publishes (a client's takeover).
+    calls: Arc<parking_lot::Mutex<Vec<PeerClient>>>,
 }
+
+/// Idle links kept per member for calls.
+const CALL_LINKS: usize = 4;
+
+/// How long telling the others of a client's connection may take.
+const TAKEOVER_TTL: Duration = Duration::from_secs(3);
 
 impl std::fmt::Debug for Forwarder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -145,18 +155,28 @@ impl Forwarder {
         let (tx, rx) = mpsc::channel(QUEUED);
         let down_until = Arc::new(AtomicU64::new(0));
         let bytes = Arc::new(AtomicUsize::new(0));
-        let silent = Arc::new(AtomicBool::new(true));
-        let queue = Queue { tx, down_until: down_until.clone(), bytes: bytes.clone(), silent: silent.clone() };
+        let silent = Arc::new(AtomicBool::new(false));
+        let queue = Queue {
+            tx,
+            down_until: down_until.clone(),
+            bytes: bytes.clone(),
+            silent: silent.clone(),
+            addr: addr.to_owned(),
+            calls: Default::default(),
+        };
         queues.insert(Arc::from(name), queue);
         let client = PeerClient::new(&self.me, name, addr, self.auth.clone());
         let link = Link { name: name.to_owned(), down_until, bytes, dropped: self.dropped.clone() };
         tokio::spawn(send(client, link, rx));
         let (health, name) = (self.health.clone(), name.to_owned());
         tokio::spawn(async move {
+            // A member never heard from is given its first SILENT_FOR, as one just heard.
+            let started = std::time::Instant::now();
             let mut tick = tokio::time::interval(Duration::from_millis(500));
             loop {
                 tick.tick().await;
-                silent.store(health.since(&name).is_none_or(|d| d > SILENT_FOR), Ordering::Relaxed);
+                let quiet_for = health.since(&name).unwrap_or_else(|| started.elapsed());
+                silent.store(quiet_for > SILENT_FOR, Ordering::Relaxed);
             }
         });
     }
@@ -254,6 +274,33 @@ impl MemberForwarder for Forwarder {
 
     fn bindings_known(&self) -> BoxFuture<'_, ()> {
         Box::pin(self.interest.known())
+    }
+
+    fn client_connected<'a>(&'a self, client_id: &'a str) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            type Target = (String, String, Arc<parking_lot::Mutex<Vec<PeerClient>>>);
+            let targets: Vec<Target> = self
+                .queues
+                .read()
+                .iter()
+                .filter(|(_, q)| !q.silent.load(Ordering::Relaxed))
+                .map(|(name, q)| (name.to_string(), q.addr.clone(), q.calls.clone()))
+                .collect();
+            let calls = targets.into_iter().map(|(name, addr, pool)| async move {
+                let pooled = pool.lock().pop();
+                let mut client = pooled.unwrap_or_else(|| PeerClient::new(&self.me, &name, &addr, self.auth.clone()));
+                let request = PeerRequest::TakeOver(client_id.to_owned());
+                let answer = client.call(&request, TAKEOVER_TTL).await;
+                tracing::debug!(member = %name, client_id, ?answer, "cluster: told of a client's connection");
+                if answer.is_ok() {
+                    let mut pool = pool.lock();
+                    if pool.len() < CALL_LINKS {
+                        pool.push(client);
+                    }
+                }
+            });
+            futures_util::future::join_all(calls).await;
+        })
     }
 }
 

@@ -22,4 +22,8 @@ pub trait NodeState: QueueNames + Send + Sync {
 
     /// This member's core.
     fn broker(&self) -> Arc<Broker>;
+
+    /// A connection of MQTT client `client_id` on another member took the id over: the
+    /// one here (if any) is closed as taken over; resolves once it is (bounded).
+    fn client_taken_over<'a>(&'a self, client_id: &'a str) -> BoxFuture<'a, ()>;
 }

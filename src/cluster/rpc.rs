@@ -37,6 +37,8 @@ pub(super) enum PeerRequest {
     Interest(InterestUpdate),
     /// Publishes the sender's routes sent here; their headers and bodies follow the JSON.
     Forward(Vec<Forwarded>),
+    /// MQTT client `.0` connected to the sender: a connection of that id here is taken over.
+    TakeOver(String),
 }
 
 /// The answer to a [`PeerRequest`] (the same variant).

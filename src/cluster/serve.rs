@@ -197,6 +197,10 @@ async fn serve(
                     Err(e) => PeerResponse::Refused(format!("interest not applied: {e}")),
                 }
             }
+            PeerRequest::TakeOver(client_id) => {
+                routing.node.client_taken_over(&client_id).await;
+                PeerResponse::Done
+            }
             PeerRequest::Forward(batch) => {
                 match forward::receive(&routing.broker, &*routing.node, &name, batch, blob).await {
                     Ok(()) => PeerResponse::Done,

@@ -42,6 +42,14 @@ impl NodeState for MemberState {
         self.ctx.broker.clone()
     }
 
+    fn client_taken_over<'a>(&'a self, client_id: &'a str) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            if let Some(signals) = self.ctx.mqtt.sessions.taken_over_elsewhere(client_id) {
+                signals.wait_finished(std::time::Duration::from_secs(2)).await;
+            }
+        })
+    }
+
     fn apply<'a>(&'a self, commands: &'a [Command]) -> BoxFuture<'a, ()> {
         Box::pin(async move {
             for command in commands {

@@ -49,6 +49,11 @@ pub trait MemberForwarder: Send + Sync + std::fmt::Debug {
     /// now (so that a publish through any of them reaches a subscriber made before), or
     /// after a bound wait.
     fn bindings_known(&self) -> BoxFuture<'_, ()>;
+
+    /// Tells every member reachable now that MQTT client `client_id` connected here, so
+    /// that a connection of the same id there is taken over; resolves once they closed it,
+    /// or after a bound wait.
+    fn client_connected<'a>(&'a self, client_id: &'a str) -> BoxFuture<'a, ()>;
 }
 
 /// One publish's acknowledgement, made of parts (this member's journal, each member it
@@ -163,6 +168,14 @@ impl Broker {
     pub async fn members_know_bindings(&self) {
         if let Some(forwarder) = self.members.get() {
             forwarder.bindings_known().await;
+        }
+    }
+
+    /// MQTT client `client_id` connects here: a connection of the same id on another
+    /// cluster member is taken over (nothing on a single node).
+    pub async fn members_take_over(&self, client_id: &str) {
+        if let Some(forwarder) = self.members.get() {
+            forwarder.client_connected(client_id).await;
         }
     }
 

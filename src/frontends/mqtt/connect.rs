@@ -142,7 +142,9 @@ impl Task {
             self.access = Some(Box::new(self.ctx.authz.access(identity, MQTT_VHOST)));
         }
 
-        // Take over a connection that holds the same client id.
+        // Take over a connection that holds the same client id: on another cluster member
+        // (closed there first), and here.
+        self.ctx.broker.members_take_over(&client_id).await;
         let online = Online { conn_id: self.conn_id, signals: self.signals.clone() };
         let mut claim = self.ctx.sessions.claim(&client_id, online);
         if let Some(prev) = claim.previous.take() {

@@ -177,6 +177,16 @@ impl Sessions {
         all
     }
 
+    /// Tells the connection holding `client_id` that a connection on another cluster member
+    /// took the id over (as [`Sessions::claim`] tells a previous connection here); its
+    /// signals, to wait for its cleanup, or `None` if no connection holds the id.
+    pub fn taken_over_elsewhere(&self, client_id: &str) -> Option<Arc<ConnectionSignals>> {
+        let slots = self.slots.lock();
+        let online = slots.get(client_id)?.online.as_ref()?;
+        online.signals.tell(Control::TakenOver);
+        Some(online.signals.clone())
+    }
+
     /// Tells the connection holding `client_id` to close (an operator's kick); its
     /// signals, to wait for its cleanup, or `None` if no connection holds the id.
     pub fn kick(&self, client_id: &str) -> Option<Arc<ConnectionSignals>> {

@@ -331,3 +331,20 @@ async fn a_paused_member_holds_no_publisher_up() {
     }
     c.resume(2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_id_is_connected_once_across_the_members() {
+    let c = Cluster::start(3, "");
+    c.leader(&[0, 1, 2]).await;
+    // An MQTT 5 client on n0; the same client id connects to n1: the first is taken over
+    // (DISCONNECT 0x8E) before the second's CONNACK, as on one broker.
+    let mut first = crate::common::v5::connect(c.member(0), "device-7").await;
+    let second = crate::common::v5::connect(c.member(1), "device-7").await;
+    let (code, _) = first.expect_server_disconnect().await;
+    assert!(code.contains("SessionTakenOver"), "{code}");
+    // And a 3.1.1 client on n1 taken over from n2 is closed.
+    drop(second);
+    let mut old = v4::connect(c.member(1), "device-8").await;
+    let _new = v4::connect(c.member(2), "device-8").await;
+    old.expect_closed().await;
+}
