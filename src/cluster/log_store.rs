@@ -1,5 +1,6 @@
-//! The metadata group's Raft log and vote, in a sled database of their own
-//! (`{data_dir}/cluster/raft`): entries keyed by index, the vote, the committed and the last
+//! A Raft group's log and vote, in the cluster's sled database (`{data_dir}/cluster/raft`),
+//! in trees of the group's own (the metadata group's `log` and `meta`, a data group's
+//! prefixed with its name): entries keyed by index, the vote, the committed and the last
 //! purged log ids. Every append and every vote is flushed to disk (sled's fsync) before
 //! openraft hears of it: a vote or an acknowledged entry is never lost with a crash,
 //! whatever openraft's FAQ allows for speed. The calls into sled run on the blocking pool,
@@ -9,6 +10,7 @@
 #![allow(clippy::result_large_err)]
 
 use std::fmt::Debug;
+use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};
 use std::path::Path;
 
@@ -17,9 +19,8 @@ use openraft::{AnyError, LogId, LogState, RaftLogReader, StorageError, StorageIO
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::types::MetaRaft;
+use super::types::{Group, MetaRaft};
 
-type Entry = openraft::Entry<MetaRaft>;
 type Result_<T> = Result<T, StorageError<u64>>;
 
 const VOTE: &[u8] = b"vote";
@@ -27,12 +28,19 @@ const COMMITTED: &[u8] = b"committed";
 const PURGED: &[u8] = b"last_purged";
 const NODE_ID: &[u8] = b"node_id";
 
-/// The log store (cheap to clone: sled handles are shared).
-#[derive(Debug, Clone)]
-pub(super) struct LogStore {
+/// The log store of group `C` (cheap to clone: sled handles are shared).
+#[derive(Debug)]
+pub(super) struct LogStore<C = MetaRaft> {
     db: sled::Db,
     log: sled::Tree,
     meta: sled::Tree,
+    group: PhantomData<fn() -> C>,
+}
+
+impl<C> Clone for LogStore<C> {
+    fn clone(&self) -> Self {
+        LogStore { db: self.db.clone(), log: self.log.clone(), meta: self.meta.clone(), group: PhantomData }
+    }
 }
 
 fn any(e: impl std::fmt::Display) -> AnyError {
@@ -52,14 +60,14 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result_<T> + Send + 'st
     crate::core::blocking::spawn(f).await.map_err(|e| StorageIOError::write_logs(any(e)))?
 }
 
-impl LogStore {
-    /// Opens (or makes) the log store in `dir`. Blocking: at start-up, before the runtime
-    /// serves clients.
-    pub(super) fn open(dir: &Path) -> Result<LogStore, sled::Error> {
+impl LogStore<MetaRaft> {
+    /// Opens (or makes) the metadata group's log store in `dir`. Blocking: at start-up,
+    /// before the runtime serves clients.
+    pub(super) fn open(dir: &Path) -> Result<LogStore<MetaRaft>, sled::Error> {
         let db = sled::Config::new().path(dir).mode(sled::Mode::LowSpace).open()?;
         let log = db.open_tree("log")?;
         let meta = db.open_tree("meta")?;
-        Ok(LogStore { db, log, meta })
+        Ok(LogStore { db, log, meta, group: PhantomData })
     }
 
     /// This data directory's Raft node id: random, made on the first start and kept. A
@@ -80,6 +88,15 @@ impl LogStore {
         Ok(id)
     }
 
+    /// The log store of data group `name`, in this store's database. Blocking (start-up).
+    pub(super) fn of_group<C>(&self, name: &str) -> Result<LogStore<C>, sled::Error> {
+        let log = self.db.open_tree(format!("{name}/log"))?;
+        let meta = self.db.open_tree(format!("{name}/meta"))?;
+        Ok(LogStore { db: self.db.clone(), log, meta, group: PhantomData })
+    }
+}
+
+impl<C: Group> LogStore<C> {
     /// The database (the state machine keeps its applied state in a tree of its own).
     pub(super) fn db(&self) -> &sled::Db {
         &self.db
@@ -92,7 +109,7 @@ impl LogStore {
         }
     }
 
-    fn last_entry(&self) -> Result_<Option<Entry>> {
+    fn last_entry(&self) -> Result_<Option<openraft::Entry<C>>> {
         match self.log.last().map_err(|e| StorageIOError::read_logs(any(e)))? {
             Some((_, v)) => Ok(Some(decode(&v).map_err(StorageIOError::read_logs)?)),
             None => Ok(None),
@@ -111,11 +128,11 @@ fn remove_entries(log: &sled::Tree, range: impl RangeBounds<[u8; 8]>) -> Result_
     log.apply_batch(batch).map_err(|e| StorageIOError::write_logs(any(e)).into())
 }
 
-impl RaftLogReader<MetaRaft> for LogStore {
+impl<C: Group> RaftLogReader<C> for LogStore<C> {
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
         &mut self,
         range: RB,
-    ) -> Result_<Vec<Entry>> {
+    ) -> Result_<Vec<openraft::Entry<C>>> {
         let start = match range.start_bound() {
             Bound::Included(s) => *s,
             Bound::Excluded(s) => s.saturating_add(1),
@@ -143,10 +160,10 @@ impl RaftLogReader<MetaRaft> for LogStore {
     }
 }
 
-impl RaftLogStorage<MetaRaft> for LogStore {
-    type LogReader = LogStore;
+impl<C: Group> RaftLogStorage<C> for LogStore<C> {
+    type LogReader = LogStore<C>;
 
-    async fn get_log_state(&mut self) -> Result_<LogState<MetaRaft>> {
+    async fn get_log_state(&mut self) -> Result_<LogState<C>> {
         let this = self.clone();
         blocking(move || {
             let last_purged_log_id: Option<LogId<u64>> = this.read_meta(PURGED)?;
@@ -156,7 +173,7 @@ impl RaftLogStorage<MetaRaft> for LogStore {
         .await
     }
 
-    async fn get_log_reader(&mut self) -> LogStore {
+    async fn get_log_reader(&mut self) -> LogStore<C> {
         self.clone()
     }
 
@@ -189,9 +206,9 @@ impl RaftLogStorage<MetaRaft> for LogStore {
         blocking(move || Ok(this.read_meta::<Option<LogId<u64>>>(COMMITTED)?.flatten())).await
     }
 
-    async fn append<I>(&mut self, entries: I, callback: LogFlushed<MetaRaft>) -> Result_<()>
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<C>) -> Result_<()>
     where
-        I: IntoIterator<Item = Entry> + Send,
+        I: IntoIterator<Item = openraft::Entry<C>> + Send,
         I::IntoIter: Send,
     {
         let mut batch = sled::Batch::default();

@@ -9,7 +9,9 @@
 //! included); every member of a fresh cluster proposes the same one, which openraft
 //! documents as safe, and the first committed is the group. Until either happens it asks
 //! again every second: a member never waits for the others to start, and never forms a
-//! group of its own with members it cannot reach.
+//! group of its own with members it cannot reach. The data group is formed with the
+//! metadata group, by the same members with the same membership (then its leader makes its
+//! membership follow the metadata group's: [`super::data_group`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -20,7 +22,7 @@ use openraft::ChangeMembers;
 use tracing::{info, warn};
 
 use super::rpc::{ForwardedWriteError, MembershipChange, PeerClient, PeerRequest, PeerResponse};
-use super::types::{MetaEntry, MetaRaftHandle, PeerNode};
+use super::types::{DataEntry, DataRaft, DataRaftHandle, Group, MetaEntry, MetaRaft, MetaRaftHandle, PeerNode};
 use super::Cluster;
 use crate::composition::config::PeerEntry;
 
@@ -39,12 +41,32 @@ pub(super) enum Change {
     Members(MembershipChange),
 }
 
-type ClientWrite = Result<openraft::LogId<u64>, RaftError<u64, ClientWriteError<u64, PeerNode>>>;
+/// Where a change was committed, or why not.
+pub(super) type ClientWrite = Result<openraft::LogId<u64>, RaftError<u64, ClientWriteError<u64, PeerNode>>>;
 
-impl Change {
+/// A change a group's leader makes: on this member when it leads, else asked of the leader
+/// over the peer link.
+pub(super) trait Proposal<C: Group> {
     /// Makes the change on this member (which must lead the group); the log id of its
     /// last entry.
-    pub(super) async fn make(&self, raft: &MetaRaftHandle) -> ClientWrite {
+    fn make(&self, raft: &openraft::Raft<C>) -> impl std::future::Future<Output = ClientWrite> + Send;
+
+    /// The request that asks a leader over the peer link.
+    fn request(&self) -> PeerRequest;
+}
+
+impl Proposal<DataRaft> for DataEntry {
+    async fn make(&self, raft: &DataRaftHandle) -> ClientWrite {
+        raft.client_write(self.clone()).await.map(|r| r.log_id)
+    }
+
+    fn request(&self) -> PeerRequest {
+        PeerRequest::DataWrite(self.clone())
+    }
+}
+
+impl Proposal<MetaRaft> for Change {
+    async fn make(&self, raft: &MetaRaftHandle) -> ClientWrite {
         match self {
             Change::Write(entry) => raft.client_write(entry.clone()).await.map(|r| r.log_id),
             Change::Members(MembershipChange::Join { name, addr, id }) => {
@@ -63,8 +85,7 @@ impl Change {
         }
     }
 
-    /// The request that asks a leader over the peer link.
-    pub(super) fn request(&self) -> PeerRequest {
+    fn request(&self) -> PeerRequest {
         match self {
             Change::Write(entry) => PeerRequest::ClientWrite(entry.clone()),
             Change::Members(change) => PeerRequest::ChangeMembers(change.clone()),
@@ -102,7 +123,7 @@ async fn remove_named(
 impl Cluster {
     /// Forms the group or joins it (see the module's documentation); returns once this
     /// member's log is no longer empty.
-    pub(super) async fn form(self: Arc<Self>, raft: MetaRaftHandle) {
+    pub(super) async fn form(self: Arc<Self>, raft: MetaRaftHandle, data: DataRaftHandle) {
         let (mut said, mut attempts) = (false, 0u32);
         loop {
             if raft.is_initialized().await.unwrap_or(true) {
@@ -144,6 +165,11 @@ impl Cluster {
                 }
             } else if all {
                 let count = members.len();
+                // The data group first, with the same members: a member that stops in
+                // between forms it again (a no-op) before the metadata group.
+                if let Err(e) = data.initialize(members.clone()).await {
+                    info!(reason = %e, "cluster: data group already formed");
+                }
                 match raft.initialize(members).await {
                     Ok(()) => info!(members = count, "cluster: metadata group formed from cluster.peers"),
                     Err(e) => info!(reason = %e, "cluster: metadata group already formed"),
@@ -194,11 +220,11 @@ impl Cluster {
             Err(e) => return Err(format!("'{name}' at {addr} unreachable: {e}")),
         };
         let join = MembershipChange::Join { name: name.to_owned(), addr: addr.to_owned(), id };
-        self.through_leader(Change::Members(join), JOIN_LIMIT).await.map(drop)
+        self.through_leader(&self.raft, Change::Members(join), JOIN_LIMIT).await.map(drop)
     }
 
     /// Has the leader make `change` (a join or a forget), waiting up to a minute.
     pub async fn change_members(&self, change: MembershipChange) -> Result<(), String> {
-        self.through_leader(Change::Members(change), JOIN_LIMIT).await.map(drop)
+        self.through_leader(&self.raft, Change::Members(change), JOIN_LIMIT).await.map(drop)
     }
 }

@@ -11,6 +11,8 @@
 //! - [`metadata`] — the replicated form of the core's metadata commands.
 //! - [`catalogue`] — everything committed, by key: what entries are judged by, and what a
 //!   snapshot holds.
+//! - [`data_group`] — the data group (elected, following the metadata group's membership;
+//!   no messages yet).
 //! - [`replicated`] — the core's [`StateMachine`] seam, replicated: metadata commands are
 //!   committed by a majority before they are acknowledged; the rest stays local.
 //! - [`interest`] — where each member's own subscribers and transient queues are, told to
@@ -19,12 +21,13 @@
 //! - [`membership`] — forming the group, joining it, forgetting a member.
 //! - [`health`] — when each member was last heard from.
 //! - [`node`] — what the cluster needs of the member it runs on.
-//! - [`types`] — the group's openraft types.
+//! - [`types`] — the groups' openraft types.
 //!
 //! Without `[cluster]` none of this runs. What is replicated so far, and what is not yet
 //! (messages, sessions), is in `docs/cluster.md`.
 
 mod catalogue;
+mod data_group;
 mod forward;
 mod health;
 mod interest;
@@ -60,11 +63,11 @@ use self::catalogue::Refusals;
 use self::health::{PeerHealth, SILENT_AFTER};
 use self::link::{PeerAuth, PeerTls, Secret};
 use self::log_store::LogStore;
-use self::membership::Change;
+use self::membership::{Change, Proposal};
 use self::network::Network;
 use self::rpc::{ForwardedWriteError, PeerClient, PeerResponse};
 use self::state_machine::MetaStateMachine;
-use self::types::{MetaEntry, MetaRaftHandle};
+use self::types::{DataRaft, DataRaftHandle, Group, MetaEntry, MetaRaftHandle};
 use crate::composition::config::{ClusterSection, TlsSection};
 use crate::core::broker::Broker;
 use crate::core::store::{QueueCatalog, StateMachine, StoreError};
@@ -99,8 +102,12 @@ pub struct Cluster {
     cfg: ClusterSection,
     auth: Arc<PeerAuth>,
     log: LogStore,
+    /// The data group's log store.
+    data_log: LogStore<DataRaft>,
     health: Arc<PeerHealth>,
     raft: watch::Sender<Option<MetaRaftHandle>>,
+    /// The data group's Raft node, once started.
+    data: watch::Sender<Option<DataRaftHandle>>,
     node: OnceLock<Arc<dyn NodeState>>,
     /// Idle links to the leader for forwarded writes, by leader name.
     forward: parking_lot::Mutex<HashMap<String, Vec<PeerClient>>>,
@@ -195,6 +202,56 @@ pub struct ClusterStatus {
     /// Publishes for other members' subscribers dropped since start (a member that could
     /// not be reached, or whose queue was full).
     pub forward_dropped: u64,
+    /// The data groups (one today).
+    pub data_groups: Vec<GroupStatus>,
+}
+
+/// A data group as this member sees it.
+#[derive(Debug, Clone, Serialize)]
+pub struct GroupStatus {
+    /// Its name (`data-0`).
+    pub name: &'static str,
+    /// Its leader, if one is known.
+    pub leader: Option<String>,
+    /// Its current Raft term.
+    pub term: u64,
+    /// The last entry applied here.
+    pub applied_index: Option<u64>,
+    /// Its voters, by name.
+    pub voters: Vec<String>,
+    /// Members being sent its log before they vote, by name.
+    pub learners: Vec<String>,
+    /// How many entries of the leader's log each member does not hold yet (on the leader
+    /// only), by name.
+    pub lag: Option<std::collections::BTreeMap<String, u64>>,
+}
+
+impl GroupStatus {
+    /// The group `name` as its Raft node's metrics show it.
+    fn of(name: &'static str, m: &openraft::RaftMetrics<u64, types::PeerNode>) -> GroupStatus {
+        let membership = m.membership_config.membership();
+        let name_of = |id: &u64| membership.get_node(id).map(|n| n.name.clone());
+        let voters: Vec<u64> = membership.voter_ids().collect();
+        let mut voter_names: Vec<String> = voters.iter().filter_map(name_of).collect();
+        voter_names.sort();
+        let mut learners: Vec<String> = membership.learner_ids().filter_map(|id| name_of(&id)).collect();
+        learners.sort();
+        let last = m.last_log_index.unwrap_or(0);
+        let lag = m.replication.as_ref().map(|r| {
+            r.iter()
+                .filter_map(|(id, matched)| Some((name_of(id)?, last.saturating_sub(matched.map_or(0, |l| l.index)))))
+                .collect()
+        });
+        GroupStatus {
+            name,
+            leader: m.current_leader.as_ref().and_then(name_of),
+            term: m.current_term,
+            applied_index: m.last_applied.map(|l| l.index),
+            voters: voter_names,
+            learners,
+            lag,
+        }
+    }
 }
 
 impl Cluster {
@@ -207,6 +264,7 @@ impl Cluster {
         let open_error = |error: String| ClusterError::Open { path: path.display().to_string(), error };
         let log = LogStore::open(&path).map_err(|e| open_error(e.to_string()))?;
         let id = log.node_id().map_err(open_error)?;
+        let data_log = log.of_group(data_group::DATA_GROUP).map_err(|e| open_error(e.to_string()))?;
         let tls = match cfg.tls {
             true => Some(PeerTls::new(tls).map_err(ClusterError::Tls)?),
             false => None,
@@ -217,8 +275,10 @@ impl Cluster {
             cfg: cfg.clone(),
             auth: Arc::new(PeerAuth { secret: Secret::new(&cfg.secret), tls }),
             log,
+            data_log,
             health: Arc::new(PeerHealth::default()),
             raft: watch::channel(None).0,
+            data: watch::channel(None).0,
             node: OnceLock::new(),
             forward: Default::default(),
             refusals: Default::default(),
@@ -267,32 +327,43 @@ impl Cluster {
         let db = self.log.db().clone();
         let refusals = self.refusals.clone();
         let routing = self.start_routing(&node);
-        let sm = crate::core::blocking::spawn(move || MetaStateMachine::open(&db, catalog, local, node, refusals))
-            .await
-            .map_err(|e| ClusterError::Raft(e.to_string()))?
-            .map_err(|error| ClusterError::Open { path: "cluster/raft".into(), error })?;
+        let (sm, data_sm) = crate::core::blocking::spawn(move || {
+            Ok::<_, String>((
+                MetaStateMachine::open(&db, catalog, local, node, refusals)?,
+                data_group::DataStateMachine::open(&db)?,
+            ))
+        })
+        .await
+        .map_err(|e| ClusterError::Raft(e.to_string()))?
+        .map_err(|error| ClusterError::Open { path: "cluster/raft".into(), error })?;
         let network = Network {
             me: self.name.clone(),
             addrs: Arc::new(self.cfg.peers.iter().map(|p| (p.name.clone(), p.addr.clone())).collect()),
             auth: self.auth.clone(),
             health: self.health.clone(),
         };
+        let data = openraft::Raft::new(self.id, config.clone(), network.clone(), self.data_log.clone(), data_sm)
+            .await
+            .map_err(|e| ClusterError::Raft(e.to_string()))?;
         let raft = openraft::Raft::new(self.id, config, network, self.log.clone(), sm)
             .await
             .map_err(|e| ClusterError::Raft(e.to_string()))?;
+        let rafts = serve::Rafts { meta: raft.clone(), data: data.clone() };
         tokio::spawn(serve::run(
             listener,
             self.name.clone(),
             self.id,
             self.auth.clone(),
-            raft.clone(),
+            rafts,
             self.health.clone(),
             routing.clone(),
         ));
         tokio::spawn(self.clone().follow_members(raft.clone(), routing));
+        tokio::spawn(data_group::follow_membership(self.id, raft.clone(), data.clone()));
         // Formed (or joined) in the background: a member never waits for the others to start.
-        tokio::spawn(self.clone().form(raft.clone()));
+        tokio::spawn(self.clone().form(raft.clone(), data.clone()));
         info!(node = %self.name, listen = %self.cfg.listen, peers = self.cfg.peers.len(), "cluster: member started");
+        self.data.send_replace(Some(data));
         self.raft.send_replace(Some(raft));
         Ok(())
     }
@@ -355,14 +426,26 @@ impl Cluster {
         self.routing.get().map_or(0, |r| r.forwarder.dropped())
     }
 
-    /// Stops the Raft node (at shutdown, after the clients).
+    /// Stops the Raft nodes (at shutdown, after the clients).
     pub async fn shutdown(&self) {
+        let data = self.data.borrow().clone();
+        if let Some(data) = data {
+            if let Err(e) = data.shutdown().await {
+                warn!(error = %e, "cluster: the data group's Raft node did not stop cleanly");
+            }
+        }
         let raft = self.raft.borrow().clone();
         if let Some(raft) = raft {
             if let Err(e) = raft.shutdown().await {
                 warn!(error = %e, "cluster: the Raft node did not stop cleanly");
             }
         }
+    }
+
+    /// Commits a probe through the data group (directly when this member leads it, else
+    /// through its leader) within `cluster.command_timeout_ms`: the entry's index.
+    pub async fn probe_data_group(&self) -> Result<u64, String> {
+        self.through_leader(&self.data, data_group::probe(), self.cfg.command_timeout).await
     }
 
     /// Commits `entry` through the metadata group and waits until this member applied it:
@@ -374,7 +457,7 @@ impl Cluster {
     /// [`StoreError::Refused`].
     async fn propose(&self, entry: MetaEntry) -> Result<(), StoreError> {
         let index = self
-            .through_leader(Change::Write(entry), self.cfg.command_timeout)
+            .through_leader(&self.raft, Change::Write(entry), self.cfg.command_timeout)
             .await
             .map_err(StoreError::NotCommitted)?;
         match self.refusals.take(index) {
@@ -387,10 +470,15 @@ impl Cluster {
     /// link to the leader it knows, again as the leader changes) and waits until this
     /// member applied it: the index of its (last) entry; why not, once `limit` passed or
     /// the group refused it.
-    async fn through_leader(&self, change: Change, limit: Duration) -> Result<u64, String> {
+    async fn through_leader<C: Group, P: Proposal<C>>(
+        &self,
+        group: &watch::Sender<Option<openraft::Raft<C>>>,
+        change: P,
+        limit: Duration,
+    ) -> Result<u64, String> {
         let deadline = Instant::now() + limit;
         let raft = {
-            let mut rx = self.raft.subscribe();
+            let mut rx = group.subscribe();
             let started = tokio::time::timeout_at(deadline.into(), rx.wait_for(|r| r.is_some())).await;
             match started {
                 Ok(Ok(r)) => r.clone().expect("waited for it"),
@@ -426,7 +514,12 @@ impl Cluster {
     }
 
     /// Sends `change` to `leader` to make; the index it was committed at.
-    async fn forward(&self, leader: &PeerNode, change: &Change, ttl: Duration) -> Result<u64, String> {
+    async fn forward<C: Group>(
+        &self,
+        leader: &PeerNode,
+        change: &impl Proposal<C>,
+        ttl: Duration,
+    ) -> Result<u64, String> {
         let addr = self.addr_of(leader);
         // A link is taken out of the pool for the call (no lock is held while it waits): calls
         // at once each have a link of their own, and come back to the pool after.
@@ -531,6 +624,13 @@ impl Cluster {
             applied_index: metrics.as_ref().and_then(|m| m.last_applied).map(|l| l.index),
             members,
             forward_dropped: self.forward_dropped(),
+            data_groups: self
+                .data
+                .borrow()
+                .as_ref()
+                .map(|d| GroupStatus::of(data_group::DATA_GROUP, &d.metrics().borrow()))
+                .into_iter()
+                .collect(),
         }
     }
 }

@@ -1,8 +1,9 @@
-//! openraft's network for the metadata group: each replication stream and each vote
+//! openraft's network for the cluster's groups: each replication stream and each vote
 //! request goes over a [`PeerClient`] of its own to the target member, whose address is the
 //! one `cluster.peers` gives for its name (else the one its membership entry records).
 
 use std::collections::HashMap;
+use std::marker::PhantomData;
 use std::sync::Arc;
 
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
@@ -16,7 +17,7 @@ use openraft::AnyError;
 use super::health::PeerHealth;
 use super::link::PeerAuth;
 use super::rpc::{PeerClient, PeerRequest, PeerResponse};
-use super::types::{MetaRaft, PeerNode};
+use super::types::{Group, PeerNode};
 
 type Rpc<T, E = openraft::error::Infallible> = Result<T, RPCError<u64, PeerNode, RaftError<u64, E>>>;
 
@@ -40,25 +41,27 @@ impl Network {
     }
 }
 
-/// A client of one member.
+/// A client of one member, for group `C`.
 #[derive(Debug)]
-pub(super) struct Connection {
+pub(super) struct Connection<C> {
     name: String,
     /// Its Raft node id.
     target: u64,
     client: PeerClient,
     health: Arc<PeerHealth>,
+    group: PhantomData<fn() -> C>,
 }
 
-impl RaftNetworkFactory<MetaRaft> for Network {
-    type Network = Connection;
+impl<C: Group> RaftNetworkFactory<C> for Network {
+    type Network = Connection<C>;
 
-    async fn new_client(&mut self, target: u64, node: &PeerNode) -> Connection {
+    async fn new_client(&mut self, target: u64, node: &PeerNode) -> Connection<C> {
         Connection {
             name: node.name.clone(),
             target,
             client: PeerClient::new(&self.me, &node.name, &self.addr_of(node), self.auth.clone()),
             health: self.health.clone(),
+            group: PhantomData,
         }
     }
 }
@@ -67,7 +70,7 @@ fn unreachable<E: std::error::Error>(e: impl std::fmt::Display) -> RPCError<u64,
     RPCError::Unreachable(Unreachable::new(&AnyError::error(e.to_string())))
 }
 
-impl Connection {
+impl<C> Connection<C> {
     async fn call(&mut self, request: PeerRequest, option: &RPCOption) -> Result<PeerResponse, String> {
         match self.client.call(&request, option.hard_ttl()).await {
             Ok(response) => {
@@ -79,13 +82,13 @@ impl Connection {
     }
 }
 
-impl RaftNetwork<MetaRaft> for Connection {
+impl<C: Group> RaftNetwork<C> for Connection<C> {
     async fn append_entries(
         &mut self,
-        rpc: AppendEntriesRequest<MetaRaft>,
+        rpc: AppendEntriesRequest<C>,
         option: RPCOption,
     ) -> Rpc<AppendEntriesResponse<u64>> {
-        match self.call(PeerRequest::AppendEntries(rpc), &option).await.map_err(unreachable)? {
+        match self.call(C::append_entries(rpc), &option).await.map_err(unreachable)? {
             PeerResponse::AppendEntries(r) => {
                 r.map_err(|e| RPCError::Network(NetworkError::new(&AnyError::error(e.to_string()))))
             }
@@ -95,10 +98,10 @@ impl RaftNetwork<MetaRaft> for Connection {
 
     async fn install_snapshot(
         &mut self,
-        rpc: InstallSnapshotRequest<MetaRaft>,
+        rpc: InstallSnapshotRequest<C>,
         option: RPCOption,
     ) -> Rpc<InstallSnapshotResponse<u64>, InstallSnapshotError> {
-        match self.call(PeerRequest::InstallSnapshot(rpc), &option).await.map_err(unreachable)? {
+        match self.call(C::install_snapshot(rpc), &option).await.map_err(unreachable)? {
             // The receiver's refusal (a chunk out of order) as its own, so that the leader
             // starts the snapshot again.
             PeerResponse::InstallSnapshot(r) => r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e))),
@@ -107,7 +110,7 @@ impl RaftNetwork<MetaRaft> for Connection {
     }
 
     async fn vote(&mut self, rpc: VoteRequest<u64>, option: RPCOption) -> Rpc<VoteResponse<u64>> {
-        match self.call(PeerRequest::Vote(rpc), &option).await.map_err(unreachable)? {
+        match self.call(C::vote(rpc), &option).await.map_err(unreachable)? {
             PeerResponse::Vote(r) => {
                 r.map_err(|e| RPCError::Network(NetworkError::new(&AnyError::error(e.to_string()))))
             }

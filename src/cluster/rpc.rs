@@ -16,7 +16,7 @@ use openraft::LogId;
 use serde::{Deserialize, Serialize};
 
 use super::link::{self, LinkError, PeerAuth};
-use super::types::{MetaEntry, MetaRaft, PeerNode};
+use super::types::{DataEntry, DataRaft, MetaEntry, MetaRaft, PeerNode};
 
 /// A request on the peer link.
 #[derive(Debug, Serialize, Deserialize)]
@@ -39,6 +39,22 @@ pub(super) enum PeerRequest {
     Forward(Vec<Forwarded>),
     /// MQTT client `.0` connected to the sender: a connection of that id here is taken over.
     TakeOver(String),
+    /// openraft's RPCs of the data group (answered by the same variants as the metadata
+    /// group's).
+    Data(DataRpc),
+    /// A data entry a member forwards to the data group's leader it knows.
+    DataWrite(DataEntry),
+}
+
+/// openraft's RPCs of the data group.
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) enum DataRpc {
+    /// Log replication and heartbeat.
+    AppendEntries(AppendEntriesRequest<DataRaft>),
+    /// Election.
+    Vote(VoteRequest<u64>),
+    /// A snapshot's chunk.
+    InstallSnapshot(InstallSnapshotRequest<DataRaft>),
 }
 
 /// The answer to a [`PeerRequest`] (the same variant).

@@ -17,9 +17,20 @@ use super::forward;
 use super::health::PeerHealth;
 use super::link::{self, PeerAuth};
 use super::membership::Change;
+use super::membership::Proposal;
+use super::rpc::DataRpc;
 use super::rpc::{ForwardedWriteError, MembershipChange, PeerRequest, PeerResponse};
-use super::types::{MetaRaftHandle, PeerNode};
+use super::types::{DataRaftHandle, MetaRaftHandle, PeerNode};
 use super::Routing;
+
+/// The Raft nodes of this member's groups.
+#[derive(Clone)]
+pub(super) struct Rafts {
+    /// The metadata group's.
+    pub meta: MetaRaftHandle,
+    /// The data group's.
+    pub data: DataRaftHandle,
+}
 
 /// Handshakes that may be in progress at once.
 const MAX_HANDSHAKES: usize = 64;
@@ -90,7 +101,7 @@ pub(super) async fn run(
     me: String,
     id: u64,
     auth: Arc<PeerAuth>,
-    raft: MetaRaftHandle,
+    rafts: Rafts,
     health: Arc<PeerHealth>,
     routing: Arc<Routing>,
 ) {
@@ -115,13 +126,13 @@ pub(super) async fn run(
             refusals.note(peer, "too many handshakes at once");
             continue;
         };
-        let (me, auth, raft, health, refusals, routing) =
-            (me.clone(), auth.clone(), raft.clone(), health.clone(), refusals.clone(), routing.clone());
+        let (me, auth, rafts, health, refusals, routing) =
+            (me.clone(), auth.clone(), rafts.clone(), health.clone(), refusals.clone(), routing.clone());
         tokio::spawn(async move {
             let accepted = link::accept(stream, &me, &auth).await;
             drop((permit, place));
             match accepted {
-                Ok((stream, name)) => serve(stream, name, peer, id, raft, health, routing).await,
+                Ok((stream, name)) => serve(stream, name, peer, id, rafts, health, routing).await,
                 Err(e) => refusals.note(peer, &e.to_string()),
             }
         });
@@ -157,10 +168,11 @@ async fn serve(
     name: String,
     peer: SocketAddr,
     id: u64,
-    raft: MetaRaftHandle,
+    rafts: Rafts,
     health: Arc<PeerHealth>,
     routing: Arc<Routing>,
 ) {
+    let Rafts { meta: raft, data } = rafts;
     loop {
         let (request, blob): (PeerRequest, bytes::Bytes) = match link::read_message(&mut stream).await {
             Ok(r) => r,
@@ -186,6 +198,14 @@ async fn serve(
                 };
                 PeerResponse::ClientWrite(answer(Change::Members(change).make(&raft).await))
             }
+            PeerRequest::Data(DataRpc::AppendEntries(rpc)) => {
+                PeerResponse::AppendEntries(data.append_entries(rpc).await)
+            }
+            PeerRequest::Data(DataRpc::Vote(rpc)) => PeerResponse::Vote(data.vote(rpc).await),
+            PeerRequest::Data(DataRpc::InstallSnapshot(rpc)) => {
+                PeerResponse::InstallSnapshot(data.install_snapshot(rpc).await)
+            }
+            PeerRequest::DataWrite(entry) => PeerResponse::ClientWrite(answer(entry.make(&data).await)),
             PeerRequest::Hello => PeerResponse::Hello { initialized: raft.is_initialized().await.unwrap_or(false), id },
             PeerRequest::Interest(update) => {
                 if update.resync_start {

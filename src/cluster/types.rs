@@ -1,6 +1,6 @@
-//! The metadata group's Raft types: its type configuration for openraft, a member as the
-//! log records it ([`PeerNode`]), node ids derived from node names, and the entry payload
-//! ([`MetaEntry`]).
+//! The Raft groups' types: the type configurations for openraft of the metadata group and
+//! of a data group (and what both have in common, [`Group`]), a member as the logs record
+//! it ([`PeerNode`]), and the entry payloads ([`MetaEntry`], [`DataEntry`]).
 
 use std::io::Cursor;
 
@@ -23,6 +23,64 @@ openraft::declare_raft_types!(
 /// The openraft handle of the metadata group.
 pub(super) type MetaRaftHandle = openraft::Raft<MetaRaft>;
 
+openraft::declare_raft_types!(
+    /// A data group's types.
+    pub(super) DataRaft:
+        D = DataEntry,
+        R = (),
+        NodeId = u64,
+        Node = PeerNode,
+        Entry = openraft::Entry<DataRaft>,
+        SnapshotData = Cursor<Vec<u8>>,
+        AsyncRuntime = openraft::TokioRuntime,
+);
+
+/// The openraft handle of a data group.
+pub(super) type DataRaftHandle = openraft::Raft<DataRaft>;
+
+/// What every group of the cluster has in common: node ids, members, entries, snapshots and
+/// runtime; and how its RPCs travel on the peer link.
+pub(super) trait Group:
+    openraft::RaftTypeConfig<
+    NodeId = u64,
+    Node = PeerNode,
+    Entry = openraft::Entry<Self>,
+    SnapshotData = Cursor<Vec<u8>>,
+    AsyncRuntime = openraft::TokioRuntime,
+>
+{
+    /// The peer-link request of openraft's log replication and heartbeat.
+    fn append_entries(rpc: openraft::raft::AppendEntriesRequest<Self>) -> super::rpc::PeerRequest;
+    /// The peer-link request of openraft's election.
+    fn vote(rpc: openraft::raft::VoteRequest<u64>) -> super::rpc::PeerRequest;
+    /// The peer-link request of a snapshot's chunk.
+    fn install_snapshot(rpc: openraft::raft::InstallSnapshotRequest<Self>) -> super::rpc::PeerRequest;
+}
+
+impl Group for MetaRaft {
+    fn append_entries(rpc: openraft::raft::AppendEntriesRequest<Self>) -> super::rpc::PeerRequest {
+        super::rpc::PeerRequest::AppendEntries(rpc)
+    }
+    fn vote(rpc: openraft::raft::VoteRequest<u64>) -> super::rpc::PeerRequest {
+        super::rpc::PeerRequest::Vote(rpc)
+    }
+    fn install_snapshot(rpc: openraft::raft::InstallSnapshotRequest<Self>) -> super::rpc::PeerRequest {
+        super::rpc::PeerRequest::InstallSnapshot(rpc)
+    }
+}
+
+impl Group for DataRaft {
+    fn append_entries(rpc: openraft::raft::AppendEntriesRequest<Self>) -> super::rpc::PeerRequest {
+        super::rpc::PeerRequest::Data(super::rpc::DataRpc::AppendEntries(rpc))
+    }
+    fn vote(rpc: openraft::raft::VoteRequest<u64>) -> super::rpc::PeerRequest {
+        super::rpc::PeerRequest::Data(super::rpc::DataRpc::Vote(rpc))
+    }
+    fn install_snapshot(rpc: openraft::raft::InstallSnapshotRequest<Self>) -> super::rpc::PeerRequest {
+        super::rpc::PeerRequest::Data(super::rpc::DataRpc::InstallSnapshot(rpc))
+    }
+}
+
 /// A member of the cluster as its membership records it: its node name and the peer
 /// address (`host:port`) others reach it at.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -39,4 +97,20 @@ pub struct PeerNode {
 pub(super) struct MetaEntry {
     /// The batch.
     pub commands: Vec<MetaCommand>,
+}
+
+/// The payload of one data entry: a batch of operations on the group's messages, applied
+/// together and in order on every member. (The data group carries no messages yet: it is
+/// elected, and follows the metadata group's membership; see `docs/cluster.md`.)
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub(super) struct DataEntry {
+    /// The batch.
+    pub ops: Vec<DataOp>,
+}
+
+/// One operation of a data entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(super) enum DataOp {
+    /// Nothing: the entry a test or an operator's probe commits to see the group answer.
+    Probe,
 }

@@ -582,8 +582,29 @@ pub fn run(args: &CtlArgs) -> Result<String, CtlError> {
                 ),
                 None => String::new(),
             };
+            let names = |v: &serde_json::Value| {
+                v.as_array()
+                    .map_or(String::new(), |a| a.iter().filter_map(|n| n.as_str()).collect::<Vec<_>>().join(", "))
+            };
+            let groups: String = s["data_groups"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|g| {
+                    let learners = names(&g["learners"]);
+                    format!(
+                        "data group {}: leader {}, term {}, applied index {}, voters {}{}\n",
+                        g["name"].as_str().unwrap_or("?"),
+                        g["leader"].as_str().unwrap_or("none"),
+                        g["term"],
+                        g["applied_index"],
+                        names(&g["voters"]),
+                        if learners.is_empty() { String::new() } else { format!(", learners {learners}") }
+                    )
+                })
+                .collect();
             Ok(format!(
-                "cluster as {} sees it: leader {}, term {}, applied index {}\n{in_sync}{}",
+                "cluster as {} sees it: leader {}, term {}, applied index {}\n{in_sync}{}{groups}",
                 s["node"].as_str().unwrap_or("?"),
                 s["leader"].as_str().unwrap_or("none"),
                 s["term"],

@@ -118,3 +118,13 @@ pub async fn forget_member(p: Permitted<Administrator>, Path(name): Path<String>
     cluster.change_members(MembershipChange::Forget { name }).await.map_err(ApiError::internal)?;
     Ok(StatusCode::NO_CONTENT)
 }
+
+/// `POST /api/ferrymq/cluster/data-groups/probe`: commits a probe through the data group
+/// (through its leader, wherever it is) and says where and how long it took: whether the
+/// group takes writes now. 503 when it does not within `cluster.command_timeout_ms`.
+pub async fn probe_data_group(p: Permitted<Administrator>) -> Result<Json<Json_>, ApiError> {
+    let cluster = p.ctx().cluster.as_ref().ok_or_else(ApiError::not_found)?;
+    let started = std::time::Instant::now();
+    let index = cluster.probe_data_group().await.map_err(ApiError::unavailable)?;
+    Ok(Json(json!({ "index": index, "ms": started.elapsed().as_millis() as u64 })))
+}

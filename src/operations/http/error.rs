@@ -62,6 +62,12 @@ impl ApiError {
         }
     }
 
+    /// 503 with a reason: the call cannot be answered now (a cluster group without a
+    /// majority).
+    pub fn unavailable(reason: impl Into<String>) -> ApiError {
+        ApiError { status: StatusCode::SERVICE_UNAVAILABLE, error: "unavailable", reason: reason.into() }
+    }
+
     /// 500 with a reason (storage failed).
     pub fn internal(reason: impl Into<String>) -> ApiError {
         ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, error: "internal_error", reason: reason.into() }

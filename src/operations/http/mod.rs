@@ -151,6 +151,7 @@ pub fn router(ctx: Arc<HttpContext>) -> Router {
         .route("/ferrymq/cluster", get(cluster::status))
         .route("/ferrymq/cluster/members", post(cluster::add_member))
         .route("/ferrymq/cluster/members/{name}", delete(cluster::forget_member))
+        .route("/ferrymq/cluster/data-groups/probe", post(cluster::probe_data_group))
         .route("/extensions", get(overview::extensions))
         .route("/vhosts", get(access::vhosts))
         .route("/vhosts/{vhost}", get(access::vhost).put(access::create_vhost).delete(access::remove_vhost))

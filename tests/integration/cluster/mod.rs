@@ -5,6 +5,7 @@
 //! back past a purged log, network partitions leave only a majority acknowledging, and a
 //! publish through any member reaches the subscribers of every member.
 
+mod data_group;
 mod forwarding;
 mod metadata;
 mod partitions;

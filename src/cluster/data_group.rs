@@ -1,0 +1,273 @@
+//! The data group: the Raft group that will hold the members' messages (durable queues,
+//! streams, persistent sessions), run by openraft next to the metadata group, over the same
+//! peer links and in the same Raft database (trees of its own, `data-0/...`).
+//!
+//! Owns the group's state machine and its membership. The group is formed together with the
+//! metadata group (by the same members, with the same membership); from then on its leader
+//! makes the group's membership follow the metadata group's: a member that joins the
+//! cluster is added (a learner until it holds the log, then a voter), a member forgotten is
+//! removed. Its leader is elected by its own votes: it may be another member than the
+//! metadata group's, and goes on being elected while a majority of the members is up.
+//!
+//! It carries no messages yet (see `docs/cluster.md`): its entries are probes
+//! ([`DataOp::Probe`]), which show that it commits.
+
+// openraft's storage traits return its `StorageError` (over 200 bytes) by value.
+#![allow(clippy::result_large_err)]
+
+use std::collections::BTreeSet;
+use std::io::Cursor;
+use std::time::Duration;
+
+use openraft::storage::{RaftStateMachine, Snapshot};
+use openraft::{
+    AnyError, ChangeMembers, EntryPayload, LogId, RaftSnapshotBuilder, SnapshotMeta, StorageError, StorageIOError,
+    StoredMembership,
+};
+use serde::{Deserialize, Serialize};
+use tracing::{debug, info};
+
+use super::types::{DataEntry, DataOp, DataRaft, DataRaftHandle, MetaRaftHandle, PeerNode};
+
+type Result_<T> = Result<T, StorageError<u64>>;
+
+/// The data group's name: its trees are prefixed with it, `ctl cluster status` shows it.
+pub(super) const DATA_GROUP: &str = "data-0";
+
+const APPLIED: &[u8] = b"applied";
+const SNAPSHOT: &[u8] = b"snapshot";
+
+fn any(e: impl std::fmt::Display) -> AnyError {
+    AnyError::error(e.to_string())
+}
+
+/// What the state machine remembers across restarts, and what a snapshot holds.
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+struct Applied {
+    log_id: Option<LogId<u64>>,
+    membership: StoredMembership<u64, PeerNode>,
+    /// Probes applied.
+    probes: u64,
+}
+
+/// The data group's state machine on this member.
+pub(super) struct DataStateMachine {
+    tree: sled::Tree,
+    applied: Applied,
+}
+
+impl DataStateMachine {
+    /// The state machine whose applied state is kept in `db`. Blocking (start-up); a state
+    /// that cannot be read stops the start.
+    pub(super) fn open(db: &sled::Db) -> Result<DataStateMachine, String> {
+        let tree = db.open_tree(format!("{DATA_GROUP}/state_machine")).map_err(|e| e.to_string())?;
+        let applied = match tree.get(APPLIED).map_err(|e| e.to_string())? {
+            Some(bytes) => serde_json::from_slice(&bytes)
+                .map_err(|e| format!("the data group's applied state is undecodable: {e}"))?,
+            None => Applied::default(),
+        };
+        Ok(DataStateMachine { tree, applied })
+    }
+
+    /// Records the applied state (not flushed: entries applied again after a crash change
+    /// nothing that is not in the log).
+    async fn save_applied(&self) -> Result_<()> {
+        let bytes = serde_json::to_vec(&self.applied).map_err(|e| StorageIOError::write_state_machine(any(e)))?;
+        let tree = self.tree.clone();
+        crate::core::blocking::spawn(move || tree.insert(APPLIED, bytes).map(drop))
+            .await
+            .map_err(|e| StorageIOError::write_state_machine(any(e)))?
+            .map_err(|e| StorageIOError::write_state_machine(any(e)).into())
+    }
+}
+
+/// A snapshot as this member keeps its latest.
+#[derive(Serialize, Deserialize)]
+struct StoredSnapshot {
+    meta: SnapshotMeta<u64, PeerNode>,
+    data: Vec<u8>,
+}
+
+impl StoredSnapshot {
+    fn snapshot(self) -> Snapshot<DataRaft> {
+        Snapshot { meta: self.meta, snapshot: Box::new(Cursor::new(self.data)) }
+    }
+}
+
+/// Builds a snapshot of the applied state as it was when the builder was made.
+pub(super) struct SnapshotBuilder {
+    tree: sled::Tree,
+    applied: Applied,
+}
+
+impl RaftSnapshotBuilder<DataRaft> for SnapshotBuilder {
+    async fn build_snapshot(&mut self) -> Result_<Snapshot<DataRaft>> {
+        let data = serde_json::to_vec(&self.applied).map_err(|e| StorageIOError::write_snapshot(None, any(e)))?;
+        let snapshot_id = match self.applied.log_id {
+            Some(l) => format!("{}-{}", l.leader_id.term, l.index),
+            None => "empty".to_owned(),
+        };
+        let meta = SnapshotMeta {
+            last_log_id: self.applied.log_id,
+            last_membership: self.applied.membership.clone(),
+            snapshot_id,
+        };
+        let stored = StoredSnapshot { meta, data };
+        keep_snapshot(&self.tree, &stored).await?;
+        Ok(stored.snapshot())
+    }
+}
+
+/// Keeps `stored` as the latest snapshot, with everything the tree holds made durable.
+async fn keep_snapshot(tree: &sled::Tree, stored: &StoredSnapshot) -> Result_<()> {
+    let signature = Some(stored.meta.signature());
+    let bytes = serde_json::to_vec(stored).map_err(|e| StorageIOError::write_snapshot(signature.clone(), any(e)))?;
+    let tree = tree.clone();
+    crate::core::blocking::spawn(move || tree.insert(SNAPSHOT, bytes).and_then(|_| tree.flush()).map(drop))
+        .await
+        .map_err(|e| StorageIOError::write_snapshot(signature.clone(), any(e)))?
+        .map_err(|e| StorageIOError::write_snapshot(signature, any(e)).into())
+}
+
+impl RaftStateMachine<DataRaft> for DataStateMachine {
+    type SnapshotBuilder = SnapshotBuilder;
+
+    async fn applied_state(&mut self) -> Result_<(Option<LogId<u64>>, StoredMembership<u64, PeerNode>)> {
+        Ok((self.applied.log_id, self.applied.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result_<Vec<()>>
+    where
+        I: IntoIterator<Item = openraft::Entry<DataRaft>> + Send,
+        I::IntoIter: Send,
+    {
+        let mut answers = Vec::new();
+        for entry in entries {
+            match entry.payload {
+                EntryPayload::Blank => {}
+                EntryPayload::Normal(data) => {
+                    for op in data.ops {
+                        match op {
+                            DataOp::Probe => self.applied.probes += 1,
+                        }
+                    }
+                }
+                EntryPayload::Membership(m) => {
+                    self.applied.membership = StoredMembership::new(Some(entry.log_id), m);
+                }
+            }
+            self.applied.log_id = Some(entry.log_id);
+            answers.push(());
+        }
+        self.save_applied().await?;
+        Ok(answers)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> SnapshotBuilder {
+        SnapshotBuilder { tree: self.tree.clone(), applied: self.applied.clone() }
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result_<Box<Cursor<Vec<u8>>>> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<u64, PeerNode>,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result_<()> {
+        let failed = |e: String| StorageIOError::write_snapshot(Some(meta.signature()), any(e));
+        let data = snapshot.into_inner();
+        let applied: Applied =
+            serde_json::from_slice(&data).map_err(|e| failed(format!("undecodable snapshot: {e}")))?;
+        self.applied = Applied { log_id: meta.last_log_id, membership: meta.last_membership.clone(), ..applied };
+        self.save_applied().await?;
+        keep_snapshot(&self.tree, &StoredSnapshot { meta: meta.clone(), data }).await
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result_<Option<Snapshot<DataRaft>>> {
+        let tree = self.tree.clone();
+        let stored = crate::core::blocking::spawn(move || tree.get(SNAPSHOT))
+            .await
+            .map_err(|e| StorageIOError::read_snapshot(None, any(e)))?
+            .map_err(|e| StorageIOError::read_snapshot(None, any(e)))?;
+        match stored {
+            None => Ok(None),
+            Some(bytes) => {
+                let stored: StoredSnapshot =
+                    serde_json::from_slice(&bytes).map_err(|e| StorageIOError::read_snapshot(None, any(e)))?;
+                Ok(Some(stored.snapshot()))
+            }
+        }
+    }
+}
+
+/// A probe entry.
+pub(super) fn probe() -> DataEntry {
+    DataEntry { ops: vec![DataOp::Probe] }
+}
+
+/// While this member runs: whenever it leads the data group, makes the group's membership
+/// the metadata group's (looked at when either changes, and every second).
+pub(super) async fn follow_membership(id: u64, meta: MetaRaftHandle, data: DataRaftHandle) {
+    let (mut meta_metrics, mut data_metrics) = (meta.metrics(), data.metrics());
+    loop {
+        let leads = data_metrics.borrow().current_leader == Some(id);
+        if leads {
+            if let Err(e) = follow_once(&meta, &data).await {
+                debug!(error = %e, "cluster: the data group's membership not changed yet");
+            }
+        }
+        tokio::select! {
+            _ = meta_metrics.changed() => {}
+            _ = data_metrics.changed() => {}
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
+}
+
+/// One step towards the metadata group's membership: learners added, learners that hold
+/// the log made voters, voters and nodes no longer members removed.
+async fn follow_once(meta: &MetaRaftHandle, data: &DataRaftHandle) -> Result<(), String> {
+    let want = meta.metrics().borrow().membership_config.membership().clone();
+    if want.nodes().next().is_none() {
+        return Ok(());
+    }
+    let have = data.metrics().borrow().membership_config.membership().clone();
+    if have.get_joint_config().len() > 1 {
+        return Ok(());
+    }
+    let want_voters: BTreeSet<u64> = want.voter_ids().collect();
+    let have_voters: BTreeSet<u64> = have.voter_ids().collect();
+    let have_nodes: BTreeSet<u64> = have.nodes().map(|(id, _)| *id).collect();
+    for (id, node) in want.nodes() {
+        if !have_nodes.contains(id) {
+            info!(member = %node.name, group = DATA_GROUP, "cluster: adding a member to the data group");
+            // Blocking: it is a voter only once it holds the log.
+            data.add_learner(*id, node.clone(), true).await.map_err(|e| e.to_string())?;
+        }
+    }
+    let add: BTreeSet<u64> = want_voters.difference(&have_voters).copied().collect();
+    if !add.is_empty() {
+        data.change_membership(ChangeMembers::AddVoterIds(add), false).await.map_err(|e| e.to_string())?;
+    }
+    let remove: BTreeSet<u64> = have_voters.difference(&want_voters).copied().collect();
+    if !remove.is_empty() {
+        info!(group = DATA_GROUP, count = remove.len(), "cluster: removing forgotten members from the data group");
+        data.change_membership(ChangeMembers::RemoveVoters(remove), false).await.map_err(|e| e.to_string())?;
+    }
+    let want_nodes: BTreeSet<u64> = want.nodes().map(|(id, _)| *id).collect();
+    let gone: BTreeSet<u64> = data
+        .metrics()
+        .borrow()
+        .membership_config
+        .membership()
+        .nodes()
+        .map(|(id, _)| *id)
+        .filter(|id| !want_nodes.contains(id))
+        .collect();
+    if !gone.is_empty() {
+        data.change_membership(ChangeMembers::RemoveNodes(gone), false).await.map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
