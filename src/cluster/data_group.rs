@@ -1,22 +1,32 @@
-//! The data group: the Raft group that will hold the members' messages (durable queues,
-//! streams, persistent sessions), run by openraft next to the metadata group, over the same
-//! peer links and in the same Raft database (trees of its own, `data-0/...`).
+//! The data group: the Raft group that holds the members' messages (today: streams'; durable
+//! queues and persistent sessions next), run by openraft next to the metadata group, over
+//! the same peer links and in the same Raft database (trees of its own, `data-0/...`).
 //!
-//! Owns the group's state machine and its membership. The group is formed together with the
+//! Owns the group's state machine and its membership. **Applying** an entry appends its
+//! publishes ([`DataChange::Append`]) to this member's copies of their streams, in log order on
+//! every member, so each copy has the same messages at the same offsets; the entry's index
+//! is recorded in the journal in the same durable submission
+//! ([`Broker::apply_group_appends`]), so an entry applied again after a crash is skipped, not
+//! appended twice. An append waits until this member's metadata is as far as it was where
+//! the publish was made (the streams it names were declared there), so every member finds
+//! the same streams. The group is formed together with the
 //! metadata group (by the same members, with the same membership); from then on its leader
 //! makes the group's membership follow the metadata group's: a member that joins the
 //! cluster is added (a learner until it holds the log, then a voter), a member forgotten is
 //! removed. Its leader is elected by its own votes: it may be another member than the
 //! metadata group's, and goes on being elected while a majority of the members is up.
 //!
-//! It carries no messages yet (see `docs/cluster.md`): its entries are probes
-//! ([`DataOp::Probe`]), which show that it commits.
+//! Its log is not compacted yet (no snapshot is taken): it holds every entry since the
+//! group formed (see `docs/cluster.md`).
+//!
+//! [`Broker::apply_group_appends`]: crate::core::broker::Broker::apply_group_appends
 
 // openraft's storage traits return its `StorageError` (over 200 bytes) by value.
 #![allow(clippy::result_large_err)]
 
 use std::collections::BTreeSet;
 use std::io::Cursor;
+use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::storage::{RaftStateMachine, Snapshot};
@@ -27,7 +37,11 @@ use openraft::{
 use serde::{Deserialize, Serialize};
 use tracing::{debug, info};
 
-use super::types::{DataEntry, DataOp, DataRaft, DataRaftHandle, MetaRaftHandle, PeerNode};
+use super::node::NodeState;
+use super::snapshot_store::{self, StoredSnapshot};
+use super::types::{DataChange, DataEntry, DataRaft, DataRaftHandle, MetaRaftHandle, PeerNode};
+use crate::core::message::SharedMessage;
+use crate::core::store::QueueId;
 
 type Result_<T> = Result<T, StorageError<u64>>;
 
@@ -35,7 +49,6 @@ type Result_<T> = Result<T, StorageError<u64>>;
 pub(super) const DATA_GROUP: &str = "data-0";
 
 const APPLIED: &[u8] = b"applied";
-const SNAPSHOT: &[u8] = b"snapshot";
 
 fn any(e: impl std::fmt::Display) -> AnyError {
     AnyError::error(e.to_string())
@@ -54,19 +67,66 @@ struct Applied {
 pub(super) struct DataStateMachine {
     tree: sled::Tree,
     applied: Applied,
+    node: Arc<dyn NodeState>,
+    /// The metadata group's Raft node, once started.
+    meta: tokio::sync::watch::Receiver<Option<MetaRaftHandle>>,
+    /// The last entry whose effects the journal holds (read at the first application).
+    journal_applied: Option<u64>,
 }
 
 impl DataStateMachine {
     /// The state machine whose applied state is kept in `db`. Blocking (start-up); a state
     /// that cannot be read stops the start.
-    pub(super) fn open(db: &sled::Db) -> Result<DataStateMachine, String> {
+    pub(super) fn open(
+        db: &sled::Db,
+        node: Arc<dyn NodeState>,
+        meta: tokio::sync::watch::Receiver<Option<MetaRaftHandle>>,
+    ) -> Result<DataStateMachine, String> {
         let tree = db.open_tree(format!("{DATA_GROUP}/state_machine")).map_err(|e| e.to_string())?;
         let applied = match tree.get(APPLIED).map_err(|e| e.to_string())? {
             Some(bytes) => serde_json::from_slice(&bytes)
                 .map_err(|e| format!("the data group's applied state is undecodable: {e}"))?,
             None => Applied::default(),
         };
-        Ok(DataStateMachine { tree, applied })
+        Ok(DataStateMachine { tree, applied, node, meta, journal_applied: None })
+    }
+
+    /// Waits until this member's metadata group applied entry `index` (streams declared
+    /// by then are here); says so every 10 s while it waits.
+    async fn wait_for_metadata(&mut self, index: u64) {
+        let raft = match self.meta.wait_for(|r| r.is_some()).await {
+            Ok(r) => r.clone().expect("waited for it"),
+            Err(_) => return,
+        };
+        loop {
+            let waited = raft.wait(Some(Duration::from_secs(10))).applied_index_at_least(Some(index), "data").await;
+            match waited {
+                Ok(_) => return,
+                Err(openraft::metrics::WaitError::Timeout(..)) => {
+                    tracing::warn!(index, "cluster: the data group waits for this member's metadata to reach an entry")
+                }
+                Err(_) => return,
+            }
+        }
+    }
+
+    /// This member's copies of the entries' publishes: each message with the streams it
+    /// names that are declared here.
+    async fn appends_of(&mut self, changes: Vec<DataChange>) -> Result<Vec<(SharedMessage, Vec<QueueId>)>, String> {
+        let mut appends = Vec::new();
+        for change in changes {
+            match change {
+                DataChange::Probe => self.applied.probes += 1,
+                DataChange::Append { meta_index, vhost, queues, message } => {
+                    self.wait_for_metadata(meta_index).await;
+                    let ids: Vec<QueueId> =
+                        queues.iter().filter_map(|name| self.node.data_group_queue(&vhost, name)).collect();
+                    let msg = message.message().map_err(|e| e.to_string())?;
+                    appends.push((Arc::new(msg), ids));
+                }
+            }
+        }
+        Ok(appends)
     }
 
     /// Records the applied state (not flushed: entries applied again after a crash change
@@ -81,19 +141,6 @@ impl DataStateMachine {
     }
 }
 
-/// A snapshot as this member keeps its latest.
-#[derive(Serialize, Deserialize)]
-struct StoredSnapshot {
-    meta: SnapshotMeta<u64, PeerNode>,
-    data: Vec<u8>,
-}
-
-impl StoredSnapshot {
-    fn snapshot(self) -> Snapshot<DataRaft> {
-        Snapshot { meta: self.meta, snapshot: Box::new(Cursor::new(self.data)) }
-    }
-}
-
 /// Builds a snapshot of the applied state as it was when the builder was made.
 pub(super) struct SnapshotBuilder {
     tree: sled::Tree,
@@ -103,30 +150,10 @@ pub(super) struct SnapshotBuilder {
 impl RaftSnapshotBuilder<DataRaft> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result_<Snapshot<DataRaft>> {
         let data = serde_json::to_vec(&self.applied).map_err(|e| StorageIOError::write_snapshot(None, any(e)))?;
-        let snapshot_id = match self.applied.log_id {
-            Some(l) => format!("{}-{}", l.leader_id.term, l.index),
-            None => "empty".to_owned(),
-        };
-        let meta = SnapshotMeta {
-            last_log_id: self.applied.log_id,
-            last_membership: self.applied.membership.clone(),
-            snapshot_id,
-        };
-        let stored = StoredSnapshot { meta, data };
-        keep_snapshot(&self.tree, &stored).await?;
+        let stored = StoredSnapshot::new(self.applied.log_id, self.applied.membership.clone(), data);
+        snapshot_store::keep(&self.tree, &stored).await?;
         Ok(stored.snapshot())
     }
-}
-
-/// Keeps `stored` as the latest snapshot, with everything the tree holds made durable.
-async fn keep_snapshot(tree: &sled::Tree, stored: &StoredSnapshot) -> Result_<()> {
-    let signature = Some(stored.meta.signature());
-    let bytes = serde_json::to_vec(stored).map_err(|e| StorageIOError::write_snapshot(signature.clone(), any(e)))?;
-    let tree = tree.clone();
-    crate::core::blocking::spawn(move || tree.insert(SNAPSHOT, bytes).and_then(|_| tree.flush()).map(drop))
-        .await
-        .map_err(|e| StorageIOError::write_snapshot(signature.clone(), any(e)))?
-        .map_err(|e| StorageIOError::write_snapshot(signature, any(e)).into())
 }
 
 impl RaftStateMachine<DataRaft> for DataStateMachine {
@@ -141,15 +168,30 @@ impl RaftStateMachine<DataRaft> for DataStateMachine {
         I: IntoIterator<Item = openraft::Entry<DataRaft>> + Send,
         I::IntoIter: Send,
     {
+        let broker = self.node.broker();
+        let journal_applied = match self.journal_applied {
+            Some(i) => i,
+            None => {
+                let read = broker.group_applied(DATA_GROUP).await;
+                let i = read.map_err(|e| StorageIOError::read_state_machine(any(e)))?.unwrap_or(0);
+                self.journal_applied = Some(i);
+                i
+            }
+        };
         let mut answers = Vec::new();
+        let mut appends = Vec::new();
+        let mut last_append = None;
         for entry in entries {
             match entry.payload {
                 EntryPayload::Blank => {}
+                // Already in the journal (applied before a crash that lost the record of it).
+                EntryPayload::Normal(_) if entry.log_id.index <= journal_applied => {}
                 EntryPayload::Normal(data) => {
-                    for op in data.ops {
-                        match op {
-                            DataOp::Probe => self.applied.probes += 1,
-                        }
+                    let ops =
+                        self.appends_of(data.changes).await.map_err(|e| StorageIOError::apply(entry.log_id, any(e)))?;
+                    if !ops.is_empty() {
+                        appends.extend(ops);
+                        last_append = Some(entry.log_id);
                     }
                 }
                 EntryPayload::Membership(m) => {
@@ -158,6 +200,13 @@ impl RaftStateMachine<DataRaft> for DataStateMachine {
             }
             self.applied.log_id = Some(entry.log_id);
             answers.push(());
+        }
+        if let Some(at) = last_append {
+            broker
+                .apply_group_appends(appends, DATA_GROUP, at.index)
+                .await
+                .map_err(|e| StorageIOError::apply(at, any(e)))?;
+            self.journal_applied = Some(at.index);
         }
         self.save_applied().await?;
         Ok(answers)
@@ -182,29 +231,17 @@ impl RaftStateMachine<DataRaft> for DataStateMachine {
             serde_json::from_slice(&data).map_err(|e| failed(format!("undecodable snapshot: {e}")))?;
         self.applied = Applied { log_id: meta.last_log_id, membership: meta.last_membership.clone(), ..applied };
         self.save_applied().await?;
-        keep_snapshot(&self.tree, &StoredSnapshot { meta: meta.clone(), data }).await
+        snapshot_store::keep(&self.tree, &StoredSnapshot { meta: meta.clone(), data }).await
     }
 
     async fn get_current_snapshot(&mut self) -> Result_<Option<Snapshot<DataRaft>>> {
-        let tree = self.tree.clone();
-        let stored = crate::core::blocking::spawn(move || tree.get(SNAPSHOT))
-            .await
-            .map_err(|e| StorageIOError::read_snapshot(None, any(e)))?
-            .map_err(|e| StorageIOError::read_snapshot(None, any(e)))?;
-        match stored {
-            None => Ok(None),
-            Some(bytes) => {
-                let stored: StoredSnapshot =
-                    serde_json::from_slice(&bytes).map_err(|e| StorageIOError::read_snapshot(None, any(e)))?;
-                Ok(Some(stored.snapshot()))
-            }
-        }
+        snapshot_store::current(&self.tree).await
     }
 }
 
 /// A probe entry.
 pub(super) fn probe() -> DataEntry {
-    DataEntry { ops: vec![DataOp::Probe] }
+    DataEntry { changes: vec![DataChange::Probe] }
 }
 
 /// While this member runs: whenever it leads the data group, makes the group's membership

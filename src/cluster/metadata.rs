@@ -91,8 +91,9 @@ pub enum MetaCommand {
     },
 }
 
-/// A retained message as the log carries it: the message's record header (everything but
-/// the body) and its body, each in base64.
+/// A message as a log carries it (a retained message in the metadata group's, a stream's
+/// in the data group's): the message's record header (everything but the body) and its
+/// body, each in base64.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RetainedMessage {
     /// The record header, base64.
@@ -102,11 +103,13 @@ pub struct RetainedMessage {
 }
 
 impl RetainedMessage {
-    fn of(msg: &Message) -> RetainedMessage {
+    /// `msg` as the log carries it.
+    pub(super) fn of(msg: &Message) -> RetainedMessage {
         RetainedMessage { header: B64.encode(msg.encode_header()), body: B64.encode(&msg.payload) }
     }
 
-    fn message(&self) -> Result<Message, MetaError> {
+    /// The message again.
+    pub(super) fn message(&self) -> Result<Message, MetaError> {
         let bytes = |s: &str| B64.decode(s).map_err(|e| MetaError::Arguments(format!("retained message: {e}")));
         let (header, body) = (bytes(&self.header)?, bytes(&self.body)?);
         Message::decode(header.into(), body.into())

@@ -8,11 +8,13 @@
 //! - [`network`] — openraft's network over peer links.
 //! - [`log_store`] — the Raft log and vote, fsynced before openraft is answered.
 //! - [`state_machine`] — committed entries applied to the journal and to memory; snapshots.
+//! - [`snapshot_store`] — a group's latest snapshot as a member keeps it.
 //! - [`metadata`] — the replicated form of the core's metadata commands.
 //! - [`catalogue`] — everything committed, by key: what entries are judged by, and what a
 //!   snapshot holds.
-//! - [`data_group`] — the data group (elected, following the metadata group's membership;
-//!   no messages yet).
+//! - [`data_group`] — the data group: its state machine (streams' messages appended on
+//!   every member in its order) and its membership (following the metadata group's).
+//! - [`data_append`] — publishes to streams made into the data group's entries.
 //! - [`replicated`] — the core's [`StateMachine`] seam, replicated: metadata commands are
 //!   committed by a majority before they are acknowledged; the rest stays local.
 //! - [`interest`] — where each member's own subscribers and transient queues are, told to
@@ -27,6 +29,7 @@
 //! (messages, sessions), is in `docs/cluster.md`.
 
 mod catalogue;
+mod data_append;
 mod data_group;
 mod forward;
 mod health;
@@ -40,6 +43,7 @@ mod node;
 mod replicated;
 mod rpc;
 mod serve;
+mod snapshot_store;
 mod state_machine;
 mod types;
 
@@ -327,10 +331,12 @@ impl Cluster {
         let db = self.log.db().clone();
         let refusals = self.refusals.clone();
         let routing = self.start_routing(&node);
+        let meta_rx = self.raft.subscribe();
+        let data_node = node.clone();
         let (sm, data_sm) = crate::core::blocking::spawn(move || {
             Ok::<_, String>((
-                MetaStateMachine::open(&db, catalog, local, node, refusals)?,
-                data_group::DataStateMachine::open(&db)?,
+                MetaStateMachine::open(&db, catalog, local, node.clone(), refusals)?,
+                data_group::DataStateMachine::open(&db, data_node, meta_rx)?,
             ))
         })
         .await
@@ -342,7 +348,10 @@ impl Cluster {
             auth: self.auth.clone(),
             health: self.health.clone(),
         };
-        let data = openraft::Raft::new(self.id, config.clone(), network.clone(), self.data_log.clone(), data_sm)
+        // The data group's log is not compacted yet: no snapshot would hold its messages.
+        let data_config = openraft::Config { snapshot_policy: openraft::SnapshotPolicy::Never, ..(*config).clone() };
+        let data_config = Arc::new(data_config.validate().map_err(|e| ClusterError::Raft(e.to_string()))?);
+        let data = openraft::Raft::new(self.id, data_config, network.clone(), self.data_log.clone(), data_sm)
             .await
             .map_err(|e| ClusterError::Raft(e.to_string()))?;
         let raft = openraft::Raft::new(self.id, config, network, self.log.clone(), sm)
@@ -358,6 +367,7 @@ impl Cluster {
             self.health.clone(),
             routing.clone(),
         ));
+        routing.broker.join_data_group(data_append::Appender::start(self.clone(), routing.node.clone()));
         tokio::spawn(self.clone().follow_members(raft.clone(), routing));
         tokio::spawn(data_group::follow_membership(self.id, raft.clone(), data.clone()));
         // Formed (or joined) in the background: a member never waits for the others to start.
@@ -445,7 +455,18 @@ impl Cluster {
     /// Commits a probe through the data group (directly when this member leads it, else
     /// through its leader) within `cluster.command_timeout_ms`: the entry's index.
     pub async fn probe_data_group(&self) -> Result<u64, String> {
-        self.through_leader(&self.data, data_group::probe(), self.cfg.command_timeout).await
+        self.propose_data(data_group::probe()).await
+    }
+
+    /// Commits `entry` through the data group within `cluster.command_timeout_ms`: the
+    /// entry's index (committed: a majority holds it; not yet applied here, maybe).
+    async fn propose_data(&self, entry: types::DataEntry) -> Result<u64, String> {
+        self.through_leader(&self.data, entry, self.cfg.command_timeout).await
+    }
+
+    /// The metadata group's last entry applied on this member (0 before any).
+    fn meta_applied_index(&self) -> u64 {
+        self.raft.borrow().as_ref().and_then(|r| r.metrics().borrow().last_applied).map_or(0, |l| l.index)
     }
 
     /// Commits `entry` through the metadata group and waits until this member applied it:

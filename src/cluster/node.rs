@@ -20,6 +20,12 @@ pub trait NodeState: QueueNames + Send + Sync {
     /// publishes reach it on every member, so its bindings are never forwarded for.
     fn is_replicated_queue(&self, id: QueueId) -> bool;
 
+    /// True for a queue whose messages the data group holds (a stream).
+    fn is_data_group_queue(&self, id: QueueId) -> bool;
+
+    /// The id of stream `name` of `vhost` on this member, if it is declared here.
+    fn data_group_queue(&self, vhost: &str, name: &str) -> Option<QueueId>;
+
     /// This member's core.
     fn broker(&self) -> Arc<Broker>;
 

@@ -30,13 +30,13 @@ use serde::{Deserialize, Serialize};
 use super::catalogue::{Catalogue, Refusals};
 use super::metadata::{local, MetaCommand};
 use super::node::NodeState;
+use super::snapshot_store::{self, StoredSnapshot};
 use super::types::{MetaRaft, PeerNode};
 use crate::core::store::{Commit, QueueCatalog, StateMachine, StoreWrite};
 
 type Result_<T> = Result<T, StorageError<u64>>;
 
 const APPLIED: &[u8] = b"applied";
-const SNAPSHOT: &[u8] = b"snapshot";
 
 /// What the state machine remembers across restarts.
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
@@ -96,32 +96,6 @@ impl MetaStateMachine {
     }
 }
 
-/// A snapshot as this member keeps its latest: what openraft describes it by, and its
-/// bytes (the catalogue's commands, JSON).
-#[derive(Serialize, Deserialize)]
-struct StoredSnapshot {
-    meta: SnapshotMeta<u64, PeerNode>,
-    data: Vec<u8>,
-}
-
-impl StoredSnapshot {
-    fn snapshot(self) -> Snapshot<MetaRaft> {
-        Snapshot { meta: self.meta, snapshot: Box::new(Cursor::new(self.data)) }
-    }
-}
-
-/// Keeps `stored` as the latest snapshot, with everything the tree holds made durable first
-/// (the applied state it covers included: the log below it may be purged after this).
-async fn keep_snapshot(tree: &sled::Tree, stored: &StoredSnapshot) -> Result_<()> {
-    let signature = Some(stored.meta.signature());
-    let bytes = serde_json::to_vec(stored).map_err(|e| StorageIOError::write_snapshot(signature.clone(), any(e)))?;
-    let tree = tree.clone();
-    crate::core::blocking::spawn(move || tree.insert(SNAPSHOT, bytes).and_then(|_| tree.flush()).map(drop))
-        .await
-        .map_err(|e| StorageIOError::write_snapshot(signature.clone(), any(e)))?
-        .map_err(|e| StorageIOError::write_snapshot(signature, any(e)).into())
-}
-
 /// Builds a snapshot of the catalogue as it was when the builder was made.
 pub(super) struct SnapshotBuilder {
     tree: sled::Tree,
@@ -132,17 +106,8 @@ pub(super) struct SnapshotBuilder {
 impl RaftSnapshotBuilder<MetaRaft> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result_<Snapshot<MetaRaft>> {
         let data = serde_json::to_vec(&self.commands).map_err(|e| StorageIOError::write_snapshot(None, any(e)))?;
-        let snapshot_id = match self.applied.log_id {
-            Some(l) => format!("{}-{}", l.leader_id.term, l.index),
-            None => "empty".to_owned(),
-        };
-        let meta = SnapshotMeta {
-            last_log_id: self.applied.log_id,
-            last_membership: self.applied.membership.clone(),
-            snapshot_id,
-        };
-        let stored = StoredSnapshot { meta, data };
-        keep_snapshot(&self.tree, &stored).await?;
+        let stored = StoredSnapshot::new(self.applied.log_id, self.applied.membership.clone(), data);
+        snapshot_store::keep(&self.tree, &stored).await?;
         tracing::info!(
             index = ?stored.meta.last_log_id.map(|l| l.index),
             commands = self.commands.len(),
@@ -233,7 +198,7 @@ impl RaftStateMachine<MetaRaft> for MetaStateMachine {
         self.catalogue = target;
         self.applied = Applied { log_id: meta.last_log_id, membership: meta.last_membership.clone() };
         self.save_applied().await?;
-        keep_snapshot(&self.tree, &StoredSnapshot { meta: meta.clone(), data }).await?;
+        snapshot_store::keep(&self.tree, &StoredSnapshot { meta: meta.clone(), data }).await?;
         tracing::info!(
             index = ?meta.last_log_id.map(|l| l.index),
             changed,
@@ -243,18 +208,6 @@ impl RaftStateMachine<MetaRaft> for MetaStateMachine {
     }
 
     async fn get_current_snapshot(&mut self) -> Result_<Option<Snapshot<MetaRaft>>> {
-        let tree = self.tree.clone();
-        let stored = crate::core::blocking::spawn(move || tree.get(SNAPSHOT))
-            .await
-            .map_err(|e| StorageIOError::read_snapshot(None, any(e)))?
-            .map_err(|e| StorageIOError::read_snapshot(None, any(e)))?;
-        match stored {
-            None => Ok(None),
-            Some(bytes) => {
-                let stored: StoredSnapshot =
-                    serde_json::from_slice(&bytes).map_err(|e| StorageIOError::read_snapshot(None, any(e)))?;
-                Ok(Some(stored.snapshot()))
-            }
-        }
+        snapshot_store::current(&self.tree).await
     }
 }

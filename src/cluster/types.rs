@@ -100,17 +100,29 @@ pub(super) struct MetaEntry {
 }
 
 /// The payload of one data entry: a batch of operations on the group's messages, applied
-/// together and in order on every member. (The data group carries no messages yet: it is
-/// elected, and follows the metadata group's membership; see `docs/cluster.md`.)
+/// together and in order on every member.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub(super) struct DataEntry {
     /// The batch.
-    pub ops: Vec<DataOp>,
+    pub changes: Vec<DataChange>,
 }
 
 /// One operation of a data entry.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub(super) enum DataOp {
+pub(super) enum DataChange {
     /// Nothing: the entry a test or an operator's probe commits to see the group answer.
     Probe,
+    /// `message` is appended to the streams `queues` of `vhost`, on every member.
+    Append {
+        /// The metadata group's last entry applied on the proposing member when it proposed
+        /// this: the streams were declared at or before it, so a member applies this only
+        /// once its metadata is that far (and finds the same streams as every member).
+        meta_index: u64,
+        /// The virtual host.
+        vhost: String,
+        /// The streams, by name.
+        queues: Vec<String>,
+        /// The message.
+        message: super::metadata::RetainedMessage,
+    },
 }

@@ -38,6 +38,14 @@ impl NodeState for MemberState {
         self.ctx.entities.queue_by_id(id).is_some_and(|q| q.durable)
     }
 
+    fn is_data_group_queue(&self, id: QueueId) -> bool {
+        self.ctx.entities.queue_by_id(id).is_some_and(|q| q.durable && q.stream.is_some())
+    }
+
+    fn data_group_queue(&self, vhost: &str, name: &str) -> Option<QueueId> {
+        self.ctx.entities.queue(vhost, name).filter(|q| q.durable && q.stream.is_some()).map(|q| q.id)
+    }
+
     fn broker(&self) -> Arc<Broker> {
         self.ctx.broker.clone()
     }

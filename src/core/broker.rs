@@ -25,6 +25,7 @@ use super::stats::Stats;
 use super::store::{command_ops, Command, JournalStore, StoreError, StoreWrite, Stores};
 
 mod clients;
+mod data_group;
 mod members;
 #[cfg(doctest)]
 mod private_fields;
@@ -33,6 +34,7 @@ mod retained;
 mod routing;
 mod status;
 
+pub use data_group::DataGroupAppender;
 pub use members::{ForwardedRoute, Joint, MemberForwarder};
 pub use queues::StreamSubscription;
 pub use routing::RoutingView;
@@ -144,6 +146,9 @@ pub struct Broker {
     /// Where publishes for other cluster members go (a cluster member's; unset on a
     /// single node).
     pub(in crate::core) members: std::sync::OnceLock<Arc<dyn MemberForwarder>>,
+    /// Where publishes to the queues a cluster's data group holds go (unset on a single
+    /// node).
+    pub(in crate::core) data_group: std::sync::OnceLock<Arc<dyn DataGroupAppender>>,
     next_id: AtomicU64,
 }
 
@@ -188,6 +193,7 @@ impl Broker {
             dead_letter_queues: DeadLetterQueuesHook::new(),
             assignments: crate::core::stream::assignment::Assignments::new(),
             members: std::sync::OnceLock::new(),
+            data_group: std::sync::OnceLock::new(),
             next_id: AtomicU64::new(1),
         }
     }
@@ -433,6 +439,13 @@ impl Broker {
         } else {
             std::borrow::Cow::Owned([&routes.queues[..], &spilled[..]].concat())
         };
+        // A cluster member's streams: committed through the data group, appended here (and
+        // on every member) when the group applies them.
+        let share = self.group_share(&queue_routes);
+        let (queue_routes, held): (std::borrow::Cow<'_, [QueueRoute]>, _) = match share {
+            Some(share) => (std::borrow::Cow::Owned(share.kept), Some((share.held, share.group))),
+            None => (queue_routes, None),
+        };
         if !queue_routes.is_empty() || retained_topic.is_some() {
             let (queues, targets) = MessageTargets::for_queues(msg, &queue_routes);
             ops.insert(
@@ -448,10 +461,21 @@ impl Broker {
             append_targets = Some(targets);
         }
         // Only what a publisher waits to hear about needs an fsync before the signal.
-        let local = match ops.is_empty() {
+        let mut local = match ops.is_empty() {
             true => None,
             false => Some(self.submit(ops, append_targets.into_iter().collect(), msg.qos > 0).await),
         };
+        if let Some((held, group)) = held {
+            // The group's commit, and this member's own storing when there is one (a publish
+            // to a stream and to a queue of this member's at once: rare).
+            let (joint, signal) = Joint::new(1 + usize::from(local.is_some()), None);
+            if let Some(own) = local.take() {
+                let joint = joint.clone();
+                tokio::spawn(async move { joint.done(own.await.unwrap_or(Err(JournalError::Closed))) });
+            }
+            group.append(msg, held, joint);
+            local = Some(signal);
+        }
         self.forward_to_members(msg, &routes.members, local)
     }
 

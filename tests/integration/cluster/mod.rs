@@ -2,8 +2,9 @@
 //! forms and elects a leader, declarations and users made through one member are on every
 //! member, a member that was down catches up, a change without a majority is refused,
 //! the peer port refuses whoever does not hold `cluster.secret`, snapshots bring members
-//! back past a purged log, network partitions leave only a majority acknowledging, and a
-//! publish through any member reaches the subscribers of every member.
+//! back past a purged log, network partitions leave only a majority acknowledging, a
+//! publish through any member reaches the subscribers of every member, and the data group
+//! elects, follows the membership and holds streams alike on every member.
 
 mod data_group;
 mod forwarding;
@@ -11,6 +12,7 @@ mod metadata;
 mod partitions;
 mod peers;
 mod snapshots;
+mod streams;
 
 use crate::common::amqp::*;
 use crate::common::{eventually, WAIT};
