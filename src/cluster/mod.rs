@@ -210,6 +210,18 @@ pub struct ClusterStatus {
     pub data_groups: Vec<GroupStatus>,
 }
 
+/// Where the messages a data group holds are, as RabbitMQ's `/api/queues` shows a quorum
+/// queue's or a stream's: `leader`, `members`, `online`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Placement {
+    /// The group's leader, if one is known.
+    pub leader: Option<String>,
+    /// Its voters, by name.
+    pub members: Vec<String>,
+    /// The voters heard from within the last 5 s (this member always).
+    pub online: Vec<String>,
+}
+
 /// A data group as this member sees it.
 #[derive(Debug, Clone, Serialize)]
 pub struct GroupStatus {
@@ -449,6 +461,19 @@ impl Cluster {
             if let Err(e) = raft.shutdown().await {
                 warn!(error = %e, "cluster: the Raft node did not stop cleanly");
             }
+        }
+    }
+
+    /// Where the data group's messages (streams') are: its leader, voters and the voters
+    /// that are running.
+    pub fn data_placement(&self) -> Placement {
+        let status = self.status();
+        let Some(group) = status.data_groups.first() else { return Placement::default() };
+        let running = |name: &String| status.members.iter().any(|m| &m.name == name && m.running);
+        Placement {
+            leader: group.leader.clone(),
+            online: group.voters.iter().filter(|v| running(v)).cloned().collect(),
+            members: group.voters.clone(),
         }
     }
 

@@ -17,6 +17,7 @@ use super::json::{flag, json_table, lenient, list, rate, table_json, Body, ListQ
 use super::permit::{Configure, Management, OnQueue, Permitted, Read, Vhost, View};
 use super::rates::{QueuePerSecond, QueueSample};
 use super::HttpContext;
+use crate::cluster::Placement;
 use crate::core::entities::{check_equivalent_queue, QueueEntity};
 use crate::core::message::Message;
 use crate::core::queue::{MessageCounts, QueueGauge, RequeueCause};
@@ -155,8 +156,15 @@ impl Detail {
     }
 }
 
-/// A queue as RabbitMQ's `/api/queues` shows it, to `detail` (`rates` looks a queue's up).
-fn queue_json(ctx: &HttpContext, q: &QueueEntity, detail: Detail, rates: &dyn Fn(&QueueId) -> [f64; 8]) -> Json_ {
+/// A queue as RabbitMQ's `/api/queues` shows it, to `detail` (`rates` looks a queue's up;
+/// `placement`: where a cluster's data group is, for the queues it holds).
+fn queue_json(
+    ctx: &HttpContext,
+    q: &QueueEntity,
+    detail: Detail,
+    rates: &dyn Fn(&QueueId) -> [f64; 8],
+    placement: Option<&Placement>,
+) -> Json_ {
     let mut o = Map::new();
     o.insert("name".into(), json!(q.name));
     o.insert("vhost".into(), json!(q.vhost));
@@ -165,7 +173,18 @@ fn queue_json(ctx: &HttpContext, q: &QueueEntity, detail: Detail, rates: &dyn Fn
     o.insert("auto_delete".into(), json!(q.auto_delete));
     o.insert("exclusive".into(), json!(q.exclusive_owner.is_some()));
     o.insert("arguments".into(), table_json(&q.arguments));
-    o.insert("node".into(), json!(ctx.node()));
+    match placement.filter(|_| q.durable && q.is_stream()) {
+        // A stream of a cluster: on every member, led by the data group's leader.
+        Some(p) => {
+            o.insert("node".into(), json!(p.leader));
+            o.insert("leader".into(), json!(p.leader));
+            o.insert("members".into(), json!(p.members));
+            o.insert("online".into(), json!(p.online));
+        }
+        None => {
+            o.insert("node".into(), json!(ctx.node()));
+        }
+    }
     o.insert("state".into(), json!("running"));
     o.insert("policy".into(), Json_::Null);
     o.insert("effective_policy_definition".into(), json!({}));
@@ -216,7 +235,9 @@ fn sorted_queues(ctx: &HttpContext, listed: &dyn Fn(&str) -> bool) -> Vec<(Strin
 
 fn answer_list(ctx: &HttpContext, listed: &dyn Fn(&str) -> bool, q: &ListQuery) -> Result<Json<Json_>, ApiError> {
     let detail = Detail::of(q);
-    ctx.queue_rates.with(|rates| list(sorted_queues(ctx, listed), q, |e| queue_json(ctx, e, detail, rates)))
+    let placement = ctx.cluster.as_ref().map(|c| c.data_placement());
+    ctx.queue_rates
+        .with(|rates| list(sorted_queues(ctx, listed), q, |e| queue_json(ctx, e, detail, rates, placement.as_ref())))
 }
 
 /// `GET /api/queues`: the queues of the virtual hosts the caller may open.
@@ -245,7 +266,8 @@ fn find(ctx: &HttpContext, vhost: &str, name: &str) -> Result<Arc<QueueEntity>, 
 pub async fn show(p: Permitted<OnQueue<View>>) -> Result<Json<Json_>, ApiError> {
     let ctx = p.ctx();
     let q = find(ctx, &p.vhost, &p.name)?;
-    Ok(Json(ctx.queue_rates.with(|rates| queue_json(ctx, &q, Detail::Full, rates))))
+    let placement = ctx.cluster.as_ref().map(|c| c.data_placement());
+    Ok(Json(ctx.queue_rates.with(|rates| queue_json(ctx, &q, Detail::Full, rates, placement.as_ref()))))
 }
 
 /// The body of `PUT /api/queues/{vhost}/{name}`.

@@ -7,6 +7,8 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use serde_json::json;
+
 use crate::common::amqp::*;
 use crate::common::cluster::Cluster;
 use crate::common::{eventually, v4, WAIT};
@@ -85,9 +87,15 @@ async fn a_stream_has_the_same_offsets_on_every_member_and_keeps_what_was_confir
         assert_eq!(read(&c, i, "events", 100).await, first, "n{i}'s copy is n0's");
     }
 
+    // The management API shows where the stream is, as RabbitMQ shows a stream's replicas.
+    let leader = data_leader(&c, 0).await;
+    let q = c.api(1).ok("/api/queues/%2f/events").await;
+    assert_eq!(q["type"], json!("stream"), "{q}");
+    assert_eq!(q["leader"], json!(format!("n{leader}")), "{q}");
+    assert_eq!(q["members"], json!(["n0", "n1", "n2"]), "{q}");
+
     // SIGKILL the data group's leader: publishes through a survivor are confirmed again once
     // the other two elect one; every confirmed one is on both survivors, at the same offset.
-    let leader = data_leader(&c, 0).await;
     c.kill(leader);
     let survivor = (0..3).find(|&i| i != leader).expect("a survivor");
     let other = (0..3).find(|&i| i != leader && i != survivor).expect("another");
@@ -124,6 +132,13 @@ async fn a_stream_has_the_same_offsets_on_every_member_and_keeps_what_was_confir
     }
     assert!(later.iter().all(|b| attempted.contains(*b)), "nothing unexpected: {later:?}");
     assert_eq!(read(&c, other, "events", copy.len()).await, copy, "both survivors hold the same");
+    let killed = format!("n{leader}");
+    eventually("the API shows the killed member offline and a new leader", WAIT, || async {
+        let q = c.api(survivor).ok("/api/queues/%2f/events").await;
+        let online: Vec<&str> = q["online"].as_array()?.iter().filter_map(|v| v.as_str()).collect();
+        (online.len() == 2 && !online.contains(&killed.as_str()) && q["leader"] != json!(killed)).then_some(())
+    })
+    .await;
 
     // The killed member comes back and is sent what it missed: the same stream.
     c.restart(leader);
@@ -167,4 +182,172 @@ async fn stream_extent(conn: &Connection, name: &str) -> (u32, u64) {
     .await
     .expect("the stream exists");
     (q.consumer_count(), u64::from(q.message_count()))
+}
+
+/// The AMQP address of each member that is up, as the nemesis leaves them.
+type Addrs = std::sync::Arc<std::sync::Mutex<Vec<Option<std::net::SocketAddr>>>>;
+
+/// What one publisher attempted and what was confirmed.
+#[derive(Default)]
+struct Published {
+    attempted: BTreeSet<String>,
+    confirmed: BTreeSet<String>,
+}
+
+/// Publishes `p{who}-{k}` to `stream` with confirms until `stop`, through member `who`
+/// first and whichever member is up after a failure; each publish waits at most 5 s.
+async fn publisher(
+    who: usize,
+    stream: &'static str,
+    addrs: Addrs,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Published {
+    let mut out = Published::default();
+    let mut k = 0u64;
+    let mut member = who;
+    let limit = Duration::from_secs(5);
+    while !*stop.borrow() {
+        let addr = addrs.lock().unwrap()[member % 3];
+        member += 1;
+        let Some(addr) = addr else { continue };
+        let uri = format!("amqp://guest:guest@{addr}/%2f");
+        let Ok(Ok(conn)) = tokio::time::timeout(limit, connect_uri(&uri)).await else { continue };
+        let Ok(Ok(ch)) = tokio::time::timeout(limit, conn.create_channel()).await else { continue };
+        if !matches!(tokio::time::timeout(limit, ch.confirm_select(ConfirmSelectOptions::default())).await, Ok(Ok(_))) {
+            continue;
+        }
+        while !*stop.borrow() {
+            let body = format!("p{who}-{k}");
+            k += 1;
+            out.attempted.insert(body.clone());
+            let sent = ch.basic_publish(
+                "".into(),
+                stream.into(),
+                BasicPublishOptions::default(),
+                body.as_bytes(),
+                persistent(),
+            );
+            let confirm = match tokio::time::timeout(limit, sent).await {
+                Ok(Ok(c)) => c,
+                _ => break,
+            };
+            match tokio::time::timeout(limit, confirm).await {
+                Ok(Ok(c)) if c.is_ack() => {
+                    out.confirmed.insert(body);
+                }
+                Ok(Ok(_)) => {}
+                _ => break,
+            }
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(1), conn.close(200, "bye".into())).await;
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_loses_nothing_confirmed_under_kills_pauses_partitions_and_rolling_restarts() {
+    let mut c = Cluster::start_partitionable(3, "command_timeout_ms = 3000");
+    c.leader(&[0, 1, 2]).await;
+    let (_conn, ch) = channel(&c, 0).await;
+    declare_stream(&ch, "total", &[]).await;
+    for i in 1..3 {
+        eventually("the stream on every member", WAIT, || async {
+            let (conn, _) = channel(&c, i).await;
+            queue_exists(&conn, "total").await.then_some(())
+        })
+        .await;
+    }
+    let addrs: Addrs =
+        std::sync::Arc::new(std::sync::Mutex::new((0..3).map(|i| Some(amqp_addr(c.member(i)))).collect()));
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let publishers: Vec<_> =
+        (0..3).map(|who| tokio::spawn(publisher(who, "total", addrs.clone(), stop.clone()))).collect();
+    let running = |c: &Cluster, a: &Addrs| {
+        let mut a = a.lock().unwrap();
+        for i in 0..3 {
+            a[i] = c.members_up().contains(&i).then(|| amqp_addr(c.member(i)));
+        }
+    };
+    let hold = || tokio::time::sleep(Duration::from_secs(3));
+    let mut events = 0;
+    // Rounds of the nemesis: the data group's leader killed and back, a random member
+    // killed and back, one paused, one cut off by a partition, then every member restarted
+    // in turn (a rolling restart).
+    for round in 0..2 {
+        let leader = data_leader(&c, (round + 1) % 3).await;
+        c.kill(leader);
+        running(&c, &addrs);
+        hold().await;
+        c.restart(leader);
+        running(&c, &addrs);
+        hold().await;
+        let victim = (leader + 1 + round) % 3;
+        c.kill(victim);
+        running(&c, &addrs);
+        hold().await;
+        c.restart(victim);
+        running(&c, &addrs);
+        hold().await;
+        let paused = (victim + 1) % 3;
+        c.pause(paused);
+        hold().await;
+        c.resume(paused);
+        hold().await;
+        let cut = (paused + 1) % 3;
+        let rest: Vec<usize> = (0..3).filter(|&i| i != cut).collect();
+        c.partitions().cut(&[&[cut], &rest]);
+        hold().await;
+        c.partitions().heal();
+        hold().await;
+        events += 4;
+    }
+    for i in 0..3 {
+        c.kill(i);
+        running(&c, &addrs);
+        c.restart(i);
+        running(&c, &addrs);
+        hold().await;
+        events += 1;
+    }
+    assert!(events >= 11, "{events} nemesis events");
+    stop_tx.send_replace(true);
+    let mut attempted = BTreeSet::new();
+    let mut confirmed = BTreeSet::new();
+    for p in publishers {
+        let p = p.await.expect("publisher");
+        attempted.extend(p.attempted);
+        confirmed.extend(p.confirmed);
+    }
+    assert!(confirmed.len() > 50, "only {} publishes confirmed\n{}", confirmed.len(), c.logs());
+    // Healed and drained: every member's copy is the same, holds every confirmed publish,
+    // and nothing that was not attempted.
+    c.leader(&[0, 1, 2]).await;
+    let count = eventually("every member's copy holds every confirmed publish", Duration::from_secs(30), || async {
+        let mut counts = Vec::new();
+        for i in 0..3 {
+            let (conn, _) = channel(&c, i).await;
+            counts.push(stream_extent(&conn, "total").await.1);
+        }
+        (counts.iter().all(|&n| n == counts[0] && n >= confirmed.len() as u64)).then_some(counts[0])
+    })
+    .await;
+    let copy = read(&c, 0, "total", count as usize).await;
+    for i in 1..3 {
+        assert_eq!(read(&c, i, "total", count as usize).await, copy, "n{i}'s copy is n0's");
+    }
+    let present: Vec<&str> = copy.iter().map(|(_, b)| b.as_str()).collect();
+    let unique: BTreeSet<&str> = present.iter().copied().collect();
+    let lost: Vec<&String> = confirmed.iter().filter(|b| !unique.contains(b.as_str())).collect();
+    let unexpected: Vec<&&str> = unique.iter().filter(|b| !attempted.contains(**b)).collect();
+    eprintln!(
+        "total stream: {} attempted, {} confirmed, {} present, lost {}, unexpected {}, duplicated {}",
+        attempted.len(),
+        confirmed.len(),
+        present.len(),
+        lost.len(),
+        unexpected.len(),
+        present.len() - unique.len()
+    );
+    assert!(lost.is_empty(), "confirmed but lost: {lost:?}");
+    assert!(unexpected.is_empty(), "never attempted: {unexpected:?}");
 }

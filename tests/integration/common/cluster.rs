@@ -64,6 +64,11 @@ impl Cluster {
         i
     }
 
+    /// The members running now (not killed).
+    pub fn members_up(&self) -> Vec<usize> {
+        (0..self.members.len()).filter(|&i| self.members[i].as_ref().and_then(|b| b.pid()).is_some()).collect()
+    }
+
     /// Member `i` (panics when it is down).
     pub fn member(&self, i: usize) -> &Broker {
         self.members[i].as_ref().unwrap_or_else(|| panic!("member n{i} is down"))
