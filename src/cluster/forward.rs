@@ -173,12 +173,19 @@ impl Forwarder {
             // A member never heard from is given its first SILENT_FOR, as one just heard.
             let started = std::time::Instant::now();
             let mut tick = tokio::time::interval(Duration::from_millis(500));
-            loop {
+            // Until the member's queue is gone (it was forgotten).
+            while Arc::strong_count(&silent) > 1 {
                 tick.tick().await;
                 let quiet_for = health.since(&name).unwrap_or_else(|| started.elapsed());
                 silent.store(quiet_for > SILENT_FOR, Ordering::Relaxed);
             }
         });
+    }
+
+    /// Member `name` is no longer one: its queue goes (what is in it is dropped as for a
+    /// member that is down), and with it its sending task.
+    pub(super) fn remove_member(&self, name: &str) {
+        self.queues.write().remove(name);
     }
 
     /// Member `name` linked to this one again (it announced its interest): it is given

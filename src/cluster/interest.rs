@@ -207,6 +207,11 @@ impl OwnInterest {
         self.told.lock().insert(name.to_owned(), rx);
     }
 
+    /// Member `name` is no longer one: nothing waits for it, and its announcing task ends.
+    pub(super) fn untold(&self, name: &str) {
+        self.told.lock().remove(name);
+    }
+
     /// Resolves once every member acknowledged this member's interest as it is now (a
     /// member whose last link attempt failed is not waited for; one being linked the first
     /// time is), or after [`KNOWN_WITHIN`].
@@ -262,7 +267,8 @@ pub(super) async fn announce(
     // Epochs grow across this process's restarts too: milliseconds since the epoch at
     // start, then one more per resync.
     let mut epoch = crate::core::message::now_ms() << 10;
-    loop {
+    // Until the member is forgotten (nobody holds what this task tells any more).
+    while !told.is_closed() {
         epoch += 1;
         let (all, mut at) = own.snapshot();
         if resync(&mut client, all, epoch).await.is_err() {
@@ -271,7 +277,7 @@ pub(super) async fn announce(
             continue;
         }
         told.send_replace(Announced::Up(at));
-        loop {
+        while !told.is_closed() {
             if *changed.borrow_and_update() == at {
                 let _ = tokio::time::timeout(KEEPALIVE, changed.changed()).await;
             }
@@ -334,13 +340,33 @@ pub(super) struct RemoteInterest {
     broker: Arc<Broker>,
     views: parking_lot::Mutex<HashMap<String, View>>,
     lost: Arc<Lost>,
+    /// Members forgotten: what they still announce is ignored.
+    forgotten: parking_lot::Mutex<HashSet<String>>,
 }
 
 impl RemoteInterest {
     /// The other members' interest, bound in `broker`'s routing table; what is removed
     /// there otherwise comes back through `lost`.
     pub(super) fn new(broker: Arc<Broker>, lost: Arc<Lost>) -> RemoteInterest {
-        RemoteInterest { broker, views: Default::default(), lost }
+        RemoteInterest { broker, views: Default::default(), lost, forgotten: Default::default() }
+    }
+
+    /// Member `name` is no longer one: its bindings are removed from the routing table and
+    /// what it still announces is ignored, until it is a member again ([`Self::remember`]).
+    /// Blocking (router changes): off the runtime's workers.
+    pub(super) fn forget(&self, name: &str) {
+        self.forgotten.lock().insert(name.to_owned());
+        let member: Arc<str> = Arc::from(name);
+        if let Some(view) = self.views.lock().remove(name) {
+            for key in &view.bound {
+                self.unbind(&member, key);
+            }
+        }
+    }
+
+    /// Member `name` is one (again).
+    pub(super) fn remember(&self, name: &str) {
+        self.forgotten.lock().remove(name);
     }
 
     /// Applies what member `from` announced. Blocking (router changes): off the runtime's
@@ -349,6 +375,9 @@ impl RemoteInterest {
         let member: Arc<str> = Arc::from(from);
         let lost = std::mem::take(&mut *self.lost.0.lock());
         let mut views = self.views.lock();
+        if self.forgotten.lock().contains(from) {
+            return;
+        }
         for (m, key) in lost {
             if let Some(view) = views.get_mut(&*m) {
                 if view.bound.remove(&key) {

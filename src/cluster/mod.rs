@@ -140,6 +140,7 @@ impl Routing {
         if !self.members.lock().insert(name.to_owned()) {
             return;
         }
+        self.remote.remember(name);
         self.forwarder.add_member(name, addr);
         let (told, rx) = watch::channel(interest::Announced::default());
         self.own.told(name, rx);
@@ -151,6 +152,20 @@ impl Routing {
             auth.clone(),
             told,
         ));
+    }
+}
+
+impl Routing {
+    /// Stops announcing to and forwarding to member `name`, and removes its bindings here
+    /// (it was forgotten, or left). Blocking (router changes).
+    fn remove_member(&self, name: &str) {
+        if !self.members.lock().remove(name) {
+            return;
+        }
+        info!(member = %name, "cluster: no longer forwarding to a member that was forgotten");
+        self.own.untold(name);
+        self.forwarder.remove_member(name);
+        self.remote.forget(name);
     }
 }
 
@@ -433,6 +448,20 @@ impl Cluster {
                     let addr = self.addr_of(node);
                     if !addr.is_empty() {
                         routing.add_member(&self.name, &node.name, &addr, &self.auth);
+                    }
+                }
+                // Members no longer in the membership (once there is one): forgotten.
+                if !nodes.is_empty() {
+                    let gone: Vec<String> = routing
+                        .members
+                        .lock()
+                        .iter()
+                        .filter(|m| !nodes.iter().any(|n| &n.name == *m))
+                        .cloned()
+                        .collect();
+                    for name in gone {
+                        let routing = routing.clone();
+                        let _ = crate::core::blocking::spawn(move || routing.remove_member(&name)).await;
                     }
                 }
             }

@@ -156,6 +156,39 @@ async fn a_member_that_is_down_holds_no_publisher_up_and_is_forwarded_to_once_ba
     assert_eq!(back.next_publish().await.topic, "alerts/back");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forgotten_member_is_no_longer_forwarded_to() {
+    let mut c = Cluster::start(3, "command_timeout_ms = 3000");
+    c.leader(&[0, 1, 2]).await;
+    {
+        let mut on2 = v4::connect(c.member(2), "sub-on-2").await;
+        on2.subscribe("alerts/#", QoS::AtLeastOnce).await;
+    }
+    c.kill(2);
+    let (code, body) = c.api(0).delete("/api/ferrymq/cluster/members/n2").await;
+    assert_eq!(code, reqwest::StatusCode::NO_CONTENT, "{body}");
+    // While n0 still forwards to n2, each publish to its binding is dropped and counted;
+    // once it forgot n2, none is.
+    let mut publisher = v4::connect(c.member(0), "pub-on-0").await;
+    let dropped = || async { c.status(0).await["forward_dropped"].as_u64().unwrap_or(0) };
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let before = dropped().await;
+        publisher.publish_acked("alerts/probe", QoS::AtLeastOnce, false, "x").await;
+        if dropped().await == before {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "n0 still forwards to the forgotten n2\n{}", c.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let before = dropped().await;
+    for n in 0..20 {
+        publisher.publish_acked(&format!("alerts/{n}"), QoS::AtLeastOnce, false, "x").await;
+    }
+    assert_eq!(dropped().await, before, "nothing forwarded to a forgotten member");
+    assert!(c.member(0).log().contains("no longer forwarding to a member that was forgotten"), "{}", c.logs());
+}
+
 /// The retained messages a new subscriber to `filter` on member `i` is sent: (topic,
 /// payload), sorted.
 async fn retained_on(c: &Cluster, i: usize, id: &str, filter: &str, expected: usize) -> Vec<(String, Vec<u8>)> {
