@@ -4,10 +4,11 @@
 //!
 //! Owns the group's state machine and its membership. **Applying** an entry appends its
 //! publishes ([`DataChange::Append`]) to this member's copies of their streams, in log order on
-//! every member, so each copy has the same messages at the same offsets; the entry's index
-//! is recorded in the journal in the same durable submission
-//! ([`Broker::apply_group_appends`]), so an entry applied again after a crash is skipped, not
-//! appended twice. An append waits until this member's metadata is as far as it was where
+//! every member, so each copy has the same messages at the same offsets. What was applied
+//! (the last entry and the membership) is kept in the journal, in the same submission as
+//! the messages ([`Broker::apply_group_appends`]), written without an fsync: the group's
+//! log is the durable copy, and openraft reads the applied state back from the journal at
+//! start, so it applies again exactly what a crash took from the journal, never twice. An append waits until this member's metadata is as far as it was where
 //! the publish was made (the streams it names were declared there), so every member finds
 //! the same streams. The group is formed together with the
 //! metadata group (by the same members, with the same membership); from then on its leader
@@ -48,8 +49,6 @@ type Result_<T> = Result<T, StorageError<u64>>;
 /// The data group's name: its trees are prefixed with it, `ctl cluster status` shows it.
 pub(super) const DATA_GROUP: &str = "data-0";
 
-const APPLIED: &[u8] = b"applied";
-
 fn any(e: impl std::fmt::Display) -> AnyError {
     AnyError::error(e.to_string())
 }
@@ -65,30 +64,44 @@ struct Applied {
 
 /// The data group's state machine on this member.
 pub(super) struct DataStateMachine {
+    /// Where snapshots are kept.
     tree: sled::Tree,
-    applied: Applied,
+    /// What was applied (read from the journal on first use).
+    applied: Option<Applied>,
     node: Arc<dyn NodeState>,
     /// The metadata group's Raft node, once started.
     meta: tokio::sync::watch::Receiver<Option<MetaRaftHandle>>,
-    /// The last entry whose effects the journal holds (read at the first application).
-    journal_applied: Option<u64>,
 }
 
 impl DataStateMachine {
-    /// The state machine whose applied state is kept in `db`. Blocking (start-up); a state
-    /// that cannot be read stops the start.
+    /// The state machine of `node`'s journal, keeping its snapshots in `db`. Blocking
+    /// (start-up).
     pub(super) fn open(
         db: &sled::Db,
         node: Arc<dyn NodeState>,
         meta: tokio::sync::watch::Receiver<Option<MetaRaftHandle>>,
     ) -> Result<DataStateMachine, String> {
         let tree = db.open_tree(format!("{DATA_GROUP}/state_machine")).map_err(|e| e.to_string())?;
-        let applied = match tree.get(APPLIED).map_err(|e| e.to_string())? {
-            Some(bytes) => serde_json::from_slice(&bytes)
-                .map_err(|e| format!("the data group's applied state is undecodable: {e}"))?,
-            None => Applied::default(),
-        };
-        Ok(DataStateMachine { tree, applied, node, meta, journal_applied: None })
+        Ok(DataStateMachine { tree, applied: None, node, meta })
+    }
+
+    /// What was applied: kept in the journal with the messages it appended, so it is
+    /// never ahead of them (a state that cannot be read or decoded stops the start).
+    async fn applied(&mut self) -> Result_<&mut Applied> {
+        if self.applied.is_none() {
+            let read = self.node.broker().group_applied(DATA_GROUP).await;
+            let bytes = read.map_err(|e| StorageIOError::read_state_machine(any(e)))?;
+            let applied = match bytes {
+                Some(b) => serde_json::from_slice(&b).map_err(|e| {
+                    StorageIOError::read_state_machine(any(format!(
+                        "the data group's applied state is undecodable: {e}"
+                    )))
+                })?,
+                None => Applied::default(),
+            };
+            self.applied = Some(applied);
+        }
+        Ok(self.applied.as_mut().expect("read above"))
     }
 
     /// Waits until this member's metadata group applied entry `index` (streams declared
@@ -111,12 +124,16 @@ impl DataStateMachine {
     }
 
     /// This member's copies of the entries' publishes: each message with the streams it
-    /// names that are declared here.
-    async fn appends_of(&mut self, changes: Vec<DataChange>) -> Result<Vec<(SharedMessage, Vec<QueueId>)>, String> {
+    /// names that are declared here; and the probes counted in `probes`.
+    async fn appends_of(
+        &mut self,
+        changes: Vec<DataChange>,
+        probes: &mut u64,
+    ) -> Result<Vec<(SharedMessage, Vec<QueueId>)>, String> {
         let mut appends = Vec::new();
         for change in changes {
             match change {
-                DataChange::Probe => self.applied.probes += 1,
+                DataChange::Probe => *probes += 1,
                 DataChange::Append { meta_index, vhost, queues, message } => {
                     self.wait_for_metadata(meta_index).await;
                     let ids: Vec<QueueId> =
@@ -129,15 +146,18 @@ impl DataStateMachine {
         Ok(appends)
     }
 
-    /// Records the applied state (not flushed: entries applied again after a crash change
-    /// nothing that is not in the log).
-    async fn save_applied(&self) -> Result_<()> {
-        let bytes = serde_json::to_vec(&self.applied).map_err(|e| StorageIOError::write_state_machine(any(e)))?;
-        let tree = self.tree.clone();
-        crate::core::blocking::spawn(move || tree.insert(APPLIED, bytes).map(drop))
+    /// Appends `appends` and records `applied` with them in the journal, in one submission
+    /// (written, not fsynced: the group's log is the durable copy, and what a crash takes
+    /// from the journal is applied again from it).
+    async fn save(&mut self, appends: Vec<(SharedMessage, Vec<QueueId>)>, applied: Applied) -> Result_<()> {
+        let bytes = serde_json::to_vec(&applied).map_err(|e| StorageIOError::write_state_machine(any(e)))?;
+        let broker = self.node.broker();
+        broker
+            .apply_group_appends(appends, DATA_GROUP, bytes.into())
             .await
-            .map_err(|e| StorageIOError::write_state_machine(any(e)))?
-            .map_err(|e| StorageIOError::write_state_machine(any(e)).into())
+            .map_err(|e| StorageIOError::write_state_machine(any(e)))?;
+        self.applied = Some(applied);
+        Ok(())
     }
 }
 
@@ -160,7 +180,8 @@ impl RaftStateMachine<DataRaft> for DataStateMachine {
     type SnapshotBuilder = SnapshotBuilder;
 
     async fn applied_state(&mut self) -> Result_<(Option<LogId<u64>>, StoredMembership<u64, PeerNode>)> {
-        Ok((self.applied.log_id, self.applied.membership.clone()))
+        let applied = self.applied().await?;
+        Ok((applied.log_id, applied.membership.clone()))
     }
 
     async fn apply<I>(&mut self, entries: I) -> Result_<Vec<()>>
@@ -168,52 +189,32 @@ impl RaftStateMachine<DataRaft> for DataStateMachine {
         I: IntoIterator<Item = openraft::Entry<DataRaft>> + Send,
         I::IntoIter: Send,
     {
-        let broker = self.node.broker();
-        let journal_applied = match self.journal_applied {
-            Some(i) => i,
-            None => {
-                let read = broker.group_applied(DATA_GROUP).await;
-                let i = read.map_err(|e| StorageIOError::read_state_machine(any(e)))?.unwrap_or(0);
-                self.journal_applied = Some(i);
-                i
-            }
-        };
+        let mut applied = self.applied().await?.clone();
         let mut answers = Vec::new();
         let mut appends = Vec::new();
-        let mut last_append = None;
         for entry in entries {
             match entry.payload {
                 EntryPayload::Blank => {}
-                // Already in the journal (applied before a crash that lost the record of it).
-                EntryPayload::Normal(_) if entry.log_id.index <= journal_applied => {}
                 EntryPayload::Normal(data) => {
-                    let ops =
-                        self.appends_of(data.changes).await.map_err(|e| StorageIOError::apply(entry.log_id, any(e)))?;
-                    if !ops.is_empty() {
-                        appends.extend(ops);
-                        last_append = Some(entry.log_id);
-                    }
+                    let ops = self
+                        .appends_of(data.changes, &mut applied.probes)
+                        .await
+                        .map_err(|e| StorageIOError::apply(entry.log_id, any(e)))?;
+                    appends.extend(ops);
                 }
                 EntryPayload::Membership(m) => {
-                    self.applied.membership = StoredMembership::new(Some(entry.log_id), m);
+                    applied.membership = StoredMembership::new(Some(entry.log_id), m);
                 }
             }
-            self.applied.log_id = Some(entry.log_id);
+            applied.log_id = Some(entry.log_id);
             answers.push(());
         }
-        if let Some(at) = last_append {
-            broker
-                .apply_group_appends(appends, DATA_GROUP, at.index)
-                .await
-                .map_err(|e| StorageIOError::apply(at, any(e)))?;
-            self.journal_applied = Some(at.index);
-        }
-        self.save_applied().await?;
+        self.save(appends, applied).await?;
         Ok(answers)
     }
 
     async fn get_snapshot_builder(&mut self) -> SnapshotBuilder {
-        SnapshotBuilder { tree: self.tree.clone(), applied: self.applied.clone() }
+        SnapshotBuilder { tree: self.tree.clone(), applied: self.applied.clone().unwrap_or_default() }
     }
 
     async fn begin_receiving_snapshot(&mut self) -> Result_<Box<Cursor<Vec<u8>>>> {
@@ -229,8 +230,8 @@ impl RaftStateMachine<DataRaft> for DataStateMachine {
         let data = snapshot.into_inner();
         let applied: Applied =
             serde_json::from_slice(&data).map_err(|e| failed(format!("undecodable snapshot: {e}")))?;
-        self.applied = Applied { log_id: meta.last_log_id, membership: meta.last_membership.clone(), ..applied };
-        self.save_applied().await?;
+        let applied = Applied { log_id: meta.last_log_id, membership: meta.last_membership.clone(), ..applied };
+        self.save(Vec::new(), applied).await?;
         snapshot_store::keep(&self.tree, &StoredSnapshot { meta: meta.clone(), data }).await
     }
 

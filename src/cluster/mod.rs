@@ -513,9 +513,10 @@ impl Cluster {
     }
 
     /// Commits `entry` through the data group within `cluster.command_timeout_ms`: the
-    /// entry's index (committed: a majority holds it; not yet applied here, maybe).
+    /// entry's index (committed: a majority holds it; not yet applied here, maybe — a
+    /// publisher is answered once its publish is safe, not once this member shows it).
     async fn propose_data(&self, entry: types::DataEntry) -> Result<u64, String> {
-        self.through_leader(&self.data, entry, self.cfg.command_timeout).await
+        self.through_leader_then(&self.data, entry, self.cfg.command_timeout, false).await
     }
 
     /// The metadata group's last entry applied on this member (0 before any).
@@ -551,6 +552,18 @@ impl Cluster {
         change: P,
         limit: Duration,
     ) -> Result<u64, String> {
+        self.through_leader_then(group, change, limit, true).await
+    }
+
+    /// [`Cluster::through_leader`]; when not `wait_applied`, a change the leader made for
+    /// this member is answered once committed, without waiting until this member applied it.
+    async fn through_leader_then<C: Group, P: Proposal<C>>(
+        &self,
+        group: &watch::Sender<Option<openraft::Raft<C>>>,
+        change: P,
+        limit: Duration,
+        wait_applied: bool,
+    ) -> Result<u64, String> {
         let deadline = Instant::now() + limit;
         let raft = {
             let mut rx = group.subscribe();
@@ -574,6 +587,7 @@ impl Cluster {
             };
             if let Some(leader) = leader {
                 match self.forward(&leader, &change, left).await {
+                    Ok(index) if !wait_applied => return Ok(index),
                     Ok(index) => {
                         let left = deadline.saturating_duration_since(Instant::now());
                         return match raft.wait(Some(left)).applied_index_at_least(Some(index), "forwarded").await {

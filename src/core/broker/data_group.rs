@@ -2,8 +2,8 @@
 //! publish to them is not appended here but handed to the group ([`DataGroupAppender`]),
 //! acknowledged once the group committed it, and appended on every member, this one
 //! included, when the group applies it ([`Broker::apply_group_appends`]), in the group's
-//! order, so that every member's copy has the same messages at the same offsets. A single
-//! node has none of it.
+//! order, so that every member's copy has the same messages at the same offsets; the
+//! group's applied state is kept with them. A single node has none of it.
 
 use std::sync::Arc;
 
@@ -63,15 +63,16 @@ impl Broker {
     }
 
     /// Appends what the data group committed, in its order: each message for its queues
-    /// (this member's ids), and the group's last applied entry `index` under `group`, in
-    /// one durable submission; consumers of the queues are handed the new entries. An
-    /// entry applied again after a crash is found by [`Broker::group_applied`] and skipped
-    /// by the caller.
+    /// (this member's ids), and the group's applied state `applied` (its last applied entry,
+    /// in the group's encoding) under `group`, in one submission, written but not fsynced
+    /// (the group's log is the durable copy); consumers of the queues are handed the new
+    /// entries. The journal's applied state never runs ahead of what it holds: after a crash
+    /// the group applies again what the journal lost ([`Broker::group_applied`]).
     pub async fn apply_group_appends(
         &self,
         appends: Vec<(SharedMessage, Vec<QueueId>)>,
         group: &str,
-        index: u64,
+        applied: Bytes,
     ) -> Result<(), JournalError> {
         let mut ops = Vec::with_capacity(appends.len() + 1);
         let mut targets = Vec::with_capacity(appends.len());
@@ -91,29 +92,18 @@ impl Broker {
             }));
             targets.push(message_targets);
         }
-        ops.push(Op::Put {
-            space: Space::Meta,
-            key: applied_key(group),
-            value: Bytes::copy_from_slice(&index.to_be_bytes()),
-        });
-        self.submit(ops, targets, true).await.await.unwrap_or(Err(JournalError::Closed))
+        ops.push(Op::Put { space: Space::Meta, key: applied_key(group), value: applied });
+        self.submit(ops, targets, false).await.await.unwrap_or(Err(JournalError::Closed))
     }
 
-    /// The last entry of data group `group` this member's journal holds the effects of.
-    pub async fn group_applied(&self, group: &str) -> Result<Option<u64>, StoreError> {
+    /// Data group `group`'s applied state as this member's journal holds it (the last
+    /// [`Broker::apply_group_appends`] it kept), if any.
+    pub async fn group_applied(&self, group: &str) -> Result<Option<Bytes>, StoreError> {
         let journal = self.journal.clone();
         let key = applied_key(group);
         let read = crate::core::blocking::spawn(move || journal.get(Space::Meta, &key))
             .await
-            .map_err(|e| JournalError::Io(format!("reading the data group's applied entry failed: {e}")))??;
-        match read {
-            None => Ok(None),
-            Some(v) => {
-                let bytes: [u8; 8] = v.as_ref().try_into().map_err(|_| {
-                    JournalError::Io(format!("the data group {group}'s applied entry is {} bytes", v.len()))
-                })?;
-                Ok(Some(u64::from_be_bytes(bytes)))
-            }
-        }
+            .map_err(|e| JournalError::Io(format!("reading the data group's applied state failed: {e}")))??;
+        Ok(read)
     }
 }
