@@ -33,62 +33,9 @@ if [ -z "${MQLOAD:-}" ] && [ ! -x "$M" ]; then
 fi
 [ -x "$FQ" ] || { echo "missing $FQ (cargo build --release)" >&2; exit 2; }
 
-PIDS=()
-DIRS=()
-stop_all() {
-  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
-  for p in "${PIDS[@]}"; do
-    for _ in $(seq 1 150); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$p" 2>/dev/null
-  done
-  for d in "${DIRS[@]}"; do rm -rf "$d"; done
-  PIDS=(); DIRS=()
-}
-trap stop_all EXIT
-trap 'exit 130' INT TERM HUP
-
-free_ports() {
-  python3 - "$1" <<'PY'
-import socket, sys
-socks = []
-for _ in range(int(sys.argv[1])):
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-PY
-}
-
-# start_member NAME AMQP_PORT [CLUSTER_TOML]: a member (or, without CLUSTER_TOML, a single
-# node), ready when its READY line names its AMQP port.
-start_member() {
-  local name=$1 port=$2 cluster=${3:-} dir
-  dir=$(mktemp -d /tmp/ferrymq-streams-bench.XXXXXX)
-  DIRS+=("$dir")
-  printf '%s\n' "$cluster" >"$dir/ferrymq.toml"
-  : >"$dir/stdout"
-  env $(compgen -e | grep '^FERRYMQ_' | sed 's/^/-u /') "$FQ" --config "$dir/ferrymq.toml" --data-dir "$dir/data" \
-    --amqp-listen "127.0.0.1:$port" --mqtt-listen "" --mqtt-ws-listen "" --http-listen "" --log warn \
-    >"$dir/stdout" 2>"$OUT/$name.log" &
-  PIDS+=($!)
-  for _ in $(seq 1 300); do grep -q "FERRYMQ READY.*amqp=127.0.0.1:$port" "$dir/stdout" && return 0; sleep 0.1; done
-  echo "$name did not become ready" >&2; cat "$OUT/$name.log" >&2; exit 2
-}
-
-# start_cluster: three members; AMQP ports in P0 P1 P2.
-start_cluster() {
-  local peer i j
-  read -r P0 P1 P2 R0 R1 R2 <<<"$(free_ports 6)"
-  local r=("$R0" "$R1" "$R2") ports=("$P0" "$P1" "$P2")
-  for i in 0 1 2; do
-    peer=""
-    for j in 0 1 2; do [ "$i" = "$j" ] || peer="$peer\"n$j@127.0.0.1:${r[$j]}\","; done
-    start_member "n$i" "${ports[$i]}" "[cluster]
-node_name = \"n$i\"
-listen = \"127.0.0.1:${r[$i]}\"
-peers = [${peer%,}]
-secret = \"benchmark-secret-0123456789abcdef\""
-  done
-  sleep 3   # the metadata and data groups form
-}
+LISTEN=amqp
+# shellcheck source=cluster_lib.sh source-path=SCRIPTDIR
+. "$(dirname "$0")/cluster_lib.sh"
 
 # load NAME PUB_PORT CONSUMER_PORT TYPE: declares queue NAME of TYPE through PUB_PORT (kept),
 # waits a second (a cluster's other members apply the declaration), then runs the load.
