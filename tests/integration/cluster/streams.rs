@@ -351,3 +351,71 @@ async fn a_stream_loses_nothing_confirmed_under_kills_pauses_partitions_and_roll
     assert!(lost.is_empty(), "confirmed but lost: {lost:?}");
     assert!(unexpected.is_empty(), "never attempted: {unexpected:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_added_and_one_forgotten_under_publishing_leave_every_copy_whole() {
+    let mut c = Cluster::start(3, "command_timeout_ms = 3000");
+    c.leader(&[0, 1, 2]).await;
+    let (_conn, ch) = channel(&c, 1).await;
+    declare_stream(&ch, "ledger", &[]).await;
+    for i in [0, 2] {
+        eventually("the stream on every member", WAIT, || async {
+            let (conn, _) = channel(&c, i).await;
+            queue_exists(&conn, "ledger").await.then_some(())
+        })
+        .await;
+    }
+    // Publishers through n1 and n2 (n0 is the member forgotten below).
+    let addrs: Addrs = std::sync::Arc::new(std::sync::Mutex::new(vec![
+        None,
+        Some(amqp_addr(c.member(1))),
+        Some(amqp_addr(c.member(2))),
+    ]));
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let publishers: Vec<_> =
+        [1, 2].map(|who| tokio::spawn(publisher(who, "ledger", addrs.clone(), stop.clone()))).into();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // A fourth member joins while they publish: it is sent the data group's log and
+    // becomes a voter.
+    let joined = c.add();
+    eventually("n3 a voter of the data group", Duration::from_secs(60), || async {
+        let g = c.status(1).await["data_groups"][0].clone();
+        (g["voters"] == json!(["n0", "n1", "n2", "n3"])).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // n0 dies and is forgotten while they publish.
+    c.kill(0);
+    let (code, body) = c.api(1).delete("/api/ferrymq/cluster/members/n0").await;
+    assert_eq!(code, reqwest::StatusCode::NO_CONTENT, "{body}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop_tx.send_replace(true);
+    let mut attempted = BTreeSet::new();
+    let mut confirmed = BTreeSet::new();
+    for p in publishers {
+        let p = p.await.expect("publisher");
+        attempted.extend(p.attempted);
+        confirmed.extend(p.confirmed);
+    }
+    assert!(confirmed.len() > 50, "only {} publishes confirmed\n{}", confirmed.len(), c.logs());
+    let left = [1, 2, joined];
+    let count =
+        eventually("the three members' copies hold every confirmed publish", Duration::from_secs(30), || async {
+            let mut counts = Vec::new();
+            for &i in &left {
+                let (conn, _) = channel(&c, i).await;
+                counts.push(stream_extent(&conn, "ledger").await.1);
+            }
+            (counts.iter().all(|&n| n == counts[0] && n >= confirmed.len() as u64)).then_some(counts[0])
+        })
+        .await;
+    let copy = read(&c, 1, "ledger", count as usize).await;
+    for i in [2, joined] {
+        assert_eq!(read(&c, i, "ledger", count as usize).await, copy, "n{i}'s copy is n1's");
+    }
+    let unique: BTreeSet<&str> = copy.iter().map(|(_, b)| b.as_str()).collect();
+    let lost: Vec<&String> = confirmed.iter().filter(|b| !unique.contains(b.as_str())).collect();
+    assert!(lost.is_empty(), "confirmed but lost: {lost:?}");
+    assert!(unique.iter().all(|b| attempted.contains(*b)), "nothing unexpected");
+    eprintln!("membership under load: {} confirmed, {} in every copy", confirmed.len(), copy.len());
+}
