@@ -257,3 +257,108 @@ impl<C: Group> RaftLogStorage<C> for LogStore<C> {
         .await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! openraft's own storage conformance suite (`openraft::testing::Suite`: appends,
+    //! truncation, purging, votes, committed ids, membership read back from the log, ...)
+    //! run against [`LogStore`], with a state machine of the test's own (the suite's
+    //! state-machine cases check that one; the members' state machines need a broker).
+
+    use std::io::Cursor;
+
+    use openraft::storage::{RaftStateMachine, Snapshot};
+    use openraft::testing::{StoreBuilder, Suite};
+    use openraft::{EntryPayload, RaftSnapshotBuilder, SnapshotMeta, StoredMembership};
+
+    use super::*;
+    use crate::cluster::types::{DataRaft, PeerNode};
+
+    /// The latest snapshot, shared by a machine and its builders.
+    type Kept = std::sync::Arc<parking_lot::Mutex<Option<(SnapshotMeta<u64, PeerNode>, Vec<u8>)>>>;
+
+    /// Applied state and snapshot in memory.
+    #[derive(Default, Clone)]
+    struct MemoryMachine {
+        applied: Option<LogId<u64>>,
+        membership: StoredMembership<u64, PeerNode>,
+        snapshot: Kept,
+    }
+
+    impl RaftSnapshotBuilder<DataRaft> for MemoryMachine {
+        async fn build_snapshot(&mut self) -> Result_<Snapshot<DataRaft>> {
+            let meta = SnapshotMeta {
+                last_log_id: self.applied,
+                last_membership: self.membership.clone(),
+                snapshot_id: format!("{:?}", self.applied),
+            };
+            *self.snapshot.lock() = Some((meta.clone(), Vec::new()));
+            Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(Vec::new())) })
+        }
+    }
+
+    impl RaftStateMachine<DataRaft> for MemoryMachine {
+        type SnapshotBuilder = MemoryMachine;
+
+        async fn applied_state(&mut self) -> Result_<(Option<LogId<u64>>, StoredMembership<u64, PeerNode>)> {
+            Ok((self.applied, self.membership.clone()))
+        }
+
+        async fn apply<I>(&mut self, entries: I) -> Result_<Vec<()>>
+        where
+            I: IntoIterator<Item = openraft::Entry<DataRaft>> + Send,
+            I::IntoIter: Send,
+        {
+            let mut answers = Vec::new();
+            for entry in entries {
+                if let EntryPayload::Membership(m) = entry.payload {
+                    self.membership = StoredMembership::new(Some(entry.log_id), m);
+                }
+                self.applied = Some(entry.log_id);
+                answers.push(());
+            }
+            Ok(answers)
+        }
+
+        async fn get_snapshot_builder(&mut self) -> MemoryMachine {
+            self.clone()
+        }
+
+        async fn begin_receiving_snapshot(&mut self) -> Result_<Box<Cursor<Vec<u8>>>> {
+            Ok(Box::new(Cursor::new(Vec::new())))
+        }
+
+        async fn install_snapshot(
+            &mut self,
+            meta: &SnapshotMeta<u64, PeerNode>,
+            snapshot: Box<Cursor<Vec<u8>>>,
+        ) -> Result_<()> {
+            self.applied = meta.last_log_id;
+            self.membership = meta.last_membership.clone();
+            *self.snapshot.lock() = Some((meta.clone(), snapshot.into_inner()));
+            Ok(())
+        }
+
+        async fn get_current_snapshot(&mut self) -> Result_<Option<Snapshot<DataRaft>>> {
+            let kept = self.snapshot.lock().clone();
+            Ok(kept.map(|(meta, data)| Snapshot { meta, snapshot: Box::new(Cursor::new(data)) }))
+        }
+    }
+
+    /// A fresh data group's log store in a directory of its own (kept with it).
+    struct Fresh;
+
+    impl StoreBuilder<DataRaft, LogStore<DataRaft>, MemoryMachine, tempfile::TempDir> for Fresh {
+        async fn build(&self) -> Result_<(tempfile::TempDir, LogStore<DataRaft>, MemoryMachine)> {
+            let dir = tempfile::tempdir().expect("a temporary directory");
+            let db = LogStore::open(dir.path()).expect("open the Raft database");
+            let store = db.of_group("data-0").expect("the data group's trees");
+            Ok((dir, store, MemoryMachine::default()))
+        }
+    }
+
+    #[test]
+    fn the_log_store_passes_openraft_s_storage_suite() {
+        Suite::test_all(Fresh).expect("openraft's storage suite");
+    }
+}
