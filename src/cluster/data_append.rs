@@ -100,6 +100,8 @@ impl DataGroupAppender for Appender {
 /// the member stops.
 async fn commit_entries(cluster: Arc<Cluster>, mut rx: mpsc::Receiver<Waiting>) {
     let mut batch: Vec<Waiting> = Vec::new();
+    // Entry numbers grow across this member's restarts too: milliseconds at start, shifted.
+    let mut seq = crate::core::message::now_ms() << 16;
     while let Some(first) = rx.recv().await {
         let mut bytes = first.bytes;
         batch.push(first);
@@ -112,7 +114,9 @@ async fn commit_entries(cluster: Arc<Cluster>, mut rx: mpsc::Receiver<Waiting>) 
                 Err(_) => break,
             }
         }
-        let entry = DataEntry { changes: batch.iter().map(|w| w.op.clone()).collect() };
+        seq += 1;
+        let changes = batch.iter().map(|w| w.op.clone()).collect();
+        let entry = DataEntry { changes, from: cluster.name().to_owned(), seq };
         let result = cluster.propose_data(entry).await;
         if let Err(e) = &result {
             warn!(publishes = batch.len(), error = %e, "cluster: the data group did not commit publishes");

@@ -60,6 +60,30 @@ struct Applied {
     membership: StoredMembership<u64, PeerNode>,
     /// Probes applied.
     probes: u64,
+    /// The last entry number applied of each proposing member.
+    #[serde(default)]
+    seen: std::collections::BTreeMap<String, u64>,
+}
+
+impl Applied {
+    /// True the first time entry `seq` of member `from` is applied (a probe, from no
+    /// member, always): an entry committed again after a lost answer is applied once.
+    fn first_time(&mut self, from: &str, seq: u64) -> bool {
+        if from.is_empty() {
+            return true;
+        }
+        match self.seen.get_mut(from) {
+            Some(last) if *last >= seq => false,
+            Some(last) => {
+                *last = seq;
+                true
+            }
+            None => {
+                self.seen.insert(from.to_owned(), seq);
+                true
+            }
+        }
+    }
 }
 
 /// The data group's state machine on this member.
@@ -195,6 +219,9 @@ impl RaftStateMachine<DataRaft> for DataStateMachine {
         for entry in entries {
             match entry.payload {
                 EntryPayload::Blank => {}
+                EntryPayload::Normal(data) if !applied.first_time(&data.from, data.seq) => {
+                    tracing::debug!(from = %data.from, seq = data.seq, "cluster: a data entry committed again, applied once");
+                }
                 EntryPayload::Normal(data) => {
                     let ops = self
                         .appends_of(data.changes, &mut applied.probes)
@@ -242,7 +269,7 @@ impl RaftStateMachine<DataRaft> for DataStateMachine {
 
 /// A probe entry.
 pub(super) fn probe() -> DataEntry {
-    DataEntry { changes: vec![DataChange::Probe] }
+    DataEntry { changes: vec![DataChange::Probe], from: String::new(), seq: 0 }
 }
 
 /// While this member runs: whenever it leads the data group, makes the group's membership
@@ -308,4 +335,20 @@ async fn follow_once(meta: &MetaRaftHandle, data: &DataRaftHandle) -> Result<(),
         data.change_membership(ChangeMembers::RemoveNodes(gone), false).await.map_err(|e| e.to_string())?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Applied;
+
+    #[test]
+    fn an_entry_committed_twice_is_applied_once_and_probes_always() {
+        let mut applied = Applied::default();
+        assert!(applied.first_time("n1", 10));
+        assert!(!applied.first_time("n1", 10), "the same entry again");
+        assert!(applied.first_time("n2", 3), "another member's numbers are its own");
+        assert!(applied.first_time("n1", 11));
+        assert!(!applied.first_time("n1", 9), "an older one, late");
+        assert!(applied.first_time("", 0) && applied.first_time("", 0), "probes");
+    }
 }

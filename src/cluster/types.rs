@@ -105,6 +105,13 @@ pub(super) struct MetaEntry {
 pub(super) struct DataEntry {
     /// The batch.
     pub changes: Vec<DataChange>,
+    /// The member that proposed it ("" for a probe).
+    #[serde(default)]
+    pub from: String,
+    /// Its number among that member's entries (growing, across its restarts too): an entry
+    /// proposed again after its answer was lost, and committed twice, is applied once.
+    #[serde(default)]
+    pub seq: u64,
 }
 
 /// One operation of a data entry.
