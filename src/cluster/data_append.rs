@@ -100,8 +100,14 @@ impl DataGroupAppender for Appender {
 /// the member stops.
 async fn commit_entries(cluster: Arc<Cluster>, mut rx: mpsc::Receiver<Waiting>) {
     let mut batch: Vec<Waiting> = Vec::new();
-    // Entry numbers grow across this member's restarts too: milliseconds at start, shifted.
-    let mut seq = crate::core::message::now_ms() << 16;
+    // Entries are numbered from 1 under a name of this process's own (the member's name
+    // and a random number), so no clock, and no restart, can make a new entry look old.
+    let mut nonce = [0u8; 8];
+    let from = match ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut nonce) {
+        Ok(()) => format!("{}/{:016x}", cluster.name(), u64::from_be_bytes(nonce)),
+        Err(_) => format!("{}/{}", cluster.name(), crate::core::message::now_ms()),
+    };
+    let mut seq = 0u64;
     while let Some(first) = rx.recv().await {
         let mut bytes = first.bytes;
         batch.push(first);
@@ -116,7 +122,7 @@ async fn commit_entries(cluster: Arc<Cluster>, mut rx: mpsc::Receiver<Waiting>) 
         }
         seq += 1;
         let changes = batch.iter().map(|w| w.op.clone()).collect();
-        let entry = DataEntry { changes, from: cluster.name().to_owned(), seq };
+        let entry = DataEntry { changes, from: from.clone(), seq };
         let result = cluster.propose_data(entry).await;
         if let Err(e) = &result {
             warn!(publishes = batch.len(), error = %e, "cluster: the data group did not commit publishes");

@@ -283,10 +283,13 @@ pub(super) async fn follow_membership(id: u64, meta: MetaRaftHandle, data: DataR
                 debug!(error = %e, "cluster: the data group's membership not changed yet");
             }
         }
-        tokio::select! {
-            _ = meta_metrics.changed() => {}
-            _ = data_metrics.changed() => {}
-            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        let stopped = tokio::select! {
+            changed = meta_metrics.changed() => changed.is_err(),
+            changed = data_metrics.changed() => changed.is_err(),
+            _ = tokio::time::sleep(Duration::from_secs(1)) => false,
+        };
+        if stopped {
+            return;
         }
     }
 }
@@ -308,11 +311,20 @@ async fn follow_once(meta: &MetaRaftHandle, data: &DataRaftHandle) -> Result<(),
     for (id, node) in want.nodes() {
         if !have_nodes.contains(id) {
             info!(member = %node.name, group = DATA_GROUP, "cluster: adding a member to the data group");
-            // Blocking: it is a voter only once it holds the log.
-            data.add_learner(*id, node.clone(), true).await.map_err(|e| e.to_string())?;
+            // Not waited for (a member that dies while it is sent the log must not hold the
+            // group's membership up): it is made a voter below once it holds the log.
+            data.add_learner(*id, node.clone(), false).await.map_err(|e| e.to_string())?;
         }
     }
-    let add: BTreeSet<u64> = want_voters.difference(&have_voters).copied().collect();
+    // Learners that hold the leader's log but for a few entries become voters.
+    let caught_up = |id: &u64| {
+        let m = data.metrics().borrow().clone();
+        let last = m.last_log_index.unwrap_or(0);
+        let matched = m.replication.as_ref().and_then(|r| r.get(id).cloned().flatten()).map_or(0, |l| l.index);
+        matched + super::IN_SYNC_LAG >= last
+    };
+    let add: BTreeSet<u64> =
+        want_voters.difference(&have_voters).copied().filter(|id| have_nodes.contains(id) && caught_up(id)).collect();
     if !add.is_empty() {
         data.change_membership(ChangeMembers::AddVoterIds(add), false).await.map_err(|e| e.to_string())?;
     }

@@ -370,13 +370,18 @@ impl RemoteInterest {
     }
 
     /// Applies what member `from` announced. Blocking (router changes): off the runtime's
-    /// workers.
-    pub(super) fn apply(&self, from: &str, update: InterestUpdate) {
+    /// workers. Refused (the sender then sends its whole set again) from a member that was
+    /// forgotten, and for changes with nothing they apply to (no resync from it yet since
+    /// this member started, or since it was a member again).
+    pub(super) fn apply(&self, from: &str, update: InterestUpdate) -> Result<(), String> {
         let member: Arc<str> = Arc::from(from);
         let lost = std::mem::take(&mut *self.lost.0.lock());
         let mut views = self.views.lock();
         if self.forgotten.lock().contains(from) {
-            return;
+            return Err(format!("'{from}' is not a member"));
+        }
+        if !update.resync_start && !views.contains_key(from) {
+            return Err("changes before the whole set: send it".into());
         }
         for (m, key) in lost {
             if let Some(view) = views.get_mut(&*m) {
@@ -388,7 +393,7 @@ impl RemoteInterest {
         let view = views.entry(from.to_owned()).or_default();
         if update.epoch < view.epoch {
             // Late, from a link the sender replaced since.
-            return;
+            return Ok(());
         }
         view.epoch = update.epoch;
         if update.resync_start {
@@ -423,6 +428,7 @@ impl RemoteInterest {
         for key in std::mem::take(&mut view.pending) {
             self.bind(&member, view, key);
         }
+        Ok(())
     }
 
     fn bind(&self, member: &Arc<str>, view: &mut View, key: InterestKey) {

@@ -117,6 +117,9 @@ pub struct Cluster {
     forward: parking_lot::Mutex<HashMap<String, Vec<PeerClient>>>,
     /// Entries the state machine refused, by index.
     refusals: Arc<Refusals>,
+    /// The metadata entry being applied here, or the last applied (set before its
+    /// application, so that what the application made is never newer than it).
+    meta_applying: Arc<std::sync::atomic::AtomicU64>,
     /// Forwarding to the other members (once started).
     routing: OnceLock<Arc<Routing>>,
 }
@@ -313,6 +316,7 @@ impl Cluster {
             node: OnceLock::new(),
             forward: Default::default(),
             refusals: Default::default(),
+            meta_applying: Default::default(),
             routing: OnceLock::new(),
         }))
     }
@@ -360,9 +364,10 @@ impl Cluster {
         let routing = self.start_routing(&node);
         let meta_rx = self.raft.subscribe();
         let data_node = node.clone();
+        let applying = self.meta_applying.clone();
         let (sm, data_sm) = crate::core::blocking::spawn(move || {
             Ok::<_, String>((
-                MetaStateMachine::open(&db, catalog, local, node.clone(), refusals)?,
+                MetaStateMachine::open(&db, catalog, local, node.clone(), refusals, applying)?,
                 data_group::DataStateMachine::open(&db, data_node, meta_rx)?,
             ))
         })
@@ -376,15 +381,19 @@ impl Cluster {
             health: self.health.clone(),
         };
         // The data group's log is not compacted yet: no snapshot would hold its messages.
-        let data_config = openraft::Config { snapshot_policy: openraft::SnapshotPolicy::Never, ..(*config).clone() };
+        // Its entries hold up to 4 MiB of bodies (base64 in JSON): at most 32 of them per
+        // AppendEntries keeps a frame under the peer link's 320 MiB.
+        let data_config = openraft::Config {
+            snapshot_policy: openraft::SnapshotPolicy::Never,
+            max_payload_entries: 32,
+            ..(*config).clone()
+        };
         let data_config = Arc::new(data_config.validate().map_err(|e| ClusterError::Raft(e.to_string()))?);
-        let data = openraft::Raft::new(self.id, data_config, network.clone(), self.data_log.clone(), data_sm)
+        let raft = openraft::Raft::new(self.id, config, network.clone(), self.log.clone(), sm)
             .await
             .map_err(|e| ClusterError::Raft(e.to_string()))?;
-        let raft = openraft::Raft::new(self.id, config, network, self.log.clone(), sm)
-            .await
-            .map_err(|e| ClusterError::Raft(e.to_string()))?;
-        let rafts = serve::Rafts { meta: raft.clone(), data: data.clone() };
+        self.raft.send_replace(Some(raft.clone()));
+        let rafts = serve::Rafts { meta: raft.clone(), data: self.data.subscribe() };
         tokio::spawn(serve::run(
             listener,
             self.name.clone(),
@@ -396,12 +405,26 @@ impl Cluster {
         ));
         routing.broker.join_data_group(data_append::Appender::start(self.clone(), routing.node.clone()));
         tokio::spawn(self.clone().follow_members(raft.clone(), routing));
-        tokio::spawn(data_group::follow_membership(self.id, raft.clone(), data.clone()));
-        // Formed (or joined) in the background: a member never waits for the others to start.
-        tokio::spawn(self.clone().form(raft.clone(), data.clone()));
+        // The data group starts in the background: openraft applies again at start what the
+        // journal lost, and an append waits for this member's metadata, which may have to
+        // be sent by the others first (the peer listener runs already). Until it runs, its
+        // publishes wait (within `cluster.command_timeout_ms`) and its RPCs are refused.
+        let this = self.clone();
+        tokio::spawn(async move {
+            let started = openraft::Raft::new(this.id, data_config, network, this.data_log.clone(), data_sm).await;
+            let data = match started {
+                Ok(data) => data,
+                Err(e) => {
+                    tracing::error!(error = %e, "cluster: the data group cannot start; streams are not served");
+                    return;
+                }
+            };
+            this.data.send_replace(Some(data.clone()));
+            tokio::spawn(data_group::follow_membership(this.id, raft.clone(), data.clone()));
+            // Formed (or joined) in the background: a member never waits for the others.
+            this.form(raft, data).await;
+        });
         info!(node = %self.name, listen = %self.cfg.listen, peers = self.cfg.peers.len(), "cluster: member started");
-        self.data.send_replace(Some(data));
-        self.raft.send_replace(Some(raft));
         Ok(())
     }
 
@@ -519,9 +542,13 @@ impl Cluster {
         self.through_leader_then(&self.data, entry, self.cfg.command_timeout, false).await
     }
 
-    /// The metadata group's last entry applied on this member (0 before any).
+    /// The metadata group's entry being applied on this member, or the last applied (0
+    /// before any): every stream this member can route was declared at or before it (the
+    /// metrics' applied index is updated only after a whole batch was applied).
     fn meta_applied_index(&self) -> u64 {
-        self.raft.borrow().as_ref().and_then(|r| r.metrics().borrow().last_applied).map_or(0, |l| l.index)
+        let applied =
+            self.raft.borrow().as_ref().and_then(|r| r.metrics().borrow().last_applied).map_or(0, |l| l.index);
+        applied.max(self.meta_applying.load(std::sync::atomic::Ordering::Acquire))
     }
 
     /// Commits `entry` through the metadata group and waits until this member applied it:

@@ -28,8 +28,8 @@ use super::Routing;
 pub(super) struct Rafts {
     /// The metadata group's.
     pub meta: MetaRaftHandle,
-    /// The data group's.
-    pub data: DataRaftHandle,
+    /// The data group's, once started.
+    pub data: tokio::sync::watch::Receiver<Option<DataRaftHandle>>,
 }
 
 /// Handshakes that may be in progress at once.
@@ -172,7 +172,7 @@ async fn serve(
     health: Arc<PeerHealth>,
     routing: Arc<Routing>,
 ) {
-    let Rafts { meta: raft, data } = rafts;
+    let Rafts { meta: raft, data: data_rx } = rafts;
     loop {
         let (request, blob): (PeerRequest, bytes::Bytes) = match link::read_message(&mut stream).await {
             Ok(r) => r,
@@ -198,14 +198,21 @@ async fn serve(
                 };
                 PeerResponse::ClientWrite(answer(Change::Members(change).make(&raft).await))
             }
-            PeerRequest::Data(DataRpc::AppendEntries(rpc)) => {
-                PeerResponse::AppendEntries(data.append_entries(rpc).await)
+            PeerRequest::Data(_) | PeerRequest::DataWrite(_) if data_rx.borrow().is_none() => {
+                PeerResponse::Refused("the data group is starting".into())
             }
-            PeerRequest::Data(DataRpc::Vote(rpc)) => PeerResponse::Vote(data.vote(rpc).await),
-            PeerRequest::Data(DataRpc::InstallSnapshot(rpc)) => {
-                PeerResponse::InstallSnapshot(data.install_snapshot(rpc).await)
+            PeerRequest::Data(rpc) => {
+                let data = data_rx.borrow().clone().expect("checked above");
+                match rpc {
+                    DataRpc::AppendEntries(rpc) => PeerResponse::AppendEntries(data.append_entries(rpc).await),
+                    DataRpc::Vote(rpc) => PeerResponse::Vote(data.vote(rpc).await),
+                    DataRpc::InstallSnapshot(rpc) => PeerResponse::InstallSnapshot(data.install_snapshot(rpc).await),
+                }
             }
-            PeerRequest::DataWrite(entry) => PeerResponse::ClientWrite(answer(entry.make(&data).await)),
+            PeerRequest::DataWrite(entry) => {
+                let data = data_rx.borrow().clone().expect("checked above");
+                PeerResponse::ClientWrite(answer(entry.make(&data).await))
+            }
             PeerRequest::Hello => PeerResponse::Hello { initialized: raft.is_initialized().await.unwrap_or(false), id },
             PeerRequest::Interest(update) => {
                 if update.resync_start {
@@ -213,7 +220,8 @@ async fn serve(
                 }
                 let (routing, from) = (routing.clone(), name.clone());
                 match crate::core::blocking::spawn(move || routing.remote.apply(&from, update)).await {
-                    Ok(()) => PeerResponse::Done,
+                    Ok(Ok(())) => PeerResponse::Done,
+                    Ok(Err(why)) => PeerResponse::Refused(why),
                     Err(e) => PeerResponse::Refused(format!("interest not applied: {e}")),
                 }
             }

@@ -53,6 +53,9 @@ pub(super) struct MetaStateMachine {
     catalogue: Catalogue,
     /// Where refused entries are recorded for their proposer.
     refusals: Arc<Refusals>,
+    /// The entry being applied (or the last applied): what a publish to a stream this
+    /// member can route already was declared at or before.
+    applying: Arc<std::sync::atomic::AtomicU64>,
     catalog: Arc<dyn QueueCatalog>,
     local: Arc<dyn StateMachine>,
     node: Arc<dyn NodeState>,
@@ -72,6 +75,7 @@ impl MetaStateMachine {
         local: Arc<dyn StateMachine>,
         node: Arc<dyn NodeState>,
         refusals: Arc<Refusals>,
+        applying: Arc<std::sync::atomic::AtomicU64>,
     ) -> Result<MetaStateMachine, String> {
         let tree = db.open_tree("state_machine").map_err(|e| e.to_string())?;
         let applied = match tree.get(APPLIED).map_err(|e| e.to_string())? {
@@ -79,7 +83,7 @@ impl MetaStateMachine {
             None => Applied::default(),
         };
         let catalogue = Catalogue::load(&tree)?;
-        Ok(MetaStateMachine { tree, applied, catalogue, refusals, catalog, local, node })
+        Ok(MetaStateMachine { tree, applied, catalogue, refusals, applying, catalog, local, node })
     }
 
     /// Records the applied log id and the catalogue's changes, in one batch.
@@ -147,6 +151,7 @@ impl RaftStateMachine<MetaRaft> for MetaStateMachine {
     {
         let mut answers = Vec::new();
         for entry in entries {
+            self.applying.fetch_max(entry.log_id.index, std::sync::atomic::Ordering::Release);
             match entry.payload {
                 EntryPayload::Blank => {}
                 EntryPayload::Normal(meta) => match self.catalogue.judge(&meta.commands) {
@@ -188,6 +193,9 @@ impl RaftStateMachine<MetaRaft> for MetaStateMachine {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result_<()> {
         let failed = |e: String| StorageIOError::write_snapshot(Some(meta.signature()), any(e));
+        if let Some(last) = meta.last_log_id {
+            self.applying.fetch_max(last.index, std::sync::atomic::Ordering::Release);
+        }
         let data = snapshot.into_inner();
         let commands: Vec<MetaCommand> =
             serde_json::from_slice(&data).map_err(|e| failed(format!("undecodable snapshot: {e}")))?;

@@ -105,11 +105,12 @@ pub(super) struct MetaEntry {
 pub(super) struct DataEntry {
     /// The batch.
     pub changes: Vec<DataChange>,
-    /// The member that proposed it ("" for a probe).
+    /// The process that proposed it: its member's name and a random number of the
+    /// process's own ("" for a probe).
     #[serde(default)]
     pub from: String,
-    /// Its number among that member's entries (growing, across its restarts too): an entry
-    /// proposed again after its answer was lost, and committed twice, is applied once.
+    /// Its number among that process's entries (from 1, growing): an entry proposed again
+    /// after its answer was lost, and committed twice, is applied once.
     #[serde(default)]
     pub seq: u64,
 }
