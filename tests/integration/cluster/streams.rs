@@ -244,6 +244,43 @@ async fn publisher(
     out
 }
 
+/// Stops the publishers and gathers what they attempted and had confirmed (more than 50).
+async fn stop_publishers(
+    stop: &tokio::sync::watch::Sender<bool>,
+    publishers: Vec<tokio::task::JoinHandle<Published>>,
+    c: &Cluster,
+) -> Published {
+    stop.send_replace(true);
+    let mut all = Published::default();
+    for p in publishers {
+        let p = p.await.expect("publisher");
+        all.attempted.extend(p.attempted);
+        all.confirmed.extend(p.confirmed);
+    }
+    assert!(all.confirmed.len() > 50, "only {} publishes confirmed\n{}", all.confirmed.len(), c.logs());
+    all
+}
+
+/// Waits until `stream` holds as many messages on each of `members` and at least
+/// `confirmed`, then reads every copy whole: the first member's copy, which every other
+/// member's equals.
+async fn same_copies(c: &Cluster, members: &[usize], stream: &str, confirmed: usize) -> Vec<(i64, String)> {
+    let count = eventually("every copy holds every confirmed publish", Duration::from_secs(30), || async {
+        let mut counts = Vec::new();
+        for &i in members {
+            let (conn, _) = channel(c, i).await;
+            counts.push(stream_extent(&conn, stream).await.1);
+        }
+        (counts.iter().all(|&n| n == counts[0] && n >= confirmed as u64)).then_some(counts[0])
+    })
+    .await;
+    let copy = read(c, members[0], stream, count as usize).await;
+    for &i in &members[1..] {
+        assert_eq!(read(c, i, stream, count as usize).await, copy, "n{i}'s copy is n{}'s", members[0]);
+    }
+    copy
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_loses_nothing_confirmed_under_kills_pauses_partitions_and_rolling_restarts() {
     let mut c = Cluster::start_partitionable(3, "command_timeout_ms = 3000");
@@ -310,31 +347,11 @@ async fn a_stream_loses_nothing_confirmed_under_kills_pauses_partitions_and_roll
         events += 1;
     }
     assert!(events >= 11, "{events} nemesis events");
-    stop_tx.send_replace(true);
-    let mut attempted = BTreeSet::new();
-    let mut confirmed = BTreeSet::new();
-    for p in publishers {
-        let p = p.await.expect("publisher");
-        attempted.extend(p.attempted);
-        confirmed.extend(p.confirmed);
-    }
-    assert!(confirmed.len() > 50, "only {} publishes confirmed\n{}", confirmed.len(), c.logs());
+    let Published { attempted, confirmed } = stop_publishers(&stop_tx, publishers, &c).await;
     // Healed and drained: every member's copy is the same, holds every confirmed publish,
     // and nothing that was not attempted.
     c.leader(&[0, 1, 2]).await;
-    let count = eventually("every member's copy holds every confirmed publish", Duration::from_secs(30), || async {
-        let mut counts = Vec::new();
-        for i in 0..3 {
-            let (conn, _) = channel(&c, i).await;
-            counts.push(stream_extent(&conn, "total").await.1);
-        }
-        (counts.iter().all(|&n| n == counts[0] && n >= confirmed.len() as u64)).then_some(counts[0])
-    })
-    .await;
-    let copy = read(&c, 0, "total", count as usize).await;
-    for i in 1..3 {
-        assert_eq!(read(&c, i, "total", count as usize).await, copy, "n{i}'s copy is n0's");
-    }
+    let copy = same_copies(&c, &[0, 1, 2], "total", confirmed.len()).await;
     let present: Vec<&str> = copy.iter().map(|(_, b)| b.as_str()).collect();
     let unique: BTreeSet<&str> = present.iter().copied().collect();
     let lost: Vec<&String> = confirmed.iter().filter(|b| !unique.contains(b.as_str())).collect();
@@ -389,30 +406,8 @@ async fn a_member_added_and_one_forgotten_under_publishing_leave_every_copy_whol
     let (code, body) = c.api(1).delete("/api/ferrymq/cluster/members/n0").await;
     assert_eq!(code, reqwest::StatusCode::NO_CONTENT, "{body}");
     tokio::time::sleep(Duration::from_secs(2)).await;
-    stop_tx.send_replace(true);
-    let mut attempted = BTreeSet::new();
-    let mut confirmed = BTreeSet::new();
-    for p in publishers {
-        let p = p.await.expect("publisher");
-        attempted.extend(p.attempted);
-        confirmed.extend(p.confirmed);
-    }
-    assert!(confirmed.len() > 50, "only {} publishes confirmed\n{}", confirmed.len(), c.logs());
-    let left = [1, 2, joined];
-    let count =
-        eventually("the three members' copies hold every confirmed publish", Duration::from_secs(30), || async {
-            let mut counts = Vec::new();
-            for &i in &left {
-                let (conn, _) = channel(&c, i).await;
-                counts.push(stream_extent(&conn, "ledger").await.1);
-            }
-            (counts.iter().all(|&n| n == counts[0] && n >= confirmed.len() as u64)).then_some(counts[0])
-        })
-        .await;
-    let copy = read(&c, 1, "ledger", count as usize).await;
-    for i in [2, joined] {
-        assert_eq!(read(&c, i, "ledger", count as usize).await, copy, "n{i}'s copy is n1's");
-    }
+    let Published { attempted, confirmed } = stop_publishers(&stop_tx, publishers, &c).await;
+    let copy = same_copies(&c, &[1, 2, joined], "ledger", confirmed.len()).await;
     let unique: BTreeSet<&str> = copy.iter().map(|(_, b)| b.as_str()).collect();
     let lost: Vec<&String> = confirmed.iter().filter(|b| !unique.contains(b.as_str())).collect();
     assert!(lost.is_empty(), "confirmed but lost: {lost:?}");
